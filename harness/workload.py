@@ -1,0 +1,239 @@
+"""The decode workload of DESIGN §5: model shapes, presets, deterministic weights, token stream.
+
+This module is the one place the model's *shapes and parameters* are defined. Its math lives in
+`harness.reference` (float64 NumPy); its graphs in `harness.export` (two ONNX flavours).
+Everything is derived from a `ModelConfig` and a seed, so every backend and oracle sees the same
+weights and the same teacher-forced tokens without any download.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+ATTENTION = "attention"
+GDN = "gdn"
+LAYER_KINDS = (ATTENTION, GDN)
+
+
+class UserError(Exception):
+    """Something the user asked for that cannot be done; the CLI prints it as one line, exit 2."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shapes of one decoder. Matrices are stored (in, out) so a step is `x @ W`."""
+
+    name: str
+    layers: tuple[str, ...]
+    hidden: int
+    ffn: int
+    vocab: int
+    # attention layers: grouped-query heads with RoPE (rotate-half, as Llama)
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    # gated delta net layers: q/k heads share, v heads a multiple (ORT GatedDeltaNet's layout)
+    gdn_qk_heads: int = 0
+    gdn_v_heads: int = 0
+    gdn_qk_dim: int = 0
+    gdn_v_dim: int = 0
+    rope_theta: float = 500000.0
+    rms_eps: float = 1e-5
+    tied_embeddings: bool = True
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        bad = [k for k in self.layers if k not in LAYER_KINDS]
+        if bad:
+            raise UserError(f"unknown layer kind {bad[0]!r}; accepted: {', '.join(LAYER_KINDS)}")
+        if self.q_heads % self.kv_heads:
+            raise UserError("q_heads must be a multiple of kv_heads")
+        if GDN in self.layers and (self.gdn_v_heads % self.gdn_qk_heads):
+            raise UserError("gdn_v_heads must be a multiple of gdn_qk_heads")
+
+    @property
+    def attention_layers(self) -> list[int]:
+        return [i for i, k in enumerate(self.layers) if k == ATTENTION]
+
+    @property
+    def gdn_layers(self) -> list[int]:
+        return [i for i, k in enumerate(self.layers) if k == GDN]
+
+    def describe(self) -> dict:
+        """Plain data for the results file's `workload` section."""
+        d = asdict(self)
+        d["layers"] = list(self.layers)
+        d["parameters"] = int(sum(int(np.prod(s)) for s in weight_shapes(self).values()))
+        return d
+
+
+def _pattern(n: int, every: int) -> tuple[str, ...]:
+    """`every`-1 GDN layers then one attention layer, repeated (Qwen3-Next's 3:1 for every=4)."""
+    return tuple(ATTENTION if (i + 1) % every == 0 else GDN for i in range(n))
+
+
+PRESETS: dict[str, ModelConfig] = {
+    # tests: one layer of each kind, hidden 64
+    "tiny": ModelConfig(
+        name="tiny", layers=(GDN, ATTENTION), hidden=64, ffn=128, vocab=256,
+        q_heads=4, kv_heads=2, head_dim=16,
+        gdn_qk_heads=2, gdn_v_heads=4, gdn_qk_dim=16, gdn_v_dim=16,
+    ),
+    # the default CPU sweep: hybrid 3 GDN : 1 attention
+    "small": ModelConfig(
+        name="small", layers=_pattern(4, 4), hidden=256, ffn=768, vocab=4096,
+        q_heads=8, kv_heads=2, head_dim=32,
+        gdn_qk_heads=4, gdn_v_heads=8, gdn_qk_dim=32, gdn_v_dim=32,
+    ),
+    # Llama-3.2-1B's published shapes (attention only, tied embeddings)
+    "llama-1b": ModelConfig(
+        name="llama-1b", layers=(ATTENTION,) * 16, hidden=2048, ffn=8192, vocab=128256,
+        q_heads=32, kv_heads=8, head_dim=64, rope_theta=500000.0,
+    ),
+    # Qwen3-Next-style head shapes (GDN 16 qk heads x 128, 32 v heads x 128; attention
+    # 16 q / 2 kv heads x 256), 3 GDN : 1 attention, scaled to ~1.2B parameters
+    "hybrid-1b": ModelConfig(
+        name="hybrid-1b", layers=_pattern(16, 4), hidden=2048, ffn=5632, vocab=151936,
+        q_heads=16, kv_heads=2, head_dim=256,
+        gdn_qk_heads=16, gdn_v_heads=32, gdn_qk_dim=128, gdn_v_dim=128,
+        rope_theta=10000000.0,
+    ),
+}
+
+
+def preset(name: str) -> ModelConfig:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise UserError(f"unknown preset {name!r}; accepted: {', '.join(PRESETS)}") from None
+
+
+def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every parameter's name and shape, in a stable order (names follow HF Llama/Qwen3-Next)."""
+    h, f = cfg.hidden, cfg.ffn
+    shapes: dict[str, tuple[int, ...]] = {"embed_tokens": (cfg.vocab, h)}
+    for i, kind in enumerate(cfg.layers):
+        p = f"layers.{i}."
+        shapes[p + "input_norm"] = (h,)
+        if kind == ATTENTION:
+            shapes[p + "q_proj"] = (h, cfg.q_heads * cfg.head_dim)
+            shapes[p + "k_proj"] = (h, cfg.kv_heads * cfg.head_dim)
+            shapes[p + "v_proj"] = (h, cfg.kv_heads * cfg.head_dim)
+            shapes[p + "o_proj"] = (cfg.q_heads * cfg.head_dim, h)
+        else:
+            qk = cfg.gdn_qk_heads * cfg.gdn_qk_dim
+            shapes[p + "q_proj"] = (h, qk)
+            shapes[p + "k_proj"] = (h, qk)
+            shapes[p + "v_proj"] = (h, cfg.gdn_v_heads * cfg.gdn_v_dim)
+            shapes[p + "a_proj"] = (h, cfg.gdn_v_heads)  # decay gate input
+            shapes[p + "b_proj"] = (h, cfg.gdn_v_heads)  # beta (update rate) input
+            shapes[p + "A_log"] = (cfg.gdn_v_heads,)
+            shapes[p + "dt_bias"] = (cfg.gdn_v_heads,)
+            shapes[p + "o_proj"] = (cfg.gdn_v_heads * cfg.gdn_v_dim, h)
+        shapes[p + "post_norm"] = (h,)
+        shapes[p + "gate_proj"] = (h, f)
+        shapes[p + "up_proj"] = (h, f)
+        shapes[p + "down_proj"] = (f, h)
+    shapes["final_norm"] = (h,)
+    if not cfg.tied_embeddings:
+        shapes["lm_head"] = (h, cfg.vocab)
+    return shapes
+
+
+def _rng(seed: int, name: str) -> np.random.Generator:
+    """One generator per (seed, tensor name): a tensor never depends on which others exist."""
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return np.random.default_rng(int.from_bytes(digest[:8], "little"))
+
+
+def make_weight(cfg: ModelConfig, name: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
+    """Deterministic float32 parameter with a scale that keeps activations O(1)."""
+    rng = _rng(seed, name)
+    leaf = name.rsplit(".", 1)[-1]
+    if leaf.endswith("norm"):
+        return (1.0 + 0.1 * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32)
+    if leaf == "A_log":  # decay rate exp(A_log) in [1, 16], as Mamba2/Qwen3-Next initialise it
+        return np.log(rng.uniform(1.0, 16.0, shape)).astype(np.float32)
+    if leaf == "dt_bias":
+        return rng.uniform(-2.0, 0.0, shape).astype(np.float32)
+    if leaf == "embed_tokens":
+        return rng.standard_normal(shape, dtype=np.float32)
+    w = rng.standard_normal(shape, dtype=np.float32)
+    w *= np.float32(1.0 / np.sqrt(shape[0]))
+    return w
+
+
+def make_weights(cfg: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
+    """All parameters as float32 arrays (1.2B-parameter presets need ~5 GB)."""
+    return {n: make_weight(cfg, n, s, seed) for n, s in weight_shapes(cfg).items()}
+
+
+def token_stream(cfg: ModelConfig, length: int, seed: int = 0) -> np.ndarray:
+    """The teacher-forced token ids every backend and oracle is fed (int64)."""
+    return _rng(seed, "tokens").integers(0, cfg.vocab, size=length, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    """One state tensor a graph carries from step to step, named as exported decoders name it.
+
+    kind "append": a fixed-capacity KV cache (1, kv_heads, capacity, head_dim), BNSH as
+    GroupQueryAttention; one row per token is written. kind "overwrite": the GDN recurrent
+    state (1, v_heads, v_dim, qk_dim), V-major as ORT GatedDeltaNet; replaced every token.
+    """
+
+    input: str
+    output: str
+    shape: tuple[int, ...]
+    kind: str
+    layer: int
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * 4
+
+
+def cache_specs(cfg: ModelConfig, capacity: int) -> list[CacheSpec]:
+    """The (past -> present) pairs of the decode graph, in layer order."""
+    specs: list[CacheSpec] = []
+    for i, kind in enumerate(cfg.layers):
+        if kind == ATTENTION:
+            shape = (1, cfg.kv_heads, capacity, cfg.head_dim)
+            for part in ("key", "value"):
+                specs.append(CacheSpec(f"past_key_values.{i}.{part}", f"present.{i}.{part}",
+                                       shape, "append", i))
+        else:
+            shape = (1, cfg.gdn_v_heads, cfg.gdn_v_dim, cfg.gdn_qk_dim)
+            specs.append(CacheSpec(f"past_state.{i}", f"present_state.{i}", shape, "overwrite", i))
+    return specs
+
+
+def valid_cache_bytes(cfg: ModelConfig, depth: int) -> int:
+    """Bytes of cache a step at `depth` must read: valid KV rows plus whole recurrent states."""
+    total = 0
+    for spec in cache_specs(cfg, max(depth, 1)):
+        if spec.kind == "append":
+            total += cfg.kv_heads * depth * cfg.head_dim * 4
+        else:
+            total += spec.nbytes
+    return total
+
+
+@dataclass
+class Workload:
+    """A model plus its weights: what `prepare` hands every backend."""
+
+    config: ModelConfig
+    seed: int = 0
+    weights: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, config: ModelConfig, seed: int = 0) -> Workload:
+        return cls(config=config, seed=seed, weights=make_weights(config, seed))
+
+    @property
+    def weights_bytes(self) -> int:
+        return int(sum(w.nbytes for w in self.weights.values()))
