@@ -96,7 +96,7 @@ class Backend(ABC):
         """Device bytes this backend allocated, where it can tell."""
         return None
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, most backends free on GC
         """Release devices and sessions."""
 
 

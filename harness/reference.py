@@ -77,7 +77,8 @@ class Reference:
 
     def reset(self) -> None:
         self.position = 0
-        self.state = {s.input: np.zeros(s.shape[1:], self.dtype) for s in cache_specs(self.cfg, self.capacity)}
+        specs = cache_specs(self.cfg, self.capacity)
+        self.state = {s.input: np.zeros(s.shape[1:], self.dtype) for s in specs}
 
     def cache_arrays(self) -> dict[str, np.ndarray]:
         """Current state as float32 arrays in the graphs' layouts (batch dim 1), by past name."""
