@@ -1,0 +1,476 @@
+"""The decode step as ONNX, in two flavours, from the same weights (DESIGN §5).
+
+`standard`: what a WebNN page can express. Opset 21, static shapes, only `STANDARD_OPS`, the
+KV caches at a fixed capacity C updated by one ScatterND each (data = the graph input
+`past_key_values.N.*`, output = the graph output `present.N.*`: the "append pair" the WebNN
+stateful transform looks for), attention over all C rows with a mask built in-graph
+(LessOrEqual of a constant arange(C) against the position), the GDN recurrence as plain ops.
+Inputs: `input_ids` int64 [1,1], `position_ids` int64 [1,1], then every `cache_specs` input.
+
+`ort`: as onnxruntime-genai's builder emits it. com.microsoft GroupQueryAttention (do_rotary=1,
+cos/sin caches of length C, BNSH past/present with symbolic lengths `past_sequence_length` /
+`total_sequence_length`, so one graph serves a growing past *and* the shared max-length buffer)
+and com.microsoft GatedDeltaNet (softplus gate from `a_log`/`dt_bias`, sigmoid beta,
+`qk_l2_norm=1`, V-major state), SkipSimplifiedLayerNormalization for residual + RMSNorm.
+GQA's `seqlens_k` int32 [1] (= position) and `total_sequence_length` int32 [] (= position + 1)
+are graph inputs (genai derives them from an attention mask in-graph; inputs keep every
+integer op off the device): inputs are `input_ids`, `seqlens_k`, `total_sequence_length`, then
+the caches.
+
+Both flavours reference one external weights file per (model, seed): `<name>-<hash>-s<seed>/
+weights.bin` beside the graphs, written once (atomically) and reused by every capacity and
+flavour. Only capacity-dependent constants (RoPE tables, the mask's arange) live inside the
+`.onnx`. With tied embeddings the head is a stored transposed copy of `embed_tokens`
+(`lm_head`, (hidden, vocab)), since Gemm(transB) is not in the standard op list.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from harness.workload import ATTENTION, ModelConfig, Workload, cache_specs, weight_shapes
+
+STANDARD = "standard"
+ORT = "ort"
+FLAVOURS = (STANDARD, ORT)
+OPSET = 21
+MS_DOMAIN = "com.microsoft"
+
+#: the only ops the standard flavour may use (the ONNX→WebNN converter's list)
+STANDARD_OPS = frozenset({
+    "Gather", "MatMul", "Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Exp", "Log", "Neg", "Sigmoid",
+    "Softplus", "Softmax", "ReduceMean", "ReduceSum", "ReduceMax", "Reshape", "Transpose",
+    "Concat", "Slice", "Expand", "Where", "ScatterND", "Cast", "LessOrEqual", "Unsqueeze",
+    "Squeeze",
+})
+
+#: symbolic cache lengths of the ORT flavour
+PAST_LEN = "past_sequence_length"
+TOTAL_LEN = "total_sequence_length"
+
+_ALIGN = 64
+_NP = {TensorProto.FLOAT: np.float32, TensorProto.INT64: np.int64, TensorProto.INT32: np.int32,
+       TensorProto.BOOL: np.bool_}
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("STATEBENCH_CACHE", Path.home() / ".cache" / "statebench"))
+
+
+def model_key(cfg: ModelConfig, seed: int) -> str:
+    """Directory name for one (model, seed): the preset name plus a hash of every shape."""
+    digest = hashlib.sha256(json.dumps(cfg.describe(), sort_keys=True).encode()).hexdigest()[:10]
+    return f"{cfg.name}-{digest}-s{seed}"
+
+
+def graph_path(workload: Workload, flavour: str, capacity: int,
+               cache_dir: str | os.PathLike | None = None) -> Path:
+    """Where `export` puts (and finds) the graph of one flavour and capacity."""
+    if flavour not in FLAVOURS:
+        raise ValueError(f"unknown flavour {flavour!r}; accepted: {', '.join(FLAVOURS)}")
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    return root / model_key(workload.config, workload.seed) / f"{flavour}-c{capacity}.onnx"
+
+
+def export(workload: Workload, flavour: str, capacity: int,
+           cache_dir: str | os.PathLike | None = None, *, force: bool = False) -> Path:
+    """The graph for (workload, flavour, capacity), exported unless already on disk."""
+    path = graph_path(workload, flavour, capacity, cache_dir)
+    if path.exists() and not force:
+        return path
+    if flavour == STANDARD:
+        return export_standard(workload, capacity, path)
+    return export_ort(workload, path, capacity)
+
+
+def export_standard(workload: Workload, capacity: int, path: str | os.PathLike) -> Path:
+    """Write the standard-flavour decode step with a fixed cache capacity; returns the path."""
+    b = _Builder(workload, Path(path))
+    _build(b, STANDARD, capacity)
+    return b.save()
+
+
+def export_ort(workload: Workload, path: str | os.PathLike, capacity: int | None = None) -> Path:
+    """Write the ORT-flavour decode step; `capacity` sizes the RoPE caches (default 4096)."""
+    b = _Builder(workload, Path(path))
+    _build(b, ORT, capacity or 4096)
+    return b.save()
+
+
+# ---------------------------------------------------------------------------------------------
+# weights file
+
+
+def _weights_layout(cfg: ModelConfig) -> list[tuple[str, str, tuple[int, ...]]]:
+    """(stored name, workload name, stored shape); the tied head is stored transposed."""
+    out = [(n, n, s) for n, s in weight_shapes(cfg).items()]
+    if cfg.tied_embeddings:
+        out.append(("lm_head", "embed_tokens.T", (cfg.hidden, cfg.vocab)))
+    return out
+
+
+def write_weights(workload: Workload, directory: Path) -> dict[str, tuple[int, int]]:
+    """Write `weights.bin` (+ `weights.json`) in `directory` once; returns name -> (offset, len).
+
+    An existing file with the same layout is reused; a new one is written to a temporary name
+    and renamed, so a concurrent or interrupted export never leaves a half-written file.
+    """
+    cfg = workload.config
+    layout = _weights_layout(cfg)
+    manifest: dict[str, list[int]] = {}
+    offset = 0
+    for stored, _, shape in layout:
+        n = int(np.prod(shape)) * 4
+        manifest[stored] = [offset, n]
+        offset += (n + _ALIGN - 1) // _ALIGN * _ALIGN
+    meta = {"model": model_key(cfg, workload.seed), "size": offset, "tensors": manifest}
+    bin_path, json_path = directory / "weights.bin", directory / "weights.json"
+    try:
+        if json.loads(json_path.read_text()) == meta and bin_path.stat().st_size == offset:
+            return {k: (v[0], v[1]) for k, v in manifest.items()}
+    except (OSError, ValueError):
+        pass
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".weights-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for stored, source, _ in layout:
+                if source.endswith(".T"):
+                    arr = np.ascontiguousarray(workload.weights[source[:-2]].T)
+                else:
+                    arr = workload.weights[source]
+                start = manifest[stored][0]
+                f.seek(start)
+                f.write(np.ascontiguousarray(arr, dtype=np.float32).tobytes())
+            f.truncate(offset)
+        os.replace(tmp, bin_path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _atomic_write(json_path, json.dumps(meta).encode())
+    return {k: (v[0], v[1]) for k, v in manifest.items()}
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------------------
+# graph builder
+
+
+class _Builder:
+    """Collects nodes, initializers and the shape of every value (written out as value_info)."""
+
+    def __init__(self, workload: Workload, path: Path) -> None:
+        self.workload, self.cfg, self.path = workload, workload.config, path
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[TensorProto] = []
+        self.shapes: dict[str, tuple[list, int]] = {}  # name -> (dims, elem type)
+        self.inputs: list[onnx.ValueInfoProto] = []
+        self.outputs: list[onnx.ValueInfoProto] = []
+        self._consts: dict[bytes, str] = {}
+        self._n = 0
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.manifest = write_weights(workload, path.parent)
+
+    # values -----------------------------------------------------------------------------
+    def weight(self, name: str) -> str:
+        """An initializer backed by the shared weights file (added once)."""
+        if name not in self.shapes:
+            shape = dict((s, sh) for s, _, sh in _weights_layout(self.cfg))[name]
+            offset, length = self.manifest[name]
+            t = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=list(shape))
+            t.data_location = TensorProto.EXTERNAL
+            for k, v in (("location", "weights.bin"), ("offset", str(offset)),
+                         ("length", str(length))):
+                t.external_data.add(key=k, value=v)
+            self.inits.append(t)
+            self.shapes[name] = (list(shape), TensorProto.FLOAT)
+        return name
+
+    def const(self, value, dtype=np.float32, name: str | None = None) -> str:
+        """A small inline initializer (deduplicated by content)."""
+        arr = np.asarray(value, dtype=dtype)
+        key = arr.dtype.str.encode() + str(arr.shape).encode() + arr.tobytes()
+        if key in self._consts:
+            return self._consts[key]
+        name = name or f"const_{len(self._consts)}"
+        self.inits.append(numpy_helper.from_array(arr, name))
+        self.shapes[name] = (list(arr.shape), helper.np_dtype_to_tensor_dtype(arr.dtype))
+        self._consts[key] = name
+        return name
+
+    def shape_of(self, name: str) -> list:
+        return self.shapes[name][0]
+
+    def input(self, name: str, elem: int, dims: list) -> str:
+        self.inputs.append(helper.make_tensor_value_info(name, elem, dims))
+        self.shapes[name] = (list(dims), elem)
+        return name
+
+    def output(self, name: str) -> None:
+        dims, elem = self.shapes[name]
+        self.outputs.append(helper.make_tensor_value_info(name, elem, dims))
+
+    def op(self, op_type: str, inputs: list[str], shape: list, elem: int = TensorProto.FLOAT,
+           *, out: str | None = None, outputs: list[tuple[str, list, int]] | None = None,
+           domain: str = "", **attrs) -> str:
+        """Add one node; `shape`/`elem` describe its (first) output."""
+        self._n += 1
+        name = out or f"{op_type.lower()}_{self._n}"
+        extra = outputs or []
+        outs = [name] + [o[0] for o in extra]
+        self.nodes.append(helper.make_node(op_type, inputs, outs, name=f"n{self._n}_{op_type}",
+                                           domain=domain or None, **attrs))
+        self.shapes[name] = (list(shape), elem)
+        for o, s, e in extra:
+            if o:
+                self.shapes[o] = (list(s), e)
+        return name
+
+    # composite helpers -------------------------------------------------------------------
+    def reshape(self, x: str, shape: list[int], out: str | None = None) -> str:
+        return self.op("Reshape", [x, self.const(shape, np.int64)], shape, self.shapes[x][1],
+                       out=out)
+
+    def matmul(self, x: str, w: str) -> str:
+        xs, ws = self.shape_of(x), self.shape_of(w)
+        return self.op("MatMul", [x, w], xs[:-1] + [ws[-1]])
+
+    def binary(self, op: str, a: str, b: str) -> str:
+        sa, sb = self.shape_of(a), self.shape_of(b)
+        n = max(len(sa), len(sb))
+        sa, sb = [1] * (n - len(sa)) + sa, [1] * (n - len(sb)) + sb
+        return self.op(op, [a, b], [x if y == 1 else y for x, y in zip(sa, sb, strict=True)],
+                       self.shapes[a][1])
+
+    def unary(self, op: str, x: str) -> str:
+        return self.op(op, [x], self.shape_of(x), self.shapes[x][1])
+
+    def save(self) -> Path:
+        g = helper.make_graph(self.nodes, self.cfg.name, self.inputs, self.outputs, self.inits)
+        io = {v.name for v in self.inputs} | {v.name for v in self.outputs}
+        io |= {t.name for t in self.inits}
+        g.value_info.extend(helper.make_tensor_value_info(n, e, d)
+                            for n, (d, e) in self.shapes.items() if n not in io)
+        opsets = [helper.make_opsetid("", OPSET)]
+        if any(n.domain == MS_DOMAIN for n in self.nodes):
+            opsets.append(helper.make_opsetid(MS_DOMAIN, 1))
+        model = helper.make_model(g, opset_imports=opsets, producer_name="statebench")
+        model.ir_version = 10
+        _atomic_write(self.path, model.SerializeToString())
+        return self.path
+
+
+# ---------------------------------------------------------------------------------------------
+# the decoder
+
+
+def rope_tables(cfg: ModelConfig, capacity: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin of pos * theta^(-2i/d), (capacity, head_dim/2), computed in float64."""
+    d = cfg.head_dim
+    inv = cfg.rope_theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    ang = np.arange(capacity, dtype=np.float64)[:, None] * inv[None, :]
+    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+
+def _build(b: _Builder, flavour: str, capacity: int) -> None:
+    cfg = b.cfg
+    h = cfg.hidden
+    ids = b.input("input_ids", TensorProto.INT64, [1, 1])
+    ctx: dict[str, str] = {}
+    if flavour == STANDARD:
+        pos = b.input("position_ids", TensorProto.INT64, [1, 1])
+        ctx["pos"] = pos
+    else:
+        ctx["seqlens_k"] = b.input("seqlens_k", TensorProto.INT32, [1])
+        ctx["total"] = b.input("total_sequence_length", TensorProto.INT32, [])
+    specs = cache_specs(cfg, capacity)
+    for s in specs:
+        dims = list(s.shape)
+        if flavour == ORT and s.kind == "append":
+            dims[2] = PAST_LEN
+        b.input(s.input, TensorProto.FLOAT, dims)
+
+    if cfg.attention_layers:
+        cos, sin = rope_tables(cfg, capacity)
+        ctx["cos"], ctx["sin"] = b.const(cos, name="rope_cos"), b.const(sin, name="rope_sin")
+        if flavour == STANDARD:
+            _standard_position_constants(b, ctx, capacity)
+
+    x = b.op("Gather", [b.weight("embed_tokens"), ids], [1, 1, h], axis=0)
+    residual: str | None = None  # ORT flavour: the pending add, fused into the next norm
+    for i, kind in enumerate(cfg.layers):
+        p = f"layers.{i}."
+        xn, x = _norm(b, flavour, x, residual, p + "input_norm")
+        residual = None
+        if kind == ATTENTION:
+            mixed = _attention(b, flavour, ctx, i, xn, capacity)
+        else:
+            mixed = _gdn(b, flavour, i, xn)
+        if flavour == STANDARD:
+            x = b.binary("Add", x, mixed)
+        else:
+            residual = mixed
+        xn, x = _norm(b, flavour, x, residual, p + "post_norm")
+        residual = None
+        gate = b.matmul(xn, b.weight(p + "gate_proj"))
+        act = b.binary("Mul", gate, b.unary("Sigmoid", gate))
+        up = b.matmul(xn, b.weight(p + "up_proj"))
+        mlp = b.matmul(b.binary("Mul", act, up), b.weight(p + "down_proj"))
+        if flavour == STANDARD:
+            x = b.binary("Add", x, mlp)
+        else:
+            residual = mlp
+    xn, _ = _norm(b, flavour, x, residual, "final_norm")
+    head = b.weight("lm_head")
+    b.op("MatMul", [xn, head], [1, 1, cfg.vocab], out="logits")
+    b.output("logits")
+    for s in specs:
+        b.output(s.output)
+
+
+def _norm(b: _Builder, flavour: str, x: str, skip: str | None, weight: str) -> tuple[str, str]:
+    """RMSNorm of x (+ skip); returns (normalised, the residual stream after the add)."""
+    eps = b.cfg.rms_eps
+    shape = b.shape_of(x)
+    if flavour == ORT:
+        if skip is None:
+            y = b.op("SimplifiedLayerNormalization", [x, b.weight(weight)], shape,
+                     epsilon=eps, axis=-1, stash_type=1)
+            return y, x
+        y = b.op("SkipSimplifiedLayerNormalization", [x, skip, b.weight(weight)], shape,
+                 domain=MS_DOMAIN, epsilon=eps,
+                 outputs=[("", [], 0), ("", [], 0), (f"resid_{b._n + 1}", shape, TensorProto.FLOAT)])
+        summed = b.nodes[-1].output[3]
+        return y, summed
+    ms = b.op("ReduceMean", [b.binary("Mul", x, x), b.const([-1], np.int64)],
+              shape[:-1] + [1], keepdims=1)
+    rms = b.unary("Sqrt", b.binary("Add", ms, b.const(eps)))
+    return b.binary("Mul", b.binary("Div", x, rms), b.weight(weight)), x
+
+
+def _standard_position_constants(b: _Builder, ctx: dict[str, str], capacity: int) -> None:
+    """Shared by all attention layers: RoPE rows, the mask and the ScatterND indices."""
+    cfg = b.cfg
+    half = cfg.head_dim // 2
+    pos = ctx["pos"]
+    for k in ("cos", "sin"):
+        row = b.op("Gather", [ctx[k], pos], [1, 1, half], axis=0)
+        ctx[k + "_row"] = b.reshape(row, [1, 1, 1, half])  # broadcasts over (B, N, S=1)
+    arange = b.const(np.arange(capacity), np.int64, name="cache_positions")
+    pos4 = b.reshape(pos, [1, 1, 1, 1])
+    ctx["mask"] = b.op("LessOrEqual", [arange, pos4], [1, 1, 1, capacity], TensorProto.BOOL)
+    # indices (0, head, position) for every kv head: [1, kv_heads, 1, 3]
+    hk = cfg.kv_heads
+    bh = np.zeros((1, hk, 1, 2), np.int64)
+    bh[0, :, 0, 1] = np.arange(hk)
+    pos_exp = b.op("Expand", [pos4, b.const([1, hk, 1, 1], np.int64)], [1, hk, 1, 1],
+                   TensorProto.INT64)
+    ctx["scatter_idx"] = b.op("Concat", [b.const(bh, np.int64), pos_exp], [1, hk, 1, 3],
+                              TensorProto.INT64, axis=-1)
+
+
+def _rope(b: _Builder, x: str, cos: str, sin: str) -> str:
+    """Rotate-half RoPE on (..., D) with (1,1,1,D/2) cos/sin rows."""
+    d = b.shape_of(x)[-1]
+    half = d // 2
+    axis = b.const([-1], np.int64)
+    x1 = b.op("Slice", [x, b.const([0], np.int64), b.const([half], np.int64), axis],
+              b.shape_of(x)[:-1] + [half])
+    x2 = b.op("Slice", [x, b.const([half], np.int64), b.const([d], np.int64), axis],
+              b.shape_of(x)[:-1] + [half])
+    r1 = b.binary("Sub", b.binary("Mul", x1, cos), b.binary("Mul", x2, sin))
+    r2 = b.binary("Add", b.binary("Mul", x2, cos), b.binary("Mul", x1, sin))
+    return b.op("Concat", [r1, r2], b.shape_of(x), axis=-1)
+
+
+def _attention(b: _Builder, flavour: str, ctx: dict[str, str], i: int, xn: str,
+               capacity: int) -> str:
+    cfg, p = b.cfg, f"layers.{i}."
+    hq, hk, d = cfg.q_heads, cfg.kv_heads, cfg.head_dim
+    q = b.matmul(xn, b.weight(p + "q_proj"))
+    k = b.matmul(xn, b.weight(p + "k_proj"))
+    v = b.matmul(xn, b.weight(p + "v_proj"))
+    past_k, past_v = f"past_key_values.{i}.key", f"past_key_values.{i}.value"
+    pres_k, pres_v = f"present.{i}.key", f"present.{i}.value"
+    if flavour == ORT:
+        present = [1, hk, TOTAL_LEN, d]
+        out = b.op("GroupQueryAttention",
+                   [q, k, v, past_k, past_v, ctx["seqlens_k"], ctx["total"], ctx["cos"],
+                    ctx["sin"]],
+                   [1, 1, hq * d], domain=MS_DOMAIN,
+                   outputs=[(pres_k, present, TensorProto.FLOAT),
+                            (pres_v, present, TensorProto.FLOAT)],
+                   num_heads=hq, kv_num_heads=hk, do_rotary=1, rotary_interleaved=0)
+        return b.matmul(out, b.weight(p + "o_proj"))
+    # S = 1, so BSNH -> BNSH is a reshape
+    q = _rope(b, b.reshape(q, [1, hk, hq // hk, d]), ctx["cos_row"], ctx["sin_row"])
+    k = _rope(b, b.reshape(k, [1, hk, 1, d]), ctx["cos_row"], ctx["sin_row"])
+    v = b.reshape(v, [1, hk, 1, d])
+    cache = [1, hk, capacity, d]
+    kc = b.op("ScatterND", [past_k, ctx["scatter_idx"], k], cache, out=pres_k)
+    vc = b.op("ScatterND", [past_v, ctx["scatter_idx"], v], cache, out=pres_v)
+    kt = b.op("Transpose", [kc], [1, hk, d, capacity], perm=[0, 1, 3, 2])
+    scores = b.binary("Mul", b.matmul(q, kt), b.const(1.0 / np.sqrt(d)))
+    neg = b.const(np.finfo(np.float32).min)
+    scores = b.op("Where", [ctx["mask"], scores, neg], b.shape_of(scores))
+    probs = b.op("Softmax", [scores], b.shape_of(scores), axis=-1)
+    out = b.reshape(b.matmul(probs, vc), [1, 1, hq * d])
+    return b.matmul(out, b.weight(p + "o_proj"))
+
+
+def _gdn(b: _Builder, flavour: str, i: int, xn: str) -> str:
+    cfg, p = b.cfg, f"layers.{i}."
+    hk, hv, dk, dv = cfg.gdn_qk_heads, cfg.gdn_v_heads, cfg.gdn_qk_dim, cfg.gdn_v_dim
+    rep = hv // hk
+    q = b.matmul(xn, b.weight(p + "q_proj"))
+    k = b.matmul(xn, b.weight(p + "k_proj"))
+    v = b.matmul(xn, b.weight(p + "v_proj"))
+    a = b.matmul(xn, b.weight(p + "a_proj"))
+    bb = b.matmul(xn, b.weight(p + "b_proj"))
+    past, present = f"past_state.{i}", f"present_state.{i}"
+    state = [1, hv, dv, dk]
+    if flavour == ORT:
+        out = b.op("GatedDeltaNet",
+                   [b.reshape(q, [1, hk, dk]), b.reshape(k, [1, hk, dk]), b.reshape(v, [1, hv, dv]),
+                    "", b.reshape(a, [1, hv]), b.reshape(bb, [1, hv]), past,
+                    b.weight(p + "A_log"), b.weight(p + "dt_bias")],
+                   [1, hv, dv], domain=MS_DOMAIN,
+                   outputs=[(present, state, TensorProto.FLOAT)],
+                   gate_activation="softplus", beta_activation="sigmoid", qk_l2_norm=1)
+        return b.matmul(b.reshape(out, [1, 1, hv * dv]), b.weight(p + "o_proj"))
+    eps = b.const(1e-6)
+
+    def l2(t: str) -> str:
+        t = b.reshape(t, [1, hk, dk])
+        ss = b.op("ReduceSum", [b.binary("Mul", t, t), b.const([-1], np.int64)], [1, hk, 1],
+                  keepdims=1)
+        return b.binary("Div", t, b.unary("Sqrt", b.binary("Add", ss, eps)))
+
+    qn, kn = l2(q), l2(k)
+    neg_a = b.unary("Neg", b.unary("Exp", b.weight(p + "A_log")))
+    g = b.binary("Mul", neg_a, b.unary("Softplus", b.binary("Add", a, b.weight(p + "dt_bias"))))
+    decay = b.reshape(b.unary("Exp", g), [1, hk, rep, 1, 1])
+    beta = b.reshape(b.unary("Sigmoid", bb), [1, hk, rep, 1, 1])
+    # value head h = j * rep + r reads qk head j: group the state instead of repeating q/k
+    s = b.binary("Mul", b.reshape(past, [1, hk, rep, dv, dk]), decay)
+    retrieved = b.matmul(s, b.reshape(kn, [1, hk, 1, dk, 1]))  # (1, hk, rep, dv, 1)
+    delta = b.binary("Mul", b.binary("Sub", b.reshape(v, [1, hk, rep, dv, 1]), retrieved), beta)
+    new = b.binary("Add", s, b.binary("Mul", delta, b.reshape(kn, [1, hk, 1, 1, dk])))
+    b.reshape(new, state, out=present)
+    o = b.matmul(new, b.reshape(qn, [1, hk, 1, dk, 1]))  # (1, hk, rep, dv, 1)
+    o = b.binary("Mul", o, b.const(1.0 / np.sqrt(dk)))
+    return b.matmul(b.reshape(o, [1, 1, hv * dv]), b.weight(p + "o_proj"))
