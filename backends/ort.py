@@ -1,0 +1,393 @@
+"""ONNX Runtime backends: the ways ORT users carry the decode state (DESIGN §1, §5).
+
+Names are `ort-<provider>:<mode>`, provider `cpu` (CPU EP) or `webgpu` (the WebGPU plugin EP of
+`onnxruntime-ep-webgpu`, registered with `register_execution_provider_library`):
+
+- `copy`: plain `run()` with host numpy arrays, ORT flavour; the cache grows one row per step
+  (present of length P+1 is fed back as the next past).
+- `iobinding`: IOBinding; presents stay in ORT-owned device values (`bind_output(name,
+  device)`) and are bound as the next step's pasts (`bind_ortvalue_input`); logits to host.
+- `shared`: one capacity-sized device value bound as both past and present of each
+  GroupQueryAttention (its shared buffer) and as GatedDeltaNet's `initial_state` and
+  `final_state` (aliased); only ids and logits cross the interface.
+- `standard`: the standard flavour with host arrays at a fixed capacity: what a stateless
+  WebNN page would hand ORT.
+
+Byte counters (`ByteCounters`), counted where the bytes move:
+- `h2d`: bytes of host arrays handed to `run()` or bound with `bind_cpu_input`, plus
+  `update_inplace` uploads (token ids, GQA lengths and, in `copy`/`standard`, every cache).
+- `d2h`: bytes copied back to host: outputs `run()` returns (presents in `copy`/`standard`)
+  and the logits always.
+- `d2d`: copies this backend makes between device values: none in any mode (ORT's own copy
+  of the past into a new present is kernel traffic, not counted here).
+- `kernel`: the bytes every node reads plus writes, from the graph's shapes (value_info
+  written by `harness.export`), computed once at prepare as `a + b * depth`: whole inputs and
+  outputs, except Gather (and GQA's cos/sin caches) read only the rows they gather,
+  Reshape/Squeeze/Unsqueeze are views (0), and caches count valid rows: a growing past counts
+  its P rows and its present P+1; a shared buffer counts P rows read and 1 row written.
+On the CPU EP host and device memory are the same: there `h2d`/`d2h` mean bytes crossing the
+session interface (copied into or out of ORT's tensors), not bytes crossing a bus.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from backends.base import Backend, DepthState, register
+from harness.export import ORT, PAST_LEN, STANDARD, TOTAL_LEN, export
+from harness.workload import Workload, cache_specs
+
+try:
+    import onnxruntime as ort
+except ImportError:  # pragma: no cover - the venv always has it
+    ort = None
+
+WEBGPU_EP = "WebGpuExecutionProvider"
+_VIEW_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze"})
+_webgpu_state: dict[str, object] = {}
+
+
+def _webgpu_devices() -> tuple[list, str]:
+    """The WebGPU plugin EP's devices, registering the plugin library once; (devices, why not)."""
+    if ort is None:
+        return [], "onnxruntime is not installed"
+    if "error" not in _webgpu_state and "registered" not in _webgpu_state:
+        try:
+            import onnxruntime_ep_webgpu
+        except ImportError:
+            _webgpu_state["error"] = "onnxruntime-ep-webgpu is not installed"
+        else:
+            try:
+                ort.register_execution_provider_library(
+                    "WebGPU", onnxruntime_ep_webgpu.get_library_path())
+                _webgpu_state["registered"] = True
+            except Exception as exc:  # noqa: BLE001 - ORT raises plain RuntimeError/Fail
+                if "already" in str(exc).lower():
+                    _webgpu_state["registered"] = True
+                else:
+                    _webgpu_state["error"] = f"registering the WebGPU plugin EP failed: {exc}"
+    if "error" in _webgpu_state:
+        return [], str(_webgpu_state["error"])
+    devices = ort.get_ep_devices()
+    gpu = [d for d in devices if "webgpu" in d.ep_name.lower()]
+    if not gpu:
+        listed = ", ".join(sorted({d.ep_name for d in devices})) or "nothing"
+        return [], f"the WebGPU plugin EP found no device (ort.get_ep_devices lists only {listed})"
+    return gpu, ""
+
+
+class _KernelBytes:
+    """Per-step kernel bytes as `base + per_token * depth`, from the exported value_info."""
+
+    def __init__(self, path: Path, shared: bool) -> None:
+        import onnx
+
+        model = onnx.load(str(path), load_external_data=False)
+        g = model.graph
+        info: dict[str, list] = {}
+        for vi in list(g.input) + list(g.output) + list(g.value_info):
+            info[vi.name] = [d.dim_param or d.dim_value for d in vi.type.tensor_type.shape.dim]
+            info[vi.name].append(vi.type.tensor_type.elem_type)
+        for t in g.initializer:
+            info[t.name] = list(t.dims) + [t.data_type]
+        self.nodes = [(n.op_type, list(n.input), list(n.output)) for n in g.node]
+        self.info, self.shared = info, shared
+        self.base = self._total(0)
+        self.per_token = self._total(1) - self.base
+
+    def _nbytes(self, name: str, depth: int) -> int:
+        import onnx
+
+        *dims, elem = self.info[name]
+        size = {PAST_LEN: depth, TOTAL_LEN: 1 if self.shared else depth + 1}
+        n = 1
+        for d in dims:
+            n *= size[d] if isinstance(d, str) else d
+        return n * onnx.helper.tensor_dtype_to_np_dtype(elem).itemsize
+
+    def _total(self, depth: int) -> int:
+        total = 0
+        for op, ins, outs in self.nodes:
+            if op in _VIEW_OPS:
+                continue
+            outb = sum(self._nbytes(o, depth) for o in outs if o)
+            inb = [self._nbytes(i, depth) if i else 0 for i in ins]
+            if op == "Gather":
+                inb[0] = outb  # reads the gathered rows only
+            elif op == "GroupQueryAttention":
+                for j in (7, 8):  # cos/sin caches: one row each for one token
+                    if j < len(ins) and ins[j]:
+                        inb[j] = self._nbytes(ins[j], depth) // self.info[ins[j]][0]
+            total += sum(inb) + outb
+        return total
+
+    def at(self, depth: int) -> int:
+        return self.base + self.per_token * depth
+
+
+class _OrtBackend(Backend):
+    """Shared machinery: session, feeds of ids, logits, counters. Subclasses carry the cache."""
+
+    provider = "cpu"
+    mode = ""
+    flavour = ORT
+    cache_dir: str | os.PathLike | None = None  # None: harness.export.default_cache_dir()
+
+    @classmethod
+    def available(cls) -> tuple[bool, str]:
+        if ort is None:
+            return False, "onnxruntime is not installed"
+        if cls.provider == "webgpu":
+            devices, why = _webgpu_devices()
+            return bool(devices), why
+        return True, ""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.session = None
+        self.position = 0
+
+    # --- preparation -------------------------------------------------------------------
+    def prepare(self, workload: Workload, capacity: int) -> None:
+        ok, why = self.available()
+        if not ok:
+            raise RuntimeError(why)
+        self.workload, self.cfg, self.capacity = workload, workload.config, capacity
+        self.specs = cache_specs(self.cfg, capacity)
+        self.path = export(workload, self.flavour, capacity, self.cache_dir)
+        self.session = self._session(self.path)
+        self.kernel = _KernelBytes(self.path, shared=self.mode == "shared")
+        self.details.update(provider=self.session.get_providers()[0], flavour=self.flavour,
+                            mode=self.mode, model=str(self.path),
+                            kernel_bytes_base=self.kernel.base,
+                            kernel_bytes_per_token=self.kernel.per_token)
+        if self.provider == "webgpu":
+            self.details.update(self._assignment())
+        self._allocate()
+        self.reset()
+
+    def _session(self, path: Path):
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        if self.provider == "webgpu":
+            devices, why = _webgpu_devices()
+            if not devices:
+                raise RuntimeError(why)
+            so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+            so.add_provider_for_devices(devices[:1], {})
+            return ort.InferenceSession(str(path), sess_options=so)
+        return ort.InferenceSession(str(path), sess_options=so,
+                                    providers=["CPUExecutionProvider"])
+
+    def _assignment(self) -> dict[str, object]:
+        """Which nodes the WebGPU EP did not take (they fell back to the CPU EP)."""
+        try:
+            subgraphs = self.session.get_provider_graph_assignment_info()
+        except Exception as exc:  # noqa: BLE001 - diagnostics only
+            return {"cpu_fallback": f"unknown ({exc})"}
+        fallback = [f"{n.op_type}:{n.name}" for sg in subgraphs if sg.ep_name != WEBGPU_EP
+                    for n in sg.get_nodes()] if subgraphs else []
+        return {"cpu_fallback": bool(fallback), "cpu_fallback_nodes": fallback[:50]}
+
+    @property
+    def _device(self) -> str:
+        return "webgpu" if self.provider == "webgpu" else "cpu"
+
+    def _device_value(self, host: np.ndarray):
+        """A device OrtValue holding a copy of `host` (counted as h2d)."""
+        if self.provider == "webgpu":
+            value = self.session.create_ortvalue_from_shape_and_type(
+                list(host.shape), np.float32, "webgpu", 0)
+        else:
+            value = ort.OrtValue.ortvalue_from_shape_and_type(list(host.shape), np.float32,
+                                                               "cpu", 0)
+        if host.size:
+            value.update_inplace(np.ascontiguousarray(host, np.float32))
+            self.counters.h2d += host.nbytes
+        return value
+
+    def _allocate(self) -> None:
+        """Allocate long-lived buffers (shared mode)."""
+
+    # --- per step helpers ---------------------------------------------------------------
+    def _check_depth(self, depth: DepthState) -> None:
+        for s in self.specs:
+            got = depth.cache[s.input].shape
+            if tuple(got) != tuple(s.shape):
+                raise ValueError(f"{s.input}: cache shape {got}, expected {s.shape}")
+        if depth.depth >= self.capacity:
+            raise ValueError(f"depth {depth.depth} leaves no room in capacity {self.capacity}")
+
+    def _id_feeds(self, token: int) -> dict[str, np.ndarray]:
+        if self.position >= self.capacity:
+            raise ValueError(f"capacity {self.capacity} exceeded at position {self.position}")
+        feeds = {"input_ids": np.array([[token]], np.int64)}
+        if self.flavour == STANDARD:
+            feeds["position_ids"] = np.array([[self.position]], np.int64)
+        else:
+            feeds["seqlens_k"] = np.array([self.position], np.int32)
+            feeds["total_sequence_length"] = np.array(self.position + 1, np.int32)
+        return feeds
+
+    def _count_kernel(self) -> None:
+        self.counters.kernel += self.kernel.at(self.position)
+
+    def close(self) -> None:
+        self.session = None
+
+
+class _HostArrays(_OrtBackend):
+    """`copy` and `standard`: every cache is a host array handed to `run()` and returned."""
+
+    def reset(self) -> None:
+        self.position = 0
+        self.past = {}
+        for s in self.specs:
+            shape = list(s.shape)
+            if self.flavour == ORT and s.kind == "append":
+                shape[2] = 0  # a growing past starts empty
+            self.past[s.input] = np.zeros(shape, np.float32)
+
+    def reach_depth(self, depth: DepthState) -> None:
+        self._check_depth(depth)
+        n = depth.depth
+        self.past = {}
+        for s in self.specs:
+            arr = depth.cache[s.input]
+            if self.flavour == ORT and s.kind == "append":
+                arr = arr[:, :, :n]
+            self.past[s.input] = np.ascontiguousarray(arr, np.float32)
+        self.position = n
+
+    def step(self, token: int) -> np.ndarray:
+        feeds = self._id_feeds(token)
+        feeds.update(self.past)
+        self.counters.h2d += sum(a.nbytes for a in feeds.values())
+        outs = self.session.run(None, feeds)
+        self.counters.d2h += sum(o.nbytes for o in outs)
+        self._count_kernel()
+        self.past = {s.input: o for s, o in zip(self.specs, outs[1:], strict=True)}
+        self.position += 1
+        return outs[0].reshape(-1).astype(np.float32, copy=False)
+
+
+class _IOBinding(_OrtBackend):
+    """`iobinding`: presents stay in ORT-allocated device values and are fed back."""
+
+    mode = "iobinding"
+
+    def reset(self) -> None:
+        self.position = 0
+        self.values = {}
+        for s in self.specs:
+            shape = list(s.shape)
+            if s.kind == "append":
+                shape[2] = 0
+            self.values[s.input] = self._device_value(np.zeros(shape, np.float32))
+
+    def reach_depth(self, depth: DepthState) -> None:
+        self._check_depth(depth)
+        n = depth.depth
+        self.values = {}
+        for s in self.specs:
+            arr = depth.cache[s.input]
+            if s.kind == "append":
+                arr = arr[:, :, :n]
+            self.values[s.input] = self._device_value(arr)
+        self.position = n
+
+    def step(self, token: int) -> np.ndarray:
+        io = self.session.io_binding()
+        for name, arr in self._id_feeds(token).items():
+            io.bind_cpu_input(name, arr)
+            self.counters.h2d += arr.nbytes
+        for s in self.specs:
+            io.bind_ortvalue_input(s.input, self.values[s.input])
+        io.bind_output("logits", self._device)
+        for s in self.specs:
+            io.bind_output(s.output, self._device)
+        self.session.run_with_iobinding(io)
+        outs = io.get_outputs()
+        logits = outs[0].numpy().reshape(-1)
+        self.counters.d2h += logits.nbytes
+        self._count_kernel()
+        self.values = {s.input: v for s, v in zip(self.specs, outs[1:], strict=True)}
+        self.position += 1
+        return logits.astype(np.float32, copy=False)
+
+
+class _Shared(_OrtBackend):
+    """`shared`: one capacity-sized value per cache bound as both past and present."""
+
+    mode = "shared"
+
+    def _allocate(self) -> None:
+        self.values = {}
+        for s in self.specs:
+            if self.provider == "webgpu":
+                v = self.session.create_ortvalue_from_shape_and_type(
+                    list(s.shape), np.float32, "webgpu", 0)
+            else:
+                v = ort.OrtValue.ortvalue_from_shape_and_type(list(s.shape), np.float32, "cpu", 0)
+            self.values[s.input] = v
+        vocab = self.cfg.vocab
+        if self.provider == "webgpu":
+            self.logits = self.session.create_ortvalue_from_shape_and_type(
+                [1, 1, vocab], np.float32, "webgpu", 0)
+        else:
+            self.logits = ort.OrtValue.ortvalue_from_shape_and_type([1, 1, vocab], np.float32,
+                                                                     "cpu", 0)
+        self.io = self.session.io_binding()
+        for s in self.specs:
+            self.io.bind_ortvalue_input(s.input, self.values[s.input])
+            self.io.bind_ortvalue_output(s.output, self.values[s.input])
+        self.io.bind_ortvalue_output("logits", self.logits)
+        self.details["in_place"] = {s.input: True for s in self.specs}
+
+    def _upload(self, cache: dict[str, np.ndarray]) -> None:
+        for s in self.specs:
+            arr = np.ascontiguousarray(cache[s.input], np.float32)
+            self.values[s.input].update_inplace(arr)
+            self.counters.h2d += arr.nbytes
+
+    def reset(self) -> None:
+        self.position = 0
+        self._upload({s.input: np.zeros(s.shape, np.float32) for s in self.specs})
+
+    def reach_depth(self, depth: DepthState) -> None:
+        self._check_depth(depth)
+        self._upload(depth.cache)
+        self.position = depth.depth
+
+    def step(self, token: int) -> np.ndarray:
+        for name, arr in self._id_feeds(token).items():
+            self.io.bind_cpu_input(name, arr)
+            self.counters.h2d += arr.nbytes
+        self.session.run_with_iobinding(self.io)
+        logits = self.logits.numpy().reshape(-1)
+        self.counters.d2h += logits.nbytes
+        self._count_kernel()
+        self.position += 1
+        return logits.astype(np.float32, copy=False)
+
+
+_MODES: dict[str, tuple[type[_OrtBackend], str]] = {
+    "copy": (_HostArrays, ORT),
+    "iobinding": (_IOBinding, ORT),
+    "shared": (_Shared, ORT),
+    "standard": (_HostArrays, STANDARD),
+}
+
+#: the registered classes, by name (one per provider x mode)
+BACKENDS: dict[str, type[_OrtBackend]] = {}
+for _provider in ("cpu", "webgpu"):
+    for _mode, (_base, _flavour) in _MODES.items():
+        _cls = type(f"Ort{_provider.capitalize()}{_mode.capitalize()}", (_base,), {
+            "name": f"ort-{_provider}:{_mode}", "provider": _provider, "mode": _mode,
+            "flavour": _flavour, "__module__": __name__,
+            "__doc__": f"ONNX Runtime, {_provider} EP, {_mode} mode ({_flavour} flavour).",
+        })
+        BACKENDS[_cls.name] = register(_cls)
