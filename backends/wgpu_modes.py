@@ -1,0 +1,266 @@
+"""The four ways a WebNN page carries decode state across steps, on the wgpu WebNN backend.
+
+Each mode is what a page would write: convert the standard-flavour ONNX once
+(`backends.webnn.onnx_converter`), create MLTensors, then per token write the ids/position,
+`dispatch`, and read the logits. They differ only in where the cache lives (DESIGN §1):
+
+- `wgpu:stateless`  the page holds the caches on the host; every step uploads every past cache
+  and downloads every present cache (persistent tensors: the best a page can do).
+- `wgpu:reuse`      the caches live in MLTensors; since one tensor may not be both input and
+  output of a dispatch, the page ping-pongs two per pair and the graph writes a full copy.
+- `wgpu:stateful`   the proposal: `use_stateful=True` with the pairs listed from names; the
+  caches leave the interface, the page binds ids, position and logits only.
+- `wgpu:fallback`   the same page code as stateful on a context without state support:
+  `is_stateful` comes back False and the page binds the pairs as `reuse` does (§2 rule 1).
+
+Bytes are never computed here: the context counts them where they move, and each backend
+call adds the context's deltas to `self.counters`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+import numpy as np
+
+from backends.base import Backend, DepthState, register
+from harness.workload import Workload
+
+
+def _webnn():
+    """The WebNN module, imported late so a missing wgpu only marks these backends unavailable."""
+    import backends.webnn as webnn
+
+    return webnn
+
+
+class _Page(Backend):
+    """What every mode shares: one context, the converted graph, ids/position/logits tensors."""
+
+    #: create the context with state support (False: the fallback's backend)
+    state_support = True
+    #: build with use_stateful=True and the pairs listed from the graph's names
+    request_state = False
+    #: keep the caches in host arrays and copy them both ways every step
+    host_cache = False
+
+    def __init__(self, onnx_path: str | os.PathLike | None = None, timing: bool = False) -> None:
+        super().__init__()
+        self.onnx_path = onnx_path  # a user's export instead of harness.export's
+        self.timing = timing
+        self.context = None
+        self.converted = None
+        self.position = 0
+        self._bound: dict[str, object] = {}  # ids, position, logits tensors
+        self._cur: dict[str, object] = {}  # past name -> tensor read this step (page-owned)
+        self._nxt: dict[str, object] = {}  # past name -> tensor written this step
+        self._host: dict[str, np.ndarray] = {}  # stateless: past name -> host array
+        self._pairs: list = []  # MLKVCachePair, past -> present
+
+    # -- availability -----------------------------------------------------------------------
+
+    @classmethod
+    def available(cls) -> tuple[bool, str]:
+        try:
+            import wgpu
+        except ImportError as exc:
+            return False, f"wgpu is not installed ({exc})"
+        try:
+            _webnn()
+        except ImportError as exc:
+            return False, f"the WebNN wgpu backend cannot be imported ({exc})"
+        try:
+            adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+        except Exception as exc:  # noqa: BLE001 - any driver failure means "no adapter"
+            return False, f"wgpu has no adapter ({exc})"
+        if adapter is None:
+            return False, "wgpu has no adapter"
+        return True, ""
+
+    # -- counting ---------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _counted(self) -> Iterator[None]:
+        """Add what the context counted during the block to this backend's counters."""
+        c = self.context.counters
+        before = (c.h2d, c.d2h, c.d2d, c.kernel)
+        try:
+            yield
+        finally:
+            self.counters.h2d += c.h2d - before[0]
+            self.counters.d2h += c.d2h - before[1]
+            self.counters.d2d += c.d2d - before[2]
+            self.counters.kernel += c.kernel - before[3]
+
+    # -- protocol ---------------------------------------------------------------------------
+
+    def prepare(self, workload: Workload, capacity: int) -> None:
+        webnn = _webnn()
+        from backends.webnn.onnx_converter import convert, list_kv_pairs
+
+        self.capacity = capacity
+        if self.onnx_path is None:
+            from harness.export import export
+
+            path = export(workload, "standard", capacity)
+        else:
+            path = self.onnx_path
+        self.context = webnn.ml.create_context(state_support=self.state_support, timing=self.timing)
+        with self._counted():
+            if self.request_state:
+                self._pairs = list_kv_pairs(path)
+                self.converted = convert(path, self.context, use_stateful=True,
+                                         kv_cache_pairs=self._pairs)
+            else:
+                self.converted = convert(path, self.context)
+                self._pairs = list_kv_pairs(path)
+        graph = self.converted.graph
+        self.details["is_stateful"] = bool(graph.is_stateful)
+        if self.request_state:
+            in_place = getattr(graph, "in_place", {}) or {}
+            self.details["in_place"] = {p.input: bool(in_place.get(p.input, in_place.get(p.output, False)))
+                                        for p in self._pairs} if graph.is_stateful else {}
+        ctx = self.context
+        ins, outs = self.converted.inputs, self.converted.outputs
+        self._cache_names = {p.input for p in self._pairs} | {p.output for p in self._pairs}
+        for name, d in ins.items():
+            if name not in self._cache_names:
+                self._bound[name] = ctx.create_tensor(data_type=d.data_type, shape=list(d.shape),
+                                                      writable=True)
+        for name, d in outs.items():
+            if name not in self._cache_names:
+                self._bound[name] = ctx.create_tensor(data_type=d.data_type, shape=list(d.shape),
+                                                      readable=True)
+        self._logits_name = next(n for n in outs if n not in self._cache_names)
+        if self._hidden:
+            return
+        for p in self._pairs:
+            d = ins[p.input]
+            if self.host_cache:
+                self._host[p.input] = np.zeros(d.shape, d.host_dtype)
+                self._cur[p.input] = ctx.create_tensor(data_type=d.data_type, shape=list(d.shape),
+                                                       writable=True)
+                self._nxt[p.input] = ctx.create_tensor(data_type=d.data_type, shape=list(d.shape),
+                                                       readable=True)
+            else:  # two device tensors, swapped after each step; the page writes them at depth
+                for side in (self._cur, self._nxt):
+                    side[p.input] = ctx.create_tensor(data_type=d.data_type, shape=list(d.shape),
+                                                      writable=True)
+
+    @property
+    def _hidden(self) -> bool:
+        """The graph keeps the cache (stateful and granted): nothing of it is bound."""
+        return bool(self.converted is not None and self.converted.graph.is_stateful)
+
+    def reach_depth(self, depth: DepthState) -> None:
+        self.reset()
+        if self._hidden:
+            # a hidden cache is reached only by dispatching (DESIGN §5); logits are not read
+            for tok in depth.tokens:
+                self._dispatch(int(tok))
+            return
+        with self._counted():
+            for p in self._pairs:
+                arr = np.asarray(depth.cache[p.input], dtype=np.float32)
+                if self.host_cache:
+                    self._host[p.input][...] = arr
+                else:
+                    self.context.write_tensor(self._cur[p.input], arr)
+        self.position = depth.depth
+
+    def step(self, token: int) -> np.ndarray:
+        self._dispatch(token)
+        with self._counted():
+            logits = self.context.read_tensor(self._bound[self._logits_name])
+        return np.asarray(logits, np.float32).reshape(-1)
+
+    def _dispatch(self, token: int) -> None:
+        ctx = self.context
+        with self._counted():
+            ins = {"input_ids": self._bound["input_ids"]}
+            ctx.write_tensor(self._bound["input_ids"], np.array([[token]], np.int64))
+            if "position_ids" in self._bound:
+                ins["position_ids"] = self._bound["position_ids"]
+                ctx.write_tensor(self._bound["position_ids"], np.array([[self.position]], np.int64))
+            outs = {self._logits_name: self._bound[self._logits_name]}
+            if not self._hidden:
+                for p in self._pairs:
+                    if self.host_cache:
+                        ctx.write_tensor(self._cur[p.input], self._host[p.input])
+                    ins[p.input] = self._cur[p.input]
+                    outs[p.output] = self._nxt[p.input]
+            ctx.dispatch(self.converted.graph, ins, outs)
+            if self.host_cache:
+                for p in self._pairs:
+                    self._host[p.input] = np.asarray(ctx.read_tensor(self._nxt[p.input]))
+            elif not self._hidden:
+                self._cur, self._nxt = self._nxt, self._cur
+        self.position += 1
+
+    def reset(self) -> None:
+        if self.context is None:
+            return
+        with self._counted():
+            if self._hidden:
+                self.context.reset_kv_cache(self.converted.graph)
+            else:
+                for p in self._pairs:
+                    if self.host_cache:
+                        self._host[p.input][...] = 0
+                    else:
+                        self.context.write_tensor(self._cur[p.input], np.zeros(
+                            self.converted.inputs[p.input].shape, np.float32))
+        self.position = 0
+
+    def gpu_time_ms(self) -> float | None:
+        if self.context is None or not self.timing:
+            return None
+        fn = getattr(self.context, "last_gpu_time_ms", None)
+        return fn() if callable(fn) else fn
+
+    def device_bytes(self) -> int | None:
+        if self.context is None:
+            return None
+        val = getattr(self.context, "device_bytes", None)
+        val = val() if callable(val) else val
+        return None if val is None else int(val)
+
+    def close(self) -> None:
+        if self.context is not None:
+            self.context.destroy()
+            self.context = None
+
+
+@register
+class StatelessCopy(_Page):
+    """The page keeps every cache on the host and copies it both ways each step."""
+
+    name = "wgpu:stateless"
+    host_cache = True
+
+
+@register
+class TensorReuse(_Page):
+    """Caches in MLTensors, ping-ponged; the graph writes a full present copy each step."""
+
+    name = "wgpu:reuse"
+
+
+@register
+class StatefulInPlace(_Page):
+    """The proposal: the graph owns the cache; the page binds ids, position and logits."""
+
+    name = "wgpu:stateful"
+    hidden_state = True
+    request_state = True
+
+
+@register
+class StatefulFallback(_Page):
+    """The stateful page on a backend without state: `is_stateful` is False, pairs are bound."""
+
+    name = "wgpu:fallback"
+    request_state = True
+    state_support = False

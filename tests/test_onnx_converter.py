@@ -1,0 +1,280 @@
+"""ONNX -> WebNN converter: each op against onnx.reference, the tiny decoder against the oracle."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from backends.webnn.onnx_converter import ConversionError, convert, list_kv_pairs
+from backends.wgpu_modes import StatelessCopy
+from harness.export import export
+from harness.reference import Reference
+from harness.workload import UserError, Workload, cache_specs, preset, token_stream
+
+ok, why = StatelessCopy.available()
+pytestmark = pytest.mark.skipif(not ok, reason=why)
+
+OPSET = 21
+rng = np.random.default_rng(7)
+
+
+@pytest.fixture(scope="module")
+def context():
+    from backends.webnn import ml
+
+    ctx = ml.create_context(state_support=True)
+    yield ctx
+    ctx.destroy()
+
+
+def _vi(name: str, arr: np.ndarray) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(arr.dtype), arr.shape)
+
+
+def _model(nodes, inputs: dict, inits: dict, outputs: list[str], opset: int = OPSET):
+    """A graph with the given nodes; output types and shapes come from onnx.reference."""
+    def make(out_vis):
+        g = helper.make_graph(nodes, "t", [_vi(n, a) for n, a in inputs.items()], out_vis,
+                              [numpy_helper.from_array(np.asarray(a), n) for n, a in inits.items()])
+        return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+
+    probe = make([helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in outputs])
+    expected = ReferenceEvaluator(probe).run(None, inputs)
+    model = make([_vi(o, np.asarray(e)) for o, e in zip(outputs, expected, strict=True)])
+    return model, [np.asarray(e) for e in expected]
+
+
+def run_graph(context, model, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Convert, bind one tensor per input/output, dispatch once, read everything back."""
+    cg = convert(model, context)
+    ins, outs = {}, {}
+    for name, d in cg.inputs.items():
+        ins[name] = context.create_tensor(data_type=d.data_type, shape=list(d.shape), writable=True)
+        context.write_tensor(ins[name], feeds[name])
+    for name, d in cg.outputs.items():
+        outs[name] = context.create_tensor(data_type=d.data_type, shape=list(d.shape), readable=True)
+    context.dispatch(cg.graph, ins, outs)
+    return {n: np.asarray(context.read_tensor(t)).reshape(cg.outputs[n].shape) for n, t in outs.items()}
+
+
+def check(context, nodes, inputs, inits=None, outputs=("y",), opset=OPSET, atol=1e-5):
+    model, expected = _model(nodes, inputs, inits or {}, list(outputs), opset)
+    got = run_graph(context, model, inputs)
+    for name, e in zip(outputs, expected, strict=True):
+        g = got[name]
+        if e.dtype == np.bool_:
+            e = e.astype(np.uint8)
+        assert g.shape == e.shape, name
+        np.testing.assert_allclose(g.astype(np.float64), e.astype(np.float64), rtol=1e-5, atol=atol)
+
+
+def f32(*shape, positive=False):
+    a = rng.standard_normal(shape).astype(np.float32)
+    return np.abs(a) + 0.1 if positive else a
+
+
+def i64(*values):
+    return np.asarray(values, np.int64)
+
+
+# --- element-wise ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Div", "Max", "Min"])
+def test_binary_broadcast(context, op):
+    b = f32(4, positive=op == "Div")
+    check(context, [helper.make_node(op, ["a", "b"], ["y"])], {"a": f32(2, 3, 4), "b": b})
+
+
+def test_pow_and_scalar_initializer(context):
+    check(context, [helper.make_node("Pow", ["a", "e"], ["y"])], {"a": f32(3, 4, positive=True)},
+          {"e": np.array(1.5, np.float32)})
+
+
+@pytest.mark.parametrize("op", ["Sqrt", "Exp", "Log", "Neg", "Abs", "Sigmoid", "Softplus", "Tanh"])
+def test_unary(context, op):
+    check(context, [helper.make_node(op, ["x"], ["y"])],
+          {"x": f32(2, 5, positive=op in ("Sqrt", "Log"))})
+
+
+@pytest.mark.parametrize("op", ["LessOrEqual", "Less", "Greater", "GreaterOrEqual", "Equal"])
+def test_compare_then_where(context, op):
+    nodes = [helper.make_node(op, ["p", "q"], ["c"]), helper.make_node("Where", ["c", "a", "b"], ["y"])]
+    p = i64(*range(6)).reshape(1, 6)
+    check(context, nodes, {"q": i64(3).reshape(1, 1), "a": f32(2, 6), "b": f32(1, 6)}, {"p": p})
+
+
+def test_cast_int64_to_float(context):
+    check(context, [helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT)],
+          {"x": i64(0, 5, 1023).reshape(1, 3)})
+
+
+# --- matrix, normalisation, reductions -------------------------------------------------------
+
+def test_matmul_batched_and_broadcast(context):
+    check(context, [helper.make_node("MatMul", ["a", "w"], ["y"])], {"a": f32(2, 3, 8)},
+          {"w": f32(8, 5)}, atol=1e-4)
+
+
+def test_matmul_1d(context):
+    nodes = [helper.make_node("MatMul", ["v", "w"], ["y"]), helper.make_node("MatMul", ["w", "u"], ["z"])]
+    check(context, nodes, {"v": f32(4), "u": f32(6)}, {"w": f32(4, 6)}, outputs=("y", "z"), atol=1e-4)
+
+
+def test_softmax_axis(context):
+    check(context, [helper.make_node("Softmax", ["x"], ["y"], axis=1)], {"x": f32(2, 3, 4)})
+
+
+@pytest.mark.parametrize("op", ["ReduceMean", "ReduceSum", "ReduceMax"])
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_reductions_axes_input(context, op, keepdims):
+    check(context, [helper.make_node(op, ["x", "axes"], ["y"], keepdims=keepdims)],
+          {"x": f32(2, 3, 4)}, {"axes": i64(-1, 0)})
+
+
+# --- data movement ----------------------------------------------------------------------------
+
+def test_reshape_zero_and_minus_one(context):
+    check(context, [helper.make_node("Reshape", ["x", "s"], ["y"])], {"x": f32(2, 3, 4)},
+          {"s": i64(0, -1)})
+
+
+def test_transpose(context):
+    check(context, [helper.make_node("Transpose", ["x"], ["y"], perm=[0, 2, 1])], {"x": f32(2, 3, 4)})
+
+
+def test_concat_negative_axis(context):
+    check(context, [helper.make_node("Concat", ["a", "b"], ["y"], axis=-1)],
+          {"a": f32(2, 3), "b": f32(2, 2)})
+
+
+def test_slice_negative_and_clamped(context):
+    check(context, [helper.make_node("Slice", ["x", "s", "e", "a"], ["y"])], {"x": f32(3, 8)},
+          {"s": i64(-6, 1), "e": i64(1000, 3), "a": i64(1, 0)})
+
+
+def test_expand_bidirectional(context):
+    check(context, [helper.make_node("Expand", ["x", "s"], ["y"])], {"x": f32(3, 1)},
+          {"s": i64(2, 1, 4)})
+
+
+def test_unsqueeze_squeeze(context):
+    nodes = [helper.make_node("Unsqueeze", ["x", "a"], ["u"]),
+             helper.make_node("Squeeze", ["u", "b"], ["y"])]
+    check(context, nodes, {"x": f32(3, 4)}, {"a": i64(0, 3), "b": i64(0)})
+
+
+def test_gather_runtime_and_negative_constant_indices(context):
+    nodes = [helper.make_node("Gather", ["t", "i"], ["y"], axis=0),
+             helper.make_node("Gather", ["x", "k"], ["z"], axis=1)]
+    check(context, nodes, {"i": i64(3, 0).reshape(1, 2), "x": f32(2, 5)},
+          {"t": f32(6, 4), "k": i64(-1, 2)}, outputs=("y", "z"))
+
+
+def test_scatter_nd_cache_row(context):
+    """The cache update of the standard flavour: (0, head, position) tuples, one row each."""
+    idx = np.zeros((1, 2, 1, 3), np.int64)
+    idx[0, :, 0, 1] = [0, 1]
+    idx[0, :, 0, 2] = 5
+    check(context, [helper.make_node("ScatterND", ["c", "i", "u"], ["y"])],
+          {"c": f32(1, 2, 8, 4), "i": idx, "u": f32(1, 2, 1, 4)})
+
+
+def test_shape_computation_is_folded(context):
+    """Shape -> Gather -> Concat -> Reshape: computed at conversion time, never on the device."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+             helper.make_node("Concat", ["n", "minus1"], ["shape"], axis=0),
+             helper.make_node("Reshape", ["x", "shape"], ["y"])]
+    check(context, nodes, {"x": f32(2, 3, 4)}, {"zero": i64(0), "minus1": i64(-1)})
+
+
+def test_opset_13_reduce_axes_attribute(context):
+    check(context, [helper.make_node("ReduceMean", ["x"], ["y"], axes=[1], keepdims=1)],
+          {"x": f32(2, 3)}, opset=13)
+
+
+# --- errors ------------------------------------------------------------------------------------
+
+def test_unsupported_op_is_named(context):
+    model, _ = _model([helper.make_node("Einsum", ["a", "b"], ["y"], equation="ij,jk->ik")],
+                      {"a": f32(2, 3), "b": f32(3, 2)}, {}, ["y"])
+    with pytest.raises(ConversionError, match="Einsum") as exc:
+        convert(model, context)
+    assert isinstance(exc.value, UserError)
+
+
+def test_contrib_op_is_named(context):
+    node = helper.make_node("GroupQueryAttention", ["a"], ["y"], domain="com.microsoft")
+    g = helper.make_graph([node], "t", [_vi("a", f32(2))], [_vi("y", f32(2))])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET),
+                                                helper.make_opsetid("com.microsoft", 1)])
+    with pytest.raises(ConversionError, match="com.microsoft::GroupQueryAttention"):
+        convert(model, context)
+
+
+def test_dynamic_dimension_is_refused(context):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])
+    g = helper.make_graph([helper.make_node("Neg", ["x"], ["y"])], "t", [x], [y])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET)])
+    with pytest.raises(ConversionError, match="batch"):
+        convert(model, context)
+
+
+def test_not_an_onnx_file(tmp_path, context):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a protobuf at all \x00\xff")
+    with pytest.raises(ConversionError):
+        convert(bad, context)
+
+
+# --- the decoder -------------------------------------------------------------------------------
+
+TINY = Workload.build(preset("tiny"))
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory):
+    return export(TINY, "standard", 16, tmp_path_factory.mktemp("export"))
+
+
+def test_list_kv_pairs_from_names(tiny_path):
+    pairs = [(p.input, p.output) for p in list_kv_pairs(tiny_path)]
+    want = [(s.input, s.output) for s in cache_specs(TINY.config, 16)]
+    assert pairs == want
+
+
+def test_list_kv_pairs_needs_the_present(context):
+    g = helper.make_graph([helper.make_node("Neg", ["past_key_values.0.key"], ["present.0.value"])], "t",
+                          [_vi("past_key_values.0.key", f32(1, 2))], [_vi("present.0.value", f32(1, 2))])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET)])
+    with pytest.raises(ConversionError, match="present.0.key"):
+        list_kv_pairs(model)
+
+
+def test_tiny_decoder_matches_reference(context, tiny_path):
+    """Teacher-forced steps through the converted graph, caches carried on the host."""
+    cfg, cap = TINY.config, 16
+    cg = convert(tiny_path, context)
+    specs = cache_specs(cfg, cap)
+    ref = Reference(cfg, TINY.weights, cap)
+    ins = {n: context.create_tensor(data_type=d.data_type, shape=list(d.shape), writable=True)
+           for n, d in cg.inputs.items()}
+    outs = {n: context.create_tensor(data_type=d.data_type, shape=list(d.shape), readable=True)
+            for n, d in cg.outputs.items()}
+    cache = {s.input: np.zeros(s.shape, np.float32) for s in specs}
+    for pos, tok in enumerate(token_stream(cfg, 10)):
+        context.write_tensor(ins["input_ids"], np.array([[tok]], np.int64))
+        context.write_tensor(ins["position_ids"], np.array([[pos]], np.int64))
+        for s in specs:
+            context.write_tensor(ins[s.input], cache[s.input])
+        context.dispatch(cg.graph, ins, outs)
+        logits = np.asarray(context.read_tensor(outs["logits"]), np.float64).reshape(-1)
+        for s in specs:
+            cache[s.input] = np.asarray(context.read_tensor(outs[s.output])).reshape(s.shape)
+        want = ref.step(int(tok))
+        assert np.abs(logits - want).max() / np.abs(want).max() < 1e-4, pos
+        assert logits.argmax() == want.argmax(), pos
