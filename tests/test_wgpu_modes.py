@@ -1,0 +1,193 @@
+"""The four wgpu page modes on the tiny preset: same function as the oracle, bytes as counted.
+
+Byte checks compare the context's counters with closed forms written here from the modes'
+definitions (DESIGN §7: counted where they move, checked against the formula).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from backends.base import DepthState
+from backends.wgpu_modes import StatefulFallback, StatefulInPlace, StatelessCopy, TensorReuse
+from harness.reference import Reference
+from harness.workload import Workload, cache_specs, preset, token_stream
+
+ok, why = StatelessCopy.available()
+pytestmark = pytest.mark.skipif(not ok, reason=why)
+
+MODES = {cls.name: cls for cls in (StatelessCopy, TensorReuse, StatefulInPlace, StatefulFallback)}
+TINY = Workload.build(preset("tiny"))
+STEPS = 4
+DEPTHS = (16, 64)
+CAPACITY = max(DEPTHS) + STEPS
+TOKENS = token_stream(TINY.config, CAPACITY + 8)
+ELEMENT = 4  # device bytes per element (int64 ids are stored as i32 on the wgpu backend)
+
+
+def depth_state(depth: int, capacity: int) -> tuple[DepthState, Reference]:
+    ref = Reference(TINY.config, TINY.weights, capacity)
+    if depth:
+        ref.prefill(TOKENS[:depth])
+    return DepthState(tokens=TOKENS[:depth].copy(), cache=ref.cache_arrays()), ref
+
+
+def prepared(cls, capacity: int):
+    b = cls()
+    b.prepare(TINY, capacity)
+    return b
+
+
+@pytest.fixture(scope="module", params=list(MODES))
+def backend(request):
+    b = prepared(MODES[request.param], CAPACITY)
+    yield b
+    b.close()
+
+
+def assert_close(got: np.ndarray, want: np.ndarray, where: str) -> None:
+    got = np.asarray(got, np.float64)
+    rel = np.abs(got - want).max() / np.abs(want).max()
+    assert rel < 1e-4, f"{where}: max|d|/max|ref| = {rel:.2e}"
+    assert got.argmax() == want.argmax(), where
+
+
+@pytest.mark.parametrize("depth", DEPTHS)
+def test_matches_reference_after_depth(backend, depth):
+    state, ref = depth_state(depth, CAPACITY)
+    backend.reach_depth(state)
+    for i in range(STEPS):
+        tok = int(TOKENS[depth + i])
+        assert_close(backend.step(tok), ref.step(tok), f"{backend.name} depth {depth} step {i}")
+
+
+def test_stateful_details(backend):
+    if backend.name == "wgpu:stateful":
+        assert backend.details["is_stateful"] is True
+        assert set(backend.details["in_place"]) == {s.input for s in cache_specs(TINY.config, CAPACITY)}
+    elif backend.name == "wgpu:fallback":
+        assert backend.details["is_stateful"] is False
+        assert backend.hidden_state is False
+    else:
+        assert backend.details["is_stateful"] is False
+
+
+# --- bytes per step -----------------------------------------------------------------------------
+
+CAPACITIES = (24, 48, 96)
+
+
+def _cache_bytes(capacity: int) -> int:
+    return sum(s.nbytes for s in cache_specs(TINY.config, capacity))
+
+
+IDS_POS = 2 * ELEMENT  # input_ids + position_ids, one element each
+LOGITS = TINY.config.vocab * ELEMENT
+
+
+@pytest.fixture(scope="module")
+def per_step() -> dict[str, dict[int, dict[str, int]]]:
+    """Counters of one step at depth 8, per mode and capacity."""
+    out: dict[str, dict[int, dict[str, int]]] = {}
+    for name, cls in MODES.items():
+        out[name] = {}
+        for cap in CAPACITIES:
+            b = prepared(cls, cap)
+            try:
+                state, _ = depth_state(8, cap)
+                b.reach_depth(state)
+                b.step(int(TOKENS[8]))  # warm-up: first-dispatch effects stay out of the count
+                b.counters.reset()
+                b.step(int(TOKENS[9]))
+                out[name][cap] = b.counters.snapshot()
+            finally:
+                b.close()
+    return out
+
+
+def _linear(values: dict[int, int]) -> tuple[float, float]:
+    """(intercept, slope) of an exactly linear function of capacity; asserts it is linear."""
+    c0, c1, c2 = CAPACITIES
+    slope = (values[c1] - values[c0]) / (c1 - c0)
+    assert values[c2] - values[c1] == slope * (c2 - c1), values
+    return values[c0] - slope * c0, slope
+
+
+def test_stateful_moves_no_cache_bytes(per_step):
+    for cap, c in per_step["wgpu:stateful"].items():
+        assert c["h2d"] == IDS_POS, cap
+        # logits, plus the 4-byte capacity status the dispatch reads back (webnn/stateful.py)
+        assert c["d2h"] == LOGITS + 4, cap
+        assert c["d2d"] == 0, cap
+
+
+def test_stateless_copies_every_cache_both_ways(per_step):
+    for cap, c in per_step["wgpu:stateless"].items():
+        assert c["h2d"] == _cache_bytes(cap) + IDS_POS, cap
+        assert c["d2h"] == _cache_bytes(cap) + LOGITS, cap
+    _, slope = _linear({cap: c["h2d"] for cap, c in per_step["wgpu:stateless"].items()})
+    assert slope > 0
+
+
+def test_reuse_copies_on_the_device_only(per_step):
+    for cap, c in per_step["wgpu:reuse"].items():
+        assert c["h2d"] == IDS_POS, cap
+        assert c["d2h"] == LOGITS, cap
+    _, slope = _linear({cap: c["kernel"] for cap, c in per_step["wgpu:reuse"].items()})
+    assert slope > 0
+
+
+def test_stateful_writes_only_new_rows(per_step):
+    """Kernel bytes grow with capacity in both (attention reads every row), but the reuse
+    graph also copies every append cache (read + write of each row), the stateful one not."""
+    _, reuse = _linear({cap: c["kernel"] for cap, c in per_step["wgpu:reuse"].items()})
+    _, stateful = _linear({cap: c["kernel"] for cap, c in per_step["wgpu:stateful"].items()})
+    append = [s for s in cache_specs(TINY.config, 1) if s.kind == "append"]
+    row_bytes = sum(s.nbytes for s in append)  # one row of every append cache, at capacity 1
+    assert reuse - stateful == 2 * row_bytes
+
+
+def test_fallback_binds_pairs_like_reuse(per_step):
+    assert per_step["wgpu:fallback"] == per_step["wgpu:reuse"]
+
+
+# --- the proposal, at model level -----------------------------------------------------------
+
+def test_reset_reproduces_a_fresh_graph_bit_for_bit():
+    b = prepared(StatefulInPlace, 16)
+    try:
+        first = [b.step(int(t)).copy() for t in TOKENS[:6]]
+        b.reset()
+        again = [b.step(int(t)).copy() for t in TOKENS[:6]]
+    finally:
+        b.close()
+    fresh = prepared(StatefulInPlace, 16)
+    try:
+        other = [fresh.step(int(t)).copy() for t in TOKENS[:6]]
+    finally:
+        fresh.close()
+    for a, r, f in zip(first, again, other, strict=True):
+        assert np.array_equal(a, r)
+        assert np.array_equal(a, f)
+
+
+def test_dispatch_past_capacity_fails_and_leaves_the_cache():
+    from backends.webnn import OperationError
+
+    cap = 8
+    b = prepared(StatefulInPlace, cap)
+    clean = prepared(StatefulInPlace, cap)
+    try:
+        for t in TOKENS[:cap - 1]:
+            b.step(int(t))
+            clean.step(int(t))
+        b.position = cap  # the row after the last one: the cache has no room for it
+        with pytest.raises(OperationError):
+            b.step(int(TOKENS[cap]))
+        b.position = cap - 1
+        # the failed dispatch left every pair (KV rows and the recurrent state) as it was
+        assert np.array_equal(b.step(int(TOKENS[cap - 1])), clean.step(int(TOKENS[cap - 1])))
+    finally:
+        b.close()
+        clean.close()
