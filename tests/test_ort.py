@@ -1,0 +1,156 @@
+"""ORT backends: each matches the reference after reaching depth; counters match closed forms."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from backends import ort as ort_backends
+from backends.base import DepthState, registry
+from harness.reference import Reference
+from harness.workload import Workload, cache_specs, preset, token_stream
+
+CAPACITY = 24
+TOL = 1e-4
+CPU = ["ort-cpu:copy", "ort-cpu:iobinding", "ort-cpu:shared", "ort-cpu:standard"]
+WEBGPU = [n.replace("cpu", "webgpu") for n in CPU]
+IDS = 8 + 4 + 4  # input_ids int64 + (seqlens_k, total_sequence_length int32 | position_ids int64)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return Workload.build(preset("tiny"), seed=1)
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("ort")
+
+
+def _depth(wl, n):
+    tokens = token_stream(wl.config, n, seed=2)
+    ref = Reference(wl.config, wl.weights, CAPACITY)
+    if n:
+        ref.prefill(tokens)
+    return DepthState(tokens, ref.cache_arrays()), ref
+
+
+def _backend(name, wl, cache_dir):
+    cls = registry()[name]
+    ok, why = cls.available()
+    if not ok:
+        pytest.skip(why)
+    b = cls()
+    b.cache_dir = cache_dir
+    b.prepare(wl, CAPACITY)
+    return b
+
+
+def _check(got, expect):
+    assert got.shape == expect.shape and got.dtype == np.float32
+    assert np.abs(got - expect).max() / np.abs(expect).max() < TOL
+    assert got.argmax() == expect.argmax()
+
+
+@pytest.mark.parametrize("name", CPU + WEBGPU)
+def test_matches_reference_after_depth_and_after_reset(name, tiny, cache_dir):
+    b = _backend(name, tiny, cache_dir)
+    depth, ref = _depth(tiny, 9)
+    b.reach_depth(depth)
+    for tok in token_stream(tiny.config, 5, seed=4):
+        _check(b.step(int(tok)), ref.step(int(tok)))
+    b.reset()
+    fresh = Reference(tiny.config, tiny.weights, CAPACITY)
+    for tok in token_stream(tiny.config, 4, seed=6):
+        _check(b.step(int(tok)), fresh.step(int(tok)))
+    assert b.details["flavour"] == ("standard" if name.endswith("standard") else "ort")
+    b.close()
+
+
+def _step_counters(b, wl, depth_len):
+    depth, _ = _depth(wl, depth_len)
+    b.reach_depth(depth)
+    b.counters.reset()
+    b.step(int(token_stream(wl.config, 1, seed=9)[0]))
+    return b.counters.snapshot()
+
+
+def _cache_bytes(cfg, rows):
+    """Bytes of every cache with `rows` KV rows (recurrent states whole)."""
+    total = 0
+    for s in cache_specs(cfg, CAPACITY):
+        if s.kind == "append":
+            total += cfg.kv_heads * rows * cfg.head_dim * 4
+        else:
+            total += s.nbytes
+    return total
+
+
+def test_copy_moves_the_whole_growing_cache_both_ways(tiny, cache_dir):
+    b = _backend("ort-cpu:copy", tiny, cache_dir)
+    cfg, logits = tiny.config, tiny.config.vocab * 4
+    seen = []
+    for n in (0, 3, 10, 17):
+        c = _step_counters(b, tiny, n)
+        assert c["h2d"] == IDS + _cache_bytes(cfg, n)
+        assert c["d2h"] == logits + _cache_bytes(cfg, n + 1)
+        assert c["d2d"] == 0
+        seen.append(c)
+    per_token = 2 * len(cfg.attention_layers) * cfg.kv_heads * cfg.head_dim * 4
+    assert seen[2]["h2d"] - seen[1]["h2d"] == 7 * per_token
+    assert seen[3]["kernel"] > seen[2]["kernel"] > seen[1]["kernel"]
+
+
+@pytest.mark.parametrize("name", ["ort-cpu:shared", "ort-cpu:iobinding"])
+def test_device_resident_modes_move_only_ids_and_logits(name, tiny, cache_dir):
+    b = _backend(name, tiny, cache_dir)
+    for n in (0, 5, 20):
+        c = _step_counters(b, tiny, n)
+        assert c == {"h2d": IDS, "d2h": tiny.config.vocab * 4, "d2d": 0, "kernel": c["kernel"]}
+
+
+def test_kernel_bytes_shared_writes_rows_copy_writes_caches(tiny, cache_dir):
+    cfg = tiny.config
+    copy = _backend("ort-cpu:copy", tiny, cache_dir).kernel
+    shared = _backend("ort-cpu:shared", tiny, cache_dir).kernel
+    row = cfg.kv_heads * cfg.head_dim * 4
+    pairs = 2 * len(cfg.attention_layers)
+    assert copy.per_token == 2 * pairs * row  # past read P rows + present written P+1 rows
+    assert shared.per_token == pairs * row  # past read P rows; present one row in place
+    assert copy.base == shared.base  # at depth 0 both write the one new row
+    standard = _backend("ort-cpu:standard", tiny, cache_dir)
+    assert standard.kernel.per_token == 0  # static shapes: whole capacity every step
+
+
+def test_standard_moves_whole_capacity_both_ways(tiny, cache_dir):
+    b = _backend("ort-cpu:standard", tiny, cache_dir)
+    whole = _cache_bytes(tiny.config, CAPACITY)
+    for n in (1, 12):
+        c = _step_counters(b, tiny, n)
+        assert c["h2d"] == IDS + whole
+        assert c["d2h"] == tiny.config.vocab * 4 + whole
+
+
+def test_capacity_is_enforced(tiny, cache_dir):
+    b = _backend("ort-cpu:shared", tiny, cache_dir)
+    depth, _ = _depth(tiny, CAPACITY - 1)
+    b.reach_depth(depth)
+    b.step(1)
+    with pytest.raises(ValueError, match="capacity"):
+        b.step(2)
+
+
+def test_webgpu_reports_why_when_unavailable(tiny, cache_dir):
+    ok, why = ort_backends.BACKENDS["ort-webgpu:copy"].available()
+    assert isinstance(ok, bool) and isinstance(why, str)
+    if ok:
+        pytest.skip("a WebGPU device is present")
+    assert why
+    b = ort_backends.BACKENDS["ort-webgpu:shared"]()
+    with pytest.raises(RuntimeError, match="WebGPU|webgpu"):
+        b.prepare(tiny, CAPACITY)
+
+
+def test_every_mode_is_registered_for_both_providers():
+    names = set(registry())
+    assert set(CPU + WEBGPU) <= names
