@@ -1,0 +1,9 @@
+"""The subcommands, one module each (as asv's `asv/commands/`)."""
+
+from harness.commands.backends import Backends
+from harness.commands.baseline import Baseline
+from harness.commands.gate import Gate
+from harness.commands.report import Report
+from harness.commands.run import Run
+
+COMMANDS = (Run, Backends, Report, Gate, Baseline)

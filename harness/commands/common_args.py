@@ -1,0 +1,58 @@
+"""Flags shared by subcommands and their parsers (asv's common_args)."""
+
+from __future__ import annotations
+
+import argparse
+
+from harness.workload import UserError
+
+DEFAULT_BACKENDS = "ort-cpu:*,wgpu:*"
+
+
+def positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"{n} is not a positive integer")
+    return n
+
+
+def nonnegative_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{n} is negative")
+    return n
+
+
+def fraction(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (0 <= x < 100):
+        raise argparse.ArgumentTypeError(f"{x} is not a fraction ≥ 0 (e.g. 0.25 for 25%)")
+    return x
+
+
+def add_backends(parser: argparse.ArgumentParser, default: str = DEFAULT_BACKENDS) -> None:
+    parser.add_argument("--backends", default=default,
+                        help=f"comma list of backend names or globs (default {default!r}); "
+                             "see `statebench backends`")
+
+
+def add_preset(parser: argparse.ArgumentParser, default: str = "small") -> None:
+    from harness.workload import PRESETS
+
+    parser.add_argument("--preset", default=default,
+                        help=f"model preset: {', '.join(PRESETS)} (default {default})")
+
+
+def check_format(fmt: str, accepted: tuple[str, ...]) -> str:
+    if fmt not in accepted:
+        raise UserError(f"unknown format {fmt!r}; accepted: {', '.join(accepted)}")
+    return fmt

@@ -1,0 +1,39 @@
+"""`statebench gate RUN --baseline BASE`: exit 1 on a regression, 0 otherwise, 2 on bad input."""
+
+from __future__ import annotations
+
+from rich.text import Text
+
+from harness import gate, results
+from harness.commands import common_args
+
+
+class Gate:
+    name = "gate"
+
+    @classmethod
+    def setup_arguments(cls, subparsers) -> None:
+        p = subparsers.add_parser(cls.name, help="fail (exit 1) when a run regresses against a baseline")
+        p.add_argument("run", help="results file of the run to check")
+        p.add_argument("--baseline", required=True,
+                       help="baseline results file (e.g. results/baselines/ci.json)")
+        p.add_argument("--max-slowdown", type=common_args.fraction, default=0.25,
+                       help="allowed worsening of each backend's step-time ratio over the "
+                            "stateless baseline (default 0.25 = 25%%)")
+        p.add_argument("--bytes-exact", action="store_true",
+                       help="any byte-count change fails (default: more than 1%%)")
+        p.set_defaults(func=cls.run_from_args)
+
+    @classmethod
+    def run_from_args(cls, args, console, err_console) -> int:
+        return cls.run(args.run, args.baseline, args.max_slowdown, args.bytes_exact, console)
+
+    @classmethod
+    def run(cls, run_path, base_path, max_slowdown, bytes_exact, console) -> int:
+        verdict = gate.compare(results.load(run_path), results.load(base_path), max_slowdown,
+                               bytes_exact)
+        console.print(gate.table(verdict))
+        for line in gate.lines(verdict):
+            console.print(Text(line, style="green" if line.startswith("gate: passed") else
+                               ("red" if line.startswith(("✗", "gate: FAILED")) else "yellow")))
+        return 0 if verdict.ok else 1

@@ -1,0 +1,74 @@
+"""`statebench report FILE... [--out DIR] [--format ...]`: tables, charts, md/csv/json/html."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness import report, results
+from harness.commands.common_args import check_format
+
+FORMATS = ("table", "md", "csv", "json", "html")
+
+
+class Report:
+    name = "report"
+
+    @classmethod
+    def setup_arguments(cls, subparsers) -> None:
+        p = subparsers.add_parser(cls.name, help="tables and charts from one or more results files")
+        p.add_argument("files", nargs="+", help="results files (several are compared side by side)")
+        p.add_argument("--out", default=None,
+                       help="directory for charts (PNG, SVG) and report.{md,csv,json,html}")
+        p.add_argument("--format", default="table",
+                       help=f"what to print: {', '.join(FORMATS)} (default table)")
+        p.set_defaults(func=cls.run_from_args)
+
+    @classmethod
+    def run_from_args(cls, args, console, err_console) -> int:
+        fmt = check_format(args.format, FORMATS)
+        runs = cls.load(args.files)
+        printed = cls.render(runs, fmt)
+        if fmt == "table":
+            console.print(printed)
+        else:
+            console.print(printed, markup=False, highlight=False, soft_wrap=True, end="")
+        if args.out:
+            written = cls.write(runs, Path(args.out))
+            err_console.print(f"report: {len(written)} files in {args.out} "
+                              f"(open {Path(args.out) / 'report.html'})", highlight=False)
+        return 0
+
+    @staticmethod
+    def load(files: list[str]) -> list[report.Run]:
+        return report.label_runs([results.load(f) for f in files], files)
+
+    @staticmethod
+    def render(runs: list[report.Run], fmt: str):
+        if fmt == "table":
+            return report.summary(runs)
+        if fmt == "md":
+            return report.to_markdown(runs)
+        if fmt == "csv":
+            return report.to_csv(runs)
+        if fmt == "json":
+            return report.to_json(runs)
+        from harness import html as html_report
+
+        return html_report.render(runs, {})
+
+    @staticmethod
+    def write(runs: list[report.Run], out: Path) -> list[Path]:
+        from harness import charts
+        from harness import html as html_report
+
+        out.mkdir(parents=True, exist_ok=True)
+        made = charts.write_all(runs, out)
+        files = [p for fmts in made.values() for p in fmts.values()]
+        pngs = [made[c]["png"].name for c in made]
+        for name, text in (("report.md", report.to_markdown(runs, pngs)),
+                           ("report.csv", report.to_csv(runs)),
+                           ("report.json", report.to_json(runs)),
+                           ("report.html", html_report.render(runs, made))):
+            (out / name).write_text(text)
+            files.append(out / name)
+        return files

@@ -1,0 +1,64 @@
+"""`statebench run`: sweep backends × contexts, save the results, print the table."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+from backends.base import select
+from harness import report, runner
+from harness.commands import common_args
+from harness.workload import preset
+
+
+class Run:
+    name = "run"
+
+    @classmethod
+    def setup_arguments(cls, subparsers) -> None:
+        p = subparsers.add_parser(cls.name, help="decode N tokens at each depth with each backend")
+        common_args.add_preset(p)
+        common_args.add_backends(p)
+        p.add_argument("--contexts", default="64,256,1024",
+                       help="comma list of depths L to decode at (default 64,256,1024)")
+        p.add_argument("--steps", type=common_args.positive_int, default=16,
+                       help="timed decode steps per point (default 16)")
+        p.add_argument("--warmup", type=common_args.nonnegative_int, default=2,
+                       help="untimed steps before timing (default 2)")
+        p.add_argument("--capacity", type=common_args.positive_int, default=None,
+                       help="fixed cache capacity (default: context + warmup + steps)")
+        p.add_argument("--seed", type=int, default=0, help="weights and token seed (default 0)")
+        p.add_argument("--out", default=None,
+                       help="results file (default results/run-<preset>-<timestamp>.json)")
+        p.add_argument("--inprocess", action="store_true",
+                       help="measure in this process instead of a worker per point (debugging)")
+        p.add_argument("--no-calibrate", dest="calibrate", action="store_false",
+                       help="skip the bandwidth calibration (no floors or MBU)")
+        p.set_defaults(func=cls.run_from_args)
+
+    @classmethod
+    def run_from_args(cls, args, console, err_console) -> int:
+        preset(args.preset)  # validate before anything slow
+        rc = runner.RunConfig(
+            preset=args.preset, backends=select(args.backends),
+            contexts=runner.parse_contexts(args.contexts), steps=args.steps, warmup=args.warmup,
+            capacity=args.capacity, seed=args.seed, inprocess=args.inprocess,
+            calibrate=args.calibrate,
+            command="statebench " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        )
+        out = Path(args.out) if args.out else runner.default_out(args.preset)
+        return cls.run(rc, out, console, err_console)
+
+    @classmethod
+    def run(cls, rc: runner.RunConfig, out: Path, console, err_console) -> int:
+        try:
+            results = runner.run_sweep(rc, out, console=err_console)
+        except KeyboardInterrupt:
+            err_console.print(f"statebench: interrupted; the points measured so far are in {out}",
+                              markup=False, highlight=False)
+            return 130
+        console.print(report.summary(report.label_runs([results])))
+        console.print(f"results: {out}")
+        console.print(f"report:  statebench report {out} --out {out.with_suffix('')}-report")
+        return 0

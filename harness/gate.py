@@ -1,0 +1,120 @@
+"""The CI gate (DESIGN §9): compare a run with a baseline; exit 1 on a regression.
+
+A point regresses when it stops matching the reference, when a byte count changes (bytes are
+counted, so deterministic: exactly with `bytes_exact`, else by more than 1%), or when its
+same-run ratio — its step time over the stateless baseline's at the same context — worsens by
+more than `max_slowdown` relative to the baseline file's ratio. Ratios within one run cancel
+most of the machine's speed, so a baseline recorded elsewhere still says something.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rich.table import Table
+from rich.text import Text
+
+from harness import metrics
+from harness.results import BYTE_CATEGORIES, Results
+from harness.workload import UserError
+
+BYTES_TOLERANCE = 0.01
+
+
+@dataclass
+class Check:
+    backend: str
+    context: int
+    ok: bool
+    ratio: float | None = None
+    base_ratio: float | None = None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def where(self) -> str:
+        return f"{self.backend} @ {self.context}"
+
+
+@dataclass
+class Verdict:
+    checks: list[Check]
+    baseline_backend: str | None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    @property
+    def failures(self) -> list[Check]:
+        return [c for c in self.checks if not c.ok]
+
+
+def compare(run: Results, base: Results, max_slowdown: float = 0.25,
+            bytes_exact: bool = False) -> Verdict:
+    if max_slowdown < 0:
+        raise UserError(f"--max-slowdown {max_slowdown} must be ≥ 0 (e.g. 0.25 for 25%)")
+    if run.workload.get("preset") != base.workload.get("preset"):
+        raise UserError(f"run is preset {run.workload.get('preset')!r} but the baseline is "
+                        f"{base.workload.get('preset')!r}; gate like against like")
+    stateless = metrics.stateless_baseline(base.points)
+    verdict = Verdict([], stateless)
+    for bp in base.points:
+        if bp.status != "ok":
+            continue
+        p = run.point(bp.backend, bp.context)
+        c = Check(bp.backend, bp.context, ok=True)
+        verdict.checks.append(c)
+        if p is None:
+            c.ok = False
+            c.problems.append("missing from the run")
+            continue
+        if p.status != "ok":
+            c.ok = False
+            c.problems.append(f"{p.status}: {p.reason}")
+            continue
+        if not p.matches:
+            c.ok = False
+            c.problems.append(f"logits no longer match (max rel {p.match.max_rel:.2e})")
+        for k in BYTE_CATEGORIES:
+            a, b = p.bytes_per_step[k], bp.bytes_per_step[k]
+            changed = a != b if bytes_exact else abs(a - b) > BYTES_TOLERANCE * max(abs(b), 1)
+            if changed:
+                c.ok = False
+                c.problems.append(f"{k} bytes/step {b:,.0f} → {a:,.0f}")
+        if stateless and p.backend != stateless:
+            c.ratio = metrics.ratio(p, run.point(stateless, p.context))
+            c.base_ratio = metrics.ratio(bp, base.point(stateless, bp.context))
+            if c.ratio is not None and c.base_ratio is not None:
+                if c.ratio > c.base_ratio * (1 + max_slowdown):
+                    c.ok = False
+                    c.problems.append(f"step time / {stateless} {c.base_ratio:.3f} → {c.ratio:.3f} "
+                                      f"(+{c.ratio / c.base_ratio - 1:.0%} > {max_slowdown:.0%})")
+            elif c.base_ratio is not None:
+                verdict.warnings.append(f"{c.where}: no same-run ratio ({stateless} not measured)")
+    if not verdict.checks:
+        raise UserError("the baseline has no measured points to gate against")
+    return verdict
+
+
+def table(v: Verdict) -> Table:
+    title = "statebench gate" + (f" (ratios over {v.baseline_backend})" if v.baseline_backend else "")
+    t = Table(title=title)
+    for col, just in (("", "left"), ("backend", "left"), ("context", "right"),
+                      ("ratio (base → run)", "right"), ("problems", "left")):
+        t.add_column(col, justify=just)
+    for c in v.checks:
+        r = "—" if c.ratio is None else f"{c.base_ratio:.3f} → {c.ratio:.3f}" \
+            if c.base_ratio is not None else f"{c.ratio:.3f}"
+        t.add_row(Text("✓", style="green") if c.ok else Text("✗", style="bold red"), c.backend,
+                  str(c.context), r, "; ".join(c.problems))
+    return t
+
+
+def lines(v: Verdict) -> list[str]:
+    """One line per failing point, naming it, and the summary."""
+    out = [f"✗ {c.where}: {'; '.join(c.problems)}" for c in v.failures]
+    out += [f"warning: {w}" for w in v.warnings]
+    n = len(v.checks)
+    out.append(f"gate: {'passed' if v.ok else 'FAILED'} — {n - len(v.failures)}/{n} points ok")
+    return out

@@ -1,0 +1,70 @@
+"""A self-contained report.html: inline SVG charts, the table, environment, match status."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from harness import metrics
+from harness.report import OK_MARK, Run, environment_lines, notes, point_speedup, series, series_name
+
+CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }
+table { border-collapse: collapse; margin: 1em 0; }
+th, td { border: 1px solid #ccc; padding: 4px 8px; text-align: right; vertical-align: top; }
+th { background: #f3f3f3; } td.ok { color: #176117; } td.bad { color: #b00020; font-weight: bold; }
+td.na { color: #999; } .chart svg { max-width: 100%; height: auto; } code { background: #f3f3f3; }
+"""
+
+
+def _cell(run: Run, p) -> str:
+    if p is None:
+        return '<td class="na">—</td>'
+    if p.status != "ok":
+        return f'<td class="na" title="{html.escape(p.reason)}">{p.status}</td>'
+    body = f"{p.step_ms.median:.3f} ms<br>{html.escape(metrics.human_bytes(p.bytes_total))}/step<br>"
+    if not p.matches:
+        return f'<td class="bad">{body}✗ mismatch</td>'
+    s = point_speedup(run, p)
+    return f'<td class="ok">{body}{OK_MARK}{f" {s:.2f}×" if s is not None else ""}</td>'
+
+
+def table_html(runs: list[Run]) -> str:
+    cols = series(runs)
+    head = "".join(f"<th>{html.escape(series_name(r, b))}</th>" for r, b in cols)
+    body = []
+    for ctx in sorted({c for run in runs for c in run.results.contexts}):
+        cells = "".join(_cell(r, r.results.point(b, ctx)) for r, b in cols)
+        body.append(f"<tr><th>{ctx}</th>{cells}</tr>")
+    return f"<table><tr><th>context</th>{head}</tr>{''.join(body)}</table>"
+
+
+def _inline_svg(path: Path) -> str:
+    text = path.read_text()
+    start = text.find("<svg")
+    return text[start:] if start >= 0 else text
+
+
+def render(runs: list[Run], charts: dict[str, dict[str, Path]]) -> str:
+    base = runs[0].baseline
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>statebench report</title>",
+             f"<style>{CSS}</style></head><body><h1>statebench report</h1>"]
+    for run in runs:
+        if run.label:
+            parts.append(f"<h2>{html.escape(run.label)}</h2>")
+        parts.append("<ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in environment_lines(run))
+                     + "</ul>")
+    parts.append("<h2>Decode step</h2><p>Median step time, bytes moved per step, match against the "
+                 "float64 reference (✓/✗), speedup over "
+                 f"<code>{html.escape(base or 'the stateless baseline (absent)')}</code>. "
+                 "A point that does not match is never shown as faster.</p>")
+    parts.append(table_html(runs))
+    ns = notes(runs)
+    if ns:
+        parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in ns) + "</ul>")
+    parts.append("<h2>Charts</h2>")
+    for _name, files in charts.items():
+        if "svg" in files:
+            parts.append(f"<div class='chart'>{_inline_svg(files['svg'])}</div>")
+    parts.append("</body></html>")
+    return "\n".join(parts)

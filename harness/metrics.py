@@ -1,0 +1,154 @@
+"""Derived figures: logits agreement (DESIGN §6), floors and MBU (§7), speedup over stateless.
+
+Pure functions over arrays, configs and `Point`s; nothing here measures or prints.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from harness.results import Match, Point
+from harness.workload import ModelConfig, cache_specs, valid_cache_bytes
+
+#: relative tolerance on max|Δlogits| / max|ref logits|, per compute dtype
+TOLERANCE = {"float32": 1e-3, "float16": 2e-2}
+#: the reference's top-1/top-2 gap (relative to max|ref|) above which argmax must agree
+ARGMAX_GAP = {"float32": 1e-3, "float16": 2e-2}
+
+NONFINITE = 1e300
+
+#: the baselines speedups are computed against, in order of preference
+STATELESS_BASELINES = ("wgpu:stateless", "ort-cpu:copy")
+
+
+def compare_logits(got: list[np.ndarray], ref: np.ndarray, dtype: str = "float32") -> Match:
+    """Every step's logits against the reference's (steps, vocab).
+
+    ok: max|Δ|/max|ref| within TOLERANCE[dtype] on every step, and the argmax agrees on
+    every step where the reference's top-1/top-2 gap is clear (> ARGMAX_GAP[dtype]·max|ref|).
+    """
+    tol, gap_tol = TOLERANCE.get(dtype, 1e-3), ARGMAX_GAP.get(dtype, 1e-3)
+    ref = np.asarray(ref, np.float64)
+    if len(got) != len(ref):
+        raise ValueError(f"{len(got)} steps of logits for {len(ref)} reference steps")
+    max_abs = max_rel = 0.0
+    agree = 0
+    ok = True
+    for g, r in zip(got, ref, strict=True):
+        g = np.asarray(g, np.float64).reshape(-1)
+        if g.shape != r.shape:
+            raise ValueError(f"logits shape {g.shape}, expected {r.shape}")
+        if not np.all(np.isfinite(g)):
+            # JSON has no inf: a non-finite output is recorded as the largest error there is
+            return Match(False, NONFINITE, NONFINITE, agree / len(ref))
+        scale = float(np.max(np.abs(r))) or 1.0
+        d = float(np.max(np.abs(g - r)))
+        max_abs, max_rel = max(max_abs, d), max(max_rel, d / scale)
+        top2 = np.partition(r, -2)[-2:]
+        same = int(np.argmax(g)) == int(np.argmax(r))
+        agree += same
+        if d / scale > tol or (not same and float(top2[1] - top2[0]) > gap_tol * scale):
+            ok = False
+    return Match(ok, max_abs, max_rel, agree / len(ref))
+
+
+def full_cache_bytes(cfg: ModelConfig, capacity: int) -> int:
+    """Bytes of every cache tensor at capacity: what a stateless page uploads and downloads."""
+    return sum(s.nbytes for s in cache_specs(cfg, capacity))
+
+
+def written_state_bytes(cfg: ModelConfig) -> int:
+    """Bytes a step must write into the state: one new K and V row per attention layer,
+    the whole recurrent state per GDN layer."""
+    total = 0
+    for s in cache_specs(cfg, 1):
+        total += s.nbytes  # capacity 1: an append spec is exactly one row
+    return total
+
+
+def floor_bytes(cfg: ModelConfig, weights_bytes: int, depth: int) -> int:
+    """The fewest bytes a step at `depth` must move on the device (DESIGN §7)."""
+    return weights_bytes + valid_cache_bytes(cfg, depth) + written_state_bytes(cfg)
+
+
+def is_stateless(backend: str, details: dict | None = None) -> bool:
+    """Backends whose cache lives on the host and crosses the link both ways every step."""
+    return (backend.endswith(":stateless") or backend.endswith(":copy")
+            or bool((details or {}).get("host_cache")))
+
+
+def is_cpu(backend: str) -> bool:
+    return backend.startswith("ort-cpu")
+
+
+def floor_ms(backend: str, cfg: ModelConfig, weights_bytes: int, depth: int, capacity: int,
+             calibration: dict, details: dict | None = None) -> tuple[float | None, str]:
+    """(floor in ms, "") or (None, why not) from the calibrated bandwidths (GB/s = bytes/ns)."""
+    host = calibration.get("host") or {}
+    gpu = calibration.get("wgpu") or {}
+    if is_cpu(backend):
+        bw = host.get("copy_gbps")
+        if not bw:
+            return None, "no host memory bandwidth calibrated"
+        ms = floor_bytes(cfg, weights_bytes, depth) / bw / 1e6
+        if is_stateless(backend, details):
+            ms += 2 * full_cache_bytes(cfg, capacity) / bw / 1e6
+        return ms, ""
+    bw = gpu.get("stream_gbps")
+    if not bw:
+        return None, gpu.get("reason") or "no device bandwidth calibrated"
+    ms = floor_bytes(cfg, weights_bytes, depth) / bw / 1e6
+    if is_stateless(backend, details):
+        up, down = gpu.get("h2d_gbps"), gpu.get("d2h_gbps")
+        if not (up and down):
+            return None, "no host link bandwidth calibrated"
+        cache = full_cache_bytes(cfg, capacity)
+        ms += cache / up / 1e6 + cache / down / 1e6
+    return ms, ""
+
+
+def stateless_baseline(points: list[Point]) -> str | None:
+    """The backend speedups and gate ratios are taken over: the first of STATELESS_BASELINES
+    with a matching measurement in `points` (a baseline that failed cannot anchor a ratio)."""
+    for name in STATELESS_BASELINES:
+        if any(p.backend == name and p.matches for p in points):
+            return name
+    return None
+
+
+def speedup(point: Point | None, base: Point | None) -> float | None:
+    """base step time / point step time, only when both measured and both match.
+
+    A point that does not match is never reported as faster (DESIGN §6).
+    """
+    if point is None or base is None or not (point.matches and base.matches):
+        return None
+    return base.step_ms.median / point.step_ms.median
+
+
+def ratio(point: Point | None, base: Point | None) -> float | None:
+    """point step time / base step time (the gate's same-run ratio), when both were measured."""
+    if point is None or base is None or not (point.measured and base.measured):
+        return None
+    return point.step_ms.median / base.step_ms.median
+
+
+def human_bytes(n: float | None) -> str:
+    if n is None:
+        return "—"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n}"
+
+
+def unstable(samples_ms: list[float]) -> str:
+    """pyperf-style warning: a non-empty string when the samples are too noisy to trust."""
+    a = np.asarray(samples_ms, np.float64)
+    if len(a) < 3 or a.mean() <= 0:
+        return ""
+    cv = a.std() / a.mean()
+    if cv >= 0.10:
+        return f"unstable: stdev is {cv:.0%} of the mean; use more --steps or a quieter machine"
+    return ""

@@ -1,0 +1,248 @@
+"""Tables and text reports over one or more results files (DESIGN §9).
+
+Everything here builds and returns (rich renderables, strings, rows); only the CLI prints.
+Several files are compared side by side: one column (or line) per file × backend.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from harness import metrics
+from harness.results import BYTE_CATEGORIES, Point, Results
+
+OK_MARK, BAD_MARK = "✓", "✗"
+
+
+@dataclass(frozen=True)
+class Run:
+    """A results file with the label it is shown under."""
+
+    label: str
+    results: Results
+
+    @property
+    def baseline(self) -> str | None:
+        return metrics.stateless_baseline(self.results.points)
+
+
+def label_runs(results: list[Results], paths: list[str | Path] | None = None) -> list[Run]:
+    """Label runs by file stem when there are several, else by nothing."""
+    if len(results) == 1:
+        return [Run("", results[0])]
+    names = [Path(p).stem for p in paths] if paths else [f"run{i + 1}" for i in range(len(results))]
+    if len(set(names)) < len(names):
+        names = [f"{i + 1}:{n}" for i, n in enumerate(names)]
+    return [Run(n, r) for n, r in zip(names, results, strict=True)]
+
+
+def series(runs: list[Run]) -> list[tuple[Run, str]]:
+    """Every (run, backend) pair, in file then backend order: a column or a chart line each."""
+    return [(run, b) for run in runs for b in run.results.backends]
+
+
+def series_name(run: Run, backend: str) -> str:
+    return f"{run.label} · {backend}" if run.label else backend
+
+
+def point_speedup(run: Run, p: Point) -> float | None:
+    base = run.baseline
+    if base is None or base == p.backend:
+        return None
+    return metrics.speedup(p, run.results.point(base, p.context))
+
+
+def _cell(run: Run, p: Point | None) -> Text:
+    if p is None:
+        return Text("—", style="dim")
+    if p.status != "ok":
+        return Text(p.status, style="yellow" if p.status == "unavailable" else "bold red")
+    t = Text()
+    t.append(f"{p.step_ms.median:.3f} ms\n")
+    t.append(f"{metrics.human_bytes(p.bytes_total)}\n", style="cyan")
+    if p.matches:
+        t.append(OK_MARK, style="green")
+        s = point_speedup(run, p)
+        if s is not None:
+            t.append(f" {s:.2f}×", style="bold green" if s > 1 else "")
+    else:
+        # a point that does not match is never shown as faster
+        t.append(f"{BAD_MARK} mismatch", style="bold red")
+    if p.details.get("warning"):
+        t.append(" ⚠", style="yellow")
+    return t
+
+
+def summary_table(runs: list[Run], title: str | None = None) -> Table:
+    """Rows: context. A column per file × backend: step ms, bytes/step, match, speedup."""
+    first = runs[0]
+    if title is None:
+        base = first.baseline
+        title = f"statebench · {first.results.label}"
+        if base:
+            title += f"\nspeedup over {base}"
+    table = Table(title=title, show_lines=True,
+                  caption="each cell: median step time · bytes moved per step · match ✓/✗ and speedup")
+    table.add_column("context", justify="right", style="bold", no_wrap=True)
+    cols = series(runs)
+    for run, b in cols:
+        name = series_name(run, b)
+        table.add_column(name, justify="right", min_width=max(len(name), 10), no_wrap=True)
+    contexts = sorted({c for run in runs for c in run.results.contexts})
+    for ctx in contexts:
+        table.add_row(str(ctx), *[_cell(run, run.results.point(b, ctx)) for run, b in cols])
+    return table
+
+
+def notes(runs: list[Run]) -> list[str]:
+    """One line per point that was not measured or did not match, and per noisy point."""
+    lines = []
+    for run in runs:
+        for p in run.results.points:
+            where = f"{series_name(run, p.backend)} @ {p.context}"
+            if p.status != "ok":
+                lines.append(f"{where}: {p.status}: {p.reason}")
+            elif not p.matches:
+                m = p.match
+                lines.append(f"{where}: logits do not match the reference (max rel {m.max_rel:.2e}, "
+                             f"argmax agree {m.argmax_agree:.0%})")
+            elif p.details.get("warning"):
+                lines.append(f"{where}: {p.details['warning']}")
+    return lines
+
+
+def summary(runs: list[Run]) -> Group:
+    """The table and its notes, as one renderable."""
+    parts: list = [summary_table(runs)]
+    ns = notes(runs)
+    if ns:
+        parts.append(Text("\n".join(ns), style="dim"))
+    return Group(*parts)
+
+
+# -- flat rows: CSV, JSON, Markdown ---------------------------------------------------------
+
+COLUMNS = ["run", "backend", "context", "capacity", "status", "step_ms_median", "step_ms_p10",
+           "step_ms_p90", "gpu_ms_median", *[f"bytes_{k}" for k in BYTE_CATEGORIES], "bytes_total",
+           "floor_ms", "mbu", "match", "max_abs", "max_rel", "argmax_agree", "speedup",
+           "build_s", "time_to_depth_s", "peak_rss_bytes", "device_bytes", "reason"]
+
+
+def rows(runs: list[Run]) -> list[dict]:
+    out = []
+    for run in runs:
+        for p in sorted(run.results.points, key=lambda p: (p.context, p.backend)):
+            bps = p.bytes_per_step or {}
+            out.append({
+                "run": run.label, "backend": p.backend, "context": p.context,
+                "capacity": p.capacity, "status": p.status,
+                "step_ms_median": p.step_ms.median if p.step_ms else None,
+                "step_ms_p10": p.step_ms.p10 if p.step_ms else None,
+                "step_ms_p90": p.step_ms.p90 if p.step_ms else None,
+                "gpu_ms_median": p.gpu_ms.median if p.gpu_ms else None,
+                **{f"bytes_{k}": bps.get(k) for k in BYTE_CATEGORIES},
+                "bytes_total": p.bytes_total, "floor_ms": p.floor_ms, "mbu": p.mbu,
+                "match": p.match.ok if p.match else None,
+                "max_abs": p.match.max_abs if p.match else None,
+                "max_rel": p.match.max_rel if p.match else None,
+                "argmax_agree": p.match.argmax_agree if p.match else None,
+                "speedup": point_speedup(run, p), "build_s": p.build_s,
+                "time_to_depth_s": p.time_to_depth_s, "peak_rss_bytes": p.peak_rss_bytes,
+                "device_bytes": p.device_bytes, "reason": p.reason,
+            })
+    return out
+
+
+def to_csv(runs: list[Run]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
+    w.writeheader()
+    for r in rows(runs):
+        w.writerow({k: "" if v is None else v for k, v in r.items()})
+    return buf.getvalue()
+
+
+def to_json(runs: list[Run]) -> str:
+    return json.dumps({
+        "runs": [{"label": r.label, "workload": r.results.workload,
+                  "environment": r.results.environment, "baseline": r.baseline} for r in runs],
+        "rows": rows(runs),
+    }, indent=1, allow_nan=False) + "\n"
+
+
+def _md_cell(run: Run, p: Point | None) -> str:
+    if p is None:
+        return "—"
+    if p.status != "ok":
+        return p.status
+    s = f"{p.step_ms.median:.3f} ms<br>{metrics.human_bytes(p.bytes_total)}/step<br>"
+    if not p.matches:
+        return s + f"{BAD_MARK} mismatch"
+    sp = point_speedup(run, p)
+    return s + OK_MARK + (f" {sp:.2f}×" if sp is not None else "")
+
+
+def markdown_table(runs: list[Run]) -> str:
+    cols = series(runs)
+    lines = ["| context | " + " | ".join(series_name(r, b) for r, b in cols) + " |",
+             "|---:|" + "---:|" * len(cols)]
+    for ctx in sorted({c for run in runs for c in run.results.contexts}):
+        lines.append(f"| {ctx} | " + " | ".join(_md_cell(r, r.results.point(b, ctx)) for r, b in cols)
+                     + " |")
+    return "\n".join(lines)
+
+
+def environment_lines(run: Run) -> list[str]:
+    env, wl = run.results.environment, run.results.workload
+    cal = env.get("calibration", {})
+    host = cal.get("host", {})
+    gpu = cal.get("wgpu", {})
+    cfgd = wl.get("config", {})
+    lines = [
+        f"workload: preset {wl.get('preset')}, {len(cfgd.get('layers', []))} layers "
+        f"({', '.join(cfgd.get('layers', []))}), hidden {cfgd.get('hidden')}, "
+        f"{cfgd.get('parameters', 0):,} parameters, {wl.get('dtype')}, "
+        f"{wl.get('warmup')} warm-up + {wl.get('steps')} timed steps, seed {wl.get('seed')}",
+        f"created {run.results.created} by `{run.results.command}`",
+        f"cpu: {env.get('cpu')} ({env.get('cpu_count')} cores), {env.get('platform')}, "
+        f"python {env.get('python')}",
+        f"adapter: {env.get('wgpu', {}).get('adapter') or env.get('wgpu', {}).get('reason', 'none')}",
+        "packages: " + ", ".join(f"{k} {v}" for k, v in env.get("packages", {}).items() if v),
+        f"git: {env.get('git_commit')}",
+    ]
+    if host:
+        lines.append(f"host memory bandwidth: {host.get('copy_gbps')} GB/s (numpy copy)")
+    if gpu.get("stream_gbps"):
+        lines.append(f"wgpu bandwidth: h2d {gpu['h2d_gbps']} GB/s, d2h {gpu['d2h_gbps']} GB/s, "
+                     f"d2d {gpu['d2d_gbps']} GB/s, streaming kernel {gpu['stream_gbps']} GB/s")
+    elif gpu.get("reason"):
+        lines.append(f"wgpu bandwidth: {gpu['reason']}")
+    return lines
+
+
+def to_markdown(runs: list[Run], charts: list[str] | None = None) -> str:
+    parts = ["# statebench report", ""]
+    for run in runs:
+        if run.label:
+            parts += [f"## {run.label}", ""]
+        parts += [f"- {line}" for line in environment_lines(run)] + [""]
+    base = runs[0].baseline
+    parts += ["## Decode step", "",
+              "Median step time, bytes moved per step (all categories), whether the logits match "
+              "the float64 reference, and speedup over "
+              f"{base or 'the stateless baseline (none in this run)'}.", "",
+              markdown_table(runs), ""]
+    ns = notes(runs)
+    if ns:
+        parts += ["## Notes", ""] + [f"- {n}" for n in ns] + [""]
+    for c in charts or []:
+        parts += [f"![{Path(c).stem}]({c})", ""]
+    return "\n".join(parts)

@@ -1,0 +1,235 @@
+"""Orchestrate a sweep: backends × contexts, one worker per point, results saved after each.
+
+The runner computes what every backend shares once per context (the reference's state at
+depth L and its logits for the steps that follow), hands it to a worker by file, turns the
+worker's measurement into a point with its floor and MBU, and writes the results file
+atomically after every point so an interrupted sweep keeps points 1..k (DESIGN §10).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from backends.base import Backend, registry
+from harness import calibrate as calibration
+from harness import metrics, worker
+from harness.reference import Reference
+from harness.results import Point, Results, one_line
+from harness.workload import ModelConfig, UserError, make_weights, preset, token_stream
+
+#: presets above this many parameters get a float32 reference (float64 would need 2× the memory)
+FLOAT64_REFERENCE_MAX_PARAMS = 200_000_000
+PREFILL_CHUNK = 256
+WORKER_TIMEOUT_S = 1800.0
+
+
+@dataclass
+class RunConfig:
+    preset: str = "small"
+    backends: list[str] = field(default_factory=list)
+    contexts: list[int] = field(default_factory=lambda: [64, 256, 1024])
+    steps: int = 16
+    warmup: int = 2
+    capacity: int | None = None
+    seed: int = 0
+    inprocess: bool = False
+    timeout_s: float = WORKER_TIMEOUT_S
+    calibrate: bool = True
+    command: str = ""
+
+    def capacity_for(self, context: int) -> int:
+        need = context + self.warmup + self.steps
+        if self.capacity is None:
+            return need
+        if self.capacity < need:
+            raise UserError(f"--capacity {self.capacity} is too small for context {context} + "
+                            f"{self.warmup} warm-up + {self.steps} steps (needs {need})")
+        return self.capacity
+
+
+def parse_contexts(text: str) -> list[int]:
+    """'64,256,1024' → [64, 256, 1024]; anything else is the user's error."""
+    out: list[int] = []
+    for part in (p.strip() for p in str(text).split(",")):
+        if not part:
+            continue
+        try:
+            n = int(part)
+        except ValueError:
+            raise UserError(f"bad context {part!r} in --contexts; accepted: positive integers, "
+                            "comma-separated (e.g. 64,256,1024)") from None
+        if n <= 0:
+            raise UserError(f"bad context {n} in --contexts; contexts must be positive integers")
+        if n not in out:
+            out.append(n)
+    if not out:
+        raise UserError("--contexts is empty; accepted: positive integers, comma-separated")
+    return out
+
+
+def default_out(preset_name: str) -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("results") / f"run-{preset_name}-{stamp}.json"
+
+
+# -- the state every backend starts from ----------------------------------------------------
+
+def depth_arrays(cfg: ModelConfig, weights: dict[str, np.ndarray], seed: int, context: int,
+                 capacity: int, warmup: int, steps: int) -> dict[str, np.ndarray]:
+    """Reference state after `context` teacher-forced tokens, and its logits for the next
+    warmup + steps tokens (what every backend's logits are compared with)."""
+    n_params = sum(int(w.size) for w in weights.values())
+    dtype = np.float64 if n_params <= FLOAT64_REFERENCE_MAX_PARAMS else np.float32
+    tokens = token_stream(cfg, context + warmup + steps, seed)
+    ref = Reference(cfg, weights, capacity, dtype=dtype)
+    for start in range(0, context, PREFILL_CHUNK):
+        ref.prefill(tokens[start:min(start + PREFILL_CHUNK, context)])
+    cache = ref.cache_arrays()
+    ref_logits = np.stack([ref.step(int(t)) for t in tokens[context:]])
+    arrays = {"tokens": tokens, "ref_logits": ref_logits}
+    arrays.update({f"cache:{k}": v for k, v in cache.items()})
+    return arrays
+
+
+# -- running one point ----------------------------------------------------------------------
+
+def run_worker_subprocess(req: dict, timeout_s: float) -> Point:
+    """`python -m harness.worker` for one point; a crash or hang becomes a failed point."""
+    name, ctx, cap, steps = req["backend"], req["context"], req["capacity"], req["steps"]
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "harness.worker"], input=json.dumps(req),
+                              capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        return Point.failed(name, ctx, cap, steps, f"worker timed out after {timeout_s:.0f} s")
+    lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
+    if proc.returncode == 0 and lines:
+        try:
+            return Point.from_dict(json.loads(lines[-1]))
+        except (ValueError, TypeError) as exc:
+            return Point.failed(name, ctx, cap, steps, f"worker sent a bad point: {exc}")
+    if proc.returncode < 0:
+        why = f"worker killed by {signal.Signals(-proc.returncode).name}"
+    else:
+        why = f"worker exited with status {proc.returncode}"
+    tail = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    if tail:
+        why += f": {tail[-1].strip()}"
+    return Point.failed(name, ctx, cap, steps, why)
+
+
+def finish_point(point: Point, cfg: ModelConfig, calib: dict) -> Point:
+    """Add the floor (DESIGN §7) and MBU to a measured point."""
+    if not point.measured or point.weights_bytes is None:
+        return point
+    floor, why = metrics.floor_ms(point.backend, cfg, point.weights_bytes, point.context,
+                                  point.capacity, calib, point.details)
+    point.floor_ms = floor
+    if floor is not None and point.step_ms.median > 0:
+        point.mbu = floor / point.step_ms.median
+    elif why:
+        point.details.setdefault("floor_reason", why)
+    return point
+
+
+# -- the sweep ------------------------------------------------------------------------------
+
+def resolve_backends(names: Sequence[str], extra: dict[str, type[Backend]] | None = None
+                     ) -> dict[str, type[Backend]]:
+    known = dict(extra or {})
+    if any(n not in known for n in names):
+        known = {**registry(), **known}
+    missing = [n for n in names if n not in known]
+    if missing:
+        raise UserError(f"unknown backend {missing[0]!r}; accepted: {', '.join(sorted(known))}")
+    return {n: known[n] for n in names}
+
+
+def new_results(rc: RunConfig, cfg: ModelConfig, calib: dict, with_adapter: bool) -> Results:
+    return Results(
+        created=datetime.now(UTC).isoformat(timespec="seconds"),
+        command=rc.command or "statebench run",
+        environment=calibration.environment(calib, with_adapter=with_adapter),
+        workload={"preset": rc.preset, "seed": rc.seed, "dtype": cfg.dtype, "config": cfg.describe(),
+                  "steps": rc.steps, "warmup": rc.warmup, "contexts": rc.contexts,
+                  "capacity": rc.capacity},
+    )
+
+
+def run_sweep(rc: RunConfig, out: str | Path, console: Console | None = None,
+              extra_backends: dict[str, type[Backend]] | None = None,
+              on_point: Callable[[Point], None] | None = None) -> Results:
+    """Measure every backend at every context; save `out` after each point and return it all.
+
+    `extra_backends` maps names to classes outside the registry (tests' doubles). Progress
+    goes to `console` (stderr by default) and is disabled when it is not a terminal.
+    """
+    cfg = preset(rc.preset)
+    if rc.steps <= 0 or rc.warmup < 0:
+        raise UserError("--steps must be ≥ 1 and --warmup ≥ 0")
+    for ctx in rc.contexts:
+        rc.capacity_for(ctx)  # fail on a too-small --capacity before any work
+    classes = resolve_backends(rc.backends, extra_backends)
+    console = console or Console(stderr=True)
+    out = Path(out)
+
+    needs_gpu = any(not metrics.is_cpu(n) for n in classes)
+    calib = calibration.calibrate(need_gpu=needs_gpu) if rc.calibrate else {}
+    results = new_results(rc, cfg, calib, with_adapter=needs_gpu or rc.calibrate)
+    results.save(out)
+
+    total = len(rc.contexts) * len(classes)
+    weights = make_weights(cfg, rc.seed)
+    with tempfile.TemporaryDirectory(prefix="statebench-") as tmp, Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(), console=console, disable=not console.is_terminal, transient=True,
+    ) as progress:
+        task = progress.add_task("reference", total=total)
+        for ctx in rc.contexts:
+            cap = rc.capacity_for(ctx)
+            progress.update(task, description=f"reference @ d{ctx}")
+            depth_file = Path(tmp) / f"depth-{rc.preset}-{ctx}-{cap}.npz"
+            np.savez(depth_file, **depth_arrays(cfg, weights, rc.seed, ctx, cap, rc.warmup, rc.steps))
+            for name, cls in classes.items():
+                progress.update(task, description=f"{name} @ d{ctx}")
+                req = {"backend": name, "preset": rc.preset, "seed": rc.seed, "context": ctx,
+                       "capacity": cap, "steps": rc.steps, "warmup": rc.warmup,
+                       "depth_file": str(depth_file)}
+                if name not in registry_names():
+                    req["backend_path"] = f"{cls.__module__}:{cls.__qualname__}"
+                t0 = time.perf_counter()
+                if rc.inprocess:
+                    point = worker.measure(req, cls)
+                    if point.measured:
+                        point.details["peak_rss_scope"] = "process (--inprocess)"
+                else:
+                    point = run_worker_subprocess(req, rc.timeout_s)
+                point.details.setdefault("wall_s", round(time.perf_counter() - t0, 3))
+                point.reason = one_line(point.reason)
+                results.points.append(finish_point(point, cfg, calib))
+                results.save(out)
+                if on_point:
+                    on_point(point)
+                progress.advance(task)
+            depth_file.unlink(missing_ok=True)
+    return results
+
+
+def registry_names() -> set[str]:
+    return set(registry())

@@ -1,0 +1,159 @@
+"""Measure one backend × context point (DESIGN §5, §7); the runner only orchestrates.
+
+Run as `python -m harness.worker`: reads one JSON request on stdin, writes one JSON point on
+stdout. A process per point keeps peak RSS per backend honest and lets a crashed device take
+down only its own point. `measure()` is the same thing in-process (tests, `--inprocess`).
+
+Request: {"backend": name, "backend_path": optional "module:Class" (tests' doubles),
+"preset", "seed", "context", "capacity", "steps", "warmup", "depth_file": .npz written by the
+runner with `tokens` (context+warmup+steps), `ref_logits` (warmup+steps, vocab) and
+`cache:<past name>` arrays (the reference's state at depth `context`)}.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+import os
+import resource
+import sys
+import time
+import traceback
+
+import numpy as np
+
+from backends.base import Backend, ByteCounters, DepthState, registry
+from harness.metrics import compare_logits, unstable
+from harness.results import BYTE_CATEGORIES, Point, Stats
+from harness.workload import Workload, preset
+
+
+@functools.lru_cache(maxsize=1)
+def workload(preset_name: str, seed: int) -> Workload:
+    return Workload.build(preset(preset_name), seed)
+
+
+def load_depth(path: str) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    with np.load(path) as z:
+        cache = {k.split(":", 1)[1]: z[k] for k in z.files if k.startswith("cache:")}
+        return z["tokens"], z["ref_logits"], cache
+
+
+def backend_class(req: dict) -> type[Backend]:
+    path = req.get("backend_path")
+    if path:
+        mod, _, qual = path.partition(":")
+        obj = importlib.import_module(mod)
+        for part in qual.split("."):
+            obj = getattr(obj, part)
+        return obj
+    return registry()[req["backend"]]
+
+
+def peak_rss_bytes() -> int:
+    # ru_maxrss is KiB on Linux, bytes on macOS
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)
+
+
+def measure(req: dict, cls: type[Backend] | None = None) -> Point:
+    """Prepare, reach depth, warm up, time `steps` single-token steps; never raises Exception.
+
+    Any exception becomes a `failed` point with a one-line reason; KeyboardInterrupt passes.
+    """
+    name, ctx, cap, steps = req["backend"], int(req["context"]), int(req["capacity"]), int(req["steps"])
+    try:
+        cls = cls or backend_class(req)
+        ok, why = cls.available()
+        if not ok:
+            return Point.unavailable(name, ctx, cap, steps, why or "not available")
+        return _measure(req, cls)
+    except Exception as exc:  # noqa: BLE001 - a backend's failure is a result, not a crash
+        if os.environ.get("STATEBENCH_DEBUG"):
+            traceback.print_exc()
+        return Point.failed(name, ctx, cap, steps, f"{type(exc).__name__}: {exc}")
+
+
+def _measure(req: dict, cls: type[Backend]) -> Point:
+    name, ctx, cap = req["backend"], int(req["context"]), int(req["capacity"])
+    steps, warmup = int(req["steps"]), int(req["warmup"])
+    tokens, ref_logits, cache = load_depth(req["depth_file"])
+    wl = workload(req["preset"], int(req.get("seed", 0)))
+    backend = cls()
+    try:
+        t0 = time.perf_counter_ns()
+        backend.prepare(wl, cap)
+        build_s = (time.perf_counter_ns() - t0) / 1e9
+
+        t0 = time.perf_counter_ns()
+        backend.reach_depth(DepthState(tokens=tokens[:ctx].copy(), cache=cache))
+        time_to_depth_s = (time.perf_counter_ns() - t0) / 1e9
+
+        logits: list[np.ndarray] = []
+        for i in range(warmup):
+            logits.append(np.array(backend.step(int(tokens[ctx + i])), np.float32, copy=True))
+
+        step_ms: list[float] = []
+        gpu_ms: list[float] = []
+        total = ByteCounters()
+        for i in range(steps):
+            backend.counters.reset()
+            token = int(tokens[ctx + warmup + i])
+            t0 = time.perf_counter_ns()
+            out = backend.step(token)
+            t1 = time.perf_counter_ns()
+            step_ms.append((t1 - t0) / 1e6)
+            logits.append(np.array(out, np.float32, copy=True))
+            total.add(backend.counters)
+            g = backend.gpu_time_ms()
+            if g is not None:
+                gpu_ms.append(float(g))
+
+        match = compare_logits(logits, ref_logits[: warmup + steps], wl.config.dtype)
+        details = dict(backend.details)
+        warning = unstable(step_ms)
+        if warning:
+            details["warning"] = warning
+        details["step_ms_samples"] = [round(x, 6) for x in step_ms]
+        if gpu_ms and len(gpu_ms) == steps:
+            gpu, gpu_reason = Stats.of(gpu_ms), ""
+        else:
+            gpu = None
+            gpu_reason = "backend has no GPU timer" if not gpu_ms else "GPU time missing on some steps"
+        dev = backend.device_bytes()
+        return Point(
+            backend=name, context=ctx, capacity=cap, steps=steps, status="ok",
+            step_ms=Stats.of(step_ms), gpu_ms=gpu, gpu_reason=gpu_reason,
+            build_s=build_s, time_to_depth_s=time_to_depth_s,
+            bytes_per_step={k: getattr(total, k) / steps for k in BYTE_CATEGORIES},
+            cache_bytes=sum(int(a.nbytes) for a in cache.values()),
+            weights_bytes=wl.weights_bytes, peak_rss_bytes=peak_rss_bytes(),
+            device_bytes=None if dev is None else int(dev), match=match, details=_plain(details),
+        )
+    finally:
+        try:
+            backend.close()
+        except Exception:  # noqa: BLE001 - closing must not hide the measurement
+            pass
+
+
+def _plain(d: dict) -> dict:
+    """Details as JSON-safe plain data (backends may put numpy scalars or tuples there)."""
+    return json.loads(json.dumps(d, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
+
+
+def main() -> int:
+    # Backends and drivers may print; keep stdout for the one JSON line.
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    req = json.loads(sys.stdin.read())
+    point = measure(req)
+    out.write(json.dumps(point.to_dict(), allow_nan=False) + "\n")
+    out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

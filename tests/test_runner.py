@@ -1,0 +1,214 @@
+"""The runner and worker, with small honest backends defined here (never registered)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from backends.base import Backend, DepthState
+from harness import results, runner, worker
+from harness.reference import Reference
+from harness.workload import UserError, Workload
+
+TESTS = str(Path(__file__).resolve().parent)
+
+
+class NumpyF32(Backend):
+    """Test double: the model in float32 NumPy with a page-owned cache (not an oracle)."""
+
+    name = "test:numpy"
+
+    @classmethod
+    def available(cls):
+        return True, ""
+
+    def prepare(self, workload: Workload, capacity: int) -> None:
+        self.cfg = workload.config
+        self.model = Reference(workload.config, workload.weights, capacity, dtype=np.float32)
+        self.weights_bytes = workload.weights_bytes
+
+    def reach_depth(self, depth: DepthState) -> None:
+        self.model.reset()
+        for name, arr in depth.cache.items():
+            self.model.state[name] = np.array(arr[0], np.float32)
+        self.model.position = depth.depth
+
+    def step(self, token: int) -> np.ndarray:
+        self.counters.h2d += 8
+        logits = self.model.step(token).astype(np.float32)
+        self.counters.d2h += logits.nbytes
+        self.counters.kernel += self.weights_bytes
+        return logits
+
+    def reset(self) -> None:
+        self.model.reset()
+
+
+class Stateless(NumpyF32):
+    name = "test:stateless"
+
+
+class Unavailable(NumpyF32):
+    name = "test:unavailable"
+
+    @classmethod
+    def available(cls):
+        return False, "no such device here"
+
+
+class Failing(NumpyF32):
+    name = "test:failing"
+
+    def step(self, token: int) -> np.ndarray:
+        raise RuntimeError("device lost\nsecond line")
+
+
+class Wrong(NumpyF32):
+    name = "test:wrong"
+
+    def step(self, token: int) -> np.ndarray:
+        out = super().step(token)
+        return out + np.float32(0.5) * np.abs(out).max()
+
+
+class Crash(NumpyF32):
+    name = "test:crash"
+
+    def step(self, token: int) -> np.ndarray:
+        os._exit(3)
+
+
+class Interrupt(NumpyF32):
+    """Interrupts the sweep (as Ctrl-C would) at its second context."""
+
+    name = "test:interrupt"
+
+    def reach_depth(self, depth: DepthState) -> None:
+        if depth.depth > 4:
+            raise KeyboardInterrupt
+        super().reach_depth(depth)
+
+
+DOUBLES = {c.name: c for c in (NumpyF32, Stateless, Unavailable, Failing, Wrong, Crash, Interrupt)}
+
+
+def config(backends, contexts=(4, 8), inprocess=True, **kw) -> runner.RunConfig:
+    return runner.RunConfig(preset="tiny", backends=list(backends), contexts=list(contexts), steps=3,
+                            warmup=1, inprocess=inprocess, calibrate=False, **kw)
+
+
+def sweep(tmp_path, backends, **kw):
+    out = tmp_path / "run.json"
+    res = runner.run_sweep(config(backends, **kw), out, extra_backends=DOUBLES)
+    return res, out
+
+
+def test_sweep_measures_and_matches(tmp_path):
+    res, out = sweep(tmp_path, ["test:numpy"])
+    assert [p.context for p in res.points] == [4, 8]
+    for p in res.points:
+        assert p.status == "ok" and p.matches, p
+        assert p.capacity == p.context + 1 + 3
+        assert p.bytes_per_step["h2d"] == 8 and p.bytes_per_step["d2h"] == 256 * 4
+        assert p.match.argmax_agree == 1.0 and p.match.max_rel < 1e-4
+        assert p.step_ms.p10 <= p.step_ms.median <= p.step_ms.p90
+        assert p.build_s >= 0 and p.time_to_depth_s >= 0 and p.peak_rss_bytes > 0
+    assert results.load(out).to_dict() == res.to_dict()
+
+
+def test_failed_unavailable_and_mismatch_recorded_sweep_goes_on(tmp_path):
+    res, _ = sweep(tmp_path, ["test:unavailable", "test:failing", "test:wrong", "test:numpy"])
+    by = {p.key: p for p in res.points}
+    assert by["test:unavailable", 4].status == "unavailable"
+    assert by["test:unavailable", 4].reason == "no such device here"
+    f = by["test:failing", 8]
+    assert f.status == "failed" and f.reason == "RuntimeError: device lost second line"
+    w = by["test:wrong", 4]
+    assert w.status == "ok" and not w.matches and not w.match.ok
+    assert by["test:numpy", 8].matches
+    assert len(res.points) == 8
+
+
+def test_interrupted_sweep_keeps_points(tmp_path):
+    out = tmp_path / "run.json"
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_sweep(config(["test:numpy", "test:interrupt"]), out, extra_backends=DOUBLES)
+    kept = results.load(out)
+    assert [(p.backend, p.context) for p in kept.points] == [
+        ("test:numpy", 4), ("test:interrupt", 4), ("test:numpy", 8)]
+    assert not list(tmp_path.glob(".*tmp")), "a temp file was left behind"
+
+
+def test_results_written_atomically_after_each_point(tmp_path, monkeypatch):
+    seen = []
+    real = results.write_json_atomic
+
+    def spy(path, data):
+        real(path, data)
+        seen.append(len(json.loads(Path(path).read_text())["points"]))
+
+    monkeypatch.setattr(results, "write_json_atomic", spy)
+    sweep(tmp_path, ["test:numpy", "test:stateless"])
+    assert seen == [0, 1, 2, 3, 4]
+
+
+def test_atomic_write_leaves_old_file_on_failure(tmp_path):
+    path = tmp_path / "r.json"
+    results.write_json_atomic(path, {"a": 1})
+    with pytest.raises(TypeError):
+        results.write_json_atomic(path, {"a": object()})
+    assert json.loads(path.read_text()) == {"a": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+def test_subprocess_worker_and_crash_isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
+    res, _ = sweep(tmp_path, ["test:numpy", "test:crash"], contexts=(4,), inprocess=False)
+    ok, crash = res.points
+    assert ok.matches and "peak_rss_scope" not in ok.details
+    assert crash.status == "failed" and "status 3" in crash.reason
+
+
+def test_worker_main_protocol(tmp_path):
+    cfg = config(["test:numpy"])
+    wl = Workload.build(__import__("harness.workload").workload.preset("tiny"))
+    arrays = runner.depth_arrays(wl.config, wl.weights, 0, 4, 8, cfg.warmup, cfg.steps)
+    np.savez(tmp_path / "d.npz", **arrays)
+    req = {"backend": "test:numpy", "backend_path": "test_runner:NumpyF32", "preset": "tiny",
+           "seed": 0, "context": 4, "capacity": 8, "steps": 3, "warmup": 1,
+           "depth_file": str(tmp_path / "d.npz")}
+    env = dict(os.environ, PYTHONPATH=TESTS + os.pathsep + os.getcwd())
+    proc = subprocess.run([sys.executable, "-m", "harness.worker"], input=json.dumps(req),
+                          capture_output=True, text=True, env=env, check=True)
+    point = results.Point.from_dict(json.loads(proc.stdout))
+    assert point.matches and point.context == 4
+
+
+def test_depth_state_continues_the_reference():
+    wl = Workload.build(__import__("harness.workload").workload.preset("tiny"))
+    a = runner.depth_arrays(wl.config, wl.weights, 0, 5, 9, 1, 3)
+    ref = Reference(wl.config, wl.weights, 9)
+    full = ref.prefill(a["tokens"])
+    np.testing.assert_allclose(a["ref_logits"], full[5:], rtol=1e-9, atol=1e-9)
+    assert a["tokens"].shape == (9,)
+
+
+def test_capacity_and_contexts_checked():
+    with pytest.raises(UserError, match="too small"):
+        config(["test:numpy"], capacity=5).capacity_for(4)
+    assert runner.parse_contexts("64, 256,64") == [64, 256]
+    for bad in ("a,2", "0", "-3", ",", "1.5"):
+        with pytest.raises(UserError):
+            runner.parse_contexts(bad)
+
+
+def test_worker_reports_unknown_backend_as_failed(tmp_path):
+    p = worker.measure({"backend": "nope:nope", "context": 1, "capacity": 4, "steps": 1,
+                        "warmup": 0, "depth_file": str(tmp_path / "x.npz"), "preset": "tiny"})
+    assert p.status == "failed" and "nope:nope" in p.reason
