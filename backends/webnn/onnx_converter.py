@@ -207,7 +207,12 @@ class _Converter:
     def run(self) -> dict[str, object]:
         g = self.model.graph
         for t in g.initializer:
-            self.consts[t.name] = numpy_helper.to_array(t, base_dir="")
+            try:
+                self.consts[t.name] = numpy_helper.to_array(t)
+            except (OSError, ValueError) as exc:  # external data that was not loaded
+                raise ConversionError(
+                    f"initializer {t.name!r} cannot be read ({exc}); pass the .onnx path so its "
+                    "external data is found beside it") from None
         for vi in g.input:
             if vi.name in self.consts:  # IR < 4 lists initializers among inputs
                 continue
@@ -288,6 +293,10 @@ class _Converter:
             self._fold(node)
             return
         handler = _HANDLERS.get(node.op_type)
+        if handler is None and node.op_type in _FOLDABLE:
+            raise ConversionError(
+                f"{node.op_type} node {node.name or node.output[0]!r} is supported only on values "
+                "known at conversion time (initializers, shapes); here an input is a runtime value")
         if handler is None:
             raise ConversionError(
                 f"unsupported op {node.op_type!r} (node {node.name or node.output[0]!r}); "

@@ -1,0 +1,74 @@
+"""WebNN (webmachinelearning/webnn ``index.bs``) in Python, on wgpu-py, with the
+stateful-graph proposal (webnn issue 966; DESIGN §2, §3).
+
+    from backends.webnn import ml, MLGraphBuilder, MLKVCachePair
+    context = ml.create_context()            # state_support=False: no state; timing=True
+    builder = MLGraphBuilder(context)
+    ...
+    graph = builder.build({"y": y}, use_stateful=True,
+                          kv_cache_pairs=[MLKVCachePair(input="past", output="present")])
+    graph.is_stateful; graph.in_place        # {pair input name: in place or two buffers}
+    context.dispatch(graph, {"x": t}, {"y": out}); context.read_tensor(out)
+    context.reset_kv_cache(graph)
+
+Ops: input, constant, add, sub, mul, div, pow, max, min, equal, greater, greater_or_equal,
+lesser, lesser_or_equal, logical_not, sqrt, exp, log, neg, abs, sigmoid, softplus, tanh,
+relu, reciprocal, cos, sin, floor, ceil, erf, gelu, identity, where, cast, matmul, gemm,
+softmax, reduce_mean, reduce_sum, reduce_max, reduce_min, reshape, transpose, concat,
+slice, gather, expand, scatter_nd.
+
+Data types: float32, int32, int64, uint32, uint8.
+
+Deviations (each marked DEVIATION in the code):
+- int64 is stored as int32 on the device; values outside int32 raise DataError on write.
+- uint8 (comparison results, where's condition) is stored as uint32 on the device.
+- MLGraphBuilder.build may be called more than once.
+- build is synchronous (the spec's Promise); so are create_tensor and read_tensor.
+- gemm is lowered to transpose/matmul/mul/add.
+- Out-of-range gather indices are clamped; out-of-range scatter_nd tuples are skipped
+  (both implementation-defined in the spec); negative ones count from the end.
+- statebench extensions: MLGraph.inputs/outputs (the bound interface), MLGraph.in_place,
+  MLContext.counters (bytes moved), MLContext.gpu_time_ns.
+
+Proposal decisions are listed in backends/webnn/FINDINGS.md.
+"""
+
+from ._classes import (
+    ByteCounters,
+    MLContext,
+    MLGraph,
+    MLGraphBuilder,
+    MLKVCachePair,
+    MLOperand,
+    MLTensor,
+)
+from .errors import (
+    DataError,
+    DOMException,
+    InvalidStateError,
+    NotSupportedError,
+    OperationError,
+)
+
+
+class ML:
+    """IDL: ``interface ML`` (``navigator.ml``)."""
+
+    # IDL: Promise<MLContext> createContext(optional MLContextOptions options = {});
+    def create_context(self, *, state_support: bool = True, timing: bool = False,
+                       power_preference: str = "high-performance") -> MLContext:
+        """A wgpu-backed context. ``state_support=False`` acts as a backend without the
+        proposal (use_stateful never granted); ``timing=True`` records GPU time."""
+        from .wgpu_impl import WgpuContext
+
+        return WgpuContext(state_support=state_support, timing=timing,
+                           power_preference=power_preference)
+
+
+ml = ML()
+
+__all__ = [
+    "ml", "ML", "MLContext", "MLGraph", "MLGraphBuilder", "MLKVCachePair", "MLOperand",
+    "MLTensor", "ByteCounters", "DOMException", "InvalidStateError", "OperationError",
+    "NotSupportedError", "DataError",
+]

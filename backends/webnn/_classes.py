@@ -1,0 +1,701 @@
+"""The WebNN interfaces as in the IDL (webmachinelearning/webnn ``index.bs``), in Python.
+
+Naming follows wgpu-py: class names kept, camelCase methods become snake_case, descriptor
+dictionaries become keyword arguments, an ``# IDL:`` line above each method. The graph
+builder and every check the spec makes at the API boundary live here; device work is done
+by the wgpu implementation (``wgpu_impl``) that subclasses :class:`MLContext`.
+
+Points where the stateful-graph proposal (webnn issue 966) is implemented are marked
+``PROPOSAL``; deviations from the spec are marked ``DEVIATION``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import shapes as S
+from .dtypes import DType, dtype, to_device
+from .errors import InvalidStateError
+
+_serial = itertools.count(1)
+
+ELEMENTWISE_BINARY = ("add", "sub", "mul", "div", "pow", "max", "min")
+ELEMENTWISE_UNARY = (
+    "sqrt", "exp", "log", "neg", "abs", "sigmoid", "softplus", "tanh", "relu",
+    "reciprocal", "cos", "sin", "floor", "ceil", "erf", "gelu", "identity",
+)
+COMPARISON = ("equal", "greater", "lesser", "lesser_or_equal", "greater_or_equal")
+FLOAT_ONLY = ("sqrt", "exp", "log", "sigmoid", "softplus", "tanh", "cos", "sin", "erf",
+              "gelu", "reciprocal", "floor", "ceil", "softmax")
+
+
+# IDL: dictionary MLKVCachePair { required DOMString input; required DOMString output; };
+@dataclass(frozen=True)
+class MLKVCachePair:
+    """PROPOSAL: one (graph input, graph output) pair whose state the graph keeps."""
+
+    input: str
+    output: str
+
+
+class MLOperand:
+    """A node of the graph under construction (IDL: ``MLOperand``)."""
+
+    def __init__(self, builder: MLGraphBuilder, kind: str, dt: DType, shape: tuple[int, ...],
+                 op: str = "", inputs: tuple[MLOperand, ...] = (),
+                 attrs: dict[str, Any] | None = None, name: str = "",
+                 value: np.ndarray | None = None) -> None:
+        self._builder = builder
+        self._id = next(_serial)
+        self._kind = kind  # "input" | "constant" | "op"
+        self._dtype = dt
+        self._shape = shape
+        self._op = op
+        self._inputs = inputs
+        self._attrs = attrs or {}
+        self._name = name
+        self._value = value
+
+    # IDL: readonly attribute MLOperandDataType dataType;
+    @property
+    def data_type(self) -> str:
+        return self._dtype.name
+
+    # IDL: readonly attribute FrozenArray<unsigned long> shape;
+    @property
+    def shape(self) -> list[int]:
+        return list(self._shape)
+
+    def __repr__(self) -> str:
+        what = self._name or self._op or self._kind
+        return f"<MLOperand {what} {self._dtype.name}{list(self._shape)}>"
+
+
+class MLGraphBuilder:
+    """Records operations with their inferred shapes; ``build`` hands them to the context.
+
+    DEVIATION: ``build`` may be called more than once (the current spec makes it one-shot);
+    statebench uses this to show that two graphs built from the same operands never share
+    state.
+    """
+
+    # IDL: constructor(MLContext context);
+    def __init__(self, context: MLContext) -> None:
+        if not isinstance(context, MLContext):
+            raise TypeError("MLGraphBuilder needs an MLContext")
+        context._check_alive()
+        self._context = context
+        self._input_names: set[str] = set()
+
+    # -- helpers ----------------------------------------------------------------------
+    def _own(self, *ops: MLOperand) -> None:
+        for o in ops:
+            if not isinstance(o, MLOperand):
+                raise TypeError(f"expected an MLOperand, got {type(o).__name__}")
+            if o._builder is not self:
+                raise TypeError("operand belongs to another MLGraphBuilder")
+
+    def _node(self, op: str, inputs: Sequence[MLOperand], dt: DType, shape: tuple[int, ...],
+              **attrs: Any) -> MLOperand:
+        self._own(*inputs)
+        return MLOperand(self, "op", dt, shape, op=op, inputs=tuple(inputs), attrs=attrs)
+
+    @staticmethod
+    def _same_type(*ops: MLOperand) -> DType:
+        types = {o._dtype.name for o in ops}
+        if len(types) != 1:
+            raise TypeError(f"operands must have the same data type, got {sorted(types)}")
+        return ops[0]._dtype
+
+    # -- sources ----------------------------------------------------------------------
+    # IDL: MLOperand input(USVString name, MLOperandDescriptor descriptor);
+    def input(self, name: str, *, data_type: str, shape: Sequence[int]) -> MLOperand:
+        if not isinstance(name, str) or not name:
+            raise TypeError("input name must be a non-empty string")
+        if name in self._input_names:
+            raise TypeError(f"duplicate input name {name!r}")
+        self._input_names.add(name)
+        return MLOperand(self, "input", dtype(data_type), S.check_shape(shape), name=name)
+
+    # IDL: MLOperand constant(MLOperandDescriptor descriptor, AllowSharedBufferSource buffer);
+    def constant(self, *, data_type: str, shape: Sequence[int], value: Any) -> MLOperand:
+        dt = dtype(data_type)
+        shp = S.check_shape(shape)
+        arr = np.asarray(value)
+        if arr.size == 1 and S.size(shp) != 1:
+            raise TypeError("constant value size does not match its shape")
+        to_device(arr, dt, S.size(shp))  # size and int64 range checks
+        host = np.array(arr, dtype=dt.host).reshape(shp)
+        return MLOperand(self, "constant", dt, shp, value=host)
+
+    # -- element-wise -----------------------------------------------------------------
+    def _binary(self, op: str, a: MLOperand, b: MLOperand) -> MLOperand:
+        self._own(a, b)
+        dt = self._same_type(a, b)
+        return self._node(op, (a, b), dt, S.broadcast(a._shape, b._shape))
+
+    def _unary(self, op: str, x: MLOperand) -> MLOperand:
+        self._own(x)
+        if op in FLOAT_ONLY and not x._dtype.is_float:
+            raise TypeError(f"{op} needs a float input, got {x._dtype.name}")
+        if op == "neg" and x._dtype.wgsl == "u32":
+            raise TypeError("neg needs a signed input")
+        return self._node(op, (x,), x._dtype, x._shape)
+
+    # IDL: MLOperand add(MLOperand a, MLOperand b, optional MLOperatorOptions options = {});
+    def add(self, a: MLOperand, b: MLOperand) -> MLOperand:
+        return self._binary("add", a, b)
+
+    # IDL: MLOperand sub(MLOperand a, MLOperand b, optional MLOperatorOptions options = {});
+    def sub(self, a: MLOperand, b: MLOperand) -> MLOperand:
+        return self._binary("sub", a, b)
+
+    # IDL: MLOperand mul(MLOperand a, MLOperand b, optional MLOperatorOptions options = {});
+    def mul(self, a: MLOperand, b: MLOperand) -> MLOperand:
+        return self._binary("mul", a, b)
+
+    # IDL: MLOperand div(MLOperand a, MLOperand b, optional MLOperatorOptions options = {});
+    def div(self, a: MLOperand, b: MLOperand) -> MLOperand:
+        return self._binary("div", a, b)
+
+    # IDL: MLOperand pow(MLOperand a, MLOperand b, optional MLOperatorOptions options = {});
+    def pow(self, a: MLOperand, b: MLOperand) -> MLOperand:
+        return self._binary("pow", a, b)
+
+    # IDL: MLOperand max(MLOperand a, MLOperand b, optional MLOperatorOptions options = {});
+    def max(self, a: MLOperand, b: MLOperand) -> MLOperand:
+        return self._binary("max", a, b)
+
+    # IDL: MLOperand min(MLOperand a, MLOperand b, optional MLOperatorOptions options = {});
+    def min(self, a: MLOperand, b: MLOperand) -> MLOperand:
+        return self._binary("min", a, b)
+
+    def _compare(self, op: str, a: MLOperand, b: MLOperand) -> MLOperand:
+        self._own(a, b)
+        self._same_type(a, b)
+        return self._node(op, (a, b), dtype("uint8"), S.broadcast(a._shape, b._shape))
+
+    # IDL: MLOperand equal(MLOperand a, MLOperand b, optional MLOperatorOptions options = {});
+    def equal(self, a: MLOperand, b: MLOperand) -> MLOperand:
+        return self._compare("equal", a, b)
+
+    # IDL: MLOperand greater(MLOperand a, MLOperand b, optional MLOperatorOptions options = {});
+    def greater(self, a: MLOperand, b: MLOperand) -> MLOperand:
+        return self._compare("greater", a, b)
+
+    # IDL: MLOperand greaterOrEqual(MLOperand a, MLOperand b, optional MLOperatorOptions options = {});
+    def greater_or_equal(self, a: MLOperand, b: MLOperand) -> MLOperand:
+        return self._compare("greater_or_equal", a, b)
+
+    # IDL: MLOperand lesser(MLOperand a, MLOperand b, optional MLOperatorOptions options = {});
+    def lesser(self, a: MLOperand, b: MLOperand) -> MLOperand:
+        return self._compare("lesser", a, b)
+
+    # IDL: MLOperand lesserOrEqual(MLOperand a, MLOperand b, optional MLOperatorOptions options = {});
+    def lesser_or_equal(self, a: MLOperand, b: MLOperand) -> MLOperand:
+        return self._compare("lesser_or_equal", a, b)
+
+    # IDL: MLOperand logicalNot(MLOperand a, optional MLOperatorOptions options = {});
+    def logical_not(self, a: MLOperand) -> MLOperand:
+        self._own(a)
+        if a._dtype.name != "uint8":
+            raise TypeError("logical_not needs a uint8 input")
+        return self._node("logical_not", (a,), a._dtype, a._shape)
+
+    # IDL: MLOperand sqrt(MLOperand input, optional MLOperatorOptions options = {});
+    def sqrt(self, x: MLOperand) -> MLOperand:
+        return self._unary("sqrt", x)
+
+    # IDL: MLOperand exp(MLOperand input, optional MLOperatorOptions options = {});
+    def exp(self, x: MLOperand) -> MLOperand:
+        return self._unary("exp", x)
+
+    # IDL: MLOperand log(MLOperand input, optional MLOperatorOptions options = {});
+    def log(self, x: MLOperand) -> MLOperand:
+        return self._unary("log", x)
+
+    # IDL: MLOperand neg(MLOperand input, optional MLOperatorOptions options = {});
+    def neg(self, x: MLOperand) -> MLOperand:
+        return self._unary("neg", x)
+
+    # IDL: MLOperand abs(MLOperand input, optional MLOperatorOptions options = {});
+    def abs(self, x: MLOperand) -> MLOperand:
+        return self._unary("abs", x)
+
+    # IDL: MLOperand sigmoid(MLOperand input, optional MLOperatorOptions options = {});
+    def sigmoid(self, x: MLOperand) -> MLOperand:
+        return self._unary("sigmoid", x)
+
+    # IDL: MLOperand softplus(MLOperand input, optional MLOperatorOptions options = {});
+    def softplus(self, x: MLOperand) -> MLOperand:
+        return self._unary("softplus", x)
+
+    # IDL: MLOperand tanh(MLOperand input, optional MLOperatorOptions options = {});
+    def tanh(self, x: MLOperand) -> MLOperand:
+        return self._unary("tanh", x)
+
+    # IDL: MLOperand relu(MLOperand input, optional MLOperatorOptions options = {});
+    def relu(self, x: MLOperand) -> MLOperand:
+        return self._unary("relu", x)
+
+    # IDL: MLOperand reciprocal(MLOperand input, optional MLOperatorOptions options = {});
+    def reciprocal(self, x: MLOperand) -> MLOperand:
+        return self._unary("reciprocal", x)
+
+    # IDL: MLOperand cos(MLOperand input, optional MLOperatorOptions options = {});
+    def cos(self, x: MLOperand) -> MLOperand:
+        return self._unary("cos", x)
+
+    # IDL: MLOperand sin(MLOperand input, optional MLOperatorOptions options = {});
+    def sin(self, x: MLOperand) -> MLOperand:
+        return self._unary("sin", x)
+
+    # IDL: MLOperand floor(MLOperand input, optional MLOperatorOptions options = {});
+    def floor(self, x: MLOperand) -> MLOperand:
+        return self._unary("floor", x)
+
+    # IDL: MLOperand ceil(MLOperand input, optional MLOperatorOptions options = {});
+    def ceil(self, x: MLOperand) -> MLOperand:
+        return self._unary("ceil", x)
+
+    # IDL: MLOperand erf(MLOperand input, optional MLOperatorOptions options = {});
+    def erf(self, x: MLOperand) -> MLOperand:
+        return self._unary("erf", x)
+
+    # IDL: MLOperand gelu(MLOperand input, optional MLOperatorOptions options = {});
+    def gelu(self, x: MLOperand) -> MLOperand:
+        return self._unary("gelu", x)
+
+    # IDL: MLOperand identity(MLOperand input, optional MLOperatorOptions options = {});
+    def identity(self, x: MLOperand) -> MLOperand:
+        return self._unary("identity", x)
+
+    # IDL: MLOperand where(MLOperand condition, MLOperand trueValue, MLOperand falseValue, optional MLOperatorOptions options = {});
+    def where(self, condition: MLOperand, true_value: MLOperand,
+              false_value: MLOperand) -> MLOperand:
+        self._own(condition, true_value, false_value)
+        if condition._dtype.name != "uint8":
+            raise TypeError("where's condition must be uint8")
+        dt = self._same_type(true_value, false_value)
+        shp = S.broadcast(condition._shape, true_value._shape, false_value._shape)
+        return self._node("where", (condition, true_value, false_value), dt, shp)
+
+    # IDL: MLOperand cast(MLOperand input, MLOperandDataType type, optional MLOperatorOptions options = {});
+    def cast(self, x: MLOperand, data_type: str) -> MLOperand:
+        self._own(x)
+        return self._node("cast", (x,), dtype(data_type), x._shape)
+
+    # -- matrix products -------------------------------------------------------------
+    # IDL: MLOperand matmul(MLOperand a, MLOperand b, optional MLOperatorOptions options = {});
+    def matmul(self, a: MLOperand, b: MLOperand) -> MLOperand:
+        self._own(a, b)
+        dt = self._same_type(a, b)
+        if not dt.is_float:
+            raise TypeError("matmul needs float inputs")
+        return self._node("matmul", (a, b), dt, S.matmul(a._shape, b._shape))
+
+    # IDL: MLOperand gemm(MLOperand a, MLOperand b, optional MLGemmOptions options = {});
+    def gemm(self, a: MLOperand, b: MLOperand, *, c: MLOperand | None = None,
+             alpha: float = 1.0, beta: float = 1.0, a_transpose: bool = False,
+             b_transpose: bool = False) -> MLOperand:
+        """Lowered to transpose/matmul/mul/add at build time (same math as the spec)."""
+        self._own(a, b)
+        if len(a._shape) != 2 or len(b._shape) != 2:
+            raise TypeError("gemm needs 2-D inputs")
+        a2 = self.transpose(a) if a_transpose else a
+        b2 = self.transpose(b) if b_transpose else b
+        y = self.matmul(a2, b2)
+        if alpha != 1.0:
+            y = self.mul(y, self.constant(data_type=y.data_type, shape=[1], value=[alpha]))
+        if c is not None:
+            self._own(c)
+            if not S.unidirectional(c._shape, y._shape):
+                raise TypeError("gemm's c does not broadcast to the output")
+            cc = c if beta == 1.0 else self.mul(
+                c, self.constant(data_type=c.data_type, shape=[1], value=[beta]))
+            y = self.add(y, cc)
+        return y
+
+    # -- normalisation and reductions ---------------------------------------------------
+    # IDL: MLOperand softmax(MLOperand input, unsigned long axis, optional MLOperatorOptions options = {});
+    def softmax(self, x: MLOperand, axis: int) -> MLOperand:
+        self._own(x)
+        if not x._dtype.is_float:
+            raise TypeError("softmax needs a float input")
+        return self._node("softmax", (x,), x._dtype, x._shape,
+                          axis=S.axis(axis, len(x._shape)))
+
+    def _reduce(self, op: str, x: MLOperand, axes: Sequence[int] | None,
+                keep_dimensions: bool) -> MLOperand:
+        self._own(x)
+        if op == "reduce_mean" and not x._dtype.is_float:
+            raise TypeError("reduce_mean needs a float input")
+        axs = S.axes(axes, len(x._shape))
+        shp = tuple(1 if i in axs else d for i, d in enumerate(x._shape)
+                    if keep_dimensions or i not in axs)
+        return self._node(op, (x,), x._dtype, shp, axes=axs)
+
+    # IDL: MLOperand reduceMean(MLOperand input, optional MLReduceOptions options = {});
+    def reduce_mean(self, x: MLOperand, axes: Sequence[int] | None = None,
+                    keep_dimensions: bool = False) -> MLOperand:
+        return self._reduce("reduce_mean", x, axes, keep_dimensions)
+
+    # IDL: MLOperand reduceSum(MLOperand input, optional MLReduceOptions options = {});
+    def reduce_sum(self, x: MLOperand, axes: Sequence[int] | None = None,
+                   keep_dimensions: bool = False) -> MLOperand:
+        return self._reduce("reduce_sum", x, axes, keep_dimensions)
+
+    # IDL: MLOperand reduceMax(MLOperand input, optional MLReduceOptions options = {});
+    def reduce_max(self, x: MLOperand, axes: Sequence[int] | None = None,
+                   keep_dimensions: bool = False) -> MLOperand:
+        return self._reduce("reduce_max", x, axes, keep_dimensions)
+
+    # IDL: MLOperand reduceMin(MLOperand input, optional MLReduceOptions options = {});
+    def reduce_min(self, x: MLOperand, axes: Sequence[int] | None = None,
+                   keep_dimensions: bool = False) -> MLOperand:
+        return self._reduce("reduce_min", x, axes, keep_dimensions)
+
+    # -- data movement ---------------------------------------------------------------
+    # IDL: MLOperand reshape(MLOperand input, sequence<[EnforceRange] unsigned long> newShape, optional MLOperatorOptions options = {});
+    def reshape(self, x: MLOperand, new_shape: Sequence[int]) -> MLOperand:
+        self._own(x)
+        shp = S.check_shape(new_shape)
+        if S.size(shp) != S.size(x._shape):
+            raise TypeError(f"cannot reshape {list(x._shape)} to {list(shp)}")
+        return self._node("reshape", (x,), x._dtype, shp)
+
+    # IDL: MLOperand transpose(MLOperand input, optional MLTransposeOptions options = {});
+    def transpose(self, x: MLOperand, permutation: Sequence[int] | None = None) -> MLOperand:
+        self._own(x)
+        r = len(x._shape)
+        perm = tuple(range(r - 1, -1, -1)) if permutation is None else tuple(permutation)
+        if sorted(perm) != list(range(r)):
+            raise TypeError(f"invalid permutation {list(perm)} for rank {r}")
+        return self._node("transpose", (x,), x._dtype, tuple(x._shape[p] for p in perm),
+                          permutation=perm)
+
+    # IDL: MLOperand concat(sequence<MLOperand> inputs, [EnforceRange] unsigned long axis, optional MLOperatorOptions options = {});
+    def concat(self, inputs: Sequence[MLOperand], axis: int) -> MLOperand:
+        if not inputs:
+            raise TypeError("concat needs at least one input")
+        self._own(*inputs)
+        dt = self._same_type(*inputs)
+        r = len(inputs[0]._shape)
+        ax = S.axis(axis, r)
+        for o in inputs:
+            if len(o._shape) != r or any(o._shape[i] != inputs[0]._shape[i]
+                                         for i in range(r) if i != ax):
+                raise TypeError("concat inputs differ outside the axis")
+        shp = list(inputs[0]._shape)
+        shp[ax] = sum(o._shape[ax] for o in inputs)
+        return self._node("concat", tuple(inputs), dt, tuple(shp), axis=ax)
+
+    # IDL: MLOperand slice(MLOperand input, sequence<[EnforceRange] unsigned long> starts, sequence<[EnforceRange] unsigned long> sizes, optional MLSliceOptions options = {});
+    def slice(self, x: MLOperand, starts: Sequence[int], sizes: Sequence[int],
+              strides: Sequence[int] | None = None) -> MLOperand:
+        self._own(x)
+        r = len(x._shape)
+        st = tuple(int(s) for s in starts)
+        sz = S.check_shape(sizes)
+        sd = tuple(int(s) for s in strides) if strides is not None else (1,) * r
+        if not len(st) == len(sz) == len(sd) == r:
+            raise TypeError("slice starts/sizes/strides must have the input's rank")
+        for i in range(r):
+            if sd[i] < 1 or st[i] < 0 or st[i] + (sz[i] - 1) * sd[i] >= x._shape[i]:
+                raise TypeError(f"slice out of bounds on axis {i}")
+        return self._node("slice", (x,), x._dtype, sz, starts=st, strides=sd)
+
+    # IDL: MLOperand gather(MLOperand input, MLOperand indices, optional MLGatherOptions options = {});
+    def gather(self, x: MLOperand, indices: MLOperand, axis: int = 0) -> MLOperand:
+        self._own(x, indices)
+        if indices._dtype.name not in ("int32", "int64", "uint32"):
+            raise TypeError("gather indices must be int32, int64 or uint32")
+        ax = S.axis(axis, len(x._shape))
+        shp = x._shape[:ax] + indices._shape + x._shape[ax + 1:]
+        return self._node("gather", (x, indices), x._dtype, shp or (1,), axis=ax)
+
+    # IDL: MLOperand expand(MLOperand input, sequence<[EnforceRange] unsigned long> newShape, optional MLOperatorOptions options = {});
+    def expand(self, x: MLOperand, new_shape: Sequence[int]) -> MLOperand:
+        self._own(x)
+        shp = S.check_shape(new_shape)
+        if not S.unidirectional(x._shape, shp):
+            raise TypeError(f"cannot expand {list(x._shape)} to {list(shp)}")
+        return self._node("expand", (x,), x._dtype, shp)
+
+    # IDL: MLOperand scatterND(MLOperand input, MLOperand indices, MLOperand updates, optional MLOperatorOptions options = {});
+    def scatter_nd(self, x: MLOperand, indices: MLOperand, updates: MLOperand) -> MLOperand:
+        self._own(x, indices, updates)
+        if indices._dtype.name not in ("int32", "int64", "uint32"):
+            raise TypeError("scatter_nd indices must be int32, int64 or uint32")
+        self._same_type(x, updates)
+        k = indices._shape[-1]
+        if k > len(x._shape):
+            raise TypeError("scatter_nd index tuples longer than the input's rank")
+        want = indices._shape[:-1] + x._shape[k:]
+        if tuple(updates._shape) != want:
+            raise TypeError(f"scatter_nd updates must have shape {list(want)}")
+        return self._node("scatter_nd", (x, indices, updates), x._dtype, x._shape)
+
+    # -- build ---------------------------------------------------------------------------
+    # IDL: Promise<MLGraph> build(MLNamedOperands outputs, optional MLBuildOptions options = {});
+    def build(self, outputs: Mapping[str, MLOperand], *, use_stateful: bool = False,
+              kv_cache_pairs: Sequence[MLKVCachePair] = ()) -> MLGraph:
+        """Validate the outputs and the KV pairs, then let the context compile.
+
+        PROPOSAL: ``use_stateful`` and ``kv_cache_pairs`` are ``MLBuildOptions`` members.
+        Pairs are validated the same way whether or not the backend grants state, so a
+        page sees the same errors everywhere.
+        """
+        self._context._check_alive()
+        if not isinstance(outputs, Mapping) or not outputs:
+            raise TypeError("build needs a non-empty record of named outputs")
+        for name, op in outputs.items():
+            if not isinstance(name, str) or not name:
+                raise TypeError("output names must be non-empty strings")
+            self._own(op)
+            if op._kind != "op":
+                raise TypeError(f"output {name!r} is an input or constant operand")
+        pairs = [p if isinstance(p, MLKVCachePair) else MLKVCachePair(**p)
+                 for p in kv_cache_pairs]
+        if pairs and not use_stateful:
+            # PROPOSAL decision: pairs mean nothing without the request; ignoring them
+            # would let a page believe it has state.
+            raise TypeError("kv_cache_pairs given without use_stateful=True")
+        inputs = _graph_inputs(outputs.values())
+        seen_in: set[str] = set()
+        seen_out: set[str] = set()
+        for p in pairs:
+            if p.input not in inputs:
+                raise TypeError(f"KV pair names unknown graph input {p.input!r}")
+            if p.output not in outputs:
+                raise TypeError(f"KV pair names unknown graph output {p.output!r}")
+            if p.input in seen_in:
+                raise TypeError(f"graph input {p.input!r} is in two KV pairs")
+            if p.output in seen_out:
+                raise TypeError(f"graph output {p.output!r} is in two KV pairs")
+            seen_in.add(p.input)
+            seen_out.add(p.output)
+            i, o = inputs[p.input], outputs[p.output]
+            if i._dtype != o._dtype or i._shape != o._shape:
+                raise TypeError(
+                    f"KV pair {p.input!r} -> {p.output!r}: descriptors differ "
+                    f"({i.data_type}{list(i._shape)} vs {o.data_type}{list(o._shape)})")
+        return self._context._build(dict(outputs), inputs, pairs, bool(use_stateful))
+
+
+def _graph_inputs(outputs: Any) -> dict[str, MLOperand]:
+    """The input operands the outputs depend on (the graph's input interface)."""
+    found: dict[str, MLOperand] = {}
+    seen: set[int] = set()
+    stack = list(outputs)
+    while stack:
+        o = stack.pop()
+        if o._id in seen:
+            continue
+        seen.add(o._id)
+        if o._kind == "input":
+            found[o._name] = o
+        stack.extend(o._inputs)
+    return found
+
+
+@dataclass
+class ByteCounters:
+    """Bytes moved, counted where they move (DESIGN §7). Device bytes: 4 per element."""
+
+    h2d: int = 0  # write_tensor (and the status/timing readbacks' opposite: none)
+    d2h: int = 0  # read_tensor, plus the 4-byte capacity status of stateful dispatches
+    d2d: int = 0  # buffer-to-buffer copies on the device
+    kernel: int = 0  # bytes each kernel reads + writes, from shapes
+
+    def snapshot(self) -> ByteCounters:
+        return ByteCounters(self.h2d, self.d2h, self.d2d, self.kernel)
+
+    def reset(self) -> None:
+        self.h2d = self.d2h = self.d2d = self.kernel = 0
+
+
+class MLTensor:
+    """A device buffer with a descriptor (IDL: ``MLTensor``)."""
+
+    def __init__(self, context: MLContext, dt: DType, shape: tuple[int, ...],
+                 readable: bool, writable: bool) -> None:
+        self._context = context
+        self._dtype = dt
+        self._shape = shape
+        self._readable = readable
+        self._writable = writable
+        self._destroyed = False
+        self._serial = next(_serial)
+
+    # IDL: readonly attribute MLOperandDataType dataType;
+    @property
+    def data_type(self) -> str:
+        return self._dtype.name
+
+    # IDL: readonly attribute FrozenArray<unsigned long> shape;
+    @property
+    def shape(self) -> list[int]:
+        return list(self._shape)
+
+    # IDL: readonly attribute boolean readable;
+    @property
+    def readable(self) -> bool:
+        return self._readable
+
+    # IDL: readonly attribute boolean writable;
+    @property
+    def writable(self) -> bool:
+        return self._writable
+
+    # IDL: undefined destroy();
+    def destroy(self) -> None:
+        self._destroyed = True
+
+    def __repr__(self) -> str:
+        return f"<MLTensor {self._dtype.name}{list(self._shape)}>"
+
+
+class MLGraph:
+    """A compiled graph (IDL: ``MLGraph``)."""
+
+    def __init__(self, context: MLContext) -> None:
+        self._context = context
+        self._destroyed = False
+        self._is_stateful = False
+        # statebench extension: the interface the page binds (pairs removed when stateful)
+        self.inputs: dict[str, tuple[str, tuple[int, ...]]] = {}
+        self.outputs: dict[str, tuple[str, tuple[int, ...]]] = {}
+        self.in_place: dict[str, bool] = {}
+        self.pairs: list[MLKVCachePair] = []
+
+    # IDL: readonly attribute boolean isStateful;  (PROPOSAL)
+    @property
+    def is_stateful(self) -> bool:
+        return self._is_stateful
+
+    # IDL: undefined destroy();
+    def destroy(self) -> None:
+        self._destroyed = True
+
+
+class MLContext:
+    """Validation of the spec's rules; the device work is in a subclass."""
+
+    def __init__(self) -> None:
+        self._destroyed = False
+        self.counters = ByteCounters()
+
+    def _check_alive(self) -> None:
+        if self._destroyed:
+            raise InvalidStateError("the MLContext is destroyed")
+
+    def _check_tensor(self, t: Any, what: str) -> MLTensor:
+        if not isinstance(t, MLTensor):
+            raise TypeError(f"{what} is not an MLTensor")
+        if t._context is not self:
+            raise TypeError(f"{what} belongs to another MLContext")
+        if t._destroyed:
+            raise TypeError(f"{what} is destroyed")
+        return t
+
+    # IDL: Promise<MLTensor> createTensor(MLTensorDescriptor descriptor);
+    def create_tensor(self, *, data_type: str, shape: Sequence[int], readable: bool = False,
+                      writable: bool = False) -> MLTensor:
+        self._check_alive()
+        return self._create_tensor(dtype(data_type), S.check_shape(shape), bool(readable),
+                                   bool(writable))
+
+    # IDL: undefined writeTensor(MLTensor tensor, AllowSharedBufferSource sourceData);
+    def write_tensor(self, tensor: MLTensor, data: Any) -> None:
+        self._check_alive()
+        self._check_tensor(tensor, "tensor")
+        if not tensor._writable:
+            raise TypeError("write_tensor needs a tensor created with writable=True")
+        self._write_tensor(tensor, to_device(data, tensor._dtype, S.size(tensor._shape)))
+
+    # IDL: Promise<ArrayBuffer> readTensor(MLTensor tensor);
+    def read_tensor(self, tensor: MLTensor) -> np.ndarray:
+        self._check_alive()
+        self._check_tensor(tensor, "tensor")
+        if not tensor._readable:
+            raise TypeError("read_tensor needs a tensor created with readable=True")
+        return self._read_tensor(tensor)
+
+    # IDL: undefined dispatch(MLGraph graph, MLNamedTensors inputs, MLNamedTensors outputs, optional MLOperatorOptions options = {});
+    def dispatch(self, graph: MLGraph, inputs: Mapping[str, MLTensor],
+                 outputs: Mapping[str, MLTensor]) -> None:
+        self._check_alive()
+        if not isinstance(graph, MLGraph) or graph._context is not self:
+            raise TypeError("graph belongs to another MLContext")
+        if graph._destroyed:
+            raise InvalidStateError("the MLGraph is destroyed")
+        for what, bound, want in (("input", inputs, graph.inputs),
+                                  ("output", outputs, graph.outputs)):
+            if set(bound) != set(want):
+                hidden = set(bound) & {p.input if what == "input" else p.output
+                                       for p in graph.pairs} if graph.is_stateful else set()
+                if hidden:
+                    # PROPOSAL behaviour 2: paired names leave the interface.
+                    raise TypeError(f"{what}s {sorted(hidden)} are KV-cache pairs of a "
+                                    "stateful graph and cannot be bound")
+                raise TypeError(f"graph {what}s are {sorted(want)}, bound {sorted(bound)}")
+            for name, t in bound.items():
+                self._check_tensor(t, f"{what} {name!r}")
+                dt, shp = want[name]
+                if t._dtype.name != dt or t._shape != shp:
+                    raise TypeError(f"{what} {name!r}: tensor is {t.data_type}"
+                                    f"{list(t._shape)}, graph wants {dt}{list(shp)}")
+        tensors = list(inputs.values()) + list(outputs.values())
+        if len({id(t) for t in tensors}) != len(tensors):
+            raise TypeError("the same MLTensor is bound more than once")
+        self._dispatch(graph, dict(inputs), dict(outputs))
+
+    # IDL: undefined resetKVCache(MLGraph graph);  (PROPOSAL)
+    def reset_kv_cache(self, graph: MLGraph) -> None:
+        """Zero the graph's hidden state.
+
+        PROPOSAL decisions: a graph of another context is a TypeError (as in dispatch); a
+        destroyed graph or one that is not stateful (never asked, or not granted) is an
+        InvalidStateError, since it has no state to reset.
+        """
+        self._check_alive()
+        if not isinstance(graph, MLGraph) or graph._context is not self:
+            raise TypeError("graph belongs to another MLContext")
+        if graph._destroyed:
+            raise InvalidStateError("the MLGraph is destroyed")
+        if not graph.is_stateful:
+            raise InvalidStateError("reset_kv_cache on a graph that is not stateful")
+        self._reset(graph)
+
+    # IDL: undefined destroy();
+    def destroy(self) -> None:
+        self._destroyed = True
+
+    # -- implemented by the backend ----------------------------------------------------
+    def _create_tensor(self, dt: DType, shape: tuple[int, ...], readable: bool,
+                       writable: bool) -> MLTensor:
+        raise NotImplementedError
+
+    def _write_tensor(self, tensor: MLTensor, data: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def _read_tensor(self, tensor: MLTensor) -> np.ndarray:
+        raise NotImplementedError
+
+    def _dispatch(self, graph: MLGraph, inputs: dict[str, MLTensor],
+                  outputs: dict[str, MLTensor]) -> None:
+        raise NotImplementedError
+
+    def _reset(self, graph: MLGraph) -> None:
+        raise NotImplementedError
+
+    def _build(self, outputs: dict[str, MLOperand], inputs: dict[str, MLOperand],
+               pairs: list[MLKVCachePair], use_stateful: bool) -> MLGraph:
+        raise NotImplementedError
+

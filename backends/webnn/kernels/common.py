@@ -1,0 +1,84 @@
+"""What every generator returns, and the index arithmetic they share."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+WG = 64  # workgroup size of the 1-D kernels; a multiple of every GPU's SIMD width
+MAX_GROUPS = 65535
+
+
+@dataclass
+class Kernel:
+    """One compute launch: its WGSL, the access of each binding, the grid, the traffic.
+
+    ``bindings[i]`` is ``"read"`` or ``"rw"``; the compiler binds buffer ``i`` to
+    ``@binding(i)``. ``bytes`` is what the kernel reads plus writes, from shapes.
+    """
+
+    name: str
+    wgsl: str
+    bindings: list[str]
+    groups: tuple[int, int, int]
+    bytes: int
+
+
+def grid(n: int, wg: int = WG) -> tuple[int, int, int]:
+    """Workgroups for ``n`` items, folded into y beyond the per-dimension limit."""
+    groups = max(1, -(-n // wg))
+    gx = min(groups, MAX_GROUPS)
+    return (gx, -(-groups // gx), 1)
+
+
+def main_1d(gx: int, wg: int = WG) -> str:
+    """Entry point header whose body has ``i`` (linear index) in scope."""
+    return (f"@compute @workgroup_size({wg})\n"
+            "fn main(@builtin(workgroup_id) wid: vec3<u32>, "
+            "@builtin(local_invocation_index) lid: u32) {\n"
+            f"  let i = (wid.y * {gx}u + wid.x) * {wg}u + lid;\n")
+
+
+def contiguous(shape: Sequence[int]) -> tuple[int, ...]:
+    out = [1] * len(shape)
+    for k in range(len(shape) - 2, -1, -1):
+        out[k] = out[k + 1] * shape[k + 1]
+    return tuple(out)
+
+
+def offset_fn(fname: str, shape: Sequence[int], strides: Sequence[int], base: int = 0) -> str:
+    """WGSL ``fn fname(i: u32) -> u32``: linear index over ``shape`` to a strided offset."""
+    if base == 0 and _same_layout(shape, strides):
+        return f"fn {fname}(i: u32) -> u32 {{ return i; }}\n"
+    body = [f"fn {fname}(i: u32) -> u32 {{", "  var r = i;", f"  var o = {base}u;"]
+    dims = [(d, s) for d, s in zip(shape, strides) if d != 1]
+    for n, (d, s) in enumerate(reversed(dims)):
+        last = n == len(dims) - 1
+        if s != 0:
+            body.append(f"  o = o + {'r' if last else f'(r % {d}u)'} * {s}u;")
+        if not last:
+            body.append(f"  r = r / {d}u;")
+    body += ["  return o;", "}"]
+    return "\n".join(body) + "\n"
+
+
+def _same_layout(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    return all(d == 1 or s == c for d, s, c in zip(shape, strides, contiguous(shape)))
+
+
+def decl(binding: int, name: str, wgsl_type: str, access: str) -> str:
+    mode = "read" if access == "read" else "read_write"
+    return (f"@group(0) @binding({binding}) var<storage, {mode}> {name}: "
+            f"array<{wgsl_type}>;\n")
+
+
+def lowest(t: str) -> str:
+    return {"f32": "bitcast<f32>(0xff800000u)", "i32": "(-2147483647 - 1)", "u32": "0u"}[t]
+
+
+def highest(t: str) -> str:
+    return {"f32": "bitcast<f32>(0x7f800000u)", "i32": "2147483647", "u32": "4294967295u"}[t]
+
+
+def zero(t: str) -> str:
+    return {"f32": "0.0", "i32": "0", "u32": "0u"}[t]

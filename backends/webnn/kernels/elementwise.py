@@ -1,0 +1,121 @@
+"""Element-wise ops (unary, binary, comparison, where, cast, expand) with broadcasting."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .. import shapes as S
+from .common import Kernel, decl, grid, main_1d, offset_fn
+
+_F32_HELPERS = """
+fn wpow(a: f32, b: f32) -> f32 {
+  // WGSL pow is undefined for a < 0; the spec's pow is defined for integral exponents.
+  let r = pow(abs(a), b);
+  if (a >= 0.0) { return r; }
+  if (b != round(b)) { return bitcast<f32>(0x7fc00000u); }
+  if ((i32(b) & 1) != 0) { return -r; }
+  return r;
+}
+fn werf(x: f32) -> f32 {
+  // Abramowitz-Stegun 7.1.26, |error| < 1.5e-7
+  let t = 1.0 / (1.0 + 0.3275911 * abs(x));
+  let y = 1.0 - (((((1.061405429 * t - 1.453152027) * t) + 1.421413741) * t
+                  - 0.284496736) * t + 0.254829592) * t * exp(-x * x);
+  return select(-y, y, x >= 0.0);
+}
+"""
+
+_BINARY = {
+    "add": "a0 + a1", "sub": "a0 - a1", "mul": "a0 * a1", "div": "a0 / a1",
+    "max": "max(a0, a1)", "min": "min(a0, a1)",
+}
+_COMPARE = {
+    "equal": "==", "greater": ">", "lesser": "<", "lesser_or_equal": "<=",
+    "greater_or_equal": ">=",
+}
+_UNARY_F = {
+    "sqrt": "sqrt(a0)", "exp": "exp(a0)", "log": "log(a0)",
+    "sigmoid": "1.0 / (1.0 + exp(-a0))",
+    "softplus": "max(a0, 0.0) + log(1.0 + exp(-abs(a0)))",
+    "tanh": "tanh(clamp(a0, -15.0, 15.0))",
+    "reciprocal": "1.0 / a0", "cos": "cos(a0)", "sin": "sin(a0)", "floor": "floor(a0)",
+    "ceil": "ceil(a0)", "erf": "werf(a0)", "gelu": "0.5 * a0 * (1.0 + werf(a0 * 0.70710678))",
+}
+
+
+def expression(op: str, in_types: Sequence[str], out_type: str) -> str:
+    """WGSL expression of one element, inputs named a0, a1, a2."""
+    if op in _BINARY:
+        return _BINARY[op]
+    if op == "pow":
+        if out_type == "f32":
+            return "wpow(a0, a1)"
+        return f"{out_type}(round(wpow(f32(a0), f32(a1))))"
+    if op in _COMPARE:
+        return f"select(0u, 1u, a0 {_COMPARE[op]} a1)"
+    if op in _UNARY_F:
+        return _UNARY_F[op]
+    if op == "neg":
+        return "-a0"
+    if op == "abs":
+        return "a0" if out_type == "u32" else "abs(a0)"
+    if op == "relu":
+        return f"max(a0, {out_type}(0))"
+    if op in ("identity", "expand"):
+        return "a0"
+    if op == "logical_not":
+        return "select(0u, 1u, a0 == 0u)"
+    if op == "where":
+        return "select(a2, a1, a0 != 0u)"
+    if op == "cast":
+        src = in_types[0]
+        if src == out_type:
+            return "a0"
+        if out_type == "u32" and src == "f32":
+            return "u32(max(a0, 0.0))"
+        return f"{out_type}(a0)"
+    raise NotImplementedError(op)
+
+
+def elementwise(op: str, in_types: Sequence[str], in_shapes: Sequence[Sequence[int]],
+                out_type: str, out_shape: Sequence[int], *, alias: int | None = None,
+                guarded: bool = False, out_dtype_name: str = "") -> Kernel:
+    """One thread per output element; broadcast inputs read with 0 strides.
+
+    ``alias``: index of an input that is the output buffer itself (an in-place state
+    update); it is read through the output binding, since WebGPU forbids one buffer bound
+    read-only and writable in the same dispatch. ``guarded``: the kernel writes nothing
+    when the stateful capacity check failed (status binding last).
+    """
+    n = S.size(out_shape)
+    gx, gy, gz = grid(n)
+    src = ""
+    bindings: list[str] = []
+    names = []
+    for k, (t, shp) in enumerate(zip(in_types, in_shapes)):
+        src += offset_fn(f"off{k}", out_shape,
+                         S.broadcast_strides(shp, out_shape))
+        if k == alias:
+            names.append("out")
+            continue
+        src += decl(len(bindings), f"in{k}", t, "read")
+        names.append(f"in{k}")
+        bindings.append("read")
+    src += decl(len(bindings), "out", out_type, "rw")
+    bindings.append("rw")
+    if guarded:
+        src += decl(len(bindings), "status", "u32", "read")
+        bindings.append("read")
+    if "f32" in in_types or out_type == "f32":
+        src += _F32_HELPERS
+    src += main_1d(gx)
+    src += f"  if (i >= {n}u) {{ return; }}\n"
+    if guarded:
+        src += "  if (status[0] != 0u) { return; }\n"
+    for k, nm in enumerate(names):
+        src += f"  let a{k} = {nm}[off{k}(i)];\n"
+    src += f"  out[i] = {expression(op, in_types, out_type)};\n}}\n"
+    traffic = 4 * (sum(S.size(s) for k, s in enumerate(in_shapes) if k != alias) + n)
+    if alias is not None:
+        traffic += 4 * n  # the aliased state is still read
+    return Kernel(op, src, bindings, (gx, gy, gz), traffic)

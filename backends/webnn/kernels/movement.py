@@ -1,0 +1,97 @@
+"""Data movement: strided copies (transpose, slice, concat, expand-free copies), gather,
+scatter_nd and the stateful capacity check."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .. import shapes as S
+from .common import Kernel, decl, grid, main_1d, offset_fn
+
+
+def strided_copy(t: str, region: Sequence[int], src_base: int, src_strides: Sequence[int],
+                 dst_base: int, dst_strides: Sequence[int], name: str = "copy") -> Kernel:
+    """dst[dst_base + c·dst_strides] = src[src_base + c·src_strides] for c in region."""
+    n = S.size(region)
+    gx, gy, gz = grid(n)
+    src = decl(0, "x", t, "read") + decl(1, "out", t, "rw")
+    src += offset_fn("soff", region, src_strides, src_base)
+    src += offset_fn("doff", region, dst_strides, dst_base)
+    src += main_1d(gx) + f"  if (i >= {n}u) {{ return; }}\n  out[doff(i)] = x[soff(i)];\n}}\n"
+    return Kernel(name, src, ["read", "rw"], (gx, gy, gz), 8 * n)
+
+
+def gather(t: str, it: str, in_shape: Sequence[int], idx_shape: Sequence[int],
+           axis: int) -> Kernel:
+    """out[o, j, r] = x[o, idx[j], r]; negative indices count from the end and are then
+    clamped into range (the spec leaves out-of-range indices implementation-defined)."""
+    outer = S.size(in_shape[:axis])
+    dim = in_shape[axis]
+    inner = S.size(in_shape[axis + 1:])
+    ni = S.size(idx_shape)
+    n = outer * ni * inner
+    gx, gy, gz = grid(n)
+    src = decl(0, "x", t, "read") + decl(1, "idx", it, "read") + decl(2, "out", t, "rw")
+    src += main_1d(gx) + f"  if (i >= {n}u) {{ return; }}\n"
+    src += (f"  let r = i % {inner}u;\n  let j = (i / {inner}u) % {ni}u;\n"
+            f"  let o = i / {inner * ni}u;\n  var k = i32(idx[j]);\n"
+            f"  if (k < 0) {{ k = k + {dim}; }}\n  k = clamp(k, 0, {dim - 1});\n"
+            f"  out[i] = x[(o * {dim}u + u32(k)) * {inner}u + r];\n}}\n")
+    return Kernel("gather", src, ["read", "read", "rw"], (gx, gy, gz), 4 * (2 * n + ni))
+
+
+def scatter_nd(t: str, it: str, in_shape: Sequence[int], idx_shape: Sequence[int],
+               *, guarded: bool) -> Kernel:
+    """Write ``updates`` at the index tuples into ``out`` (which already holds the input:
+    copied before, or the state buffer itself when in place).
+
+    Negative indices count from the end; tuples still out of range are skipped (the spec
+    leaves them implementation-defined). ``guarded``: write nothing if the stateful
+    capacity check failed.
+    """
+    k = idx_shape[-1]
+    tuples = S.size(idx_shape[:-1])
+    slice_n = S.size(in_shape[k:])
+    st = S.strides(in_shape)
+    n = tuples * slice_n
+    gx, gy, gz = grid(n)
+    b = ["read", "read", "rw"] + (["read"] if guarded else [])
+    src = decl(0, "idx", it, "read") + decl(1, "upd", t, "read") + decl(2, "out", t, "rw")
+    if guarded:
+        src += decl(3, "status", "u32", "read")
+    src += main_1d(gx) + f"  if (i >= {n}u) {{ return; }}\n"
+    if guarded:
+        src += "  if (status[0] != 0u) { return; }\n"
+    src += f"  let tup = i / {slice_n}u;\n  let s = i % {slice_n}u;\n  var o = s;\n"
+    for j in range(k):
+        src += (f"  var c{j} = i32(idx[tup * {k}u + {j}u]);\n"
+                f"  if (c{j} < 0) {{ c{j} = c{j} + {in_shape[j]}; }}\n"
+                f"  if (c{j} < 0 || c{j} >= {in_shape[j]}) {{ return; }}\n"
+                f"  o = o + u32(c{j}) * {st[j]}u;\n")
+    src += "  out[o] = upd[i];\n}\n"
+    return Kernel("scatter_nd", src, b, (gx, gy, gz), 4 * (tuples * k + 2 * n))
+
+
+def capacity_check(checks: Sequence[tuple[str, Sequence[int], Sequence[int]]]) -> Kernel:
+    """PROPOSAL behaviour 4: one thread validates every append pair's index tuples before
+    any state is written; ``status[0]`` = 0 if all are within capacity, else 1 + the
+    index of the first pair that would overflow. Each entry: (index type, index shape,
+    cache shape). A tuple is within capacity iff 0 <= i_j < cache_shape[j] for every
+    component (negative indices are not wrapped: the "end" of a padded cache is padding).
+    """
+    src = decl(0, "status", "u32", "rw")
+    for p, (it, _, _) in enumerate(checks):
+        src += decl(p + 1, f"idx{p}", it, "read")
+    src += "@compute @workgroup_size(1)\nfn main() {\n  var bad = 0u;\n"
+    reads = 4
+    for p, (_, ishape, cshape) in enumerate(checks):
+        k = ishape[-1]
+        tuples = S.size(ishape[:-1])
+        reads += 4 * tuples * k
+        src += f"  for (var t = 0u; t < {tuples}u; t = t + 1u) {{\n"
+        for j in range(k):
+            src += (f"    let c{j} = i32(idx{p}[t * {k}u + {j}u]);\n"
+                    f"    if (bad == 0u && (c{j} < 0 || c{j} >= {cshape[j]})) {{ bad = {p + 1}u; }}\n")
+        src += "  }\n"
+    src += "  status[0] = bad;\n}\n"
+    return Kernel("capacity_check", src, ["rw"] + ["read"] * len(checks), (1, 1, 1), reads)

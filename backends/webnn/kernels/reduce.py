@@ -1,0 +1,81 @@
+"""Reductions and softmax: one workgroup per output row, workgroup-shared tree reduction
+(long rows such as an attention row over the cache stay parallel)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .. import shapes as S
+from .common import WG, Kernel, decl, grid, highest, lowest, offset_fn, zero
+
+_COMBINE = {
+    "reduce_sum": "{a} + {b}", "reduce_mean": "{a} + {b}",
+    "reduce_max": "max({a}, {b})", "reduce_min": "min({a}, {b})",
+}
+
+
+def _tree(combine: str, var: str = "sh") -> str:
+    src = "  workgroupBarrier();\n"
+    s = WG // 2
+    while s >= 1:
+        c = combine.format(a=f"{var}[lid]", b=f"{var}[lid + {s}u]")
+        src += f"  if (lid < {s}u) {{ {var}[lid] = {c}; }}\n  workgroupBarrier();\n"
+        s //= 2
+    return src
+
+
+def _header(gx: int) -> str:
+    return (f"@compute @workgroup_size({WG})\n"
+            "fn main(@builtin(workgroup_id) wid: vec3<u32>, "
+            "@builtin(local_invocation_index) lid: u32) {\n"
+            f"  let row = wid.y * {gx}u + wid.x;\n")
+
+
+def reduce(op: str, t: str, in_shape: Sequence[int], axes: Sequence[int]) -> Kernel:
+    """``op`` over ``axes``; output is the kept dimensions in order (keep_dimensions only
+    changes the shape, not the layout)."""
+    st = S.strides(in_shape)
+    kept = [i for i in range(len(in_shape)) if i not in axes]
+    red = [i for i in range(len(in_shape)) if i in axes]
+    rows = S.size([in_shape[i] for i in kept])
+    rn = S.size([in_shape[i] for i in red])
+    gx, gy, gz = grid(rows, 1)
+    init = {"reduce_max": lowest(t), "reduce_min": highest(t)}.get(op, zero(t))
+    comb = _COMBINE[op]
+    src = decl(0, "x", t, "read") + decl(1, "out", t, "rw")
+    src += offset_fn("rowoff", [in_shape[i] for i in kept] or [1], [st[i] for i in kept] or [0])
+    src += offset_fn("redoff", [in_shape[i] for i in red] or [1], [st[i] for i in red] or [0])
+    src += f"var<workgroup> sh: array<{t}, {WG}>;\n" + _header(gx)
+    src += f"  if (row >= {rows}u) {{ return; }}\n  let base = rowoff(row);\n"
+    src += f"  var acc: {t} = {init};\n"
+    src += (f"  for (var j = lid; j < {rn}u; j = j + {WG}u) {{\n"
+            f"    let v = x[base + redoff(j)];\n    acc = {comb.format(a='acc', b='v')};\n  }}\n")
+    src += "  sh[lid] = acc;\n" + _tree(comb)
+    res = f"sh[0] / {t}({rn})" if op == "reduce_mean" else "sh[0]"
+    src += f"  if (lid == 0u) {{ out[row] = {res}; }}\n}}\n"
+    return Kernel(op, src, ["read", "rw"], (gx, gy, gz), 4 * (S.size(in_shape) + rows))
+
+
+def softmax(shape: Sequence[int], axis: int) -> Kernel:
+    """Numerically stable softmax along ``axis``: max, sum of exp, scale (three sweeps
+    of the row, each a workgroup reduction)."""
+    st = S.strides(shape)
+    kept = [i for i in range(len(shape)) if i != axis]
+    rows = S.size([shape[i] for i in kept])
+    rn, sa = shape[axis], st[axis]
+    gx, gy, gz = grid(rows, 1)
+    src = decl(0, "x", "f32", "read") + decl(1, "out", "f32", "rw")
+    src += offset_fn("rowoff", [shape[i] for i in kept] or [1], [st[i] for i in kept] or [0])
+    src += f"var<workgroup> sh: array<f32, {WG}>;\n" + _header(gx)
+    src += f"  if (row >= {rows}u) {{ return; }}\n  let base = rowoff(row);\n"
+    src += (f"  var m = {lowest('f32')};\n"
+            f"  for (var j = lid; j < {rn}u; j = j + {WG}u) {{ m = max(m, x[base + j * {sa}u]); }}\n"
+            "  sh[lid] = m;\n" + _tree("max({a}, {b})") + "  let mx = sh[0];\n"
+            "  workgroupBarrier();\n"
+            "  var s = 0.0;\n"
+            f"  for (var j = lid; j < {rn}u; j = j + {WG}u) {{ s = s + exp(x[base + j * {sa}u] - mx); }}\n"
+            "  sh[lid] = s;\n" + _tree("{a} + {b}") + "  let inv = 1.0 / sh[0];\n"
+            f"  for (var j = lid; j < {rn}u; j = j + {WG}u) {{\n"
+            f"    let o = base + j * {sa}u;\n    out[o] = exp(x[o] - mx) * inv;\n  }}\n}}\n")
+    n = S.size(shape)
+    return Kernel("softmax", src, ["read", "rw"], (gx, gy, gz), 8 * n)

@@ -1,0 +1,88 @@
+"""Shape inference, one small function per op family; TypeError where the spec says so."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def check_shape(shape: Sequence[int]) -> tuple[int, ...]:
+    """Static shape, every dimension an int > 0 (the spec forbids 0-sized dimensions)."""
+    try:
+        out = tuple(int(d) for d in shape)
+    except (TypeError, ValueError):
+        raise TypeError(f"shape must be a sequence of integers, got {shape!r}") from None
+    if any(d <= 0 for d in out) or any(int(d) != d for d in shape):
+        raise TypeError(f"every dimension must be an integer > 0, got {list(shape)}")
+    return out
+
+
+def size(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """Row-major element strides."""
+    out = [1] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        out[i] = out[i + 1] * shape[i + 1]
+    return tuple(out)
+
+
+def broadcast(*shapes: Sequence[int]) -> tuple[int, ...]:
+    """NumPy-style bidirectional broadcasting."""
+    rank = max(len(s) for s in shapes)
+    out = []
+    for i in range(rank):
+        dims = {s[len(s) - rank + i] for s in shapes if len(s) - rank + i >= 0}
+        dims.discard(1)
+        if len(dims) > 1:
+            raise TypeError(f"shapes {[list(s) for s in shapes]} cannot be broadcast")
+        out.append(dims.pop() if dims else 1)
+    return tuple(out)
+
+
+def unidirectional(src: Sequence[int], target: Sequence[int]) -> bool:
+    """Whether ``src`` broadcasts to exactly ``target`` (expand's rule)."""
+    if len(src) > len(target):
+        return False
+    try:
+        return broadcast(src, target) == tuple(target)
+    except TypeError:
+        return False
+
+
+def broadcast_strides(src: Sequence[int], out: Sequence[int]) -> tuple[int, ...]:
+    """Strides to read ``src`` at output coordinates (0 on broadcast dimensions)."""
+    st = strides(src)
+    pad = len(out) - len(src)
+    res = []
+    for i in range(len(out)):
+        j = i - pad
+        res.append(0 if j < 0 or src[j] == 1 else st[j])
+    return tuple(res)
+
+
+def axis(ax: int, rank: int) -> int:
+    if not isinstance(ax, int) or not -rank <= ax < max(rank, 1):
+        raise TypeError(f"axis {ax!r} out of range for rank {rank}")
+    return ax % max(rank, 1)
+
+
+def axes(axs: Sequence[int] | None, rank: int) -> tuple[int, ...]:
+    if axs is None:
+        return tuple(range(rank))
+    out = tuple(axis(a, rank) for a in axs)
+    if len(set(out)) != len(out):
+        raise TypeError(f"duplicate axes {list(axs)}")
+    return out
+
+
+def matmul(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
+    if len(a) < 2 or len(b) < 2:
+        raise TypeError("matmul needs inputs of rank >= 2")
+    if a[-1] != b[-2]:
+        raise TypeError(f"matmul inner dimensions differ: {list(a)} @ {list(b)}")
+    return broadcast(a[:-2], b[:-2]) + (a[-2], b[-1])

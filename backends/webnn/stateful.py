@@ -1,0 +1,82 @@
+"""PROPOSAL (DESIGN §3): the stateful build as a graph transformation.
+
+For each KV pair the paired input becomes a hidden device buffer owned by the graph. The
+output gets the input's storage when that is safe:
+
+* append pair: the output is ``scatter_nd(past, indices, updates)`` (possibly behind
+  reshapes). The scatter then writes only the new rows into the state buffer; the copy of
+  the unchanged rows is dropped. Every other reader of ``past`` must run before the
+  scatter.
+* overwrite pair (e.g. a recurrent ``S' = f(S)``): the op ``W`` producing the output
+  writes the state buffer directly when every other reader of ``S`` can be scheduled
+  before ``W``; ``W`` itself may read ``S`` only if it is element-wise on the same shape
+  (each thread reads and writes its own element).
+
+Where no schedule satisfies these constraints (see ``compiler.schedule``) the pair keeps
+two hidden buffers, swapped after each successful dispatch (no host traffic).
+
+Capacity (behaviour 4): before any in-place state write, one check kernel validates the
+scatter indices of every append pair on the device and writes a status word; every
+kernel that writes state in place is gated on it (writes nothing on overflow); dispatch
+reads the status back (4 bytes, one host-device sync) and raises ``OperationError``;
+double-buffered pairs are simply not swapped. The cache is therefore left as it was.
+We chose the device-side check over computing the row on the host from the bound
+position input because the indices are an arbitrary function of graph inputs that may
+themselves live only on the device (an MLTensor written by an earlier dispatch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._classes import (
+    COMPARISON,
+    ELEMENTWISE_BINARY,
+    ELEMENTWISE_UNARY,
+    MLKVCachePair,
+    MLOperand,
+)
+
+SAME_INDEX_OPS = set(ELEMENTWISE_BINARY) | set(ELEMENTWISE_UNARY) | set(COMPARISON) | {
+    "where", "cast", "logical_not"}
+
+
+def root(o: MLOperand) -> MLOperand:
+    """The operand whose storage ``o`` shares (reshape is a no-op view)."""
+    while o._kind == "op" and o._op == "reshape":
+        o = o._inputs[0]
+    return o
+
+
+@dataclass
+class PairPlan:
+    """How one pair is realised."""
+
+    index: int
+    pair: MLKVCachePair
+    past: MLOperand  # the paired input operand
+    writer: MLOperand | None  # the op whose output becomes the state (root of output)
+    append: bool  # writer is scatter_nd(past, ...)
+    alias_input: int | None  # for an element-wise writer reading past in place
+    in_place: bool = False
+
+    @property
+    def indices(self) -> MLOperand | None:
+        return self.writer._inputs[1] if self.append and self.writer is not None else None
+
+
+def analyse(index: int, pair: MLKVCachePair, past: MLOperand, present: MLOperand) -> PairPlan:
+    """Classify a pair (append / overwrite) and say which read of ``past`` by the writer
+    is allowed in place."""
+    w = root(present)
+    if w._kind != "op" or w is past:
+        # present is a view of an input or constant: materialised by a copy, two buffers
+        return PairPlan(index, pair, past, None, False, None)
+    if w._op == "scatter_nd" and root(w._inputs[0]) is past:
+        return PairPlan(index, pair, past, w, True, None)
+    alias = None
+    if w._op in SAME_INDEX_OPS:
+        for k, x in enumerate(w._inputs):
+            if root(x) is past and x._shape == w._shape and alias is None:
+                alias = k
+    return PairPlan(index, pair, past, w, False, alias)

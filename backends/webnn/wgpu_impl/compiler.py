@@ -1,0 +1,324 @@
+"""Graph → ordered list of launches (kernels and buffer copies) with their storage slots.
+
+Pure planning, no device calls: the context turns slots into buffers and launches into
+pipelines and bind groups once, at build time.
+
+Slots (where an operand's elements live):
+``("input", name)`` / ``("output", name)``: the page's MLTensor, resolved at dispatch;
+``("temp", id)``: an intermediate buffer; ``("const", key)``: a constant buffer;
+``("state", pair, "cur"|"next")``: a hidden state buffer (PROPOSAL);
+``("status",)``: the capacity-check word (PROPOSAL).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .. import shapes as S
+from .._classes import (
+    COMPARISON,
+    ELEMENTWISE_BINARY,
+    ELEMENTWISE_UNARY,
+    MLKVCachePair,
+    MLOperand,
+)
+from ..kernels import Kernel
+from ..kernels import elementwise as EW
+from ..kernels import matmul as MM
+from ..kernels import movement as MV
+from ..kernels import reduce as RD
+from ..stateful import PairPlan, analyse, root
+
+Slot = tuple
+
+
+@dataclass
+class KernelLaunch:
+    kernel: Kernel
+    slots: list[Slot]
+
+
+@dataclass
+class CopyLaunch:
+    """A device buffer-to-buffer copy (counted d2d)."""
+
+    src: Slot
+    dst: Slot
+    nbytes: int
+
+
+@dataclass
+class Plan:
+    launches: list[Any] = field(default_factory=list)
+    temps: dict[Slot, int] = field(default_factory=dict)  # slot -> element count
+    consts: dict[Slot, np.ndarray] = field(default_factory=dict)  # slot -> device array
+    pairs: list[PairPlan] = field(default_factory=list)
+    has_check: bool = False
+
+
+@dataclass
+class _Step:
+    """One schedulable unit: an op node's launches, an output copy, or the check."""
+
+    key: float
+    kind: str  # "op" | "copy" | "check"
+    node: MLOperand | None = None
+    reads: list[MLOperand] = field(default_factory=list)  # roots read
+    writes: MLOperand | None = None  # root written
+    copy_dst: Slot | None = None
+
+
+ELEMENTWISE = set(ELEMENTWISE_BINARY) | set(ELEMENTWISE_UNARY) | set(COMPARISON) | {
+    "where", "cast", "logical_not", "expand"}
+
+
+def _is_last2_transpose(o: MLOperand) -> bool:
+    if o._kind != "op" or o._op != "transpose":
+        return False
+    p = o._attrs["permutation"]
+    r = len(p)
+    return r >= 2 and tuple(p) == tuple(range(r - 2)) + (r - 1, r - 2)
+
+
+def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
+                  stateful: bool, inputs: dict[str, MLOperand]) -> Plan:
+    plan = Plan()
+    dest: dict[int, Slot] = {}  # root id -> slot it must be computed into
+    steps: list[_Step] = []
+    extra_copies: list[tuple[MLOperand, Slot, str]] = []
+
+    # -- where the results go ----------------------------------------------------------
+    pair_outputs = {p.output for p in pairs} if stateful else set()
+    if stateful:
+        for i, p in enumerate(pairs):
+            past = inputs[p.input]
+            dest[past._id] = ("state", i, "cur")
+            plan.pairs.append(analyse(i, p, past, outputs[p.output]))
+    for name, o in outputs.items():
+        if name in pair_outputs:
+            continue
+        r = root(o)
+        if r._kind == "op" and r._id not in dest:
+            dest[r._id] = ("output", name)
+        else:
+            extra_copies.append((r, ("output", name), name))
+    for name, o in inputs.items():
+        if o._id not in dest:
+            dest[o._id] = ("input", name)
+
+    # -- the op steps -----------------------------------------------------------------
+    nodes = _reachable(list(outputs.values()))
+    fold: dict[int, MLOperand] = {}  # matmul id -> transpose input read with b_t
+    for o in nodes:
+        if o._kind == "op" and o._op == "matmul":
+            b = root(o._inputs[1])
+            if _is_last2_transpose(b):
+                fold[o._id] = root(b._inputs[0])
+    for o in nodes:
+        if o._kind != "op" or o._op == "reshape":
+            continue
+        reads = [root(x) for x in o._inputs]
+        if o._id in fold:
+            reads[1] = fold[o._id]
+        steps.append(_Step(o._id, "op", o, reads, o))
+    for r, slot, name in extra_copies:
+        steps.append(_Step(1e18, "copy", None, [r], None, slot))
+
+    check_step = None
+    appends = [pp for pp in plan.pairs if pp.append]
+    if appends:
+        check_step = _Step(-1, "check", None, [root(pp.indices) for pp in appends])
+        steps.append(check_step)
+        plan.has_check = True
+
+    # -- the in-place decision (greedy, pair order) -------------------------------------
+    chosen: list[PairPlan] = []
+    for pp in plan.pairs:
+        if pp.writer is None:
+            continue
+        if _schedule(steps, chosen + [pp], check_step) is not None:
+            chosen.append(pp)
+    for pp in chosen:
+        pp.in_place = True
+    for pp in plan.pairs:
+        present = root(outputs[pp.pair.output])
+        slot = ("state", pp.index, "cur" if pp.in_place else "next")
+        if pp.writer is not None:
+            dest[pp.writer._id] = slot
+        else:
+            steps.append(_Step(1e18, "copy", None, [present], None, slot))
+    order = _schedule(steps, chosen, check_step)
+    assert order is not None
+
+    # -- liveness: drop steps nobody needs (e.g. a transpose folded into matmul) --------
+    needed = {sl for sl in dest.values() if sl[0] in ("output", "state")}
+    live_roots: set[int] = set()
+    for st in reversed(order):
+        if st.kind in ("copy", "check") or (st.writes is not None and (
+                st.writes._id in live_roots or dest.get(st.writes._id) in needed)):
+            st.live = True  # type: ignore[attr-defined]
+            live_roots.update(r._id for r in st.reads)
+        else:
+            st.live = False  # type: ignore[attr-defined]
+
+    def slot_of(r: MLOperand) -> Slot:
+        if r._id in dest:
+            return dest[r._id]
+        if r._kind == "constant":
+            sl = ("const", r._id)
+            plan.consts.setdefault(sl, r._value.astype(r._dtype.device_np).reshape(-1))
+            return sl
+        sl = ("temp", r._id)
+        plan.temps[sl] = S.size(r._shape)
+        return sl
+
+    in_place_writer = {pp.writer._id: pp for pp in chosen}
+    for st in order:
+        if not st.live:  # type: ignore[attr-defined]
+            continue
+        if st.kind == "check":
+            k = MV.capacity_check([(pp.indices._dtype.wgsl, pp.indices._shape,
+                                    pp.past._shape) for pp in appends])
+            plan.launches.append(KernelLaunch(k, [("status",)] + [slot_of(r) for r in st.reads]))
+        elif st.kind == "copy":
+            r = st.reads[0]
+            plan.launches.append(CopyLaunch(slot_of(r), st.copy_dst, 4 * S.size(r._shape)))
+        else:
+            pp = in_place_writer.get(st.node._id)
+            _lower(plan, st.node, st.reads, slot_of, pp, plan.has_check)
+    return plan
+
+
+def _reachable(outs: list[MLOperand]) -> list[MLOperand]:
+    seen: dict[int, MLOperand] = {}
+    stack = list(outs)
+    while stack:
+        o = stack.pop()
+        if o._id not in seen:
+            seen[o._id] = o
+            stack.extend(o._inputs)
+    return [seen[k] for k in sorted(seen)]  # creation order is a topological order
+
+
+def _schedule(steps: list[_Step], in_place: list[PairPlan],
+              check: _Step | None) -> list[_Step] | None:
+    """Topological order honouring data dependencies plus, for each in-place pair, 'every
+    other reader of the state before its writer' and 'the capacity check before any
+    in-place write'. None if those constraints form a cycle."""
+    producer = {st.writes._id: st for st in steps if st.writes is not None}
+    edges: dict[int, set[int]] = {id(st): set() for st in steps}  # step -> successors
+    indeg = {id(st): 0 for st in steps}
+    byid = {id(st): st for st in steps}
+
+    def edge(a: _Step, b: _Step) -> None:
+        if a is not b and id(b) not in edges[id(a)]:
+            edges[id(a)].add(id(b))
+            indeg[id(b)] += 1
+
+    for st in steps:
+        for r in st.reads:
+            if r._id in producer:
+                edge(producer[r._id], st)
+    for pp in in_place:
+        w = producer[pp.writer._id]
+        for st in steps:
+            if st is w or pp.past not in st.reads:
+                continue
+            edge(st, w)
+        if w.node is not None:
+            for k, x in enumerate(w.node._inputs):
+                allowed = (pp.append and k == 0) or k == pp.alias_input
+                if root(x) is pp.past and not allowed:
+                    return None  # the writer reads the old state elsewhere
+        if check is not None:
+            edge(check, w)
+    heap = [(st.key, n, id(st)) for n, st in enumerate(steps) if indeg[id(st)] == 0]
+    heapq.heapify(heap)
+    out: list[_Step] = []
+    while heap:
+        _, n, sid = heapq.heappop(heap)
+        out.append(byid[sid])
+        for nxt in edges[sid]:
+            indeg[nxt] -= 1
+            if indeg[nxt] == 0:
+                heapq.heappush(heap, (byid[nxt].key, n + len(steps), nxt))
+    return out if len(out) == len(steps) else None
+
+
+def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
+           pp: PairPlan | None, has_check: bool) -> None:
+    """Append the launches of one op node."""
+    op = o._op
+    out_slot = slot_of(o)
+    t = o._dtype.wgsl
+    shp = o._shape
+    ins = [slot_of(r) for r in reads]
+    guarded = pp is not None and has_check
+    add = plan.launches.append
+    if op in ELEMENTWISE:
+        alias = pp.alias_input if pp is not None else None
+        k = EW.elementwise(op, [x._dtype.wgsl for x in o._inputs],
+                           [x._shape for x in o._inputs], t, shp, alias=alias,
+                           guarded=guarded)
+        slots = [s for j, s in enumerate(ins) if j != alias] + [out_slot]
+        add(KernelLaunch(k, slots + ([("status",)] if guarded else [])))
+    elif op == "matmul":
+        a, b = o._inputs
+        b_t = reads[1] is not root(b)
+        b_shape = reads[1]._shape
+        b_slot = ins[1]
+        if not b_t and reads[1]._kind == "constant" and len(b._shape) == 2 \
+                and a._shape[-2] == 1:
+            # constants are the implementation's business: weights repacked (N, K)
+            b_slot = ("const", ("T", reads[1]._id))
+            plan.consts.setdefault(b_slot, np.ascontiguousarray(
+                reads[1]._value.astype(np.float32).T).reshape(-1))
+            b_shape, b_t = (b._shape[1], b._shape[0]), True
+        if b_t and a._shape[-2] == 1:
+            k = MM.gemv(a._shape, b_shape, shp, b_t=True)
+        else:
+            k = MM.matmul(a._shape, b_shape, shp, b_t=b_t)
+        add(KernelLaunch(k, [ins[0], b_slot, out_slot]))
+    elif op == "softmax":
+        add(KernelLaunch(RD.softmax(o._inputs[0]._shape, o._attrs["axis"]), [ins[0], out_slot]))
+    elif op.startswith("reduce_"):
+        add(KernelLaunch(RD.reduce(op, t, o._inputs[0]._shape, o._attrs["axes"]),
+                         [ins[0], out_slot]))
+    elif op == "transpose":
+        x = o._inputs[0]
+        st = S.strides(x._shape)
+        k = MV.strided_copy(t, shp, 0, [st[p] for p in o._attrs["permutation"]], 0,
+                            S.strides(shp), "transpose")
+        add(KernelLaunch(k, [ins[0], out_slot]))
+    elif op == "slice":
+        x = o._inputs[0]
+        st = S.strides(x._shape)
+        base = sum(s * d for s, d in zip(o._attrs["starts"], st))
+        k = MV.strided_copy(t, shp, base, [d * s for d, s in zip(st, o._attrs["strides"])],
+                            0, S.strides(shp), "slice")
+        add(KernelLaunch(k, [ins[0], out_slot]))
+    elif op == "concat":
+        ax = o._attrs["axis"]
+        ost = S.strides(shp)
+        off = 0
+        for x, sl in zip(o._inputs, ins):
+            k = MV.strided_copy(t, x._shape, 0, S.strides(x._shape), off * ost[ax], ost,
+                                "concat")
+            add(KernelLaunch(k, [sl, out_slot]))
+            off += x._shape[ax]
+    elif op == "gather":
+        x, idx = o._inputs
+        k = MV.gather(t, idx._dtype.wgsl, x._shape, idx._shape, o._attrs["axis"])
+        add(KernelLaunch(k, [ins[0], ins[1], out_slot]))
+    elif op == "scatter_nd":
+        x, idx, upd = o._inputs
+        if not (pp is not None and pp.append):
+            add(CopyLaunch(ins[0], out_slot, 4 * S.size(shp)))
+        k = MV.scatter_nd(t, idx._dtype.wgsl, shp, idx._shape, guarded=guarded)
+        add(KernelLaunch(k, [ins[1], ins[2], out_slot] + ([("status",)] if guarded else [])))
+    else:
+        raise NotImplementedError(f"op {op!r}")

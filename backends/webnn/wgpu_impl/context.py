@@ -1,0 +1,343 @@
+"""MLContext, MLTensor and MLGraph on wgpu-py.
+
+Everything a dispatch needs is created at build time: pipelines (cached by WGSL source),
+intermediate and constant buffers, bind groups of static bindings. Bind groups that touch
+the page's tensors are cached per set of bound tensors (a page that ping-pongs two
+tensors creates two, once). A dispatch is one command encoder and one ``queue.submit``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import wgpu
+
+from .. import shapes as S
+from .._classes import MLContext, MLGraph, MLKVCachePair, MLOperand, MLTensor
+from ..dtypes import DType, from_device
+from ..errors import NotSupportedError, OperationError
+from .compiler import CopyLaunch, KernelLaunch, Plan, compile_graph
+
+_STORAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+_BIND_CACHE_MAX = 16  # per launch; bounds memory for pages that bind fresh tensors
+
+
+def _nbytes(count: int) -> int:
+    """Device size: 4 bytes per element, rounded to 16 so vec4 loads stay in bounds."""
+    return max(16, -(-count * 4 // 16) * 16)
+
+
+class WgpuTensor(MLTensor):
+    def __init__(self, context: WgpuContext, dt: DType, shape: tuple[int, ...],
+                 readable: bool, writable: bool) -> None:
+        super().__init__(context, dt, shape, readable, writable)
+        # WebGPU zero-initialises buffers: create_tensor zero-fills as the spec asks
+        self._buffer = context._device.create_buffer(size=_nbytes(S.size(shape)),
+                                                     usage=_STORAGE)
+
+    def destroy(self) -> None:
+        if not self._destroyed:
+            self._buffer.destroy()
+        super().destroy()
+
+
+class WgpuGraph(MLGraph):
+    """A compiled plan plus its device objects."""
+
+    def __init__(self, context: WgpuContext) -> None:
+        super().__init__(context)
+        self._plan: Plan | None = None
+        self._buffers: dict[tuple, Any] = {}
+        self._state: list[list[Any]] = []  # per pair: [buffer] or [buffer, buffer]
+        self._parity = 0
+        self._items: list[Any] = []  # per launch: (pipeline, static bind group | None)
+        self._bind_cache: list[dict[tuple, Any]] = []
+        self._kernel_bytes = 0
+        self._copy_bytes = 0
+        self._passes: list[tuple[int, int]] = []
+
+    def destroy(self) -> None:
+        if not self._destroyed:
+            for b in self._buffers.values():
+                b.destroy()
+            for bufs in self._state:
+                for b in bufs:
+                    b.destroy()
+            self._bind_cache.clear()
+        super().destroy()
+
+
+class WgpuContext(MLContext):
+    """The wgpu implementation of MLContext.
+
+    ``state_support=False`` makes it a backend without state support (PROPOSAL behaviour
+    1: ``use_stateful`` is then never granted). ``timing=True`` records the GPU time of
+    each dispatch with a timestamp query pair when the adapter has 'timestamp-query'.
+    """
+
+    def __init__(self, *, state_support: bool = True, timing: bool = False,
+                 power_preference: str = "high-performance") -> None:
+        super().__init__()
+        adapter = wgpu.gpu.request_adapter_sync(power_preference=power_preference)
+        if adapter is None:
+            raise NotSupportedError("no WebGPU adapter")
+        self._adapter = adapter
+        feats = []
+        self._timing_reason = ""
+        if timing:
+            if "timestamp-query" in adapter.features:
+                feats.append("timestamp-query")
+            else:
+                self._timing_reason = "adapter has no 'timestamp-query'"
+        else:
+            self._timing_reason = "timing not requested (create_context(timing=True))"
+        lim = adapter.limits
+        want = {k: lim[k] for k in ("max-storage-buffer-binding-size", "max-buffer-size",
+                                    "max-storage-buffers-per-shader-stage",
+                                    "max-compute-workgroup-storage-size") if k in lim}
+        self._device = adapter.request_device_sync(required_features=feats,
+                                                   required_limits=want)
+        self._queue = self._device.queue
+        self.state_support = state_support
+        self._pipelines: dict[str, tuple[Any, Any]] = {}
+        self._read_staging: Any = None
+        self._status_staging = self._device.create_buffer(
+            size=16, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+        self._timing = bool(feats)
+        self._gpu_time_ns: int | None = None
+        self._time_pending = False
+        if self._timing:
+            self._query_set = self._device.create_query_set(type="timestamp", count=2)
+            self._query_buf = self._device.create_buffer(
+                size=16, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+            self._time_staging = self._device.create_buffer(
+                size=16, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+
+    # -- info ---------------------------------------------------------------------------
+    @property
+    def adapter_info(self) -> dict:
+        return dict(self._adapter.info)
+
+    @property
+    def gpu_time_ns(self) -> int | None:
+        """GPU time of the last dispatch (first pass begin to last pass end), or None
+        (``gpu_time_reason`` says why). Resolved timestamps are taken as nanoseconds:
+        the WebGPU spec defines them so and wgpu-native exposes no period to apply."""
+        if self._time_pending:
+            self._time_staging.map_sync(wgpu.MapMode.READ, 0, 16)
+            t = np.frombuffer(self._time_staging.read_mapped(0, 16), dtype=np.uint64)
+            self._time_staging.unmap()
+            self._gpu_time_ns = int(t[1] - t[0]) if t[1] >= t[0] else None
+            self._time_pending = False
+        return self._gpu_time_ns
+
+    @property
+    def gpu_time_reason(self) -> str:
+        return self._timing_reason
+
+    # -- pipelines ------------------------------------------------------------------------
+    def _pipeline(self, wgsl: str, bindings: list[str]) -> tuple[Any, Any]:
+        hit = self._pipelines.get(wgsl)
+        if hit is None:
+            layout = self._device.create_bind_group_layout(entries=[
+                {"binding": i, "visibility": wgpu.ShaderStage.COMPUTE,
+                 "buffer": {"type": "read-only-storage" if a == "read" else "storage"}}
+                for i, a in enumerate(bindings)])
+            module = self._device.create_shader_module(code=wgsl)
+            pipe = self._device.create_compute_pipeline(
+                layout=self._device.create_pipeline_layout(bind_group_layouts=[layout]),
+                compute={"module": module, "entry_point": "main"})
+            hit = self._pipelines[wgsl] = (pipe, layout)
+        return hit
+
+    # -- tensors ----------------------------------------------------------------------
+    def _create_tensor(self, dt: DType, shape: tuple[int, ...], readable: bool,
+                       writable: bool) -> MLTensor:
+        return WgpuTensor(self, dt, shape, readable, writable)
+
+    def _write_tensor(self, tensor: MLTensor, data: np.ndarray) -> None:
+        self._queue.write_buffer(tensor._buffer, 0, data)
+        self.counters.h2d += data.nbytes
+
+    def _read_tensor(self, tensor: MLTensor) -> np.ndarray:
+        n = S.size(tensor._shape) * 4
+        size = -(-n // 16) * 16
+        if self._read_staging is None or self._read_staging.size < size:
+            if self._read_staging is not None:
+                self._read_staging.destroy()
+            self._read_staging = self._device.create_buffer(
+                size=max(size, 1 << 16),
+                usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+        enc = self._device.create_command_encoder()
+        enc.copy_buffer_to_buffer(tensor._buffer, 0, self._read_staging, 0, size)
+        self._queue.submit([enc.finish()])
+        self._read_staging.map_sync(wgpu.MapMode.READ, 0, size)
+        raw = np.frombuffer(self._read_staging.read_mapped(0, n), dtype=tensor._dtype.device_np)
+        self._read_staging.unmap()
+        self.counters.d2h += n
+        return from_device(raw.copy(), tensor._dtype, tensor._shape)
+
+    # -- build ------------------------------------------------------------------------
+    def _build(self, outputs: dict[str, MLOperand], inputs: dict[str, MLOperand],
+               pairs: list[MLKVCachePair], use_stateful: bool) -> MLGraph:
+        g = WgpuGraph(self)
+        stateful = use_stateful and self.state_support
+        g._is_stateful = stateful
+        g.pairs = list(pairs)
+        hidden_in = {p.input for p in pairs} if stateful else set()
+        hidden_out = {p.output for p in pairs} if stateful else set()
+        g.inputs = {n: (o.data_type, o._shape) for n, o in inputs.items() if n not in hidden_in}
+        g.outputs = {n: (o.data_type, o._shape) for n, o in outputs.items()
+                     if n not in hidden_out}
+        plan = compile_graph(outputs, pairs, stateful, inputs)
+        g._plan = plan
+        dev = self._device
+        for slot, count in plan.temps.items():
+            g._buffers[slot] = dev.create_buffer(size=_nbytes(count), usage=_STORAGE)
+        for slot, arr in plan.consts.items():
+            buf = dev.create_buffer(size=_nbytes(arr.size), usage=_STORAGE)
+            self._queue.write_buffer(buf, 0, np.ascontiguousarray(arr))
+            g._buffers[slot] = buf
+        if plan.has_check:
+            g._buffers[("status",)] = dev.create_buffer(size=16, usage=_STORAGE)
+        for pp in plan.pairs:
+            n = _nbytes(S.size(pp.past._shape))
+            g._state.append([dev.create_buffer(size=n, usage=_STORAGE)
+                             for _ in range(1 if pp.in_place else 2)])
+            g.in_place[pp.pair.input] = pp.in_place
+        g._double = any(len(b) == 2 for b in g._state)
+        # items and static bind groups
+        for la in plan.launches:
+            if isinstance(la, KernelLaunch):
+                pipe, layout = self._pipeline(la.kernel.wgsl, la.kernel.bindings)
+                static = all(self._static(g, s) for s in la.slots)
+                bg = self._bind_group(g, layout, la.slots, {}) if static else None
+                g._items.append((pipe, layout, bg))
+                g._kernel_bytes += la.kernel.bytes
+            else:
+                g._items.append(None)
+                g._copy_bytes += la.nbytes
+            g._bind_cache.append({})
+        # passes: maximal runs of kernel launches between copies
+        start = None
+        for i, la in enumerate(plan.launches + [None]):
+            if isinstance(la, KernelLaunch):
+                start = i if start is None else start
+            elif start is not None:
+                g._passes.append((start, i))
+                start = None
+        return g
+
+    def _static(self, g: WgpuGraph, slot: tuple) -> bool:
+        if slot[0] in ("input", "output"):
+            return False
+        if slot[0] == "state":
+            return len(g._state[slot[1]]) == 1
+        return True
+
+    def _resolve(self, g: WgpuGraph, slot: tuple, bound: dict[str, MLTensor]) -> Any:
+        kind = slot[0]
+        if kind in ("input", "output"):
+            return bound[slot[1]]._buffer
+        if kind == "state":
+            bufs = g._state[slot[1]]
+            if len(bufs) == 1:
+                return bufs[0]
+            return bufs[(g._parity + (slot[2] == "next")) % 2]
+        return g._buffers[slot]
+
+    def _bind_group(self, g: WgpuGraph, layout: Any, slots: list[tuple],
+                    bound: dict[str, MLTensor]) -> Any:
+        entries = []
+        for i, s in enumerate(slots):
+            buf = self._resolve(g, s, bound)
+            entries.append({"binding": i, "resource": {"buffer": buf, "offset": 0,
+                                                       "size": buf.size}})
+        return self._device.create_bind_group(layout=layout, entries=entries)
+
+    # -- dispatch ---------------------------------------------------------------------
+    def _dispatch(self, graph: MLGraph, inputs: dict[str, MLTensor],
+                  outputs: dict[str, MLTensor]) -> None:
+        g: WgpuGraph = graph  # type: ignore[assignment]
+        plan = g._plan
+        bound = {**inputs, **outputs}
+        bound_key = tuple(sorted((n, t._serial) for n, t in bound.items()))
+        enc = self._device.create_command_encoder()
+        launches = plan.launches
+        npasses = len(g._passes)
+        for pi, (a, b) in enumerate(g._passes):
+            # copies before this pass
+            prev_end = g._passes[pi - 1][1] if pi else 0
+            self._copies(enc, g, launches[prev_end:a], bound)
+            tw = None
+            if self._timing and (pi == 0 or pi == npasses - 1):
+                tw = {"query_set": self._query_set}
+                if pi == 0:
+                    tw["beginning_of_pass_write_index"] = 0
+                if pi == npasses - 1:
+                    tw["end_of_pass_write_index"] = 1
+            cp = enc.begin_compute_pass(timestamp_writes=tw)
+            for i in range(a, b):
+                pipe, layout, bg = g._items[i]
+                if bg is None:
+                    key = (bound_key, g._parity)
+                    cache = g._bind_cache[i]
+                    bg = cache.get(key)
+                    if bg is None:
+                        if len(cache) >= _BIND_CACHE_MAX:
+                            cache.pop(next(iter(cache)))
+                        bg = cache[key] = self._bind_group(g, layout, launches[i].slots, bound)
+                cp.set_pipeline(pipe)
+                cp.set_bind_group(0, bg)
+                cp.dispatch_workgroups(*launches[i].kernel.groups)
+            cp.end()
+        self._copies(enc, g, launches[g._passes[-1][1] if g._passes else 0:], bound)
+        if plan.has_check:
+            enc.copy_buffer_to_buffer(g._buffers[("status",)], 0, self._status_staging, 0, 4)
+        if self._timing and npasses:
+            enc.resolve_query_set(self._query_set, 0, 2, self._query_buf, 0)
+            enc.copy_buffer_to_buffer(self._query_buf, 0, self._time_staging, 0, 16)
+        self._queue.submit([enc.finish()])
+        self.counters.kernel += g._kernel_bytes
+        self.counters.d2d += g._copy_bytes
+        self._time_pending = self._timing and npasses > 0
+        if plan.has_check:
+            # PROPOSAL behaviour 4: read the capacity status (4 bytes, counted d2h)
+            self._status_staging.map_sync(wgpu.MapMode.READ, 0, 16)
+            status = int(np.frombuffer(self._status_staging.read_mapped(0, 4),
+                                       dtype=np.uint32)[0])
+            self._status_staging.unmap()
+            self.counters.d2h += 4
+            if status:
+                appends = [pp for pp in plan.pairs if pp.append]
+                p = appends[status - 1]
+                raise OperationError(
+                    f"KV-cache capacity exceeded for pair {p.pair.input!r} -> "
+                    f"{p.pair.output!r} (capacity shape {list(p.past._shape)}); "
+                    "the cache is unchanged")
+        if g._double:
+            g._parity ^= 1
+
+    def _copies(self, enc: Any, g: WgpuGraph, items: list[Any],
+                bound: dict[str, MLTensor]) -> None:
+        for la in items:
+            if isinstance(la, CopyLaunch):
+                enc.copy_buffer_to_buffer(self._resolve(g, la.src, bound), 0,
+                                          self._resolve(g, la.dst, bound), 0, la.nbytes)
+
+    def _reset(self, graph: MLGraph) -> None:
+        g: WgpuGraph = graph  # type: ignore[assignment]
+        enc = self._device.create_command_encoder()
+        for bufs in g._state:
+            for b in bufs:
+                enc.clear_buffer(b)
+        self._queue.submit([enc.finish()])
+        g._parity = 0
+
+    def destroy(self) -> None:
+        if not self._destroyed:
+            self._pipelines.clear()
+            self._device.destroy()
+        super().destroy()
+
