@@ -1,0 +1,115 @@
+"""The float64 oracle against itself and against the equations written out as loops."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from harness.reference import Reference, apply_rope, gdn_step, l2_normalize, rope_angles
+from harness.workload import Workload, cache_specs, preset, token_stream
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return Workload.build(preset("tiny"), seed=7)
+
+
+def test_prefill_equals_steps(tiny):
+    cfg, cap = tiny.config, 20
+    tokens = token_stream(cfg, 13, seed=1)
+    batched = Reference(cfg, tiny.weights, cap)
+    stepped = Reference(cfg, tiny.weights, cap)
+    # two batches (the second starts from a non-empty cache) against one token at a time
+    logits_b = np.concatenate([batched.prefill(tokens[:8]), batched.prefill(tokens[8:])])
+    logits_s = np.stack([stepped.step(int(t)) for t in tokens])
+    np.testing.assert_allclose(logits_b, logits_s, rtol=1e-10, atol=1e-10)
+    for name, arr in batched.state.items():
+        np.testing.assert_allclose(arr, stepped.state[name], rtol=1e-10, atol=1e-12)
+    assert batched.position == stepped.position == len(tokens)
+
+
+def test_cache_arrays_have_the_graph_layouts(tiny):
+    cap = 9
+    ref = Reference(tiny.config, tiny.weights, cap)
+    ref.prefill(token_stream(tiny.config, 4, seed=2))
+    arrays = ref.cache_arrays()
+    specs = cache_specs(tiny.config, cap)
+    assert list(arrays) == [s.input for s in specs]
+    for s in specs:
+        assert arrays[s.input].shape == s.shape and arrays[s.input].dtype == np.float32
+        if s.kind == "append":  # rows past the depth are still empty
+            assert not arrays[s.input][:, :, 4:].any() and arrays[s.input][:, :, :4].all()
+
+
+def test_capacity_overflow_raises(tiny):
+    ref = Reference(tiny.config, tiny.weights, 3)
+    ref.prefill(np.array([1, 2, 3]))
+    with pytest.raises(ValueError, match="capacity"):
+        ref.step(4)
+
+
+def _gdn_naive(state_kv, q, k, v, g, beta, scale):
+    """The recurrence as written in DESIGN §5, K-major S (Dk, Dv) per head, scalar loops."""
+    hv, dk, dv = state_kv.shape
+    rep = hv // q.shape[0]
+    new = np.empty_like(state_kv)
+    out = np.zeros((hv, dv))
+    for h in range(hv):
+        j = h // rep
+        decay = np.exp(g[h])
+        for c in range(dv):
+            retrieved = sum(decay * state_kv[h, i, c] * k[j, i] for i in range(dk))
+            delta = beta[h] * (v[h, c] - retrieved)
+            for i in range(dk):
+                new[h, i, c] = decay * state_kv[h, i, c] + k[j, i] * delta
+        for c in range(dv):
+            out[h, c] = scale * sum(new[h, i, c] * q[j, i] for i in range(dk))
+    return out, new
+
+
+def test_gdn_step_equals_the_equation():
+    rng = np.random.default_rng(3)
+    hk, hv, dk, dv = 2, 6, 5, 4
+    state = rng.standard_normal((hv, dv, dk))  # V-major, as the graphs carry it
+    for _ in range(3):
+        q = l2_normalize(rng.standard_normal((hk, dk)))
+        k = l2_normalize(rng.standard_normal((hk, dk)))
+        v = rng.standard_normal((hv, dv))
+        g = -rng.uniform(0.01, 3.0, hv)
+        beta = rng.uniform(0, 1, hv)
+        out, new = gdn_step(state, q, k, v, g, beta, 0.37)
+        out_n, new_kv = _gdn_naive(state.transpose(0, 2, 1), q, k, v, g, beta, 0.37)
+        np.testing.assert_allclose(out, out_n, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(new, new_kv.transpose(0, 2, 1), rtol=1e-12, atol=1e-12)
+        state = new
+
+
+def test_l2_normalize_has_eps_inside_the_root():
+    x = np.full((1, 4), 1e-4)  # |x|^2 = 4e-8
+    np.testing.assert_allclose(l2_normalize(x), x / np.sqrt(4e-8 + 1e-6))
+    y = np.random.default_rng(0).standard_normal((3, 8)) * 10
+    np.testing.assert_allclose(np.linalg.norm(l2_normalize(y), axis=-1), 1.0, rtol=1e-8)
+
+
+def test_rope_properties():
+    rng = np.random.default_rng(4)
+    d, theta = 16, 10000.0
+    x = rng.standard_normal((1, 3, d))
+    y = rng.standard_normal((1, 3, d))
+    at = lambda p: rope_angles(np.array([p]), d, theta)  # noqa: E731
+    # position 0 is the identity; rotations keep the norm
+    np.testing.assert_allclose(apply_rope(x, at(0)), x)
+    np.testing.assert_allclose(np.linalg.norm(apply_rope(x, at(37)), axis=-1),
+                               np.linalg.norm(x, axis=-1))
+    # rotations compose: R(a) R(b) = R(a + b)
+    np.testing.assert_allclose(apply_rope(apply_rope(x, at(5)), at(9)), apply_rope(x, at(14)))
+    # scores depend only on the relative position
+    s1 = np.sum(apply_rope(x, at(12)) * apply_rope(y, at(4)), axis=-1)
+    s2 = np.sum(apply_rope(x, at(108)) * apply_rope(y, at(100)), axis=-1)
+    np.testing.assert_allclose(s1, s2, rtol=1e-9)
+    # rotate-half pairs dimension i with i + d/2 (not interleaved neighbours)
+    e = np.zeros((1, 1, d))
+    e[0, 0, 0] = 1.0
+    r = apply_rope(e, at(1))[0, 0]
+    assert r[0] == pytest.approx(np.cos(1.0)) and r[d // 2] == pytest.approx(np.sin(1.0))
+    assert np.count_nonzero(r) == 2
