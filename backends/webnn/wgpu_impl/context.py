@@ -236,10 +236,10 @@ class WgpuContext(MLContext):
             return len(g._state[slot[1]]) == 1
         return True
 
-    def _resolve(self, g: WgpuGraph, slot: tuple, bound: dict[str, MLTensor]) -> Any:
+    def _resolve(self, g: WgpuGraph, slot: tuple, bound: dict[str, dict[str, MLTensor]]) -> Any:
         kind = slot[0]
         if kind in ("input", "output"):
-            return bound[slot[1]]._buffer
+            return bound[kind][slot[1]]._buffer
         if kind == "state":
             bufs = g._state[slot[1]]
             if len(bufs) == 1:
@@ -248,7 +248,7 @@ class WgpuContext(MLContext):
         return g._buffers[slot]
 
     def _bind_group(self, g: WgpuGraph, layout: Any, slots: list[tuple],
-                    bound: dict[str, MLTensor]) -> Any:
+                    bound: dict[str, dict[str, MLTensor]]) -> Any:
         entries = []
         for i, s in enumerate(slots):
             buf = self._resolve(g, s, bound)
@@ -261,8 +261,9 @@ class WgpuContext(MLContext):
                   outputs: dict[str, MLTensor]) -> None:
         g: WgpuGraph = graph  # type: ignore[assignment]
         plan = g._plan
-        bound = {**inputs, **outputs}
-        bound_key = tuple(sorted((n, t._serial) for n, t in bound.items()))
+        bound = {"input": inputs, "output": outputs}
+        bound_key = (tuple(sorted((n, t._serial) for n, t in inputs.items())),
+                     tuple(sorted((n, t._serial) for n, t in outputs.items())))
         enc = self._device.create_command_encoder()
         launches = plan.launches
         npasses = len(g._passes)
@@ -320,7 +321,7 @@ class WgpuContext(MLContext):
             g._parity ^= 1
 
     def _copies(self, enc: Any, g: WgpuGraph, items: list[Any],
-                bound: dict[str, MLTensor]) -> None:
+                bound: dict[str, dict[str, MLTensor]]) -> None:
         for la in items:
             if isinstance(la, CopyLaunch):
                 enc.copy_buffer_to_buffer(self._resolve(g, la.src, bound), 0,

@@ -1,0 +1,307 @@
+"""Each WebNN op against NumPy on fresh random inputs (never zeros), WPT-style tolerances."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from backends.webnn import MLGraphBuilder, ml
+
+RNG = np.random.default_rng(1234)
+
+
+@pytest.fixture(scope="module")
+def ctx():
+    try:
+        c = ml.create_context()
+    except Exception as e:  # no adapter on this machine
+        pytest.skip(f"no WebGPU adapter: {e}")
+    yield c
+    c.destroy()
+
+
+def rand(shape, dtype="float32", lo=-2.0, hi=2.0):
+    if dtype == "float32":
+        a = RNG.uniform(lo, hi, size=shape).astype(np.float32)
+        a[np.abs(a) < 1e-3] = 0.5  # never zeros
+        return a
+    a = RNG.integers(int(lo), int(hi), size=shape).astype(np.dtype(dtype))
+    a[a == 0] = 1
+    return a
+
+
+def run(ctx, build, inputs: dict[str, np.ndarray]):
+    """Build with input operands for each array, dispatch once, return the output."""
+    b = MLGraphBuilder(ctx)
+    ops = {n: b.input(n, data_type=str(a.dtype), shape=list(a.shape)) for n, a in inputs.items()}
+    y = build(b, **ops)
+    g = b.build({"y": y})
+    tin = {}
+    for n, a in inputs.items():
+        t = ctx.create_tensor(data_type=str(a.dtype), shape=list(a.shape), writable=True)
+        ctx.write_tensor(t, a)
+        tin[n] = t
+    out = ctx.create_tensor(data_type=y.data_type, shape=y.shape, readable=True)
+    ctx.dispatch(g, tin, {"y": out})
+    r = ctx.read_tensor(out)
+    g.destroy()
+    return r
+
+
+def ulp_close(got, want, ulp):
+    want = want.astype(np.float32)
+    tol = ulp * np.spacing(np.abs(want).astype(np.float32))
+    assert got.shape == want.shape
+    err = np.abs(got.astype(np.float64) - want.astype(np.float64))
+    assert np.all(err <= tol + 1e-30), f"max err {err.max()} vs tol {tol[err > tol]}"
+
+
+def atol_close(got, want, atol, rtol=0.0):
+    assert got.shape == want.shape, (got.shape, want.shape)
+    np.testing.assert_allclose(got, want.astype(got.dtype), atol=atol, rtol=rtol)
+
+
+BIN_SHAPES = [([3, 4], [3, 4]), ([2, 3, 4], [4]), ([2, 1, 4], [3, 1]), ([1], [5, 2])]
+
+
+@pytest.mark.parametrize("op,ref,ulp", [
+    ("add", np.add, 1), ("sub", np.subtract, 1), ("mul", np.multiply, 1),
+    ("div", np.divide, 2), ("max", np.maximum, 0), ("min", np.minimum, 0)])
+@pytest.mark.parametrize("sa,sb", BIN_SHAPES)
+def test_binary_float(ctx, op, ref, ulp, sa, sb):
+    a, b = rand(sa), rand(sb)
+    got = run(ctx, lambda bl, a, b: getattr(bl, op)(a, b), {"a": a, "b": b})
+    ulp_close(got, ref(a, b), ulp)
+
+
+@pytest.mark.parametrize("op,ref", [("add", np.add), ("sub", np.subtract), ("mul", np.multiply),
+                                    ("max", np.maximum), ("min", np.minimum)])
+@pytest.mark.parametrize("dt", ["int32", "uint32", "int64"])
+def test_binary_int(ctx, op, ref, dt):
+    lo = 0 if dt == "uint32" else -50
+    a, b = rand([2, 3, 4], dt, lo, 50), rand([3, 1], dt, lo, 50)
+    if op == "sub" and dt == "uint32":
+        a = a + 100
+    got = run(ctx, lambda bl, a, b: getattr(bl, op)(a, b), {"a": a, "b": b})
+    np.testing.assert_array_equal(got, ref(a, b).astype(dt))
+
+
+def test_pow(ctx):
+    a = rand([3, 5], lo=0.1, hi=3.0)
+    b = rand([5], lo=-2.0, hi=2.0)
+    ulp_close(run(ctx, lambda bl, a, b: bl.pow(a, b), {"a": a, "b": b}), np.power(a, b), 32)
+    # negative base with integral exponents
+    a2 = rand([4, 3])
+    e = np.array([2.0, 3.0, -1.0], np.float32)
+    got = run(ctx, lambda bl, a, b: bl.pow(a, b), {"a": a2, "b": e})
+    atol_close(got, np.power(a2, e), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("op,ref,lo,hi,tol", [
+    ("sqrt", np.sqrt, 0.01, 4, ("ulp", 1)),
+    ("exp", np.exp, -5, 5, ("ulp", 32)),
+    ("log", np.log, 0.01, 10, ("atol", 1.0 / 1024)),
+    ("neg", np.negative, -3, 3, ("ulp", 0)),
+    ("abs", np.abs, -3, 3, ("ulp", 0)),
+    ("sigmoid", lambda x: 1 / (1 + np.exp(-x.astype(np.float64))), -8, 8, ("ulp", 34)),
+    ("softplus", lambda x: np.log1p(np.exp(x.astype(np.float64))), -8, 8, ("atol", 1e-5)),
+    ("tanh", np.tanh, -6, 6, ("atol", 1.0 / 1024)),
+    ("relu", lambda x: np.maximum(x, 0), -3, 3, ("ulp", 0)),
+    ("reciprocal", lambda x: 1 / x, 0.5, 3, ("ulp", 2)),
+    ("cos", np.cos, -3, 3, ("atol", 1.0 / 1024)),
+    ("sin", np.sin, -3, 3, ("atol", 1.0 / 1024)),
+    ("floor", np.floor, -3, 3, ("ulp", 0)),
+    ("ceil", np.ceil, -3, 3, ("ulp", 0)),
+    ("erf", lambda x: np.vectorize(__import__("math").erf)(x), -3, 3, ("atol", 1e-6)),
+])
+@pytest.mark.parametrize("shape", [[7], [2, 3, 5]])
+def test_unary(ctx, op, ref, lo, hi, tol, shape):
+    x = rand(shape, lo=lo, hi=hi)
+    got = run(ctx, lambda bl, x: getattr(bl, op)(x), {"x": x})
+    want = ref(x)
+    if tol[0] == "ulp":
+        ulp_close(got, want, tol[1])
+    else:
+        atol_close(got, want, tol[1])
+
+
+@pytest.mark.parametrize("op,ref", [
+    ("equal", np.equal), ("greater", np.greater), ("lesser", np.less),
+    ("lesser_or_equal", np.less_equal), ("greater_or_equal", np.greater_equal)])
+def test_compare(ctx, op, ref):
+    a = rand([3, 4], "int32", -3, 3)
+    b = rand([4], "int32", -3, 3)
+    got = run(ctx, lambda bl, a, b: getattr(bl, op)(a, b), {"a": a, "b": b})
+    assert got.dtype == np.uint8
+    np.testing.assert_array_equal(got, ref(a, b).astype(np.uint8))
+    fa, fb = rand([2, 3]), rand([2, 1])
+    fa[0, 0] = fb[0, 0]
+    got = run(ctx, lambda bl, a, b: getattr(bl, op)(a, b), {"a": fa, "b": fb})
+    np.testing.assert_array_equal(got, ref(fa, fb).astype(np.uint8))
+
+
+def test_where(ctx):
+    a, b = rand([2, 3, 4]), rand([4])
+    c = (rand([3, 1], "int32", 0, 2) > 1).astype(np.uint8)
+    c[0, 0] = 1
+    c[1, 0] = 0
+    got = run(ctx, lambda bl, c, a, b: bl.where(c, a, b), {"c": c, "a": a, "b": b})
+    ulp_close(got, np.where(c != 0, a, b), 0)
+
+
+@pytest.mark.parametrize("src,dst", [("float32", "int32"), ("int32", "float32"),
+                                     ("int64", "float32"), ("float32", "int64"),
+                                     ("uint32", "int32"), ("int32", "uint32")])
+def test_cast(ctx, src, dst):
+    x = rand([3, 4], src, 0 if "u" in src else -9, 9) if src != "float32" \
+        else rand([3, 4], lo=-9, hi=9)
+    if "u" in dst:
+        x = np.abs(x)
+    got = run(ctx, lambda bl, x: bl.cast(x, dst), {"x": x})
+    assert got.dtype == np.dtype(dst)
+    np.testing.assert_array_equal(got, x.astype(dst))
+
+
+@pytest.mark.parametrize("sa,sb", [
+    ([1, 8], [8, 12]), ([1, 6], [6, 5]), ([3, 7], [7, 5]), ([2, 1, 16], [16, 9]),
+    ([2, 3, 4, 5], [5, 6]), ([2, 1, 4, 5], [3, 5, 2]), ([1, 64], [64, 130])])
+def test_matmul(ctx, sa, sb):
+    a, b = rand(sa), rand(sb)
+    got = run(ctx, lambda bl, a, b: bl.matmul(a, b), {"a": a, "b": b})
+    atol_close(got, np.matmul(a.astype(np.float64), b), atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("sa,sb", [([1, 16], [16, 24]), ([1, 10], [10, 7]), ([3, 16], [16, 5]),
+                                   ([1, 1, 256], [256, 9])])
+def test_matmul_constant_weights(ctx, sa, sb):
+    """Constant B takes the repacked matrix-vector path when M == 1."""
+    a, w = rand(sa), rand(sb)
+    got = run(ctx, lambda bl, a: bl.matmul(a, bl.constant(data_type="float32", shape=sb,
+                                                          value=w)), {"a": a})
+    atol_close(got, np.matmul(a.astype(np.float64), w), atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("sq,sk", [([1, 2, 1, 8], [1, 2, 6, 8]), ([2, 3, 4], [2, 5, 4]),
+                                   ([1, 2, 1, 6], [1, 2, 5, 6])])
+def test_matmul_transposed_b(ctx, sq, sk):
+    """matmul(q, transpose(k)) reads k in place (the transpose is folded)."""
+    q, k = rand(sq), rand(sk)
+    perm = list(range(len(sk) - 2)) + [len(sk) - 1, len(sk) - 2]
+    got = run(ctx, lambda bl, q, k: bl.matmul(q, bl.transpose(k, perm)), {"q": q, "k": k})
+    atol_close(got, np.matmul(q.astype(np.float64), np.transpose(k, perm)), atol=1e-4)
+
+
+def test_gemm(ctx):
+    a, b, c = rand([3, 4]), rand([5, 4]), rand([5])
+    got = run(ctx, lambda bl, a, b, c: bl.gemm(a, b, c=c, alpha=0.5, beta=2.0, b_transpose=True),
+              {"a": a, "b": b, "c": c})
+    atol_close(got, 0.5 * a.astype(np.float64) @ b.T + 2 * c, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape,axis", [([3, 7], 1), ([2, 5, 3], 1), ([4, 130], -1), ([6], 0)])
+def test_softmax(ctx, shape, axis):
+    x = rand(shape, lo=-4, hi=4)
+    got = run(ctx, lambda bl, x: bl.softmax(x, axis), {"x": x})
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    atol_close(got, e / e.sum(axis=axis, keepdims=True), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("op,ref", [("reduce_mean", np.mean), ("reduce_sum", np.sum),
+                                    ("reduce_max", np.max), ("reduce_min", np.min)])
+@pytest.mark.parametrize("shape,axes,keep", [([3, 5], [1], False), ([2, 3, 4], [0, 2], True),
+                                             ([4, 100], None, False), ([2, 3, 4], [1], True)])
+def test_reduce(ctx, op, ref, shape, axes, keep):
+    x = rand(shape)
+    got = run(ctx, lambda bl, x: getattr(bl, op)(x, axes=axes, keep_dimensions=keep), {"x": x})
+    want = ref(x.astype(np.float64), axis=None if axes is None else tuple(axes), keepdims=keep)
+    atol_close(got, np.asarray(want).reshape(got.shape), atol=1e-5, rtol=1e-5)
+    if axes is None:
+        assert got.shape == ()  or got.shape == (1,) or got.size == 1
+
+
+def test_reduce_int(ctx):
+    x = rand([3, 4], "int32", -20, 20)
+    got = run(ctx, lambda bl, x: bl.reduce_sum(x, axes=[1]), {"x": x})
+    np.testing.assert_array_equal(got, x.sum(axis=1))
+
+
+def test_reshape_transpose_concat_slice(ctx):
+    x = rand([2, 3, 4])
+    got = run(ctx, lambda bl, x: bl.reshape(x, [4, 6]), {"x": x})
+    np.testing.assert_array_equal(got, x.reshape(4, 6))
+    got = run(ctx, lambda bl, x: bl.transpose(x, [2, 0, 1]), {"x": x})
+    np.testing.assert_array_equal(got, np.transpose(x, [2, 0, 1]))
+    got = run(ctx, lambda bl, x: bl.transpose(x), {"x": x})
+    np.testing.assert_array_equal(got, x.T)
+    y = rand([2, 5, 4])
+    got = run(ctx, lambda bl, x, y: bl.concat([x, y, x], 1), {"x": x, "y": y})
+    np.testing.assert_array_equal(got, np.concatenate([x, y, x], 1))
+    got = run(ctx, lambda bl, x: bl.slice(x, [1, 1, 0], [1, 2, 3]), {"x": x})
+    np.testing.assert_array_equal(got, x[1:2, 1:3, 0:3])
+    got = run(ctx, lambda bl, x: bl.slice(x, [0, 0, 1], [2, 2, 2], strides=[1, 2, 2]), {"x": x})
+    np.testing.assert_array_equal(got, x[0:2, 0:3:2, 1:4:2])
+
+
+def test_reshape_of_reshape_chain_is_shared(ctx):
+    x = rand([2, 6])
+    got = run(ctx, lambda bl, x: bl.add(bl.reshape(bl.reshape(x, [3, 4]), [12]),
+                                        bl.reshape(x, [12])), {"x": x})
+    np.testing.assert_array_equal(got, (x + x).reshape(12))
+
+
+@pytest.mark.parametrize("shape,ishape,axis,dt", [([5, 3], [2], 0, "int32"),
+                                                  ([2, 6, 3], [2, 2], 1, "int64"),
+                                                  ([4, 3], [3], 1, "uint32")])
+def test_gather(ctx, shape, ishape, axis, dt):
+    x = rand(shape)
+    idx = RNG.integers(0, shape[axis], size=ishape).astype(dt)
+    got = run(ctx, lambda bl, x, i: bl.gather(x, i, axis), {"x": x, "i": idx})
+    np.testing.assert_array_equal(got, np.take(x, idx.astype(np.int64), axis=axis))
+
+
+def test_expand(ctx):
+    x = rand([3, 1])
+    got = run(ctx, lambda bl, x: bl.expand(x, [2, 3, 4]), {"x": x})
+    np.testing.assert_array_equal(got, np.broadcast_to(x, (2, 3, 4)))
+
+
+@pytest.mark.parametrize("dt", ["int32", "int64"])
+def test_scatter_nd(ctx, dt):
+    x = rand([4, 3, 2])
+    idx = np.array([[2], [0]], dt)
+    upd = rand([2, 3, 2])
+    got = run(ctx, lambda bl, x, i, u: bl.scatter_nd(x, i, u), {"x": x, "i": idx, "u": upd})
+    want = x.copy()
+    want[idx[:, 0]] = upd
+    np.testing.assert_array_equal(got, want)
+    idx2 = np.array([[1, 2], [3, 0]], dt)
+    upd2 = rand([2, 2])
+    got = run(ctx, lambda bl, x, i, u: bl.scatter_nd(x, i, u), {"x": x, "i": idx2, "u": upd2})
+    want = x.copy()
+    want[idx2[:, 0], idx2[:, 1]] = upd2
+    np.testing.assert_array_equal(got, want)
+
+
+def test_shape_inference_errors(ctx):
+    b = MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=[2, 3])
+    y = b.input("y", data_type="float32", shape=[4, 3])
+    i = b.input("i", data_type="int32", shape=[2, 3])
+    with pytest.raises(TypeError):
+        b.add(x, y)
+    with pytest.raises(TypeError):
+        b.add(x, i)
+    with pytest.raises(TypeError):
+        b.matmul(x, y)
+    with pytest.raises(TypeError):
+        b.reshape(x, [5])
+    with pytest.raises(TypeError):
+        b.slice(x, [1, 0], [2, 3])
+    with pytest.raises(TypeError):
+        b.input("z", data_type="float32", shape=[2, 0])
+    with pytest.raises(TypeError):
+        b.input("x", data_type="float32", shape=[2])
+    with pytest.raises(TypeError):
+        b.input("w", data_type="bfloat99", shape=[2])
+    assert b.matmul(x, b.transpose(y)).shape == [2, 4]
+    assert b.reduce_mean(x, axes=[1], keep_dimensions=True).shape == [2, 1]
