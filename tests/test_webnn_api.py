@@ -1,0 +1,224 @@
+"""The spec's rules at the API boundary: dispatch binding, tensors, destroy, counters."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from backends.webnn import (
+    DataError,
+    InvalidStateError,
+    MLGraphBuilder,
+    ml,
+)
+
+
+@pytest.fixture(scope="module")
+def ctx():
+    try:
+        c = ml.create_context()
+    except Exception as e:
+        pytest.skip(f"no WebGPU adapter: {e}")
+    yield c
+    c.destroy()
+
+
+def simple_graph(ctx):
+    b = MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=[2, 4])
+    c = b.constant(data_type="float32", shape=[4], value=np.arange(1, 5, dtype=np.float32))
+    return b.build({"y": b.mul(x, c)})
+
+
+def tensors(ctx, readable=True, writable=True):
+    t_in = ctx.create_tensor(data_type="float32", shape=[2, 4], readable=readable,
+                             writable=writable)
+    t_out = ctx.create_tensor(data_type="float32", shape=[2, 4], readable=True)
+    return t_in, t_out
+
+
+def test_round_trip_and_zero_fill(ctx):
+    g = simple_graph(ctx)
+    t_in, t_out = tensors(ctx)
+    np.testing.assert_array_equal(ctx.read_tensor(t_out), np.zeros((2, 4), np.float32))
+    x = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
+    ctx.write_tensor(t_in, x)
+    ctx.dispatch(g, {"x": t_in}, {"y": t_out})
+    np.testing.assert_array_equal(ctx.read_tensor(t_out), x * np.arange(1, 5, dtype=np.float32))
+
+
+def test_every_input_and_output_bound(ctx):
+    g = simple_graph(ctx)
+    t_in, t_out = tensors(ctx)
+    extra = ctx.create_tensor(data_type="float32", shape=[2, 4])
+    with pytest.raises(TypeError):
+        ctx.dispatch(g, {}, {"y": t_out})
+    with pytest.raises(TypeError):
+        ctx.dispatch(g, {"x": t_in}, {})
+    with pytest.raises(TypeError):
+        ctx.dispatch(g, {"x": t_in, "z": extra}, {"y": t_out})
+    with pytest.raises(TypeError):
+        ctx.dispatch(g, {"x": t_in}, {"y": t_out, "w": extra})
+
+
+def test_descriptors_match_exactly(ctx):
+    g = simple_graph(ctx)
+    _, t_out = tensors(ctx)
+    wrong_shape = ctx.create_tensor(data_type="float32", shape=[8])
+    wrong_type = ctx.create_tensor(data_type="int32", shape=[2, 4])
+    with pytest.raises(TypeError):
+        ctx.dispatch(g, {"x": wrong_shape}, {"y": t_out})
+    with pytest.raises(TypeError):
+        ctx.dispatch(g, {"x": wrong_type}, {"y": t_out})
+
+
+def test_same_tensor_twice_is_type_error(ctx):
+    g = simple_graph(ctx)
+    t_in, _ = tensors(ctx)
+    with pytest.raises(TypeError):
+        ctx.dispatch(g, {"x": t_in}, {"y": t_in})
+
+
+def test_foreign_or_destroyed_tensor_is_type_error(ctx):
+    g = simple_graph(ctx)
+    t_in, t_out = tensors(ctx)
+    other = ml.create_context()
+    foreign = other.create_tensor(data_type="float32", shape=[2, 4])
+    with pytest.raises(TypeError):
+        ctx.dispatch(g, {"x": foreign}, {"y": t_out})
+    with pytest.raises(TypeError):
+        ctx.read_tensor(foreign)
+    other.destroy()
+    dead = ctx.create_tensor(data_type="float32", shape=[2, 4], readable=True, writable=True)
+    dead.destroy()
+    with pytest.raises(TypeError):
+        ctx.dispatch(g, {"x": dead}, {"y": t_out})
+    with pytest.raises(TypeError):
+        ctx.read_tensor(dead)
+    with pytest.raises(TypeError):
+        ctx.write_tensor(dead, np.ones((2, 4)))
+
+
+def test_destroyed_graph_is_invalid_state(ctx):
+    g = simple_graph(ctx)
+    t_in, t_out = tensors(ctx)
+    g.destroy()
+    with pytest.raises(InvalidStateError):
+        ctx.dispatch(g, {"x": t_in}, {"y": t_out})
+
+
+def test_graph_of_another_context_is_type_error(ctx):
+    other = ml.create_context()
+    g = simple_graph(other)
+    t_in, t_out = tensors(ctx)
+    with pytest.raises(TypeError):
+        ctx.dispatch(g, {"x": t_in}, {"y": t_out})
+    other.destroy()
+
+
+def test_readable_writable(ctx):
+    t = ctx.create_tensor(data_type="float32", shape=[2, 4])
+    with pytest.raises(TypeError):
+        ctx.read_tensor(t)
+    with pytest.raises(TypeError):
+        ctx.write_tensor(t, np.ones((2, 4), np.float32))
+    w = ctx.create_tensor(data_type="float32", shape=[2, 4], writable=True)
+    with pytest.raises(TypeError):
+        ctx.write_tensor(w, np.ones(7, np.float32))  # wrong size
+
+
+def test_shapes_static_and_positive(ctx):
+    for bad in ([2, 0], [-1], [1.5]):
+        with pytest.raises(TypeError):
+            ctx.create_tensor(data_type="float32", shape=bad)
+    with pytest.raises(TypeError):
+        ctx.create_tensor(data_type="float64", shape=[2])
+
+
+def test_int64_is_range_checked(ctx):
+    t = ctx.create_tensor(data_type="int64", shape=[3], readable=True, writable=True)
+    ctx.write_tensor(t, np.array([-5, 0, 2**31 - 1], np.int64))
+    got = ctx.read_tensor(t)
+    assert got.dtype == np.int64
+    np.testing.assert_array_equal(got, [-5, 0, 2**31 - 1])
+    with pytest.raises(DataError):
+        ctx.write_tensor(t, np.array([0, 2**31, 1], np.int64))
+
+
+def test_build_rules(ctx):
+    b = MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=[2])
+    with pytest.raises(TypeError):
+        b.build({})
+    with pytest.raises(TypeError):
+        b.build({"x": x})  # an input operand is not an output
+    other = MLGraphBuilder(ctx)
+    z = other.input("z", data_type="float32", shape=[2])
+    with pytest.raises(TypeError):
+        b.add(x, z)
+
+
+def test_destroyed_context(ctx):
+    other = ml.create_context()
+    g = simple_graph(other)
+    other.destroy()
+    with pytest.raises(InvalidStateError):
+        other.create_tensor(data_type="float32", shape=[1])
+    with pytest.raises(InvalidStateError):
+        MLGraphBuilder(other)
+    with pytest.raises(InvalidStateError):
+        other.dispatch(g, {}, {})
+
+
+def test_counters_and_no_per_dispatch_allocation(ctx):
+    g = simple_graph(ctx)
+    t_in, t_out = tensors(ctx)
+    ctx.counters.reset()
+    ctx.write_tensor(t_in, np.ones((2, 4), np.float32))
+    ctx.dispatch(g, {"x": t_in}, {"y": t_out})
+    ctx.read_tensor(t_out)
+    s = ctx.counters.snapshot()
+    # mul reads x (8) and c (4) and writes y (8): 20 elements of 4 bytes
+    assert (s.h2d, s.d2h, s.d2d, s.kernel) == (32, 32, 0, 80)
+    ctx.counters.reset()
+    assert ctx.counters.snapshot().kernel == 0
+    # bind groups of page tensors are made once per set of bound tensors
+    ctx.dispatch(g, {"x": t_in}, {"y": t_out})
+    n = sum(len(c) for c in g._bind_cache)
+    for _ in range(3):
+        ctx.dispatch(g, {"x": t_in}, {"y": t_out})
+    assert sum(len(c) for c in g._bind_cache) == n
+
+
+def test_noop_reshape_shares_storage(ctx):
+    b = MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=[2, 6])
+    y = b.exp(b.reshape(b.reshape(b.neg(x), [3, 4]), [12]))
+    g = b.build({"y": y})
+    assert len(g._plan.launches) == 2  # neg, exp: no copy for the reshapes
+    assert len(g._plan.temps) == 1
+
+
+def test_output_that_is_a_view_of_an_input_is_copied(ctx):
+    b = MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=[2, 3])
+    g = b.build({"y": b.reshape(x, [6])})
+    t_in = ctx.create_tensor(data_type="float32", shape=[2, 3], writable=True)
+    t_out = ctx.create_tensor(data_type="float32", shape=[6], readable=True)
+    v = np.arange(1, 7, dtype=np.float32)
+    ctx.write_tensor(t_in, v)
+    ctx.dispatch(g, {"x": t_in}, {"y": t_out})
+    np.testing.assert_array_equal(ctx.read_tensor(t_out), v)
+
+
+def test_gpu_timing_opt_in(ctx):
+    assert ctx.gpu_time_ns is None and ctx.gpu_time_reason
+    timed = ml.create_context(timing=True)
+    g = simple_graph(timed)
+    t_in, t_out = tensors(timed)
+    timed.dispatch(g, {"x": t_in}, {"y": t_out})
+    if "timestamp-query" in timed._adapter.features:
+        assert timed.gpu_time_ns is not None and timed.gpu_time_ns >= 0
+    else:
+        assert timed.gpu_time_ns is None and timed.gpu_time_reason
+    timed.destroy()
