@@ -217,8 +217,8 @@ class _Page(Backend):
     def gpu_time_ms(self) -> float | None:
         if self.context is None or not self.timing:
             return None
-        fn = getattr(self.context, "last_gpu_time_ms", None)
-        return fn() if callable(fn) else fn
+        ns = self.context.gpu_time_ns()  # timestamp queries around the last dispatch
+        return None if ns is None else ns / 1e6
 
     def device_bytes(self) -> int | None:
         if self.context is None:

@@ -123,6 +123,14 @@ def test_matmul_1d(context):
     check(context, nodes, {"v": f32(4), "u": f32(6)}, {"w": f32(4, 6)}, outputs=("y", "z"), atol=1e-4)
 
 
+def test_matmul_of_reshaped_operand(context):
+    """The GDN readout: a (1,2,16) vector reshaped to (1,2,1,16,1), batch-broadcast."""
+    nodes = [helper.make_node("Reshape", ["x", "s"], ["x5"]),
+             helper.make_node("MatMul", ["a", "x5"], ["y"])]
+    check(context, nodes, {"a": f32(1, 2, 2, 16, 16), "x": f32(1, 2, 16)},
+          {"s": i64(1, 2, 1, 16, 1)}, atol=1e-4)
+
+
 def test_softmax_axis(context):
     check(context, [helper.make_node("Softmax", ["x"], ["y"], axis=1)], {"x": f32(2, 3, 4)})
 
