@@ -1,0 +1,74 @@
+"""The CLI as a subprocess: bad input is one line on stderr and exit 2; a tiny sweep runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--preset", "tiny", "--backends", "ort-cpu:copy,ort-cpu:shared", "--contexts", "8,16",
+        "--steps", "3", "--warmup", "1"]
+
+
+def statebench(*args, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harness.cli", *map(str, args)], cwd=cwd or ROOT,
+                          capture_output=True, text=True, timeout=300)
+
+
+def one_line_error(proc) -> str:
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert lines[0].startswith("statebench: error: ")
+    return lines[0]
+
+
+@pytest.mark.parametrize("args, says", [
+    (["run", "--backends", "nope:*"], "unknown backend 'nope:*'; accepted: "),
+    (["run", "--preset", "huge"], "unknown preset 'huge'; accepted: tiny"),
+    (["run", "--contexts", "64,abc"], "bad context 'abc'"),
+    (["run", "--contexts", "0"], "contexts must be positive"),
+    (["run", "--contexts", "-4"], "bad context -4"),
+    (["run", "--steps", "x"], "not an integer"),
+    (["run", "--preset", "tiny", "--contexts", "64", "--capacity", "10", "--backends", "ort-cpu:copy"],
+     "too small"),
+    (["report", "missing.json"], "no such results file"),
+    (["report", "x.json", "--format", "pdf"], "unknown format 'pdf'"),
+    (["gate", "a.json", "--baseline", "b.json", "--max-slowdown", "lots"], "not a number"),
+    (["gate", "a.json", "--baseline", "b.json", "--max-slowdown", "-1"], "fraction"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_bad_input_is_one_line_exit_2(args, says, tmp_path):
+    assert says in one_line_error(statebench(*args, cwd=tmp_path))
+
+
+def test_bad_results_file(tmp_path):
+    (tmp_path / "x.json").write_text(json.dumps({"schema": "other"}))
+    assert "not a statebench results file" in one_line_error(statebench("report", tmp_path / "x.json"))
+
+
+def test_backends_lists_availability():
+    proc = statebench("backends")
+    assert proc.returncode == 0
+    assert "ort-cpu:copy" in proc.stdout and "yes" in proc.stdout
+
+
+def test_run_tiny_sweep(tmp_path):
+    proc = statebench("run", *TINY, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    files = list((tmp_path / "results").glob("run-tiny-*.json"))
+    assert len(files) == 1
+    data = json.loads(files[0].read_text())
+    assert data["schema"] == "statebench/1" and len(data["points"]) == 4
+    assert all(p["status"] == "ok" and p["match"]["ok"] for p in data["points"]), data["points"]
+    assert data["environment"]["calibration"]["host"]["copy_gbps"] > 0
+    assert all(p["mbu"] and p["floor_ms"] for p in data["points"])
+    out = proc.stdout
+    assert "ort-cpu:shared" in out and "✓" in out and "×" in out  # speedup over ort-cpu:copy
+    assert f"results: results/{files[0].name}" in out
+    assert "Traceback" not in proc.stderr

@@ -1,0 +1,77 @@
+"""Logit agreement, floors, MBU inputs, speedups."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from harness import metrics
+from harness.results import Match, Point, Stats
+from harness.workload import cache_specs, preset
+
+
+def test_compare_logits_tolerance_and_argmax():
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((3, 50))
+    ok = metrics.compare_logits([r.astype(np.float32) for r in ref], ref)
+    assert ok.ok and ok.argmax_agree == 1.0 and ok.max_rel < 1e-6
+    off = metrics.compare_logits([r + 0.01 * np.abs(r).max() for r in ref], ref)
+    assert not off.ok and off.max_rel > 1e-3
+    # swap the top two where their gap is clear: argmax disagrees, within tolerance nowhere
+    swapped = ref.copy()
+    i, j = np.argsort(swapped[0])[-2:]
+    swapped[0, [i, j]] = swapped[0, [j, i]]
+    assert not metrics.compare_logits(list(swapped), ref).ok
+    bad = metrics.compare_logits([np.full(50, np.nan)] * 3, ref)
+    assert not bad.ok and bad.max_abs == metrics.NONFINITE
+
+
+def test_argmax_tie_is_not_a_mismatch():
+    ref = np.zeros((1, 10))
+    ref[0, 3] = ref[0, 4] = 1.0
+    got = ref.copy()
+    got[0, 4] += 1e-7  # argmax flips between exactly tied logits
+    m = metrics.compare_logits(list(got), ref)
+    assert m.ok and m.argmax_agree == 0.0
+
+
+def test_floor_counts_state_and_stateless_link():
+    cfg = preset("tiny")
+    written = metrics.written_state_bytes(cfg)
+    kv_row = cfg.kv_heads * cfg.head_dim * 4
+    gdn = cfg.gdn_v_heads * cfg.gdn_v_dim * cfg.gdn_qk_dim * 4
+    assert written == 2 * kv_row + gdn
+    assert metrics.full_cache_bytes(cfg, 10) == sum(s.nbytes for s in cache_specs(cfg, 10))
+    cal = {"host": {"copy_gbps": 1.0}, "wgpu": {"stream_gbps": 2.0, "h2d_gbps": 1.0, "d2h_gbps": 1.0}}
+    base = metrics.floor_bytes(cfg, 1000, 8)
+    assert metrics.floor_ms("ort-cpu:shared", cfg, 1000, 8, 16, cal)[0] == base / 1e6
+    assert metrics.floor_ms("wgpu:stateful", cfg, 1000, 8, 16, cal)[0] == base / 2e6
+    full = metrics.full_cache_bytes(cfg, 16)
+    assert np.isclose(metrics.floor_ms("wgpu:stateless", cfg, 1000, 8, 16, cal)[0],
+                      base / 2e6 + 2 * full / 1e6)
+    assert np.isclose(metrics.floor_ms("ort-cpu:copy", cfg, 1000, 8, 16, cal)[0],
+                      (base + 2 * full) / 1e6)
+    assert metrics.is_stateless("x:y", {"host_cache": True})
+    ms, why = metrics.floor_ms("wgpu:reuse", cfg, 1000, 8, 16, {"wgpu": {"reason": "no adapter"}})
+    assert ms is None and why == "no adapter"
+
+
+def _pt(backend, ms, ok=True):
+    return Point(backend, 8, 12, 3, step_ms=Stats(ms, ms, ms), match=Match(ok, 0, 0, 1.0),
+                 bytes_per_step={"h2d": 0, "d2h": 0, "d2d": 0, "kernel": 0})
+
+
+def test_speedup_never_for_a_mismatch():
+    base = _pt("wgpu:stateless", 2.0)
+    assert metrics.speedup(_pt("wgpu:stateful", 1.0), base) == 2.0
+    assert metrics.speedup(_pt("wgpu:stateful", 1.0, ok=False), base) is None
+    assert metrics.ratio(_pt("wgpu:stateful", 1.0, ok=False), base) == 0.5
+    pts = [_pt("ort-cpu:copy", 1.0), _pt("wgpu:stateless", 1.0, ok=False)]
+    assert metrics.stateless_baseline(pts) == "ort-cpu:copy"
+    assert metrics.stateless_baseline(pts + [_pt("wgpu:stateless", 1.0)]) == "wgpu:stateless"
+
+
+def test_human_bytes_and_unstable():
+    assert metrics.human_bytes(512) == "512 B"
+    assert metrics.human_bytes(3 * 2**20) == "3.0 MiB"
+    assert metrics.unstable([1.0, 1.0, 1.0]) == ""
+    assert "unstable" in metrics.unstable([1.0, 2.0, 1.0, 3.0])

@@ -1,0 +1,76 @@
+"""Reports: files produced, charts embedded, several files compared side by side."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+from rich.console import Console
+from test_cli import TINY, statebench
+
+from harness import report, results
+
+
+@pytest.fixture(scope="module")
+def run_files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("report")
+    paths = []
+    for name in ("a", "b"):
+        proc = statebench("run", *TINY, "--out", d / f"{name}.json", "--inprocess", cwd=d)
+        assert proc.returncode == 0, proc.stderr
+        paths.append(d / f"{name}.json")
+    return paths
+
+
+def test_report_files(run_files, tmp_path):
+    out = tmp_path / "rep"
+    proc = statebench("report", run_files[0], "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    for chart in ("step_time", "bytes_per_step", "speedup", "mbu"):
+        assert (out / f"{chart}.png").stat().st_size > 1000
+        assert (out / f"{chart}.svg").read_text().lstrip().startswith("<?xml")
+    html = (out / "report.html").read_text()
+    assert html.count("<svg") == 4 and "ort-cpu:shared" in html and "✓" in html
+    assert "src=\"http" not in html and "href=\"http" not in html.split("<svg")[0]  # offline
+    md = (out / "report.md").read_text()
+    assert "| context |" in md and "step_time.png" in md
+    rows = list(csv.DictReader(io.StringIO((out / "report.csv").read_text())))
+    assert len(rows) == 4 and {r["backend"] for r in rows} == {"ort-cpu:copy", "ort-cpu:shared"}
+    assert json.loads((out / "report.json").read_text())["rows"][0]["status"] == "ok"
+
+
+@pytest.mark.parametrize("fmt, marker", [("table", "context"), ("md", "| context |"),
+                                         ("csv", "run,backend,context"), ("json", '"rows"'),
+                                         ("html", "<table>")])
+def test_formats_print(run_files, fmt, marker):
+    proc = statebench("report", run_files[0], "--format", fmt)
+    assert proc.returncode == 0, proc.stderr
+    assert marker in proc.stdout
+
+
+def test_compare_two_files(run_files, tmp_path):
+    runs = report.label_runs([results.load(p) for p in run_files], run_files)
+    assert [r.label for r in runs] == ["a", "b"]
+    text = report.to_markdown(runs)
+    assert "a · ort-cpu:copy" in text and "b · ort-cpu:shared" in text
+    assert len(report.rows(runs)) == 8
+    console = Console(file=io.StringIO(), width=200)
+    console.print(report.summary(runs))  # renders; reports themselves never print
+    assert "b · ort-cpu:shared" in console.file.getvalue()
+    proc = statebench("report", *run_files, "--out", tmp_path / "cmp")
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "cmp" / "step_time.svg").exists()
+
+
+def test_mismatch_never_shown_faster(run_files):
+    res = results.load(run_files[0])
+    p = res.point("ort-cpu:shared", 8)
+    p.match = results.Match(False, 1.0, 1.0, 0.0)
+    runs = report.label_runs([res])
+    assert report.point_speedup(runs[0], p) is None
+    console = Console(file=io.StringIO(), width=200)
+    console.print(report.summary_table(runs))
+    assert "✗ mismatch" in console.file.getvalue()
+    assert [r["speedup"] for r in report.rows(runs) if r["backend"] == "ort-cpu:shared"][0] is None
