@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (the "# IDL:" lines are quoted verbatim from the spec)
 """The WebNN interfaces as in the IDL (webmachinelearning/webnn ``index.bs``), in Python.
 
 Naming follows wgpu-py: class names kept, camelCase methods become snake_case, descriptor

@@ -51,7 +51,7 @@ def offset_fn(fname: str, shape: Sequence[int], strides: Sequence[int], base: in
     if base == 0 and _same_layout(shape, strides):
         return f"fn {fname}(i: u32) -> u32 {{ return i; }}\n"
     body = [f"fn {fname}(i: u32) -> u32 {{", "  var r = i;", f"  var o = {base}u;"]
-    dims = [(d, s) for d, s in zip(shape, strides) if d != 1]
+    dims = [(d, s) for d, s in zip(shape, strides, strict=False) if d != 1]
     for n, (d, s) in enumerate(reversed(dims)):
         last = n == len(dims) - 1
         if s != 0:
@@ -63,7 +63,7 @@ def offset_fn(fname: str, shape: Sequence[int], strides: Sequence[int], base: in
 
 
 def _same_layout(shape: Sequence[int], strides: Sequence[int]) -> bool:
-    return all(d == 1 or s == c for d, s, c in zip(shape, strides, contiguous(shape)))
+    return all(d == 1 or s == c for d, s, c in zip(shape, strides, contiguous(shape), strict=False))
 
 
 def decl(binding: int, name: str, wgsl_type: str, access: str) -> str:

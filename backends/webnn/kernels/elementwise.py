@@ -92,7 +92,7 @@ def elementwise(op: str, in_types: Sequence[str], in_shapes: Sequence[Sequence[i
     src = ""
     bindings: list[str] = []
     names = []
-    for k, (t, shp) in enumerate(zip(in_types, in_shapes)):
+    for k, (t, shp) in enumerate(zip(in_types, in_shapes, strict=False)):
         src += offset_fn(f"off{k}", out_shape,
                          S.broadcast_strides(shp, out_shape))
         if k == alias:

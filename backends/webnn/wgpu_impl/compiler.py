@@ -125,7 +125,7 @@ def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
         if o._id in fold:
             reads[1] = fold[o._id]
         steps.append(_Step(o._id, "op", o, reads, o))
-    for r, slot, name in extra_copies:
+    for r, slot, _name in extra_copies:
         steps.append(_Step(1e18, "copy", None, [r], None, slot))
 
     check_step = None
@@ -297,15 +297,15 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
     elif op == "slice":
         x = o._inputs[0]
         st = S.strides(x._shape)
-        base = sum(s * d for s, d in zip(o._attrs["starts"], st))
-        k = MV.strided_copy(t, shp, base, [d * s for d, s in zip(st, o._attrs["strides"])],
+        base = sum(s * d for s, d in zip(o._attrs["starts"], st, strict=False))
+        k = MV.strided_copy(t, shp, base, [d * s for d, s in zip(st, o._attrs["strides"], strict=False)],
                             0, S.strides(shp), "slice")
         add(KernelLaunch(k, [ins[0], out_slot]))
     elif op == "concat":
         ax = o._attrs["axis"]
         ost = S.strides(shp)
         off = 0
-        for x, sl in zip(o._inputs, ins):
+        for x, sl in zip(o._inputs, ins, strict=False):
             k = MV.strided_copy(t, x._shape, 0, S.strides(x._shape), off * ost[ax], ost,
                                 "concat")
             add(KernelLaunch(k, [sl, out_slot]))

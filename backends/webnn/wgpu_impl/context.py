@@ -327,6 +327,19 @@ class WgpuContext(MLContext):
                 enc.copy_buffer_to_buffer(self._resolve(g, la.src, bound), 0,
                                           self._resolve(g, la.dst, bound), 0, la.nbytes)
 
+    def _peek_state(self, graph: MLGraph, input_name: str) -> np.ndarray:
+        """Tests only (PROPOSAL behaviour 5: no public API reads the cache): the current
+        contents of a pair's hidden state, without touching the byte counters."""
+        g: WgpuGraph = graph  # type: ignore[assignment]
+        pp = next(p for p in g._plan.pairs if p.pair.input == input_name)
+        buf = self._resolve(g, ("state", pp.index, "cur"), {})
+        saved = self.counters.snapshot()
+        fake = MLTensor(self, pp.past._dtype, pp.past._shape, True, False)
+        fake._buffer = buf  # type: ignore[attr-defined]
+        out = self._read_tensor(fake)
+        self.counters.d2h = saved.d2h
+        return out
+
     def _reset(self, graph: MLGraph) -> None:
         g: WgpuGraph = graph  # type: ignore[assignment]
         enc = self._device.create_command_encoder()

@@ -1,0 +1,362 @@
+"""The stateful-graph proposal (DESIGN §2, §3): behaviours 1-6 and the decided open points."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from backends.webnn import (
+    InvalidStateError,
+    MLGraphBuilder,
+    MLKVCachePair,
+    OperationError,
+    ml,
+)
+
+D = 4  # head dim
+H = 2  # heads
+PAIRS = [MLKVCachePair(input="past_k", output="present_k"),
+         MLKVCachePair(input="past_v", output="present_v")]
+RNG = np.random.default_rng(7)
+WQ, WK, WV = (RNG.standard_normal((D, H * D)).astype(np.float32) * 0.5 for _ in range(3))
+
+
+@pytest.fixture(scope="module")
+def ctx():
+    try:
+        c = ml.create_context()
+    except Exception as e:
+        pytest.skip(f"no WebGPU adapter: {e}")
+    yield c
+    c.destroy()
+
+
+@pytest.fixture(scope="module")
+def plain_ctx():
+    c = ml.create_context(state_support=False)
+    yield c
+    c.destroy()
+
+
+def decoder(ctx, cap: int, *, read_past_after: bool = False):
+    """A toy attention decoder step: scatter the new k/v row at ``pos`` into a
+    (1, H, cap, D) cache, attend over positions <= pos. Indices are computed in the graph
+    from the ``pos`` input. ``read_past_after`` adds a reader of the old cache that
+    depends on the new one, which forbids in-place (two buffers)."""
+    b = MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=[1, D])
+    pos = b.input("pos", data_type="int32", shape=[1, 1, 1, 1])
+    past_k = b.input("past_k", data_type="float32", shape=[1, H, cap, D])
+    past_v = b.input("past_v", data_type="float32", shape=[1, H, cap, D])
+
+    def const(a, dt="float32"):
+        a = np.asarray(a)
+        return b.constant(data_type=dt, shape=list(a.shape), value=a)
+
+    base = const(np.array([[0, h, 0] for h in range(H)], np.int32).reshape(1, H, 1, 3), "int32")
+    sel = const(np.array([0, 0, 1], np.int32), "int32")
+    idx = b.add(base, b.mul(pos, sel))  # (1, H, 1, 3): (0, h, pos)
+    q = b.reshape(b.matmul(x, const(WQ)), [1, H, 1, D])
+    k = b.reshape(b.matmul(x, const(WK)), [1, H, 1, D])
+    v = b.reshape(b.matmul(x, const(WV)), [1, H, 1, D])
+    present_k = b.scatter_nd(past_k, idx, k)
+    present_v = b.scatter_nd(past_v, idx, v)
+    scores = b.matmul(q, b.transpose(present_k, [0, 1, 3, 2]))  # (1, H, 1, cap)
+    valid = b.lesser_or_equal(const(np.arange(cap, dtype=np.int32), "int32"),
+                              b.reshape(pos, [1]))
+    scores = b.where(valid, scores, const(np.float32([-1e9])))
+    out = b.matmul(b.softmax(scores, 3), present_v)  # (1, H, 1, D)
+    y = b.reshape(out, [1, H * D])
+    if read_past_after:
+        y = b.add(y, b.reshape(b.reduce_sum(b.sub(present_k, past_k), axes=[2]), [1, H * D]))
+    return b, {"y": y, "present_k": present_k, "present_v": present_v}
+
+
+def decoder_ref(xs, cap, read_past_after=False):
+    kc = np.zeros((1, H, cap, D), np.float64)
+    vc = np.zeros_like(kc)
+    ys = []
+    for p, x in enumerate(xs):
+        q, k, v = (x @ w for w in (WQ, WK, WV))
+        old_k = kc.copy()
+        kc[0, :, p] = k.reshape(H, D)
+        vc[0, :, p] = v.reshape(H, D)
+        s = np.einsum("hd,hcd->hc", q.reshape(H, D), kc[0])
+        s[:, p + 1:] = -1e9
+        e = np.exp(s - s.max(-1, keepdims=True))
+        y = np.einsum("hc,hcd->hd", e / e.sum(-1, keepdims=True), vc[0]).reshape(1, H * D)
+        if read_past_after:
+            y = y + (kc - old_k).sum(axis=2).reshape(1, H * D)
+        ys.append(y)
+    return ys
+
+
+class Page:
+    """What a page does: tensors for x, pos, y; steps through the graph."""
+
+    def __init__(self, ctx, graph, cap):
+        self.ctx, self.g, self.cap = ctx, graph, cap
+        self.x = ctx.create_tensor(data_type="float32", shape=[1, D], writable=True)
+        self.pos = ctx.create_tensor(data_type="int32", shape=[1, 1, 1, 1], writable=True)
+        self.y = ctx.create_tensor(data_type="float32", shape=[1, H * D], readable=True)
+        self.caches = None
+        if not graph.is_stateful:  # the page binds the pairs itself (ping-pong)
+            mk = [ctx.create_tensor(data_type="float32", shape=[1, H, cap, D]) for _ in range(4)]
+            self.caches = [mk[0:2], mk[2:4]]
+
+    def step(self, x, p):
+        self.ctx.write_tensor(self.x, x)
+        self.ctx.write_tensor(self.pos, np.array(p, np.int32))
+        ins = {"x": self.x, "pos": self.pos}
+        outs = {"y": self.y}
+        if self.caches is not None:
+            (pk, pv), (nk, nv) = self.caches
+            ins.update(past_k=pk, past_v=pv)
+            outs.update(present_k=nk, present_v=nv)
+        self.ctx.dispatch(self.g, ins, outs)
+        if self.caches is not None:
+            self.caches.reverse()
+        return self.ctx.read_tensor(self.y)
+
+
+def xs(n):
+    return [RNG.standard_normal((1, D)).astype(np.float32) for _ in range(n)]
+
+
+# -- behaviour 1: a request, and the fallback --------------------------------------------
+
+def test_stateful_granted_and_correct(ctx):
+    b, outs = decoder(ctx, 6)
+    g = b.build(outs, use_stateful=True, kv_cache_pairs=PAIRS)
+    assert g.is_stateful
+    assert g.in_place == {"past_k": True, "past_v": True}
+    assert set(g.inputs) == {"x", "pos"} and set(g.outputs) == {"y"}
+    page = Page(ctx, g, 6)
+    inputs = xs(5)
+    for p, (x, want) in enumerate(zip(inputs, decoder_ref(inputs, 6), strict=False)):
+        np.testing.assert_allclose(page.step(x, p), want, atol=1e-5)
+
+
+def test_fallback_without_state_support(plain_ctx, ctx):
+    """A backend without state support builds the same graph stateless; the page binds
+    the pairs; the results are the stateful ones."""
+    b, outs = decoder(plain_ctx, 6)
+    g = b.build(outs, use_stateful=True, kv_cache_pairs=PAIRS)
+    assert not g.is_stateful
+    assert g.in_place == {}
+    assert {"past_k", "past_v"} <= set(g.inputs)
+    assert {"present_k", "present_v"} <= set(g.outputs)
+    page = Page(plain_ctx, g, 6)
+    b2, outs2 = decoder(ctx, 6)
+    sp = Page(ctx, b2.build(outs2, use_stateful=True, kv_cache_pairs=PAIRS), 6)
+    for p, x in enumerate(xs(5)):
+        np.testing.assert_array_equal(page.step(x, p), sp.step(x, p))
+    with pytest.raises(InvalidStateError):
+        plain_ctx.reset_kv_cache(g)
+
+
+# -- behaviour 2: pairs leave the interface ----------------------------------------------
+
+def test_binding_a_pair_is_type_error(ctx):
+    b, outs = decoder(ctx, 4)
+    g = b.build(outs, use_stateful=True, kv_cache_pairs=PAIRS)
+    page = Page(ctx, g, 4)
+    cache = ctx.create_tensor(data_type="float32", shape=[1, H, 4, D])
+    with pytest.raises(TypeError, match="KV-cache pairs"):
+        ctx.dispatch(g, {"x": page.x, "pos": page.pos, "past_k": cache}, {"y": page.y})
+    with pytest.raises(TypeError, match="KV-cache pairs"):
+        ctx.dispatch(g, {"x": page.x, "pos": page.pos}, {"y": page.y, "present_k": cache})
+    ctx.dispatch(g, {"x": page.x, "pos": page.pos}, {"y": page.y})  # not required
+
+
+# -- behaviour 3: the graph owns the cache -----------------------------------------------
+
+def test_cache_starts_zero_updates_in_order_and_reset_reproduces(ctx):
+    b, outs = decoder(ctx, 5)
+    g = b.build(outs, use_stateful=True, kv_cache_pairs=PAIRS)
+    np.testing.assert_array_equal(ctx._peek_state(g, "past_k"), 0)
+    page = Page(ctx, g, 5)
+    inputs = xs(4)
+    first = [page.step(x, p) for p, x in enumerate(inputs)]
+    k = ctx._peek_state(g, "past_k")
+    assert np.all(k[0, :, :4] != 0) and np.all(k[0, :, 4] == 0)
+    ctx.reset_kv_cache(g)
+    np.testing.assert_array_equal(ctx._peek_state(g, "past_k"), 0)
+    again = [page.step(x, p) for p, x in enumerate(inputs)]
+    for a, c in zip(first, again, strict=False):
+        np.testing.assert_array_equal(a, c)  # bit for bit
+
+
+def test_two_graphs_never_share(ctx):
+    """Two graphs built from the same operands each have their own cache (so a prefill
+    graph cannot hand its state to a decode graph)."""
+    b, outs = decoder(ctx, 5)
+    g1 = b.build(outs, use_stateful=True, kv_cache_pairs=PAIRS)
+    g2 = b.build(outs, use_stateful=True, kv_cache_pairs=PAIRS)
+    p1, p2 = Page(ctx, g1, 5), Page(ctx, g2, 5)
+    inputs = xs(3)
+    ref = [p1.step(x, p) for p, x in enumerate(inputs)]
+    np.testing.assert_array_equal(ctx._peek_state(g2, "past_k"), 0)
+    for p, x in enumerate(inputs):
+        np.testing.assert_array_equal(p2.step(x, p), ref[p])
+    g1.destroy()
+    p2.step(inputs[0], 3)  # g2 still works after g1 is destroyed
+
+
+# -- behaviour 4: capacity -----------------------------------------------------------------
+
+@pytest.mark.parametrize("read_past_after", [False, True])
+def test_overflow_fails_and_leaves_cache(ctx, read_past_after):
+    cap = 3
+    b, outs = decoder(ctx, cap, read_past_after=read_past_after)
+    g = b.build(outs, use_stateful=True, kv_cache_pairs=PAIRS)
+    # reading the old keys after the new ones forbids in place for keys only
+    assert g.in_place == {"past_k": not read_past_after, "past_v": True}
+    page = Page(ctx, g, cap)
+    inputs = xs(cap + 1)
+    for p in range(cap):
+        page.step(inputs[p], p)
+    before_k = ctx._peek_state(g, "past_k")
+    before_v = ctx._peek_state(g, "past_v")
+    for bad in (cap, cap + 5, -1):
+        with pytest.raises(OperationError, match="capacity"):
+            page.step(inputs[cap], bad)
+        np.testing.assert_array_equal(ctx._peek_state(g, "past_k"), before_k)
+        np.testing.assert_array_equal(ctx._peek_state(g, "past_v"), before_v)
+    # the graph goes on as if the failed dispatches never happened
+    want = decoder_ref(inputs[:cap], cap, read_past_after)
+    ctx.reset_kv_cache(g)
+    for p in range(cap):
+        got = page.step(inputs[p], p)
+    np.testing.assert_allclose(got, want[-1], atol=1e-5)
+
+
+# -- behaviour 5: hidden ---------------------------------------------------------------------
+
+def test_no_public_api_reaches_the_cache(ctx):
+    b, outs = decoder(ctx, 3)
+    g = b.build(outs, use_stateful=True, kv_cache_pairs=PAIRS)
+    public = {n: getattr(g, n) for n in dir(g) if not n.startswith("_")}
+    for name, value in public.items():
+        assert "Buffer" not in type(value).__name__, name
+        assert "MLTensor" not in type(value).__name__, name
+    with pytest.raises(TypeError):
+        ctx.read_tensor(g)
+
+
+# -- behaviour 6 and the open points ---------------------------------------------------
+
+def test_pairs_are_named_on_an_ordinary_graph(ctx):
+    b, outs = decoder(ctx, 4)
+    g = b.build(outs)  # the same graph, stateless, with no new op
+    assert not g.is_stateful and {"past_k", "past_v"} <= set(g.inputs)
+    with pytest.raises(InvalidStateError):
+        ctx.reset_kv_cache(g)
+
+
+def test_malformed_pairs_are_type_errors(ctx):
+    b, outs = decoder(ctx, 4)
+    P = MLKVCachePair
+    bad = [
+        [P("nope", "present_k")],
+        [P("past_k", "nope")],
+        [P("past_k", "present_k"), P("past_k", "present_v")],
+        [P("past_k", "present_k"), P("past_v", "present_k")],
+        [P("pos", "present_k")],  # dtype and shape differ
+        [P("past_k", "y")],  # shape differs
+    ]
+    for pairs in bad:
+        with pytest.raises(TypeError):
+            b.build(outs, use_stateful=True, kv_cache_pairs=pairs)
+    with pytest.raises(TypeError, match="use_stateful"):
+        b.build(outs, kv_cache_pairs=PAIRS)
+
+
+def test_reset_on_other_context_or_destroyed(ctx):
+    other = ml.create_context()
+    b, outs = decoder(other, 3)
+    g = b.build(outs, use_stateful=True, kv_cache_pairs=PAIRS)
+    with pytest.raises(TypeError):
+        ctx.reset_kv_cache(g)
+    g.destroy()
+    with pytest.raises(InvalidStateError):
+        other.reset_kv_cache(g)
+    other.destroy()
+
+
+# -- recurrent (overwrite) pairs ---------------------------------------------------------------
+
+def recurrent(ctx, *, in_place_possible=True):
+    """S' = a*S + outer(k, v); y = q @ S'. With ``in_place_possible=False`` the output
+    also reads the old state after the new one exists, y = (q @ S') @ S (two buffers)."""
+    b = MLGraphBuilder(ctx)
+    q = b.input("q", data_type="float32", shape=[1, D])
+    k = b.input("k", data_type="float32", shape=[D, 1])
+    v = b.input("v", data_type="float32", shape=[1, D])
+    a = b.input("a", data_type="float32", shape=[1, 1])
+    s = b.input("past_state", data_type="float32", shape=[D, D])
+    new = b.add(b.mul(a, s), b.mul(k, v))
+    y = b.matmul(q, new)
+    if not in_place_possible:
+        y = b.matmul(y, s)
+    return b.build({"y": y, "present_state": new}, use_stateful=True,
+                   kv_cache_pairs=[MLKVCachePair("past_state", "present_state")])
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_recurrent_state(ctx, in_place):
+    g = recurrent(ctx, in_place_possible=in_place)
+    assert g.is_stateful and g.in_place == {"past_state": in_place}
+    t = {n: ctx.create_tensor(data_type="float32", shape=s, writable=True)
+         for n, s in (("q", [1, D]), ("k", [D, 1]), ("v", [1, D]), ("a", [1, 1]))}
+    y = ctx.create_tensor(data_type="float32", shape=[1, D], readable=True)
+    S = np.zeros((D, D))
+    for _ in range(4):
+        vals = {n: RNG.uniform(0.2, 1.0, tt.shape).astype(np.float32) for n, tt in t.items()}
+        for n in t:
+            ctx.write_tensor(t[n], vals[n])
+        ctx.dispatch(g, t, {"y": y})
+        old, S = S, vals["a"] * S + vals["k"] * vals["v"]
+        want = vals["q"] @ S if in_place else vals["q"] @ S @ old
+        np.testing.assert_allclose(ctx.read_tensor(y), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ctx._peek_state(g, "past_state"), S, rtol=1e-5)
+    ctx.reset_kv_cache(g)
+    np.testing.assert_array_equal(ctx._peek_state(g, "past_state"), 0)
+
+
+# -- counters ------------------------------------------------------------------------------
+
+def step_counters(ctx, cap, stateful):
+    b, outs = decoder(ctx, cap)
+    g = b.build(outs, use_stateful=stateful, kv_cache_pairs=PAIRS if stateful else ())
+    page = Page(ctx, g, cap)
+    page.step(xs(1)[0], 0)
+    ctx.counters.reset()
+    page.step(xs(1)[0], 1)
+    return ctx.counters.snapshot(), g
+
+
+def test_counters_stateful_writes_only_new_rows(ctx):
+    row = H * D * 4  # bytes of one new row over all heads
+    s4, g4 = step_counters(ctx, 4, True)
+    s8, g8 = step_counters(ctx, 8, True)
+    # host traffic: x (16) + pos (4) up; y (32) + the 4-byte capacity status down
+    assert (s4.h2d, s4.d2h, s4.d2d) == (D * 4 + 4, H * D * 4 + 4, 0)
+    assert (s8.h2d, s8.d2h, s8.d2d) == (s4.h2d, s4.d2h, s4.d2d)
+    for g in (g4, g8):
+        scatters = [la.kernel for la in g._plan.launches
+                    if hasattr(la, "kernel") and la.kernel.name == "scatter_nd"]
+        assert len(scatters) == 2
+        for k in scatters:  # index tuples read + updates read + rows written
+            assert k.bytes == H * 3 * 4 + 2 * row
+    # the rest of the kernel traffic grows only with the attention reads of the cache
+    assert s8.kernel > s4.kernel
+
+
+def test_counters_stateless_copies_the_cache(ctx):
+    cap = 4
+    cache = H * cap * D * 4
+    s, _ = step_counters(ctx, cap, False)
+    # the scatter's copy of the unchanged rows is a device copy of each whole cache
+    assert s.d2d == 2 * cache
+    assert s.h2d == D * 4 + 4 and s.d2h == H * D * 4
