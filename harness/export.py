@@ -131,7 +131,8 @@ def write_weights(workload: Workload, directory: Path) -> dict[str, tuple[int, i
         n = int(np.prod(shape)) * 4
         manifest[stored] = [offset, n]
         offset += (n + _ALIGN - 1) // _ALIGN * _ALIGN
-    meta = {"model": model_key(cfg, workload.seed), "size": offset, "tensors": manifest}
+    meta = {"model": model_key(cfg, workload.seed), "size": offset, "tensors": manifest,
+            "fingerprint": {n: _fingerprint(workload.weights[n]) for n in workload.weights}}
     bin_path, json_path = directory / "weights.bin", directory / "weights.json"
     try:
         if json.loads(json_path.read_text()) == meta and bin_path.stat().st_size == offset:
@@ -151,6 +152,7 @@ def write_weights(workload: Workload, directory: Path) -> dict[str, tuple[int, i
                 f.seek(start)
                 f.write(np.ascontiguousarray(arr, dtype=np.float32).tobytes())
             f.truncate(offset)
+        os.chmod(tmp, 0o644)
         os.replace(tmp, bin_path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -163,7 +165,17 @@ def _atomic_write(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     with os.fdopen(fd, "wb") as f:
         f.write(data)
+    os.chmod(tmp, 0o644)
     os.replace(tmp, path)
+
+
+def _fingerprint(arr: np.ndarray) -> str:
+    """A cheap content check (head, tail and a strided sample) so a changed generator or seed
+    never silently reuses stale weights."""
+    flat = np.ascontiguousarray(arr, np.float32).reshape(-1)
+    step = max(1, flat.size // 4096)
+    sample = np.concatenate([flat[:64], flat[::step], flat[-64:]])
+    return hashlib.sha256(sample.tobytes()).hexdigest()[:16]
 
 
 # ---------------------------------------------------------------------------------------------
