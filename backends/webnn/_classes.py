@@ -418,7 +418,7 @@ class MLGraphBuilder:
             raise TypeError("gather indices must be int32, int64 or uint32")
         ax = S.axis(axis, len(x._shape))
         shp = x._shape[:ax] + indices._shape + x._shape[ax + 1:]
-        return self._node("gather", (x, indices), x._dtype, shp or (1,), axis=ax)
+        return self._node("gather", (x, indices), x._dtype, shp, axis=ax)
 
     # IDL: MLOperand expand(MLOperand input, sequence<[EnforceRange] unsigned long> newShape, optional MLOperatorOptions options = {});
     def expand(self, x: MLOperand, new_shape: Sequence[int]) -> MLOperand:
