@@ -198,15 +198,16 @@ class _OrtBackend(Backend):
 
     def _device_value(self, host: np.ndarray):
         """A device OrtValue holding a copy of `host` (counted as h2d)."""
+        if not host.size:  # an empty past holds no bytes anywhere; keep it off the device
+            return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(host, np.float32))
         if self.provider == "webgpu":
             value = self.session.create_ortvalue_from_shape_and_type(
                 list(host.shape), np.float32, "webgpu", 0)
         else:
             value = ort.OrtValue.ortvalue_from_shape_and_type(list(host.shape), np.float32,
                                                                "cpu", 0)
-        if host.size:
-            value.update_inplace(np.ascontiguousarray(host, np.float32))
-            self.counters.h2d += host.nbytes
+        value.update_inplace(np.ascontiguousarray(host, np.float32))
+        self.counters.h2d += host.nbytes
         return value
 
     def _allocate(self) -> None:
@@ -288,6 +289,9 @@ class _IOBinding(_OrtBackend):
                 shape[2] = 0
             self.values[s.input] = self._device_value(np.zeros(shape, np.float32))
 
+    def device_bytes(self) -> int | None:
+        return sum(v.tensor_size_in_bytes() for v in self.values.values())
+
     def reach_depth(self, depth: DepthState) -> None:
         self._check_depth(depth)
         n = depth.depth
@@ -346,6 +350,9 @@ class _Shared(_OrtBackend):
             self.io.bind_ortvalue_output(s.output, self.values[s.input])
         self.io.bind_ortvalue_output("logits", self.logits)
         self.details["in_place"] = {s.input: True for s in self.specs}
+
+    def device_bytes(self) -> int | None:
+        return sum(s.nbytes for s in self.specs) + self.cfg.vocab * 4
 
     def _upload(self, cache: dict[str, np.ndarray]) -> None:
         for s in self.specs:

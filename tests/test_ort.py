@@ -107,6 +107,7 @@ def test_device_resident_modes_move_only_ids_and_logits(name, tiny, cache_dir):
     for n in (0, 5, 20):
         c = _step_counters(b, tiny, n)
         assert c == {"h2d": IDS, "d2h": tiny.config.vocab * 4, "d2d": 0, "kernel": c["kernel"]}
+        assert b.device_bytes() >= _cache_bytes(tiny.config, n + 1)
 
 
 def test_kernel_bytes_shared_writes_rows_copy_writes_caches(tiny, cache_dir):
