@@ -305,3 +305,25 @@ def test_shape_inference_errors(ctx):
         b.input("w", data_type="bfloat99", shape=[2])
     assert b.matmul(x, b.transpose(y)).shape == [2, 4]
     assert b.reduce_mean(x, axes=[1], keep_dimensions=True).shape == [2, 1]
+
+
+def test_constants_beyond_the_binding_limit_are_chunked(ctx):
+    """An LM head or embedding table larger than max-storage-buffer-binding-size is split
+    into chunks (forced here with a tiny limit)."""
+    saved = ctx._max_binding
+    ctx._max_binding = 1024  # bytes
+    try:
+        a, w = rand([1, 16]), rand([16, 70])
+        got = run(ctx, lambda bl, a: bl.matmul(a, bl.constant(data_type="float32", shape=[16, 70],
+                                                               value=w)), {"a": a})
+        atol_close(got, a.astype(np.float64) @ w, atol=1e-4)
+        e = rand([70, 16])  # tied: logits = x @ E^T reads E (N, K) in chunks
+        got = run(ctx, lambda bl, a: bl.matmul(a, bl.transpose(bl.constant(
+            data_type="float32", shape=[70, 16], value=e))), {"a": a})
+        atol_close(got, a.astype(np.float64) @ e.T, atol=1e-4)
+        idx = np.array([[3, 69, 20, 0]], np.int32)
+        got = run(ctx, lambda bl, i: bl.gather(bl.constant(data_type="float32", shape=[70, 16],
+                                                            value=e), i), {"i": idx})
+        np.testing.assert_array_equal(got, e[idx])
+    finally:
+        ctx._max_binding = saved

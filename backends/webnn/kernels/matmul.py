@@ -19,7 +19,7 @@ def _batch_fn(fname: str, batch: Sequence[int], src_batch: Sequence[int], unit: 
 
 
 def gemv(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequence[int],
-         *, b_t: bool) -> Kernel:
+         *, b_t: bool, n_off: int = 0, n_chunk: int | None = None) -> Kernel:
     """out[r, n] = sum_k A[r, k] * Bt[n, k] for M == 1 (decode).
 
     Requires ``b_t`` (weights (N, K) with K contiguous). A workgroup computes ``cols``
@@ -27,19 +27,24 @@ def gemv(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequence[int
     0) — adjacent threads read adjacent 16-byte words of one weight row, so loads
     coalesce — and reduce their partial sums in workgroup memory. Each weight byte is
     read exactly once per row.
+
+    ``n_off``/``n_chunk``: this launch computes output columns [n_off, n_off + n_chunk)
+    from a weight buffer holding just those rows (weights larger than the device's
+    storage-binding limit, e.g. a 128k-vocabulary LM head, are split into chunks).
     """
     assert b_t
     K, N = a_shape[-1], out_shape[-1]
+    nc = N if n_chunk is None else n_chunk
     batch = tuple(out_shape[:-2])
     rows = S.size(batch) * out_shape[-2]
     vw = 4 if K % 4 == 0 else 1
     vt = "vec4<f32>" if vw == 4 else "f32"
     kv = K // vw
-    cols = 4 if -(-N // 4) <= 65535 else 8
-    gx = -(-N // cols)
+    cols = 4 if -(-nc // 4) <= 65535 else 8
+    gx = -(-nc // cols)
     src = decl(0, "a", vt, "read") + decl(1, "b", vt, "read") + decl(2, "out", "f32", "rw")
     src += _batch_fn("aoff", batch, a_shape[:-2], a_shape[-2] * K)
-    src += _batch_fn("boff", batch, b_shape[:-2], N * K)
+    src += _batch_fn("boff", batch, b_shape[:-2], nc * K)
     src += f"var<workgroup> sh: array<f32, {cols * WG}>;\n"
     src += (f"@compute @workgroup_size({WG})\n"
             "fn main(@builtin(workgroup_id) wid: vec3<u32>, "
@@ -51,7 +56,7 @@ def gemv(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequence[int
     src += f"  let bb = boff(bi) / {vw}u;\n"
     for c in range(cols):
         src += f"  var acc{c} = 0.0;\n"
-        src += f"  let w{c} = bb + min(n0 + {c}u, {N - 1}u) * {kv}u;\n"
+        src += f"  let w{c} = bb + min(n0 + {c}u, {nc - 1}u) * {kv}u;\n"
     src += f"  for (var k = lid; k < {kv}u; k = k + {WG}u) {{\n    let x = a[ab + k];\n"
     dot = "dot(x, b[w{c} + k])" if vw == 4 else "x * b[w{c} + k]"
     for c in range(cols):
@@ -67,9 +72,9 @@ def gemv(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequence[int
             src += f"    sh[{c * WG}u + lid] = sh[{c * WG}u + lid] + sh[{c * WG}u + lid + {s}u];\n"
         src += "  }\n  workgroupBarrier();\n"
         s //= 2
-    src += (f"  if (lid < {cols}u && n0 + lid < {N}u) {{\n"
-            f"    out[row * {N}u + n0 + lid] = sh[lid * {WG}u];\n  }}\n}}\n")
-    traffic = 4 * (S.size(a_shape) + S.size(b_shape) + S.size(out_shape))
+    src += (f"  if (lid < {cols}u && n0 + lid < {nc}u) {{\n"
+            f"    out[row * {N}u + {n_off}u + n0 + lid] = sh[lid * {WG}u];\n  }}\n}}\n")
+    traffic = 4 * (S.size(a_shape) + S.size(b_shape) * nc // N + rows * nc)
     return Kernel("matmul_gemv", src, ["read", "read", "rw"], (gx, rows, 1), traffic)
 
 

@@ -22,9 +22,12 @@ def strided_copy(t: str, region: Sequence[int], src_base: int, src_strides: Sequ
 
 
 def gather(t: str, it: str, in_shape: Sequence[int], idx_shape: Sequence[int],
-           axis: int) -> Kernel:
+           axis: int, rows: tuple[int, int] | None = None) -> Kernel:
     """out[o, j, r] = x[o, idx[j], r]; negative indices count from the end and are then
-    clamped into range (the spec leaves out-of-range indices implementation-defined)."""
+    clamped into range (the spec leaves out-of-range indices implementation-defined).
+
+    ``rows`` (axis 0 only): ``x`` holds just rows [r0, r1) of the table; only outputs
+    whose index falls there are written (one launch per chunk of a large table)."""
     outer = S.size(in_shape[:axis])
     dim = in_shape[axis]
     inner = S.size(in_shape[axis + 1:])
@@ -36,8 +39,16 @@ def gather(t: str, it: str, in_shape: Sequence[int], idx_shape: Sequence[int],
     src += (f"  let r = i % {inner}u;\n  let j = (i / {inner}u) % {ni}u;\n"
             f"  let o = i / {inner * ni}u;\n  var k = i32(idx[j]);\n"
             f"  if (k < 0) {{ k = k + {dim}; }}\n  k = clamp(k, 0, {dim - 1});\n"
-            f"  out[i] = x[(o * {dim}u + u32(k)) * {inner}u + r];\n}}\n")
-    return Kernel("gather", src, ["read", "read", "rw"], (gx, gy, gz), 4 * (2 * n + ni))
+            )
+    if rows is None:
+        src += f"  out[i] = x[(o * {dim}u + u32(k)) * {inner}u + r];\n}}\n"
+        traffic = 4 * (2 * n + ni)
+    else:
+        r0, r1 = rows
+        src += (f"  if (k < {r0} || k >= {r1}) {{ return; }}\n"
+                f"  out[i] = x[u32(k - {r0}) * {inner}u + r];\n}}\n")
+        traffic = 4 * (ni + (2 * n if r0 == 0 else 0))  # each output moved once in all
+    return Kernel("gather", src, ["read", "read", "rw"], (gx, gy, gz), traffic)
 
 
 def scatter_nd(t: str, it: str, in_shape: Sequence[int], idx_shape: Sequence[int],

@@ -58,6 +58,7 @@ class Plan:
     consts: dict[Slot, np.ndarray] = field(default_factory=dict)  # slot -> device array
     pairs: list[PairPlan] = field(default_factory=list)
     has_check: bool = False
+    max_binding: int = 1 << 27  # the device's max storage-buffer binding size, bytes
 
 
 @dataclass
@@ -85,8 +86,9 @@ def _is_last2_transpose(o: MLOperand) -> bool:
 
 
 def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
-                  stateful: bool, inputs: dict[str, MLOperand]) -> Plan:
-    plan = Plan()
+                  stateful: bool, inputs: dict[str, MLOperand],
+                  max_binding: int = 1 << 27) -> Plan:
+    plan = Plan(max_binding=max_binding)
     dest: dict[int, Slot] = {}  # root id -> slot it must be computed into
     steps: list[_Step] = []
     extra_copies: list[tuple[MLOperand, Slot, str]] = []
@@ -268,21 +270,34 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
         add(KernelLaunch(k, slots + ([("status",)] if guarded else [])))
     elif op == "matmul":
         a, b = o._inputs
-        b_t = reads[1] is not root(b)
-        b_shape = reads[1]._shape
-        b_slot = ins[1]
-        if not b_t and reads[1]._kind == "constant" and len(b._shape) == 2 \
-                and a._shape[-2] == 1:
+        src = reads[1]
+        b_t = src is not root(b)
+        M = a._shape[-2]
+        weights = None  # a constant in (N, K) layout for the matrix-vector kernel
+        if M == 1 and src._kind == "constant" and len(src._shape) == 2:
             # constants are the implementation's business: weights repacked (N, K)
-            b_slot = ("const", ("T", reads[1]._id))
-            plan.consts.setdefault(b_slot, np.ascontiguousarray(
-                reads[1]._value.astype(np.float32).T).reshape(-1))
-            b_shape, b_t = (b._shape[1], b._shape[0]), True
-        if b_t and a._shape[-2] == 1:
-            k = MM.gemv(a._shape, b_shape, shp, b_t=True)
+            weights = src._value.astype(np.float32)
+            weights = weights if b_t else np.ascontiguousarray(weights.T)
+        if weights is not None:
+            N, K = weights.shape
+            per = max(8, (plan.max_binding // (4 * K)) // 8 * 8)
+            for c, n0 in enumerate(range(0, N, per)):
+                nc = min(per, N - n0)
+                if b_t and nc == N:
+                    slot = slot_of(src)
+                else:
+                    slot = ("const", ("T", src._id, c))
+                    plan.consts.setdefault(slot, np.ascontiguousarray(
+                        weights[n0:n0 + nc]).reshape(-1))
+                k = MM.gemv(a._shape, (N, K), shp, b_t=True, n_off=n0,
+                            n_chunk=nc if nc != N else None)
+                add(KernelLaunch(k, [ins[0], slot, out_slot]))
+        elif b_t and M == 1:
+            add(KernelLaunch(MM.gemv(a._shape, src._shape, shp, b_t=True),
+                             [ins[0], ins[1], out_slot]))
         else:
-            k = MM.matmul(a._shape, b_shape, shp, b_t=b_t)
-        add(KernelLaunch(k, [ins[0], b_slot, out_slot]))
+            add(KernelLaunch(MM.matmul(a._shape, src._shape, shp, b_t=b_t),
+                             [ins[0], ins[1], out_slot]))
     elif op == "softmax":
         add(KernelLaunch(RD.softmax(o._inputs[0]._shape, o._attrs["axis"]), [ins[0], out_slot]))
     elif op.startswith("reduce_"):
@@ -312,8 +327,23 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
             off += x._shape[ax]
     elif op == "gather":
         x, idx = o._inputs
-        k = MV.gather(t, idx._dtype.wgsl, x._shape, idx._shape, o._attrs["axis"])
-        add(KernelLaunch(k, [ins[0], ins[1], out_slot]))
+        ax = o._attrs["axis"]
+        src = reads[0]
+        row = 4 * S.size(x._shape[1:])
+        if src._kind == "constant" and ax == 0 and row * x._shape[0] > plan.max_binding:
+            # a table beyond the storage-binding limit (a 128k-row embedding): one launch
+            # per chunk of rows, each writing the outputs whose index falls in it
+            per = max(1, plan.max_binding // row)
+            flat = src._value.astype(src._dtype.device_np).reshape(x._shape[0], -1)
+            for c, r0 in enumerate(range(0, x._shape[0], per)):
+                slot = ("const", ("G", src._id, c))
+                plan.consts.setdefault(slot, np.ascontiguousarray(flat[r0:r0 + per]).reshape(-1))
+                k = MV.gather(t, idx._dtype.wgsl, x._shape, idx._shape, 0,
+                              rows=(r0, min(r0 + per, x._shape[0])))
+                add(KernelLaunch(k, [slot, ins[1], out_slot]))
+        else:
+            k = MV.gather(t, idx._dtype.wgsl, x._shape, idx._shape, ax)
+            add(KernelLaunch(k, [ins[0], ins[1], out_slot]))
     elif op == "scatter_nd":
         x, idx, upd = o._inputs
         if not (pp is not None and pp.append):

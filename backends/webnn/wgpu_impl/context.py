@@ -99,6 +99,7 @@ class WgpuContext(MLContext):
         self._device = adapter.request_device_sync(required_features=feats,
                                                    required_limits=want)
         self._queue = self._device.queue
+        self._max_binding = int(self._device.limits["max-storage-buffer-binding-size"])
         self.state_support = state_support
         self._pipelines: dict[str, tuple[Any, Any]] = {}
         self._read_staging: Any = None
@@ -190,7 +191,7 @@ class WgpuContext(MLContext):
         g.inputs = {n: (o.data_type, o._shape) for n, o in inputs.items() if n not in hidden_in}
         g.outputs = {n: (o.data_type, o._shape) for n, o in outputs.items()
                      if n not in hidden_out}
-        plan = compile_graph(outputs, pairs, stateful, inputs)
+        plan = compile_graph(outputs, pairs, stateful, inputs, self._max_binding)
         g._plan = plan
         dev = self._device
         for slot, count in plan.temps.items():
