@@ -222,3 +222,21 @@ def test_gpu_timing_opt_in(ctx):
     else:
         assert timed.gpu_time_ns is None and timed.gpu_time_reason
     timed.destroy()
+
+
+def test_intermediate_buffers_are_reused(ctx):
+    b = MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=[3, 5])
+    y = x
+    for _ in range(6):
+        y = b.neg(b.abs(y))
+    g = b.build({"y": y})
+    temps = {id(buf) for slot, buf in g._buffers.items() if slot[0] == "temp"}
+    assert len(g._plan.temps) == 11 and len(temps) == 2
+    assert g.device_bytes == sum({id(v): v.size for v in g._buffers.values()}.values())
+    t_in = ctx.create_tensor(data_type="float32", shape=[3, 5], writable=True)
+    t_out = ctx.create_tensor(data_type="float32", shape=[3, 5], readable=True)
+    v = np.random.default_rng(3).standard_normal((3, 5)).astype(np.float32)
+    ctx.write_tensor(t_in, v)
+    ctx.dispatch(g, {"x": t_in}, {"y": t_out})
+    np.testing.assert_array_equal(ctx.read_tensor(t_out), -np.abs(v))

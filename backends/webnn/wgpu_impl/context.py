@@ -56,10 +56,11 @@ class WgpuGraph(MLGraph):
         self._kernel_bytes = 0
         self._copy_bytes = 0
         self._passes: list[tuple[int, int]] = []
+        self.device_bytes = 0  # statebench extension: bytes of buffers the graph owns
 
     def destroy(self) -> None:
         if not self._destroyed:
-            for b in self._buffers.values():
+            for b in {id(b): b for b in self._buffers.values()}.values():
                 b.destroy()
             for bufs in self._state:
                 for b in bufs:
@@ -194,8 +195,8 @@ class WgpuContext(MLContext):
         plan = compile_graph(outputs, pairs, stateful, inputs, self._max_binding)
         g._plan = plan
         dev = self._device
-        for slot, count in plan.temps.items():
-            g._buffers[slot] = dev.create_buffer(size=_nbytes(count), usage=_STORAGE)
+        for slot, buf in self._temp_buffers(plan).items():
+            g._buffers[slot] = buf
         for slot, arr in plan.consts.items():
             buf = dev.create_buffer(size=_nbytes(arr.size), usage=_STORAGE)
             self._queue.write_buffer(buf, 0, np.ascontiguousarray(arr))
@@ -208,6 +209,9 @@ class WgpuContext(MLContext):
                              for _ in range(1 if pp.in_place else 2)])
             g.in_place[pp.pair.input] = pp.in_place
         g._double = any(len(b) == 2 for b in g._state)
+        unique = {id(b): b for b in g._buffers.values()}
+        g.device_bytes = sum(b.size for b in unique.values()) + sum(
+            b.size for bufs in g._state for b in bufs)
         # items and static bind groups
         for la in plan.launches:
             if isinstance(la, KernelLaunch):
@@ -229,6 +233,35 @@ class WgpuContext(MLContext):
                 g._passes.append((start, i))
                 start = None
         return g
+
+    def _temp_buffers(self, plan: Plan) -> dict[tuple, Any]:
+        """Intermediate buffers, reused once their last reader has run (same size only).
+        A buffer freed by launch i is reused from launch i + 1 on, never within launch i
+        (a dispatch may not bind one buffer read-only and writable)."""
+        first: dict[tuple, int] = {}
+        last: dict[tuple, int] = {}
+        for i, la in enumerate(plan.launches):
+            slots = la.slots if isinstance(la, KernelLaunch) else [la.src, la.dst]
+            for sl in slots:
+                if sl in plan.temps:
+                    first.setdefault(sl, i)
+                    last[sl] = i
+        free: dict[int, list[Any]] = {}
+        out: dict[tuple, Any] = {}
+        by_first: dict[int, list[tuple]] = {}
+        by_last: dict[int, list[tuple]] = {}
+        for sl in first:
+            by_first.setdefault(first[sl], []).append(sl)
+            by_last.setdefault(last[sl], []).append(sl)
+        for i in range(len(plan.launches)):
+            for sl in by_first.get(i, []):
+                n = _nbytes(plan.temps[sl])
+                pool = free.get(n)
+                out[sl] = pool.pop() if pool else self._device.create_buffer(size=n,
+                                                                            usage=_STORAGE)
+            for sl in by_last.get(i, []):
+                free.setdefault(_nbytes(plan.temps[sl]), []).append(out[sl])
+        return out
 
     def _static(self, g: WgpuGraph, slot: tuple) -> bool:
         if slot[0] in ("input", "output"):
