@@ -327,3 +327,23 @@ def test_constants_beyond_the_binding_limit_are_chunked(ctx):
         np.testing.assert_array_equal(got, e[idx])
     finally:
         ctx._max_binding = saved
+
+
+@pytest.mark.parametrize("sa,sx,sb", [([1, 2, 2, 16, 16], [1, 2, 16], [1, 2, 1, 16, 1]),
+                                      ([1, 6], [2, 3, 5], [6, 5])])
+def test_matmul_of_reshaped_operand(ctx, sa, sx, sb):
+    """B is a view (reshape) of storage with another shape; the view's shape rules."""
+    a, x = rand(sa), rand(sx)
+    got = run(ctx, lambda bl, a, x: bl.matmul(a, bl.reshape(x, sb)), {"a": a, "x": x})
+    atol_close(got, np.matmul(a.astype(np.float64), x.reshape(sb)), atol=1e-4)
+    w = rand(sx)
+    got = run(ctx, lambda bl, a: bl.matmul(a, bl.reshape(bl.constant(
+        data_type="float32", shape=sx, value=w), sb)), {"a": a})
+    atol_close(got, np.matmul(a.astype(np.float64), w.reshape(sb)), atol=1e-4)
+
+
+def test_matmul_transpose_of_reshape_is_folded_with_its_shape(ctx):
+    q, k = rand([1, 2, 1, 4]), rand([2, 12])
+    got = run(ctx, lambda bl, q, k: bl.matmul(q, bl.transpose(bl.reshape(k, [1, 2, 3, 4]),
+                                                              [0, 1, 3, 2])), {"q": q, "k": k})
+    atol_close(got, q.astype(np.float64) @ k.reshape(1, 2, 3, 4).transpose(0, 1, 3, 2), atol=1e-5)

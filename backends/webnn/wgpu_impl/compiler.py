@@ -270,13 +270,15 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
         add(KernelLaunch(k, slots + ([("status",)] if guarded else [])))
     elif op == "matmul":
         a, b = o._inputs
-        src = reads[1]
+        src = reads[1]  # storage read for B (a root: reshapes are views)
         b_t = src is not root(b)
+        # B's logical shape: the transpose's input when the transpose is folded
+        b_shape = root(b)._inputs[0]._shape if b_t else b._shape
         M = a._shape[-2]
         weights = None  # a constant in (N, K) layout for the matrix-vector kernel
-        if M == 1 and src._kind == "constant" and len(src._shape) == 2:
+        if M == 1 and src._kind == "constant" and len(b_shape) == 2:
             # constants are the implementation's business: weights repacked (N, K)
-            weights = src._value.astype(np.float32)
+            weights = src._value.astype(np.float32).reshape(b_shape)
             weights = weights if b_t else np.ascontiguousarray(weights.T)
         if weights is not None:
             N, K = weights.shape
@@ -293,10 +295,10 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
                             n_chunk=nc if nc != N else None)
                 add(KernelLaunch(k, [ins[0], slot, out_slot]))
         elif b_t and M == 1:
-            add(KernelLaunch(MM.gemv(a._shape, src._shape, shp, b_t=True),
+            add(KernelLaunch(MM.gemv(a._shape, b_shape, shp, b_t=True),
                              [ins[0], ins[1], out_slot]))
         else:
-            add(KernelLaunch(MM.matmul(a._shape, src._shape, shp, b_t=b_t),
+            add(KernelLaunch(MM.matmul(a._shape, b_shape, shp, b_t=b_t),
                              [ins[0], ins[1], out_slot]))
     elif op == "softmax":
         add(KernelLaunch(RD.softmax(o._inputs[0]._shape, o._attrs["axis"]), [ins[0], out_slot]))
