@@ -28,7 +28,16 @@ Deviations (each marked DEVIATION in the code):
 - Out-of-range gather indices are clamped; out-of-range scatter_nd tuples are skipped
   (both implementation-defined in the spec); negative ones count from the end.
 - statebench extensions: MLGraph.inputs/outputs (the bound interface), MLGraph.in_place,
-  MLContext.counters (bytes moved), MLContext.gpu_time_ns.
+  MLGraph.device_bytes, MLContext.counters (bytes moved, ByteCounters with snapshot() and
+  reset()), MLContext.gpu_time_ns / gpu_time_reason.
+
+Implementation notes: kernels are WGSL generated per shape at build time; a dispatch is
+one command encoder and one queue.submit; reshapes are views; matmul with M == 1 and
+constant weights uses a matrix-vector kernel on weights repacked (N, K) at build time,
+split into chunks beyond the device's storage-binding limit (as are large gather tables);
+matmul(q, transpose(k)) reads k in place; intermediate buffers are reused by liveness.
+A stateful graph with append pairs reads back a 4-byte capacity status per dispatch
+(counted in d2h; see FINDINGS.md).
 
 Proposal decisions are listed in backends/webnn/FINDINGS.md.
 """
