@@ -46,7 +46,7 @@ class _Page(Backend):
     #: keep the caches in host arrays and copy them both ways every step
     host_cache = False
 
-    def __init__(self, onnx_path: str | os.PathLike | None = None, timing: bool = False) -> None:
+    def __init__(self, onnx_path: str | os.PathLike | None = None, timing: bool = True) -> None:
         super().__init__()
         self.onnx_path = onnx_path  # a user's export instead of harness.export's
         self.timing = timing
@@ -108,6 +108,9 @@ class _Page(Backend):
         else:
             path = self.onnx_path
         self.context = webnn.ml.create_context(state_support=self.state_support, timing=self.timing)
+        reason = getattr(self.context, "gpu_time_reason", "")
+        if reason:
+            self.details["gpu_time_reason"] = reason
         with self._counted():
             if self.request_state:
                 self._pairs = list_kv_pairs(path)
@@ -217,7 +220,7 @@ class _Page(Backend):
     def gpu_time_ms(self) -> float | None:
         if self.context is None or not self.timing:
             return None
-        ns = self.context.gpu_time_ns()  # timestamp queries around the last dispatch
+        ns = self.context.gpu_time_ns  # timestamp queries around the last dispatch
         return None if ns is None else ns / 1e6
 
     def device_bytes(self) -> int | None:

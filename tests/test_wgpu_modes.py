@@ -73,6 +73,15 @@ def test_stateful_details(backend):
         assert backend.details["is_stateful"] is False
 
 
+def test_gpu_time_or_reason(backend):
+    backend.step(int(TOKENS[0]))
+    ms = backend.gpu_time_ms()
+    if ms is None:
+        assert backend.details["gpu_time_reason"]
+    else:
+        assert ms > 0
+
+
 # --- bytes per step -----------------------------------------------------------------------------
 
 CAPACITIES = (24, 48, 96)

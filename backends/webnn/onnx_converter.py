@@ -116,7 +116,7 @@ def list_kv_pairs(model: onnx.ModelProto | str | os.PathLike) -> list[MLKVCacheP
     `past_key_values.N.key|value` -> `present.N.key|value`; `past_<..state..>` ->
     `present_<..state..>`. The output must exist with the input's type and shape.
     """
-    graph = _load(model).graph
+    graph = _load(model, weights=False).graph
     inits = {t.name for t in graph.initializer}
     inputs = {i.name: i for i in graph.input if i.name not in inits}
     outputs = {o.name: o for o in graph.output}
@@ -157,12 +157,12 @@ def convert(model: onnx.ModelProto | str | os.PathLike, context, *, use_stateful
                           kv_cache_pairs=pairs)
 
 
-def _load(model: onnx.ModelProto | str | os.PathLike) -> onnx.ModelProto:
+def _load(model: onnx.ModelProto | str | os.PathLike, weights: bool = True) -> onnx.ModelProto:
     if isinstance(model, onnx.ModelProto):
         return model
     try:
-        # load_external_data resolves initializers stored beside the file
-        return onnx.load(os.fspath(model), load_external_data=True)
+        # load_external_data resolves initializers stored beside the file (names need none)
+        return onnx.load(os.fspath(model), load_external_data=weights)
     except (OSError, onnx.onnx_cpp2py_export.checker.ValidationError) as exc:  # type: ignore[attr-defined]
         raise ConversionError(f"cannot read ONNX file {os.fspath(model)!r}: {exc}") from None
     except Exception as exc:  # protobuf DecodeError and friends: not an ONNX file
