@@ -224,11 +224,14 @@ class _Page(Backend):
         return None if ns is None else ns / 1e6
 
     def device_bytes(self) -> int | None:
-        if self.context is None:
+        """The graph's own buffers (weights, temporaries, hidden state) plus the page's tensors."""
+        if self.converted is None:
             return None
-        val = getattr(self.context, "device_bytes", None)
-        val = val() if callable(val) else val
-        return None if val is None else int(val)
+        from backends.webnn.dtypes import ELEMENT_BYTES
+
+        tensors = [*self._bound.values(), *self._cur.values(), *self._nxt.values()]
+        page = sum(int(np.prod(t.shape)) * ELEMENT_BYTES for t in tensors)
+        return int(getattr(self.converted.graph, "device_bytes", 0)) + page
 
     def close(self) -> None:
         if self.context is not None:

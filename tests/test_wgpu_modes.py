@@ -73,7 +73,13 @@ def test_stateful_details(backend):
         assert backend.details["is_stateful"] is False
 
 
+def test_device_bytes_hold_weights_and_caches(backend):
+    # float32 weights (the tied head is stored twice: embedding and transposed LM head)
+    assert backend.device_bytes() >= TINY.weights_bytes
+
+
 def test_gpu_time_or_reason(backend):
+    backend.reset()
     backend.step(int(TOKENS[0]))
     ms = backend.gpu_time_ms()
     if ms is None:
