@@ -14,6 +14,7 @@ import sys
 from rich.console import Console
 
 from harness.commands import COMMANDS
+from harness.commands.spec import Spec
 from harness.workload import UserError
 
 
@@ -30,7 +31,7 @@ def make_parser() -> ArgumentParser:
         description="Decode-step benchmark for stateful ML graphs (WebNN useStateful/kvCachePairs) "
                     "on wgpu and ONNX Runtime.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=ArgumentParser)
-    for cmd in COMMANDS:
+    for cmd in COMMANDS + (Spec,):  # Spec belongs in harness.commands.COMMANDS (not ours to edit)
         cmd.setup_arguments(sub)
     return parser
 
