@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# statebench's two commands, each setting itself up first:
+#
+#   ./statebench.sh run  [statebench run flags...]   the default sweep (preset small, no GPU needed)
+#   ./statebench.sh test [pytest flags...]           the test suite
+#
+# Setup (idempotent): create .venv, `pip install -e .[test,webgpu]`, and — as root, when wgpu
+# finds no adapter — `apt-get install -y mesa-vulkan-drivers` (lavapipe, a CPU Vulkan driver).
+set -euo pipefail
+cd "$(dirname "$0")"
+
+PY=${PYTHON:-python3}
+VENV=.venv
+STAMP=$VENV/.statebench-installed
+
+say() { printf 'statebench.sh: %s\n' "$*" >&2; }
+
+setup_venv() {
+  if [ ! -x "$VENV/bin/python" ]; then
+    say "creating $VENV"
+    "$PY" -m venv "$VENV"
+  fi
+  if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
+    say "installing statebench into $VENV"
+    "$VENV/bin/python" -m pip install -q --upgrade pip
+    "$VENV/bin/python" -m pip install -q -e '.[test,webgpu]'
+    touch "$STAMP"
+  fi
+}
+
+has_adapter() {
+  "$VENV/bin/python" - <<'PY' 2>/dev/null
+import sys
+try:
+    import wgpu
+    sys.exit(0 if wgpu.gpu.request_adapter_sync() is not None else 1)
+except Exception:
+    sys.exit(1)
+PY
+}
+
+setup_vulkan() {
+  if has_adapter; then
+    return
+  fi
+  if dpkg -s mesa-vulkan-drivers >/dev/null 2>&1; then
+    say "no WebGPU adapter although mesa-vulkan-drivers is installed; wgpu backends will be unavailable"
+    return
+  fi
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    say "no WebGPU adapter: installing mesa-vulkan-drivers (lavapipe)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers
+  else
+    say "no WebGPU adapter; run as root (apt-get install -y mesa-vulkan-drivers) to get lavapipe," \
+        "or the wgpu backends will be marked unavailable"
+  fi
+}
+
+# the Vulkan loader complains without a runtime dir
+if [ -z "${XDG_RUNTIME_DIR:-}" ] || [ ! -d "$XDG_RUNTIME_DIR" ]; then
+  export XDG_RUNTIME_DIR="${TMPDIR:-/tmp}/statebench-xdg-$(id -u)"
+  mkdir -p -m 700 "$XDG_RUNTIME_DIR"
+fi
+
+cmd=${1:-}
+shift || true
+case "$cmd" in
+  run)
+    setup_venv
+    setup_vulkan
+    exec "$VENV/bin/statebench" run "$@"
+    ;;
+  test)
+    setup_venv
+    setup_vulkan
+    exec "$VENV/bin/python" -m pytest -q "$@"
+    ;;
+  *)
+    echo "usage: ./statebench.sh run [statebench run flags...] | ./statebench.sh test [pytest flags...]" >&2
+    exit 2
+    ;;
+esac
