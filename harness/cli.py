@@ -14,7 +14,6 @@ import sys
 from rich.console import Console
 
 from harness.commands import COMMANDS
-from harness.commands.spec import Spec
 from harness.workload import UserError
 
 
@@ -31,7 +30,7 @@ def make_parser() -> ArgumentParser:
         description="Decode-step benchmark for stateful ML graphs (WebNN useStateful/kvCachePairs) "
                     "on wgpu and ONNX Runtime.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=ArgumentParser)
-    for cmd in COMMANDS + (Spec,):  # Spec belongs in harness.commands.COMMANDS (not ours to edit)
+    for cmd in COMMANDS:
         cmd.setup_arguments(sub)
     return parser
 
