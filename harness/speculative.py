@@ -349,7 +349,7 @@ class OrtVerify:
             raise RuntimeError("onnxruntime is not installed")
         self.sh, self.capacity = sh, capacity
         so = ort.SessionOptions()
-        so.log_severity_level = 3
+        so.log_severity_level = 4  # failures are reported as reasons
         if provider == "webgpu":
             devices, why = webgpu_devices()
             if not devices:
@@ -378,6 +378,15 @@ class OrtVerify:
 _webgpu: dict[str, object] = {}
 
 
+def _version(package: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
 def webgpu_devices() -> tuple[list, str]:
     """ORT's WebGPU plugin EP devices (registered once, by `backends.ort`), or why none."""
     if "result" not in _webgpu:
@@ -400,10 +409,18 @@ class WebGpuReplay:
         if not devices:
             raise RuntimeError(why)
         so = ort.SessionOptions()
-        so.log_severity_level = 3
+        so.log_severity_level = 4  # failures are reported as reasons
         so.add_provider_for_devices(devices, {})
         self.ort, self.sh, self.capacity = ort, sh, capacity
-        self.session = ort.InferenceSession(replay_model(), so)
+        try:
+            self.session = ort.InferenceSession(replay_model(), so)
+        except Exception as exc:
+            if "Provider type for GatedDeltaNetStateReplay" in str(exc):
+                # seen with onnxruntime-ep-webgpu 0.4.0: the plugin has no kernel for the op
+                raise RuntimeError(
+                    "no execution provider here implements GatedDeltaNetStateReplay (the WebGPU "
+                    f"plugin EP {_version('onnxruntime-ep-webgpu')} has no kernel for it)") from None
+            raise
 
     def run(self, source: np.ndarray, capsule: np.ndarray, kept: int, b: SpecBytes) -> np.ndarray:
         ort, sh = self.ort, self.sh
@@ -709,11 +726,11 @@ SHORT = {"snapshot_recompute": "snapshot+recompute", "dense_checkpoints": "dense
          "compact_replay_ort_webgpu": "compact (ORT WebGPU)"}
 
 
-def fmt_bytes(n: float) -> str:
+def fmt_bytes(n: float, short: bool = False) -> str:
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{int(n)} B"
+            return f"{n / scale:.1f}{unit[0] if short else ' ' + unit}"
+    return f"{int(n)}" if short else f"{int(n)} B"
 
 
 def tables(data: dict) -> list:
@@ -732,11 +749,11 @@ def tables(data: dict) -> list:
             title = (f"attention layers {layer['layers']} (kv_heads={sh['kv_heads']} "
                      f"head_dim={sh['head_dim']}, depth {sh['depth']}): "
                      f"{fmt_bytes(layer['closed_form']['row_bytes'])} K+V per token")
-        t = Table(title=title, title_justify="left")
+        t = Table(title=title, title_justify="left", show_lines=True)
         t.add_column("m", justify="right")
         names = list(layer["rows"][0]["strategies"])
         for n in names:
-            t.add_column(SHORT.get(n, n) + "\nstate r/w/copy · capsule · ms", justify="right")
+            t.add_column(SHORT.get(n, n) + "\nstate r/w/copy +capsule\nms", justify="right")
         for r in layer["rows"]:
             cells = [str(r["m"])]
             for n in names:
@@ -747,8 +764,9 @@ def tables(data: dict) -> list:
                 b = c["bytes"]
                 mark = "[green]✓[/]" if c["ok"] else "[red]✗[/]"
                 cap = b["capsule_written"] + b["capsule_read"]
-                cells.append(f"{fmt_bytes(b['state_read'])}/{fmt_bytes(b['state_written'])}/"
-                             f"{fmt_bytes(b['state_copied'])} · {fmt_bytes(cap)} · "
+                cells.append(f"{fmt_bytes(b['state_read'], True)}/"
+                             f"{fmt_bytes(b['state_written'], True)}/"
+                             f"{fmt_bytes(b['state_copied'], True)} +{fmt_bytes(cap, True)}\n"
                              f"{c['time_ms']:.3f} {mark}")
             t.add_row(*cells)
         out.append(t)
