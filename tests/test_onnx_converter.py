@@ -249,6 +249,28 @@ def tiny_path(tmp_path_factory):
     return export(TINY, "standard", 16, tmp_path_factory.mktemp("export"))
 
 
+def test_ort_flavour_is_refused_by_name(tmp_path, context):
+    """The ORT flavour is not a WebNN graph: symbolic cache lengths, then contrib ops."""
+    path = export(TINY, "ort", 16, tmp_path)
+    with pytest.raises(ConversionError, match="past_sequence_length"):
+        convert(path, context)
+    model = onnx.load(path)
+    for vi in [*model.graph.input, *model.graph.output]:
+        for d in vi.type.tensor_type.shape.dim:
+            if d.dim_param:
+                d.dim_value = 16  # pin the symbolic lengths: now the fused ops are what is refused
+    with pytest.raises(ConversionError, match="unsupported op .*(LayerNormalization|GatedDeltaNet)"):
+        convert(model, context)
+
+
+def test_unloaded_external_data_is_a_clear_error(tiny_path, context):
+    model = onnx.load(tiny_path, load_external_data=False)
+    stored = next(t for t in model.graph.initializer if t.external_data)
+    next(e for e in stored.external_data if e.key == "location").value = "missing.bin"
+    with pytest.raises(ConversionError, match="external data"):
+        convert(model, context)
+
+
 def test_list_kv_pairs_from_names(tiny_path):
     pairs = [(p.input, p.output) for p in list_kv_pairs(tiny_path)]
     want = [(s.input, s.output) for s in cache_specs(TINY.config, 16)]

@@ -209,7 +209,7 @@ class _Converter:
         for t in g.initializer:
             try:
                 self.consts[t.name] = numpy_helper.to_array(t)
-            except (OSError, ValueError) as exc:  # external data that was not loaded
+            except (OSError, ValueError, onnx.checker.ValidationError) as exc:  # external data not loaded
                 raise ConversionError(
                     f"initializer {t.name!r} cannot be read ({exc}); pass the .onnx path so its "
                     "external data is found beside it") from None
