@@ -57,11 +57,12 @@ def compare(run: Results, base: Results, max_slowdown: float = 0.25,
     if run.workload.get("preset") != base.workload.get("preset"):
         raise UserError(f"run is preset {run.workload.get('preset')!r} but the baseline is "
                         f"{base.workload.get('preset')!r}; gate like against like")
-    stateless = metrics.stateless_baseline(base.points)
-    verdict = Verdict([], stateless)
+    verdict = Verdict([], ", ".join(dict.fromkeys(
+        b for b in (metrics.stateless_baseline(base.points, n) for n in base.backends) if b)) or None)
     for bp in base.points:
         if bp.status != "ok":
             continue
+        stateless = metrics.stateless_baseline(base.points, bp.backend)
         p = run.point(bp.backend, bp.context)
         c = Check(bp.backend, bp.context, ok=True)
         verdict.checks.append(c)

@@ -107,10 +107,17 @@ def floor_ms(backend: str, cfg: ModelConfig, weights_bytes: int, depth: int, cap
     return ms, ""
 
 
-def stateless_baseline(points: list[Point]) -> str | None:
-    """The backend speedups and gate ratios are taken over: the first of STATELESS_BASELINES
-    with a matching measurement in `points` (a baseline that failed cannot anchor a ratio)."""
-    for name in STATELESS_BASELINES:
+def stateless_baseline(points: list[Point], backend: str | None = None) -> str | None:
+    """The backend speedups and gate ratios are taken over, for `backend`.
+
+    Its own family's stateless mode first (`<family>:stateless`, then `<family>:copy`: the same
+    device and runtime, so the ratio isolates how the state is carried), else the first of
+    STATELESS_BASELINES; only one with a matching measurement in `points` counts (a baseline
+    that failed cannot anchor a ratio).
+    """
+    family = backend.split(":", 1)[0] if backend else None
+    own = (f"{family}:stateless", f"{family}:copy") if family else ()
+    for name in (*own, *STATELESS_BASELINES):
         if any(p.backend == name and p.matches for p in points):
             return name
     return None

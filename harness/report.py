@@ -29,9 +29,19 @@ class Run:
     label: str
     results: Results
 
+    def baseline_for(self, backend: str) -> str | None:
+        return metrics.stateless_baseline(self.results.points, backend)
+
+    @property
+    def baselines(self) -> list[str]:
+        """The stateless baselines this run's speedups are over (one per backend family)."""
+        found = (self.baseline_for(b) for b in self.results.backends)
+        return list(dict.fromkeys(b for b in found if b))
+
     @property
     def baseline(self) -> str | None:
-        return metrics.stateless_baseline(self.results.points)
+        """The baselines as one phrase, for titles."""
+        return ", ".join(self.baselines) or None
 
 
 def label_runs(results: list[Results], paths: list[str | Path] | None = None) -> list[Run]:
@@ -54,7 +64,7 @@ def series_name(run: Run, backend: str) -> str:
 
 
 def point_speedup(run: Run, p: Point) -> float | None:
-    base = run.baseline
+    base = run.baseline_for(p.backend)
     if base is None or base == p.backend:
         return None
     return metrics.speedup(p, run.results.point(base, p.context))
