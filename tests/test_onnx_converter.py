@@ -163,6 +163,11 @@ def test_slice_negative_and_clamped(context):
           {"s": i64(-6, 1), "e": i64(1000, 3), "a": i64(1, 0)})
 
 
+def test_slice_with_steps(context):
+    check(context, [helper.make_node("Slice", ["x", "s", "e", "a", "k"], ["y"])], {"x": f32(3, 9)},
+          {"s": i64(1, 0), "e": i64(9, 3), "a": i64(1, 0), "k": i64(3, 2)})
+
+
 def test_expand_bidirectional(context):
     check(context, [helper.make_node("Expand", ["x", "s"], ["y"])], {"x": f32(3, 1)},
           {"s": i64(2, 1, 4)})

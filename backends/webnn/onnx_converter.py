@@ -568,18 +568,21 @@ def _slice(c: _Converter, node, attrs):
     else:
         starts, ends = attrs["starts"], attrs["ends"]
         axes, steps = attrs.get("axes", list(range(len(starts)))), [1] * len(starts)
-    begin, sizes = [0] * len(s), list(s)
+    begin, sizes, strides = [0] * len(s), list(s), [1] * len(s)
     for st, en, ax, step in zip(starts, ends, axes, steps, strict=True):
         ax = int(ax) % len(s)
-        if step != 1:
-            raise ConversionError(f"Slice node {node.output[0]!r}: step {step} is not supported (only 1)")
+        if step < 1:
+            raise ConversionError(f"Slice node {node.output[0]!r}: step {step} is not supported "
+                                  "(WebNN slice strides are positive)")
         dim = s[ax]
         st = min(max(st + dim if st < 0 else st, 0), dim)
         en = min(max(en + dim if en < 0 else en, 0), dim)
         if en <= st:
             raise ConversionError(f"Slice node {node.output[0]!r} is empty on axis {ax}; WebNN has "
                                   "no 0-sized tensors")
-        begin[ax], sizes[ax] = int(st), int(en - st)
+        begin[ax], sizes[ax], strides[ax] = int(st), int(-(-(en - st) // step)), int(step)
+    if any(d != 1 for d in strides):
+        return c.builder.slice(x, begin, sizes, strides=strides)
     return c.builder.slice(x, begin, sizes)
 
 
