@@ -22,8 +22,12 @@ setup_venv() {
   fi
   if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
     say "installing statebench into $VENV"
-    "$VENV/bin/python" -m pip install -q --upgrade pip
-    "$VENV/bin/python" -m pip install -q -e '.[test,webgpu]'
+    if ! { "$VENV/bin/python" -m pip install -q --upgrade pip &&
+           "$VENV/bin/python" -m pip install -q -e '.[test,webgpu]'; } >"$VENV/pip.log" 2>&1; then
+      cat "$VENV/pip.log" >&2
+      say "pip install failed (log above, also in $VENV/pip.log)"
+      exit 1
+    fi
     touch "$STAMP"
   fi
 }

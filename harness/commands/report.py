@@ -33,6 +33,7 @@ class Report:
         else:
             console.print(printed, markup=False, highlight=False, soft_wrap=True, end="")
         if args.out:
+            console.file.flush()  # the table before the line saying where files went
             written = cls.write(runs, Path(args.out))
             err_console.print(f"report: {len(written)} files in {args.out} "
                               f"(open {Path(args.out) / 'report.html'})", highlight=False)
