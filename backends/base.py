@@ -9,31 +9,12 @@ from __future__ import annotations
 import fnmatch
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
+from backends.counters import ByteCounters
 from harness.workload import UserError, Workload
-
-
-@dataclass
-class ByteCounters:
-    """Bytes moved, by category, counted at the call that moves them."""
-
-    h2d: int = 0  # host -> device uploads (write_tensor, write_buffer, OrtValue updates)
-    d2h: int = 0  # device -> host downloads (read_tensor, outputs fetched to host)
-    d2d: int = 0  # device -> device copies outside kernels (copy_buffer_to_buffer, ORT copies)
-    kernel: int = 0  # bytes kernels read + write, from the graph's shapes
-
-    def reset(self) -> None:
-        self.h2d = self.d2h = self.d2d = self.kernel = 0
-
-    def snapshot(self) -> dict[str, int]:
-        return asdict(self)
-
-    def add(self, other: ByteCounters) -> None:
-        for k, v in asdict(other).items():
-            setattr(self, k, getattr(self, k) + v)
 
 
 @dataclass(frozen=True)

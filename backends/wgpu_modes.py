@@ -84,15 +84,11 @@ class _Page(Backend):
     @contextlib.contextmanager
     def _counted(self) -> Iterator[None]:
         """Add what the context counted during the block to this backend's counters."""
-        c = self.context.counters
-        before = (c.h2d, c.d2h, c.d2d, c.kernel)
+        before = self.context.counters.snapshot()
         try:
             yield
         finally:
-            self.counters.h2d += c.h2d - before[0]
-            self.counters.d2h += c.d2h - before[1]
-            self.counters.d2d += c.d2d - before[2]
-            self.counters.kernel += c.kernel - before[3]
+            self.counters.add(self.context.counters.since(before))
 
     # -- protocol ---------------------------------------------------------------------------
 

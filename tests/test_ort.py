@@ -72,7 +72,7 @@ def _step_counters(b, wl, depth_len):
     b.reach_depth(depth)
     b.counters.reset()
     b.step(int(token_stream(wl.config, 1, seed=9)[0]))
-    return b.counters.snapshot()
+    return b.counters.as_dict()
 
 
 def _cache_bytes(cfg, rows):

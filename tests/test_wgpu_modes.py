@@ -115,7 +115,7 @@ def per_step() -> dict[str, dict[int, dict[str, int]]]:
                 b.step(int(TOKENS[8]))  # warm-up: first-dispatch effects stay out of the count
                 b.counters.reset()
                 b.step(int(TOKENS[9]))
-                out[name][cap] = b.counters.snapshot()
+                out[name][cap] = b.counters.as_dict()
             finally:
                 b.close()
     return out

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from backends.counters import ByteCounters
+
 from . import shapes as S
 from .dtypes import DType, dtype, to_device
 from .errors import InvalidStateError
@@ -503,22 +505,6 @@ def _graph_inputs(outputs: Any) -> dict[str, MLOperand]:
             found[o._name] = o
         stack.extend(o._inputs)
     return found
-
-
-@dataclass
-class ByteCounters:
-    """Bytes moved, counted where they move (DESIGN §7). Device bytes: 4 per element."""
-
-    h2d: int = 0  # write_tensor (and the status/timing readbacks' opposite: none)
-    d2h: int = 0  # read_tensor, plus the 4-byte capacity status of stateful dispatches
-    d2d: int = 0  # buffer-to-buffer copies on the device
-    kernel: int = 0  # bytes each kernel reads + writes, from shapes
-
-    def snapshot(self) -> ByteCounters:
-        return ByteCounters(self.h2d, self.d2h, self.d2d, self.kernel)
-
-    def reset(self) -> None:
-        self.h2d = self.d2h = self.d2d = self.kernel = 0
 
 
 class MLTensor:
