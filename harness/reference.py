@@ -80,16 +80,31 @@ class Reference:
         specs = cache_specs(self.cfg, self.capacity)
         self.state = {s.input: np.zeros(s.shape[1:], self.dtype) for s in specs}
 
-    def cache_arrays(self) -> dict[str, np.ndarray]:
-        """Current state as float32 arrays in the graphs' layouts (batch dim 1), by past name."""
-        return {n: a[None].astype(np.float32) for n, a in self.state.items()}
+    def cache_arrays(self, capacity: int | None = None) -> dict[str, np.ndarray]:
+        """Current state as float32 arrays in the graphs' layouts (batch dim 1), by past name;
+        KV caches cut to `capacity` rows when given (a smaller graph of the same model)."""
+        out = {}
+        for n, a in self.state.items():
+            if capacity is not None and n.startswith("past_key_values."):
+                a = a[:, :capacity]
+            out[n] = a[None].astype(np.float32)
+        return out
+
+    def save(self) -> tuple[int, dict[str, np.ndarray]]:
+        """A copy of (position, state) to `restore` after looking ahead."""
+        return self.position, {n: a.copy() for n, a in self.state.items()}
+
+    def restore(self, saved: tuple[int, dict[str, np.ndarray]]) -> None:
+        self.position, state = saved
+        self.state = {n: a.copy() for n, a in state.items()}
 
     def step(self, token: int) -> np.ndarray:
         """Logits (vocab,) after feeding one token."""
         return self.prefill(np.array([token]))[-1]
 
-    def prefill(self, tokens: np.ndarray) -> np.ndarray:
-        """Feed tokens in one batch (causal); returns logits (T, vocab)."""
+    def prefill(self, tokens: np.ndarray, logits: bool = True) -> np.ndarray | None:
+        """Feed tokens in one batch (causal); returns logits (T, vocab), or None when
+        `logits` is False (reaching depth: the LM head is most of a long prefill's work)."""
         cfg, w = self.cfg, self.w
         t = len(tokens)
         if self.position + t > self.capacity:
@@ -103,9 +118,11 @@ class Reference:
             x = x + mixer(i, xn, positions)
             xn = rms_norm(x, w[p + "post_norm"], cfg.rms_eps)
             x = x + (silu(xn @ w[p + "gate_proj"]) * (xn @ w[p + "up_proj"])) @ w[p + "down_proj"]
+        self.position += t
+        if not logits:
+            return None
         x = rms_norm(x, w["final_norm"], cfg.rms_eps)
         head = w["embed_tokens"].T if cfg.tied_embeddings else w["lm_head"]
-        self.position += t
         return x @ head
 
     def _attention(self, i: int, xn: np.ndarray, positions: np.ndarray) -> np.ndarray:

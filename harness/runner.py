@@ -29,7 +29,7 @@ from harness import calibrate as calibration
 from harness import metrics, worker
 from harness.reference import Reference
 from harness.results import Point, Results, one_line
-from harness.workload import ModelConfig, UserError, make_weights, preset, token_stream
+from harness.workload import ModelConfig, UserError, Workload, preset, token_stream
 
 #: presets above this many parameters get a float32 reference (float64 would need 2× the memory)
 FLOAT64_REFERENCE_MAX_PARAMS = 200_000_000
@@ -88,21 +88,43 @@ def default_out(preset_name: str) -> Path:
 
 # -- the state every backend starts from ----------------------------------------------------
 
+class ReferenceWalk:
+    """One reference walked up the contexts in ascending order.
+
+    The prefix is prefilled once (each context continues from the last), and the logits the
+    backends are checked against are computed on a look-ahead that is then rolled back, so
+    a sweep to 16k costs one 16k prefill, not the sum of all contexts.
+    """
+
+    def __init__(self, cfg: ModelConfig, weights: dict[str, np.ndarray], seed: int,
+                 length: int, capacity: int) -> None:
+        n_params = sum(int(w.size) for w in weights.values())
+        dtype = np.float64 if n_params <= FLOAT64_REFERENCE_MAX_PARAMS else np.float32
+        self.tokens = token_stream(cfg, length, seed)
+        self.ref = Reference(cfg, weights, capacity, dtype=dtype)
+
+    def arrays_at(self, context: int, capacity: int, ahead: int) -> dict[str, np.ndarray]:
+        """State after `context` tokens (KV cut to `capacity`) and the next `ahead` logits."""
+        ref = self.ref
+        if context < ref.position:
+            raise ValueError("contexts must be visited in ascending order")
+        while ref.position < context:
+            ref.prefill(self.tokens[ref.position:min(ref.position + PREFILL_CHUNK, context)],
+                        logits=False)
+        saved = ref.save()
+        arrays = {"tokens": self.tokens[:context + ahead]}
+        arrays.update({f"cache:{k}": v for k, v in ref.cache_arrays(capacity).items()})
+        arrays["ref_logits"] = np.stack([ref.step(int(t)) for t in self.tokens[context:context + ahead]])
+        ref.restore(saved)
+        return arrays
+
+
 def depth_arrays(cfg: ModelConfig, weights: dict[str, np.ndarray], seed: int, context: int,
                  capacity: int, warmup: int, steps: int) -> dict[str, np.ndarray]:
     """Reference state after `context` teacher-forced tokens, and its logits for the next
     warmup + steps tokens (what every backend's logits are compared with)."""
-    n_params = sum(int(w.size) for w in weights.values())
-    dtype = np.float64 if n_params <= FLOAT64_REFERENCE_MAX_PARAMS else np.float32
-    tokens = token_stream(cfg, context + warmup + steps, seed)
-    ref = Reference(cfg, weights, capacity, dtype=dtype)
-    for start in range(0, context, PREFILL_CHUNK):
-        ref.prefill(tokens[start:min(start + PREFILL_CHUNK, context)])
-    cache = ref.cache_arrays()
-    ref_logits = np.stack([ref.step(int(t)) for t in tokens[context:]])
-    arrays = {"tokens": tokens, "ref_logits": ref_logits}
-    arrays.update({f"cache:{k}": v for k, v in cache.items()})
-    return arrays
+    walk = ReferenceWalk(cfg, weights, seed, context + warmup + steps, capacity)
+    return walk.arrays_at(context, capacity, warmup + steps)
 
 
 # -- running one point ----------------------------------------------------------------------
@@ -195,17 +217,20 @@ def run_sweep(rc: RunConfig, out: str | Path, console: Console | None = None,
     results.save(out)
 
     total = len(rc.contexts) * len(classes)
-    weights = make_weights(cfg, rc.seed)
+    contexts = sorted(rc.contexts)
+    ahead = rc.warmup + rc.steps
+    walk = ReferenceWalk(cfg, Workload.build(cfg, rc.seed).weights, rc.seed, contexts[-1] + ahead,
+                         max(rc.capacity_for(c) for c in contexts))
     with tempfile.TemporaryDirectory(prefix="statebench-") as tmp, Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
         TimeElapsedColumn(), console=console, disable=not console.is_terminal, transient=True,
     ) as progress:
         task = progress.add_task("reference", total=total)
-        for ctx in rc.contexts:
+        for ctx in contexts:
             cap = rc.capacity_for(ctx)
             progress.update(task, description=f"reference @ d{ctx}")
             depth_file = Path(tmp) / f"depth-{rc.preset}-{ctx}-{cap}.npz"
-            np.savez(depth_file, **depth_arrays(cfg, weights, rc.seed, ctx, cap, rc.warmup, rc.steps))
+            np.savez(depth_file, **walk.arrays_at(ctx, cap, ahead))
             for name, cls in classes.items():
                 progress.update(task, description=f"{name} @ d{ctx}")
                 req = {"backend": name, "preset": rc.preset, "seed": rc.seed, "context": ctx,

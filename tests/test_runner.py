@@ -14,7 +14,7 @@ import pytest
 from backends.base import Backend, DepthState
 from harness import results, runner, worker
 from harness.reference import Reference
-from harness.workload import UserError, Workload
+from harness.workload import UserError, Workload, preset
 
 TESTS = str(Path(__file__).resolve().parent)
 
@@ -177,7 +177,7 @@ def test_subprocess_worker_and_crash_isolated(tmp_path, monkeypatch):
 
 def test_worker_main_protocol(tmp_path):
     cfg = config(["test:numpy"])
-    wl = Workload.build(__import__("harness.workload").workload.preset("tiny"))
+    wl = Workload.build(preset("tiny"))
     arrays = runner.depth_arrays(wl.config, wl.weights, 0, 4, 8, cfg.warmup, cfg.steps)
     np.savez(tmp_path / "d.npz", **arrays)
     req = {"backend": "test:numpy", "backend_path": "test_runner:NumpyF32", "preset": "tiny",
@@ -191,7 +191,7 @@ def test_worker_main_protocol(tmp_path):
 
 
 def test_depth_state_continues_the_reference():
-    wl = Workload.build(__import__("harness.workload").workload.preset("tiny"))
+    wl = Workload.build(preset("tiny"))
     a = runner.depth_arrays(wl.config, wl.weights, 0, 5, 9, 1, 3)
     ref = Reference(wl.config, wl.weights, 9)
     full = ref.prefill(a["tokens"])
@@ -212,3 +212,16 @@ def test_worker_reports_unknown_backend_as_failed(tmp_path):
     p = worker.measure({"backend": "nope:nope", "context": 1, "capacity": 4, "steps": 1,
                         "warmup": 0, "depth_file": str(tmp_path / "x.npz"), "preset": "tiny"})
     assert p.status == "failed" and "nope:nope" in p.reason
+
+
+def test_reference_walk_equals_fresh_reference_at_each_depth():
+    """Walking up contexts (one prefill, look-ahead rolled back) == a fresh reference per point."""
+    wl = Workload.build(preset("tiny"))
+    walk = runner.ReferenceWalk(wl.config, wl.weights, 0, 20 + 4, 24)
+    for ctx, cap in ((5, 9), (12, 16), (20, 24)):
+        a = walk.arrays_at(ctx, cap, 4)
+        b = runner.depth_arrays(wl.config, wl.weights, 0, ctx, cap, 1, 3)
+        assert set(a) == set(b)
+        for k in a:
+            assert a[k].shape == b[k].shape, k
+            np.testing.assert_allclose(a[k], b[k], rtol=1e-12, atol=1e-12, err_msg=k)
