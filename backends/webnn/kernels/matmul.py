@@ -78,6 +78,189 @@ def gemv(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequence[int
     return Kernel("matmul_gemv", src, ["read", "read", "rw"], (gx, rows, 1), traffic)
 
 
+def _gemv_head(a_shape: Sequence[int], out_shape: Sequence[int], nc: int, K: int,
+               wg: int, extra: str = "") -> tuple[str, int, int]:
+    batch = tuple(out_shape[:-2])
+    rows = S.size(batch) * out_shape[-2]
+    src = _batch_fn("aoff", batch, a_shape[:-2], a_shape[-2] * K)
+    src += extra
+    src += (f"@compute @workgroup_size({wg})\n"
+            "fn main(@builtin(workgroup_id) wid: vec3<u32>, "
+            "@builtin(local_invocation_index) lid: u32) {\n")
+    M = out_shape[-2]
+    src += f"  let row = wid.y;\n  let bi = row / {M}u;\n  let m = row % {M}u;\n"
+    return src, rows, M
+
+
+def gemv_cols(a_shape: Sequence[int], K: int, out_shape: Sequence[int], *, n_off: int = 0,
+              n_chunk: int | None = None, wg: int = 64, cols: int = 2,
+              groups: int = 0) -> Kernel:
+    """out[r, n] = sum_k A[r, k] * W[n, k] for M == 1 on a CPU adapter (llvmpipe).
+
+    Each invocation owns whole output columns (``cols`` at a time, ``wg`` apart) and loops
+    over K with no barrier and no workgroup memory: llvmpipe runs a workgroup's invocations
+    as SIMD lanes of one CPU thread, where barriers are coroutine switches and every
+    workgroup has a fixed cost, so a few fat workgroups (``groups``, 0: one per
+    ``wg * cols`` columns) each loop over their share of columns. Weights are packed
+    k-major, interleaved by column: ``Wp[k4 * nc + n] = vec4(W[n, 4k4 .. 4k4 + 3])``
+    (``vw`` = 4 when K % 4 == 0, else scalar: plain (K, nc)), so adjacent lanes read
+    adjacent words and one activation load serves ``cols`` weight loads.
+    """
+    N = out_shape[-1]
+    nc = N if n_chunk is None else n_chunk
+    vw = 4 if K % 4 == 0 else 1
+    vt = "vec4<f32>" if vw == 4 else "f32"
+    kv = K // vw
+    per = wg * cols
+    blocks = -(-nc // per)  # column blocks of wg * cols
+    gx = blocks if groups <= 0 else min(blocks, groups)
+    loops = -(-blocks // gx)
+    src = decl(0, "a", vt, "read") + decl(1, "b", vt, "read") + decl(2, "out", "f32", "rw")
+    head, rows, M = _gemv_head(a_shape, out_shape, nc, K, wg)
+    src += head
+    src += f"  let ab = (aoff(bi) + m * {K}u) / {vw}u;\n"
+    src += f"  for (var j = 0u; j < {loops}u; j = j + 1u) {{\n"
+    src += f"  let base = (wid.x * {loops}u + j) * {per}u + lid;\n"
+    src += f"  if (base >= {nc}u) {{ break; }}\n"
+    for c in range(cols):
+        src += (f"  let n{c} = min(base + {c * wg}u, {nc - 1}u);\n"
+                f"  var acc{c} = 0.0;\n")
+    src += f"  for (var k = 0u; k < {kv}u; k = k + 1u) {{\n    let x = a[ab + k];\n"
+    for c in range(cols):
+        w = f"b[k * {nc}u + n{c}]"
+        src += f"    acc{c} = acc{c} + {f'dot(x, {w})' if vw == 4 else f'x * {w}'};\n"
+    src += "  }\n"
+    for c in range(cols):
+        src += (f"  if (base + {c * wg}u < {nc}u) {{ "
+                f"out[row * {N}u + {n_off}u + n{c}] = acc{c}; }}\n")
+    src += "  }\n}\n"
+    traffic = 4 * (S.size(a_shape) + K * nc + rows * nc)
+    return Kernel("matmul_gemv", src, ["read", "read", "rw"], (gx, rows, 1), traffic)
+
+
+def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequence[int], *,
+              n_off: int = 0, n_chunk: int | None = None, lanes: int = 32, wg: int = 256,
+              subgroup: int | None = None) -> Kernel:
+    """out[r, n] = sum_k A[r, k] * Bt[n, k] for M == 1 on a GPU: B stored (N, K).
+
+    ``lanes`` invocations share one output column (a weight row): they stride along K with
+    vec4 loads, so a row is read as ``lanes`` x 16 contiguous bytes per step (coalesced),
+    with two independent accumulators in flight; the workgroup holds ``wg / lanes`` rows.
+    The partial sums are combined with ``subgroupAdd`` when the subgroup is exactly
+    ``lanes`` wide (``subgroup``), else through workgroup memory (one barrier).
+    """
+    K, N = a_shape[-1], out_shape[-1]
+    nc = N if n_chunk is None else n_chunk
+    vw = 4 if K % 4 == 0 else 1
+    vt = "vec4<f32>" if vw == 4 else "f32"
+    kv = K // vw
+    R = wg // lanes
+    gx = -(-nc // R)
+    use_sub = subgroup == lanes
+    src = decl(0, "a", vt, "read") + decl(1, "b", vt, "read") + decl(2, "out", "f32", "rw")
+    src += _batch_fn("boff", tuple(out_shape[:-2]), b_shape[:-2], nc * K)
+    extra = "" if use_sub else f"var<workgroup> sh: array<f32, {wg}>;\n"
+    head, rows, M = _gemv_head(a_shape, out_shape, nc, K, wg, extra)
+    src += head
+    src += (f"  let r = lid / {lanes}u;\n  let t = lid % {lanes}u;\n"
+            f"  let n = wid.x * {R}u + r;\n  let nn = min(n, {nc - 1}u);\n"
+            f"  let ab = (aoff(bi) + m * {K}u) / {vw}u;\n"
+            f"  let wb = boff(bi) / {vw}u + nn * {kv}u;\n"
+            "  var acc0 = 0.0;\n  var acc1 = 0.0;\n")
+    mul = "dot({x}, {w})" if vw == 4 else "{x} * {w}"
+    two = 2 * lanes
+    src += (f"  var k = t;\n  for (; k + {lanes}u < {kv}u; k = k + {two}u) {{\n"
+            f"    acc0 = acc0 + {mul.format(x='a[ab + k]', w='b[wb + k]')};\n"
+            f"    acc1 = acc1 + {mul.format(x=f'a[ab + k + {lanes}u]', w=f'b[wb + k + {lanes}u]')};\n"
+            "  }\n"
+            f"  if (k < {kv}u) {{ acc0 = acc0 + {mul.format(x='a[ab + k]', w='b[wb + k]')}; }}\n"
+            "  let acc = acc0 + acc1;\n")
+    if use_sub:
+        src += "  let s = subgroupAdd(acc);\n"
+    else:
+        src += ("  sh[lid] = acc;\n  workgroupBarrier();\n  var s = 0.0;\n"
+                f"  if (t == 0u) {{\n    for (var j = 0u; j < {lanes}u; j = j + 1u) "
+                "{ s = s + sh[lid + j]; }\n  }\n")
+    src += f"  if (t == 0u && n < {nc}u) {{ out[row * {N}u + {n_off}u + n] = s; }}\n}}\n"
+    traffic = 4 * (S.size(a_shape) + S.size(b_shape) * nc // N + rows * nc)
+    return Kernel("matmul_gemv", src, ["read", "read", "rw"], (gx, rows, 1), traffic)
+
+
+def matmul_bt_small_m(a_shape: Sequence[int], b_shape: Sequence[int],
+                      out_shape: Sequence[int]) -> Kernel:
+    """out[b, m, n] = sum_k A[b, m, k] * Bt[b, n, k] for a few rows M (decode attention
+    scores q·Kᵀ with grouped heads: M = q heads per kv head). One invocation per (b, n)
+    reads key row n once (vec4 when K % 4 == 0) for all M rows, instead of M times."""
+    K = a_shape[-1]
+    M, N = out_shape[-2], out_shape[-1]
+    batch = tuple(out_shape[:-2])
+    n = S.size(batch) * N
+    gx, gy, gz = grid(n)
+    vw = 4 if K % 4 == 0 else 1
+    vt = "vec4<f32>" if vw == 4 else "f32"
+    src = decl(0, "a", vt, "read") + decl(1, "b", vt, "read") + decl(2, "out", "f32", "rw")
+    src += _batch_fn("aoff", batch, a_shape[:-2], M * K)
+    src += _batch_fn("boff", batch, b_shape[:-2], N * K)
+    src += main_1d(gx)
+    src += f"  if (i >= {n}u) {{ return; }}\n  let nn = i % {N}u;\n  let bi = i / {N}u;\n"
+    src += f"  let ab = aoff(bi) / {vw}u;\n  let bb = (boff(bi) + nn * {K}u) / {vw}u;\n"
+    for m in range(M):
+        src += f"  var acc{m} = 0.0;\n"
+    src += f"  for (var k = 0u; k < {K // vw}u; k = k + 1u) {{\n    let w = b[bb + k];\n"
+    for m in range(M):
+        x = f"a[ab + {m * K // vw}u + k]"
+        src += f"    acc{m} = acc{m} + {f'dot({x}, w)' if vw == 4 else f'{x} * w'};\n"
+    src += "  }\n"
+    for m in range(M):
+        src += f"  out[(bi * {M}u + {m}u) * {N}u + nn] = acc{m};\n"
+    src += "}\n"
+    traffic = 4 * (S.size(a_shape) + S.size(b_shape) + S.size(out_shape))
+    return Kernel("matmul_qk", src, ["read", "read", "rw"], (gx, gy, gz), traffic)
+
+
+def matmul_splitk(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequence[int],
+                  chunk: int) -> tuple[Kernel, Kernel, int]:
+    """out = A @ B for a few rows M and a long K (decode attention probs·V over the cache):
+    K is split into chunks of ``chunk``; pass 1 has one invocation per (chunk, b, n)
+    accumulating all M rows (B rows read once, coalesced along n) into partial sums, pass
+    2 adds the chunks. Returns (pass 1, pass 2, partial-buffer elements)."""
+    K = a_shape[-1]
+    M, N = out_shape[-2], out_shape[-1]
+    batch = tuple(out_shape[:-2])
+    nb = S.size(batch)
+    splits = -(-K // chunk)
+    n1 = splits * nb * N
+    gx, gy, gz = grid(n1)
+    src = decl(0, "a", "f32", "read") + decl(1, "b", "f32", "read") + decl(2, "part", "f32", "rw")
+    src += _batch_fn("aoff", batch, a_shape[:-2], M * K)
+    src += _batch_fn("boff", batch, b_shape[:-2], K * N)
+    src += main_1d(gx)
+    src += (f"  if (i >= {n1}u) {{ return; }}\n  let nn = i % {N}u;\n"
+            f"  let bi = (i / {N}u) % {nb}u;\n  let sp = i / {N * nb}u;\n"
+            f"  let ab = aoff(bi);\n  let bb = boff(bi) + nn;\n"
+            f"  let k0 = sp * {chunk}u;\n  let k1 = min(k0 + {chunk}u, {K}u);\n")
+    for m in range(M):
+        src += f"  var acc{m} = 0.0;\n"
+    src += f"  for (var k = k0; k < k1; k = k + 1u) {{\n    let w = b[bb + k * {N}u];\n"
+    for m in range(M):
+        src += f"    acc{m} = acc{m} + a[ab + {m * K}u + k] * w;\n"
+    src += "  }\n"
+    for m in range(M):
+        src += f"  part[((sp * {nb}u + bi) * {M}u + {m}u) * {N}u + nn] = acc{m};\n"
+    src += "}\n"
+    parts = splits * nb * M * N
+    k1 = Kernel("matmul_splitk", src, ["read", "read", "rw"], (gx, gy, gz),
+                4 * (S.size(a_shape) + S.size(b_shape) + parts))
+    n2 = nb * M * N
+    gx, gy, gz = grid(n2)
+    src = decl(0, "part", "f32", "read") + decl(1, "out", "f32", "rw") + main_1d(gx)
+    src += (f"  if (i >= {n2}u) {{ return; }}\n  var acc = 0.0;\n"
+            f"  for (var sp = 0u; sp < {splits}u; sp = sp + 1u) {{ acc = acc + part[sp * {n2}u + i]; }}\n"
+            "  out[i] = acc;\n}\n")
+    k2 = Kernel("matmul_splitk_sum", src, ["read", "rw"], (gx, gy, gz), 4 * (parts + n2))
+    return k1, k2, parts
+
+
 def matmul(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequence[int],
            *, b_t: bool) -> Kernel:
     """General batched matmul, one thread per output element (adjacent threads take

@@ -14,9 +14,9 @@ _COMBINE = {
 }
 
 
-def _tree(combine: str, var: str = "sh") -> str:
+def _tree(combine: str, var: str = "sh", wg: int = WG) -> str:
     src = "  workgroupBarrier();\n"
-    s = WG // 2
+    s = wg // 2
     while s >= 1:
         c = combine.format(a=f"{var}[lid]", b=f"{var}[lid + {s}u]")
         src += f"  if (lid < {s}u) {{ {var}[lid] = {c}; }}\n  workgroupBarrier();\n"
@@ -24,8 +24,8 @@ def _tree(combine: str, var: str = "sh") -> str:
     return src
 
 
-def _header(gx: int) -> str:
-    return (f"@compute @workgroup_size({WG})\n"
+def _header(gx: int, wg: int = WG) -> str:
+    return (f"@compute @workgroup_size({wg})\n"
             "fn main(@builtin(workgroup_id) wid: vec3<u32>, "
             "@builtin(local_invocation_index) lid: u32) {\n"
             f"  let row = wid.y * {gx}u + wid.x;\n")
@@ -56,9 +56,10 @@ def reduce(op: str, t: str, in_shape: Sequence[int], axes: Sequence[int]) -> Ker
     return Kernel(op, src, ["read", "rw"], (gx, gy, gz), 4 * (S.size(in_shape) + rows))
 
 
-def softmax(shape: Sequence[int], axis: int) -> Kernel:
+def softmax(shape: Sequence[int], axis: int, wg: int = WG) -> Kernel:
     """Numerically stable softmax along ``axis``: max, sum of exp, scale (three sweeps
-    of the row, each a workgroup reduction)."""
+    of the row, each a workgroup reduction). ``wg``: a power of two; GPUs take 256 for
+    long rows (attention over the cache: few rows, each thousands long)."""
     st = S.strides(shape)
     kept = [i for i in range(len(shape)) if i != axis]
     rows = S.size([shape[i] for i in kept])
@@ -66,16 +67,16 @@ def softmax(shape: Sequence[int], axis: int) -> Kernel:
     gx, gy, gz = grid(rows, 1)
     src = decl(0, "x", "f32", "read") + decl(1, "out", "f32", "rw")
     src += offset_fn("rowoff", [shape[i] for i in kept] or [1], [st[i] for i in kept] or [0])
-    src += f"var<workgroup> sh: array<f32, {WG}>;\n" + _header(gx)
+    src += f"var<workgroup> sh: array<f32, {wg}>;\n" + _header(gx, wg)
     src += f"  if (row >= {rows}u) {{ return; }}\n  let base = rowoff(row);\n"
     src += (f"  var m = {lowest('f32')};\n"
-            f"  for (var j = lid; j < {rn}u; j = j + {WG}u) {{ m = max(m, x[base + j * {sa}u]); }}\n"
-            "  sh[lid] = m;\n" + _tree("max({a}, {b})") + "  let mx = sh[0];\n"
+            f"  for (var j = lid; j < {rn}u; j = j + {wg}u) {{ m = max(m, x[base + j * {sa}u]); }}\n"
+            "  sh[lid] = m;\n" + _tree("max({a}, {b})", wg=wg) + "  let mx = sh[0];\n"
             "  workgroupBarrier();\n"
             "  var s = 0.0;\n"
-            f"  for (var j = lid; j < {rn}u; j = j + {WG}u) {{ s = s + exp(x[base + j * {sa}u] - mx); }}\n"
-            "  sh[lid] = s;\n" + _tree("{a} + {b}") + "  let inv = 1.0 / sh[0];\n"
-            f"  for (var j = lid; j < {rn}u; j = j + {WG}u) {{\n"
+            f"  for (var j = lid; j < {rn}u; j = j + {wg}u) {{ s = s + exp(x[base + j * {sa}u] - mx); }}\n"
+            "  sh[lid] = s;\n" + _tree("{a} + {b}", wg=wg) + "  let inv = 1.0 / sh[0];\n"
+            f"  for (var j = lid; j < {rn}u; j = j + {wg}u) {{\n"
             f"    let o = base + j * {sa}u;\n    out[o] = exp(x[o] - mx) * inv;\n  }}\n}}\n")
     n = S.size(shape)
     return Kernel("softmax", src, ["read", "rw"], (gx, gy, gz), 8 * n)

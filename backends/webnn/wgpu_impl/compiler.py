@@ -32,8 +32,12 @@ from ..kernels import matmul as MM
 from ..kernels import movement as MV
 from ..kernels import reduce as RD
 from ..stateful import PairPlan, analyse, root
+from .target import Target
 
 Slot = tuple
+
+#: kernel-variant overrides for benchmarks and tests (None: chosen per adapter)
+OPTIONS: dict[str, str | None] = {"gemv": None, "attention": None}
 
 
 @dataclass
@@ -59,6 +63,7 @@ class Plan:
     pairs: list[PairPlan] = field(default_factory=list)
     has_check: bool = False
     max_binding: int = 1 << 27  # the device's max storage-buffer binding size, bytes
+    target: Target = field(default_factory=Target)
 
 
 @dataclass
@@ -87,8 +92,8 @@ def _is_last2_transpose(o: MLOperand) -> bool:
 
 def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
                   stateful: bool, inputs: dict[str, MLOperand],
-                  max_binding: int = 1 << 27) -> Plan:
-    plan = Plan(max_binding=max_binding)
+                  max_binding: int = 1 << 27, target: Target | None = None) -> Plan:
+    plan = Plan(max_binding=max_binding, target=target or Target())
     dest: dict[int, Slot] = {}  # root id -> slot it must be computed into
     steps: list[_Step] = []
     extra_copies: list[tuple[MLOperand, Slot, str]] = []
@@ -251,6 +256,33 @@ def _schedule(steps: list[_Step], in_place: list[PairPlan],
     return out if len(out) == len(steps) else None
 
 
+#: gemv_cols variants: (columns per invocation, workgroup size, workgroups; 0: all blocks)
+_COLS = {"cols": (8, 32, 8), "cols2": (2, 64, 0), "cols4": (4, 64, 0), "cols4g8": (4, 64, 8),
+         "cols8g8": (8, 32, 8), "cols2g4": (2, 64, 4), "cols2g16": (2, 64, 16),
+         "cols4g4": (4, 32, 4), "cols1g8": (1, 64, 8)}
+
+
+def _gemv_variant(t: Target, cols_ok: bool = True) -> str:
+    """The matrix-vector kernel for this adapter (PERFORMANCE.md): one invocation per
+    column on CPU adapters, ``lanes`` invocations per column with subgroup sums on GPUs."""
+    v = OPTIONS.get("gemv") or ("cols" if t.cpu else "rows")
+    if v.startswith("cols") and not cols_ok:
+        v = "rows"
+    return v
+
+
+def _gemv_rows(t: Target, variant: str, a_shape: Any, b_shape: Any, shp: Any, n0: int,
+               chunk: int | None) -> Kernel:
+    if variant == "legacy":
+        return MM.gemv(a_shape, b_shape, shp, b_t=True, n_off=n0, n_chunk=chunk)
+    lanes = {"rows": 32, "rows_sh": 32, "rows8": 8, "rows16": 16, "rows64": 64}.get(variant, 32)
+    if t.cpu and variant == "cols":
+        lanes = 8
+    sub = None if variant == "rows_sh" else t.subgroup
+    return MM.gemv_rows(a_shape, b_shape, shp, n_off=n0, n_chunk=chunk, lanes=lanes,
+                        wg=max(256, lanes), subgroup=sub)
+
+
 def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
            pp: PairPlan | None, has_check: bool) -> None:
     """Append the launches of one op node."""
@@ -282,26 +314,56 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
             weights = weights if b_t else np.ascontiguousarray(weights.T)
         if weights is not None:
             N, K = weights.shape
+            variant = _gemv_variant(plan.target)
             per = max(8, (plan.max_binding // (4 * K)) // 8 * 8)
             for c, n0 in enumerate(range(0, N, per)):
                 nc = min(per, N - n0)
+                chunk = None if nc == N else nc
+                if variant.startswith("cols"):
+                    # k-major, interleaved by column (kernels/matmul.py gemv_cols)
+                    vw = 4 if K % 4 == 0 else 1
+                    slot = ("const", ("C", src._id, c))
+                    plan.consts.setdefault(slot, np.ascontiguousarray(
+                        weights[n0:n0 + nc].reshape(nc, K // vw, vw).transpose(1, 0, 2)
+                    ).reshape(-1))
+                    ncols, wg, ng = _COLS.get(variant, _COLS["cols"])
+                    k = MM.gemv_cols(a._shape, K, shp, n_off=n0, n_chunk=chunk, cols=ncols,
+                                     wg=wg, groups=ng)
+                    add(KernelLaunch(k, [ins[0], slot, out_slot]))
+                    continue
                 if b_t and nc == N:
                     slot = slot_of(src)
                 else:
                     slot = ("const", ("T", src._id, c))
                     plan.consts.setdefault(slot, np.ascontiguousarray(
                         weights[n0:n0 + nc]).reshape(-1))
-                k = MM.gemv(a._shape, (N, K), shp, b_t=True, n_off=n0,
-                            n_chunk=nc if nc != N else None)
+                if variant == "legacy":
+                    k = MM.gemv(a._shape, (N, K), shp, b_t=True, n_off=n0, n_chunk=chunk)
+                else:
+                    k = _gemv_rows(plan.target, variant, a._shape, (N, K), shp, n0, chunk)
                 add(KernelLaunch(k, [ins[0], slot, out_slot]))
         elif b_t and M == 1:
-            add(KernelLaunch(MM.gemv(a._shape, b_shape, shp, b_t=True),
+            k = _gemv_rows(plan.target, _gemv_variant(plan.target, cols_ok=False), a._shape,
+                           b_shape, shp, 0, None)
+            add(KernelLaunch(k, [ins[0], ins[1], out_slot]))
+        elif 1 < M <= 8 and b_t and OPTIONS.get("attention") != "generic":
+            add(KernelLaunch(MM.matmul_bt_small_m(a._shape, b_shape, shp),
                              [ins[0], ins[1], out_slot]))
+        elif (M <= 8 and not b_t and a._shape[-1] >= 256
+              and OPTIONS.get("attention") != "generic"):
+            chunk = 512 if plan.target.cpu else 64
+            k1, k2, parts = MM.matmul_splitk(a._shape, b_shape, shp, chunk)
+            part = ("temp", ("splitk", o._id))
+            plan.temps[part] = parts
+            add(KernelLaunch(k1, [ins[0], ins[1], part]))
+            add(KernelLaunch(k2, [part, out_slot]))
         else:
             add(KernelLaunch(MM.matmul(a._shape, b_shape, shp, b_t=b_t),
                              [ins[0], ins[1], out_slot]))
     elif op == "softmax":
-        add(KernelLaunch(RD.softmax(o._inputs[0]._shape, o._attrs["axis"]), [ins[0], out_slot]))
+        x = o._inputs[0]
+        wg = 256 if not plan.target.cpu and x._shape[o._attrs["axis"]] >= 1024 else 64
+        add(KernelLaunch(RD.softmax(x._shape, o._attrs["axis"], wg), [ins[0], out_slot]))
     elif op.startswith("reduce_"):
         add(KernelLaunch(RD.reduce(op, t, o._inputs[0]._shape, o._attrs["axes"]),
                          [ins[0], out_slot]))

@@ -18,6 +18,7 @@ from .._classes import MLContext, MLGraph, MLKVCachePair, MLOperand, MLTensor
 from ..dtypes import DType, from_device
 from ..errors import NotSupportedError, OperationError
 from .compiler import CopyLaunch, KernelLaunch, Plan, compile_graph
+from .target import target_of
 
 _STORAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
 _BIND_CACHE_MAX = 16  # per launch; bounds memory for pages that bind fresh tensors
@@ -93,6 +94,8 @@ class WgpuContext(MLContext):
                 self._timing_reason = "adapter has no 'timestamp-query'"
         else:
             self._timing_reason = "timing not requested (create_context(timing=True))"
+        if "subgroup" in adapter.features:
+            feats.append("subgroup")  # subgroup reductions in the GPU kernels
         lim = adapter.limits
         want = {k: lim[k] for k in ("max-storage-buffer-binding-size", "max-buffer-size",
                                     "max-storage-buffers-per-shader-stage",
@@ -101,12 +104,13 @@ class WgpuContext(MLContext):
                                                    required_limits=want)
         self._queue = self._device.queue
         self._max_binding = int(self._device.limits["max-storage-buffer-binding-size"])
+        self._target = target_of(adapter, feats)
         self.state_support = state_support
         self._pipelines: dict[str, tuple[Any, Any]] = {}
         self._read_staging: Any = None
         self._status_staging = self._device.create_buffer(
             size=16, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
-        self._timing = bool(feats)
+        self._timing = "timestamp-query" in feats
         self._gpu_time_ns: int | None = None
         self._time_pending = False
         if self._timing:
@@ -192,7 +196,8 @@ class WgpuContext(MLContext):
         g.inputs = {n: (o.data_type, o._shape) for n, o in inputs.items() if n not in hidden_in}
         g.outputs = {n: (o.data_type, o._shape) for n, o in outputs.items()
                      if n not in hidden_out}
-        plan = compile_graph(outputs, pairs, stateful, inputs, self._max_binding)
+        plan = compile_graph(outputs, pairs, stateful, inputs, self._max_binding,
+                             target=self._target)
         g._plan = plan
         dev = self._device
         for slot, buf in self._temp_buffers(plan).items():

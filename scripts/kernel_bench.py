@@ -1,0 +1,275 @@
+"""Micro-benchmarks of the WebNN wgpu kernels (backends/webnn/PERFORMANCE.md).
+
+Prints one JSON object: per gemv shape (llama-1b's) and per kernel variant, GPU time
+(timestamp queries) and wall time per dispatch, and GB/s over the bytes a kernel must
+move; the same for decode attention over a (1, 8, C, 64) cache; and one full decode step
+of a preset through the wgpu:stateful backend.
+
+    .venv/bin/python scripts/kernel_bench.py                      # lavapipe-sized
+    .venv/bin/python scripts/kernel_bench.py --gemv-variants auto,legacy,cols,rows \
+        --attn 512,2048,8192,16384 --step small,llama-1b:8192
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from backends.webnn import MLGraphBuilder, ml  # noqa: E402
+from backends.webnn.wgpu_impl import compiler  # noqa: E402
+
+GEMV_SHAPES = [(2048, 2048), (2048, 512), (2048, 8192), (8192, 2048), (2048, 128256)]
+
+
+def _timed(ctx, run, reps: int, budget_s: float) -> dict:
+    run()  # warm: pipelines, bind groups
+    _ = ctx.gpu_time_ns
+    gpu, wall = [], []
+    t_end = time.perf_counter() + budget_s
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        run()
+        ns = ctx.gpu_time_ns  # waits for the submission (maps the timestamp buffer)
+        wall.append(time.perf_counter() - t0)
+        if ns is not None:
+            gpu.append(ns / 1e9)
+        if time.perf_counter() > t_end and len(wall) >= 3:
+            break
+    out = {"wall_ms": 1e3 * float(np.median(wall)), "reps": len(wall)}
+    if gpu:
+        out["gpu_ms"] = 1e3 * float(np.median(gpu))
+        out["gpu_ms_min"] = 1e3 * float(np.min(gpu))
+    return out
+
+
+def _rate(res: dict, nbytes: int) -> dict:
+    res["bytes"] = nbytes
+    t = res.get("gpu_ms_min", res["wall_ms"])
+    res["GBps"] = round(nbytes / (t * 1e-3) / 1e9, 2)
+    return res
+
+
+def bench_gemv(ctx, K: int, N: int, reps: int, budget: float) -> dict:
+    rng = np.random.default_rng(K * 7 + N)
+    w = rng.standard_normal((K, N), dtype=np.float32) / np.sqrt(K)
+    x = rng.standard_normal((1, K), dtype=np.float32)
+    b = MLGraphBuilder(ctx)
+    xi = b.input("x", data_type="float32", shape=[1, K])
+    y = b.matmul(xi, b.constant(data_type="float32", shape=[K, N], value=w))
+    g = b.build({"y": y})
+    tx = ctx.create_tensor(data_type="float32", shape=[1, K], writable=True)
+    ty = ctx.create_tensor(data_type="float32", shape=[1, N], readable=True)
+    ctx.write_tensor(tx, x)
+    ctx.dispatch(g, {"x": tx}, {"y": ty})
+    got = ctx.read_tensor(ty)
+    want = x.astype(np.float64) @ w.astype(np.float64)
+    err = float(np.max(np.abs(got - want)))
+    res = _timed(ctx, lambda: ctx.dispatch(g, {"x": tx}, {"y": ty}), reps, budget)
+    res["max_abs_err"] = err
+    res["launches"] = len(g._plan.launches)
+    res["kernel"] = sorted({la.kernel.name for la in g._plan.launches if hasattr(la, "kernel")})
+    t0 = time.perf_counter()
+    for _ in range(3):
+        _ = x @ w
+    res["numpy_ms"] = 1e3 * (time.perf_counter() - t0) / 3
+    g.destroy()
+    tx.destroy()
+    ty.destroy()
+    return _rate(res, 4 * (K * N + K + N))
+
+
+def bench_attention(ctx, C: int, reps: int, budget: float, kv: int = 8, rep: int = 4,
+                    d: int = 64) -> dict:
+    """The standard flavour's attention subgraph (harness/export.py `_attention`)."""
+    rng = np.random.default_rng(C)
+    b = MLGraphBuilder(ctx)
+    q = b.input("q", data_type="float32", shape=[1, kv, rep, d])
+    kc = b.input("k", data_type="float32", shape=[1, kv, C, d])
+    vc = b.input("v", data_type="float32", shape=[1, kv, C, d])
+    pos = b.input("pos", data_type="int64", shape=[1, 1])
+    ar = b.constant(data_type="int64", shape=[C], value=np.arange(C))
+    mask = b.lesser_or_equal(ar, b.reshape(pos, [1, 1, 1, 1]))
+    s = b.mul(b.matmul(q, b.transpose(kc, [0, 1, 3, 2])),
+              b.constant(data_type="float32", shape=[], value=np.float32(1 / np.sqrt(d))))
+    s = b.where(mask, s, b.constant(data_type="float32", shape=[],
+                                    value=np.finfo(np.float32).min))
+    o = b.matmul(b.softmax(s, 3), vc)
+    g = b.build({"o": o})
+    arrs = {"q": rng.standard_normal((1, kv, rep, d), dtype=np.float32),
+            "k": rng.standard_normal((1, kv, C, d), dtype=np.float32),
+            "v": rng.standard_normal((1, kv, C, d), dtype=np.float32),
+            "pos": np.array([[C - C // 4]], np.int64)}
+    ts = {}
+    for n, a in arrs.items():
+        ts[n] = ctx.create_tensor(data_type="int64" if n == "pos" else "float32",
+                                  shape=list(a.shape), writable=True)
+        ctx.write_tensor(ts[n], a)
+    to = ctx.create_tensor(data_type="float32", shape=[1, kv, rep, d], readable=True)
+    ctx.dispatch(g, ts, {"o": to})
+    got = ctx.read_tensor(to)
+    qq, kk, vv = (arrs[n].astype(np.float64) for n in "qkv")
+    sc = qq @ kk.transpose(0, 1, 3, 2) / np.sqrt(d)
+    sc[..., arrs["pos"][0, 0] + 1:] = -np.inf
+    p = np.exp(sc - sc.max(-1, keepdims=True))
+    want = (p / p.sum(-1, keepdims=True)) @ vv
+    res = _timed(ctx, lambda: ctx.dispatch(g, ts, {"o": to}), reps, budget)
+    res["max_abs_err"] = float(np.max(np.abs(got - want)))
+    res["launches"] = len(g._plan.launches)
+    res["kernels"] = [la.kernel.name for la in g._plan.launches if hasattr(la, "kernel")]
+    g.destroy()
+    return _rate(res, 4 * 2 * kv * C * d)
+
+
+def profile_launches(ctx, g, bound: dict) -> dict:
+    """GPU time of each kernel launch of a graph on its own (one pass per launch), summed by
+    kernel name: where a step's time goes. Uses the context's internals (bench only)."""
+    import wgpu
+
+    from backends.webnn.wgpu_impl.compiler import KernelLaunch
+
+    dev = ctx._device
+    qs = dev.create_query_set(type="timestamp", count=2)
+    qb = dev.create_buffer(size=16, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+    by: dict[str, list] = {}
+    for i, la in enumerate(g._plan.launches):
+        if not isinstance(la, KernelLaunch):
+            continue
+        pipe, layout, bg = g._items[i]
+        if bg is None:
+            bg = ctx._bind_group(g, layout, la.slots, bound)
+        best = None
+        for _ in range(2):
+            enc = dev.create_command_encoder()
+            cp = enc.begin_compute_pass(timestamp_writes={
+                "query_set": qs, "beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1})
+            cp.set_pipeline(pipe)
+            cp.set_bind_group(0, bg)
+            cp.dispatch_workgroups(*la.kernel.groups)
+            cp.end()
+            enc.resolve_query_set(qs, 0, 2, qb, 0)
+            dev.queue.submit([enc.finish()])
+            t = np.frombuffer(dev.queue.read_buffer(qb), np.uint64)
+            dt = int(t[1] - t[0]) / 1e6
+            best = dt if best is None else min(best, dt)
+        e = by.setdefault(la.kernel.name, [0, 0.0, 0])
+        e[0] += 1
+        e[1] += best
+        e[2] += la.kernel.bytes
+    return {k: {"n": v[0], "ms": round(v[1], 3), "bytes": v[2],
+                "GBps": round(v[2] / (v[1] * 1e-3) / 1e9, 2) if v[1] else None}
+            for k, v in sorted(by.items(), key=lambda kv: -kv[1][1])}
+
+
+def bench_step(name: str, capacity: int, steps: int, profile: bool = False) -> dict:
+    from backends.wgpu_modes import StatefulInPlace
+    from harness.workload import Workload, preset
+
+    t0 = time.perf_counter()
+    wl = Workload.build(preset(name))
+    be = StatefulInPlace()
+    be.prepare(wl, capacity)
+    prep = time.perf_counter() - t0
+    plan = be.converted.graph._plan
+    names: dict[str, int] = {}
+    for la in plan.launches:
+        k = getattr(la, "kernel", None)
+        nm = k.name if k is not None else "copy"
+        names[nm] = names.get(nm, 0) + 1
+    wall, gpu = [], []
+    for t in range(steps):
+        t1 = time.perf_counter()
+        logits = be.step(t % 100 + 1)
+        wall.append(time.perf_counter() - t1)
+        g = be.gpu_time_ms()
+        if g is not None:
+            gpu.append(g)
+    cache = sum(int(np.prod(s)) * 4 for s in [])
+    weights = wl.weights_bytes
+    from harness.workload import cache_specs
+
+    cache = sum(s.nbytes for s in cache_specs(wl.config, capacity))
+    kbytes = be.counters.kernel / max(1, steps)
+    prof = None
+    if profile:
+        g = be.converted.graph
+        bound = {"input": {n: t for n, t in be._bound.items() if n in g.inputs},
+                 "output": {n: t for n, t in be._bound.items() if n in g.outputs}}
+        prof = profile_launches(be.context, g, bound)
+    be.close()
+    res = {"preset": name, "capacity": capacity, "prepare_s": round(prep, 2),
+           "wall_ms": 1e3 * float(np.median(wall[1:] or wall)),
+           "launches": len(plan.launches), "kernels": names,
+           "weights_bytes": weights, "cache_bytes": cache, "kernel_bytes_counted": kbytes,
+           "logits_finite": bool(np.isfinite(logits).all())}
+    if prof is not None:
+        res["profile"] = prof
+    if gpu:
+        res["gpu_ms"] = float(np.median(gpu[1:] or gpu))
+        res["gpu_ms_min"] = float(np.min(gpu))
+        res["GBps_weights_cache"] = round((weights + cache) / (res["gpu_ms_min"] * 1e-3) / 1e9, 2)
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gemv", default="all", help="'all', 'none' or KxN,KxN")
+    ap.add_argument("--gemv-variants", default="auto")
+    ap.add_argument("--attn", default="512,2048,8192,16384")
+    ap.add_argument("--attn-variants", default="auto")
+    ap.add_argument("--step", default="small:512", help="preset:capacity,... or none")
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--profile", action="store_true", help="per-kernel GPU time of the step")
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--budget", type=float, default=3.0, help="seconds per measurement")
+    a = ap.parse_args()
+    out: dict = {"gemv": [], "attention": [], "step": []}
+    ctx = ml.create_context(timing=True)
+    out["adapter"] = {k: v for k, v in ctx.adapter_info.items() if isinstance(v, (str, int))}
+    shapes = GEMV_SHAPES if a.gemv == "all" else (
+        [] if a.gemv == "none" else [tuple(map(int, s.split("x"))) for s in a.gemv.split(",")])
+    for var in a.gemv_variants.split(","):
+        compiler.OPTIONS["gemv"] = None if var == "auto" else var
+        for K, N in shapes:
+            try:
+                r = bench_gemv(ctx, K, N, a.reps, a.budget)
+            except Exception as exc:  # noqa: BLE001 - record and go on
+                r = {"error": repr(exc), "trace": traceback.format_exc()[-800:]}
+            r.update(shape=f"{K}x{N}", variant=var)
+            out["gemv"].append(r)
+            print(json.dumps(r), file=sys.stderr)
+    compiler.OPTIONS["gemv"] = None
+    if a.attn != "none":
+        for var in a.attn_variants.split(","):
+            compiler.OPTIONS["attention"] = None if var == "auto" else var
+            for C in map(int, a.attn.split(",")):
+                try:
+                    r = bench_attention(ctx, C, a.reps, a.budget)
+                except Exception as exc:  # noqa: BLE001
+                    r = {"error": repr(exc), "trace": traceback.format_exc()[-800:]}
+                r.update(C=C, variant=var)
+                out["attention"].append(r)
+                print(json.dumps(r), file=sys.stderr)
+        compiler.OPTIONS["attention"] = None
+    ctx.destroy()
+    if a.step != "none":
+        for spec in a.step.split(","):
+            name, _, cap = spec.partition(":")
+            try:
+                r = bench_step(name, int(cap or 512), a.steps, a.profile)
+            except Exception as exc:  # noqa: BLE001
+                r = {"preset": name, "error": repr(exc), "trace": traceback.format_exc()[-800:]}
+            out["step"].append(r)
+            print(json.dumps(r), file=sys.stderr)
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

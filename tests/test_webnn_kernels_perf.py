@@ -1,0 +1,173 @@
+"""The fast kernels (backends/webnn/PERFORMANCE.md) against NumPy on fresh random inputs,
+every variant, odd shapes included (K not a multiple of 4, N not a multiple of the
+workgroup, weights split into chunks)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from backends.wgpu_modes import StatelessCopy
+
+ok, why = StatelessCopy.available()
+pytestmark = pytest.mark.skipif(not ok, reason=why)
+
+from backends.webnn import MLGraphBuilder, ml  # noqa: E402
+from backends.webnn.wgpu_impl import compiler  # noqa: E402
+from backends.webnn.wgpu_impl.target import Target  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def ctx():
+    c = ml.create_context()
+    yield c
+    c.destroy()
+
+
+@pytest.fixture
+def options():
+    saved = dict(compiler.OPTIONS)
+    yield compiler.OPTIONS
+    compiler.OPTIONS.clear()
+    compiler.OPTIONS.update(saved)
+
+
+def run(ctx, build, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    b = MLGraphBuilder(ctx)
+    ins = {n: b.input(n, data_type="float32", shape=list(a.shape)) for n, a in feeds.items()}
+    y = build(b, ins)
+    g = b.build({"y": y})
+    ts = {}
+    for n, a in feeds.items():
+        ts[n] = ctx.create_tensor(data_type="float32", shape=list(a.shape), writable=True)
+        ctx.write_tensor(ts[n], a)
+    out = ctx.create_tensor(data_type="float32", shape=list(y.shape), readable=True)
+    ctx.dispatch(g, ts, {"y": out})
+    got = ctx.read_tensor(out)
+    g.destroy()
+    return got
+
+
+def rand(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+GEMV_VARIANTS = ["legacy", "cols", "cols2", "cols4g8", "rows", "rows_sh", "rows16", "rows64"]
+GEMV_SHAPES = [(37, 333), (64, 1), (8, 700), (260, 129), (1024, 96)]
+
+
+@pytest.mark.parametrize("variant", GEMV_VARIANTS)
+@pytest.mark.parametrize("K,N", GEMV_SHAPES)
+@pytest.mark.parametrize("lead", [(1,), (3, 1)])
+def test_gemv_variants(ctx, options, variant, K, N, lead):
+    rng = np.random.default_rng()
+    options["gemv"] = variant
+    w = rand(rng, K, N)
+    x = rand(rng, *lead, K)
+    got = run(ctx, lambda b, i: b.matmul(i["x"], b.constant(data_type="float32", shape=[K, N],
+                                                             value=w)), {"x": x})
+    np.testing.assert_allclose(got, x.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("variant", ["cols", "rows", "legacy"])
+def test_gemv_weights_split_into_chunks(ctx, options, variant):
+    """Weights beyond the storage-binding limit: one launch per chunk of columns."""
+    rng = np.random.default_rng()
+    options["gemv"] = variant
+    K, N = 20, 301
+    w, x = rand(rng, K, N), rand(rng, 1, K)
+    saved = ctx._max_binding
+    ctx._max_binding = 4 * K * 64  # 64 columns per chunk
+    try:
+        got = run(ctx, lambda b, i: b.matmul(
+            i["x"], b.constant(data_type="float32", shape=[K, N], value=w)), {"x": x})
+    finally:
+        ctx._max_binding = saved
+    np.testing.assert_allclose(got, x.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
+
+
+def _subgroup_size(ctx) -> int | None:
+    """The device's actual subgroup size (probe kernel), or None without the feature."""
+    import wgpu
+
+    if "subgroup" not in ctx._device.features:
+        return None
+    d = ctx._device
+    m = d.create_shader_module(code="""
+@group(0) @binding(0) var<storage, read_write> o: array<u32>;
+@compute @workgroup_size(64) fn main(@builtin(local_invocation_index) l: u32,
+                                     @builtin(subgroup_size) s: u32) { o[l] = s; }""")
+    buf = d.create_buffer(size=256, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC)
+    p = d.create_compute_pipeline(layout="auto", compute={"module": m, "entry_point": "main"})
+    bg = d.create_bind_group(layout=p.get_bind_group_layout(0),
+                             entries=[{"binding": 0, "resource": {"buffer": buf}}])
+    e = d.create_command_encoder()
+    c = e.begin_compute_pass()
+    c.set_pipeline(p)
+    c.set_bind_group(0, bg)
+    c.dispatch_workgroups(1)
+    c.end()
+    d.queue.submit([e.finish()])
+    sizes = set(np.frombuffer(d.queue.read_buffer(buf), np.uint32).tolist())
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+@pytest.mark.parametrize("K,N", [(37, 333), (2048, 70), (12, 5)])
+def test_gemv_subgroup_reduction(ctx, options, K, N):
+    """The subgroupAdd path (taken when the adapter reports one fixed subgroup size)."""
+    size = _subgroup_size(ctx)
+    lanes = {8: "rows8", 16: "rows16", 32: "rows", 64: "rows64"}.get(size or 0)
+    if lanes is None:
+        pytest.skip(f"no usable fixed subgroup size ({size})")
+    rng = np.random.default_rng()
+    options["gemv"] = lanes
+    w, x = rand(rng, K, N), rand(rng, 1, K)
+    saved = ctx._target
+    ctx._target = Target(cpu=False, subgroup=size)
+    try:
+        got = run(ctx, lambda b, i: b.matmul(
+            i["x"], b.constant(data_type="float32", shape=[K, N], value=w)), {"x": x})
+    finally:
+        ctx._target = saved
+    np.testing.assert_allclose(got, x.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("M,K,N", [(4, 64, 300), (3, 5, 37), (8, 16, 1), (2, 7, 65)])
+def test_scores_small_m_reads_keys_in_place(ctx, M, K, N):
+    """matmul(q, transpose(k)) with a few rows: the key rows are read once for all rows."""
+    rng = np.random.default_rng()
+    q, k = rand(rng, 1, 3, M, K), rand(rng, 1, 3, N, K)
+    got = run(ctx, lambda b, i: b.matmul(i["q"], b.transpose(i["k"], [0, 1, 3, 2])),
+              {"q": q, "k": k})
+    np.testing.assert_allclose(got, q.astype(np.float64) @ k.transpose(0, 1, 3, 2),
+                               rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("cpu", [False, True])
+@pytest.mark.parametrize("M,K,N,bb", [(4, 1000, 64, (1, 3)), (1, 256, 17, (2,)),
+                                      (3, 777, 5, (1, 2)), (8, 300, 1, ())])
+def test_split_k_matmul(ctx, M, K, N, bb, cpu):
+    """probs·V over a long cache: K split into chunks, partial sums added by a 2nd pass."""
+    rng = np.random.default_rng()
+    a, b_ = rand(rng, *bb, M, K), rand(rng, *bb, K, N)
+    saved = ctx._target
+    ctx._target = Target(cpu=cpu)
+    try:
+        got = run(ctx, lambda b, i: b.matmul(i["a"], i["b"]), {"a": a, "b": b_})
+    finally:
+        ctx._target = saved
+    np.testing.assert_allclose(got, a.astype(np.float64) @ b_, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("rows,n", [(3, 1500), (32, 1024), (1, 4099)])
+def test_wide_softmax(ctx, rows, n):
+    rng = np.random.default_rng()
+    x = rand(rng, rows, n) * 4
+    saved = ctx._target
+    ctx._target = Target(cpu=False)
+    try:
+        got = run(ctx, lambda b, i: b.softmax(i["x"], 1), {"x": x})
+    finally:
+        ctx._target = saved
+    e = np.exp(x - x.max(1, keepdims=True))
+    np.testing.assert_allclose(got, e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-6)
