@@ -351,7 +351,7 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
                              [ins[0], ins[1], out_slot]))
         elif (M <= 8 and not b_t and a._shape[-1] >= 256
               and OPTIONS.get("attention") != "generic"):
-            chunk = 512 if plan.target.cpu else 128
+            chunk = 512 if plan.target.cpu else 64
             k1, k2, parts = MM.matmul_splitk(a._shape, b_shape, shp, chunk)
             part = ("temp", ("splitk", o._id))
             plan.temps[part] = parts
