@@ -33,6 +33,10 @@ class Run:
                        help="results file (default results/run-<preset>-<timestamp>.json)")
         p.add_argument("--inprocess", action="store_true",
                        help="measure in this process instead of a worker per point (debugging)")
+        p.add_argument("--point-timeout", type=common_args.positive_int,
+                       default=int(runner.WORKER_TIMEOUT_S),
+                       help="seconds one backend x context point may take before it is recorded as"
+                            f" failed (default {int(runner.WORKER_TIMEOUT_S)})")
         p.add_argument("--no-calibrate", dest="calibrate", action="store_false",
                        help="skip the bandwidth calibration (no floors or MBU)")
         p.set_defaults(func=cls.run_from_args)
@@ -44,7 +48,7 @@ class Run:
             preset=args.preset, backends=select(args.backends),
             contexts=runner.parse_contexts(args.contexts), steps=args.steps, warmup=args.warmup,
             capacity=args.capacity, seed=args.seed, inprocess=args.inprocess,
-            calibrate=args.calibrate,
+            calibrate=args.calibrate, timeout_s=float(args.point_timeout),
             command="statebench " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
         )
         out = Path(args.out) if args.out else runner.default_out(args.preset)
