@@ -14,6 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from harness import metrics  # noqa: E402
 from harness.report import Run, point_speedup, series, series_name  # noqa: E402
 from harness.results import BYTE_CATEGORIES  # noqa: E402
 
@@ -77,7 +78,7 @@ def speedup(runs: list[Run]) -> Figure:
 
 def mbu(runs: list[Run]) -> Figure:
     return _lines(runs, "Memory-bandwidth utilisation vs context", "MBU (floor time / step time)",
-                  lambda run, p: p.mbu if p.measured else None, logy=False)
+                  lambda run, p: metrics.plausible_mbu(p.mbu) if p.measured else None, logy=False)
 
 
 def bytes_per_step(runs: list[Run]) -> Figure:

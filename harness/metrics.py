@@ -159,3 +159,13 @@ def unstable(samples_ms: list[float]) -> str:
     if cv >= 0.10:
         return f"unstable: stdev is {cv:.0%} of the mean; use more --steps or a quieter machine"
     return ""
+
+
+#: a step cannot beat the fewest bytes it must move at the measured bandwidth; an MBU above
+#: this means the floor's calibration under-measured the device (or the link), not a fast step
+MBU_PLAUSIBLE_MAX = 1.05
+
+
+def plausible_mbu(mbu: float | None) -> float | None:
+    """The MBU when it can be true, else None (reported as a calibration problem)."""
+    return mbu if mbu is not None and 0 < mbu <= MBU_PLAUSIBLE_MAX else None

@@ -126,6 +126,9 @@ def notes(runs: list[Run]) -> list[str]:
                              f"argmax agree {m.argmax_agree:.0%})")
             elif p.details.get("warning"):
                 lines.append(f"{where}: {p.details['warning']}")
+            if p.status == "ok" and p.mbu is not None and metrics.plausible_mbu(p.mbu) is None:
+                lines.append(f"{where}: MBU {p.mbu:.2f} > {metrics.MBU_PLAUSIBLE_MAX}: the floor's "
+                             "bandwidth calibration is below what the step achieved; MBU not charted")
     return lines
 
 

@@ -74,3 +74,12 @@ def test_mismatch_never_shown_faster(run_files):
     console.print(report.summary_table(runs))
     assert "✗ mismatch" in console.file.getvalue()
     assert [r["speedup"] for r in report.rows(runs) if r["backend"] == "ort-cpu:shared"][0] is None
+
+
+def test_implausible_mbu_is_noted_not_charted():
+    """An MBU above 1.05 says the calibration under-measured the device: noted, not plotted."""
+    from harness import metrics
+
+    assert metrics.plausible_mbu(0.8) == 0.8
+    assert metrics.plausible_mbu(1.3) is None
+    assert metrics.plausible_mbu(None) is None
