@@ -9,24 +9,22 @@ from harness.workload import UserError
 DEFAULT_BACKENDS = "ort-cpu:*,wgpu:*"
 
 
-def positive_int(text: str) -> int:
+def _integer(text: str, minimum: int, what: str) -> int:
     try:
         n = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if n <= 0:
-        raise argparse.ArgumentTypeError(f"{n} is not a positive integer")
+    if n < minimum:
+        raise argparse.ArgumentTypeError(f"{n} is not {what}")
     return n
+
+
+def positive_int(text: str) -> int:
+    return _integer(text, 1, "a positive integer")
 
 
 def nonnegative_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"{n} is negative")
-    return n
+    return _integer(text, 0, "≥ 0")
 
 
 def fraction(text: str) -> float:
