@@ -68,6 +68,18 @@ def host_bandwidth(size: int = SIZE) -> dict:
             "size_bytes": size}
 
 
+def host_gemv_bandwidth(working_set: int) -> dict:
+    """A float32 matrix-vector product (NumPy's BLAS, all cores) over a matrix the size of
+    the preset's weights, capped at 1 GiB: the work a CPU decode step is, with the step's own
+    cache residency (a 17 MB model re-read every step lives in the CPU's caches, which a
+    64 MiB copy does not see)."""
+    cols = 1024
+    rows = max(min(working_set, 2**30) // (4 * cols), 64)
+    m = np.full((rows, cols), 0.5, np.float32)
+    v = np.full(cols, 0.5, np.float32)
+    return {"gemv_gbps": round(_best_gbps(m.nbytes, lambda: m @ v), 3), "gemv_bytes": m.nbytes}
+
+
 def wgpu_adapter() -> tuple[object | None, str]:
     """(adapter, "") or (None, why there is none)."""
     try:
@@ -169,9 +181,12 @@ def wgpu_bandwidth(size: int = SIZE) -> dict:
     return out
 
 
-def calibrate(need_gpu: bool = True, size: int = SIZE) -> dict:
-    """Bandwidths for the floors; a failing device only loses its own figures, with the reason."""
+def calibrate(need_gpu: bool = True, size: int = SIZE, working_set: int | None = None) -> dict:
+    """Bandwidths for the floors; a failing device only loses its own figures, with the reason.
+    `working_set`: the weights' bytes, for the host matrix-vector figure CPU floors use."""
     cal: dict = {"host": host_bandwidth(size)}
+    if working_set:
+        cal["host"].update(host_gemv_bandwidth(working_set))
     if need_gpu:
         try:
             cal["wgpu"] = wgpu_bandwidth(size)

@@ -87,12 +87,12 @@ def floor_ms(backend: str, cfg: ModelConfig, weights_bytes: int, depth: int, cap
     host = calibration.get("host") or {}
     gpu = calibration.get("wgpu") or {}
     if is_cpu(backend):
-        bw = host.get("copy_gbps")
-        if not bw:
+        bw, copy_bw = host.get("gemv_gbps") or host.get("copy_gbps"), host.get("copy_gbps")
+        if not (bw and copy_bw):
             return None, "no host memory bandwidth calibrated"
         ms = floor_bytes(cfg, weights_bytes, depth) / bw / 1e6
         if is_stateless(backend, details):
-            ms += 2 * full_cache_bytes(cfg, capacity) / bw / 1e6
+            ms += 2 * full_cache_bytes(cfg, capacity) / copy_bw / 1e6
         return ms, ""
     bw = gpu.get("stream_gbps")
     if not bw:

@@ -75,3 +75,16 @@ def test_human_bytes_and_unstable():
     assert metrics.human_bytes(3 * 2**20) == "3.0 MiB"
     assert metrics.unstable([1.0, 1.0, 1.0]) == ""
     assert "unstable" in metrics.unstable([1.0, 2.0, 1.0, 3.0])
+
+
+def test_recorded_lavapipe_run_has_plausible_mbu():
+    """On the committed lavapipe run every measured point's MBU is in (0, 1.05]: the floors
+    are calibrated on the same machine, in the same process, for the same kind of work."""
+    from pathlib import Path
+
+    from harness.results import load
+
+    run = load(Path(__file__).resolve().parents[1] / "results/lavapipe/run-small-1024.json")
+    mbus = [p.mbu for p in run.points if p.status == "ok"]
+    assert len(mbus) == len(run.points) and mbus
+    assert all(m is not None and 0 < m <= metrics.MBU_PLAUSIBLE_MAX for m in mbus), mbus
