@@ -13,16 +13,6 @@ from backends.webnn import (
 )
 
 
-@pytest.fixture(scope="module")
-def ctx():
-    try:
-        c = ml.create_context()
-    except Exception as e:
-        pytest.skip(f"no WebGPU adapter: {e}")
-    yield c
-    c.destroy()
-
-
 def simple_graph(ctx):
     b = MLGraphBuilder(ctx)
     x = b.input("x", data_type="float32", shape=[2, 4])

@@ -12,16 +12,9 @@ from backends.wgpu_modes import StatelessCopy
 ok, why = StatelessCopy.available()
 pytestmark = pytest.mark.skipif(not ok, reason=why)
 
-from backends.webnn import MLGraphBuilder, ml  # noqa: E402
+from backends.webnn import MLGraphBuilder  # noqa: E402
 from backends.webnn.wgpu_impl import compiler  # noqa: E402
 from backends.webnn.wgpu_impl.target import Target  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def ctx():
-    c = ml.create_context()
-    yield c
-    c.destroy()
 
 
 @pytest.fixture

@@ -22,16 +22,6 @@ WQ, WK, WV = (RNG.standard_normal((D, H * D)).astype(np.float32) * 0.5 for _ in 
 
 
 @pytest.fixture(scope="module")
-def ctx():
-    try:
-        c = ml.create_context()
-    except Exception as e:
-        pytest.skip(f"no WebGPU adapter: {e}")
-    yield c
-    c.destroy()
-
-
-@pytest.fixture(scope="module")
 def plain_ctx():
     c = ml.create_context(state_support=False)
     yield c
