@@ -134,7 +134,7 @@ class _OrtBackend(Backend):
     provider = "cpu"
     mode = ""
     flavour = ORT
-    cache_dir: str | os.PathLike | None = None  # None: harness.export.default_cache_dir()
+    cache_dir: str | os.PathLike | None = None  # None: harness.workload.default_cache_dir()
 
     @classmethod
     def available(cls) -> tuple[bool, str]:

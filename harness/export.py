@@ -29,14 +29,22 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from harness.workload import ATTENTION, ModelConfig, Workload, cache_specs, weight_shapes
+from harness.atomic import atomic_file
+from harness.workload import (
+    ATTENTION,
+    ModelConfig,
+    Workload,
+    cache_specs,
+    config_key,
+    default_cache_dir,
+    weight_shapes,
+)
 
 STANDARD = "standard"
 ORT = "ort"
@@ -61,23 +69,13 @@ _NP = {TensorProto.FLOAT: np.float32, TensorProto.INT64: np.int64, TensorProto.I
        TensorProto.BOOL: np.bool_}
 
 
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("STATEBENCH_CACHE", Path.home() / ".cache" / "statebench"))
-
-
-def model_key(cfg: ModelConfig, seed: int) -> str:
-    """Directory name for one (model, seed): the preset name plus a hash of every shape."""
-    digest = hashlib.sha256(json.dumps(cfg.describe(), sort_keys=True).encode()).hexdigest()[:10]
-    return f"{cfg.name}-{digest}-s{seed}"
-
-
 def graph_path(workload: Workload, flavour: str, capacity: int,
                cache_dir: str | os.PathLike | None = None) -> Path:
     """Where `export` puts (and finds) the graph of one flavour and capacity."""
     if flavour not in FLAVOURS:
         raise ValueError(f"unknown flavour {flavour!r}; accepted: {', '.join(FLAVOURS)}")
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    return root / model_key(workload.config, workload.seed) / f"{flavour}-c{capacity}.onnx"
+    return root / config_key(workload.config, workload.seed) / f"{flavour}-c{capacity}.onnx"
 
 
 def export(workload: Workload, flavour: str, capacity: int,
@@ -131,7 +129,7 @@ def write_weights(workload: Workload, directory: Path) -> dict[str, tuple[int, i
         n = int(np.prod(shape)) * 4
         manifest[stored] = [offset, n]
         offset += (n + _ALIGN - 1) // _ALIGN * _ALIGN
-    meta = {"model": model_key(cfg, workload.seed), "size": offset, "tensors": manifest,
+    meta = {"model": config_key(cfg, workload.seed), "size": offset, "tensors": manifest,
             "fingerprint": {n: _fingerprint(workload.weights[n]) for n in workload.weights}}
     bin_path, json_path = directory / "weights.bin", directory / "weights.json"
     try:
@@ -139,34 +137,22 @@ def write_weights(workload: Workload, directory: Path) -> dict[str, tuple[int, i
             return {k: (v[0], v[1]) for k, v in manifest.items()}
     except (OSError, ValueError):
         pass
-    directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".weights-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for stored, source, _ in layout:
-                if source.endswith(".T"):
-                    arr = np.ascontiguousarray(workload.weights[source[:-2]].T)
-                else:
-                    arr = workload.weights[source]
-                start = manifest[stored][0]
-                f.seek(start)
-                f.write(np.ascontiguousarray(arr, dtype=np.float32).tobytes())
-            f.truncate(offset)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, bin_path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(bin_path) as f:
+        for stored, source, _ in layout:
+            if source.endswith(".T"):
+                arr = np.ascontiguousarray(workload.weights[source[:-2]].T)
+            else:
+                arr = workload.weights[source]
+            f.seek(manifest[stored][0])
+            f.write(np.ascontiguousarray(arr, dtype=np.float32).tobytes())
+        f.truncate(offset)
     _atomic_write(json_path, json.dumps(meta).encode())
     return {k: (v[0], v[1]) for k, v in manifest.items()}
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    with os.fdopen(fd, "wb") as f:
+    with atomic_file(path) as f:
         f.write(data)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
 
 
 def _fingerprint(arr: np.ndarray) -> str:

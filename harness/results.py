@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from harness.atomic import atomic_file
 from harness.workload import UserError
 
 SCHEMA = "statebench/1"
@@ -166,20 +165,10 @@ def one_line(text: str, limit: int = 300) -> str:
 
 
 def write_json_atomic(path: str | Path, data: dict) -> None:
-    """Write to a temp file beside `path`, fsync, then os.replace: never half-written."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, allow_nan=False, default=_jsonable)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write JSON through `atomic_file`: never half-written."""
+    with atomic_file(path, "w") as f:
+        json.dump(data, f, indent=1, allow_nan=False, default=_jsonable)
+        f.write("\n")
 
 
 def _jsonable(o):

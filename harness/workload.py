@@ -11,11 +11,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from harness.atomic import atomic_file
 
 ATTENTION = "attention"
 GDN = "gdn"
@@ -201,16 +202,9 @@ def cached_weights(cfg: ModelConfig, seed: int, directory: Path | None = None) -
     path = (directory or default_cache_dir()) / "weights" / f"{config_key(cfg, seed)}.f32"
     total = sum(int(np.prod(s)) for s in shapes.values())
     if not (path.exists() and path.stat().st_size == total * 4):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".weights-")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                for name, shape in shapes.items():
-                    f.write(make_weight(cfg, name, shape, seed).tobytes())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_file(path) as f:
+            for name, shape in shapes.items():
+                f.write(make_weight(cfg, name, shape, seed).tobytes())
     flat = np.memmap(path, dtype=np.float32, mode="r", shape=(total,))
     out, offset = {}, 0
     for name, shape in shapes.items():
