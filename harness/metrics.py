@@ -60,10 +60,7 @@ def full_cache_bytes(cfg: ModelConfig, capacity: int) -> int:
 def written_state_bytes(cfg: ModelConfig) -> int:
     """Bytes a step must write into the state: one new K and V row per attention layer,
     the whole recurrent state per GDN layer."""
-    total = 0
-    for s in cache_specs(cfg, 1):
-        total += s.nbytes  # capacity 1: an append spec is exactly one row
-    return total
+    return sum(s.nbytes for s in cache_specs(cfg, 1))  # capacity 1: an append spec is one row
 
 
 def floor_bytes(cfg: ModelConfig, weights_bytes: int, depth: int) -> int:

@@ -20,8 +20,8 @@ class Run:
         p = subparsers.add_parser(cls.name, help="decode N tokens at each depth with each backend")
         common_args.add_preset(p)
         common_args.add_backends(p)
-        p.add_argument("--contexts", default="64,256,512",
-                       help="comma list of depths L to decode at (default 64,256,512)")
+        p.add_argument("--contexts", default=runner.DEFAULT_CONTEXTS,
+                       help=f"comma list of depths L to decode at (default {runner.DEFAULT_CONTEXTS})")
         p.add_argument("--steps", type=common_args.positive_int, default=16,
                        help="timed decode steps per point (default 16)")
         p.add_argument("--warmup", type=common_args.nonnegative_int, default=2,
