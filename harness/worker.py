@@ -26,7 +26,7 @@ import numpy as np
 from backends.base import Backend, ByteCounters, DepthState, registry
 from harness.metrics import compare_logits, unstable
 from harness.results import BYTE_CATEGORIES, Point, Stats
-from harness.workload import Workload, preset
+from harness.workload import Workload, preset, valid_cache_bytes
 
 
 @functools.lru_cache(maxsize=1)
@@ -127,7 +127,7 @@ def _measure(req: dict, cls: type[Backend]) -> Point:
             step_ms=Stats.of(step_ms), gpu_ms=gpu, gpu_reason=gpu_reason,
             build_s=build_s, time_to_depth_s=time_to_depth_s,
             bytes_per_step={k: getattr(total, k) / steps for k in BYTE_CATEGORIES},
-            cache_bytes=sum(int(a.nbytes) for a in cache.values()),
+            cache_bytes=valid_cache_bytes(wl.config, ctx),
             weights_bytes=wl.weights_bytes, peak_rss_bytes=peak_rss_bytes(),
             device_bytes=None if dev is None else int(dev), match=match, details=_plain(details),
         )

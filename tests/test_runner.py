@@ -14,7 +14,7 @@ import pytest
 from backends.base import Backend, DepthState
 from harness import results, runner, worker
 from harness.reference import Reference
-from harness.workload import UserError, Workload, preset
+from harness.workload import UserError, Workload, preset, valid_cache_bytes
 
 TESTS = str(Path(__file__).resolve().parent)
 
@@ -188,6 +188,9 @@ def test_worker_main_protocol(tmp_path):
                           capture_output=True, text=True, env=env, check=True)
     point = results.Point.from_dict(json.loads(proc.stdout))
     assert point.matches and point.context == 4
+    # cache_bytes is the valid cache at depth 4 (4 KV rows + whole GDN states), not capacity 8
+    assert point.cache_bytes == valid_cache_bytes(wl.config, 4)
+    assert point.cache_bytes < sum(int(a.nbytes) for k, a in arrays.items() if k.startswith("cache:"))
 
 
 def test_depth_state_continues_the_reference():
