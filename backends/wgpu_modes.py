@@ -25,6 +25,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from backends.adapter import wgpu_adapter
 from backends.base import Backend, DepthState, register
 from harness.workload import Workload
 
@@ -63,20 +64,13 @@ class _Page(Backend):
 
     @classmethod
     def available(cls) -> tuple[bool, str]:
-        try:
-            import wgpu
-        except ImportError as exc:
-            return False, f"wgpu is not installed ({exc})"
+        adapter, why = wgpu_adapter()
+        if adapter is None:
+            return False, why
         try:
             _webnn()
         except ImportError as exc:
             return False, f"the WebNN wgpu backend cannot be imported ({exc})"
-        try:
-            adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
-        except Exception as exc:  # noqa: BLE001 - any driver failure means "no adapter"
-            return False, f"wgpu has no adapter ({exc})"
-        if adapter is None:
-            return False, "wgpu has no adapter"
         return True, ""
 
     # -- counting ---------------------------------------------------------------------------

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from backends.adapter import wgpu_adapter
+
 SIZE = 64 * 1024 * 1024
 REPEATS = 5
 
@@ -78,21 +80,6 @@ def host_gemv_bandwidth(working_set: int) -> dict:
     m = np.full((rows, cols), 0.5, np.float32)
     v = np.full(cols, 0.5, np.float32)
     return {"gemv_gbps": round(_best_gbps(m.nbytes, lambda: m @ v), 3), "gemv_bytes": m.nbytes}
-
-
-def wgpu_adapter() -> tuple[object | None, str]:
-    """(adapter, "") or (None, why there is none)."""
-    try:
-        import wgpu
-    except Exception as exc:  # noqa: BLE001 - any import failure means "not installed"
-        return None, f"wgpu not importable: {exc}"
-    try:
-        adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
-    except Exception as exc:  # noqa: BLE001
-        return None, f"no WebGPU adapter: {' '.join(str(exc).split())}"
-    if adapter is None:
-        return None, "no WebGPU adapter"
-    return adapter, ""
 
 
 def adapter_summary() -> dict:

@@ -1,0 +1,18 @@
+"""The one probe for a WebGPU adapter: backends' `available()` and the calibration ask here."""
+
+from __future__ import annotations
+
+
+def wgpu_adapter() -> tuple[object | None, str]:
+    """(adapter, "") or (None, why there is none): wgpu missing, a driver error, no adapter."""
+    try:
+        import wgpu
+    except Exception as exc:  # noqa: BLE001 - any import failure means "not installed"
+        return None, f"wgpu is not installed ({exc})"
+    try:
+        adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+    except Exception as exc:  # noqa: BLE001 - any driver failure means "no adapter"
+        return None, f"wgpu has no adapter ({' '.join(str(exc).split())})"
+    if adapter is None:
+        return None, "wgpu has no adapter"
+    return adapter, ""
