@@ -222,6 +222,25 @@ class _OrtBackend(Backend):
         if depth.depth >= self.capacity:
             raise ValueError(f"depth {depth.depth} leaves no room in capacity {self.capacity}")
 
+    def _page_pasts(self, depth: DepthState | None, growing: bool) -> dict[str, np.ndarray]:
+        """The pasts a page hands the session at `depth` (None: an empty cache). A growing
+        past (ORT flavour, no buffer sharing) holds exactly the valid rows; a fixed one the
+        whole capacity."""
+        n = 0 if depth is None else depth.depth
+        out = {}
+        for s in self.specs:
+            rows = n if growing and s.kind == "append" else None
+            if depth is None:
+                shape = list(s.shape)
+                if rows is not None:
+                    shape[2] = rows
+                out[s.input] = np.zeros(shape, np.float32)
+            else:
+                arr = depth.cache[s.input]
+                out[s.input] = np.ascontiguousarray(arr if rows is None else arr[:, :, :rows],
+                                                    np.float32)
+        return out
+
     def _id_feeds(self, token: int) -> dict[str, np.ndarray]:
         if self.position >= self.capacity:
             raise ValueError(f"capacity {self.capacity} exceeded at position {self.position}")
@@ -245,23 +264,12 @@ class _HostArrays(_OrtBackend):
 
     def reset(self) -> None:
         self.position = 0
-        self.past = {}
-        for s in self.specs:
-            shape = list(s.shape)
-            if self.flavour == ORT and s.kind == "append":
-                shape[2] = 0  # a growing past starts empty
-            self.past[s.input] = np.zeros(shape, np.float32)
+        self.past = self._page_pasts(None, growing=self.flavour == ORT)
 
     def reach_depth(self, depth: DepthState) -> None:
         self._check_depth(depth)
-        n = depth.depth
-        self.past = {}
-        for s in self.specs:
-            arr = depth.cache[s.input]
-            if self.flavour == ORT and s.kind == "append":
-                arr = arr[:, :, :n]
-            self.past[s.input] = np.ascontiguousarray(arr, np.float32)
-        self.position = n
+        self.past = self._page_pasts(depth, growing=self.flavour == ORT)
+        self.position = depth.depth
 
     def step(self, token: int) -> np.ndarray:
         feeds = self._id_feeds(token)
@@ -282,26 +290,17 @@ class _IOBinding(_OrtBackend):
 
     def reset(self) -> None:
         self.position = 0
-        self.values = {}
-        for s in self.specs:
-            shape = list(s.shape)
-            if s.kind == "append":
-                shape[2] = 0
-            self.values[s.input] = self._device_value(np.zeros(shape, np.float32))
+        self.values = {k: self._device_value(a)
+                       for k, a in self._page_pasts(None, growing=True).items()}
 
     def device_bytes(self) -> int | None:
         return sum(v.tensor_size_in_bytes() for v in self.values.values())
 
     def reach_depth(self, depth: DepthState) -> None:
         self._check_depth(depth)
-        n = depth.depth
-        self.values = {}
-        for s in self.specs:
-            arr = depth.cache[s.input]
-            if s.kind == "append":
-                arr = arr[:, :, :n]
-            self.values[s.input] = self._device_value(arr)
-        self.position = n
+        self.values = {k: self._device_value(a)
+                       for k, a in self._page_pasts(depth, growing=True).items()}
+        self.position = depth.depth
 
     def step(self, token: int) -> np.ndarray:
         io = self.session.io_binding()
