@@ -183,9 +183,10 @@ def test_counters_and_no_per_dispatch_allocation(ctx):
 def test_noop_reshape_shares_storage(ctx):
     b = MLGraphBuilder(ctx)
     x = b.input("x", data_type="float32", shape=[2, 6])
-    y = b.exp(b.reshape(b.reshape(b.neg(x), [3, 4]), [12]))
+    # a reduction reads neg's buffer (no fusion across it): no copy for the reshapes
+    y = b.reduce_sum(b.reshape(b.reshape(b.neg(x), [3, 4]), [12]), axes=[0])
     g = b.build({"y": y})
-    assert len(g._plan.launches) == 2  # neg, exp: no copy for the reshapes
+    assert [la.kernel.name for la in g._plan.launches] == ["neg", "reduce_sum"]
     assert len(g._plan.temps) == 1
 
 
@@ -218,8 +219,8 @@ def test_intermediate_buffers_are_reused(ctx):
     b = MLGraphBuilder(ctx)
     x = b.input("x", data_type="float32", shape=[3, 5])
     y = x
-    for _ in range(6):
-        y = b.neg(b.abs(y))
+    for _ in range(6):  # softmax ends every fusible chain: each op has its own buffer
+        y = b.softmax(b.abs(y), axis=1)
     g = b.build({"y": y})
     temps = {id(buf) for slot, buf in g._buffers.items() if slot[0] == "temp"}
     assert len(g._plan.temps) == 11 and len(temps) == 2
@@ -229,4 +230,8 @@ def test_intermediate_buffers_are_reused(ctx):
     v = np.random.default_rng(3).standard_normal((3, 5)).astype(np.float32)
     ctx.write_tensor(t_in, v)
     ctx.dispatch(g, {"x": t_in}, {"y": t_out})
-    np.testing.assert_array_equal(ctx.read_tensor(t_out), -np.abs(v))
+    want = v.astype(np.float64)
+    for _ in range(6):
+        e = np.exp(np.abs(want) - np.abs(want).max(axis=1, keepdims=True))
+        want = e / e.sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(ctx.read_tensor(t_out), want, rtol=1e-5)

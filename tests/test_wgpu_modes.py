@@ -62,6 +62,27 @@ def test_matches_reference_after_depth(backend, depth):
         assert_close(backend.step(tok), ref.step(tok), f"{backend.name} depth {depth} step {i}")
 
 
+@pytest.mark.parametrize("name", list(MODES))
+def test_chunked_submission_matches_reference(name, monkeypatch):
+    """GPU adapters submit a dispatch as several command buffers (SUBMIT_EVERY launches
+    each); forced to 3 here, every mode still computes the reference's logits and the GPU
+    time still spans the whole dispatch."""
+    from backends.webnn.wgpu_impl import context
+
+    monkeypatch.setitem(context.SUBMIT_EVERY, "cpu", 3)
+    monkeypatch.setitem(context.SUBMIT_EVERY, "gpu", 3)
+    b = prepared(MODES[name], CAPACITY)
+    try:
+        assert len(b.converted.graph._submit_after) > 3
+        state, ref = depth_state(16, CAPACITY)
+        b.reach_depth(state)
+        for i in range(2):
+            tok = int(TOKENS[16 + i])
+            assert_close(b.step(tok), ref.step(tok), f"{name} chunked step {i}")
+    finally:
+        b.close()
+
+
 def test_stateful_details(backend):
     if backend.name == "wgpu:stateful":
         assert backend.details["is_stateful"] is True

@@ -32,6 +32,7 @@ from ..kernels import matmul as MM
 from ..kernels import movement as MV
 from ..kernels import reduce as RD
 from ..stateful import PairPlan, analyse, root
+from . import fusion
 from .target import Target
 
 Slot = tuple
@@ -64,6 +65,7 @@ class Plan:
     has_check: bool = False
     max_binding: int = 1 << 27  # the device's max storage-buffer binding size, bytes
     target: Target = field(default_factory=Target)
+    groups: dict[int, fusion.Group] = field(default_factory=dict)  # root id -> fused group
 
 
 @dataclass
@@ -92,7 +94,10 @@ def _is_last2_transpose(o: MLOperand) -> bool:
 
 def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
                   stateful: bool, inputs: dict[str, MLOperand],
-                  max_binding: int = 1 << 27, target: Target | None = None) -> Plan:
+                  max_binding: int = 1 << 27, target: Target | None = None,
+                  max_storage: int = 8) -> Plan:
+    """``max_storage``: the device's storage buffers per shader stage (bounds the leaves
+    a fused kernel may read)."""
     plan = Plan(max_binding=max_binding, target=target or Target())
     dest: dict[int, Slot] = {}  # root id -> slot it must be computed into
     steps: list[_Step] = []
@@ -125,10 +130,15 @@ def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
             b = root(o._inputs[1])
             if _is_last2_transpose(b):
                 fold[o._id] = root(b._inputs[0])
+    # -- loop fusion: element-wise chains computed inside their consumers ---------------
+    writers = {pp.writer._id for pp in plan.pairs if pp.writer is not None}
+    pinned = set(dest) | writers | {root(outputs[p.output])._id for p in pairs if stateful}
+    inlined, groups = fusion.plan(nodes, pinned, writers, max(1, max_storage - 2))
+    plan.groups = groups
     for o in nodes:
-        if o._kind != "op" or o._op == "reshape":
+        if o._kind != "op" or o._op == "reshape" or o._id in inlined:
             continue
-        reads = [root(x) for x in o._inputs]
+        reads = list(groups[o._id].leaves) if o._id in groups else [root(x) for x in o._inputs]
         if o._id in fold:
             reads[1] = fold[o._id]
         steps.append(_Step(o._id, "op", o, reads, o))
@@ -293,7 +303,11 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
     ins = [slot_of(r) for r in reads]
     guarded = pp is not None and has_check
     add = plan.launches.append
-    if op in ELEMENTWISE:
+    if o._id in plan.groups:
+        group = plan.groups[o._id]
+        add(KernelLaunch(group.kernel(guarded), [slot_of(x) for x in group.leaves] + [out_slot]
+                         + ([("status",)] if guarded else [])))
+    elif op in ELEMENTWISE:
         alias = pp.alias_input if pp is not None else None
         k = EW.elementwise(op, [x._dtype.wgsl for x in o._inputs],
                            [x._shape for x in o._inputs], t, shp, alias=alias,

@@ -1,0 +1,130 @@
+"""One kernel for a chain of element-wise and data-movement ops (loop fusion).
+
+A decode step of a real model is hundreds of tiny ops (RMSNorm's pow/mean/add/sqrt/div/
+mul, RoPE's slice/neg/concat/mul/add, SwiGLU's sigmoid/mul/mul). One launch each costs
+GPU time (a dispatch and a round trip of every intermediate through memory) and, in
+wgpu-py, ~5–10 µs of CPU encoding. The compiler (``wgpu_impl/fusion.py``) groups such ops;
+this module turns a group into one WGSL kernel: every op becomes a function
+``v<n>(i) -> T`` giving its element at linear index ``i`` of its own shape, reading its
+inputs either from another op's function (inlined) or from a bound buffer (a leaf). The
+kernel writes the group's root, one thread per element.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .. import shapes as S
+from .common import Kernel, decl, grid, main_1d, offset_fn
+from .elementwise import _F32_HELPERS, expression
+
+#: where an input comes from: ("op", index into ``ops``) or ("leaf", index into ``leaves``)
+Ref = tuple[str, int]
+
+
+@dataclass
+class FusedOp:
+    """One op of a fused group: what it computes and where its inputs come from.
+
+    ``in_shapes`` are the shapes the op sees (a reshape is a view: the linear index into
+    the producer is the same)."""
+
+    op: str
+    attrs: dict
+    out_type: str
+    out_shape: tuple[int, ...]
+    inputs: list[Ref]
+    in_types: list[str]
+    in_shapes: list[tuple[int, ...]]
+
+
+@dataclass
+class Leaf:
+    """A bound buffer the group reads (an op's materialised output, an input, a constant).
+    No leaf is the output buffer: the compiler never fuses into an in-place state write,
+    whose reads of the old state must stay at the element each thread writes."""
+
+    wgsl_type: str
+    size: int  # elements
+
+
+def _read(ref: Ref, index: str) -> str:
+    kind, k = ref
+    return f"v{k}({index})" if kind == "op" else f"in{k}[{index}]"
+
+
+def _function(n: int, op: FusedOp) -> str:
+    """WGSL ``fn v<n>(i: u32) -> T`` for one op."""
+    head = f"fn v{n}(i: u32) -> {op.out_type} {{\n"
+    shp = op.out_shape
+    if op.op == "slice":
+        st = S.strides(op.in_shapes[0])
+        base = sum(s * d for s, d in zip(op.attrs["starts"], st, strict=True))
+        steps = [d * s for d, s in zip(st, op.attrs["strides"], strict=True)]
+        return (offset_fn(f"o{n}", shp, steps, base) + head
+                + f"  return {_read(op.inputs[0], f'o{n}(i)')};\n}}\n")
+    if op.op == "transpose":
+        st = S.strides(op.in_shapes[0])
+        perm = [st[p] for p in op.attrs["permutation"]]
+        return (offset_fn(f"o{n}", shp, perm) + head
+                + f"  return {_read(op.inputs[0], f'o{n}(i)')};\n}}\n")
+    if op.op == "concat":
+        ax = op.attrs["axis"]
+        inner = S.size(shp[ax + 1:])
+        dim = shp[ax]
+        body = (f"  let c = (i / {inner}u) % {dim}u;\n  let outer = i / {inner * dim}u;\n"
+                f"  let r = i % {inner}u;\n")
+        start = 0
+        for j, (ref, ishp) in enumerate(zip(op.inputs, op.in_shapes, strict=True)):
+            e = ishp[ax]
+            idx = f"(outer * {e}u + (c - {start}u)) * {inner}u + r"
+            if j < len(op.inputs) - 1:
+                body += f"  if (c < {start + e}u) {{ return {_read(ref, idx)}; }}\n"
+            else:
+                body += f"  return {_read(ref, idx)};\n"
+            start += e
+        return head + body + "}\n"
+    # element-wise with broadcasting
+    src = ""
+    body = ""
+    for k, (ref, ishp) in enumerate(zip(op.inputs, op.in_shapes, strict=True)):
+        src += offset_fn(f"o{n}_{k}", shp, S.broadcast_strides(ishp, shp))
+        body += f"  let a{k} = {_read(ref, f'o{n}_{k}(i)')};\n"
+    body += f"  return {expression(op.op, op.in_types, op.out_type)};\n"
+    return src + head + body + "}\n"
+
+
+def fused(ops: Sequence[FusedOp], leaves: Sequence[Leaf], *, guarded: bool = False) -> Kernel:
+    """The kernel computing ``ops[-1]`` (the root); ``ops`` in topological order.
+
+    Bindings: the leaves in order (read), then the output (rw), then the
+    capacity status when ``guarded``. Traffic counts each leaf once, at most as many
+    elements as the output (a broadcast or sliced leaf is not read whole), plus the output.
+    """
+    root = ops[-1]
+    n = S.size(root.out_shape)
+    gx, gy, gz = grid(n)
+    src = ""
+    bindings: list[str] = []
+    traffic = 4 * n
+    for k, leaf in enumerate(leaves):
+        traffic += 4 * min(leaf.size, n)
+        src += decl(len(bindings), f"in{k}", leaf.wgsl_type, "read")
+        bindings.append("read")
+    src += decl(len(bindings), "out", root.out_type, "rw")
+    bindings.append("rw")
+    if guarded:
+        src += decl(len(bindings), "status", "u32", "read")
+        bindings.append("read")
+    if any(op.out_type == "f32" or "f32" in op.in_types for op in ops):
+        src += _F32_HELPERS
+    for j, op in enumerate(ops):
+        src += _function(j, op)
+    src += main_1d(gx) + f"  if (i >= {n}u) {{ return; }}\n"
+    if guarded:
+        src += "  if (status[0] != 0u) { return; }\n"
+    src += f"  out[i] = v{len(ops) - 1}(i);\n}}\n"
+    name = "fused:" + "+".join(op.op for op in ops)
+    return Kernel(name if len(name) <= 60 else name[:57] + "...", src, bindings, (gx, gy, gz),
+                  traffic)

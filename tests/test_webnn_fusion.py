@@ -1,0 +1,120 @@
+"""Loop fusion (wgpu_impl/fusion.py, kernels/fused.py): fused chains compute what the ops
+compute one by one (float64 NumPy oracle, fresh random inputs) in fewer launches."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from backends.webnn import MLGraphBuilder
+from backends.webnn.wgpu_impl import fusion
+
+RNG = np.random.default_rng(20261129)
+
+
+def run(ctx, b, outs: dict, feeds: dict[str, np.ndarray]):
+    g = b.build(outs)
+    ins = {}
+    for n, v in feeds.items():
+        t = ctx.create_tensor(data_type="float32", shape=list(v.shape), writable=True)
+        ctx.write_tensor(t, v)
+        ins[n] = t
+    res = {n: ctx.create_tensor(data_type=o.data_type, shape=o.shape, readable=True)
+           for n, o in outs.items()}
+    ctx.dispatch(g, ins, res)
+    return g, {n: ctx.read_tensor(t) for n, t in res.items()}
+
+
+def const(b, value):
+    v = np.asarray(value, np.float32)
+    return b.constant(data_type="float32", shape=list(v.shape), value=v)
+
+
+def names(g) -> list[str]:
+    return [la.kernel.name for la in g._plan.launches]
+
+
+def test_rope_like_chain_is_one_launch(ctx):
+    """slice, neg, concat, broadcast mul and add, with x read by three ops of the group."""
+    b = MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=[1, 4, 3, 8])
+    cos = b.input("cos", data_type="float32", shape=[1, 1, 3, 8])
+    sin = b.input("sin", data_type="float32", shape=[1, 1, 3, 8])
+    lo = b.slice(x, [0, 0, 0, 0], [1, 4, 3, 4])
+    hi = b.slice(x, [0, 0, 0, 4], [1, 4, 3, 4])
+    rot = b.concat([b.neg(hi), lo], 3)
+    y = b.add(b.mul(x, cos), b.mul(rot, sin))
+    xv, cv, sv = (RNG.standard_normal(s).astype(np.float32)
+                  for s in ((1, 4, 3, 8), (1, 1, 3, 8), (1, 1, 3, 8)))
+    g, out = run(ctx, b, {"y": y}, {"x": xv, "cos": cv, "sin": sv})
+    assert len(names(g)) == 1 and names(g)[0].startswith("fused:")
+    x64 = xv.astype(np.float64)
+    want = x64 * cv + np.concatenate([-x64[..., 4:], x64[..., :4]], -1) * sv
+    np.testing.assert_allclose(out["y"], want, rtol=1e-5, atol=1e-6)
+
+
+def test_transpose_where_cast_reshape_in_a_group(ctx):
+    b = MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=[2, 3, 5])
+    m = b.input("m", data_type="float32", shape=[5])
+    t = b.transpose(x, permutation=[2, 0, 1])  # (5, 2, 3)
+    cond = b.greater(b.reshape(m, [5, 1, 1]), const(b, [0.0]))
+    y = b.where(cond, b.exp(t), b.sqrt(b.abs(t)))
+    xv = RNG.standard_normal((2, 3, 5)).astype(np.float32)
+    mv = RNG.standard_normal(5).astype(np.float32)
+    g, out = run(ctx, b, {"y": y}, {"x": xv, "m": mv})
+    assert len(names(g)) == 1
+    tv = xv.astype(np.float64).transpose(2, 0, 1)
+    want = np.where(mv.reshape(5, 1, 1) > 0, np.exp(tv), np.sqrt(np.abs(tv)))
+    np.testing.assert_allclose(out["y"], want, rtol=1e-5)
+
+
+def test_op_read_by_two_groups_is_materialised_once(ctx):
+    """A residual read by a reduction's input chain and by the next add is computed once
+    (not recomputed by every later consumer)."""
+    b = MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=[1, 16])
+    r = b.add(x, const(b, np.arange(16).reshape(1, 16)))
+    ms = b.reduce_mean(b.mul(r, r), axes=[1], keep_dimensions=True)
+    y = b.add(b.div(r, b.sqrt(ms)), r)
+    xv = RNG.standard_normal((1, 16)).astype(np.float32)
+    g, out = run(ctx, b, {"y": y}, {"x": xv})
+    assert names(g)[0] == "add" and "reduce_mean" in names(g)
+    r64 = xv.astype(np.float64) + np.arange(16)
+    want = r64 / np.sqrt((r64 * r64).mean(axis=1, keepdims=True)) + r64
+    np.testing.assert_allclose(out["y"], want, rtol=1e-5)
+
+
+def test_group_beyond_the_binding_limit_is_split(ctx):
+    """More leaves than the device's storage bindings: the group gives subtrees back."""
+    n = ctx._max_storage + 3
+    b = MLGraphBuilder(ctx)
+    xs = [b.input(f"x{k}", data_type="float32", shape=[7]) for k in range(n)]
+    y = xs[0]
+    for x in xs[1:]:
+        y = b.add(b.mul(y, const(b, [0.5])), x)
+    feeds = {f"x{k}": RNG.standard_normal(7).astype(np.float32) for k in range(n)}
+    g, out = run(ctx, b, {"y": y}, feeds)
+    assert 1 < len(names(g)) < 2 * (n - 1)
+    for la in g._plan.launches:
+        assert len(la.kernel.bindings) <= ctx._max_storage
+    want = feeds["x0"].astype(np.float64)
+    for k in range(1, n):
+        want = want * 0.5 + feeds[f"x{k}"]
+    np.testing.assert_allclose(out["y"], want, rtol=1e-5)
+
+
+@pytest.mark.parametrize("max_leaves", [1, 2, 8])
+def test_plan_respects_leaf_limit(ctx, max_leaves):
+    b = MLGraphBuilder(ctx)
+    xs = [b.input(f"x{k}", data_type="float32", shape=[3]) for k in range(6)]
+    y = xs[0]
+    for x in xs[1:]:
+        y = b.mul(b.add(y, x), x)
+    from backends.webnn.wgpu_impl.compiler import _reachable
+
+    nodes = _reachable([y])
+    inlined, groups = fusion.plan(nodes, {y._id}, set(), max_leaves)
+    for grp in groups.values():
+        assert len(grp.leaves) <= max_leaves
+        assert all(o._id in inlined for o in grp.ops[:-1])
