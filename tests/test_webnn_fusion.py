@@ -87,7 +87,7 @@ def test_op_read_by_two_groups_is_materialised_once(ctx):
 
 def test_group_beyond_the_binding_limit_is_split(ctx):
     """More leaves than the device's storage bindings: the group gives subtrees back."""
-    n = ctx._max_storage + 3
+    n = ctx._target.max_storage + 3
     b = MLGraphBuilder(ctx)
     xs = [b.input(f"x{k}", data_type="float32", shape=[7]) for k in range(n)]
     y = xs[0]
@@ -97,7 +97,7 @@ def test_group_beyond_the_binding_limit_is_split(ctx):
     g, out = run(ctx, b, {"y": y}, feeds)
     assert 1 < len(names(g)) < 2 * (n - 1)
     for la in g._plan.launches:
-        assert len(la.kernel.bindings) <= ctx._max_storage
+        assert len(la.kernel.bindings) <= ctx._target.max_storage
     want = feeds["x0"].astype(np.float64)
     for k in range(1, n):
         want = want * 0.5 + feeds[f"x{k}"]

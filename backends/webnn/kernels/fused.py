@@ -47,16 +47,24 @@ class Leaf:
 
     wgsl_type: str
     size: int  # elements
+    param: bool = False  # not bound: its element is the ``s`` argument (see ``functions``)
 
 
-def _read(ref: Ref, index: str) -> str:
+def _read_ref(ref: Ref, index: str, leaves: Sequence[Leaf], takes_s: Sequence[bool]) -> str:
     kind, k = ref
-    return f"v{k}({index})" if kind == "op" else f"in{k}[{index}]"
+    if kind == "op":
+        return f"v{k}({index}, s)" if takes_s[k] else f"v{k}({index})"
+    return "s" if leaves[k].param else f"in{k}[{index}]"
 
 
-def _function(n: int, op: FusedOp) -> str:
-    """WGSL ``fn v<n>(i: u32) -> T`` for one op."""
-    head = f"fn v{n}(i: u32) -> {op.out_type} {{\n"
+def _function(n: int, op: FusedOp, leaves: Sequence[Leaf], takes_s: Sequence[bool]) -> str:
+    """WGSL ``fn v<n>(i: u32[, s: f32]) -> T`` for one op."""
+    arg = ", s: f32" if takes_s[n] else ""
+    head = f"fn v{n}(i: u32{arg}) -> {op.out_type} {{\n"
+
+    def _read(ref: Ref, index: str) -> str:
+        return _read_ref(ref, index, leaves, takes_s)
+
     shp = op.out_shape
     if op.op == "slice":
         st = S.strides(op.in_shapes[0])
@@ -95,6 +103,32 @@ def _function(n: int, op: FusedOp) -> str:
     return src + head + body + "}\n"
 
 
+def functions(ops: Sequence[FusedOp], leaves: Sequence[Leaf]) -> tuple[str, bool]:
+    """The WGSL functions of a group (``v<n>`` per op; the root is the last) and whether
+    the root takes the ``s`` argument. A *param* leaf is a value the caller computes
+    (decode attention's q·k score, ``kernels/attention.py``): it must be read at the
+    index its consumer is evaluated at, so the ops reading it (transitively) are only
+    element-wise ops of the root's shape (checked by the compiler), and they take its
+    value as ``s`` instead of loading it."""
+    takes_s: list[bool] = []
+    for op in ops:
+        takes_s.append(any((kind == "leaf" and leaves[k].param) or (kind == "op" and takes_s[k])
+                           for kind, k in op.inputs))
+    src = "".join(_function(j, op, leaves, takes_s) for j, op in enumerate(ops))
+    return src, takes_s[-1]
+
+
+def leaf_decls(leaves: Sequence[Leaf], first: int) -> tuple[str, list[str]]:
+    """Storage declarations ``in<k>`` of the bound leaves, from binding ``first`` on."""
+    src = ""
+    bindings: list[str] = []
+    for k, leaf in enumerate(leaves):
+        if not leaf.param:
+            src += decl(first + len(bindings), f"in{k}", leaf.wgsl_type, "read")
+            bindings.append("read")
+    return src, bindings
+
+
 def fused(ops: Sequence[FusedOp], leaves: Sequence[Leaf], *, guarded: bool = False) -> Kernel:
     """The kernel computing ``ops[-1]`` (the root); ``ops`` in topological order.
 
@@ -105,13 +139,8 @@ def fused(ops: Sequence[FusedOp], leaves: Sequence[Leaf], *, guarded: bool = Fal
     root = ops[-1]
     n = S.size(root.out_shape)
     gx, gy, gz = grid(n)
-    src = ""
-    bindings: list[str] = []
-    traffic = 4 * n
-    for k, leaf in enumerate(leaves):
-        traffic += 4 * min(leaf.size, n)
-        src += decl(len(bindings), f"in{k}", leaf.wgsl_type, "read")
-        bindings.append("read")
+    src, bindings = leaf_decls(leaves, 0)
+    traffic = 4 * n + sum(4 * min(leaf.size, n) for leaf in leaves)
     src += decl(len(bindings), "out", root.out_type, "rw")
     bindings.append("rw")
     if guarded:
@@ -119,8 +148,7 @@ def fused(ops: Sequence[FusedOp], leaves: Sequence[Leaf], *, guarded: bool = Fal
         bindings.append("read")
     if any(op.out_type == "f32" or "f32" in op.in_types for op in ops):
         src += _F32_HELPERS
-    for j, op in enumerate(ops):
-        src += _function(j, op)
+    src += functions(ops, leaves)[0]
     src += main_1d(gx) + f"  if (i >= {n}u) {{ return; }}\n"
     if guarded:
         src += "  if (status[0] != 0u) { return; }\n"

@@ -33,11 +33,14 @@ from ..kernels import movement as MV
 from ..kernels import reduce as RD
 from ..stateful import PairPlan, analyse, root
 from . import fusion
+from .attention import Attention, match_attention
 from .target import Target
 
 Slot = tuple
 
-#: kernel-variant overrides for benchmarks and tests (None: chosen per adapter)
+#: kernel-variant overrides for benchmarks and tests (None: chosen per adapter);
+#: "attention": None/"flash" (two-launch decode attention where the pattern matches),
+#: "unfused" (QK, chain, softmax, split-K probs·V), "generic" (plain matmuls)
 OPTIONS: dict[str, str | None] = {"gemv": None, "attention": None}
 
 
@@ -66,6 +69,7 @@ class Plan:
     max_binding: int = 1 << 27  # the device's max storage-buffer binding size, bytes
     target: Target = field(default_factory=Target)
     groups: dict[int, fusion.Group] = field(default_factory=dict)  # root id -> fused group
+    attention: dict[int, Attention] = field(default_factory=dict)  # probs·V id ->
 
 
 @dataclass
@@ -94,10 +98,7 @@ def _is_last2_transpose(o: MLOperand) -> bool:
 
 def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
                   stateful: bool, inputs: dict[str, MLOperand],
-                  max_binding: int = 1 << 27, target: Target | None = None,
-                  max_storage: int = 8) -> Plan:
-    """``max_storage``: the device's storage buffers per shader stage (bounds the leaves
-    a fused kernel may read)."""
+                  max_binding: int = 1 << 27, target: Target | None = None) -> Plan:
     plan = Plan(max_binding=max_binding, target=target or Target())
     dest: dict[int, Slot] = {}  # root id -> slot it must be computed into
     steps: list[_Step] = []
@@ -133,12 +134,23 @@ def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
     # -- loop fusion: element-wise chains computed inside their consumers ---------------
     writers = {pp.writer._id for pp in plan.pairs if pp.writer is not None}
     pinned = set(dest) | writers | {root(outputs[p.output])._id for p in pairs if stateful}
-    inlined, groups = fusion.plan(nodes, pinned, writers, max(1, max_storage - 2))
+    inlined, groups = fusion.plan(nodes, pinned, writers,
+                                   max(1, plan.target.max_storage - 2))
     plan.groups = groups
+    # -- decode attention: QK, score chain, softmax and probs·V in two launches ----------
+    if OPTIONS.get("attention") in (None, "flash"):
+        plan.attention = match_attention(nodes, inlined, groups, pinned,
+                                         plan.target.shared_bytes)
+    absorbed = {x._id for m in plan.attention.values() for x in m.absorbed}
     for o in nodes:
-        if o._kind != "op" or o._op == "reshape" or o._id in inlined:
+        if o._kind != "op" or o._op == "reshape" or o._id in inlined or o._id in absorbed:
             continue
-        reads = list(groups[o._id].leaves) if o._id in groups else [root(x) for x in o._inputs]
+        if o._id in plan.attention:
+            reads = plan.attention[o._id].leaves
+        elif o._id in groups:
+            reads = list(groups[o._id].leaves)
+        else:
+            reads = [root(x) for x in o._inputs]
         if o._id in fold:
             reads[1] = fold[o._id]
         steps.append(_Step(o._id, "op", o, reads, o))
@@ -303,7 +315,13 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
     ins = [slot_of(r) for r in reads]
     guarded = pp is not None and has_check
     add = plan.launches.append
-    if o._id in plan.groups:
+    if o._id in plan.attention:
+        k1, k2, parts = plan.attention[o._id].kernels(plan.target.shared_bytes)
+        part = ("temp", ("flash", o._id))
+        plan.temps[part] = parts
+        add(KernelLaunch(k1, ins + [part]))
+        add(KernelLaunch(k2, [part, out_slot]))
+    elif o._id in plan.groups:
         group = plan.groups[o._id]
         add(KernelLaunch(group.kernel(guarded), [slot_of(x) for x in group.leaves] + [out_slot]
                          + ([("status",)] if guarded else [])))

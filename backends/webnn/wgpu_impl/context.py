@@ -111,7 +111,6 @@ class WgpuContext(MLContext):
                                                    required_limits=want)
         self._queue = self._device.queue
         self._max_binding = int(self._device.limits["max-storage-buffer-binding-size"])
-        self._max_storage = int(self._device.limits["max-storage-buffers-per-shader-stage"])
         self._target = target_of(adapter, feats)
         self.state_support = state_support
         self.submit_every = SUBMIT_EVERY["cpu" if self._target.cpu else "gpu"]
@@ -206,7 +205,7 @@ class WgpuContext(MLContext):
         g.outputs = {n: (o.data_type, o._shape) for n, o in outputs.items()
                      if n not in hidden_out}
         plan = compile_graph(outputs, pairs, stateful, inputs, self._max_binding,
-                             target=self._target, max_storage=self._max_storage)
+                             target=self._target)
         g._plan = plan
         dev = self._device
         for slot, buf in self._temp_buffers(plan).items():

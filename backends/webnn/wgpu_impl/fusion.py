@@ -33,7 +33,9 @@ class Group:
     ops: list[MLOperand]
     leaves: list[MLOperand]
 
-    def kernel(self, guarded: bool = False) -> FU.Kernel:
+    def fused_ops(self, param: MLOperand | None = None) -> tuple[list[FU.FusedOp], list[FU.Leaf]]:
+        """The group for the kernel generators; ``param``: the leaf whose element the
+        kernel computes itself and passes in (``kernels/attention.py``)."""
         pos = {o._id: j for j, o in enumerate(self.ops)}
         lpos = {o._id: j for j, o in enumerate(self.leaves)}
         fops = []
@@ -43,8 +45,22 @@ class Group:
             fops.append(FU.FusedOp(o._op, o._attrs, o._dtype.wgsl, o._shape, refs,
                                    [x._dtype.wgsl for x in o._inputs],
                                    [x._shape for x in o._inputs]))
-        leaves = [FU.Leaf(x._dtype.wgsl, S.size(x._shape)) for x in self.leaves]
-        return FU.fused(fops, leaves, guarded=guarded)
+        leaves = [FU.Leaf(x._dtype.wgsl, S.size(x._shape), param is not None and x is param)
+                  for x in self.leaves]
+        return fops, leaves
+
+    def kernel(self, guarded: bool = False) -> FU.Kernel:
+        return FU.fused(*self.fused_ops(), guarded=guarded)
+
+
+def consumers_of(nodes: list[MLOperand]) -> dict[int, list[MLOperand]]:
+    """Op id -> the ops reading it (through reshape views)."""
+    out: dict[int, list[MLOperand]] = {}
+    for o in nodes:
+        if o._kind == "op" and o._op != "reshape":
+            for x in o._inputs:
+                out.setdefault(root(x)._id, []).append(o)
+    return out
 
 
 def is_fusible(o: MLOperand) -> bool:
@@ -59,12 +75,7 @@ def plan(nodes: list[MLOperand], pinned: set[int], no_fuse_into: set[int],
     ``no_fuse_into``: ops whose inputs stay materialised (in-place state writers);
     ``max_leaves``: storage buffers a kernel may read (the device limit less the output
     and the capacity status)."""
-    consumers: dict[int, list[MLOperand]] = {}
-    for o in nodes:
-        if o._kind != "op" or o._op == "reshape":
-            continue
-        for x in o._inputs:
-            consumers.setdefault(root(x)._id, []).append(o)
+    consumers = consumers_of(nodes)
     inlined: set[int] = set()
     group_of: dict[int, int | None] = {}  # op id -> root id of the group computing it
     for o in reversed(nodes):  # consumers before producers
@@ -83,7 +94,7 @@ def plan(nodes: list[MLOperand], pinned: set[int], no_fuse_into: set[int],
         if not is_fusible(o) or o._id in inlined:
             continue
         while True:
-            g, calls = _collect(o, inlined)
+            g, calls = collect(o, inlined)
             if len(g.ops) == 1 or (len(g.leaves) <= max_leaves and calls[o._id] <= MAX_CALLS):
                 break
             # give back the inlined op with the most evaluations (its own launch)
@@ -94,7 +105,7 @@ def plan(nodes: list[MLOperand], pinned: set[int], no_fuse_into: set[int],
     return inlined, groups
 
 
-def _collect(r: MLOperand, inlined: set[int]) -> tuple[Group, dict[int, int]]:
+def collect(r: MLOperand, inlined: set[int]) -> tuple[Group, dict[int, int]]:
     """The group rooted at ``r`` and, per op, what evaluating it once costs in op
     evaluations (its inlined subtree, counted once per path: ``x * x`` evaluates ``x``
     twice). The root's figure is the cost of one output element."""

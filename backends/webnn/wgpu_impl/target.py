@@ -17,6 +17,8 @@ class Target:
     cpu: bool = False
     subgroup: int | None = None
     vendor: str = ""
+    max_storage: int = 8  # storage buffers per shader stage (WebGPU's default limit)
+    shared_bytes: int = 16384  # workgroup memory per workgroup (WebGPU's default limit)
 
 
 def target_of(adapter: Any, features: Any) -> Target:
@@ -31,4 +33,7 @@ def target_of(adapter: Any, features: Any) -> Target:
             sub = int(lo)
         elif info.get("vendor_id") == 0x10DE and not cpu:
             sub = 32  # NVIDIA: warps are 32 wide (the adapter reports the API's 4..128)
-    return Target(cpu=cpu, subgroup=sub, vendor=str(info.get("vendor", "")))
+    lim = adapter.limits
+    return Target(cpu=cpu, subgroup=sub, vendor=str(info.get("vendor", "")),
+                  max_storage=int(lim.get("max-storage-buffers-per-shader-stage", 8)),
+                  shared_bytes=int(lim.get("max-compute-workgroup-storage-size", 16384)))

@@ -1,0 +1,140 @@
+"""Finding decode attention in a graph, for the two-launch flash-decoding kernels
+(``kernels/attention.py``).
+
+The pattern, as the ONNX converter (and any page spelling attention with WebNN ops)
+builds it, with ``P`` the softmax::
+
+    QK = matmul(q, transpose(K))            q (..., G, D), K (..., C, D), G <= 16
+    W  = element-wise chain over QK          (scale, mask: a fusion group or one op)
+    P  = softmax(W, axis=-1)
+    O  = matmul(P, V)                        V (..., C, D)
+
+QK, W and P must have no reader outside the pattern and not be graph outputs; every op
+of W's chain that depends on QK must be element-wise on QK's shape (so each score is
+read at the index it is computed at). Anything else stays on the generic kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import shapes as S
+from .._classes import MLOperand
+from ..kernels import attention as AT
+from ..stateful import root
+from . import fusion
+
+_INDEX_OPS = {"slice", "transpose", "concat", "expand"}
+MAX_Q_ROWS = 16
+
+
+@dataclass
+class Attention:
+    """One matched decode attention, lowered at ``out`` (the probs·V matmul)."""
+
+    out: MLOperand
+    q: MLOperand
+    k: MLOperand  # the cache the transpose was taken of (..., C, D)
+    v: MLOperand
+    qk: MLOperand
+    score: fusion.Group | None  # the chain between QK and the softmax
+
+    @property
+    def absorbed(self) -> list[MLOperand]:
+        """Ops computed inside the two kernels (no launch of their own)."""
+        softmax = root(self.out._inputs[0])
+        chain = self.score.ops if self.score is not None else []
+        return [self.qk, softmax, *chain]
+
+    @property
+    def leaves(self) -> list[MLOperand]:
+        """What the kernels read, in binding order."""
+        extra = [x for x in self.score.leaves if x is not self.qk] if self.score else []
+        return [self.q, self.k, self.v, *extra]
+
+    def kernels(self, shared_bytes: int) -> tuple[AT.Kernel, AT.Kernel, int]:
+        G, D = self.out._shape[-2], self.out._shape[-1]  # roots may be flat: use the views
+        C = self.qk._shape[-1]
+        heads = S.size(self.out._shape[:-2])
+        score = self.score.fused_ops(param=self.qk) if self.score is not None else None
+        return AT.flash_decode(heads, G, C, D, score, shared_bytes // 4)
+
+
+def _last2_transpose(o: MLOperand) -> MLOperand | None:
+    """The input of ``o`` when ``o`` swaps its last two axes, else None."""
+    if o._kind != "op" or o._op != "transpose":
+        return None
+    p = tuple(o._attrs["permutation"])
+    r = len(p)
+    if r >= 2 and p == tuple(range(r - 2)) + (r - 1, r - 2):
+        return root(o._inputs[0])
+    return None
+
+
+def match_attention(nodes: list[MLOperand], inlined: set[int], groups: dict[int, fusion.Group],
+          pinned: set[int], shared_bytes: int) -> dict[int, Attention]:
+    """{probs·V matmul id: Attention} for every decode attention in ``nodes``."""
+    consumers = fusion.consumers_of(nodes)
+    only = lambda x, c: [y._id for y in consumers.get(x._id, [])] == [c._id]  # noqa: E731
+    found: dict[int, Attention] = {}
+    for o in nodes:
+        if o._kind != "op" or o._op != "matmul":
+            continue
+        p = root(o._inputs[0])
+        v_view = o._inputs[1]
+        v = root(v_view)
+        if (p._kind != "op" or p._op != "softmax" or p._id in pinned or not only(p, o)
+                or p._attrs["axis"] % len(p._shape) != len(p._shape) - 1
+                or _last2_transpose(v) is not None or v._kind == "op" and v._op == "transpose"):
+            continue
+        G, D = o._shape[-2], o._shape[-1]
+        batch = o._shape[:-2]
+        C = p._shape[-1]
+        if G > MAX_Q_ROWS or tuple(v_view._shape) != (*batch, C, D):
+            continue
+        w = root(p._inputs[0])
+        if w._id in pinned or not only(w, p):
+            continue
+        score = None
+        if w._kind == "op" and w._op == "matmul":
+            qk = w
+        elif fusion.is_fusible(w) and w._id not in inlined:
+            score = groups.get(w._id) or fusion.collect(w, inlined)[0]
+            qks = [x for x in score.leaves if x._kind == "op" and x._op == "matmul"]
+            if len(qks) != 1:
+                continue
+            qk = qks[0]
+            if not _reads_at_own_index(score, qk):
+                continue
+            if not all(c in score.ops for c in consumers.get(qk._id, [])):
+                continue
+        else:
+            continue
+        if qk._id in pinned or tuple(qk._shape) != (*batch, G, C):
+            continue
+        k = _last2_transpose(root(qk._inputs[1]))
+        q_view = qk._inputs[0]
+        if k is None or tuple(q_view._shape) != (*batch, G, D):
+            continue
+        if tuple(qk._inputs[1]._shape) != (*batch, D, C):
+            continue
+        if G * D + G * 32 + G + 16 > shared_bytes // 4:
+            continue
+        found[o._id] = Attention(o, root(q_view), k, v, qk, score)
+    return found
+
+
+def _reads_at_own_index(g: fusion.Group, qk: MLOperand) -> bool:
+    """Every op of the chain that depends on ``qk`` is element-wise on qk's shape and
+    reads its dependent inputs without broadcasting."""
+    dep: set[int] = {qk._id}
+    for op in g.ops:
+        ins = [x for x in op._inputs if root(x)._id in dep]
+        if not ins:
+            continue
+        if op._op in _INDEX_OPS or tuple(op._shape) != tuple(qk._shape):
+            return False
+        if any(tuple(x._shape) != tuple(qk._shape) for x in ins):
+            return False
+        dep.add(op._id)
+    return g.ops[-1]._id in dep

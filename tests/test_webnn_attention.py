@@ -1,0 +1,81 @@
+"""Flash-decoding attention (wgpu_impl/attention.py, kernels/attention.py) against a float64
+NumPy oracle on fresh random inputs: several splits, a capacity that is not a multiple of
+the split, grouped q rows, masks with a finite and an infinite fill value; and the
+pattern left alone when the softmax has another reader."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from backends.webnn import MLGraphBuilder
+
+RNG = np.random.default_rng(966)
+
+
+def graph(ctx, heads: int, g: int, cap: int, d: int, fill: float, extra_reader: bool = False):
+    b = MLGraphBuilder(ctx)
+    q = b.input("q", data_type="float32", shape=[1, heads, g, d])
+    k = b.input("k", data_type="float32", shape=[1, heads, cap, d])
+    v = b.input("v", data_type="float32", shape=[1, heads, cap, d])
+    valid = b.input("valid", data_type="float32", shape=[1, 1, 1, cap])
+    scale = b.constant(data_type="float32", shape=[1], value=np.float32([1 / np.sqrt(d)]))
+    zero = b.constant(data_type="float32", shape=[1], value=np.float32([0.0]))
+    neg = b.constant(data_type="float32", shape=[1], value=np.float32([fill]))
+    s = b.mul(b.matmul(q, b.transpose(k, [0, 1, 3, 2])), scale)
+    s = b.where(b.greater(valid, zero), s, neg)
+    p = b.softmax(s, 3)
+    outs = {"y": b.matmul(p, v)}
+    if extra_reader:
+        outs["p_sum"] = b.reduce_sum(p, axes=[3])
+    return b.build(outs), outs
+
+
+def oracle(q, k, v, valid):
+    d = q.shape[-1]
+    s = np.einsum("bhgd,bhcd->bhgc", q.astype(np.float64), k) / np.sqrt(d)
+    s = np.where(valid > 0, s, -np.inf)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return np.einsum("bhgc,bhcd->bhgd", e / e.sum(-1, keepdims=True), v)
+
+
+@pytest.mark.parametrize("heads,g,cap,d,fill,depth", [
+    (2, 4, 100, 16, float(np.finfo(np.float32).min), None),  # 4 splits, the last short
+    (1, 1, 7, 8, -np.inf, None),  # one short split; infinite fill
+    (2, 4, 100, 16, -np.inf, 5),  # splits whose rows are all masked with -inf
+    (2, 4, 100, 16, float(np.finfo(np.float32).min), 5),  # ... with a finite fill
+    (3, 8, 640, 32, -1e9, None),  # 20 splits
+])
+def test_flash_matches_oracle(ctx, heads, g, cap, d, fill, depth):
+    gr, outs = graph(ctx, heads, g, cap, d, fill)
+    names = [la.kernel.name for la in gr._plan.launches]
+    assert names == ["attention_flash", "attention_combine"], names
+    depth = depth or int(RNG.integers(1, cap))
+    feeds = {"q": RNG.standard_normal((1, heads, g, d)), "k": RNG.standard_normal((1, heads, cap, d)),
+             "v": RNG.standard_normal((1, heads, cap, d)),
+             "valid": (np.arange(cap) < depth).astype(np.float64).reshape(1, 1, 1, cap)}
+    got = run(ctx, gr, outs, feeds)["y"]
+    np.testing.assert_allclose(got, oracle(**feeds), rtol=2e-5, atol=2e-6)
+
+
+def test_softmax_read_elsewhere_keeps_generic_kernels(ctx):
+    gr, outs = graph(ctx, 2, 4, 40, 8, -1e9, extra_reader=True)
+    names = [la.kernel.name for la in gr._plan.launches]
+    assert "attention_flash" not in names and "softmax" in names
+    feeds = {"q": RNG.standard_normal((1, 2, 4, 8)), "k": RNG.standard_normal((1, 2, 40, 8)),
+             "v": RNG.standard_normal((1, 2, 40, 8)), "valid": np.ones((1, 1, 1, 40))}
+    out = run(ctx, gr, outs, feeds)
+    np.testing.assert_allclose(out["y"], oracle(**feeds), rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(out["p_sum"], 1.0, rtol=1e-5)
+
+
+def run(ctx, gr, outs, feeds):
+    ins = {}
+    for n, v in feeds.items():
+        t = ctx.create_tensor(data_type="float32", shape=list(v.shape), writable=True)
+        ctx.write_tensor(t, v.astype(np.float32))
+        ins[n] = t
+    res = {n: ctx.create_tensor(data_type="float32", shape=o.shape, readable=True)
+           for n, o in outs.items()}
+    ctx.dispatch(gr, ins, res)
+    return {n: ctx.read_tensor(t) for n, t in res.items()}
