@@ -133,7 +133,10 @@ class MLGraphBuilder:
         if arr.size == 1 and S.size(shp) != 1:
             raise TypeError("constant value size does not match its shape")
         to_device(arr, dt, S.size(shp))  # size and int64 range checks
-        host = np.array(arr, dtype=dt.host).reshape(shp)
+        # the spec copies the page's buffer at this call; a read-only array (a memory-mapped
+        # weight file) cannot change afterwards, so it is kept by reference
+        host = (arr.astype(dt.host, copy=False) if not arr.flags.writeable
+                else np.array(arr, dtype=dt.host)).reshape(shp)
         return MLOperand(self, "constant", dt, shp, value=host)
 
     # -- element-wise -----------------------------------------------------------------

@@ -148,8 +148,9 @@ def list_kv_pairs(model: onnx.ModelProto | str | os.PathLike) -> list[MLKVCacheP
 def convert(model: onnx.ModelProto | str | os.PathLike, context, *, use_stateful: bool = False,
             kv_cache_pairs: Sequence[MLKVCachePair] | None = None) -> ConvertedGraph:
     """Build `model` with an MLGraphBuilder on `context`; pairs default to none."""
-    model = _load(model)
-    conv = _Converter(model, context)
+    base = None if isinstance(model, onnx.ModelProto) else os.path.dirname(os.fspath(model))
+    model = _load(model, weights=False)
+    conv = _Converter(model, context, base)
     outputs = conv.run()
     pairs = list(kv_cache_pairs or [])
     graph = conv.builder.build(outputs, use_stateful=use_stateful, kv_cache_pairs=pairs)
@@ -167,6 +168,28 @@ def _load(model: onnx.ModelProto | str | os.PathLike, weights: bool = True) -> o
         raise ConversionError(f"cannot read ONNX file {os.fspath(model)!r}: {exc}") from None
     except Exception as exc:  # protobuf DecodeError and friends: not an ONNX file
         raise ConversionError(f"{os.fspath(model)!r} is not an ONNX model: {exc}") from None
+
+
+def _initializer(t: onnx.TensorProto, base: str | None) -> np.ndarray:
+    """An initializer's value. External data is memory-mapped read-only, not loaded: a
+    5 GB model's weights then pass through the builder and the compiler without host
+    copies until the compiler repacks them (MLGraphBuilder.constant keeps read-only
+    arrays by reference: nobody can change them after the call)."""
+    if t.data_location != onnx.TensorProto.EXTERNAL or base is None:
+        return numpy_helper.to_array(t)
+    info = {e.key: e.value for e in t.external_data}
+    path = os.path.normpath(os.path.join(base, info["location"]))
+    if not path.startswith(os.path.normpath(base) + os.sep):
+        raise ValueError(f"external data {info['location']!r} lies outside the model's folder")
+    dt = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).newbyteorder("<")
+    shape = tuple(int(d) for d in t.dims)
+    count = int(np.prod(shape, dtype=np.int64))
+    offset = int(info.get("offset", 0))
+    if "length" in info and int(info["length"]) != count * dt.itemsize:
+        raise ValueError(f"external data length {info['length']} != {count} x {dt.itemsize}")
+    if count == 0:
+        return np.zeros(shape, dt)
+    return np.memmap(path, dtype=dt, mode="r", offset=offset, shape=shape)
 
 
 def _value_desc(vi: onnx.ValueInfoProto) -> OperandDesc:
@@ -193,8 +216,9 @@ def _attrs(node: onnx.NodeProto) -> dict:
 class _Converter:
     """Walks the (topologically sorted) ONNX graph once, emitting builder calls."""
 
-    def __init__(self, model: onnx.ModelProto, context) -> None:
+    def __init__(self, model: onnx.ModelProto, context, base: str | None = None) -> None:
         self.model = model
+        self.base = base  # directory of the .onnx file: where external data lives
         self.builder = MLGraphBuilder(context)
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 21)
         self.consts: dict[str, np.ndarray] = {}  # values known at conversion time
@@ -208,7 +232,7 @@ class _Converter:
         g = self.model.graph
         for t in g.initializer:
             try:
-                self.consts[t.name] = numpy_helper.to_array(t)
+                self.consts[t.name] = _initializer(t, self.base)
             except (OSError, ValueError, onnx.checker.ValidationError) as exc:  # external data not loaded
                 raise ConversionError(
                     f"initializer {t.name!r} cannot be read ({exc}); pass the .onnx path so its "

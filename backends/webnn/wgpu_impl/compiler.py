@@ -13,7 +13,9 @@ Slots (where an operand's elements live):
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -45,6 +47,14 @@ OPTIONS: dict[str, str | None] = {"gemv": None, "attention": None}
 
 
 @dataclass
+class Deferred:
+    """A constant buffer's contents, made when the context uploads it (then dropped)."""
+
+    size: int  # elements
+    make: Callable[[], np.ndarray]
+
+
+@dataclass
 class KernelLaunch:
     kernel: Kernel
     slots: list[Slot]
@@ -63,7 +73,7 @@ class CopyLaunch:
 class Plan:
     launches: list[Any] = field(default_factory=list)
     temps: dict[Slot, int] = field(default_factory=dict)  # slot -> element count
-    consts: dict[Slot, np.ndarray] = field(default_factory=dict)  # slot -> device array
+    consts: dict[Slot, np.ndarray | Deferred] = field(default_factory=dict)  # slot -> contents
     pairs: list[PairPlan] = field(default_factory=list)
     has_check: bool = False
     max_binding: int = 1 << 27  # the device's max storage-buffer binding size, bytes
@@ -199,7 +209,7 @@ def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
             return dest[r._id]
         if r._kind == "constant":
             sl = ("const", r._id)
-            plan.consts.setdefault(sl, r._value.astype(r._dtype.device_np).reshape(-1))
+            plan.consts.setdefault(sl, r._value.astype(r._dtype.device_np, copy=False).reshape(-1))
             return sl
         sl = ("temp", r._id)
         plan.temps[sl] = S.size(r._shape)
@@ -305,6 +315,21 @@ def _gemv_rows(t: Target, variant: str, a_shape: Any, b_shape: Any, shp: Any, n0
                         wg=max(256, lanes), subgroup=sub)
 
 
+def _weight_rows(src: MLOperand, b_shape: Any, b_t: bool, n0: int, nc: int) -> np.ndarray:
+    """Rows [n0, n0 + nc) of a constant matmul operand in (N, K) layout, flat."""
+    w = src._value.astype(np.float32, copy=False).reshape(b_shape)
+    w = w[n0:n0 + nc] if b_t else w[:, n0:n0 + nc].T
+    return np.ascontiguousarray(w).reshape(-1)
+
+
+def _interleave(rows: Any, n: int, k: int) -> np.ndarray:
+    """(N, K) rows → k-major, interleaved by column: ``Wp[k4*N + n] = W[n, 4k4:4k4+4]``
+    (kernels/matmul.py gemv_cols)."""
+    vw = 4 if k % 4 == 0 else 1
+    w = rows().reshape(n, k // vw, vw).transpose(1, 0, 2)
+    return np.ascontiguousarray(w).reshape(-1)
+
+
 def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
            pp: PairPlan | None, has_check: bool) -> None:
     """Append the launches of one op node."""
@@ -339,25 +364,20 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
         # B's logical shape: the transpose's input when the transpose is folded
         b_shape = root(b)._inputs[0]._shape if b_t else b._shape
         M = a._shape[-2]
-        weights = None  # a constant in (N, K) layout for the matrix-vector kernel
         if M == 1 and src._kind == "constant" and len(b_shape) == 2:
-            # constants are the implementation's business: weights repacked (N, K)
-            weights = src._value.astype(np.float32).reshape(b_shape)
-            weights = weights if b_t else np.ascontiguousarray(weights.T)
-        if weights is not None:
-            N, K = weights.shape
+            # constants are the implementation's business: weights repacked (N, K), each
+            # chunk at upload time (Deferred), so the host never holds a second model
+            N, K = (b_shape[0], b_shape[1]) if b_t else (b_shape[1], b_shape[0])
             variant = _gemv_variant(plan.target)
             per = max(8, (plan.max_binding // (4 * K)) // 8 * 8)
             for c, n0 in enumerate(range(0, N, per)):
                 nc = min(per, N - n0)
                 chunk = None if nc == N else nc
+                rows = partial(_weight_rows, src, b_shape, b_t, n0, nc)
                 if variant.startswith("cols"):
                     # k-major, interleaved by column (kernels/matmul.py gemv_cols)
-                    vw = 4 if K % 4 == 0 else 1
                     slot = ("const", ("C", src._id, c))
-                    plan.consts.setdefault(slot, np.ascontiguousarray(
-                        weights[n0:n0 + nc].reshape(nc, K // vw, vw).transpose(1, 0, 2)
-                    ).reshape(-1))
+                    plan.consts.setdefault(slot, Deferred(nc * K, partial(_interleave, rows, nc, K)))
                     ncols, wg, ng = _COLS.get(variant, _COLS["cols"])
                     k = MM.gemv_cols(a._shape, K, shp, n_off=n0, n_chunk=chunk, cols=ncols,
                                      wg=wg, groups=ng)
@@ -367,8 +387,7 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
                     slot = slot_of(src)
                 else:
                     slot = ("const", ("T", src._id, c))
-                    plan.consts.setdefault(slot, np.ascontiguousarray(
-                        weights[n0:n0 + nc]).reshape(-1))
+                    plan.consts.setdefault(slot, Deferred(nc * K, rows))
                 if variant == "legacy":
                     k = MM.gemv(a._shape, (N, K), shp, b_t=True, n_off=n0, n_chunk=chunk)
                 else:
@@ -430,7 +449,7 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
             # a table beyond the storage-binding limit (a 128k-row embedding): one launch
             # per chunk of rows, each writing the outputs whose index falls in it
             per = max(1, plan.max_binding // row)
-            flat = src._value.astype(src._dtype.device_np).reshape(x._shape[0], -1)
+            flat = src._value.astype(src._dtype.device_np, copy=False).reshape(x._shape[0], -1)
             for c, r0 in enumerate(range(0, x._shape[0], per)):
                 slot = ("const", ("G", src._id, c))
                 plan.consts.setdefault(slot, np.ascontiguousarray(flat[r0:r0 + per]).reshape(-1))

@@ -18,7 +18,7 @@ from .. import shapes as S
 from .._classes import MLContext, MLGraph, MLKVCachePair, MLOperand, MLTensor
 from ..dtypes import DType, from_device
 from ..errors import NotSupportedError, OperationError
-from .compiler import CopyLaunch, KernelLaunch, Plan, compile_graph
+from .compiler import CopyLaunch, Deferred, KernelLaunch, Plan, compile_graph
 from .target import target_of
 
 _STORAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
@@ -212,8 +212,11 @@ class WgpuContext(MLContext):
             g._buffers[slot] = buf
         for slot, arr in plan.consts.items():
             buf = dev.create_buffer(size=_nbytes(arr.size), usage=_STORAGE)
-            self._queue.write_buffer(buf, 0, np.ascontiguousarray(arr))
+            data = arr.make() if isinstance(arr, Deferred) else arr
+            self._queue.write_buffer(buf, 0, np.ascontiguousarray(data))
             g._buffers[slot] = buf
+            del data
+        plan.consts.clear()  # uploaded: the host keeps no copy of the weights
         if plan.has_check:
             g._buffers[("status",)] = dev.create_buffer(size=16, usage=_STORAGE)
         for pp in plan.pairs:
