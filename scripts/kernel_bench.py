@@ -129,43 +129,76 @@ def bench_attention(ctx, C: int, reps: int, budget: float, kv: int = 8, rep: int
 
 
 def profile_launches(ctx, g, bound: dict) -> dict:
-    """GPU time of each kernel launch of a graph on its own (one pass per launch), summed by
-    kernel name: where a step's time goes. Uses the context's internals (bench only)."""
+    """GPU time of each kernel launch of a graph, summed by kernel name: where a step's
+    time goes. With 'timestamp-query-inside-passes' the whole step runs as one pass with a
+    timestamp between launches (in situ: real clocks, caches and barriers); otherwise each
+    launch runs alone in its own pass (best of two). Uses the context's internals."""
     import wgpu
+    from wgpu.backends.wgpu_native.extras import write_timestamp
 
     from backends.webnn.wgpu_impl.compiler import KernelLaunch
 
     dev = ctx._device
-    qs = dev.create_query_set(type="timestamp", count=2)
-    qb = dev.create_buffer(size=16, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
-    by: dict[str, list] = {}
-    for i, la in enumerate(g._plan.launches):
-        if not isinstance(la, KernelLaunch):
-            continue
+    kernels = [(i, la) for i, la in enumerate(g._plan.launches) if isinstance(la, KernelLaunch)]
+    items = []
+    for i, la in kernels:
         pipe, layout, bg = g._items[i]
-        if bg is None:
-            bg = ctx._bind_group(g, layout, la.slots, bound)
-        best = None
-        for _ in range(2):
-            enc = dev.create_command_encoder()
-            cp = enc.begin_compute_pass(timestamp_writes={
-                "query_set": qs, "beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1})
-            cp.set_pipeline(pipe)
-            cp.set_bind_group(0, bg)
-            cp.dispatch_workgroups(*la.kernel.groups)
-            cp.end()
-            enc.resolve_query_set(qs, 0, 2, qb, 0)
-            dev.queue.submit([enc.finish()])
-            t = np.frombuffer(dev.queue.read_buffer(qb), np.uint64)
-            dt = int(t[1] - t[0]) / 1e6
-            best = dt if best is None else min(best, dt)
+        items.append((la, pipe, bg if bg is not None else ctx._bind_group(g, layout, la.slots, bound)))
+    by: dict[str, list] = {}
+
+    def add(la, ms: float) -> None:
         e = by.setdefault(la.kernel.name, [0, 0.0, 0])
         e[0] += 1
-        e[1] += best
+        e[1] += ms
         e[2] += la.kernel.bytes
-    return {k: {"n": v[0], "ms": round(v[1], 3), "bytes": v[2],
-                "GBps": round(v[2] / (v[1] * 1e-3) / 1e9, 2) if v[1] else None}
-            for k, v in sorted(by.items(), key=lambda kv: -kv[1][1])}
+
+    in_pass = "timestamp-query-inside-passes" in dev.features
+    if in_pass:
+        n = len(items) + 1
+        qs = dev.create_query_set(type="timestamp", count=n)
+        qb = dev.create_buffer(size=8 * n, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+        best = None
+        for _ in range(3):
+            enc = dev.create_command_encoder()
+            cp = enc.begin_compute_pass()
+            write_timestamp(cp, qs, 0)
+            for j, (la, pipe, bg) in enumerate(items):
+                cp.set_pipeline(pipe)
+                cp.set_bind_group(0, bg)
+                cp.dispatch_workgroups(*la.kernel.groups)
+                write_timestamp(cp, qs, j + 1)
+            cp.end()
+            enc.resolve_query_set(qs, 0, n, qb, 0)
+            dev.queue.submit([enc.finish()])
+            t = np.frombuffer(dev.queue.read_buffer(qb), np.uint64).astype(np.int64)
+            d = np.diff(t) / 1e6
+            best = d if best is None or d.sum() < best.sum() else best
+        for (la, _, _), ms in zip(items, best, strict=True):
+            add(la, float(ms))
+    else:
+        qs = dev.create_query_set(type="timestamp", count=2)
+        qb = dev.create_buffer(size=16, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+        for la, pipe, bg in items:
+            best = None
+            for _ in range(2):
+                enc = dev.create_command_encoder()
+                cp = enc.begin_compute_pass(timestamp_writes={
+                    "query_set": qs, "beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1})
+                cp.set_pipeline(pipe)
+                cp.set_bind_group(0, bg)
+                cp.dispatch_workgroups(*la.kernel.groups)
+                cp.end()
+                enc.resolve_query_set(qs, 0, 2, qb, 0)
+                dev.queue.submit([enc.finish()])
+                t = np.frombuffer(dev.queue.read_buffer(qb), np.uint64)
+                dt = int(t[1] - t[0]) / 1e6
+                best = dt if best is None else min(best, dt)
+            add(la, best)
+    out = {k: {"n": v[0], "ms": round(v[1], 3), "bytes": v[2],
+               "GBps": round(v[2] / (v[1] * 1e-3) / 1e9, 2) if v[1] else None}
+           for k, v in sorted(by.items(), key=lambda kv: -kv[1][1])}
+    out["_method"] = "in-pass timestamps" if in_pass else "one pass per launch"
+    return out
 
 
 def bench_step(name: str, capacity: int, steps: int, profile: bool = False) -> dict:
@@ -227,6 +260,9 @@ def main() -> None:
     ap.add_argument("--step", default="small:512", help="preset:capacity,... or none")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--profile", action="store_true", help="per-kernel GPU time of the step")
+    ap.add_argument("--submit-every", default="default",
+                    help="launches per command buffer for the step, comma list: 0 = one "
+                         "submit (GPU time without encoding gaps), 'default' = the context's")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--budget", type=float, default=3.0, help="seconds per measurement")
     a = ap.parse_args()
@@ -260,14 +296,22 @@ def main() -> None:
         compiler.OPTIONS["attention"] = None
     ctx.destroy()
     if a.step != "none":
+        from backends.webnn.wgpu_impl import context as wctx
+
+        default_every = dict(wctx.SUBMIT_EVERY)
         for spec in a.step.split(","):
             name, _, cap = spec.partition(":")
-            try:
-                r = bench_step(name, int(cap or 512), a.steps, a.profile)
-            except Exception as exc:  # noqa: BLE001
-                r = {"preset": name, "error": repr(exc), "trace": traceback.format_exc()[-800:]}
-            out["step"].append(r)
-            print(json.dumps(r), file=sys.stderr)
+            for every in a.submit_every.split(","):
+                wctx.SUBMIT_EVERY.update(default_every)
+                if every != "default":
+                    wctx.SUBMIT_EVERY.update(cpu=int(every), gpu=int(every))
+                try:
+                    r = bench_step(name, int(cap or 512), a.steps, a.profile)
+                except Exception as exc:  # noqa: BLE001
+                    r = {"preset": name, "error": repr(exc), "trace": traceback.format_exc()[-800:]}
+                r["submit_every"] = every
+                out["step"].append(r)
+                print(json.dumps(r), file=sys.stderr)
     print(json.dumps(out, indent=1))
 
 

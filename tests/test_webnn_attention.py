@@ -40,11 +40,11 @@ def oracle(q, k, v, valid):
 
 
 @pytest.mark.parametrize("heads,g,cap,d,fill,depth", [
-    (2, 4, 100, 16, float(np.finfo(np.float32).min), None),  # 4 splits, the last short
-    (1, 1, 7, 8, -np.inf, None),  # one short split; infinite fill
-    (2, 4, 100, 16, -np.inf, 5),  # splits whose rows are all masked with -inf
-    (2, 4, 100, 16, float(np.finfo(np.float32).min), 5),  # ... with a finite fill
-    (3, 8, 640, 32, -1e9, None),  # 20 splits
+    (2, 4, 300, 16, float(np.finfo(np.float32).min), None),  # 3 splits, the last short
+    (1, 1, 7, 6, -np.inf, None),  # one short split; infinite fill; d % 4 != 0
+    (2, 4, 300, 16, -np.inf, 5),  # splits whose rows are all masked with -inf
+    (2, 4, 300, 16, float(np.finfo(np.float32).min), 5),  # ... with a finite fill
+    (3, 8, 4000, 32, -1e9, None),  # 32 splits of 128 rows
 ])
 def test_flash_matches_oracle(ctx, heads, g, cap, d, fill, depth):
     gr, outs = graph(ctx, heads, g, cap, d, fill)
@@ -79,3 +79,21 @@ def run(ctx, gr, outs, feeds):
            for n, o in outs.items()}
     ctx.dispatch(gr, ins, res)
     return {n: ctx.read_tensor(t) for n, t in res.items()}
+
+
+@pytest.mark.parametrize("shared_floats", [1 << 12, 1 << 14])
+def test_kernel_layouts_without_and_with_shared_pv(ctx, shared_floats, monkeypatch):
+    """probs·V summed in workgroup memory (room for it) or by one invocation per
+    (row, columns) pair (no room): both match the oracle."""
+    from backends.webnn.kernels import attention as AT
+    from backends.webnn.wgpu_impl import attention as match
+
+    assert AT._layout(8, 64, 1 << 12)[3] is False and AT._layout(8, 64, 1 << 14)[3] is True
+    real = AT.flash_decode
+    monkeypatch.setattr(match.AT, "flash_decode",
+                        lambda *a, **k: real(*a[:-1], shared_floats))
+    gr, outs = graph(ctx, 2, 8, 300, 64, -1e9)
+    feeds = {"q": RNG.standard_normal((1, 2, 8, 64)), "k": RNG.standard_normal((1, 2, 300, 64)),
+             "v": RNG.standard_normal((1, 2, 300, 64)),
+             "valid": (np.arange(300) < 250).astype(np.float64).reshape(1, 1, 1, 300)}
+    np.testing.assert_allclose(run(ctx, gr, outs, feeds)["y"], oracle(**feeds), rtol=2e-5, atol=2e-6)

@@ -111,8 +111,8 @@ def test_gpu_time_or_reason(backend):
 
 # --- bytes per step -----------------------------------------------------------------------------
 
-# multiples of the attention kernel's 32-row splits (kernels/attention.py), so its
-# partial sums, like every other count, grow linearly with capacity
+# one split of the attention kernel each (kernels/attention.py): its partial sums stay
+# constant, so every count is linear in capacity
 CAPACITIES = (32, 64, 128)
 
 

@@ -23,19 +23,42 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .common import Kernel, decl, grid, lowest, main_1d
+from .common import Kernel, decl, lowest
 from .fused import FusedOp, Leaf, functions, leaf_decls
 
-WG = 256
+WG = 128  # pass 1 workgroup
+WG2 = 256  # combine workgroup
+
+
+def _layout(q_rows: int, d: int, shared_floats: int) -> tuple[bool, int, int, bool]:
+    """(vec4, row words, row-groups for probs·V, whether probs·V reduces in workgroup
+    memory) for one head's q rows."""
+    vec = d % 4 == 0
+    words = d // 4 if vec else d
+    groups = WG // words if words <= WG and WG % words == 0 else 1
+    lanes = 4 if vec else 1
+    fixed = q_rows * d + q_rows * WG + 16
+    shared_pv = groups > 1 and fixed + q_rows * WG * lanes + q_rows * 32 <= shared_floats
+    return vec, words, groups if shared_pv else 1, shared_pv
 
 
 def split_rows(capacity: int, q_rows: int, d: int, shared_floats: int) -> int:
-    """Cache rows per split: ~64 splits per head (enough workgroups in flight, a short
-    combine), at least 32 rows, within workgroup memory (q rows + scores)."""
-    t = max(32, -(-capacity // 64))
-    t = -(-t // 32) * 32
-    room = (shared_floats - q_rows * d - q_rows - 16) // max(1, q_rows)
-    return max(1, min(t, room, capacity))
+    """Cache rows per split: about 32 splits per head on long caches (enough workgroups
+    in flight, a short combine), 128 to 512 rows (whole workgroup passes), within
+    workgroup memory (q rows, scores, reduction scratch)."""
+    vec, _, groups, shared_pv = _layout(q_rows, d, shared_floats)
+    t = min(512, max(WG, -(-capacity // 32 // WG) * WG))
+    used = q_rows * d + q_rows * WG + 16 + (q_rows * WG * (4 if vec else 1) if shared_pv else 0)
+    room = (shared_floats - used) // max(1, q_rows)
+    while t > 32 and t > room:
+        t //= 2
+    return max(1, min(t, capacity))
+
+
+def fits(q_rows: int, d: int, shared_floats: int) -> bool:
+    """Whether one head's q rows, the reduction scratch and 32 score rows fit in
+    workgroup memory (else the compiler keeps the generic kernels)."""
+    return q_rows * d + q_rows * WG + q_rows * 32 + 16 <= shared_floats
 
 
 def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
@@ -47,12 +70,22 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
     ``score``: the element-wise chain applied to each raw score, as fused ops over the
     (heads, q_rows, capacity) score layout whose one *param* leaf is the raw score;
     its other leaves bind after q, K, V (then the partials). None: scores used raw.
+
+    Pass 1 gives each invocation whole cache rows: it loads its K row once (vec4 loads
+    when d % 4 == 0) and scores every q row against it; maxima and sums are tree
+    reductions in workgroup memory. probs·V splits the rows among row-groups of
+    invocations, each invocation 4 columns of V for all q rows (V read once, coalesced),
+    the row-groups summed in workgroup memory: short loops, no long serial chains.
+    Partials per (q row, split): ``m, l, 0, 0, acc[d]`` (acc 16-byte aligned).
     """
     T = split_rows(capacity, q_rows, d, shared_floats)
     ns = -(-capacity // T)
     G, D, C = q_rows, d, capacity
-    P = D + 2  # per (row, split): m, l, acc[D]
-    src = decl(0, "q", "f32", "read") + decl(1, "k", "f32", "read") + decl(2, "v", "f32", "read")
+    vec, D4, R, shared_pv = _layout(G, D, shared_floats)
+    P = D + 4
+    vt = "vec4<f32>" if vec else "f32"
+    mul = f"dot(qs[r * {D4}u + e], kv)" if vec else f"qs[r * {D4}u + e] * kv"
+    src = (decl(0, "q", vt, "read") + decl(1, "k", vt, "read") + decl(2, "v", vt, "read"))
     bindings = ["read", "read", "read"]
     fn_call = "raw"
     if score is not None:
@@ -63,60 +96,122 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
         bindings += lb
         last = len(ops) - 1
         fn_call = f"v{last}(si, raw)" if takes_s else f"v{last}(si)"
-    src += decl(len(bindings), "part", "f32", "rw")
+    src += decl(len(bindings), "part", vt, "rw")
     bindings.append("rw")
+    low = lowest("f32")
+    pw = P // 4 if vec else P  # partial words per (row, split)
+    head_words = 1 if vec else 4  # m, l, 0, 0 in words
+    if vec:
+        stats = "  part[pb] = vec4<f32>(m[r], red[r * {WG}u], 0.0, 0.0);\n"
+    else:
+        stats = ("  part[pb] = m[r];\n  part[pb + 1u] = red[r * {WG}u];\n"
+                 "  part[pb + 2u] = 0.0;\n  part[pb + 3u] = 0.0;\n")
+    stats = stats.format(WG=WG)
+    if shared_pv:
+        pv = f"""  let rg = lid / {D4}u;
+  let e = lid % {D4}u;
+  var a: array<{vt}, {G}>;
+  for (var r = 0u; r < {G}u; r = r + 1u) {{ a[r] = {vt}(0.0); }}
+  for (var c = rg; c < n; c = c + {R}u) {{
+    let vv = v[(h * {C}u + c0 + c) * {D4}u + e];
+    for (var r = 0u; r < {G}u; r = r + 1u) {{ a[r] = a[r] + sc[r * {T}u + c] * vv; }}
+  }}
+  for (var r = 0u; r < {G}u; r = r + 1u) {{ pvs[r * {WG}u + lid] = a[r]; }}
+  workgroupBarrier();
+  for (var j = lid; j < {G * D4}u; j = j + {WG}u) {{
+    let r = j / {D4}u;
+    let e2 = j % {D4}u;
+    var t = {vt}(0.0);
+    for (var g = 0u; g < {R}u; g = g + 1u) {{ t = t + pvs[r * {WG}u + g * {D4}u + e2]; }}
+    part[((h * {G}u + r) * {ns}u + sp) * {pw}u + {head_words}u + e2] = t;
+  }}
+"""
+        pv_decl = f"var<workgroup> pvs: array<{vt}, {G * WG}>;\n"
+    else:
+        pv = f"""  for (var j = lid; j < {G * D4}u; j = j + {WG}u) {{
+    let r = j / {D4}u;
+    let e = j % {D4}u;
+    var t = {vt}(0.0);
+    for (var c = 0u; c < n; c = c + 1u) {{ t = t + sc[r * {T}u + c] * v[(h * {C}u + c0 + c) * {D4}u + e]; }}
+    part[((h * {G}u + r) * {ns}u + sp) * {pw}u + {head_words}u + e] = t;
+  }}
+"""
+        pv_decl = ""
     src += f"""
-var<workgroup> qs: array<f32, {G * D}>;
+var<workgroup> qs: array<{vt}, {G * D4}>;
 var<workgroup> sc: array<f32, {G * T}>;
-var<workgroup> mrow: array<f32, {G}>;
+var<workgroup> red: array<f32, {G * WG}>;
+{pv_decl}
+fn tree_max(lid: u32) {{
+  for (var st = {WG // 2}u; st > 0u; st = st >> 1u) {{
+    if (lid < st) {{
+      for (var r = 0u; r < {G}u; r = r + 1u) {{
+        red[r * {WG}u + lid] = max(red[r * {WG}u + lid], red[r * {WG}u + lid + st]);
+      }}
+    }}
+    workgroupBarrier();
+  }}
+}}
+
+fn tree_sum(lid: u32) {{
+  for (var st = {WG // 2}u; st > 0u; st = st >> 1u) {{
+    if (lid < st) {{
+      for (var r = 0u; r < {G}u; r = r + 1u) {{
+        red[r * {WG}u + lid] = red[r * {WG}u + lid] + red[r * {WG}u + lid + st];
+      }}
+    }}
+    workgroupBarrier();
+  }}
+}}
+
 @compute @workgroup_size({WG})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
   let h = wid.y;
   let sp = wid.x;
   let c0 = sp * {T}u;
   let n = min({T}u, {C}u - c0);
-  for (var j = lid; j < {G * D}u; j = j + {WG}u) {{ qs[j] = q[h * {G * D}u + j]; }}
+  for (var j = lid; j < {G * D4}u; j = j + {WG}u) {{ qs[j] = q[h * {G * D4}u + j]; }}
   workgroupBarrier();
-  for (var j = lid; j < {G * T}u; j = j + {WG}u) {{
-    let r = j / {T}u;
-    let c = j % {T}u;
-    var val = {lowest("f32")};
-    if (c < n) {{
-      let kb = (h * {C}u + c0 + c) * {D}u;
-      var raw = 0.0;
-      for (var e = 0u; e < {D}u; e = e + 1u) {{ raw = raw + qs[r * {D}u + e] * k[kb + e]; }}
-      let si = (h * {G}u + r) * {C}u + c0 + c;
-      val = {fn_call};
+  var mloc: array<f32, {G}>;
+  var acc: array<f32, {G}>;
+  for (var r = 0u; r < {G}u; r = r + 1u) {{ mloc[r] = {low}; }}
+  for (var c = lid; c < n; c = c + {WG}u) {{
+    for (var r = 0u; r < {G}u; r = r + 1u) {{ acc[r] = 0.0; }}
+    let kb = (h * {C}u + c0 + c) * {D4}u;
+    for (var e = 0u; e < {D4}u; e = e + 1u) {{
+      let kv = k[kb + e];
+      for (var r = 0u; r < {G}u; r = r + 1u) {{ acc[r] = acc[r] + {mul}; }}
     }}
-    sc[j] = val;
+    for (var r = 0u; r < {G}u; r = r + 1u) {{
+      let raw = acc[r];
+      let si = (h * {G}u + r) * {C}u + c0 + c;
+      let val = {fn_call};
+      sc[r * {T}u + c] = val;
+      mloc[r] = max(mloc[r], val);
+    }}
   }}
+  for (var r = 0u; r < {G}u; r = r + 1u) {{ red[r * {WG}u + lid] = mloc[r]; }}
   workgroupBarrier();
-  if (lid < {G}u) {{
-    var m = {lowest("f32")};
-    for (var c = 0u; c < n; c = c + 1u) {{ m = max(m, sc[lid * {T}u + c]); }}
-    mrow[lid] = m;
-  }}
+  tree_max(lid);
+  var m: array<f32, {G}>;
+  for (var r = 0u; r < {G}u; r = r + 1u) {{ m[r] = red[r * {WG}u]; mloc[r] = 0.0; }}
   workgroupBarrier();
-  for (var j = lid; j < {G * T}u; j = j + {WG}u) {{
-    let c = j % {T}u;
-    // a row masked with -inf weighs 0 (even in a split where every row is masked)
-    sc[j] = select(0.0, exp(sc[j] - mrow[j / {T}u]), c < n && sc[j] > {lowest("f32")});
+  for (var c = lid; c < n; c = c + {WG}u) {{
+    for (var r = 0u; r < {G}u; r = r + 1u) {{
+      let sv = sc[r * {T}u + c];
+      // a row masked with -inf weighs 0 (even in a split where every row is masked)
+      let pv = select(0.0, exp(sv - m[r]), sv > {low});
+      sc[r * {T}u + c] = pv;
+      mloc[r] = mloc[r] + pv;
+    }}
   }}
+  for (var r = 0u; r < {G}u; r = r + 1u) {{ red[r * {WG}u + lid] = mloc[r]; }}
   workgroupBarrier();
-  for (var j = lid; j < {G * D}u; j = j + {WG}u) {{
-    let r = j / {D}u;
-    let e = j % {D}u;
-    var a = 0.0;
-    for (var c = 0u; c < n; c = c + 1u) {{ a = a + sc[r * {T}u + c] * v[(h * {C}u + c0 + c) * {D}u + e]; }}
-    part[((h * {G}u + r) * {ns}u + sp) * {P}u + 2u + e] = a;
-  }}
-  if (lid < {G}u) {{
-    var l = 0.0;
-    for (var c = 0u; c < n; c = c + 1u) {{ l = l + sc[lid * {T}u + c]; }}
-    let b = ((h * {G}u + lid) * {ns}u + sp) * {P}u;
-    part[b] = mrow[lid];
-    part[b + 1u] = l;
-  }}
+  tree_sum(lid);
+{pv}  if (lid < {G}u) {{
+    let r = lid;
+    let pb = ((h * {G}u + r) * {ns}u + sp) * {pw}u;
+{stats}  }}
 }}
 """
     parts = heads * G * ns * P
@@ -124,25 +219,64 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                                         for leaf in score[1] if not leaf.param)
     k1 = Kernel("attention_flash", src, bindings, (ns, heads, 1),
                 4 * (heads * G * D + 2 * heads * C * D + parts) + extra)
-    nout = heads * G * D
-    gx, gy, gz = grid(nout)
-    src2 = decl(0, "part", "f32", "read") + decl(1, "out", "f32", "rw") + main_1d(gx) + f"""
-  if (i >= {nout}u) {{ return; }}
-  let hr = i / {D}u;
-  let e = i % {D}u;
-  let b = hr * {ns * P}u;
-  var mx = {lowest("f32")};
-  for (var s = 0u; s < {ns}u; s = s + 1u) {{ mx = max(mx, part[b + s * {P}u]); }}
-  var l = 0.0;
-  var a = 0.0;
-  for (var s = 0u; s < {ns}u; s = s + 1u) {{
-    let w = exp(part[b + s * {P}u] - mx);
-    l = l + part[b + s * {P}u + 1u] * w;
-    a = a + part[b + s * {P}u + 2u + e] * w;
+    k2 = _combine(heads * G, ns, D, vec)
+    return k1, k2, parts
+
+
+def _combine(rows: int, ns: int, d: int, vec: bool) -> Kernel:
+    """out[row] = Σ_s acc_s e^{m_s - M} / Σ_s l_s e^{m_s - M}: one workgroup per q row;
+    the split weights once in workgroup memory, then (split-group, 4 columns) pairs
+    summed by a tree: no invocation walks all splits alone."""
+    words = d // 4 if vec else d
+    vt = "vec4<f32>" if vec else "f32"
+    pw = (d + 4) // 4 if vec else d + 4
+    head_words = 1 if vec else 4
+    lanes = max(1, WG2 // words) if words <= WG2 else 1
+    m_of = "part[b + s * {pw}u].x" if vec else "part[b + s * {pw}u]"
+    l_of = "part[b + s * {pw}u].y" if vec else "part[b + s * {pw}u + 1u]"
+    m_of, l_of = m_of.format(pw=pw), l_of.format(pw=pw)
+    src = decl(0, "part", vt, "read") + decl(1, "out", vt, "rw") + f"""
+var<workgroup> w: array<f32, {ns}>;
+var<workgroup> acc: array<{vt}, {WG2}>;
+var<workgroup> tot: f32;
+
+@compute @workgroup_size({WG2})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
+  let row = wid.y * 65535u + wid.x;
+  if (row >= {rows}u) {{ return; }}
+  let b = row * {ns * pw}u;
+  if (lid == 0u) {{
+    var mx = {lowest("f32")};
+    for (var s = 0u; s < {ns}u; s = s + 1u) {{ mx = max(mx, {m_of}); }}
+    var l = 0.0;
+    for (var s = 0u; s < {ns}u; s = s + 1u) {{
+      let ws = exp({m_of} - mx);
+      w[s] = ws;
+      l = l + {l_of} * ws;
+    }}
+    tot = l;
   }}
-  out[i] = a / l;
+  workgroupBarrier();
+  for (var e0 = 0u; e0 < {words}u; e0 = e0 + {min(words, WG2)}u) {{
+    let g = lid / {min(words, WG2)}u;
+    let e = e0 + lid % {min(words, WG2)}u;
+    var a = {vt}(0.0);
+    if (e < {words}u && g < {lanes}u) {{
+      for (var s = g; s < {ns}u; s = s + {lanes}u) {{
+        a = a + part[b + s * {pw}u + {head_words}u + e] * w[s];
+      }}
+    }}
+    acc[lid] = a;
+    workgroupBarrier();
+    if (lid < {min(words, WG2)}u && e < {words}u) {{
+      var t = {vt}(0.0);
+      for (var j = 0u; j < {lanes}u; j = j + 1u) {{ t = t + acc[j * {min(words, WG2)}u + lid]; }}
+      out[row * {words}u + e] = t / tot;
+    }}
+    workgroupBarrier();
+  }}
 }}
 """
-    k2 = Kernel("attention_combine", src2, ["read", "rw"], (gx, gy, gz),
-                4 * (parts + nout))
-    return k1, k2, parts
+    gx = min(rows, 65535)
+    return Kernel("attention_combine", src, ["read", "rw"], (gx, -(-rows // gx), 1),
+                  4 * (rows * ns * (d + 4) + rows * d))

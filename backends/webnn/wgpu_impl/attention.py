@@ -118,7 +118,7 @@ def match_attention(nodes: list[MLOperand], inlined: set[int], groups: dict[int,
             continue
         if tuple(qk._inputs[1]._shape) != (*batch, D, C):
             continue
-        if G * D + G * 32 + G + 16 > shared_bytes // 4:
+        if not AT.fits(G, D, shared_bytes // 4):
             continue
         found[o._id] = Attention(o, root(q_view), k, v, qk, score)
     return found

@@ -97,6 +97,8 @@ class WgpuContext(MLContext):
         if timing:
             if "timestamp-query" in adapter.features:
                 feats.append("timestamp-query")
+                if "timestamp-query-inside-passes" in adapter.features:
+                    feats.append("timestamp-query-inside-passes")  # per-launch profiles
             else:
                 self._timing_reason = "adapter has no 'timestamp-query'"
         else:
