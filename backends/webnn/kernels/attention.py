@@ -84,7 +84,6 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
     vec, D4, R, shared_pv = _layout(G, D, shared_floats)
     P = D + 4
     vt = "vec4<f32>" if vec else "f32"
-    mul = f"dot(qs[r * {D4}u + e], kv)" if vec else f"qs[r * {D4}u + e] * kv"
     src = (decl(0, "q", vt, "read") + decl(1, "k", vt, "read") + decl(2, "v", vt, "read"))
     bindings = ["read", "read", "read"]
     fn_call = "raw"
@@ -100,6 +99,12 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
     bindings.append("rw")
     low = lowest("f32")
     pw = P // 4 if vec else P  # partial words per (row, split)
+    # K row loads issued U at a time before use: enough bytes in flight per invocation
+    U = next(u for u in (16, 8, 4, 2, 1) if D4 % u == 0)
+    k_loads = "".join(f"      let k{j} = k[kb + e0 + {j}u];\n" for j in range(U))
+    dot = (lambda j: f"dot(qs[r * {D4}u + e0 + {j}u], k{j})") if vec else (
+        lambda j: f"qs[r * {D4}u + e0 + {j}u] * k{j}")
+    k_dots = " + ".join(dot(j) for j in range(U))
     head_words = 1 if vec else 4  # m, l, 0, 0 in words
     if vec:
         stats = "  part[pb] = vec4<f32>(m[r], red[r * {WG}u], 0.0, 0.0);\n"
@@ -112,9 +117,23 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
   let e = lid % {D4}u;
   var a: array<{vt}, {G}>;
   for (var r = 0u; r < {G}u; r = r + 1u) {{ a[r] = {vt}(0.0); }}
-  for (var c = rg; c < n; c = c + {R}u) {{
+  var c = rg;
+  while (c + {3 * R}u < n) {{
+    let vb = (h * {C}u + c0 + c) * {D4}u + e;
+    let v0 = v[vb];
+    let v1 = v[vb + {R * D4}u];
+    let v2 = v[vb + {2 * R * D4}u];
+    let v3 = v[vb + {3 * R * D4}u];
+    for (var r = 0u; r < {G}u; r = r + 1u) {{
+      let sb = r * {T}u + c;
+      a[r] = a[r] + sc[sb] * v0 + sc[sb + {R}u] * v1 + sc[sb + {2 * R}u] * v2 + sc[sb + {3 * R}u] * v3;
+    }}
+    c = c + {4 * R}u;
+  }}
+  while (c < n) {{
     let vv = v[(h * {C}u + c0 + c) * {D4}u + e];
     for (var r = 0u; r < {G}u; r = r + 1u) {{ a[r] = a[r] + sc[r * {T}u + c] * vv; }}
+    c = c + {R}u;
   }}
   for (var r = 0u; r < {G}u; r = r + 1u) {{ pvs[r * {WG}u + lid] = a[r]; }}
   workgroupBarrier();
@@ -178,9 +197,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   for (var c = lid; c < n; c = c + {WG}u) {{
     for (var r = 0u; r < {G}u; r = r + 1u) {{ acc[r] = 0.0; }}
     let kb = (h * {C}u + c0 + c) * {D4}u;
-    for (var e = 0u; e < {D4}u; e = e + 1u) {{
-      let kv = k[kb + e];
-      for (var r = 0u; r < {G}u; r = r + 1u) {{ acc[r] = acc[r] + {mul}; }}
+    for (var e0 = 0u; e0 < {D4}u; e0 = e0 + {U}u) {{
+{k_loads}      for (var r = 0u; r < {G}u; r = r + 1u) {{ acc[r] = acc[r] + {k_dots}; }}
     }}
     for (var r = 0u; r < {G}u; r = r + 1u) {{
       let raw = acc[r];
@@ -232,11 +250,12 @@ def _combine(rows: int, ns: int, d: int, vec: bool) -> Kernel:
     pw = (d + 4) // 4 if vec else d + 4
     head_words = 1 if vec else 4
     lanes = max(1, WG2 // words) if words <= WG2 else 1
-    m_of = "part[b + s * {pw}u].x" if vec else "part[b + s * {pw}u]"
+    m_of = "part[b + s * {pw}u].x" if vec else "part[b + s * {pw}u]"  # read once each
     l_of = "part[b + s * {pw}u].y" if vec else "part[b + s * {pw}u + 1u]"
     m_of, l_of = m_of.format(pw=pw), l_of.format(pw=pw)
     src = decl(0, "part", vt, "read") + decl(1, "out", vt, "rw") + f"""
 var<workgroup> w: array<f32, {ns}>;
+var<workgroup> ls: array<f32, {ns}>;
 var<workgroup> acc: array<{vt}, {WG2}>;
 var<workgroup> tot: f32;
 
@@ -245,14 +264,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let row = wid.y * 65535u + wid.x;
   if (row >= {rows}u) {{ return; }}
   let b = row * {ns * pw}u;
+  for (var s = lid; s < {ns}u; s = s + {WG2}u) {{ w[s] = {m_of}; ls[s] = {l_of}; }}
+  workgroupBarrier();
   if (lid == 0u) {{
     var mx = {lowest("f32")};
-    for (var s = 0u; s < {ns}u; s = s + 1u) {{ mx = max(mx, {m_of}); }}
+    for (var s = 0u; s < {ns}u; s = s + 1u) {{ mx = max(mx, w[s]); }}
     var l = 0.0;
     for (var s = 0u; s < {ns}u; s = s + 1u) {{
-      let ws = exp({m_of} - mx);
+      let ws = exp(w[s] - mx);
       w[s] = ws;
-      l = l + {l_of} * ws;
+      l = l + ls[s] * ws;
     }}
     tot = l;
   }}

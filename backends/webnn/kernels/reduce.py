@@ -31,9 +31,15 @@ def _header(gx: int, wg: int = WG) -> str:
             f"  let row = wid.y * {gx}u + wid.x;\n")
 
 
-def reduce(op: str, t: str, in_shape: Sequence[int], axes: Sequence[int]) -> Kernel:
+def reduce(op: str, t: str, in_shape: Sequence[int], axes: Sequence[int],
+           source: tuple[str, list[str], str] | None = None, wg: int = WG) -> Kernel:
     """``op`` over ``axes``; output is the kept dimensions in order (keep_dimensions only
-    changes the shape, not the layout)."""
+    changes the shape, not the layout).
+
+    ``source``: the input computed inline (``fusion.Group.input_source``: declarations
+    and functions, their bindings, the name giving element ``i``), e.g. RMSNorm's
+    ``x * x``; None: the input is binding 0. ``wg``: a power of two (GPUs take 256: a
+    decode step's rows are single, and 256 invocations keep more loads in flight)."""
     st = S.strides(in_shape)
     kept = [i for i in range(len(in_shape)) if i not in axes]
     red = [i for i in range(len(in_shape)) if i in axes]
@@ -42,18 +48,26 @@ def reduce(op: str, t: str, in_shape: Sequence[int], axes: Sequence[int]) -> Ker
     gx, gy, gz = grid(rows, 1)
     init = {"reduce_max": lowest(t), "reduce_min": highest(t)}.get(op, zero(t))
     comb = _COMBINE[op]
-    src = decl(0, "x", t, "read") + decl(1, "out", t, "rw")
+    if source is None:
+        src, bindings, load = decl(0, "x", t, "read"), ["read"], "x[{}]"
+    else:
+        src, bindings, name = source
+        bindings = list(bindings)
+        load = name + ("({})" if name.startswith("v") else "[{}]")
+    src += decl(len(bindings), "out", t, "rw")
+    bindings.append("rw")
     src += offset_fn("rowoff", [in_shape[i] for i in kept] or [1], [st[i] for i in kept] or [0])
     src += offset_fn("redoff", [in_shape[i] for i in red] or [1], [st[i] for i in red] or [0])
-    src += f"var<workgroup> sh: array<{t}, {WG}>;\n" + _header(gx)
+    src += f"var<workgroup> sh: array<{t}, {wg}>;\n" + _header(gx, wg)
     src += f"  if (row >= {rows}u) {{ return; }}\n  let base = rowoff(row);\n"
     src += f"  var acc: {t} = {init};\n"
-    src += (f"  for (var j = lid; j < {rn}u; j = j + {WG}u) {{\n"
-            f"    let v = x[base + redoff(j)];\n    acc = {comb.format(a='acc', b='v')};\n  }}\n")
-    src += "  sh[lid] = acc;\n" + _tree(comb)
+    src += (f"  for (var j = lid; j < {rn}u; j = j + {wg}u) {{\n"
+            f"    let v = {load.format('base + redoff(j)')};\n"
+            f"    acc = {comb.format(a='acc', b='v')};\n  }}\n")
+    src += "  sh[lid] = acc;\n" + _tree(comb, wg=wg)
     res = f"sh[0] / {t}({rn})" if op == "reduce_mean" else "sh[0]"
     src += f"  if (lid == 0u) {{ out[row] = {res}; }}\n}}\n"
-    return Kernel(op, src, ["read", "rw"], (gx, gy, gz), 4 * (S.size(in_shape) + rows))
+    return Kernel(op, src, bindings, (gx, gy, gz), 4 * (S.size(in_shape) + rows))
 
 
 def softmax(shape: Sequence[int], axis: int, wg: int = WG) -> Kernel:

@@ -346,7 +346,7 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
         plan.temps[part] = parts
         add(KernelLaunch(k1, ins + [part]))
         add(KernelLaunch(k2, [part, out_slot]))
-    elif o._id in plan.groups:
+    elif o._id in plan.groups and not fusion.is_host(o):
         group = plan.groups[o._id]
         add(KernelLaunch(group.kernel(guarded), [slot_of(x) for x in group.leaves] + [out_slot]
                          + ([("status",)] if guarded else [])))
@@ -416,8 +416,12 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
         wg = 256 if not plan.target.cpu and x._shape[o._attrs["axis"]] >= 1024 else 64
         add(KernelLaunch(RD.softmax(x._shape, o._attrs["axis"], wg), [ins[0], out_slot]))
     elif op.startswith("reduce_"):
-        add(KernelLaunch(RD.reduce(op, t, o._inputs[0]._shape, o._attrs["axes"]),
-                         [ins[0], out_slot]))
+        group = plan.groups.get(o._id)
+        wg = 64 if plan.target.cpu else 256
+        add(KernelLaunch(RD.reduce(op, t, o._inputs[0]._shape, o._attrs["axes"],
+                                   group.input_source() if group else None, wg=wg),
+                         [slot_of(x) for x in group.leaves] + [out_slot] if group
+                         else [ins[0], out_slot]))
     elif op == "transpose":
         x = o._inputs[0]
         st = S.strides(x._shape)

@@ -52,6 +52,22 @@ class Group:
     def kernel(self, guarded: bool = False) -> FU.Kernel:
         return FU.fused(*self.fused_ops(), guarded=guarded)
 
+    def input_source(self) -> tuple[str, list[str], str]:
+        """For a host (``is_host``): the leaves' declarations and the inlined ops'
+        functions, the leaves' bindings, and the name of the WGSL function or array
+        giving the host's input element (called or indexed as ``name(i)``/``name[i]``)."""
+        host = self.ops[-1]
+        inner = Group(self.ops[:-1], self.leaves)
+        fops, leaves = inner.fused_ops()
+        decls, bindings = FU.leaf_decls(leaves, 0)
+        src = decls + FU.functions(fops, leaves)[0] if fops else decls
+        x = root(host._inputs[0])
+        pos = [o._id for o in inner.ops]
+        if x._id in pos:
+            return src, bindings, f"v{pos.index(x._id)}"
+        k = [leaf._id for leaf in self.leaves].index(x._id)
+        return src, bindings, f"in{k}"
+
 
 def consumers_of(nodes: list[MLOperand]) -> dict[int, list[MLOperand]]:
     """Op id -> the ops reading it (through reshape views)."""
@@ -67,6 +83,12 @@ def is_fusible(o: MLOperand) -> bool:
     return o._kind == "op" and o._op in FUSIBLE
 
 
+def is_host(o: MLOperand) -> bool:
+    """Ops that compute their input chain inline but are not element-wise themselves
+    (a reduction reads ``x * x`` without ``x * x`` being written first)."""
+    return o._kind == "op" and o._op.startswith("reduce_")
+
+
 def plan(nodes: list[MLOperand], pinned: set[int], no_fuse_into: set[int],
          max_leaves: int) -> tuple[set[int], dict[int, Group]]:
     """``(inlined ids, {root id: Group})`` for the op ``nodes`` (creation order).
@@ -79,6 +101,9 @@ def plan(nodes: list[MLOperand], pinned: set[int], no_fuse_into: set[int],
     inlined: set[int] = set()
     group_of: dict[int, int | None] = {}  # op id -> root id of the group computing it
     for o in reversed(nodes):  # consumers before producers
+        if is_host(o):
+            group_of[o._id] = o._id
+            continue
         if not is_fusible(o):
             continue
         cs = consumers.get(o._id, [])
@@ -91,7 +116,7 @@ def plan(nodes: list[MLOperand], pinned: set[int], no_fuse_into: set[int],
             group_of[o._id] = o._id
     groups: dict[int, Group] = {}
     for o in reversed(nodes):  # consumers first: un-inlining only adds roots not yet seen
-        if not is_fusible(o) or o._id in inlined:
+        if not (is_fusible(o) or is_host(o)) or o._id in inlined:
             continue
         while True:
             g, calls = collect(o, inlined)
