@@ -83,6 +83,27 @@ def test_chunked_submission_matches_reference(name, monkeypatch):
         b.close()
 
 
+@pytest.mark.parametrize("name", ["wgpu:stateful", "wgpu:stateless"])
+def test_gpu_gemv_variant_with_stacked_projections(name, monkeypatch):
+    """The GPU matrix-vector kernel (forced here on any adapter) runs q/k/v and gate/up
+    projections as stacked launches; the model still computes the reference's logits."""
+    from backends.webnn.wgpu_impl import compiler
+
+    monkeypatch.setitem(compiler.OPTIONS, "gemv", "rows_sh")
+    b = prepared(MODES[name], CAPACITY)
+    try:
+        plan = b.converted.graph._plan
+        sizes = sorted(len(g) for g in plan.stacked.values())
+        assert sizes and sizes[-1] >= 3, sizes  # at least one q/k/v group
+        state, ref = depth_state(16, CAPACITY)
+        b.reach_depth(state)
+        for i in range(2):
+            tok = int(TOKENS[16 + i])
+            assert_close(b.step(tok), ref.step(tok), f"{name} stacked step {i}")
+    finally:
+        b.close()
+
+
 def test_stateful_details(backend):
     if backend.name == "wgpu:stateful":
         assert backend.details["is_stateful"] is True

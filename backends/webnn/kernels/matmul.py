@@ -140,14 +140,18 @@ def gemv_cols(a_shape: Sequence[int], K: int, out_shape: Sequence[int], *, n_off
 
 def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequence[int], *,
               n_off: int = 0, n_chunk: int | None = None, lanes: int = 32, wg: int = 256,
-              subgroup: int | None = None) -> Kernel:
+              subgroup: int | None = None, splits: Sequence[int] | None = None) -> Kernel:
     """out[r, n] = sum_k A[r, k] * Bt[n, k] for M == 1 on a GPU: B stored (N, K).
 
     ``lanes`` invocations share one output column (a weight row): they stride along K with
     vec4 loads, so a row is read as ``lanes`` x 16 contiguous bytes per step (coalesced),
-    with two independent accumulators in flight; the workgroup holds ``wg / lanes`` rows.
+    with four independent accumulators in flight; the workgroup holds ``wg / lanes`` rows.
     The partial sums are combined with ``subgroupAdd`` when the subgroup is exactly
     ``lanes`` wide (``subgroup``), else through workgroup memory (one barrier).
+
+    ``splits``: the weight rows are several matrices stacked (q, k and v projections of
+    one input: one launch instead of three), row counts in order; output ``j`` is
+    binding ``2 + j``. Only for a single input row (decode).
     """
     K, N = a_shape[-1], out_shape[-1]
     nc = N if n_chunk is None else n_chunk
@@ -157,33 +161,49 @@ def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequenc
     R = wg // lanes
     gx = -(-nc // R)
     use_sub = subgroup == lanes
-    src = decl(0, "a", vt, "read") + decl(1, "b", vt, "read") + decl(2, "out", "f32", "rw")
+    outs = list(splits) if splits else [N]
+    src = decl(0, "a", vt, "read") + decl(1, "b", vt, "read")
+    for j in range(len(outs)):
+        src += decl(2 + j, "out" if not splits else f"out{j}", "f32", "rw")
     src += _batch_fn("boff", tuple(out_shape[:-2]), b_shape[:-2], nc * K)
     extra = "" if use_sub else f"var<workgroup> sh: array<f32, {wg}>;\n"
     head, rows, M = _gemv_head(a_shape, out_shape, nc, K, wg, extra)
+    assert not splits or rows == 1, "stacked gemv needs a single input row"
     src += head
     src += (f"  let r = lid / {lanes}u;\n  let t = lid % {lanes}u;\n"
             f"  let n = wid.x * {R}u + r;\n  let nn = min(n, {nc - 1}u);\n"
             f"  let ab = (aoff(bi) + m * {K}u) / {vw}u;\n"
             f"  let wb = boff(bi) / {vw}u + nn * {kv}u;\n"
-            "  var acc0 = 0.0;\n  var acc1 = 0.0;\n")
+            "  var acc0 = 0.0;\n  var acc1 = 0.0;\n  var acc2 = 0.0;\n  var acc3 = 0.0;\n")
     mul = "dot({x}, {w})" if vw == 4 else "{x} * {w}"
-    two = 2 * lanes
-    src += (f"  var k = t;\n  for (; k + {lanes}u < {kv}u; k = k + {two}u) {{\n"
-            f"    acc0 = acc0 + {mul.format(x='a[ab + k]', w='b[wb + k]')};\n"
-            f"    acc1 = acc1 + {mul.format(x=f'a[ab + k + {lanes}u]', w=f'b[wb + k + {lanes}u]')};\n"
-            "  }\n"
-            f"  if (k < {kv}u) {{ acc0 = acc0 + {mul.format(x='a[ab + k]', w='b[wb + k]')}; }}\n"
-            "  let acc = acc0 + acc1;\n")
+
+    def term(off: str) -> str:
+        return mul.format(x=f"a[ab + k{off}]", w=f"b[wb + k{off}]")
+    src += f"  var k = t;\n  for (; k + {3 * lanes}u < {kv}u; k = k + {4 * lanes}u) {{\n"
+    for j in range(4):
+        src += f"    acc{j} = acc{j} + {term(f' + {j * lanes}u' if j else '')};\n"
+    src += ("  }\n"
+            f"  for (; k < {kv}u; k = k + {lanes}u) {{ acc0 = acc0 + {term('')}; }}\n"
+            "  let acc = (acc0 + acc1) + (acc2 + acc3);\n")
     if use_sub:
         src += "  let s = subgroupAdd(acc);\n"
     else:
         src += ("  sh[lid] = acc;\n  workgroupBarrier();\n  var s = 0.0;\n"
                 f"  if (t == 0u) {{\n    for (var j = 0u; j < {lanes}u; j = j + 1u) "
                 "{ s = s + sh[lid + j]; }\n  }\n")
-    src += f"  if (t == 0u && n < {nc}u) {{ out[row * {N}u + {n_off}u + n] = s; }}\n}}\n"
+    if not splits:
+        src += f"  if (t == 0u && n < {nc}u) {{ out[row * {N}u + {n_off}u + n] = s; }}\n}}\n"
+    else:
+        src += "  if (t == 0u) {\n"
+        start = 0
+        for j, nj in enumerate(outs):
+            kw = "if" if j == 0 else "} else if"
+            src += f"    {kw} (n < {start + nj}u) {{ out{j}[n - {start}u] = s;\n"
+            start += nj
+        src += "    }\n  }\n}\n"
     traffic = 4 * (S.size(a_shape) + S.size(b_shape) * nc // N + rows * nc)
-    return Kernel("matmul_gemv", src, ["read", "read", "rw"], (gx, rows, 1), traffic)
+    return Kernel("matmul_gemv", src, ["read", "read"] + ["rw"] * len(outs), (gx, rows, 1),
+                  traffic)
 
 
 def matmul_bt_small_m(a_shape: Sequence[int], b_shape: Sequence[int],

@@ -80,6 +80,8 @@ class Plan:
     target: Target = field(default_factory=Target)
     groups: dict[int, fusion.Group] = field(default_factory=dict)  # root id -> fused group
     attention: dict[int, Attention] = field(default_factory=dict)  # probs·V id ->
+    stacked: dict[int, list[MLOperand]] = field(default_factory=dict)  # first gemv -> all
+    fold: dict[int, MLOperand] = field(default_factory=dict)  # matmul id -> B read transposed
 
 
 @dataclass
@@ -92,6 +94,11 @@ class _Step:
     reads: list[MLOperand] = field(default_factory=list)  # roots read
     writes: MLOperand | None = None  # root written
     copy_dst: Slot | None = None
+    more: list[MLOperand] = field(default_factory=list)  # also written (stacked gemvs)
+
+    @property
+    def written(self) -> list[MLOperand]:
+        return ([self.writes] if self.writes is not None else []) + self.more
 
 
 ELEMENTWISE = set(ELEMENTWISE_BINARY) | set(ELEMENTWISE_UNARY) | set(COMPARISON) | {
@@ -135,7 +142,7 @@ def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
 
     # -- the op steps -----------------------------------------------------------------
     nodes = _reachable(list(outputs.values()))
-    fold: dict[int, MLOperand] = {}  # matmul id -> transpose input read with b_t
+    fold = plan.fold  # matmul id -> transpose input read with b_t
     for o in nodes:
         if o._kind == "op" and o._op == "matmul":
             b = root(o._inputs[1])
@@ -152,6 +159,10 @@ def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
         plan.attention = match_attention(nodes, inlined, groups, pinned,
                                          plan.target.shared_bytes)
     absorbed = {x._id for m in plan.attention.values() for x in m.absorbed}
+    # -- matrix-vector products of one input against stacked weights: one launch --------
+    if not _gemv_variant(plan.target).startswith("cols"):
+        plan.stacked = _stacked_gemvs(nodes, fold, plan.max_binding)
+    absorbed |= {x._id for ms in plan.stacked.values() for x in ms[1:]}
     for o in nodes:
         if o._kind != "op" or o._op == "reshape" or o._id in inlined or o._id in absorbed:
             continue
@@ -163,7 +174,7 @@ def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
             reads = [root(x) for x in o._inputs]
         if o._id in fold:
             reads[1] = fold[o._id]
-        steps.append(_Step(o._id, "op", o, reads, o))
+        steps.append(_Step(o._id, "op", o, reads, o, more=plan.stacked.get(o._id, [o])[1:]))
     for r, slot, _name in extra_copies:
         steps.append(_Step(1e18, "copy", None, [r], None, slot))
 
@@ -197,8 +208,8 @@ def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
     needed = {sl for sl in dest.values() if sl[0] in ("output", "state")}
     live_roots: set[int] = set()
     for st in reversed(order):
-        if st.kind in ("copy", "check") or (st.writes is not None and (
-                st.writes._id in live_roots or dest.get(st.writes._id) in needed)):
+        if st.kind in ("copy", "check") or any(
+                w._id in live_roots or dest.get(w._id) in needed for w in st.written):
             st.live = True  # type: ignore[attr-defined]
             live_roots.update(r._id for r in st.reads)
         else:
@@ -248,7 +259,7 @@ def _schedule(steps: list[_Step], in_place: list[PairPlan],
     """Topological order honouring data dependencies plus, for each in-place pair, 'every
     other reader of the state before its writer' and 'the capacity check before any
     in-place write'. None if those constraints form a cycle."""
-    producer = {st.writes._id: st for st in steps if st.writes is not None}
+    producer = {w._id: st for st in steps for w in st.written}
     edges: dict[int, set[int]] = {id(st): set() for st in steps}  # step -> successors
     indeg = {id(st): 0 for st in steps}
     byid = {id(st): st for st in steps}
@@ -315,6 +326,51 @@ def _gemv_rows(t: Target, variant: str, a_shape: Any, b_shape: Any, shp: Any, n0
                         wg=max(256, lanes), subgroup=sub)
 
 
+def _const_weight(o: MLOperand, fold: dict[int, MLOperand]) -> tuple[MLOperand, bool, Any] | None:
+    """(constant, stored transposed, logical (K, N) or (N, K) shape) of a matmul's B when
+    it is a 2-D constant (possibly behind a folded transpose), else None."""
+    b = o._inputs[1]
+    src = fold.get(o._id, root(b))
+    b_t = o._id in fold
+    b_shape = root(b)._inputs[0]._shape if b_t else b._shape
+    if src._kind != "constant" or len(b_shape) != 2:
+        return None
+    return src, b_t, b_shape
+
+
+def _stacked_gemvs(nodes: list[MLOperand], fold: dict[int, MLOperand],
+                   max_binding: int) -> dict[int, list[MLOperand]]:
+    """Single-row matmuls of one input against constant weights (a layer's q, k and v
+    projections; its gate and up projections), grouped: first matmul id -> the group.
+    Each group runs as one launch over the weight rows stacked (within the binding
+    limit): fewer launches, and small projections no longer run alone."""
+    by_input: dict[tuple, list[MLOperand]] = {}
+    for o in nodes:
+        if o._kind != "op" or o._op != "matmul" or S.size(o._shape[:-1]) != 1:
+            continue
+        a = o._inputs[0]
+        w = _const_weight(o, fold)
+        if w is None or S.size(a._shape[:-1]) != 1:
+            continue
+        by_input.setdefault((root(a)._id, a._shape[-1]), []).append(o)
+    out: dict[int, list[MLOperand]] = {}
+    for (_, K), ms in by_input.items():
+        group: list[MLOperand] = []
+        for o in ms:
+            if 4 * K * (sum(m._shape[-1] for m in group) + o._shape[-1]) > max_binding:
+                break
+            group.append(o)
+        if len(group) > 1:
+            out[group[0]._id] = group
+    return out
+
+
+def _stacked_rows(parts: list[tuple[MLOperand, bool, Any]]) -> np.ndarray:
+    """The stacked (sum N, K) weights of a stacked gemv, flat."""
+    rows = [_weight_rows(src, shp, b_t, 0, shp[0] if b_t else shp[1]) for src, b_t, shp in parts]
+    return np.concatenate(rows)
+
+
 def _weight_rows(src: MLOperand, b_shape: Any, b_t: bool, n0: int, nc: int) -> np.ndarray:
     """Rows [n0, n0 + nc) of a constant matmul operand in (N, K) layout, flat."""
     w = src._value.astype(np.float32, copy=False).reshape(b_shape)
@@ -340,7 +396,21 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
     ins = [slot_of(r) for r in reads]
     guarded = pp is not None and has_check
     add = plan.launches.append
-    if o._id in plan.attention:
+    if o._id in plan.stacked:
+        group = plan.stacked[o._id]
+        parts = [_const_weight(m, plan.fold) for m in group]
+        sizes = [m._shape[-1] for m in group]
+        K = o._inputs[0]._shape[-1]
+        slot = ("const", ("S", o._id))
+        plan.consts.setdefault(slot, Deferred(sum(sizes) * K, partial(_stacked_rows, parts)))
+        variant = _gemv_variant(plan.target)
+        lanes = {"rows": 32, "rows_sh": 32, "rows8": 8, "rows16": 16, "rows64": 64}.get(variant, 32)
+        k = MM.gemv_rows(o._inputs[0]._shape, (sum(sizes), K), (1, sum(sizes)), lanes=lanes,
+                         wg=max(256, lanes),
+                         subgroup=None if variant == "rows_sh" else plan.target.subgroup,
+                         splits=sizes)
+        add(KernelLaunch(k, [ins[0], slot] + [slot_of(m) for m in group]))
+    elif o._id in plan.attention:
         k1, k2, parts = plan.attention[o._id].kernels(plan.target.shared_bytes)
         part = ("temp", ("flash", o._id))
         plan.temps[part] = parts
