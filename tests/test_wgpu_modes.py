@@ -86,7 +86,8 @@ def test_chunked_submission_matches_reference(name, monkeypatch):
 @pytest.mark.parametrize("name", ["wgpu:stateful", "wgpu:stateless"])
 def test_gpu_gemv_variant_with_stacked_projections(name, monkeypatch):
     """The GPU matrix-vector kernel (forced here on any adapter) runs q/k/v and gate/up
-    projections as stacked launches; the model still computes the reference's logits."""
+    projections as stacked launches and adds the residual stream in the o and down
+    projections; the model still computes the reference's logits."""
     from backends.webnn.wgpu_impl import compiler
 
     monkeypatch.setitem(compiler.OPTIONS, "gemv", "rows_sh")
@@ -95,6 +96,7 @@ def test_gpu_gemv_variant_with_stacked_projections(name, monkeypatch):
         plan = b.converted.graph._plan
         sizes = sorted(len(g) for g in plan.stacked.values())
         assert sizes and sizes[-1] >= 3, sizes  # at least one q/k/v group
+        assert len(plan.epilogue) >= 2 * len(TINY.config.layers)  # after mixer and MLP
         state, ref = depth_state(16, CAPACITY)
         b.reach_depth(state)
         for i in range(2):

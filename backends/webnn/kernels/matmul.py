@@ -140,7 +140,8 @@ def gemv_cols(a_shape: Sequence[int], K: int, out_shape: Sequence[int], *, n_off
 
 def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequence[int], *,
               n_off: int = 0, n_chunk: int | None = None, lanes: int = 32, wg: int = 256,
-              subgroup: int | None = None, splits: Sequence[int] | None = None) -> Kernel:
+              subgroup: int | None = None, splits: Sequence[int] | None = None,
+              residual: bool = False) -> Kernel:
     """out[r, n] = sum_k A[r, k] * Bt[n, k] for M == 1 on a GPU: B stored (N, K).
 
     ``lanes`` invocations share one output column (a weight row): they stride along K with
@@ -152,6 +153,9 @@ def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequenc
     ``splits``: the weight rows are several matrices stacked (q, k and v projections of
     one input: one launch instead of three), row counts in order; output ``j`` is
     binding ``2 + j``. Only for a single input row (decode).
+
+    ``residual``: binding 2 is a tensor of the output's shape added to the product (a
+    residual connection ``x + W·y``: the add needs no launch of its own); outputs follow.
     """
     K, N = a_shape[-1], out_shape[-1]
     nc = N if n_chunk is None else n_chunk
@@ -163,8 +167,12 @@ def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequenc
     use_sub = subgroup == lanes
     outs = list(splits) if splits else [N]
     src = decl(0, "a", vt, "read") + decl(1, "b", vt, "read")
+    first_out = 3 if residual else 2
+    if residual:
+        assert not splits
+        src += decl(2, "res", "f32", "read")
     for j in range(len(outs)):
-        src += decl(2 + j, "out" if not splits else f"out{j}", "f32", "rw")
+        src += decl(first_out + j, "out" if not splits else f"out{j}", "f32", "rw")
     src += _batch_fn("boff", tuple(out_shape[:-2]), b_shape[:-2], nc * K)
     extra = "" if use_sub else f"var<workgroup> sh: array<f32, {wg}>;\n"
     head, rows, M = _gemv_head(a_shape, out_shape, nc, K, wg, extra)
@@ -192,7 +200,9 @@ def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequenc
                 f"  if (t == 0u) {{\n    for (var j = 0u; j < {lanes}u; j = j + 1u) "
                 "{ s = s + sh[lid + j]; }\n  }\n")
     if not splits:
-        src += f"  if (t == 0u && n < {nc}u) {{ out[row * {N}u + {n_off}u + n] = s; }}\n}}\n"
+        o = f"row * {N}u + {n_off}u + n"
+        val = f"s + res[{o}]" if residual else "s"
+        src += f"  if (t == 0u && n < {nc}u) {{ out[{o}] = {val}; }}\n}}\n"
     else:
         src += "  if (t == 0u) {\n"
         start = 0
@@ -201,9 +211,9 @@ def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequenc
             src += f"    {kw} (n < {start + nj}u) {{ out{j}[n - {start}u] = s;\n"
             start += nj
         src += "    }\n  }\n}\n"
-    traffic = 4 * (S.size(a_shape) + S.size(b_shape) * nc // N + rows * nc)
-    return Kernel("matmul_gemv", src, ["read", "read"] + ["rw"] * len(outs), (gx, rows, 1),
-                  traffic)
+    traffic = 4 * (S.size(a_shape) + S.size(b_shape) * nc // N + rows * nc * (2 if residual else 1))
+    return Kernel("matmul_gemv", src, ["read", "read"] + ["read"] * residual + ["rw"] * len(outs),
+                  (gx, rows, 1), traffic)
 
 
 def matmul_bt_small_m(a_shape: Sequence[int], b_shape: Sequence[int],

@@ -82,6 +82,7 @@ class Plan:
     attention: dict[int, Attention] = field(default_factory=dict)  # probs·V id ->
     stacked: dict[int, list[MLOperand]] = field(default_factory=dict)  # first gemv -> all
     fold: dict[int, MLOperand] = field(default_factory=dict)  # matmul id -> B read transposed
+    epilogue: dict[int, tuple[MLOperand, MLOperand]] = field(default_factory=dict)  # gemv -> (add, residual)
 
 
 @dataclass
@@ -163,6 +164,11 @@ def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
     if not _gemv_variant(plan.target).startswith("cols"):
         plan.stacked = _stacked_gemvs(nodes, fold, plan.max_binding)
     absorbed |= {x._id for ms in plan.stacked.values() for x in ms[1:]}
+    # -- residual adds folded into the matrix-vector product feeding them -------------
+    if not _gemv_variant(plan.target).startswith(("cols", "legacy")):
+        plan.epilogue = _residual_epilogues(nodes, fold, inlined, groups, pinned | absorbed,
+                                            set(plan.stacked))
+    absorbed |= {add._id for add, _ in plan.epilogue.values()}
     for o in nodes:
         if o._kind != "op" or o._op == "reshape" or o._id in inlined or o._id in absorbed:
             continue
@@ -174,7 +180,12 @@ def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
             reads = [root(x) for x in o._inputs]
         if o._id in fold:
             reads[1] = fold[o._id]
-        steps.append(_Step(o._id, "op", o, reads, o, more=plan.stacked.get(o._id, [o])[1:]))
+        more = plan.stacked.get(o._id, [o])[1:]
+        if o._id in plan.epilogue:
+            add_node, res = plan.epilogue[o._id]
+            reads.append(res)
+            more = [add_node]
+        steps.append(_Step(o._id, "op", o, reads, o, more=more))
     for r, slot, _name in extra_copies:
         steps.append(_Step(1e18, "copy", None, [r], None, slot))
 
@@ -315,7 +326,7 @@ def _gemv_variant(t: Target, cols_ok: bool = True) -> str:
 
 
 def _gemv_rows(t: Target, variant: str, a_shape: Any, b_shape: Any, shp: Any, n0: int,
-               chunk: int | None) -> Kernel:
+               chunk: int | None, residual: bool = False) -> Kernel:
     if variant == "legacy":
         return MM.gemv(a_shape, b_shape, shp, b_t=True, n_off=n0, n_chunk=chunk)
     lanes = {"rows": 32, "rows_sh": 32, "rows8": 8, "rows16": 16, "rows64": 64}.get(variant, 32)
@@ -323,7 +334,7 @@ def _gemv_rows(t: Target, variant: str, a_shape: Any, b_shape: Any, shp: Any, n0
         lanes = 8
     sub = None if variant == "rows_sh" else t.subgroup
     return MM.gemv_rows(a_shape, b_shape, shp, n_off=n0, n_chunk=chunk, lanes=lanes,
-                        wg=max(256, lanes), subgroup=sub)
+                        wg=max(256, lanes), subgroup=sub, residual=residual)
 
 
 def _const_weight(o: MLOperand, fold: dict[int, MLOperand]) -> tuple[MLOperand, bool, Any] | None:
@@ -362,6 +373,32 @@ def _stacked_gemvs(nodes: list[MLOperand], fold: dict[int, MLOperand],
             group.append(o)
         if len(group) > 1:
             out[group[0]._id] = group
+    return out
+
+
+def _residual_epilogues(nodes: list[MLOperand], fold: dict[int, MLOperand], inlined: set[int],
+                        groups: dict[int, Any], taken: set[int],
+                        stacked: set[int]) -> dict[int, tuple[MLOperand, MLOperand]]:
+    """Single-row matmuls with constant weights whose only reader is an ``add`` of a
+    same-shaped tensor (a residual connection): gemv id -> (the add, the other operand).
+    The gemv then writes the sum; the add has no launch."""
+    consumers = fusion.consumers_of(nodes)
+    out: dict[int, tuple[MLOperand, MLOperand]] = {}
+    for a in nodes:
+        if (a._kind != "op" or a._op != "add" or a._id in inlined or a._id in groups
+                or a._id in taken or a._dtype.wgsl != "f32"):
+            continue
+        for j in (0, 1):
+            g, res = root(a._inputs[j]), root(a._inputs[1 - j])
+            if (g._kind == "op" and g._op == "matmul" and g._id not in taken
+                    and g._id not in stacked and g._id not in out and g is not res
+                    and [c._id for c in consumers.get(g._id, [])] == [a._id]
+                    and _const_weight(g, fold) is not None
+                    and S.size(g._shape[:-1]) == 1 and S.size(g._inputs[0]._shape[:-1]) == 1
+                    and tuple(a._inputs[j]._shape) == tuple(a._inputs[1 - j]._shape)
+                    == tuple(a._shape)):
+                out[g._id] = (a, res)
+                break
     return out
 
 
@@ -460,9 +497,15 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
                     plan.consts.setdefault(slot, Deferred(nc * K, rows))
                 if variant == "legacy":
                     k = MM.gemv(a._shape, (N, K), shp, b_t=True, n_off=n0, n_chunk=chunk)
+                    add(KernelLaunch(k, [ins[0], slot, out_slot]))
+                elif o._id in plan.epilogue:
+                    add_node, res = plan.epilogue[o._id]
+                    k = _gemv_rows(plan.target, variant, a._shape, (N, K), shp, n0, chunk,
+                                   residual=True)
+                    add(KernelLaunch(k, [ins[0], slot, slot_of(res), slot_of(add_node)]))
                 else:
                     k = _gemv_rows(plan.target, variant, a._shape, (N, K), shp, n0, chunk)
-                add(KernelLaunch(k, [ins[0], slot, out_slot]))
+                    add(KernelLaunch(k, [ins[0], slot, out_slot]))
         elif b_t and M == 1:
             k = _gemv_rows(plan.target, _gemv_variant(plan.target, cols_ok=False), a._shape,
                            b_shape, shp, 0, None)
