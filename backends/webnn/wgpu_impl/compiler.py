@@ -161,7 +161,7 @@ def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
                                          plan.target.shared_bytes)
     absorbed = {x._id for m in plan.attention.values() for x in m.absorbed}
     # -- matrix-vector products of one input against stacked weights: one launch --------
-    if not _gemv_variant(plan.target).startswith("cols"):
+    if not _gemv_variant(plan.target).startswith(("cols", "legacy")):
         plan.stacked = _stacked_gemvs(nodes, fold, plan.max_binding)
     absorbed |= {x._id for ms in plan.stacked.values() for x in ms[1:]}
     # -- residual adds folded into the matrix-vector product feeding them -------------
@@ -326,7 +326,8 @@ def _gemv_variant(t: Target, cols_ok: bool = True) -> str:
 
 
 def _gemv_rows(t: Target, variant: str, a_shape: Any, b_shape: Any, shp: Any, n0: int,
-               chunk: int | None, residual: bool = False) -> Kernel:
+               chunk: int | None, residual: bool = False,
+               splits: list[int] | None = None) -> Kernel:
     if variant == "legacy":
         return MM.gemv(a_shape, b_shape, shp, b_t=True, n_off=n0, n_chunk=chunk)
     lanes = {"rows": 32, "rows_sh": 32, "rows8": 8, "rows16": 16, "rows64": 64}.get(variant, 32)
@@ -334,7 +335,7 @@ def _gemv_rows(t: Target, variant: str, a_shape: Any, b_shape: Any, shp: Any, n0
         lanes = 8
     sub = None if variant == "rows_sh" else t.subgroup
     return MM.gemv_rows(a_shape, b_shape, shp, n_off=n0, n_chunk=chunk, lanes=lanes,
-                        wg=max(256, lanes), subgroup=sub, residual=residual)
+                        wg=max(256, lanes), subgroup=sub, residual=residual, splits=splits)
 
 
 def _const_weight(o: MLOperand, fold: dict[int, MLOperand]) -> tuple[MLOperand, bool, Any] | None:
@@ -440,12 +441,8 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
         K = o._inputs[0]._shape[-1]
         slot = ("const", ("S", o._id))
         plan.consts.setdefault(slot, Deferred(sum(sizes) * K, partial(_stacked_rows, parts)))
-        variant = _gemv_variant(plan.target)
-        lanes = {"rows": 32, "rows_sh": 32, "rows8": 8, "rows16": 16, "rows64": 64}.get(variant, 32)
-        k = MM.gemv_rows(o._inputs[0]._shape, (sum(sizes), K), (1, sum(sizes)), lanes=lanes,
-                         wg=max(256, lanes),
-                         subgroup=None if variant == "rows_sh" else plan.target.subgroup,
-                         splits=sizes)
+        k = _gemv_rows(plan.target, _gemv_variant(plan.target), o._inputs[0]._shape,
+                       (sum(sizes), K), (1, sum(sizes)), 0, None, splits=sizes)
         add(KernelLaunch(k, [ins[0], slot] + [slot_of(m) for m in group]))
     elif o._id in plan.attention:
         k1, k2, parts = plan.attention[o._id].kernels(plan.target.shared_bytes)
