@@ -5,15 +5,27 @@ through wgpu, where an adapter exists, host→device (write_buffer), device→ho
 device→device (copy_buffer_to_buffer) and a streaming compute kernel (read + write).
 Figures are GB/s (1e9 bytes/s), best of a few repetitions: a floor is a bound, so the fastest
 observation is the honest one.
+
+The device-side figures (d2d, stream) are timed by the GPU itself where the adapter has
+'timestamp-query': a few back-to-back repetitions between two timestamps, best of a few
+trials after a warm-up, over buffers larger than any on-chip cache on a discrete GPU. A
+wall-clock slope (t(8) - t(1) over one submit) stands in only where timestamps are missing
+or unusable: a 64 MB device copy takes tens of microseconds, which submit overhead and timer
+noise swamp. Every figure passes `checked_gbps`: one that is not positive, not finite or
+above a physical bound is recorded as None with a `<name>_reason`, never as a number, and
+`<name>_method` says how each was measured.
 """
 
 from __future__ import annotations
 
+import hashlib
+import math
 import os
 import platform
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
@@ -22,7 +34,22 @@ import numpy as np
 from backends.adapter import wgpu_adapter
 
 SIZE = 64 * 1024 * 1024
+#: device buffers on a discrete/integrated GPU: well past any L2/"infinity" cache (H200: 50 MB
+#: L2, MI300: 256 MB), so the copy and the streaming kernel see device memory, not cache.
+#: CPU adapters keep `size` (their memory is the host's, and they are slow).
+GPU_SIZE = 256 * 1024 * 1024
 REPEATS = 5
+#: timestamped figures: repetitions in one timed pass, trials (best kept), warm-up seconds
+TS_REPS = {"gpu": 8, "cpu": 2}
+TS_TRIALS = {"gpu": 5, "cpu": 3}
+TS_WARMUP_S = {"gpu": 0.3, "cpu": 0.0}
+
+#: physical bounds (GB/s) no real measurement can exceed; above them a figure is a timing
+#: artefact. Device memory: the fastest HBM shipping is ~8 TB/s (B200), so 20 TB/s leaves
+#: room; a host link: PCIe 6.0 x16 is 128 GB/s a direction, and write_buffer / map-read also
+#: pass through a host memcpy.
+MEMORY_MAX_GBPS = 20_000.0
+LINK_MAX_GBPS = 200.0
 
 STREAM_WGSL = """
 @group(0) @binding(0) var<storage, read> src: array<vec4<f32>>;
@@ -35,6 +62,33 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 """
 
 
+def checked_gbps(value, bound: float) -> tuple[float | None, str]:
+    """(value, "") when `value` GB/s can be a real bandwidth under `bound` GB/s, else
+    (None, why not): not a number, not finite, not positive, or above the bound."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return None, f"not a number ({value!r})"
+    if not math.isfinite(v):
+        return None, f"not finite ({v})"
+    if v <= 0:
+        return None, f"not positive ({v:g} GB/s)"
+    if v > bound:
+        return None, (f"{v:.4g} GB/s is above the physical bound of {bound:g} GB/s "
+                      "(a timing artefact)")
+    return round(v, 3) or v, ""
+
+
+def record(out: dict, name: str, value, bound: float, method: str, why: str = "") -> None:
+    """Set out[name_gbps] (a checked number or None), out[name_method] and, for None,
+    out[name_reason]. `why`: the reason when `value` is None (nothing measured)."""
+    v, bad = (None, why or "not measured") if value is None else checked_gbps(value, bound)
+    out[f"{name}_gbps"] = v
+    out[f"{name}_method"] = method
+    if v is None:
+        out[f"{name}_reason"] = f"{bad} [{method}]"
+
+
 def _best_gbps(nbytes: int, fn, repeats: int = REPEATS) -> float:
     fn()  # first touch / pipeline warm-up
     best = float("inf")
@@ -45,29 +99,65 @@ def _best_gbps(nbytes: int, fn, repeats: int = REPEATS) -> float:
     return nbytes / max(best, 1)  # bytes per ns == GB/s
 
 
-def _slope_gbps(nbytes: int, run_n, n: int = 8, repeats: int = 3) -> float:
+def _slope_gbps(nbytes: int, run_n, n: int = 8, repeats: int = 3) -> tuple[float | None, str]:
     """Bandwidth of work submitted n times in one go, less the one-off cost of a submit and
-    its wait: (n-1)·bytes / (t(n) - t(1)). A step's kernels run back to back in one submit,
-    so this is the rate they can reach; the fixed overhead is measured by the step itself."""
+    its wait: (n-1)·bytes / (t(n) - t(1)), or (None, why) when the difference is lost in the
+    noise of t(1) (work this short needs GPU timestamps). A step's kernels run back to back
+    in one submit, so this is the rate they can reach; the fixed overhead is measured by the
+    step itself."""
     run_n(1)  # pipeline warm-up, first touch
 
-    def best(k: int) -> int:
-        times = []
+    def times(k: int) -> list[int]:
+        out = []
         for _ in range(repeats):
             t0 = time.perf_counter_ns()
             run_n(k)
-            times.append(time.perf_counter_ns() - t0)
-        return min(times)
+            out.append(time.perf_counter_ns() - t0)
+        return out
 
-    return (n - 1) * nbytes / max(best(n) - best(1), 1)
+    one, many = times(1), times(n)
+    diff = min(many) - min(one)
+    noise = max(one) - min(one)
+    if diff <= 0 or diff <= noise:
+        return None, (f"wall-clock slope lost in timer noise: t({n}) - t(1) = {diff / 1e3:.1f} µs, "
+                      f"t(1) spread {noise / 1e3:.1f} µs")
+    return (n - 1) * nbytes / diff, ""
+
+
+def _timestamp_gbps(nbytes: int, timed: Callable[[], tuple[int, int]], trials: int,
+                    warmup_s: float = 0.0) -> tuple[float | None, str]:
+    """nbytes over the shortest GPU interval of `trials` runs of `timed`, which returns
+    (GPU ns between its two timestamps, wall ns of its submit and wait). Runs `timed` for
+    `warmup_s` seconds first (at least once) so clocks ramp up. A trial whose timestamps go
+    backwards, or span more than its own wall time (ticks that are not nanoseconds), is
+    discarded; (None, why) if none is left."""
+    end = time.perf_counter() + warmup_s
+    timed()
+    while time.perf_counter() < end:
+        timed()
+    best, why = None, ""
+    for _ in range(trials):
+        gpu, wall = timed()
+        if gpu <= 0:
+            why = f"timestamps did not advance ({gpu} ns)"
+        elif gpu > wall * 1.01:
+            why = (f"timestamp interval {gpu} ns exceeds the submit's wall time {wall} ns "
+                   "(timestamps not in nanoseconds)")
+        else:
+            best = gpu if best is None else min(best, gpu)
+    if best is None:
+        return None, why
+    return nbytes / best, ""
 
 
 def host_bandwidth(size: int = SIZE) -> dict:
     """NumPy copy of `size` bytes: reads and writes it, so 2·size bytes move."""
     src = np.ones(size // 4, np.float32)
     dst = np.empty_like(src)
-    return {"copy_gbps": round(_best_gbps(2 * size, lambda: np.copyto(dst, src)), 3),
-            "size_bytes": size}
+    out = {"size_bytes": size}
+    record(out, "copy", _best_gbps(2 * size, lambda: np.copyto(dst, src)), MEMORY_MAX_GBPS,
+           "wall best-of")
+    return out
 
 
 def host_gemv_bandwidth(working_set: int) -> dict:
@@ -79,7 +169,9 @@ def host_gemv_bandwidth(working_set: int) -> dict:
     rows = max(min(working_set, 2**30) // (4 * cols), 64)
     m = np.full((rows, cols), 0.5, np.float32)
     v = np.full(cols, 0.5, np.float32)
-    return {"gemv_gbps": round(_best_gbps(m.nbytes, lambda: m @ v), 3), "gemv_bytes": m.nbytes}
+    out = {"gemv_bytes": m.nbytes}
+    record(out, "gemv", _best_gbps(m.nbytes, lambda: m @ v), MEMORY_MAX_GBPS, "wall best-of")
+    return out
 
 
 def adapter_summary() -> dict:
@@ -91,22 +183,49 @@ def adapter_summary() -> dict:
             "info": {k: str(v) for k, v in info.items()}}
 
 
-def wgpu_bandwidth(size: int = SIZE) -> dict:
+def wgpu_bandwidth(size: int = SIZE, gpu_size: int = GPU_SIZE, timestamps: bool = True,
+                   copy_timestamps: str = "auto") -> dict:
+    """The wgpu figures (see the module's docstring). Device buffers are `size` bytes on a
+    CPU adapter and max(size, gpu_size) elsewhere, within the adapter's limits; the host link
+    moves `size` bytes. `timestamps=False` forces the wall-clock slope. Copies are bracketed
+    by timestamps written on the encoder where the adapter has
+    'timestamp-query-inside-encoders', else (or with `copy_timestamps="passes"`) by two empty
+    timestamped passes. A timestamped figure the guard rejects falls back to the slope."""
     adapter, why = wgpu_adapter()
     if adapter is None:
         return {"reason": why}
     import wgpu
 
     BU = wgpu.BufferUsage
-    device = adapter.request_device_sync()
+    info = dict(adapter.info) if hasattr(adapter, "info") else {}
+    kind = "cpu" if str(info.get("adapter_type", "")).lower() == "cpu" else "gpu"
+    feats = set(adapter.features)
+    ts_why = ""
+    if not timestamps:
+        ts_why = "timestamps not requested"
+    elif "timestamp-query" not in feats:
+        ts_why = "adapter has no 'timestamp-query'"
+    required = []
+    if not ts_why:
+        required.append("timestamp-query")
+        if "timestamp-query-inside-encoders" in feats and copy_timestamps != "passes":
+            required.append("timestamp-query-inside-encoders")
+    lim = adapter.limits
+    want = {k: lim[k] for k in ("max-buffer-size", "max-storage-buffer-binding-size") if k in lim}
+    device = adapter.request_device_sync(required_features=required, required_limits=want)
     queue = device.queue
-    size = min(size, int(adapter.limits.get("max-storage-buffer-binding-size", size)))
-    size -= size % 16
-    host = np.ones(size // 4, np.float32)
-    a = device.create_buffer(size=size, usage=BU.STORAGE | BU.COPY_SRC | BU.COPY_DST)
-    b = device.create_buffer(size=size, usage=BU.STORAGE | BU.COPY_SRC | BU.COPY_DST)
-    readback = device.create_buffer(size=size, usage=BU.MAP_READ | BU.COPY_DST)
+    dev_size = size if kind == "cpu" else max(size, gpu_size)
+    dev_size = min(dev_size, int(device.limits.get("max-storage-buffer-binding-size", dev_size)),
+                   int(device.limits.get("max-buffer-size", dev_size)))
+    dev_size -= dev_size % 16
+    link = min(size, dev_size)
+    link -= link % 16
+    host = np.ones(link // 4, np.float32)
+    a = device.create_buffer(size=dev_size, usage=BU.STORAGE | BU.COPY_SRC | BU.COPY_DST)
+    b = device.create_buffer(size=dev_size, usage=BU.STORAGE | BU.COPY_SRC | BU.COPY_DST)
+    readback = device.create_buffer(size=link, usage=BU.MAP_READ | BU.COPY_DST)
     fence = device.create_buffer(size=16, usage=BU.COPY_SRC | BU.COPY_DST)
+    buffers = [a, b, readback, fence]
 
     def wait():
         # reading 16 bytes back waits for all submitted work (portable across wgpu-py versions,
@@ -118,14 +237,20 @@ def wgpu_bandwidth(size: int = SIZE) -> dict:
             queue.write_buffer(a, 0, host)
         wait()
 
-    def copy(src=a, dst=b, times: int = 1):
-        enc = device.create_command_encoder()
+    def encode_copies(enc, times: int, src=a, dst=b, nbytes: int = dev_size):
         for _ in range(times):
-            enc.copy_buffer_to_buffer(src, 0, dst, 0, size)
+            enc.copy_buffer_to_buffer(src, 0, dst, 0, nbytes)
+
+    def copy(times: int = 1):
+        enc = device.create_command_encoder()
+        encode_copies(enc, times)
         queue.submit([enc.finish()])
         wait()
 
-    copy(a, readback)
+    enc = device.create_command_encoder()
+    encode_copies(enc, 1, a, readback, link)
+    queue.submit([enc.finish()])
+    wait()
 
     def download():
         readback.map_sync(wgpu.MapMode.READ)
@@ -136,34 +261,96 @@ def wgpu_bandwidth(size: int = SIZE) -> dict:
     pipeline = device.create_compute_pipeline(layout="auto",
                                               compute={"module": shader, "entry_point": "main"})
     group = device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=[
-        {"binding": 0, "resource": {"buffer": a, "offset": 0, "size": size}},
-        {"binding": 1, "resource": {"buffer": b, "offset": 0, "size": size}},
+        {"binding": 0, "resource": {"buffer": a, "offset": 0, "size": dev_size}},
+        {"binding": 1, "resource": {"buffer": b, "offset": 0, "size": dev_size}},
     ])
-    groups = -(-(size // 16) // 256)
+    groups = -(-(dev_size // 16) // 256)
     gx = min(groups, 65535)
     gy = -(-groups // gx)
 
-    def stream(times: int = 1):
-        enc = device.create_command_encoder()
-        cp = enc.begin_compute_pass()
+    def encode_stream(enc, times: int, timestamp_writes=None):
+        cp = enc.begin_compute_pass(timestamp_writes=timestamp_writes)
         cp.set_pipeline(pipeline)
         cp.set_bind_group(0, group)
         for _ in range(times):
             cp.dispatch_workgroups(gx, gy, 1)
         cp.end()
+
+    def stream(times: int = 1):
+        enc = device.create_command_encoder()
+        encode_stream(enc, times)
         queue.submit([enc.finish()])
         wait()
 
-    out = {
-        "adapter": adapter.summary,
-        "size_bytes": size,
-        "h2d_gbps": round(_slope_gbps(size, upload), 3),
-        "d2h_gbps": round(_best_gbps(size, download), 3),
-        "d2d_gbps": round(_slope_gbps(2 * size, lambda k: copy(times=k)), 3),
-        "stream_gbps": round(_slope_gbps(2 * size, stream), 3),
-        "method": "h2d/d2d/stream: slope over 1 vs 8 in one submit; d2h: best of 5 map-reads",
-    }
-    for buf in (a, b, readback, fence):
+    out: dict = {"adapter": adapter.summary, "adapter_type": kind, "size_bytes": dev_size,
+                 "link_bytes": link}
+    measured: dict[str, tuple[float | None, str, str]] = {}  # name: (gbps, method, why)
+    reps, trials = TS_REPS[kind], TS_TRIALS[kind]
+    if not ts_why:
+        try:
+            from wgpu.backends.wgpu_native.extras import write_timestamp
+
+            qs = device.create_query_set(type="timestamp", count=2)
+            qbuf = device.create_buffer(size=16, usage=BU.QUERY_RESOLVE | BU.COPY_SRC)
+            buffers.append(qbuf)
+
+            def timed(encode) -> Callable[[], tuple[int, int]]:
+                def run() -> tuple[int, int]:
+                    enc = device.create_command_encoder()
+                    encode(enc)
+                    enc.resolve_query_set(qs, 0, 2, qbuf, 0)
+                    cmd = enc.finish()
+                    t0 = time.perf_counter_ns()
+                    queue.submit([cmd])
+                    t = np.frombuffer(queue.read_buffer(qbuf, 0, 16), np.uint64)
+                    return int(t[1]) - int(t[0]), time.perf_counter_ns() - t0
+                return run
+
+            stream_ts = timed(lambda enc: encode_stream(enc, reps, {
+                "query_set": qs, "beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1}))
+            on_encoder = "timestamp-query-inside-encoders" in device.features
+
+            def bracket_copies(enc):
+                if on_encoder:
+                    write_timestamp(enc, qs, 0)
+                    encode_copies(enc, reps)
+                    write_timestamp(enc, qs, 1)
+                else:  # an empty pass ending at timestamp 0, the copies, one beginning at 1
+                    enc.begin_compute_pass(timestamp_writes={
+                        "query_set": qs, "end_of_pass_write_index": 0}).end()
+                    encode_copies(enc, reps)
+                    enc.begin_compute_pass(timestamp_writes={
+                        "query_set": qs, "beginning_of_pass_write_index": 1}).end()
+
+            # the stream first: its warm-up ramps the clocks for both
+            gbps, why = _timestamp_gbps(2 * dev_size * reps, stream_ts, trials, TS_WARMUP_S[kind])
+            measured["stream"] = (gbps, "timestamps", why)
+            gbps, why = _timestamp_gbps(2 * dev_size * reps, timed(bracket_copies), trials)
+            measured["d2d"] = (gbps, "timestamps", why)
+            out["timestamps"] = (f"{reps} repetitions between two GPU timestamps (copies "
+                                 f"{'bracketed on the encoder' if on_encoder else 'between two empty passes'}"
+                                 f"), best of {trials} trials after a warm-up")
+        except Exception as exc:  # noqa: BLE001 - timestamps are an improvement, not a need
+            ts_why = f"timestamps failed: {' '.join(str(exc).split())[:200]}"
+    if ts_why:
+        out["timestamps"] = ts_why
+    slope = "wall slope"
+    for name, run_n in (("stream", stream), ("d2d", copy)):
+        gbps, method, why = measured.get(name, (None, "", ts_why))
+        if gbps is not None:
+            gbps, bad = checked_gbps(gbps, MEMORY_MAX_GBPS)
+            why = bad and f"{bad} [timestamps]"
+        if gbps is None:  # no usable timestamps for this one: the wall-clock slope
+            out[f"{name}_timestamp_reason"] = why
+            gbps, why = _slope_gbps(2 * dev_size, run_n)
+            method = slope
+        record(out, name, gbps, MEMORY_MAX_GBPS, method, why)
+    gbps, why = _slope_gbps(link, upload)
+    record(out, "h2d", gbps, LINK_MAX_GBPS, slope, why)
+    record(out, "d2h", _best_gbps(link, download), LINK_MAX_GBPS, "wall best-of")
+    out["method"] = ("stream/d2d: GPU timestamps where available, else wall slope over 1 vs 8 "
+                     f"in one submit; h2d: wall slope; d2h: best of {REPEATS} map-reads")
+    for buf in buffers:
         buf.destroy()
     return out
 
@@ -197,6 +384,17 @@ def _cpu() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def source_digest() -> str:
+    """A hash of the project's Python sources and kernels: names the code that ran even
+    where git metadata is stale or absent (a checkout copied to a GPU machine)."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for folder in ("harness", "backends", "benchmarks", "scripts"):
+        for path in sorted((root / folder).rglob("*.py")):
+            h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
 
 
 def _git_commit() -> str | None:
@@ -236,6 +434,7 @@ def environment(calibration: dict | None = None, with_adapter: bool = True) -> d
                                               "onnxruntime-ep-webgpu")},
         "ort_ep_devices": _ort_devices(),
         "git_commit": _git_commit(),
+        "source_digest": source_digest(),
         "calibration": calibration or {},
     }
     env["wgpu"] = adapter_summary() if with_adapter else {"adapter": None, "reason": "not queried"}

@@ -78,7 +78,9 @@ def speedup(runs: list[Run]) -> Figure:
 
 def mbu(runs: list[Run]) -> Figure:
     return _lines(runs, "Memory-bandwidth utilisation vs context", "MBU (floor time / step time)",
-                  lambda run, p: metrics.plausible_mbu(p.mbu) if p.measured else None, logy=False)
+                  lambda run, p: (metrics.plausible_mbu(p.mbu)
+                                  if p.measured and not run.calibration_problems else None),
+                  logy=False)
 
 
 def bytes_per_step(runs: list[Run]) -> Figure:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from harness.calibrate import LINK_MAX_GBPS, MEMORY_MAX_GBPS, checked_gbps
 from harness.results import Match, Point
 from harness.workload import ModelConfig, cache_specs, valid_cache_bytes
 
@@ -78,27 +79,36 @@ def is_cpu(backend: str) -> bool:
     return backend.startswith("ort-cpu")
 
 
+def _gbps(cal: dict, name: str) -> float | None:
+    """cal[name_gbps] when it is a positive finite number; None (no floor) otherwise: the
+    calibration records a bandwidth it could not measure as None, with name_reason."""
+    v = cal.get(f"{name}_gbps")
+    return float(v) if isinstance(v, (int, float)) and np.isfinite(v) and v > 0 else None
+
+
 def floor_ms(backend: str, cfg: ModelConfig, weights_bytes: int, depth: int, capacity: int,
              calibration: dict, details: dict | None = None) -> tuple[float | None, str]:
     """(floor in ms, "") or (None, why not) from the calibrated bandwidths (GB/s = bytes/ns)."""
     host = calibration.get("host") or {}
     gpu = calibration.get("wgpu") or {}
     if is_cpu(backend):
-        bw, copy_bw = host.get("gemv_gbps") or host.get("copy_gbps"), host.get("copy_gbps")
+        bw, copy_bw = _gbps(host, "gemv") or _gbps(host, "copy"), _gbps(host, "copy")
         if not (bw and copy_bw):
-            return None, "no host memory bandwidth calibrated"
+            return None, host.get("copy_reason") or "no host memory bandwidth calibrated"
         ms = floor_bytes(cfg, weights_bytes, depth) / bw / 1e6
         if is_stateless(backend, details):
             ms += 2 * full_cache_bytes(cfg, capacity) / copy_bw / 1e6
         return ms, ""
-    bw = gpu.get("stream_gbps")
+    bw = _gbps(gpu, "stream")
     if not bw:
-        return None, gpu.get("reason") or "no device bandwidth calibrated"
+        return None, (gpu.get("stream_reason") or gpu.get("reason")
+                      or "no device bandwidth calibrated")
     ms = floor_bytes(cfg, weights_bytes, depth) / bw / 1e6
     if is_stateless(backend, details):
-        up, down = gpu.get("h2d_gbps"), gpu.get("d2h_gbps")
+        up, down = _gbps(gpu, "h2d"), _gbps(gpu, "d2h")
         if not (up and down):
-            return None, "no host link bandwidth calibrated"
+            return None, (gpu.get("h2d_reason") or gpu.get("d2h_reason")
+                          or "no host link bandwidth calibrated")
         cache = full_cache_bytes(cfg, capacity)
         ms += cache / up / 1e6 + cache / down / 1e6
     return ms, ""
@@ -161,6 +171,22 @@ def unstable(samples_ms: list[float]) -> str:
 #: a step cannot beat the fewest bytes it must move at the measured bandwidth; an MBU above
 #: this means the floor's calibration under-measured the device (or the link), not a fast step
 MBU_PLAUSIBLE_MAX = 1.05
+
+
+def calibration_problems(calibration: dict) -> list[str]:
+    """Recorded bandwidths that cannot be true (files made before the calibration checked
+    its own figures, e.g. a wall-clock slope lost in submit noise): floors and MBU computed
+    from them are not evidence."""
+    bounds = {"h2d": LINK_MAX_GBPS, "d2h": LINK_MAX_GBPS, "d2d": MEMORY_MAX_GBPS,
+              "stream": MEMORY_MAX_GBPS}
+    out = []
+    for key, bound in bounds.items():
+        value = calibration.get("wgpu", {}).get(f"{key}_gbps")
+        if value is not None:
+            ok, why = checked_gbps(value, bound)
+            if ok is None:
+                out.append(f"{key} {why}")
+    return out
 
 
 def plausible_mbu(mbu: float | None) -> float | None:

@@ -29,6 +29,10 @@ class Run:
     label: str
     results: Results
 
+    @property
+    def calibration_problems(self) -> list[str]:
+        return metrics.calibration_problems(self.results.environment.get("calibration", {}))
+
     def baseline_for(self, backend: str) -> str | None:
         return metrics.stateless_baseline(self.results.points, backend)
 
@@ -116,6 +120,11 @@ def notes(runs: list[Run]) -> list[str]:
     """One line per point that was not measured or did not match, and per noisy point."""
     lines = []
     for run in runs:
+        bad = run.calibration_problems
+        if bad:
+            name = run.label or run.results.workload.get("preset")
+            lines.append(f"{name}: bandwidth calibration implausible ({'; '.join(bad)}): "
+                         "floors and MBU of this run are not charted")
         for p in run.results.points:
             where = f"{series_name(run, p.backend)} @ {p.context}"
             if p.status != "ok":
@@ -126,7 +135,8 @@ def notes(runs: list[Run]) -> list[str]:
                              f"argmax agree {m.argmax_agree:.0%})")
             elif p.details.get("warning"):
                 lines.append(f"{where}: {p.details['warning']}")
-            if p.status == "ok" and p.mbu is not None and metrics.plausible_mbu(p.mbu) is None:
+            if (p.status == "ok" and p.mbu is not None and not bad
+                    and metrics.plausible_mbu(p.mbu) is None):
                 lines.append(f"{where}: MBU {p.mbu:.2f} > {metrics.MBU_PLAUSIBLE_MAX}: the floor's "
                              "bandwidth calibration is below what the step achieved; MBU not charted")
     return lines
@@ -229,16 +239,27 @@ def environment_lines(run: Run) -> list[str]:
         f"python {env.get('python')}",
         f"adapter: {env.get('wgpu', {}).get('adapter') or env.get('wgpu', {}).get('reason', 'none')}",
         "packages: " + ", ".join(f"{k} {v}" for k, v in env.get("packages", {}).items() if v),
-        f"git: {env.get('git_commit')}",
+        f"git: {env.get('git_commit')}"
+        + (f", sources {env['source_digest']}" if env.get("source_digest") else ""),
     ]
     if host:
         lines.append(f"host memory bandwidth: {host.get('copy_gbps')} GB/s (numpy copy)")
-    if gpu.get("stream_gbps"):
-        lines.append(f"wgpu bandwidth: h2d {gpu['h2d_gbps']} GB/s, d2h {gpu['d2h_gbps']} GB/s, "
-                     f"d2d {gpu['d2d_gbps']} GB/s, streaming kernel {gpu['stream_gbps']} GB/s")
+    figures = [(k, label) for k, label in (("h2d", "h2d"), ("d2h", "d2h"), ("d2d", "d2d"),
+                                           ("stream", "streaming kernel")) if f"{k}_gbps" in gpu]
+    if figures:
+        lines.append("wgpu bandwidth: " + ", ".join(_bandwidth(gpu, k, label) for k, label in figures))
     elif gpu.get("reason"):
         lines.append(f"wgpu bandwidth: {gpu['reason']}")
     return lines
+
+
+def _bandwidth(cal: dict, key: str, label: str) -> str:
+    """One calibrated figure with how it was measured, or why it is missing."""
+    value = cal.get(f"{key}_gbps")
+    if value is None:
+        return f"{label} n/a ({cal.get(f'{key}_reason', 'not measured')})"
+    method = cal.get(f"{key}_method")
+    return f"{label} {value} GB/s" + (f" ({method})" if method else "")
 
 
 def to_markdown(runs: list[Run], charts: list[str] | None = None) -> str:

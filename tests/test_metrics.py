@@ -55,6 +55,29 @@ def test_floor_counts_state_and_stateless_link():
     assert ms is None and why == "no adapter"
 
 
+def test_no_floor_from_a_rejected_bandwidth():
+    """A bandwidth the calibration rejected is None with a reason: no floor (so no MBU), and
+    the reason travels; a non-finite or non-positive figure gives no floor either."""
+    cfg = preset("tiny")
+    ok = {"stream_gbps": 2.0, "h2d_gbps": 1.0, "d2h_gbps": 1.0}
+    for gpu, backend, reason in [
+        ({**ok, "stream_gbps": None, "stream_reason": "9.395e+08 GB/s is above the bound"},
+         "wgpu:stateful", "9.395e+08 GB/s is above the bound"),
+        ({**ok, "h2d_gbps": None, "h2d_reason": "lost in timer noise"},
+         "wgpu:stateless", "lost in timer noise"),
+        ({**ok, "stream_gbps": float("inf")}, "wgpu:stateful", "no device bandwidth calibrated"),
+        ({**ok, "stream_gbps": float("nan")}, "wgpu:stateful", "no device bandwidth calibrated"),
+        ({**ok, "d2h_gbps": -1.0}, "wgpu:stateless", "no host link bandwidth calibrated"),
+    ]:
+        assert metrics.floor_ms(backend, cfg, 1000, 8, 16, {"wgpu": gpu}) == (None, reason)
+    host = {"copy_gbps": None, "copy_reason": "not finite (inf)"}
+    assert metrics.floor_ms("ort-cpu:shared", cfg, 1000, 8, 16, {"host": host}) == (
+        None, "not finite (inf)")
+    # the stateful floor needs only the stream figure: a rejected link figure does not block it
+    gpu = {**ok, "h2d_gbps": None, "h2d_reason": "x"}
+    assert metrics.floor_ms("wgpu:stateful", cfg, 1000, 8, 16, {"wgpu": gpu})[0] is not None
+
+
 def _pt(backend, ms, ok=True):
     return Point(backend, 8, 12, 3, step_ms=Stats(ms, ms, ms), match=Match(ok, 0, 0, 1.0),
                  bytes_per_step={"h2d": 0, "d2h": 0, "d2d": 0, "kernel": 0})
@@ -88,3 +111,16 @@ def test_recorded_lavapipe_run_has_plausible_mbu():
     mbus = [p.mbu for p in run.points if p.status == "ok"]
     assert len(mbus) == len(run.points) and mbus
     assert all(m is not None and 0 < m <= metrics.MBU_PLAUSIBLE_MAX for m in mbus), mbus
+
+
+def test_calibration_problems_name_implausible_device_figures():
+    """A run recorded before the calibration checked itself (the H200's 9.4e8 GB/s copy
+    slope) is named, so its floors and MBU are not charted; sane figures pass."""
+    from harness.metrics import calibration_problems
+
+    bad = {"wgpu": {"h2d_gbps": 3.8, "d2h_gbps": 1.5, "d2d_gbps": 939524096.0, "stream_gbps": 1072.3}}
+    assert [p.split()[0] for p in calibration_problems(bad)] == ["d2d"]
+    good = {"wgpu": {"h2d_gbps": 3.8, "d2h_gbps": 1.5, "d2d_gbps": 545.5, "stream_gbps": 2500.0}}
+    assert calibration_problems(good) == []
+    assert calibration_problems({}) == []
+    assert calibration_problems({"wgpu": {"stream_gbps": None, "stream_reason": "x"}}) == []
