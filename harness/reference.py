@@ -7,11 +7,23 @@ page-owned cache can be loaded from `Reference.cache_arrays()` directly.
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
+
 import numpy as np
 
 from harness.workload import ATTENTION, ModelConfig, cache_specs
 
 L2_EPS = 1e-6  # inside the square root, as FLA; ORT GatedDeltaNet uses 1e-12 (below tolerance here)
+#: a prefill's scores are built this many bytes at a time (query rows sub-chunked), so a 16k
+#: context stays a few hundred MB above the cache instead of (heads, T, 16k) at once
+SCORES_BLOCK_BYTES = 256 << 20
+#: score blocks at least this many elements have their softmax split over threads (ufuncs
+#: release the GIL); smaller ones (a single-token step) are not worth the hand-off
+THREADED_SOFTMAX_MIN = 1 << 18
+#: the CPUs this process may run on (a container's share, where os.cpu_count() is the host's)
+SOFTMAX_THREADS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
@@ -64,6 +76,72 @@ def gdn_step(state: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray,
     new = decayed + delta[:, :, None] * kk[:, None, :]
     out = scale * np.einsum("hvk,hk->hv", new, qq)
     return out, new
+
+
+@cache
+def _softmax_pool() -> ThreadPoolExecutor:
+    """One pool for the process: BLAS already spreads the matmuls, these the softmax passes."""
+    return ThreadPoolExecutor(max_workers=SOFTMAX_THREADS, thread_name_prefix="ref-softmax")
+
+
+def _exp_rows(s: np.ndarray) -> np.ndarray:
+    """exp(s - row max) in place on a 2-D block; returns the row sums (n, 1)."""
+    np.subtract(s, s.max(axis=-1, keepdims=True), out=s)
+    np.exp(s, out=s)
+    return s.sum(axis=-1, keepdims=True)
+
+
+def _softmax_unnormalised(s: np.ndarray) -> np.ndarray:
+    """Overwrite s (..., n) with exp(s - row max) and return the row sums (..., 1).
+
+    Dividing the (rows, D) output by the sums instead of the (rows, n) probabilities saves a
+    full pass; large blocks are cut into row slices run on threads.
+    """
+    if not s.flags.c_contiguous:
+        raise ValueError("scores must be C-contiguous (they are overwritten through a 2-D view)")
+    flat = s.reshape(-1, s.shape[-1])
+    if s.size < THREADED_SOFTMAX_MIN or SOFTMAX_THREADS == 1:
+        return _exp_rows(flat).reshape(*s.shape[:-1], 1)
+    parts = np.array_split(flat, min(len(flat), 2 * SOFTMAX_THREADS))
+    sums = list(_softmax_pool().map(_exp_rows, parts))
+    return np.concatenate(sums).reshape(*s.shape[:-1], 1)
+
+
+def causal_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, start: int) -> np.ndarray:
+    """softmax(q k^T / sqrt(D), causal) v for T queries at positions start .. start+T-1.
+
+    q: (T, Hq, D); keys, values: (Hkv, start+T, D); q head h reads kv head h // (Hq/Hkv).
+    Returns (T, Hq, D) in the inputs' promoted dtype (as einsum would give).
+
+    Grouped heads are matmuls of (Hkv, rows, D) q against (Hkv, end, D) keys (BLAS, no
+    repeated K/V); keys before `start` are visible to every query, so only the last T
+    columns are masked; query rows are taken a block at a time to bound the scores' memory.
+    """
+    t, hq, d = q.shape
+    hkv = keys.shape[0]
+    rep = hq // hkv
+    if keys.shape[1] != start + t or values.shape[:2] != keys.shape[:2]:
+        raise ValueError(f"keys/values {keys.shape}/{values.shape} must cover positions 0..{start + t - 1}")
+    dtype = np.result_type(q, keys, values)
+    # (Hkv, T*rep, D): row j*rep + r is position start + j of q head kv*rep + r
+    qg = (q.astype(dtype) / dtype.type(np.sqrt(d))).reshape(t, hkv, rep, d).transpose(1, 0, 2, 3)
+    qg = qg.reshape(hkv, t * rep, d)
+    kt = keys.astype(dtype, copy=False).transpose(0, 2, 1)
+    vals = values.astype(dtype, copy=False)
+    out = np.empty((hkv, t * rep, d), dtype)
+    per_block = max(1, SCORES_BLOCK_BYTES // (hq * (start + t) * dtype.itemsize))
+    for j0 in range(0, t, per_block):
+        j1 = min(t, j0 + per_block)
+        rows, end = slice(j0 * rep, j1 * rep), start + j1
+        s = np.matmul(qg[:, rows], kt[:, :, :end])  # (Hkv, n, end)
+        query = j0 + np.arange((j1 - j0) * rep) // rep  # each row's offset from start
+        future = np.arange(j1)[None, :] > query[:, None]  # (n, j1): the diagonal block only
+        np.copyto(s[:, :, start:], -np.inf, where=future)
+        sums = _softmax_unnormalised(s)
+        block = out[:, rows]
+        np.matmul(s, vals[:, :end], out=block)
+        block /= sums
+    return out.reshape(hkv, t, rep, d).transpose(1, 0, 2, 3).reshape(t, hq, d)
 
 
 class Reference:
@@ -137,16 +215,8 @@ class Reference:
         kc[:, positions] = k.transpose(1, 0, 2)
         vc[:, positions] = v.transpose(1, 0, 2)
         end = positions[-1] + 1
-        rep = cfg.q_heads // cfg.kv_heads
-        keys = np.repeat(kc[:, :end], rep, axis=0)  # (Hq, end, D)
-        vals = np.repeat(vc[:, :end], rep, axis=0)
-        scores = np.einsum("thd,hsd->hts", q, keys) / np.sqrt(d)
-        causal = np.arange(end)[None, :] <= positions[:, None]  # (t, end)
-        scores = np.where(causal[None], scores, -np.inf)
-        scores -= scores.max(axis=-1, keepdims=True)
-        probs = np.exp(scores)
-        probs /= probs.sum(axis=-1, keepdims=True)
-        out = np.einsum("hts,hsd->thd", probs, vals).reshape(t, cfg.q_heads * d)
+        out = causal_attention(q, kc[:, :end], vc[:, :end], int(positions[0]))
+        out = out.reshape(t, cfg.q_heads * d)
         return out @ w[p + "o_proj"]
 
     def _gdn(self, i: int, xn: np.ndarray, positions: np.ndarray) -> np.ndarray:

@@ -5,7 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.reference import Reference, apply_rope, gdn_step, l2_normalize, rope_angles
+from harness import reference
+from harness.reference import (
+    Reference,
+    apply_rope,
+    causal_attention,
+    gdn_step,
+    l2_normalize,
+    rope_angles,
+)
 from harness.workload import Workload, cache_specs, preset, token_stream
 
 
@@ -46,6 +54,40 @@ def test_capacity_overflow_raises(tiny):
     ref.prefill(np.array([1, 2, 3]))
     with pytest.raises(ValueError, match="capacity"):
         ref.step(4)
+
+
+def _attention_naive(q, keys, values, start):
+    """Causal grouped-query attention one (head, query) at a time, float64, as in DESIGN §5."""
+    t, hq, d = q.shape
+    rep = hq // keys.shape[0]
+    out = np.zeros((t, hq, d))
+    for h in range(hq):
+        k, v = keys[h // rep].astype(np.float64), values[h // rep].astype(np.float64)
+        for j in range(t):
+            visible = start + j + 1  # keys 0 .. own position
+            scores = np.array([q[j, h] @ k[s] for s in range(visible)]) / np.sqrt(d)
+            probs = np.exp(scores - scores.max())
+            probs /= probs.sum()
+            out[j, h] = sum(probs[s] * v[s] for s in range(visible))
+    return out
+
+
+@pytest.mark.parametrize("start,t", [(0, 6), (11, 7), (11, 1), (40, 9)])
+@pytest.mark.parametrize("tiny_blocks", [False, True])
+@pytest.mark.parametrize("q_dtype,tol", [(np.float64, 1e-12), (np.float32, 1e-5)])
+def test_causal_attention_equals_the_equation(monkeypatch, start, t, tiny_blocks, q_dtype, tol):
+    hq, hkv, d = 6, 2, 8
+    if tiny_blocks:  # two query positions per scores block, each block's softmax on 3 threads
+        monkeypatch.setattr(reference, "SCORES_BLOCK_BYTES", 2 * hq * (start + t) * 8)
+        monkeypatch.setattr(reference, "THREADED_SOFTMAX_MIN", 1)
+        monkeypatch.setattr(reference, "SOFTMAX_THREADS", 3)
+    rng = np.random.default_rng(start + t)
+    q = (rng.standard_normal((t, hq, d)) * 2).astype(q_dtype)
+    keys = rng.standard_normal((hkv, start + t, d)).astype(np.float32)  # as the cache holds them
+    values = rng.standard_normal((hkv, start + t, d)).astype(np.float32)
+    out = causal_attention(q, keys, values, start)
+    assert out.shape == (t, hq, d) and out.dtype == q_dtype  # the inputs' promoted dtype
+    np.testing.assert_allclose(out, _attention_naive(q, keys, values, start), rtol=tol, atol=tol)
 
 
 def _gdn_naive(state_kv, q, k, v, g, beta, scale):
