@@ -107,6 +107,16 @@ def _softmax_unnormalised(s: np.ndarray) -> np.ndarray:
     return np.concatenate(sums).reshape(*s.shape[:-1], 1)
 
 
+def project(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """``x @ w`` in the weights' precision. A float32 reference (large models) keeps float64
+    activations (RoPE angles are float64) but multiplies by its float32 weights in float32
+    BLAS: NumPy would otherwise convert the whole weight matrix to float64 on every call,
+    which made the MLP most of a long prefill. A float64 reference is unchanged."""
+    if w.dtype == np.float32 and x.dtype != np.float32:
+        return x.astype(np.float32) @ w
+    return x @ w
+
+
 def causal_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, start: int) -> np.ndarray:
     """softmax(q k^T / sqrt(D), causal) v for T queries at positions start .. start+T-1.
 
@@ -195,39 +205,43 @@ class Reference:
             mixer = self._attention if kind == ATTENTION else self._gdn
             x = x + mixer(i, xn, positions)
             xn = rms_norm(x, w[p + "post_norm"], cfg.rms_eps)
-            x = x + (silu(xn @ w[p + "gate_proj"]) * (xn @ w[p + "up_proj"])) @ w[p + "down_proj"]
+            x = x + project(silu(project(xn, w[p + "gate_proj"])) * project(xn, w[p + "up_proj"]),
+                            w[p + "down_proj"])
         self.position += t
         if not logits:
             return None
         x = rms_norm(x, w["final_norm"], cfg.rms_eps)
         head = w["embed_tokens"].T if cfg.tied_embeddings else w["lm_head"]
-        return x @ head
+        return project(x, head)
 
     def _attention(self, i: int, xn: np.ndarray, positions: np.ndarray) -> np.ndarray:
         cfg, w, p = self.cfg, self.w, f"layers.{i}."
         t, d = len(positions), cfg.head_dim
-        q = (xn @ w[p + "q_proj"]).reshape(t, cfg.q_heads, d)
-        k = (xn @ w[p + "k_proj"]).reshape(t, cfg.kv_heads, d)
-        v = (xn @ w[p + "v_proj"]).reshape(t, cfg.kv_heads, d)
+        q = project(xn, w[p + "q_proj"]).reshape(t, cfg.q_heads, d)
+        k = project(xn, w[p + "k_proj"]).reshape(t, cfg.kv_heads, d)
+        v = project(xn, w[p + "v_proj"]).reshape(t, cfg.kv_heads, d)
         ang = rope_angles(positions, d, cfg.rope_theta)
         q, k = apply_rope(q, ang), apply_rope(k, ang)
         kc, vc = self.state[f"past_key_values.{i}.key"], self.state[f"past_key_values.{i}.value"]
         kc[:, positions] = k.transpose(1, 0, 2)
         vc[:, positions] = v.transpose(1, 0, 2)
         end = positions[-1] + 1
-        out = causal_attention(q, kc[:, :end], vc[:, :end], int(positions[0]))
+        # in the cache's precision: a float32 reference attends in float32 (RoPE's float64
+        # angles would otherwise make every score float64, at twice the cost)
+        out = causal_attention(q.astype(kc.dtype, copy=False), kc[:, :end], vc[:, :end],
+                               int(positions[0]))
         out = out.reshape(t, cfg.q_heads * d)
-        return out @ w[p + "o_proj"]
+        return project(out, w[p + "o_proj"])
 
     def _gdn(self, i: int, xn: np.ndarray, positions: np.ndarray) -> np.ndarray:
         cfg, w, p = self.cfg, self.w, f"layers.{i}."
         t = len(positions)
         hk, hv, dk, dv = cfg.gdn_qk_heads, cfg.gdn_v_heads, cfg.gdn_qk_dim, cfg.gdn_v_dim
-        q = l2_normalize((xn @ w[p + "q_proj"]).reshape(t, hk, dk))
-        k = l2_normalize((xn @ w[p + "k_proj"]).reshape(t, hk, dk))
-        v = (xn @ w[p + "v_proj"]).reshape(t, hv, dv)
-        g = -np.exp(w[p + "A_log"]) * softplus(xn @ w[p + "a_proj"] + w[p + "dt_bias"])
-        beta = 1.0 / (1.0 + np.exp(-(xn @ w[p + "b_proj"])))
+        q = l2_normalize(project(xn, w[p + "q_proj"]).reshape(t, hk, dk))
+        k = l2_normalize(project(xn, w[p + "k_proj"]).reshape(t, hk, dk))
+        v = project(xn, w[p + "v_proj"]).reshape(t, hv, dv)
+        g = -np.exp(w[p + "A_log"]) * softplus(project(xn, w[p + "a_proj"]) + w[p + "dt_bias"])
+        beta = 1.0 / (1.0 + np.exp(-project(xn, w[p + "b_proj"])))
         name = f"past_state.{i}"
         s = self.state[name]
         outs = []
@@ -235,4 +249,4 @@ class Reference:
             o, s = gdn_step(s, q[j], k[j], v[j], g[j], beta[j], 1.0 / np.sqrt(dk))
             outs.append(o.reshape(-1))
         self.state[name] = s
-        return np.stack(outs) @ w[p + "o_proj"]
+        return project(np.stack(outs), w[p + "o_proj"])
