@@ -62,6 +62,15 @@ def test_matches_reference_after_depth(backend, depth):
         assert_close(backend.step(tok), ref.step(tok), f"{backend.name} depth {depth} step {i}")
 
 
+def assert_two_steps_match(b, where: str, depth: int = 16) -> None:
+    """Reach ``depth`` and compare two steps' logits with the reference."""
+    state, ref = depth_state(depth, CAPACITY)
+    b.reach_depth(state)
+    for i in range(2):
+        tok = int(TOKENS[depth + i])
+        assert_close(b.step(tok), ref.step(tok), f"{where} step {i}")
+
+
 @pytest.mark.parametrize("name", list(MODES))
 def test_chunked_submission_matches_reference(name, monkeypatch):
     """GPU adapters submit a dispatch as several command buffers (SUBMIT_EVERY launches
@@ -74,11 +83,7 @@ def test_chunked_submission_matches_reference(name, monkeypatch):
     b = prepared(MODES[name], CAPACITY)
     try:
         assert len(b.converted.graph._submit_after) > 3
-        state, ref = depth_state(16, CAPACITY)
-        b.reach_depth(state)
-        for i in range(2):
-            tok = int(TOKENS[16 + i])
-            assert_close(b.step(tok), ref.step(tok), f"{name} chunked step {i}")
+        assert_two_steps_match(b, f"{name} chunked")
     finally:
         b.close()
 
@@ -97,11 +102,7 @@ def test_gpu_gemv_variant_with_stacked_projections(name, monkeypatch):
         sizes = sorted(len(g) for g in plan.stacked.values())
         assert sizes and sizes[-1] >= 3, sizes  # at least one q/k/v group
         assert len(plan.epilogue) >= 2 * len(TINY.config.layers)  # after mixer and MLP
-        state, ref = depth_state(16, CAPACITY)
-        b.reach_depth(state)
-        for i in range(2):
-            tok = int(TOKENS[16 + i])
-            assert_close(b.step(tok), ref.step(tok), f"{name} stacked step {i}")
+        assert_two_steps_match(b, f"{name} stacked")
     finally:
         b.close()
 
