@@ -137,3 +137,26 @@ def test_reduction_computes_its_input_chain(ctx, op):
     want = {"reduce_sum": prod.sum(axis=(0, 2)), "reduce_mean": prod.mean(axis=(0, 2)),
             "reduce_max": prod.max(axis=(0, 2))}[op]
     np.testing.assert_allclose(out["y"], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("k", [6, 8])
+def test_gemv_prologue_and_stacking_with_gpu_kernel(ctx, k, monkeypatch):
+    """Forced GPU gemv: an element-wise input vector read only by two single-row matmuls
+    is computed by the (stacked) gemv itself, vec4 (k = 8) or scalar (k = 6) loads."""
+    from backends.webnn.wgpu_impl import compiler
+
+    monkeypatch.setitem(compiler.OPTIONS, "gemv", "rows_sh")
+    b = MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=[1, k])
+    s = b.input("s", data_type="float32", shape=[1, 1])
+    w1, w2, g = (RNG.standard_normal(sh).astype(np.float32) for sh in ((k, 5), (k, 3), (1, k)))
+    v = b.mul(b.div(x, b.sqrt(s)), const(b, g))
+    y1 = b.matmul(v, const(b, w1))
+    y2 = b.matmul(v, const(b, w2))
+    xv = RNG.standard_normal((1, k)).astype(np.float32)
+    sv = np.float32([[2.5]])
+    gr, out = run(ctx, b, {"y1": y1, "y2": y2}, {"x": xv, "s": sv})
+    assert names(gr) == ["matmul_gemv"]
+    vv = xv.astype(np.float64) / np.sqrt(2.5) * g
+    np.testing.assert_allclose(out["y1"], vv @ w1, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out["y2"], vv @ w2, rtol=1e-5, atol=1e-5)

@@ -91,8 +91,9 @@ def test_chunked_submission_matches_reference(name, monkeypatch):
 @pytest.mark.parametrize("name", ["wgpu:stateful", "wgpu:stateless"])
 def test_gpu_gemv_variant_with_stacked_projections(name, monkeypatch):
     """The GPU matrix-vector kernel (forced here on any adapter) runs q/k/v and gate/up
-    projections as stacked launches and adds the residual stream in the o and down
-    projections; the model still computes the reference's logits."""
+    projections as stacked launches, adds the residual stream in the o and down
+    projections and computes RMSNorm's tail and SwiGLU as the projections' prologue; the
+    model still computes the reference's logits."""
     from backends.webnn.wgpu_impl import compiler
 
     monkeypatch.setitem(compiler.OPTIONS, "gemv", "rows_sh")
@@ -102,6 +103,7 @@ def test_gpu_gemv_variant_with_stacked_projections(name, monkeypatch):
         sizes = sorted(len(g) for g in plan.stacked.values())
         assert sizes and sizes[-1] >= 3, sizes  # at least one q/k/v group
         assert len(plan.epilogue) >= 2 * len(TINY.config.layers)  # after mixer and MLP
+        assert {g.ops[-1]._op for g in plan.prologue.values()} >= {"mul"}  # norm, SwiGLU
         assert_two_steps_match(b, f"{name} stacked")
     finally:
         b.close()
@@ -262,3 +264,27 @@ def test_dispatch_past_capacity_fails_and_leaves_the_cache():
     finally:
         b.close()
         clean.close()
+
+
+def test_many_pairs_share_one_capacity_check_binding():
+    """40 append pairs reading one index tensor: the capacity check binds it once (not 41
+    storage buffers, beyond lavapipe's 32) and the deep model still matches the reference."""
+    import dataclasses
+
+    from harness.workload import ATTENTION
+
+    cfg = dataclasses.replace(preset("tiny"), name="tiny-deep", layers=(ATTENTION,) * 20)
+    wl = Workload.build(cfg)
+    b = StatefulInPlace()
+    b.prepare(wl, 24)
+    try:
+        check = next(la.kernel for la in b.converted.graph._plan.launches
+                     if getattr(la, "kernel", None) and la.kernel.name == "capacity_check")
+        assert len(check.bindings) == 2
+        tokens = token_stream(cfg, 12)
+        ref = Reference(cfg, wl.weights, 24)
+        ref.prefill(tokens[:8])
+        b.reach_depth(DepthState(tokens=tokens[:8].copy(), cache=ref.cache_arrays()))
+        assert_close(b.step(int(tokens[8])), ref.step(int(tokens[8])), "tiny-deep step")
+    finally:
+        b.close()

@@ -141,7 +141,8 @@ def gemv_cols(a_shape: Sequence[int], K: int, out_shape: Sequence[int], *, n_off
 def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequence[int], *,
               n_off: int = 0, n_chunk: int | None = None, lanes: int = 32, wg: int = 256,
               subgroup: int | None = None, splits: Sequence[int] | None = None,
-              residual: bool = False) -> Kernel:
+              residual: bool = False,
+              prologue: tuple[str, list[str], str] | None = None) -> Kernel:
     """out[r, n] = sum_k A[r, k] * Bt[n, k] for M == 1 on a GPU: B stored (N, K).
 
     ``lanes`` invocations share one output column (a weight row): they stride along K with
@@ -156,6 +157,12 @@ def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequenc
 
     ``residual``: binding 2 is a tensor of the output's shape added to the product (a
     residual connection ``x + W·y``: the add needs no launch of its own); outputs follow.
+
+    ``prologue``: the input vector is not a buffer but an element-wise group (RMSNorm's
+    ``x / rms * w``, SwiGLU's ``silu(g) * u``): its declarations and functions, their
+    bindings (first), and the function giving element ``i``. Each workgroup computes the
+    vector into workgroup memory once, then streams its weight rows against it. Single
+    input row only.
     """
     K, N = a_shape[-1], out_shape[-1]
     nc = N if n_chunk is None else n_chunk
@@ -166,18 +173,32 @@ def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequenc
     gx = -(-nc // R)
     use_sub = subgroup == lanes
     outs = list(splits) if splits else [N]
-    src = decl(0, "a", vt, "read") + decl(1, "b", vt, "read")
-    first_out = 3 if residual else 2
+    if prologue is None:
+        src, a_bindings = decl(0, "a", vt, "read"), ["read"]
+    else:
+        src, a_bindings, fn = prologue
+        a_bindings = list(a_bindings)
+        src += f"var<workgroup> xa: array<{vt}, {kv}>;\n"
+    nb = len(a_bindings)
+    src += decl(nb, "b", vt, "read")
+    first_out = nb + 2 if residual else nb + 1
     if residual:
         assert not splits
-        src += decl(2, "res", "f32", "read")
+        src += decl(nb + 1, "res", "f32", "read")
     for j in range(len(outs)):
         src += decl(first_out + j, "out" if not splits else f"out{j}", "f32", "rw")
     src += _batch_fn("boff", tuple(out_shape[:-2]), b_shape[:-2], nc * K)
     extra = "" if use_sub else f"var<workgroup> sh: array<f32, {wg}>;\n"
     head, rows, M = _gemv_head(a_shape, out_shape, nc, K, wg, extra)
-    assert not splits or rows == 1, "stacked gemv needs a single input row"
+    assert not (splits or prologue) or rows == 1, "stacked/prologue gemv: a single input row"
     src += head
+    if prologue is not None:
+        if vw == 4:
+            item = "vec4<f32>(" + ", ".join(f"{fn}(4u * j + {c}u)" for c in range(4)) + ")"
+        else:
+            item = f"{fn}(j)"
+        src += (f"  for (var j = lid; j < {kv}u; j = j + {wg}u) {{ xa[j] = {item}; }}\n"
+                "  workgroupBarrier();\n")
     src += (f"  let r = lid / {lanes}u;\n  let t = lid % {lanes}u;\n"
             f"  let n = wid.x * {R}u + r;\n  let nn = min(n, {nc - 1}u);\n"
             f"  let ab = (aoff(bi) + m * {K}u) / {vw}u;\n"
@@ -186,7 +207,8 @@ def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequenc
     mul = "dot({x}, {w})" if vw == 4 else "{x} * {w}"
 
     def term(off: str) -> str:
-        return mul.format(x=f"a[ab + k{off}]", w=f"b[wb + k{off}]")
+        x = f"xa[k{off}]" if prologue is not None else f"a[ab + k{off}]"
+        return mul.format(x=x, w=f"b[wb + k{off}]")
     src += f"  var k = t;\n  for (; k + {3 * lanes}u < {kv}u; k = k + {4 * lanes}u) {{\n"
     for j in range(4):
         src += f"    acc{j} = acc{j} + {term(f' + {j * lanes}u' if j else '')};\n"
@@ -212,7 +234,7 @@ def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequenc
             start += nj
         src += "    }\n  }\n}\n"
     traffic = 4 * (S.size(a_shape) + S.size(b_shape) * nc // N + rows * nc * (2 if residual else 1))
-    return Kernel("matmul_gemv", src, ["read", "read"] + ["read"] * residual + ["rw"] * len(outs),
+    return Kernel("matmul_gemv", src, a_bindings + ["read"] + ["read"] * residual + ["rw"] * len(outs),
                   (gx, rows, 1), traffic)
 
 

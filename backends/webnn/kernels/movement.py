@@ -83,16 +83,23 @@ def scatter_nd(t: str, it: str, in_shape: Sequence[int], idx_shape: Sequence[int
     return Kernel("scatter_nd", src, b, (gx, gy, gz), 4 * (tuples * k + 2 * n))
 
 
-def capacity_check(checks: Sequence[tuple[str, Sequence[int], Sequence[int]]]) -> Kernel:
+def capacity_check(checks: Sequence[tuple[str, Sequence[int], Sequence[int]]],
+                   sources: Sequence[int] | None = None) -> Kernel:
     """PROPOSAL behaviour 4: one thread validates every append pair's index tuples before
     any state is written; ``status[0]`` = 0 if all are within capacity, else 1 + the
     index of the first pair that would overflow. Each entry: (index type, index shape,
     cache shape). A tuple is within capacity iff 0 <= i_j < cache_shape[j] for every
     component (negative indices are not wrapped: the "end" of a padded cache is padding).
+
+    ``sources[p]``: which index binding pair ``p`` reads (pairs of one model usually share
+    one index tensor: 32 pairs would otherwise need 33 storage bindings); default one each.
     """
+    sources = list(sources) if sources is not None else list(range(len(checks)))
+    nbuf = max(sources) + 1 if sources else 0
     src = decl(0, "status", "u32", "rw")
-    for p, (it, _, _) in enumerate(checks):
-        src += decl(p + 1, f"idx{p}", it, "read")
+    for u in range(nbuf):
+        it = checks[sources.index(u)][0]
+        src += decl(u + 1, f"idx{u}", it, "read")
     src += "@compute @workgroup_size(1)\nfn main() {\n  var bad = 0u;\n"
     reads = 4
     for p, (_, ishape, cshape) in enumerate(checks):
@@ -101,8 +108,8 @@ def capacity_check(checks: Sequence[tuple[str, Sequence[int], Sequence[int]]]) -
         reads += 4 * tuples * k
         src += f"  for (var t = 0u; t < {tuples}u; t = t + 1u) {{\n"
         for j in range(k):
-            src += (f"    let c{j} = i32(idx{p}[t * {k}u + {j}u]);\n"
+            src += (f"    let c{j} = i32(idx{sources[p]}[t * {k}u + {j}u]);\n"
                     f"    if (bad == 0u && (c{j} < 0 || c{j} >= {cshape[j]})) {{ bad = {p + 1}u; }}\n")
         src += "  }\n"
     src += "  status[0] = bad;\n}\n"
-    return Kernel("capacity_check", src, ["rw"] + ["read"] * len(checks), (1, 1, 1), reads)
+    return Kernel("capacity_check", src, ["rw"] + ["read"] * nbuf, (1, 1, 1), reads)

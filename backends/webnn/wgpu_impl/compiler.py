@@ -83,6 +83,7 @@ class Plan:
     stacked: dict[int, list[MLOperand]] = field(default_factory=dict)  # first gemv -> all
     fold: dict[int, MLOperand] = field(default_factory=dict)  # matmul id -> B read transposed
     epilogue: dict[int, tuple[MLOperand, MLOperand]] = field(default_factory=dict)  # gemv -> (add, residual)
+    prologue: dict[int, fusion.Group] = field(default_factory=dict)  # gemv -> its input's group
 
 
 @dataclass
@@ -169,6 +170,11 @@ def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
         plan.epilogue = _residual_epilogues(nodes, fold, inlined, groups, pinned | absorbed,
                                             set(plan.stacked))
     absorbed |= {add._id for add, _ in plan.epilogue.values()}
+    # -- a gemv's input vector computed by the gemv (RMSNorm's tail, SwiGLU) ------------
+    if not _gemv_variant(plan.target).startswith(("cols", "legacy")):
+        plan.prologue = _gemv_prologues(nodes, fold, inlined, groups, pinned | absorbed,
+                                        plan.target)
+    absorbed |= {g.ops[-1]._id for g in plan.prologue.values()}
     for o in nodes:
         if o._kind != "op" or o._op == "reshape" or o._id in inlined or o._id in absorbed:
             continue
@@ -180,6 +186,8 @@ def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
             reads = [root(x) for x in o._inputs]
         if o._id in fold:
             reads[1] = fold[o._id]
+        if o._id in plan.prologue:
+            reads = list(plan.prologue[o._id].leaves) + reads[1:]
         more = plan.stacked.get(o._id, [o])[1:]
         if o._id in plan.epilogue:
             add_node, res = plan.epilogue[o._id]
@@ -192,7 +200,8 @@ def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
     check_step = None
     appends = [pp for pp in plan.pairs if pp.append]
     if appends:
-        check_step = _Step(-1, "check", None, [root(pp.indices) for pp in appends])
+        unique = list({root(pp.indices)._id: root(pp.indices) for pp in appends}.values())
+        check_step = _Step(-1, "check", None, unique)
         steps.append(check_step)
         plan.has_check = True
 
@@ -242,8 +251,10 @@ def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
         if not st.live:  # type: ignore[attr-defined]
             continue
         if st.kind == "check":
+            ids = [r._id for r in st.reads]
             k = MV.capacity_check([(pp.indices._dtype.wgsl, pp.indices._shape,
-                                    pp.past._shape) for pp in appends])
+                                    pp.past._shape) for pp in appends],
+                                  [ids.index(root(pp.indices)._id) for pp in appends])
             plan.launches.append(KernelLaunch(k, [("status",)] + [slot_of(r) for r in st.reads]))
         elif st.kind == "copy":
             r = st.reads[0]
@@ -327,7 +338,8 @@ def _gemv_variant(t: Target, cols_ok: bool = True) -> str:
 
 def _gemv_rows(t: Target, variant: str, a_shape: Any, b_shape: Any, shp: Any, n0: int,
                chunk: int | None, residual: bool = False,
-               splits: list[int] | None = None) -> Kernel:
+               splits: list[int] | None = None,
+               prologue: tuple[str, list[str], str] | None = None) -> Kernel:
     if variant == "legacy":
         return MM.gemv(a_shape, b_shape, shp, b_t=True, n_off=n0, n_chunk=chunk)
     lanes = {"rows": 32, "rows_sh": 32, "rows8": 8, "rows16": 16, "rows64": 64}.get(variant, 32)
@@ -335,7 +347,8 @@ def _gemv_rows(t: Target, variant: str, a_shape: Any, b_shape: Any, shp: Any, n0
         lanes = 8
     sub = None if variant == "rows_sh" else t.subgroup
     return MM.gemv_rows(a_shape, b_shape, shp, n_off=n0, n_chunk=chunk, lanes=lanes,
-                        wg=max(256, lanes), subgroup=sub, residual=residual, splits=splits)
+                        wg=max(256, lanes), subgroup=sub, residual=residual, splits=splits,
+                        prologue=prologue)
 
 
 def _const_weight(o: MLOperand, fold: dict[int, MLOperand]) -> tuple[MLOperand, bool, Any] | None:
@@ -403,6 +416,42 @@ def _residual_epilogues(nodes: list[MLOperand], fold: dict[int, MLOperand], inli
     return out
 
 
+def _gemv_prologues(nodes: list[MLOperand], fold: dict[int, MLOperand], inlined: set[int],
+                    groups: dict[int, Any], taken: set[int],
+                    target: Target) -> dict[int, fusion.Group]:
+    """gemv id -> the element-wise group computing its input vector, where every reader of
+    that vector is a single-row matmul with constant weights (RMSNorm's tail read by the
+    q/k/v projections, SwiGLU's product read by the down projection). Each gemv workgroup
+    then computes the vector into workgroup memory; the group needs no launch."""
+    consumers = fusion.consumers_of(nodes)
+    out: dict[int, fusion.Group] = {}
+    for a in nodes:
+        if (not fusion.is_fusible(a) or a._id in inlined or a._id in taken
+                or a._dtype.wgsl != "f32"):
+            continue
+        K = S.size(a._shape)
+        readers = consumers.get(a._id, [])
+        if not readers or not all(
+                c._op == "matmul" and root(c._inputs[0]) is a and c._inputs[0]._shape[-1] == K
+                and S.size(c._shape[:-1]) == 1 and _const_weight(c, fold) is not None
+                for c in readers):
+            continue
+        if 4 * K + 4 * 256 > target.shared_bytes:
+            continue  # the vector must fit in workgroup memory beside the reduction scratch
+        group = groups.get(a._id) or fusion.collect(a, inlined)[0]
+        if len(group.leaves) + 5 > target.max_storage:  # + weights, residual, 3 outputs
+            continue
+        for c in readers:
+            out[c._id] = group
+    return out
+
+
+def _prologue_source(group: fusion.Group) -> tuple[str, list[str], str]:
+    fops, leaves = group.fused_ops()
+    decls, bindings = fusion.FU.leaf_decls(leaves, 0)
+    return decls + fusion.FU.functions(fops, leaves)[0], bindings, f"v{len(fops) - 1}"
+
+
 def _stacked_rows(parts: list[tuple[MLOperand, bool, Any]]) -> np.ndarray:
     """The stacked (sum N, K) weights of a stacked gemv, flat."""
     rows = [_weight_rows(src, shp, b_t, 0, shp[0] if b_t else shp[1]) for src, b_t, shp in parts]
@@ -441,9 +490,12 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
         K = o._inputs[0]._shape[-1]
         slot = ("const", ("S", o._id))
         plan.consts.setdefault(slot, Deferred(sum(sizes) * K, partial(_stacked_rows, parts)))
+        pro = plan.prologue.get(o._id)
         k = _gemv_rows(plan.target, _gemv_variant(plan.target), o._inputs[0]._shape,
-                       (sum(sizes), K), (1, sum(sizes)), 0, None, splits=sizes)
-        add(KernelLaunch(k, [ins[0], slot] + [slot_of(m) for m in group]))
+                       (sum(sizes), K), (1, sum(sizes)), 0, None, splits=sizes,
+                       prologue=_prologue_source(pro) if pro else None)
+        a_slots = [slot_of(x) for x in pro.leaves] if pro else [ins[0]]
+        add(KernelLaunch(k, a_slots + [slot] + [slot_of(m) for m in group]))
     elif o._id in plan.attention:
         k1, k2, parts = plan.attention[o._id].kernels(plan.target.shared_bytes)
         part = ("temp", ("flash", o._id))
@@ -463,7 +515,7 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
         add(KernelLaunch(k, slots + ([("status",)] if guarded else [])))
     elif op == "matmul":
         a, b = o._inputs
-        src = reads[1]  # storage read for B (a root: reshapes are views)
+        src = plan.fold.get(o._id, root(b))  # storage read for B (reshapes are views)
         b_t = src is not root(b)
         # B's logical shape: the transpose's input when the transpose is folded
         b_shape = root(b)._inputs[0]._shape if b_t else b._shape
@@ -495,14 +547,15 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
                 if variant == "legacy":
                     k = MM.gemv(a._shape, (N, K), shp, b_t=True, n_off=n0, n_chunk=chunk)
                     add(KernelLaunch(k, [ins[0], slot, out_slot]))
-                elif o._id in plan.epilogue:
-                    add_node, res = plan.epilogue[o._id]
-                    k = _gemv_rows(plan.target, variant, a._shape, (N, K), shp, n0, chunk,
-                                   residual=True)
-                    add(KernelLaunch(k, [ins[0], slot, slot_of(res), slot_of(add_node)]))
                 else:
-                    k = _gemv_rows(plan.target, variant, a._shape, (N, K), shp, n0, chunk)
-                    add(KernelLaunch(k, [ins[0], slot, out_slot]))
+                    pro = plan.prologue.get(o._id)
+                    a_slots = [slot_of(x) for x in pro.leaves] if pro else [ins[0]]
+                    dst, res = plan.epilogue.get(o._id, (o, None))  # (the add, residual)
+                    k = _gemv_rows(plan.target, variant, a._shape, (N, K), shp, n0, chunk,
+                                   residual=res is not None,
+                                   prologue=_prologue_source(pro) if pro else None)
+                    add(KernelLaunch(k, a_slots + [slot] + ([slot_of(res)] if res is not None
+                                                            else []) + [slot_of(dst)]))
         elif b_t and M == 1:
             k = _gemv_rows(plan.target, _gemv_variant(plan.target, cols_ok=False), a._shape,
                            b_shape, shp, 0, None)
