@@ -160,3 +160,42 @@ def test_gemv_prologue_and_stacking_with_gpu_kernel(ctx, k, monkeypatch):
     vv = xv.astype(np.float64) / np.sqrt(2.5) * g
     np.testing.assert_allclose(out["y1"], vv @ w1, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(out["y2"], vv @ w2, rtol=1e-5, atol=1e-5)
+
+
+def test_row_write_computes_its_updates(ctx):
+    """scatter_nd writes rows computed inline (a RoPE-like chain of the new key); the
+    unchanged rows are still copied (stateless graph)."""
+    b = MLGraphBuilder(ctx)
+    past = b.input("past", data_type="float32", shape=[1, 2, 5, 4])
+    k = b.input("k", data_type="float32", shape=[1, 2, 1, 4])
+    c = b.input("c", data_type="float32", shape=[1, 1, 1, 4])
+    idx = b.constant(data_type="int32", shape=[1, 2, 1, 3],
+                     value=np.array([0, 0, 3, 0, 1, 3], np.int32).reshape(1, 2, 1, 3))
+    rot = b.concat([b.neg(b.slice(k, [0, 0, 0, 2], [1, 2, 1, 2])),
+                    b.slice(k, [0, 0, 0, 0], [1, 2, 1, 2])], 3)
+    upd = b.add(b.mul(k, c), rot)
+    y = b.scatter_nd(past, idx, upd)
+    pv, kv, cv = (RNG.standard_normal(s).astype(np.float32)
+                  for s in ((1, 2, 5, 4), (1, 2, 1, 4), (1, 1, 1, 4)))
+    g, out = run(ctx, b, {"y": y}, {"past": pv, "k": kv, "c": cv})
+    assert names(g) == ["identity", "scatter_nd"]
+    want = pv.astype(np.float64).copy()
+    k64 = kv.astype(np.float64)
+    want[0, :, 3] = (k64 * cv + np.concatenate([-k64[..., 2:], k64[..., :2]], -1))[0, :, 0]
+    np.testing.assert_allclose(out["y"], want, rtol=1e-6, atol=1e-6)
+
+
+def test_row_write_never_computes_updates_from_the_cache_it_writes(ctx):
+    """Updates that read a paired cache stay a launch of their own (``no_read``)."""
+    from backends.webnn.wgpu_impl.compiler import _reachable
+
+    b = MLGraphBuilder(ctx)
+    past = b.input("past", data_type="float32", shape=[1, 1, 4, 2])
+    idx = b.constant(data_type="int32", shape=[1, 1, 1, 3],
+                     value=np.array([0, 0, 2], np.int32).reshape(1, 1, 1, 3))
+    upd = b.mul(b.slice(past, [0, 0, 0, 0], [1, 1, 1, 2]), const(b, [2.0]))
+    y = b.scatter_nd(past, idx, upd)
+    nodes = _reachable([y])
+    _, free = fusion.plan(nodes, {y._id}, set(), 8)
+    _, guarded = fusion.plan(nodes, {y._id}, set(), 8, no_read={past._id})
+    assert y._id in free and y._id not in guarded

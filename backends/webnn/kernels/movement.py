@@ -52,7 +52,7 @@ def gather(t: str, it: str, in_shape: Sequence[int], idx_shape: Sequence[int],
 
 
 def scatter_nd(t: str, it: str, in_shape: Sequence[int], idx_shape: Sequence[int],
-               *, guarded: bool) -> Kernel:
+               *, guarded: bool, updates: tuple[str, list[str], str] | None = None) -> Kernel:
     """Write ``updates`` at the index tuples into ``out`` (which already holds the input:
     copied before, or the state buffer itself when in place).
 
@@ -66,10 +66,19 @@ def scatter_nd(t: str, it: str, in_shape: Sequence[int], idx_shape: Sequence[int
     st = S.strides(in_shape)
     n = tuples * slice_n
     gx, gy, gz = grid(n)
-    b = ["read", "read", "rw"] + (["read"] if guarded else [])
-    src = decl(0, "idx", it, "read") + decl(1, "upd", t, "read") + decl(2, "out", t, "rw")
+    src = decl(0, "idx", it, "read")
+    if updates is None:
+        src += decl(1, "upd", t, "read")
+        b, load = ["read", "read"], "upd[i]"
+    else:
+        leaf_src, leaf_b, fn = updates
+        src += leaf_src
+        b, load = ["read"] + list(leaf_b), f"{fn}(i)"
+    src += decl(len(b), "out", t, "rw")
+    b.append("rw")
     if guarded:
-        src += decl(3, "status", "u32", "read")
+        src += decl(len(b), "status", "u32", "read")
+        b.append("read")
     src += main_1d(gx) + f"  if (i >= {n}u) {{ return; }}\n"
     if guarded:
         src += "  if (status[0] != 0u) { return; }\n"
@@ -79,7 +88,7 @@ def scatter_nd(t: str, it: str, in_shape: Sequence[int], idx_shape: Sequence[int
                 f"  if (c{j} < 0) {{ c{j} = c{j} + {in_shape[j]}; }}\n"
                 f"  if (c{j} < 0 || c{j} >= {in_shape[j]}) {{ return; }}\n"
                 f"  o = o + u32(c{j}) * {st[j]}u;\n")
-    src += "  out[o] = upd[i];\n}\n"
+    src += f"  out[o] = {load};\n}}\n"
     return Kernel("scatter_nd", src, b, (gx, gy, gz), 4 * (tuples * k + 2 * n))
 
 

@@ -154,7 +154,8 @@ def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
     writers = {pp.writer._id for pp in plan.pairs if pp.writer is not None}
     pinned = set(dest) | writers | {root(outputs[p.output])._id for p in pairs if stateful}
     inlined, groups = fusion.plan(nodes, pinned, writers,
-                                   max(1, plan.target.max_storage - 2))
+                                   max(1, plan.target.max_storage - 3),
+                                   no_read={inputs[p.input]._id for p in pairs})
     plan.groups = groups
     # -- decode attention: QK, score chain, softmax and probs·V in two launches ----------
     if OPTIONS.get("attention") in (None, "flash"):
@@ -502,7 +503,7 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
         plan.temps[part] = parts
         add(KernelLaunch(k1, ins + [part]))
         add(KernelLaunch(k2, [part, out_slot]))
-    elif o._id in plan.groups and not fusion.is_host(o):
+    elif o._id in plan.groups and not fusion.is_host(o):  # hosts: below, per op
         group = plan.groups[o._id]
         add(KernelLaunch(group.kernel(guarded), [slot_of(x) for x in group.leaves] + [out_slot]
                          + ([("status",)] if guarded else [])))
@@ -583,7 +584,7 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
         wg = 64 if plan.target.cpu else 256
         add(KernelLaunch(RD.reduce(op, t, o._inputs[0]._shape, o._attrs["axes"],
                                    group.input_source() if group else None, wg=wg),
-                         [slot_of(x) for x in group.leaves] + [out_slot] if group
+                         [slot_of(x) for x in group.inner.leaves] + [out_slot] if group
                          else [ins[0], out_slot]))
     elif op == "transpose":
         x = o._inputs[0]
@@ -633,8 +634,14 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
             # copy_buffer_to_buffer would split the pass (a pipeline barrier per cache on
             # NVIDIA, ~7 ms per llama-1b step on the H200), a cost of this implementation,
             # not of the stateless API. Counted as kernel bytes (read + write).
-            add(KernelLaunch(EW.elementwise("identity", [t], [shp], t, shp), [ins[0], out_slot]))
-        k = MV.scatter_nd(t, idx._dtype.wgsl, shp, idx._shape, guarded=guarded)
-        add(KernelLaunch(k, [ins[1], ins[2], out_slot] + ([("status",)] if guarded else [])))
+            add(KernelLaunch(EW.elementwise("identity", [t], [shp], t, shp),
+                             [slot_of(root(x)), out_slot]))
+        group = plan.groups.get(o._id)  # updates computed by the row write (RoPE of k)
+        k = MV.scatter_nd(t, idx._dtype.wgsl, shp, idx._shape, guarded=guarded,
+                          updates=group.input_source(first=1) if group else None)
+        upd_slots = ([slot_of(leaf) for leaf in group.inner.leaves] if group
+                     else [slot_of(root(upd))])
+        add(KernelLaunch(k, [slot_of(root(idx))] + upd_slots + [out_slot]
+                         + ([("status",)] if guarded else [])))
     else:
         raise NotImplementedError(f"op {op!r}")

@@ -52,21 +52,25 @@ class Group:
     def kernel(self, guarded: bool = False) -> FU.Kernel:
         return FU.fused(*self.fused_ops(), guarded=guarded)
 
-    def input_source(self) -> tuple[str, list[str], str]:
-        """For a host (``is_host``): the leaves' declarations and the inlined ops'
-        functions, the leaves' bindings, and the name of the WGSL function or array
-        giving the host's input element (called or indexed as ``name(i)``/``name[i]``)."""
-        host = self.ops[-1]
-        inner = Group(self.ops[:-1], self.leaves)
+    @property
+    def inner(self) -> Group:
+        """For a host: the inlined ops and the leaves they read (not the host's other
+        inputs, e.g. the cache a row write writes: it must not be bound read-only too)."""
+        ops = self.ops[:-1]
+        used = {root(x)._id for o in ops for x in o._inputs}
+        return Group(ops, [x for x in self.leaves if x._id in used])
+
+    def input_source(self, first: int = 0) -> tuple[str, list[str], str]:
+        """For a host (``is_host``): the inner leaves' declarations and the inlined ops'
+        functions, those leaves' bindings, and the WGSL function giving the host's input
+        element ``i`` (the input is always inlined: a host group exists only then).
+        ``first``: the binding number of the first leaf."""
+        inner = self.inner
         fops, leaves = inner.fused_ops()
-        decls, bindings = FU.leaf_decls(leaves, 0)
-        src = decls + FU.functions(fops, leaves)[0] if fops else decls
-        x = root(host._inputs[0])
+        decls, bindings = FU.leaf_decls(leaves, first)
+        x = root(self.ops[-1]._inputs[host_input(self.ops[-1])])
         pos = [o._id for o in inner.ops]
-        if x._id in pos:
-            return src, bindings, f"v{pos.index(x._id)}"
-        k = [leaf._id for leaf in self.leaves].index(x._id)
-        return src, bindings, f"in{k}"
+        return decls + FU.functions(fops, leaves)[0], bindings, f"v{pos.index(x._id)}"
 
 
 def consumers_of(nodes: list[MLOperand]) -> dict[int, list[MLOperand]]:
@@ -83,18 +87,39 @@ def is_fusible(o: MLOperand) -> bool:
     return o._kind == "op" and o._op in FUSIBLE
 
 
+def host_input(o: MLOperand) -> int | None:
+    """The input an op computes inline although it is not element-wise itself (a host):
+    a reduction reads ``x * x`` without it being written first; a row write (scatter_nd)
+    computes its updates (RoPE of the new key) as it writes them. None: not a host."""
+    if o._kind != "op":
+        return None
+    if o._op.startswith("reduce_"):
+        return 0
+    return 2 if o._op == "scatter_nd" else None
+
+
 def is_host(o: MLOperand) -> bool:
-    """Ops that compute their input chain inline but are not element-wise themselves
-    (a reduction reads ``x * x`` without ``x * x`` being written first)."""
-    return o._kind == "op" and o._op.startswith("reduce_")
+    return host_input(o) is not None
+
+
+def _home(producer: MLOperand, consumer: MLOperand, group_of: dict) -> int | None:
+    """The group that would compute ``producer`` for ``consumer`` (None: it must be
+    written to memory for this reader)."""
+    k = host_input(consumer)
+    if k is None:
+        return group_of.get(consumer._id)
+    reads = [j for j, x in enumerate(consumer._inputs) if root(x) is producer]
+    return consumer._id if reads == [k] else None
 
 
 def plan(nodes: list[MLOperand], pinned: set[int], no_fuse_into: set[int],
-         max_leaves: int) -> tuple[set[int], dict[int, Group]]:
+         max_leaves: int, no_read: set[int] = frozenset()) -> tuple[set[int], dict[int, Group]]:
     """``(inlined ids, {root id: Group})`` for the op ``nodes`` (creation order).
 
     ``pinned``: ops that must be materialised (graph outputs, state writers);
-    ``no_fuse_into``: ops whose inputs stay materialised (in-place state writers);
+    ``no_fuse_into``: ops whose inputs stay materialised (in-place state writers; a row
+    write may still compute its updates, unless they read a ``no_read`` operand: the
+    paired cache inputs);
     ``max_leaves``: storage buffers a kernel may read (the device limit less the output
     and the capacity status)."""
     consumers = consumers_of(nodes)
@@ -107,9 +132,9 @@ def plan(nodes: list[MLOperand], pinned: set[int], no_fuse_into: set[int],
         if not is_fusible(o):
             continue
         cs = consumers.get(o._id, [])
-        homes = {group_of.get(c._id) for c in cs}
+        homes = {_home(o, c, group_of) for c in cs}
         if (o._id not in pinned and cs and len(homes) == 1 and None not in homes
-                and not any(c._id in no_fuse_into for c in cs)):
+                and not any(c._id in no_fuse_into and not is_host(c) for c in cs)):
             inlined.add(o._id)
             group_of[o._id] = homes.pop()
         else:
@@ -120,6 +145,10 @@ def plan(nodes: list[MLOperand], pinned: set[int], no_fuse_into: set[int],
             continue
         while True:
             g, calls = collect(o, inlined)
+            if is_host(o) and len(g.ops) > 1 and any(x._id in no_read for x in g.inner.leaves):
+                # a row write computing its updates from the cache it writes: keep them apart
+                inlined.discard(root(o._inputs[host_input(o)])._id)
+                continue
             if len(g.ops) == 1 or (len(g.leaves) <= max_leaves and calls[o._id] <= MAX_CALLS):
                 break
             # give back the inlined op with the most evaluations (its own launch)
