@@ -91,9 +91,35 @@ def test_kernel_layouts_without_and_with_shared_pv(ctx, shared_floats, monkeypat
     assert AT._layout(8, 64, 1 << 12)[3] is False and AT._layout(8, 64, 1 << 14)[3] is True
     real = AT.flash_decode
     monkeypatch.setattr(match.AT, "flash_decode",
-                        lambda *a, **k: real(*a[:-1], shared_floats))
+                        lambda *a: real(*a[:5], shared_floats, *a[6:]))
     gr, outs = graph(ctx, 2, 8, 300, 64, -1e9)
     feeds = {"q": RNG.standard_normal((1, 2, 8, 64)), "k": RNG.standard_normal((1, 2, 300, 64)),
              "v": RNG.standard_normal((1, 2, 300, 64)),
              "valid": (np.arange(300) < 250).astype(np.float64).reshape(1, 1, 1, 300)}
     np.testing.assert_allclose(run(ctx, gr, outs, feeds)["y"], oracle(**feeds), rtol=2e-5, atol=2e-6)
+
+
+def test_query_chain_computed_by_the_attention_kernel(ctx):
+    """q = q_in * c + rotate(q_in) (a RoPE-like chain read only by q·Kᵀ) is computed by
+    each flash workgroup: still two launches, same result."""
+    heads, g, cap, d = 2, 4, 96, 8
+    b = MLGraphBuilder(ctx)
+    qin = b.input("qin", data_type="float32", shape=[1, heads, g, d])
+    c = b.input("c", data_type="float32", shape=[1, 1, 1, d])
+    k = b.input("k", data_type="float32", shape=[1, heads, cap, d])
+    v = b.input("v", data_type="float32", shape=[1, heads, cap, d])
+    rot = b.concat([b.neg(b.slice(qin, [0, 0, 0, d // 2], [1, heads, g, d // 2])),
+                    b.slice(qin, [0, 0, 0, 0], [1, heads, g, d // 2])], 3)
+    q = b.add(b.mul(qin, c), rot)
+    p = b.softmax(b.matmul(q, b.transpose(k, [0, 1, 3, 2])), 3)
+    outs = {"y": b.matmul(p, v)}
+    gr = b.build(outs)
+    assert [la.kernel.name for la in gr._plan.launches] == ["attention_flash", "attention_combine"]
+    feeds = {"qin": RNG.standard_normal((1, heads, g, d)), "c": RNG.standard_normal((1, 1, 1, d)),
+             "k": RNG.standard_normal((1, heads, cap, d)), "v": RNG.standard_normal((1, heads, cap, d))}
+    q64 = feeds["qin"] * feeds["c"] + np.concatenate([-feeds["qin"][..., d // 2:],
+                                                      feeds["qin"][..., :d // 2]], -1)
+    s = np.einsum("bhgd,bhcd->bhgc", q64, feeds["k"])
+    e = np.exp(s - s.max(-1, keepdims=True))
+    want = np.einsum("bhgc,bhcd->bhgd", e / e.sum(-1, keepdims=True), feeds["v"])
+    np.testing.assert_allclose(run(ctx, gr, outs, feeds)["y"], want, rtol=2e-5, atol=2e-6)

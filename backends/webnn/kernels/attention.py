@@ -63,13 +63,17 @@ def fits(q_rows: int, d: int, shared_floats: int) -> bool:
 
 def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
                  score: tuple[Sequence[FusedOp], Sequence[Leaf]] | None,
-                 shared_floats: int) -> tuple[Kernel, Kernel, int]:
+                 shared_floats: int,
+                 q_chain: tuple[Sequence[FusedOp], Sequence[Leaf]] | None = None
+                 ) -> tuple[Kernel, Kernel, int]:
     """(pass 1, pass 2, partial-buffer elements) for q (heads, q_rows, d), K and V
     (heads, capacity, d), output (heads, q_rows, d).
 
     ``score``: the element-wise chain applied to each raw score, as fused ops over the
     (heads, q_rows, capacity) score layout whose one *param* leaf is the raw score;
     its other leaves bind after q, K, V (then the partials). None: scores used raw.
+    ``q_chain``: q is not a buffer but an element-wise group (RoPE of the query) whose
+    leaves take q's place in the bindings; each workgroup computes its head's q rows.
 
     Pass 1 gives each invocation whole cache rows: it loads its K row once (vec4 loads
     when d % 4 == 0) and scores every q row against it; maxima and sums are tree
@@ -84,12 +88,23 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
     vec, D4, R, shared_pv = _layout(G, D, shared_floats)
     P = D + 4
     vt = "vec4<f32>" if vec else "f32"
-    src = (decl(0, "q", vt, "read") + decl(1, "k", vt, "read") + decl(2, "v", vt, "read"))
-    bindings = ["read", "read", "read"]
+    if q_chain is None:
+        src, bindings = decl(0, "q", vt, "read"), ["read"]
+        q_load = f"q[h * {G * D4}u + j]"
+    else:
+        qops, qleaves = q_chain
+        src, bindings = leaf_decls(qleaves, 0, "q_")
+        src += functions(qops, qleaves, "q_")[0]
+        qf = f"q_v{len(qops) - 1}"
+        base = f"(h * {G * D4}u + j)"
+        q_load = (f"vec4<f32>({qf}(4u * {base}), {qf}(4u * {base} + 1u), "
+                  f"{qf}(4u * {base} + 2u), {qf}(4u * {base} + 3u))" if vec else f"{qf}({base})")
+    src += decl(len(bindings), "k", vt, "read") + decl(len(bindings) + 1, "v", vt, "read")
+    bindings += ["read", "read"]
     fn_call = "raw"
     if score is not None:
         ops, leaves = score
-        lsrc, lb = leaf_decls(leaves, 3)
+        lsrc, lb = leaf_decls(leaves, len(bindings))
         fsrc, takes_s = functions(ops, leaves)
         src += lsrc + fsrc
         bindings += lb
@@ -189,7 +204,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let sp = wid.x;
   let c0 = sp * {T}u;
   let n = min({T}u, {C}u - c0);
-  for (var j = lid; j < {G * D4}u; j = j + {WG}u) {{ qs[j] = q[h * {G * D4}u + j]; }}
+  for (var j = lid; j < {G * D4}u; j = j + {WG}u) {{ qs[j] = {q_load}; }}
   workgroupBarrier();
   var mloc: array<f32, {G}>;
   var acc: array<f32, {G}>;

@@ -50,33 +50,35 @@ class Leaf:
     param: bool = False  # not bound: its element is the ``s`` argument (see ``functions``)
 
 
-def _read_ref(ref: Ref, index: str, leaves: Sequence[Leaf], takes_s: Sequence[bool]) -> str:
+def _read_ref(ref: Ref, index: str, leaves: Sequence[Leaf], takes_s: Sequence[bool],
+              p: str = "") -> str:
     kind, k = ref
     if kind == "op":
-        return f"v{k}({index}, s)" if takes_s[k] else f"v{k}({index})"
-    return "s" if leaves[k].param else f"in{k}[{index}]"
+        return f"{p}v{k}({index}, s)" if takes_s[k] else f"{p}v{k}({index})"
+    return "s" if leaves[k].param else f"{p}in{k}[{index}]"
 
 
-def _function(n: int, op: FusedOp, leaves: Sequence[Leaf], takes_s: Sequence[bool]) -> str:
+def _function(n: int, op: FusedOp, leaves: Sequence[Leaf], takes_s: Sequence[bool],
+              p: str = "") -> str:
     """WGSL ``fn v<n>(i: u32[, s: f32]) -> T`` for one op."""
     arg = ", s: f32" if takes_s[n] else ""
-    head = f"fn v{n}(i: u32{arg}) -> {op.out_type} {{\n"
+    head = f"fn {p}v{n}(i: u32{arg}) -> {op.out_type} {{\n"
 
     def _read(ref: Ref, index: str) -> str:
-        return _read_ref(ref, index, leaves, takes_s)
+        return _read_ref(ref, index, leaves, takes_s, p)
 
     shp = op.out_shape
     if op.op == "slice":
         st = S.strides(op.in_shapes[0])
         base = sum(s * d for s, d in zip(op.attrs["starts"], st, strict=True))
         steps = [d * s for d, s in zip(st, op.attrs["strides"], strict=True)]
-        return (offset_fn(f"o{n}", shp, steps, base) + head
-                + f"  return {_read(op.inputs[0], f'o{n}(i)')};\n}}\n")
+        return (offset_fn(f"{p}o{n}", shp, steps, base) + head
+                + f"  return {_read(op.inputs[0], f'{p}o{n}(i)')};\n}}\n")
     if op.op == "transpose":
         st = S.strides(op.in_shapes[0])
         perm = [st[p] for p in op.attrs["permutation"]]
-        return (offset_fn(f"o{n}", shp, perm) + head
-                + f"  return {_read(op.inputs[0], f'o{n}(i)')};\n}}\n")
+        return (offset_fn(f"{p}o{n}", shp, perm) + head
+                + f"  return {_read(op.inputs[0], f'{p}o{n}(i)')};\n}}\n")
     if op.op == "concat":
         ax = op.attrs["axis"]
         inner = S.size(shp[ax + 1:])
@@ -97,34 +99,35 @@ def _function(n: int, op: FusedOp, leaves: Sequence[Leaf], takes_s: Sequence[boo
     src = ""
     body = ""
     for k, (ref, ishp) in enumerate(zip(op.inputs, op.in_shapes, strict=True)):
-        src += offset_fn(f"o{n}_{k}", shp, S.broadcast_strides(ishp, shp))
-        body += f"  let a{k} = {_read(ref, f'o{n}_{k}(i)')};\n"
+        src += offset_fn(f"{p}o{n}_{k}", shp, S.broadcast_strides(ishp, shp))
+        body += f"  let a{k} = {_read(ref, f'{p}o{n}_{k}(i)')};\n"
     body += f"  return {expression(op.op, op.in_types, op.out_type)};\n"
     return src + head + body + "}\n"
 
 
-def functions(ops: Sequence[FusedOp], leaves: Sequence[Leaf]) -> tuple[str, bool]:
+def functions(ops: Sequence[FusedOp], leaves: Sequence[Leaf], prefix: str = "") -> tuple[str, bool]:
     """The WGSL functions of a group (``v<n>`` per op; the root is the last) and whether
     the root takes the ``s`` argument. A *param* leaf is a value the caller computes
     (decode attention's q·k score, ``kernels/attention.py``): it must be read at the
     index its consumer is evaluated at, so the ops reading it (transitively) are only
     element-wise ops of the root's shape (checked by the compiler), and they take its
-    value as ``s`` instead of loading it."""
+    value as ``s`` instead of loading it. ``prefix``: prepended to every generated name
+    (two groups in one kernel)."""
     takes_s: list[bool] = []
     for op in ops:
         takes_s.append(any((kind == "leaf" and leaves[k].param) or (kind == "op" and takes_s[k])
                            for kind, k in op.inputs))
-    src = "".join(_function(j, op, leaves, takes_s) for j, op in enumerate(ops))
+    src = "".join(_function(j, op, leaves, takes_s, prefix) for j, op in enumerate(ops))
     return src, takes_s[-1]
 
 
-def leaf_decls(leaves: Sequence[Leaf], first: int) -> tuple[str, list[str]]:
+def leaf_decls(leaves: Sequence[Leaf], first: int, prefix: str = "") -> tuple[str, list[str]]:
     """Storage declarations ``in<k>`` of the bound leaves, from binding ``first`` on."""
     src = ""
     bindings: list[str] = []
     for k, leaf in enumerate(leaves):
         if not leaf.param:
-            src += decl(first + len(bindings), f"in{k}", leaf.wgsl_type, "read")
+            src += decl(first + len(bindings), f"{prefix}in{k}", leaf.wgsl_type, "read")
             bindings.append("read")
     return src, bindings
 

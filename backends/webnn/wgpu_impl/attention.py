@@ -38,26 +38,30 @@ class Attention:
     v: MLOperand
     qk: MLOperand
     score: fusion.Group | None  # the chain between QK and the softmax
+    q_chain: fusion.Group | None = None  # q's element-wise group (RoPE), computed inside
 
     @property
     def absorbed(self) -> list[MLOperand]:
         """Ops computed inside the two kernels (no launch of their own)."""
         softmax = root(self.out._inputs[0])
         chain = self.score.ops if self.score is not None else []
-        return [self.qk, softmax, *chain]
+        q_ops = self.q_chain.ops if self.q_chain is not None else []
+        return [self.qk, softmax, *chain, *q_ops]
 
     @property
     def leaves(self) -> list[MLOperand]:
         """What the kernels read, in binding order."""
         extra = [x for x in self.score.leaves if x is not self.qk] if self.score else []
-        return [self.q, self.k, self.v, *extra]
+        q = list(self.q_chain.leaves) if self.q_chain is not None else [self.q]
+        return [*q, self.k, self.v, *extra]
 
     def kernels(self, shared_bytes: int) -> tuple[AT.Kernel, AT.Kernel, int]:
         G, D = self.out._shape[-2], self.out._shape[-1]  # roots may be flat: use the views
         C = self.qk._shape[-1]
         heads = S.size(self.out._shape[:-2])
         score = self.score.fused_ops(param=self.qk) if self.score is not None else None
-        return AT.flash_decode(heads, G, C, D, score, shared_bytes // 4)
+        q_chain = self.q_chain.fused_ops() if self.q_chain is not None else None
+        return AT.flash_decode(heads, G, C, D, score, shared_bytes // 4, q_chain)
 
 
 def _last2_transpose(o: MLOperand) -> MLOperand | None:
@@ -120,7 +124,12 @@ def match_attention(nodes: list[MLOperand], inlined: set[int], groups: dict[int,
             continue
         if not AT.fits(G, D, shared_bytes // 4):
             continue
-        found[o._id] = Attention(o, root(q_view), k, v, qk, score)
+        q = root(q_view)
+        q_chain = None
+        if (fusion.is_fusible(q) and q._id not in inlined and q._id not in pinned
+                and only(q, qk) and q._dtype.wgsl == "f32"):
+            q_chain = groups.get(q._id) or fusion.collect(q, inlined)[0]
+        found[o._id] = Attention(o, q, k, v, qk, score, q_chain)
     return found
 
 
