@@ -1,0 +1,143 @@
+"""Planning the matrix-vector products of a decode step (constant weights, one input row):
+weight repacking, stacked projections, residual epilogues and input prologues.
+
+These are what make the wgpu lowering launch-light on GPUs (PERFORMANCE.md): a layer's q/k/v
+projections become one launch reading the stacked weights; the residual add is written by
+the projection feeding it; the element-wise vector a projection reads (RMSNorm's tail,
+SwiGLU) is computed by the projection's workgroups. Each decision is pure planning over the
+graph; ``compiler._lower`` emits the kernels.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .. import shapes as S
+from .._classes import MLOperand
+from ..stateful import root
+from . import fusion
+from .target import Target
+
+
+def const_weight(o: MLOperand, fold: dict[int, MLOperand]) -> tuple[MLOperand, bool, Any] | None:
+    """(constant, stored transposed, logical (K, N) or (N, K) shape) of a matmul's B when
+    it is a 2-D constant (possibly behind a folded transpose), else None."""
+    b = o._inputs[1]
+    src = fold.get(o._id, root(b))
+    b_t = o._id in fold
+    b_shape = root(b)._inputs[0]._shape if b_t else b._shape
+    if src._kind != "constant" or len(b_shape) != 2:
+        return None
+    return src, b_t, b_shape
+
+
+def stacked_gemvs(nodes: list[MLOperand], fold: dict[int, MLOperand],
+                   max_binding: int) -> dict[int, list[MLOperand]]:
+    """Single-row matmuls of one input against constant weights (a layer's q, k and v
+    projections; its gate and up projections), grouped: first matmul id -> the group.
+    Each group runs as one launch over the weight rows stacked (within the binding
+    limit): fewer launches, and small projections no longer run alone."""
+    by_input: dict[tuple, list[MLOperand]] = {}
+    for o in nodes:
+        if o._kind != "op" or o._op != "matmul" or S.size(o._shape[:-1]) != 1:
+            continue
+        a = o._inputs[0]
+        w = const_weight(o, fold)
+        if w is None or S.size(a._shape[:-1]) != 1:
+            continue
+        by_input.setdefault((root(a)._id, a._shape[-1]), []).append(o)
+    out: dict[int, list[MLOperand]] = {}
+    for (_, K), ms in by_input.items():
+        group: list[MLOperand] = []
+        for o in ms:
+            if 4 * K * (sum(m._shape[-1] for m in group) + o._shape[-1]) > max_binding:
+                break
+            group.append(o)
+        if len(group) > 1:
+            out[group[0]._id] = group
+    return out
+
+
+def residual_epilogues(nodes: list[MLOperand], fold: dict[int, MLOperand], inlined: set[int],
+                        groups: dict[int, Any], taken: set[int],
+                        stacked: set[int]) -> dict[int, tuple[MLOperand, MLOperand]]:
+    """Single-row matmuls with constant weights whose only reader is an ``add`` of a
+    same-shaped tensor (a residual connection): gemv id -> (the add, the other operand).
+    The gemv then writes the sum; the add has no launch."""
+    consumers = fusion.consumers_of(nodes)
+    out: dict[int, tuple[MLOperand, MLOperand]] = {}
+    for a in nodes:
+        if (a._kind != "op" or a._op != "add" or a._id in inlined or a._id in groups
+                or a._id in taken or a._dtype.wgsl != "f32"):
+            continue
+        for j in (0, 1):
+            g, res = root(a._inputs[j]), root(a._inputs[1 - j])
+            if (g._kind == "op" and g._op == "matmul" and g._id not in taken
+                    and g._id not in stacked and g._id not in out and g is not res
+                    and [c._id for c in consumers.get(g._id, [])] == [a._id]
+                    and const_weight(g, fold) is not None
+                    and S.size(g._shape[:-1]) == 1 and S.size(g._inputs[0]._shape[:-1]) == 1
+                    and tuple(a._inputs[j]._shape) == tuple(a._inputs[1 - j]._shape)
+                    == tuple(a._shape)):
+                out[g._id] = (a, res)
+                break
+    return out
+
+
+def gemv_prologues(nodes: list[MLOperand], fold: dict[int, MLOperand], inlined: set[int],
+                    groups: dict[int, Any], taken: set[int],
+                    target: Target) -> dict[int, fusion.Group]:
+    """gemv id -> the element-wise group computing its input vector, where every reader of
+    that vector is a single-row matmul with constant weights (RMSNorm's tail read by the
+    q/k/v projections, SwiGLU's product read by the down projection). Each gemv workgroup
+    then computes the vector into workgroup memory; the group needs no launch."""
+    consumers = fusion.consumers_of(nodes)
+    out: dict[int, fusion.Group] = {}
+    for a in nodes:
+        if (not fusion.is_fusible(a) or a._id in inlined or a._id in taken
+                or a._dtype.wgsl != "f32"):
+            continue
+        K = S.size(a._shape)
+        readers = consumers.get(a._id, [])
+        if not readers or not all(
+                c._op == "matmul" and root(c._inputs[0]) is a and c._inputs[0]._shape[-1] == K
+                and S.size(c._shape[:-1]) == 1 and const_weight(c, fold) is not None
+                for c in readers):
+            continue
+        if 4 * K + 4 * 256 > target.shared_bytes:
+            continue  # the vector must fit in workgroup memory beside the reduction scratch
+        group = groups.get(a._id) or fusion.collect(a, inlined)[0]
+        if len(group.leaves) + 5 > target.max_storage:  # + weights, residual, 3 outputs
+            continue
+        for c in readers:
+            out[c._id] = group
+    return out
+
+
+def prologue_source(group: fusion.Group) -> tuple[str, list[str], str]:
+    fops, leaves = group.fused_ops()
+    decls, bindings = fusion.FU.leaf_decls(leaves, 0)
+    return decls + fusion.FU.functions(fops, leaves)[0], bindings, f"v{len(fops) - 1}"
+
+
+def stacked_rows(parts: list[tuple[MLOperand, bool, Any]]) -> np.ndarray:
+    """The stacked (sum N, K) weights of a stacked gemv, flat."""
+    rows = [weight_rows(src, shp, b_t, 0, shp[0] if b_t else shp[1]) for src, b_t, shp in parts]
+    return np.concatenate(rows)
+
+
+def weight_rows(src: MLOperand, b_shape: Any, b_t: bool, n0: int, nc: int) -> np.ndarray:
+    """Rows [n0, n0 + nc) of a constant matmul operand in (N, K) layout, flat."""
+    w = src._value.astype(np.float32, copy=False).reshape(b_shape)
+    w = w[n0:n0 + nc] if b_t else w[:, n0:n0 + nc].T
+    return np.ascontiguousarray(w).reshape(-1)
+
+
+def interleave(rows: Any, n: int, k: int) -> np.ndarray:
+    """(N, K) rows → k-major, interleaved by column: ``Wp[k4*N + n] = W[n, 4k4:4k4+4]``
+    (kernels/matmul.py gemv_cols)."""
+    vw = 4 if k % 4 == 0 else 1
+    w = rows().reshape(n, k // vw, vw).transpose(1, 0, 2)
+    return np.ascontiguousarray(w).reshape(-1)
