@@ -140,9 +140,11 @@ def test_reduction_computes_its_input_chain(ctx, op):
 
 
 @pytest.mark.parametrize("k", [6, 8])
-def test_gemv_prologue_and_stacking_with_gpu_kernel(ctx, k, monkeypatch):
+@pytest.mark.parametrize("norm", [False, True])
+def test_gemv_prologue_and_stacking_with_gpu_kernel(ctx, k, norm, monkeypatch):
     """Forced GPU gemv: an element-wise input vector read only by two single-row matmuls
-    is computed by the (stacked) gemv itself, vec4 (k = 8) or scalar (k = 6) loads."""
+    is computed by the (stacked) gemv itself, vec4 (k = 8) or scalar (k = 6) loads; with
+    ``norm`` it is RMSNorm, whose mean of squares the gemv's workgroups compute too."""
     from backends.webnn.wgpu_impl import compiler
 
     monkeypatch.setitem(compiler.OPTIONS, "gemv", "rows_sh")
@@ -150,14 +152,20 @@ def test_gemv_prologue_and_stacking_with_gpu_kernel(ctx, k, monkeypatch):
     x = b.input("x", data_type="float32", shape=[1, k])
     s = b.input("s", data_type="float32", shape=[1, 1])
     w1, w2, g = (RNG.standard_normal(sh).astype(np.float32) for sh in ((k, 5), (k, 3), (1, k)))
-    v = b.mul(b.div(x, b.sqrt(s)), const(b, g))
+    if norm:
+        ms = b.reduce_mean(b.mul(x, x), axes=[1], keep_dimensions=True)
+        v = b.mul(b.div(x, b.sqrt(b.add(ms, s))), const(b, g))
+    else:
+        v = b.mul(b.div(x, b.sqrt(s)), const(b, g))
     y1 = b.matmul(v, const(b, w1))
     y2 = b.matmul(v, const(b, w2))
     xv = RNG.standard_normal((1, k)).astype(np.float32)
     sv = np.float32([[2.5]])
     gr, out = run(ctx, b, {"y1": y1, "y2": y2}, {"x": xv, "s": sv})
     assert names(gr) == ["matmul_gemv"]
-    vv = xv.astype(np.float64) / np.sqrt(2.5) * g
+    x64 = xv.astype(np.float64)
+    denom = np.sqrt((x64 * x64).mean() + 2.5) if norm else np.sqrt(2.5)
+    vv = x64 / denom * g
     np.testing.assert_allclose(out["y1"], vv @ w1, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(out["y2"], vv @ w2, rtol=1e-5, atol=1e-5)
 

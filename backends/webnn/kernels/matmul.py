@@ -8,9 +8,11 @@ reads the key cache without materialising the transpose.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from .. import shapes as S
 from .common import WG, Kernel, contiguous, decl, grid, main_1d, offset_fn
+from .reduce import inline_reduction
 
 
 def _batch_fn(fname: str, batch: Sequence[int], src_batch: Sequence[int], unit: int) -> str:
@@ -138,11 +140,21 @@ def gemv_cols(a_shape: Sequence[int], K: int, out_shape: Sequence[int], *, n_off
     return Kernel("matmul_gemv", src, ["read", "read", "rw"], (gx, rows, 1), traffic)
 
 
+@dataclass
+class VectorSource:
+    """A gemv input vector computed inside the gemv (``gemv_rows(prologue=...)``)."""
+
+    src: str  # declarations (bindings from 0) and functions
+    bindings: list[str]
+    element: str  # format string: WGSL expression of element {} (may use ``red``)
+    reduction: tuple[str, str, int] | None = None  # (reduce op, element {} of its input, count)
+
+
 def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequence[int], *,
               n_off: int = 0, n_chunk: int | None = None, lanes: int = 32, wg: int = 256,
               subgroup: int | None = None, splits: Sequence[int] | None = None,
               residual: bool = False,
-              prologue: tuple[str, list[str], str] | None = None) -> Kernel:
+              prologue: VectorSource | None = None) -> Kernel:
     """out[r, n] = sum_k A[r, k] * Bt[n, k] for M == 1 on a GPU: B stored (N, K).
 
     ``lanes`` invocations share one output column (a weight row): they stride along K with
@@ -159,10 +171,10 @@ def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequenc
     residual connection ``x + W·y``: the add needs no launch of its own); outputs follow.
 
     ``prologue``: the input vector is not a buffer but an element-wise group (RMSNorm's
-    ``x / rms * w``, SwiGLU's ``silu(g) * u``): its declarations and functions, their
-    bindings (first), and the function giving element ``i``. Each workgroup computes the
-    vector into workgroup memory once, then streams its weight rows against it. Single
-    input row only.
+    ``x / rms * w``, SwiGLU's ``silu(g) * u``), its bindings first. Each workgroup computes
+    the vector into workgroup memory once (after the whole-vector reduction it reads, if
+    any: RMSNorm's mean of squares), then streams its weight rows against it. Single input
+    row only.
     """
     K, N = a_shape[-1], out_shape[-1]
     nc = N if n_chunk is None else n_chunk
@@ -176,9 +188,12 @@ def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequenc
     if prologue is None:
         src, a_bindings = decl(0, "a", vt, "read"), ["read"]
     else:
-        src, a_bindings, fn = prologue
-        a_bindings = list(a_bindings)
+        src, a_bindings = prologue.src, list(prologue.bindings)
         src += f"var<workgroup> xa: array<{vt}, {kv}>;\n"
+        if prologue.reduction is not None:
+            op, load, count = prologue.reduction
+            red_decls, red_body = inline_reduction(op, count, load, wg=wg)
+            src += red_decls
     nb = len(a_bindings)
     src += decl(nb, "b", vt, "read")
     first_out = nb + 2 if residual else nb + 1
@@ -193,10 +208,13 @@ def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequenc
     assert not (splits or prologue) or rows == 1, "stacked/prologue gemv: a single input row"
     src += head
     if prologue is not None:
+        if prologue.reduction is not None:
+            src += red_body
+        el = prologue.element
         if vw == 4:
-            item = "vec4<f32>(" + ", ".join(f"{fn}(4u * j + {c}u)" for c in range(4)) + ")"
+            item = "vec4<f32>(" + ", ".join(el.format(f"4u * j + {c}u") for c in range(4)) + ")"
         else:
-            item = f"{fn}(j)"
+            item = el.format("j")
         src += (f"  for (var j = lid; j < {kv}u; j = j + {wg}u) {{ xa[j] = {item}; }}\n"
                 "  workgroupBarrier();\n")
     src += (f"  let r = lid / {lanes}u;\n  let t = lid % {lanes}u;\n"

@@ -24,6 +24,22 @@ def _tree(combine: str, var: str = "sh", wg: int = WG) -> str:
     return src
 
 
+def inline_reduction(op: str, count: int, load: str, wg: int, var: str = "red") -> tuple[str, str]:
+    """(module declarations, body) reducing ``count`` elements given by ``load`` (a format
+    string of the index) across one workgroup into ``let {var}`` (f32): for kernels that
+    need a whole-vector statistic before their own work (RMSNorm inside a gemv)."""
+    comb = _COMBINE[op]
+    init = {"reduce_max": lowest("f32"), "reduce_min": highest("f32")}.get(op, "0.0")
+    decls = f"var<workgroup> {var}_sh: array<f32, {wg}>;\n"
+    body = (f"  var {var}_acc: f32 = {init};\n"
+            f"  for (var j = lid; j < {count}u; j = j + {wg}u) {{\n"
+            f"    {var}_acc = {comb.format(a=f'{var}_acc', b=load.format('j'))};\n  }}\n"
+            f"  {var}_sh[lid] = {var}_acc;\n" + _tree(comb, f"{var}_sh", wg))
+    scale = f" / f32({count})" if op == "reduce_mean" else ""
+    body += f"  let {var} = {var}_sh[0]{scale};\n"
+    return decls, body
+
+
 def _header(gx: int, wg: int = WG) -> str:
     return (f"@compute @workgroup_size({wg})\n"
             "fn main(@builtin(workgroup_id) wid: vec3<u32>, "

@@ -84,7 +84,7 @@ class Plan:
     stacked: dict[int, list[MLOperand]] = field(default_factory=dict)  # first gemv -> all
     fold: dict[int, MLOperand] = field(default_factory=dict)  # matmul id -> B read transposed
     epilogue: dict[int, tuple[MLOperand, MLOperand]] = field(default_factory=dict)  # gemv -> (add, residual)
-    prologue: dict[int, fusion.Group] = field(default_factory=dict)  # gemv -> its input's group
+    prologue: dict[int, GV.Prologue] = field(default_factory=dict)  # gemv -> its input vector
 
 
 @dataclass
@@ -176,7 +176,7 @@ def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
     if not _gemv_variant(plan.target).startswith(("cols", "legacy")):
         plan.prologue = GV.gemv_prologues(nodes, fold, inlined, groups, pinned | absorbed,
                                         plan.target)
-    absorbed |= {g.ops[-1]._id for g in plan.prologue.values()}
+    absorbed |= {x._id for pro in plan.prologue.values() for x in pro.absorbed}
     for o in nodes:
         if o._kind != "op" or o._op == "reshape" or o._id in inlined or o._id in absorbed:
             continue
@@ -341,7 +341,7 @@ def _gemv_variant(t: Target, cols_ok: bool = True) -> str:
 def _gemv_rows(t: Target, variant: str, a_shape: Any, b_shape: Any, shp: Any, n0: int,
                chunk: int | None, residual: bool = False,
                splits: list[int] | None = None,
-               prologue: tuple[str, list[str], str] | None = None) -> Kernel:
+               prologue: MM.VectorSource | None = None) -> Kernel:
     if variant == "legacy":
         return MM.gemv(a_shape, b_shape, shp, b_t=True, n_off=n0, n_chunk=chunk)
     lanes = {"rows": 32, "rows_sh": 32, "rows8": 8, "rows16": 16, "rows64": 64}.get(variant, 32)
@@ -373,7 +373,7 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
         pro = plan.prologue.get(o._id)
         k = _gemv_rows(plan.target, _gemv_variant(plan.target), o._inputs[0]._shape,
                        (sum(sizes), K), (1, sum(sizes)), 0, None, splits=sizes,
-                       prologue=GV.prologue_source(pro) if pro else None)
+                       prologue=pro.source() if pro else None)
         a_slots = [slot_of(x) for x in pro.leaves] if pro else [ins[0]]
         add(KernelLaunch(k, a_slots + [slot] + [slot_of(m) for m in group]))
     elif o._id in plan.attention:
@@ -433,7 +433,7 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
                     dst, res = plan.epilogue.get(o._id, (o, None))  # (the add, residual)
                     k = _gemv_rows(plan.target, variant, a._shape, (N, K), shp, n0, chunk,
                                    residual=res is not None,
-                                   prologue=GV.prologue_source(pro) if pro else None)
+                                   prologue=pro.source() if pro else None)
                     add(KernelLaunch(k, a_slots + [slot] + ([slot_of(res)] if res is not None
                                                             else []) + [slot_of(dst)]))
         elif b_t and M == 1:

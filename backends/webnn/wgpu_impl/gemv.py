@@ -10,12 +10,14 @@ graph; ``compiler._lower`` emits the kernels.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from .. import shapes as S
 from .._classes import MLOperand
+from ..kernels import matmul as MM
 from ..stateful import root
 from . import fusion
 from .target import Target
@@ -86,15 +88,67 @@ def residual_epilogues(nodes: list[MLOperand], fold: dict[int, MLOperand], inlin
     return out
 
 
+@dataclass
+class Prologue:
+    """A gemv's input vector computed by the gemv: an element-wise ``group`` and, if it
+    reads one, the whole-vector ``reduction`` (a reduce op with one output element and the
+    group of its input chain, e.g. RMSNorm's mean of squares), computed first."""
+
+    group: fusion.Group
+    reduction: fusion.Group | None = None
+
+    @property
+    def reduce_op(self) -> MLOperand | None:
+        return self.reduction.ops[-1] if self.reduction is not None else None
+
+    @property
+    def _reduction_inner(self) -> fusion.Group:
+        r = self.reduce_op
+        assert r is not None
+        return self.reduction.inner if len(self.reduction.ops) > 1 else fusion.Group(
+            [], [root(r._inputs[0])])
+
+    @property
+    def leaves(self) -> list[MLOperand]:
+        """What the gemv reads for its vector, in binding order."""
+        out = [x for x in self.group.leaves if x is not self.reduce_op]
+        return out + (self._reduction_inner.leaves if self.reduction is not None else [])
+
+    @property
+    def absorbed(self) -> list[MLOperand]:
+        """Ops with no launch of their own: the group's root and the reduction."""
+        return [self.group.ops[-1]] + ([self.reduce_op] if self.reduction is not None else [])
+
+    def source(self) -> MM.VectorSource:
+        r = self.reduce_op
+        fops, leaves = self.group.fused_ops(param=r)
+        decls, bindings = fusion.FU.leaf_decls(leaves, 0)
+        fsrc, takes_red = fusion.FU.functions(fops, leaves)
+        element = f"v{len(fops) - 1}({{}}{', red' if takes_red else ''})"
+        if r is None:
+            return MM.VectorSource(decls + fsrc, bindings, element)
+        inner = self._reduction_inner
+        rops, rleaves = inner.fused_ops()
+        rdecls, rbind = fusion.FU.leaf_decls(rleaves, len(bindings), "r_")
+        x = root(r._inputs[0])
+        pos = [o._id for o in inner.ops]
+        load = f"r_v{pos.index(x._id)}({{}})" if x._id in pos else "r_in0[{}]"
+        rsrc = fusion.FU.functions(rops, rleaves, "r_")[0] if rops else ""
+        return MM.VectorSource(decls + fsrc + rdecls + rsrc, bindings + rbind, element,
+                               (r._op, load, S.size(x._shape)))
+
+
 def gemv_prologues(nodes: list[MLOperand], fold: dict[int, MLOperand], inlined: set[int],
-                    groups: dict[int, Any], taken: set[int],
-                    target: Target) -> dict[int, fusion.Group]:
+                   groups: dict[int, Any], taken: set[int],
+                   target: Target) -> dict[int, Prologue]:
     """gemv id -> the element-wise group computing its input vector, where every reader of
     that vector is a single-row matmul with constant weights (RMSNorm's tail read by the
     q/k/v projections, SwiGLU's product read by the down projection). Each gemv workgroup
-    then computes the vector into workgroup memory; the group needs no launch."""
+    then computes the vector into workgroup memory; the group needs no launch. A
+    one-element reduction the group reads, read by nothing else (RMSNorm's mean of
+    squares), is computed by the gemv's workgroups too."""
     consumers = fusion.consumers_of(nodes)
-    out: dict[int, fusion.Group] = {}
+    out: dict[int, Prologue] = {}
     for a in nodes:
         if (not fusion.is_fusible(a) or a._id in inlined or a._id in taken
                 or a._dtype.wgsl != "f32"):
@@ -106,20 +160,30 @@ def gemv_prologues(nodes: list[MLOperand], fold: dict[int, MLOperand], inlined: 
                 and S.size(c._shape[:-1]) == 1 and const_weight(c, fold) is not None
                 for c in readers):
             continue
-        if 4 * K + 4 * 256 > target.shared_bytes:
+        if 4 * K + 4 * 512 > target.shared_bytes:
             continue  # the vector must fit in workgroup memory beside the reduction scratch
         group = groups.get(a._id) or fusion.collect(a, inlined)[0]
-        if len(group.leaves) + 5 > target.max_storage:  # + weights, residual, 3 outputs
-            continue
+        pro = Prologue(group, _reduction_of(group, consumers, groups, inlined, taken))
+        if len(pro.leaves) + 5 > target.max_storage:  # + weights, residual, 3 outputs
+            pro = Prologue(group)
+            if len(pro.leaves) + 5 > target.max_storage:
+                continue
         for c in readers:
-            out[c._id] = group
+            out[c._id] = pro
     return out
 
 
-def prologue_source(group: fusion.Group) -> tuple[str, list[str], str]:
-    fops, leaves = group.fused_ops()
-    decls, bindings = fusion.FU.leaf_decls(leaves, 0)
-    return decls + fusion.FU.functions(fops, leaves)[0], bindings, f"v{len(fops) - 1}"
+def _reduction_of(group: fusion.Group, consumers: dict[int, list[MLOperand]],
+                  groups: dict[int, Any], inlined: set[int],
+                  taken: set[int]) -> fusion.Group | None:
+    """The one-element reduction among ``group``'s leaves that only ``group`` reads."""
+    ops = {o._id for o in group.ops}
+    for x in group.leaves:
+        if (x._kind == "op" and x._op.startswith("reduce_") and S.size(x._shape) == 1
+                and x._dtype.wgsl == "f32" and x._id not in taken
+                and all(c._id in ops for c in consumers.get(x._id, []))):
+            return groups.get(x._id) or fusion.collect(x, inlined)[0]
+    return None
 
 
 def stacked_rows(parts: list[tuple[MLOperand, bool, Any]]) -> np.ndarray:
