@@ -260,6 +260,8 @@ def main() -> None:
     ap.add_argument("--step", default="small:512", help="preset:capacity,... or none")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--profile", action="store_true", help="per-kernel GPU time of the step")
+    ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                    help="compiler.OPTIONS for the step (e.g. gemv_prologue=off); repeatable")
     ap.add_argument("--submit-every", default="default",
                     help="launches per command buffer for the step, comma list: 0 = one "
                          "submit (GPU time without encoding gaps), 'default' = the context's")
@@ -295,6 +297,11 @@ def main() -> None:
                 print(json.dumps(r), file=sys.stderr)
         compiler.OPTIONS["attention"] = None
     ctx.destroy()
+    for kv in a.option:
+        key, _, value = kv.partition("=")
+        if key not in compiler.OPTIONS:
+            sys.exit(f"kernel_bench: unknown option {key!r}; known: {', '.join(compiler.OPTIONS)}")
+        compiler.OPTIONS[key] = value or None
     if a.step != "none":
         from backends.webnn.wgpu_impl import context as wctx
 
@@ -310,6 +317,7 @@ def main() -> None:
                 except Exception as exc:  # noqa: BLE001
                     r = {"preset": name, "error": repr(exc), "trace": traceback.format_exc()[-800:]}
                 r["submit_every"] = every
+                r["options"] = dict(compiler.OPTIONS)
                 out["step"].append(r)
                 print(json.dumps(r), file=sys.stderr)
     print(json.dumps(out, indent=1))

@@ -140,14 +140,19 @@ def test_reduction_computes_its_input_chain(ctx, op):
 
 
 @pytest.mark.parametrize("k", [6, 8])
-@pytest.mark.parametrize("norm", [False, True])
-def test_gemv_prologue_and_stacking_with_gpu_kernel(ctx, k, norm, monkeypatch):
+@pytest.mark.parametrize("norm,mode,launches", [
+    (False, None, ["matmul_gemv"]), (True, None, ["matmul_gemv"]),
+    (True, "vector", ["reduce_mean", "matmul_gemv"]),
+    (True, "off", ["reduce_mean", "fused:add+sqrt+div+mul", "matmul_gemv"])])
+def test_gemv_prologue_and_stacking_with_gpu_kernel(ctx, k, norm, mode, launches, monkeypatch):
     """Forced GPU gemv: an element-wise input vector read only by two single-row matmuls
     is computed by the (stacked) gemv itself, vec4 (k = 8) or scalar (k = 6) loads; with
-    ``norm`` it is RMSNorm, whose mean of squares the gemv's workgroups compute too."""
+    ``norm`` it is RMSNorm, whose mean of squares the gemv's workgroups compute too
+    (``gemv_prologue`` None; "vector": the mean launched alone; "off": neither)."""
     from backends.webnn.wgpu_impl import compiler
 
     monkeypatch.setitem(compiler.OPTIONS, "gemv", "rows_sh")
+    monkeypatch.setitem(compiler.OPTIONS, "gemv_prologue", mode)
     b = MLGraphBuilder(ctx)
     x = b.input("x", data_type="float32", shape=[1, k])
     s = b.input("s", data_type="float32", shape=[1, 1])
@@ -162,7 +167,7 @@ def test_gemv_prologue_and_stacking_with_gpu_kernel(ctx, k, norm, monkeypatch):
     xv = RNG.standard_normal((1, k)).astype(np.float32)
     sv = np.float32([[2.5]])
     gr, out = run(ctx, b, {"y1": y1, "y2": y2}, {"x": xv, "s": sv})
-    assert names(gr) == ["matmul_gemv"]
+    assert names(gr) == launches
     x64 = xv.astype(np.float64)
     denom = np.sqrt((x64 * x64).mean() + 2.5) if norm else np.sqrt(2.5)
     vv = x64 / denom * g

@@ -44,7 +44,9 @@ Slot = tuple
 #: kernel-variant overrides for benchmarks and tests (None: chosen per adapter);
 #: "attention": None/"flash" (two-launch decode attention where the pattern matches),
 #: "unfused" (QK, chain, softmax, split-K probs·V), "generic" (plain matmuls)
-OPTIONS: dict[str, str | None] = {"gemv": None, "attention": None}
+#: "gemv_prologue": None (input vector and its one-element reduction computed by the
+#: gemv), "vector" (the vector only), "off" (both launched on their own)
+OPTIONS: dict[str, str | None] = {"gemv": None, "attention": None, "gemv_prologue": None}
 
 
 @dataclass
@@ -173,9 +175,10 @@ def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
                                             set(plan.stacked))
     absorbed |= {add._id for add, _ in plan.epilogue.values()}
     # -- a gemv's input vector computed by the gemv (RMSNorm's tail, SwiGLU) ------------
-    if not _gemv_variant(plan.target).startswith(("cols", "legacy")):
+    mode = OPTIONS.get("gemv_prologue")
+    if not _gemv_variant(plan.target).startswith(("cols", "legacy")) and mode != "off":
         plan.prologue = GV.gemv_prologues(nodes, fold, inlined, groups, pinned | absorbed,
-                                        plan.target)
+                                          plan.target, reductions=mode != "vector")
     absorbed |= {x._id for pro in plan.prologue.values() for x in pro.absorbed}
     for o in nodes:
         if o._kind != "op" or o._op == "reshape" or o._id in inlined or o._id in absorbed:

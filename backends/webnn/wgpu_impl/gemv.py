@@ -139,14 +139,14 @@ class Prologue:
 
 
 def gemv_prologues(nodes: list[MLOperand], fold: dict[int, MLOperand], inlined: set[int],
-                   groups: dict[int, Any], taken: set[int],
-                   target: Target) -> dict[int, Prologue]:
+                   groups: dict[int, Any], taken: set[int], target: Target,
+                   reductions: bool = True) -> dict[int, Prologue]:
     """gemv id -> the element-wise group computing its input vector, where every reader of
     that vector is a single-row matmul with constant weights (RMSNorm's tail read by the
     q/k/v projections, SwiGLU's product read by the down projection). Each gemv workgroup
     then computes the vector into workgroup memory; the group needs no launch. A
     one-element reduction the group reads, read by nothing else (RMSNorm's mean of
-    squares), is computed by the gemv's workgroups too."""
+    squares), is computed by the gemv's workgroups too (``reductions``)."""
     consumers = fusion.consumers_of(nodes)
     out: dict[int, Prologue] = {}
     for a in nodes:
@@ -163,7 +163,8 @@ def gemv_prologues(nodes: list[MLOperand], fold: dict[int, MLOperand], inlined: 
         if 4 * K + 4 * 512 > target.shared_bytes:
             continue  # the vector must fit in workgroup memory beside the reduction scratch
         group = groups.get(a._id) or fusion.collect(a, inlined)[0]
-        pro = Prologue(group, _reduction_of(group, consumers, groups, inlined, taken))
+        red = _reduction_of(group, consumers, groups, inlined, taken) if reductions else None
+        pro = Prologue(group, red)
         if len(pro.leaves) + 5 > target.max_storage:  # + weights, residual, 3 outputs
             pro = Prologue(group)
             if len(pro.leaves) + 5 > target.max_storage:
