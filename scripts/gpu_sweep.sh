@@ -6,7 +6,8 @@
 # On a box with network: `pip install -e .[webgpu]` first. On an offline box (the H200 here),
 # run `../shared/gpu/prepare.sh` on a connected machine and send `.whl/` and `.gl/` with the
 # checkout: this script installs them into /tmp/site. Writes one results JSON per preset into
-# OUTDIR and prints a short summary last; `statebench report` makes the charts anywhere.
+# OUTDIR with its charts and HTML report in OUTDIR/PRESET-report/, and prints a short summary
+# last; `statebench report` remakes the charts anywhere.
 set -euo pipefail
 out=${1:?usage: scripts/gpu_sweep.sh OUTDIR [PRESET...]}
 shift || true
@@ -37,5 +38,11 @@ for p in "${presets[@]}"; do
     --steps "${STATEBENCH_GPU_STEPS:-8}" --warmup 2 --out "$out/$p.json" || echo "run $p exited $?"
 done
 for p in "${presets[@]}"; do
-  [ -f "$out/$p.json" ] && "$py" -m harness.cli report "$out/$p.json" --format md || true
+  [ -f "$out/$p.json" ] || continue
+  # charts and the HTML report beside the results (STATEBENCH_GPU_REPORT=0: the summary only,
+  # e.g. where only a few files may come back from the machine)
+  if [ "${STATEBENCH_GPU_REPORT:-1}" != 0 ]; then
+    "$py" -m harness.cli report "$out/$p.json" --out "$out/$p-report" > /dev/null || true
+  fi
+  "$py" -m harness.cli report "$out/$p.json" --format md || true
 done
