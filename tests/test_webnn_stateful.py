@@ -326,7 +326,11 @@ def step_counters(ctx, cap, stateful):
     return ctx.counters.snapshot(), g
 
 
-def test_counters_stateful_writes_only_new_rows(ctx):
+@pytest.mark.parametrize("row_writes", [None, "separate"])
+def test_counters_stateful_writes_only_new_rows(ctx, row_writes, monkeypatch):
+    from backends.webnn.wgpu_impl import compiler
+
+    monkeypatch.setitem(compiler.OPTIONS, "row_writes", row_writes)
     row = H * D * 4  # bytes of one new row over all heads
     s4, g4 = step_counters(ctx, 4, True)
     s8, g8 = step_counters(ctx, 8, True)
@@ -336,9 +340,12 @@ def test_counters_stateful_writes_only_new_rows(ctx):
     for g in (g4, g8):
         scatters = [la.kernel for la in g._plan.launches
                     if hasattr(la, "kernel") and la.kernel.name == "scatter_nd"]
-        assert len(scatters) == 2
-        for k in scatters:  # index tuples read + updates read + rows written
-            assert k.bytes == H * 3 * 4 + 2 * row
+        # K and V rows at one index tensor: one launch, unless asked for one per cache;
+        # index tuples read once per launch + for each cache: updates read + rows written
+        if row_writes is None:
+            assert [k.bytes for k in scatters] == [H * 3 * 4 + 2 * (2 * row)]
+        else:
+            assert [k.bytes for k in scatters] == [H * 3 * 4 + 2 * row] * 2
     # the rest of the kernel traffic grows only with the attention reads of the cache
     assert s8.kernel > s4.kernel
 

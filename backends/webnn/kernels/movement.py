@@ -52,13 +52,20 @@ def gather(t: str, it: str, in_shape: Sequence[int], idx_shape: Sequence[int],
 
 
 def scatter_nd(t: str, it: str, in_shape: Sequence[int], idx_shape: Sequence[int],
-               *, guarded: bool, updates: tuple[str, list[str], str] | None = None) -> Kernel:
+               *, guarded: bool,
+               updates: Sequence[tuple[str, list[str], str] | None] = (None,)) -> Kernel:
     """Write ``updates`` at the index tuples into ``out`` (which already holds the input:
     copied before, or the state buffer itself when in place).
 
     Negative indices count from the end; tuples still out of range are skipped (the spec
     leaves them implementation-defined). ``guarded``: write nothing if the stateful
     capacity check failed.
+
+    ``updates``: one entry per output written at the same index tuples (a layer's K and V
+    rows: one launch); None reads the updates from a binding, else they are computed
+    inline (``fusion.Group.input_source``: declarations and functions with bindings
+    numbered from where this output's updates go, their bindings, the function giving
+    element ``i``). Bindings: idx, each output's updates, the outputs, the status.
     """
     k = idx_shape[-1]
     tuples = S.size(idx_shape[:-1])
@@ -67,15 +74,21 @@ def scatter_nd(t: str, it: str, in_shape: Sequence[int], idx_shape: Sequence[int
     n = tuples * slice_n
     gx, gy, gz = grid(n)
     src = decl(0, "idx", it, "read")
-    if updates is None:
-        src += decl(1, "upd", t, "read")
-        b, load = ["read", "read"], "upd[i]"
-    else:
-        leaf_src, leaf_b, fn = updates
-        src += leaf_src
-        b, load = ["read"] + list(leaf_b), f"{fn}(i)"
-    src += decl(len(b), "out", t, "rw")
-    b.append("rw")
+    b = ["read"]
+    loads = []
+    for j, u in enumerate(updates):
+        if u is None:
+            src += decl(len(b), f"upd{j}", t, "read")
+            b.append("read")
+            loads.append(f"upd{j}[i]")
+        else:
+            leaf_src, leaf_b, fn = u
+            src += leaf_src
+            b += list(leaf_b)
+            loads.append(f"{fn}(i)")
+    for j in range(len(updates)):
+        src += decl(len(b), f"out{j}", t, "rw")
+        b.append("rw")
     if guarded:
         src += decl(len(b), "status", "u32", "read")
         b.append("read")
@@ -88,8 +101,11 @@ def scatter_nd(t: str, it: str, in_shape: Sequence[int], idx_shape: Sequence[int
                 f"  if (c{j} < 0) {{ c{j} = c{j} + {in_shape[j]}; }}\n"
                 f"  if (c{j} < 0 || c{j} >= {in_shape[j]}) {{ return; }}\n"
                 f"  o = o + u32(c{j}) * {st[j]}u;\n")
-    src += f"  out[o] = {load};\n}}\n"
-    return Kernel("scatter_nd", src, b, (gx, gy, gz), 4 * (tuples * k + 2 * n))
+    for j, load in enumerate(loads):
+        src += f"  out{j}[o] = {load};\n"
+    src += "}\n"
+    return Kernel("scatter_nd", src, b, (gx, gy, gz),
+                  4 * (tuples * k + 2 * n * len(updates)))
 
 
 def capacity_check(checks: Sequence[tuple[str, Sequence[int], Sequence[int]]],

@@ -46,7 +46,10 @@ Slot = tuple
 #: "unfused" (QK, chain, softmax, split-K probs·V), "generic" (plain matmuls)
 #: "gemv_prologue": None (input vector and its one-element reduction computed by the
 #: gemv), "vector" (the vector only), "off" (both launched on their own)
-OPTIONS: dict[str, str | None] = {"gemv": None, "attention": None, "gemv_prologue": None}
+#: "row_writes": None (scatters of one index tensor into same-shaped caches: one launch),
+#: "separate"
+OPTIONS: dict[str, str | None] = {"gemv": None, "attention": None, "gemv_prologue": None,
+                                  "row_writes": None}
 
 
 @dataclass
@@ -87,6 +90,8 @@ class Plan:
     fold: dict[int, MLOperand] = field(default_factory=dict)  # matmul id -> B read transposed
     epilogue: dict[int, tuple[MLOperand, MLOperand]] = field(default_factory=dict)  # gemv -> (add, residual)
     prologue: dict[int, GV.Prologue] = field(default_factory=dict)  # gemv -> its input vector
+    row_writes: dict[int, list[MLOperand]] = field(default_factory=dict)  # first scatter -> all
+    in_place: dict[int, PairPlan] = field(default_factory=dict)  # writer id -> its pair
 
 
 @dataclass
@@ -180,6 +185,10 @@ def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
         plan.prologue = GV.gemv_prologues(nodes, fold, inlined, groups, pinned | absorbed,
                                           plan.target, reductions=mode != "vector")
     absorbed |= {x._id for pro in plan.prologue.values() for x in pro.absorbed}
+    # -- row writes at one index tensor (a layer's K and V): one launch ----------------
+    if OPTIONS.get("row_writes") != "separate":
+        plan.row_writes = _row_write_groups(nodes, absorbed, groups, plan.target.max_storage)
+    absorbed |= {x._id for ms in plan.row_writes.values() for x in ms[1:]}
     for o in nodes:
         if o._kind != "op" or o._op == "reshape" or o._id in inlined or o._id in absorbed:
             continue
@@ -194,6 +203,10 @@ def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
         if o._id in plan.prologue:
             reads = list(plan.prologue[o._id].leaves) + reads[1:]
         more = plan.stacked.get(o._id, [o])[1:]
+        for m in plan.row_writes.get(o._id, [o])[1:]:
+            more.append(m)
+            mreads = list(groups[m._id].leaves) if m._id in groups else [root(x) for x in m._inputs]
+            reads += [r for r in mreads if r not in reads]
         if o._id in plan.epilogue:
             add_node, res = plan.epilogue[o._id]
             reads.append(res)
@@ -252,6 +265,7 @@ def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
         return sl
 
     in_place_writer = {pp.writer._id: pp for pp in chosen}
+    plan.in_place = in_place_writer
     for st in order:
         if not st.live:  # type: ignore[attr-defined]
             continue
@@ -268,6 +282,47 @@ def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
             pp = in_place_writer.get(st.node._id)
             _lower(plan, st.node, st.reads, slot_of, pp, plan.has_check)
     return plan
+
+
+def _row_write_groups(nodes: list[MLOperand], absorbed: set[int], groups: dict[int, Any],
+                      max_storage: int) -> dict[int, list[MLOperand]]:
+    """scatter_nd ops writing same-shaped tensors at one index tensor (a layer's K and V
+    rows), grouped: first id -> the group, within the storage-binding limit."""
+    by_key: dict[tuple, list[MLOperand]] = {}
+    for o in nodes:
+        if o._kind == "op" and o._op == "scatter_nd" and o._id not in absorbed:
+            key = (root(o._inputs[1])._id, tuple(o._shape), tuple(o._inputs[2]._shape),
+                   o._dtype.wgsl)
+            by_key.setdefault(key, []).append(o)
+    out: dict[int, list[MLOperand]] = {}
+    for ms in by_key.values():
+        group: list[MLOperand] = []
+        used = 2  # indices, status
+        for m in ms:
+            need = 1 + (len(groups[m._id].inner.leaves) if m._id in groups else 1)
+            # members must not depend on each other (layer 1's K row needs layer 0's cache)
+            independent = not any(g._id in _ancestors(m) for g in group)
+            if group and (used + need > max_storage or not independent):
+                if len(group) > 1:
+                    out[group[0]._id] = group
+                group, used = [], 2
+            group.append(m)
+            used += need
+        if len(group) > 1:
+            out[group[0]._id] = group
+    return out
+
+
+def _ancestors(o: MLOperand) -> set[int]:
+    """Ids of every operand ``o`` depends on."""
+    seen: set[int] = set()
+    stack = list(o._inputs)
+    while stack:
+        x = stack.pop()
+        if x._id not in seen:
+            seen.add(x._id)
+            stack.extend(x._inputs)
+    return seen
 
 
 def _reachable(outs: list[MLOperand]) -> list[MLOperand]:
@@ -510,20 +565,28 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
             k = MV.gather(t, idx._dtype.wgsl, x._shape, idx._shape, ax)
             add(KernelLaunch(k, [ins[0], ins[1], out_slot]))
     elif op == "scatter_nd":
-        x, idx, upd = o._inputs
-        if not (pp is not None and pp.append):
-            # the unchanged rows are copied by a kernel in the same compute pass: a
-            # copy_buffer_to_buffer would split the pass (a pipeline barrier per cache on
-            # NVIDIA, ~7 ms per llama-1b step on the H200), a cost of this implementation,
-            # not of the stateless API. Counted as kernel bytes (read + write).
-            add(KernelLaunch(EW.elementwise("identity", [t], [shp], t, shp),
-                             [slot_of(root(x)), out_slot]))
-        group = plan.groups.get(o._id)  # updates computed by the row write (RoPE of k)
-        k = MV.scatter_nd(t, idx._dtype.wgsl, shp, idx._shape, guarded=guarded,
-                          updates=group.input_source(first=1) if group else None)
-        upd_slots = ([slot_of(leaf) for leaf in group.inner.leaves] if group
-                     else [slot_of(root(upd))])
-        add(KernelLaunch(k, [slot_of(root(idx))] + upd_slots + [out_slot]
+        idx = o._inputs[1]
+        members = plan.row_writes.get(o._id, [o])
+        guarded = has_check and any(m._id in plan.in_place for m in members)
+        updates, upd_slots = [], []
+        for j, m in enumerate(members):
+            mp = plan.in_place.get(m._id)
+            if not (mp is not None and mp.append):
+                # the unchanged rows are copied by a kernel in the same compute pass: a
+                # copy_buffer_to_buffer would split the pass (a pipeline barrier per cache
+                # on NVIDIA, ~7 ms per llama-1b step on the H200), a cost of this
+                # implementation, not of the stateless API. Counted as kernel bytes.
+                add(KernelLaunch(EW.elementwise("identity", [t], [shp], t, shp),
+                                 [slot_of(root(m._inputs[0])), slot_of(m)]))
+            group = plan.groups.get(m._id)  # updates computed by the row write (RoPE of k)
+            if group is None:
+                updates.append(None)
+                upd_slots.append(slot_of(root(m._inputs[2])))
+            else:
+                updates.append(group.input_source(first=1 + len(upd_slots), prefix=f"u{j}_"))
+                upd_slots += [slot_of(leaf) for leaf in group.inner.leaves]
+        k = MV.scatter_nd(t, idx._dtype.wgsl, shp, idx._shape, guarded=guarded, updates=updates)
+        add(KernelLaunch(k, [slot_of(root(idx))] + upd_slots + [slot_of(m) for m in members]
                          + ([("status",)] if guarded else [])))
     else:
         raise NotImplementedError(f"op {op!r}")

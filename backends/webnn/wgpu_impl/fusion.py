@@ -60,17 +60,18 @@ class Group:
         used = {root(x)._id for o in ops for x in o._inputs}
         return Group(ops, [x for x in self.leaves if x._id in used])
 
-    def input_source(self, first: int = 0) -> tuple[str, list[str], str]:
+    def input_source(self, first: int = 0, prefix: str = "") -> tuple[str, list[str], str]:
         """For a host (``is_host``): the inner leaves' declarations and the inlined ops'
         functions, those leaves' bindings, and the WGSL function giving the host's input
         element ``i`` (the input is always inlined: a host group exists only then).
-        ``first``: the binding number of the first leaf."""
+        ``first``: the binding number of the first leaf; ``prefix``: of every name."""
         inner = self.inner
         fops, leaves = inner.fused_ops()
-        decls, bindings = FU.leaf_decls(leaves, first)
+        decls, bindings = FU.leaf_decls(leaves, first, prefix)
         x = root(self.ops[-1]._inputs[host_input(self.ops[-1])])
         pos = [o._id for o in inner.ops]
-        return decls + FU.functions(fops, leaves)[0], bindings, f"v{pos.index(x._id)}"
+        return (decls + FU.functions(fops, leaves, prefix)[0], bindings,
+                f"{prefix}v{pos.index(x._id)}")
 
 
 def consumers_of(nodes: list[MLOperand]) -> dict[int, list[MLOperand]]:
