@@ -17,6 +17,7 @@ import numpy as np
 
 from .. import shapes as S
 from .._classes import MLOperand
+from ..kernels import fused as FU
 from ..kernels import matmul as MM
 from ..stateful import root
 from . import fusion
@@ -122,18 +123,18 @@ class Prologue:
     def source(self) -> MM.VectorSource:
         r = self.reduce_op
         fops, leaves = self.group.fused_ops(param=r)
-        decls, bindings = fusion.FU.leaf_decls(leaves, 0)
-        fsrc, takes_red = fusion.FU.functions(fops, leaves)
+        decls, bindings = FU.leaf_decls(leaves, 0)
+        fsrc, takes_red = FU.functions(fops, leaves)
         element = f"v{len(fops) - 1}({{}}{', red' if takes_red else ''})"
         if r is None:
             return MM.VectorSource(decls + fsrc, bindings, element)
         inner = self._reduction_inner
         rops, rleaves = inner.fused_ops()
-        rdecls, rbind = fusion.FU.leaf_decls(rleaves, len(bindings), "r_")
+        rdecls, rbind = FU.leaf_decls(rleaves, len(bindings), "r_")
         x = root(r._inputs[0])
         pos = [o._id for o in inner.ops]
         load = f"r_v{pos.index(x._id)}({{}})" if x._id in pos else "r_in0[{}]"
-        rsrc = fusion.FU.functions(rops, rleaves, "r_")[0] if rops else ""
+        rsrc = FU.functions(rops, rleaves, "r_")[0] if rops else ""
         return MM.VectorSource(decls + fsrc + rdecls + rsrc, bindings + rbind, element,
                                (r._op, load, S.size(x._shape)))
 
