@@ -224,7 +224,6 @@ def bench_step(name: str, capacity: int, steps: int, profile: bool = False) -> d
         g = be.gpu_time_ms()
         if g is not None:
             gpu.append(g)
-    cache = sum(int(np.prod(s)) * 4 for s in [])
     weights = wl.weights_bytes
     from harness.workload import cache_specs
 

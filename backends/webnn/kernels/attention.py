@@ -30,6 +30,11 @@ WG = 128  # pass 1 workgroup
 WG2 = 256  # combine workgroup
 
 
+def _fixed_floats(q_rows: int, d: int) -> int:
+    """Workgroup memory (floats) pass 1 always needs: the q rows and reduction scratch."""
+    return q_rows * d + q_rows * WG + 16
+
+
 def _layout(q_rows: int, d: int, shared_floats: int) -> tuple[bool, int, int, bool]:
     """(vec4, row words, row-groups for probs·V, whether probs·V reduces in workgroup
     memory) for one head's q rows."""
@@ -37,8 +42,8 @@ def _layout(q_rows: int, d: int, shared_floats: int) -> tuple[bool, int, int, bo
     words = d // 4 if vec else d
     groups = WG // words if words <= WG and WG % words == 0 else 1
     lanes = 4 if vec else 1
-    fixed = q_rows * d + q_rows * WG + 16
-    shared_pv = groups > 1 and fixed + q_rows * WG * lanes + q_rows * 32 <= shared_floats
+    shared_pv = groups > 1 and (_fixed_floats(q_rows, d) + q_rows * WG * lanes + q_rows * 32
+                                <= shared_floats)
     return vec, words, groups if shared_pv else 1, shared_pv
 
 
@@ -46,9 +51,9 @@ def split_rows(capacity: int, q_rows: int, d: int, shared_floats: int) -> int:
     """Cache rows per split: about 32 splits per head on long caches (enough workgroups
     in flight, a short combine), 128 to 512 rows (whole workgroup passes), within
     workgroup memory (q rows, scores, reduction scratch)."""
-    vec, _, groups, shared_pv = _layout(q_rows, d, shared_floats)
+    vec, _, _, shared_pv = _layout(q_rows, d, shared_floats)
     t = min(512, max(WG, -(-capacity // 32 // WG) * WG))
-    used = q_rows * d + q_rows * WG + 16 + (q_rows * WG * (4 if vec else 1) if shared_pv else 0)
+    used = _fixed_floats(q_rows, d) + (q_rows * WG * (4 if vec else 1) if shared_pv else 0)
     room = (shared_floats - used) // max(1, q_rows)
     while t > 32 and t > room:
         t //= 2
@@ -58,7 +63,7 @@ def split_rows(capacity: int, q_rows: int, d: int, shared_floats: int) -> int:
 def fits(q_rows: int, d: int, shared_floats: int) -> bool:
     """Whether one head's q rows, the reduction scratch and 32 score rows fit in
     workgroup memory (else the compiler keeps the generic kernels)."""
-    return q_rows * d + q_rows * WG + q_rows * 32 + 16 <= shared_floats
+    return _fixed_floats(q_rows, d) + q_rows * 32 <= shared_floats
 
 
 def flash_decode(heads: int, q_rows: int, capacity: int, d: int,

@@ -64,7 +64,7 @@ class Attention:
         return AT.flash_decode(heads, G, C, D, score, shared_bytes // 4, q_chain)
 
 
-def _last2_transpose(o: MLOperand) -> MLOperand | None:
+def last2_transpose_input(o: MLOperand) -> MLOperand | None:
     """The input of ``o`` when ``o`` swaps its last two axes, else None."""
     if o._kind != "op" or o._op != "transpose":
         return None
@@ -89,7 +89,7 @@ def match_attention(nodes: list[MLOperand], inlined: set[int], groups: dict[int,
         v = root(v_view)
         if (p._kind != "op" or p._op != "softmax" or p._id in pinned or not only(p, o)
                 or p._attrs["axis"] % len(p._shape) != len(p._shape) - 1
-                or _last2_transpose(v) is not None or v._kind == "op" and v._op == "transpose"):
+                or last2_transpose_input(v) is not None or v._kind == "op" and v._op == "transpose"):
             continue
         G, D = o._shape[-2], o._shape[-1]
         batch = o._shape[:-2]
@@ -116,7 +116,7 @@ def match_attention(nodes: list[MLOperand], inlined: set[int], groups: dict[int,
             continue
         if qk._id in pinned or tuple(qk._shape) != (*batch, G, C):
             continue
-        k = _last2_transpose(root(qk._inputs[1]))
+        k = last2_transpose_input(root(qk._inputs[1]))
         q_view = qk._inputs[0]
         if k is None or tuple(q_view._shape) != (*batch, G, D):
             continue

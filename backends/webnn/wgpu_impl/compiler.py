@@ -22,9 +22,6 @@ import numpy as np
 
 from .. import shapes as S
 from .._classes import (
-    COMPARISON,
-    ELEMENTWISE_BINARY,
-    ELEMENTWISE_UNARY,
     MLKVCachePair,
     MLOperand,
 )
@@ -36,7 +33,7 @@ from ..kernels import reduce as RD
 from ..stateful import PairPlan, analyse, root
 from . import fusion
 from . import gemv as GV
-from .attention import Attention, match_attention
+from .attention import Attention, last2_transpose_input, match_attention
 from .target import Target
 
 Slot = tuple
@@ -111,18 +108,6 @@ class _Step:
         return ([self.writes] if self.writes is not None else []) + self.more
 
 
-ELEMENTWISE = set(ELEMENTWISE_BINARY) | set(ELEMENTWISE_UNARY) | set(COMPARISON) | {
-    "where", "cast", "logical_not", "expand"}
-
-
-def _is_last2_transpose(o: MLOperand) -> bool:
-    if o._kind != "op" or o._op != "transpose":
-        return False
-    p = o._attrs["permutation"]
-    r = len(p)
-    return r >= 2 and tuple(p) == tuple(range(r - 2)) + (r - 1, r - 2)
-
-
 def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
                   stateful: bool, inputs: dict[str, MLOperand],
                   max_binding: int = 1 << 27, target: Target | None = None) -> Plan:
@@ -155,9 +140,9 @@ def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
     fold = plan.fold  # matmul id -> transpose input read with b_t
     for o in nodes:
         if o._kind == "op" and o._op == "matmul":
-            b = root(o._inputs[1])
-            if _is_last2_transpose(b):
-                fold[o._id] = root(b._inputs[0])
+            src = last2_transpose_input(root(o._inputs[1]))
+            if src is not None:
+                fold[o._id] = src
     # -- loop fusion: element-wise chains computed inside their consumers ---------------
     writers = {pp.writer._id for pp in plan.pairs if pp.writer is not None}
     pinned = set(dest) | writers | {root(outputs[p.output])._id for p in pairs if stateful}
@@ -171,17 +156,18 @@ def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
                                          plan.target.shared_bytes)
     absorbed = {x._id for m in plan.attention.values() for x in m.absorbed}
     # -- matrix-vector products of one input against stacked weights: one launch --------
-    if not _gemv_variant(plan.target).startswith(("cols", "legacy")):
+    gpu_gemv = not _gemv_variant(plan.target).startswith(("cols", "legacy"))
+    if gpu_gemv:
         plan.stacked = GV.stacked_gemvs(nodes, fold, plan.max_binding)
     absorbed |= {x._id for ms in plan.stacked.values() for x in ms[1:]}
     # -- residual adds folded into the matrix-vector product feeding them -------------
-    if not _gemv_variant(plan.target).startswith(("cols", "legacy")):
+    if gpu_gemv:
         plan.epilogue = GV.residual_epilogues(nodes, fold, inlined, groups, pinned | absorbed,
-                                            set(plan.stacked))
+                                              set(plan.stacked))
     absorbed |= {add._id for add, _ in plan.epilogue.values()}
     # -- a gemv's input vector computed by the gemv (RMSNorm's tail, SwiGLU) ------------
     mode = OPTIONS.get("gemv_prologue")
-    if not _gemv_variant(plan.target).startswith(("cols", "legacy")) and mode != "off":
+    if gpu_gemv and mode != "off":
         plan.prologue = GV.gemv_prologues(nodes, fold, inlined, groups, pinned | absorbed,
                                           plan.target, reductions=mode != "vector")
     absorbed |= {x._id for pro in plan.prologue.values() for x in pro.absorbed}
@@ -189,15 +175,19 @@ def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
     if OPTIONS.get("row_writes") != "separate":
         plan.row_writes = _row_write_groups(nodes, absorbed, groups, plan.target.max_storage)
     absorbed |= {x._id for ms in plan.row_writes.values() for x in ms[1:]}
+
+    def reads_of(o: MLOperand) -> list[MLOperand]:
+        """The roots one op's launch reads: its fused group's leaves or its inputs."""
+        if o._id in plan.attention:
+            return list(plan.attention[o._id].leaves)
+        if o._id in groups:
+            return list(groups[o._id].leaves)
+        return [root(x) for x in o._inputs]
+
     for o in nodes:
         if o._kind != "op" or o._op == "reshape" or o._id in inlined or o._id in absorbed:
             continue
-        if o._id in plan.attention:
-            reads = plan.attention[o._id].leaves
-        elif o._id in groups:
-            reads = list(groups[o._id].leaves)
-        else:
-            reads = [root(x) for x in o._inputs]
+        reads = reads_of(o)
         if o._id in fold:
             reads[1] = fold[o._id]
         if o._id in plan.prologue:
@@ -205,12 +195,11 @@ def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
         more = plan.stacked.get(o._id, [o])[1:]
         for m in plan.row_writes.get(o._id, [o])[1:]:
             more.append(m)
-            mreads = list(groups[m._id].leaves) if m._id in groups else [root(x) for x in m._inputs]
-            reads += [r for r in mreads if r not in reads]
+            reads += [r for r in reads_of(m) if r not in reads]
         if o._id in plan.epilogue:
             add_node, res = plan.epilogue[o._id]
             reads.append(res)
-            more = [add_node]
+            more.append(add_node)
         steps.append(_Step(o._id, "op", o, reads, o, more=more))
     for r, slot, _name in extra_copies:
         steps.append(_Step(1e18, "copy", None, [r], None, slot))
@@ -444,7 +433,7 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
         group = plan.groups[o._id]
         add(KernelLaunch(group.kernel(guarded), [slot_of(x) for x in group.leaves] + [out_slot]
                          + ([("status",)] if guarded else [])))
-    elif op in ELEMENTWISE:
+    elif op in fusion.ELEMENTWISE:
         alias = pp.alias_input if pp is not None else None
         k = EW.elementwise(op, [x._dtype.wgsl for x in o._inputs],
                            [x._shape for x in o._inputs], t, shp, alias=alias,

@@ -17,12 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import shapes as S
-from .._classes import COMPARISON, ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, MLOperand
+from .._classes import MLOperand
 from ..kernels import fused as FU
-from ..stateful import root
+from ..stateful import SAME_INDEX_OPS, root
 
-FUSIBLE = set(ELEMENTWISE_BINARY) | set(ELEMENTWISE_UNARY) | set(COMPARISON) | {
-    "where", "cast", "logical_not", "expand", "slice", "transpose", "concat"}
+#: ops lowered by the element-wise kernel (broadcasting included)
+ELEMENTWISE = SAME_INDEX_OPS | {"expand"}
+FUSIBLE = ELEMENTWISE | {"slice", "transpose", "concat"}
 MAX_CALLS = 48  # inlined op evaluations per output element, at most
 
 
