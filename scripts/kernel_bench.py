@@ -255,12 +255,13 @@ def main() -> None:
     ap.add_argument("--gemv", default="all", help="'all', 'none' or KxN,KxN")
     ap.add_argument("--gemv-variants", default="auto")
     ap.add_argument("--attn", default="512,2048,8192,16384")
-    ap.add_argument("--attn-variants", default="auto")
+    ap.add_argument("--attn-variants", default="auto",
+                    help="auto, unfused, generic, or sN (flash-decoding aiming at N splits per head)")
     ap.add_argument("--step", default="small:512", help="preset:capacity,... or none")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--profile", action="store_true", help="per-kernel GPU time of the step")
     ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                    help="compiler.OPTIONS for the step (e.g. gemv_prologue=off); repeatable")
+                    help="compiler.OPTIONS for every benchmark (e.g. gemv_prologue=off); repeatable")
     ap.add_argument("--submit-every", default="default",
                     help="launches per command buffer for the step, comma list: 0 = one "
                          "submit (GPU time without encoding gaps), 'default' = the context's")
@@ -268,12 +269,18 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=3.0, help="seconds per measurement")
     a = ap.parse_args()
     out: dict = {"gemv": [], "attention": [], "step": []}
+    for kv in a.option:
+        key, _, value = kv.partition("=")
+        if key not in compiler.OPTIONS:
+            sys.exit(f"kernel_bench: unknown option {key!r}; known: {', '.join(compiler.OPTIONS)}")
+        compiler.OPTIONS[key] = value or None
+    chosen = dict(compiler.OPTIONS)
     ctx = ml.create_context(timing=True)
     out["adapter"] = {k: v for k, v in ctx.adapter_info.items() if isinstance(v, (str, int))}
     shapes = GEMV_SHAPES if a.gemv == "all" else (
         [] if a.gemv == "none" else [tuple(map(int, s.split("x"))) for s in a.gemv.split(",")])
     for var in a.gemv_variants.split(","):
-        compiler.OPTIONS["gemv"] = None if var == "auto" else var
+        compiler.OPTIONS["gemv"] = chosen["gemv"] if var == "auto" else var
         for K, N in shapes:
             try:
                 r = bench_gemv(ctx, K, N, a.reps, a.budget)
@@ -282,10 +289,14 @@ def main() -> None:
             r.update(shape=f"{K}x{N}", variant=var)
             out["gemv"].append(r)
             print(json.dumps(r), file=sys.stderr)
-    compiler.OPTIONS["gemv"] = None
+    compiler.OPTIONS["gemv"] = chosen["gemv"]
     if a.attn != "none":
         for var in a.attn_variants.split(","):
-            compiler.OPTIONS["attention"] = None if var == "auto" else var
+            compiler.OPTIONS.update(chosen)
+            if var.startswith("s") and var[1:].isdigit():  # sN: flash with N splits per head
+                compiler.OPTIONS["attention_splits"] = var[1:]
+            elif var != "auto":
+                compiler.OPTIONS["attention"] = var
             for C in map(int, a.attn.split(",")):
                 try:
                     r = bench_attention(ctx, C, a.reps, a.budget)
@@ -294,13 +305,8 @@ def main() -> None:
                 r.update(C=C, variant=var)
                 out["attention"].append(r)
                 print(json.dumps(r), file=sys.stderr)
-        compiler.OPTIONS["attention"] = None
+        compiler.OPTIONS.update(chosen)
     ctx.destroy()
-    for kv in a.option:
-        key, _, value = kv.partition("=")
-        if key not in compiler.OPTIONS:
-            sys.exit(f"kernel_bench: unknown option {key!r}; known: {', '.join(compiler.OPTIONS)}")
-        compiler.OPTIONS[key] = value or None
     if a.step != "none":
         from backends.webnn.wgpu_impl import context as wctx
 

@@ -58,6 +58,24 @@ def test_flash_matches_oracle(ctx, heads, g, cap, d, fill, depth):
     np.testing.assert_allclose(got, oracle(**feeds), rtol=2e-5, atol=2e-6)
 
 
+@pytest.mark.parametrize("splits", [8, 64])
+def test_splits_per_head_option(ctx, splits, monkeypatch):
+    """compiler.OPTIONS["attention_splits"]: fewer or more splits per head (a longer or
+    shorter combine), the same result."""
+    from backends.webnn.kernels import attention as AT
+    from backends.webnn.wgpu_impl import compiler
+
+    monkeypatch.setitem(compiler.OPTIONS, "attention_splits", str(splits))
+    cap = 64 * 128 - 50
+    assert AT.split_rows(cap, 4, 16, 1 << 14, splits) == (512 if splits == 8 else 128)
+    gr, outs = graph(ctx, 1, 4, cap, 16, -np.inf)
+    feeds = {"q": RNG.standard_normal((1, 1, 4, 16)), "k": RNG.standard_normal((1, 1, cap, 16)),
+             "v": RNG.standard_normal((1, 1, cap, 16)),
+             "valid": (np.arange(cap) < cap - 77).astype(np.float64).reshape(1, 1, 1, cap)}
+    np.testing.assert_allclose(run(ctx, gr, outs, feeds)["y"], oracle(**feeds), rtol=2e-5,
+                               atol=2e-6)
+
+
 def test_softmax_read_elsewhere_keeps_generic_kernels(ctx):
     gr, outs = graph(ctx, 2, 4, 40, 8, -1e9, extra_reader=True)
     names = [la.kernel.name for la in gr._plan.launches]

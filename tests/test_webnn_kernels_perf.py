@@ -45,7 +45,8 @@ def rand(rng, *shape):
     return rng.standard_normal(shape).astype(np.float32)
 
 
-GEMV_VARIANTS = ["legacy", "cols", "cols2", "cols4g8", "rows", "rows_sh", "rows16", "rows64"]
+GEMV_VARIANTS = ["legacy", "cols", "cols2", "cols4g8", "rows", "rows_sh", "rows16", "rows64",
+                 "rows_u8", "rows16_sh_u2"]
 GEMV_SHAPES = [(37, 333), (64, 1), (8, 700), (260, 129), (1024, 96)]
 
 

@@ -28,6 +28,7 @@ from .fused import FusedOp, Leaf, functions, leaf_decls
 
 WG = 128  # pass 1 workgroup
 WG2 = 256  # combine workgroup
+SPLITS = 32  # splits per head a long cache aims at
 
 
 def _fixed_floats(q_rows: int, d: int) -> int:
@@ -47,12 +48,13 @@ def _layout(q_rows: int, d: int, shared_floats: int) -> tuple[bool, int, int, bo
     return vec, words, groups if shared_pv else 1, shared_pv
 
 
-def split_rows(capacity: int, q_rows: int, d: int, shared_floats: int) -> int:
-    """Cache rows per split: about 32 splits per head on long caches (enough workgroups
-    in flight, a short combine), 128 to 512 rows (whole workgroup passes), within
+def split_rows(capacity: int, q_rows: int, d: int, shared_floats: int,
+               splits: int = SPLITS) -> int:
+    """Cache rows per split: about ``splits`` splits per head on long caches (enough
+    workgroups in flight, a short combine), 128 to 512 rows (whole workgroup passes), within
     workgroup memory (q rows, scores, reduction scratch)."""
     vec, _, _, shared_pv = _layout(q_rows, d, shared_floats)
-    t = min(512, max(WG, -(-capacity // 32 // WG) * WG))
+    t = min(512, max(WG, -(-capacity // splits // WG) * WG))
     used = _fixed_floats(q_rows, d) + (q_rows * WG * (4 if vec else 1) if shared_pv else 0)
     room = (shared_floats - used) // max(1, q_rows)
     while t > 32 and t > room:
@@ -69,8 +71,8 @@ def fits(q_rows: int, d: int, shared_floats: int) -> bool:
 def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
                  score: tuple[Sequence[FusedOp], Sequence[Leaf]] | None,
                  shared_floats: int,
-                 q_chain: tuple[Sequence[FusedOp], Sequence[Leaf]] | None = None
-                 ) -> tuple[Kernel, Kernel, int]:
+                 q_chain: tuple[Sequence[FusedOp], Sequence[Leaf]] | None = None,
+                 splits: int = SPLITS) -> tuple[Kernel, Kernel, int]:
     """(pass 1, pass 2, partial-buffer elements) for q (heads, q_rows, d), K and V
     (heads, capacity, d), output (heads, q_rows, d).
 
@@ -79,6 +81,7 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
     its other leaves bind after q, K, V (then the partials). None: scores used raw.
     ``q_chain``: q is not a buffer but an element-wise group (RoPE of the query) whose
     leaves take q's place in the bindings; each workgroup computes its head's q rows.
+    ``splits``: the splits per head a long cache aims at (``split_rows``).
 
     Pass 1 gives each invocation whole cache rows: it loads its K row once (vec4 loads
     when d % 4 == 0) and scores every q row against it; maxima and sums are tree
@@ -87,7 +90,7 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
     the row-groups summed in workgroup memory: short loops, no long serial chains.
     Partials per (q row, split): ``m, l, 0, 0, acc[d]`` (acc 16-byte aligned).
     """
-    T = split_rows(capacity, q_rows, d, shared_floats)
+    T = split_rows(capacity, q_rows, d, shared_floats, splits)
     ns = -(-capacity // T)
     G, D, C = q_rows, d, capacity
     vec, D4, R, shared_pv = _layout(G, D, shared_floats)

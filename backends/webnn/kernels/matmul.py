@@ -154,12 +154,13 @@ def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequenc
               n_off: int = 0, n_chunk: int | None = None, lanes: int = 32, wg: int = 256,
               subgroup: int | None = None, splits: Sequence[int] | None = None,
               residual: bool = False,
-              prologue: VectorSource | None = None) -> Kernel:
+              prologue: VectorSource | None = None, depth: int = 4) -> Kernel:
     """out[r, n] = sum_k A[r, k] * Bt[n, k] for M == 1 on a GPU: B stored (N, K).
 
     ``lanes`` invocations share one output column (a weight row): they stride along K with
     vec4 loads, so a row is read as ``lanes`` x 16 contiguous bytes per step (coalesced),
-    with four independent accumulators in flight; the workgroup holds ``wg / lanes`` rows.
+    with ``depth`` loads issued before their products (independent accumulators: that many
+    loads in flight per invocation); the workgroup holds ``wg / lanes`` rows.
     The partial sums are combined with ``subgroupAdd`` when the subgroup is exactly
     ``lanes`` wide (``subgroup``), else through workgroup memory (one barrier).
 
@@ -221,18 +222,22 @@ def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequenc
             f"  let n = wid.x * {R}u + r;\n  let nn = min(n, {nc - 1}u);\n"
             f"  let ab = (aoff(bi) + m * {K}u) / {vw}u;\n"
             f"  let wb = boff(bi) / {vw}u + nn * {kv}u;\n"
-            "  var acc0 = 0.0;\n  var acc1 = 0.0;\n  var acc2 = 0.0;\n  var acc3 = 0.0;\n")
+            + "".join(f"  var acc{j} = 0.0;\n" for j in range(depth)))
     mul = "dot({x}, {w})" if vw == 4 else "{x} * {w}"
 
-    def term(off: str) -> str:
-        x = f"xa[k{off}]" if prologue is not None else f"a[ab + k{off}]"
-        return mul.format(x=x, w=f"b[wb + k{off}]")
-    src += f"  var k = t;\n  for (; k + {3 * lanes}u < {kv}u; k = k + {4 * lanes}u) {{\n"
-    for j in range(4):
-        src += f"    acc{j} = acc{j} + {term(f' + {j * lanes}u' if j else '')};\n"
+    def x_at(off: str) -> str:
+        return f"xa[k{off}]" if prologue is not None else f"a[ab + k{off}]"
+    src += f"  var k = t;\n  for (; k + {(depth - 1) * lanes}u < {kv}u; k = k + {depth * lanes}u) {{\n"
+    offs = [f" + {j * lanes}u" if j else "" for j in range(depth)]
+    for j in range(depth):  # every load issued before the first product
+        src += f"    let w{j} = b[wb + k{offs[j]}];\n"
+    for j in range(depth):
+        src += f"    acc{j} = acc{j} + {mul.format(x=x_at(offs[j]), w=f'w{j}')};\n"
+    total = " + ".join(f"acc{j}" for j in range(depth))
     src += ("  }\n"
-            f"  for (; k < {kv}u; k = k + {lanes}u) {{ acc0 = acc0 + {term('')}; }}\n"
-            "  let acc = (acc0 + acc1) + (acc2 + acc3);\n")
+            f"  for (; k < {kv}u; k = k + {lanes}u) {{ "
+            f"acc0 = acc0 + {mul.format(x=x_at(''), w='b[wb + k]')}; }}\n"
+            f"  let acc = {total};\n")
     if use_sub:
         src += "  let s = subgroupAdd(acc);\n"
     else:

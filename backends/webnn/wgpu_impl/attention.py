@@ -55,13 +55,16 @@ class Attention:
         q = list(self.q_chain.leaves) if self.q_chain is not None else [self.q]
         return [*q, self.k, self.v, *extra]
 
-    def kernels(self, shared_bytes: int) -> tuple[AT.Kernel, AT.Kernel, int]:
+    def kernels(self, shared_bytes: int, splits: int | None = None
+                ) -> tuple[AT.Kernel, AT.Kernel, int]:
+        """(pass 1, pass 2, partial elements); ``splits``: per head (None: the default)."""
         G, D = self.out._shape[-2], self.out._shape[-1]  # roots may be flat: use the views
         C = self.qk._shape[-1]
         heads = S.size(self.out._shape[:-2])
         score = self.score.fused_ops(param=self.qk) if self.score is not None else None
         q_chain = self.q_chain.fused_ops() if self.q_chain is not None else None
-        return AT.flash_decode(heads, G, C, D, score, shared_bytes // 4, q_chain)
+        return AT.flash_decode(heads, G, C, D, score, shared_bytes // 4, q_chain,
+                               splits or AT.SPLITS)
 
 
 def last2_transpose_input(o: MLOperand) -> MLOperand | None:

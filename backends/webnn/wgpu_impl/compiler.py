@@ -13,6 +13,7 @@ Slots (where an operand's elements live):
 from __future__ import annotations
 
 import heapq
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -45,8 +46,10 @@ Slot = tuple
 #: gemv), "vector" (the vector only), "off" (both launched on their own)
 #: "row_writes": None (scatters of one index tensor into same-shaped caches: one launch),
 #: "separate"
+#: "attention_splits": None (kernels/attention.SPLITS) or the splits per head flash-decoding
+#: aims at on long caches
 OPTIONS: dict[str, str | None] = {"gemv": None, "attention": None, "gemv_prologue": None,
-                                  "row_writes": None}
+                                  "row_writes": None, "attention_splits": None}
 
 
 @dataclass
@@ -376,6 +379,11 @@ _COLS = {"cols": (8, 32, 8), "cols2": (2, 64, 0), "cols4": (4, 64, 0), "cols4g8"
          "cols4g4": (4, 32, 4), "cols1g8": (1, 64, 8)}
 
 
+#: gemv_rows variants: ``rows[LANES][_sh][_uDEPTH]`` (invocations per weight row, default 32;
+#: ``_sh``: sums through workgroup memory, not subgroupAdd; vec4 loads in flight, default 4)
+_ROWS_VARIANT = re.compile(r"rows(\d+)?(_sh)?(?:_u(\d+))?")
+
+
 def _gemv_variant(t: Target, cols_ok: bool = True) -> str:
     """The matrix-vector kernel for this adapter (PERFORMANCE.md): one invocation per
     column on CPU adapters, ``lanes`` invocations per column with subgroup sums on GPUs."""
@@ -391,13 +399,15 @@ def _gemv_rows(t: Target, variant: str, a_shape: Any, b_shape: Any, shp: Any, n0
                prologue: MM.VectorSource | None = None) -> Kernel:
     if variant == "legacy":
         return MM.gemv(a_shape, b_shape, shp, b_t=True, n_off=n0, n_chunk=chunk)
-    lanes = {"rows": 32, "rows_sh": 32, "rows8": 8, "rows16": 16, "rows64": 64}.get(variant, 32)
+    m = _ROWS_VARIANT.fullmatch(variant)
+    lanes = int(m.group(1) or 32) if m else 32
+    depth = int(m.group(3) or 4) if m else 4
     if t.cpu and variant == "cols":
         lanes = 8
-    sub = None if variant == "rows_sh" else t.subgroup
+    sub = None if m and m.group(2) else t.subgroup
     return MM.gemv_rows(a_shape, b_shape, shp, n_off=n0, n_chunk=chunk, lanes=lanes,
                         wg=max(256, lanes), subgroup=sub, residual=residual, splits=splits,
-                        prologue=prologue)
+                        prologue=prologue, depth=depth)
 
 
 def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
@@ -424,7 +434,9 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
         a_slots = [slot_of(x) for x in pro.leaves] if pro else [ins[0]]
         add(KernelLaunch(k, a_slots + [slot] + [slot_of(m) for m in group]))
     elif o._id in plan.attention:
-        k1, k2, parts = plan.attention[o._id].kernels(plan.target.shared_bytes)
+        splits = OPTIONS.get("attention_splits")
+        k1, k2, parts = plan.attention[o._id].kernels(plan.target.shared_bytes,
+                                                      int(splits) if splits else None)
         part = ("temp", ("flash", o._id))
         plan.temps[part] = parts
         add(KernelLaunch(k1, ins + [part]))
