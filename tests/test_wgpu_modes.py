@@ -97,6 +97,7 @@ def test_gpu_gemv_variant_with_stacked_projections(name, monkeypatch):
     from backends.webnn.wgpu_impl import compiler
 
     monkeypatch.setitem(compiler.OPTIONS, "gemv", "rows_sh")
+    monkeypatch.setitem(compiler.OPTIONS, "gemv_prologue", "full")
     b = prepared(MODES[name], CAPACITY)
     try:
         plan = b.converted.graph._plan

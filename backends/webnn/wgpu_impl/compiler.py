@@ -42,8 +42,9 @@ Slot = tuple
 #: kernel-variant overrides for benchmarks and tests (None: chosen per adapter);
 #: "attention": None/"flash" (two-launch decode attention where the pattern matches),
 #: "unfused" (QK, chain, softmax, split-K probs·V), "generic" (plain matmuls)
-#: "gemv_prologue": None (input vector and its one-element reduction computed by the
-#: gemv), "vector" (the vector only), "off" (both launched on their own)
+#: "gemv_prologue": None/"off" (the gemv's input vector launched on its own: measured faster
+#: on the H200, PERFORMANCE.md), "full" (the vector and its one-element reduction computed
+#: by each gemv workgroup), "vector" (the vector only)
 #: "row_writes": None (scatters of one index tensor into same-shaped caches: one launch),
 #: "separate"
 #: "attention_splits": None (kernels/attention.SPLITS) or the splits per head flash-decoding
@@ -169,10 +170,10 @@ def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
                                               set(plan.stacked))
     absorbed |= {add._id for add, _ in plan.epilogue.values()}
     # -- a gemv's input vector computed by the gemv (RMSNorm's tail, SwiGLU) ------------
-    mode = OPTIONS.get("gemv_prologue")
+    mode = OPTIONS.get("gemv_prologue") or "off"
     if gpu_gemv and mode != "off":
         plan.prologue = GV.gemv_prologues(nodes, fold, inlined, groups, pinned | absorbed,
-                                          plan.target, reductions=mode != "vector")
+                                          plan.target, reductions=mode == "full")
     absorbed |= {x._id for pro in plan.prologue.values() for x in pro.absorbed}
     # -- row writes at one index tensor (a layer's K and V): one launch ----------------
     if OPTIONS.get("row_writes") != "separate":
