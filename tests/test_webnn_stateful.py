@@ -94,7 +94,7 @@ class Page:
             mk = [ctx.create_tensor(data_type="float32", shape=[1, H, cap, D]) for _ in range(4)]
             self.caches = [mk[0:2], mk[2:4]]
 
-    def step(self, x, p):
+    def step(self, x, p, read=True):
         self.ctx.write_tensor(self.x, x)
         self.ctx.write_tensor(self.pos, np.array(p, np.int32))
         ins = {"x": self.x, "pos": self.pos}
@@ -106,7 +106,7 @@ class Page:
         self.ctx.dispatch(self.g, ins, outs)
         if self.caches is not None:
             self.caches.reverse()
-        return self.ctx.read_tensor(self.y)
+        return self.ctx.read_tensor(self.y) if read else None
 
 
 def xs(n):
@@ -219,6 +219,35 @@ def test_overflow_fails_and_leaves_cache(ctx, read_past_after):
     for p in range(cap):
         got = page.step(inputs[p], p)
     np.testing.assert_allclose(got, want[-1], atol=1e-5)
+
+
+@pytest.mark.parametrize("read_past_after", [False, True])
+def test_overflow_reported_where_the_context_next_waits(ctx, read_past_after):
+    """The status is read without a sync of its own: a dispatch returns, and the error comes
+    from the next read_tensor (after its read) or the next dispatch (before it runs); a
+    reset or destroy of the graph drops it. Either way the cache is unchanged."""
+    cap = 3
+    b, outs = decoder(ctx, cap, read_past_after=read_past_after)
+    g = b.build(outs, use_stateful=True, kv_cache_pairs=PAIRS)
+    page = Page(ctx, g, cap)
+    inputs = xs(cap)
+    for p in range(cap - 1):
+        page.step(inputs[p], p)
+    before = {n: ctx._peek_state(g, n) for n in ("past_k", "past_v")}
+    page.step(inputs[0], cap, read=False)  # returns: nothing has waited for the device yet
+    with pytest.raises(OperationError, match="capacity"):
+        page.step(inputs[0], cap - 1, read=False)  # raised before this dispatch runs
+    for n, arr in before.items():
+        np.testing.assert_array_equal(ctx._peek_state(g, n), arr)
+    page.step(inputs[0], cap + 1, read=False)
+    ctx.reset_kv_cache(g)  # drops the unread overflow: the next calls do not raise
+    want = decoder_ref(inputs, cap, read_past_after)
+    for p in range(cap):
+        got = page.step(inputs[p], p)
+    np.testing.assert_allclose(got, want[-1], atol=1e-5)
+    page.step(inputs[0], cap, read=False)
+    g.destroy()
+    ctx.read_tensor(page.y)  # the destroyed graph's overflow is not reported
 
 
 # -- behaviour 5: hidden ---------------------------------------------------------------------

@@ -17,9 +17,11 @@ two hidden buffers, swapped after each successful dispatch (no host traffic).
 
 Capacity (behaviour 4): before any in-place state write, one check kernel validates the
 scatter indices of every append pair on the device and writes a status word; every
-kernel that writes state in place is gated on it (writes nothing on overflow); dispatch
-reads the status back (4 bytes, one host-device sync) and raises ``OperationError``;
-double-buffered pairs are simply not swapped. The cache is therefore left as it was.
+kernel that writes state in place is gated on it (writes nothing on overflow); the
+status (4 bytes) is read where the context next waits for the device anyway (the next
+``read_tensor``, after its read, or the next dispatch, before it runs: no sync of its own,
+as a browser's asynchronous dispatch would report it) and raises ``OperationError``
+there; double-buffered pairs are swapped back. The cache is therefore left as it was.
 We chose the device-side check over computing the row on the host from the bound
 position input because the indices are an arbitrary function of graph inputs that may
 themselves live only on the device (an MLTensor written by an earlier dispatch).

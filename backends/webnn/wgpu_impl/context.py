@@ -28,6 +28,9 @@ _BIND_CACHE_MAX = 16  # per launch; bounds memory for pages that bind fresh tens
 #: overlaps GPU execution instead of preceding it. 0: one submit per dispatch (CPU
 #: adapters, where encoder and "GPU" share the same cores).
 SUBMIT_EVERY = {"gpu": 48, "cpu": 0}
+#: the first command buffer is cut shorter, so the GPU starts after a few launches are
+#: encoded rather than after a whole ``SUBMIT_EVERY``
+FIRST_SUBMIT = 8
 
 
 def _nbytes(count: int) -> int:
@@ -68,6 +71,9 @@ class WgpuGraph(MLGraph):
 
     def destroy(self) -> None:
         if not self._destroyed:
+            ctx = self._context
+            if getattr(ctx, "_unsettled", None) is self:
+                ctx._unsettled = None  # its overflow is moot once it is gone
             for b in {id(b): b for b in self._buffers.values()}.values():
                 b.destroy()
             for bufs in self._state:
@@ -120,6 +126,7 @@ class WgpuContext(MLContext):
         self._read_staging: Any = None
         self._status_staging = self._device.create_buffer(
             size=16, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+        self._unsettled: WgpuGraph | None = None  # dispatched, capacity status not yet read
         self._timing = "timestamp-query" in feats
         self._gpu_time_ns: int | None = None
         self._time_pending = False
@@ -192,6 +199,7 @@ class WgpuContext(MLContext):
         raw = np.frombuffer(self._read_staging.read_mapped(0, n), dtype=tensor._dtype.device_np)
         self._read_staging.unmap()
         self.counters.d2h += n
+        self._settle()
         return from_device(raw.copy(), tensor._dtype, tensor._shape)
 
     # -- build ------------------------------------------------------------------------
@@ -249,7 +257,8 @@ class WgpuContext(MLContext):
         for i, la in enumerate(plan.launches + [None]):
             if isinstance(la, KernelLaunch):
                 start = i if start is None else start
-                if every and i + 1 - start == every:
+                cut = min(every, FIRST_SUBMIT) if not g._submit_after else every
+                if every and i + 1 - start == cut:
                     g._submit_after.add(len(g._passes))
                     g._passes.append((start, i + 1))
                     start = None
@@ -319,6 +328,7 @@ class WgpuContext(MLContext):
     def _dispatch(self, graph: MLGraph, inputs: dict[str, MLTensor],
                   outputs: dict[str, MLTensor]) -> None:
         g: WgpuGraph = graph  # type: ignore[assignment]
+        self._settle()
         plan = g._plan
         bound = {"input": inputs, "output": outputs}
         bound_key = (tuple(sorted((n, t._serial) for n, t in inputs.items())),
@@ -365,22 +375,34 @@ class WgpuContext(MLContext):
         self.counters.kernel += g._kernel_bytes
         self.counters.d2d += g._copy_bytes
         self._time_pending = self._timing and npasses > 0
+        if g._double:
+            g._parity ^= 1  # undone by _settle if the capacity check failed
         if plan.has_check:
-            # PROPOSAL behaviour 4: read the capacity status (4 bytes, counted d2h)
-            self._status_staging.map_sync(wgpu.MapMode.READ, 0, 16)
-            status = int(np.frombuffer(self._status_staging.read_mapped(0, 4),
-                                       dtype=np.uint32)[0])
-            self._status_staging.unmap()
-            self.counters.d2h += 4
-            if status:
-                appends = [pp for pp in plan.pairs if pp.append]
-                p = appends[status - 1]
-                raise OperationError(
-                    f"KV-cache capacity exceeded for pair {p.pair.input!r} -> "
-                    f"{p.pair.output!r} (capacity shape {list(p.past._shape)}); "
-                    "the cache is unchanged")
+            self._unsettled = g
+
+    def _settle(self, report: bool = True) -> None:
+        """PROPOSAL behaviour 4, without a sync of its own: the last checked dispatch's
+        capacity status (4 bytes, counted d2h) is read where the context waits for the
+        device anyway (the next read_tensor, after its read; the next dispatch, before it
+        encodes). On overflow the graph's double buffers are swapped back (its in-place
+        writes were gated on the device) and ``OperationError`` is raised (``report``)."""
+        g, self._unsettled = self._unsettled, None
+        if g is None:
+            return
+        self._status_staging.map_sync(wgpu.MapMode.READ, 0, 16)
+        status = int(np.frombuffer(self._status_staging.read_mapped(0, 4), dtype=np.uint32)[0])
+        self._status_staging.unmap()
+        self.counters.d2h += 4
+        if not status:
+            return
         if g._double:
             g._parity ^= 1
+        if report:
+            p = [pp for pp in g._plan.pairs if pp.append][status - 1]
+            raise OperationError(
+                f"KV-cache capacity exceeded for pair {p.pair.input!r} -> "
+                f"{p.pair.output!r} (capacity shape {list(p.past._shape)}); "
+                "the cache is unchanged")
 
     def _copies(self, enc: Any, g: WgpuGraph, items: list[Any],
                 bound: dict[str, dict[str, MLTensor]]) -> None:
@@ -404,6 +426,8 @@ class WgpuContext(MLContext):
 
     def _reset(self, graph: MLGraph) -> None:
         g: WgpuGraph = graph  # type: ignore[assignment]
+        if self._unsettled is g:
+            self._settle(report=False)  # the cache is emptied: its overflow is moot
         enc = self._device.create_command_encoder()
         for bufs in g._state:
             for b in bufs:
