@@ -5,7 +5,8 @@ Each mode is what a page would write: convert the standard-flavour ONNX once
 `dispatch`, and read the logits. They differ only in where the cache lives (DESIGN §1):
 
 - `wgpu:stateless`  the page holds the caches on the host; every step uploads every past cache
-  and downloads every present cache (persistent tensors: the best a page can do).
+  and downloads every present cache (persistent tensors; the downloads awaited together, as
+  `Promise.all` over `readTensor` would be, in one device round trip: the best a page can do).
 - `wgpu:reuse`      the caches live in MLTensors; since one tensor may not be both input and
   output of a dispatch, the page ping-pongs two per pair and the graph writes a full copy.
 - `wgpu:stateful`   the proposal: `use_stateful=True` with the pairs listed from names; the
@@ -185,9 +186,10 @@ class _Page(Backend):
                     ins[p.input] = self._cur[p.input]
                     outs[p.output] = self._nxt[p.input]
             ctx.dispatch(self.converted.graph, ins, outs)
-            if self.host_cache:
-                for p in self._pairs:
-                    self._host[p.input] = np.asarray(ctx.read_tensor(self._nxt[p.input]))
+            if self.host_cache:  # every present at once, as a page's Promise.all would
+                presents = ctx.read_tensors([self._nxt[p.input] for p in self._pairs])
+                for p, arr in zip(self._pairs, presents, strict=True):
+                    self._host[p.input] = arr
             elif not self._hidden:
                 self._cur, self._nxt = self._nxt, self._cur
         self.position += 1

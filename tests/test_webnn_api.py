@@ -117,6 +117,33 @@ def test_readable_writable(ctx):
         ctx.write_tensor(w, np.ones(7, np.float32))  # wrong size
 
 
+def test_read_tensors_in_one_round_trip(ctx, monkeypatch):
+    """read_tensors (a page's Promise.all over readTensor): every tensor's own values and
+    type, odd sizes, mixed types; split over several staging buffers when they exceed the
+    device's max buffer size; a tensor that is not readable is a TypeError."""
+    rng = np.random.default_rng()
+    shapes = [(3, 5), (7,), (2, 2, 3), (1,)]
+    want = [rng.standard_normal(sh).astype(np.float32) for sh in shapes]
+    want.append(rng.integers(-2**31, 2**31 - 1, size=9, dtype=np.int64))
+    ts = []
+    for a in want:
+        t = ctx.create_tensor(data_type="int64" if a.dtype == np.int64 else "float32",
+                              shape=list(a.shape), readable=True, writable=True)
+        ctx.write_tensor(t, a)
+        ts.append(t)
+    for max_buffer in (ctx._max_buffer, 64):  # 64 bytes: one staging buffer per tensor or two
+        monkeypatch.setattr(ctx, "_max_buffer", max_buffer)
+        before = ctx.counters.d2h
+        got = ctx.read_tensors(ts)
+        assert ctx.counters.d2h - before == sum(4 * a.size for a in want)
+        for g, a in zip(got, want, strict=True):
+            assert g.dtype == a.dtype and g.shape == a.shape
+            np.testing.assert_array_equal(g, a)
+    assert len(ctx._read_staging) > 1
+    with pytest.raises(TypeError):
+        ctx.read_tensors([ts[0], ctx.create_tensor(data_type="float32", shape=[2])])
+
+
 def test_shapes_static_and_positive(ctx):
     for bad in ([2, 0], [-1], [1.5]):
         with pytest.raises(TypeError):

@@ -617,6 +617,18 @@ class MLContext:
             raise TypeError("read_tensor needs a tensor created with readable=True")
         return self._read_tensor(tensor)
 
+    def read_tensors(self, tensors: Sequence[MLTensor]) -> list[np.ndarray]:
+        """statebench extension: what a page gets from
+        ``Promise.all(tensors.map(t => context.readTensor(t)))``. The reads are concurrent
+        there, so an implementation may serve them with one device round trip; a
+        synchronous ``read_tensor`` per tensor could not."""
+        self._check_alive()
+        for t in tensors:
+            self._check_tensor(t, "tensor")
+            if not t._readable:
+                raise TypeError("read_tensors needs tensors created with readable=True")
+        return self._read_tensors(list(tensors))
+
     # IDL: undefined dispatch(MLGraph graph, MLNamedTensors inputs, MLNamedTensors outputs, optional MLOperatorOptions options = {});
     def dispatch(self, graph: MLGraph, inputs: Mapping[str, MLTensor],
                  outputs: Mapping[str, MLTensor]) -> None:
@@ -677,6 +689,9 @@ class MLContext:
 
     def _read_tensor(self, tensor: MLTensor) -> np.ndarray:
         raise NotImplementedError
+
+    def _read_tensors(self, tensors: list[MLTensor]) -> list[np.ndarray]:
+        return [self._read_tensor(t) for t in tensors]
 
     def _dispatch(self, graph: MLGraph, inputs: dict[str, MLTensor],
                   outputs: dict[str, MLTensor]) -> None:

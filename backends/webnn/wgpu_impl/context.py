@@ -28,9 +28,6 @@ _BIND_CACHE_MAX = 16  # per launch; bounds memory for pages that bind fresh tens
 #: overlaps GPU execution instead of preceding it. 0: one submit per dispatch (CPU
 #: adapters, where encoder and "GPU" share the same cores).
 SUBMIT_EVERY = {"gpu": 48, "cpu": 0}
-#: the first command buffer is cut shorter, so the GPU starts after a few launches are
-#: encoded rather than after a whole ``SUBMIT_EVERY``
-FIRST_SUBMIT = 8
 
 
 def _nbytes(count: int) -> int:
@@ -123,7 +120,8 @@ class WgpuContext(MLContext):
         self.state_support = state_support
         self.submit_every = SUBMIT_EVERY["cpu" if self._target.cpu else "gpu"]
         self._pipelines: dict[str, tuple[Any, Any]] = {}
-        self._read_staging: Any = None
+        self._read_staging: list[Any] = []  # persistent, one per max-buffer-size of reads
+        self._max_buffer = int(self._device.limits["max-buffer-size"])
         self._status_staging = self._device.create_buffer(
             size=16, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
         self._unsettled: WgpuGraph | None = None  # dispatched, capacity status not yet read
@@ -184,23 +182,50 @@ class WgpuContext(MLContext):
         self.counters.h2d += data.nbytes
 
     def _read_tensor(self, tensor: MLTensor) -> np.ndarray:
-        n = S.size(tensor._shape) * 4
-        size = -(-n // 16) * 16
-        if self._read_staging is None or self._read_staging.size < size:
-            if self._read_staging is not None:
-                self._read_staging.destroy()
-            self._read_staging = self._device.create_buffer(
-                size=max(size, 1 << 16),
-                usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+        return self._read_tensors([tensor])[0]
+
+    def _read_tensors(self, tensors: list[MLTensor]) -> list[np.ndarray]:
+        """Every tensor copied into persistent staging buffers in one submit, mapped after
+        one wait, and copied out once: one device round trip for the lot."""
+        sizes = [S.size(t._shape) * 4 for t in tensors]
+        bins: list[list[tuple[int, int]]] = [[]]  # per staging buffer: (tensor, offset)
+        used = [0]
+        for i, n in enumerate(sizes):
+            padded = -(-n // 16) * 16
+            if used[-1] and used[-1] + padded > self._max_buffer:
+                bins.append([])
+                used.append(0)
+            bins[-1].append((i, used[-1]))
+            used[-1] += padded
+        while len(self._read_staging) < len(bins):
+            self._read_staging.append(None)
         enc = self._device.create_command_encoder()
-        enc.copy_buffer_to_buffer(tensor._buffer, 0, self._read_staging, 0, size)
+        for b, members in enumerate(bins):
+            st = self._read_staging[b]
+            if st is None or st.size < used[b]:
+                if st is not None:
+                    st.destroy()
+                st = self._read_staging[b] = self._device.create_buffer(
+                    size=max(used[b], 1 << 16),
+                    usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+            for i, off in members:
+                enc.copy_buffer_to_buffer(tensors[i]._buffer, 0, st, off, -(-sizes[i] // 16) * 16)
         self._queue.submit([enc.finish()])
-        self._read_staging.map_sync(wgpu.MapMode.READ, 0, size)
-        raw = np.frombuffer(self._read_staging.read_mapped(0, n), dtype=tensor._dtype.device_np)
-        self._read_staging.unmap()
-        self.counters.d2h += n
+        out: list[np.ndarray | None] = [None] * len(tensors)
+        for b, members in enumerate(bins):
+            st = self._read_staging[b]
+            st.map_sync(wgpu.MapMode.READ, 0, used[b])
+            view = st.read_mapped(0, used[b], copy=False)
+            for i, off in members:
+                dt = tensors[i]._dtype
+                raw = np.frombuffer(view, dtype=dt.device_np, count=sizes[i] // 4, offset=off)
+                out[i] = from_device(raw.copy(), dt, tensors[i]._shape)
+                del raw  # no export of the mapped view may outlive unmap
+            del view
+            st.unmap()
+        self.counters.d2h += sum(sizes)
         self._settle()
-        return from_device(raw.copy(), tensor._dtype, tensor._shape)
+        return out  # type: ignore[return-value]
 
     # -- build ------------------------------------------------------------------------
     def _build(self, outputs: dict[str, MLOperand], inputs: dict[str, MLOperand],
@@ -257,8 +282,7 @@ class WgpuContext(MLContext):
         for i, la in enumerate(plan.launches + [None]):
             if isinstance(la, KernelLaunch):
                 start = i if start is None else start
-                cut = min(every, FIRST_SUBMIT) if not g._submit_after else every
-                if every and i + 1 - start == cut:
+                if every and i + 1 - start == every:
                     g._submit_after.add(len(g._passes))
                     g._passes.append((start, i + 1))
                     start = None
