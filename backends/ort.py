@@ -134,6 +134,7 @@ class _OrtBackend(Backend):
     provider = "cpu"
     mode = ""
     flavour = ORT
+    host_cache = False  # whether the cache crosses the host link every step
     cache_dir: str | os.PathLike | None = None  # None: harness.workload.default_cache_dir()
 
     @classmethod
@@ -161,7 +162,7 @@ class _OrtBackend(Backend):
         self.session = self._session(self.path)
         self.kernel = _KernelBytes(self.path, shared=self.mode == "shared")
         self.details.update(provider=self.session.get_providers()[0], flavour=self.flavour,
-                            mode=self.mode, model=str(self.path),
+                            mode=self.mode, model=str(self.path), host_cache=self.host_cache,
                             kernel_bytes_base=self.kernel.base,
                             kernel_bytes_per_token=self.kernel.per_token)
         if self.provider == "webgpu":
@@ -261,6 +262,8 @@ class _OrtBackend(Backend):
 
 class _HostArrays(_OrtBackend):
     """`copy` and `standard`: every cache is a host array handed to `run()` and returned."""
+
+    host_cache = True  # its floor includes the cache both ways over the host link
 
     def reset(self) -> None:
         self.position = 0

@@ -130,6 +130,13 @@ def test_standard_moves_whole_capacity_both_ways(tiny, cache_dir):
         c = _step_counters(b, tiny, n)
         assert c["h2d"] == IDS + whole
         assert c["d2h"] == tiny.config.vocab * 4 + whole
+    # so its floor includes the cache both ways over the link, as copy's does
+    from harness import metrics
+
+    assert b.details["host_cache"] is True
+    assert metrics.is_stateless("ort-cpu:standard", b.details)
+    assert not metrics.is_stateless("ort-cpu:shared", _backend("ort-cpu:shared", tiny,
+                                                                cache_dir).details)
 
 
 def test_capacity_is_enforced(tiny, cache_dir):
