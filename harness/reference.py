@@ -24,6 +24,8 @@ SCORES_BLOCK_BYTES = 256 << 20
 THREADED_SOFTMAX_MIN = 1 << 18
 #: the CPUs this process may run on (a container's share, where os.cpu_count() is the host's)
 SOFTMAX_THREADS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+#: tokens per chunk of the gated delta rule's prefill (``gdn_chunked``)
+GDN_CHUNK = 64
 
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
@@ -76,6 +78,51 @@ def gdn_step(state: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray,
     new = decayed + delta[:, :, None] * kk[:, None, :]
     out = scale * np.einsum("hvk,hk->hv", new, qq)
     return out, new
+
+
+def gdn_chunked(state: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                g: np.ndarray, beta: np.ndarray, scale: float,
+                chunk: int = GDN_CHUNK) -> tuple[np.ndarray, np.ndarray]:
+    """T tokens of the gated delta rule at once: ``gdn_step`` applied in order, computed
+    chunk by chunk with matrix products (the WY form of the delta rule) instead of T
+    passes over the state. A long prefill of hybrid-1b was memory-bound on those passes
+    (2 MB of state per layer, read and written several times per token).
+
+    state: (Hv, Dv, Dk) as in ``gdn_step``; q, k: (T, Hk, Dk); v: (T, Hv, Dv); g, beta:
+    (T, Hv). Returns (o (T, Hv, Dv), new state).
+
+    Per head, with S (Dk, Dv), G the running sum of g inside a chunk and γ = exp(G):
+    S_t = γ_t S_0 + Σ_{i≤t} (γ_t/γ_i) k_i u_iᵀ, where the pseudo-values U solve the unit
+    lower-triangular system (I + diag(β) A) U = diag(β) (V - diag(γ) K S_0), with
+    A_ti = (γ_t/γ_i) k_t·k_i for i < t; then O = scale (diag(γ) Q S_0 + (M ∘ Q Kᵀ) U) with
+    M_ti = γ_t/γ_i for i ≤ t, and S_C = γ_C S_0 + Kᵀ diag(γ_C/γ) U.
+    """
+    hv, hk = v.shape[1], k.shape[1]
+    rep = hv // hk
+    S = state.transpose(0, 2, 1).copy()  # (Hv, Dk, Dv)
+    kk = np.repeat(k, rep, axis=1).transpose(1, 0, 2)  # (Hv, T, Dk)
+    qq = np.repeat(q, rep, axis=1).transpose(1, 0, 2)
+    vv = v.transpose(1, 0, 2)
+    gg, bb = g.T, beta.T  # (Hv, T)
+    t_all = v.shape[0]
+    out = np.empty((hv, t_all, v.shape[2]), np.result_type(S, vv))
+    for c0 in range(0, t_all, chunk):
+        sl = slice(c0, min(t_all, c0 + chunk))
+        K, Q, V, b = kk[:, sl], qq[:, sl], vv[:, sl], bb[:, sl]
+        n = K.shape[1]
+        G = np.cumsum(gg[:, sl], axis=1)
+        incl = np.tri(n, dtype=bool)  # i <= t
+        diff = np.where(incl, G[:, :, None] - G[:, None, :], -np.inf)
+        M = np.exp(diff)  # γ_t/γ_i below and on the diagonal, 0 above
+        A = np.tril((K @ K.transpose(0, 2, 1)) * M, -1)
+        gam = np.exp(G)[:, :, None]
+        lhs = np.eye(n, dtype=A.dtype) + b[:, :, None] * A
+        rhs = b[:, :, None] * (V - gam * (K @ S))
+        U = np.linalg.solve(lhs, rhs)
+        out[:, sl] = scale * (gam * (Q @ S) + ((Q @ K.transpose(0, 2, 1)) * M) @ U)
+        tail = np.exp(G[:, -1:] - G)[:, :, None]  # γ_C/γ_i
+        S = np.exp(G[:, -1])[:, None, None] * S + K.transpose(0, 2, 1) @ (tail * U)
+    return out.transpose(1, 0, 2), S.transpose(0, 2, 1)
 
 
 @cache
@@ -243,10 +290,6 @@ class Reference:
         g = -np.exp(w[p + "A_log"]) * softplus(project(xn, w[p + "a_proj"]) + w[p + "dt_bias"])
         beta = 1.0 / (1.0 + np.exp(-project(xn, w[p + "b_proj"])))
         name = f"past_state.{i}"
-        s = self.state[name]
-        outs = []
-        for j in range(t):
-            o, s = gdn_step(s, q[j], k[j], v[j], g[j], beta[j], 1.0 / np.sqrt(dk))
-            outs.append(o.reshape(-1))
-        self.state[name] = s
-        return project(np.stack(outs), w[p + "o_proj"])
+        o, s = gdn_chunked(self.state[name], q, k, v, g, beta, 1.0 / np.sqrt(dk))
+        self.state[name] = s.astype(self.dtype, copy=False)
+        return project(o.reshape(t, hv * dv).astype(self.dtype, copy=False), w[p + "o_proj"])
