@@ -6,7 +6,18 @@ import html
 from pathlib import Path
 
 from harness import metrics
-from harness.report import OK_MARK, Run, environment_lines, notes, point_speedup, series, series_name
+from harness.report import (
+    BANDWIDTH_HEAD,
+    BANDWIDTH_NOTE,
+    OK_MARK,
+    Run,
+    bandwidth_rows,
+    environment_lines,
+    notes,
+    point_speedup,
+    series,
+    series_name,
+)
 
 CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }
@@ -59,6 +70,13 @@ def render(runs: list[Run], charts: dict[str, dict[str, Path]]) -> str:
                  f"<code>{html.escape(base or 'the stateless baseline (absent)')}</code>. "
                  "A point that does not match is never shown as faster.</p>")
     parts.append(table_html(runs))
+    bw = bandwidth_rows(runs)
+    if bw:
+        head = "".join(f"<th>{html.escape(h)}</th>" for h in BANDWIDTH_HEAD)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>"
+                       for r in bw)
+        parts.append(f"<h2>Bandwidth use</h2><p>{html.escape(BANDWIDTH_NOTE)}</p>"
+                     f"<table><tr>{head}</tr>{body}</table>")
     ns = notes(runs)
     if ns:
         parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in ns) + "</ul>")

@@ -189,6 +189,17 @@ def calibration_problems(calibration: dict) -> list[str]:
     return out
 
 
+def gpu_mbu(p: Point) -> float | None:
+    """The floor over the step's GPU time (timestamp queries), for backends whose cache stays
+    on the device: how close the kernels come to the bandwidth floor, host time aside. None
+    where there is no GPU time or no floor, and for host-cache backends (their floor counts
+    the link, which the GPU time does not)."""
+    if (p.status != "ok" or p.floor_ms is None or p.gpu_ms is None or p.gpu_ms.median <= 0
+            or is_stateless(p.backend, p.details)):
+        return None
+    return p.floor_ms / p.gpu_ms.median
+
+
 def plausible_mbu(mbu: float | None) -> float | None:
     """The MBU when it can be true, else None (reported as a calibration problem)."""
     return mbu if mbu is not None and 0 < mbu <= MBU_PLAUSIBLE_MAX else None

@@ -155,7 +155,7 @@ def summary(runs: list[Run]) -> Group:
 
 COLUMNS = ["run", "backend", "context", "capacity", "status", "step_ms_median", "step_ms_p10",
            "step_ms_p90", "gpu_ms_median", *[f"bytes_{k}" for k in BYTE_CATEGORIES], "bytes_total",
-           "floor_ms", "mbu", "match", "max_abs", "max_rel", "argmax_agree", "speedup",
+           "floor_ms", "mbu", "mbu_gpu", "match", "max_abs", "max_rel", "argmax_agree", "speedup",
            "build_s", "time_to_depth_s", "peak_rss_bytes", "device_bytes", "reason"]
 
 
@@ -173,6 +173,7 @@ def rows(runs: list[Run]) -> list[dict]:
                 "gpu_ms_median": p.gpu_ms.median if p.gpu_ms else None,
                 **{f"bytes_{k}": bps.get(k) for k in BYTE_CATEGORIES},
                 "bytes_total": p.bytes_total, "floor_ms": p.floor_ms, "mbu": p.mbu,
+                "mbu_gpu": metrics.gpu_mbu(p),
                 "match": p.match.ok if p.match else None,
                 "max_abs": p.match.max_abs if p.match else None,
                 "max_rel": p.match.max_rel if p.match else None,
@@ -221,6 +222,30 @@ def markdown_table(runs: list[Run]) -> str:
         lines.append(f"| {ctx} | " + " | ".join(_md_cell(r, r.results.point(b, ctx)) for r, b in cols)
                      + " |")
     return "\n".join(lines)
+
+
+BANDWIDTH_HEAD = ["backend", "context", "floor ms", "step ms", "GPU ms", "MBU (wall)",
+                  "MBU (GPU)"]
+BANDWIDTH_NOTE = ("Device-resident backends with GPU timestamps: the floor (the bytes a step must "
+                  "move over the calibrated streaming bandwidth) over the step's wall time and "
+                  "over its GPU time; the gap between the two is host time.")
+
+
+def bandwidth_rows(runs: list[Run]) -> list[list[str]]:
+    """Per device-resident point with a GPU time: its floor, wall and GPU time, and MBU over
+    each (the gap between the two is host time: encoding, submits, readbacks). Runs whose
+    calibration is implausible are left out."""
+    out = []
+    for run in runs:
+        if run.calibration_problems:
+            continue
+        for p in sorted(run.results.points, key=lambda p: (p.context, p.backend)):
+            g = metrics.gpu_mbu(p)
+            if g is not None and p.mbu is not None:
+                out.append([series_name(run, p.backend), str(p.context), f"{p.floor_ms:.3f}",
+                            f"{p.step_ms.median:.3f}", f"{p.gpu_ms.median:.3f}",
+                            f"{p.mbu:.2f}", f"{g:.2f}"])
+    return out
 
 
 def environment_lines(run: Run) -> list[str]:
@@ -274,6 +299,11 @@ def to_markdown(runs: list[Run], charts: list[str] | None = None) -> str:
               "the float64 reference, and speedup over "
               f"{base or 'the stateless baseline (none in this run)'}.", "",
               markdown_table(runs), ""]
+    bw = bandwidth_rows(runs)
+    if bw:
+        parts += ["## Bandwidth use", "", BANDWIDTH_NOTE, "",
+                  "| " + " | ".join(BANDWIDTH_HEAD) + " |", "|---|" + "---:|" * 6,
+                  *("| " + " | ".join(r) + " |" for r in bw), ""]
     ns = notes(runs)
     if ns:
         parts += ["## Notes", ""] + [f"- {n}" for n in ns] + [""]

@@ -83,3 +83,30 @@ def test_implausible_mbu_is_noted_not_charted():
     assert metrics.plausible_mbu(0.8) == 0.8
     assert metrics.plausible_mbu(1.3) is None
     assert metrics.plausible_mbu(None) is None
+
+
+def test_gpu_time_mbu_for_device_resident_points(run_files):
+    """MBU over GPU time is the floor over the GPU time, for backends whose cache stays on
+    the device; host-cache backends (floor counts the link) and points without GPU time
+    have none. The markdown report tables it beside MBU over wall time."""
+    from harness import metrics
+
+    res = results.load(run_files[0])
+    ctx = res.contexts[0]
+    dev, host = res.point("ort-cpu:shared", ctx), res.point("ort-cpu:copy", ctx)  # GPU time set below
+    for p in (dev, host):
+        p.floor_ms, p.gpu_ms = 2.0, results.Stats.of([4.0, 4.0, 4.0])
+        p.mbu = p.floor_ms / p.step_ms.median
+    assert metrics.gpu_mbu(dev) == pytest.approx(0.5)
+    assert metrics.gpu_mbu(host) is None
+    res.environment["calibration"] = {}  # nothing implausible to hide behind
+    runs = report.label_runs([res])
+    md = report.to_markdown(runs)
+    from harness import html as report_html
+
+    assert "<td>0.50</td>" in report_html.render(runs, {})
+    row = next(line for line in md.splitlines() if line.startswith(f"| ort-cpu:shared | {ctx} |"))
+    assert row.endswith(f"| {dev.mbu:.2f} | 0.50 |")
+    assert not any(line.startswith("| ort-cpu:copy |") for line in md.splitlines())
+    dev.gpu_ms = None
+    assert metrics.gpu_mbu(dev) is None
