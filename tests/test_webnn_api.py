@@ -139,9 +139,43 @@ def test_read_tensors_in_one_round_trip(ctx, monkeypatch):
         for g, a in zip(got, want, strict=True):
             assert g.dtype == a.dtype and g.shape == a.shape
             np.testing.assert_array_equal(g, a)
+        outs = [np.full(a.shape, 7, a.dtype) for a in want]  # readTensor(tensor, outputData)
+        back = ctx.read_tensors(ts, outs)
+        for o, b, a in zip(outs, back, want, strict=True):
+            assert b is o
+            np.testing.assert_array_equal(o, a)
     assert len(ctx._read_staging) > 1
     with pytest.raises(TypeError):
         ctx.read_tensors([ts[0], ctx.create_tensor(data_type="float32", shape=[2])])
+    for bad in ([np.zeros(15, np.float64)], [np.zeros(14, np.float32)],
+                [np.zeros((5, 3), np.float32).T]):  # type, size, not contiguous
+        with pytest.raises(TypeError):
+            ctx.read_tensors(ts[:1], bad)
+    with pytest.raises(TypeError):
+        ctx.read_tensors(ts[:2], [np.zeros(15, np.float32)])  # one array for two tensors
+
+
+def test_large_writes_go_through_a_persistent_staging_buffer(ctx):
+    """A write of STAGED_WRITE_MIN bytes or more is staged in the tensor's own mapped buffer
+    (reused: the second write waits for the first copy) and then copied; each read sees
+    the latest write, and the bytes are counted once."""
+    from backends.webnn.wgpu_impl import context as wctx
+
+    n = wctx.STAGED_WRITE_MIN // 4 + 3  # not a multiple of 16 bytes
+    t = ctx.create_tensor(data_type="float32", shape=[n], readable=True, writable=True)
+    rng = np.random.default_rng()
+    for _ in range(3):
+        a = rng.standard_normal(n).astype(np.float32)
+        before = ctx.counters.h2d
+        ctx.write_tensor(t, a)
+        assert ctx.counters.h2d - before == a.nbytes
+        np.testing.assert_array_equal(ctx.read_tensor(t), a)
+    staging = t._upload
+    assert staging is not None
+    ctx.write_tensor(t, a[::-1].copy())
+    ctx.write_tensor(t, a)  # back to back: the staging buffer is reused, not replaced
+    assert t._upload is staging
+    np.testing.assert_array_equal(ctx.read_tensor(t), a)
 
 
 def test_shapes_static_and_positive(ctx):

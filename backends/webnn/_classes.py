@@ -617,17 +617,29 @@ class MLContext:
             raise TypeError("read_tensor needs a tensor created with readable=True")
         return self._read_tensor(tensor)
 
-    def read_tensors(self, tensors: Sequence[MLTensor]) -> list[np.ndarray]:
+    def read_tensors(self, tensors: Sequence[MLTensor],
+                     outputs: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
         """statebench extension: what a page gets from
         ``Promise.all(tensors.map(t => context.readTensor(t)))``. The reads are concurrent
         there, so an implementation may serve them with one device round trip; a
-        synchronous ``read_tensor`` per tensor could not."""
+        synchronous ``read_tensor`` per tensor could not. ``outputs``: the page's own arrays
+        to read into (IDL ``readTensor(tensor, outputData)``: no allocation per read), one
+        per tensor, of its element type and size; they are returned."""
         self._check_alive()
         for t in tensors:
             self._check_tensor(t, "tensor")
             if not t._readable:
                 raise TypeError("read_tensors needs tensors created with readable=True")
-        return self._read_tensors(list(tensors))
+        if outputs is not None:
+            if len(outputs) != len(tensors):
+                raise TypeError(f"{len(outputs)} output arrays for {len(tensors)} tensors")
+            for t, a in zip(tensors, outputs, strict=True):
+                if (not isinstance(a, np.ndarray) or a.dtype != t._dtype.host
+                        or a.size != S.size(t._shape) or not a.flags.c_contiguous
+                        or not a.flags.writeable):
+                    raise TypeError(f"outputData must be a writable contiguous {t.data_type} "
+                                    f"array of {S.size(t._shape)} elements")
+        return self._read_tensors(list(tensors), None if outputs is None else list(outputs))
 
     # IDL: undefined dispatch(MLGraph graph, MLNamedTensors inputs, MLNamedTensors outputs, optional MLOperatorOptions options = {});
     def dispatch(self, graph: MLGraph, inputs: Mapping[str, MLTensor],
@@ -690,8 +702,14 @@ class MLContext:
     def _read_tensor(self, tensor: MLTensor) -> np.ndarray:
         raise NotImplementedError
 
-    def _read_tensors(self, tensors: list[MLTensor]) -> list[np.ndarray]:
-        return [self._read_tensor(t) for t in tensors]
+    def _read_tensors(self, tensors: list[MLTensor],
+                      outputs: list[np.ndarray] | None = None) -> list[np.ndarray]:
+        got = [self._read_tensor(t) for t in tensors]
+        if outputs is None:
+            return got
+        for a, g in zip(outputs, got, strict=True):
+            a.reshape(-1)[...] = g.reshape(-1)
+        return outputs
 
     def _dispatch(self, graph: MLGraph, inputs: dict[str, MLTensor],
                   outputs: dict[str, MLTensor]) -> None:

@@ -28,6 +28,8 @@ _BIND_CACHE_MAX = 16  # per launch; bounds memory for pages that bind fresh tens
 #: overlaps GPU execution instead of preceding it. 0: one submit per dispatch (CPU
 #: adapters, where encoder and "GPU" share the same cores).
 SUBMIT_EVERY = {"gpu": 48, "cpu": 0}
+#: writes of at least this many bytes go through a persistent staging buffer per tensor
+STAGED_WRITE_MIN = 1 << 20
 
 
 def _nbytes(count: int) -> int:
@@ -42,10 +44,13 @@ class WgpuTensor(MLTensor):
         # WebGPU zero-initialises buffers: create_tensor zero-fills as the spec asks
         self._buffer = context._device.create_buffer(size=_nbytes(S.size(shape)),
                                                      usage=_STORAGE)
+        self._upload: Any = None  # persistent staging for large writes, made on the first
 
     def destroy(self) -> None:
         if not self._destroyed:
             self._buffer.destroy()
+            if self._upload is not None:
+                self._upload.destroy()
         super().destroy()
 
 
@@ -178,15 +183,34 @@ class WgpuContext(MLContext):
         return WgpuTensor(self, dt, shape, readable, writable)
 
     def _write_tensor(self, tensor: MLTensor, data: np.ndarray) -> None:
-        self._queue.write_buffer(tensor._buffer, 0, data)
-        self.counters.h2d += data.nbytes
+        """Small writes through ``queue.write_buffer``; large ones through the tensor's own
+        persistent mapped staging buffer and a copy (``write_buffer`` stages into fresh memory
+        on every call: page faults on each large write)."""
+        n = data.nbytes
+        if n < STAGED_WRITE_MIN:
+            self._queue.write_buffer(tensor._buffer, 0, data)
+        else:
+            st = tensor._upload  # type: ignore[attr-defined]
+            if st is None:
+                st = tensor._upload = self._device.create_buffer(  # type: ignore[attr-defined]
+                    size=tensor._buffer.size,
+                    usage=wgpu.BufferUsage.MAP_WRITE | wgpu.BufferUsage.COPY_SRC)
+            st.map_sync(wgpu.MapMode.WRITE, 0, st.size)  # free once its last copy has run
+            st.write_mapped(data.reshape(-1).view(np.uint8), 0)
+            st.unmap()
+            enc = self._device.create_command_encoder()
+            enc.copy_buffer_to_buffer(st, 0, tensor._buffer, 0, -(-n // 4) * 4)
+            self._queue.submit([enc.finish()])
+        self.counters.h2d += n
 
     def _read_tensor(self, tensor: MLTensor) -> np.ndarray:
         return self._read_tensors([tensor])[0]
 
-    def _read_tensors(self, tensors: list[MLTensor]) -> list[np.ndarray]:
+    def _read_tensors(self, tensors: list[MLTensor],
+                      outputs: list[np.ndarray] | None = None) -> list[np.ndarray]:
         """Every tensor copied into persistent staging buffers in one submit, mapped after
-        one wait, and copied out once: one device round trip for the lot."""
+        one wait, and copied out once (into ``outputs`` where given): one device round trip
+        for the lot."""
         sizes = [S.size(t._shape) * 4 for t in tensors]
         bins: list[list[tuple[int, int]]] = [[]]  # per staging buffer: (tensor, offset)
         used = [0]
@@ -219,7 +243,11 @@ class WgpuContext(MLContext):
             for i, off in members:
                 dt = tensors[i]._dtype
                 raw = np.frombuffer(view, dtype=dt.device_np, count=sizes[i] // 4, offset=off)
-                out[i] = from_device(raw.copy(), dt, tensors[i]._shape)
+                if outputs is None:
+                    out[i] = from_device(raw.copy(), dt, tensors[i]._shape)
+                else:
+                    outputs[i].reshape(-1)[...] = raw  # the page's array, no allocation
+                    out[i] = outputs[i]
                 del raw  # no export of the mapped view may outlive unmap
             del view
             st.unmap()
