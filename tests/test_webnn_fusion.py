@@ -143,13 +143,15 @@ def test_reduction_computes_its_input_chain(ctx, op):
 @pytest.mark.parametrize("norm,mode,launches", [
     (False, "full", ["matmul_gemv"]), (True, "full", ["matmul_gemv"]),
     (True, "vector", ["reduce_mean", "matmul_gemv"]),
-    (True, None, ["reduce_mean", "fused:add+sqrt+div+mul", "matmul_gemv"]),
+    (True, None, ["fused_vector", "matmul_gemv"]), (True, "launch", ["fused_vector", "matmul_gemv"]),
+    (False, None, ["fused:sqrt+div+mul", "matmul_gemv"]),
     (True, "off", ["reduce_mean", "fused:add+sqrt+div+mul", "matmul_gemv"])])
 def test_gemv_prologue_and_stacking_with_gpu_kernel(ctx, k, norm, mode, launches, monkeypatch):
     """Forced GPU gemv: an element-wise input vector read only by two single-row matmuls
     is computed by the (stacked) gemv itself, vec4 (k = 8) or scalar (k = 6) loads; with
     ``norm`` it is RMSNorm, whose mean of squares the gemv's workgroups compute too
-    (``gemv_prologue`` "full"; "vector": the mean launched alone; None/"off": neither)."""
+    (``gemv_prologue`` "full"; "vector": the mean launched alone; None/"launch": the
+    vector and its mean in one launch of their own; "off": neither)."""
     from backends.webnn.wgpu_impl import compiler
 
     monkeypatch.setitem(compiler.OPTIONS, "gemv", "rows_sh")

@@ -114,6 +114,26 @@ def test_gpu_gemv_variant_with_stacked_projections(name, monkeypatch):
         b.close()
 
 
+def test_gpu_gemv_norms_in_one_launch_each(monkeypatch):
+    """By default (GPU gemv forced here) each RMSNorm before a projection is one launch
+    computing its mean of squares and its tail (``fused_vector``), not two; the model
+    still computes the reference's logits."""
+    from backends.webnn.wgpu_impl import compiler
+
+    monkeypatch.setitem(compiler.OPTIONS, "gemv", "rows_sh")
+    b = prepared(StatefulInPlace, CAPACITY)
+    try:
+        plan = b.converted.graph._plan
+        assert not plan.prologue
+        names = [la.kernel.name for la in plan.launches if hasattr(la, "kernel")]
+        # before the mixer and the MLP of every layer, and before the LM head
+        assert names.count("fused_vector") == 2 * len(TINY.config.layers) + 1, names
+        assert "reduce_mean" not in names
+        assert_two_steps_match(b, "stateful, norms in one launch")
+    finally:
+        b.close()
+
+
 def test_stateful_details(backend):
     if backend.name == "wgpu:stateful":
         assert backend.details["is_stateful"] is True

@@ -150,6 +150,26 @@ class VectorSource:
     reduction: tuple[str, str, int] | None = None  # (reduce op, element {} of its input, count)
 
 
+def computed_vector(vec: VectorSource, count: int, traffic: int, wg: int = 256) -> Kernel:
+    """One workgroup writes the ``count`` elements of ``vec``, after its whole-vector
+    reduction if it reads one (RMSNorm: the mean of squares, then ``x / rms * w``): two ops
+    that are two launches elsewhere, in one. A decode step's vector is one row of a few
+    thousand elements, so one workgroup is enough."""
+    src = vec.src
+    body = ""
+    if vec.reduction is not None:
+        op, load, n = vec.reduction
+        red_decls, body = inline_reduction(op, n, load, wg=wg)
+        src += red_decls
+    out = len(vec.bindings)
+    src += decl(out, "out", "f32", "rw")
+    src += (f"@compute @workgroup_size({wg})\n"
+            "fn main(@builtin(local_invocation_index) lid: u32) {\n" + body
+            + f"  for (var j = lid; j < {count}u; j = j + {wg}u) {{ out[j] = "
+            + vec.element.format("j") + "; }\n}\n")
+    return Kernel("fused_vector", src, list(vec.bindings) + ["rw"], (1, 1, 1), traffic)
+
+
 def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequence[int], *,
               n_off: int = 0, n_chunk: int | None = None, lanes: int = 32, wg: int = 256,
               subgroup: int | None = None, splits: Sequence[int] | None = None,

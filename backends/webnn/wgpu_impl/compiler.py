@@ -42,9 +42,11 @@ Slot = tuple
 #: kernel-variant overrides for benchmarks and tests (None: chosen per adapter);
 #: "attention": None/"flash" (two-launch decode attention where the pattern matches),
 #: "unfused" (QK, chain, softmax, split-K probs·V), "generic" (plain matmuls)
-#: "gemv_prologue": None/"off" (the gemv's input vector launched on its own: measured faster
-#: on the H200, PERFORMANCE.md), "full" (the vector and its one-element reduction computed
-#: by each gemv workgroup), "vector" (the vector only)
+#: "gemv_prologue": where a gemv's input vector reads a one-element reduction (RMSNorm):
+#: None/"launch" (the vector and its reduction in one launch of their own), "off" (each
+#: launched on its own), "full" (both computed by each gemv workgroup: measured slower on
+#: the H200, PERFORMANCE.md), "vector" (the vector computed by each gemv workgroup, the
+#: reduction launched)
 #: "row_writes": None (scatters of one index tensor into same-shaped caches: one launch),
 #: "separate"
 #: "attention_splits": None (kernels/attention.SPLITS) or the splits per head flash-decoding
@@ -91,6 +93,7 @@ class Plan:
     fold: dict[int, MLOperand] = field(default_factory=dict)  # matmul id -> B read transposed
     epilogue: dict[int, tuple[MLOperand, MLOperand]] = field(default_factory=dict)  # gemv -> (add, residual)
     prologue: dict[int, GV.Prologue] = field(default_factory=dict)  # gemv -> its input vector
+    vectors: dict[int, GV.Prologue] = field(default_factory=dict)  # vector -> it + its reduction
     row_writes: dict[int, list[MLOperand]] = field(default_factory=dict)  # first scatter -> all
     in_place: dict[int, PairPlan] = field(default_factory=dict)  # writer id -> its pair
 
@@ -170,11 +173,16 @@ def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
                                               set(plan.stacked))
     absorbed |= {add._id for add, _ in plan.epilogue.values()}
     # -- a gemv's input vector computed by the gemv (RMSNorm's tail, SwiGLU) ------------
-    mode = OPTIONS.get("gemv_prologue") or "off"
-    if gpu_gemv and mode != "off":
+    mode = OPTIONS.get("gemv_prologue") or "launch"
+    if gpu_gemv and mode in ("full", "vector"):
         plan.prologue = GV.gemv_prologues(nodes, fold, inlined, groups, pinned | absorbed,
                                           plan.target, reductions=mode == "full")
+    elif gpu_gemv and mode == "launch":
+        found = GV.gemv_prologues(nodes, fold, inlined, groups, pinned | absorbed, plan.target)
+        plan.vectors = {pro.group.ops[-1]._id: pro for pro in found.values()
+                        if pro.reduction is not None}
     absorbed |= {x._id for pro in plan.prologue.values() for x in pro.absorbed}
+    absorbed |= {pro.reduce_op._id for pro in plan.vectors.values()}
     # -- row writes at one index tensor (a layer's K and V): one launch ----------------
     if OPTIONS.get("row_writes") != "separate":
         plan.row_writes = _row_write_groups(nodes, absorbed, groups, plan.target.max_storage)
@@ -184,6 +192,8 @@ def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
         """The roots one op's launch reads: its fused group's leaves or its inputs."""
         if o._id in plan.attention:
             return list(plan.attention[o._id].leaves)
+        if o._id in plan.vectors:
+            return list(plan.vectors[o._id].leaves)
         if o._id in groups:
             return list(groups[o._id].leaves)
         return [root(x) for x in o._inputs]
@@ -442,6 +452,11 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
         plan.temps[part] = parts
         add(KernelLaunch(k1, ins + [part]))
         add(KernelLaunch(k2, [part, out_slot]))
+    elif o._id in plan.vectors:
+        vec = plan.vectors[o._id]
+        count = S.size(shp)
+        traffic = 4 * (sum(S.size(x._shape) for x in vec.leaves) + count)
+        add(KernelLaunch(MM.computed_vector(vec.source(), count, traffic), ins + [out_slot]))
     elif o._id in plan.groups and not fusion.is_host(o):  # hosts: below, per op
         group = plan.groups[o._id]
         add(KernelLaunch(group.kernel(guarded), [slot_of(x) for x in group.leaves] + [out_slot]
