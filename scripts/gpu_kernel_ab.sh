@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# A/B of compiler options on one decode step, as run on the project's H200 machine
+# (results/h200/kernels-ab-*.json, backends/webnn/PERFORMANCE.md):
+#
+#   scripts/gpu_kernel_ab.sh OUTDIR [PRESET:CAPACITY] [KEY=VALUE ...]
+#
+# One `scripts/kernel_bench.py --profile` run with the defaults, then one per KEY=VALUE
+# (a compiler.OPTIONS entry), all in one call so the GPU and host are the same; writes
+# OUTDIR/ab-<name>.json and prints wall / GPU time and launches per variant last. Kernel-bench
+# steps run with cold clocks: compare the variants with each other, not with sweep files.
+set -euo pipefail
+out=${1:?usage: scripts/gpu_kernel_ab.sh OUTDIR [PRESET:CAPACITY] [KEY=VALUE ...]}
+step=${2:-llama-1b:8192}
+shift 2 || shift $#
+cd "$(dirname "$0")/.."
+. scripts/gpu_env.sh
+mkdir -p "$out"
+run() {  # name, options...
+  local name=$1; shift
+  "$py" scripts/kernel_bench.py --gemv none --attn none --step "$step" --profile "$@" \
+    > "$out/ab-$name.json" 2>> "$out/ab.log" || echo "variant $name exited $?"
+}
+run default
+for kv in "$@"; do
+  run "$(echo "$kv" | tr '=' '-')" --option "$kv"
+done
+"$py" - "$out" <<'PY'
+import glob, json, os, sys
+for f in sorted(glob.glob(os.path.join(sys.argv[1], "ab-*.json"))):
+    try:
+        s = json.load(open(f))["step"][0]
+    except (ValueError, KeyError, IndexError) as exc:
+        print(f"{os.path.basename(f)}: no result ({exc!r})")
+        continue
+    print(f"{os.path.basename(f)[3:-5]:32s} launches {s.get('launches')}  wall {s.get('wall_ms', 0):.2f} ms"
+          f"  GPU {s.get('gpu_ms', float('nan')):.2f} ms  {s.get('error', '')}")
+PY
