@@ -6,8 +6,9 @@
 #
 # One `scripts/kernel_bench.py --profile` run with the defaults, then one per KEY=VALUE
 # (a compiler.OPTIONS entry), all in one call so the GPU and host are the same; writes
-# OUTDIR/ab-<name>.json and prints wall / GPU time and launches per variant last. Kernel-bench
-# steps run with cold clocks: compare the variants with each other, not with sweep files.
+# OUTDIR/ab-<name>.json and prints wall / GPU time and launches per variant last. Each variant
+# steps for 3 s before it is timed (kernel_bench --warm) so the clocks ramp; still, compare the
+# variants with each other rather than with sweep files.
 set -euo pipefail
 out=${1:?usage: scripts/gpu_kernel_ab.sh OUTDIR [PRESET:CAPACITY] [KEY=VALUE ...]}
 step=${2:-llama-1b:8192}

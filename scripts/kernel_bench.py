@@ -201,7 +201,8 @@ def profile_launches(ctx, g, bound: dict) -> dict:
     return out
 
 
-def bench_step(name: str, capacity: int, steps: int, profile: bool = False) -> dict:
+def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
+               warm_s: float = 0.0) -> dict:
     from backends.wgpu_modes import StatefulInPlace
     from harness.workload import Workload, preset
 
@@ -216,6 +217,12 @@ def bench_step(name: str, capacity: int, steps: int, profile: bool = False) -> d
         k = getattr(la, "kernel", None)
         nm = k.name if k is not None else "copy"
         names[nm] = names.get(nm, 0) + 1
+    # steps before timing, so the GPU clocks ramp as in a sweep's depth walk (within the
+    # capacity: the timed steps must still fit)
+    t_warm, warm = time.perf_counter() + warm_s, 0
+    while time.perf_counter() < t_warm and warm < capacity - steps - 1:
+        be.step(warm % 100 + 1)
+        warm += 1
     wall, gpu = [], []
     for t in range(steps):
         t1 = time.perf_counter()
@@ -236,7 +243,7 @@ def bench_step(name: str, capacity: int, steps: int, profile: bool = False) -> d
                  "output": {n: t for n, t in be._bound.items() if n in g.outputs}}
         prof = profile_launches(be.context, g, bound)
     be.close()
-    res = {"preset": name, "capacity": capacity, "prepare_s": round(prep, 2),
+    res = {"preset": name, "capacity": capacity, "prepare_s": round(prep, 2), "warm_steps": warm,
            "wall_ms": 1e3 * float(np.median(wall[1:] or wall)),
            "launches": len(plan.launches), "kernels": names,
            "weights_bytes": weights, "cache_bytes": cache, "kernel_bytes_counted": kbytes,
@@ -259,6 +266,8 @@ def main() -> None:
                     help="auto, unfused, generic, or sN (flash-decoding aiming at N splits per head)")
     ap.add_argument("--step", default="small:512", help="preset:capacity,... or none")
     ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--warm", type=float, default=3.0,
+                    help="seconds of steps before the timed ones (GPU clocks ramp), 0: none")
     ap.add_argument("--profile", action="store_true", help="per-kernel GPU time of the step")
     ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                     help="compiler.OPTIONS for every benchmark (e.g. gemv_prologue=off); repeatable")
@@ -318,7 +327,7 @@ def main() -> None:
                 if every != "default":
                     wctx.SUBMIT_EVERY.update(cpu=int(every), gpu=int(every))
                 try:
-                    r = bench_step(name, int(cap or 512), a.steps, a.profile)
+                    r = bench_step(name, int(cap or 512), a.steps, a.profile, a.warm)
                 except Exception as exc:  # noqa: BLE001
                     r = {"preset": name, "error": repr(exc), "trace": traceback.format_exc()[-800:]}
                 r["submit_every"] = every
