@@ -1,0 +1,44 @@
+"""scripts/kernel_bench.py, as the GPU A/B script runs it: one subprocess on a tiny preset
+with an option, checked for results the measurement can trust (errors against the oracle,
+finite logits, the profile); an unknown option is one line and a non-zero exit."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "kernel_bench.py"
+
+
+def bench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_kernel_bench_runs_with_an_option():
+    proc = bench("--gemv", "64x40", "--gemv-variants", "auto,rows_u8", "--attn", "96",
+                 "--attn-variants", "auto,s8", "--step", "tiny:32", "--steps", "2", "--warm",
+                 "0.2", "--profile", "--option", "gemv_prologue=off", "--reps", "2",
+                 "--budget", "0.2")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    assert [g["variant"] for g in out["gemv"]] == ["auto", "rows_u8"]
+    assert all(g["max_abs_err"] < 1e-4 for g in out["gemv"])
+    assert all(a["max_abs_err"] < 1e-5 for a in out["attention"]), out["attention"]
+    step = out["step"][0]
+    assert "error" not in step, step.get("trace")
+    assert step["logits_finite"] and step["launches"] > 0
+    assert step["options"]["gemv_prologue"] == "off"
+    assert 0 < step["warm_steps"] <= 32 - 2 - 1
+    assert sum(k["n"] for name, k in step["profile"].items() if not name.startswith("_")) \
+        == step["launches"] - step["kernels"].get("copy", 0)
+
+
+def test_unknown_option_is_one_line():
+    proc = bench("--gemv", "none", "--attn", "none", "--step", "none", "--option", "nope=1")
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "unknown option 'nope'" in lines[0], proc.stderr
