@@ -215,3 +215,30 @@ def test_row_write_never_computes_updates_from_the_cache_it_writes(ctx):
     _, free = fusion.plan(nodes, {y._id}, set(), 8)
     _, guarded = fusion.plan(nodes, {y._id}, set(), 8, no_read={past._id})
     assert y._id in free and y._id not in guarded
+
+
+@pytest.mark.parametrize("heads,d,other_reader", [(3, 37, False), (5, 300, False), (3, 37, True)])
+def test_row_norm_is_one_launch(ctx, heads, d, other_reader, monkeypatch):
+    """An L2 norm per head, ``x / sqrt(sum(x * x, last axis) + eps)`` over (1, heads, d),
+    with GPU kernels forced: one launch with a workgroup per head (rows longer than the
+    workgroup too); a reduction read by anything else keeps its own launch."""
+    from backends.webnn.wgpu_impl import compiler
+
+    monkeypatch.setitem(compiler.OPTIONS, "gemv", "rows_sh")
+    b = MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=[1, heads, d])
+    ss = b.reduce_sum(b.mul(x, x), axes=[2], keep_dimensions=True)
+    eps = b.constant(data_type="float32", shape=[1], value=np.float32([1e-6]))
+    outs = {"y": b.div(x, b.sqrt(b.add(ss, eps)))}
+    if other_reader:
+        outs["ss"] = ss
+    xv = RNG.standard_normal((1, heads, d)).astype(np.float32)
+    gr, out = run(ctx, b, outs, {"x": xv})
+    kinds = names(gr)
+    if other_reader:
+        assert "fused_vector" not in kinds and "reduce_sum" in kinds, kinds
+    else:
+        assert kinds == ["fused_vector"], kinds
+    x64 = xv.astype(np.float64)
+    want = x64 / np.sqrt((x64 * x64).sum(axis=2, keepdims=True) + 1e-6)
+    np.testing.assert_allclose(out["y"], want, rtol=1e-5, atol=1e-6)

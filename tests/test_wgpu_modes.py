@@ -115,9 +115,10 @@ def test_gpu_gemv_variant_with_stacked_projections(name, monkeypatch):
 
 
 def test_gpu_gemv_norms_in_one_launch_each(monkeypatch):
-    """By default (GPU gemv forced here) each RMSNorm before a projection is one launch
-    computing its mean of squares and its tail (``fused_vector``), not two; the model
-    still computes the reference's logits."""
+    """By default (GPU kernels forced here) each norm is one launch computing its row
+    reductions and its tail (``fused_vector``), not two: every RMSNorm, and the per-head L2
+    norms of q and k in a gated delta net layer; the model still computes the reference's
+    logits."""
     from backends.webnn.wgpu_impl import compiler
 
     monkeypatch.setitem(compiler.OPTIONS, "gemv", "rows_sh")
@@ -126,9 +127,11 @@ def test_gpu_gemv_norms_in_one_launch_each(monkeypatch):
         plan = b.converted.graph._plan
         assert not plan.prologue
         names = [la.kernel.name for la in plan.launches if hasattr(la, "kernel")]
-        # before the mixer and the MLP of every layer, and before the LM head
-        assert names.count("fused_vector") == 2 * len(TINY.config.layers) + 1, names
-        assert "reduce_mean" not in names
+        # RMSNorm before the mixer and the MLP of every layer and before the LM head; q and
+        # k of every GDN layer
+        want = 2 * len(TINY.config.layers) + 1 + 2 * len(TINY.config.gdn_layers)
+        assert names.count("fused_vector") == want, names
+        assert "reduce_mean" not in names and "reduce_sum" not in names
         assert_two_steps_match(b, "stateful, norms in one launch")
     finally:
         b.close()

@@ -150,24 +150,28 @@ class VectorSource:
     reduction: tuple[str, str, int] | None = None  # (reduce op, element {} of its input, count)
 
 
-def computed_vector(vec: VectorSource, count: int, traffic: int, wg: int = 256) -> Kernel:
-    """One workgroup writes the ``count`` elements of ``vec``, after its whole-vector
-    reduction if it reads one (RMSNorm: the mean of squares, then ``x / rms * w``): two ops
-    that are two launches elsewhere, in one. A decode step's vector is one row of a few
-    thousand elements, so one workgroup is enough."""
+def computed_vector(vec: VectorSource, count: int, traffic: int, rows: int = 1,
+                    wg: int = 256) -> Kernel:
+    """A workgroup per row writes the row's elements of ``vec`` (``count`` in all), after the
+    row's reduction if it reads one (RMSNorm: the mean of squares, then ``x / rms * w``; an
+    L2 norm per head): two ops that are two launches elsewhere, in one. A decode step's
+    rows are a few thousand elements, so one workgroup each is enough."""
+    n = count // rows
     src = vec.src
-    body = ""
+    body = f"  let base = wid.x * {n}u;\n"
     if vec.reduction is not None:
-        op, load, n = vec.reduction
-        red_decls, body = inline_reduction(op, n, load, wg=wg)
+        op, load, _ = vec.reduction
+        red_decls, red_body = inline_reduction(op, n, load.format("base + {}"), wg=wg)
         src += red_decls
+        body += red_body
     out = len(vec.bindings)
     src += decl(out, "out", "f32", "rw")
     src += (f"@compute @workgroup_size({wg})\n"
-            "fn main(@builtin(local_invocation_index) lid: u32) {\n" + body
-            + f"  for (var j = lid; j < {count}u; j = j + {wg}u) {{ out[j] = "
-            + vec.element.format("j") + "; }\n}\n")
-    return Kernel("fused_vector", src, list(vec.bindings) + ["rw"], (1, 1, 1), traffic)
+            "fn main(@builtin(workgroup_id) wid: vec3<u32>, "
+            "@builtin(local_invocation_index) lid: u32) {\n" + body
+            + f"  for (var j = lid; j < {n}u; j = j + {wg}u) {{ out[base + j] = "
+            + vec.element.format("base + j") + "; }\n}\n")
+    return Kernel("fused_vector", src, list(vec.bindings) + ["rw"], (rows, 1, 1), traffic)
 
 
 def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequence[int], *,

@@ -178,9 +178,9 @@ def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
         plan.prologue = GV.gemv_prologues(nodes, fold, inlined, groups, pinned | absorbed,
                                           plan.target, reductions=mode == "full")
     elif gpu_gemv and mode == "launch":
-        found = GV.gemv_prologues(nodes, fold, inlined, groups, pinned | absorbed, plan.target)
-        plan.vectors = {pro.group.ops[-1]._id: pro for pro in found.values()
-                        if pro.reduction is not None}
+        # a graph output may be such a vector (it is written anyway); a state writer not
+        plan.vectors = GV.row_reductions(nodes, inlined, groups, (pinned - set(dest)) | absorbed,
+                                         pinned | absorbed, plan.target)
     absorbed |= {x._id for pro in plan.prologue.values() for x in pro.absorbed}
     absorbed |= {pro.reduce_op._id for pro in plan.vectors.values()}
     # -- row writes at one index tensor (a layer's K and V): one launch ----------------
@@ -456,7 +456,8 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
         vec = plan.vectors[o._id]
         count = S.size(shp)
         traffic = 4 * (sum(S.size(x._shape) for x in vec.leaves) + count)
-        add(KernelLaunch(MM.computed_vector(vec.source(), count, traffic), ins + [out_slot]))
+        add(KernelLaunch(MM.computed_vector(vec.source(), count, traffic, count // shp[-1]),
+                         ins + [out_slot]))
     elif o._id in plan.groups and not fusion.is_host(o):  # hosts: below, per op
         group = plan.groups[o._id]
         add(KernelLaunch(group.kernel(guarded), [slot_of(x) for x in group.leaves] + [out_slot]

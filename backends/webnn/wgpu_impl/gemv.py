@@ -175,15 +175,50 @@ def gemv_prologues(nodes: list[MLOperand], fold: dict[int, MLOperand], inlined: 
     return out
 
 
+def row_reductions(nodes: list[MLOperand], inlined: set[int], groups: dict[int, Any],
+                   taken: set[int], reduce_taken: set[int],
+                   target: Target) -> dict[int, Prologue]:
+    """Group root id -> the element-wise group and the reduction it reads, where the
+    reduction runs over the last axis of its input (kept as 1), only the group reads it, and
+    the group's output has that input's shape: RMSNorm (one row), an L2 norm per head (a row
+    per head). Each pair is then one launch with a workgroup per row
+    (``kernels/matmul.computed_vector``) instead of a reduction and a tail. ``taken``: roots
+    that cannot be such a vector; ``reduce_taken``: reductions that must keep their launch
+    (a graph output, say)."""
+    consumers = fusion.consumers_of(nodes)
+    out: dict[int, Prologue] = {}
+    for a in nodes:
+        if (not fusion.is_fusible(a) or a._id in inlined or a._id in taken
+                or a._dtype.wgsl != "f32"):
+            continue
+        group = groups.get(a._id) or fusion.collect(a, inlined)[0]
+        red = _reduction_of(group, consumers, groups, inlined, reduce_taken, row_shape=a._shape)
+        if red is None or S.size(a._shape) // a._shape[-1] > 65535:
+            continue
+        pro = Prologue(group, red)
+        if len(pro.leaves) + 1 <= target.max_storage:
+            out[a._id] = pro
+    return out
+
+
 def _reduction_of(group: fusion.Group, consumers: dict[int, list[MLOperand]],
-                  groups: dict[int, Any], inlined: set[int],
-                  taken: set[int]) -> fusion.Group | None:
-    """The one-element reduction among ``group``'s leaves that only ``group`` reads."""
+                  groups: dict[int, Any], inlined: set[int], taken: set[int],
+                  row_shape: tuple[int, ...] | None = None) -> fusion.Group | None:
+    """The reduction among ``group``'s leaves that only ``group`` reads: one element, or
+    with ``row_shape``, one per row of an input of that shape (last axis, kept as 1)."""
     ops = {o._id for o in group.ops}
     for x in group.leaves:
-        if (x._kind == "op" and x._op.startswith("reduce_") and S.size(x._shape) == 1
-                and x._dtype.wgsl == "f32" and x._id not in taken
-                and all(c._id in ops for c in consumers.get(x._id, []))):
+        if (x._kind != "op" or not x._op.startswith("reduce_") or x._dtype.wgsl != "f32"
+                or x._id in taken or not all(c._id in ops for c in consumers.get(x._id, []))):
+            continue
+        v = tuple(x._inputs[0]._shape)
+        if row_shape is None:
+            ok = S.size(x._shape) == 1
+        else:
+            ok = (v == tuple(row_shape) and len(v) >= 1 and v[-1] > 1
+                  and tuple(x._shape) == v[:-1] + (1,)
+                  and tuple(x._attrs["axes"]) == (len(v) - 1,))
+        if ok:
             return groups.get(x._id) or fusion.collect(x, inlined)[0]
     return None
 
