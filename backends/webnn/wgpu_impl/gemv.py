@@ -1,5 +1,6 @@
 """Planning the matrix-vector products of a decode step (constant weights, one input row):
-weight repacking, stacked projections, residual epilogues and input prologues.
+weight repacking, stacked projections, residual epilogues and input prologues; and the
+norms feeding them, each computed in one launch (``row_reductions``).
 
 These are what make the wgpu lowering launch-light on GPUs (PERFORMANCE.md): a layer's q/k/v
 projections become one launch reading the stacked weights; the residual add is written by
