@@ -11,6 +11,7 @@ graph; ``compiler._lower`` emits the kernels.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -151,10 +152,7 @@ def gemv_prologues(nodes: list[MLOperand], fold: dict[int, MLOperand], inlined: 
     squares), is computed by the gemv's workgroups too (``reductions``)."""
     consumers = fusion.consumers_of(nodes)
     out: dict[int, Prologue] = {}
-    for a in nodes:
-        if (not fusion.is_fusible(a) or a._id in inlined or a._id in taken
-                or a._dtype.wgsl != "f32"):
-            continue
+    for a in _vector_roots(nodes, inlined, taken):
         K = S.size(a._shape)
         readers = consumers.get(a._id, [])
         if not readers or not all(
@@ -164,7 +162,7 @@ def gemv_prologues(nodes: list[MLOperand], fold: dict[int, MLOperand], inlined: 
             continue
         if 4 * K + 4 * 512 > target.shared_bytes:
             continue  # the vector must fit in workgroup memory beside the reduction scratch
-        group = groups.get(a._id) or fusion.collect(a, inlined)[0]
+        group = _group(a, groups, inlined)
         red = _reduction_of(group, consumers, groups, inlined, taken) if reductions else None
         pro = Prologue(group, red)
         if len(pro.leaves) + 5 > target.max_storage:  # + weights, residual, 3 outputs
@@ -188,11 +186,8 @@ def row_reductions(nodes: list[MLOperand], inlined: set[int], groups: dict[int, 
     (a graph output, say)."""
     consumers = fusion.consumers_of(nodes)
     out: dict[int, Prologue] = {}
-    for a in nodes:
-        if (not fusion.is_fusible(a) or a._id in inlined or a._id in taken
-                or a._dtype.wgsl != "f32"):
-            continue
-        group = groups.get(a._id) or fusion.collect(a, inlined)[0]
+    for a in _vector_roots(nodes, inlined, taken):
+        group = _group(a, groups, inlined)
         red = _reduction_of(group, consumers, groups, inlined, reduce_taken, row_shape=a._shape)
         if red is None or S.size(a._shape) // a._shape[-1] > 65535:
             continue
@@ -200,6 +195,18 @@ def row_reductions(nodes: list[MLOperand], inlined: set[int], groups: dict[int, 
         if len(pro.leaves) + 1 <= target.max_storage:
             out[a._id] = pro
     return out
+
+
+def _vector_roots(nodes: list[MLOperand], inlined: set[int],
+                  taken: set[int]) -> Iterator[MLOperand]:
+    """Ops that may root a computed float32 vector: fusible, launched, not taken."""
+    return (a for a in nodes if fusion.is_fusible(a) and a._id not in inlined
+            and a._id not in taken and a._dtype.wgsl == "f32")
+
+
+def _group(o: MLOperand, groups: dict[int, Any], inlined: set[int]) -> fusion.Group:
+    """The fused group rooted at ``o`` (a single-op group where fusion made none)."""
+    return groups.get(o._id) or fusion.collect(o, inlined)[0]
 
 
 def _reduction_of(group: fusion.Group, consumers: dict[int, list[MLOperand]],
@@ -220,7 +227,7 @@ def _reduction_of(group: fusion.Group, consumers: dict[int, list[MLOperand]],
                   and tuple(x._shape) == v[:-1] + (1,)
                   and tuple(x._attrs["axes"]) == (len(v) - 1,))
         if ok:
-            return groups.get(x._id) or fusion.collect(x, inlined)[0]
+            return _group(x, groups, inlined)
     return None
 
 
