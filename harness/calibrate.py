@@ -51,6 +51,9 @@ TS_WARMUP_S = {"gpu": 0.3, "cpu": 0.0}
 #: pass through a host memcpy.
 MEMORY_MAX_GBPS = 20_000.0
 LINK_MAX_GBPS = 200.0
+#: the bound of each wgpu figure
+WGPU_BOUNDS = {"h2d": LINK_MAX_GBPS, "d2h": LINK_MAX_GBPS, "d2d": MEMORY_MAX_GBPS,
+               "stream": MEMORY_MAX_GBPS}
 
 STREAM_WGSL = """
 @group(0) @binding(0) var<storage, read> src: array<vec4<f32>>;
@@ -349,16 +352,16 @@ def wgpu_bandwidth(size: int = SIZE, gpu_size: int = GPU_SIZE, timestamps: bool 
     for name, run_n in (("stream", stream), ("d2d", copy)):
         gbps, method, why = measured.get(name, (None, "", ts_why))
         if gbps is not None:
-            gbps, bad = checked_gbps(gbps, MEMORY_MAX_GBPS)
+            gbps, bad = checked_gbps(gbps, WGPU_BOUNDS[name])
             why = bad and f"{bad} [timestamps]"
         if gbps is None:  # no usable timestamps for this one: the wall-clock slope
             out[f"{name}_timestamp_reason"] = why
             gbps, why = _slope_gbps(2 * dev_size, run_n)
             method = slope
-        record(out, name, gbps, MEMORY_MAX_GBPS, method, why)
+        record(out, name, gbps, WGPU_BOUNDS[name], method, why)
     gbps, why = _slope_gbps(link, upload)
-    record(out, "h2d", gbps, LINK_MAX_GBPS, slope, why)
-    record(out, "d2h", _best_gbps(link, download), LINK_MAX_GBPS, "wall best-of")
+    record(out, "h2d", gbps, WGPU_BOUNDS["h2d"], slope, why)
+    record(out, "d2h", _best_gbps(link, download), WGPU_BOUNDS["d2h"], "wall best-of")
     out["method"] = ("stream/d2d: GPU timestamps where available, else wall slope over 1 vs 8 "
                      "in one submit; h2d: wall slope of mapped-staging writes and copies; d2h: "
                      f"best of {REPEATS} map-reads")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness.calibrate import LINK_MAX_GBPS, MEMORY_MAX_GBPS, checked_gbps
+from harness.calibrate import WGPU_BOUNDS, checked_gbps
 from harness.results import Match, Point
 from harness.workload import ModelConfig, cache_specs, valid_cache_bytes
 
@@ -177,10 +177,8 @@ def calibration_problems(calibration: dict) -> list[str]:
     """Recorded bandwidths that cannot be true (files made before the calibration checked
     its own figures, e.g. a wall-clock slope lost in submit noise): floors and MBU computed
     from them are not evidence."""
-    bounds = {"h2d": LINK_MAX_GBPS, "d2h": LINK_MAX_GBPS, "d2d": MEMORY_MAX_GBPS,
-              "stream": MEMORY_MAX_GBPS}
     out = []
-    for key, bound in bounds.items():
+    for key, bound in WGPU_BOUNDS.items():
         value = calibration.get("wgpu", {}).get(f"{key}_gbps")
         if value is not None:
             ok, why = checked_gbps(value, bound)

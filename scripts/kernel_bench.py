@@ -18,6 +18,8 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -257,6 +259,18 @@ def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
     return res
 
 
+def _attempt(bench: Callable[..., dict], args: tuple, **labels: Any) -> dict:
+    """``bench(*args)`` with its labels, or its error (recorded, and the others go on);
+    printed to stderr as it completes."""
+    try:
+        r = bench(*args)
+    except Exception as exc:  # noqa: BLE001 - record and go on
+        r = {"error": repr(exc), "trace": traceback.format_exc()[-800:]}
+    r.update(labels)
+    print(json.dumps(r), file=sys.stderr)
+    return r
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gemv", default="all", help="'all', 'none' or KxN,KxN")
@@ -291,13 +305,8 @@ def main() -> None:
     for var in a.gemv_variants.split(","):
         compiler.OPTIONS["gemv"] = chosen["gemv"] if var == "auto" else var
         for K, N in shapes:
-            try:
-                r = bench_gemv(ctx, K, N, a.reps, a.budget)
-            except Exception as exc:  # noqa: BLE001 - record and go on
-                r = {"error": repr(exc), "trace": traceback.format_exc()[-800:]}
-            r.update(shape=f"{K}x{N}", variant=var)
-            out["gemv"].append(r)
-            print(json.dumps(r), file=sys.stderr)
+            out["gemv"].append(_attempt(bench_gemv, (ctx, K, N, a.reps, a.budget),
+                                        shape=f"{K}x{N}", variant=var))
     compiler.OPTIONS["gemv"] = chosen["gemv"]
     if a.attn != "none":
         for var in a.attn_variants.split(","):
@@ -307,13 +316,8 @@ def main() -> None:
             elif var != "auto":
                 compiler.OPTIONS["attention"] = var
             for C in map(int, a.attn.split(",")):
-                try:
-                    r = bench_attention(ctx, C, a.reps, a.budget)
-                except Exception as exc:  # noqa: BLE001
-                    r = {"error": repr(exc), "trace": traceback.format_exc()[-800:]}
-                r.update(C=C, variant=var)
-                out["attention"].append(r)
-                print(json.dumps(r), file=sys.stderr)
+                out["attention"].append(_attempt(
+                    bench_attention, (ctx, C, a.reps, a.budget), C=C, variant=var))
         compiler.OPTIONS.update(chosen)
     ctx.destroy()
     if a.step != "none":
@@ -326,14 +330,9 @@ def main() -> None:
                 wctx.SUBMIT_EVERY.update(default_every)
                 if every != "default":
                     wctx.SUBMIT_EVERY.update(cpu=int(every), gpu=int(every))
-                try:
-                    r = bench_step(name, int(cap or 512), a.steps, a.profile, a.warm)
-                except Exception as exc:  # noqa: BLE001
-                    r = {"preset": name, "error": repr(exc), "trace": traceback.format_exc()[-800:]}
-                r["submit_every"] = every
-                r["options"] = dict(compiler.OPTIONS)
-                out["step"].append(r)
-                print(json.dumps(r), file=sys.stderr)
+                out["step"].append(_attempt(
+                    bench_step, (name, int(cap or 512), a.steps, a.profile, a.warm),
+                    preset=name, submit_every=every, options=dict(compiler.OPTIONS)))
     print(json.dumps(out, indent=1))
 
 

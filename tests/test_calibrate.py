@@ -113,6 +113,8 @@ def test_real_calibration_rejects_past_the_bound(monkeypatch):
     adapter = _adapter()
     monkeypatch.setattr(calibrate, "MEMORY_MAX_GBPS", 1e-9)
     monkeypatch.setattr(calibrate, "LINK_MAX_GBPS", 1e-9)
+    for name in calibrate.WGPU_BOUNDS:
+        monkeypatch.setitem(calibrate.WGPU_BOUNDS, name, 1e-9)
     gpu = calibrate.wgpu_bandwidth(size=4 << 20, gpu_size=4 << 20)
     for name in ("stream", "d2d", "h2d", "d2h"):
         assert gpu[f"{name}_gbps"] is None and gpu[f"{name}_reason"], gpu

@@ -611,11 +611,7 @@ class MLContext:
 
     # IDL: Promise<ArrayBuffer> readTensor(MLTensor tensor);
     def read_tensor(self, tensor: MLTensor) -> np.ndarray:
-        self._check_alive()
-        self._check_tensor(tensor, "tensor")
-        if not tensor._readable:
-            raise TypeError("read_tensor needs a tensor created with readable=True")
-        return self._read_tensor(tensor)
+        return self.read_tensors([tensor])[0]
 
     def read_tensors(self, tensors: Sequence[MLTensor],
                      outputs: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
@@ -629,7 +625,7 @@ class MLContext:
         for t in tensors:
             self._check_tensor(t, "tensor")
             if not t._readable:
-                raise TypeError("read_tensors needs tensors created with readable=True")
+                raise TypeError("reading a tensor needs it created with readable=True")
         if outputs is not None:
             if len(outputs) != len(tensors):
                 raise TypeError(f"{len(outputs)} output arrays for {len(tensors)} tensors")
@@ -699,17 +695,9 @@ class MLContext:
     def _write_tensor(self, tensor: MLTensor, data: np.ndarray) -> None:
         raise NotImplementedError
 
-    def _read_tensor(self, tensor: MLTensor) -> np.ndarray:
-        raise NotImplementedError
-
     def _read_tensors(self, tensors: list[MLTensor],
                       outputs: list[np.ndarray] | None = None) -> list[np.ndarray]:
-        got = [self._read_tensor(t) for t in tensors]
-        if outputs is None:
-            return got
-        for a, g in zip(outputs, got, strict=True):
-            a.reshape(-1)[...] = g.reshape(-1)
-        return outputs
+        raise NotImplementedError
 
     def _dispatch(self, graph: MLGraph, inputs: dict[str, MLTensor],
                   outputs: dict[str, MLTensor]) -> None:

@@ -421,6 +421,16 @@ def _gemv_rows(t: Target, variant: str, a_shape: Any, b_shape: Any, shp: Any, n0
                         prologue=prologue, depth=depth)
 
 
+def _gemv_input(plan: Plan, o: MLOperand, ins: list[Slot],
+                slot_of: Any) -> tuple[list[Slot], MM.VectorSource | None]:
+    """(slots bound for a gemv's input vector, its prologue source or None): the vector's
+    own slot, or the leaves the gemv computes it from."""
+    pro = plan.prologue.get(o._id)
+    if pro is None:
+        return [ins[0]], None
+    return [slot_of(x) for x in pro.leaves], pro.source()
+
+
 def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
            pp: PairPlan | None, has_check: bool) -> None:
     """Append the launches of one op node."""
@@ -438,11 +448,10 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
         K = o._inputs[0]._shape[-1]
         slot = ("const", ("S", o._id))
         plan.consts.setdefault(slot, Deferred(sum(sizes) * K, partial(GV.stacked_rows, parts)))
-        pro = plan.prologue.get(o._id)
+        a_slots, source = _gemv_input(plan, o, ins, slot_of)
         k = _gemv_rows(plan.target, _gemv_variant(plan.target), o._inputs[0]._shape,
                        (sum(sizes), K), (1, sum(sizes)), 0, None, splits=sizes,
-                       prologue=pro.source() if pro else None)
-        a_slots = [slot_of(x) for x in pro.leaves] if pro else [ins[0]]
+                       prologue=source)
         add(KernelLaunch(k, a_slots + [slot] + [slot_of(m) for m in group]))
     elif o._id in plan.attention:
         splits = OPTIONS.get("attention_splits")
@@ -504,12 +513,10 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
                     k = MM.gemv(a._shape, (N, K), shp, b_t=True, n_off=n0, n_chunk=chunk)
                     add(KernelLaunch(k, [ins[0], slot, out_slot]))
                 else:
-                    pro = plan.prologue.get(o._id)
-                    a_slots = [slot_of(x) for x in pro.leaves] if pro else [ins[0]]
+                    a_slots, source = _gemv_input(plan, o, ins, slot_of)
                     dst, res = plan.epilogue.get(o._id, (o, None))  # (the add, residual)
                     k = _gemv_rows(plan.target, variant, a._shape, (N, K), shp, n0, chunk,
-                                   residual=res is not None,
-                                   prologue=pro.source() if pro else None)
+                                   residual=res is not None, prologue=source)
                     add(KernelLaunch(k, a_slots + [slot] + ([slot_of(res)] if res is not None
                                                             else []) + [slot_of(dst)]))
         elif b_t and M == 1:

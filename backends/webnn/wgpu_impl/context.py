@@ -199,12 +199,9 @@ class WgpuContext(MLContext):
             st.write_mapped(data.reshape(-1).view(np.uint8), 0)
             st.unmap()
             enc = self._device.create_command_encoder()
-            enc.copy_buffer_to_buffer(st, 0, tensor._buffer, 0, -(-n // 4) * 4)
+            enc.copy_buffer_to_buffer(st, 0, tensor._buffer, 0, n)  # 4-byte elements
             self._queue.submit([enc.finish()])
         self.counters.h2d += n
-
-    def _read_tensor(self, tensor: MLTensor) -> np.ndarray:
-        return self._read_tensors([tensor])[0]
 
     def _read_tensors(self, tensors: list[MLTensor],
                       outputs: list[np.ndarray] | None = None) -> list[np.ndarray]:
@@ -214,8 +211,8 @@ class WgpuContext(MLContext):
         sizes = [S.size(t._shape) * 4 for t in tensors]
         bins: list[list[tuple[int, int]]] = [[]]  # per staging buffer: (tensor, offset)
         used = [0]
-        for i, n in enumerate(sizes):
-            padded = -(-n // 16) * 16
+        for i, t in enumerate(tensors):
+            padded = t._buffer.size  # a multiple of 16 (_nbytes)
             if used[-1] and used[-1] + padded > self._max_buffer:
                 bins.append([])
                 used.append(0)
@@ -233,7 +230,7 @@ class WgpuContext(MLContext):
                     size=max(used[b], 1 << 16),
                     usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
             for i, off in members:
-                enc.copy_buffer_to_buffer(tensors[i]._buffer, 0, st, off, -(-sizes[i] // 16) * 16)
+                enc.copy_buffer_to_buffer(tensors[i]._buffer, 0, st, off, tensors[i]._buffer.size)
         self._queue.submit([enc.finish()])
         out: list[np.ndarray | None] = [None] * len(tensors)
         for b, members in enumerate(bins):
@@ -472,7 +469,7 @@ class WgpuContext(MLContext):
         saved = self.counters.snapshot()
         fake = MLTensor(self, pp.past._dtype, pp.past._shape, True, False)
         fake._buffer = buf  # type: ignore[attr-defined]
-        out = self._read_tensor(fake)
+        out = self._read_tensors([fake])[0]
         self.counters.d2h = saved.d2h
         return out
 

@@ -93,9 +93,11 @@ def residual_epilogues(nodes: list[MLOperand], fold: dict[int, MLOperand], inlin
 
 @dataclass
 class Prologue:
-    """A gemv's input vector computed by the gemv: an element-wise ``group`` and, if it
-    reads one, the whole-vector ``reduction`` (a reduce op with one output element and the
-    group of its input chain, e.g. RMSNorm's mean of squares), computed first."""
+    """A vector computed from an element-wise ``group`` and, if it reads one, a
+    ``reduction`` (a reduce op and the group of its input chain, e.g. RMSNorm's mean of
+    squares), computed first: by each workgroup of the gemv reading it (a prologue, one
+    reduced element), or in a launch of its own with a workgroup per reduced row
+    (``row_reductions``)."""
 
     group: fusion.Group
     reduction: fusion.Group | None = None
