@@ -145,7 +145,9 @@ def profile_launches(ctx, g, bound: dict) -> dict:
     items = []
     for i, la in kernels:
         pipe, layout, bg = g._items[i]
-        items.append((la, pipe, bg if bg is not None else ctx._bind_group(g, layout, la.slots, bound)))
+        if bg is None:
+            bg = ctx._bind_group(g, layout, la.slots, bound, g._parity)
+        items.append((la, pipe, bg))
     by: dict[str, list] = {}
 
     def add(la, ms: float) -> None:

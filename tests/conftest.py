@@ -12,5 +12,6 @@ def ctx():
         c = ml.create_context()
     except Exception as e:  # noqa: BLE001 - any driver failure means "no adapter here"
         pytest.skip(f"no WebGPU adapter: {e}")
+    c.record_ahead = True  # the GPU's dispatch path (a CPU adapter's default is off)
     yield c
     c.destroy()

@@ -390,3 +390,73 @@ def test_counters_stateless_copies_the_cache(ctx):
     assert [k.bytes for k in copies] == [2 * cache, 2 * cache]
     assert s.d2d == 0
     assert s.h2d == D * 4 + 4 and s.d2h == H * D * 4
+
+
+# -- recording ahead (context._record_ahead) ----------------------------------------------------
+
+def _count_encodes(ctx, monkeypatch) -> list[int]:
+    calls = [0]
+    real = type(ctx)._encode
+
+    def counted(self, *args, **kw):
+        calls[0] += 1
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(type(ctx), "_encode", counted)
+    return calls
+
+
+@pytest.mark.parametrize("stateful", [True, False])
+def test_record_ahead_is_used_and_matches(plain_ctx, ctx, stateful, monkeypatch):
+    """A decode loop's dispatches submit what the previous one recorded: one encoding per
+    step once the page's binding pattern repeats (same tensors, or a ping-pong of two sets),
+    and the results are those of the reference."""
+    c = ctx if stateful else plain_ctx
+    monkeypatch.setattr(c, "record_ahead", True)
+    b, outs = decoder(c, 8)
+    g = b.build(outs, use_stateful=True, kv_cache_pairs=PAIRS)
+    page = Page(c, g, 8)
+    calls = _count_encodes(c, monkeypatch)
+    inputs = xs(7)
+    for p, (x, want) in enumerate(zip(inputs, decoder_ref(inputs, 8), strict=True)):
+        np.testing.assert_allclose(page.step(x, p), want, atol=1e-5)
+    # stateful: the first dispatch encodes twice (its own, the next); ping-pong: the second
+    # dispatch's guess (the first's tensors again) misses, so one more
+    assert calls[0] == len(inputs) + (1 if stateful else 2)
+
+
+def test_record_ahead_survives_rebinding_destroy_and_reset(ctx, monkeypatch):
+    """What was recorded for tensors that are no longer bound is never submitted: a fresh
+    output tensor (the old one destroyed), a reset, and a double-buffered pair's parity
+    all give the reference's results."""
+    b, outs = decoder(ctx, 6, read_past_after=True)  # keys double-buffered: parity matters
+    g = b.build(outs, use_stateful=True, kv_cache_pairs=PAIRS)
+    page = Page(ctx, g, 6)
+    inputs = xs(5)
+    want = decoder_ref(inputs, 6, read_past_after=True)
+    for p in range(3):
+        page.step(inputs[p], p)
+    old, page.y = page.y, ctx.create_tensor(data_type="float32", shape=[1, H * D], readable=True)
+    old.destroy()
+    for p in range(3, 5):
+        np.testing.assert_allclose(page.step(inputs[p], p), want[p], atol=1e-5)
+    ctx.reset_kv_cache(g)
+    for p in range(3):
+        np.testing.assert_allclose(page.step(inputs[p], p), want[p], atol=1e-5)
+
+
+def test_record_ahead_off_encodes_every_dispatch(monkeypatch):
+    from backends.webnn.wgpu_impl import compiler
+
+    monkeypatch.setitem(compiler.OPTIONS, "record_ahead", "off")
+    c = ml.create_context()
+    try:
+        b, outs = decoder(c, 4)
+        page = Page(c, b.build(outs, use_stateful=True, kv_cache_pairs=PAIRS), 4)
+        calls = _count_encodes(c, monkeypatch)
+        inputs = xs(4)
+        for p, (x, want) in enumerate(zip(inputs, decoder_ref(inputs, 4), strict=True)):
+            np.testing.assert_allclose(page.step(x, p), want, atol=1e-5)
+        assert calls[0] == len(inputs)
+    finally:
+        c.destroy()

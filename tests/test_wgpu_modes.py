@@ -62,28 +62,31 @@ def test_matches_reference_after_depth(backend, depth):
         assert_close(backend.step(tok), ref.step(tok), f"{backend.name} depth {depth} step {i}")
 
 
-def assert_two_steps_match(b, where: str, depth: int = 16) -> None:
-    """Reach ``depth`` and compare two steps' logits with the reference."""
+def assert_steps_match(b, where: str, depth: int = 16, steps: int = 2) -> None:
+    """Reach ``depth`` and compare ``steps`` steps' logits with the reference."""
     state, ref = depth_state(depth, CAPACITY)
     b.reach_depth(state)
-    for i in range(2):
+    for i in range(steps):
         tok = int(TOKENS[depth + i])
         assert_close(b.step(tok), ref.step(tok), f"{where} step {i}")
 
 
 @pytest.mark.parametrize("name", list(MODES))
-def test_chunked_submission_matches_reference(name, monkeypatch):
+def test_gpu_dispatch_path_matches_reference(name, monkeypatch):
     """GPU adapters submit a dispatch as several command buffers (SUBMIT_EVERY launches
-    each); forced to 3 here, every mode still computes the reference's logits and the GPU
-    time still spans the whole dispatch."""
-    from backends.webnn.wgpu_impl import context
+    each) and record each dispatch's successor ahead; forced here (3 launches a buffer),
+    every mode still computes the reference's logits over steps that submit what was
+    recorded (from the second step for fixed tensors, the fourth for ping-pong), and the
+    GPU time still spans the whole dispatch."""
+    from backends.webnn.wgpu_impl import compiler, context
 
     monkeypatch.setitem(context.SUBMIT_EVERY, "cpu", 3)
     monkeypatch.setitem(context.SUBMIT_EVERY, "gpu", 3)
+    monkeypatch.setitem(compiler.OPTIONS, "record_ahead", "on")
     b = prepared(MODES[name], CAPACITY)
     try:
-        assert len(b.converted.graph._submit_after) > 3
-        assert_two_steps_match(b, f"{name} chunked")
+        assert len(b.converted.graph._submit_after) > 3 and b.context.record_ahead
+        assert_steps_match(b, f"{name} chunked", steps=5)
     finally:
         b.close()
 
@@ -109,7 +112,7 @@ def test_gpu_gemv_variant_with_stacked_projections(name, monkeypatch):
         assert any(p.reduce_op is not None for p in plan.prologue.values())
         names = [la.kernel.name for la in plan.launches if hasattr(la, "kernel")]
         assert "reduce_mean" not in names
-        assert_two_steps_match(b, f"{name} stacked")
+        assert_steps_match(b, f"{name} stacked")
     finally:
         b.close()
 
@@ -132,7 +135,7 @@ def test_gpu_gemv_norms_in_one_launch_each(monkeypatch):
         want = 2 * len(TINY.config.layers) + 1 + 2 * len(TINY.config.gdn_layers)
         assert names.count("fused_vector") == want, names
         assert "reduce_mean" not in names and "reduce_sum" not in names
-        assert_two_steps_match(b, "stateful, norms in one launch")
+        assert_steps_match(b, "stateful, norms in one launch")
     finally:
         b.close()
 

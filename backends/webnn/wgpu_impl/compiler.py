@@ -51,8 +51,12 @@ Slot = tuple
 #: "separate"
 #: "attention_splits": None (kernels/attention.SPLITS) or the splits per head flash-decoding
 #: aims at on long caches
+#: "record_ahead": None (per adapter: GPUs on, CPU adapters off), "on" (a context records
+#: each dispatch's successor while the device runs it: context._record_ahead), "off"
+#: (every dispatch encodes its own); read when a context is created
 OPTIONS: dict[str, str | None] = {"gemv": None, "attention": None, "gemv_prologue": None,
-                                  "row_writes": None, "attention_splits": None}
+                                  "row_writes": None, "attention_splits": None,
+                                  "record_ahead": None}
 
 
 @dataclass

@@ -3,8 +3,13 @@
 Everything a dispatch needs is created at build time: pipelines (cached by WGSL source),
 intermediate and constant buffers, bind groups of static bindings. Bind groups that touch
 the page's tensors are cached per set of bound tensors (a page that ping-pongs two
-tensors creates two, once). On GPU adapters a dispatch's launches are submitted in
-command buffers of ``SUBMIT_EVERY`` launches, so the GPU starts while the rest is encoded.
+tensors creates two, once). On GPU adapters each dispatch records its successor's command
+buffers while the device runs it (``_record_ahead``), so a step in a decode loop only
+submits; a dispatch that finds nothing recorded for its tensors encodes in command buffers
+of ``SUBMIT_EVERY`` launches, submitted as they are finished, so the GPU starts while the
+rest is encoded. CPU adapters (lavapipe) do neither: there the encoder and the "GPU" share
+the same cores, and encoding during the run slowed it (tiny:256 on 2 cores, 7.3-7.9 ms a
+step without, 7.7-9.9 ms with).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from .. import shapes as S
 from .._classes import MLContext, MLGraph, MLKVCachePair, MLOperand, MLTensor
 from ..dtypes import DType, from_device
 from ..errors import NotSupportedError, OperationError
-from .compiler import CopyLaunch, Deferred, KernelLaunch, Plan, compile_graph
+from .compiler import OPTIONS, CopyLaunch, Deferred, KernelLaunch, Plan, compile_graph
 from .target import target_of
 
 _STORAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
@@ -30,6 +35,12 @@ _BIND_CACHE_MAX = 16  # per launch; bounds memory for pages that bind fresh tens
 SUBMIT_EVERY = {"gpu": 48, "cpu": 0}
 #: writes of at least this many bytes go through a persistent staging buffer per tensor
 STAGED_WRITE_MIN = 1 << 20
+
+
+def _bound_key(bound: dict[str, dict[str, MLTensor]]) -> tuple:
+    """Which tensors a dispatch binds, by serial (a destroyed tensor's never returns)."""
+    return tuple(tuple(sorted((n, t._serial) for n, t in bound[k].items()))
+                 for k in ("input", "output"))
 
 
 def _nbytes(count: int) -> int:
@@ -69,6 +80,8 @@ class WgpuGraph(MLGraph):
         self._copy_bytes = 0
         self._passes: list[tuple[int, int]] = []
         self._submit_after: set[int] = set()  # pass indices that end a command buffer
+        self._recorded: tuple[tuple, list[Any]] | None = None  # (key, command buffers)
+        self._last_bound: dict[str, dict[str, MLTensor]] | None = None
         self.device_bytes = 0  # statebench extension: bytes of buffers the graph owns
 
     def destroy(self) -> None:
@@ -82,6 +95,7 @@ class WgpuGraph(MLGraph):
                 for b in bufs:
                     b.destroy()
             self._bind_cache.clear()
+            self._recorded = self._last_bound = None
         super().destroy()
 
 
@@ -124,6 +138,9 @@ class WgpuContext(MLContext):
         self._target = target_of(adapter, feats)
         self.state_support = state_support
         self.submit_every = SUBMIT_EVERY["cpu" if self._target.cpu else "gpu"]
+        #: encode the next dispatch's command buffers during this one (``_record_ahead``)
+        self.record_ahead = {"on": True, "off": False}.get(
+            OPTIONS.get("record_ahead") or "", not self._target.cpu)
         self._pipelines: dict[str, tuple[Any, Any]] = {}
         self._read_staging: list[Any] = []  # persistent, one per max-buffer-size of reads
         self._max_buffer = int(self._device.limits["max-buffer-size"])
@@ -293,7 +310,7 @@ class WgpuContext(MLContext):
             if isinstance(la, KernelLaunch):
                 pipe, layout = self._pipeline(la.kernel.wgsl, la.kernel.bindings)
                 static = all(self._static(g, s) for s in la.slots)
-                bg = self._bind_group(g, layout, la.slots, {}) if static else None
+                bg = self._bind_group(g, layout, la.slots, {}, 0) if static else None
                 g._items.append((pipe, layout, bg))
                 g._kernel_bytes += la.kernel.bytes
             else:
@@ -353,7 +370,8 @@ class WgpuContext(MLContext):
             return len(g._state[slot[1]]) == 1
         return True
 
-    def _resolve(self, g: WgpuGraph, slot: tuple, bound: dict[str, dict[str, MLTensor]]) -> Any:
+    def _resolve(self, g: WgpuGraph, slot: tuple, bound: dict[str, dict[str, MLTensor]],
+                 parity: int) -> Any:
         kind = slot[0]
         if kind in ("input", "output"):
             return bound[kind][slot[1]]._buffer
@@ -361,14 +379,14 @@ class WgpuContext(MLContext):
             bufs = g._state[slot[1]]
             if len(bufs) == 1:
                 return bufs[0]
-            return bufs[(g._parity + (slot[2] == "next")) % 2]
+            return bufs[(parity + (slot[2] == "next")) % 2]
         return g._buffers[slot]
 
     def _bind_group(self, g: WgpuGraph, layout: Any, slots: list[tuple],
-                    bound: dict[str, dict[str, MLTensor]]) -> Any:
+                    bound: dict[str, dict[str, MLTensor]], parity: int) -> Any:
         entries = []
         for i, s in enumerate(slots):
-            buf = self._resolve(g, s, bound)
+            buf = self._resolve(g, s, bound, parity)
             entries.append({"binding": i, "resource": {"buffer": buf, "offset": 0,
                                                        "size": buf.size}})
         return self._device.create_bind_group(layout=layout, entries=entries)
@@ -376,19 +394,57 @@ class WgpuContext(MLContext):
     # -- dispatch ---------------------------------------------------------------------
     def _dispatch(self, graph: MLGraph, inputs: dict[str, MLTensor],
                   outputs: dict[str, MLTensor]) -> None:
+        """Submit the graph's command buffers: the ones recorded ahead at the previous
+        dispatch when they were recorded for these tensors and this parity, else encoded
+        now (submitted in pieces as they are encoded). Then, unless that recording missed,
+        record the next dispatch's while the GPU runs this one (``_record_ahead``)."""
         g: WgpuGraph = graph  # type: ignore[assignment]
         self._settle()
-        plan = g._plan
         bound = {"input": inputs, "output": outputs}
-        bound_key = (tuple(sorted((n, t._serial) for n, t in inputs.items())),
-                     tuple(sorted((n, t._serial) for n, t in outputs.items())))
+        key = (_bound_key(bound), g._parity)
+        ready, g._recorded = g._recorded, None
+        if ready is not None and ready[0] == key:
+            self._queue.submit(ready[1])
+            missed = False
+        else:
+            self._encode(g, bound, key, lambda cb: self._queue.submit([cb]))
+            missed = ready is not None
+        self.counters.kernel += g._kernel_bytes
+        self.counters.d2d += g._copy_bytes
+        self._time_pending = self._timing and len(g._passes) > 0
+        if g._double:
+            g._parity ^= 1  # undone by _settle if the capacity check failed
+        if g._plan.has_check:
+            self._unsettled = g
+        earlier, g._last_bound = g._last_bound, bound
+        if self.record_ahead and not missed:
+            self._record_ahead(g, earlier or bound)
+
+    def _record_ahead(self, g: WgpuGraph, bound: dict[str, dict[str, MLTensor]]) -> None:
+        """Encode the next dispatch now, while the device runs this one, so that dispatch
+        only submits (wgpu-py encodes ~5-10 µs a launch: with ~200 launches that is most
+        of a step's host time). The next dispatch's tensors are guessed as the previous
+        dispatch's: right for a page that binds the same tensors every step and for one
+        that ping-pongs two sets. A command buffer holds no data (inputs are read when it
+        runs), so it is valid for any contents of the tensors it binds."""
+        key = (_bound_key(bound), g._parity)
+        cbs: list[Any] = []
+        self._encode(g, bound, key, cbs.append)
+        g._recorded = (key, cbs)
+
+    def _encode(self, g: WgpuGraph, bound: dict[str, dict[str, MLTensor]], key: tuple,
+                emit: Any) -> None:
+        """Encode one dispatch for ``bound`` and parity ``key[1]``, handing each finished
+        command buffer to ``emit`` (a cut every ``submit_every`` launches)."""
+        parity = key[1]
+        plan = g._plan
         enc = self._device.create_command_encoder()
         launches = plan.launches
         npasses = len(g._passes)
         for pi, (a, b) in enumerate(g._passes):
             # copies before this pass
             prev_end = g._passes[pi - 1][1] if pi else 0
-            self._copies(enc, g, launches[prev_end:a], bound)
+            self._copies(enc, g, launches[prev_end:a], bound, parity)
             tw = None
             if self._timing and (pi == 0 or pi == npasses - 1):
                 tw = {"query_set": self._query_set}
@@ -400,34 +456,27 @@ class WgpuContext(MLContext):
             for i in range(a, b):
                 pipe, layout, bg = g._items[i]
                 if bg is None:
-                    key = (bound_key, g._parity)
                     cache = g._bind_cache[i]
                     bg = cache.get(key)
                     if bg is None:
                         if len(cache) >= _BIND_CACHE_MAX:
                             cache.pop(next(iter(cache)))
-                        bg = cache[key] = self._bind_group(g, layout, launches[i].slots, bound)
+                        bg = cache[key] = self._bind_group(g, layout, launches[i].slots,
+                                                           bound, parity)
                 cp.set_pipeline(pipe)
                 cp.set_bind_group(0, bg)
                 cp.dispatch_workgroups(*launches[i].kernel.groups)
             cp.end()
             if pi in g._submit_after:
-                self._queue.submit([enc.finish()])
+                emit(enc.finish())
                 enc = self._device.create_command_encoder()
-        self._copies(enc, g, launches[g._passes[-1][1] if g._passes else 0:], bound)
+        self._copies(enc, g, launches[g._passes[-1][1] if g._passes else 0:], bound, parity)
         if plan.has_check:
             enc.copy_buffer_to_buffer(g._buffers[("status",)], 0, self._status_staging, 0, 4)
         if self._timing and npasses:
             enc.resolve_query_set(self._query_set, 0, 2, self._query_buf, 0)
             enc.copy_buffer_to_buffer(self._query_buf, 0, self._time_staging, 0, 16)
-        self._queue.submit([enc.finish()])
-        self.counters.kernel += g._kernel_bytes
-        self.counters.d2d += g._copy_bytes
-        self._time_pending = self._timing and npasses > 0
-        if g._double:
-            g._parity ^= 1  # undone by _settle if the capacity check failed
-        if plan.has_check:
-            self._unsettled = g
+        emit(enc.finish())
 
     def _settle(self, report: bool = True) -> None:
         """PROPOSAL behaviour 4, without a sync of its own: the last checked dispatch's
@@ -454,18 +503,18 @@ class WgpuContext(MLContext):
                 "the cache is unchanged")
 
     def _copies(self, enc: Any, g: WgpuGraph, items: list[Any],
-                bound: dict[str, dict[str, MLTensor]]) -> None:
+                bound: dict[str, dict[str, MLTensor]], parity: int) -> None:
         for la in items:
             if isinstance(la, CopyLaunch):
-                enc.copy_buffer_to_buffer(self._resolve(g, la.src, bound), 0,
-                                          self._resolve(g, la.dst, bound), 0, la.nbytes)
+                enc.copy_buffer_to_buffer(self._resolve(g, la.src, bound, parity), 0,
+                                          self._resolve(g, la.dst, bound, parity), 0, la.nbytes)
 
     def _peek_state(self, graph: MLGraph, input_name: str) -> np.ndarray:
         """Tests only (PROPOSAL behaviour 5: no public API reads the cache): the current
         contents of a pair's hidden state, without touching the byte counters."""
         g: WgpuGraph = graph  # type: ignore[assignment]
         pp = next(p for p in g._plan.pairs if p.pair.input == input_name)
-        buf = self._resolve(g, ("state", pp.index, "cur"), {})
+        buf = self._resolve(g, ("state", pp.index, "cur"), {}, g._parity)
         saved = self.counters.snapshot()
         fake = MLTensor(self, pp.past._dtype, pp.past._shape, True, False)
         fake._buffer = buf  # type: ignore[attr-defined]
