@@ -12,6 +12,11 @@ Names are `ort-<provider>:<mode>`, provider `cpu` (CPU EP) or `webgpu` (the WebG
   `final_state` (aliased); only ids and logits cross the interface.
 - `standard`: the standard flavour with host arrays at a fixed capacity: what a stateless
   WebNN page would hand ORT.
+- `captured` (WebGPU only): `shared` with the EP's graph capture (`enableGraphCapture`):
+  the first run records the session's GPU commands and later runs replay them, so ORT's
+  per-node host work drops out of the step, as `wgpu:stateful`'s recorded dispatches drop
+  encoding. Every input is then a device value at a fixed address, written in place
+  (`update_inplace`) each step.
 
 Byte counters (`ByteCounters`), counted where the bytes move:
 - `h2d`: bytes of host arrays handed to `run()` or bound with `bind_cpu_input`, plus
@@ -135,6 +140,7 @@ class _OrtBackend(Backend):
     mode = ""
     flavour = ORT
     host_cache = False  # whether the cache crosses the host link every step
+    shared_buffer = False  # whether each cache is one buffer bound as past and present
     cache_dir: str | os.PathLike | None = None  # None: harness.workload.default_cache_dir()
 
     @classmethod
@@ -160,7 +166,7 @@ class _OrtBackend(Backend):
         self.specs = cache_specs(self.cfg, capacity)
         self.path = export(workload, self.flavour, capacity, self.cache_dir)
         self.session = self._session(self.path)
-        self.kernel = _KernelBytes(self.path, shared=self.mode == "shared")
+        self.kernel = _KernelBytes(self.path, shared=self.shared_buffer)
         self.details.update(provider=self.session.get_providers()[0], flavour=self.flavour,
                             mode=self.mode, model=str(self.path), host_cache=self.host_cache,
                             kernel_bytes_base=self.kernel.base,
@@ -170,6 +176,9 @@ class _OrtBackend(Backend):
         self._allocate()
         self.reset()
 
+    #: WebGPU EP options (``add_provider_for_devices``)
+    ep_options: dict[str, str] = {}
+
     def _session(self, path: Path):
         so = ort.SessionOptions()
         so.log_severity_level = 3
@@ -178,7 +187,7 @@ class _OrtBackend(Backend):
             if not devices:
                 raise RuntimeError(why)
             so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
-            so.add_provider_for_devices(devices[:1], {})
+            so.add_provider_for_devices(devices[:1], dict(self.ep_options))
             return ort.InferenceSession(str(path), sess_options=so)
         return ort.InferenceSession(str(path), sess_options=so,
                                     providers=["CPUExecutionProvider"])
@@ -329,6 +338,7 @@ class _Shared(_OrtBackend):
     """`shared`: one capacity-sized value per cache bound as both past and present."""
 
     mode = "shared"
+    shared_buffer = True
 
     def _allocate(self) -> None:
         self.values = {}
@@ -383,17 +393,51 @@ class _Shared(_OrtBackend):
         return logits.astype(np.float32, copy=False)
 
 
+class _Captured(_Shared):
+    """`captured`: `shared` under the WebGPU EP's graph capture. Replays need every input
+    at the address it was captured with, so the ids and GQA lengths are device values
+    too, written in place each step."""
+
+    mode = "captured"
+    ep_options = {"enableGraphCapture": "1"}
+
+    def _allocate(self) -> None:
+        super()._allocate()
+        self.feeds = {}
+        for name, arr in self._id_feeds(0).items():
+            v = self.session.create_ortvalue_from_shape_and_type(
+                list(arr.shape), arr.dtype, self._device, 0)
+            self.io.bind_ortvalue_input(name, v)
+            self.feeds[name] = v
+        self.details["graph_capture"] = dict(self.ep_options)
+
+    def step(self, token: int) -> np.ndarray:
+        for name, arr in self._id_feeds(token).items():
+            self.feeds[name].update_inplace(arr)
+            self.counters.h2d += arr.nbytes
+        self.session.run_with_iobinding(self.io)
+        logits = self.logits.numpy().reshape(-1)
+        self.counters.d2h += logits.nbytes
+        self._count_kernel()
+        self.position += 1
+        return logits.astype(np.float32, copy=False)
+
+
 _MODES: dict[str, tuple[type[_OrtBackend], str]] = {
     "copy": (_HostArrays, ORT),
     "iobinding": (_IOBinding, ORT),
     "shared": (_Shared, ORT),
     "standard": (_HostArrays, STANDARD),
+    "captured": (_Captured, ORT),
 }
+_WEBGPU_ONLY = {"captured"}  # the CPU EP has no graph capture
 
 #: the registered classes, by name (one per provider x mode)
 BACKENDS: dict[str, type[_OrtBackend]] = {}
 for _provider in ("cpu", "webgpu"):
     for _mode, (_base, _flavour) in _MODES.items():
+        if _provider == "cpu" and _mode in _WEBGPU_ONLY:
+            continue
         _cls = type(f"Ort{_provider.capitalize()}{_mode.capitalize()}", (_base,), {
             "name": f"ort-{_provider}:{_mode}", "provider": _provider, "mode": _mode,
             "flavour": _flavour, "__module__": __name__,

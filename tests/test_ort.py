@@ -13,7 +13,7 @@ from harness.workload import Workload, cache_specs, preset, token_stream
 CAPACITY = 24
 TOL = 1e-4
 CPU = ["ort-cpu:copy", "ort-cpu:iobinding", "ort-cpu:shared", "ort-cpu:standard"]
-WEBGPU = [n.replace("cpu", "webgpu") for n in CPU]
+WEBGPU = [n.replace("cpu", "webgpu") for n in CPU] + ["ort-webgpu:captured"]  # skipped here
 IDS = 8 + 4 + 4  # input_ids int64 + (seqlens_k, total_sequence_length int32 | position_ids int64)
 
 
@@ -162,3 +162,4 @@ def test_webgpu_reports_why_when_unavailable(tiny, cache_dir):
 def test_every_mode_is_registered_for_both_providers():
     names = set(registry())
     assert set(CPU + WEBGPU) <= names
+    assert "ort-cpu:captured" not in names  # graph capture is the WebGPU EP's
