@@ -236,19 +236,16 @@ def wgpu_bandwidth(size: int = SIZE, gpu_size: int = GPU_SIZE, timestamps: bool 
         # unlike on_submitted_work_done_sync)
         queue.read_buffer(fence, 0, 16)
 
-    staging = device.create_buffer(size=link, usage=BU.MAP_WRITE | BU.COPY_SRC)
-    buffers.append(staging)
+    from backends.webnn.wgpu_impl.staging import StagedWrites
+
+    staged = StagedWrites(device, limit=link)
 
     def upload(times: int = 1):
-        # as the WebNN context writes a large tensor: its persistent mapped staging buffer,
-        # then a copy (queue.write_buffer stages into fresh memory on every call)
+        # as the WebNN context writes a large tensor between two dispatches: staged in a
+        # mapped arena, then copied (queue.write_buffer stages into fresh memory every call)
         for _ in range(times):
-            staging.map_sync(wgpu.MapMode.WRITE)
-            staging.write_mapped(host.view(np.uint8))
-            staging.unmap()
-            enc = device.create_command_encoder()
-            enc.copy_buffer_to_buffer(staging, 0, a, 0, link)
-            queue.submit([enc.finish()])
+            staged.write(a, host)
+            staged.flush()
         wait()
 
     def encode_copies(enc, times: int, src=a, dst=b, nbytes: int = dev_size):

@@ -155,27 +155,51 @@ def test_read_tensors_in_one_round_trip(ctx, monkeypatch):
         ctx.read_tensors(ts[:2], [np.zeros(15, np.float32)])  # one array for two tensors
 
 
-def test_large_writes_go_through_a_persistent_staging_buffer(ctx):
-    """A write of STAGED_WRITE_MIN bytes or more is staged in the tensor's own mapped buffer
-    (reused: the second write waits for the first copy) and then copied; each read sees
-    the latest write, and the bytes are counted once."""
+def test_large_writes_are_staged_and_batched(ctx):
+    """Writes of STAGED_WRITE_MIN bytes or more are staged into a mapped arena and copied in
+    one submit when the queue next runs something; each read sees the latest write, the
+    bytes are counted once, and the two arenas are reused, not remade, once they have
+    grown."""
     from backends.webnn.wgpu_impl import context as wctx
 
     n = wctx.STAGED_WRITE_MIN // 4 + 3  # not a multiple of 16 bytes
-    t = ctx.create_tensor(data_type="float32", shape=[n], readable=True, writable=True)
+    ts = [ctx.create_tensor(data_type="float32", shape=[n], readable=True, writable=True)
+          for _ in range(3)]
     rng = np.random.default_rng()
-    for _ in range(3):
-        a = rng.standard_normal(n).astype(np.float32)
+    arenas = None
+    for _ in range(4):
+        arrs = [rng.standard_normal(n).astype(np.float32) for _ in ts]
         before = ctx.counters.h2d
-        ctx.write_tensor(t, a)
-        assert ctx.counters.h2d - before == a.nbytes
-        np.testing.assert_array_equal(ctx.read_tensor(t), a)
-    staging = t._upload
-    assert staging is not None
-    ctx.write_tensor(t, a[::-1].copy())
-    ctx.write_tensor(t, a)  # back to back: the staging buffer is reused, not replaced
-    assert t._upload is staging
-    np.testing.assert_array_equal(ctx.read_tensor(t), a)
+        for t, a in zip(ts, arrs, strict=True):
+            ctx.write_tensor(t, a[::-1].copy())
+            ctx.write_tensor(t, a)  # the later write wins
+        assert ctx.counters.h2d - before == 2 * sum(a.nbytes for a in arrs)
+        for got, a in zip(ctx.read_tensors(ts), arrs, strict=True):
+            np.testing.assert_array_equal(got, a)
+        if arenas is None:
+            arenas = list(ctx._staged._arenas)
+        assert ctx._staged._arenas == arenas
+
+
+def test_staged_writes_in_pieces_and_to_destroyed_tensors(ctx, monkeypatch):
+    """A write larger than an arena goes through in arena-sized pieces; a pending write to a
+    tensor destroyed before the flush is dropped, and the others still land."""
+    from backends.webnn.wgpu_impl import context as wctx
+    from backends.webnn.wgpu_impl.staging import StagedWrites
+
+    monkeypatch.setattr(ctx, "_staged", StagedWrites(ctx._device, limit=64 << 10))
+    n = wctx.STAGED_WRITE_MIN // 4 + 5  # 16 arenas and a bit
+    keep, gone = (ctx.create_tensor(data_type="float32", shape=[n], readable=True,
+                                    writable=True) for _ in range(2))
+    a = np.random.default_rng().standard_normal(n).astype(np.float32)
+    ctx.write_tensor(keep, a)
+    ctx.write_tensor(gone, a)
+    gone.destroy()
+    np.testing.assert_array_equal(ctx.read_tensor(keep), a)
+    tiny = ctx.create_tensor(data_type="float32", shape=[3], readable=True, writable=True)
+    ctx.write_tensor(keep, a[::-1].copy())
+    ctx.write_tensor(tiny, a[:3].copy())  # a small write flushes the staged one first
+    np.testing.assert_array_equal(ctx.read_tensors([keep, tiny])[0], a[::-1])
 
 
 def test_shapes_static_and_positive(ctx):

@@ -406,13 +406,16 @@ def _count_encodes(ctx, monkeypatch) -> list[int]:
     return calls
 
 
+@pytest.mark.parametrize("one_submit", [False, True])
 @pytest.mark.parametrize("stateful", [True, False])
-def test_record_ahead_is_used_and_matches(plain_ctx, ctx, stateful, monkeypatch):
-    """A decode loop's dispatches submit what the previous one recorded: one encoding per
-    step once the page's binding pattern repeats (same tensors, or a ping-pong of two sets),
-    and the results are those of the reference."""
+def test_record_ahead_is_used_and_matches(plain_ctx, ctx, stateful, one_submit, monkeypatch):
+    """A decode loop's dispatches submit what the previous one recorded (piece by piece, or
+    in one submit): one encoding per step once the page's binding pattern repeats (same
+    tensors, or a ping-pong of two sets), and the results are those of the reference."""
     c = ctx if stateful else plain_ctx
     monkeypatch.setattr(c, "record_ahead", True)
+    monkeypatch.setattr(c, "_one_submit", one_submit)
+    monkeypatch.setattr(c, "submit_every", 2)
     b, outs = decoder(c, 8)
     g = b.build(outs, use_stateful=True, kv_cache_pairs=PAIRS)
     page = Page(c, g, 8)

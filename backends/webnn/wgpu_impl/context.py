@@ -24,6 +24,7 @@ from .._classes import MLContext, MLGraph, MLKVCachePair, MLOperand, MLTensor
 from ..dtypes import DType, from_device
 from ..errors import NotSupportedError, OperationError
 from .compiler import OPTIONS, CopyLaunch, Deferred, KernelLaunch, Plan, compile_graph
+from .staging import ARENA_MAX, StagedWrites
 from .target import target_of
 
 _STORAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
@@ -33,7 +34,7 @@ _BIND_CACHE_MAX = 16  # per launch; bounds memory for pages that bind fresh tens
 #: overlaps GPU execution instead of preceding it. 0: one submit per dispatch (CPU
 #: adapters, where encoder and "GPU" share the same cores).
 SUBMIT_EVERY = {"gpu": 48, "cpu": 0}
-#: writes of at least this many bytes go through a persistent staging buffer per tensor
+#: writes of at least this many bytes are staged and batched (``staging.StagedWrites``)
 STAGED_WRITE_MIN = 1 << 20
 
 
@@ -55,13 +56,11 @@ class WgpuTensor(MLTensor):
         # WebGPU zero-initialises buffers: create_tensor zero-fills as the spec asks
         self._buffer = context._device.create_buffer(size=_nbytes(S.size(shape)),
                                                      usage=_STORAGE)
-        self._upload: Any = None  # persistent staging for large writes, made on the first
 
     def destroy(self) -> None:
         if not self._destroyed:
+            self._context._staged.drop(self._buffer)  # type: ignore[attr-defined]
             self._buffer.destroy()
-            if self._upload is not None:
-                self._upload.destroy()
         super().destroy()
 
 
@@ -139,10 +138,14 @@ class WgpuContext(MLContext):
         self.state_support = state_support
         self.submit_every = SUBMIT_EVERY["cpu" if self._target.cpu else "gpu"]
         #: encode the next dispatch's command buffers during this one (``_record_ahead``)
-        self.record_ahead = {"on": True, "off": False}.get(
-            OPTIONS.get("record_ahead") or "", not self._target.cpu)
+        mode = OPTIONS.get("record_ahead") or ""
+        self.record_ahead = {"on": True, "one_submit": True, "off": False}.get(
+            mode, not self._target.cpu)
+        self._one_submit = mode == "one_submit"  # recorded pieces in one queue.submit
         self._pipelines: dict[str, tuple[Any, Any]] = {}
         self._read_staging: list[Any] = []  # persistent, one per max-buffer-size of reads
+        self._staged = StagedWrites(self._device, min(ARENA_MAX,
+                                                      int(self._device.limits["max-buffer-size"])))
         self._max_buffer = int(self._device.limits["max-buffer-size"])
         self._status_staging = self._device.create_buffer(
             size=16, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
@@ -200,24 +203,15 @@ class WgpuContext(MLContext):
         return WgpuTensor(self, dt, shape, readable, writable)
 
     def _write_tensor(self, tensor: MLTensor, data: np.ndarray) -> None:
-        """Small writes through ``queue.write_buffer``; large ones through the tensor's own
-        persistent mapped staging buffer and a copy (``write_buffer`` stages into fresh memory
-        on every call: page faults on each large write)."""
+        """Small writes through ``queue.write_buffer`` (after any staged ones, keeping the
+        queue's order); large ones staged (``staging.StagedWrites``: one map and one submit
+        of copies for all the writes between two dispatches)."""
         n = data.nbytes
         if n < STAGED_WRITE_MIN:
+            self._staged.flush()
             self._queue.write_buffer(tensor._buffer, 0, data)
         else:
-            st = tensor._upload  # type: ignore[attr-defined]
-            if st is None:
-                st = tensor._upload = self._device.create_buffer(  # type: ignore[attr-defined]
-                    size=tensor._buffer.size,
-                    usage=wgpu.BufferUsage.MAP_WRITE | wgpu.BufferUsage.COPY_SRC)
-            st.map_sync(wgpu.MapMode.WRITE, 0, st.size)  # free once its last copy has run
-            st.write_mapped(data.reshape(-1).view(np.uint8), 0)
-            st.unmap()
-            enc = self._device.create_command_encoder()
-            enc.copy_buffer_to_buffer(st, 0, tensor._buffer, 0, n)  # 4-byte elements
-            self._queue.submit([enc.finish()])
+            self._staged.write(tensor._buffer, data)
         self.counters.h2d += n
 
     def _read_tensors(self, tensors: list[MLTensor],
@@ -225,6 +219,7 @@ class WgpuContext(MLContext):
         """Every tensor copied into persistent staging buffers in one submit, mapped after
         one wait, and copied out once (into ``outputs`` where given): one device round trip
         for the lot."""
+        self._staged.flush()
         sizes = [S.size(t._shape) * 4 for t in tensors]
         bins: list[list[tuple[int, int]]] = [[]]  # per staging buffer: (tensor, offset)
         used = [0]
@@ -400,11 +395,16 @@ class WgpuContext(MLContext):
         record the next dispatch's while the GPU runs this one (``_record_ahead``)."""
         g: WgpuGraph = graph  # type: ignore[assignment]
         self._settle()
+        self._staged.flush()
         bound = {"input": inputs, "output": outputs}
         key = (_bound_key(bound), g._parity)
         ready, g._recorded = g._recorded, None
         if ready is not None and ready[0] == key:
-            self._queue.submit(ready[1])
+            if self._one_submit:
+                self._queue.submit(ready[1])
+            else:  # the device starts on the first piece while the queue takes the rest
+                for cb in ready[1]:
+                    self._queue.submit([cb])
             missed = False
         else:
             self._encode(g, bound, key, lambda cb: self._queue.submit([cb]))
@@ -526,6 +526,7 @@ class WgpuContext(MLContext):
         g: WgpuGraph = graph  # type: ignore[assignment]
         if self._unsettled is g:
             self._settle(report=False)  # the cache is emptied: its overflow is moot
+        self._staged.flush()
         enc = self._device.create_command_encoder()
         for bufs in g._state:
             for b in bufs:
