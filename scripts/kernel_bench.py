@@ -206,13 +206,13 @@ def profile_launches(ctx, g, bound: dict) -> dict:
 
 
 def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
-               warm_s: float = 0.0) -> dict:
-    from backends.wgpu_modes import StatefulInPlace
+               warm_s: float = 0.0, mode: str = "wgpu:stateful") -> dict:
+    from backends.base import registry
     from harness.workload import Workload, preset
 
     t0 = time.perf_counter()
     wl = Workload.build(preset(name))
-    be = StatefulInPlace()
+    be = registry()[mode]()
     be.prepare(wl, capacity)
     prep = time.perf_counter() - t0
     plan = be.converted.graph._plan
@@ -245,9 +245,14 @@ def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
         g = be.converted.graph
         bound = {"input": {n: t for n, t in be._bound.items() if n in g.inputs},
                  "output": {n: t for n, t in be._bound.items() if n in g.outputs}}
+        for p in be._pairs:  # a page that binds its caches (stateless, reuse)
+            if p.input in g.inputs:
+                bound["input"][p.input] = be._cur[p.input]
+                bound["output"][p.output] = be._nxt[p.input]
         prof = profile_launches(be.context, g, bound)
     be.close()
-    res = {"preset": name, "capacity": capacity, "prepare_s": round(prep, 2), "warm_steps": warm,
+    res = {"preset": name, "mode": mode, "capacity": capacity, "prepare_s": round(prep, 2),
+           "warm_steps": warm,
            "wall_ms": 1e3 * float(np.median(wall[1:] or wall)),
            "launches": len(plan.launches), "kernels": names,
            "weights_bytes": weights, "cache_bytes": cache, "kernel_bytes_counted": kbytes,
@@ -282,6 +287,8 @@ def main() -> None:
                     help="auto, unfused, generic, or sN (flash-decoding aiming at N splits per head)")
     ap.add_argument("--step", default="small:512", help="preset:capacity,... or none")
     ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--mode", default="wgpu:stateful",
+                    help="the wgpu page whose step is timed: wgpu:stateful, wgpu:reuse, ...")
     ap.add_argument("--warm", type=float, default=3.0,
                     help="seconds of steps before the timed ones (GPU clocks ramp), 0: none")
     ap.add_argument("--profile", action="store_true", help="per-kernel GPU time of the step")
@@ -333,7 +340,7 @@ def main() -> None:
                 if every != "default":
                     wctx.SUBMIT_EVERY.update(cpu=int(every), gpu=int(every))
                 out["step"].append(_attempt(
-                    bench_step, (name, int(cap or 512), a.steps, a.profile, a.warm),
+                    bench_step, (name, int(cap or 512), a.steps, a.profile, a.warm, a.mode),
                     preset=name, submit_every=every, options=dict(compiler.OPTIONS)))
     print(json.dumps(out, indent=1))
 
