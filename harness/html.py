@@ -7,12 +7,10 @@ from pathlib import Path
 
 from harness import metrics
 from harness.report import (
-    BANDWIDTH_HEAD,
-    BANDWIDTH_NOTE,
     OK_MARK,
     Run,
-    bandwidth_rows,
     environment_lines,
+    floor_tables,
     notes,
     point_speedup,
     series,
@@ -70,12 +68,11 @@ def render(runs: list[Run], charts: dict[str, dict[str, Path]]) -> str:
                  f"<code>{html.escape(base or 'the stateless baseline (absent)')}</code>. "
                  "A point that does not match is never shown as faster.</p>")
     parts.append(table_html(runs))
-    bw = bandwidth_rows(runs)
-    if bw:
-        head = "".join(f"<th>{html.escape(h)}</th>" for h in BANDWIDTH_HEAD)
+    for title, note, head_cells, rows in floor_tables(runs):
+        head = "".join(f"<th>{html.escape(h)}</th>" for h in head_cells)
         body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>"
-                       for r in bw)
-        parts.append(f"<h2>Bandwidth use</h2><p>{html.escape(BANDWIDTH_NOTE)}</p>"
+                       for r in rows)
+        parts.append(f"<h2>{html.escape(title)}</h2><p>{html.escape(note)}</p>"
                      f"<table><tr>{head}</tr>{body}</table>")
     ns = notes(runs)
     if ns:

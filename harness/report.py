@@ -229,6 +229,11 @@ BANDWIDTH_HEAD = ["backend", "context", "floor ms", "step ms", "GPU ms", "MBU (w
 BANDWIDTH_NOTE = ("Device-resident backends with GPU timestamps: the floor (the bytes a step must "
                   "move over the calibrated streaming bandwidth) over the step's wall time and "
                   "over its GPU time; the gap between the two is host time.")
+LINK_HEAD = ["backend", "context", "floor ms", "step ms", "step / floor"]
+LINK_NOTE = ("Backends whose cache crosses the host link every step: the floor is the device "
+             "floor plus the whole cache up and down at the calibrated h2d and d2h rates (the "
+             "context's own write and read paths); step / floor says how much of the step is "
+             "something else (the graph's own work beyond the floor, submits, waits).")
 
 
 def bandwidth_rows(runs: list[Run]) -> list[list[str]]:
@@ -246,6 +251,32 @@ def bandwidth_rows(runs: list[Run]) -> list[list[str]]:
                             f"{p.step_ms.median:.3f}", f"{p.gpu_ms.median:.3f}",
                             f"{p.mbu:.2f}", f"{g:.2f}"])
     return out
+
+
+def link_rows(runs: list[Run]) -> list[list[str]]:
+    """Per host-cache point with a floor: the floor, the step and their ratio (the issue's
+    'stateless within 1.5x of its floor'). Runs whose calibration is implausible, and points
+    faster than their floor (a link figure that under-measured; ``notes`` says so), are left
+    out."""
+    out = []
+    for run in runs:
+        if run.calibration_problems:
+            continue
+        for p in sorted(run.results.points, key=lambda p: (p.context, p.backend)):
+            if (p.status == "ok" and p.floor_ms and p.step_ms is not None
+                    and metrics.is_stateless(p.backend, p.details)
+                    and metrics.plausible_mbu(p.mbu) is not None):  # else noted, not tabled
+                out.append([series_name(run, p.backend), str(p.context), f"{p.floor_ms:.3f}",
+                            f"{p.step_ms.median:.3f}", f"{p.step_ms.median / p.floor_ms:.2f}"])
+    return out
+
+
+def floor_tables(runs: list[Run]) -> list[tuple[str, str, list[str], list[list[str]]]]:
+    """(title, note, head, rows) of each floor table that has rows: bandwidth use of
+    device-resident backends, and the link floors of host-cache ones."""
+    tables = [("Bandwidth use", BANDWIDTH_NOTE, BANDWIDTH_HEAD, bandwidth_rows(runs)),
+              ("Host-link floors", LINK_NOTE, LINK_HEAD, link_rows(runs))]
+    return [t for t in tables if t[3]]
 
 
 def environment_lines(run: Run) -> list[str]:
@@ -299,11 +330,10 @@ def to_markdown(runs: list[Run], charts: list[str] | None = None) -> str:
               "the float64 reference, and speedup over "
               f"{base or 'the stateless baseline (none in this run)'}.", "",
               markdown_table(runs), ""]
-    bw = bandwidth_rows(runs)
-    if bw:
-        parts += ["## Bandwidth use", "", BANDWIDTH_NOTE, "",
-                  "| " + " | ".join(BANDWIDTH_HEAD) + " |", "|---|" + "---:|" * 6,
-                  *("| " + " | ".join(r) + " |" for r in bw), ""]
+    for title, note, head, body in floor_tables(runs):
+        parts += [f"## {title}", "", note, "",
+                  "| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1),
+                  *("| " + " | ".join(r) + " |" for r in body), ""]
     ns = notes(runs)
     if ns:
         parts += ["## Notes", ""] + [f"- {n}" for n in ns] + [""]

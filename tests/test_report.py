@@ -88,14 +88,15 @@ def test_implausible_mbu_is_noted_not_charted():
 def test_gpu_time_mbu_for_device_resident_points(run_files):
     """MBU over GPU time is the floor over the GPU time, for backends whose cache stays on
     the device; host-cache backends (floor counts the link) and points without GPU time
-    have none. The markdown report tables it beside MBU over wall time."""
+    have none. The markdown report tables it beside MBU over wall time, and host-cache
+    points against their link floor."""
     from harness import metrics
 
     res = results.load(run_files[0])
     ctx = res.contexts[0]
     dev, host = res.point("ort-cpu:shared", ctx), res.point("ort-cpu:copy", ctx)  # GPU time set below
-    for p in (dev, host):
-        p.floor_ms, p.gpu_ms = 2.0, results.Stats.of([4.0, 4.0, 4.0])
+    for p, floor in ((dev, 2.0), (host, host.step_ms.median / 2)):
+        p.floor_ms, p.gpu_ms = floor, results.Stats.of([4.0, 4.0, 4.0])
         p.mbu = p.floor_ms / p.step_ms.median
     assert metrics.gpu_mbu(dev) == pytest.approx(0.5)
     assert metrics.gpu_mbu(host) is None
@@ -107,6 +108,12 @@ def test_gpu_time_mbu_for_device_resident_points(run_files):
     assert "<td>0.50</td>" in report_html.render(runs, {})
     row = next(line for line in md.splitlines() if line.startswith(f"| ort-cpu:shared | {ctx} |"))
     assert row.endswith(f"| {dev.mbu:.2f} | 0.50 |")
-    assert not any(line.startswith("| ort-cpu:copy |") for line in md.splitlines())
+    bandwidth, link = md.split("## Bandwidth use")[1].split("## Host-link floors")
+    assert "| ort-cpu:copy |" not in bandwidth
+    # the host-cache point is tabled against its link floor instead: step over floor
+    row = next(line for line in link.splitlines() if line.startswith(f"| ort-cpu:copy | {ctx} |"))
+    assert row.endswith("| 2.00 |")
+    assert "| ort-cpu:shared |" not in link
+    assert "<h2>Host-link floors</h2>" in report_html.render(runs, {})
     dev.gpu_ms = None
     assert metrics.gpu_mbu(dev) is None
