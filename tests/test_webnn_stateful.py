@@ -406,15 +406,15 @@ def _count_encodes(ctx, monkeypatch) -> list[int]:
     return calls
 
 
-@pytest.mark.parametrize("one_submit", [False, True])
+@pytest.mark.parametrize("piecewise", [False, True])
 @pytest.mark.parametrize("stateful", [True, False])
-def test_record_ahead_is_used_and_matches(plain_ctx, ctx, stateful, one_submit, monkeypatch):
-    """A decode loop's dispatches submit what the previous one recorded (piece by piece, or
-    in one submit): one encoding per step once the page's binding pattern repeats (same
+def test_record_ahead_is_used_and_matches(plain_ctx, ctx, stateful, piecewise, monkeypatch):
+    """A decode loop's dispatches submit what the previous one recorded (in one submit, or
+    piece by piece): one encoding per step once the page's binding pattern repeats (same
     tensors, or a ping-pong of two sets), and the results are those of the reference."""
     c = ctx if stateful else plain_ctx
     monkeypatch.setattr(c, "record_ahead", True)
-    monkeypatch.setattr(c, "_one_submit", one_submit)
+    monkeypatch.setattr(c, "_piecewise", piecewise)
     monkeypatch.setattr(c, "submit_every", 2)
     b, outs = decoder(c, 8)
     g = b.build(outs, use_stateful=True, kv_cache_pairs=PAIRS)

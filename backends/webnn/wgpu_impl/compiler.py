@@ -53,7 +53,7 @@ Slot = tuple
 #: aims at on long caches
 #: "record_ahead": None (per adapter: GPUs on, CPU adapters off), "on" (a context records
 #: each dispatch's successor while the device runs it: context._record_ahead; its command
-#: buffers submitted one by one), "one_submit" (the same, all in one queue.submit), "off"
+#: buffers in one queue.submit), "pieces" (the same, submitted one by one), "off"
 #: (every dispatch encodes its own); read when a context is created
 OPTIONS: dict[str, str | None] = {"gemv": None, "attention": None, "gemv_prologue": None,
                                   "row_writes": None, "attention_splits": None,

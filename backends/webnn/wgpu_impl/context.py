@@ -139,9 +139,9 @@ class WgpuContext(MLContext):
         self.submit_every = SUBMIT_EVERY["cpu" if self._target.cpu else "gpu"]
         #: encode the next dispatch's command buffers during this one (``_record_ahead``)
         mode = OPTIONS.get("record_ahead") or ""
-        self.record_ahead = {"on": True, "one_submit": True, "off": False}.get(
+        self.record_ahead = {"on": True, "pieces": True, "off": False}.get(
             mode, not self._target.cpu)
-        self._one_submit = mode == "one_submit"  # recorded pieces in one queue.submit
+        self._piecewise = mode == "pieces"  # recorded command buffers submitted one by one
         self._pipelines: dict[str, tuple[Any, Any]] = {}
         self._read_staging: list[Any] = []  # persistent, one per max-buffer-size of reads
         self._staged = StagedWrites(self._device, min(ARENA_MAX,
@@ -400,11 +400,11 @@ class WgpuContext(MLContext):
         key = (_bound_key(bound), g._parity)
         ready, g._recorded = g._recorded, None
         if ready is not None and ready[0] == key:
-            if self._one_submit:
-                self._queue.submit(ready[1])
-            else:  # the device starts on the first piece while the queue takes the rest
+            if self._piecewise:
                 for cb in ready[1]:
                     self._queue.submit([cb])
+            else:  # one submit: 3.18 vs 3.28 ms one by one (PERFORMANCE.md item 9)
+                self._queue.submit(ready[1])
             missed = False
         else:
             self._encode(g, bound, key, lambda cb: self._queue.submit([cb]))
