@@ -381,9 +381,13 @@ class _Shared(_OrtBackend):
         self._upload(depth.cache)
         self.position = depth.depth
 
+    def _feed(self, name: str, arr: np.ndarray) -> None:
+        """Hand one id/length input to the session (bound from the host each step)."""
+        self.io.bind_cpu_input(name, arr)
+
     def step(self, token: int) -> np.ndarray:
         for name, arr in self._id_feeds(token).items():
-            self.io.bind_cpu_input(name, arr)
+            self._feed(name, arr)
             self.counters.h2d += arr.nbytes
         self.session.run_with_iobinding(self.io)
         logits = self.logits.numpy().reshape(-1)
@@ -411,16 +415,8 @@ class _Captured(_Shared):
             self.feeds[name] = v
         self.details["graph_capture"] = dict(self.ep_options)
 
-    def step(self, token: int) -> np.ndarray:
-        for name, arr in self._id_feeds(token).items():
-            self.feeds[name].update_inplace(arr)
-            self.counters.h2d += arr.nbytes
-        self.session.run_with_iobinding(self.io)
-        logits = self.logits.numpy().reshape(-1)
-        self.counters.d2h += logits.nbytes
-        self._count_kernel()
-        self.position += 1
-        return logits.astype(np.float32, copy=False)
+    def _feed(self, name: str, arr: np.ndarray) -> None:
+        self.feeds[name].update_inplace(arr)  # the address the capture recorded stays
 
 
 _MODES: dict[str, tuple[type[_OrtBackend], str]] = {

@@ -91,3 +91,35 @@ def test_baseline_refuses_overwrite(run_file, tmp_path):
         statebench("baseline", run_file, "--name", "ci", cwd=tmp_path))
     assert statebench("baseline", run_file, "--name", "ci", "--force", cwd=tmp_path).returncode == 0
     one_line_error(statebench("baseline", run_file, "--name", "../evil", cwd=tmp_path))
+
+
+def test_baseline_of_several_runs_keeps_per_point_medians(run_file, tmp_path):
+    """Several runs of one sweep make one baseline whose step times are per-point medians
+    (an outlier run moves nothing); runs of different sweeps are refused in one line."""
+    def scaled(factor, name):
+        data = json.loads(run_file.read_text())
+        for p in data["points"]:
+            if p["step_ms"]:
+                for k in ("median", "p10", "p90"):
+                    p["step_ms"][k] *= factor
+        path = tmp_path / name
+        path.write_text(json.dumps(data))
+        return path
+
+    fast, slow = scaled(0.5, "fast.json"), scaled(3.0, "slow.json")
+    proc = statebench("baseline", run_file, slow, fast, "--name", "ci", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    kept = json.loads((tmp_path / "results" / "baselines" / "ci.json").read_text())
+    orig = {(p["backend"], p["context"]): p for p in json.loads(run_file.read_text())["points"]}
+    measured = [p for p in kept["points"] if p["step_ms"]]
+    assert measured
+    for p in measured:
+        want = orig[(p["backend"], p["context"])]["step_ms"]
+        assert p["step_ms"] == pytest.approx(want)
+        assert p["details"]["baseline_runs"] == 3
+
+    def more_bytes(d):
+        d["points"][0]["bytes_per_step"]["h2d"] += 8
+    msg = one_line_error(statebench("baseline", run_file, doctored(run_file, tmp_path, more_bytes),
+                                    "--name", "x", cwd=tmp_path))
+    assert "not one sweep" in msg

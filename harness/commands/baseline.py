@@ -1,4 +1,10 @@
-"""`statebench baseline RUN --name NAME`: keep a run as results/baselines/NAME.json."""
+"""`statebench baseline RUN [RUN ...] --name NAME`: keep a run as results/baselines/NAME.json.
+
+Given several runs of the same sweep, the baseline is the first with each point's step
+statistics replaced by the median over the runs: a baseline that happened on a noisy moment
+would otherwise tighten or loosen the gate's time ratios for as long as it is kept. The runs
+must agree on everything that is not a time (points, byte counts, matches).
+"""
 
 from __future__ import annotations
 
@@ -17,7 +23,8 @@ class Baseline:
     @classmethod
     def setup_arguments(cls, subparsers) -> None:
         p = subparsers.add_parser(cls.name, help="save a run as a named baseline for the gate")
-        p.add_argument("run", help="results file to keep")
+        p.add_argument("runs", nargs="+", metavar="run",
+                       help="results file to keep; several runs of one sweep: per-point medians")
         p.add_argument("--name", required=True, help="baseline name (letters, digits, - _ .)")
         p.add_argument("--dir", default=str(BASELINE_DIR),
                        help=f"where baselines live (default {BASELINE_DIR})")
@@ -26,20 +33,51 @@ class Baseline:
 
     @classmethod
     def run_from_args(cls, args, console, err_console) -> int:
-        path = cls.run(args.run, args.name, Path(args.dir), args.force)
+        path = cls.run(args.runs, args.name, Path(args.dir), args.force)
         console.print(f"baseline: {path}")
         return 0
 
     @staticmethod
-    def run(run_path, name: str, directory: Path = BASELINE_DIR, force: bool = False) -> Path:
+    def run(run_paths, name: str, directory: Path = BASELINE_DIR, force: bool = False) -> Path:
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name) or name.endswith(".json"):
             raise UserError(f"bad baseline name {name!r}; accepted: letters, digits, '-', '_', '.' "
                             "(no extension)")
-        res = results.load(run_path)
+        paths = [run_paths] if isinstance(run_paths, (str, Path)) else list(run_paths)
+        runs = [results.load(p) for p in paths]
+        res = runs[0]
         if not any(p.measured for p in res.points):
-            raise UserError(f"{run_path}: no measured points; nothing to keep as a baseline")
+            raise UserError(f"{paths[0]}: no measured points; nothing to keep as a baseline")
+        if len(runs) > 1:
+            median_of_runs(res, list(zip(paths[1:], runs[1:], strict=True)))
         path = Path(directory) / f"{name}.json"
         if path.exists() and not force:
             raise UserError(f"baseline {path} exists; pass --force to overwrite it")
         res.save(path)
         return path
+
+
+def median_of_runs(first: results.Results, others: list[tuple[Path, results.Results]]) -> None:
+    """Replace each measured point's step_ms of ``first`` by the median over all the runs
+    (median, p10 and p90 each), after checking the others are the same sweep."""
+    import numpy as np
+
+    for path, other in others:
+        if other.workload != first.workload:
+            raise UserError(f"{path}: a different sweep (workload) from the first run")
+    for p in first.points:
+        if not p.measured:
+            continue
+        same = []
+        for path, other in others:
+            q = other.point(p.backend, p.context)
+            if q is None or not q.measured:
+                raise UserError(f"{path}: {p.backend} @ {p.context} was not measured there")
+            if q.bytes_per_step != p.bytes_per_step or q.matches != p.matches:
+                raise UserError(f"{path}: {p.backend} @ {p.context} differs in bytes or match "
+                                "from the first run; not one sweep")
+            same.append(q)
+        stats = [p.step_ms] + [q.step_ms for q in same]
+        p.step_ms = results.Stats(*(float(np.median([getattr(s, k) for s in stats]))
+                                    for k in ("median", "p10", "p90")))
+        p.details["baseline_runs"] = len(stats)
+        p.details["baseline_run_medians_ms"] = [round(s.median, 4) for s in stats]
