@@ -8,7 +8,8 @@
 # (a compiler.OPTIONS entry), all in one call so the GPU and host are the same; writes
 # OUTDIR/ab-<name>.json and prints wall / GPU time and launches per variant last. Each variant
 # steps for 3 s before it is timed (kernel_bench --warm) so the clocks ramp; still, compare the
-# variants with each other rather than with sweep files.
+# variants with each other rather than with sweep files. STATEBENCH_AB_MODE picks the page
+# (default wgpu:stateful; e.g. wgpu:reuse with cache_copy=vec4 cache_copy=buffer for FINDINGS 18).
 set -euo pipefail
 out=${1:?usage: scripts/gpu_kernel_ab.sh OUTDIR [PRESET:CAPACITY] [KEY=VALUE ...]}
 step=${2:-llama-1b:8192}
@@ -18,7 +19,8 @@ cd "$(dirname "$0")/.."
 mkdir -p "$out"
 run() {  # name, options...
   local name=$1; shift
-  "$py" scripts/kernel_bench.py --gemv none --attn none --step "$step" --profile "$@" \
+  "$py" scripts/kernel_bench.py --gemv none --attn none --step "$step" --profile \
+    --mode "${STATEBENCH_AB_MODE:-wgpu:stateful}" "$@" \
     > "$out/ab-$name.json" 2>> "$out/ab.log" || echo "variant $name exited $?"
 }
 run default

@@ -37,6 +37,19 @@ def test_kernel_bench_runs_with_an_option():
         == step["launches"] - step["kernels"].get("copy", 0)
 
 
+def test_kernel_bench_profiles_another_page():
+    """--mode times and profiles a page that binds its caches (reuse), here with the vec4
+    cache copy of FINDINGS 18's A/B: the copies show in the profile."""
+    proc = bench("--gemv", "none", "--attn", "none", "--step", "tiny:32", "--steps", "2",
+                 "--warm", "0", "--profile", "--mode", "wgpu:reuse", "--option",
+                 "cache_copy=vec4")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    step = json.loads(proc.stdout)["step"][0]
+    assert "error" not in step, step.get("trace")
+    assert step["mode"] == "wgpu:reuse" and step["logits_finite"]
+    assert step["profile"]["copy_vec4"]["n"] == step["kernels"]["copy_vec4"] > 0
+
+
 def test_unknown_option_is_one_line():
     proc = bench("--gemv", "none", "--attn", "none", "--step", "none", "--option", "nope=1")
     assert proc.returncode != 0

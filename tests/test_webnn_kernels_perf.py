@@ -165,3 +165,21 @@ def test_wide_softmax(ctx, rows, n):
         ctx._target = saved
     e = np.exp(x - x.max(1, keepdims=True))
     np.testing.assert_allclose(got, e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("how", [None, "vec4", "buffer"])
+@pytest.mark.parametrize("shape", [(3, 5, 7), (2, 4, 8)])
+def test_scatter_copy_variants(ctx, options, how, shape):
+    """A non-stateful scatter_nd copies the unchanged rows (identity kernel, vec4 kernel, or
+    copy_buffer_to_buffer: OPTIONS["cache_copy"]) and writes the new one; odd sizes keep the
+    vec4 copy's last vector inside the padded buffer."""
+    rng = np.random.default_rng()
+    options["cache_copy"] = how
+    data, upd = rand(rng, *shape), rand(rng, 1, *shape[1:])
+    row = int(rng.integers(shape[0]))
+    got = run(ctx, lambda b, i: b.scatter_nd(
+        i["data"], b.constant(data_type="int32", shape=[1, 1], value=np.array([[row]], np.int32)),
+        i["upd"]), {"data": data, "upd": upd})
+    want = data.copy()
+    want[row] = upd[0]
+    np.testing.assert_array_equal(got.reshape(shape), want)

@@ -21,6 +21,17 @@ def strided_copy(t: str, region: Sequence[int], src_base: int, src_strides: Sequ
     return Kernel(name, src, ["read", "rw"], (gx, gy, gz), 8 * n)
 
 
+def copy_vec4(n: int, wg: int = 256) -> Kernel:
+    """A whole buffer of ``n`` 4-byte elements copied 16 bytes per invocation (buffers are
+    sized in multiples of 16 bytes, so the last vector stays in bounds; what it copies past
+    ``n`` is padding). Counted as the n elements read and written."""
+    n4 = -(-n // 4)
+    gx, gy, gz = grid(n4, wg)
+    src = (decl(0, "x", "vec4<f32>", "read") + decl(1, "out", "vec4<f32>", "rw")
+           + main_1d(gx, wg) + f"  if (i >= {n4}u) {{ return; }}\n  out[i] = x[i];\n}}\n")
+    return Kernel("copy_vec4", src, ["read", "rw"], (gx, gy, gz), 8 * n)
+
+
 def gather(t: str, it: str, in_shape: Sequence[int], idx_shape: Sequence[int],
            axis: int, rows: tuple[int, int] | None = None) -> Kernel:
     """out[o, j, r] = x[o, idx[j], r]; negative indices count from the end and are then

@@ -51,13 +51,17 @@ Slot = tuple
 #: "separate"
 #: "attention_splits": None (kernels/attention.SPLITS) or the splits per head flash-decoding
 #: aims at on long caches
+#: "cache_copy": how a non-stateful scatter copies the unchanged cache into its output:
+#: None (an element-wise identity kernel, one f32 per invocation), "vec4" (a vec4 copy
+#: kernel, 256 invocations a workgroup), "buffer" (copy_buffer_to_buffer: splits the pass);
+#: for the A/B of FINDINGS 18
 #: "record_ahead": None (per adapter: GPUs on, CPU adapters off), "on" (a context records
 #: each dispatch's successor while the device runs it: context._record_ahead; its command
 #: buffers in one queue.submit), "pieces" (the same, submitted one by one), "off"
 #: (every dispatch encodes its own); read when a context is created
 OPTIONS: dict[str, str | None] = {"gemv": None, "attention": None, "gemv_prologue": None,
                                   "row_writes": None, "attention_splits": None,
-                                  "record_ahead": None}
+                                  "record_ahead": None, "cache_copy": None}
 
 
 @dataclass
@@ -606,8 +610,14 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
                 # copy_buffer_to_buffer would split the pass (a pipeline barrier per cache
                 # on NVIDIA, ~7 ms per llama-1b step on the H200), a cost of this
                 # implementation, not of the stateless API. Counted as kernel bytes.
-                add(KernelLaunch(EW.elementwise("identity", [t], [shp], t, shp),
-                                 [slot_of(root(m._inputs[0])), slot_of(m)]))
+                pair = [slot_of(root(m._inputs[0])), slot_of(m)]
+                how = OPTIONS.get("cache_copy")
+                if how == "buffer":
+                    add(CopyLaunch(*pair, 4 * S.size(shp)))
+                elif how == "vec4" and t == "f32":
+                    add(KernelLaunch(MV.copy_vec4(S.size(shp)), pair))
+                else:
+                    add(KernelLaunch(EW.elementwise("identity", [t], [shp], t, shp), pair))
             group = plan.groups.get(m._id)  # updates computed by the row write (RoPE of k)
             if group is None:
                 updates.append(None)
