@@ -215,7 +215,7 @@ def run_sweep(rc: RunConfig, out: str | Path, console: Console | None = None,
     out = Path(out)
 
     needs_gpu = any(not metrics.is_cpu(n) for n in classes)
-    weights_bytes = 4 * cfg.describe()["parameters"]
+    weights_bytes = cfg.weight_bytes_per_parameter * cfg.describe()["parameters"]
     calib = (calibration.calibrate(need_gpu=needs_gpu, working_set=weights_bytes)
              if rc.calibrate else {})
     results = new_results(rc, cfg, calib, with_adapter=needs_gpu or rc.calibrate)

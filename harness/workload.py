@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -49,8 +49,14 @@ class ModelConfig:
     rms_eps: float = 1e-5
     tied_embeddings: bool = True
     dtype: str = "float32"
+    #: "float16": every weight is a float16 value (stored as float32 everywhere), so an
+    #: implementation may keep the weights as float16 without loss: the floor counts 2 bytes
+    #: a parameter (a preset name with WEIGHTS_F16_SUFFIX)
+    weights: str = "float32"
 
     def __post_init__(self) -> None:
+        if self.weights not in ("float32", "float16"):
+            raise UserError(f"weights {self.weights!r}; accepted: float32, float16")
         bad = [k for k in self.layers if k not in LAYER_KINDS]
         if bad:
             raise UserError(f"unknown layer kind {bad[0]!r}; accepted: {', '.join(LAYER_KINDS)}")
@@ -66,6 +72,10 @@ class ModelConfig:
     @property
     def gdn_layers(self) -> list[int]:
         return [i for i, k in enumerate(self.layers) if k == GDN]
+
+    @property
+    def weight_bytes_per_parameter(self) -> int:
+        return 2 if self.weights == "float16" else 4
 
     def describe(self) -> dict:
         """Plain data for the results file's `workload` section."""
@@ -109,11 +119,18 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 
+#: appended to a preset's name: the same model with float16-valued weights
+WEIGHTS_F16_SUFFIX = "+f16"
+
+
 def preset(name: str) -> ModelConfig:
+    base = name.removesuffix(WEIGHTS_F16_SUFFIX)
     try:
-        return PRESETS[name]
+        cfg = PRESETS[base]
     except KeyError:
-        raise UserError(f"unknown preset {name!r}; accepted: {', '.join(PRESETS)}") from None
+        raise UserError(f"unknown preset {name!r}; accepted: {', '.join(PRESETS)} (each also "
+                        f"with {WEIGHTS_F16_SUFFIX!r}: float16-valued weights)") from None
+    return replace(cfg, name=name, weights="float16") if base != name else cfg
 
 
 def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -171,9 +188,15 @@ def make_weight(cfg: ModelConfig, name: str, shape: tuple[int, ...], seed: int) 
     return w
 
 
+def make_weight_as(cfg: ModelConfig, name: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
+    """``make_weight``, rounded to float16 values (still float32) when the config says so."""
+    w = make_weight(cfg, name, shape, seed)
+    return w.astype(np.float16).astype(np.float32) if cfg.weights == "float16" else w
+
+
 def make_weights(cfg: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
     """All parameters as float32 arrays (1.2B-parameter presets need ~5 GB)."""
-    return {n: make_weight(cfg, n, s, seed) for n, s in weight_shapes(cfg).items()}
+    return {n: make_weight_as(cfg, n, s, seed) for n, s in weight_shapes(cfg).items()}
 
 
 #: presets above this many parameters keep their weights in a file cache: generating 1.2B
@@ -204,7 +227,7 @@ def cached_weights(cfg: ModelConfig, seed: int, directory: Path | None = None) -
     if not (path.exists() and path.stat().st_size == total * 4):
         with atomic_file(path) as f:
             for name, shape in shapes.items():
-                f.write(make_weight(cfg, name, shape, seed).tobytes())
+                f.write(make_weight_as(cfg, name, shape, seed).tobytes())
     flat = np.memmap(path, dtype=np.float32, mode="r", shape=(total,))
     out, offset = {}, 0
     for name, shape in shapes.items():
@@ -281,4 +304,7 @@ class Workload:
 
     @property
     def weights_bytes(self) -> int:
-        return int(sum(w.nbytes for w in self.weights.values()))
+        """The weights' bytes as the floor counts them (2 a parameter when they are float16
+        values: ModelConfig.weights)."""
+        return int(sum(w.size for w in self.weights.values())
+                   * self.config.weight_bytes_per_parameter)

@@ -183,3 +183,41 @@ def test_scatter_copy_variants(ctx, options, how, shape):
     want = data.copy()
     want[row] = upd[0]
     np.testing.assert_array_equal(got.reshape(shape), want)
+
+
+def _gemv_plan_and_result(ctx, w: np.ndarray, x: np.ndarray):
+    b = MLGraphBuilder(ctx)
+    xi = b.input("x", data_type="float32", shape=list(x.shape))
+    g = b.build({"y": b.matmul(xi, b.constant(data_type="float32", shape=list(w.shape),
+                                              value=w))})
+    tx = ctx.create_tensor(data_type="float32", shape=list(x.shape), writable=True)
+    ty = ctx.create_tensor(data_type="float32", shape=[x.shape[0], w.shape[1]], readable=True)
+    ctx.write_tensor(tx, x)
+    ctx.dispatch(g, {"x": tx}, {"y": ty})
+    kernels = [la.kernel for la in g._plan.launches if hasattr(la, "kernel")]
+    got = ctx.read_tensor(ty)
+    g.destroy()
+    return kernels, got
+
+
+@pytest.mark.parametrize("how", [None, "f16", "f32"])
+@pytest.mark.parametrize("exact", [True, False])
+def test_gemv_float16_weights(ctx, options, how, exact):
+    """Constant gemv weights stored as float16 (OPTIONS["gemv_weights"]): by default only
+    where every value is a float16 value (lossless), always with "f16", never with "f32".
+    The result is the float64 product of the weights as stored, and half the weight bytes
+    are counted."""
+    rng = np.random.default_rng()
+    options["gemv"] = "rows"
+    options["gemv_weights"] = how
+    K, N = 260, 129
+    w, x = rand(rng, K, N), rand(rng, 1, K)
+    if exact:
+        w = w.astype(np.float16).astype(np.float32)
+    kernels, got = _gemv_plan_and_result(ctx, w, x)
+    half = how == "f16" or (how is None and exact)
+    (k,) = [k for k in kernels if k.name == "matmul_gemv"]
+    assert ("unpack2x16float" in k.wgsl) == half
+    assert k.bytes == 4 * (K + N) + (2 if half else 4) * K * N
+    stored = w.astype(np.float16).astype(np.float64) if half else w.astype(np.float64)
+    np.testing.assert_allclose(got, x.astype(np.float64) @ stored, rtol=1e-4, atol=1e-4)

@@ -339,3 +339,34 @@ def test_many_pairs_share_one_capacity_check_binding():
         assert_close(b.step(int(tokens[8])), ref.step(int(tokens[8])), "tiny-deep step")
     finally:
         b.close()
+
+
+def test_float16_valued_weights_stream_as_float16(monkeypatch):
+    """On a preset with float16-valued weights ('+f16') the GPU matrix-vector kernels keep
+    every constant weight matrix as float16 (lossless, chosen by the implementation), the
+    model still computes the reference's logits, and the kernel bytes drop by the weights'
+    half; the floor counts 2 bytes a parameter."""
+    from backends.webnn.wgpu_impl import compiler
+
+    monkeypatch.setitem(compiler.OPTIONS, "gemv", "rows")
+    wl = Workload.build(preset("tiny+f16"))
+    assert wl.weights_bytes * 2 == TINY.weights_bytes
+    per_step = {}
+    for w in (TINY, wl):
+        b = StatefulInPlace()
+        b.prepare(w, 24)
+        try:
+            gemvs = [la.kernel for la in b.converted.graph._plan.launches
+                     if hasattr(la, "kernel") and la.kernel.name == "matmul_gemv"]
+            assert gemvs and all(("unpack2x16float" in k.wgsl) == (w is wl) for k in gemvs)
+            ref = Reference(w.config, w.weights, 24)
+            tokens = token_stream(w.config, 6)
+            b.reset()
+            for tok in tokens:
+                b.counters.reset()
+                assert_close(b.step(int(tok)), ref.step(int(tok)), f"{w.config.name} stateful")
+            per_step[w.config.name] = b.counters.kernel
+        finally:
+            b.close()
+    saved = per_step["tiny"] - per_step["tiny+f16"]
+    assert 0.4 * TINY.weights_bytes < saved <= 0.5 * TINY.weights_bytes

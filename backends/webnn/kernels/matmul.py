@@ -178,8 +178,13 @@ def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequenc
               n_off: int = 0, n_chunk: int | None = None, lanes: int = 32, wg: int = 256,
               subgroup: int | None = None, splits: Sequence[int] | None = None,
               residual: bool = False,
-              prologue: VectorSource | None = None, depth: int = 4) -> Kernel:
+              prologue: VectorSource | None = None, depth: int = 4,
+              f16_weights: bool = False) -> Kernel:
     """out[r, n] = sum_k A[r, k] * Bt[n, k] for M == 1 on a GPU: B stored (N, K).
+
+    ``f16_weights``: B holds float16 values, two to a u32 (K a multiple of 4): each vec4 of
+    weights is one ``vec2<u32>`` load unpacked with ``unpack2x16float`` (core WGSL, no
+    'shader-f16' needed), half the bytes streamed; products and sums stay float32.
 
     ``lanes`` invocations share one output column (a weight row): they stride along K with
     vec4 loads, so a row is read as ``lanes`` x 16 contiguous bytes per step (coalesced),
@@ -220,7 +225,13 @@ def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequenc
             red_decls, red_body = inline_reduction(op, count, load, wg=wg)
             src += red_decls
     nb = len(a_bindings)
-    src += decl(nb, "b", vt, "read")
+    assert not f16_weights or vw == 4, "float16 weights need K % 4 == 0"
+    if f16_weights:
+        src += decl(nb, "b", "vec2<u32>", "read")
+        src += ("fn wv(p: vec2<u32>) -> vec4<f32> {\n"
+                "  return vec4<f32>(unpack2x16float(p.x), unpack2x16float(p.y));\n}\n")
+    else:
+        src += decl(nb, "b", vt, "read")
     first_out = nb + 2 if residual else nb + 1
     if residual:
         assert not splits
@@ -253,14 +264,15 @@ def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequenc
         return f"xa[k{off}]" if prologue is not None else f"a[ab + k{off}]"
     src += f"  var k = t;\n  for (; k + {(depth - 1) * lanes}u < {kv}u; k = k + {depth * lanes}u) {{\n"
     offs = [f" + {j * lanes}u" if j else "" for j in range(depth)]
+    load = "wv(b[{i}])" if f16_weights else "b[{i}]"
     for j in range(depth):  # every load issued before the first product
-        src += f"    let w{j} = b[wb + k{offs[j]}];\n"
+        src += f"    let w{j} = {load.format(i=f'wb + k{offs[j]}')};\n"
     for j in range(depth):
         src += f"    acc{j} = acc{j} + {mul.format(x=x_at(offs[j]), w=f'w{j}')};\n"
     total = " + ".join(f"acc{j}" for j in range(depth))
     src += ("  }\n"
             f"  for (; k < {kv}u; k = k + {lanes}u) {{ "
-            f"acc0 = acc0 + {mul.format(x=x_at(''), w='b[wb + k]')}; }}\n"
+            f"acc0 = acc0 + {mul.format(x=x_at(''), w=load.format(i='wb + k'))}; }}\n"
             f"  let acc = {total};\n")
     if use_sub:
         src += "  let s = subgroupAdd(acc);\n"
@@ -280,7 +292,8 @@ def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequenc
             src += f"    {kw} (n < {start + nj}u) {{ out{j}[n - {start}u] = s;\n"
             start += nj
         src += "    }\n  }\n}\n"
-    traffic = 4 * (S.size(a_shape) + S.size(b_shape) * nc // N + rows * nc * (2 if residual else 1))
+    traffic = (4 * (S.size(a_shape) + rows * nc * (2 if residual else 1))
+               + (2 if f16_weights else 4) * S.size(b_shape) * nc // N)
     return Kernel("matmul_gemv", src, a_bindings + ["read"] + ["read"] * residual + ["rw"] * len(outs),
                   (gx, rows, 1), traffic)
 

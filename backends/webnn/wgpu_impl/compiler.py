@@ -55,13 +55,17 @@ Slot = tuple
 #: None (an element-wise identity kernel, one f32 per invocation), "vec4" (a vec4 copy
 #: kernel, 256 invocations a workgroup), "buffer" (copy_buffer_to_buffer: splits the pass);
 #: for the A/B of FINDINGS 18
+#: "gemv_weights": how constant weights of the GPU matrix-vector kernels are stored: None
+#: (float16 where every value of the constant is a float16 value, so nothing is lost; else
+#: float32), "f32", "f16" (always: lossy unless the weights are float16 values)
 #: "record_ahead": None (per adapter: GPUs on, CPU adapters off), "on" (a context records
 #: each dispatch's successor while the device runs it: context._record_ahead; its command
 #: buffers in one queue.submit), "pieces" (the same, submitted one by one), "off"
 #: (every dispatch encodes its own); read when a context is created
 OPTIONS: dict[str, str | None] = {"gemv": None, "attention": None, "gemv_prologue": None,
                                   "row_writes": None, "attention_splits": None,
-                                  "record_ahead": None, "cache_copy": None}
+                                  "record_ahead": None, "cache_copy": None,
+                                  "gemv_weights": None}
 
 
 @dataclass
@@ -416,7 +420,7 @@ def _gemv_variant(t: Target, cols_ok: bool = True) -> str:
 def _gemv_rows(t: Target, variant: str, a_shape: Any, b_shape: Any, shp: Any, n0: int,
                chunk: int | None, residual: bool = False,
                splits: list[int] | None = None,
-               prologue: MM.VectorSource | None = None) -> Kernel:
+               prologue: MM.VectorSource | None = None, f16_weights: bool = False) -> Kernel:
     if variant == "legacy":
         return MM.gemv(a_shape, b_shape, shp, b_t=True, n_off=n0, n_chunk=chunk)
     m = _ROWS_VARIANT.fullmatch(variant)
@@ -427,7 +431,16 @@ def _gemv_rows(t: Target, variant: str, a_shape: Any, b_shape: Any, shp: Any, n0
     sub = None if m and m.group(2) else t.subgroup
     return MM.gemv_rows(a_shape, b_shape, shp, n_off=n0, n_chunk=chunk, lanes=lanes,
                         wg=max(256, lanes), subgroup=sub, residual=residual, splits=splits,
-                        prologue=prologue, depth=depth)
+                        prologue=prologue, depth=depth, f16_weights=f16_weights)
+
+
+def _f16_weights(variant: str, K: int, values: list[np.ndarray]) -> bool:
+    """Whether a constant-weight gemv streams float16 weights (OPTIONS["gemv_weights"]):
+    the rows kernels only, K a multiple of 4."""
+    how = OPTIONS.get("gemv_weights")
+    if how == "f32" or not variant.startswith("rows") or K % 4:
+        return False
+    return how == "f16" or all(GV.f16_exact(v) for v in values)
 
 
 def _gemv_input(plan: Plan, o: MLOperand, ins: list[Slot],
@@ -455,12 +468,16 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
         parts = [GV.const_weight(m, plan.fold) for m in group]
         sizes = [m._shape[-1] for m in group]
         K = o._inputs[0]._shape[-1]
+        variant = _gemv_variant(plan.target)
+        half = _f16_weights(variant, K, [src._value for src, _, _ in parts])
         slot = ("const", ("S", o._id))
-        plan.consts.setdefault(slot, Deferred(sum(sizes) * K, partial(GV.stacked_rows, parts)))
+        rows = partial(GV.stacked_rows, parts)
+        plan.consts.setdefault(slot, Deferred(sum(sizes) * K // 2, partial(GV.packed_f16, rows))
+                               if half else Deferred(sum(sizes) * K, rows))
         a_slots, source = _gemv_input(plan, o, ins, slot_of)
-        k = _gemv_rows(plan.target, _gemv_variant(plan.target), o._inputs[0]._shape,
+        k = _gemv_rows(plan.target, variant, o._inputs[0]._shape,
                        (sum(sizes), K), (1, sum(sizes)), 0, None, splits=sizes,
-                       prologue=source)
+                       prologue=source, f16_weights=half)
         add(KernelLaunch(k, a_slots + [slot] + [slot_of(m) for m in group]))
     elif o._id in plan.attention:
         splits = OPTIONS.get("attention_splits")
@@ -499,6 +516,7 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
             # chunk at upload time (Deferred), so the host never holds a second model
             N, K = (b_shape[0], b_shape[1]) if b_t else (b_shape[1], b_shape[0])
             variant = _gemv_variant(plan.target)
+            half = _f16_weights(variant, K, [src._value])
             per = max(8, (plan.max_binding // (4 * K)) // 8 * 8)
             for c, n0 in enumerate(range(0, N, per)):
                 nc = min(per, N - n0)
@@ -513,7 +531,11 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
                                      wg=wg, groups=ng)
                     add(KernelLaunch(k, [ins[0], slot, out_slot]))
                     continue
-                if b_t and nc == N:
+                if half:
+                    slot = ("const", ("H", src._id, c))
+                    plan.consts.setdefault(slot, Deferred(nc * K // 2,
+                                                          partial(GV.packed_f16, rows)))
+                elif b_t and nc == N:
                     slot = slot_of(src)
                 else:
                     slot = ("const", ("T", src._id, c))
@@ -525,7 +547,7 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
                     a_slots, source = _gemv_input(plan, o, ins, slot_of)
                     dst, res = plan.epilogue.get(o._id, (o, None))  # (the add, residual)
                     k = _gemv_rows(plan.target, variant, a._shape, (N, K), shp, n0, chunk,
-                                   residual=res is not None, prologue=source)
+                                   residual=res is not None, prologue=source, f16_weights=half)
                     add(KernelLaunch(k, a_slots + [slot] + ([slot_of(res)] if res is not None
                                                             else []) + [slot_of(dst)]))
         elif b_t and M == 1:

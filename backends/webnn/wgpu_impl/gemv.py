@@ -252,3 +252,20 @@ def interleave(rows: Any, n: int, k: int) -> np.ndarray:
     vw = 4 if k % 4 == 0 else 1
     w = rows().reshape(n, k // vw, vw).transpose(1, 0, 2)
     return np.ascontiguousarray(w).reshape(-1)
+
+
+def f16_exact(values: np.ndarray) -> bool:
+    """Whether every value of a float32 constant is a float16 value (storing it as float16
+    is then lossless: a choice the implementation may make without the page knowing). A
+    sample first, so ordinary float32 weights are turned down without reading them all."""
+    v = values.reshape(-1)
+
+    def same(x: np.ndarray) -> bool:
+        return bool(np.array_equal(x.astype(np.float16).astype(np.float32), x))
+
+    return same(v[:4096]) and same(v)
+
+
+def packed_f16(rows: Any) -> np.ndarray:
+    """(N, K) rows as float16, two to a u32 (kernels/matmul.py gemv_rows f16_weights)."""
+    return rows().astype(np.float16).view(np.uint32)
