@@ -5,9 +5,9 @@ Each mode is what a page would write: convert the standard-flavour ONNX once
 `dispatch`, and read the logits. They differ only in where the cache lives (DESIGN §1):
 
 - `wgpu:stateless`  the page holds the caches on the host; every step uploads every past cache
-  and downloads every present cache (persistent tensors and host arrays; the downloads
-  awaited together, as `Promise.all` over `readTensor(tensor, outputData)` would be, in one
-  device round trip: the best a page can do).
+  and downloads every present cache (persistent tensors and host arrays; the downloads and
+  the logits awaited together, as `Promise.all` over `readTensor(tensor, outputData)` would
+  be, in one device round trip: the best a page can do).
 - `wgpu:reuse`      the caches live in MLTensors; since one tensor may not be both input and
   output of a dispatch, the page ping-pongs two per pair and the graph writes a full copy.
 - `wgpu:stateful`   the proposal: `use_stateful=True` with the pairs listed from names; the
@@ -167,8 +167,15 @@ class _Page(Backend):
 
     def step(self, token: int) -> np.ndarray:
         self._dispatch(token)
+        out = self._bound[self._logits_name]
         with self._counted():
-            logits = self.context.read_tensor(self._bound[self._logits_name])
+            if self.host_cache:  # the logits and every present at once, the presents into
+                # the page's own arrays, as Promise.all over readTensor(tensor, outputData)
+                logits = np.empty(out.shape, np.float32)
+                self.context.read_tensors([out] + [self._nxt[p.input] for p in self._pairs],
+                                          [logits] + [self._host[p.input] for p in self._pairs])
+            else:
+                logits = self.context.read_tensor(out)
         return np.asarray(logits, np.float32).reshape(-1)
 
     def _dispatch(self, token: int) -> None:
@@ -187,11 +194,7 @@ class _Page(Backend):
                     ins[p.input] = self._cur[p.input]
                     outs[p.output] = self._nxt[p.input]
             ctx.dispatch(self.converted.graph, ins, outs)
-            if self.host_cache:  # every present at once into the page's own arrays, as
-                # Promise.all over readTensor(tensor, outputData) would
-                ctx.read_tensors([self._nxt[p.input] for p in self._pairs],
-                                 [self._host[p.input] for p in self._pairs])
-            elif not self._hidden:
+            if not (self.host_cache or self._hidden):
                 self._cur, self._nxt = self._nxt, self._cur
         self.position += 1
 
