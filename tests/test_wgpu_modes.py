@@ -370,3 +370,22 @@ def test_float16_valued_weights_stream_as_float16(monkeypatch):
             b.close()
     saved = per_step["tiny"] - per_step["tiny+f16"]
     assert 0.4 * TINY.weights_bytes < saved <= 0.5 * TINY.weights_bytes
+
+
+def test_stateless_page_through_staged_writes(monkeypatch):
+    """With every cache write staged (the threshold lowered to 64 bytes), the stateless
+    page's uploads are batched into the arena and flushed by the dispatch: the logits are
+    the reference's and each step's bytes are the caches both ways, as before."""
+    from backends.webnn.wgpu_impl import context
+
+    monkeypatch.setattr(context, "STAGED_WRITE_MIN", 64)
+    b = prepared(StatelessCopy, CAPACITY)
+    try:
+        assert_steps_match(b, "stateless, staged writes", steps=3)
+        assert any(a is not None for a in b.context._staged._arenas)
+        b.counters.reset()
+        b.step(int(TOKENS[0]))
+        cache = sum(s.nbytes for s in cache_specs(TINY.config, CAPACITY))
+        assert b.counters.h2d >= cache and b.counters.d2h >= cache
+    finally:
+        b.close()
