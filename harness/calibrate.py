@@ -1,11 +1,12 @@
 """Bandwidth calibration for floors (DESIGN §7) and the run's environment record.
 
 Measured once at the start of a run: host memory bandwidth (a NumPy copy) for CPU backends;
-through wgpu, where an adapter exists, host→device (a persistent mapped staging buffer and a
-copy, as the WebNN context writes large tensors), device→host (map-read), device→device
-(copy_buffer_to_buffer) and a streaming compute kernel (read + write).
-Figures are GB/s (1e9 bytes/s), best of a few repetitions: a floor is a bound, so the fastest
-observation is the honest one.
+through wgpu, where an adapter exists, host→device (staged writes, as the WebNN context
+writes large tensors: `staging.StagedWrites`), device→host (a copy to a staging buffer, a map
+and a copy into an existing array, as the context reads into a page's arrays), device→device
+(copy_buffer_to_buffer) and a streaming compute kernel (read + write). Host figures are the
+best of a few repetitions and the link figures wall slopes: a floor is a bound, so the fastest
+observation is the honest one. Figures are GB/s (1e9 bytes/s).
 
 The device-side figures (d2d, stream) are timed by the GPU itself where the adapter has
 'timestamp-query': a few back-to-back repetitions between two timestamps, best of a few

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -236,20 +237,26 @@ LINK_NOTE = ("Backends whose cache crosses the host link every step: the floor i
              "something else (the graph's own work beyond the floor, submits, waits).")
 
 
+def _floor_points(runs: list[Run]) -> Iterator[tuple[Run, Point]]:
+    """Every point of the runs whose calibration is plausible, by context then backend:
+    the points a floor table may show."""
+    for run in runs:
+        if not run.calibration_problems:
+            for p in sorted(run.results.points, key=lambda p: (p.context, p.backend)):
+                yield run, p
+
+
 def bandwidth_rows(runs: list[Run]) -> list[list[str]]:
     """Per device-resident point with a GPU time: its floor, wall and GPU time, and MBU over
     each (the gap between the two is host time: encoding, submits, readbacks). Runs whose
     calibration is implausible are left out."""
     out = []
-    for run in runs:
-        if run.calibration_problems:
-            continue
-        for p in sorted(run.results.points, key=lambda p: (p.context, p.backend)):
-            g = metrics.gpu_mbu(p)
-            if g is not None and p.mbu is not None:
-                out.append([series_name(run, p.backend), str(p.context), f"{p.floor_ms:.3f}",
-                            f"{p.step_ms.median:.3f}", f"{p.gpu_ms.median:.3f}",
-                            f"{p.mbu:.2f}", f"{g:.2f}"])
+    for run, p in _floor_points(runs):
+        g = metrics.gpu_mbu(p)
+        if g is not None and p.mbu is not None:
+            out.append([series_name(run, p.backend), str(p.context), f"{p.floor_ms:.3f}",
+                        f"{p.step_ms.median:.3f}", f"{p.gpu_ms.median:.3f}",
+                        f"{p.mbu:.2f}", f"{g:.2f}"])
     return out
 
 
@@ -259,15 +266,12 @@ def link_rows(runs: list[Run]) -> list[list[str]]:
     faster than their floor (a link figure that under-measured; ``notes`` says so), are left
     out."""
     out = []
-    for run in runs:
-        if run.calibration_problems:
-            continue
-        for p in sorted(run.results.points, key=lambda p: (p.context, p.backend)):
-            if (p.status == "ok" and p.floor_ms and p.step_ms is not None
-                    and metrics.is_stateless(p.backend, p.details)
-                    and metrics.plausible_mbu(p.mbu) is not None):  # else noted, not tabled
-                out.append([series_name(run, p.backend), str(p.context), f"{p.floor_ms:.3f}",
-                            f"{p.step_ms.median:.3f}", f"{p.step_ms.median / p.floor_ms:.2f}"])
+    for run, p in _floor_points(runs):
+        if (p.status == "ok" and p.floor_ms and p.step_ms is not None
+                and metrics.is_stateless(p.backend, p.details)
+                and metrics.plausible_mbu(p.mbu) is not None):  # else noted, not tabled
+            out.append([series_name(run, p.backend), str(p.context), f"{p.floor_ms:.3f}",
+                        f"{p.step_ms.median:.3f}", f"{p.step_ms.median / p.floor_ms:.2f}"])
     return out
 
 

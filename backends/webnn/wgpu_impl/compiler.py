@@ -443,6 +443,11 @@ def _f16_weights(variant: str, K: int, values: list[np.ndarray]) -> bool:
     return how == "f16" or all(GV.f16_exact(v) for v in values)
 
 
+def _weights(count: int, rows: Callable[[], np.ndarray], half: bool) -> Deferred:
+    """``count`` weights of (N, K) rows as uploaded: float32, or float16 two to a u32."""
+    return Deferred(count // 2, partial(GV.packed_f16, rows)) if half else Deferred(count, rows)
+
+
 def _gemv_input(plan: Plan, o: MLOperand, ins: list[Slot],
                 slot_of: Any) -> tuple[list[Slot], MM.VectorSource | None]:
     """(slots bound for a gemv's input vector, its prologue source or None): the vector's
@@ -471,9 +476,8 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
         variant = _gemv_variant(plan.target)
         half = _f16_weights(variant, K, [src._value for src, _, _ in parts])
         slot = ("const", ("S", o._id))
-        rows = partial(GV.stacked_rows, parts)
-        plan.consts.setdefault(slot, Deferred(sum(sizes) * K // 2, partial(GV.packed_f16, rows))
-                               if half else Deferred(sum(sizes) * K, rows))
+        plan.consts.setdefault(slot, _weights(sum(sizes) * K, partial(GV.stacked_rows, parts),
+                                              half))
         a_slots, source = _gemv_input(plan, o, ins, slot_of)
         k = _gemv_rows(plan.target, variant, o._inputs[0]._shape,
                        (sum(sizes), K), (1, sum(sizes)), 0, None, splits=sizes,
@@ -531,15 +535,11 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
                                      wg=wg, groups=ng)
                     add(KernelLaunch(k, [ins[0], slot, out_slot]))
                     continue
-                if half:
-                    slot = ("const", ("H", src._id, c))
-                    plan.consts.setdefault(slot, Deferred(nc * K // 2,
-                                                          partial(GV.packed_f16, rows)))
-                elif b_t and nc == N:
-                    slot = slot_of(src)
+                if b_t and nc == N and not half:
+                    slot = slot_of(src)  # already (N, K) and whole: the constant itself
                 else:
-                    slot = ("const", ("T", src._id, c))
-                    plan.consts.setdefault(slot, Deferred(nc * K, rows))
+                    slot = ("const", ("H" if half else "T", src._id, c))
+                    plan.consts.setdefault(slot, _weights(nc * K, rows, half))
                 if variant == "legacy":
                     k = MM.gemv(a._shape, (N, K), shp, b_t=True, n_off=n0, n_chunk=chunk)
                     add(KernelLaunch(k, [ins[0], slot, out_slot]))

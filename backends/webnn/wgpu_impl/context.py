@@ -86,8 +86,8 @@ class WgpuGraph(MLGraph):
     def destroy(self) -> None:
         if not self._destroyed:
             ctx = self._context
-            if getattr(ctx, "_unsettled", None) is self:
-                ctx._unsettled = None  # its overflow is moot once it is gone
+            if ctx._unsettled is self:  # type: ignore[attr-defined]
+                ctx._unsettled = None  # type: ignore[attr-defined]  # moot once it is gone
             for b in {id(b): b for b in self._buffers.values()}.values():
                 b.destroy()
             for bufs in self._state:
@@ -144,9 +144,8 @@ class WgpuContext(MLContext):
         self._piecewise = mode == "pieces"  # recorded command buffers submitted one by one
         self._pipelines: dict[str, tuple[Any, Any]] = {}
         self._read_staging: list[Any] = []  # persistent, one per max-buffer-size of reads
-        self._staged = StagedWrites(self._device, min(ARENA_MAX,
-                                                      int(self._device.limits["max-buffer-size"])))
         self._max_buffer = int(self._device.limits["max-buffer-size"])
+        self._staged = StagedWrites(self._device, min(ARENA_MAX, self._max_buffer))
         self._status_staging = self._device.create_buffer(
             size=16, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
         self._unsettled: WgpuGraph | None = None  # dispatched, capacity status not yet read

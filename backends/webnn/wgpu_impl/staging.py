@@ -34,7 +34,6 @@ class StagedWrites:
         self._limit = max(_ALIGN, limit - limit % _ALIGN)
         self._arenas: list[Any] = [None, None]
         self._cur = 0
-        self._mapped = False
         self._used = 0
         self._want = 0  # bytes written between the last two flushes: the size to grow to
         self._pending: list[tuple[Any, int, int, int]] = []  # (dst, arena offset, dst offset, n)
@@ -68,10 +67,8 @@ class StagedWrites:
                 a = self._arenas[self._cur] = self._device.create_buffer(
                     size=need, usage=wgpu.BufferUsage.MAP_WRITE | wgpu.BufferUsage.COPY_SRC,
                     mapped_at_creation=True)
-                self._mapped = True
-        if not self._mapped:
+        if a.map_state != "mapped":
             a.map_sync(wgpu.MapMode.WRITE, 0, a.size)  # free once its last copies have run
-            self._mapped = True
         return a
 
     def flush(self) -> None:
@@ -88,7 +85,6 @@ class StagedWrites:
         self._want = max(self._want, self._used)
         self._pending.clear()
         self._used = 0
-        self._mapped = False
         self._cur ^= 1
 
     def drop(self, dst: Any) -> None:
