@@ -8,8 +8,9 @@ buffers while the device runs it (``_record_ahead``), so a step in a decode loop
 submits; a dispatch that finds nothing recorded for its tensors encodes in command buffers
 of ``SUBMIT_EVERY`` launches, submitted as they are finished, so the GPU starts while the
 rest is encoded. CPU adapters (lavapipe) do neither: there the encoder and the "GPU" share
-the same cores, and encoding during the run slowed it (tiny:256 on 2 cores, 7.3-7.9 ms a
-step without, 7.7-9.9 ms with).
+the same cores, and recording during the run made the run itself slower for no wall-time
+gain (tiny:256 on 2 cores: GPU time 6.6-6.9 ms without, 7.5-7.7 with; wall 9.1-10.2 vs
+9.7-9.9 ms; results/lavapipe/kernels-record-ahead-tiny256.json).
 """
 
 from __future__ import annotations
