@@ -49,6 +49,12 @@ class Run:
         return ", ".join(self.baselines) or None
 
 
+def _under_load(wl: dict) -> str:
+    """The clock warm-up before the warm-up steps; absent from runs made before it existed."""
+    w = wl.get("warm_s")
+    return "no time under load, " if w is None else f"{w:g} s under load, "
+
+
 def label_runs(results: list[Results], paths: list[str | Path] | None = None) -> list[Run]:
     """Label runs by file stem when there are several, else by nothing."""
     if len(results) == 1:
@@ -293,7 +299,8 @@ def environment_lines(run: Run) -> list[str]:
         f"workload: preset {wl.get('preset')}, {len(cfgd.get('layers', []))} layers "
         f"({', '.join(cfgd.get('layers', []))}), hidden {cfgd.get('hidden')}, "
         f"{cfgd.get('parameters', 0):,} parameters, {wl.get('dtype')}, "
-        f"{wl.get('warmup')} warm-up + {wl.get('steps')} timed steps, seed {wl.get('seed')}",
+        f"{_under_load(wl)}{wl.get('warmup')} warm-up + {wl.get('steps')} timed steps, "
+        f"seed {wl.get('seed')}",
         f"created {run.results.created} by `{run.results.command}`",
         f"cpu: {env.get('cpu')} ({env.get('cpu_count')} cores), {env.get('platform')}, "
         f"python {env.get('python')}",

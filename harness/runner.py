@@ -38,6 +38,8 @@ WORKER_TIMEOUT_S = 1800.0
 #: the default sweep's depths: the stateful cache is reached by dispatching every prefix token,
 #: so on lavapipe (~50 ms a `small` step) these keep the default sweep near 2 minutes
 DEFAULT_CONTEXTS = "64,256,512"
+#: seconds each point steps under load before its warm-up steps (worker.warm_clocks)
+DEFAULT_WARM_S = 2.0
 
 
 @dataclass
@@ -47,6 +49,7 @@ class RunConfig:
     contexts: list[int] = field(default_factory=lambda: parse_contexts(DEFAULT_CONTEXTS))
     steps: int = 16
     warmup: int = 2
+    warm_s: float = DEFAULT_WARM_S
     capacity: int | None = None
     seed: int = 0
     inprocess: bool = False
@@ -192,7 +195,8 @@ def new_results(rc: RunConfig, cfg: ModelConfig, calib: dict, with_adapter: bool
         command=rc.command or "statebench run",
         environment=calibration.environment(calib, with_adapter=with_adapter),
         workload={"preset": rc.preset, "seed": rc.seed, "dtype": cfg.dtype, "config": cfg.describe(),
-                  "steps": rc.steps, "warmup": rc.warmup, "contexts": rc.contexts,
+                  "steps": rc.steps, "warmup": rc.warmup, "warm_s": rc.warm_s,
+                  "contexts": rc.contexts,
                   "capacity": rc.capacity},
     )
 
@@ -206,8 +210,8 @@ def run_sweep(rc: RunConfig, out: str | Path, console: Console | None = None,
     goes to `console` (stderr by default) and is disabled when it is not a terminal.
     """
     cfg = preset(rc.preset)
-    if rc.steps <= 0 or rc.warmup < 0:
-        raise UserError("--steps must be ≥ 1 and --warmup ≥ 0")
+    if rc.steps <= 0 or rc.warmup < 0 or rc.warm_s < 0:
+        raise UserError("--steps must be ≥ 1, --warmup and --warm-s ≥ 0")
     for ctx in rc.contexts:
         rc.capacity_for(ctx)  # fail on a too-small --capacity before any work
     classes = resolve_backends(rc.backends, extra_backends)
@@ -240,7 +244,7 @@ def run_sweep(rc: RunConfig, out: str | Path, console: Console | None = None,
             for name, cls in classes.items():
                 progress.update(task, description=f"{name} @ d{ctx}")
                 req = {"backend": name, "preset": rc.preset, "seed": rc.seed, "context": ctx,
-                       "capacity": cap, "steps": rc.steps, "warmup": rc.warmup,
+                       "capacity": cap, "steps": rc.steps, "warmup": rc.warmup, "warm_s": rc.warm_s,
                        "depth_file": str(depth_file)}
                 if name not in registered:
                     req["backend_path"] = f"{cls.__module__}:{cls.__qualname__}"

@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--preset", "tiny", "--backends", "ort-cpu:copy,ort-cpu:shared", "--contexts", "8,16",
-        "--steps", "3", "--warmup", "1"]
+        "--steps", "3", "--warmup", "1", "--warm-s", "0.1"]
 
 
 def statebench(*args, cwd=None) -> subprocess.CompletedProcess:
@@ -35,6 +35,8 @@ def one_line_error(proc) -> str:
     (["run", "--contexts", "0"], "contexts must be positive"),
     (["run", "--contexts", "-4"], "bad context -4"),
     (["run", "--steps", "x"], "not an integer"),
+    (["run", "--warm-s", "-1"], "not a number ≥ 0"),
+    (["run", "--warm-s", "nan"], "not a number ≥ 0"),
     (["run", "--preset", "tiny", "--contexts", "64", "--capacity", "10", "--backends", "ort-cpu:copy"],
      "too small"),
     (["report", "missing.json"], "no such results file"),

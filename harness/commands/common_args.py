@@ -27,11 +27,23 @@ def nonnegative_int(text: str) -> int:
     return _integer(text, 0, "≥ 0")
 
 
-def fraction(text: str) -> float:
+def _number(text: str) -> float:
     try:
         x = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    return x
+
+
+def nonnegative_float(text: str) -> float:
+    x = _number(text)
+    if not (0 <= x < float("inf")):
+        raise argparse.ArgumentTypeError(f"{x} is not a number ≥ 0")
+    return x
+
+
+def fraction(text: str) -> float:
+    x = _number(text)
     if not (0 <= x < 100):
         raise argparse.ArgumentTypeError(f"{x} is not a fraction ≥ 0 (e.g. 0.25 for 25%)")
     return x

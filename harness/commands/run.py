@@ -26,6 +26,10 @@ class Run:
                        help="timed decode steps per point (default 16)")
         p.add_argument("--warmup", type=common_args.nonnegative_int, default=2,
                        help="untimed steps before timing (default 2)")
+        p.add_argument("--warm-s", type=common_args.nonnegative_float, default=runner.DEFAULT_WARM_S,
+                       help="seconds each point steps (its depth restored after) before the"
+                            " warm-up steps, so GPU clocks are up for every backend alike"
+                            f" (default {runner.DEFAULT_WARM_S:g}; a stateful walk counts)")
         p.add_argument("--capacity", type=common_args.positive_int, default=None,
                        help="fixed cache capacity (default: context + warmup + steps)")
         p.add_argument("--seed", type=int, default=0, help="weights and token seed (default 0)")
@@ -47,6 +51,7 @@ class Run:
         rc = runner.RunConfig(
             preset=args.preset, backends=select(args.backends),
             contexts=runner.parse_contexts(args.contexts), steps=args.steps, warmup=args.warmup,
+            warm_s=args.warm_s,
             capacity=args.capacity, seed=args.seed, inprocess=args.inprocess,
             calibrate=args.calibrate, timeout_s=float(args.point_timeout),
             command="statebench " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
