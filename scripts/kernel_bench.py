@@ -13,8 +13,10 @@ of a preset through the wgpu:stateful backend.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
+import pstats
 import sys
 import time
 import traceback
@@ -205,8 +207,22 @@ def profile_launches(ctx, g, bound: dict) -> dict:
     return out
 
 
+def host_profile(prof: cProfile.Profile, steps: int, top: int = 30) -> list[dict]:
+    """The functions the host spent the timed steps in (ms per step), most time first: where a
+    step's wall time goes outside the GPU (waits, copies into and out of mapped memory)."""
+    st = pstats.Stats(prof)
+    rows = []
+    for (file, line, fn), (_cc, nc, tt, ct, _callers) in st.stats.items():  # type: ignore[attr-defined]
+        rows.append({"function": f"{os.path.basename(file)}:{line}:{fn}", "calls_per_step": nc / steps,
+                     "self_ms": round(1e3 * tt / steps, 3), "cumulative_ms": round(1e3 * ct / steps, 3)})
+    by_self = sorted(rows, key=lambda r: -r["self_ms"])[:top]
+    by_cum = sorted(rows, key=lambda r: -r["cumulative_ms"])[:top]
+    seen = {r["function"] for r in by_self}
+    return by_self + [r for r in by_cum if r["function"] not in seen]
+
+
 def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
-               warm_s: float = 0.0, mode: str = "wgpu:stateful") -> dict:
+               warm_s: float = 0.0, mode: str = "wgpu:stateful", host: bool = False) -> dict:
     from backends.base import registry
     from harness.workload import Workload, preset
 
@@ -228,9 +244,14 @@ def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
         be.step(warm % 100 + 1)
         warm += 1
     wall, gpu = [], []
+    hprof = cProfile.Profile() if host else None
     for t in range(steps):
         t1 = time.perf_counter()
+        if hprof is not None:
+            hprof.enable()
         logits = be.step(t % 100 + 1)
+        if hprof is not None:
+            hprof.disable()
         wall.append(time.perf_counter() - t1)
         g = be.gpu_time_ms()
         if g is not None:
@@ -259,6 +280,8 @@ def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
            "logits_finite": bool(np.isfinite(logits).all())}
     if prof is not None:
         res["profile"] = prof
+    if hprof is not None:
+        res["host_profile"] = host_profile(hprof, steps)
     if gpu:
         res["gpu_ms"] = float(np.median(gpu[1:] or gpu))
         res["gpu_ms_min"] = float(np.min(gpu))
@@ -292,6 +315,8 @@ def main() -> None:
     ap.add_argument("--warm", type=float, default=3.0,
                     help="seconds of steps before the timed ones (GPU clocks ramp), 0: none")
     ap.add_argument("--profile", action="store_true", help="per-kernel GPU time of the step")
+    ap.add_argument("--host-profile", action="store_true",
+                    help="cProfile of the timed steps (the host's share of the wall time)")
     ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                     help="compiler.OPTIONS for every benchmark (e.g. gemv_prologue=off); repeatable")
     ap.add_argument("--submit-every", default="default",
@@ -340,7 +365,8 @@ def main() -> None:
                 if every != "default":
                     wctx.SUBMIT_EVERY.update(cpu=int(every), gpu=int(every))
                 out["step"].append(_attempt(
-                    bench_step, (name, int(cap or 512), a.steps, a.profile, a.warm, a.mode),
+                    bench_step, (name, int(cap or 512), a.steps, a.profile, a.warm, a.mode,
+                                 a.host_profile),
                     preset=name, submit_every=every, options=dict(compiler.OPTIONS)))
     print(json.dumps(out, indent=1))
 

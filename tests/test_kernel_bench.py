@@ -39,15 +39,18 @@ def test_kernel_bench_runs_with_an_option():
 
 def test_kernel_bench_profiles_another_page():
     """--mode times and profiles a page that binds its caches (reuse), here with the vec4
-    cache copy of FINDINGS 18's A/B: the copies show in the profile."""
+    cache copy of FINDINGS 18's A/B: the copies show in the profile; --host-profile says
+    where the host spent the steps (the read-back among them)."""
     proc = bench("--gemv", "none", "--attn", "none", "--step", "tiny:32", "--steps", "2",
                  "--warm", "0", "--profile", "--mode", "wgpu:reuse", "--option",
-                 "cache_copy=vec4")
+                 "cache_copy=vec4", "--host-profile")
     assert proc.returncode == 0, proc.stderr[-2000:]
     step = json.loads(proc.stdout)["step"][0]
     assert "error" not in step, step.get("trace")
     assert step["mode"] == "wgpu:reuse" and step["logits_finite"]
     assert step["profile"]["copy_vec4"]["n"] == step["kernels"]["copy_vec4"] > 0
+    fns = {r["function"].rsplit(":", 1)[-1]: r for r in step["host_profile"]}
+    assert fns["step"]["calls_per_step"] == 1 and fns["_read_tensors"]["cumulative_ms"] > 0
 
 
 def test_unknown_option_is_one_line():

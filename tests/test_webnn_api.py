@@ -158,8 +158,8 @@ def test_read_tensors_in_one_round_trip(ctx, monkeypatch):
 def test_large_writes_are_staged_and_batched(ctx):
     """Writes of STAGED_WRITE_MIN bytes or more are staged into a mapped arena and copied in
     one submit when the queue next runs something; each read sees the latest write, the
-    bytes are counted once, and the two arenas are reused, not remade, once they have
-    grown."""
+    bytes are counted once, and once the arenas have grown to a batch (after the first)
+    each batch is one submit in a reused arena."""
     from backends.webnn.wgpu_impl import context as wctx
 
     n = wctx.STAGED_WRITE_MIN // 4 + 3  # not a multiple of 16 bytes
@@ -167,15 +167,19 @@ def test_large_writes_are_staged_and_batched(ctx):
           for _ in range(3)]
     rng = np.random.default_rng()
     arenas = None
-    for _ in range(4):
+    for round_ in range(4):
         arrs = [rng.standard_normal(n).astype(np.float32) for _ in ts]
-        before = ctx.counters.h2d
+        before, submits = ctx.counters.h2d, ctx._staged.submits
         for t, a in zip(ts, arrs, strict=True):
             ctx.write_tensor(t, a[::-1].copy())
             ctx.write_tensor(t, a)  # the later write wins
         assert ctx.counters.h2d - before == 2 * sum(a.nbytes for a in arrs)
         for got, a in zip(ctx.read_tensors(ts), arrs, strict=True):
             np.testing.assert_array_equal(got, a)
+        if round_:
+            assert ctx._staged.submits - submits == 1
+        if round_ < 2:
+            continue
         if arenas is None:
             arenas = list(ctx._staged._arenas)
         assert ctx._staged._arenas == arenas

@@ -35,8 +35,10 @@ class StagedWrites:
         self._arenas: list[Any] = [None, None]
         self._cur = 0
         self._used = 0
-        self._want = 0  # bytes written between the last two flushes: the size to grow to
+        self._want = 0  # most bytes staged between two flushes the caller asked for: the size to grow to
+        self._since = 0  # bytes staged since the caller's last flush (arenas may have filled between)
         self._pending: list[tuple[Any, int, int, int]] = []  # (dst, arena offset, dst offset, n)
+        self.submits = 0  # command buffers of copies submitted (what one batch should cost: one)
 
     def write(self, dst: Any, data: np.ndarray) -> None:
         """Stage ``data`` for ``dst`` at offset 0, in pieces of at most one arena."""
@@ -44,8 +46,12 @@ class StagedWrites:
         done = 0
         while done < raw.size:
             n = min(raw.size - done, self._limit)
+            self._since += _aligned(n)
             if self._used + _aligned(n) > self._room():
-                self.flush()
+                # out of room: grow to everything staged so far in this batch, so the next
+                # batch of the same writes fits one arena (one map, one submit)
+                self._want = max(self._want, self._since)
+                self._submit()
             arena = self._arena(n)
             arena.write_mapped(raw[done:done + n], self._used)
             self._pending.append((dst, self._used, done, n))
@@ -72,6 +78,12 @@ class StagedWrites:
         return a
 
     def flush(self) -> None:
+        """End a batch (the queue must run what was written): submit its pending copies."""
+        self._want = max(self._want, self._since)
+        self._since = 0
+        self._submit()
+
+    def _submit(self) -> None:
         """Submit the pending copies (one command buffer) and switch arenas."""
         if not self._pending:
             self._used = 0  # what was staged was dropped: the (mapped) arena is free again
@@ -82,7 +94,7 @@ class StagedWrites:
         for dst, off, dst_off, n in self._pending:
             enc.copy_buffer_to_buffer(arena, off, dst, dst_off, n)
         self._device.queue.submit([enc.finish()])
-        self._want = max(self._want, self._used)
+        self.submits += 1
         self._pending.clear()
         self._used = 0
         self._cur ^= 1
