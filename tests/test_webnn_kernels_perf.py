@@ -167,10 +167,10 @@ def test_wide_softmax(ctx, rows, n):
     np.testing.assert_allclose(got, e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("how", [None, "vec4", "buffer"])
+@pytest.mark.parametrize("how", [None, "identity", "buffer"])
 @pytest.mark.parametrize("shape", [(3, 5, 7), (2, 4, 8)])
 def test_scatter_copy_variants(ctx, options, how, shape):
-    """A non-stateful scatter_nd copies the unchanged rows (identity kernel, vec4 kernel, or
+    """A non-stateful scatter_nd copies the unchanged rows (vec4 kernel, identity kernel, or
     copy_buffer_to_buffer: OPTIONS["cache_copy"]) and writes the new one; odd sizes keep the
     vec4 copy's last vector inside the padded buffer."""
     rng = np.random.default_rng()
