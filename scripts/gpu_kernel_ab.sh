@@ -9,7 +9,9 @@
 # OUTDIR/ab-<name>.json and prints wall / GPU time and launches per variant last. Each variant
 # steps for 3 s before it is timed (kernel_bench --warm) so the clocks ramp; still, compare the
 # variants with each other rather than with sweep files. STATEBENCH_AB_MODE picks the page
-# (default wgpu:stateful; e.g. wgpu:reuse with cache_copy=vec4 cache_copy=buffer for FINDINGS 18).
+# (default wgpu:stateful; e.g. wgpu:reuse with cache_copy=identity for FINDINGS 18);
+# STATEBENCH_AB_ARGS adds kernel_bench flags to every variant (e.g. '--depth 8192' with
+# llama-1b:8202: the steps timed at that depth over random caches, as a sweep's are).
 set -euo pipefail
 out=${1:?usage: scripts/gpu_kernel_ab.sh OUTDIR [PRESET:CAPACITY] [KEY=VALUE ...]}
 step=${2:-llama-1b:8192}
@@ -20,7 +22,7 @@ mkdir -p "$out"
 run() {  # name, options...
   local name=$1; shift
   "$py" scripts/kernel_bench.py --gemv none --attn none --step "$step" --profile \
-    --mode "${STATEBENCH_AB_MODE:-wgpu:stateful}" "$@" \
+    --mode "${STATEBENCH_AB_MODE:-wgpu:stateful}" ${STATEBENCH_AB_ARGS:-} "$@" \
     > "$out/ab-$name.json" 2>> "$out/ab.log" || echo "variant $name exited $?"
 }
 run default

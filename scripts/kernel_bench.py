@@ -221,11 +221,36 @@ def host_profile(prof: cProfile.Profile, steps: int, top: int = 30) -> list[dict
     return by_self + [r for r in by_cum if r["function"] not in seen]
 
 
+def reach_random_depth(be: Any, wl: Any, capacity: int, depth: int, steps: int,
+                      warm_s: float) -> int:
+    """Bring the page to `depth` as a sweep does (a page-owned cache written, here with fresh
+    random values; a hidden one walked with random tokens), then step under load for `warm_s`
+    with the depth restored (worker.warm_clocks); returns the warm steps.
+
+    Why: without it the timed steps run at positions 1..100 over caches that are zeros past
+    the rows written, which is not what a sweep's step at `depth` reads and writes."""
+    from backends.base import DepthState
+    from harness.worker import warm_clocks
+    from harness.workload import cache_specs
+
+    rng = np.random.default_rng()
+    cache = {s.input: (0.5 * rng.standard_normal(s.shape)).astype(np.float32)
+             for s in cache_specs(wl.config, capacity)}
+    state = DepthState(tokens=rng.integers(1, wl.config.vocab, depth), cache=cache)
+    t0 = time.perf_counter()
+    be.reach_depth(state)
+    walked = time.perf_counter() - t0
+    return warm_clocks(be, state, rng.integers(1, wl.config.vocab, steps), warm_s, walked)
+
+
 def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
-               warm_s: float = 0.0, mode: str = "wgpu:stateful", host: bool = False) -> dict:
+               warm_s: float = 0.0, mode: str = "wgpu:stateful", host: bool = False,
+               depth: int = 0) -> dict:
     from backends.base import registry
     from harness.workload import Workload, preset
 
+    if depth and capacity < depth + steps + 1:
+        raise ValueError(f"--depth {depth} + {steps} steps does not fit capacity {capacity}")
     t0 = time.perf_counter()
     wl = Workload.build(preset(name))
     be = registry()[mode]()
@@ -237,12 +262,16 @@ def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
         k = getattr(la, "kernel", None)
         nm = k.name if k is not None else "copy"
         names[nm] = names.get(nm, 0) + 1
-    # steps before timing, so the GPU clocks ramp as in a sweep's depth walk (within the
-    # capacity: the timed steps must still fit)
-    t_warm, warm = time.perf_counter() + warm_s, 0
-    while time.perf_counter() < t_warm and warm < capacity - steps - 1:
-        be.step(warm % 100 + 1)
-        warm += 1
+    if depth:
+        warm = reach_random_depth(be, wl, capacity, depth, steps, warm_s)
+    else:
+        # steps before timing, so the GPU clocks ramp as in a sweep's depth walk (within the
+        # capacity: the timed steps must still fit); the caches stay zeros past the rows
+        # written
+        t_warm, warm = time.perf_counter() + warm_s, 0
+        while time.perf_counter() < t_warm and warm < capacity - steps - 1:
+            be.step(warm % 100 + 1)
+            warm += 1
     wall, gpu = [], []
     hprof = cProfile.Profile() if host else None
     for t in range(steps):
@@ -272,8 +301,8 @@ def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
                 bound["output"][p.output] = be._nxt[p.input]
         prof = profile_launches(be.context, g, bound)
     be.close()
-    res = {"preset": name, "mode": mode, "capacity": capacity, "prepare_s": round(prep, 2),
-           "warm_steps": warm,
+    res = {"preset": name, "mode": mode, "capacity": capacity, "depth": depth,
+           "prepare_s": round(prep, 2), "warm_steps": warm,
            "wall_ms": 1e3 * float(np.median(wall[1:] or wall)),
            "launches": len(plan.launches), "kernels": names,
            "weights_bytes": weights, "cache_bytes": cache, "kernel_bytes_counted": kbytes,
@@ -310,6 +339,10 @@ def main() -> None:
                     help="auto, unfused, generic, or sN (flash-decoding aiming at N splits per head)")
     ap.add_argument("--step", default="small:512", help="preset:capacity,... or none")
     ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--depth", type=int, default=0,
+                    help="time the steps at this depth, reached as a sweep does with random "
+                         "cache values (a stateful page walks); 0: from position 0 over zero "
+                         "caches (the older kernel-bench files)")
     ap.add_argument("--mode", default="wgpu:stateful",
                     help="the wgpu page whose step is timed: wgpu:stateful, wgpu:reuse, ...")
     ap.add_argument("--warm", type=float, default=3.0,
@@ -366,7 +399,7 @@ def main() -> None:
                     wctx.SUBMIT_EVERY.update(cpu=int(every), gpu=int(every))
                 out["step"].append(_attempt(
                     bench_step, (name, int(cap or 512), a.steps, a.profile, a.warm, a.mode,
-                                 a.host_profile),
+                                 a.host_profile, a.depth),
                     preset=name, submit_every=every, options=dict(compiler.OPTIONS)))
     print(json.dumps(out, indent=1))
 
