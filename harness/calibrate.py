@@ -228,18 +228,18 @@ def wgpu_bandwidth(size: int = SIZE, gpu_size: int = GPU_SIZE, timestamps: bool 
     host = np.ones(link // 4, np.float32)
     a = device.create_buffer(size=dev_size, usage=BU.STORAGE | BU.COPY_SRC | BU.COPY_DST)
     b = device.create_buffer(size=dev_size, usage=BU.STORAGE | BU.COPY_SRC | BU.COPY_DST)
-    readback = device.create_buffer(size=link, usage=BU.MAP_READ | BU.COPY_DST)
     fence = device.create_buffer(size=16, usage=BU.COPY_SRC | BU.COPY_DST)
-    buffers = [a, b, readback, fence]
+    buffers = [a, b, fence]
 
     def wait():
         # reading 16 bytes back waits for all submitted work (portable across wgpu-py versions,
         # unlike on_submitted_work_done_sync)
         queue.read_buffer(fence, 0, 16)
 
-    from backends.webnn.wgpu_impl.staging import StagedWrites
+    from backends.webnn.wgpu_impl.staging import StagedReads, StagedWrites
 
     staged = StagedWrites(device, limit=link)
+    reads = StagedReads(device, max_buffer=dev_size)
 
     def upload(times: int = 1):
         # as the WebNN context writes a large tensor between two dispatches: staged in a
@@ -260,20 +260,16 @@ def wgpu_bandwidth(size: int = SIZE, gpu_size: int = GPU_SIZE, timestamps: bool 
         wait()
 
     sink = np.empty_like(host)  # the page's own array (readTensor(tensor, outputData))
+    into_sink = np.ndarray.view(sink, np.uint8)
+
+    def fill_sink(_i: int, raw: np.ndarray) -> None:
+        into_sink[...] = raw
 
     def download(times: int = 1):
-        # as the WebNN context reads tensors into a page's arrays: a copy into the persistent
-        # staging buffer, one map, a copy out of the mapped range into an array that already
-        # exists (read_mapped(copy=True) would fault in fresh memory on every read)
+        # as the WebNN context reads tensors into a page's arrays (StagedReads: a copy into
+        # the persistent staging buffer, one map, a copy out into an array that exists)
         for _ in range(times):
-            enc = device.create_command_encoder()
-            encode_copies(enc, 1, a, readback, link)
-            queue.submit([enc.finish()])
-            readback.map_sync(wgpu.MapMode.READ)
-            view = readback.read_mapped(copy=False)
-            sink[...] = np.frombuffer(view, np.float32)
-            del view
-            readback.unmap()
+            reads.read([(a, link)], fill_sink)
 
     shader = device.create_shader_module(code=STREAM_WGSL)
     pipeline = device.create_compute_pipeline(layout="auto",
@@ -373,6 +369,7 @@ def wgpu_bandwidth(size: int = SIZE, gpu_size: int = GPU_SIZE, timestamps: bool 
                      "host array (both the WebNN context's own paths)")
     for buf in buffers:
         buf.destroy()
+    reads.destroy()
     return out
 
 

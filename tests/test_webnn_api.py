@@ -131,8 +131,8 @@ def test_read_tensors_in_one_round_trip(ctx, monkeypatch):
                               shape=list(a.shape), readable=True, writable=True)
         ctx.write_tensor(t, a)
         ts.append(t)
-    for max_buffer in (ctx._max_buffer, 64):  # 64 bytes: one staging buffer per tensor or two
-        monkeypatch.setattr(ctx, "_max_buffer", max_buffer)
+    for max_buffer in (ctx._reads.max_buffer, 64):  # 64 bytes: one staging buffer per tensor or two
+        monkeypatch.setattr(ctx._reads, "max_buffer", max_buffer)
         before = ctx.counters.d2h
         got = ctx.read_tensors(ts)
         assert ctx.counters.d2h - before == sum(4 * a.size for a in want)
@@ -144,7 +144,7 @@ def test_read_tensors_in_one_round_trip(ctx, monkeypatch):
         for o, b, a in zip(outs, back, want, strict=True):
             assert b is o
             np.testing.assert_array_equal(o, a)
-    assert len(ctx._read_staging) > 1
+    assert len(ctx._reads.buffers) > 1
     with pytest.raises(TypeError):
         ctx.read_tensors([ts[0], ctx.create_tensor(data_type="float32", shape=[2])])
     for bad in ([np.zeros(15, np.float64)], [np.zeros(14, np.float32)],

@@ -386,7 +386,7 @@ def test_counters_stateless_copies_the_cache(ctx):
     # the scatter's copy of the unchanged rows is a copy kernel over each whole cache
     # (in the step's compute pass: read once + written once), not a buffer copy
     copies = [la.kernel for la in g._plan.launches
-              if hasattr(la, "kernel") and la.kernel.name == "identity"]
+              if hasattr(la, "kernel") and la.kernel.name == "copy_vec4"]
     assert [k.bytes for k in copies] == [2 * cache, 2 * cache]
     assert s.d2d == 0
     assert s.h2d == D * 4 + 4 and s.d2h == H * D * 4

@@ -25,7 +25,7 @@ from .._classes import MLContext, MLGraph, MLKVCachePair, MLOperand, MLTensor
 from ..dtypes import DType, from_device
 from ..errors import NotSupportedError, OperationError
 from .compiler import OPTIONS, CopyLaunch, Deferred, KernelLaunch, Plan, compile_graph
-from .staging import ARENA_MAX, StagedWrites
+from .staging import ARENA_MAX, StagedReads, StagedWrites
 from .target import target_of
 
 _STORAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
@@ -144,9 +144,9 @@ class WgpuContext(MLContext):
             mode, not self._target.cpu)
         self._piecewise = mode == "pieces"  # recorded command buffers submitted one by one
         self._pipelines: dict[str, tuple[Any, Any]] = {}
-        self._read_staging: list[Any] = []  # persistent, one per max-buffer-size of reads
-        self._max_buffer = int(self._device.limits["max-buffer-size"])
-        self._staged = StagedWrites(self._device, min(ARENA_MAX, self._max_buffer))
+        max_buffer = int(self._device.limits["max-buffer-size"])
+        self._reads = StagedReads(self._device, max_buffer)
+        self._staged = StagedWrites(self._device, min(ARENA_MAX, max_buffer))
         self._status_staging = self._device.create_buffer(
             size=16, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
         self._unsettled: WgpuGraph | None = None  # dispatched, capacity status not yet read
@@ -216,50 +216,22 @@ class WgpuContext(MLContext):
 
     def _read_tensors(self, tensors: list[MLTensor],
                       outputs: list[np.ndarray] | None = None) -> list[np.ndarray]:
-        """Every tensor copied into persistent staging buffers in one submit, mapped after
-        one wait, and copied out once (into ``outputs`` where given): one device round trip
-        for the lot."""
+        """Every tensor read back in one device round trip (``staging.StagedReads``) and
+        copied out once (into ``outputs`` where given)."""
         self._staged.flush()
         sizes = [S.size(t._shape) * 4 for t in tensors]
-        bins: list[list[tuple[int, int]]] = [[]]  # per staging buffer: (tensor, offset)
-        used = [0]
-        for i, t in enumerate(tensors):
-            padded = t._buffer.size  # a multiple of 16 (_nbytes)
-            if used[-1] and used[-1] + padded > self._max_buffer:
-                bins.append([])
-                used.append(0)
-            bins[-1].append((i, used[-1]))
-            used[-1] += padded
-        while len(self._read_staging) < len(bins):
-            self._read_staging.append(None)
-        enc = self._device.create_command_encoder()
-        for b, members in enumerate(bins):
-            st = self._read_staging[b]
-            if st is None or st.size < used[b]:
-                if st is not None:
-                    st.destroy()
-                st = self._read_staging[b] = self._device.create_buffer(
-                    size=max(used[b], 1 << 16),
-                    usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
-            for i, off in members:
-                enc.copy_buffer_to_buffer(tensors[i]._buffer, 0, st, off, tensors[i]._buffer.size)
-        self._queue.submit([enc.finish()])
         out: list[np.ndarray | None] = [None] * len(tensors)
-        for b, members in enumerate(bins):
-            st = self._read_staging[b]
-            st.map_sync(wgpu.MapMode.READ, 0, used[b])
-            view = st.read_mapped(0, used[b], copy=False)
-            for i, off in members:
-                dt = tensors[i]._dtype
-                raw = np.frombuffer(view, dtype=dt.device_np, count=sizes[i] // 4, offset=off)
-                if outputs is None:
-                    out[i] = from_device(raw.copy(), dt, tensors[i]._shape)
-                else:
-                    outputs[i].reshape(-1)[...] = raw  # the page's array, no allocation
-                    out[i] = outputs[i]
-                del raw  # no export of the mapped view may outlive unmap
-            del view
-            st.unmap()
+
+        def consume(i: int, raw: np.ndarray) -> None:
+            dt = tensors[i]._dtype
+            values = raw.view(dt.device_np)
+            if outputs is None:
+                out[i] = from_device(values.copy(), dt, tensors[i]._shape)
+            else:
+                outputs[i].reshape(-1)[...] = values  # the page's array, no allocation
+                out[i] = outputs[i]
+
+        self._reads.read([(t._buffer, n) for t, n in zip(tensors, sizes, strict=True)], consume)
         self.counters.d2h += sum(sizes)
         self._settle()
         return out  # type: ignore[return-value]

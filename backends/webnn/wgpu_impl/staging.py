@@ -1,4 +1,5 @@
-"""Batched uploads for ``write_tensor``: what a browser's ``writeBuffer`` staging ring does.
+"""Batched uploads for ``write_tensor`` (what a browser's ``writeBuffer`` staging ring does)
+and batched read-backs for ``readTensor``.
 
 A page that keeps its caches on the host writes every one of them before each dispatch (32
 tensors for llama-1b). Giving each write its own mapped staging buffer costs a device round
@@ -11,6 +12,7 @@ so the host fills one while the device copies out of the other.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -102,3 +104,57 @@ class StagedWrites:
     def drop(self, dst: Any) -> None:
         """Forget pending writes to ``dst`` (being destroyed: a copy into it may not run)."""
         self._pending = [p for p in self._pending if p[0] is not dst]
+
+
+class StagedReads:
+    """Read-backs of one device: every source copied into persistent mapped-read staging
+    buffers (at most ``max_buffer`` bytes each) in one submit, one map per staging buffer,
+    and each source's bytes handed to ``consume`` while mapped: one device round trip for
+    the lot, and no fresh host memory per read (the context's ``read_tensors`` and the d2h
+    calibration both read this way, so the floor is timed on the page's path)."""
+
+    def __init__(self, device: Any, max_buffer: int) -> None:
+        self._device = device
+        self.max_buffer = max_buffer
+        self.buffers: list[Any] = []  # persistent; grown, never shrunk
+
+    def read(self, sources: Sequence[tuple[Any, int]],
+             consume: Callable[[int, np.ndarray], None]) -> None:
+        """Copy each ``(buffer, nbytes)`` back; ``consume(i, bytes_i)`` gets a uint8 view of
+        source i's first nbytes that is valid only during the call (copy out of it)."""
+        bins: list[list[tuple[int, int]]] = [[]]  # per staging buffer: (source, offset)
+        used = [0]
+        for i, (buf, _n) in enumerate(sources):
+            if used[-1] and used[-1] + buf.size > self.max_buffer:
+                bins.append([])
+                used.append(0)
+            bins[-1].append((i, used[-1]))
+            used[-1] += buf.size  # whole buffers: sizes are multiples of 4 as copies need
+        self.buffers += [None] * (len(bins) - len(self.buffers))
+        enc = self._device.create_command_encoder()
+        for b, members in enumerate(bins):
+            st = self.buffers[b]
+            if st is None or st.size < used[b]:
+                if st is not None:
+                    st.destroy()
+                st = self.buffers[b] = self._device.create_buffer(
+                    size=max(used[b], 1 << 16),
+                    usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+            for i, off in members:
+                enc.copy_buffer_to_buffer(sources[i][0], 0, st, off, sources[i][0].size)
+        self._device.queue.submit([enc.finish()])
+        for b, members in enumerate(bins):
+            st = self.buffers[b]
+            st.map_sync(wgpu.MapMode.READ, 0, used[b])
+            view = st.read_mapped(0, used[b], copy=False)
+            raw = np.frombuffer(view, np.uint8)
+            for i, off in members:
+                consume(i, raw[off:off + sources[i][1]])
+            del raw, view  # no export of the mapped range may outlive unmap
+            st.unmap()
+
+    def destroy(self) -> None:
+        for st in self.buffers:
+            if st is not None:
+                st.destroy()
+        self.buffers.clear()
