@@ -62,7 +62,7 @@ def test_kernel_bench_steps_at_a_depth():
     assert proc.returncode == 0, proc.stderr[-2000:]
     step = json.loads(proc.stdout)["step"][0]
     assert "error" not in step, step.get("trace")
-    assert step["depth"] == 16 and step["logits_finite"] and step["warm_steps"] > 2
+    assert step["depth"] == 16 and step["logits_finite"] and step["warm_steps"] >= 1
     proc = bench("--gemv", "none", "--attn", "none", "--step", "tiny:24", "--steps", "8",
                  "--warm", "0", "--depth", "16")
     assert "does not fit capacity 24" in json.loads(proc.stdout)["step"][0]["error"]

@@ -221,6 +221,30 @@ def test_overflow_fails_and_leaves_cache(ctx, read_past_after):
     np.testing.assert_allclose(got, want[-1], atol=1e-5)
 
 
+def test_status_comes_back_with_the_read(ctx, monkeypatch):
+    """A stateful step's read brings the capacity status back in its own round trip (one
+    map a step, not two); an overflow is still reported by that read."""
+    cap = 3
+    b, outs = decoder(ctx, cap)
+    g = b.build(outs, use_stateful=True, kv_cache_pairs=PAIRS)
+    page = Page(ctx, g, cap)
+    seen: list[int | None] = []
+    real = ctx._settle
+
+    def settle(report: bool = True, status: int | None = None) -> None:
+        seen.append(status)
+        real(report, status)
+
+    monkeypatch.setattr(ctx, "_settle", settle)
+    inputs = xs(cap)
+    for p in range(cap):
+        page.step(inputs[p], p)
+    assert [s for s in seen if s is not None] == [0] * cap
+    with pytest.raises(OperationError, match="capacity"):
+        page.step(inputs[0], cap)
+    assert seen[-1] == 1  # the first appended pair overflowed, read with the logits
+
+
 @pytest.mark.parametrize("read_past_after", [False, True])
 def test_overflow_reported_where_the_context_next_waits(ctx, read_past_after):
     """The status is read without a sync of its own: a dispatch returns, and the error comes

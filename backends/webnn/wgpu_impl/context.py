@@ -217,12 +217,20 @@ class WgpuContext(MLContext):
     def _read_tensors(self, tensors: list[MLTensor],
                       outputs: list[np.ndarray] | None = None) -> list[np.ndarray]:
         """Every tensor read back in one device round trip (``staging.StagedReads``) and
-        copied out once (into ``outputs`` where given)."""
+        copied out once (into ``outputs`` where given); the last checked dispatch's capacity
+        status rides in the same round trip (``_settle``)."""
         self._staged.flush()
         sizes = [S.size(t._shape) * 4 for t in tensors]
+        sources = [(t._buffer, n) for t, n in zip(tensors, sizes, strict=True)]
+        if self._unsettled is not None:
+            sources.append((self._unsettled._buffers[("status",)], 4))
         out: list[np.ndarray | None] = [None] * len(tensors)
+        status: list[int] = []
 
         def consume(i: int, raw: np.ndarray) -> None:
+            if i == len(tensors):
+                status.append(int(raw.view(np.uint32)[0]))
+                return
             dt = tensors[i]._dtype
             values = raw.view(dt.device_np)
             if outputs is None:
@@ -231,9 +239,9 @@ class WgpuContext(MLContext):
                 outputs[i].reshape(-1)[...] = values  # the page's array, no allocation
                 out[i] = outputs[i]
 
-        self._reads.read([(t._buffer, n) for t, n in zip(tensors, sizes, strict=True)], consume)
+        self._reads.read(sources, consume)
         self.counters.d2h += sum(sizes)
-        self._settle()
+        self._settle(status=status[0] if status else None)
         return out  # type: ignore[return-value]
 
     # -- build ------------------------------------------------------------------------
@@ -450,18 +458,20 @@ class WgpuContext(MLContext):
             enc.copy_buffer_to_buffer(self._query_buf, 0, self._time_staging, 0, 16)
         emit(enc.finish())
 
-    def _settle(self, report: bool = True) -> None:
+    def _settle(self, report: bool = True, status: int | None = None) -> None:
         """PROPOSAL behaviour 4, without a sync of its own: the last checked dispatch's
         capacity status (4 bytes, counted d2h) is read where the context waits for the
-        device anyway (the next read_tensor, after its read; the next dispatch, before it
-        encodes). On overflow the graph's double buffers are swapped back (its in-place
-        writes were gated on the device) and ``OperationError`` is raised (``report``)."""
+        device anyway (the next read_tensor, in the same round trip as its read: ``status``;
+        the next dispatch, before it encodes, from the copy the dispatch made). On overflow
+        the graph's double buffers are swapped back (its in-place writes were gated on the
+        device) and ``OperationError`` is raised (``report``)."""
         g, self._unsettled = self._unsettled, None
         if g is None:
             return
-        self._status_staging.map_sync(wgpu.MapMode.READ, 0, 16)
-        status = int(np.frombuffer(self._status_staging.read_mapped(0, 4), dtype=np.uint32)[0])
-        self._status_staging.unmap()
+        if status is None:
+            self._status_staging.map_sync(wgpu.MapMode.READ, 0, 16)
+            status = int(np.frombuffer(self._status_staging.read_mapped(0, 4), dtype=np.uint32)[0])
+            self._status_staging.unmap()
         self.counters.d2h += 4
         if not status:
             return
