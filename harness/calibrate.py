@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from backends.adapter import wgpu_adapter
+from harness.stream_kernel import StreamKernel
 
 SIZE = 64 * 1024 * 1024
 #: device buffers on a discrete/integrated GPU: well past any L2/"infinity" cache (H200: 50 MB
@@ -56,15 +57,6 @@ LINK_MAX_GBPS = 200.0
 WGPU_BOUNDS = {"h2d": LINK_MAX_GBPS, "d2h": LINK_MAX_GBPS, "d2d": MEMORY_MAX_GBPS,
                "stream": MEMORY_MAX_GBPS}
 
-STREAM_WGSL = """
-@group(0) @binding(0) var<storage, read> src: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read_write> dst: array<vec4<f32>>;
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) n: vec3<u32>) {
-    let i = gid.x + gid.y * n.x * 256u;
-    if (i < arrayLength(&dst)) { dst[i] = src[i] * 1.0001; }
-}
-"""
 
 
 def checked_gbps(value, bound: float) -> tuple[float | None, str]:
@@ -271,24 +263,7 @@ def wgpu_bandwidth(size: int = SIZE, gpu_size: int = GPU_SIZE, timestamps: bool 
         for _ in range(times):
             reads.read([(a, link)], fill_sink)
 
-    shader = device.create_shader_module(code=STREAM_WGSL)
-    pipeline = device.create_compute_pipeline(layout="auto",
-                                              compute={"module": shader, "entry_point": "main"})
-    group = device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=[
-        {"binding": 0, "resource": {"buffer": a, "offset": 0, "size": dev_size}},
-        {"binding": 1, "resource": {"buffer": b, "offset": 0, "size": dev_size}},
-    ])
-    groups = -(-(dev_size // 16) // 256)
-    gx = min(groups, 65535)
-    gy = -(-groups // gx)
-
-    def encode_stream(enc, times: int, timestamp_writes=None):
-        cp = enc.begin_compute_pass(timestamp_writes=timestamp_writes)
-        cp.set_pipeline(pipeline)
-        cp.set_bind_group(0, group)
-        for _ in range(times):
-            cp.dispatch_workgroups(gx, gy, 1)
-        cp.end()
+    encode_stream = StreamKernel(device, a, b, dev_size).encode
 
     def stream(times: int = 1):
         enc = device.create_command_encoder()

@@ -38,7 +38,7 @@ WORKER_TIMEOUT_S = 1800.0
 #: the default sweep's depths: the stateful cache is reached by dispatching every prefix token,
 #: so on lavapipe (~50 ms a `small` step) these keep the default sweep near 2 minutes
 DEFAULT_CONTEXTS = "64,256,512"
-#: seconds each point steps under load before its warm-up steps (worker.warm_clocks)
+#: seconds of GPU load before each GPU point's warm-up steps (heater.heat)
 DEFAULT_WARM_S = 2.0
 
 

@@ -6,7 +6,7 @@ down only its own point. `measure()` is the same thing in-process (tests, `--inp
 
 Request: {"backend": name, "backend_path": optional "module:Class" (tests' doubles),
 "preset", "seed", "context", "capacity", "steps", "warmup", "warm_s" (optional, seconds of
-stepping before the warm-up steps; see `warm_clocks`), "depth_file": .npz written by the
+GPU load before the warm-up steps: `heater.heat`), "depth_file": .npz written by the
 runner with `tokens` (context+warmup+steps), `ref_logits` (warmup+steps, vocab) and
 `cache:<past name>` arrays (the reference's state at depth `context`)}.
 """
@@ -25,7 +25,8 @@ import traceback
 import numpy as np
 
 from backends.base import Backend, ByteCounters, DepthState, registry
-from harness.metrics import compare_logits, unstable
+from harness.heater import heat
+from harness.metrics import compare_logits, is_cpu, unstable
 from harness.results import BYTE_CATEGORIES, Point, Stats
 from harness.workload import Workload, preset, valid_cache_bytes
 
@@ -76,31 +77,6 @@ def measure(req: dict, cls: type[Backend] | None = None) -> Point:
         return Point.failed(name, ctx, cap, steps, f"{type(exc).__name__}: {exc}")
 
 
-def warm_clocks(backend: Backend, depth: DepthState, ahead: np.ndarray, seconds: float,
-                walked_s: float) -> int:
-    """Step `backend` for at least `seconds` from `depth`, restoring the depth after each burst
-    of `len(ahead)` tokens; returns the steps taken.
-
-    Why: GPU clocks ramp over a second or more of load. A hidden cache is reached by
-    dispatching (its walk is already load: `walked_s` counts toward `seconds`), while a
-    page-owned cache is written and could be timed on a cold GPU: on the H200 that made
-    llama-1b's reuse step 6.6 ms of GPU time at 512 against 2.2 ms warm (FINDINGS 18). Every
-    backend gets the same time under load before its warm-up and timed steps.
-    """
-    left = seconds - (walked_s if backend.hidden_state else 0.0)
-    if left <= 0 or len(ahead) == 0:
-        return 0
-    t_end, n = time.perf_counter() + left, 0
-    while time.perf_counter() < t_end:
-        for tok in ahead:
-            backend.step(int(tok))
-            n += 1
-            if time.perf_counter() >= t_end:
-                break
-        backend.reach_depth(depth)
-    return n
-
-
 def _measure(req: dict, cls: type[Backend]) -> Point:
     name, ctx, cap = req["backend"], int(req["context"]), int(req["capacity"])
     steps, warmup = int(req["steps"]), int(req["warmup"])
@@ -116,8 +92,9 @@ def _measure(req: dict, cls: type[Backend]) -> Point:
         t0 = time.perf_counter_ns()
         backend.reach_depth(depth)
         time_to_depth_s = (time.perf_counter_ns() - t0) / 1e9
-        warm_steps = warm_clocks(backend, depth, tokens[ctx:], float(req.get("warm_s", 0.0)),
-                                 time_to_depth_s)
+        # the GPU's clocks up before the warm-up steps, the same for every backend on a GPU
+        heated_s, not_heated = ((0.0, "a CPU backend") if is_cpu(name)
+                                else heat(float(req.get("warm_s", 0.0))))
 
         logits: list[np.ndarray] = []
         for i in range(warmup):
@@ -141,8 +118,9 @@ def _measure(req: dict, cls: type[Backend]) -> Point:
 
         match = compare_logits(logits, ref_logits[: warmup + steps], wl.config.dtype)
         details = dict(backend.details)
-        if warm_steps:
-            details["warm_clock_steps"] = warm_steps
+        details["heated_s"] = round(heated_s, 3)
+        if not_heated:
+            details["not_heated"] = not_heated
         warning = unstable(step_ms)
         if warning:
             details["warning"] = warning

@@ -221,26 +221,24 @@ def host_profile(prof: cProfile.Profile, steps: int, top: int = 30) -> list[dict
     return by_self + [r for r in by_cum if r["function"] not in seen]
 
 
-def reach_random_depth(be: Any, wl: Any, capacity: int, depth: int, steps: int,
-                      warm_s: float) -> int:
+def reach_random_depth(be: Any, wl: Any, capacity: int, depth: int, warm_s: float) -> int:
     """Bring the page to `depth` as a sweep does (a page-owned cache written, here with fresh
-    random values; a hidden one walked with random tokens), then step under load for `warm_s`
-    with the depth restored (worker.warm_clocks); returns the warm steps.
+    random values; a hidden one walked with random tokens), then load the GPU for `warm_s`
+    as the sweep's worker does (heater.heat); returns the steps the walk took.
 
     Why: without it the timed steps run at positions 1..100 over caches that are zeros past
     the rows written, which is not what a sweep's step at `depth` reads and writes."""
     from backends.base import DepthState
-    from harness.worker import warm_clocks
+    from harness.heater import heat
     from harness.workload import cache_specs
 
     rng = np.random.default_rng()
     cache = {s.input: (0.5 * rng.standard_normal(s.shape)).astype(np.float32)
              for s in cache_specs(wl.config, capacity)}
     state = DepthState(tokens=rng.integers(1, wl.config.vocab, depth), cache=cache)
-    t0 = time.perf_counter()
     be.reach_depth(state)
-    walked = time.perf_counter() - t0
-    return warm_clocks(be, state, rng.integers(1, wl.config.vocab, steps), warm_s, walked)
+    heat(warm_s)
+    return depth if be.hidden_state else 0
 
 
 def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
@@ -263,7 +261,7 @@ def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
         nm = k.name if k is not None else "copy"
         names[nm] = names.get(nm, 0) + 1
     if depth:
-        warm = reach_random_depth(be, wl, capacity, depth, steps, warm_s)
+        warm = reach_random_depth(be, wl, capacity, depth, warm_s)
     else:
         # steps before timing, so the GPU clocks ramp as in a sweep's depth walk (within the
         # capacity: the timed steps must still fit); the caches stay zeros past the rows
@@ -341,8 +339,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--depth", type=int, default=0,
                     help="time the steps at this depth, reached as a sweep does with random "
-                         "cache values (a stateful page walks); 0: from position 0 over zero "
-                         "caches (the older kernel-bench files)")
+                         "cache values (a stateful page walks), after --warm seconds of GPU "
+                         "load; 0: from position 0 over zero caches, after --warm seconds of "
+                         "steps (the older kernel-bench files)")
     ap.add_argument("--mode", default="wgpu:stateful",
                     help="the wgpu page whose step is timed: wgpu:stateful, wgpu:reuse, ...")
     ap.add_argument("--warm", type=float, default=3.0,

@@ -231,43 +231,20 @@ def test_reference_walk_equals_fresh_reference_at_each_depth():
             np.testing.assert_allclose(a[k], b[k], rtol=1e-12, atol=1e-12, err_msg=k)
 
 
-def test_warm_clocks_restores_depth_so_the_point_still_matches(tmp_path):
-    """Stepping under load before timing must leave the backend at its depth: the timed
-    logits still match the reference, and the point says how many warm steps it took."""
-    res, _ = sweep(tmp_path, ["test:numpy"], contexts=(4,), warm_s=0.2)
+def test_heater_loads_the_gpu_and_leaves_cpu_adapters_alone():
+    """The clock warm-up runs a streaming kernel for the time asked on a GPU (here forced on
+    lavapipe), and nothing on a CPU adapter by default or when no time is asked; a sweep
+    point records what it got."""
+    from harness.heater import heat
+
+    got, why = heat(0.2, on_cpu_adapter=True)
+    assert why == "" and 0.2 <= got < 5
+    assert heat(0.2) == (0.0, "a CPU adapter has no GPU clock to raise")
+    assert heat(0.0, on_cpu_adapter=True) == (0.0, "no time asked")
+
+
+def test_sweep_points_say_whether_the_gpu_was_heated(tmp_path):
+    res, _ = sweep(tmp_path, ["test:numpy"], contexts=(4,), warm_s=0.5)
     (p,) = res.points
-    assert p.matches
-    assert p.details["warm_clock_steps"] > 4  # more than one burst, so depth was restored
-
-
-class _Counting(NumpyF32):
-    name = "test:counting"
-    hidden_state = True
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[str] = []
-
-    def step(self, token: int) -> np.ndarray:
-        self.calls.append("step")
-        return super().step(token)
-
-    def reach_depth(self, depth: DepthState) -> None:
-        self.calls.append("depth")
-        super().reach_depth(depth)
-
-
-def test_warm_clocks_counts_a_hidden_walk_as_load():
-    wl = Workload.build(preset("tiny"))
-    arrays = runner.depth_arrays(wl.config, wl.weights, 0, 4, 8, 1, 3)
-    depth = DepthState(tokens=arrays["tokens"][:4],
-                       cache={k.split(":", 1)[1]: v for k, v in arrays.items() if k.startswith("cache:")})
-    b = _Counting()
-    b.prepare(wl, 8)
-    b.reach_depth(depth)
-    b.calls.clear()
-    assert worker.warm_clocks(b, depth, arrays["tokens"][4:], 0.05, walked_s=1.0) == 0
-    assert b.calls == []  # the walk already took longer than asked
-    n = worker.warm_clocks(b, depth, arrays["tokens"][4:], 0.05, walked_s=0.0)
-    assert n == b.calls.count("step") > 0 and b.calls[-1] == "depth"
-    assert worker.warm_clocks(b, depth, arrays["tokens"][4:], 0.0, walked_s=0.0) == 0
+    assert p.matches and p.details["heated_s"] == 0.0
+    assert p.details["not_heated"].startswith(("a CPU adapter has no GPU clock", "wgpu"))

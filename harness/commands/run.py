@@ -27,9 +27,10 @@ class Run:
         p.add_argument("--warmup", type=common_args.nonnegative_int, default=2,
                        help="untimed steps before timing (default 2)")
         p.add_argument("--warm-s", type=common_args.nonnegative_float, default=runner.DEFAULT_WARM_S,
-                       help="seconds each point steps (its depth restored after) before the"
-                            " warm-up steps, so GPU clocks are up for every backend alike"
-                            f" (default {runner.DEFAULT_WARM_S:g}; a stateful walk counts)")
+                       help="seconds of continuous GPU load (a streaming kernel) before each"
+                            " GPU point's warm-up steps, so the GPU's clocks are up for every"
+                            f" backend alike (default {runner.DEFAULT_WARM_S:g}; nothing runs on"
+                            " a CPU adapter)")
         p.add_argument("--capacity", type=common_args.positive_int, default=None,
                        help="fixed cache capacity (default: context + warmup + steps)")
         p.add_argument("--seed", type=int, default=0, help="weights and token seed (default 0)")
