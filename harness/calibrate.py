@@ -183,8 +183,9 @@ def adapter_summary() -> dict:
 def wgpu_bandwidth(size: int = SIZE, gpu_size: int = GPU_SIZE, timestamps: bool = True,
                    copy_timestamps: str = "auto") -> dict:
     """The wgpu figures (see the module's docstring). Device buffers are `size` bytes on a
-    CPU adapter and max(size, gpu_size) elsewhere, within the adapter's limits; the host link
-    moves `size` bytes. `timestamps=False` forces the wall-clock slope. Copies are bracketed
+    CPU adapter and max(size, gpu_size) elsewhere, within the adapter's limits; the host
+    link moves as many bytes as the device buffers on a GPU, `size` on a CPU adapter.
+    `timestamps=False` forces the wall-clock slope. Copies are bracketed
     by timestamps written on the encoder where the adapter has
     'timestamp-query-inside-encoders', else (or with `copy_timestamps="passes"`) by two empty
     timestamped passes. A timestamped figure the guard rejects falls back to the slope."""
@@ -215,7 +216,10 @@ def wgpu_bandwidth(size: int = SIZE, gpu_size: int = GPU_SIZE, timestamps: bool 
     dev_size = min(dev_size, int(device.limits.get("max-storage-buffer-binding-size", dev_size)),
                    int(device.limits.get("max-buffer-size", dev_size)))
     dev_size -= dev_size % 16
-    link = min(size, dev_size)
+    # the host link at the device size on a GPU: a stateless page moves 34 MB to 1 GB each way
+    # a step, and 64 MB can sit in a server's last-level cache (session 5's hosts calibrated
+    # 9-14 GB/s up at 64 MB while their stateless steps ran alike)
+    link = dev_size if kind == "gpu" else min(size, dev_size)
     link -= link % 16
     host = np.ones(link // 4, np.float32)
     a = device.create_buffer(size=dev_size, usage=BU.STORAGE | BU.COPY_SRC | BU.COPY_DST)

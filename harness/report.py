@@ -52,7 +52,7 @@ class Run:
 def _under_load(wl: dict) -> str:
     """The clock warm-up before the warm-up steps; absent from runs made before it existed."""
     w = wl.get("warm_s")
-    return "no clock warm-up, " if w is None else f"{w:g} s of clock warm-up, "
+    return "no time under load, " if w is None else f"{w:g} s under load (GPU clocks), "
 
 
 def label_runs(results: list[Results], paths: list[str | Path] | None = None) -> list[Run]:
