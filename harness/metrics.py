@@ -168,6 +168,24 @@ def unstable(samples_ms: list[float]) -> str:
     return ""
 
 
+#: an SM clock median below this fraction of the highest the point saw means the timed steps
+#: ran before the governor raised the clock, or after it dropped (FINDINGS 16)
+CLOCK_LOW_FRACTION = 0.8
+
+
+def low_clock(details: dict) -> str:
+    """A note when the timed steps ran at a low SM clock (details["sm_clock_mhz"], recorded
+    where nvidia-smi exists); "" otherwise."""
+    c = details.get("sm_clock_mhz")
+    if not isinstance(c, dict) or not c.get("peak_seen"):
+        return ""
+    if c["median"] >= CLOCK_LOW_FRACTION * c["peak_seen"]:
+        return ""
+    return (f"SM clock {c['median']:.0f} MHz during the timed steps, against {c['peak_seen']:.0f} "
+            "MHz seen in this point: a GPU that was not fully clocked (or a page that leaves it "
+            "idle)")
+
+
 #: a step cannot beat the fewest bytes it must move at the measured bandwidth; an MBU above
 #: this means the floor's calibration under-measured the device (or the link), not a fast step
 MBU_PLAUSIBLE_MAX = 1.05

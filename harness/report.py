@@ -124,7 +124,8 @@ def summary_table(runs: list[Run], title: str | None = None) -> Table:
 
 
 def notes(runs: list[Run]) -> list[str]:
-    """One line per point that was not measured or did not match, and per noisy point."""
+    """One line per point that was not measured or did not match, per noisy point, and per
+    point timed at a low GPU clock."""
     lines = []
     for run in runs:
         bad = run.calibration_problems
@@ -142,6 +143,9 @@ def notes(runs: list[Run]) -> list[str]:
                              f"argmax agree {m.argmax_agree:.0%})")
             elif p.details.get("warning"):
                 lines.append(f"{where}: {p.details['warning']}")
+            clock = metrics.low_clock(p.details) if p.status == "ok" else ""
+            if clock:
+                lines.append(f"{where}: {clock}")
             if (p.status == "ok" and p.mbu is not None and not bad
                     and metrics.plausible_mbu(p.mbu) is None):
                 lines.append(f"{where}: MBU {p.mbu:.2f} > {metrics.MBU_PLAUSIBLE_MAX}: the floor's "

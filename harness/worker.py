@@ -25,6 +25,7 @@ import traceback
 import numpy as np
 
 from backends.base import Backend, ByteCounters, DepthState, registry
+from harness.clocks import ClockSampler
 from harness.heater import heat
 from harness.metrics import compare_logits, is_cpu, unstable
 from harness.results import BYTE_CATEGORIES, Point, Stats
@@ -83,6 +84,7 @@ def _measure(req: dict, cls: type[Backend]) -> Point:
     tokens, ref_logits, cache = load_depth(req["depth_file"])
     wl = workload(req["preset"], int(req.get("seed", 0)))
     backend = cls()
+    clocks: ClockSampler | None = None
     try:
         t0 = time.perf_counter_ns()
         backend.prepare(wl, cap)
@@ -92,8 +94,10 @@ def _measure(req: dict, cls: type[Backend]) -> Point:
         t0 = time.perf_counter_ns()
         backend.reach_depth(depth)
         time_to_depth_s = (time.perf_counter_ns() - t0) / 1e9
-        # the GPU's clocks up before the warm-up steps, the same for every backend on a GPU
-        heated_s, not_heated = ((0.0, "a CPU backend") if is_cpu(name)
+        # the GPU's clocks up before the warm-up steps, the same for every backend on a GPU,
+        # and sampled (where nvidia-smi can) until the timed steps end
+        clocks = None if is_cpu(name) else ClockSampler()
+        heated_s, not_heated = ((0.0, "a CPU backend") if clocks is None
                                 else heat(float(req.get("warm_s", 0.0))))
 
         logits: list[np.ndarray] = []
@@ -103,6 +107,7 @@ def _measure(req: dict, cls: type[Backend]) -> Point:
         step_ms: list[float] = []
         gpu_ms: list[float] = []
         total = ByteCounters()
+        timed_from = time.perf_counter()
         for i in range(steps):
             backend.counters.reset()
             token = int(tokens[ctx + warmup + i])
@@ -116,8 +121,15 @@ def _measure(req: dict, cls: type[Backend]) -> Point:
             if g is not None:
                 gpu_ms.append(float(g))
 
+        timed_to = time.perf_counter()
+        sm_clock = None
+        if clocks is not None:
+            clocks.stop()
+            sm_clock = clocks.during(timed_from, timed_to)
         match = compare_logits(logits, ref_logits[: warmup + steps], wl.config.dtype)
         details = dict(backend.details)
+        if sm_clock is not None:
+            details["sm_clock_mhz"] = sm_clock
         details["heated_s"] = round(heated_s, 3)
         if not_heated:
             details["not_heated"] = not_heated
@@ -141,6 +153,8 @@ def _measure(req: dict, cls: type[Backend]) -> Point:
             device_bytes=None if dev is None else int(dev), match=match, details=_plain(details),
         )
     finally:
+        if clocks is not None:
+            clocks.stop()  # a failed point must not leave nvidia-smi running
         try:
             backend.close()
         except Exception:  # noqa: BLE001 - closing must not hide the measurement

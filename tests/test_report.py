@@ -117,3 +117,12 @@ def test_gpu_time_mbu_for_device_resident_points(run_files):
     assert "<h2>Host-link floors</h2>" in report_html.render(runs, {})
     dev.gpu_ms = None
     assert metrics.gpu_mbu(dev) is None
+
+
+def test_points_timed_at_a_low_clock_are_noted(run_files):
+    res = results.load(run_files[0])
+    p = res.point("ort-cpu:shared", res.contexts[0])
+    p.details["sm_clock_mhz"] = {"min": 345.0, "median": 1095.0, "max": 1095.0, "samples": 4,
+                                 "peak_seen": 1980.0}
+    lines = report.notes(report.label_runs([res]))
+    assert any("ort-cpu:shared" in ln and "SM clock 1095 MHz" in ln for ln in lines), lines
