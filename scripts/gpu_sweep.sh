@@ -16,6 +16,14 @@ presets=(${presets[@]})
 cd "$(dirname "$0")/.."
 . scripts/gpu_env.sh
 mkdir -p "$out"
+# the GPU's clocks, power and load for the whole call, every 250 ms (FINDINGS 16); each point
+# also records its own clock during its timed steps (details.sm_clock_mhz)
+if command -v nvidia-smi > /dev/null; then
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,utilization.gpu \
+    --format=csv -lms 250 > "$out/nvidia-smi.csv" 2>&1 &
+  smi=$!
+  trap 'kill $smi 2> /dev/null || true' EXIT
+fi
 "$py" -m harness.cli backends | tee "$out/backends.txt"
 # wgpu:fallback is left out: its counters and kernels equal wgpu:reuse's by construction
 backends=${STATEBENCH_GPU_BACKENDS:-'wgpu:stateless,wgpu:reuse,wgpu:stateful,ort-webgpu:*'}
