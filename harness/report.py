@@ -240,11 +240,14 @@ BANDWIDTH_HEAD = ["backend", "context", "floor ms", "step ms", "GPU ms", "MBU (w
 BANDWIDTH_NOTE = ("Device-resident backends with GPU timestamps: the floor (the bytes a step must "
                   "move over the calibrated streaming bandwidth) over the step's wall time and "
                   "over its GPU time; the gap between the two is host time.")
-LINK_HEAD = ["backend", "context", "floor ms", "step ms", "step / floor"]
+LINK_HEAD = ["backend", "context", "floor ms", "step ms", "step / floor",
+             "step / (link + stateful step)"]
 LINK_NOTE = ("Backends whose cache crosses the host link every step: the floor is the device "
              "floor plus the whole cache up and down at the calibrated h2d and d2h rates (the "
              "context's own write and read paths); step / floor says how much of the step is "
-             "something else (the graph's own work beyond the floor, submits, waits).")
+             "something else (the graph's own work beyond the floor, submits, waits). The last "
+             "column puts the same family's stateful step, measured in the run, in place of "
+             "the device floor: the link alone is what a stateless page must add to it.")
 
 
 def _floor_points(runs: list[Run]) -> Iterator[tuple[Run, Point]]:
@@ -281,8 +284,21 @@ def link_rows(runs: list[Run]) -> list[list[str]]:
                 and metrics.is_stateless(p.backend, p.details)
                 and metrics.plausible_mbu(p.mbu) is not None):  # else noted, not tabled
             out.append([series_name(run, p.backend), str(p.context), f"{p.floor_ms:.3f}",
-                        f"{p.step_ms.median:.3f}", f"{p.step_ms.median / p.floor_ms:.2f}"])
+                        f"{p.step_ms.median:.3f}", f"{p.step_ms.median / p.floor_ms:.2f}",
+                        _over_link_and_stateful(run, p)])
     return out
+
+
+def _over_link_and_stateful(run: Run, p: Point) -> str:
+    """The step over (its link time + the same family's stateful step at this context), the
+    issue's floor for a stateless page; "—" where the run has no such stateful point. The
+    link time is the point's floor less the device floor, which is the stateful point's
+    (the same graph's bytes)."""
+    s = run.results.point(p.backend.split(":", 1)[0] + ":stateful", p.context)
+    if s is None or s.status != "ok" or not s.floor_ms or s.step_ms is None:
+        return "—"
+    floor = p.floor_ms - s.floor_ms + s.step_ms.median
+    return f"{p.step_ms.median / floor:.2f}" if floor > 0 else "—"
 
 
 def floor_tables(runs: list[Run]) -> list[tuple[str, str, list[str], list[list[str]]]]:

@@ -112,7 +112,16 @@ def test_gpu_time_mbu_for_device_resident_points(run_files):
     assert "| ort-cpu:copy |" not in bandwidth
     # the host-cache point is tabled against its link floor instead: step over floor
     row = next(line for line in link.splitlines() if line.startswith(f"| ort-cpu:copy | {ctx} |"))
-    assert row.endswith("| 2.00 |")
+    assert row.endswith("| 2.00 | — |")  # no ort-cpu:stateful in the run to add the link to
+    # with the family's stateful point: step / (floor - its device floor + its step)
+    import copy
+
+    peer = copy.deepcopy(dev)
+    peer.backend, peer.floor_ms, peer.step_ms = "ort-cpu:stateful", 0.01, results.Stats.of([0.05] * 3)
+    res.points.append(peer)
+    want = host.step_ms.median / (host.floor_ms - 0.01 + 0.05)
+    assert report._over_link_and_stateful(report.label_runs([res])[0], host) == f"{want:.2f}"
+    res.points.remove(peer)
     assert "| ort-cpu:shared |" not in link
     assert "<h2>Host-link floors</h2>" in report_html.render(runs, {})
     dev.gpu_ms = None
