@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 def wgpu_adapter() -> tuple[object | None, str]:
     """(adapter, "") or (None, why there is none): wgpu missing, a driver error, no adapter."""
@@ -16,3 +18,10 @@ def wgpu_adapter() -> tuple[object | None, str]:
     if adapter is None:
         return None, "wgpu has no adapter"
     return adapter, ""
+
+
+def is_cpu_adapter(adapter: Any) -> bool:
+    """A software adapter (lavapipe, SwiftShader): the device is the host's cores, so there is
+    no GPU clock to raise and no encoder/device overlap to win."""
+    info = dict(adapter.info) if hasattr(adapter, "info") else {}
+    return str(info.get("adapter_type", "")).lower() == "cpu"

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from backends.adapter import wgpu_adapter
+from backends.adapter import is_cpu_adapter, wgpu_adapter
 from harness.stream_kernel import StreamKernel
 
 SIZE = 64 * 1024 * 1024
@@ -56,7 +56,6 @@ LINK_MAX_GBPS = 200.0
 #: the bound of each wgpu figure
 WGPU_BOUNDS = {"h2d": LINK_MAX_GBPS, "d2h": LINK_MAX_GBPS, "d2d": MEMORY_MAX_GBPS,
                "stream": MEMORY_MAX_GBPS}
-
 
 
 def checked_gbps(value, bound: float) -> tuple[float | None, str]:
@@ -195,8 +194,7 @@ def wgpu_bandwidth(size: int = SIZE, gpu_size: int = GPU_SIZE, timestamps: bool 
     import wgpu
 
     BU = wgpu.BufferUsage
-    info = dict(adapter.info) if hasattr(adapter, "info") else {}
-    kind = "cpu" if str(info.get("adapter_type", "")).lower() == "cpu" else "gpu"
+    kind = "cpu" if is_cpu_adapter(adapter) else "gpu"
     feats = set(adapter.features)
     ts_why = ""
     if not timestamps:
@@ -256,7 +254,7 @@ def wgpu_bandwidth(size: int = SIZE, gpu_size: int = GPU_SIZE, timestamps: bool 
         wait()
 
     sink = np.empty_like(host)  # the page's own array (readTensor(tensor, outputData))
-    into_sink = np.ndarray.view(sink, np.uint8)
+    into_sink = sink.view(np.uint8)
 
     def fill_sink(_i: int, raw: np.ndarray) -> None:
         into_sink[...] = raw

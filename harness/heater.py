@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 
-from backends.adapter import wgpu_adapter
+from backends.adapter import is_cpu_adapter, wgpu_adapter
 from harness.stream_kernel import StreamKernel
 
 #: bytes read and written per dispatch on a GPU (past a 50 MB L2) and on a CPU adapter (tests)
@@ -34,7 +34,7 @@ def heat(seconds: float, on_cpu_adapter: bool = False) -> tuple[float, str]:
     adapter, why = wgpu_adapter()
     if adapter is None:
         return 0.0, why
-    cpu = str(dict(adapter.info).get("adapter_type", "")).lower() == "cpu"
+    cpu = is_cpu_adapter(adapter)
     if cpu and not on_cpu_adapter:
         return 0.0, "a CPU adapter has no GPU clock to raise"
     try:

@@ -90,9 +90,8 @@ def _measure(req: dict, cls: type[Backend]) -> Point:
         backend.prepare(wl, cap)
         build_s = (time.perf_counter_ns() - t0) / 1e9
 
-        depth = DepthState(tokens=tokens[:ctx].copy(), cache=cache)
         t0 = time.perf_counter_ns()
-        backend.reach_depth(depth)
+        backend.reach_depth(DepthState(tokens=tokens[:ctx].copy(), cache=cache))
         time_to_depth_s = (time.perf_counter_ns() - t0) / 1e9
         # the GPU's clocks up before the warm-up steps, the same for every backend on a GPU,
         # and sampled (where nvidia-smi can) until the timed steps end

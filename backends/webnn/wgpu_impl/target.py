@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from backends.adapter import is_cpu_adapter
+
 
 @dataclass(frozen=True)
 class Target:
@@ -23,7 +25,7 @@ class Target:
 
 def target_of(adapter: Any, features: Any) -> Target:
     info = dict(adapter.info)
-    cpu = str(info.get("adapter_type", "")).lower() == "cpu"
+    cpu = is_cpu_adapter(adapter)
     sub = None
     if "subgroup" in features:
         # wgpu-py spells the keys "subgroup_*" (newer) or "stackgroup_*" (0.2x/0.3x)
