@@ -209,14 +209,14 @@ class _OrtBackend(Backend):
     def _device_value(self, host: np.ndarray):
         """A device OrtValue holding a copy of `host` (counted as h2d)."""
         if not host.size:  # an empty past holds no bytes anywhere; keep it off the device
-            return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(host, np.float32))
+            return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(host))
         if self.provider == "webgpu":
             value = self.session.create_ortvalue_from_shape_and_type(
-                list(host.shape), np.float32, "webgpu", 0)
+                list(host.shape), host.dtype, "webgpu", 0)
         else:
-            value = ort.OrtValue.ortvalue_from_shape_and_type(list(host.shape), np.float32,
+            value = ort.OrtValue.ortvalue_from_shape_and_type(list(host.shape), host.dtype,
                                                                "cpu", 0)
-        value.update_inplace(np.ascontiguousarray(host, np.float32))
+        value.update_inplace(np.ascontiguousarray(host))
         self.counters.h2d += host.nbytes
         return value
 
@@ -244,11 +244,11 @@ class _OrtBackend(Backend):
                 shape = list(s.shape)
                 if rows is not None:
                     shape[2] = rows
-                out[s.input] = np.zeros(shape, np.float32)
+                out[s.input] = np.zeros(shape, s.dtype)
             else:
                 arr = depth.cache[s.input]
                 out[s.input] = np.ascontiguousarray(arr if rows is None else arr[:, :, :rows],
-                                                    np.float32)
+                                                    s.dtype)
         return out
 
     def _id_feeds(self, token: int) -> dict[str, np.ndarray]:
@@ -345,9 +345,10 @@ class _Shared(_OrtBackend):
         for s in self.specs:
             if self.provider == "webgpu":
                 v = self.session.create_ortvalue_from_shape_and_type(
-                    list(s.shape), np.float32, "webgpu", 0)
+                    list(s.shape), np.dtype(s.dtype), "webgpu", 0)
             else:
-                v = ort.OrtValue.ortvalue_from_shape_and_type(list(s.shape), np.float32, "cpu", 0)
+                v = ort.OrtValue.ortvalue_from_shape_and_type(list(s.shape), np.dtype(s.dtype),
+                                                               "cpu", 0)
             self.values[s.input] = v
         vocab = self.cfg.vocab
         if self.provider == "webgpu":
@@ -368,13 +369,13 @@ class _Shared(_OrtBackend):
 
     def _upload(self, cache: dict[str, np.ndarray]) -> None:
         for s in self.specs:
-            arr = np.ascontiguousarray(cache[s.input], np.float32)
+            arr = np.ascontiguousarray(cache[s.input], s.dtype)
             self.values[s.input].update_inplace(arr)
             self.counters.h2d += arr.nbytes
 
     def reset(self) -> None:
         self.position = 0
-        self._upload({s.input: np.zeros(s.shape, np.float32) for s in self.specs})
+        self._upload({s.input: np.zeros(s.shape, s.dtype) for s in self.specs})
 
     def reach_depth(self, depth: DepthState) -> None:
         self._check_depth(depth)

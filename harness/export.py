@@ -67,6 +67,8 @@ TOTAL_LEN = "total_sequence_length"
 _ALIGN = 64
 _NP = {TensorProto.FLOAT: np.float32, TensorProto.INT64: np.int64, TensorProto.INT32: np.int32,
        TensorProto.BOOL: np.bool_}
+#: a cache's data type (CacheSpec.dtype) -> its ONNX element type
+_ELEM = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
 
 
 def graph_path(workload: Workload, flavour: str, capacity: int,
@@ -300,11 +302,15 @@ def _build(b: _Builder, flavour: str, capacity: int) -> None:
         dims = list(s.shape)
         if flavour == ORT and s.kind == "append":
             dims[2] = PAST_LEN
-        b.input(s.input, TensorProto.FLOAT, dims)
+        b.input(s.input, _ELEM[s.dtype], dims)
 
     if cfg.attention_layers:
         cos, sin = rope_tables(cfg, capacity)
-        ctx["cos"], ctx["sin"] = b.const(cos, name="rope_cos"), b.const(sin, name="rope_sin")
+        if flavour == ORT and cfg.kv_cache == "float16":
+            # GroupQueryAttention's cos/sin caches share its type T with the cache
+            cos, sin = cos.astype(np.float16), sin.astype(np.float16)
+        ctx["cos"], ctx["sin"] = (b.const(cos, cos.dtype, name="rope_cos"),
+                                  b.const(sin, sin.dtype, name="rope_sin"))
         if flavour == STANDARD:
             _standard_position_constants(b, ctx, capacity)
 
@@ -404,23 +410,41 @@ def _attention(b: _Builder, flavour: str, ctx: dict[str, str], i: int, xn: str,
     v = b.matmul(xn, b.weight(p + "v_proj"))
     past_k, past_v = f"past_key_values.{i}.key", f"past_key_values.{i}.value"
     pres_k, pres_v = f"present.{i}.key", f"present.{i}.value"
+    half = cfg.kv_cache == "float16"
     if flavour == ORT:
         present = [1, hk, TOTAL_LEN, d]
+        elem = _ELEM[cfg.kv_cache]
+        if half:
+            # GroupQueryAttention has one type T for q, k, v, the caches, cos/sin and its
+            # output: a float16 cache makes its q/k/v (and RoPE tables) float16 too. This
+            # rounds q and k before RoPE, which the standard flavour does not (FINDINGS.md,
+            # "float16 KV caches")
+            q, k, v = (b.op("Cast", [t], b.shape_of(t), TensorProto.FLOAT16,
+                            to=TensorProto.FLOAT16) for t in (q, k, v))
         out = b.op("GroupQueryAttention",
                    [q, k, v, past_k, past_v, ctx["seqlens_k"], ctx["total"], ctx["cos"],
                     ctx["sin"]],
-                   [1, 1, hq * d], domain=MS_DOMAIN,
-                   outputs=[(pres_k, present, TensorProto.FLOAT),
-                            (pres_v, present, TensorProto.FLOAT)],
+                   [1, 1, hq * d], elem, domain=MS_DOMAIN,
+                   outputs=[(pres_k, present, elem), (pres_v, present, elem)],
                    num_heads=hq, kv_num_heads=hk, do_rotary=1, rotary_interleaved=0)
+        if half:
+            out = b.op("Cast", [out], b.shape_of(out), to=TensorProto.FLOAT)
         return b.matmul(out, b.weight(p + "o_proj"))
     # S = 1, so BSNH -> BNSH is a reshape
     q = _rope(b, b.reshape(q, [1, hk, hq // hk, d]), ctx["cos_row"], ctx["sin_row"])
     k = _rope(b, b.reshape(k, [1, hk, 1, d]), ctx["cos_row"], ctx["sin_row"])
     v = b.reshape(v, [1, hk, 1, d])
     cache = [1, hk, capacity, d]
-    kc = b.op("ScatterND", [past_k, ctx["scatter_idx"], k], cache, out=pres_k)
-    vc = b.op("ScatterND", [past_v, ctx["scatter_idx"], v], cache, out=pres_v)
+    if half:
+        # the cache is float16, compute float32: the new rows are cast to float16 as they
+        # are written, the cache cast to float32 where attention reads it
+        k, v = (b.op("Cast", [t], b.shape_of(t), TensorProto.FLOAT16, to=TensorProto.FLOAT16)
+                for t in (k, v))
+    elem = _ELEM[cfg.kv_cache]
+    kc = b.op("ScatterND", [past_k, ctx["scatter_idx"], k], cache, elem, out=pres_k)
+    vc = b.op("ScatterND", [past_v, ctx["scatter_idx"], v], cache, elem, out=pres_v)
+    if half:
+        kc, vc = (b.op("Cast", [t], cache, to=TensorProto.FLOAT) for t in (kc, vc))
     kt = b.op("Transpose", [kc], [1, hk, d, capacity], perm=[0, 1, 3, 2])
     scores = b.binary("Mul", b.matmul(q, kt), b.const(1.0 / np.sqrt(d)))
     neg = b.const(np.finfo(np.float32).min)

@@ -154,6 +154,11 @@ def _softmax_unnormalised(s: np.ndarray) -> np.ndarray:
     return np.concatenate(sums).reshape(*s.shape[:-1], 1)
 
 
+def _to_float16(x: np.ndarray) -> np.ndarray:
+    """x rounded to the nearest float16 values (round to nearest even), in x's dtype."""
+    return x.astype(np.float16).astype(x.dtype)
+
+
 def project(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """``x @ w`` in the weights' precision. A float32 reference (large models) keeps float64
     activations (RoPE angles are float64) but multiplies by its float32 weights in float32
@@ -216,13 +221,14 @@ class Reference:
         self.state = {s.input: np.zeros(s.shape[1:], self.dtype) for s in specs}
 
     def cache_arrays(self, capacity: int | None = None) -> dict[str, np.ndarray]:
-        """Current state as float32 arrays in the graphs' layouts (batch dim 1), by past name;
+        """Current state in the graphs' layouts and data types (batch dim 1), by past name;
         KV caches cut to `capacity` rows when given (a smaller graph of the same model)."""
         out = {}
+        dtypes = {s.input: s.dtype for s in cache_specs(self.cfg, 1)}
         for n, a in self.state.items():
             if capacity is not None and n.startswith("past_key_values."):
                 a = a[:, :capacity]
-            out[n] = a[None].astype(np.float32)
+            out[n] = a[None].astype(dtypes[n])  # float16 KV caches: exact (rows are rounded)
         return out
 
     def save(self) -> tuple[int, dict[str, np.ndarray]]:
@@ -270,6 +276,10 @@ class Reference:
         ang = rope_angles(positions, d, cfg.rope_theta)
         q, k = apply_rope(q, ang), apply_rope(k, ang)
         kc, vc = self.state[f"past_key_values.{i}.key"], self.state[f"past_key_values.{i}.value"]
+        if cfg.kv_cache == "float16":
+            # the cache is a float16 tensor of the model: each row is rounded as it is
+            # written, and attention (the current token's own row too) reads the rounded rows
+            k, v = _to_float16(k), _to_float16(v)
         kc[:, positions] = k.transpose(1, 0, 2)
         vc[:, positions] = v.transpose(1, 0, 2)
         end = positions[-1] + 1

@@ -53,10 +53,17 @@ class ModelConfig:
     #: implementation may keep the weights as float16 without loss: the floor counts 2 bytes
     #: a parameter (a preset name with WEIGHTS_F16_SUFFIX)
     weights: str = "float32"
+    #: the KV caches' data type, a property of the model (a preset name with
+    #: KV_F16_SUFFIX): "float16" caches are float16 graph inputs and outputs, their new
+    #: rows rounded to float16 as they are written; compute stays float32 (``dtype``).
+    #: Recurrent (GDN) states stay float32.
+    kv_cache: str = "float32"
 
     def __post_init__(self) -> None:
         if self.weights not in ("float32", "float16"):
             raise UserError(f"weights {self.weights!r}; accepted: float32, float16")
+        if self.kv_cache not in ("float32", "float16"):
+            raise UserError(f"kv_cache {self.kv_cache!r}; accepted: float32, float16")
         bad = [k for k in self.layers if k not in LAYER_KINDS]
         if bad:
             raise UserError(f"unknown layer kind {bad[0]!r}; accepted: {', '.join(LAYER_KINDS)}")
@@ -76,6 +83,10 @@ class ModelConfig:
     @property
     def weight_bytes_per_parameter(self) -> int:
         return 2 if self.weights == "float16" else 4
+
+    @property
+    def kv_bytes_per_element(self) -> int:
+        return 2 if self.kv_cache == "float16" else 4
 
     def describe(self) -> dict:
         """Plain data for the results file's `workload` section."""
@@ -121,16 +132,24 @@ PRESETS: dict[str, ModelConfig] = {
 
 #: appended to a preset's name: the same model with float16-valued weights
 WEIGHTS_F16_SUFFIX = "+f16"
+#: appended to a preset's name: the same model with float16 KV caches (compute float32);
+#: composes with WEIGHTS_F16_SUFFIX in either order (``llama-1b+f16+f16kv``)
+KV_F16_SUFFIX = "+f16kv"
+_SUFFIXES = {WEIGHTS_F16_SUFFIX: {"weights": "float16"}, KV_F16_SUFFIX: {"kv_cache": "float16"}}
 
 
 def preset(name: str) -> ModelConfig:
-    base = name.removesuffix(WEIGHTS_F16_SUFFIX)
-    try:
-        cfg = PRESETS[base]
-    except KeyError:
-        raise UserError(f"unknown preset {name!r}; accepted: {', '.join(PRESETS)} (each also "
-                        f"with {WEIGHTS_F16_SUFFIX!r}: float16-valued weights)") from None
-    return replace(cfg, name=name, weights="float16") if base != name else cfg
+    base, *rest = str(name).split("+")
+    suffixes = ["+" + r for r in rest]
+    accepted = (f"accepted: {', '.join(PRESETS)}, each also with {WEIGHTS_F16_SUFFIX!r} "
+                f"(float16-valued weights) and/or {KV_F16_SUFFIX!r} (float16 KV caches)")
+    bad = [x for x in suffixes if x not in _SUFFIXES]
+    if base not in PRESETS or bad or len(set(suffixes)) != len(suffixes):
+        raise UserError(f"unknown preset {name!r}; {accepted}")
+    if not suffixes:
+        return PRESETS[base]
+    changes = {k: v for x in suffixes for k, v in _SUFFIXES[x].items()}
+    return replace(PRESETS[base], name=name, **changes)
 
 
 def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -211,7 +230,10 @@ def default_cache_dir() -> Path:
 
 def config_key(cfg: ModelConfig, seed: int) -> str:
     """A name that changes whenever the shapes or the seed do."""
-    digest = hashlib.sha256(json.dumps(asdict(cfg), sort_keys=True).encode()).hexdigest()[:10]
+    d = asdict(cfg)
+    if d["kv_cache"] == "float32":
+        del d["kv_cache"]  # keys made before the field existed stay valid
+    digest = hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
     return f"{cfg.name}-{digest}-s{seed}"
 
 
@@ -256,10 +278,11 @@ class CacheSpec:
     shape: tuple[int, ...]
     kind: str
     layer: int
+    dtype: str = "float32"  # the tensor's data type (append pairs: ModelConfig.kv_cache)
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape)) * 4
+        return int(np.prod(self.shape)) * np.dtype(self.dtype).itemsize
 
 
 def cache_specs(cfg: ModelConfig, capacity: int) -> list[CacheSpec]:
@@ -270,7 +293,7 @@ def cache_specs(cfg: ModelConfig, capacity: int) -> list[CacheSpec]:
             shape = (1, cfg.kv_heads, capacity, cfg.head_dim)
             for part in ("key", "value"):
                 specs.append(CacheSpec(f"past_key_values.{i}.{part}", f"present.{i}.{part}",
-                                       shape, "append", i))
+                                       shape, "append", i, cfg.kv_cache))
         else:
             shape = (1, cfg.gdn_v_heads, cfg.gdn_v_dim, cfg.gdn_qk_dim)
             specs.append(CacheSpec(f"past_state.{i}", f"present_state.{i}", shape, "overwrite", i))
@@ -282,7 +305,7 @@ def valid_cache_bytes(cfg: ModelConfig, depth: int) -> int:
     total = 0
     for spec in cache_specs(cfg, max(depth, 1)):
         if spec.kind == "append":
-            total += cfg.kv_heads * depth * cfg.head_dim * 4
+            total += cfg.kv_heads * depth * cfg.head_dim * cfg.kv_bytes_per_element
         else:
             total += spec.nbytes
     return total

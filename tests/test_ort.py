@@ -163,3 +163,58 @@ def test_every_mode_is_registered_for_both_providers():
     names = set(registry())
     assert set(CPU + WEBGPU) <= names
     assert "ort-cpu:captured" not in names  # graph capture is the WebGPU EP's
+
+
+# -- float16 KV caches (a model property: `+f16kv`) ------------------------------------------
+
+#: ORT's kernels against the float64 reference of the float16-cache model. Tighter than the
+#: gap between that reference and one that keeps its cache rows in float64 (~7e-5 on tiny and
+#: small), so a reference or a backend that skipped the rounding would fail here.
+F16KV_TOL = {"standard": 1e-5, "ort": 5e-4}  # the ORT flavour also rounds q, k, v, cos, sin
+
+
+@pytest.fixture(scope="module")
+def tiny_f16kv():
+    return Workload.build(preset("tiny+f16kv"), seed=1)
+
+
+def _f16kv_err(b, wl, depth_len):
+    depth, ref = _depth(wl, depth_len)
+    b.reach_depth(depth)
+    err = 0.0
+    for tok in token_stream(wl.config, 5, seed=4):
+        got, expect = b.step(int(tok)), ref.step(int(tok))
+        assert got.argmax() == expect.argmax()
+        err = max(err, float(np.abs(got - expect).max() / np.abs(expect).max()))
+    return err
+
+
+@pytest.mark.parametrize("name", CPU)
+def test_f16kv_matches_the_rounding_reference(name, tiny_f16kv, cache_dir):
+    b = _backend(name, tiny_f16kv, cache_dir)
+    flavour = "standard" if name.endswith("standard") else "ort"
+    assert _f16kv_err(b, tiny_f16kv, 9) < F16KV_TOL[flavour]
+    if name != "ort-cpu:copy":
+        return
+    # the caches the session hands back are float16 and hold exactly the reference's rows
+    depth, ref = _depth(tiny_f16kv, 6)
+    b.reach_depth(depth)
+    tok = int(token_stream(tiny_f16kv.config, 1, seed=5)[0])
+    b.step(tok)
+    ref.step(tok)
+    want = ref.cache_arrays()
+    for s in cache_specs(tiny_f16kv.config, CAPACITY):
+        got = b.past[s.input]
+        assert got.dtype == np.dtype(s.dtype)
+        if s.kind == "append":
+            assert s.dtype == "float16"
+            rows = want[s.input][:, :, :7].astype(np.float32)
+            assert np.abs(got.astype(np.float32) - rows).max() <= 2e-3 * np.abs(rows).max()
+
+
+def test_f16kv_copy_moves_half_the_kv_bytes(tiny, tiny_f16kv, cache_dir):
+    full = _step_counters(_backend("ort-cpu:copy", tiny, cache_dir), tiny, 10)
+    half = _step_counters(_backend("ort-cpu:copy", tiny_f16kv, cache_dir), tiny_f16kv, 10)
+    cfg = tiny.config
+    kv_f32 = 2 * len(cfg.attention_layers) * cfg.kv_heads * 10 * cfg.head_dim * 4
+    assert full["h2d"] - half["h2d"] == kv_f32 // 2
