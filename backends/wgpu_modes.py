@@ -158,7 +158,8 @@ class _Page(Backend):
             return
         with self._counted():
             for p in self._pairs:
-                arr = np.asarray(depth.cache[p.input], dtype=np.float32)
+                # in the cache's own type (a float16 cache: float16 rows, as the page holds them)
+                arr = np.asarray(depth.cache[p.input], self.converted.inputs[p.input].host_dtype)
                 if self.host_cache:
                     self._host[p.input][...] = arr
                 else:
@@ -223,10 +224,8 @@ class _Page(Backend):
         """The graph's own buffers (weights, temporaries, hidden state) plus the page's tensors."""
         if self.converted is None:
             return None
-        from backends.webnn.dtypes import ELEMENT_BYTES
-
         tensors = [*self._bound.values(), *self._cur.values(), *self._nxt.values()]
-        page = sum(int(np.prod(t.shape)) * ELEMENT_BYTES for t in tensors)
+        page = sum(int(np.prod(t.shape)) * t._dtype.itemsize for t in tensors)
         return int(getattr(self.converted.graph, "device_bytes", 0)) + page
 
     def close(self) -> None:

@@ -109,7 +109,7 @@ def test_kernel_layouts_without_and_with_shared_pv(ctx, shared_floats, monkeypat
     assert AT._layout(8, 64, 1 << 12)[3] is False and AT._layout(8, 64, 1 << 14)[3] is True
     real = AT.flash_decode
     monkeypatch.setattr(match.AT, "flash_decode",
-                        lambda *a: real(*a[:5], shared_floats, *a[6:]))
+                        lambda *a, **kw: real(*a[:5], shared_floats, *a[6:], **kw))
     gr, outs = graph(ctx, 2, 8, 300, 64, -1e9)
     feeds = {"q": RNG.standard_normal((1, 2, 8, 64)), "k": RNG.standard_normal((1, 2, 300, 64)),
              "v": RNG.standard_normal((1, 2, 300, 64)),
@@ -141,3 +141,86 @@ def test_query_chain_computed_by_the_attention_kernel(ctx):
     e = np.exp(s - s.max(-1, keepdims=True))
     want = np.einsum("bhgc,bhcd->bhgd", e / e.sum(-1, keepdims=True), feeds["v"])
     np.testing.assert_allclose(run(ctx, gr, outs, feeds)["y"], want, rtol=2e-5, atol=2e-6)
+
+
+# -- float16 KV caches: the row write and flash-decoding read float16 directly ----------------
+
+
+def f16_cache_graph(ctx, heads, g, cap, d, stateful):
+    """A decode attention over float16 caches as the standard export spells it: the new
+    rows cast to float16 and scattered in, the caches cast to float32 where read."""
+    from backends.webnn import MLKVCachePair
+
+    b = MLGraphBuilder(ctx)
+    q = b.input("q", data_type="float32", shape=[1, heads, g, d])
+    kc = b.input("kc", data_type="float16", shape=[1, heads, cap, d])
+    vc = b.input("vc", data_type="float16", shape=[1, heads, cap, d])
+    idx = b.input("idx", data_type="int64", shape=[1, heads, 1, 3])
+    kn = b.input("kn", data_type="float32", shape=[1, heads, 1, d])
+    vn = b.input("vn", data_type="float32", shape=[1, heads, 1, d])
+    valid = b.input("valid", data_type="float32", shape=[1, 1, 1, cap])
+    scale = b.constant(data_type="float32", shape=[1], value=np.float32([1 / np.sqrt(d)]))
+    zero = b.constant(data_type="float32", shape=[1], value=np.float32([0.0]))
+    neg = b.constant(data_type="float32", shape=[1], value=np.float32([-np.inf]))
+    pk = b.scatter_nd(kc, idx, b.cast(kn, "float16"))
+    pv = b.scatter_nd(vc, idx, b.cast(vn, "float16"))
+    kt = b.transpose(b.cast(pk, "float32"), [0, 1, 3, 2])
+    s = b.where(b.greater(valid, zero), b.mul(b.matmul(q, kt), scale), neg)
+    outs = {"y": b.matmul(b.softmax(s, 3), b.cast(pv, "float32")), "pk": pk, "pv": pv}
+    pairs = [MLKVCachePair(input="kc", output="pk"), MLKVCachePair(input="vc", output="pv")]
+    if stateful:
+        return b.build(outs, use_stateful=True, kv_cache_pairs=pairs), outs
+    return b.build(outs), outs
+
+
+def _tensor(ctx, dtype, value, **kw):
+    t = ctx.create_tensor(data_type=dtype, shape=list(np.shape(value)), writable=True, **kw)
+    ctx.write_tensor(t, np.asarray(value).astype(dtype))
+    return t
+
+
+@pytest.mark.parametrize("stateful", [True, False])
+@pytest.mark.parametrize("heads,g,cap,d", [(2, 4, 300, 16), (1, 3, 70, 6)])
+def test_f16_cache_row_write_and_flash_read_float16(ctx, stateful, heads, g, cap, d):
+    """Against float64 NumPy with the rows rounded to float16: the stateful graph over
+    three dispatches into its hidden cache (rows at random positions), the stateless one
+    over a random page-owned cache, whose present must hold exactly the float16 rows."""
+    if "shader-f16" not in ctx._adapter.features:
+        pytest.skip("the adapter has no 'shader-f16'")
+    gr, outs = f16_cache_graph(ctx, heads, g, cap, d, stateful)
+    names = [la.kernel.name for la in gr._plan.launches if hasattr(la, "kernel")]
+    # fused casts: no launch widens a cache to float32 (the row cast is in the row write)
+    assert not [n for n in names if "cast" in n], names
+    assert names.count("attention_flash") == 1 and names.count("scatter_nd") == 1, names
+    # stateful: + the capacity check; stateless: + a copy of each cache into its present
+    assert len(names) == (4 if stateful else 5), names
+    if stateful:
+        kc, vc = np.zeros((2, 1, heads, cap, d), np.float16)
+    else:
+        kc, vc = RNG.standard_normal((2, 1, heads, cap, d)).astype(np.float16)
+    want_k, want_v = kc.astype(np.float64), vc.astype(np.float64)
+    for depth in RNG.choice(cap, 3 if stateful else 1, replace=False):
+        q, kn, vn = (RNG.standard_normal(s) for s in ((1, heads, g, d), (1, heads, 1, d),
+                                                      (1, heads, 1, d)))
+        idx = np.zeros((1, heads, 1, 3), np.int64)
+        idx[0, :, 0, 1], idx[0, :, 0, 2] = np.arange(heads), depth
+        valid = (RNG.random(cap) < 0.7) | (np.arange(cap) == depth)
+        valid = valid.astype(np.float32).reshape(1, 1, 1, cap)
+        ins = {n: _tensor(ctx, dt, v) for n, dt, v in (
+            ("q", "float32", q), ("idx", "int64", idx), ("kn", "float32", kn),
+            ("vn", "float32", vn), ("valid", "float32", valid))}
+        res = {"y": ctx.create_tensor(data_type="float32", shape=[1, heads, g, d], readable=True)}
+        if not stateful:
+            ins["kc"], ins["vc"] = _tensor(ctx, "float16", kc), _tensor(ctx, "float16", vc)
+            res["pk"], res["pv"] = (ctx.create_tensor(data_type="float16", readable=True,
+                                                      shape=[1, heads, cap, d]) for _ in "kv")
+        ctx.dispatch(gr, ins, res)
+        out = {n: ctx.read_tensor(t) for n, t in res.items()}
+        want_k[:, :, depth] = kn[:, :, 0].astype(np.float16)  # the row rounded to float16
+        want_v[:, :, depth] = vn[:, :, 0].astype(np.float16)
+        np.testing.assert_allclose(out["y"], oracle(q, want_k, want_v, valid), rtol=2e-5,
+                                   atol=2e-6)
+    if not stateful:
+        assert out["pk"].dtype == np.float16 and out["pv"].dtype == np.float16
+        np.testing.assert_array_equal(out["pk"], want_k.astype(np.float16))
+        np.testing.assert_array_equal(out["pv"], want_v.astype(np.float16))

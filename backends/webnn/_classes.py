@@ -108,6 +108,15 @@ class MLGraphBuilder:
         self._own(*inputs)
         return MLOperand(self, "op", dt, shape, op=op, inputs=tuple(inputs), attrs=attrs)
 
+    def _dtype(self, name: str) -> DType:
+        """A data type this builder's context supports (TypeError otherwise: the spec's
+        check against ``opSupportLimits()``)."""
+        dt = dtype(name)
+        why = self._context._unsupported(dt)
+        if why:
+            raise TypeError(why)
+        return dt
+
     @staticmethod
     def _same_type(*ops: MLOperand) -> DType:
         types = {o._dtype.name for o in ops}
@@ -122,12 +131,13 @@ class MLGraphBuilder:
             raise TypeError("input name must be a non-empty string")
         if name in self._input_names:
             raise TypeError(f"duplicate input name {name!r}")
+        dt = self._dtype(data_type)
         self._input_names.add(name)
-        return MLOperand(self, "input", dtype(data_type), S.check_shape(shape), name=name)
+        return MLOperand(self, "input", dt, S.check_shape(shape), name=name)
 
     # IDL: MLOperand constant(MLOperandDescriptor descriptor, AllowSharedBufferSource buffer);
     def constant(self, *, data_type: str, shape: Sequence[int], value: Any) -> MLOperand:
-        dt = dtype(data_type)
+        dt = self._dtype(data_type)
         shp = S.check_shape(shape)
         arr = np.asarray(value)
         if arr.size == 1 and S.size(shp) != 1:
@@ -294,7 +304,7 @@ class MLGraphBuilder:
     # IDL: MLOperand cast(MLOperand input, MLOperandDataType type, optional MLOperatorOptions options = {});
     def cast(self, x: MLOperand, data_type: str) -> MLOperand:
         self._own(x)
-        return self._node("cast", (x,), dtype(data_type), x._shape)
+        return self._node("cast", (x,), self._dtype(data_type), x._shape)
 
     # -- matrix products -------------------------------------------------------------
     # IDL: MLOperand matmul(MLOperand a, MLOperand b, optional MLOperatorOptions options = {});
@@ -598,8 +608,11 @@ class MLContext:
     def create_tensor(self, *, data_type: str, shape: Sequence[int], readable: bool = False,
                       writable: bool = False) -> MLTensor:
         self._check_alive()
-        return self._create_tensor(dtype(data_type), S.check_shape(shape), bool(readable),
-                                   bool(writable))
+        dt = dtype(data_type)
+        why = self._unsupported(dt)
+        if why:
+            raise TypeError(why)
+        return self._create_tensor(dt, S.check_shape(shape), bool(readable), bool(writable))
 
     # IDL: undefined writeTensor(MLTensor tensor, AllowSharedBufferSource sourceData);
     def write_tensor(self, tensor: MLTensor, data: Any) -> None:
@@ -688,6 +701,10 @@ class MLContext:
         self._destroyed = True
 
     # -- implemented by the backend ----------------------------------------------------
+    def _unsupported(self, dt: DType) -> str:
+        """Why this context cannot hold tensors of ``dt`` ("" if it can)."""
+        return ""
+
     def _create_tensor(self, dt: DType, shape: tuple[int, ...], readable: bool,
                        writable: bool) -> MLTensor:
         raise NotImplementedError

@@ -1,7 +1,9 @@
 """Operand data types: the spec's names, the host NumPy type, and the device storage type.
 
-Every device element is 4 bytes (WGSL ``f32``/``i32``/``u32``); this keeps one indexing
-scheme for all kernels.
+Every device element is 4 bytes (WGSL ``f32``/``i32``/``u32``) except ``float16``, stored as
+WGSL ``f16`` (2 bytes): a context offers it only where the adapter has 'shader-f16'
+(``MLContext._unsupported``). Kernels index elements, not bytes, so one indexing scheme
+still serves all; byte counts use ``DType.itemsize``.
 
 DEVIATION: ``int64`` is stored as ``i32`` on the device (WGSL has no 64-bit integers);
 ``write_tensor`` and ``constant`` range-check values and raise ``DataError`` outside int32.
@@ -29,18 +31,24 @@ class DType:
 
     @property
     def is_float(self) -> bool:
-        return self.wgsl == "f32"
+        return self.wgsl in ("f32", "f16")
+
+    @property
+    def itemsize(self) -> int:
+        """Device bytes per element."""
+        return np.dtype(self.device_np).itemsize
 
 
 DTYPES: dict[str, DType] = {
     "float32": DType("float32", np.float32, "f32", np.float32),
+    "float16": DType("float16", np.float16, "f16", np.float16),
     "int32": DType("int32", np.int32, "i32", np.int32),
     "int64": DType("int64", np.int64, "i32", np.int32),
     "uint32": DType("uint32", np.uint32, "u32", np.uint32),
     "uint8": DType("uint8", np.uint8, "u32", np.uint32),
 }
 
-ELEMENT_BYTES = 4  # device bytes per element, whatever the data type
+ELEMENT_BYTES = 4  # device bytes per element of every data type but float16 (DType.itemsize)
 
 
 def dtype(name: str) -> DType:

@@ -72,7 +72,7 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
                  score: tuple[Sequence[FusedOp], Sequence[Leaf]] | None,
                  shared_floats: int,
                  q_chain: tuple[Sequence[FusedOp], Sequence[Leaf]] | None = None,
-                 splits: int = SPLITS) -> tuple[Kernel, Kernel, int]:
+                 splits: int = SPLITS, kv: str = "f32") -> tuple[Kernel, Kernel, int]:
     """(pass 1, pass 2, partial-buffer elements) for q (heads, q_rows, d), K and V
     (heads, capacity, d), output (heads, q_rows, d).
 
@@ -82,6 +82,8 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
     ``q_chain``: q is not a buffer but an element-wise group (RoPE of the query) whose
     leaves take q's place in the bindings; each workgroup computes its head's q rows.
     ``splits``: the splits per head a long cache aims at (``split_rows``).
+    ``kv``: the K and V buffers' element type: "f16" (a float16 cache) is widened to
+    float32 as each element is loaded; everything else stays float32.
 
     Pass 1 gives each invocation whole cache rows: it loads its K row once (vec4 loads
     when d % 4 == 0) and scores every q row against it; maxima and sums are tree
@@ -107,7 +109,10 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
         base = f"(h * {G * D4}u + j)"
         q_load = (f"vec4<f32>({qf}(4u * {base}), {qf}(4u * {base} + 1u), "
                   f"{qf}(4u * {base} + 2u), {qf}(4u * {base} + 3u))" if vec else f"{qf}({base})")
-    src += decl(len(bindings), "k", vt, "read") + decl(len(bindings) + 1, "v", vt, "read")
+    kvt = vt.replace("f32", kv)  # K and V as stored
+    src += decl(len(bindings), "k", kvt, "read") + decl(len(bindings) + 1, "v", kvt, "read")
+    # a load of K or V as float32 (exact for float16)
+    ld = (lambda x: x) if kv == "f32" else (lambda x: f"{vt}({x})")
     bindings += ["read", "read"]
     fn_call = "raw"
     if score is not None:
@@ -124,7 +129,7 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
     pw = P // 4 if vec else P  # partial words per (row, split)
     # K row loads issued U at a time before use: enough bytes in flight per invocation
     U = next(u for u in (16, 8, 4, 2, 1) if D4 % u == 0)
-    k_loads = "".join(f"      let k{j} = k[kb + e0 + {j}u];\n" for j in range(U))
+    k_loads = "".join(f"      let k{j} = {ld(f'k[kb + e0 + {j}u]')};\n" for j in range(U))
     dot = (lambda j: f"dot(qs[r * {D4}u + e0 + {j}u], k{j})") if vec else (
         lambda j: f"qs[r * {D4}u + e0 + {j}u] * k{j}")
     k_dots = " + ".join(dot(j) for j in range(U))
@@ -135,6 +140,7 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
         stats = ("  part[pb] = m[r];\n  part[pb + 1u] = red[r * {WG}u];\n"
                  "  part[pb + 2u] = 0.0;\n  part[pb + 3u] = 0.0;\n")
     stats = stats.format(WG=WG)
+    v_at = ld(f"v[(h * {C}u + c0 + c) * {D4}u + e]")  # V row c, column (word) e
     if shared_pv:
         pv = f"""  let rg = lid / {D4}u;
   let e = lid % {D4}u;
@@ -143,10 +149,10 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
   var c = rg;
   while (c + {3 * R}u < n) {{
     let vb = (h * {C}u + c0 + c) * {D4}u + e;
-    let v0 = v[vb];
-    let v1 = v[vb + {R * D4}u];
-    let v2 = v[vb + {2 * R * D4}u];
-    let v3 = v[vb + {3 * R * D4}u];
+    let v0 = {ld("v[vb]")};
+    let v1 = {ld(f"v[vb + {R * D4}u]")};
+    let v2 = {ld(f"v[vb + {2 * R * D4}u]")};
+    let v3 = {ld(f"v[vb + {3 * R * D4}u]")};
     for (var r = 0u; r < {G}u; r = r + 1u) {{
       let sb = r * {T}u + c;
       a[r] = a[r] + sc[sb] * v0 + sc[sb + {R}u] * v1 + sc[sb + {2 * R}u] * v2 + sc[sb + {3 * R}u] * v3;
@@ -154,7 +160,7 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
     c = c + {4 * R}u;
   }}
   while (c < n) {{
-    let vv = v[(h * {C}u + c0 + c) * {D4}u + e];
+    let vv = {v_at};
     for (var r = 0u; r < {G}u; r = r + 1u) {{ a[r] = a[r] + sc[r * {T}u + c] * vv; }}
     c = c + {R}u;
   }}
@@ -174,7 +180,7 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
     let r = j / {D4}u;
     let e = j % {D4}u;
     var t = {vt}(0.0);
-    for (var c = 0u; c < n; c = c + 1u) {{ t = t + sc[r * {T}u + c] * v[(h * {C}u + c0 + c) * {D4}u + e]; }}
+    for (var c = 0u; c < n; c = c + 1u) {{ t = t + sc[r * {T}u + c] * {v_at}; }}
     part[((h * {G}u + r) * {ns}u + sp) * {pw}u + {head_words}u + e] = t;
   }}
 """
@@ -259,7 +265,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     extra = 0 if score is None else sum(4 * min(leaf.size, heads * G * C)
                                         for leaf in score[1] if not leaf.param)
     k1 = Kernel("attention_flash", src, bindings, (ns, heads, 1),
-                4 * (heads * G * D + 2 * heads * C * D + parts) + extra)
+                4 * (heads * G * D + parts) + 2 * heads * C * D * (2 if kv == "f16" else 4)
+                + extra)
     k2 = _combine(heads * G, ns, D, vec)
     return k1, k2, parts
 

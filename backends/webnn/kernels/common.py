@@ -72,13 +72,20 @@ def decl(binding: int, name: str, wgsl_type: str, access: str) -> str:
             f"array<{wgsl_type}>;\n")
 
 
+def esize(t: str) -> int:
+    """Bytes of one element of WGSL scalar type ``t`` (f16: 2, the rest 4)."""
+    return 2 if t == "f16" else 4
+
+
 def lowest(t: str) -> str:
-    return {"f32": "bitcast<f32>(0xff800000u)", "i32": "(-2147483647 - 1)", "u32": "0u"}[t]
+    return {"f32": "bitcast<f32>(0xff800000u)", "f16": "f16(bitcast<f32>(0xff800000u))",
+            "i32": "(-2147483647 - 1)", "u32": "0u"}[t]
 
 
 def highest(t: str) -> str:
-    return {"f32": "bitcast<f32>(0x7f800000u)", "i32": "2147483647", "u32": "4294967295u"}[t]
+    return {"f32": "bitcast<f32>(0x7f800000u)", "f16": "f16(bitcast<f32>(0x7f800000u))",
+            "i32": "2147483647", "u32": "4294967295u"}[t]
 
 
 def zero(t: str) -> str:
-    return {"f32": "0.0", "i32": "0", "u32": "0u"}[t]
+    return {"f32": "0.0", "f16": "f16(0.0)", "i32": "0", "u32": "0u"}[t]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .. import shapes as S
-from .common import Kernel, decl, grid, main_1d, offset_fn
+from .common import Kernel, decl, esize, grid, main_1d, offset_fn
 
 _F32_HELPERS = """
 fn wpow(a: f32, b: f32) -> f32 {
@@ -45,6 +45,12 @@ _UNARY_F = {
 
 def expression(op: str, in_types: Sequence[str], out_type: str) -> str:
     """WGSL expression of one element, inputs named a0, a1, a2."""
+    if out_type == "f16" and op in ("pow", "erf", "gelu"):
+        # the float32 helpers, on float32 copies of the float16 inputs (no f16 overloads)
+        e = expression(op, ["f32" if t == "f16" else t for t in in_types], "f32")
+        for k in range(len(in_types)):
+            e = e.replace(f"a{k}", f"f32(a{k})")
+        return f"f16({e})"
     if op in _BINARY:
         return _BINARY[op]
     if op == "pow":
@@ -71,7 +77,7 @@ def expression(op: str, in_types: Sequence[str], out_type: str) -> str:
         src = in_types[0]
         if src == out_type:
             return "a0"
-        if out_type == "u32" and src == "f32":
+        if out_type == "u32" and src in ("f32", "f16"):
             return "u32(max(a0, 0.0))"
         return f"{out_type}(a0)"
     raise NotImplementedError(op)
@@ -106,7 +112,7 @@ def elementwise(op: str, in_types: Sequence[str], in_shapes: Sequence[Sequence[i
     if guarded:
         src += decl(len(bindings), "status", "u32", "read")
         bindings.append("read")
-    if "f32" in in_types or out_type == "f32":
+    if {"f32", "f16"} & {*in_types, out_type}:
         src += _F32_HELPERS
     src += main_1d(gx)
     src += f"  if (i >= {n}u) {{ return; }}\n"
@@ -115,7 +121,9 @@ def elementwise(op: str, in_types: Sequence[str], in_shapes: Sequence[Sequence[i
     for k, nm in enumerate(names):
         src += f"  let a{k} = {nm}[off{k}(i)];\n"
     src += f"  out[i] = {expression(op, in_types, out_type)};\n}}\n"
-    traffic = 4 * (sum(S.size(s) for k, s in enumerate(in_shapes) if k != alias) + n)
+    traffic = (sum(esize(t) * S.size(s) for k, (t, s) in enumerate(zip(in_types, in_shapes,
+                                                                        strict=True))
+                   if k != alias) + esize(out_type) * n)
     if alias is not None:
-        traffic += 4 * n  # the aliased state is still read
+        traffic += esize(out_type) * n  # the aliased state is still read
     return Kernel(op, src, bindings, (gx, gy, gz), traffic)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .. import shapes as S
-from .common import Kernel, decl, grid, main_1d, offset_fn
+from .common import Kernel, decl, esize, grid, main_1d, offset_fn
 from .elementwise import _F32_HELPERS, expression
 
 #: where an input comes from: ("op", index into ``ops``) or ("leaf", index into ``leaves``)
@@ -143,13 +143,14 @@ def fused(ops: Sequence[FusedOp], leaves: Sequence[Leaf], *, guarded: bool = Fal
     n = S.size(root.out_shape)
     gx, gy, gz = grid(n)
     src, bindings = leaf_decls(leaves, 0)
-    traffic = 4 * n + sum(4 * min(leaf.size, n) for leaf in leaves)
+    traffic = esize(root.out_type) * n + sum(esize(leaf.wgsl_type) * min(leaf.size, n)
+                                             for leaf in leaves)
     src += decl(len(bindings), "out", root.out_type, "rw")
     bindings.append("rw")
     if guarded:
         src += decl(len(bindings), "status", "u32", "read")
         bindings.append("read")
-    if any(op.out_type == "f32" or "f32" in op.in_types for op in ops):
+    if any({"f32", "f16"} & {op.out_type, *op.in_types} for op in ops):
         src += _F32_HELPERS
     src += functions(ops, leaves)[0]
     src += main_1d(gx) + f"  if (i >= {n}u) {{ return; }}\n"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .. import shapes as S
-from .common import Kernel, decl, grid, main_1d, offset_fn
+from .common import Kernel, decl, esize, grid, main_1d, offset_fn
 
 
 def strided_copy(t: str, region: Sequence[int], src_base: int, src_strides: Sequence[int],
@@ -18,18 +18,19 @@ def strided_copy(t: str, region: Sequence[int], src_base: int, src_strides: Sequ
     src += offset_fn("soff", region, src_strides, src_base)
     src += offset_fn("doff", region, dst_strides, dst_base)
     src += main_1d(gx) + f"  if (i >= {n}u) {{ return; }}\n  out[doff(i)] = x[soff(i)];\n}}\n"
-    return Kernel(name, src, ["read", "rw"], (gx, gy, gz), 8 * n)
+    return Kernel(name, src, ["read", "rw"], (gx, gy, gz), 2 * esize(t) * n)
 
 
-def copy_vec4(n: int, wg: int = 256) -> Kernel:
-    """A whole buffer of ``n`` 4-byte elements copied 16 bytes per invocation (buffers are
-    sized in multiples of 16 bytes, so the last vector stays in bounds; what it copies past
-    ``n`` is padding). Counted as the n elements read and written."""
-    n4 = -(-n // 4)
+def copy_vec4(n: int, wg: int = 256, itemsize: int = 4) -> Kernel:
+    """A whole buffer of ``n`` elements of ``itemsize`` bytes copied 16 bytes per invocation
+    as bits (``vec4<u32>``: two float16 values a word are copied whole; buffers are sized in
+    multiples of 16 bytes, so the last vector stays in bounds; what it copies past the
+    elements is padding). Counted as the n elements read and written."""
+    n4 = -(-n * itemsize // 16)
     gx, gy, gz = grid(n4, wg)
-    src = (decl(0, "x", "vec4<f32>", "read") + decl(1, "out", "vec4<f32>", "rw")
+    src = (decl(0, "x", "vec4<u32>", "read") + decl(1, "out", "vec4<u32>", "rw")
            + main_1d(gx, wg) + f"  if (i >= {n4}u) {{ return; }}\n  out[i] = x[i];\n}}\n")
-    return Kernel("copy_vec4", src, ["read", "rw"], (gx, gy, gz), 8 * n)
+    return Kernel("copy_vec4", src, ["read", "rw"], (gx, gy, gz), 2 * itemsize * n)
 
 
 def gather(t: str, it: str, in_shape: Sequence[int], idx_shape: Sequence[int],
@@ -53,12 +54,13 @@ def gather(t: str, it: str, in_shape: Sequence[int], idx_shape: Sequence[int],
             )
     if rows is None:
         src += f"  out[i] = x[(o * {dim}u + u32(k)) * {inner}u + r];\n}}\n"
-        traffic = 4 * (2 * n + ni)
+        traffic = 2 * esize(t) * n + esize(it) * ni
     else:
         r0, r1 = rows
         src += (f"  if (k < {r0} || k >= {r1}) {{ return; }}\n"
                 f"  out[i] = x[u32(k - {r0}) * {inner}u + r];\n}}\n")
-        traffic = 4 * (ni + (2 * n if r0 == 0 else 0))  # each output moved once in all
+        # each output moved once in all
+        traffic = esize(it) * ni + (2 * esize(t) * n if r0 == 0 else 0)
     return Kernel("gather", src, ["read", "read", "rw"], (gx, gy, gz), traffic)
 
 
@@ -115,8 +117,9 @@ def scatter_nd(t: str, it: str, in_shape: Sequence[int], idx_shape: Sequence[int
     for j, load in enumerate(loads):
         src += f"  out{j}[o] = {load};\n"
     src += "}\n"
+    # index tuples, each update read and each row element written (in the cache's type)
     return Kernel("scatter_nd", src, b, (gx, gy, gz),
-                  4 * (tuples * k + 2 * n * len(updates)))
+                  4 * tuples * k + 2 * esize(t) * n * len(updates))
 
 
 def capacity_check(checks: Sequence[tuple[str, Sequence[int], Sequence[int]]],

@@ -12,6 +12,11 @@ builds it, with ``P`` the softmax::
 QK, W and P must have no reader outside the pattern and not be graph outputs; every op
 of W's chain that depends on QK must be element-wise on QK's shape (so each score is
 read at the index it is computed at). Anything else stays on the generic kernels.
+
+``K`` or ``V`` may be ``cast(cache, "float32")`` of a float16 cache (a model whose KV
+cache is float16, computing in float32): the kernels then read the float16 cache and
+widen each element as they load it (exact), and the cast's launch, with nobody left to
+read its float32 copy of the cache, is dropped.
 """
 
 from __future__ import annotations
@@ -57,14 +62,14 @@ class Attention:
 
     def kernels(self, shared_bytes: int, splits: int | None = None
                 ) -> tuple[AT.Kernel, AT.Kernel, int]:
-        """(pass 1, pass 2, partial elements); ``splits``: per head (None: the default)."""
+        """(pass 1, pass 2, partial 4-byte words); ``splits``: per head (None: the default)."""
         G, D = self.out._shape[-2], self.out._shape[-1]  # roots may be flat: use the views
         C = self.qk._shape[-1]
         heads = S.size(self.out._shape[:-2])
         score = self.score.fused_ops(param=self.qk) if self.score is not None else None
         q_chain = self.q_chain.fused_ops() if self.q_chain is not None else None
         return AT.flash_decode(heads, G, C, D, score, shared_bytes // 4, q_chain,
-                               splits or AT.SPLITS)
+                               splits or AT.SPLITS, kv=self.k._dtype.wgsl)
 
 
 def last2_transpose_input(o: MLOperand) -> MLOperand | None:
@@ -76,6 +81,15 @@ def last2_transpose_input(o: MLOperand) -> MLOperand | None:
     if r >= 2 and p == tuple(range(r - 2)) + (r - 1, r - 2):
         return root(o._inputs[0])
     return None
+
+
+def widened_f16(o: MLOperand) -> MLOperand:
+    """The float16 operand ``o`` is an exact float32 copy of (``cast(x, "float32")`` of a
+    float16 ``x``), else ``o`` itself."""
+    if (o._kind == "op" and o._op == "cast" and o._dtype.wgsl == "f32"
+            and o._inputs[0]._dtype.wgsl == "f16"):
+        return root(o._inputs[0])
+    return o
 
 
 def match_attention(nodes: list[MLOperand], inlined: set[int], groups: dict[int, fusion.Group],
@@ -122,6 +136,9 @@ def match_attention(nodes: list[MLOperand], inlined: set[int], groups: dict[int,
         k = last2_transpose_input(root(qk._inputs[1]))
         q_view = qk._inputs[0]
         if k is None or tuple(q_view._shape) != (*batch, G, D):
+            continue
+        k, v = widened_f16(k), widened_f16(v)
+        if k._dtype.wgsl != v._dtype.wgsl:
             continue
         if tuple(qk._inputs[1]._shape) != (*batch, D, C):
             continue

@@ -26,6 +26,7 @@ from .._classes import (
     MLKVCachePair,
     MLOperand,
 )
+from ..errors import NotSupportedError
 from ..kernels import Kernel
 from ..kernels import elementwise as EW
 from ..kernels import matmul as MM
@@ -73,7 +74,7 @@ OPTIONS: dict[str, str | None] = {"gemv": None, "attention": None, "gemv_prologu
 class Deferred:
     """A constant buffer's contents, made when the context uploads it (then dropped)."""
 
-    size: int  # elements
+    size: int  # 4-byte words (float32 or packed float16 pairs)
     make: Callable[[], np.ndarray]
 
 
@@ -95,7 +96,7 @@ class CopyLaunch:
 @dataclass
 class Plan:
     launches: list[Any] = field(default_factory=list)
-    temps: dict[Slot, int] = field(default_factory=dict)  # slot -> element count
+    temps: dict[Slot, int] = field(default_factory=dict)  # slot -> 4-byte words
     consts: dict[Slot, np.ndarray | Deferred] = field(default_factory=dict)  # slot -> contents
     pairs: list[PairPlan] = field(default_factory=list)
     has_check: bool = False
@@ -158,6 +159,7 @@ def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
 
     # -- the op steps -----------------------------------------------------------------
     nodes = _reachable(list(outputs.values()))
+    _check_float16(nodes)
     fold = plan.fold  # matmul id -> transpose input read with b_t
     for o in nodes:
         if o._kind == "op" and o._op == "matmul":
@@ -167,6 +169,9 @@ def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
     # -- loop fusion: element-wise chains computed inside their consumers ---------------
     writers = {pp.writer._id for pp in plan.pairs if pp.writer is not None}
     pinned = set(dest) | writers | {root(outputs[p.output])._id for p in pairs if stateful}
+    # a matmul reading a transpose's input directly needs that input in memory: a fusible
+    # one (a float16 cache's widening cast) must not be computed only inside the transpose
+    pinned |= {src._id for src in fold.values()}
     inlined, groups = fusion.plan(nodes, pinned, writers,
                                    max(1, plan.target.max_storage - 3),
                                    no_read={inputs[p.input]._id for p in pairs})
@@ -278,7 +283,7 @@ def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
             plan.consts.setdefault(sl, r._value.astype(r._dtype.device_np, copy=False).reshape(-1))
             return sl
         sl = ("temp", r._id)
-        plan.temps[sl] = S.size(r._shape)
+        plan.temps[sl] = -(-S.size(r._shape) * r._dtype.itemsize // 4)
         return sl
 
     in_place_writer = {pp.writer._id: pp for pp in chosen}
@@ -294,11 +299,30 @@ def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
             plan.launches.append(KernelLaunch(k, [("status",)] + [slot_of(r) for r in st.reads]))
         elif st.kind == "copy":
             r = st.reads[0]
-            plan.launches.append(CopyLaunch(slot_of(r), st.copy_dst, 4 * S.size(r._shape)))
+            plan.launches.append(CopyLaunch(slot_of(r), st.copy_dst,
+                                            r._dtype.itemsize * S.size(r._shape)))
         else:
             pp = in_place_writer.get(st.node._id)
             _lower(plan, st.node, st.reads, slot_of, pp, plan.has_check)
     return plan
+
+
+#: ops the wgpu kernels run on float16 operands (WGSL f16 storage): casts, element-wise
+#: ops, data movement and row writes, and a float16 K/V cast to float32 where decode
+#: attention reads it (``attention.match_attention`` reads the float16 cache directly)
+F16_OPS = fusion.FUSIBLE | {"reshape", "gather", "scatter_nd"}
+
+
+def _check_float16(nodes: list[MLOperand]) -> None:
+    """NotSupportedError at build for an op on float16 operands the kernels do not cover
+    (matmul, softmax, reductions, ...: they accumulate in float32 buffers)."""
+    for o in nodes:
+        if o._kind != "op" or o._op in F16_OPS:
+            continue
+        if any(x._dtype.wgsl == "f16" for x in (o, *o._inputs)):
+            raise NotSupportedError(f"{o._op} on float16 operands is not supported by the wgpu "
+                                    f"backend; cast them to float32 (supported on float16: "
+                                    f"{', '.join(sorted(F16_OPS))})")
 
 
 def _row_write_groups(nodes: list[MLOperand], absorbed: set[int], groups: dict[int, Any],
@@ -636,9 +660,10 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
                 pair = [slot_of(root(m._inputs[0])), slot_of(m)]
                 how = OPTIONS.get("cache_copy")
                 if how == "buffer":
-                    add(CopyLaunch(*pair, 4 * S.size(shp)))
-                elif how in (None, "vec4") and t == "f32":
-                    add(KernelLaunch(MV.copy_vec4(S.size(shp)), pair))
+                    add(CopyLaunch(*pair, o._dtype.itemsize * S.size(shp)))
+                elif how in (None, "vec4") and t in ("f32", "f16"):
+                    add(KernelLaunch(MV.copy_vec4(S.size(shp), itemsize=o._dtype.itemsize),
+                                     pair))
                 else:
                     add(KernelLaunch(EW.elementwise("identity", [t], [shp], t, shp), pair))
             group = plan.groups.get(m._id)  # updates computed by the row write (RoPE of k)

@@ -15,6 +15,7 @@ gain (tiny:256 on 2 cores: GPU time 6.6-6.9 ms without, 7.5-7.7 with; wall 9.1-1
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -45,9 +46,12 @@ def _bound_key(bound: dict[str, dict[str, MLTensor]]) -> tuple:
                  for k in ("input", "output"))
 
 
-def _nbytes(count: int) -> int:
-    """Device size: 4 bytes per element, rounded to 16 so vec4 loads stay in bounds."""
-    return max(16, -(-count * 4 // 16) * 16)
+def _nbytes(nbytes: int) -> int:
+    """Device size of ``nbytes`` of elements, rounded to 16 so vec4 loads stay in bounds."""
+    return max(16, -(-nbytes // 16) * 16)
+
+
+_F16_WORD = re.compile(r"\bf16\b")
 
 
 class WgpuTensor(MLTensor):
@@ -55,7 +59,7 @@ class WgpuTensor(MLTensor):
                  readable: bool, writable: bool) -> None:
         super().__init__(context, dt, shape, readable, writable)
         # WebGPU zero-initialises buffers: create_tensor zero-fills as the spec asks
-        self._buffer = context._device.create_buffer(size=_nbytes(S.size(shape)),
+        self._buffer = context._device.create_buffer(size=_nbytes(S.size(shape) * dt.itemsize),
                                                      usage=_STORAGE)
 
     def destroy(self) -> None:
@@ -127,6 +131,11 @@ class WgpuContext(MLContext):
             self._timing_reason = "timing not requested (create_context(timing=True))"
         if "subgroup" in adapter.features:
             feats.append("subgroup")  # subgroup reductions in the GPU kernels
+        #: float16 tensors (WGSL ``f16`` storage) need 'shader-f16'; without it the context
+        #: turns float16 down (``_unsupported``), as a browser without it would
+        self._f16 = "shader-f16" in adapter.features
+        if self._f16:
+            feats.append("shader-f16")
         lim = adapter.limits
         want = {k: lim[k] for k in ("max-storage-buffer-binding-size", "max-buffer-size",
                                     "max-storage-buffers-per-shader-stage",
@@ -182,6 +191,12 @@ class WgpuContext(MLContext):
     def gpu_time_reason(self) -> str:
         return self._timing_reason
 
+    def _unsupported(self, dt: DType) -> str:
+        if dt.wgsl == "f16" and not self._f16:
+            return (f"data type float16 is not supported by this context: the adapter "
+                    f"({self._adapter.info.get('device', '?')}) has no 'shader-f16'")
+        return ""
+
     # -- pipelines ------------------------------------------------------------------------
     def _pipeline(self, wgsl: str, bindings: list[str]) -> tuple[Any, Any]:
         hit = self._pipelines.get(wgsl)
@@ -190,7 +205,9 @@ class WgpuContext(MLContext):
                 {"binding": i, "visibility": wgpu.ShaderStage.COMPUTE,
                  "buffer": {"type": "read-only-storage" if a == "read" else "storage"}}
                 for i, a in enumerate(bindings)])
-            module = self._device.create_shader_module(code=wgsl)
+            # float16 storage or arithmetic (WGSL 'f16') needs the extension enabled
+            code = "enable f16;\n" + wgsl if _F16_WORD.search(wgsl) else wgsl
+            module = self._device.create_shader_module(code=code)
             pipe = self._device.create_compute_pipeline(
                 layout=self._device.create_pipeline_layout(bind_group_layouts=[layout]),
                 compute={"module": module, "entry_point": "main"})
@@ -220,7 +237,7 @@ class WgpuContext(MLContext):
         copied out once (into ``outputs`` where given); the last checked dispatch's capacity
         status rides in the same round trip (``_settle``)."""
         self._staged.flush()
-        sizes = [S.size(t._shape) * 4 for t in tensors]
+        sizes = [S.size(t._shape) * t._dtype.itemsize for t in tensors]
         sources = [(t._buffer, n) for t, n in zip(tensors, sizes, strict=True)]
         if self._unsettled is not None:
             sources.append((self._unsettled._buffers[("status",)], 4))
@@ -263,7 +280,8 @@ class WgpuContext(MLContext):
         for slot, buf in self._temp_buffers(plan).items():
             g._buffers[slot] = buf
         for slot, arr in plan.consts.items():
-            buf = dev.create_buffer(size=_nbytes(arr.size), usage=_STORAGE)
+            nbytes = arr.nbytes if isinstance(arr, np.ndarray) else 4 * arr.size  # Deferred: words
+            buf = dev.create_buffer(size=_nbytes(nbytes), usage=_STORAGE)
             data = arr.make() if isinstance(arr, Deferred) else arr
             self._queue.write_buffer(buf, 0, np.ascontiguousarray(data))
             g._buffers[slot] = buf
@@ -272,7 +290,7 @@ class WgpuContext(MLContext):
         if plan.has_check:
             g._buffers[("status",)] = dev.create_buffer(size=16, usage=_STORAGE)
         for pp in plan.pairs:
-            n = _nbytes(S.size(pp.past._shape))
+            n = _nbytes(S.size(pp.past._shape) * pp.past._dtype.itemsize)
             g._state.append([dev.create_buffer(size=n, usage=_STORAGE)
                              for _ in range(1 if pp.in_place else 2)])
             g.in_place[pp.pair.input] = pp.in_place
@@ -330,12 +348,12 @@ class WgpuContext(MLContext):
             by_last.setdefault(last[sl], []).append(sl)
         for i in range(len(plan.launches)):
             for sl in by_first.get(i, []):
-                n = _nbytes(plan.temps[sl])
+                n = _nbytes(4 * plan.temps[sl])
                 pool = free.get(n)
                 out[sl] = pool.pop() if pool else self._device.create_buffer(size=n,
                                                                             usage=_STORAGE)
             for sl in by_last.get(i, []):
-                free.setdefault(_nbytes(plan.temps[sl]), []).append(out[sl])
+                free.setdefault(_nbytes(4 * plan.temps[sl]), []).append(out[sl])
         return out
 
     def _static(self, g: WgpuGraph, slot: tuple) -> bool:
