@@ -118,10 +118,10 @@ def _run_stream(tiny, graphs):
     cpu = ["CPUExecutionProvider"]
     std = ort.InferenceSession(str(graphs["standard"]), providers=cpu)
     msft = ort.InferenceSession(str(graphs["ort"]), providers=cpu)
-    c_eval = {s.input: np.zeros(s.shape, np.float32) for s in specs}
+    c_eval = {s.input: np.zeros(s.shape, s.dtype) for s in specs}
     c_std = dict(c_eval)
     c_ort = {s.input: np.zeros([*s.shape[:2], 0, s.shape[3]] if s.kind == "append" else s.shape,
-                               np.float32) for s in specs}
+                               s.dtype) for s in specs}
     rows = []
     for t, tok in enumerate(token_stream(cfg, STEPS, seed=5)):
         ids = {"input_ids": np.array([[tok]], np.int64)}
@@ -143,6 +143,31 @@ def test_all_oracles_agree_over_a_stream(tiny, graphs):
         scale = np.abs(expect).max()
         for logits in got:
             assert np.abs(logits - expect).max() / scale < TOL
+            assert logits.argmax() == expect.argmax()
+
+
+def test_f16kv_caches_are_float16_and_all_oracles_agree(tmp_path):
+    """'+f16kv': the cache inputs and outputs are float16 in both flavours, the standard
+    flavour casts new rows to float16 before its ScatterND and the cache to float32 before
+    attention; ReferenceEvaluator and ORT (both flavours) match the rounding reference.
+    The ORT flavour rounds q, k, v and the RoPE tables too (GroupQueryAttention has one
+    type), so its bound is looser."""
+    wl = Workload.build(preset("tiny+f16kv"), seed=3)
+    graphs = {f: E.export(wl, f, CAPACITY, tmp_path) for f in E.FLAVOURS}
+    for flavour, path in graphs.items():
+        g = _load(path).graph
+        f16 = {v.name for v in [*g.input, *g.output]
+               if v.type.tensor_type.elem_type == TensorProto.FLOAT16}
+        kv = {n for s in cache_specs(wl.config, CAPACITY) if s.kind == "append"
+              for n in (s.input, s.output)}
+        assert f16 == kv, flavour
+        casts = [n for n in g.node if n.op_type == "Cast"]
+        per_layer = {"standard": 4, "ort": 4}[flavour]  # standard: 2 in, 2 out; ort: q/k/v, out
+        assert len(casts) == per_layer * len(wl.config.attention_layers), flavour
+    for expect, got in _run_stream(wl, graphs):
+        scale = np.abs(expect).max()
+        for logits, tol in zip(got, (1e-5, 1e-5, 5e-4), strict=True):  # eval, standard, ort
+            assert np.abs(logits - expect).max() / scale < tol
             assert logits.argmax() == expect.argmax()
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -184,3 +186,36 @@ def test_rope_properties():
     r = apply_rope(e, at(1))[0, 0]
     assert r[0] == pytest.approx(np.cos(1.0)) and r[d // 2] == pytest.approx(np.sin(1.0))
     assert np.count_nonzero(r) == 2
+
+
+def test_f16kv_rounds_each_cache_row_once_as_it_is_written():
+    """'+f16kv': the reference's KV rows are float16 values (the model's float16 cache),
+    the GDN state is not rounded, prefill still equals stepping, and `cache_arrays` hands
+    the caches out as float16 without loss."""
+    wl = Workload.build(preset("tiny+f16kv"), seed=7)
+    cfg, cap = wl.config, 12
+    tokens = token_stream(cfg, 9, seed=1)
+    batched, stepped = Reference(cfg, wl.weights, cap), Reference(cfg, wl.weights, cap)
+    batched.prefill(tokens)
+    for t in tokens:
+        stepped.step(int(t))
+    arrays = batched.cache_arrays()
+    for s in cache_specs(cfg, cap):
+        a = batched.state[s.input]
+        if s.kind == "append":
+            assert arrays[s.input].dtype == np.float16
+            np.testing.assert_array_equal(a, a.astype(np.float16).astype(np.float64))
+            np.testing.assert_array_equal(arrays[s.input][0], a)  # lossless
+            # batched and stepped rows may round to neighbouring float16 values
+            step = np.spacing(np.abs(a).astype(np.float16)).astype(np.float64)
+            assert np.all(np.abs(a - stepped.state[s.input]) <= step)
+        else:
+            assert arrays[s.input].dtype == np.float32
+            assert not np.array_equal(a, a.astype(np.float16).astype(np.float64))
+    # the same weights with a float32 cache: a different function, by about the rounding
+    plain = Reference(dataclasses.replace(cfg, kv_cache="float32"), wl.weights, cap)
+    plain.prefill(tokens[:-1])
+    a, b = plain.step(int(tokens[-1])), Reference(cfg, wl.weights, cap)
+    b.prefill(tokens[:-1])
+    diff = np.abs(a - b.step(int(tokens[-1]))).max() / np.abs(a).max()
+    assert 1e-7 < diff < 1e-3

@@ -337,3 +337,97 @@ def test_matmul_transpose_of_reshape_is_folded_with_its_shape(ctx):
     got = run(ctx, lambda bl, q, k: bl.matmul(q, bl.transpose(bl.reshape(k, [1, 2, 3, 4]),
                                                               [0, 1, 3, 2])), {"q": q, "k": k})
     atol_close(got, q.astype(np.float64) @ k.reshape(1, 2, 3, 4).transpose(0, 1, 3, 2), atol=1e-5)
+
+
+# -- float16 (WGSL f16 storage, where the adapter has 'shader-f16') ----------------------------
+
+
+def _f16(ctx):
+    if "shader-f16" not in ctx._adapter.features:
+        pytest.skip("the adapter has no 'shader-f16'")
+
+
+def f16_close(got, want64, ulp=1):
+    """``got`` (float16) within ``ulp`` float16 steps of the float64 value ``want64``."""
+    assert got.dtype == np.float16 and got.shape == want64.shape
+    tol = ulp * np.spacing(np.abs(want64).astype(np.float16)).astype(np.float64)
+    err = np.abs(got.astype(np.float64) - want64)
+    assert np.all(err <= tol), f"max err {err.max()}"
+
+
+def test_float16_cast_rounds_to_nearest_and_widens_exactly(ctx):
+    _f16(ctx)
+    x = rand([7, 33]) * 37.0
+    got = run(ctx, lambda b, x: b.cast(x, "float16"), {"x": x})
+    np.testing.assert_array_equal(got, x.astype(np.float16))
+    h = (rand([5, 9]) * 3.0).astype(np.float16)
+    np.testing.assert_array_equal(run(ctx, lambda b, h: b.cast(h, "float32"), {"h": h}),
+                                  h.astype(np.float32))
+    ints = run(ctx, lambda b, h: b.cast(h, "int32"), {"h": h})
+    np.testing.assert_array_equal(ints, h.astype(np.float32).astype(np.int32))
+
+
+@pytest.mark.parametrize("op,ref", [
+    ("add", lambda a, b: a + b), ("mul", lambda a, b: a * b), ("sub", lambda a, b: a - b)])
+def test_float16_elementwise_binary(ctx, op, ref):
+    _f16(ctx)
+    a, b = (rand([3, 17]).astype(np.float16) for _ in "ab")
+    got = run(ctx, lambda bl, a, b: getattr(bl, op)(a, b), {"a": a, "b": b})
+    f16_close(got, ref(a.astype(np.float64), b.astype(np.float64)))
+
+
+@pytest.mark.parametrize("op,ref,ulp", [
+    ("exp", np.exp, 2), ("sigmoid", lambda x: 1 / (1 + np.exp(-x)), 2), ("erf", None, 2)])
+def test_float16_elementwise_unary(ctx, op, ref, ulp):
+    _f16(ctx)
+    import math
+
+    x = rand([4, 21]).astype(np.float16)
+    ref = ref or np.vectorize(math.erf)
+    got = run(ctx, lambda b, x: getattr(b, op)(x), {"x": x})
+    f16_close(got, ref(x.astype(np.float64)), ulp)
+
+
+def test_float16_data_movement_is_exact(ctx):
+    _f16(ctx)
+    x = rand([2, 3, 8]).astype(np.float16)
+    got = run(ctx, lambda b, x: b.concat([b.transpose(x, [0, 2, 1]),
+                                          b.slice(b.transpose(x, [0, 2, 1]), [0, 0, 1], [2, 8, 2])],
+                                         2), {"x": x})
+    t = x.transpose(0, 2, 1)
+    np.testing.assert_array_equal(got, np.concatenate([t, t[:, :, 1:3]], 2))
+
+
+def test_matmul_reads_a_transposed_operand_computed_by_fusion(ctx):
+    """matmul(q, transpose(f(x))) with f fusible: the matmul reads f(x) untransposed (the
+    transpose is folded), so f(x) must be written, not computed only inside the
+    transpose's launch (which, unread, is dropped)."""
+    q, x = rand([2, 3, 4]), rand([2, 5, 4])
+    got = run(ctx, lambda b, q, x: b.matmul(q, b.transpose(b.mul(x, x), [0, 2, 1])),
+              {"q": q, "x": x})
+    want = q.astype(np.float64) @ (x.astype(np.float64) ** 2).transpose(0, 2, 1)
+    atol_close(got, want, 1e-5, 1e-5)
+
+
+def test_float16_op_the_kernels_do_not_cover_fails_the_build(ctx):
+    _f16(ctx)
+    from backends.webnn.errors import NotSupportedError
+
+    b = MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float16", shape=[2, 8])
+    with pytest.raises(NotSupportedError, match="softmax on float16 operands.*cast them"):
+        b.build({"y": b.softmax(x, 1)})
+
+
+def test_float16_without_shader_f16_is_a_type_error(ctx, monkeypatch):
+    """A context whose adapter lacks 'shader-f16' turns float16 down where the page asks
+    for it, with one line saying why (as opSupportLimits() would report it)."""
+    monkeypatch.setattr(ctx, "_f16", False)
+    with pytest.raises(TypeError, match="float16 is not supported.*'shader-f16'"):
+        ctx.create_tensor(data_type="float16", shape=[4], writable=True)
+    b = MLGraphBuilder(ctx)
+    with pytest.raises(TypeError, match="'shader-f16'"):
+        b.input("x", data_type="float16", shape=[4])
+    x = b.input("y", data_type="float32", shape=[4])
+    with pytest.raises(TypeError, match="'shader-f16'"):
+        b.cast(x, "float16")

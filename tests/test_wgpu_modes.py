@@ -391,3 +391,116 @@ def test_stateless_page_through_staged_writes(monkeypatch):
         assert b.counters.h2d >= cache and b.counters.d2h >= cache
     finally:
         b.close()
+
+
+# --- float16 KV caches ('+f16kv': the cache dtype is part of the model) ----------------------
+
+#: below the gap between the float16-cache reference and one that keeps its rows unrounded
+#: (~7e-5 on tiny and small): a page or kernel that skipped the rounding would fail
+F16KV_TOL = 1e-5
+F16KV_CASES = [("tiny+f16kv", m) for m in MODES] + [
+    ("small+f16kv", m) for m in ("wgpu:stateless", "wgpu:reuse", "wgpu:stateful")]
+_F16KV: dict[str, Workload] = {}
+
+
+def f16kv(name: str) -> Workload:
+    if name not in _F16KV:
+        _F16KV[name] = Workload.build(preset(name))
+    return _F16KV[name]
+
+
+def _f16_or_skip():
+    from backends.adapter import wgpu_adapter
+
+    adapter, _ = wgpu_adapter()
+    if adapter is None or "shader-f16" not in adapter.features:
+        pytest.skip("the adapter has no 'shader-f16'")
+
+
+@pytest.mark.parametrize("name,mode", F16KV_CASES)
+def test_f16kv_matches_the_rounding_reference(name, mode):
+    """Whole decode steps of a float16-cache model: every page mode computes the float64
+    reference's logits (rows rounded to float16 as they are written); the page's caches
+    are float16 tensors, and the stateless page's host copy holds the reference's rows."""
+    _f16_or_skip()
+    wl, depth, cap = f16kv(name), 16, 24
+    b = MODES[mode]()
+    b.prepare(wl, cap)
+    try:
+        tokens = token_stream(wl.config, cap)
+        ref = Reference(wl.config, wl.weights, cap)
+        ref.prefill(tokens[:depth])
+        b.reach_depth(DepthState(tokens=tokens[:depth].copy(), cache=ref.cache_arrays()))
+        for i in range(3):
+            tok = int(tokens[depth + i])
+            got, want = np.asarray(b.step(tok), np.float64), ref.step(tok)
+            rel = np.abs(got - want).max() / np.abs(want).max()
+            assert rel < F16KV_TOL, f"{name} {mode} step {i}: {rel:.2e}"
+            assert got.argmax() == want.argmax()
+        specs = cache_specs(wl.config, cap)
+        kv = [s for s in specs if s.kind == "append"]
+        assert kv and all(s.dtype == "float16" for s in kv)
+        if b._hidden:
+            return
+        assert all(b._cur[s.input].data_type == s.dtype for s in specs)
+        if mode == "wgpu:stateless":
+            want = ref.cache_arrays()
+            for s in kv:
+                got = b._host[s.input]
+                assert got.dtype == np.float16
+                # rows computed in float32 and rounded: at most one float16 step apart
+                step = np.spacing(np.abs(want[s.input])).astype(np.float32)
+                assert np.all(np.abs(got.astype(np.float32) - want[s.input]) <= step)
+    finally:
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def per_step_f16kv() -> dict[str, dict[int, dict[str, int]]]:
+    """Counters of one step at depth 8 of 'tiny+f16kv', per mode and capacity."""
+    _f16_or_skip()
+    wl = f16kv("tiny+f16kv")
+    tokens = token_stream(wl.config, 16)
+    out: dict[str, dict[int, dict[str, int]]] = {}
+    for name in ("wgpu:stateless", "wgpu:reuse", "wgpu:stateful"):
+        out[name] = {}
+        for cap in CAPACITIES:
+            b = MODES[name]()
+            b.prepare(wl, cap)
+            try:
+                ref = Reference(wl.config, wl.weights, cap)
+                ref.prefill(tokens[:8])
+                b.reach_depth(DepthState(tokens=tokens[:8].copy(), cache=ref.cache_arrays()))
+                b.step(int(tokens[8]))
+                b.counters.reset()
+                b.step(int(tokens[9]))
+                out[name][cap] = b.counters.as_dict()
+            finally:
+                b.close()
+    return out
+
+
+def test_f16kv_stateless_page_moves_half_the_kv_bytes(per_step_f16kv):
+    """Two bytes a cache element cross the link each way: the KV caches' share of the
+    stateless step is half the float32 model's (the GDN state stays float32)."""
+    cfg = f16kv("tiny+f16kv").config
+    for cap, c in per_step_f16kv["wgpu:stateless"].items():
+        specs = cache_specs(cfg, cap)
+        caches = sum(s.nbytes for s in specs)
+        kv32 = sum(s.nbytes for s in cache_specs(TINY.config, cap) if s.kind == "append")
+        assert caches == _cache_bytes(cap) - kv32 // 2
+        assert c["h2d"] == caches + IDS_POS, cap
+        assert c["d2h"] == caches + LOGITS, cap
+
+
+def test_f16kv_reuse_copies_two_bytes_an_element(per_step_f16kv):
+    """The reuse graph's copy of each float16 cache is counted at two bytes an element read
+    and written; the stateful graph, writing only the new rows, saves exactly that."""
+    cfg = f16kv("tiny+f16kv").config
+    for c in per_step_f16kv["wgpu:reuse"].values():
+        assert c["h2d"] == IDS_POS and c["d2h"] == LOGITS and c["d2d"] == 0
+    _, reuse = _linear({cap: c["kernel"] for cap, c in per_step_f16kv["wgpu:reuse"].items()})
+    _, stateful = _linear({cap: c["kernel"] for cap, c in per_step_f16kv["wgpu:stateful"].items()})
+    row = sum(s.nbytes for s in cache_specs(cfg, 1) if s.kind == "append")
+    assert row == sum(s.nbytes for s in cache_specs(TINY.config, 1) if s.kind == "append") // 2
+    assert reuse - stateful == 2 * row

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from .. import shapes as S
@@ -45,12 +46,11 @@ _UNARY_F = {
 
 def expression(op: str, in_types: Sequence[str], out_type: str) -> str:
     """WGSL expression of one element, inputs named a0, a1, a2."""
-    if out_type == "f16" and op in ("pow", "erf", "gelu"):
-        # the float32 helpers, on float32 copies of the float16 inputs (no f16 overloads)
+    if out_type == "f16" and (op in _BINARY or op in _UNARY_F or op == "pow"):
+        # float16 arithmetic is computed in float32 and rounded once (WGSL's f16 builtins
+        # may be several ulp off, and the float32 helpers have no f16 overloads)
         e = expression(op, ["f32" if t == "f16" else t for t in in_types], "f32")
-        for k in range(len(in_types)):
-            e = e.replace(f"a{k}", f"f32(a{k})")
-        return f"f16({e})"
+        return "f16(" + re.sub(r"\ba(\d)\b", r"f32(a\1)", e) + ")"
     if op in _BINARY:
         return _BINARY[op]
     if op == "pow":

@@ -224,6 +224,8 @@ class WgpuContext(MLContext):
         queue's order); large ones staged (``staging.StagedWrites``: one map and one submit
         of copies for all the writes between two dispatches)."""
         n = data.nbytes
+        if n % 4:  # an odd number of float16 values: copies move whole 4-byte words
+            data = np.concatenate([data.reshape(-1).view(np.uint8), np.zeros(4 - n % 4, np.uint8)])
         if n < STAGED_WRITE_MIN:
             self._staged.flush()
             self._queue.write_buffer(tensor._buffer, 0, data)
@@ -238,7 +240,8 @@ class WgpuContext(MLContext):
         status rides in the same round trip (``_settle``)."""
         self._staged.flush()
         sizes = [S.size(t._shape) * t._dtype.itemsize for t in tensors]
-        sources = [(t._buffer, n) for t, n in zip(tensors, sizes, strict=True)]
+        # copies move whole 4-byte words (an odd number of float16 values: one pad value)
+        sources = [(t._buffer, -(-n // 4) * 4) for t, n in zip(tensors, sizes, strict=True)]
         if self._unsettled is not None:
             sources.append((self._unsettled._buffers[("status",)], 4))
         out: list[np.ndarray | None] = [None] * len(tensors)
@@ -249,7 +252,7 @@ class WgpuContext(MLContext):
                 status.append(int(raw.view(np.uint32)[0]))
                 return
             dt = tensors[i]._dtype
-            values = raw.view(dt.device_np)
+            values = raw[:sizes[i]].view(dt.device_np)
             if outputs is None:
                 out[i] = from_device(values.copy(), dt, tensors[i]._shape)
             else:
