@@ -17,6 +17,13 @@ are graph inputs (genai derives them from an attention mask in-graph; inputs kee
 integer op off the device): inputs are `input_ids`, `seqlens_k`, `total_sequence_length`, then
 the caches.
 
+A float16-cache model (`ModelConfig.kv_cache`, preset suffix `+f16kv`) has float16 cache
+inputs and outputs in both flavours and computes in float32. The standard flavour casts each
+new K/V row to float16 before its ScatterND, and casts the cache to float32 where attention
+reads it. The ORT flavour runs GroupQueryAttention in float16 (one type for q, k, v, the
+caches, cos/sin and the output): q, k and v are cast in and the output is cast back
+(FINDINGS 19).
+
 Both flavours reference one external weights file per (model, seed): `<name>-<hash>-s<seed>/
 weights.bin` beside the graphs, written once (atomically) and reused by every capacity and
 flavour. Only capacity-dependent constants (RoPE tables, the mask's arange) live inside the
@@ -417,8 +424,7 @@ def _attention(b: _Builder, flavour: str, ctx: dict[str, str], i: int, xn: str,
         if half:
             # GroupQueryAttention has one type T for q, k, v, the caches, cos/sin and its
             # output: a float16 cache makes its q/k/v (and RoPE tables) float16 too. This
-            # rounds q and k before RoPE, which the standard flavour does not (FINDINGS.md,
-            # "float16 KV caches")
+            # rounds q and k before RoPE, which the standard flavour does not (FINDINGS 19)
             q, k, v = (b.op("Cast", [t], b.shape_of(t), TensorProto.FLOAT16,
                             to=TensorProto.FLOAT16) for t in (q, k, v))
         out = b.op("GroupQueryAttention",
