@@ -504,3 +504,25 @@ def test_f16kv_reuse_copies_two_bytes_an_element(per_step_f16kv):
     row = sum(s.nbytes for s in cache_specs(cfg, 1) if s.kind == "append")
     assert row == sum(s.nbytes for s in cache_specs(TINY.config, 1) if s.kind == "append") // 2
     assert reuse - stateful == 2 * row
+
+
+def test_f16kv_on_an_adapter_without_shader_f16_fails_in_one_line(monkeypatch):
+    """A context without 'shader-f16' turns the float16 cache down at conversion: one
+    TypeError naming the adapter and the missing feature (the worker records it as the
+    point's reason), not a shader-compilation traceback."""
+    from backends.webnn.wgpu_impl import context
+
+    init = context.WgpuContext.__init__
+
+    def without_f16(self, **kw):
+        init(self, **kw)
+        self._f16 = False
+
+    monkeypatch.setattr(context.WgpuContext, "__init__", without_f16)
+    b = StatelessCopy()
+    try:
+        with pytest.raises(TypeError, match=r"^data type float16 is not supported by this "
+                                            r"context: the adapter \(.*\) has no 'shader-f16'$"):
+            b.prepare(f16kv("tiny+f16kv"), 16)
+    finally:
+        b.close()
