@@ -47,7 +47,15 @@ class ClockSampler:
                 continue  # "[N/A]" and the like
             self.samples.append((time.perf_counter(), mhz))
 
-    def stop(self) -> None:
+    def stop(self, after: float | None = None, wait_s: float = 0.25) -> None:
+        """Stop sampling; with `after` (a perf_counter time), first wait up to `wait_s` for
+        a sample later than it, so a window shorter than the period still gets a reading
+        (a sweep's stateful steps take ~30 ms in all; the period is 50 ms)."""
+        if after is not None and self._thread is not None:
+            deadline = time.perf_counter() + wait_s
+            while (not self.samples or self.samples[-1][0] <= after) and \
+                    time.perf_counter() < deadline and self._thread.is_alive():
+                time.sleep(0.005)
         if self._proc is not None:
             self._proc.terminate()
             try:

@@ -123,7 +123,7 @@ def _measure(req: dict, cls: type[Backend]) -> Point:
         timed_to = time.perf_counter()
         sm_clock = None
         if clocks is not None:
-            clocks.stop()
+            clocks.stop(after=timed_to)
             sm_clock = clocks.during(timed_from, timed_to)
         match = compare_logits(logits, ref_logits[: warmup + steps], wl.config.dtype)
         details = dict(backend.details)

@@ -36,6 +36,18 @@ def test_sampler_reads_clock_lines_and_stops():
     assert s.during(time.perf_counter(), time.perf_counter() + 1) is None
 
 
+def test_stop_waits_for_a_sample_after_a_short_window():
+    s = ClockSampler(FAKE_SMI)
+    deadline = time.perf_counter() + 10
+    while not s.samples and time.perf_counter() < deadline:
+        time.sleep(0.005)
+    window = (time.perf_counter(), time.perf_counter() + 0.001)  # between two samples
+    time.sleep(0.001)
+    s.stop(after=window[1])
+    got = s.during(*window)
+    assert got is not None and got["samples"] == 1 and got["min"] in (345.0, 1980.0)
+
+
 def test_sampler_without_the_command_records_nothing():
     s = ClockSampler(["statebench-no-such-command"])
     s.stop()
