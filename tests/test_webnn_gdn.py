@@ -44,7 +44,8 @@ def gdn_graph(ctx, hk: int, rep: int, dv: int, dk: int, *, stateful: bool = Fals
               row_decay: bool = False, extra: str | None = None):
     """The GDN step as the standard ONNX flavour spells it (harness/export.py ``_gdn``),
     from raw q, k, v, gate input ``a`` and beta input ``b``. ``extra``: a near miss,
-    "s" (the decayed state is also an output) or "r" (the retrieval is also an output)."""
+    "s" (the decayed state is also an output) or "r" (the retrieval is also an output);
+    "kn": the normalised k is also an output (its norm is not folded in)."""
     hv = hk * rep
     b = MLGraphBuilder(ctx)
     f32 = "float32"
@@ -87,6 +88,8 @@ def gdn_graph(ctx, hk: int, rep: int, dv: int, dk: int, *, stateful: bool = Fals
         outs["s"] = b.reshape(s, [1, hv, dv, dk])
     elif extra == "r":
         outs["r"] = b.reshape(r, [hv, dv])
+    elif extra == "kn":
+        outs["kn"] = kn
     pairs = [MLKVCachePair(input="past", output="present")] if stateful else []
     g_ = b.build(outs, use_stateful=stateful, kv_cache_pairs=pairs)
     return g_, outs, consts
@@ -171,6 +174,22 @@ def test_one_launch_in_place_over_steps_matches_oracle(ctx, hk, rep, dv, dk, var
         np.testing.assert_allclose(out["y"], want_o, rtol=1e-5, atol=1e-5)
 
 
+def test_normalised_k_read_elsewhere_keeps_its_norm(ctx, monkeypatch):
+    """k's norm is also an output: it keeps its launches and the kernel reads the
+    normalised k; q's norm is still folded in."""
+    monkeypatch.setitem(compiler.OPTIONS, "gdn", "fused")
+    hk, rep, dv, dk = 2, 2, 8, 8
+    graph, outs, consts = gdn_graph(ctx, hk, rep, dv, dk, extra="kn")
+    kinds = names(graph)
+    assert "gated_delta" in kinds and kinds.count("reduce_sum") == 1, kinds
+    x = feeds(hk, rep, dv, dk, with_state=True)
+    out = dispatch(ctx, graph, outs, x)
+    expect(out, *step_oracle(x, x["past"][0], consts, rep), hk, rep, dv, dk)
+    k64 = x["k"].astype(np.float64)
+    np.testing.assert_allclose(out["kn"], k64 / np.sqrt((k64 * k64).sum(-1, keepdims=True) + EPS),
+                               rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("extra", ["s", "r", "row_decay"])
 def test_near_misses_keep_the_generic_ops(ctx, extra, monkeypatch):
     """The decayed state or the retrieval also read as an output, or a decay per value row
@@ -189,16 +208,20 @@ def test_near_misses_keep_the_generic_ops(ctx, extra, monkeypatch):
 def test_generic_option_and_cpu_default_keep_the_ops(ctx, monkeypatch):
     """OPTIONS["gdn"] = "generic" everywhere, and None on a CPU adapter: the ops one by one
     (decayed state, retrieval, delta with the update and the new state fused, output
-    matvec, scale: 4 more launches); an unknown value is refused."""
+    matvec, scale: 4 more launches, and q's and k's norms, a reduction and a tail each,
+    4 more); "fused_norms" keeps the norms' launches; an unknown value is refused."""
     hk, rep, dv, dk = 1, 2, 4, 8
     monkeypatch.setitem(compiler.OPTIONS, "gdn", "fused")
-    fused = names(gdn_graph(ctx, hk, rep, dv, dk)[0])
+    assert names(gdn_graph(ctx, hk, rep, dv, dk)[0]) == ["gated_delta"]
+    monkeypatch.setitem(compiler.OPTIONS, "gdn", "fused_norms")
+    kept = names(gdn_graph(ctx, hk, rep, dv, dk)[0])
+    assert kept.count("reduce_sum") == 2 and kept[-1] == "gated_delta" and len(kept) == 5, kept
     for how in ("generic", None):
         monkeypatch.setitem(compiler.OPTIONS, "gdn", how)
         if how is None and not ctx._target.cpu:
             continue
         generic = names(gdn_graph(ctx, hk, rep, dv, dk)[0])
-        assert "gated_delta" not in generic and len(generic) == len(fused) + 4, generic
+        assert "gated_delta" not in generic and len(generic) == 1 + 4 + 4, generic
     monkeypatch.setitem(compiler.OPTIONS, "gdn", "fastest")
     with pytest.raises(ValueError, match="fused"):
         gdn_graph(ctx, hk, rep, dv, dk)
@@ -226,8 +249,9 @@ def test_gpu_targets_plan_the_kernel_by_default(ctx, subgroup, reduction, monkey
     monkeypatch.setitem(compiler.OPTIONS, "gdn", None)
     plan = compiler.compile_graph(outputs, [], False, _graph_inputs(outputs.values()),
                                   target=Target(cpu=False, subgroup=subgroup, max_storage=16))
-    kernels = [la.kernel for la in plan.launches if la.kernel.name == "gated_delta"]
-    assert len(kernels) == 1 and reduction in kernels[0].wgsl
+    kernels = [la.kernel for la in plan.launches]
+    assert [k.name for k in kernels] == ["gated_delta"]  # q's and k's norms folded in
+    assert reduction in kernels[0].wgsl
     other = {"subgroupAdd", "workgroupBarrier"} - {reduction}
     assert other.pop() not in kernels[0].wgsl
     assert kernels[0].groups[0] == 2 * 2 * 4 // 8  # 8 rows of 32 lanes per workgroup
@@ -283,23 +307,27 @@ def test_decode_steps_match_reference(ctx, preset_name, mode, monkeypatch):
         b.close()
 
 
-def test_launches_per_gdn_layer_drop_by_five(monkeypatch):
-    """The pattern fires on the exported model: decay, retrieval, delta, rank-1 update,
-    output matvec and scale (6 launches per GDN layer, 5 with the reuse page's fused
-    update) become one, so a silent fallback fails here."""
+def test_launches_per_gdn_layer_drop_by_seven(monkeypatch):
+    """The pattern fires on the exported model, planned as on a GPU (GPU matrix-vector
+    kernels forced: each norm one launch): q's and k's L2 norms, the decay, retrieval,
+    delta, rank-1 update, output matvec and scale (8 launches per GDN layer on the
+    stateful page) become one, so a silent fallback fails here; with "fused_norms" the
+    two norms keep theirs."""
     from backends.wgpu_modes import StatefulInPlace
     from harness.workload import Workload, preset
 
+    monkeypatch.setitem(compiler.OPTIONS, "gemv", "rows_sh")
     wl = Workload.build(preset("small"))
     counts = {}
-    for how in ("generic", "fused"):
+    for how in ("generic", "fused", "fused_norms"):
         monkeypatch.setitem(compiler.OPTIONS, "gdn", how)
         b = _prepared(StatefulInPlace, wl, 8)
         counts[how] = _gdn_launches(b)
         b.close()
     layers = len(wl.config.gdn_layers)
     assert counts["fused"].count("gated_delta") == layers
-    assert len(counts["generic"]) - len(counts["fused"]) == 5 * layers, counts
+    assert len(counts["generic"]) - len(counts["fused"]) == 7 * layers, counts
+    assert len(counts["fused_norms"]) - len(counts["fused"]) == 2 * layers, counts
 
 
 def test_capacity_overflow_leaves_the_state(monkeypatch):

@@ -17,6 +17,10 @@ output chain. Each element is read and written by the same invocation, so the ne
 may be the old state's own buffer (the stateful in-place update) or another buffer (the
 non-stateful page's output, a double buffer).
 
+Where the graph L2-normalises q and k per head just before (``x / sqrt(sum(x²) + eps)``),
+the kernel reads them raw and sums their squares with the retrieval's partial dots: each
+row group sees the whole head vector, so the norm costs no launch and no pass of its own.
+
 Partial dots are summed with ``subgroupAdd`` when the subgroup is exactly ``lanes`` wide,
 else through workgroup memory (two barriers per sum). Every invocation evaluates the
 row's decay and delta (a few scalar ops) instead of broadcasting them.
@@ -25,6 +29,8 @@ row's decay and delta (a few scalar ops) instead of broadcasting them.
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+import numpy as np
 
 from .. import shapes as S
 from .common import Kernel, decl, offset_fn
@@ -39,7 +45,8 @@ def gated_delta(batch: Sequence[int], dv: int, dk: int, *, k_strides: Sequence[i
                 q_strides: Sequence[int], k_size: int, q_size: int, decay: Chain,
                 decay_strides: Sequence[int], delta: Chain, out_chain: Chain | None,
                 in_place: bool, guarded: bool = False, lanes: int = 32, wg: int = 256,
-                subgroup: int | None = None) -> Kernel:
+                subgroup: int | None = None, k_eps: float | None = None,
+                q_eps: float | None = None) -> Kernel:
     """The kernel for a state of ``batch`` heads × (dv, dk), rows of dk contiguous values.
 
     ``k_strides``/``q_strides``/``decay_strides``: per batch axis, the element offset of a
@@ -51,6 +58,7 @@ def gated_delta(batch: Sequence[int], dv: int, dk: int, *, k_strides: Sequence[i
     Bindings: the old state (read; absent when ``in_place``), k, q, the decay's, the
     delta's and the output chain's leaves, the new state (rw), the output (batch, dv, 1)
     (rw), the capacity status when ``guarded`` (nothing is written when it is set).
+    ``k_eps``/``q_eps``: k / q are read raw and L2-normalised here with that epsilon.
     """
     heads = S.size(batch)
     rows = heads * dv
@@ -92,19 +100,25 @@ def gated_delta(batch: Sequence[int], dv: int, dk: int, *, k_strides: Sequence[i
     src += offset_fn("kb", batch or (1,), tuple(k_strides) or (0,))
     src += offset_fn("qb", batch or (1,), tuple(q_strides) or (0,))
     src += offset_fn("gb", batch or (1,), tuple(decay_strides) or (0,))
+    norms = k_eps is not None or q_eps is not None
+    # the first sums: the retrieval's dot and, when folded, |k|² and |q|² (one reduction)
+    st1 = "vec4<f32>" if norms else "f32"
     if not use_sub:
-        src += f"var<workgroup> sh: array<f32, {wg}>;\n"
+        src += f"var<workgroup> sh: array<{st1}, {wg}>;\n"
 
     def call(prefix: str, index: str, param: str) -> str:
         name, takes_s = calls[prefix]
         return f"{name}({index}, {param})" if takes_s else f"{name}({index})"
 
-    def total(acc: str, out: str, last: bool) -> str:
+    def total(acc: str, out: str, last: bool, vt_: str = "f32") -> str:
         if use_sub:
             return f"  let {out} = subgroupAdd({acc});\n"
         # every lane sums its row's partials in the same order: the same value in each
-        return (f"  sh[lid] = {acc};\n  workgroupBarrier();\n  var {out} = 0.0;\n"
-                f"  for (var j = 0u; j < {lanes}u; j = j + 1u) {{ {out} = {out} + sh[r * {lanes}u + j]; }}\n"
+        init = "0.0" if vt_ == "f32" else f"{vt_}(0.0)"
+        store, part = (acc, "") if vt_ == st1 else (f"{st1}({acc})", ".x")
+        return (f"  sh[lid] = {store};\n  workgroupBarrier();\n  var {out} = {init};\n"
+                f"  for (var j = 0u; j < {lanes}u; j = j + 1u) {{\n"
+                f"    {out} = {out} + sh[r * {lanes}u + j]{part};\n  }}\n"
                 + ("" if last else "  workgroupBarrier();\n"))
 
     old = "st" if in_place else "p"
@@ -113,6 +127,17 @@ def gated_delta(batch: Sequence[int], dv: int, dk: int, *, k_strides: Sequence[i
     test = "" if full else f"if (w < {words}u) "
     ok = f"row0 < {rows}u" + (" && status[0] == 0u" if guarded else "")
     out_val = call("e_", "row", "os") if out_chain is not None else "os"
+    q_load = "      let qv = q[qw + w];\n" if q_eps is not None else ""
+    if norms:
+        first = f"      acc = acc + vec4<f32>({dot.format('sv[j]', 'kv')}, "
+        first += dot.format("kv", "kv") if k_eps is not None else "0.0"
+        first += ", " + (dot.format("qv", "qv") if q_eps is not None else "0.0") + ", 0.0);\n"
+    else:
+        first = f"      acc = acc + {dot.format('sv[j]', 'kv')};\n"
+    lit = lambda e: f"bitcast<f32>({int(np.float32(e).view(np.uint32))}u)"  # noqa: E731 - exact
+    kk = f"1.0 / sqrt(ks.y + {lit(k_eps)})" if k_eps is not None else "1.0"
+    qq = f"1.0 / sqrt(ks.z + {lit(q_eps)})" if q_eps is not None else "1.0"
+    dot_k = "ks.x" if norms else "ks"
     src += f"""
 @compute @workgroup_size({wg})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
@@ -127,25 +152,29 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let sw = row * {words}u;
   let g = {call("g_", "gb(b)", "")};
   var sv: array<{vt}, {per_lane}>;
-  var acc = 0.0;
+  var acc = {st1}(0.0);
   for (var j = 0u; j < {per_lane}u; j = j + 1u) {{
     let w = t + j * {lanes}u;
     {test}{{
       sv[j] = {old}[sw + w];
-      acc = acc + {dot.format("sv[j]", "k[kw + w]")};
-    }}
+      let kv = k[kw + w];
+{q_load}{first}    }}
   }}
-{total("acc", "ks", False)}  let dl = {call("d_", "row", "g * ks")};
+{total("acc", "ks", False, st1)}  let ik = {kk};
+  let iq = {qq};
+  let dl = {call("d_", "row", f"g * {dot_k} * ik")};
+  let dk_ = dl * ik;
   var acc2 = 0.0;
   for (var j = 0u; j < {per_lane}u; j = j + 1u) {{
     let w = t + j * {lanes}u;
     {test}{{
-      let nw = g * sv[j] + dl * k[kw + w];
+      let nw = g * sv[j] + dk_ * k[kw + w];
       if (ok) {{ st[sw + w] = nw; }}
       acc2 = acc2 + {dot.format("nw", "q[qw + w]")};
     }}
   }}
-{total("acc2", "os", True)}  if (ok && t == 0u) {{ y[row] = {out_val}; }}
+{total("acc2", "o2", True)}  let os = o2 * iq;
+  if (ok && t == 0u) {{ y[row] = {out_val}; }}
 }}
 """
     traffic = 4 * (2 * rows * dk + k_size + q_size + rows)

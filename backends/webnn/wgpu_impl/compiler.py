@@ -63,8 +63,9 @@ Slot = tuple
 #: "gdn": one decode step of a gated delta net (decay, retrieval, delta, rank-1 update,
 #: output matvec and its scale) where the pattern matches (wgpu_impl/gdn.py): None (one
 #: launch on GPU adapters, the generic ops on CPU adapters), "generic" (the ops one by one),
-#: "fused[LANES][_sh]" (the one launch on any adapter; LANES invocations per state row,
-#: default 32; "_sh": sums through workgroup memory, not subgroupAdd)
+#: "fused[LANES][_sh][_norms]" (the one launch on any adapter; LANES invocations per state
+#: row, default 32; "_sh": sums through workgroup memory, not subgroupAdd; "_norms": q's
+#: and k's L2 norms keep their own launches instead of being folded into the kernel)
 #: "record_ahead": None (per adapter: GPUs on, CPU adapters off), "on" (a context records
 #: each dispatch's successor while the device runs it: context._record_ahead; its command
 #: buffers in one queue.submit), "pieces" (the same, submitted one by one), "off"
@@ -209,11 +210,16 @@ def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
         plan.row_writes = _row_write_groups(nodes, absorbed, groups, plan.target.max_storage)
     absorbed |= {x._id for ms in plan.row_writes.values() for x in ms[1:]}
     # -- a gated delta net's decode step: one launch ------------------------------------
-    if _gdn_variant(plan.target) is not None:
-        taken = absorbed | {*plan.attention, *plan.stacked, *plan.epilogue, *plan.prologue,
-                            *plan.vectors, *plan.row_writes}
+    gdn = _gdn_variant(plan.target)
+    if gdn is not None:
+        vectors = set(plan.vectors) | {pro.reduce_op._id for pro in plan.vectors.values()}
+        taken = (absorbed - vectors) | {*plan.attention, *plan.stacked, *plan.epilogue,
+                                        *plan.prologue, *plan.row_writes}
         plan.gdn = match_gated_delta(nodes, inlined, groups, pinned, taken,
-                                     plan.target.max_storage)
+                                     plan.target.max_storage, vectors, fold_norms=gdn[2])
+        for m in plan.gdn.values():  # q's and k's norms folded in: no launch of their own
+            for nrm in m.norms:
+                plan.vectors.pop(nrm.out._id, None)
     absorbed |= {x._id for m in plan.gdn.values() for x in m.absorbed}
 
     def reads_of(o: MLOperand) -> list[MLOperand]:
@@ -436,21 +442,21 @@ def _gemv_variant(t: Target, cols_ok: bool = True) -> str:
     return v
 
 
-_GDN_VARIANT = re.compile(r"fused(\d+)?(_sh)?")
+_GDN_VARIANT = re.compile(r"fused(\d+)?(_sh)?(_norms)?")
 
 
-def _gdn_variant(t: Target) -> tuple[int, bool] | None:
-    """(lanes per state row, sums through workgroup memory) of the gated delta kernel, or
-    None for the generic ops (OPTIONS["gdn"]; by default the kernel on GPU adapters only,
-    PERFORMANCE.md)."""
+def _gdn_variant(t: Target) -> tuple[int, bool, bool] | None:
+    """(lanes per state row, sums through workgroup memory, fold q's and k's L2 norms) of
+    the gated delta kernel, or None for the generic ops (OPTIONS["gdn"]; by default the
+    kernel on GPU adapters only, PERFORMANCE.md)."""
     how = OPTIONS.get("gdn")
     if how == "generic" or (how is None and t.cpu):
         return None
     m = _GDN_VARIANT.fullmatch(how or "fused")
     if m is None:
         raise ValueError(f"OPTIONS['gdn'] = {how!r}; accepted: None, 'generic', "
-                         "'fused[LANES][_sh]' (e.g. 'fused', 'fused8_sh')")
-    return int(m.group(1) or 32), bool(m.group(2))
+                         "'fused[LANES][_sh][_norms]' (e.g. 'fused', 'fused8_sh')")
+    return int(m.group(1) or 32), bool(m.group(2)), not m.group(3)
 
 
 def _gemv_rows(t: Target, variant: str, a_shape: Any, b_shape: Any, shp: Any, n0: int,
@@ -521,7 +527,7 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
         add(KernelLaunch(k, a_slots + [slot] + [slot_of(m) for m in group]))
     elif o._id in plan.gdn:
         m = plan.gdn[o._id]
-        lanes, shared = _gdn_variant(plan.target) or (32, False)
+        lanes, shared, _ = _gdn_variant(plan.target) or (32, False, True)
         old, new = slot_of(m.state_in), slot_of(m.state_out)
         in_place = old == new  # the paired state updated where it lies (each row by its lanes)
         guarded = has_check and m.state_out._id in plan.in_place

@@ -13,6 +13,9 @@ The pattern, as the ONNX converter builds it from the standard flavour
     Y = element-wise chain      over O's shape, O read at its own index (the scale;
                                 optional: without it O is written)
 
+Where k (or q) is ``x / sqrt(reduce_sum(x * x, last axis) + eps)`` read by nothing else
+(the exporter's per-head L2 norm), the kernel reads x and folds the norm in too.
+
 Operands may appear in either order in ``mul`` and ``add``. s, R, d, U and O must have
 no reader outside the pattern and not be graph outputs; every op the fusion planner
 inlined into a group the kernel replaces must be computed by the kernel; the chains
@@ -32,6 +35,16 @@ from ..kernels import gdn as GD
 from ..stateful import root
 from . import fusion
 from .attention import _reads_at_own_index
+
+
+@dataclass
+class L2Norm:
+    """``out = x / sqrt(reduce_sum(x * x, last axis) + eps)``, computed by the kernel."""
+
+    out: MLOperand
+    x: MLOperand  # the raw vector's storage
+    eps: float
+    ops: list[MLOperand]  # mul, reduce_sum, add, sqrt, div
 
 
 @dataclass
@@ -55,6 +68,20 @@ class GatedDelta:
     output: MLOperand  # O, the output chain's param
     out_chain: fusion.Group | None
     core: list[MLOperand]  # s, R, U, N, O
+    k_norm: L2Norm | None = None
+    q_norm: L2Norm | None = None
+
+    @property
+    def norms(self) -> list[L2Norm]:
+        return [x for x in (self.k_norm, self.q_norm) if x is not None]
+
+    @property
+    def k_storage(self) -> MLOperand:
+        return self.k_norm.x if self.k_norm is not None else self.k
+
+    @property
+    def q_storage(self) -> MLOperand:
+        return self.q_norm.x if self.q_norm is not None else self.q
 
     @property
     def ops(self) -> list[MLOperand]:
@@ -64,6 +91,8 @@ class GatedDelta:
         seen: dict[int, MLOperand] = {x._id: x for x in self.core}
         for c in chains:
             seen.update((x._id, x) for x in c.ops)
+        for nrm in self.norms:
+            seen.update((x._id, x) for x in nrm.ops)
         return list(seen.values())
 
     @property
@@ -81,7 +110,7 @@ class GatedDelta:
     @property
     def leaves(self) -> list[MLOperand]:
         """What the kernel reads, in binding order (the old state first)."""
-        return [self.state_in, self.k, self.q, *self._chain_leaves()]
+        return [self.state_in, self.k_storage, self.q_storage, *self._chain_leaves()]
 
     def kernel(self, in_place: bool, guarded: bool, lanes: int, subgroup: int | None
                ) -> GD.Kernel:
@@ -94,6 +123,8 @@ class GatedDelta:
         return GD.gated_delta(
             self.batch, self.dv, self.dk, k_strides=self.k_strides, q_strides=self.q_strides,
             k_size=S.size(self.k._shape), q_size=S.size(self.q._shape), decay=decay,
+            k_eps=self.k_norm.eps if self.k_norm is not None else None,
+            q_eps=self.q_norm.eps if self.q_norm is not None else None,
             decay_strides=self.decay_strides, delta=self.delta.fused_ops(param=self.retrieval),
             out_chain=(self.out_chain.fused_ops(param=self.output)
                        if self.out_chain is not None else None),
@@ -103,17 +134,21 @@ class GatedDelta:
 
 def match_gated_delta(nodes: list[MLOperand], inlined: set[int],
                       groups: dict[int, fusion.Group], pinned: set[int], taken: set[int],
-                      max_storage: int) -> dict[int, GatedDelta]:
+                      max_storage: int, vectors: set[int] = frozenset(),
+                      fold_norms: bool = True) -> dict[int, GatedDelta]:
     """{anchor id: GatedDelta} for every decode step of the gated delta rule in ``nodes``.
 
     ``pinned``: ops that must be materialised (outputs, state writers); ``taken``: ops
-    another fusion already computes; ``max_storage``: storage bindings a kernel may use."""
+    another fusion already computes; ``vectors``: ops of norms planned as a launch of their
+    own (``gemv.row_reductions``), which only a folded q/k norm may take over;
+    ``max_storage``: storage bindings a kernel may use; ``fold_norms``: fold q's and k's L2
+    norms in where they match."""
     consumers = fusion.consumers_of(nodes)
     owner = {x._id: r for r, g in groups.items() for x in g.ops}
     found: dict[int, GatedDelta] = {}
     for o in nodes:
-        m = _match(o, consumers, inlined, groups, pinned)
-        if m is None or not _covered(m, inlined, groups, owner, taken):
+        m = _match(o, consumers, inlined, groups, pinned, fold_norms)
+        if m is None or not _covered(m, inlined, groups, owner, taken, vectors):
             continue
         if len(m.leaves) + 3 > max_storage:  # + new state, output, status
             continue
@@ -135,7 +170,8 @@ def _batch_of(shape: tuple[int, ...], batch: tuple[int, ...]) -> tuple[int, ...]
 
 
 def _match(o: MLOperand, consumers: dict[int, list[MLOperand]], inlined: set[int],
-           groups: dict[int, fusion.Group], pinned: set[int]) -> GatedDelta | None:
+           groups: dict[int, fusion.Group], pinned: set[int],
+           fold_norms: bool) -> GatedDelta | None:
     """The pattern ending at ``o`` (O = matmul(N, qc)), trying every operand order of the
     commutative ``add`` and ``mul`` ops (s and U are both muls of the state's shape)."""
     if not _op(o, "matmul") or o._dtype.wgsl != "f32":
@@ -150,7 +186,7 @@ def _match(o: MLOperand, consumers: dict[int, list[MLOperand]], inlined: set[int
         for (d_view, kr), (p_view, g_view) in product((u._inputs, u._inputs[::-1]),
                                                       (s._inputs, s._inputs[::-1])):
             m = _assemble(o, n, s_view, u_view, d_view, kr, p_view, g_view, consumers,
-                          inlined, groups, pinned)
+                          inlined, groups, pinned, fold_norms)
             if m is not None:
                 return m
     return None
@@ -159,7 +195,8 @@ def _match(o: MLOperand, consumers: dict[int, list[MLOperand]], inlined: set[int
 def _assemble(o: MLOperand, n: MLOperand, s_view: MLOperand, u_view: MLOperand,
               d_view: MLOperand, kr: MLOperand, p_view: MLOperand, g_view: MLOperand,
               consumers: dict[int, list[MLOperand]], inlined: set[int],
-              groups: dict[int, fusion.Group], pinned: set[int]) -> GatedDelta | None:
+              groups: dict[int, fusion.Group], pinned: set[int],
+              fold_norms: bool) -> GatedDelta | None:
     """The match for one assignment of the operands, or None if any condition fails."""
     readers = lambda x: [c._id for c in consumers.get(x._id, [])]  # noqa: E731
     s, u = root(s_view), root(u_view)
@@ -228,20 +265,61 @@ def _assemble(o: MLOperand, n: MLOperand, s_view: MLOperand, u_view: MLOperand,
     m = GatedDelta(anchor, p, n, k, q, batch, dv, dk, tuple(x * dk for x in k_st),
                    tuple(x * dk for x in q_st), decay, tuple(g_st), r, delta, o, out_chain,
                    [s, r, u, n, o])
+    if fold_norms:
+        m.k_norm = _l2_norm(k, consumers, inlined, pinned, {r._id, u._id})
+        m.q_norm = _l2_norm(q, consumers, inlined, pinned, {o._id}) if q is not k else None
     # the chains read no value the kernel computes or rewrites (beyond their params)
     inside = {x._id for x in m.ops} | {p._id}
-    if any(x._id in inside for x in m._chain_leaves() + [k, q]):
+    if any(x._id in inside for x in m._chain_leaves() + [m.k_storage, m.q_storage]):
         return None
     return m
 
 
+def _l2_norm(v: MLOperand, consumers: dict[int, list[MLOperand]], inlined: set[int],
+             pinned: set[int], readers: set[int]) -> L2Norm | None:
+    """``v = x / sqrt(reduce_sum(x * x, last axis, kept) + eps)`` (either operand order of
+    the add, ``eps`` a one-value constant), each op read only by the next and ``v`` only by
+    ``readers``; None otherwise."""
+    only = lambda a, b: [c._id for c in consumers.get(a._id, [])] == [b._id]  # noqa: E731
+    if (not _op(v, "div") or v._id in pinned or not consumers.get(v._id)
+            or any(c._id not in readers for c in consumers[v._id])):
+        return None
+    x_view, den = v._inputs
+    x, sq = root(x_view), root(den)
+    shape = tuple(v._shape)
+    row = (*shape[:-1], 1)
+    if tuple(x_view._shape) != shape or tuple(den._shape) != row or not _op(sq, "sqrt"):
+        return None
+    add = root(sq._inputs[0])
+    if not _op(add, "add"):
+        return None
+    for ss_view, eps in (add._inputs, add._inputs[::-1]):
+        ss = root(ss_view)
+        if _op(ss, "reduce_sum") and eps._kind == "constant" and S.size(eps._shape) == 1:
+            break
+    else:
+        return None
+    sqr = root(ss._inputs[0])
+    if (tuple(ss._attrs["axes"]) != (len(shape) - 1,) or tuple(ss._shape) != row
+            or tuple(ss._inputs[0]._shape) != shape or not _op(sqr, "mul")
+            or any(root(y) is not x or tuple(y._shape) != shape for y in sqr._inputs)):
+        return None
+    ops = [sqr, ss, add, sq]
+    chain = zip(ops, ops[1:] + [v], strict=True)
+    if (any(y._id in pinned for y in ops) or not all(only(a, b) for a, b in chain)
+            or (x._kind == "op" and x._id in inlined) or x._dtype.wgsl != "f32"):
+        return None
+    return L2Norm(v, x, float(eps._value.reshape(-1)[0]), ops + [v])
+
+
 def _covered(m: GatedDelta, inlined: set[int], groups: dict[int, fusion.Group],
-             owner: dict[int, int], taken: set[int]) -> bool:
+             owner: dict[int, int], taken: set[int], vectors: set[int]) -> bool:
     """Whether replacing the pattern's launches loses nothing: every op inlined into a
     group the kernel replaces is computed by the kernel, and no other fusion claimed
-    one of its ops."""
+    one of its ops (a norm planned as a launch of its own only if the kernel folds it)."""
     ids = {x._id for x in m.ops}
-    if ids & taken:
+    folded = {x._id for nrm in m.norms for x in nrm.ops}
+    if ids & taken or (ids - folded) & vectors:
         return False
     for x in m.ops:
         if x._id in inlined and owner.get(x._id) not in ids:
