@@ -16,11 +16,13 @@ RNG = np.random.default_rng(20261966)
 EPS = 1e-6
 
 
-def oracle(state, q, k, v, a, bb, a_log, dt_bias, rep: int, row_decay=None):
+def oracle(state, q, k, v, a, bb, a_log, dt_bias, rep: int, row_decay=None,
+           scaled: bool = True):
     """One step of S_t = exp(g) S + k (beta (v - exp(g) S^T k))^T, o = S_t^T q / sqrt(dk),
     q and k L2-normalised, per value head h reading q/k head h // rep. ``state`` is V-major
     (heads, dv, dk): S = state[h].T. ``row_decay`` (heads, dv): a decay per value row
-    instead (a graph the kernel must not take). Returns (new state, o (heads, dv))."""
+    instead (a graph the kernel must not take). ``scaled``: False without the 1/sqrt(dk).
+    Returns (new state, o (heads, dv))."""
     f = lambda x: np.asarray(x, np.float64)  # noqa: E731
     state, q, k, v, a, bb = map(f, (state, q, k, v, a, bb))
     heads, dv, dk = state.shape
@@ -36,7 +38,7 @@ def oracle(state, q, k, v, a, bb, a_log, dt_bias, rep: int, row_decay=None):
         delta = beta[h] * (v[h] - decayed.T @ kn[j])
         s_new = decayed + np.outer(kn[j], delta)
         new[h] = s_new.T
-        o[h] = s_new.T @ qn[j] / np.sqrt(dk)
+        o[h] = s_new.T @ qn[j] / (np.sqrt(dk) if scaled else 1.0)
     return new, o
 
 
@@ -45,7 +47,9 @@ def gdn_graph(ctx, hk: int, rep: int, dv: int, dk: int, *, stateful: bool = Fals
     """The GDN step as the standard ONNX flavour spells it (harness/export.py ``_gdn``),
     from raw q, k, v, gate input ``a`` and beta input ``b``. ``extra``: a near miss,
     "s" (the decayed state is also an output) or "r" (the retrieval is also an output);
-    "kn": the normalised k is also an output (its norm is not folded in)."""
+    "kn": the normalised k is also an output (its norm is not folded in); "decay_input":
+    the decay per head is a graph input (read from its buffer, no chain); "unscaled": O is
+    the output as is (no element-wise tail)."""
     hv = hk * rep
     b = MLGraphBuilder(ctx)
     f32 = "float32"
@@ -74,6 +78,8 @@ def gdn_graph(ctx, hk: int, rep: int, dv: int, dk: int, *, stateful: bool = Fals
     if row_decay:
         consts["row_decay"] = RNG.uniform(0.5, 1.0, (hv, dv)).astype(np.float32)
         decay = const(consts["row_decay"].reshape(1, hk, rep, dv, 1))
+    elif extra == "decay_input":
+        decay = b.input("decay", data_type=f32, shape=[1, hk, rep, 1, 1])
     else:
         decay = b.reshape(b.exp(g), [1, hk, rep, 1, 1])
     beta = b.reshape(b.sigmoid(bb), [1, hk, rep, 1, 1])
@@ -82,7 +88,9 @@ def gdn_graph(ctx, hk: int, rep: int, dv: int, dk: int, *, stateful: bool = Fals
     delta = b.mul(b.sub(b.reshape(v, [1, hk, rep, dv, 1]), r), beta)
     new = b.add(s, b.mul(delta, b.reshape(kn, [1, hk, 1, 1, dk])))
     o = b.matmul(new, b.reshape(qn, [1, hk, 1, dk, 1]))
-    y = b.reshape(b.mul(o, const(np.float32(1 / np.sqrt(dk)).reshape(()))), [hv, dv])
+    if extra != "unscaled":
+        o = b.mul(o, const(np.float32(1 / np.sqrt(dk)).reshape(())))
+    y = b.reshape(o, [hv, dv])
     outs = {"y": y, "present": b.reshape(new, [1, hv, dv, dk])}
     if extra == "s":
         outs["s"] = b.reshape(s, [1, hv, dv, dk])
@@ -190,6 +198,27 @@ def test_normalised_k_read_elsewhere_keeps_its_norm(ctx, monkeypatch):
                                rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("extra", ["decay_input", "unscaled"])
+def test_decay_from_a_buffer_and_no_output_tail(ctx, extra, monkeypatch):
+    """The decay a graph input (read per head from its buffer) or O written without a
+    tail: still one launch, still the oracle."""
+    monkeypatch.setitem(compiler.OPTIONS, "gdn", "fused")
+    hk, rep, dv, dk = 2, 3, 4, 8
+    graph, outs, consts = gdn_graph(ctx, hk, rep, dv, dk, extra=extra)
+    assert names(graph) == ["gated_delta"], names(graph)
+    x = feeds(hk, rep, dv, dk, with_state=True)
+    decay = None
+    if extra == "decay_input":
+        x["decay"] = RNG.uniform(0.3, 1.0, (1, hk, rep, 1, 1)).astype(np.float32)
+        decay = np.repeat(x["decay"].reshape(hk * rep, 1), dv, axis=1)
+    out = dispatch(ctx, graph, outs, x)
+    hv = hk * rep
+    want = oracle(x["past"][0], x["q"][0], x["k"][0], x["v"].reshape(hv, -1),
+                  x["a"].reshape(hv), x["b"].reshape(hv), consts["a_log"], consts["dt_bias"],
+                  rep, decay, scaled=extra != "unscaled")
+    expect(out, *want, hk, rep, dv, dk)
+
+
 @pytest.mark.parametrize("extra", ["s", "r", "row_decay"])
 def test_near_misses_keep_the_generic_ops(ctx, extra, monkeypatch):
     """The decayed state or the retrieval also read as an output, or a decay per value row
@@ -222,9 +251,10 @@ def test_generic_option_and_cpu_default_keep_the_ops(ctx, monkeypatch):
             continue
         generic = names(gdn_graph(ctx, hk, rep, dv, dk)[0])
         assert "gated_delta" not in generic and len(generic) == 1 + 4 + 4, generic
-    monkeypatch.setitem(compiler.OPTIONS, "gdn", "fastest")
-    with pytest.raises(ValueError, match="fused"):
-        gdn_graph(ctx, hk, rep, dv, dk)
+    for bad in ("fastest", "fused12", "fused0"):
+        monkeypatch.setitem(compiler.OPTIONS, "gdn", bad)
+        with pytest.raises(ValueError, match="fused|power of two"):
+            gdn_graph(ctx, hk, rep, dv, dk)
 
 
 @pytest.mark.parametrize("subgroup,reduction", [(32, "subgroupAdd"), (None, "workgroupBarrier")])

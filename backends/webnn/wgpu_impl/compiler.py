@@ -456,7 +456,11 @@ def _gdn_variant(t: Target) -> tuple[int, bool, bool] | None:
     if m is None:
         raise ValueError(f"OPTIONS['gdn'] = {how!r}; accepted: None, 'generic', "
                          "'fused[LANES][_sh][_norms]' (e.g. 'fused', 'fused8_sh')")
-    return int(m.group(1) or 32), bool(m.group(2)), not m.group(3)
+    lanes = int(m.group(1) or 32)
+    if lanes < 1 or lanes > 256 or lanes & (lanes - 1):
+        raise ValueError(f"OPTIONS['gdn'] = {how!r}: lanes per state row must be a power of "
+                         "two from 1 to 256")
+    return lanes, bool(m.group(2)), not m.group(3)
 
 
 def _gemv_rows(t: Target, variant: str, a_shape: Any, b_shape: Any, shp: Any, n0: int,
