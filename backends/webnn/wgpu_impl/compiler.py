@@ -36,6 +36,7 @@ from ..stateful import PairPlan, analyse, root
 from . import fusion
 from . import gemv as GV
 from .attention import Attention, last2_transpose_input, match_attention
+from .gdn import GatedDelta, match_gated_delta
 from .target import Target
 
 Slot = tuple
@@ -60,6 +61,12 @@ Slot = tuple
 #: "gemv_weights": how constant weights of the GPU matrix-vector kernels are stored: None
 #: (float16 where every value of the constant is a float16 value, so nothing is lost; else
 #: float32), "f32", "f16" (always: lossy unless the weights are float16 values)
+#: "gdn": one decode step of a gated delta net (decay, retrieval, delta, rank-1 update,
+#: output matvec and its scale) where the pattern matches (wgpu_impl/gdn.py): None (one
+#: launch on GPU adapters, the generic ops on CPU adapters), "generic" (the ops one by one),
+#: "fused[LANES][_sh][_norms]" (the one launch on any adapter; LANES invocations per state
+#: row, default 32; "_sh": sums through workgroup memory, not subgroupAdd; "_norms": q's
+#: and k's L2 norms keep their own launches instead of being folded into the kernel)
 #: "record_ahead": None (per adapter: GPUs on, CPU adapters off), "on" (a context records
 #: each dispatch's successor while the device runs it: context._record_ahead; its command
 #: buffers in one queue.submit), "pieces" (the same, submitted one by one), "off"
@@ -67,7 +74,7 @@ Slot = tuple
 OPTIONS: dict[str, str | None] = {"gemv": None, "attention": None, "gemv_prologue": None,
                                   "row_writes": None, "attention_splits": None,
                                   "record_ahead": None, "cache_copy": None,
-                                  "gemv_weights": None}
+                                  "gemv_weights": None, "gdn": None}
 
 
 @dataclass
@@ -111,6 +118,7 @@ class Plan:
     vectors: dict[int, GV.Prologue] = field(default_factory=dict)  # vector -> it + its reduction
     row_writes: dict[int, list[MLOperand]] = field(default_factory=dict)  # first scatter -> all
     in_place: dict[int, PairPlan] = field(default_factory=dict)  # writer id -> its pair
+    gdn: dict[int, GatedDelta] = field(default_factory=dict)  # anchor id -> matched step
 
 
 @dataclass
@@ -206,11 +214,25 @@ def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
     if OPTIONS.get("row_writes") != "separate":
         plan.row_writes = _row_write_groups(nodes, absorbed, groups, plan.target.max_storage)
     absorbed |= {x._id for ms in plan.row_writes.values() for x in ms[1:]}
+    # -- a gated delta net's decode step: one launch ------------------------------------
+    gdn = _gdn_variant(plan.target)
+    if gdn is not None:
+        vectors = set(plan.vectors) | {pro.reduce_op._id for pro in plan.vectors.values()}
+        taken = (absorbed - vectors) | {*plan.attention, *plan.stacked, *plan.epilogue,
+                                        *plan.prologue, *plan.row_writes}
+        plan.gdn = match_gated_delta(nodes, inlined, groups, pinned, taken,
+                                     plan.target.max_storage, vectors, fold_norms=gdn[2])
+        for m in plan.gdn.values():  # q's and k's norms folded in: no launch of their own
+            for nrm in m.norms:
+                plan.vectors.pop(nrm.out._id, None)
+    absorbed |= {x._id for m in plan.gdn.values() for x in m.absorbed}
 
     def reads_of(o: MLOperand) -> list[MLOperand]:
         """The roots one op's launch reads: its fused group's leaves or its inputs."""
         if o._id in plan.attention:
             return list(plan.attention[o._id].leaves)
+        if o._id in plan.gdn:
+            return list(plan.gdn[o._id].leaves)
         if o._id in plan.vectors:
             return list(plan.vectors[o._id].leaves)
         if o._id in groups:
@@ -229,6 +251,8 @@ def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
         for m in plan.row_writes.get(o._id, [o])[1:]:
             more.append(m)
             reads += [r for r in reads_of(m) if r not in reads]
+        if o._id in plan.gdn:
+            more.append(plan.gdn[o._id].state_out)  # the new state, written by the launch
         if o._id in plan.epilogue:
             add_node, res = plan.epilogue[o._id]
             reads.append(res)
@@ -442,6 +466,27 @@ def _gemv_variant(t: Target, cols_ok: bool = True) -> str:
     return v
 
 
+_GDN_VARIANT = re.compile(r"fused(\d+)?(_sh)?(_norms)?")
+
+
+def _gdn_variant(t: Target) -> tuple[int, bool, bool] | None:
+    """(lanes per state row, sums through workgroup memory, fold q's and k's L2 norms) of
+    the gated delta kernel, or None for the generic ops (OPTIONS["gdn"]; by default the
+    kernel on GPU adapters only, PERFORMANCE.md)."""
+    how = OPTIONS.get("gdn")
+    if how == "generic" or (how is None and t.cpu):
+        return None
+    m = _GDN_VARIANT.fullmatch(how or "fused")
+    if m is None:
+        raise ValueError(f"OPTIONS['gdn'] = {how!r}; accepted: None, 'generic', "
+                         "'fused[LANES][_sh][_norms]' (e.g. 'fused', 'fused8_sh')")
+    lanes = int(m.group(1) or 32)
+    if lanes < 1 or lanes > 256 or lanes & (lanes - 1):
+        raise ValueError(f"OPTIONS['gdn'] = {how!r}: lanes per state row must be a power of "
+                         "two from 1 to 256")
+    return lanes, bool(m.group(2)), not m.group(3)
+
+
 def _gemv_rows(t: Target, variant: str, a_shape: Any, b_shape: Any, shp: Any, n0: int,
                chunk: int | None, residual: bool = False,
                splits: list[int] | None = None,
@@ -508,6 +553,14 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
                        (sum(sizes), K), (1, sum(sizes)), 0, None, splits=sizes,
                        prologue=source, f16_weights=half)
         add(KernelLaunch(k, a_slots + [slot] + [slot_of(m) for m in group]))
+    elif o._id in plan.gdn:
+        m = plan.gdn[o._id]
+        lanes, shared, _ = _gdn_variant(plan.target) or (32, False, True)
+        old, new = slot_of(m.state_in), slot_of(m.state_out)
+        in_place = old == new  # the paired state updated where it lies (each row by its lanes)
+        guarded = has_check and m.state_out._id in plan.in_place
+        k = m.kernel(in_place, guarded, lanes, None if shared else plan.target.subgroup)
+        add(KernelLaunch(k, ins[in_place:] + [new, out_slot] + ([("status",)] if guarded else [])))
     elif o._id in plan.attention:
         splits = OPTIONS.get("attention_splits")
         k1, k2, parts = plan.attention[o._id].kernels(plan.target.shared_bytes,

@@ -1,0 +1,329 @@
+"""Finding one decode step of a gated delta net in a graph, for the one-launch kernel
+(``kernels/gdn.py``).
+
+The pattern, as the ONNX converter builds it from the standard flavour
+(``harness/export.py``), with the state ``P`` viewed as (*B, Dv, Dk)::
+
+    s = mul(P, g)               g: (*B, 1, 1) after broadcasting (the decay per head)
+    R = matmul(s, kc)           kc: (*Bk, Dk, 1), Bk broadcasting to B
+    d = element-wise chain      over R's shape (*B, Dv, 1), R read at its own index
+    U = mul(d, kr)              kr: (*Bk, 1, Dk), a view of the same k as kc
+    N = add(s, U)               the new state (a graph output or the paired state)
+    O = matmul(N, qc)           qc: (*Bq, Dk, 1)
+    Y = element-wise chain      over O's shape, O read at its own index (the scale;
+                                optional: without it O is written)
+
+Where k (or q) is ``x / sqrt(reduce_sum(x * x, last axis) + eps)`` read by nothing else
+(the exporter's per-head L2 norm), the kernel reads x and folds the norm in too.
+
+Operands may appear in either order in ``mul`` and ``add``. s, R, d, U and O must have
+no reader outside the pattern and not be graph outputs; every op the fusion planner
+inlined into a group the kernel replaces must be computed by the kernel; the chains
+must not read the state, k or q at other positions. Anything else keeps the generic
+kernels, so a graph that only looks similar is never miscompiled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import product
+
+from .. import shapes as S
+from .._classes import MLOperand
+from ..kernels import fused as FU
+from ..kernels import gdn as GD
+from ..stateful import root
+from . import fusion
+from .attention import _reads_at_own_index
+
+
+@dataclass
+class L2Norm:
+    """``out = x / sqrt(reduce_sum(x * x, last axis) + eps)``, computed by the kernel."""
+
+    out: MLOperand
+    x: MLOperand  # the raw vector's storage
+    eps: float
+    ops: list[MLOperand]  # mul, reduce_sum, add, sqrt, div
+
+
+@dataclass
+class GatedDelta:
+    """One matched decode step, lowered at ``out`` (Y, or O without an output chain)."""
+
+    out: MLOperand
+    state_in: MLOperand  # the old state's storage (P's root)
+    state_out: MLOperand  # N
+    k: MLOperand  # storage of kc and kr
+    q: MLOperand  # storage of qc
+    batch: tuple[int, ...]
+    dv: int
+    dk: int
+    k_strides: tuple[int, ...]
+    q_strides: tuple[int, ...]
+    decay: fusion.Group | MLOperand  # a chain computed inside, or a buffer read per head
+    decay_strides: tuple[int, ...]
+    retrieval: MLOperand  # R, the delta chain's param
+    delta: fusion.Group
+    output: MLOperand  # O, the output chain's param
+    out_chain: fusion.Group | None
+    core: list[MLOperand]  # s, R, U, N, O
+    k_norm: L2Norm | None = None
+    q_norm: L2Norm | None = None
+
+    @property
+    def norms(self) -> list[L2Norm]:
+        return [x for x in (self.k_norm, self.q_norm) if x is not None]
+
+    @property
+    def k_storage(self) -> MLOperand:
+        return self.k_norm.x if self.k_norm is not None else self.k
+
+    @property
+    def q_storage(self) -> MLOperand:
+        return self.q_norm.x if self.q_norm is not None else self.q
+
+    @property
+    def ops(self) -> list[MLOperand]:
+        """Every op the kernel computes (``out`` included)."""
+        chains = [c for c in (self.decay, self.delta, self.out_chain)
+                  if isinstance(c, fusion.Group)]
+        seen: dict[int, MLOperand] = {x._id: x for x in self.core}
+        for c in chains:
+            seen.update((x._id, x) for x in c.ops)
+        for nrm in self.norms:
+            seen.update((x._id, x) for x in nrm.ops)
+        return list(seen.values())
+
+    @property
+    def absorbed(self) -> list[MLOperand]:
+        """Ops computed inside the kernel other than ``out`` (no launch of their own)."""
+        return [x for x in self.ops if x is not self.out]
+
+    def _chain_leaves(self) -> list[MLOperand]:
+        out = list(self.decay.leaves) if isinstance(self.decay, fusion.Group) else [self.decay]
+        out += [x for x in self.delta.leaves if x is not self.retrieval]
+        if self.out_chain is not None:
+            out += [x for x in self.out_chain.leaves if x is not self.output]
+        return out
+
+    @property
+    def leaves(self) -> list[MLOperand]:
+        """What the kernel reads, in binding order (the old state first)."""
+        return [self.state_in, self.k_storage, self.q_storage, *self._chain_leaves()]
+
+    def kernel(self, in_place: bool, guarded: bool, lanes: int, subgroup: int | None
+               ) -> GD.Kernel:
+        if isinstance(self.decay, fusion.Group):
+            decay = self.decay.fused_ops()
+        else:  # a materialised decay: read through an identity op
+            shp = tuple(self.decay._shape)
+            decay = ([FU.FusedOp("identity", {}, "f32", shp, [("leaf", 0)], ["f32"], [shp])],
+                     [FU.Leaf("f32", S.size(shp))])
+        return GD.gated_delta(
+            self.batch, self.dv, self.dk, k_strides=self.k_strides, q_strides=self.q_strides,
+            k_size=S.size(self.k._shape), q_size=S.size(self.q._shape), decay=decay,
+            k_eps=self.k_norm.eps if self.k_norm is not None else None,
+            q_eps=self.q_norm.eps if self.q_norm is not None else None,
+            decay_strides=self.decay_strides, delta=self.delta.fused_ops(param=self.retrieval),
+            out_chain=(self.out_chain.fused_ops(param=self.output)
+                       if self.out_chain is not None else None),
+            in_place=in_place, guarded=guarded, lanes=lanes, wg=max(256, lanes),
+            subgroup=subgroup)
+
+
+def match_gated_delta(nodes: list[MLOperand], inlined: set[int],
+                      groups: dict[int, fusion.Group], pinned: set[int], taken: set[int],
+                      max_storage: int, vectors: set[int] = frozenset(),
+                      fold_norms: bool = True) -> dict[int, GatedDelta]:
+    """{anchor id: GatedDelta} for every decode step of the gated delta rule in ``nodes``.
+
+    ``pinned``: ops that must be materialised (outputs, state writers); ``taken``: ops
+    another fusion already computes; ``vectors``: ops of norms planned as a launch of their
+    own (``gemv.row_reductions``), which only a folded q/k norm may take over;
+    ``max_storage``: storage bindings a kernel may use; ``fold_norms``: fold q's and k's L2
+    norms in where they match."""
+    consumers = fusion.consumers_of(nodes)
+    owner = {x._id: r for r, g in groups.items() for x in g.ops}
+    found: dict[int, GatedDelta] = {}
+    for o in nodes:
+        m = _match(o, consumers, inlined, groups, pinned, fold_norms)
+        if m is None or not _covered(m, inlined, groups, owner, taken, vectors):
+            continue
+        if len(m.leaves) + 3 > max_storage:  # + new state, output, status
+            continue
+        found[m.out._id] = m
+    return found
+
+
+def _op(x: MLOperand, name: str) -> bool:
+    return x._kind == "op" and x._op == name
+
+
+def _batch_of(shape: tuple[int, ...], batch: tuple[int, ...]) -> tuple[int, ...] | None:
+    """Strides of a (*b, ...) operand's batch axes when its batch broadcasts to ``batch``
+    (None otherwise), in units of one batch entry."""
+    b = tuple(shape)
+    if len(b) > len(batch) or any(x not in (1, y) for x, y in zip(b[::-1], batch[::-1], strict=False)):
+        return None
+    return S.broadcast_strides(b, batch) if batch else ()
+
+
+def _match(o: MLOperand, consumers: dict[int, list[MLOperand]], inlined: set[int],
+           groups: dict[int, fusion.Group], pinned: set[int],
+           fold_norms: bool) -> GatedDelta | None:
+    """The pattern ending at ``o`` (O = matmul(N, qc)), trying every operand order of the
+    commutative ``add`` and ``mul`` ops (s and U are both muls of the state's shape)."""
+    if not _op(o, "matmul") or o._dtype.wgsl != "f32":
+        return None
+    n = root(o._inputs[0])
+    if not _op(n, "add") or len(n._shape) < 3:
+        return None
+    for s_view, u_view in (n._inputs, n._inputs[::-1]):
+        s, u = root(s_view), root(u_view)
+        if not (_op(s, "mul") and _op(u, "mul")):
+            continue
+        for (d_view, kr), (p_view, g_view) in product((u._inputs, u._inputs[::-1]),
+                                                      (s._inputs, s._inputs[::-1])):
+            m = _assemble(o, n, s_view, u_view, d_view, kr, p_view, g_view, consumers,
+                          inlined, groups, pinned, fold_norms)
+            if m is not None:
+                return m
+    return None
+
+
+def _assemble(o: MLOperand, n: MLOperand, s_view: MLOperand, u_view: MLOperand,
+              d_view: MLOperand, kr: MLOperand, p_view: MLOperand, g_view: MLOperand,
+              consumers: dict[int, list[MLOperand]], inlined: set[int],
+              groups: dict[int, fusion.Group], pinned: set[int],
+              fold_norms: bool) -> GatedDelta | None:
+    """The match for one assignment of the operands, or None if any condition fails."""
+    readers = lambda x: [c._id for c in consumers.get(x._id, [])]  # noqa: E731
+    s, u = root(s_view), root(u_view)
+    *batch_l, dv, dk = n._shape
+    batch = tuple(batch_l)
+    full, col = (*batch, dv, dk), (*batch, dv, 1)
+    n_view, qc = o._inputs
+    if (tuple(n_view._shape) != full or tuple(o._shape) != col or readers(n) != [o._id]
+            or any(tuple(x._shape) != full for x in (s_view, u_view, s, u, p_view))):
+        return None
+    if s._id in pinned or u._id in pinned or readers(u) != [n._id]:
+        return None
+    # R: the other reader of s, matmul(s, kc)
+    rs = consumers.get(s._id, [])
+    others = [c for c in rs if c is not n]
+    if len(others) != 1 or len(rs) != 2:
+        return None
+    r = others[0]
+    if (not _op(r, "matmul") or root(r._inputs[0]) is not s or tuple(r._inputs[0]._shape) != full
+            or tuple(r._shape) != col or r._id in pinned):
+        return None
+    # U = mul(d, kr), kr and kc views of one k
+    kc = r._inputs[1]
+    k = root(kc)
+    if (tuple(d_view._shape) != col or tuple(kr._shape)[-2:] != (1, dk) or root(kr) is not k
+            or tuple(kc._shape)[-2:] != (dk, 1) or tuple(kc._shape)[:-2] != tuple(kr._shape)[:-2]):
+        return None
+    q = root(qc)
+    k_st = _batch_of(tuple(kc._shape)[:-2], batch)
+    q_st = _batch_of(tuple(qc._shape)[:-2], batch) if tuple(qc._shape)[-2:] == (dk, 1) else None
+    if k_st is None or q_st is None:
+        return None
+    # d: the delta chain, R its param read at its own index, d read by U only
+    d = root(d_view)
+    if (not fusion.is_fusible(d) or d._id in pinned or tuple(d._shape) != col
+            or readers(d) != [u._id]):
+        return None
+    delta = groups.get(d._id) or fusion.collect(d, inlined)[0]
+    if (r not in delta.leaves or not _reads_at_own_index(delta, r)
+            or not all(c in delta.ops for c in consumers.get(r._id, []))):
+        return None
+    # s = mul(P, g): P the state's storage, g one value per head
+    gs = (1,) * (len(full) - len(g_view._shape)) + tuple(g_view._shape)
+    if len(gs) != len(full) or gs[-2:] != (1, 1):
+        return None
+    p, g = root(p_view), root(g_view)
+    if p._kind == "op" and p._id in inlined:
+        return None  # the state computed inline: not a buffer the kernel can stream
+    g_st = S.broadcast_strides(tuple(g_view._shape), full)[:len(batch)]
+    decay: fusion.Group | MLOperand = g
+    if g._kind == "op" and g._id in inlined:
+        if g._id in pinned or not fusion.is_fusible(g):
+            return None
+        decay = fusion.collect(g, inlined)[0]
+    # Y: the output chain, when O's one reader is the root of an element-wise group
+    out_chain, anchor = None, o
+    cs = consumers.get(o._id, [])
+    if (len(cs) == 1 and fusion.is_fusible(cs[0]) and not fusion.is_host(cs[0])
+            and cs[0]._id not in inlined and o._id not in pinned):
+        c = cs[0]
+        gc = groups.get(c._id) or fusion.collect(c, inlined)[0]
+        if tuple(c._shape) == col and o in gc.leaves and _reads_at_own_index(gc, o):
+            out_chain, anchor = gc, c
+    if any(x._dtype.wgsl != "f32" for x in (p, k, q, g, d, anchor)):
+        return None
+    m = GatedDelta(anchor, p, n, k, q, batch, dv, dk, tuple(x * dk for x in k_st),
+                   tuple(x * dk for x in q_st), decay, tuple(g_st), r, delta, o, out_chain,
+                   [s, r, u, n, o])
+    if fold_norms:
+        m.k_norm = _l2_norm(k, consumers, inlined, pinned, {r._id, u._id})
+        m.q_norm = _l2_norm(q, consumers, inlined, pinned, {o._id}) if q is not k else None
+    # the chains read no value the kernel computes or rewrites (beyond their params)
+    inside = {x._id for x in m.ops} | {p._id}
+    if any(x._id in inside for x in m._chain_leaves() + [m.k_storage, m.q_storage]):
+        return None
+    return m
+
+
+def _l2_norm(v: MLOperand, consumers: dict[int, list[MLOperand]], inlined: set[int],
+             pinned: set[int], readers: set[int]) -> L2Norm | None:
+    """``v = x / sqrt(reduce_sum(x * x, last axis, kept) + eps)`` (either operand order of
+    the add, ``eps`` a one-value constant), each op read only by the next and ``v`` only by
+    ``readers``; None otherwise."""
+    only = lambda a, b: [c._id for c in consumers.get(a._id, [])] == [b._id]  # noqa: E731
+    if (not _op(v, "div") or v._id in pinned or not consumers.get(v._id)
+            or any(c._id not in readers for c in consumers[v._id])):
+        return None
+    x_view, den = v._inputs
+    x, sq = root(x_view), root(den)
+    shape = tuple(v._shape)
+    row = (*shape[:-1], 1)
+    if tuple(x_view._shape) != shape or tuple(den._shape) != row or not _op(sq, "sqrt"):
+        return None
+    add = root(sq._inputs[0])
+    if not _op(add, "add"):
+        return None
+    for ss_view, eps in (add._inputs, add._inputs[::-1]):
+        ss = root(ss_view)
+        if _op(ss, "reduce_sum") and eps._kind == "constant" and S.size(eps._shape) == 1:
+            break
+    else:
+        return None
+    sqr = root(ss._inputs[0])
+    if (tuple(ss._attrs["axes"]) != (len(shape) - 1,) or tuple(ss._shape) != row
+            or tuple(ss._inputs[0]._shape) != shape or not _op(sqr, "mul")
+            or any(root(y) is not x or tuple(y._shape) != shape for y in sqr._inputs)):
+        return None
+    ops = [sqr, ss, add, sq]
+    chain = zip(ops, ops[1:] + [v], strict=True)
+    if (any(y._id in pinned for y in ops) or not all(only(a, b) for a, b in chain)
+            or (x._kind == "op" and x._id in inlined) or x._dtype.wgsl != "f32"):
+        return None
+    return L2Norm(v, x, float(eps._value.reshape(-1)[0]), ops + [v])
+
+
+def _covered(m: GatedDelta, inlined: set[int], groups: dict[int, fusion.Group],
+             owner: dict[int, int], taken: set[int], vectors: set[int]) -> bool:
+    """Whether replacing the pattern's launches loses nothing: every op inlined into a
+    group the kernel replaces is computed by the kernel, and no other fusion claimed
+    one of its ops (a norm planned as a launch of its own only if the kernel folds it)."""
+    ids = {x._id for x in m.ops}
+    folded = {x._id for nrm in m.norms for x in nrm.ops}
+    if ids & taken or (ids - folded) & vectors:
+        return False
+    for x in m.ops:
+        if x._id in inlined and owner.get(x._id) not in ids:
+            return False
+        if x._id in groups and not {y._id for y in groups[x._id].ops} <= ids:
+            return False
+    return True
