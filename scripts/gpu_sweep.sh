@@ -28,16 +28,21 @@ fi
 # wgpu:fallback is left out: its counters and kernels equal wgpu:reuse's by construction
 backends=${STATEBENCH_GPU_BACKENDS:-'wgpu:stateless,wgpu:reuse,wgpu:stateful,ort-webgpu:*'}
 contexts=${STATEBENCH_GPU_CONTEXTS:-512,2048,8192,16384}
+# file names from preset names with only [A-Za-z0-9._-] ('llama-1b+f16kv' -> 'llama-1b_f16kv'):
+# the H200 machine returns no file whose name has other characters
+safe() { printf '%s' "$1" | tr -c 'A-Za-z0-9._-' '_'; }
 for p in "${presets[@]}"; do
   "$py" -m harness.cli run --preset "$p" --backends "$backends" --contexts "$contexts" \
-    --steps "${STATEBENCH_GPU_STEPS:-8}" --warmup 2 --out "$out/$p.json" || echo "run $p exited $?"
+    --steps "${STATEBENCH_GPU_STEPS:-8}" --warmup 2 --out "$out/$(safe "$p").json" \
+    || echo "run $p exited $?"
 done
 for p in "${presets[@]}"; do
-  [ -f "$out/$p.json" ] || continue
+  f="$out/$(safe "$p").json"
+  [ -f "$f" ] || continue
   # charts and the HTML report beside the results (STATEBENCH_GPU_REPORT=0: the summary only,
   # e.g. where only a few files may come back from the machine)
   if [ "${STATEBENCH_GPU_REPORT:-1}" != 0 ]; then
-    "$py" -m harness.cli report "$out/$p.json" --out "$out/$p-report" > /dev/null || true
+    "$py" -m harness.cli report "$f" --out "${f%.json}-report" > /dev/null || true
   fi
-  "$py" -m harness.cli report "$out/$p.json" --format md || true
+  "$py" -m harness.cli report "$f" --format md || true
 done

@@ -147,6 +147,9 @@ def test_gpu_gemv_norms_in_one_launch_each(monkeypatch):
     from backends.webnn.wgpu_impl import compiler
 
     monkeypatch.setitem(compiler.OPTIONS, "gemv", "rows_sh")
+    # the GDN layer's own ops (a GPU adapter's default folds q's and k's norms into the
+    # fused gated-delta kernel, tests/test_webnn_gdn.py)
+    monkeypatch.setitem(compiler.OPTIONS, "gdn", "generic")
     b = prepared(StatefulInPlace, CAPACITY)
     try:
         plan = b.converted.graph._plan
