@@ -132,31 +132,39 @@ def bench_attention(ctx, C: int, reps: int, budget: float, kv: int = 8, rep: int
     return _rate(res, 4 * 2 * kv * C * d)
 
 
+#: the profile's name for a plan's buffer-to-buffer copies (`cache_copy=buffer`)
+COPY_NAME = "copy_buffer_to_buffer"
+
+
 def profile_launches(ctx, g, bound: dict) -> dict:
-    """GPU time of each kernel launch of a graph, summed by kernel name: where a step's
+    """GPU time of each launch of a graph (kernels and buffer copies), summed by name: where a step's
     time goes. With 'timestamp-query-inside-passes' the whole step runs as one pass with a
     timestamp between launches (in situ: real clocks, caches and barriers); otherwise each
     launch runs alone in its own pass (best of two). Uses the context's internals."""
     import wgpu
     from wgpu.backends.wgpu_native.extras import write_timestamp
 
-    from backends.webnn.wgpu_impl.compiler import KernelLaunch
+    from backends.webnn.wgpu_impl.compiler import CopyLaunch, KernelLaunch
 
     dev = ctx._device
-    kernels = [(i, la) for i, la in enumerate(g._plan.launches) if isinstance(la, KernelLaunch)]
-    items = []
-    for i, la in kernels:
-        pipe, layout, bg = g._items[i]
-        if bg is None:
-            bg = ctx._bind_group(g, layout, la.slots, bound, g._parity)
-        items.append((la, pipe, bg))
+    items = []  # (launch, pipeline, bind group) or, for a buffer copy, (launch, src, dst)
+    for i, la in enumerate(g._plan.launches):
+        if isinstance(la, KernelLaunch):
+            pipe, layout, bg = g._items[i]
+            if bg is None:
+                bg = ctx._bind_group(g, layout, la.slots, bound, g._parity)
+            items.append((la, pipe, bg))
+        elif isinstance(la, CopyLaunch):
+            items.append((la, ctx._resolve(g, la.src, bound, g._parity),
+                          ctx._resolve(g, la.dst, bound, g._parity)))
     by: dict[str, list] = {}
 
     def add(la, ms: float) -> None:
-        e = by.setdefault(la.kernel.name, [0, 0.0, 0])
+        copy = isinstance(la, CopyLaunch)
+        e = by.setdefault(COPY_NAME if copy else la.kernel.name, [0, 0.0, 0])
         e[0] += 1
         e[1] += ms
-        e[2] += la.kernel.bytes
+        e[2] += 2 * la.nbytes if copy else la.kernel.bytes  # a copy reads and writes
 
     in_pass = "timestamp-query-inside-passes" in dev.features
     if in_pass:
@@ -168,9 +176,16 @@ def profile_launches(ctx, g, bound: dict) -> dict:
             enc = dev.create_command_encoder()
             cp = enc.begin_compute_pass()
             write_timestamp(cp, qs, 0)
-            for j, (la, pipe, bg) in enumerate(items):
-                cp.set_pipeline(pipe)
-                cp.set_bind_group(0, bg)
+            for j, (la, a, b) in enumerate(items):
+                if isinstance(la, CopyLaunch):
+                    # a copy cannot sit in a pass: its end is the next pass's first timestamp
+                    cp.end()
+                    enc.copy_buffer_to_buffer(a, 0, b, 0, la.nbytes)
+                    cp = enc.begin_compute_pass(timestamp_writes={
+                        "query_set": qs, "beginning_of_pass_write_index": j + 1})
+                    continue
+                cp.set_pipeline(a)
+                cp.set_bind_group(0, b)
                 cp.dispatch_workgroups(*la.kernel.groups)
                 write_timestamp(cp, qs, j + 1)
             cp.end()
@@ -184,16 +199,24 @@ def profile_launches(ctx, g, bound: dict) -> dict:
     else:
         qs = dev.create_query_set(type="timestamp", count=2)
         qb = dev.create_buffer(size=16, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
-        for la, pipe, bg in items:
+        for la, a, b in items:
             best = None
             for _ in range(2):
                 enc = dev.create_command_encoder()
-                cp = enc.begin_compute_pass(timestamp_writes={
-                    "query_set": qs, "beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1})
-                cp.set_pipeline(pipe)
-                cp.set_bind_group(0, bg)
-                cp.dispatch_workgroups(*la.kernel.groups)
-                cp.end()
+                if isinstance(la, CopyLaunch):  # between two empty passes' timestamps
+                    enc.begin_compute_pass(timestamp_writes={
+                        "query_set": qs, "end_of_pass_write_index": 0}).end()
+                    enc.copy_buffer_to_buffer(a, 0, b, 0, la.nbytes)
+                    enc.begin_compute_pass(timestamp_writes={
+                        "query_set": qs, "beginning_of_pass_write_index": 1}).end()
+                else:
+                    cp = enc.begin_compute_pass(timestamp_writes={
+                        "query_set": qs, "beginning_of_pass_write_index": 0,
+                        "end_of_pass_write_index": 1})
+                    cp.set_pipeline(a)
+                    cp.set_bind_group(0, b)
+                    cp.dispatch_workgroups(*la.kernel.groups)
+                    cp.end()
                 enc.resolve_query_set(qs, 0, 2, qb, 0)
                 dev.queue.submit([enc.finish()])
                 t = np.frombuffer(dev.queue.read_buffer(qb), np.uint64)
@@ -258,7 +281,7 @@ def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
     names: dict[str, int] = {}
     for la in plan.launches:
         k = getattr(la, "kernel", None)
-        nm = k.name if k is not None else "copy"
+        nm = k.name if k is not None else COPY_NAME
         names[nm] = names.get(nm, 0) + 1
     if depth:
         warm = reach_random_depth(be, wl, capacity, depth, warm_s)

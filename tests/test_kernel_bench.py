@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from harness.workload import preset
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "kernel_bench.py"
 
@@ -34,7 +36,7 @@ def test_kernel_bench_runs_with_an_option():
     assert step["options"]["gemv_prologue"] == "off"
     assert 0 < step["warm_steps"] <= 32 - 2 - 1
     assert sum(k["n"] for name, k in step["profile"].items() if not name.startswith("_")) \
-        == step["launches"] - step["kernels"].get("copy", 0)
+        == step["launches"]
 
 
 def test_kernel_bench_profiles_another_page():
@@ -51,6 +53,24 @@ def test_kernel_bench_profiles_another_page():
     assert step["profile"]["copy_vec4"]["n"] == step["kernels"]["copy_vec4"] > 0
     fns = {r["function"].rsplit(":", 1)[-1]: r for r in step["host_profile"]}
     assert fns["step"]["calls_per_step"] == 1 and fns["_read_tensors"]["cumulative_ms"] > 0
+
+
+def test_kernel_bench_profiles_buffer_copies():
+    """A plan's buffer-to-buffer copies (reuse with `cache_copy=buffer`) are timed too, each
+    between two passes, with the bytes it reads and writes: every launch is in the profile."""
+    proc = bench("--gemv", "none", "--attn", "none", "--step", "tiny:32", "--steps", "2",
+                 "--warm", "0", "--profile", "--mode", "wgpu:reuse", "--option",
+                 "cache_copy=buffer")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    step = json.loads(proc.stdout)["step"][0]
+    assert "error" not in step, step.get("trace")
+    copies = step["profile"]["copy_buffer_to_buffer"]
+    assert copies["n"] == step["kernels"]["copy_buffer_to_buffer"] > 0
+    cfg = preset("tiny")  # K and V of each attention layer, capacity 32, float32, read + written
+    kv_bytes = 2 * len(cfg.attention_layers) * cfg.kv_heads * 32 * cfg.head_dim * 4
+    assert copies["bytes"] == 2 * kv_bytes and copies["ms"] >= 0
+    assert sum(k["n"] for name, k in step["profile"].items() if not name.startswith("_")) \
+        == step["launches"]
 
 
 def test_kernel_bench_steps_at_a_depth():
