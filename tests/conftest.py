@@ -15,3 +15,34 @@ def ctx():
     c.record_ahead = True  # the GPU's dispatch path (a CPU adapter's default is off)
     yield c
     c.destroy()
+
+
+@pytest.fixture(scope="module")
+def subgroup_size(ctx) -> int | None:
+    """The adapter's subgroup width as a kernel sees it (None: no 'subgroup' feature): the
+    subgroupAdd paths are taken only where it is one fixed width, and lavapipe reports only
+    a range (4..128), so the tests probe it with a kernel that writes its own width."""
+    import numpy as np
+    import wgpu
+
+    dev = ctx._device
+    if "subgroup" not in dev.features:
+        return None
+    src = ("@group(0) @binding(0) var<storage, read_write> out: array<u32>;\n"
+           "@compute @workgroup_size(64)\n"
+           "fn main(@builtin(local_invocation_index) lid: u32, "
+           "@builtin(subgroup_size) sz: u32) { out[lid] = sz; }\n")
+    pipe = dev.create_compute_pipeline(
+        layout="auto", compute={"module": dev.create_shader_module(code=src), "entry_point": "main"})
+    buf = dev.create_buffer(size=256, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC)
+    bg = dev.create_bind_group(layout=pipe.get_bind_group_layout(0),
+                               entries=[{"binding": 0, "resource": {"buffer": buf}}])
+    enc = dev.create_command_encoder()
+    cp = enc.begin_compute_pass()
+    cp.set_pipeline(pipe)
+    cp.set_bind_group(0, bg)
+    cp.dispatch_workgroups(1)
+    cp.end()
+    dev.queue.submit([enc.finish()])
+    sizes = set(np.frombuffer(dev.queue.read_buffer(buf), np.uint32).tolist())
+    return sizes.pop() if len(sizes) == 1 else None

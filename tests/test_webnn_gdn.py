@@ -163,41 +163,13 @@ def test_one_launch_into_another_buffer_matches_oracle(ctx, hk, rep, dv, dk, var
     expect(out, *step_oracle(x, x["past"][0], consts, rep), hk, rep, dv, dk)
 
 
-def subgroup_size(ctx) -> int | None:
-    """The adapter's subgroup width as a kernel sees it (None: no 'subgroup' feature), so
-    the subgroupAdd path runs where the adapter reports only a range (lavapipe: 4..128)."""
-    import wgpu
-
-    dev = ctx._device
-    if "subgroup" not in dev.features:
-        return None
-    src = ("@group(0) @binding(0) var<storage, read_write> out: array<u32>;\n"
-           "@compute @workgroup_size(64)\n"
-           "fn main(@builtin(local_invocation_index) lid: u32, "
-           "@builtin(subgroup_size) sz: u32) { out[lid] = sz; }\n")
-    pipe = dev.create_compute_pipeline(
-        layout="auto", compute={"module": dev.create_shader_module(code=src), "entry_point": "main"})
-    buf = dev.create_buffer(size=256, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC)
-    bg = dev.create_bind_group(layout=pipe.get_bind_group_layout(0),
-                               entries=[{"binding": 0, "resource": {"buffer": buf}}])
-    enc = dev.create_command_encoder()
-    cp = enc.begin_compute_pass()
-    cp.set_pipeline(pipe)
-    cp.set_bind_group(0, bg)
-    cp.dispatch_workgroups(1)
-    cp.end()
-    dev.queue.submit([enc.finish()])
-    sizes = set(np.frombuffer(dev.queue.read_buffer(buf), np.uint32).tolist())
-    return sizes.pop() if len(sizes) == 1 else None
-
-
 @pytest.mark.parametrize("stateful", [False, True])
-def test_subgroup_sums_match_oracle(ctx, stateful, monkeypatch):
+def test_subgroup_sums_match_oracle(ctx, subgroup_size, stateful, monkeypatch):
     """The GPU default sums a row's partials with subgroupAdd when the subgroup is as wide
     as the row's lanes (32 on NVIDIA); run here with the adapter's own width."""
     import dataclasses
 
-    width = subgroup_size(ctx)
+    width = subgroup_size
     if width is None or width > 32 or width & (width - 1):
         pytest.skip(f"no fixed power-of-two subgroup width to test with ({width})")
     monkeypatch.setattr(ctx, "_target", dataclasses.replace(ctx._target, subgroup=width))

@@ -80,36 +80,10 @@ def test_gemv_weights_split_into_chunks(ctx, options, variant):
     np.testing.assert_allclose(got, x.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
 
 
-def _subgroup_size(ctx) -> int | None:
-    """The device's actual subgroup size (probe kernel), or None without the feature."""
-    import wgpu
-
-    if "subgroup" not in ctx._device.features:
-        return None
-    d = ctx._device
-    m = d.create_shader_module(code="""
-@group(0) @binding(0) var<storage, read_write> o: array<u32>;
-@compute @workgroup_size(64) fn main(@builtin(local_invocation_index) l: u32,
-                                     @builtin(subgroup_size) s: u32) { o[l] = s; }""")
-    buf = d.create_buffer(size=256, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC)
-    p = d.create_compute_pipeline(layout="auto", compute={"module": m, "entry_point": "main"})
-    bg = d.create_bind_group(layout=p.get_bind_group_layout(0),
-                             entries=[{"binding": 0, "resource": {"buffer": buf}}])
-    e = d.create_command_encoder()
-    c = e.begin_compute_pass()
-    c.set_pipeline(p)
-    c.set_bind_group(0, bg)
-    c.dispatch_workgroups(1)
-    c.end()
-    d.queue.submit([e.finish()])
-    sizes = set(np.frombuffer(d.queue.read_buffer(buf), np.uint32).tolist())
-    return sizes.pop() if len(sizes) == 1 else None
-
-
 @pytest.mark.parametrize("K,N", [(37, 333), (2048, 70), (12, 5)])
-def test_gemv_subgroup_reduction(ctx, options, K, N):
+def test_gemv_subgroup_reduction(ctx, subgroup_size, options, K, N):
     """The subgroupAdd path (taken when the adapter reports one fixed subgroup size)."""
-    size = _subgroup_size(ctx)
+    size = subgroup_size
     lanes = {8: "rows8", 16: "rows16", 32: "rows", 64: "rows64"}.get(size or 0)
     if lanes is None:
         pytest.skip(f"no usable fixed subgroup size ({size})")
