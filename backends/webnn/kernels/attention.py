@@ -157,7 +157,7 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
                            for j in range(U))
         dot = lambda j: (f"dot(qs[qb + {2 * j}u], k{j}l) + "  # noqa: E731
                          f"dot(qs[qb + {2 * j + 1}u], k{j}h)")
-        q_at = f"      let qb = r * {D4}u + 2u * e0;\n"
+        q_at = f"        let qb = r * {D4}u + 2u * e0;\n"
     else:
         k_loads = "".join(f"      let k{j} = {ld(f'k[kb + e0 + {j}u]')};\n" for j in range(U))
         dot = (lambda j: f"dot(qs[r * {D4}u + e0 + {j}u], k{j})") if vec else (  # noqa: E731
@@ -326,7 +326,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let kb = (h * {C}u + c0 + c) * {LW}u;
     for (var e0 = 0u; e0 < {LW}u; e0 = e0 + {U}u) {{
 {k_loads}      for (var r = 0u; r < {G}u; r = r + 1u) {{
-{q_at}      acc[r] = acc[r] + {k_dots};
+{q_at}        acc[r] = acc[r] + {k_dots};
       }}
     }}
     for (var r = 0u; r < {G}u; r = r + 1u) {{
