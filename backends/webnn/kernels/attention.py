@@ -98,9 +98,10 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
     (2 bytes an element) are the same.
 
     Pass 1 gives each invocation whole cache rows: it loads its K row once (vec4 loads
-    when d % 4 == 0) and scores every q row against it; maxima and sums are tree
-    reductions in workgroup memory. probs·V splits the rows among row-groups of
-    invocations, each invocation 4 columns of V for all q rows (V read once, coalesced),
+    when d % 4 == 0; 8-half words of a float16 cache, above) and scores every q row
+    against it; maxima and sums are tree reductions in workgroup memory. probs·V splits
+    the rows among row-groups of invocations, each invocation 4 columns of V (8 with the
+    wide float16 loads) for all q rows (V read once, coalesced),
     the row-groups summed in workgroup memory: short loops, no long serial chains.
     Partials per (q row, split): ``m, l, 0, 0, acc[d]`` (acc 16-byte aligned).
     """
