@@ -179,14 +179,42 @@ def _tensor(ctx, dtype, value, **kw):
     return t
 
 
+def _seed_state(ctx, gr, name, value):
+    """Tests only (as ``_peek_state`` reads it): a stateful graph's hidden cache set to
+    ``value``, so attention reads random rows rather than the zeros it starts with."""
+    pp = next(p for p in gr._plan.pairs if p.pair.input == name)
+    buf = ctx._resolve(gr, ("state", pp.index, "cur"), {}, gr._parity)
+    ctx._queue.write_buffer(buf, 0, np.ascontiguousarray(value).tobytes())
+    np.testing.assert_array_equal(ctx._peek_state(gr, name), value)
+
+
+#: (heads, q rows, capacity, head dim) of the float16-cache tests, and how flash-decoding
+#: loads the cache under OPTIONS["f16_loads"] = "wide" (the default)
+F16_SHAPES = [
+    ((2, 4, 300, 16), "wide"),  # 2 words a row, probs·V through workgroup memory
+    ((2, 4, 300, 64), "wide"),  # llama-1b's head: 8 words a row
+    ((2, 8, 300, 256), "wide"),  # hybrid-1b's attention head (8 q rows a kv head)
+    ((1, 3, 70, 24), "wide"),  # 3 words a row: probs·V without workgroup memory
+    ((2, 4, 150, 20), "vec4"),  # d % 8 != 0: vec4<f16> loads
+    ((1, 3, 70, 6), "f16"),  # d % 4 != 0: f16 loads
+]
+
+
+@pytest.mark.parametrize("f16_loads", ["wide", "vec4"])
 @pytest.mark.parametrize("stateful", [True, False])
-@pytest.mark.parametrize("heads,g,cap,d", [(2, 4, 300, 16), (1, 3, 70, 6)])
-def test_f16_cache_row_write_and_flash_read_float16(ctx, stateful, heads, g, cap, d):
-    """Against float64 NumPy with the rows rounded to float16: the stateful graph over
-    three dispatches into its hidden cache (rows at random positions), the stateless one
-    over a random page-owned cache, whose present must hold exactly the float16 rows."""
+@pytest.mark.parametrize("shape", [s for s, _ in F16_SHAPES], ids=lambda s: "x".join(map(str, s)))
+def test_f16_cache_row_write_and_flash_read_float16(ctx, monkeypatch, stateful, shape,
+                                                    f16_loads):
+    """Against float64 NumPy with the rows rounded to float16, for both ways of loading
+    the cache (OPTIONS["f16_loads"]): the stateful graph over three dispatches into its
+    hidden cache (seeded random, rows written at random positions), the stateless one over
+    a random page-owned cache, whose present must hold exactly the float16 rows."""
     if "shader-f16" not in ctx._adapter.features:
         pytest.skip("the adapter has no 'shader-f16'")
+    from backends.webnn.wgpu_impl import compiler
+
+    monkeypatch.setitem(compiler.OPTIONS, "f16_loads", f16_loads)
+    heads, g, cap, d = shape
     gr, outs = f16_cache_graph(ctx, heads, g, cap, d, stateful)
     names = [la.kernel.name for la in gr._plan.launches if hasattr(la, "kernel")]
     # fused casts: no launch widens a cache to float32 (the row cast is in the row write)
@@ -194,10 +222,10 @@ def test_f16_cache_row_write_and_flash_read_float16(ctx, stateful, heads, g, cap
     assert names.count("attention_flash") == 1 and names.count("scatter_nd") == 1, names
     # stateful: + the capacity check; stateless: + a copy of each cache into its present
     assert len(names) == (4 if stateful else 5), names
+    kc, vc = RNG.standard_normal((2, 1, heads, cap, d)).astype(np.float16)
     if stateful:
-        kc, vc = np.zeros((2, 1, heads, cap, d), np.float16)
-    else:
-        kc, vc = RNG.standard_normal((2, 1, heads, cap, d)).astype(np.float16)
+        _seed_state(ctx, gr, "kc", kc)
+        _seed_state(ctx, gr, "vc", vc)
     want_k, want_v = kc.astype(np.float64), vc.astype(np.float64)
     for depth in RNG.choice(cap, 3 if stateful else 1, replace=False):
         q, kn, vn = (RNG.standard_normal(s) for s in ((1, heads, g, d), (1, heads, 1, d),
@@ -220,7 +248,49 @@ def test_f16_cache_row_write_and_flash_read_float16(ctx, stateful, heads, g, cap
         want_v[:, :, depth] = vn[:, :, 0].astype(np.float16)
         np.testing.assert_allclose(out["y"], oracle(q, want_k, want_v, valid), rtol=2e-5,
                                    atol=2e-6)
-    if not stateful:
+    if stateful:  # the row write (f16 storage) and the wide reads agree on the bytes
+        np.testing.assert_array_equal(ctx._peek_state(gr, "kc"), want_k.astype(np.float16))
+        np.testing.assert_array_equal(ctx._peek_state(gr, "vc"), want_v.astype(np.float16))
+    else:
         assert out["pk"].dtype == np.float16 and out["pv"].dtype == np.float16
         np.testing.assert_array_equal(out["pk"], want_k.astype(np.float16))
         np.testing.assert_array_equal(out["pv"], want_v.astype(np.float16))
+
+
+@pytest.mark.parametrize("f16_loads", [None, "wide", "vec4"])
+@pytest.mark.parametrize("shape,how", F16_SHAPES, ids=lambda x: "x".join(map(str, x))
+                         if isinstance(x, tuple) else x)
+def test_f16_cache_loads_as_the_option_says(ctx, monkeypatch, shape, how, f16_loads):
+    """The generated pass 1 loads a float16 cache as OPTIONS["f16_loads"] asks: by default
+    16-byte words of 8 halves (d/8 loads a K row, unpacked), so a silent fallback to the
+    narrower loads fails here; "vec4" (or d % 8 != 0) keeps vec4<f16>; d % 4 != 0: f16.
+    The byte count is the same either way: 2 bytes an element."""
+    from backends.webnn.kernels import attention as AT
+    from backends.webnn.wgpu_impl import compiler
+
+    monkeypatch.setitem(compiler.OPTIONS, "f16_loads", f16_loads)
+    heads, g, cap, d = shape
+    gr, _ = f16_cache_graph(ctx, heads, g, cap, d, True)
+    k1 = next(la.kernel for la in gr._plan.launches
+              if hasattr(la, "kernel") and la.kernel.name == "attention_flash")
+    want = how if f16_loads != "vec4" or how == "f16" else "vec4"
+    decl = {"wide": "array<vec4<u32>>", "vec4": "array<vec4<f16>>", "f16": "array<f16>"}[want]
+    for name in ("k", "v"):
+        assert f"var<storage, read> {name}: {decl};" in k1.wgsl, (want, k1.wgsl[:600])
+    words = {"wide": d // 8, "vec4": d // 4, "f16": d}[want]
+    assert f"e0 < {words}u;" in k1.wgsl  # the K row's loads
+    assert ("unpack2x16float" in k1.wgsl) == (want == "wide")
+    assert ("f16" in k1.wgsl.replace("unpack2x16float", "")) == (want != "wide")
+    shared = ctx._target.shared_bytes // 4
+    wide, narrow = (AT.flash_decode(heads, g, cap, d, None, shared, kv="f16", f16_loads=x)[0]
+                    for x in AT.F16_LOADS)
+    assert wide.bytes == narrow.bytes
+    f32 = AT.flash_decode(heads, g, cap, d, None, shared)[0]
+    assert f32.bytes - wide.bytes == 2 * heads * cap * d * 2  # K and V: 2 bytes less each
+
+
+def test_f16_loads_option_is_checked():
+    from backends.webnn.kernels import attention as AT
+
+    with pytest.raises(ValueError, match="f16_loads"):
+        AT.flash_decode(1, 4, 300, 64, None, 1 << 14, kv="f16", f16_loads="vec8")

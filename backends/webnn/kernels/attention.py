@@ -29,6 +29,7 @@ from .fused import FusedOp, Leaf, functions, leaf_decls
 WG = 128  # pass 1 workgroup
 WG2 = 256  # combine workgroup
 SPLITS = 32  # splits per head a long cache aims at
+F16_LOADS = ("wide", "vec4")  # how flash_decode loads a float16 cache (its f16_loads)
 
 
 def _fixed_floats(q_rows: int, d: int) -> int:
@@ -36,11 +37,14 @@ def _fixed_floats(q_rows: int, d: int) -> int:
     return q_rows * d + q_rows * WG + 16
 
 
-def _layout(q_rows: int, d: int, shared_floats: int) -> tuple[bool, int, int, bool]:
-    """(vec4, row words, row-groups for probs·V, whether probs·V reduces in workgroup
-    memory) for one head's q rows."""
+def _layout(q_rows: int, d: int, shared_floats: int,
+            wide: bool = False) -> tuple[bool, int, int, bool]:
+    """(vec4, load words per row, row-groups for probs·V, whether probs·V reduces in
+    workgroup memory) for one head's q rows. ``wide``: K and V load as ``vec4<u32>`` words
+    of 8 halves (a float16 cache, d % 8 == 0); the probs·V sums still pass through
+    workgroup memory 4 floats an invocation (two rounds), so it needs the same memory."""
     vec = d % 4 == 0
-    words = d // 4 if vec else d
+    words = d // 8 if wide and d % 8 == 0 else d // 4 if vec else d
     groups = WG // words if words <= WG and WG % words == 0 else 1
     lanes = 4 if vec else 1
     shared_pv = groups > 1 and (_fixed_floats(q_rows, d) + q_rows * WG * lanes + q_rows * 32
@@ -49,11 +53,11 @@ def _layout(q_rows: int, d: int, shared_floats: int) -> tuple[bool, int, int, bo
 
 
 def split_rows(capacity: int, q_rows: int, d: int, shared_floats: int,
-               splits: int = SPLITS) -> int:
+               splits: int = SPLITS, wide: bool = False) -> int:
     """Cache rows per split: about ``splits`` splits per head on long caches (enough
     workgroups in flight, a short combine), 128 to 512 rows (whole workgroup passes), within
     workgroup memory (q rows, scores, reduction scratch)."""
-    vec, _, _, shared_pv = _layout(q_rows, d, shared_floats)
+    vec, _, _, shared_pv = _layout(q_rows, d, shared_floats, wide)
     t = min(512, max(WG, -(-capacity // splits // WG) * WG))
     used = _fixed_floats(q_rows, d) + (q_rows * WG * (4 if vec else 1) if shared_pv else 0)
     room = (shared_floats - used) // max(1, q_rows)
@@ -72,7 +76,8 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
                  score: tuple[Sequence[FusedOp], Sequence[Leaf]] | None,
                  shared_floats: int,
                  q_chain: tuple[Sequence[FusedOp], Sequence[Leaf]] | None = None,
-                 splits: int = SPLITS, kv: str = "f32") -> tuple[Kernel, Kernel, int]:
+                 splits: int = SPLITS, kv: str = "f32",
+                 f16_loads: str = "wide") -> tuple[Kernel, Kernel, int]:
     """(pass 1, pass 2, partial-buffer elements) for q (heads, q_rows, d), K and V
     (heads, capacity, d), output (heads, q_rows, d).
 
@@ -84,18 +89,31 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
     ``splits``: the splits per head a long cache aims at (``split_rows``).
     ``kv``: the K and V buffers' element type: "f16" (a float16 cache) is widened to
     float32 as each element is loaded; everything else stays float32.
+    ``f16_loads``: how a float16 cache is loaded. "wide" (when d % 8 == 0): K and V bound
+    as ``array<vec4<u32>>``, 16-byte loads of 8 halves each, widened with
+    ``unpack2x16float`` (core WGSL, exact), so a row of d halves takes d/8 loads; the q·K
+    pass issues up to 16 of them before use, and probs·V gives each invocation 8 columns.
+    "vec4" (and "wide" when d % 8 != 0): ``vec4<f16>`` loads (8 bytes, d/4 a row), or
+    ``f16`` ones when d % 4 != 0. Either way the split, the partials and the byte count
+    (2 bytes an element) are the same.
 
     Pass 1 gives each invocation whole cache rows: it loads its K row once (vec4 loads
-    when d % 4 == 0) and scores every q row against it; maxima and sums are tree
-    reductions in workgroup memory. probs·V splits the rows among row-groups of
-    invocations, each invocation 4 columns of V for all q rows (V read once, coalesced),
+    when d % 4 == 0; 8-half words of a float16 cache, above) and scores every q row
+    against it; maxima and sums are tree reductions in workgroup memory. probs·V splits
+    the rows among row-groups of invocations, each invocation 4 columns of V (8 with the
+    wide float16 loads) for all q rows (V read once, coalesced),
     the row-groups summed in workgroup memory: short loops, no long serial chains.
     Partials per (q row, split): ``m, l, 0, 0, acc[d]`` (acc 16-byte aligned).
     """
-    T = split_rows(capacity, q_rows, d, shared_floats, splits)
+    if f16_loads not in F16_LOADS:
+        raise ValueError(f"f16_loads = {f16_loads!r}; accepted: {', '.join(F16_LOADS)}")
+    wide = kv == "f16" and f16_loads == "wide" and d % 8 == 0
+    T = split_rows(capacity, q_rows, d, shared_floats, splits, wide)
     ns = -(-capacity // T)
     G, D, C = q_rows, d, capacity
-    vec, D4, R, shared_pv = _layout(G, D, shared_floats)
+    # LW: K/V load words per cache row (d/8 wide, d/4 vec4, d scalar); D4: q words per row
+    vec, LW, R, shared_pv = _layout(G, D, shared_floats, wide)
+    D4 = D // 4 if vec else D
     P = D + 4
     vt = "vec4<f32>" if vec else "f32"
     if q_chain is None:
@@ -109,11 +127,16 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
         base = f"(h * {G * D4}u + j)"
         q_load = (f"vec4<f32>({qf}(4u * {base}), {qf}(4u * {base} + 1u), "
                   f"{qf}(4u * {base} + 2u), {qf}(4u * {base} + 3u))" if vec else f"{qf}({base})")
-    kvt = vt.replace("f32", kv)  # K and V as stored
+    kvt = "vec4<u32>" if wide else vt.replace("f32", kv)  # K and V as loaded
     src += decl(len(bindings), "k", kvt, "read") + decl(len(bindings) + 1, "v", kvt, "read")
     # a load of K or V as float32 (exact for float16)
     ld = (lambda x: x) if kv == "f32" else (lambda x: f"{vt}({x})")
     bindings += ["read", "read"]
+    if wide:  # a 16-byte word of 8 halves, widened (exact): halves 0-3 and 4-7
+        src += ("\nfn unpack_lo(w: vec4<u32>) -> vec4<f32> {\n"
+                "  return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));\n}\n"
+                "fn unpack_hi(w: vec4<u32>) -> vec4<f32> {\n"
+                "  return vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w));\n}\n")
     fn_call = "raw"
     if score is not None:
         ops, leaves = score
@@ -128,10 +151,19 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
     low = lowest("f32")
     pw = P // 4 if vec else P  # partial words per (row, split)
     # K row loads issued U at a time before use: enough bytes in flight per invocation
-    U = next(u for u in (16, 8, 4, 2, 1) if D4 % u == 0)
-    k_loads = "".join(f"      let k{j} = {ld(f'k[kb + e0 + {j}u]')};\n" for j in range(U))
-    dot = (lambda j: f"dot(qs[r * {D4}u + e0 + {j}u], k{j})") if vec else (
-        lambda j: f"qs[r * {D4}u + e0 + {j}u] * k{j}")
+    U = next(u for u in (16, 8, 4, 2, 1) if LW % u == 0)
+    if wide:  # word w of the row holds q words 2w and 2w + 1
+        k_loads = "".join(f"      let k{j} = k[kb + e0 + {j}u];\n" for j in range(U))
+        k_loads += "".join(f"      let k{j}l = unpack_lo(k{j});\n      let k{j}h = unpack_hi(k{j});\n"
+                           for j in range(U))
+        dot = lambda j: (f"dot(qs[qb + {2 * j}u], k{j}l) + "  # noqa: E731
+                         f"dot(qs[qb + {2 * j + 1}u], k{j}h)")
+        q_at = f"        let qb = r * {D4}u + 2u * e0;\n"
+    else:
+        k_loads = "".join(f"      let k{j} = {ld(f'k[kb + e0 + {j}u]')};\n" for j in range(U))
+        dot = (lambda j: f"dot(qs[r * {D4}u + e0 + {j}u], k{j})") if vec else (  # noqa: E731
+            lambda j: f"qs[r * {D4}u + e0 + {j}u] * k{j}")
+        q_at = ""
     k_dots = " + ".join(dot(j) for j in range(U))
     head_words = 1 if vec else 4  # m, l, 0, 0 in words
     if vec:
@@ -141,7 +173,74 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
                  "  part[pb + 2u] = 0.0;\n  part[pb + 3u] = 0.0;\n")
     stats = stats.format(WG=WG)
     v_at = ld(f"v[(h * {C}u + c0 + c) * {D4}u + e]")  # V row c, column (word) e
-    if shared_pv:
+    part_at = f"part[((h * {G}u + r) * {ns}u + sp) * {pw}u + {head_words}u"  # + word, ]
+    if wide and shared_pv:
+        # each invocation 8 columns (one word of V) of R-th rows; the row-groups' sums pass
+        # through pvs in two rounds (columns 0-3 of each word, then 4-7)
+        loads = "".join(f"    let v{j} = v[vb + {j * R * LW}u];\n"
+                        f"    let v{j}l = unpack_lo(v{j});\n    let v{j}h = unpack_hi(v{j});\n"
+                        for j in range(4))
+        probs = "".join(f"      let p{j} = sc[sb + {j * R}u];\n" for j in range(4))
+        sums = {x: " + ".join(f"p{j} * v{j}{x}" for j in range(4)) for x in "lh"}
+        rounds = ""
+        for x, arr in (("0u", "a"), ("1u", "ah")):
+            rounds += f"""  for (var r = 0u; r < {G}u; r = r + 1u) {{ pvs[r * {WG}u + lid] = {arr}[r]; }}
+  workgroupBarrier();
+  for (var j = lid; j < {G * LW}u; j = j + {WG}u) {{
+    let r = j / {LW}u;
+    let e2 = j % {LW}u;
+    var t = vec4<f32>(0.0);
+    for (var g = 0u; g < {R}u; g = g + 1u) {{ t = t + pvs[r * {WG}u + g * {LW}u + e2]; }}
+    {part_at} + 2u * e2 + {x}] = t;
+  }}
+  workgroupBarrier();
+"""
+        pv = f"""  let rg = lid / {LW}u;
+  let e = lid % {LW}u;
+  var a: array<vec4<f32>, {G}>;
+  var ah: array<vec4<f32>, {G}>;
+  for (var r = 0u; r < {G}u; r = r + 1u) {{ a[r] = vec4<f32>(0.0); ah[r] = vec4<f32>(0.0); }}
+  var c = rg;
+  while (c + {3 * R}u < n) {{
+    let vb = (h * {C}u + c0 + c) * {LW}u + e;
+{loads}    for (var r = 0u; r < {G}u; r = r + 1u) {{
+      let sb = r * {T}u + c;
+{probs}      a[r] = a[r] + {sums["l"]};
+      ah[r] = ah[r] + {sums["h"]};
+    }}
+    c = c + {4 * R}u;
+  }}
+  while (c < n) {{
+    let vw = v[(h * {C}u + c0 + c) * {LW}u + e];
+    let vl = unpack_lo(vw);
+    let vh = unpack_hi(vw);
+    for (var r = 0u; r < {G}u; r = r + 1u) {{
+      let p = sc[r * {T}u + c];
+      a[r] = a[r] + p * vl;
+      ah[r] = ah[r] + p * vh;
+    }}
+    c = c + {R}u;
+  }}
+{rounds}"""
+        pv_decl = f"var<workgroup> pvs: array<vec4<f32>, {G * WG}>;\n"
+    elif wide:
+        pv = f"""  for (var j = lid; j < {G * LW}u; j = j + {WG}u) {{
+    let r = j / {LW}u;
+    let e = j % {LW}u;
+    var tl = vec4<f32>(0.0);
+    var th = vec4<f32>(0.0);
+    for (var c = 0u; c < n; c = c + 1u) {{
+      let p = sc[r * {T}u + c];
+      let vw = v[(h * {C}u + c0 + c) * {LW}u + e];
+      tl = tl + p * unpack_lo(vw);
+      th = th + p * unpack_hi(vw);
+    }}
+    {part_at} + 2u * e] = tl;
+    {part_at} + 2u * e + 1u] = th;
+  }}
+"""
+        pv_decl = ""
+    elif shared_pv:
         pv = f"""  let rg = lid / {D4}u;
   let e = lid % {D4}u;
   var a: array<{vt}, {G}>;
@@ -225,9 +324,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   for (var r = 0u; r < {G}u; r = r + 1u) {{ mloc[r] = {low}; }}
   for (var c = lid; c < n; c = c + {WG}u) {{
     for (var r = 0u; r < {G}u; r = r + 1u) {{ acc[r] = 0.0; }}
-    let kb = (h * {C}u + c0 + c) * {D4}u;
-    for (var e0 = 0u; e0 < {D4}u; e0 = e0 + {U}u) {{
-{k_loads}      for (var r = 0u; r < {G}u; r = r + 1u) {{ acc[r] = acc[r] + {k_dots}; }}
+    let kb = (h * {C}u + c0 + c) * {LW}u;
+    for (var e0 = 0u; e0 < {LW}u; e0 = e0 + {U}u) {{
+{k_loads}      for (var r = 0u; r < {G}u; r = r + 1u) {{
+{q_at}        acc[r] = acc[r] + {k_dots};
+      }}
     }}
     for (var r = 0u; r < {G}u; r = r + 1u) {{
       let raw = acc[r];

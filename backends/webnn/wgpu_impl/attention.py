@@ -15,7 +15,8 @@ read at the index it is computed at). Anything else stays on the generic kernels
 
 ``K`` or ``V`` may be ``cast(cache, "float32")`` of a float16 cache (a model whose KV
 cache is float16, computing in float32): the kernels then read the float16 cache and
-widen each element as they load it (exact), and the cast's launch, with nobody left to
+widen each element as they load it (exact; 8 halves per 16-byte load where the head
+dimension allows, ``OPTIONS["f16_loads"]``), and the cast's launch, with nobody left to
 read its float32 copy of the cache, is dropped.
 """
 
@@ -60,16 +61,18 @@ class Attention:
         q = list(self.q_chain.leaves) if self.q_chain is not None else [self.q]
         return [*q, self.k, self.v, *extra]
 
-    def kernels(self, shared_bytes: int, splits: int | None = None
-                ) -> tuple[AT.Kernel, AT.Kernel, int]:
-        """(pass 1, pass 2, partial 4-byte words); ``splits``: per head (None: the default)."""
+    def kernels(self, shared_bytes: int, splits: int | None = None,
+                f16_loads: str | None = None) -> tuple[AT.Kernel, AT.Kernel, int]:
+        """(pass 1, pass 2, partial 4-byte words); ``splits``: per head (None: the default);
+        ``f16_loads``: how a float16 cache is loaded (``flash_decode``; None: "wide")."""
         G, D = self.out._shape[-2], self.out._shape[-1]  # roots may be flat: use the views
         C = self.qk._shape[-1]
         heads = S.size(self.out._shape[:-2])
         score = self.score.fused_ops(param=self.qk) if self.score is not None else None
         q_chain = self.q_chain.fused_ops() if self.q_chain is not None else None
         return AT.flash_decode(heads, G, C, D, score, shared_bytes // 4, q_chain,
-                               splits or AT.SPLITS, kv=self.k._dtype.wgsl)
+                               splits or AT.SPLITS, kv=self.k._dtype.wgsl,
+                               f16_loads=f16_loads or "wide")
 
 
 def last2_transpose_input(o: MLOperand) -> MLOperand | None:

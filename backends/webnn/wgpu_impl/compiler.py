@@ -71,10 +71,13 @@ Slot = tuple
 #: each dispatch's successor while the device runs it: context._record_ahead; its command
 #: buffers in one queue.submit), "pieces" (the same, submitted one by one), "off"
 #: (every dispatch encodes its own); read when a context is created
+#: "f16_loads": how flash-decoding loads a float16 KV cache: None/"wide" (16-byte
+#: ``vec4<u32>`` loads of 8 halves, unpacked, where the head dimension is a multiple of 8;
+#: else as "vec4"), "vec4" (``vec4<f16>`` loads of 4 halves, or ``f16`` when d % 4 != 0)
 OPTIONS: dict[str, str | None] = {"gemv": None, "attention": None, "gemv_prologue": None,
                                   "row_writes": None, "attention_splits": None,
                                   "record_ahead": None, "cache_copy": None,
-                                  "gemv_weights": None, "gdn": None}
+                                  "gemv_weights": None, "gdn": None, "f16_loads": None}
 
 
 @dataclass
@@ -564,7 +567,8 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
     elif o._id in plan.attention:
         splits = OPTIONS.get("attention_splits")
         k1, k2, parts = plan.attention[o._id].kernels(plan.target.shared_bytes,
-                                                      int(splits) if splits else None)
+                                                      int(splits) if splits else None,
+                                                      OPTIONS.get("f16_loads"))
         part = ("temp", ("flash", o._id))
         plan.temps[part] = parts
         add(KernelLaunch(k1, ins + [part]))
