@@ -312,8 +312,6 @@ def floor_tables(runs: list[Run]) -> list[tuple[str, str, list[str], list[list[s
 def environment_lines(run: Run) -> list[str]:
     env, wl = run.results.environment, run.results.workload
     cal = env.get("calibration", {})
-    host = cal.get("host", {})
-    gpu = cal.get("wgpu", {})
     cfgd = wl.get("config", {})
     lines = [
         f"workload: preset {wl.get('preset')}, {len(cfgd.get('layers', []))} layers "
@@ -321,7 +319,7 @@ def environment_lines(run: Run) -> list[str]:
         f"{cfgd.get('parameters', 0):,} parameters, {wl.get('dtype')}, "
         f"{_under_load(wl)}{wl.get('warmup')} warm-up + {wl.get('steps')} timed steps, "
         f"seed {wl.get('seed')}",
-        f"created {run.results.created} by `{run.results.command}`",
+        *_created_lines(run),
         f"cpu: {env.get('cpu')} ({env.get('cpu_count')} cores), {env.get('platform')}, "
         f"python {env.get('python')}",
         f"adapter: {env.get('wgpu', {}).get('adapter') or env.get('wgpu', {}).get('reason', 'none')}",
@@ -329,6 +327,25 @@ def environment_lines(run: Run) -> list[str]:
         f"git: {env.get('git_commit')}"
         + (f", sources {env['source_digest']}" if env.get("source_digest") else ""),
     ]
+    parts = env.get("merged_from")
+    if not parts:
+        return lines + _calibration_lines(cal)
+    for part in parts:  # a merged sweep: each part's points were floored against its own
+        lines += [f"{part['file']}: {line}" for line in _calibration_lines(part["calibration"])]
+    return lines
+
+
+def _created_lines(run: Run) -> list[str]:
+    parts = run.results.environment.get("merged_from")
+    if not parts:
+        return [f"created {run.results.created} by `{run.results.command}`"]
+    return [f"merged from {p['file']}, created {p['created']} by `{p['command']}`"
+            for p in parts]
+
+
+def _calibration_lines(cal: dict) -> list[str]:
+    host, gpu = cal.get("host", {}), cal.get("wgpu", {})
+    lines = []
     if host:
         lines.append(f"host memory bandwidth: {host.get('copy_gbps')} GB/s (numpy copy)")
     figures = [(k, label) for k, label in (("h2d", "h2d"), ("d2h", "d2h"), ("d2d", "d2d"),

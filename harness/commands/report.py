@@ -19,6 +19,9 @@ class Report:
         p.add_argument("files", nargs="+", help="results files (several are compared side by side)")
         p.add_argument("--out", default=None,
                        help="directory for charts (PNG, SVG) and report.{md,csv,json,html}")
+        p.add_argument("--merge", action="store_true",
+                       help="the files are one sweep split over calls (same workload, code "
+                            "and adapter): show them as one run")
         p.add_argument("--format", default="table",
                        help=f"what to print: {', '.join(FORMATS)} (default table)")
         p.set_defaults(func=cls.run_from_args)
@@ -26,7 +29,7 @@ class Report:
     @classmethod
     def run_from_args(cls, args, console, err_console) -> int:
         fmt = check_format(args.format, FORMATS)
-        runs = cls.load(args.files)
+        runs = cls.load(args.files, merged=args.merge)
         printed = cls.render(runs, fmt)
         if fmt == "table":
             console.print(printed)
@@ -40,8 +43,13 @@ class Report:
         return 0
 
     @staticmethod
-    def load(files: list[str]) -> list[report.Run]:
-        return report.label_runs([results.load(f) for f in files], files)
+    def load(files: list[str], merged: bool = False) -> list[report.Run]:
+        loaded = [results.load(f) for f in files]
+        if merged:
+            from harness.merge import merge
+
+            return report.label_runs([merge(loaded, [Path(f).name for f in files])])
+        return report.label_runs(loaded, files)
 
     @staticmethod
     def render(runs: list[report.Run], fmt: str):
