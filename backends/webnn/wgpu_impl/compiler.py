@@ -71,10 +71,15 @@ Slot = tuple
 #: each dispatch's successor while the device runs it: context._record_ahead; its command
 #: buffers in one queue.submit), "pieces" (the same, submitted one by one), "off"
 #: (every dispatch encodes its own); read when a context is created
+#: "read_copy": None ("dispatch": a dispatch's readable outputs are copied to staging at the
+#: end of its last command buffer, so a read right after only maps: context._read_copy_for),
+#: "separate" (each read copies in a submit of its own), "separate_sync" (the same, and each
+#: map preceded by wgpu-py's empty submit, as before either change: staging.map_read); read
+#: when a context is created
 OPTIONS: dict[str, str | None] = {"gemv": None, "attention": None, "gemv_prologue": None,
                                   "row_writes": None, "attention_splits": None,
                                   "record_ahead": None, "cache_copy": None,
-                                  "gemv_weights": None, "gdn": None}
+                                  "gemv_weights": None, "gdn": None, "read_copy": None}
 
 
 @dataclass
