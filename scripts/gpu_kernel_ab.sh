@@ -38,5 +38,6 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "ab-*.json"))):
         print(f"{os.path.basename(f)}: no result ({exc!r})")
         continue
     print(f"{os.path.basename(f)[3:-5]:32s} launches {s.get('launches')}  wall {s.get('wall_ms', 0):.2f} ms"
-          f"  GPU {s.get('gpu_ms', float('nan')):.2f} ms  {s.get('error', '')}")
+          f"  GPU {s.get('gpu_ms', float('nan')):.2f} ms  submits/maps per step"
+          f" {s.get('submits_per_step')}/{s.get('maps_per_step')}  {s.get('error', '')}")
 PY

@@ -295,6 +295,8 @@ def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
             warm += 1
     wall, gpu = [], []
     hprof = cProfile.Profile() if host else None
+    queue = be.context.queue_counts
+    submits, maps = queue.submits, queue.maps
     for t in range(steps):
         t1 = time.perf_counter()
         if hprof is not None:
@@ -306,6 +308,9 @@ def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
         g = be.gpu_time_ms()
         if g is not None:
             gpu.append(g)
+    # counted over the steps and their GPU-time reads, as the sweep's worker makes them
+    per_step = {"submits_per_step": (queue.submits - submits) / steps,
+                "maps_per_step": (queue.maps - maps) / steps}
     weights = wl.weights_bytes
     from harness.workload import cache_specs
 
@@ -325,7 +330,7 @@ def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
     res = {"preset": name, "mode": mode, "capacity": capacity, "depth": depth,
            "prepare_s": round(prep, 2), "warm_steps": warm,
            "wall_ms": 1e3 * float(np.median(wall[1:] or wall)),
-           "launches": len(plan.launches), "kernels": names,
+           "launches": len(plan.launches), "kernels": names, **per_step,
            "weights_bytes": weights, "cache_bytes": cache, "kernel_bytes_counted": kbytes,
            "logits_finite": bool(np.isfinite(logits).all())}
     if prof is not None:

@@ -46,3 +46,29 @@ def subgroup_size(ctx) -> int | None:
     dev.queue.submit([enc.finish()])
     sizes = set(np.frombuffer(dev.queue.read_buffer(buf), np.uint32).tolist())
     return sizes.pop() if len(sizes) == 1 else None
+
+
+@pytest.fixture
+def queue_calls(monkeypatch):
+    """Call it to start counting every queue submit and buffer map wgpu-py makes (its own
+    empty submits before read maps included); returns the live counts. An oracle for a
+    context's ``queue_counts`` that shares no code with it."""
+    from wgpu.backends.wgpu_native import _api
+
+    def start() -> dict[str, int]:
+        n = {"submits": 0, "maps": 0}
+        submit, map_async = _api.GPUQueue.submit, _api.GPUBuffer.map_async
+
+        def counted_submit(self, *a, **k):
+            n["submits"] += 1
+            return submit(self, *a, **k)
+
+        def counted_map(self, *a, **k):
+            n["maps"] += 1
+            return map_async(self, *a, **k)
+
+        monkeypatch.setattr(_api.GPUQueue, "submit", counted_submit)
+        monkeypatch.setattr(_api.GPUBuffer, "map_async", counted_map)
+        return n
+
+    return start

@@ -73,6 +73,19 @@ def test_kernel_bench_profiles_buffer_copies():
         == step["launches"]
 
 
+def test_kernel_bench_counts_submits_and_maps():
+    """The step result says how many queue submits and buffer maps each timed step made
+    (with its GPU-time read): one of each with the read copy, and with
+    ``read_copy=separate`` a submit and a map more (the read's copy, the timestamps)."""
+    for option, want in (("read_copy=", (1, 1)), ("read_copy=separate", (2, 2))):
+        proc = bench("--gemv", "none", "--attn", "none", "--step", "tiny:24", "--steps", "3",
+                     "--warm", "0", "--option", option)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        step = json.loads(proc.stdout)["step"][0]
+        assert "error" not in step, step.get("trace")
+        assert (step["submits_per_step"], step["maps_per_step"]) == want, option
+
+
 def test_kernel_bench_steps_at_a_depth():
     """--depth reaches the depth as a sweep does (random cache values written into the page's
     caches; no steps before the timed ones) and times the steps there; a depth that leaves

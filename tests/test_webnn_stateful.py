@@ -487,3 +487,169 @@ def test_record_ahead_off_encodes_every_dispatch(monkeypatch):
         assert calls[0] == len(inputs)
     finally:
         c.destroy()
+
+
+# -- the read copy (context._read_copy_for) ----------------------------------------------------
+
+def _context(monkeypatch, read_copy: str | None, record_ahead: str = "on"):
+    from backends.webnn.wgpu_impl import compiler
+
+    monkeypatch.setitem(compiler.OPTIONS, "read_copy", read_copy)
+    monkeypatch.setitem(compiler.OPTIONS, "record_ahead", record_ahead)
+    return ml.create_context()
+
+
+@pytest.mark.parametrize("record_ahead", ["on", "off"])
+@pytest.mark.parametrize("read_copy, read_submits", [
+    (None, 0), ("separate", 1), ("separate_sync", 2)])
+def test_read_copy_submits_and_maps_per_step(read_copy, read_submits, record_ahead,
+                                             monkeypatch, queue_calls):
+    """A stateful decode step (write x and pos, dispatch, read y) maps once, and with the read
+    copy the read submits nothing: the dispatch's submit (one, of what was recorded ahead;
+    else one per command buffer as they are encoded) is the step's only one. A read that
+    copies for itself adds its own submit, and wgpu-py's default map one more. The
+    context's counts agree with wgpu-py's calls, and every step's y is the float64
+    reference's."""
+    c = _context(monkeypatch, read_copy, record_ahead)
+    try:
+        monkeypatch.setattr(c, "submit_every", 2)  # several command buffers per dispatch
+        b, outs = decoder(c, 8)
+        g = b.build(outs, use_stateful=True, kv_cache_pairs=PAIRS)
+        page = Page(c, g, 8)
+        pieces = len(g._submit_after) + 1
+        assert pieces > 1
+        dispatch_submits = 1 if record_ahead == "on" else pieces
+        inputs = xs(8)
+        want = decoder_ref(inputs, 8)
+        for p in range(2):  # the first steps make the read copy and the recording
+            page.step(inputs[p], p)
+        calls = queue_calls()
+        before = (c.queue_counts.submits, c.queue_counts.maps)
+        steps = 6
+        for p in range(2, 2 + steps):
+            np.testing.assert_allclose(page.step(inputs[p], p), want[p], atol=1e-5)
+        per_step = (steps * (dispatch_submits + read_submits), steps)
+        assert (calls["submits"], calls["maps"]) == per_step
+        assert (c.queue_counts.submits - before[0], c.queue_counts.maps - before[1]) == per_step
+    finally:
+        c.destroy()
+
+
+@pytest.mark.parametrize("stateful", [True, False])
+def test_read_copy_is_bit_identical_to_the_separate_read(stateful, monkeypatch):
+    """The same graph and inputs through the read copy and through a read of its own give
+    the same bits every step (the stateless page ping-pongs its caches: the recorded
+    command buffers alternate, the read copy is one)."""
+    inputs = xs(6)
+    got = {}
+    for how in (None, "separate"):
+        c = _context(monkeypatch, how)
+        try:
+            b, outs = decoder(c, 6)
+            g = b.build(outs, use_stateful=stateful, kv_cache_pairs=PAIRS if stateful else ())
+            page = Page(c, g, 6)
+            got[how] = [page.step(x, p) for p, x in enumerate(inputs)]
+        finally:
+            c.destroy()
+    for p, (a, s, want) in enumerate(zip(got[None], got["separate"],
+                                         decoder_ref(inputs, 6), strict=True)):
+        np.testing.assert_array_equal(a, s, err_msg=f"step {p}")
+        np.testing.assert_allclose(a, want, atol=1e-5)
+
+
+def _scale_graph(c, k: float):
+    """y = k * a over y's shape: a second graph that writes the page's output tensor."""
+    b = MLGraphBuilder(c)
+    a = b.input("a", data_type="float32", shape=[1, H * D])
+    kc = b.constant(data_type="float32", shape=[1], value=np.float32([k]))
+    return b.build({"y": b.mul(a, kc)})
+
+
+def test_read_copy_never_returns_stale_data(monkeypatch, queue_calls):
+    """What a read returns is the tensor as the queue's order leaves it, whatever was copied
+    at a dispatch's end: after a second dispatch (of this graph or another one writing the
+    tensor), after a write to the tensor, and for a tensor the dispatch did not copy; a
+    write to another tensor, a fallback read or a reset in between keep the copy usable."""
+    c = _context(monkeypatch, None)
+    try:
+        calls = queue_calls()
+        b, outs = decoder(c, 8)
+        g = b.build(outs, use_stateful=True, kv_cache_pairs=PAIRS)
+        page = Page(c, g, 8)
+        page.y.destroy()
+        page.y = c.create_tensor(data_type="float32", shape=[1, H * D], readable=True,
+                                 writable=True)
+        inputs = xs(8)
+        want = decoder_ref(inputs, 8)
+        rng = np.random.default_rng()
+
+        def read_y(copied: bool) -> np.ndarray:
+            before = calls["submits"]
+            y = c.read_tensor(page.y)
+            assert (calls["submits"] - before == 0) == copied  # copied: only a map
+            return y
+
+        for p in range(2):
+            np.testing.assert_allclose(page.step(inputs[p], p), want[p], atol=1e-5)
+        # two dispatches, one read: the second dispatch's y (its own copy)
+        page.step(inputs[2], 2, read=False)
+        page.step(inputs[3], 3, read=False)
+        np.testing.assert_allclose(read_y(True), want[3], atol=1e-5)
+        # a write to y after the dispatch: the written values, read from y itself
+        page.step(inputs[4], 4, read=False)
+        mine = rng.standard_normal((1, H * D)).astype(np.float32)
+        c.write_tensor(page.y, mine)
+        np.testing.assert_array_equal(read_y(False), mine)
+        # a write to another tensor, a reset, and a read of a tensor the dispatch did not
+        # copy (read by its own submit) change nothing the copy holds
+        c.reset_kv_cache(g)
+        for p in range(3):
+            page.step(inputs[p], p, read=False)
+        other = c.create_tensor(data_type="float32", shape=[1, D], readable=True,
+                                writable=True)
+        c.write_tensor(other, inputs[7])
+        before = calls["submits"]
+        np.testing.assert_array_equal(c.read_tensor(other), inputs[7])
+        assert calls["submits"] - before == 1
+        c.write_tensor(page.x, inputs[6])
+        np.testing.assert_allclose(read_y(True), want[2], atol=1e-5)
+        np.testing.assert_allclose(read_y(True), want[2], atol=1e-5)  # and again
+        # another graph writes y after this one: its values (its copy)
+        a = c.create_tensor(data_type="float32", shape=[1, H * D], writable=True)
+        c.write_tensor(a, mine)
+        g3 = _scale_graph(c, 3.0)
+        page.step(inputs[3], 3, read=False)
+        c.dispatch(g3, {"a": a}, {"y": page.y})
+        np.testing.assert_allclose(read_y(True), 3.0 * mine, rtol=1e-6)
+        # another graph writes another tensor after this one: y from y itself
+        z = c.create_tensor(data_type="float32", shape=[1, H * D], readable=True)
+        page.step(inputs[4], 4, read=False)
+        c.dispatch(g3, {"a": a}, {"y": z})
+        np.testing.assert_allclose(read_y(False), want[4], atol=1e-5)
+        np.testing.assert_allclose(c.read_tensor(z), 3.0 * mine, rtol=1e-6)
+        # the graph destroyed after its dispatch: y from y itself
+        page.step(inputs[5], 5, read=False)
+        g.destroy()
+        np.testing.assert_allclose(read_y(False), want[5], atol=1e-5)
+    finally:
+        c.destroy()
+
+
+def test_read_copy_with_the_capacity_status(monkeypatch, queue_calls):
+    """An overflowing step's read gets the status from the dispatch's copy and raises; the
+    step after it reads its own copy and the cache is as if the overflow never ran."""
+    c = _context(monkeypatch, None)
+    try:
+        b, outs = decoder(c, 3)
+        page = Page(c, b.build(outs, use_stateful=True, kv_cache_pairs=PAIRS), 3)
+        inputs = xs(3)
+        want = decoder_ref(inputs, 3)
+        for p in range(2):
+            page.step(inputs[p], p)
+        calls = queue_calls()
+        with pytest.raises(OperationError, match="capacity"):
+            page.step(inputs[2], 3)
+        np.testing.assert_allclose(page.step(inputs[2], 2), want[2], atol=1e-5)
+        assert calls["maps"] == 2  # one per read: the status came with the copy
+    finally:
+        c.destroy()

@@ -117,6 +117,74 @@ def test_gpu_gemv_variant_with_stacked_projections(name, monkeypatch):
         b.close()
 
 
+def decode_steps(b, depth: int, steps: int, calls: dict[str, int]) -> tuple[list, tuple]:
+    """Reach ``depth``, then ``steps`` steps as the sweep's worker runs them (step, then the
+    GPU time); the logits, checked against the reference, and the submits and maps per
+    step, from the context's counts and from wgpu-py's calls (which must agree)."""
+    state, ref = depth_state(depth, CAPACITY)
+    b.reach_depth(state)
+    b.step(int(TOKENS[depth]))  # the recording ahead starts here on a GPU adapter
+    ref.step(int(TOKENS[depth]))
+    q = b.context.queue_counts
+    before = (q.submits, q.maps)
+    calls.update(submits=0, maps=0)
+    out = []
+    for i in range(1, steps + 1):
+        tok = int(TOKENS[depth + i])
+        logits = b.step(tok)
+        b.gpu_time_ms()
+        assert_close(logits, ref.step(tok), f"{b.name} step {i}")
+        out.append(logits)
+    per_step = ((q.submits - before[0]) / steps, (q.maps - before[1]) / steps)
+    assert per_step == (calls["submits"] / steps, calls["maps"] / steps)
+    return out, per_step
+
+
+@pytest.mark.parametrize("gpu_path", [False, True])
+def test_read_copy_one_submit_one_map_per_stateful_step(gpu_path, monkeypatch, queue_calls):
+    """The stateful page's step on tiny (dispatch, read the logits, the GPU time) submits
+    once and maps once with the read copy (OPTIONS["read_copy"] None); a read that copies
+    for itself costs a submit and the GPU time a map of their own ("separate"), and
+    wgpu-py's default map a submit before each of those maps ("separate_sync", the path
+    before the read copy). The logits are the same bits every way and the reference's;
+    ``gpu_path``: command buffers of 3 launches, recorded ahead."""
+    from backends.webnn.wgpu_impl import compiler, context
+
+    if gpu_path:
+        monkeypatch.setitem(context.SUBMIT_EVERY, "cpu", 3)
+        monkeypatch.setitem(compiler.OPTIONS, "record_ahead", "on")
+    calls = queue_calls()
+    got, counts = {}, {}
+    for how in (None, "separate", "separate_sync"):
+        monkeypatch.setitem(compiler.OPTIONS, "read_copy", how)
+        b = prepared(StatefulInPlace, CAPACITY)
+        try:
+            assert b.context.record_ahead == gpu_path
+            got[how], counts[how] = decode_steps(b, 16, 4, calls)
+        finally:
+            b.close()
+    assert counts == {None: (1, 1), "separate": (2, 2), "separate_sync": (4, 2)}
+    for how in ("separate", "separate_sync"):
+        for i, (a, s) in enumerate(zip(got[None], got[how], strict=True)):
+            np.testing.assert_array_equal(a, s, err_msg=f"{how} step {i}")
+
+
+@pytest.mark.parametrize("name", ["wgpu:reuse", "wgpu:stateless", "wgpu:fallback"])
+def test_read_copy_in_the_other_pages(name, monkeypatch, queue_calls):
+    """The other pages read after each dispatch too: the reuse and fallback pages their
+    logits (their ping-ponged caches are not readable, so one staging serves both sets),
+    the stateless page the logits and every present cache at once. On tiny (caches below
+    STAGED_WRITE_MIN, written without a staged submit) each step submits once and maps
+    once, and the logits are the reference's."""
+    b = prepared(MODES[name], CAPACITY)
+    try:
+        _, per_step = decode_steps(b, 16, 4, queue_calls())
+        assert per_step == (1, 1)
+        assert len(b.converted.graph._read_copies) == 1
+    finally:
+        b.close()
+
+
 @pytest.mark.parametrize("how, kernel", [(None, "copy_vec4"), ("identity", "identity"),
                                          ("buffer", None)])
 def test_cache_copy_variants_match_reference(how, kernel, monkeypatch):

@@ -74,10 +74,16 @@ Slot = tuple
 #: "f16_loads": how flash-decoding loads a float16 KV cache: None/"wide" (16-byte
 #: ``vec4<u32>`` loads of 8 halves, unpacked, where the head dimension is a multiple of 8;
 #: else as "vec4"), "vec4" (``vec4<f16>`` loads of 4 halves, or ``f16`` when d % 4 != 0)
+#: "read_copy": None ("dispatch": a dispatch's readable outputs are copied to staging at the
+#: end of its last command buffer, so a read right after only maps: context._read_copy_for),
+#: "separate" (each read copies in a submit of its own), "separate_sync" (the same, and each
+#: map preceded by wgpu-py's empty submit, as before either change: staging.map_read); read
+#: when a context is created
 OPTIONS: dict[str, str | None] = {"gemv": None, "attention": None, "gemv_prologue": None,
                                   "row_writes": None, "attention_splits": None,
                                   "record_ahead": None, "cache_copy": None,
-                                  "gemv_weights": None, "gdn": None, "f16_loads": None}
+                                  "gemv_weights": None, "gdn": None, "f16_loads": None,
+                                  "read_copy": None}
 
 
 @dataclass

@@ -7,15 +7,19 @@ tensors creates two, once). On GPU adapters each dispatch records its successor'
 buffers while the device runs it (``_record_ahead``), so a step in a decode loop only
 submits; a dispatch that finds nothing recorded for its tensors encodes in command buffers
 of ``SUBMIT_EVERY`` launches, submitted as they are finished, so the GPU starts while the
-rest is encoded. CPU adapters (lavapipe) do neither: there the encoder and the "GPU" share
-the same cores, and recording during the run made the run itself slower for no wall-time
-gain (tiny:256 on 2 cores: GPU time 6.6-6.9 ms without, 7.5-7.7 with; wall 9.1-10.2 vs
-9.7-9.9 ms; results/lavapipe/kernels-record-ahead-tiny256.json).
+rest is encoded. A dispatch's readable outputs (and its capacity status) are copied into
+staging at the end of its own last command buffer (``_read_copy_for``), so the page's read
+of its logits right after only maps; anything that may change them first makes the read
+copy them itself, as before. CPU adapters (lavapipe) neither record ahead nor cut: there
+the encoder and the "GPU" share the same cores, and recording during the run made the run
+itself slower for no wall-time gain (tiny:256 on 2 cores: GPU time 6.6-6.9 ms without,
+7.5-7.7 with; wall 9.1-10.2 vs 9.7-9.9 ms; results/lavapipe/kernels-record-ahead-tiny256.json).
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -26,7 +30,7 @@ from .._classes import MLContext, MLGraph, MLKVCachePair, MLOperand, MLTensor
 from ..dtypes import DType, from_device
 from ..errors import NotSupportedError, OperationError
 from .compiler import OPTIONS, CopyLaunch, Deferred, KernelLaunch, Plan, compile_graph
-from .staging import ARENA_MAX, StagedReads, StagedWrites
+from .staging import ARENA_MAX, QueueCounts, ReadStaging, StagedReads, StagedWrites, map_read
 from .target import target_of
 
 _STORAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
@@ -52,6 +56,18 @@ def _nbytes(nbytes: int) -> int:
 
 
 _F16_WORD = re.compile(r"\bf16\b")
+
+
+@dataclass
+class _ReadCopy:
+    """A dispatch's readable outputs (and its capacity status and timestamps) as copied into
+    ``staging`` by the end of the dispatch's last command buffer."""
+
+    graph: WgpuGraph
+    staging: ReadStaging
+    index: dict[int, int]  # tensor serial -> source index in staging
+    status: int | None  # source index of the capacity status word
+    time: int | None  # source index of the resolved timestamps
 
 
 class WgpuTensor(MLTensor):
@@ -84,7 +100,9 @@ class WgpuGraph(MLGraph):
         self._copy_bytes = 0
         self._passes: list[tuple[int, int]] = []
         self._submit_after: set[int] = set()  # pass indices that end a command buffer
-        self._recorded: tuple[tuple, list[Any]] | None = None  # (key, command buffers)
+        #: (key, command buffers, the read copy they end with)
+        self._recorded: tuple[tuple, list[Any], _ReadCopy | None] | None = None
+        self._read_copies: dict[tuple, _ReadCopy] = {}  # by readable output tensors
         self._last_bound: dict[str, dict[str, MLTensor]] | None = None
         self.device_bytes = 0  # statebench extension: bytes of buffers the graph owns
 
@@ -93,6 +111,12 @@ class WgpuGraph(MLGraph):
             ctx = self._context
             if ctx._unsettled is self:  # type: ignore[attr-defined]
                 ctx._unsettled = None  # type: ignore[attr-defined]  # moot once it is gone
+            copied = ctx._copied  # type: ignore[attr-defined]
+            if copied is not None and copied.graph is self:
+                ctx._copied = None  # type: ignore[attr-defined]  # its staging goes below
+            for rc in self._read_copies.values():
+                rc.staging.destroy()
+            self._read_copies.clear()
             for b in {id(b): b for b in self._buffers.values()}.values():
                 b.destroy()
             for bufs in self._state:
@@ -152,10 +176,23 @@ class WgpuContext(MLContext):
         self.record_ahead = {"on": True, "pieces": True, "off": False}.get(
             mode, not self._target.cpu)
         self._piecewise = mode == "pieces"  # recorded command buffers submitted one by one
+        #: copy readable outputs at the end of each dispatch (``_read_copy_for``); maps
+        #: without wgpu-py's empty submit (``staging.map_read``) unless "separate_sync"
+        copy_mode = OPTIONS.get("read_copy") or "dispatch"
+        if copy_mode not in ("dispatch", "separate", "separate_sync"):
+            raise ValueError(f"OPTIONS['read_copy'] = {copy_mode!r}; accepted: None "
+                             "('dispatch'), 'separate', 'separate_sync'")
+        self.read_copy = copy_mode == "dispatch"
+        self._sync_maps = copy_mode == "separate_sync"
+        #: submits and maps of this context's queue (statebench extension: counted per step)
+        self.queue_counts = QueueCounts()
+        #: the last dispatch's read copy while its outputs are unchanged (``_read_tensors``)
+        self._copied: _ReadCopy | None = None
         self._pipelines: dict[str, tuple[Any, Any]] = {}
         max_buffer = int(self._device.limits["max-buffer-size"])
-        self._reads = StagedReads(self._device, max_buffer)
-        self._staged = StagedWrites(self._device, min(ARENA_MAX, max_buffer))
+        self._max_buffer = max_buffer
+        self._reads = StagedReads(self._device, max_buffer, self.queue_counts, self._sync_maps)
+        self._staged = StagedWrites(self._device, min(ARENA_MAX, max_buffer), self.queue_counts)
         self._status_staging = self._device.create_buffer(
             size=16, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
         self._unsettled: WgpuGraph | None = None  # dispatched, capacity status not yet read
@@ -180,7 +217,7 @@ class WgpuContext(MLContext):
         (``gpu_time_reason`` says why). Resolved timestamps are taken as nanoseconds:
         the WebGPU spec defines them so and wgpu-native exposes no period to apply."""
         if self._time_pending:
-            self._time_staging.map_sync(wgpu.MapMode.READ, 0, 16)
+            map_read(self._time_staging, 0, 16, self.queue_counts, self._sync_maps)
             t = np.frombuffer(self._time_staging.read_mapped(0, 16), dtype=np.uint64)
             self._time_staging.unmap()
             self._gpu_time_ns = int(t[1] - t[0]) if t[1] >= t[0] else None
@@ -224,6 +261,9 @@ class WgpuContext(MLContext):
         queue's order); large ones staged (``staging.StagedWrites``: one map and one submit
         of copies for all the writes between two dispatches)."""
         n = data.nbytes
+        copied = self._copied
+        if copied is not None and tensor._serial in copied.index:
+            self._copied = None  # the copy no longer holds what a read must return
         if n % 4:  # an odd number of float16 values: copies move whole 4-byte words
             data = np.concatenate([data.reshape(-1).view(np.uint8), np.zeros(4 - n % 4, np.uint8)])
         if n < STAGED_WRITE_MIN:
@@ -235,22 +275,15 @@ class WgpuContext(MLContext):
 
     def _read_tensors(self, tensors: list[MLTensor],
                       outputs: list[np.ndarray] | None = None) -> list[np.ndarray]:
-        """Every tensor read back in one device round trip (``staging.StagedReads``) and
-        copied out once (into ``outputs`` where given); the last checked dispatch's capacity
-        status rides in the same round trip (``_settle``)."""
-        self._staged.flush()
+        """Every tensor read back in one device round trip and copied out once (into
+        ``outputs`` where given); the last checked dispatch's capacity status rides in the
+        same round trip (``_settle``). Where the last dispatch already copied every one of
+        them into staging and nothing has changed them since (``_copied``), the round trip
+        is a map; otherwise the copies are submitted now (``staging.StagedReads``)."""
         sizes = [S.size(t._shape) * t._dtype.itemsize for t in tensors]
-        # copies move whole 4-byte words (an odd number of float16 values: one pad value)
-        sources = [(t._buffer, -(-n // 4) * 4) for t, n in zip(tensors, sizes, strict=True)]
-        if self._unsettled is not None:
-            sources.append((self._unsettled._buffers[("status",)], 4))
         out: list[np.ndarray | None] = [None] * len(tensors)
-        status: list[int] = []
 
-        def consume(i: int, raw: np.ndarray) -> None:
-            if i == len(tensors):
-                status.append(int(raw.view(np.uint32)[0]))
-                return
+        def take(i: int, raw: np.ndarray) -> None:
             dt = tensors[i]._dtype
             values = raw[:sizes[i]].view(dt.device_np)
             if outputs is None:
@@ -259,10 +292,65 @@ class WgpuContext(MLContext):
                 outputs[i].reshape(-1)[...] = values  # the page's array, no allocation
                 out[i] = outputs[i]
 
-        self._reads.read(sources, consume)
+        copied = self._copied
+        slots = [None] * len(tensors) if copied is None else [
+            copied.index.get(t._serial) for t in tensors]
+        if None in slots:
+            status = self._read_separately(tensors, sizes, take)
+        else:
+            status = self._read_copied(copied, slots, sizes, take)  # type: ignore[arg-type]
         self.counters.d2h += sum(sizes)
-        self._settle(status=status[0] if status else None)
+        self._settle(status=status)
         return out  # type: ignore[return-value]
+
+    def _read_separately(self, tensors: list[MLTensor], sizes: list[int],
+                         take: Any) -> int | None:
+        """Copy the tensors (and the unsettled status) into staging in a submit of their
+        own, map once: the read path of any read the last dispatch did not copy for."""
+        self._staged.flush()
+        # copies move whole 4-byte words (an odd number of float16 values: one pad value)
+        sources = [(t._buffer, -(-n // 4) * 4) for t, n in zip(tensors, sizes, strict=True)]
+        if self._unsettled is not None:
+            sources.append((self._unsettled._buffers[("status",)], 4))
+        status: list[int] = []
+
+        def consume(i: int, raw: np.ndarray) -> None:
+            if i == len(tensors):
+                status.append(int(raw.view(np.uint32)[0]))
+            else:
+                take(i, raw)
+
+        self._reads.read(sources, consume)
+        return status[0] if status else None
+
+    def _read_copied(self, copied: _ReadCopy, slots: list[int], sizes: list[int],
+                     take: Any) -> int | None:
+        """Map what the last dispatch copied: the tensors, its status if still unsettled,
+        its timestamps if not yet read (so ``gpu_time_ns`` needs no map of its own)."""
+        want: dict[int, int] = {}
+        readers: dict[int, list[int]] = {}  # source -> positions (a tensor may be read twice)
+        for i, (src, n) in enumerate(zip(slots, sizes, strict=True)):
+            want[src] = -(-n // 4) * 4
+            readers.setdefault(src, []).append(i)
+        if self._unsettled is copied.graph and copied.status is not None:
+            want[copied.status] = 4
+        if self._time_pending and copied.time is not None:
+            want[copied.time] = 16
+        status: list[int] = []
+
+        def consume(src: int, raw: np.ndarray) -> None:
+            if src == copied.status:
+                status.append(int(raw.view(np.uint32)[0]))
+            elif src == copied.time:
+                t = raw.view(np.uint64)
+                self._gpu_time_ns = int(t[1] - t[0]) if t[1] >= t[0] else None
+                self._time_pending = False
+            else:
+                for i in readers[src]:
+                    take(i, raw)
+
+        copied.staging.read(want, consume, self.queue_counts, self._sync_maps)
+        return status[0] if status else None
 
     # -- build ------------------------------------------------------------------------
     def _build(self, outputs: dict[str, MLOperand], inputs: dict[str, MLOperand],
@@ -395,21 +483,26 @@ class WgpuContext(MLContext):
         now (submitted in pieces as they are encoded). Then, unless that recording missed,
         record the next dispatch's while the GPU runs this one (``_record_ahead``)."""
         g: WgpuGraph = graph  # type: ignore[assignment]
+        self._copied = None  # this dispatch may write what the last one copied
         self._settle()
         self._staged.flush()
         bound = {"input": inputs, "output": outputs}
         key = (_bound_key(bound), g._parity)
         ready, g._recorded = g._recorded, None
         if ready is not None and ready[0] == key:
+            # recorded for these very tensors: its read copy is this dispatch's
+            copy = ready[2]
             if self._piecewise:
                 for cb in ready[1]:
-                    self._queue.submit([cb])
+                    self._submit([cb])
             else:  # one submit: 3.18 vs 3.28 ms one by one (PERFORMANCE.md item 9)
-                self._queue.submit(ready[1])
+                self._submit(ready[1])
             missed = False
         else:
-            self._encode(g, bound, key, lambda cb: self._queue.submit([cb]))
+            copy = self._read_copy_for(g, bound)
+            self._encode(g, bound, key, lambda cb: self._submit([cb]), copy)
             missed = ready is not None
+        self._copied = copy
         self.counters.kernel += g._kernel_bytes
         self.counters.d2d += g._copy_bytes
         self._time_pending = self._timing and len(g._passes) > 0
@@ -430,13 +523,52 @@ class WgpuContext(MLContext):
         runs), so it is valid for any contents of the tensors it binds."""
         key = (_bound_key(bound), g._parity)
         cbs: list[Any] = []
-        self._encode(g, bound, key, cbs.append)
-        g._recorded = (key, cbs)
+        copy = self._read_copy_for(g, bound)
+        self._encode(g, bound, key, cbs.append, copy)
+        g._recorded = (key, cbs, copy)
+
+    def _submit(self, cbs: list[Any]) -> None:
+        self._queue.submit(cbs)
+        self.queue_counts.submits += 1
+
+    def _read_copy_for(self, g: WgpuGraph,
+                       bound: dict[str, dict[str, MLTensor]]) -> _ReadCopy | None:
+        """Staging for the readable outputs of a dispatch binding ``bound`` (with the
+        status and timestamps), made once per set of output tensors; None when
+        ``read_copy`` is off or nothing bound is readable. Which tensors the page will read
+        is not known at dispatch; a page reads the outputs it made readable, and an unread
+        copy costs the device a copy of those bytes (the logits: 0.5 MB for llama-1b).
+        A recorded-ahead dispatch ends with the same copy, into the same staging: it is
+        recorded only for the very tensors it binds (``_bound_key``)."""
+        if not self.read_copy:
+            return None
+        readable = [t for _, t in sorted(bound["output"].items()) if t._readable]
+        if not readable:
+            return None
+        key = tuple(t._serial for t in readable)
+        rc = g._read_copies.get(key)
+        if rc is None:
+            if len(g._read_copies) >= _BIND_CACHE_MAX:
+                # dropped, not destroyed: a command buffer recorded ahead may copy into it
+                g._read_copies.pop(next(iter(g._read_copies)))
+            sources = [t._buffer for t in readable]
+            status = time = None
+            if g._plan.has_check:
+                status = len(sources)
+                sources.append(g._buffers[("status",)])
+            if self._timing and g._passes:
+                time = len(sources)
+                sources.append(self._query_buf)
+            rc = g._read_copies[key] = _ReadCopy(
+                g, ReadStaging(self._device, sources, self._max_buffer),
+                {t._serial: i for i, t in enumerate(readable)}, status, time)
+        return rc
 
     def _encode(self, g: WgpuGraph, bound: dict[str, dict[str, MLTensor]], key: tuple,
-                emit: Any) -> None:
+                emit: Any, copy: _ReadCopy | None = None) -> None:
         """Encode one dispatch for ``bound`` and parity ``key[1]``, handing each finished
-        command buffer to ``emit`` (a cut every ``submit_every`` launches)."""
+        command buffer to ``emit`` (a cut every ``submit_every`` launches); the last one
+        ends with ``copy``'s copies into its staging."""
         parity = key[1]
         plan = g._plan
         enc = self._device.create_command_encoder()
@@ -477,6 +609,8 @@ class WgpuContext(MLContext):
         if self._timing and npasses:
             enc.resolve_query_set(self._query_set, 0, 2, self._query_buf, 0)
             enc.copy_buffer_to_buffer(self._query_buf, 0, self._time_staging, 0, 16)
+        if copy is not None:
+            copy.staging.encode(enc)
         emit(enc.finish())
 
     def _settle(self, report: bool = True, status: int | None = None) -> None:
@@ -490,7 +624,7 @@ class WgpuContext(MLContext):
         if g is None:
             return
         if status is None:
-            self._status_staging.map_sync(wgpu.MapMode.READ, 0, 16)
+            map_read(self._status_staging, 0, 16, self.queue_counts, self._sync_maps)
             status = int(np.frombuffer(self._status_staging.read_mapped(0, 4), dtype=np.uint32)[0])
             self._status_staging.unmap()
         self.counters.d2h += 4
@@ -534,7 +668,7 @@ class WgpuContext(MLContext):
         for bufs in g._state:
             for b in bufs:
                 enc.clear_buffer(b)
-        self._queue.submit([enc.finish()])
+        self._submit([enc.finish()])
         g._parity = 0
 
     def destroy(self) -> None:

@@ -8,11 +8,17 @@ at small depths is most of the step. Here writes are copied into one mapped stag
 become a single submit of copies when the queue next has to run something (a dispatch, a
 read, a small ``write_buffer``, a reset): one map per arena per step. Two arenas alternate,
 so the host fills one while the device copies out of the other.
+
+Reads go the other way: ``StagedReads`` copies what a read asks for into mapped-read staging
+and submits that; ``ReadStaging`` is staging for a fixed list of sources whose copies the
+context records at the end of a dispatch (``context._read_copy_for``), so a read right after
+the dispatch only maps. ``QueueCounts`` counts the submits and maps of one context.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,11 +34,74 @@ def _aligned(n: int) -> int:
     return -(-n // _ALIGN) * _ALIGN
 
 
+@dataclass
+class QueueCounts:
+    """Queue submits and buffer maps of one context (statebench extension): each is a trip
+    through wgpu-core and, for a map, a wait for the device, so they are what a decode
+    step's host time is made of besides encoding. Tests count them per step."""
+
+    submits: int = 0
+    maps: int = 0
+
+
+def map_read(buf: Any, offset: int, size: int, counts: QueueCounts, sync: bool) -> None:
+    """Map ``buf`` for reading and wait. wgpu-py submits an empty command buffer before every
+    read map (``sync``): a workaround for data written through a mapping, which the queue
+    may not have seen (wgpu-native#305). Buffers written only by copies on the queue do not
+    need it, and wgpu-py's own ``queue.read_buffer`` maps its staging with "READ_NOSYNC"
+    for that reason; ours are such buffers, so by default they skip that submit."""
+    if sync:
+        buf.map_sync(wgpu.MapMode.READ, offset, size)
+        counts.submits += 1  # wgpu-py's own, counted so the counts match the queue's
+    else:
+        buf.map_async("READ_NOSYNC", offset, size).sync_wait()
+    counts.maps += 1
+
+
+def _pack(sizes: Sequence[int], max_buffer: int) -> tuple[list[tuple[int, int]], list[int]]:
+    """Whole buffers of ``sizes`` bytes (multiples of 4, as copies need) packed in order into
+    staging buffers of at most ``max_buffer`` bytes: each one's (staging buffer, offset), and
+    each staging buffer's bytes used."""
+    slots: list[tuple[int, int]] = []
+    used = [0]
+    for n in sizes:
+        if used[-1] and used[-1] + n > max_buffer:
+            used.append(0)
+        slots.append((len(used) - 1, used[-1]))
+        used[-1] += n
+    return slots, used
+
+
+def _consume(buffers: Sequence[Any], slots: Sequence[tuple[int, int]], want: dict[int, int],
+             consume: Callable[[int, np.ndarray], None], counts: QueueCounts,
+             sync: bool) -> None:
+    """Map each staging buffer that holds a wanted source once (up to its last wanted byte)
+    and hand ``consume(i, bytes)`` source i's first ``want[i]`` bytes while mapped."""
+    by_buffer: dict[int, list[tuple[int, int, int]]] = {}
+    for i, n in want.items():
+        b, off = slots[i]
+        by_buffer.setdefault(b, []).append((i, off, n))
+    for b, members in by_buffer.items():
+        st = buffers[b]
+        end = max(off + n for _, off, n in members)
+        map_read(st, 0, end, counts, sync)
+        try:
+            view = st.read_mapped(0, end, copy=False)
+            raw = np.frombuffer(view, np.uint8)
+            for i, off, n in members:
+                consume(i, raw[off:off + n])
+            del raw, view  # no export of the mapped range may outlive unmap
+        finally:
+            st.unmap()
+
+
 class StagedWrites:
     """Pending writes of one device queue, copied on ``flush``."""
 
-    def __init__(self, device: Any, limit: int = ARENA_MAX) -> None:
+    def __init__(self, device: Any, limit: int = ARENA_MAX,
+                 counts: QueueCounts | None = None) -> None:
         self._device = device
+        self._counts = counts if counts is not None else QueueCounts()
         self._limit = max(_ALIGN, limit - limit % _ALIGN)
         self._arenas: list[Any] = [None, None]
         self._cur = 0
@@ -77,6 +146,7 @@ class StagedWrites:
                     mapped_at_creation=True)
         if a.map_state != "mapped":
             a.map_sync(wgpu.MapMode.WRITE, 0, a.size)  # free once its last copies have run
+            self._counts.maps += 1
         return a
 
     def flush(self) -> None:
@@ -97,6 +167,7 @@ class StagedWrites:
             enc.copy_buffer_to_buffer(arena, off, dst, dst_off, n)
         self._device.queue.submit([enc.finish()])
         self.submits += 1
+        self._counts.submits += 1
         self._pending.clear()
         self._used = 0
         self._cur ^= 1
@@ -111,50 +182,71 @@ class StagedReads:
     buffers (at most ``max_buffer`` bytes each) in one submit, one map per staging buffer,
     and each source's bytes handed to ``consume`` while mapped: one device round trip for
     the lot, and no fresh host memory per read (the context's ``read_tensors`` and the d2h
-    calibration both read this way, so the floor is timed on the page's path)."""
+    calibration both read this way, so the floor is timed on the page's path). ``sync``:
+    maps as wgpu-py does by default (``map_read``)."""
 
-    def __init__(self, device: Any, max_buffer: int) -> None:
+    def __init__(self, device: Any, max_buffer: int, counts: QueueCounts | None = None,
+                 sync: bool = False) -> None:
         self._device = device
         self.max_buffer = max_buffer
         self.buffers: list[Any] = []  # persistent; grown, never shrunk
+        self.counts = counts if counts is not None else QueueCounts()
+        self.sync = sync
 
     def read(self, sources: Sequence[tuple[Any, int]],
              consume: Callable[[int, np.ndarray], None]) -> None:
         """Copy each ``(buffer, nbytes)`` back; ``consume(i, bytes_i)`` gets a uint8 view of
         source i's first nbytes that is valid only during the call (copy out of it)."""
-        bins: list[list[tuple[int, int]]] = [[]]  # per staging buffer: (source, offset)
-        used = [0]
-        for i, (buf, _n) in enumerate(sources):
-            if used[-1] and used[-1] + buf.size > self.max_buffer:
-                bins.append([])
-                used.append(0)
-            bins[-1].append((i, used[-1]))
-            used[-1] += buf.size  # whole buffers: sizes are multiples of 4 as copies need
-        self.buffers += [None] * (len(bins) - len(self.buffers))
+        slots, used = _pack([buf.size for buf, _n in sources], self.max_buffer)
+        self.buffers += [None] * (len(used) - len(self.buffers))
         enc = self._device.create_command_encoder()
-        for b, members in enumerate(bins):
+        for b, n in enumerate(used):
             st = self.buffers[b]
-            if st is None or st.size < used[b]:
+            if st is None or st.size < n:
                 if st is not None:
                     st.destroy()
-                st = self.buffers[b] = self._device.create_buffer(
-                    size=max(used[b], 1 << 16),
+                self.buffers[b] = self._device.create_buffer(
+                    size=max(n, 1 << 16),
                     usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
-            for i, off in members:
-                enc.copy_buffer_to_buffer(sources[i][0], 0, st, off, sources[i][0].size)
+        for (buf, _n), (b, off) in zip(sources, slots, strict=True):
+            enc.copy_buffer_to_buffer(buf, 0, self.buffers[b], off, buf.size)
         self._device.queue.submit([enc.finish()])
-        for b, members in enumerate(bins):
-            st = self.buffers[b]
-            st.map_sync(wgpu.MapMode.READ, 0, used[b])
-            view = st.read_mapped(0, used[b], copy=False)
-            raw = np.frombuffer(view, np.uint8)
-            for i, off in members:
-                consume(i, raw[off:off + sources[i][1]])
-            del raw, view  # no export of the mapped range may outlive unmap
-            st.unmap()
+        self.counts.submits += 1
+        _consume(self.buffers, slots, {i: n for i, (_b, n) in enumerate(sources)}, consume,
+                 self.counts, self.sync)
 
     def destroy(self) -> None:
         for st in self.buffers:
             if st is not None:
                 st.destroy()
+        self.buffers.clear()
+
+
+class ReadStaging:
+    """Mapped-read staging for a fixed list of source buffers, packed as ``StagedReads``
+    packs them. The copies are encoded by the caller into a command buffer of its own (the
+    context: at the end of a dispatch's last one), so a later read maps and does not
+    submit. The buffers persist: a command buffer recorded ahead may still copy into them."""
+
+    def __init__(self, device: Any, sources: Sequence[Any], max_buffer: int) -> None:
+        self.sources = list(sources)
+        self.slots, used = _pack([b.size for b in self.sources], max_buffer)
+        self.buffers = [device.create_buffer(
+            size=max(n, 16), usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+            for n in used]
+
+    def encode(self, enc: Any) -> None:
+        """Copy every source, whole, into its place."""
+        for src, (b, off) in zip(self.sources, self.slots, strict=True):
+            enc.copy_buffer_to_buffer(src, 0, self.buffers[b], off, src.size)
+
+    def read(self, want: dict[int, int], consume: Callable[[int, np.ndarray], None],
+             counts: QueueCounts, sync: bool) -> None:
+        """``consume(i, bytes)`` for each wanted source i (its first ``want[i]`` bytes as of
+        the last copy that ran), one map per staging buffer that holds one."""
+        _consume(self.buffers, self.slots, want, consume, counts, sync)
+
+    def destroy(self) -> None:
+        for st in self.buffers:
+            st.destroy()
         self.buffers.clear()
