@@ -99,7 +99,7 @@ def match_attention(nodes: list[MLOperand], inlined: set[int], groups: dict[int,
           pinned: set[int], shared_bytes: int) -> dict[int, Attention]:
     """{probs·V matmul id: Attention} for every decode attention in ``nodes``."""
     consumers = fusion.consumers_of(nodes)
-    only = lambda x, c: [y._id for y in consumers.get(x._id, [])] == [c._id]  # noqa: E731
+    only = lambda x, c: fusion.sole_reader(consumers, x, c)  # noqa: E731
     found: dict[int, Attention] = {}
     for o in nodes:
         if o._kind != "op" or o._op != "matmul":

@@ -85,6 +85,12 @@ def consumers_of(nodes: list[MLOperand]) -> dict[int, list[MLOperand]]:
     return out
 
 
+def sole_reader(consumers: dict[int, list[MLOperand]], x: MLOperand, c: MLOperand) -> bool:
+    """Whether ``c`` is the one op reading ``x`` (``consumers`` from ``consumers_of``): what
+    a pattern needs before it computes ``x`` inside ``c``'s kernel and never stores it."""
+    return [y._id for y in consumers.get(x._id, [])] == [c._id]
+
+
 def is_fusible(o: MLOperand) -> bool:
     return o._kind == "op" and o._op in FUSIBLE
 

@@ -198,16 +198,16 @@ def _assemble(o: MLOperand, n: MLOperand, s_view: MLOperand, u_view: MLOperand,
               groups: dict[int, fusion.Group], pinned: set[int],
               fold_norms: bool) -> GatedDelta | None:
     """The match for one assignment of the operands, or None if any condition fails."""
-    readers = lambda x: [c._id for c in consumers.get(x._id, [])]  # noqa: E731
+    only = lambda x, c: fusion.sole_reader(consumers, x, c)  # noqa: E731
     s, u = root(s_view), root(u_view)
     *batch_l, dv, dk = n._shape
     batch = tuple(batch_l)
     full, col = (*batch, dv, dk), (*batch, dv, 1)
     n_view, qc = o._inputs
-    if (tuple(n_view._shape) != full or tuple(o._shape) != col or readers(n) != [o._id]
+    if (tuple(n_view._shape) != full or tuple(o._shape) != col or not only(n, o)
             or any(tuple(x._shape) != full for x in (s_view, u_view, s, u, p_view))):
         return None
-    if s._id in pinned or u._id in pinned or readers(u) != [n._id]:
+    if s._id in pinned or u._id in pinned or not only(u, n):
         return None
     # R: the other reader of s, matmul(s, kc)
     rs = consumers.get(s._id, [])
@@ -232,7 +232,7 @@ def _assemble(o: MLOperand, n: MLOperand, s_view: MLOperand, u_view: MLOperand,
     # d: the delta chain, R its param read at its own index, d read by U only
     d = root(d_view)
     if (not fusion.is_fusible(d) or d._id in pinned or tuple(d._shape) != col
-            or readers(d) != [u._id]):
+            or not only(d, u)):
         return None
     delta = groups.get(d._id) or fusion.collect(d, inlined)[0]
     if (r not in delta.leaves or not _reads_at_own_index(delta, r)
@@ -280,7 +280,6 @@ def _l2_norm(v: MLOperand, consumers: dict[int, list[MLOperand]], inlined: set[i
     """``v = x / sqrt(reduce_sum(x * x, last axis, kept) + eps)`` (either operand order of
     the add, ``eps`` a one-value constant), each op read only by the next and ``v`` only by
     ``readers``; None otherwise."""
-    only = lambda a, b: [c._id for c in consumers.get(a._id, [])] == [b._id]  # noqa: E731
     if (not _op(v, "div") or v._id in pinned or not consumers.get(v._id)
             or any(c._id not in readers for c in consumers[v._id])):
         return None
@@ -306,7 +305,7 @@ def _l2_norm(v: MLOperand, consumers: dict[int, list[MLOperand]], inlined: set[i
         return None
     ops = [sqr, ss, add, sq]
     chain = zip(ops, ops[1:] + [v], strict=True)
-    if (any(y._id in pinned for y in ops) or not all(only(a, b) for a, b in chain)
+    if (any(y._id in pinned for y in ops) or not all(fusion.sole_reader(consumers, a, b) for a, b in chain)
             or (x._kind == "op" and x._id in inlined) or x._dtype.wgsl != "f32"):
         return None
     return L2Norm(v, x, float(eps._value.reshape(-1)[0]), ops + [v])
