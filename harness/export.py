@@ -266,6 +266,9 @@ class _Builder:
     def unary(self, op: str, x: str) -> str:
         return self.op(op, [x], self.shape_of(x), self.shapes[x][1])
 
+    def cast(self, x: str, elem: int) -> str:
+        return self.op("Cast", [x], self.shape_of(x), elem, to=elem)
+
     def save(self) -> Path:
         g = helper.make_graph(self.nodes, self.cfg.name, self.inputs, self.outputs, self.inits)
         io = {v.name for v in self.inputs} | {v.name for v in self.outputs}
@@ -418,15 +421,14 @@ def _attention(b: _Builder, flavour: str, ctx: dict[str, str], i: int, xn: str,
     past_k, past_v = f"past_key_values.{i}.key", f"past_key_values.{i}.value"
     pres_k, pres_v = f"present.{i}.key", f"present.{i}.value"
     half = cfg.kv_cache == "float16"
+    elem = _ELEM[cfg.kv_cache]
     if flavour == ORT:
         present = [1, hk, TOTAL_LEN, d]
-        elem = _ELEM[cfg.kv_cache]
         if half:
             # GroupQueryAttention has one type T for q, k, v, the caches, cos/sin and its
             # output: a float16 cache makes its q/k/v (and RoPE tables) float16 too. This
             # rounds q and k before RoPE, which the standard flavour does not (FINDINGS 19)
-            q, k, v = (b.op("Cast", [t], b.shape_of(t), TensorProto.FLOAT16,
-                            to=TensorProto.FLOAT16) for t in (q, k, v))
+            q, k, v = (b.cast(t, TensorProto.FLOAT16) for t in (q, k, v))
         out = b.op("GroupQueryAttention",
                    [q, k, v, past_k, past_v, ctx["seqlens_k"], ctx["total"], ctx["cos"],
                     ctx["sin"]],
@@ -434,7 +436,7 @@ def _attention(b: _Builder, flavour: str, ctx: dict[str, str], i: int, xn: str,
                    outputs=[(pres_k, present, elem), (pres_v, present, elem)],
                    num_heads=hq, kv_num_heads=hk, do_rotary=1, rotary_interleaved=0)
         if half:
-            out = b.op("Cast", [out], b.shape_of(out), to=TensorProto.FLOAT)
+            out = b.cast(out, TensorProto.FLOAT)
         return b.matmul(out, b.weight(p + "o_proj"))
     # S = 1, so BSNH -> BNSH is a reshape
     q = _rope(b, b.reshape(q, [1, hk, hq // hk, d]), ctx["cos_row"], ctx["sin_row"])
@@ -444,13 +446,11 @@ def _attention(b: _Builder, flavour: str, ctx: dict[str, str], i: int, xn: str,
     if half:
         # the cache is float16, compute float32: the new rows are cast to float16 as they
         # are written, the cache cast to float32 where attention reads it
-        k, v = (b.op("Cast", [t], b.shape_of(t), TensorProto.FLOAT16, to=TensorProto.FLOAT16)
-                for t in (k, v))
-    elem = _ELEM[cfg.kv_cache]
+        k, v = (b.cast(t, TensorProto.FLOAT16) for t in (k, v))
     kc = b.op("ScatterND", [past_k, ctx["scatter_idx"], k], cache, elem, out=pres_k)
     vc = b.op("ScatterND", [past_v, ctx["scatter_idx"], v], cache, elem, out=pres_v)
     if half:
-        kc, vc = (b.op("Cast", [t], cache, to=TensorProto.FLOAT) for t in (kc, vc))
+        kc, vc = (b.cast(t, TensorProto.FLOAT) for t in (kc, vc))
     kt = b.op("Transpose", [kc], [1, hk, d, capacity], perm=[0, 1, 3, 2])
     scores = b.binary("Mul", b.matmul(q, kt), b.const(1.0 / np.sqrt(d)))
     neg = b.const(np.finfo(np.float32).min)

@@ -138,14 +138,18 @@ KV_F16_SUFFIX = "+f16kv"
 _SUFFIXES = {WEIGHTS_F16_SUFFIX: {"weights": "float16"}, KV_F16_SUFFIX: {"kv_cache": "float16"}}
 
 
+def preset_names() -> str:
+    """The preset names ``preset`` accepts, in words (its error and the --preset help)."""
+    return (f"{', '.join(PRESETS)}, each also with {WEIGHTS_F16_SUFFIX!r} "
+            f"(float16-valued weights) and/or {KV_F16_SUFFIX!r} (float16 KV caches)")
+
+
 def preset(name: str) -> ModelConfig:
     base, *rest = str(name).split("+")
     suffixes = ["+" + r for r in rest]
-    accepted = (f"accepted: {', '.join(PRESETS)}, each also with {WEIGHTS_F16_SUFFIX!r} "
-                f"(float16-valued weights) and/or {KV_F16_SUFFIX!r} (float16 KV caches)")
     bad = [x for x in suffixes if x not in _SUFFIXES]
     if base not in PRESETS or bad or len(set(suffixes)) != len(suffixes):
-        raise UserError(f"unknown preset {name!r}; {accepted}")
+        raise UserError(f"unknown preset {name!r}; accepted: {preset_names()}")
     if not suffixes:
         return PRESETS[base]
     changes = {k: v for x in suffixes for k, v in _SUFFIXES[x].items()}

@@ -48,8 +48,6 @@ DTYPES: dict[str, DType] = {
     "uint8": DType("uint8", np.uint8, "u32", np.uint32),
 }
 
-ELEMENT_BYTES = 4  # device bytes per element of every data type but float16 (DType.itemsize)
-
 
 def dtype(name: str) -> DType:
     """Look up a data type by its spec name; TypeError for unknown or unsupported ones."""

@@ -56,12 +56,10 @@ def add_backends(parser: argparse.ArgumentParser, default: str = DEFAULT_BACKEND
 
 
 def add_preset(parser: argparse.ArgumentParser, default: str = "small") -> None:
-    from harness.workload import KV_F16_SUFFIX, PRESETS, WEIGHTS_F16_SUFFIX
+    from harness.workload import preset_names
 
     parser.add_argument("--preset", default=default,
-                        help=f"model preset: {', '.join(PRESETS)}, each also with "
-                             f"{WEIGHTS_F16_SUFFIX!r} (float16-valued weights) and/or "
-                             f"{KV_F16_SUFFIX!r} (float16 KV caches) (default {default})")
+                        help=f"model preset: {preset_names()} (default {default})")
 
 
 def check_format(fmt: str, accepted: tuple[str, ...]) -> str:

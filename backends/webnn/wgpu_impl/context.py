@@ -58,6 +58,13 @@ def _nbytes(nbytes: int) -> int:
 _F16_WORD = re.compile(r"\bf16\b")
 
 
+def _span_ns(raw: np.ndarray) -> int | None:
+    """A dispatch's GPU time from its two resolved timestamps (bytes as mapped), or None
+    where the end reads before the beginning (a driver that does not order them)."""
+    t = raw.view(np.uint64)
+    return int(t[1] - t[0]) if t[1] >= t[0] else None
+
+
 @dataclass
 class _ReadCopy:
     """A dispatch's readable outputs (and its capacity status and timestamps) as copied into
@@ -218,9 +225,9 @@ class WgpuContext(MLContext):
         the WebGPU spec defines them so and wgpu-native exposes no period to apply."""
         if self._time_pending:
             map_read(self._time_staging, 0, 16, self.queue_counts, self._sync_maps)
-            t = np.frombuffer(self._time_staging.read_mapped(0, 16), dtype=np.uint64)
+            raw = np.frombuffer(self._time_staging.read_mapped(0, 16), dtype=np.uint8)
+            self._gpu_time_ns = _span_ns(raw)
             self._time_staging.unmap()
-            self._gpu_time_ns = int(t[1] - t[0]) if t[1] >= t[0] else None
             self._time_pending = False
         return self._gpu_time_ns
 
@@ -342,8 +349,7 @@ class WgpuContext(MLContext):
             if src == copied.status:
                 status.append(int(raw.view(np.uint32)[0]))
             elif src == copied.time:
-                t = raw.view(np.uint64)
-                self._gpu_time_ns = int(t[1] - t[0]) if t[1] >= t[0] else None
+                self._gpu_time_ns = _span_ns(raw)
                 self._time_pending = False
             else:
                 for i in readers[src]:
