@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -159,14 +161,104 @@ class Results:
         write_json_atomic(path, self.to_dict())
 
 
+class ResultsFile:
+    """Where one sweep's results go, so that no run loses or replaces points unsaid.
+
+    `check` refuses, before any work, a path that cannot be written or that holds a file
+    this run did not make (unless `force`). Nothing is written before the first point: the
+    first save creates the file and fails if one appeared meanwhile (a `force`d run
+    replaces the old file then, not before). A save that fails raises a UserError naming
+    the file and the points kept, after trying to keep them all in the temporary directory.
+    """
+
+    def __init__(self, path: str | Path, force: bool = False, make_parent: bool = False) -> None:
+        self.path = Path(path)
+        self.force = force
+        self.make_parent = make_parent  # a default name's `results/` is made; a given one's not
+        self.saved = 0  # points in the file this run wrote (0: it wrote none)
+
+    def check(self) -> None:
+        path, parent = self.path, self.path.parent
+        if path.is_dir():
+            raise UserError(f"--out {path} is a directory; give a file name, e.g. "
+                            f"{path / 'run.json'}")
+        if not parent.exists() and self.make_parent:
+            try:
+                parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise UserError(f"cannot make {parent} for the results: "
+                                f"{exc.strerror or exc}") from None
+        if not parent.exists():
+            raise UserError(f"--out {path}: the directory {parent} does not exist")
+        if not parent.is_dir():
+            raise UserError(f"--out {path}: {parent} is not a directory")
+        if (path.exists() or path.is_symlink()) and not self.force:
+            raise UserError(f"--out {path} exists; pass --force to replace it "
+                            "(its points are lost) or give another --out")
+        try:  # the one test that holds for root, ACLs and read-only file systems alike
+            tempfile.TemporaryFile(dir=parent).close()
+        except OSError as exc:
+            raise UserError(f"--out {path}: cannot write in {parent}: "
+                            f"{exc.strerror or exc}") from None
+
+    def save(self, results: Results) -> None:
+        """Write all of `results`; the first write never replaces a file unless `force`."""
+        try:
+            write_json_atomic(self.path, results.to_dict(),
+                              replace=self.saved > 0 or self.force)
+        except FileExistsError:
+            raise UserError(f"{self.path} appeared while this run measured its first point; "
+                            "it is left as it is and nothing was saved (pass --force to "
+                            "replace it)") from None
+        except (OSError, TypeError, ValueError) as exc:
+            raise UserError(self._lost(results, exc)) from None
+        self.saved = len(results.points)
+
+    def _lost(self, results: Results, exc: Exception) -> str:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else one_line(exc, 120)
+        kept = (f"{_points(self.saved)} {'is' if self.saved == 1 else 'are'} kept in "
+                f"{self.path}" if self.saved else "no point was saved there")
+        msg = f"cannot save results to {self.path} ({why}); the sweep stopped: {kept}"
+        rescue = _rescue(self.path, results)
+        if rescue:
+            return f"{msg}; all {_points(len(results.points))} are in {rescue}"
+        return msg + (f", the last {len(results.points) - self.saved} lost"
+                      if len(results.points) > self.saved else "")
+
+    def interrupted(self, how: str = "interrupted") -> str:
+        """The line an interrupted sweep ends with: what was kept and where."""
+        if self.saved:
+            return (f"{how}; the {_points(self.saved)} measured so far "
+                    f"{'is' if self.saved == 1 else 'are'} in {self.path}")
+        if self.path.exists():
+            return f"{how} before any point was saved; {self.path} is as it was"
+        return f"{how} before any point was saved; no results file was written"
+
+
+def _points(n: int) -> str:
+    return f"{n} point{'' if n == 1 else 's'}"
+
+
+def _rescue(path: Path, results: Results) -> Path | None:
+    """Where all of `results` were written when `path` could not take them, or None."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=f"{path.stem}-", suffix=".json")
+        os.close(fd)
+        write_json_atomic(name, results.to_dict())
+        return Path(name)
+    except (OSError, TypeError, ValueError):
+        return None
+
+
 def one_line(text: str, limit: int = 300) -> str:
     line = " ".join(str(text).split())
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
-def write_json_atomic(path: str | Path, data: dict) -> None:
-    """Write JSON through `atomic_file`: never half-written."""
-    with atomic_file(path, "w") as f:
+def write_json_atomic(path: str | Path, data: dict, replace: bool = True) -> None:
+    """Write JSON through `atomic_file`: never half-written; with `replace` False, an
+    existing `path` is left alone (FileExistsError)."""
+    with atomic_file(path, "w", replace=replace) as f:
         json.dump(data, f, indent=1, allow_nan=False, default=_jsonable)
         f.write("\n")
 
@@ -240,19 +332,91 @@ def validate(d: object, source: str = "results") -> None:
             raise bad(f"{where}.match must have ok, max_abs, max_rel, argmax_agree")
         if p["status"] == "ok" and (p["step_ms"] is None or p["match"] is None):
             raise bad(f"{where} is ok but lacks step_ms or match")
+    validate_environment(d["environment"], bad)
+
+
+_NONE = type(None)
+#: the environment's parts that reports read, and their types; any may be absent (files made
+#: before it was recorded), none may be of another type
+_ENVIRONMENT_FIELDS = {
+    "python": (str, _NONE), "platform": (str, _NONE), "cpu": (str, _NONE),
+    "cpu_count": (int, _NONE), "packages": (dict,), "ort_ep_devices": (list,),
+    "git_commit": (str, _NONE), "source_digest": (str, _NONE), "calibration": (dict,),
+    "wgpu": (dict,), "merged_from": (list,),
+}
+_PART_FIELDS = {"file": (str,), "created": (str,), "command": (str,), "calibration": (dict,)}
+
+
+def _check_fields(d: dict, fields: dict, where: str, bad, required: bool = False) -> None:
+    for k, types in fields.items():
+        if k not in d:
+            if required:
+                raise bad(f"{where} lacks {k!r}")
+            continue
+        if isinstance(d[k], bool) or not isinstance(d[k], types):
+            raise bad(f"{where}.{k} has the wrong type")
+
+
+def _non_finite(o: object, where: str) -> str | None:
+    """The path of the first NaN or infinity in `o` (json.loads reads both), or None."""
+    if isinstance(o, float):
+        return None if math.isfinite(o) else where
+    items = o.items() if isinstance(o, dict) else enumerate(o) if isinstance(o, list) else ()
+    for k, v in items:
+        found = _non_finite(v, f"{where}[{k}]" if isinstance(k, int) else f"{where}.{k}")
+        if found:
+            return found
+    return None
+
+
+def validate_environment(env: dict, bad) -> None:
+    """The `environment` block has the shape `calibrate.environment` writes, so a report
+    never trips on it: `bad(message)` makes the error to raise."""
+    _check_fields(env, _ENVIRONMENT_FIELDS, "environment", bad)
+    where = _non_finite(env, "environment")
+    if where:
+        raise bad(f"{where} is not finite")
+    for k, v in env.get("packages", {}).items():
+        if not isinstance(v, (str, _NONE)):
+            raise bad(f"environment.packages.{k} has the wrong type")
+    wgpu = env.get("wgpu", {})
+    _check_fields(wgpu, {"adapter": (str, _NONE), "reason": (str,)}, "environment.wgpu", bad)
+    calibrations = [("environment.calibration", env.get("calibration", {}))]
+    for i, part in enumerate(env.get("merged_from", [])):
+        where = f"environment.merged_from[{i}]"
+        if not isinstance(part, dict):
+            raise bad(f"{where} is not an object")
+        _check_fields(part, _PART_FIELDS, where, bad, required=True)
+        calibrations.append((f"{where}.calibration", part["calibration"]))
+    for where, cal in calibrations:
+        for side in ("host", "wgpu"):
+            figures = cal.get(side, {})
+            if not isinstance(figures, dict):
+                raise bad(f"{where}.{side} is not an object")
+            for k, v in figures.items():
+                if k.endswith("_gbps") and (isinstance(v, bool)
+                                             or not isinstance(v, (int, float, _NONE))):
+                    raise bad(f"{where}.{side}.{k} is not a number")
 
 
 def load(path: str | Path) -> Results:
     """Read and validate a results file; any problem is a UserError naming the file."""
     path = Path(path)
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise UserError(f"{path}: no such results file") from None
     except OSError as exc:
-        raise UserError(f"{path}: cannot read: {exc.strerror}") from None
+        raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not a statebench results file: not UTF-8 text "
+                        f"(byte {exc.start} is {raw[exc.start]:#04x}; a binary file?)") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise UserError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    except (ValueError, RecursionError) as exc:  # a 5000-digit number, nesting 10⁵ deep
+        raise UserError(f"{path}: not a statebench results file: {one_line(exc, 120)}") from None
     return Results.from_dict(data, str(path))

@@ -8,14 +8,17 @@ atomically after every point so an interrupted sweep keeps points 1..k (DESIGN �
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,8 +29,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from backends.base import Backend, registry
 from harness import calibrate as calibration
-from harness import metrics, worker
-from harness.results import Point, Results, one_line
+from harness import memory, metrics, worker
+from harness.results import Point, Results, ResultsFile, one_line
 from model.errors import UserError
 from model.reference import Reference
 from model.workload import ModelConfig, Workload, preset, token_stream
@@ -89,8 +92,16 @@ def parse_contexts(text: str) -> list[int]:
 
 
 def default_out(preset_name: str) -> Path:
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("results") / f"run-{preset_name}-{stamp}.json"
+    """results/run-<preset>-<date>-<time>.<microseconds>-<pid>.json: two runs started in the
+    same second (or microsecond, in two processes) never share a name; the first save
+    creates the file exclusively all the same (ResultsFile)."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S.%f")
+    path = Path("results") / f"run-{preset_name}-{stamp}-{os.getpid()}.json"
+    n = 1
+    while path.exists():  # the same process within one microsecond
+        n += 1
+        path = path.with_name(f"run-{preset_name}-{stamp}-{os.getpid()}-{n}.json")
+    return path
 
 
 # -- the state every backend starts from ----------------------------------------------------
@@ -137,16 +148,27 @@ def depth_arrays(cfg: ModelConfig, weights: dict[str, np.ndarray], seed: int, co
 # -- running one point ----------------------------------------------------------------------
 
 def run_worker_subprocess(req: dict, timeout_s: float) -> Point:
-    """`python -m harness.worker` for one point; a crash or hang becomes a failed point."""
+    """`python -m harness.worker` for one point; a crash or hang becomes a failed point.
+
+    An interrupt here kills the worker (subprocess.run does); a runner killed outright
+    closes the pipe the worker watches (`parent_fd`), and the worker exits and removes its
+    depth file (worker.exit_with_parent).
+    """
     name, ctx, cap, steps = req["backend"], req["context"], req["capacity"], req["steps"]
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    watched, alive = os.pipe()  # this end of it stays open, unwritten, while the runner lives
     try:
-        proc = subprocess.run([sys.executable, "-m", "harness.worker"], input=json.dumps(req),
-                              capture_output=True, text=True, timeout=timeout_s, env=env)
+        proc = subprocess.run([sys.executable, "-m", "harness.worker"],
+                              input=json.dumps({**req, "parent_fd": watched}),
+                              capture_output=True, text=True, timeout=timeout_s, env=env,
+                              pass_fds=(watched,))
     except subprocess.TimeoutExpired:
         return Point.failed(name, ctx, cap, steps, f"worker timed out after {timeout_s:.0f} s")
+    finally:
+        os.close(watched)
+        os.close(alive)
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
     if proc.returncode == 0 and lines:
         try:
@@ -202,29 +224,47 @@ def new_results(rc: RunConfig, cfg: ModelConfig, calib: dict, with_adapter: bool
     )
 
 
-def run_sweep(rc: RunConfig, out: str | Path, console: Console | None = None,
+def run_sweep(rc: RunConfig, out: str | Path | ResultsFile, console: Console | None = None,
               extra_backends: dict[str, type[Backend]] | None = None,
               on_point: Callable[[Point], None] | None = None) -> Results:
     """Measure every backend at every context; save `out` after each point and return it all.
 
-    `extra_backends` maps names to classes outside the registry (tests' doubles). Progress
-    goes to `console` (stderr by default) and is disabled when it is not a terminal.
+    `out` is checked before any work and written from the first point on, never over a file
+    this run did not make unless it is a `ResultsFile` with `force`. SIGINT or SIGTERM ends
+    the sweep with `Interrupted` (its message says what was kept), the worker in flight
+    stopped and the depth files removed. `extra_backends` maps names to classes outside the
+    registry (tests' doubles). Progress goes to `console` (stderr by default) and is
+    disabled when it is not a terminal.
     """
+    sink = out if isinstance(out, ResultsFile) else ResultsFile(out)
+    with _terminate_as_interrupt() as caught:
+        try:
+            return _measure_sweep(rc, sink, console, extra_backends, on_point)
+        except Interrupted:
+            raise
+        except KeyboardInterrupt:
+            how = "terminated" if caught[0] == signal.SIGTERM else "interrupted"
+            raise Interrupted(sink.interrupted(how), 128 + int(caught[0])) from None
+
+
+def _measure_sweep(rc: RunConfig, sink: ResultsFile, console: Console | None,
+                   extra_backends: dict[str, type[Backend]] | None,
+                   on_point: Callable[[Point], None] | None) -> Results:
     cfg = preset(rc.preset)
     if rc.steps <= 0 or rc.warmup < 0 or rc.warm_s < 0:
         raise UserError("--steps must be ≥ 1, --warmup and --warm-s ≥ 0")
     for ctx in rc.contexts:
         rc.capacity_for(ctx)  # fail on a too-small --capacity before any work
     classes = resolve_backends(rc.backends, extra_backends)
+    check_memory(rc, cfg)
+    sink.check()
     console = console or Console(stderr=True)
-    out = Path(out)
 
     needs_gpu = any(not metrics.is_cpu(n) for n in classes)
     weights_bytes = cfg.weight_bytes_per_parameter * cfg.describe()["parameters"]
     calib = (calibration.calibrate(need_gpu=needs_gpu, working_set=weights_bytes)
              if rc.calibrate else {})
     results = new_results(rc, cfg, calib, with_adapter=needs_gpu or rc.calibrate)
-    results.save(out)
 
     total = len(rc.contexts) * len(classes)
     contexts = sorted(rc.contexts)
@@ -232,7 +272,8 @@ def run_sweep(rc: RunConfig, out: str | Path, console: Console | None = None,
     walk = ReferenceWalk(cfg, Workload.build(cfg, rc.seed).weights, rc.seed, contexts[-1] + ahead,
                          max(rc.capacity_for(c) for c in contexts))
     registered = set(registry())  # outside the registry: tests' doubles, imported by path
-    with tempfile.TemporaryDirectory(prefix="statebench-") as tmp, Progress(
+    remove_stale_depth_dirs()
+    with tempfile.TemporaryDirectory(prefix=f"{DEPTH_DIR_PREFIX}{os.getpid()}-") as tmp, Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
         TimeElapsedColumn(), console=console, disable=not console.is_terminal, transient=True,
     ) as progress:
@@ -259,9 +300,83 @@ def run_sweep(rc: RunConfig, out: str | Path, console: Console | None = None,
                 point.details.setdefault("wall_s", round(time.perf_counter() - t0, 3))
                 point.reason = one_line(point.reason)
                 results.points.append(finish_point(point, cfg, calib))
-                results.save(out)
+                sink.save(results)
                 if on_point:
                     on_point(point)
                 progress.advance(task)
             depth_file.unlink(missing_ok=True)
     return results
+
+
+# -- sizes, signals and temporary files: nothing lost, nothing left behind ------------------
+
+#: a sweep's temporary directory for depth files is DEPTH_DIR_PREFIX<pid>-<random>
+DEPTH_DIR_PREFIX = "statebench-depth-"
+
+
+def sweep_memory_bytes(cfg: ModelConfig, capacity: int, length: int) -> int:
+    """A lower bound on the memory a sweep holds at once at `capacity` rows: the reference's
+    weights and state (twice: `ReferenceWalk.arrays_at` keeps a copy to roll back to), the
+    state in the graphs' types for the depth file, and in the worker the weights, the depth
+    file's state and the backend's own cache."""
+    params = cfg.describe()["parameters"]
+    ref_item = 8 if params <= FLOAT64_REFERENCE_MAX_PARAMS else 4
+    return (params * (ref_item + 4) + 2 * memory.state_bytes(cfg, capacity, ref_item)
+            + 3 * memory.state_bytes(cfg, capacity) + 8 * length)
+
+
+def check_memory(rc: RunConfig, cfg: ModelConfig) -> None:
+    """Refuse a sweep that cannot fit in this machine's memory, before any work."""
+    cap = max(rc.capacity_for(c) for c in rc.contexts)
+    length = max(rc.contexts) + rc.warmup + rc.steps
+    memory.require(sweep_memory_bytes(cfg, cap, length),
+                   f"{rc.preset} at context {max(rc.contexts)} (capacity {cap})",
+                   "use smaller --contexts or --capacity")
+
+
+class Interrupted(KeyboardInterrupt):
+    """A sweep stopped by SIGINT or SIGTERM: `message` says which points were kept and
+    where; `status` is the exit status (128 + the signal's number: 130, 143)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.message, self.status = message, status
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[list[int]]:
+    """SIGTERM (`kill`, a scheduler's stop) raises KeyboardInterrupt as Ctrl-C does, so a
+    terminated sweep keeps its points and stops its worker; yields [the signal caught]."""
+    caught = [int(signal.SIGINT)]
+
+    def on_term(signum, frame):
+        caught[0] = signum
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        yield caught  # signal handlers can only be set in the main thread
+        return
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield caught
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def remove_stale_depth_dirs() -> None:
+    """Remove depth directories of sweeps that were killed outright (SIGKILL, a lost
+    machine) between points: their process is gone, so nothing else will."""
+    for d in Path(tempfile.gettempdir()).glob(f"{DEPTH_DIR_PREFIX}*-*"):
+        pid = d.name[len(DEPTH_DIR_PREFIX):].split("-", 1)[0]
+        if d.is_dir() and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True

@@ -8,17 +8,20 @@ Request: {"backend": name, "backend_path": optional "module:Class" (tests' doubl
 "preset", "seed", "context", "capacity", "steps", "warmup", "warm_s" (optional, seconds of
 GPU load before the warm-up steps: `heater.heat`), "depth_file": .npz written by the
 runner with `tokens` (context+warmup+steps), `ref_logits` (warmup+steps, vocab) and
-`cache:<past name>` arrays (the reference's state at depth `context`)}.
+`cache:<past name>` arrays (the reference's state at depth `context`), "parent_fd": optional,
+a pipe the runner holds open while it lives (`exit_with_parent`)}.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import json
 import os
 import resource
 import sys
+import threading
 import time
 import traceback
 
@@ -165,12 +168,35 @@ def _plain(d: dict) -> dict:
     return json.loads(json.dumps(d, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
 
 
+def exit_with_parent(fd: int, depth_file: str | None) -> None:
+    """Watch the runner's pipe (`fd`, never written) in a daemon thread: its end of file
+    means the runner is gone, even by SIGKILL, so this point is no one's: remove the depth
+    file (and its directory, when that leaves it empty) and exit at once."""
+
+    def watch() -> None:
+        try:
+            while os.read(fd, 1):
+                pass
+        except OSError:
+            pass
+        if depth_file:
+            with contextlib.suppress(OSError):
+                os.unlink(depth_file)
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.dirname(depth_file))
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def main() -> int:
     # Backends and drivers may print; keep stdout for the one JSON line.
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     req = json.loads(sys.stdin.read())
+    if req.get("parent_fd") is not None:
+        exit_with_parent(int(req["parent_fd"]), req.get("depth_file"))
     point = measure(req)
     out.write(json.dumps(point.to_dict(), allow_nan=False) + "\n")
     out.flush()

@@ -15,9 +15,11 @@ from typing import IO
 
 
 @contextlib.contextmanager
-def atomic_file(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO]:
+def atomic_file(path: str | os.PathLike, mode: str = "wb", replace: bool = True) -> Iterator[IO]:
     """Open a temporary file beside `path`; on a clean exit it replaces `path` (mode 0644),
-    on an exception it is removed and `path` is left as it was."""
+    on an exception it is removed and `path` is left as it was. With `replace` False the
+    file is linked into place only where `path` does not exist (FileExistsError if it
+    does): two writers cannot both create it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -27,7 +29,25 @@ def atomic_file(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO]:
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            _create(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _create(tmp: str, path: Path) -> None:
+    """Move `tmp` to `path` where no `path` exists: a hard link is atomic and never replaces
+    a file; where the file system has none (FAT, some network mounts), an exclusive create
+    claims the name first."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise
+    except OSError:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        os.replace(tmp, path)
+    else:
+        os.unlink(tmp)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import shlex
 import sys
-from pathlib import Path
 
 from backends.base import select
 from harness import report, runner
 from harness.commands import common_args
+from harness.results import ResultsFile
 from model.workload import preset
 
 
@@ -35,7 +35,11 @@ class Run:
                        help="fixed cache capacity (default: context + warmup + steps)")
         p.add_argument("--seed", type=int, default=0, help="weights and token seed (default 0)")
         p.add_argument("--out", default=None,
-                       help="results file (default results/run-<preset>-<timestamp>.json)")
+                       help="results file, in a directory that exists (default "
+                            "results/run-<preset>-<time>-<pid>.json); never an existing file "
+                            "unless --force")
+        p.add_argument("--force", action="store_true",
+                       help="replace an existing --out file (at the first point measured)")
         p.add_argument("--inprocess", action="store_true",
                        help="measure in this process instead of a worker per point (debugging)")
         p.add_argument("--point-timeout", type=common_args.positive_int,
@@ -57,17 +61,19 @@ class Run:
             calibrate=args.calibrate, timeout_s=float(args.point_timeout),
             command="statebench " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
         )
-        out = Path(args.out) if args.out else runner.default_out(args.preset)
+        out = ResultsFile(args.out or runner.default_out(args.preset), force=args.force,
+                          make_parent=not args.out)
         return cls.run(rc, out, console, err_console)
 
     @classmethod
-    def run(cls, rc: runner.RunConfig, out: Path, console, err_console) -> int:
+    def run(cls, rc: runner.RunConfig, sink: ResultsFile, console, err_console) -> int:
+        out = sink.path
         try:
-            results = runner.run_sweep(rc, out, console=err_console)
-        except KeyboardInterrupt:
-            err_console.print(f"statebench: interrupted; the points measured so far are in {out}",
-                              markup=False, highlight=False)
-            return 130
+            results = runner.run_sweep(rc, sink, console=err_console)
+        except runner.Interrupted as exc:
+            err_console.print(f"statebench: {exc.message}", markup=False, highlight=False,
+                              soft_wrap=True)
+            return exc.status
         console.print(report.summary(report.label_runs([results])))
         console.print(f"results: {out}")
         console.print(f"report:  statebench report {out} --out {out.with_suffix('')}-report")
