@@ -6,9 +6,11 @@ Several files are compared side by side: one column (or line) per file × backen
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +21,7 @@ from rich.text import Text
 
 from harness import metrics
 from harness.results import BYTE_CATEGORIES, Point, Results
+from model.errors import UserError
 
 OK_MARK, BAD_MARK = "✓", "✗"
 
@@ -388,3 +391,38 @@ def to_markdown(runs: list[Run], charts: list[str] | None = None) -> str:
     for c in charts or []:
         parts += [f"![{Path(c).stem}]({c})", ""]
     return "\n".join(parts)
+
+
+# -- the report directory: never over other files unasked, one line when it cannot be written -
+
+def check_out_dir(out: Path, force: bool = False) -> None:
+    """UserError, before anything is rendered, where `out` cannot take a report: a file; a
+    directory that already holds files (unless `force`: the report's own files are then
+    replaced, others left); a parent that is missing, or one where no file can be made."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; a report is a directory of files: give a "
+                        "directory name")
+    if out.is_dir():
+        if any(out.iterdir()) and not force:
+            raise UserError(f"--out {out} already holds files; pass --force to write the "
+                            "report over them, or give a new directory")
+        where = out
+    elif not out.parent.is_dir():
+        raise UserError(f"--out {out}: the directory {out.parent} does not exist")
+    else:
+        where = out.parent
+    try:  # the one test that holds for root, ACLs and read-only file systems alike
+        tempfile.TemporaryFile(dir=where).close()
+    except OSError as exc:
+        raise UserError(f"--out {out}: cannot write in {where}: {exc.strerror or exc}") from None
+
+
+@contextlib.contextmanager
+def writing_to(out: Path) -> Iterator[None]:
+    """A write that fails part way (disk full, a read-only mount) is one line naming it."""
+    try:
+        yield
+    except OSError as exc:
+        what = f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
+        raise UserError(f"cannot write the report in {out} ({what}); the report there is "
+                        "incomplete") from None

@@ -203,10 +203,12 @@ class ResultsFile:
 
     def save(self, results: Results) -> None:
         """Write all of `results`; the first write never replaces a file unless `force`."""
+        first = self.saved == 0 and not self.force
         try:
-            write_json_atomic(self.path, results.to_dict(),
-                              replace=self.saved > 0 or self.force)
-        except FileExistsError:
+            write_json_atomic(self.path, results.to_dict(), replace=not first)
+        except FileExistsError as exc:
+            if not first:
+                raise UserError(self._lost(results, exc)) from None
             raise UserError(f"{self.path} appeared while this run measured its first point; "
                             "it is left as it is and nothing was saved (pass --force to "
                             "replace it)") from None
@@ -242,12 +244,16 @@ def _points(n: int) -> str:
 def _rescue(path: Path, results: Results) -> Path | None:
     """Where all of `results` were written when `path` could not take them, or None."""
     try:
-        fd, name = tempfile.mkstemp(prefix=f"{path.stem}-", suffix=".json")
+        fd, name = tempfile.mkstemp(prefix=f"{path.stem}-rescued-", suffix=".json")
         os.close(fd)
-        write_json_atomic(name, results.to_dict())
-        return Path(name)
-    except (OSError, TypeError, ValueError):
+    except OSError:
         return None
+    try:
+        write_json_atomic(name, results.to_dict())
+    except (OSError, TypeError, ValueError):
+        Path(name).unlink(missing_ok=True)
+        return None
+    return Path(name)
 
 
 def one_line(text: str, limit: int = 300) -> str:

@@ -18,7 +18,10 @@ class Report:
         p = subparsers.add_parser(cls.name, help="tables and charts from one or more results files")
         p.add_argument("files", nargs="+", help="results files (several are compared side by side)")
         p.add_argument("--out", default=None,
-                       help="directory for charts (PNG, SVG) and report.{md,csv,json,html}")
+                       help="directory for charts (PNG, SVG) and report.{md,csv,json,html}: "
+                            "a new or empty one, in a directory that exists, unless --force")
+        p.add_argument("--force", action="store_true",
+                       help="write into an --out directory that already holds files")
         p.add_argument("--merge", action="store_true",
                        help="the files are one sweep split over calls (same workload, code "
                             "and adapter): show them as one run")
@@ -29,6 +32,8 @@ class Report:
     @classmethod
     def run_from_args(cls, args, console, err_console) -> int:
         fmt = check_format(args.format, FORMATS)
+        if args.out:
+            report.check_out_dir(Path(args.out), force=args.force)
         runs = cls.load(args.files, merged=args.merge)
         printed = cls.render(runs, fmt)
         if fmt == "table":
@@ -37,7 +42,8 @@ class Report:
             console.print(printed, markup=False, highlight=False, soft_wrap=True, end="")
         if args.out:
             console.file.flush()  # the table before the line saying where files went
-            written = cls.write(runs, Path(args.out))
+            with report.writing_to(Path(args.out)):
+                written = cls.write(runs, Path(args.out))
             err_console.print(f"report: {len(written)} files in {args.out} "
                               f"(open {Path(args.out) / 'report.html'})", highlight=False)
         return 0

@@ -1,0 +1,380 @@
+"""Faults and hostile inputs through the real CLI (issue 16, parts 2 and 5): no run loses or
+replaces points unsaid, sizes that cannot fit are refused before any work, bad files and
+signals end in one line, and an interrupted or killed run leaves no worker or depth file.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from harness import calibrate, runner
+from harness.cli import main
+from harness.results import load
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST = ["--preset", "tiny", "--backends", "ort-cpu:copy", "--contexts", "8", "--steps", "2",
+        "--warmup", "1", "--no-calibrate"]
+
+
+def cli(*args) -> tuple[int, str, str]:
+    """`statebench ARGS` in this process: (exit status, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    rc = main([str(a) for a in args], console=Console(file=out, width=200),
+              err_console=Console(file=err, width=200))
+    return rc, out.getvalue(), err.getvalue()
+
+
+def one_line(result, status: int = 2) -> str:
+    rc, _, err = result
+    assert rc == status, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def points_in(path: Path) -> int:
+    return len(load(path).points)
+
+
+@pytest.fixture
+def no_calibration(monkeypatch):
+    """The checks under test come before calibration: calling it fails the test."""
+    def called(*a, **k):
+        raise AssertionError("calibration ran before the check")
+
+    monkeypatch.setattr(calibrate, "calibrate", called)
+
+
+# -- results never lost, never silently replaced ---------------------------------------------
+
+def test_two_default_named_runs_in_the_same_second_keep_both(tmp_path):
+    cmd = [sys.executable, "-m", "harness.cli", "run", *FAST]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    procs = [subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    files = sorted((tmp_path / "results").glob("run-tiny-*.json"))
+    assert len(files) == 2 and all(points_in(f) == 1 for f in files)
+
+
+def test_an_existing_out_is_refused_unless_forced(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    old = tmp_path / "old.json"
+    old.write_text("an earlier sweep's points")
+    line = one_line(cli("run", *FAST, "--out", old))
+    assert line == (f"statebench: error: --out {old} exists; pass --force to replace it "
+                    "(its points are lost) or give another --out")
+    assert old.read_text() == "an earlier sweep's points"
+    rc, out, err = cli("run", *FAST, "--out", old, "--force")
+    assert rc == 0, err
+    assert points_in(old) == 1
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda out: out.mkdir(parents=True), "is a directory; give a file name"),
+    (lambda out: None, "no-such-dir does not exist"),
+    (lambda out: out.parent.write_text("x"), "no-such-dir is not a directory"),
+])
+def test_out_checked_before_calibration(tmp_path, monkeypatch, no_calibration, make, says):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "no-such-dir" / "run.json"
+    make(out)
+    args = [a for a in FAST if a != "--no-calibrate"]
+    assert says in one_line(cli("run", *args, "--out", out))
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only directory")
+def test_read_only_out_directory_refused_before_calibration(tmp_path, no_calibration):
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o555)
+    args = [a for a in FAST if a != "--no-calibrate"]
+    assert "cannot write in" in one_line(cli("run", *args, "--out", ro / "run.json"))
+
+
+def _fail_saves_at(monkeypatch, point: int, fault) -> None:
+    """Run `fault()` just before the sweep saves its `point`-th point (1-based)."""
+    real, calls = runner.finish_point, []
+
+    def finish(*a, **k):
+        calls.append(1)
+        if len(calls) == point:
+            fault()
+        return real(*a, **k)
+
+    monkeypatch.setattr(runner, "finish_point", finish)
+
+
+def test_a_full_disk_ends_the_sweep_with_the_points_kept(tmp_path, monkeypatch):
+    """RLIMIT_FSIZE makes the second save fail as a full disk would (EFBIG), for root too."""
+    out = tmp_path / "run.json"
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+
+    def disk_full():
+        size = out.stat().st_size + 64
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, limits[1]))
+
+    _fail_saves_at(monkeypatch, 2, disk_full)
+    try:
+        line = one_line(cli("run", *FAST, "--contexts", "8,16", "--out", out))
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+    assert line.startswith(f"statebench: error: cannot save results to {out} (File too large); "
+                           f"the sweep stopped: 1 point is kept in {out}")
+    assert line.endswith("the last 1 lost")  # the rescue copy is too large as well
+    assert points_in(out) == 1
+
+
+def test_an_unsavable_point_is_rescued_to_the_temp_directory(tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr("tempfile.tempdir", None)
+    out = tmp_path / "run.json"
+
+    def in_the_way():
+        out.unlink()
+        out.mkdir()
+
+    _fail_saves_at(monkeypatch, 2, in_the_way)
+    line = one_line(cli("run", *FAST, "--contexts", "8,16", "--out", out))
+    assert f"cannot save results to {out} (Is a directory); the sweep stopped: " in line
+    rescued = list((tmp_path / "tmp").glob("run-rescued-*.json"))
+    assert len(rescued) == 1 and f"all 2 points are in {rescued[0]}" in line
+    assert points_in(rescued[0]) == 2
+
+
+# -- sizes that cannot fit ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("flag", [["--contexts", "99999999"], ["--capacity", str(10**12)]])
+def test_impossible_sizes_refused_before_any_work(tmp_path, monkeypatch, no_calibration, flag):
+    monkeypatch.chdir(tmp_path)
+    args = [a for a in FAST if a != "--no-calibrate"]
+    line = one_line(cli("run", *args, *flag))
+    assert "needs at least" in line and "of memory and this machine has" in line
+    assert "use smaller --contexts or --capacity" in line
+    assert not (tmp_path / "results").exists()
+
+
+def test_memory_estimate_counts_the_state_the_reference_holds():
+    from harness import memory
+    from model.reference import Reference
+    from model.workload import Workload, preset
+
+    wl = Workload.build(preset("tiny"))
+    ref = Reference(wl.config, wl.weights, 40)
+    assert memory.state_bytes(wl.config, 40, 8) == sum(a.nbytes for a in ref.state.values())
+    f16 = preset("tiny+f16kv")
+    assert memory.state_bytes(f16, 40) == sum(a.nbytes for a in Reference(
+        f16, wl.weights, 40).cache_arrays().values())
+    assert runner.sweep_memory_bytes(wl.config, 10**12, 10**12) > 10**15
+
+
+# -- bad files: one line, never a traceback ----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def run_file(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("faults")
+    rc, _, err = cli("run", *FAST, "--inprocess", "--out", d / "run.json")
+    assert rc == 0, err
+    return d / "run.json"
+
+
+@pytest.mark.parametrize("content, says", [
+    (bytes(range(256)) * 4, "not UTF-8 text (byte 128 is 0x80; a binary file?)"),
+    ('{"schema": "statebench/1", "command": "café"}'.encode("latin-1"), "not UTF-8 text"),
+    (b"\x89PNG\r\n\x1a\n\x00\x00", "not UTF-8 text"),
+    (b"[" * 100_000, "not a statebench results file: maximum recursion depth"),
+    (b"1" * 5000, "not a statebench results file: Exceeds the limit"),
+])
+@pytest.mark.parametrize("command", ["report", "gate", "baseline"])
+def test_binary_and_undecodable_files_are_one_line(tmp_path, monkeypatch, run_file, content,
+                                                   says, command):
+    monkeypatch.chdir(tmp_path)
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(content)
+    args = {"report": ["report", bad], "gate": ["gate", bad, "--baseline", run_file],
+            "baseline": ["baseline", bad, "--name", "x"]}[command]
+    line = one_line(cli(*args))
+    assert line.startswith(f"statebench: error: {bad}: ") and says in line
+
+
+@pytest.mark.parametrize("doctor, says", [
+    (lambda e: e.update(wgpu="NVIDIA"), "environment.wgpu has the wrong type"),
+    (lambda e: e.update(wgpu={"adapter": 3}), "environment.wgpu.adapter has the wrong type"),
+    (lambda e: e.update(packages=["numpy"]), "environment.packages has the wrong type"),
+    (lambda e: e.update(packages={"numpy": 2}), "environment.packages.numpy has the wrong type"),
+    (lambda e: e.update(calibration={"wgpu": []}), "environment.calibration.wgpu is not an object"),
+    (lambda e: e.update(calibration={"host": {"copy_gbps": "fast"}}),
+     "environment.calibration.host.copy_gbps is not a number"),
+    (lambda e: e.update(calibration={"host": {"copy_gbps": float("nan")}}),
+     "environment.calibration.host.copy_gbps is not finite"),
+    (lambda e: e.update(merged_from=[{"file": "a.json"}]),
+     "environment.merged_from[0] lacks 'created'"),
+    (lambda e: e.update(cpu_count="two"), "environment.cpu_count has the wrong type"),
+])
+def test_a_malformed_environment_is_one_line(tmp_path, run_file, doctor, says):
+    data = json.loads(run_file.read_text())
+    doctor(data["environment"])
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    for fmt in ("table", "html"):
+        line = one_line(cli("report", bad, "--format", fmt))
+        assert line == f"statebench: error: {bad}: not a statebench results file: {says}"
+
+
+# -- report --out --------------------------------------------------------------------------------
+
+def test_report_out_never_over_other_files_unasked(tmp_path, run_file):
+    a_file = tmp_path / "results.json"
+    a_file.write_text("keep me")
+    line = one_line(cli("report", run_file, "--out", a_file))
+    assert line == (f"statebench: error: --out {a_file} is a file; a report is a directory of "
+                    "files: give a directory name")
+    assert a_file.read_text() == "keep me"
+    assert "does not exist" in one_line(cli("report", run_file, "--out", tmp_path / "a" / "b"))
+
+    out = tmp_path / "report"
+    assert cli("report", run_file, "--out", out)[0] == 0
+    assert (out / "report.html").exists()
+    line = one_line(cli("report", run_file, "--out", out))
+    assert line == (f"statebench: error: --out {out} already holds files; pass --force to write "
+                    "the report over them, or give a new directory")
+    assert cli("report", run_file, "--out", out, "--force")[0] == 0
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert cli("report", run_file, "--out", empty)[0] == 0
+
+
+# -- signals: the points kept, the worker stopped, no depth file left ----------------------------
+
+def _start(tmp_path: Path, *extra) -> subprocess.Popen:
+    """A sweep slow enough per point (2000 steps) to be caught with its worker in flight."""
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(tmp_path / "tmp"))
+    args = ["run", "--preset", "tiny", "--backends", "ort-cpu:copy,ort-cpu:shared",
+            "--contexts", "8,16", "--steps", "2000", "--warmup", "1", "--no-calibrate",
+            "--out", tmp_path / "run.json", *extra]
+    return subprocess.Popen([sys.executable, "-m", "harness.cli", *map(str, args)], cwd=tmp_path,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _worker_in_flight(proc: subprocess.Popen, out: Path, saved: int) -> list[int]:
+    """Wait until `saved` points are on disk and a worker runs; its pids."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            kids = [int(x) for x in
+                    Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+        except OSError:
+            kids = []
+        try:
+            n = len(json.loads(out.read_text())["points"])
+        except (OSError, ValueError):  # not there yet, or the old file a --force replaces
+            n = 0
+        if kids and n == saved:
+            return kids
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.01)
+    raise AssertionError("no worker in flight")
+
+
+def _gone(pid: int, wait_s: float = 10.0) -> bool:
+    """The process has exited (a zombie left to init counts: it runs nothing)."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
+                return True
+        except OSError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _depth_dirs(tmp_path: Path) -> list[Path]:
+    return list((tmp_path / "tmp").glob(f"{runner.DEPTH_DIR_PREFIX}*"))
+
+
+needs_proc = pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
+
+
+@needs_proc
+@pytest.mark.parametrize("sig, status, word", [(signal.SIGTERM, 143, "terminated"),
+                                                (signal.SIGINT, 130, "interrupted")])
+def test_a_signal_mid_sweep_keeps_the_points_and_stops_the_worker(tmp_path, sig, status, word):
+    out = tmp_path / "run.json"
+    proc = _start(tmp_path)
+    workers = _worker_in_flight(proc, out, saved=1)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == status, err
+    assert err.strip() == f"statebench: {word}; the 1 point measured so far is in {out}"
+    assert points_in(out) == 1
+    assert all(_gone(w) for w in workers)
+    assert not _depth_dirs(tmp_path)
+
+
+@needs_proc
+def test_a_signal_before_the_first_save_names_no_file(tmp_path):
+    proc = _start(tmp_path)
+    _worker_in_flight(proc, tmp_path / "run.json", saved=0)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143
+    assert err.strip() == ("statebench: terminated before any point was saved; no results "
+                           "file was written")
+    assert not (tmp_path / "run.json").exists() and not _depth_dirs(tmp_path)
+
+
+@needs_proc
+def test_a_forced_run_stopped_before_its_first_point_leaves_the_old_file(tmp_path):
+    out = tmp_path / "run.json"
+    out.write_text("an earlier sweep")
+    proc = _start(tmp_path, "--force")
+    _worker_in_flight(proc, out, saved=0)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143
+    assert err.strip() == f"statebench: terminated before any point was saved; {out} is as it was"
+    assert out.read_text() == "an earlier sweep"
+
+
+@needs_proc
+def test_a_killed_runner_takes_its_worker_and_depth_file_with_it(tmp_path):
+    proc = _start(tmp_path)
+    workers = _worker_in_flight(proc, tmp_path / "run.json", saved=1)
+    assert _depth_dirs(tmp_path)
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert all(_gone(w) for w in workers), "the worker outlived its runner"
+    deadline = time.monotonic() + 10
+    while _depth_dirs(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _depth_dirs(tmp_path)
+    assert points_in(tmp_path / "run.json") == 1
+
+
+def test_stale_depth_directories_of_dead_runs_are_removed(tmp_path, monkeypatch):
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    stale = tmp_path / f"{runner.DEPTH_DIR_PREFIX}{dead}-abc"
+    live = tmp_path / f"{runner.DEPTH_DIR_PREFIX}{os.getpid()}-abc"
+    other = tmp_path / "statebench-cache"
+    for d in (stale, live, other):
+        d.mkdir()
+        (d / "depth.npz").write_bytes(b"x")
+    runner.remove_stale_depth_dirs()
+    assert not stale.exists() and live.exists() and other.exists()
