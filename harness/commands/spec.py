@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import shlex
 import sys
 from datetime import UTC, datetime
@@ -11,15 +12,15 @@ from rich.text import Text
 
 from harness import speculative
 from harness.commands import common_args
+from harness.commands.base import Command
 
 
-class Spec:
+class Spec(Command):
     name = "spec"
+    help = "speculative decoding: state rollback strategies, bytes and time per m"
 
     @classmethod
-    def setup_arguments(cls, subparsers) -> None:
-        p = subparsers.add_parser(
-            cls.name, help="speculative decoding: state rollback strategies, bytes and time per m")
+    def setup_arguments(cls, p: argparse.ArgumentParser) -> None:
         common_args.add_preset(p, default="tiny")
         p.add_argument("--k", type=int, default=4,
                        help=f"draft length K, 1..{speculative.MAX_DRAFT} (ORT GatedDeltaNet's "
@@ -30,7 +31,6 @@ class Spec:
                        help="valid KV rows before the draft, for attention layers (default 256)")
         p.add_argument("--seed", type=int, default=0, help="draft inputs seed (default 0)")
         p.add_argument("--out", default=None, help="write the results as JSON (statebench-spec/1)")
-        p.set_defaults(func=cls.run_from_args)
 
     @classmethod
     def run_from_args(cls, args, console, err_console) -> int:
