@@ -409,16 +409,14 @@ def load(path: str | Path) -> Results:
     """Read and validate a results file; any problem is a UserError naming the file."""
     path = Path(path)
     try:
-        raw = path.read_bytes()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise UserError(f"{path}: no such results file") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not a results file (not UTF-8 text: byte {exc.object[exc.start]:#04x}"
+                        f" at offset {exc.start})") from None
     except OSError as exc:
         raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path}: not a statebench results file: not UTF-8 text "
-                        f"(byte {exc.start} is {raw[exc.start]:#04x}; a binary file?)") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
