@@ -3,7 +3,7 @@
 A context or capacity typed with a few zeros too many (`--contexts 99999999`) would
 otherwise allocate until the kernel kills the run, or swap for hours. The estimates are
 lower bounds from the preset's shapes (Python integers: no overflow at 10**12), compared
-with the machine's physical memory: a refusal means the run cannot fit, never that it
+with the memory available here: a refusal means the run cannot fit now, never that it
 might not.
 """
 
@@ -11,18 +11,26 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 
+from harness.metrics import human_bytes
 from model.errors import UserError
 from model.workload import ModelConfig, cache_specs
 
 
-def host_memory_bytes() -> int | None:
-    """This machine's physical memory, or None where the OS does not say."""
+def available_memory_bytes() -> int | None:
+    """Memory a new allocation can have without swapping (Linux MemAvailable), else the
+    machine's physical memory, else None (unknown: nothing is refused)."""
     try:
-        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, OSError, ValueError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
         return None
-    return pages * size if pages > 0 and size > 0 else None
 
 
 def state_bytes(cfg: ModelConfig, capacity: int, itemsize: int | None = None) -> int:
@@ -38,20 +46,11 @@ def state_bytes(cfg: ModelConfig, capacity: int, itemsize: int | None = None) ->
     return total
 
 
-def gib(n: int) -> str:
-    """A byte count for a message: GiB up to a thousand, then TiB, PiB, ..."""
-    value, unit = n / 2**30, "GiB"
-    for bigger in ("TiB", "PiB", "EiB"):
-        if value < 1000:
-            break
-        value, unit = value / 1024, bigger
-    return f"{value:,.1f} {unit}"
-
-
 def require(need: int, what: str, hint: str = "use a smaller size",
             have: int | None = None) -> None:
-    """UserError when `need` bytes exceed the machine's memory (`have`: physical memory)."""
-    have = host_memory_bytes() if have is None else have
+    """UserError when `need` bytes exceed the memory available (`have`, default
+    `available_memory_bytes`)."""
+    have = available_memory_bytes() if have is None else have
     if have is not None and need > have:
-        raise UserError(f"{what} needs at least {gib(need)} of memory and this machine has "
-                        f"{gib(have)}; {hint}")
+        raise UserError(f"{what} needs at least {human_bytes(need)} of memory, more than the "
+                        f"{human_bytes(have)} available here; {hint}")

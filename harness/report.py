@@ -10,7 +10,6 @@ import contextlib
 import csv
 import io
 import json
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from harness import metrics
-from harness.results import BYTE_CATEGORIES, Point, Results
+from harness.results import BYTE_CATEGORIES, Point, Results, check_writable
 from model.errors import UserError
 
 OK_MARK, BAD_MARK = "✓", "✗"
@@ -411,10 +410,7 @@ def check_out_dir(out: Path, force: bool = False) -> None:
         raise UserError(f"--out {out}: the directory {out.parent} does not exist")
     else:
         where = out.parent
-    try:  # the one test that holds for root, ACLs and read-only file systems alike
-        tempfile.TemporaryFile(dir=where).close()
-    except OSError as exc:
-        raise UserError(f"--out {out}: cannot write in {where}: {exc.strerror or exc}") from None
+    check_writable(where, out)
 
 
 @contextlib.contextmanager

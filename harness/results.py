@@ -178,28 +178,14 @@ class ResultsFile:
         self.saved = 0  # points in the file this run wrote (0: it wrote none)
 
     def check(self) -> None:
-        path, parent = self.path, self.path.parent
-        if path.is_dir():
-            raise UserError(f"--out {path} is a directory; give a file name, e.g. "
-                            f"{path / 'run.json'}")
-        if not parent.exists() and self.make_parent:
+        parent = self.path.parent
+        if self.make_parent and not parent.exists():
             try:
                 parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise UserError(f"cannot make {parent} for the results: "
                                 f"{exc.strerror or exc}") from None
-        if not parent.exists():
-            raise UserError(f"--out {path}: the directory {parent} does not exist")
-        if not parent.is_dir():
-            raise UserError(f"--out {path}: {parent} is not a directory")
-        if (path.exists() or path.is_symlink()) and not self.force:
-            raise UserError(f"--out {path} exists; pass --force to replace it "
-                            "(its points are lost) or give another --out")
-        try:  # the one test that holds for root, ACLs and read-only file systems alike
-            tempfile.TemporaryFile(dir=parent).close()
-        except OSError as exc:
-            raise UserError(f"--out {path}: cannot write in {parent}: "
-                            f"{exc.strerror or exc}") from None
+        check_out_file(self.path, self.force)
 
     def save(self, results: Results) -> None:
         """Write all of `results`; the first write never replaces a file unless `force`."""
@@ -235,6 +221,32 @@ class ResultsFile:
         if self.path.exists():
             return f"{how} before any point was saved; {self.path} is as it was"
         return f"{how} before any point was saved; no results file was written"
+
+
+def check_out_file(path: str | Path, force: bool = False) -> Path:
+    """Refuse an --out that cannot take the file, before anything is measured: a folder, a
+    folder that does not exist or where no file can be made, or an existing file (unless
+    `force`)."""
+    out = Path(path)
+    if out.is_dir():
+        raise UserError(f"--out {out}: is a directory; name a file")
+    folder = out.parent
+    if not folder.is_dir():
+        raise UserError(f"--out {out}: the folder {folder} does not exist" if not folder.exists()
+                        else f"--out {out}: {folder} is a file, not a folder")
+    if (out.exists() or out.is_symlink()) and not force:
+        raise UserError(f"--out {out}: the file exists; pass --force to replace it")
+    check_writable(folder, out)
+    return out
+
+
+def check_writable(folder: Path, out: str | Path) -> None:
+    """UserError naming `out` where no file can be made in `folder`: the probe (make and
+    remove a file, as an atomic save does) holds for root, ACLs and read-only mounts alike."""
+    try:
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as exc:
+        raise UserError(f"--out {out}: cannot write in {folder}: {exc.strerror or exc}") from None
 
 
 def _points(n: int) -> str:

@@ -75,8 +75,7 @@ def test_an_existing_out_is_refused_unless_forced(tmp_path, monkeypatch):
     old = tmp_path / "old.json"
     old.write_text("an earlier sweep's points")
     line = one_line(cli("run", *FAST, "--out", old))
-    assert line == (f"statebench: error: --out {old} exists; pass --force to replace it "
-                    "(its points are lost) or give another --out")
+    assert line == f"statebench: error: --out {old}: the file exists; pass --force to replace it"
     assert old.read_text() == "an earlier sweep's points"
     rc, out, err = cli("run", *FAST, "--out", old, "--force")
     assert rc == 0, err
@@ -84,24 +83,19 @@ def test_an_existing_out_is_refused_unless_forced(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("make, says", [
-    (lambda out: out.mkdir(parents=True), "is a directory; give a file name"),
+    (lambda out: out.mkdir(parents=True), "run.json: is a directory; name a file"),
     (lambda out: None, "no-such-dir does not exist"),
-    (lambda out: out.parent.write_text("x"), "no-such-dir is not a directory"),
+    (lambda out: out.parent.write_text("x"), "no-such-dir is a file, not a folder"),
+    (lambda out: None, "cannot write in /proc"),
 ])
 def test_out_checked_before_calibration(tmp_path, monkeypatch, no_calibration, make, says):
+    if "/proc" in says and not Path("/proc/self").exists():
+        pytest.skip("needs Linux /proc (a directory no one can write in, root included)")
     monkeypatch.chdir(tmp_path)
-    out = tmp_path / "no-such-dir" / "run.json"
+    out = Path("/proc/run.json") if "/proc" in says else tmp_path / "no-such-dir" / "run.json"
     make(out)
     args = [a for a in FAST if a != "--no-calibrate"]
     assert says in one_line(cli("run", *args, "--out", out))
-
-
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only directory")
-def test_read_only_out_directory_refused_before_calibration(tmp_path, no_calibration):
-    ro = tmp_path / "ro"
-    ro.mkdir(mode=0o555)
-    args = [a for a in FAST if a != "--no-calibrate"]
-    assert "cannot write in" in one_line(cli("run", *args, "--out", ro / "run.json"))
 
 
 def _fail_saves_at(monkeypatch, point: int, fault) -> None:
@@ -162,7 +156,7 @@ def test_impossible_sizes_refused_before_any_work(tmp_path, monkeypatch, no_cali
     monkeypatch.chdir(tmp_path)
     args = [a for a in FAST if a != "--no-calibrate"]
     line = one_line(cli("run", *args, *flag))
-    assert "needs at least" in line and "of memory and this machine has" in line
+    assert "needs at least" in line and "of memory, more than the" in line
     assert "use smaller --contexts or --capacity" in line
     assert not (tmp_path / "results").exists()
 

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 from rich.text import Text
 
-from harness import speculative
+from harness import results, speculative
 from harness.commands import common_args
 from harness.commands.base import Command
 from model.errors import UserError
@@ -39,15 +39,13 @@ class Speculative(Command):
     def run_from_args(cls, args, console, err_console) -> int:
         # everything the run could refuse is refused before anything slow or large
         speculative.check_args(args.preset, args.k, args.reps, args.depth)
-        out = common_args.check_out_file(args.out, args.force) if args.out else None
+        out = results.check_out_file(args.out, args.force) if args.out else None
         data = cls.run(args.preset, args.k, args.reps, args.depth, args.seed)
         for table in speculative.tables(data):
             console.print(table)
         for line in speculative.notes(data):
             console.print(Text(line, style="red" if line.startswith("✗") else "yellow"))
         if out:
-            from harness import results
-
             try:
                 results.write_json_atomic(out, data)
             except OSError as exc:

@@ -3,9 +3,7 @@ length ORT's capsule can hold, and sizes whose arrays fit in this machine's memo
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
+from harness.memory import available_memory_bytes
 from harness.metrics import human_bytes
 from harness.speculative.counters import F32
 from harness.speculative.drafts import layer_shapes
@@ -37,21 +35,6 @@ def peak_bytes(cfg: ModelConfig, k: int, depth: int) -> tuple[int, int]:
     return (max((attention_peak_bytes(sh.row_bytes, k, depth) for sh in attn), default=0),
             max((gdn_peak_bytes(sh.state_bytes, sh.capsule_row_floats * F32, k) for sh in gdn),
                 default=0))
-
-
-def available_memory_bytes() -> int | None:
-    """Memory a new allocation can have without swapping (Linux MemAvailable), else the
-    machine's physical memory, else None (unknown: nothing is refused)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def check_args(preset_name: str, k: int, reps: int, depth: int) -> ModelConfig:
