@@ -314,24 +314,28 @@ def _measure_sweep(rc: RunConfig, sink: ResultsFile, console: Console | None,
 DEPTH_DIR_PREFIX = "statebench-depth-"
 
 
-def sweep_memory_bytes(cfg: ModelConfig, capacity: int, length: int) -> int:
-    """A lower bound on the memory a sweep holds at once at `capacity` rows: the reference's
-    weights and state (twice: `ReferenceWalk.arrays_at` keeps a copy to roll back to), the
-    state in the graphs' types for the depth file, and in the worker the weights, the depth
+def sweep_memory_bytes(cfg: ModelConfig, capacity: int, length: int, ahead: int) -> int:
+    """A lower bound on the memory a sweep holds at once at `capacity` rows, `length` tokens
+    and `ahead` (warm-up + timed) steps: the reference's weights and state (twice:
+    `ReferenceWalk.arrays_at` keeps a copy to roll back to), the state in the graphs' types
+    for the depth file, the reference's logits for the steps (in the runner and in the
+    worker, which also keeps its own in float32), and in the worker the weights, the depth
     file's state and the backend's own cache."""
     params = cfg.describe()["parameters"]
     ref_item = 8 if params <= FLOAT64_REFERENCE_MAX_PARAMS else 4
     return (params * (ref_item + 4) + 2 * memory.state_bytes(cfg, capacity, ref_item)
-            + 3 * memory.state_bytes(cfg, capacity) + 8 * length)
+            + 3 * memory.state_bytes(cfg, capacity) + 8 * length
+            + ahead * cfg.vocab * (2 * ref_item + 4))
 
 
 def check_memory(rc: RunConfig, cfg: ModelConfig) -> None:
     """Refuse a sweep that cannot fit in this machine's memory, before any work."""
     cap = max(rc.capacity_for(c) for c in rc.contexts)
-    length = max(rc.contexts) + rc.warmup + rc.steps
-    memory.require(sweep_memory_bytes(cfg, cap, length),
-                   f"{rc.preset} at context {max(rc.contexts)} (capacity {cap})",
-                   "use smaller --contexts or --capacity")
+    ahead = rc.warmup + rc.steps
+    memory.require(sweep_memory_bytes(cfg, cap, max(rc.contexts) + ahead, ahead),
+                   f"{rc.preset} at context {max(rc.contexts)} (capacity {cap}) with "
+                   f"{ahead} warm-up and timed steps",
+                   "use smaller --contexts, --capacity or --steps")
 
 
 class Interrupted(KeyboardInterrupt):

@@ -151,13 +151,14 @@ def test_an_unsavable_point_is_rescued_to_the_temp_directory(tmp_path, monkeypat
 
 # -- sizes that cannot fit ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("flag", [["--contexts", "99999999"], ["--capacity", str(10**12)]])
+@pytest.mark.parametrize("flag", [["--contexts", "99999999"], ["--capacity", str(10**12)],
+                                  ["--steps", "99999999"]])
 def test_impossible_sizes_refused_before_any_work(tmp_path, monkeypatch, no_calibration, flag):
     monkeypatch.chdir(tmp_path)
     args = [a for a in FAST if a != "--no-calibrate"]
     line = one_line(cli("run", *args, *flag))
     assert "needs at least" in line and "of memory, more than the" in line
-    assert "use smaller --contexts or --capacity" in line
+    assert "use smaller --contexts, --capacity or --steps" in line
     assert not (tmp_path / "results").exists()
 
 
@@ -172,7 +173,7 @@ def test_memory_estimate_counts_the_state_the_reference_holds():
     f16 = preset("tiny+f16kv")
     assert memory.state_bytes(f16, 40) == sum(a.nbytes for a in Reference(
         f16, wl.weights, 40).cache_arrays().values())
-    assert runner.sweep_memory_bytes(wl.config, 10**12, 10**12) > 10**15
+    assert runner.sweep_memory_bytes(wl.config, 10**12, 10**12, 1) > 10**15
 
 
 # -- bad files: one line, never a traceback ----------------------------------------------------
