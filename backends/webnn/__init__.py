@@ -65,13 +65,15 @@ class ML:
 
     # IDL: Promise<MLContext> createContext(optional MLContextOptions options = {});
     def create_context(self, *, state_support: bool = True, timing: bool = False,
-                       power_preference: str = "high-performance") -> MLContext:
-        """A wgpu-backed context. ``state_support=False`` acts as a backend without the
-        proposal (use_stateful never granted); ``timing=True`` records GPU time."""
+                       power_preference: str = "high-performance",
+                       engine: str = "wgpu") -> MLContext:
+        """A WebGPU-backed context. ``state_support=False`` acts as a backend without the
+        proposal (use_stateful never granted); ``timing=True`` records GPU time; ``engine``:
+        "wgpu" (wgpu-native) or "dawn" (Dawn, through wgpudawn; ``engines.py``)."""
         from .wgpu_impl import WgpuContext
 
         return WgpuContext(state_support=state_support, timing=timing,
-                           power_preference=power_preference)
+                           power_preference=power_preference, engine=engine)
 
 
 ml = ML()

@@ -18,7 +18,6 @@ itself slower for no wall-time gain (tiny:256 on 2 cores: GPU time 6.6-6.9 ms wi
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +27,9 @@ import wgpu
 from .. import shapes as S
 from .._classes import MLContext, MLGraph, MLKVCachePair, MLOperand, MLTensor
 from ..dtypes import DType, from_device
+from ..engines import engine as engine_named
 from ..errors import NotSupportedError, OperationError
+from ..kernels.common import module_source
 from .compiler import OPTIONS, CopyLaunch, Deferred, KernelLaunch, Plan, compile_graph
 from .staging import ARENA_MAX, QueueCounts, ReadStaging, StagedReads, StagedWrites, map_read
 from .target import target_of
@@ -53,9 +54,6 @@ def _bound_key(bound: dict[str, dict[str, MLTensor]]) -> tuple:
 def _nbytes(nbytes: int) -> int:
     """Device size of ``nbytes`` of elements, rounded to 16 so vec4 loads stay in bounds."""
     return max(16, -(-nbytes // 16) * 16)
-
-
-_F16_WORD = re.compile(r"\bf16\b")
 
 
 def _span_ns(raw: np.ndarray) -> int | None:
@@ -143,25 +141,26 @@ class WgpuContext(MLContext):
     """
 
     def __init__(self, *, state_support: bool = True, timing: bool = False,
-                 power_preference: str = "high-performance") -> None:
+                 power_preference: str = "high-performance", engine: str = "wgpu") -> None:
         super().__init__()
-        adapter = wgpu.gpu.request_adapter_sync(power_preference=power_preference)
+        self.engine = engine_named(engine)
+        adapter = self.engine.request_adapter(power_preference)
         if adapter is None:
-            raise NotSupportedError("no WebGPU adapter")
+            raise NotSupportedError(f"no WebGPU adapter ({self.engine.implementation})")
         self._adapter = adapter
         feats = []
         self._timing_reason = ""
         if timing:
             if "timestamp-query" in adapter.features:
                 feats.append("timestamp-query")
-                if "timestamp-query-inside-passes" in adapter.features:
-                    feats.append("timestamp-query-inside-passes")  # per-launch profiles
+                if self.engine.inside_passes_feature in adapter.features:
+                    feats.append(self.engine.inside_passes_feature)  # per-launch profiles
             else:
                 self._timing_reason = "adapter has no 'timestamp-query'"
         else:
             self._timing_reason = "timing not requested (create_context(timing=True))"
-        if "subgroup" in adapter.features:
-            feats.append("subgroup")  # subgroup reductions in the GPU kernels
+        if self.engine.subgroup_feature in adapter.features:
+            feats.append(self.engine.subgroup_feature)  # subgroup reductions in GPU kernels
         #: float16 tensors (WGSL ``f16`` storage) need 'shader-f16'; without it the context
         #: turns float16 down (``_unsupported``), as a browser without it would
         self._f16 = "shader-f16" in adapter.features
@@ -171,11 +170,10 @@ class WgpuContext(MLContext):
         want = {k: lim[k] for k in ("max-storage-buffer-binding-size", "max-buffer-size",
                                     "max-storage-buffers-per-shader-stage",
                                     "max-compute-workgroup-storage-size") if k in lim}
-        self._device = adapter.request_device_sync(required_features=feats,
-                                                   required_limits=want)
+        self._device = self.engine.request_device(adapter, feats, want)
         self._queue = self._device.queue
         self._max_binding = int(self._device.limits["max-storage-buffer-binding-size"])
-        self._target = target_of(adapter, feats)
+        self._target = target_of(adapter, self.engine.subgroup_feature in feats)
         self.state_support = state_support
         self.submit_every = SUBMIT_EVERY["cpu" if self._target.cpu else "gpu"]
         #: encode the next dispatch's command buffers during this one (``_record_ahead``)
@@ -249,8 +247,7 @@ class WgpuContext(MLContext):
                 {"binding": i, "visibility": wgpu.ShaderStage.COMPUTE,
                  "buffer": {"type": "read-only-storage" if a == "read" else "storage"}}
                 for i, a in enumerate(bindings)])
-            # float16 storage or arithmetic (WGSL 'f16') needs the extension enabled
-            code = "enable f16;\n" + wgsl if _F16_WORD.search(wgsl) else wgsl
+            code = module_source(wgsl, self.engine.enable_subgroups)
             module = self._device.create_shader_module(code=code)
             pipe = self._device.create_compute_pipeline(
                 layout=self._device.create_pipeline_layout(bind_group_layouts=[layout]),
