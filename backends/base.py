@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from backends.counters import ByteCounters
-from harness.workload import UserError, Workload
+from backends.webnn.counters import ByteCounters
+from model.errors import UserError
+from model.workload import Workload
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ Byte counters (`ByteCounters`), counted where the bytes move:
 - `d2d`: copies this backend makes between device values: none in any mode (ORT's own copy
   of the past into a new present is kernel traffic, not counted here).
 - `kernel`: the bytes every node reads plus writes, from the graph's shapes (value_info
-  written by `harness.export`), computed once at prepare as `a + b * depth`: whole inputs and
+  written by `model.export`), computed once at prepare as `a + b * depth`: whole inputs and
   outputs, except Gather (and GQA's cos/sin caches) read only the rows they gather,
   Reshape/Squeeze/Unsqueeze are views (0), and caches count valid rows: a growing past counts
   its P rows and its present P+1; a shared buffer counts P rows read and 1 row written.
@@ -42,8 +42,8 @@ from pathlib import Path
 import numpy as np
 
 from backends.base import Backend, DepthState, register
-from harness.export import ORT, PAST_LEN, STANDARD, TOTAL_LEN, export
-from harness.workload import Workload, cache_specs
+from model.export import ORT, PAST_LEN, STANDARD, TOTAL_LEN, export
+from model.workload import Workload, cache_specs
 
 try:
     import onnxruntime as ort
@@ -141,7 +141,7 @@ class _OrtBackend(Backend):
     flavour = ORT
     host_cache = False  # whether the cache crosses the host link every step
     shared_buffer = False  # whether each cache is one buffer bound as past and present
-    cache_dir: str | os.PathLike | None = None  # None: harness.workload.default_cache_dir()
+    cache_dir: str | os.PathLike | None = None  # None: model.workload.default_cache_dir()
 
     @classmethod
     def available(cls) -> tuple[bool, str]:

@@ -14,7 +14,7 @@ import numpy as np
 
 from backends.base import DepthState, registry
 from harness import calibrate, metrics, runner
-from harness.workload import Workload, make_weights, preset
+from model.workload import Workload, make_weights, preset
 
 PRESET = os.environ.get("STATEBENCH_ASV_PRESET", "tiny")
 CONTEXTS = [int(c) for c in os.environ.get("STATEBENCH_ASV_CONTEXTS", "16,64").split(",")]

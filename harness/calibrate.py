@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from backends.adapter import is_cpu_adapter, wgpu_adapter
+from backends.webnn.adapter import is_cpu_adapter, wgpu_adapter
 from harness.stream_kernel import StreamKernel
 
 SIZE = 64 * 1024 * 1024

@@ -14,7 +14,7 @@ import sys
 from rich.console import Console
 
 from harness.commands import COMMANDS
-from harness.workload import UserError
+from model.errors import UserError
 
 
 class ArgumentParser(argparse.ArgumentParser):

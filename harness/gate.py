@@ -16,7 +16,7 @@ from rich.text import Text
 
 from harness import metrics
 from harness.results import BYTE_CATEGORIES, Results
-from harness.workload import UserError
+from model.errors import UserError
 
 BYTES_TOLERANCE = 0.01
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 
-from backends.adapter import is_cpu_adapter, wgpu_adapter
+from backends.webnn.adapter import is_cpu_adapter, wgpu_adapter
 from harness.stream_kernel import StreamKernel
 
 #: bytes read and written per dispatch on a GPU (past a 50 MB L2) and on a CPU adapter (tests)

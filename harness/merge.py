@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from harness import metrics
 from harness.results import Results
-from harness.workload import UserError
+from model.errors import UserError
 
 #: what must agree for files to be one sweep
 WORKLOAD_KEYS = ("preset", "seed", "dtype", "steps", "warmup", "warm_s")

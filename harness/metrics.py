@@ -9,7 +9,7 @@ import numpy as np
 
 from harness.calibrate import WGPU_BOUNDS, checked_gbps
 from harness.results import Match, Point
-from harness.workload import ModelConfig, cache_specs, valid_cache_bytes
+from model.workload import ModelConfig, cache_specs, valid_cache_bytes
 
 #: relative tolerance on max|Δlogits| / max|ref logits|, per compute dtype
 TOLERANCE = {"float32": 1e-3, "float16": 2e-2}

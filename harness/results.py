@@ -12,8 +12,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from harness.atomic import atomic_file
-from harness.workload import UserError
+from model.atomic import atomic_file
+from model.errors import UserError
 
 SCHEMA = "statebench/1"
 STATUSES = ("ok", "unavailable", "failed")

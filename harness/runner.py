@@ -27,9 +27,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from backends.base import Backend, registry
 from harness import calibrate as calibration
 from harness import metrics, worker
-from harness.reference import Reference
 from harness.results import Point, Results, one_line
-from harness.workload import ModelConfig, UserError, Workload, preset, token_stream
+from model.errors import UserError
+from model.reference import Reference
+from model.workload import ModelConfig, Workload, preset, token_stream
 
 #: presets above this many parameters get a float32 reference (float64 would need 2× the memory)
 FLOAT64_REFERENCE_MAX_PARAMS = 200_000_000

@@ -25,7 +25,7 @@ which rewrites their rows and re-reads the P + m valid rows.
 Bytes are counted where they move, in `SpecBytes`, by the functions that move them
 (`copy_state`, `gdn_verify`, `replay_numpy`, ...); tests check them against the closed forms.
 Every final state is checked against a float64 oracle that feeds only the m accepted tokens
-with `harness.reference.gdn_step`.
+with `model.reference.gdn_step`.
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from harness.reference import gdn_step, l2_normalize
-from harness.workload import ModelConfig, UserError
+from model.errors import UserError
+from model.reference import gdn_step, l2_normalize
+from model.workload import ModelConfig
 
 SCHEMA = "statebench-spec/1"
 #: ORT GatedDeltaNet's `state_update_capacity` is in [0, 8]
@@ -683,7 +684,7 @@ def measure_attention(sh: AttentionShape, layers: list[int], k: int, depth: int,
 
 
 def check_args(preset_name: str, k: int, reps: int, depth: int) -> ModelConfig:
-    from harness.workload import preset
+    from model.workload import preset
 
     cfg = preset(preset_name)
     if not 1 <= k <= MAX_DRAFT:

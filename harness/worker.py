@@ -29,7 +29,7 @@ from harness.clocks import ClockSampler
 from harness.heater import heat
 from harness.metrics import compare_logits, is_cpu, unstable
 from harness.results import BYTE_CATEGORIES, Point, Stats
-from harness.workload import Workload, preset, valid_cache_bytes
+from model.workload import Workload, preset, valid_cache_bytes
 
 
 @functools.lru_cache(maxsize=1)

@@ -92,7 +92,7 @@ def bench_gemv(ctx, K: int, N: int, reps: int, budget: float) -> dict:
 
 def bench_attention(ctx, C: int, reps: int, budget: float, kv: int = 8, rep: int = 4,
                     d: int = 64) -> dict:
-    """The standard flavour's attention subgraph (harness/export.py `_attention`)."""
+    """The standard flavour's attention subgraph (model/export.py `_attention`)."""
     rng = np.random.default_rng(C)
     b = MLGraphBuilder(ctx)
     q = b.input("q", data_type="float32", shape=[1, kv, rep, d])
@@ -253,7 +253,7 @@ def reach_random_depth(be: Any, wl: Any, capacity: int, depth: int, warm_s: floa
     the rows written, which is not what a sweep's step at `depth` reads and writes."""
     from backends.base import DepthState
     from harness.heater import heat
-    from harness.workload import cache_specs
+    from model.workload import cache_specs
 
     rng = np.random.default_rng()
     cache = {s.input: (0.5 * rng.standard_normal(s.shape)).astype(np.float32)
@@ -268,7 +268,7 @@ def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
                warm_s: float = 0.0, mode: str = "wgpu:stateful", host: bool = False,
                depth: int = 0) -> dict:
     from backends.base import registry
-    from harness.workload import Workload, preset
+    from model.workload import Workload, preset
 
     if depth and capacity < depth + steps + 1:
         raise ValueError(f"--depth {depth} + {steps} steps does not fit capacity {capacity}")
@@ -312,7 +312,7 @@ def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
     per_step = {"submits_per_step": (queue.submits - submits) / steps,
                 "maps_per_step": (queue.maps - maps) / steps}
     weights = wl.weights_bytes
-    from harness.workload import cache_specs
+    from model.workload import cache_specs
 
     cache = sum(s.nbytes for s in cache_specs(wl.config, capacity))
     kbytes = be.counters.kernel / max(1, steps)

@@ -77,7 +77,7 @@ def _check(gpu: dict, name: str, bound: float) -> None:
 
 
 def _adapter():
-    from backends.adapter import wgpu_adapter
+    from backends.webnn.adapter import wgpu_adapter
 
     adapter, why = wgpu_adapter()
     if adapter is None:

@@ -9,9 +9,9 @@ import pytest
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
-from harness import export as E
-from harness.reference import Reference, gdn_step, l2_normalize, softplus
-from harness.workload import Workload, cache_specs, preset, token_stream
+from model import export as E
+from model.reference import Reference, gdn_step, l2_normalize, softplus
+from model.workload import Workload, cache_specs, preset, token_stream
 
 CAPACITY = 16
 STEPS = 10

@@ -10,7 +10,7 @@ from test_cli import TINY, one_line_error, statebench
 
 from harness import results
 from harness.merge import merge
-from harness.workload import UserError
+from model.errors import UserError
 
 
 def tiny_run(d, name: str, contexts: str, steps: str = "3"):

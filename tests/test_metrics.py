@@ -6,7 +6,7 @@ import numpy as np
 
 from harness import metrics
 from harness.results import Match, Point, Stats
-from harness.workload import cache_specs, preset
+from model.workload import cache_specs, preset
 
 
 def test_compare_logits_tolerance_and_argmax():

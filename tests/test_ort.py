@@ -7,8 +7,8 @@ import pytest
 
 from backends import ort as ort_backends
 from backends.base import DepthState, registry
-from harness.reference import Reference
-from harness.workload import Workload, cache_specs, preset, token_stream
+from model.reference import Reference
+from model.workload import Workload, cache_specs, preset, token_stream
 
 CAPACITY = 24
 TOL = 1e-4

@@ -7,8 +7,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from harness import reference
-from harness.reference import (
+from model import reference
+from model.reference import (
     Reference,
     apply_rope,
     causal_attention,
@@ -17,7 +17,7 @@ from harness.reference import (
     l2_normalize,
     rope_angles,
 )
-from harness.workload import Workload, cache_specs, preset, token_stream
+from model.workload import Workload, cache_specs, preset, token_stream
 
 
 @pytest.fixture(scope="module")

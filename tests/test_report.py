@@ -103,7 +103,7 @@ def test_gpu_time_mbu_for_device_resident_points(run_files):
     res.environment["calibration"] = {}  # nothing implausible to hide behind
     runs = report.label_runs([res])
     md = report.to_markdown(runs)
-    from harness import html as report_html
+    from harness import html_report as report_html
 
     assert "<td>0.50</td>" in report_html.render(runs, {})
     row = next(line for line in md.splitlines() if line.startswith(f"| ort-cpu:shared | {ctx} |"))

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from harness.results import SCHEMA, Match, Point, Results, Stats, load
-from harness.workload import UserError
+from model.errors import UserError
 
 
 def sample() -> Results:

@@ -13,8 +13,9 @@ import pytest
 
 from backends.base import Backend, DepthState
 from harness import results, runner, worker
-from harness.reference import Reference
-from harness.workload import UserError, Workload, preset, valid_cache_bytes
+from model.errors import UserError
+from model.reference import Reference
+from model.workload import Workload, preset, valid_cache_bytes
 
 TESTS = str(Path(__file__).resolve().parent)
 

@@ -1,4 +1,4 @@
-"""Flash-decoding attention (wgpu_impl/attention.py, kernels/attention.py) against a float64
+"""Flash-decoding attention (wgpu_impl/match_attention.py, kernels/attention.py) against a float64
 NumPy oracle on fresh random inputs: several splits, a capacity that is not a multiple of
 the split, grouped q rows, masks with a finite and an infinite fill value; and the
 pattern left alone when the softmax has another reader."""
@@ -104,7 +104,7 @@ def test_kernel_layouts_without_and_with_shared_pv(ctx, shared_floats, monkeypat
     """probs·V summed in workgroup memory (room for it) or by one invocation per
     (row, columns) pair (no room): both match the oracle."""
     from backends.webnn.kernels import attention as AT
-    from backends.webnn.wgpu_impl import attention as match
+    from backends.webnn.wgpu_impl import match_attention as match
 
     assert AT._layout(8, 64, 1 << 12)[3] is False and AT._layout(8, 64, 1 << 14)[3] is True
     real = AT.flash_decode

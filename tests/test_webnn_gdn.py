@@ -1,4 +1,4 @@
-"""The gated delta net decode step in one launch (wgpu_impl/gdn.py, kernels/gdn.py): the
+"""The gated delta net decode step in one launch (wgpu_impl/match_gdn.py, kernels/gdn.py): the
 kernel against a float64 NumPy recurrence written here from DESIGN §5, on fresh random
 inputs, through a non-stateful graph (the new state in another buffer) and a stateful one
 (updated in place over several dispatches); near-miss graphs keep the generic ops; whole
@@ -44,7 +44,7 @@ def oracle(state, q, k, v, a, bb, a_log, dt_bias, rep: int, row_decay=None,
 
 def gdn_graph(ctx, hk: int, rep: int, dv: int, dk: int, *, stateful: bool = False,
               row_decay: bool = False, extra: str | None = None):
-    """The GDN step as the standard ONNX flavour spells it (harness/export.py ``_gdn``),
+    """The GDN step as the standard ONNX flavour spells it (model/export.py ``_gdn``),
     from raw q, k, v, gate input ``a`` and beta input ``b``. ``extra``: a near miss,
     "s" (the decayed state is also an output) or "r" (the retrieval is also an output);
     "kn": the normalised k is also an output (its norm is not folded in); "decay_input":
@@ -328,7 +328,7 @@ def test_gpu_targets_plan_the_kernel_by_default(ctx, subgroup, reduction, monkey
 # -- whole decode steps of the hybrid presets ---------------------------------------------
 
 def _model_modes():
-    from backends.wgpu_modes import StatefulInPlace, StatelessCopy, TensorReuse
+    from backends.pages import StatefulInPlace, StatelessCopy, TensorReuse
 
     return {cls.name: cls for cls in (StatefulInPlace, TensorReuse, StatelessCopy)}
 
@@ -351,8 +351,8 @@ def test_decode_steps_match_reference(ctx, preset_name, mode, monkeypatch):
     stateful page, into the present-state output on the others) and the logits of steps
     at depth are the model reference's."""
     from backends.base import DepthState
-    from harness.reference import Reference
-    from harness.workload import Workload, preset, token_stream
+    from model.reference import Reference
+    from model.workload import Workload, preset, token_stream
 
     monkeypatch.setitem(compiler.OPTIONS, "gdn", "fused")
     wl = Workload.build(preset(preset_name))
@@ -381,8 +381,8 @@ def test_launches_per_gdn_layer_drop_by_seven(monkeypatch):
     delta, rank-1 update, output matvec and scale (8 launches per GDN layer on the
     stateful page) become one, so a silent fallback fails here; with "fused_norms" the
     two norms keep theirs."""
-    from backends.wgpu_modes import StatefulInPlace
-    from harness.workload import Workload, preset
+    from backends.pages import StatefulInPlace
+    from model.workload import Workload, preset
 
     monkeypatch.setitem(compiler.OPTIONS, "gemv", "rows_sh")
     wl = Workload.build(preset("small"))
@@ -401,9 +401,9 @@ def test_launches_per_gdn_layer_drop_by_seven(monkeypatch):
 def test_capacity_overflow_leaves_the_state(monkeypatch):
     """The in-place kernel is gated on the capacity check: a dispatch past capacity fails
     and the recurrent state (and the KV rows) are left as they were."""
+    from backends.pages import StatefulInPlace
     from backends.webnn import OperationError
-    from backends.wgpu_modes import StatefulInPlace
-    from harness.workload import Workload, preset, token_stream
+    from model.workload import Workload, preset, token_stream
 
     monkeypatch.setitem(compiler.OPTIONS, "gdn", "fused")
     wl = Workload.build(preset("tiny"))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.workload import PRESETS, UserError, cache_specs, config_key, preset, valid_cache_bytes
+from model.errors import UserError
+from model.workload import PRESETS, cache_specs, config_key, preset, valid_cache_bytes
 
 
 @pytest.mark.parametrize("name,weights,kv", [

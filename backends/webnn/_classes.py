@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from backends.counters import ByteCounters
+from backends.webnn.counters import ByteCounters
 
 from . import shapes as S
 from .dtypes import DType, dtype, to_device

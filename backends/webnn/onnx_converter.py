@@ -1,6 +1,6 @@
 """ONNX -> MLGraphBuilder: run an exported decoder through the WebNN API, as ORT's WebNN EP does.
 
-The standard-flavour export (`harness.export`) and any other static-shape ONNX graph made of
+The standard-flavour export (`model.export`) and any other static-shape ONNX graph made of
 the ops in `SUPPORTED_OPS` become one `MLGraph`. Initializers (external data included) become
 `constant()` operands; attributes and shape operands (Reshape's shape, Slice's starts/ends,
 reduction axes, ...) are read at conversion time, since WebNN takes them as plain arguments.
@@ -22,8 +22,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 from onnx import numpy_helper
-
-from harness.workload import UserError
 
 from ._classes import MLGraphBuilder, MLKVCachePair
 
@@ -53,8 +51,10 @@ _KV_NAME = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
 _STATE_NAME = re.compile(r"^past_(.*state.*)$")
 
 
-class ConversionError(UserError):
-    """The ONNX file cannot become a WebNN graph (unsupported op, dynamic shape, bad pair)."""
+class ConversionError(ValueError):
+    """The ONNX file cannot become a WebNN graph (unsupported op, dynamic shape, bad pair).
+    The converter's own type, so the WebNN library depends on nothing above it; a page
+    turns it into the harness's one-line user error."""
 
 
 @dataclass(frozen=True)

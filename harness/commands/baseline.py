@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from harness import results
-from harness.workload import UserError
+from model.errors import UserError
 
 BASELINE_DIR = Path("results") / "baselines"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from harness.workload import UserError
+from model.errors import UserError
 
 DEFAULT_BACKENDS = "ort-cpu:*,wgpu:*"
 
@@ -56,7 +56,7 @@ def add_backends(parser: argparse.ArgumentParser, default: str = DEFAULT_BACKEND
 
 
 def add_preset(parser: argparse.ArgumentParser, default: str = "small") -> None:
-    from harness.workload import preset_names
+    from model.workload import preset_names
 
     parser.add_argument("--preset", default=default,
                         help=f"model preset: {preset_names()} (default {default})")

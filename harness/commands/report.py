@@ -61,14 +61,13 @@ class Report:
             return report.to_csv(runs)
         if fmt == "json":
             return report.to_json(runs)
-        from harness import html as html_report
+        from harness import html_report
 
         return html_report.render(runs, {})
 
     @staticmethod
     def write(runs: list[report.Run], out: Path) -> list[Path]:
-        from harness import charts
-        from harness import html as html_report
+        from harness import charts, html_report
 
         out.mkdir(parents=True, exist_ok=True)
         made = charts.write_all(runs, out)

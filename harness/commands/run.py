@@ -9,7 +9,7 @@ from pathlib import Path
 from backends.base import select
 from harness import report, runner
 from harness.commands import common_args
-from harness.workload import preset
+from model.workload import preset
 
 
 class Run:

@@ -35,8 +35,8 @@ from ..kernels import reduce as RD
 from ..stateful import PairPlan, analyse, root
 from . import fusion
 from . import gemv as GV
-from .attention import Attention, last2_transpose_input, match_attention
-from .gdn import GatedDelta, match_gated_delta
+from .match_attention import Attention, last2_transpose_input, match_attention
+from .match_gdn import GatedDelta, match_gated_delta
 from .target import Target
 
 Slot = tuple
@@ -62,7 +62,7 @@ Slot = tuple
 #: (float16 where every value of the constant is a float16 value, so nothing is lost; else
 #: float32), "f32", "f16" (always: lossy unless the weights are float16 values)
 #: "gdn": one decode step of a gated delta net (decay, retrieval, delta, rank-1 update,
-#: output matvec and its scale) where the pattern matches (wgpu_impl/gdn.py): None (one
+#: output matvec and its scale) where the pattern matches (wgpu_impl/match_gdn.py): None (one
 #: launch on GPU adapters, the generic ops on CPU adapters), "generic" (the ops one by one),
 #: "fused[LANES][_sh][_norms]" (the one launch on any adapter; LANES invocations per state
 #: row, default 32; "_sh": sums through workgroup memory, not subgroupAdd; "_norms": q's

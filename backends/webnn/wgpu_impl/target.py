@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from backends.adapter import is_cpu_adapter
+from backends.webnn.adapter import is_cpu_adapter
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from backends.wgpu_modes import StatelessCopy
+from backends.pages import StatelessCopy
 
 ok, why = StatelessCopy.available()
 pytestmark = pytest.mark.skipif(not ok, reason=why)

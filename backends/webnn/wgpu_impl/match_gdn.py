@@ -2,7 +2,7 @@
 (``kernels/gdn.py``).
 
 The pattern, as the ONNX converter builds it from the standard flavour
-(``harness/export.py``), with the state ``P`` viewed as (*B, Dv, Dk)::
+(``model/export.py``), with the state ``P`` viewed as (*B, Dv, Dk)::
 
     s = mul(P, g)               g: (*B, 1, 1) after broadcasting (the decay per head)
     R = matmul(s, kc)           kc: (*Bk, Dk, 1), Bk broadcasting to B
@@ -34,7 +34,7 @@ from ..kernels import fused as FU
 from ..kernels import gdn as GD
 from ..stateful import root
 from . import fusion
-from .attention import _reads_at_own_index
+from .match_attention import _reads_at_own_index
 
 
 @dataclass

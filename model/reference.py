@@ -13,7 +13,7 @@ from functools import cache
 
 import numpy as np
 
-from harness.workload import ATTENTION, ModelConfig, cache_specs
+from model.workload import ATTENTION, ModelConfig, cache_specs
 
 L2_EPS = 1e-6  # inside the square root, as FLA; ORT GatedDeltaNet uses 1e-12 (below tolerance here)
 #: a prefill's scores are built this many bytes at a time (query rows sub-chunked), so a 16k

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from backends.base import DepthState
-from backends.wgpu_modes import StatefulFallback, StatefulInPlace, StatelessCopy, TensorReuse
-from harness.reference import Reference
-from harness.workload import Workload, cache_specs, preset, token_stream
+from backends.pages import StatefulFallback, StatefulInPlace, StatelessCopy, TensorReuse
+from model.reference import Reference
+from model.workload import Workload, cache_specs, preset, token_stream
 
 ok, why = StatelessCopy.available()
 pytestmark = pytest.mark.skipif(not ok, reason=why)
@@ -395,7 +395,7 @@ def test_many_pairs_share_one_capacity_check_binding():
     storage buffers, beyond lavapipe's 32) and the deep model still matches the reference."""
     import dataclasses
 
-    from harness.workload import ATTENTION
+    from model.workload import ATTENTION
 
     cfg = dataclasses.replace(preset("tiny"), name="tiny-deep", layers=(ATTENTION,) * 20)
     wl = Workload.build(cfg)
@@ -481,7 +481,7 @@ def f16kv(name: str) -> Workload:
 
 
 def _f16_or_skip():
-    from backends.adapter import wgpu_adapter
+    from backends.webnn.adapter import wgpu_adapter
 
     adapter, _ = wgpu_adapter()
     if adapter is None or "shader-f16" not in adapter.features:

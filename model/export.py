@@ -42,8 +42,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from harness.atomic import atomic_file
-from harness.workload import (
+from model.atomic import atomic_file
+from model.workload import (
     ATTENTION,
     ModelConfig,
     Workload,

@@ -1,7 +1,7 @@
 """The decode workload of DESIGN §5: model shapes, presets, deterministic weights, token stream.
 
 This module is the one place the model's *shapes and parameters* are defined. Its math lives in
-`harness.reference` (float64 NumPy); its graphs in `harness.export` (two ONNX flavours).
+`model.reference` (float64 NumPy); its graphs in `model.export` (two ONNX flavours).
 Everything is derived from a `ModelConfig` and a seed, so every backend and oracle sees the same
 weights and the same teacher-forced tokens without any download.
 """
@@ -16,15 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.atomic import atomic_file
+from model.atomic import atomic_file
+from model.errors import UserError
 
 ATTENTION = "attention"
 GDN = "gdn"
 LAYER_KINDS = (ATTENTION, GDN)
-
-
-class UserError(Exception):
-    """Something the user asked for that cannot be done; the CLI prints it as one line, exit 2."""
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,10 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from backends.adapter import wgpu_adapter
 from backends.base import Backend, DepthState, register
-from harness.workload import Workload
+from backends.webnn.adapter import wgpu_adapter
+from model.errors import UserError
+from model.workload import Workload
 
 
 def _webnn():
@@ -51,7 +52,7 @@ class _Page(Backend):
 
     def __init__(self, onnx_path: str | os.PathLike | None = None, timing: bool = True) -> None:
         super().__init__()
-        self.onnx_path = onnx_path  # a user's export instead of harness.export's
+        self.onnx_path = onnx_path  # a user's export instead of model.export's
         self.timing = timing
         self.context = None
         self.converted = None
@@ -90,11 +91,11 @@ class _Page(Backend):
 
     def prepare(self, workload: Workload, capacity: int) -> None:
         webnn = _webnn()
-        from backends.webnn.onnx_converter import convert, list_kv_pairs
+        from backends.webnn.onnx_converter import ConversionError, convert, list_kv_pairs
 
         self.capacity = capacity
         if self.onnx_path is None:
-            from harness.export import export
+            from model.export import export
 
             path = export(workload, "standard", capacity)
         else:
@@ -104,13 +105,16 @@ class _Page(Backend):
         if reason:
             self.details["gpu_time_reason"] = reason
         with self._counted():
-            if self.request_state:
-                self._pairs = list_kv_pairs(path)
-                self.converted = convert(path, self.context, use_stateful=True,
-                                         kv_cache_pairs=self._pairs)
-            else:
-                self.converted = convert(path, self.context)
-                self._pairs = list_kv_pairs(path)
+            try:
+                if self.request_state:
+                    self._pairs = list_kv_pairs(path)
+                    self.converted = convert(path, self.context, use_stateful=True,
+                                             kv_cache_pairs=self._pairs)
+                else:
+                    self.converted = convert(path, self.context)
+                    self._pairs = list_kv_pairs(path)
+            except ConversionError as exc:
+                raise UserError(str(exc)) from None
         graph = self.converted.graph
         self.details["is_stateful"] = bool(graph.is_stateful)
         if self.request_state:
