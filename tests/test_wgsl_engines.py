@@ -126,8 +126,8 @@ def kernels():
     from backends.webnn.onnx_converter import convert, list_kv_pairs
     from backends.webnn.wgpu_impl import compiler
     from backends.webnn.wgpu_impl.compiler import KernelLaunch, compile_graph
-    from harness.export import export
-    from harness.workload import Workload, preset
+    from model.export import export
+    from model.workload import Workload, preset
 
     mp = pytest.MonkeyPatch()
     cap = _Capture(mp)

@@ -29,7 +29,9 @@ Deviations (each marked DEVIATION in the code):
   (both implementation-defined in the spec); negative ones count from the end.
 - statebench extensions: MLGraph.inputs/outputs (the bound interface), MLGraph.in_place,
   MLGraph.device_bytes, MLContext.counters (bytes moved, ByteCounters with snapshot() and
-  reset()), MLContext.gpu_time_ns / gpu_time_reason.
+  reset()), MLContext.gpu_time_ns / gpu_time_reason, MLContext.engine_info (the WebGPU
+  engine, its version, its native API, the features it lacks) and ``engine=`` of
+  create_context ("wgpu": wgpu-native, "dawn": Dawn; docs/dawn.md).
 
 Implementation notes: kernels are WGSL generated per shape at build time; a dispatch is
 one command encoder and one queue.submit; reshapes are views; matmul with M == 1 and

@@ -170,6 +170,12 @@ class WgpuContext(MLContext):
         want = {k: lim[k] for k in ("max-storage-buffer-binding-size", "max-buffer-size",
                                     "max-storage-buffers-per-shader-stage",
                                     "max-compute-workgroup-storage-size") if k in lim}
+        #: statebench extension: the features this context asked for that the adapter lacks
+        #: (by the engine's names), so a run says per point what it ran without
+        wanted = ["shader-f16", self.engine.subgroup_feature]
+        if timing:
+            wanted += ["timestamp-query", self.engine.inside_passes_feature]
+        self.features_lacking = [f for f in wanted if f not in adapter.features]
         self._device = self.engine.request_device(adapter, feats, want)
         self._queue = self._device.queue
         self._max_binding = int(self._device.limits["max-storage-buffer-binding-size"])
@@ -215,6 +221,14 @@ class WgpuContext(MLContext):
     @property
     def adapter_info(self) -> dict:
         return dict(self._adapter.info)
+
+    @property
+    def engine_info(self) -> dict:
+        """statebench extension: which WebGPU engine runs this context, its version, the
+        native API under it and the features it lacks (recorded per point)."""
+        return {"engine": self.engine.name, "version": self.engine.version(),
+                "backend_api": str(self.adapter_info.get("backend_type", "")),
+                "features_lacking": list(self.features_lacking)}
 
     @property
     def gpu_time_ns(self) -> int | None:
