@@ -215,7 +215,7 @@ def wgpu_bandwidth(size: int = SIZE, gpu_size: int = GPU_SIZE, timestamps: bool 
                    int(device.limits.get("max-buffer-size", dev_size)))
     dev_size -= dev_size % 16
     # the host link at the device size on a GPU: a stateless page moves 34 MB to 1 GB each way
-    # a step, and 64 MB can sit in a server's last-level cache (session 5's hosts calibrated
+    # a step, and 64 MB can sit in a server's last-level cache (the 6d7dec3-41286f1 runs' hosts calibrated
     # 9-14 GB/s up at 64 MB while their stateless steps ran alike)
     link = dev_size if kind == "gpu" else min(size, dev_size)
     link -= link % 16
