@@ -30,6 +30,9 @@ class Engine:
     inside_passes_feature: str
     #: its compiler wants ``enable subgroups;`` before subgroup builtins (naga rejects it)
     enable_subgroups: bool
+    #: its ``map_sync`` submits an empty command buffer before a read map (wgpu-py's
+    #: workaround for wgpu-native#305; wgpudawn's does not), counted by the context
+    submits_before_map: bool = False
     #: device toggles turned off (Dawn): timestamp quantization, which Chrome keeps on for
     #: pages and which would round every GPU time to Dawn's quantum
     disable_toggles: tuple[str, ...] = ()
@@ -63,7 +66,8 @@ _NATIVE = {"wgpu": "wgpu_native", "dawn": "dawn"}
 
 ENGINES: dict[str, Engine] = {
     "wgpu": Engine("wgpu", "wgpu-native", "wgpu", "naga", "subgroup",
-                   "timestamp-query-inside-passes", enable_subgroups=False),
+                   "timestamp-query-inside-passes", enable_subgroups=False,
+                   submits_before_map=True),
     "dawn": Engine("dawn", "Dawn", "wgpudawn", "Tint", "subgroups",
                    "chromium-experimental-timestamp-query-inside-passes", enable_subgroups=True,
                    disable_toggles=("timestamp_quantization",)),

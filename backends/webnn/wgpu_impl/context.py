@@ -194,7 +194,8 @@ class WgpuContext(MLContext):
             raise ValueError(f"OPTIONS['read_copy'] = {copy_mode!r}; accepted: None "
                              "('dispatch'), 'separate', 'separate_sync'")
         self.read_copy = copy_mode == "dispatch"
-        self._sync_maps = copy_mode == "separate_sync"
+        # (an engine whose map_sync submits nothing maps as "separate" does)
+        self._sync_maps = copy_mode == "separate_sync" and self.engine.submits_before_map
         #: submits and maps of this context's queue (statebench extension: counted per step)
         self.queue_counts = QueueCounts()
         #: the last dispatch's read copy while its outputs are unchanged (``_read_tensors``)
