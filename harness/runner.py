@@ -28,6 +28,7 @@ from backends.base import Backend, registry
 from harness import calibrate as calibration
 from harness import metrics, worker
 from harness.results import Point, Results, one_line
+from model import checksum
 from model.errors import UserError
 from model.reference import Reference
 from model.workload import ModelConfig, Workload, preset, token_stream
@@ -147,6 +148,9 @@ def run_worker_subprocess(req: dict, timeout_s: float) -> Point:
                               capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:
         return Point.failed(name, ctx, cap, steps, f"worker timed out after {timeout_s:.0f} s")
+    for line in proc.stderr.splitlines():
+        if line.startswith(checksum.NOTICE_PREFIX):  # a rebuilt cache file is said, not hidden
+            print(line, file=sys.stderr, flush=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
     if proc.returncode == 0 and lines:
         try:
