@@ -6,8 +6,8 @@ on stderr, never measured (a corrupt weights file that the reference and the bac
 would otherwise "match" everywhere). The hash is SHA-256 over 64 MiB chunks, hashed in threads
 (hashlib releases the GIL), then SHA-256 over the chunk digests: the CPUs' SHA extensions make
 it the fastest hashlib offers, and the threads scale it with the cores. Each process hashes a
-file at most once (the verdict is kept per path, inode, size and mtime); the cost per GB is in
-the README's "Model cache" section.
+file at most once (the verdict is kept per path, inode, size and mtime of the file and of its
+checksum); the cost per GB is in the README's "Model cache" section.
 """
 
 from __future__ import annotations
@@ -62,8 +62,14 @@ def file_digest(path: str | os.PathLike) -> str:
 
 
 def _key(path: Path) -> tuple:
+    """What must stay the same for a verdict to hold: the file and its checksum file."""
     st = path.stat()
-    return (str(path.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    try:
+        ss = sum_path(path).stat()
+        summed = (ss.st_ino, ss.st_size, ss.st_mtime_ns)
+    except OSError:
+        summed = None
+    return (str(path.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, summed)
 
 
 def seal(path: str | os.PathLike) -> None:

@@ -26,10 +26,11 @@ caches, cos/sin and the output): q, k and v are cast in and the output is cast b
 
 Both flavours reference one external weights file per (model, seed): `<name>-<hash>-s<seed>/
 weights.bin` beside the graphs, written once (atomically) and reused by every capacity and
-flavour. Each file carries a content checksum (`<file>.sum`, `model.checksum`) and is
-rebuilt, with one line on stderr, when it no longer matches. Only capacity-dependent constants (RoPE tables, the mask's arange) live inside the
-`.onnx`. With tied embeddings the head is a stored transposed copy of `embed_tokens`
-(`lm_head`, (hidden, vocab)), since Gemm(transB) is not in the standard op list.
+flavour. Only capacity-dependent constants (RoPE tables, the mask's arange) live inside the
+`.onnx`. Each file (weights and graphs) carries a content checksum (`<file>.sum`,
+`model.checksum`) and is rebuilt, with one line on stderr, when it no longer matches. With
+tied embeddings the head is a stored transposed copy of `embed_tokens` (`lm_head`, (hidden,
+vocab)), since Gemm(transB) is not in the standard op list.
 """
 
 from __future__ import annotations
