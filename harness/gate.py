@@ -50,6 +50,28 @@ class Verdict:
         return [c for c in self.checks if not c.ok]
 
 
+#: what must agree, beyond the preset, for a run's bytes and times to be comparable with a
+#: baseline's (the model's own fields are compared too: `unlike`)
+LIKE_FOR_LIKE = ("steps", "warmup", "capacity", "seed", "dtype")
+#: model fields that older results files lack, at the value they then had
+_CONFIG_DEFAULTS = {"weights": "float32", "kv_cache": "float32"}
+
+
+def unlike(run: dict, base: dict) -> list[str]:
+    """How the run's workload differs from the baseline's beyond the preset, one entry a
+    field (`steps 8 where the baseline has 16`); empty when they are like for like."""
+    out = [f"{k} {run.get(k)!r} where the baseline has {base.get(k)!r}"
+           for k in LIKE_FOR_LIKE if run.get(k) != base.get(k)]
+    rc, bc = run.get("config") or {}, base.get("config") or {}
+    for k in dict.fromkeys([*rc, *bc]):
+        if k == "name" or (k not in _CONFIG_DEFAULTS and (k not in rc or k not in bc)):
+            continue  # a field only one side records (older files) cannot differ
+        a, b = rc.get(k, _CONFIG_DEFAULTS.get(k)), bc.get(k, _CONFIG_DEFAULTS.get(k))
+        if a != b:
+            out.append(f"model {k} {a!r} where the baseline has {b!r}")
+    return out
+
+
 def compare(run: Results, base: Results, max_slowdown: float = 0.25,
             bytes_exact: bool = False) -> Verdict:
     if max_slowdown < 0:
@@ -57,6 +79,10 @@ def compare(run: Results, base: Results, max_slowdown: float = 0.25,
     if run.workload.get("preset") != base.workload.get("preset"):
         raise UserError(f"run is preset {run.workload.get('preset')!r} but the baseline is "
                         f"{base.workload.get('preset')!r}; gate like against like")
+    differs = unlike(run.workload, base.workload)
+    if differs:
+        raise UserError(f"not like for like: the run's {'; '.join(differs)}; gate a run of "
+                        "the baseline's workload")
     verdict = Verdict([], ", ".join(dict.fromkeys(
         b for b in (metrics.stateless_baseline(base.points, n) for n in base.backends) if b)) or None)
     for bp in base.points:
