@@ -102,7 +102,7 @@ def compare(run: Results, base: Results, max_slowdown: float = 0.25,
             continue
         if not p.matches:
             c.ok = False
-            c.problems.append(f"logits no longer match (max rel {p.match.max_rel:.2e})")
+            c.problems.append(f"logits no longer match ({p.reason or f'max rel {p.match.max_rel:.2e}'})")
         for k in BYTE_CATEGORIES:
             a, b = p.bytes_per_step[k], bp.bytes_per_step[k]
             changed = a != b if bytes_exact else abs(a - b) > BYTES_TOLERANCE * max(abs(b), 1)
