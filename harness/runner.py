@@ -143,6 +143,7 @@ def run_worker_subprocess(req: dict, timeout_s: float) -> Point:
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    env[checksum.HANDOFF_ENV] = checksum.handoff()  # cache files this process found whole
     try:
         proc = subprocess.run([sys.executable, "-m", "harness.worker"], input=json.dumps(req),
                               capture_output=True, text=True, timeout=timeout_s, env=env)

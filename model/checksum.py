@@ -6,8 +6,10 @@ on stderr, never measured (a corrupt weights file that the reference and the bac
 would otherwise "match" everywhere). The hash is SHA-256 over 64 MiB chunks, hashed in threads
 (hashlib releases the GIL), then SHA-256 over the chunk digests: the CPUs' SHA extensions make
 it the fastest hashlib offers, and the threads scale it with the cores. Each process hashes a
-file at most once (the verdict is kept per path, inode, size and mtime of the file and of its
-checksum); the cost per GB is in the README's "Model cache" section.
+file at most once (the verdict is kept per path, inode, size and times of the file and of its
+checksum), and a worker starts with its runner's verdicts (`handoff`), so the `.f32` weights
+the runner checked for the reference are not hashed again per point; the cost per GB is in
+the README's "Model cache" section.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ NOTICE_PREFIX = "statebench: cache "
 #: how many times this process hashed each file (tests count re-hashing with it)
 hash_counts: Counter[str] = Counter()
 _whole: dict[tuple, str] = {}  # stat key -> digest of a file found whole in this process
+#: set by the runner for its workers: the files it has just found whole (`handoff`)
+HANDOFF_ENV = "STATEBENCH_CACHE_WHOLE"
 
 
 def sum_path(path: str | os.PathLike) -> Path:
@@ -69,7 +73,22 @@ def _key(path: Path) -> tuple:
         summed = (ss.st_ino, ss.st_size, ss.st_mtime_ns)
     except OSError:
         summed = None
-    return (str(path.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, summed)
+    return (str(path.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
+            st.st_ctime_ns, summed)
+
+
+def handoff() -> str:
+    """The files this process found whole, for a worker it starts (`HANDOFF_ENV`): the worker
+    then skips hashing them while they stay the same file (size, times, inode, checksum)."""
+    return json.dumps(sorted(_whole))
+
+
+def _adopt(text: str) -> None:
+    try:
+        keys = json.loads(text)
+        _whole.update({(*k[:-1], tuple(k[-1]) if k[-1] else None): "" for k in keys})
+    except (ValueError, TypeError, IndexError):
+        pass  # a malformed hand-off only costs the hashes it would have saved
 
 
 def seal(path: str | os.PathLike) -> None:
@@ -125,3 +144,7 @@ def reusable(path: str | os.PathLike, what: str, size: int | None = None) -> boo
         return True
     print(f"{NOTICE_PREFIX}{what} {path} {why}; rebuilding it", file=sys.stderr, flush=True)
     return False
+
+
+if os.environ.get(HANDOFF_ENV):
+    _adopt(os.environ[HANDOFF_ENV])

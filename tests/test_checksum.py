@@ -166,3 +166,32 @@ def test_a_corrupt_weights_file_never_reaches_the_reference_or_an_export(tmp_pat
     stored = np.fromfile(graph.parent / "weights.bin", np.float32)
     expect = make_weights(cfg, 0)["embed_tokens"].reshape(-1)
     np.testing.assert_array_equal(stored[: expect.size], expect)
+
+
+WORKER = """
+import json, pathlib, sys
+from model import checksum
+from model.workload import cached_weights, preset
+cached_weights(preset("tiny"), 0, pathlib.Path(sys.argv[1]))
+print(json.dumps(checksum.hash_counts))
+"""
+
+
+def test_a_worker_trusts_its_runners_verdict_only_for_the_same_file(tmp_path):
+    """The runner hands its workers the files it found whole (the `.f32` weights it read for
+    the reference): a worker skips hashing those, but not a file changed since."""
+    cfg = preset("tiny")
+    cached_weights(cfg, 0, tmp_path)
+    path = tmp_path / "weights" / f"{config_key(cfg, 0)}.f32"
+    env = dict(os.environ, **{checksum.HANDOFF_ENV: checksum.handoff()})
+
+    def worker() -> tuple[dict, str]:
+        proc = subprocess.run([sys.executable, "-c", WORKER, str(tmp_path)], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=300, check=True)
+        return json.loads(proc.stdout), proc.stderr
+
+    assert worker() == ({}, "")
+    flip(path)
+    counts, err = worker()  # hashed to find it damaged, then to seal the rebuilt one
+    assert counts == {str(path.resolve()): 2} and len(notices(err, path)) == 1
+    assert worker() == ({str(path.resolve()): 1}, "")  # a new file: verified once
