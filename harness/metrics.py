@@ -175,14 +175,17 @@ def ratio(point: Point | None, base: Point | None) -> float | None:
     return point.step_ms.median / base.step_ms.median
 
 
-def human_bytes(n: float | None) -> str:
+def human_bytes(n: float | None, short: bool = False) -> str:
+    """`3.0 MiB`, `512 B`; `short` gives `3.0M` and a bare `512`, for narrow table cells."""
     if n is None:
         return "—"
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+            break
         n /= 1024
-    return f"{n}"
+    if unit == "B":
+        return f"{n:.0f}" if short else f"{n:.0f} B"
+    return f"{n:.1f}{unit[0]}" if short else f"{n:.1f} {unit}"
 
 
 def unstable(samples_ms: list[float]) -> str:

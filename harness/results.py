@@ -326,9 +326,12 @@ def load(path: str | Path) -> Results:
     """Read and validate a results file; any problem is a UserError naming the file."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise UserError(f"{path}: no such results file") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not a results file (not UTF-8 text: byte {exc.object[exc.start]:#04x}"
+                        f" at offset {exc.start})") from None
     except OSError as exc:
         raise UserError(f"{path}: cannot read: {exc.strerror}") from None
     try:
