@@ -73,7 +73,8 @@ def unlike(run: dict, base: dict) -> list[str]:
 
 
 def compare(run: Results, base: Results, max_slowdown: float = 0.25,
-            bytes_exact: bool = False) -> Verdict:
+            bytes_exact: bool = False, names: tuple[str, str] = ("run", "baseline")) -> Verdict:
+    """Every measured baseline point checked in the run (`names`: the two files, for errors)."""
     if max_slowdown < 0:
         raise UserError(f"--max-slowdown {max_slowdown} must be ≥ 0 (e.g. 0.25 for 25%)")
     if run.workload.get("preset") != base.workload.get("preset"):
@@ -81,8 +82,8 @@ def compare(run: Results, base: Results, max_slowdown: float = 0.25,
                         f"{base.workload.get('preset')!r}; gate like against like")
     differs = unlike(run.workload, base.workload)
     if differs:
-        raise UserError(f"not like for like: the run's {'; '.join(differs)}; gate a run of "
-                        "the baseline's workload")
+        raise UserError(f"{names[0]} is not like for like with {names[1]}: its "
+                        f"{'; '.join(differs)}; gate a run of the baseline's workload")
     verdict = Verdict([], ", ".join(dict.fromkeys(
         b for b in (metrics.stateless_baseline(base.points, n) for n in base.backends) if b)) or None)
     for bp in base.points:

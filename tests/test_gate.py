@@ -202,7 +202,7 @@ def test_gate_refuses_a_run_of_another_workload(case, run_file, tmp_path):
     path, value, says = UNLIKE[case]
     other = doctored(run_file, tmp_path, _set(*path, value=value))
     msg = one_line_error(statebench("gate", other, "--baseline", run_file))
-    assert "not like for like" in msg and says in msg, msg
+    assert f"{other} is not like for like with {run_file}: its " in msg and says in msg, msg
 
 
 def test_gate_reads_an_older_baseline_without_the_newer_model_fields(run_file, tmp_path):
