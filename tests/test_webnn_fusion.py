@@ -112,7 +112,7 @@ def test_plan_respects_leaf_limit(ctx, max_leaves):
     y = xs[0]
     for x in xs[1:]:
         y = b.mul(b.add(y, x), x)
-    from backends.webnn.wgpu_impl.compiler import _reachable
+    from backends.webnn.wgpu_impl.passes import reachable as _reachable
 
     nodes = _reachable([y])
     inlined, groups = fusion.plan(nodes, {y._id}, set(), max_leaves)
@@ -203,7 +203,7 @@ def test_row_write_computes_its_updates(ctx):
 
 def test_row_write_never_computes_updates_from_the_cache_it_writes(ctx):
     """Updates that read a paired cache stay a launch of their own (``no_read``)."""
-    from backends.webnn.wgpu_impl.compiler import _reachable
+    from backends.webnn.wgpu_impl.passes import reachable as _reachable
 
     b = MLGraphBuilder(ctx)
     past = b.input("past", data_type="float32", shape=[1, 1, 4, 2])
