@@ -11,18 +11,21 @@ from __future__ import annotations
 
 from .._classes import MLKVCachePair, MLOperand
 from . import lowering, passes, planning
-from .options import OPTIONS
+from .options import KernelOptions
 from .plan import CopyLaunch, Deferred, KernelLaunch, Plan, Slot
 from .target import Target
 
-__all__ = ["OPTIONS", "CopyLaunch", "Deferred", "KernelLaunch", "Plan", "Slot", "compile_graph"]
+__all__ = ["CopyLaunch", "Deferred", "KernelLaunch", "Plan", "Slot", "compile_graph"]
 
 
 def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
                   stateful: bool, inputs: dict[str, MLOperand],
-                  max_binding: int = 1 << 27, target: Target | None = None) -> Plan:
-    """The plan of a built graph: its launches in order and the slots they bind."""
-    plan = Plan(max_binding=max_binding, target=target or Target())
+                  max_binding: int = 1 << 27, target: Target | None = None,
+                  options: KernelOptions | None = None) -> Plan:
+    """The plan of a built graph: its launches in order and the slots they bind, for
+    ``target`` under ``options`` (the context's; None: every knob per adapter)."""
+    plan = Plan(max_binding=max_binding, target=target or Target(),
+                options=options or KernelOptions())
     state = passes.place_results(plan, outputs, pairs, stateful, inputs)
     for run_pass in passes.PASSES:
         run_pass(plan, state)

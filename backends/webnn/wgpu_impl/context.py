@@ -21,8 +21,9 @@ from .. import shapes as S
 from .._classes import MLContext, MLGraph, MLKVCachePair, MLOperand, MLTensor
 from ..dtypes import DType
 from ..errors import NotSupportedError
-from .compiler import OPTIONS, Deferred, KernelLaunch, Plan, compile_graph
+from .compiler import Deferred, KernelLaunch, Plan, compile_graph
 from .dispatch import Dispatch
+from .options import KernelOptions
 from .readback import Readback, ReadCopy
 from .staging import ARENA_MAX, QueueCounts, StagedReads, StagedWrites
 from .target import target_of
@@ -108,11 +109,18 @@ class WgpuContext(Dispatch, Readback, MLContext):
     ``state_support=False`` makes it a backend without state support (PROPOSAL behaviour
     1: ``use_stateful`` is then never granted). ``timing=True`` records the GPU time of
     each dispatch with a timestamp query pair when the adapter has 'timestamp-query'.
+    ``options`` (``KernelOptions``, statebench extension): the kernel variants and modes
+    every graph built on this context is compiled and dispatched with.
     """
 
     def __init__(self, *, state_support: bool = True, timing: bool = False,
-                 power_preference: str = "high-performance") -> None:
+                 power_preference: str = "high-performance",
+                 options: KernelOptions | None = None) -> None:
         super().__init__()
+        if options is not None and not isinstance(options, KernelOptions):
+            raise TypeError(f"options must be a KernelOptions, not {type(options).__name__}")
+        #: the knobs every graph of this context is compiled with (statebench extension)
+        self.options = options or KernelOptions()
         adapter = wgpu.gpu.request_adapter_sync(power_preference=power_preference)
         if adapter is None:
             raise NotSupportedError("no WebGPU adapter")
@@ -147,16 +155,13 @@ class WgpuContext(Dispatch, Readback, MLContext):
         self.state_support = state_support
         self.submit_every = SUBMIT_EVERY["cpu" if self._target.cpu else "gpu"]
         #: encode the next dispatch's command buffers during this one (``_record_ahead``)
-        mode = OPTIONS.get("record_ahead") or ""
+        mode = self.options.record_ahead or ""
         self.record_ahead = {"on": True, "pieces": True, "off": False}.get(
             mode, not self._target.cpu)
         self._piecewise = mode == "pieces"  # recorded command buffers submitted one by one
         #: copy readable outputs at the end of each dispatch (``_read_copy_for``); maps
         #: without wgpu-py's empty submit (``staging.map_read``) unless "separate_sync"
-        copy_mode = OPTIONS.get("read_copy") or "dispatch"
-        if copy_mode not in ("dispatch", "separate", "separate_sync"):
-            raise ValueError(f"OPTIONS['read_copy'] = {copy_mode!r}; accepted: None "
-                             "('dispatch'), 'separate', 'separate_sync'")
+        copy_mode = self.options.read_copy or "dispatch"
         self.read_copy = copy_mode == "dispatch"
         self._sync_maps = copy_mode == "separate_sync"
         #: submits and maps of this context's queue (statebench extension: counted per step)
@@ -248,7 +253,7 @@ class WgpuContext(Dispatch, Readback, MLContext):
         g.outputs = {n: (o.data_type, o._shape) for n, o in outputs.items()
                      if n not in hidden_out}
         plan = compile_graph(outputs, pairs, stateful, inputs, self._max_binding,
-                             target=self._target)
+                             target=self._target, options=self.options)
         g._plan = plan
         dev = self._device
         for slot, buf in self._temp_buffers(plan).items():

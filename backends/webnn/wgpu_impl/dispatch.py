@@ -6,8 +6,7 @@ nothing recorded for its tensors encodes in command buffers of ``submit_every`` 
 submitted as they are finished, so the GPU starts while the rest is encoded. CPU adapters
 (lavapipe) neither record ahead nor cut: there the encoder and the "GPU" share the same
 cores, and recording during the run made the run itself slower for no wall-time gain
-(tiny:256 on 2 cores: GPU time 6.6-6.9 ms without, 7.5-7.7 with; wall 9.1-10.2 vs
-9.7-9.9 ms; results/lavapipe/kernels-record-ahead-tiny256.json).
+(backends/webnn/PERFORMANCE.md, "Knobs": ``KernelOptions.record_ahead``).
 """
 
 from __future__ import annotations
@@ -80,7 +79,7 @@ class Dispatch:
             if self._piecewise:
                 for cb in ready[1]:
                     self._submit([cb])
-            else:  # one submit: 3.18 vs 3.28 ms one by one (PERFORMANCE.md item 9)
+            else:  # one submit, not one by one (PERFORMANCE.md, "Knobs")
                 self._submit(ready[1])
             missed = False
         else:

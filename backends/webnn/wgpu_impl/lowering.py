@@ -19,7 +19,7 @@ from ..kernels import reduce as RD
 from ..stateful import PairPlan, root
 from . import fusion
 from . import gemv as GV
-from .options import COLS, OPTIONS, ROWS_VARIANT, gdn_variant, gemv_variant
+from .options import COLS, ROWS_VARIANT
 from .plan import CopyLaunch, Deferred, KernelLaunch, Plan, Slot
 from .planning import Step
 from .target import Target
@@ -76,10 +76,9 @@ def _gemv_rows(t: Target, variant: str, a_shape: Any, b_shape: Any, shp: Any, n0
                         prologue=prologue, depth=depth, f16_weights=f16_weights)
 
 
-def _f16_weights(variant: str, K: int, values: list[np.ndarray]) -> bool:
-    """Whether a constant-weight gemv streams float16 weights (OPTIONS["gemv_weights"]):
-    the rows kernels only, K a multiple of 4."""
-    how = OPTIONS.get("gemv_weights")
+def _f16_weights(how: str | None, variant: str, K: int, values: list[np.ndarray]) -> bool:
+    """Whether a constant-weight gemv streams float16 weights (``how``: the gemv_weights
+    option): the rows kernels only, K a multiple of 4."""
     if how == "f32" or not variant.startswith("rows") or K % 4:
         return False
     return how == "f16" or all(GV.f16_exact(v) for v in values)
@@ -115,8 +114,9 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
         parts = [GV.const_weight(m, plan.fold) for m in group]
         sizes = [m._shape[-1] for m in group]
         K = o._inputs[0]._shape[-1]
-        variant = gemv_variant(plan.target)
-        half = _f16_weights(variant, K, [src._value for src, _, _ in parts])
+        variant = plan.options.gemv_variant(plan.target)
+        half = _f16_weights(plan.options.gemv_weights, variant, K,
+                            [src._value for src, _, _ in parts])
         slot = ("const", ("S", o._id))
         plan.consts.setdefault(slot, _weights(sum(sizes) * K, partial(GV.stacked_rows, parts),
                                               half))
@@ -127,17 +127,16 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
         add(KernelLaunch(k, a_slots + [slot] + [slot_of(m) for m in group]))
     elif o._id in plan.gdn:
         m = plan.gdn[o._id]
-        lanes, shared, _ = gdn_variant(plan.target) or (32, False, True)
+        lanes, shared, _ = plan.options.gdn_variant(plan.target) or (32, False, True)
         old, new = slot_of(m.state_in), slot_of(m.state_out)
         in_place = old == new  # the paired state updated where it lies (each row by its lanes)
         guarded = has_check and m.state_out._id in plan.in_place
         k = m.kernel(in_place, guarded, lanes, None if shared else plan.target.subgroup)
         add(KernelLaunch(k, ins[in_place:] + [new, out_slot] + ([("status",)] if guarded else [])))
     elif o._id in plan.attention:
-        splits = OPTIONS.get("attention_splits")
         k1, k2, parts = plan.attention[o._id].kernels(plan.target.shared_bytes,
-                                                      int(splits) if splits else None,
-                                                      OPTIONS.get("f16_loads"))
+                                                      plan.options.attention_splits,
+                                                      plan.options.f16_loads)
         part = ("temp", ("flash", o._id))
         plan.temps[part] = parts
         add(KernelLaunch(k1, ins + [part]))
@@ -170,8 +169,8 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
             # constants are the implementation's business: weights repacked (N, K), each
             # chunk at upload time (Deferred), so the host never holds a second model
             N, K = (b_shape[0], b_shape[1]) if b_t else (b_shape[1], b_shape[0])
-            variant = gemv_variant(plan.target)
-            half = _f16_weights(variant, K, [src._value])
+            variant = plan.options.gemv_variant(plan.target)
+            half = _f16_weights(plan.options.gemv_weights, variant, K, [src._value])
             per = max(8, (plan.max_binding // (4 * K)) // 8 * 8)
             for c, n0 in enumerate(range(0, N, per)):
                 nc = min(per, N - n0)
@@ -202,14 +201,14 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
                     add(KernelLaunch(k, a_slots + [slot] + ([slot_of(res)] if res is not None
                                                             else []) + [slot_of(dst)]))
         elif b_t and M == 1:
-            k = _gemv_rows(plan.target, gemv_variant(plan.target, cols_ok=False), a._shape,
-                           b_shape, shp, 0, None)
+            k = _gemv_rows(plan.target, plan.options.gemv_variant(plan.target, cols_ok=False),
+                           a._shape, b_shape, shp, 0, None)
             add(KernelLaunch(k, [ins[0], ins[1], out_slot]))
-        elif 1 < M <= 8 and b_t and OPTIONS.get("attention") != "generic":
+        elif 1 < M <= 8 and b_t and plan.options.attention != "generic":
             add(KernelLaunch(MM.matmul_bt_small_m(a._shape, b_shape, shp),
                              [ins[0], ins[1], out_slot]))
         elif (M <= 8 and not b_t and a._shape[-1] >= 256
-              and OPTIONS.get("attention") != "generic"):
+              and plan.options.attention != "generic"):
             chunk = 512 if plan.target.cpu else 64
             k1, k2, parts = MM.matmul_splitk(a._shape, b_shape, shp, chunk)
             part = ("temp", ("splitk", o._id))
@@ -281,10 +280,10 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
             if not (mp is not None and mp.append):
                 # the unchanged rows are copied by a kernel in the same compute pass: a
                 # copy_buffer_to_buffer would split the pass (a pipeline barrier per cache
-                # on NVIDIA, ~7 ms per llama-1b step on the H200), a cost of this
-                # implementation, not of the stateless API. Counted as kernel bytes.
+                # on NVIDIA; PERFORMANCE.md, "Knobs"), a cost of this implementation, not
+                # of the stateless API. Counted as kernel bytes.
                 pair = [slot_of(root(m._inputs[0])), slot_of(m)]
-                how = OPTIONS.get("cache_copy")
+                how = plan.options.cache_copy
                 if how == "buffer":
                     add(CopyLaunch(*pair, o._dtype.itemsize * S.size(shp)))
                 elif how in (None, "vec4") and t in ("f32", "f16"):

@@ -18,7 +18,6 @@ from . import fusion
 from . import gemv as GV
 from .match_attention import last2_transpose_input, match_attention
 from .match_gdn import match_gated_delta
-from .options import OPTIONS, gdn_variant, gemv_variant
 from .plan import Plan, Slot
 
 
@@ -88,7 +87,7 @@ def fuse_loops(plan: Plan, st: PassState) -> None:
 
 def decode_attention(plan: Plan, st: PassState) -> None:
     """QK, the score chain, softmax and probs·V in two launches."""
-    if OPTIONS.get("attention") in (None, "flash"):
+    if plan.options.attention in (None, "flash"):
         plan.attention = match_attention(st.nodes, st.inlined, plan.groups, st.pinned,
                                          plan.target.shared_bytes)
     st.absorbed |= {x._id for m in plan.attention.values() for x in m.absorbed}
@@ -96,7 +95,7 @@ def decode_attention(plan: Plan, st: PassState) -> None:
 
 def _gpu_gemv(plan: Plan) -> bool:
     """Whether the matrix-vector products are the GPU (rows) kernels the gemv passes serve."""
-    return not gemv_variant(plan.target).startswith(("cols", "legacy"))
+    return not plan.options.gemv_variant(plan.target).startswith(("cols", "legacy"))
 
 
 def stack_gemvs(plan: Plan, st: PassState) -> None:
@@ -117,7 +116,7 @@ def residual_epilogues(plan: Plan, st: PassState) -> None:
 def gemv_prologues(plan: Plan, st: PassState) -> None:
     """A gemv's input vector computed by the gemv (RMSNorm's tail, SwiGLU), or in one launch
     with its reduction."""
-    mode = OPTIONS.get("gemv_prologue") or "launch"
+    mode = plan.options.gemv_prologue or "launch"
     gpu_gemv = _gpu_gemv(plan)
     if gpu_gemv and mode in ("full", "vector"):
         plan.prologue = GV.gemv_prologues(st.nodes, plan.fold, st.inlined, plan.groups,
@@ -134,7 +133,7 @@ def gemv_prologues(plan: Plan, st: PassState) -> None:
 
 def group_row_writes(plan: Plan, st: PassState) -> None:
     """Row writes at one index tensor (a layer's K and V): one launch."""
-    if OPTIONS.get("row_writes") != "separate":
+    if plan.options.row_writes != "separate":
         plan.row_writes = _row_write_groups(st.nodes, st.absorbed, plan.groups,
                                             plan.target.max_storage)
     st.absorbed |= {x._id for ms in plan.row_writes.values() for x in ms[1:]}
@@ -142,7 +141,7 @@ def group_row_writes(plan: Plan, st: PassState) -> None:
 
 def gated_delta(plan: Plan, st: PassState) -> None:
     """A gated delta net's decode step: one launch."""
-    gdn = gdn_variant(plan.target)
+    gdn = plan.options.gdn_variant(plan.target)
     if gdn is not None:
         vectors = set(plan.vectors) | {pro.reduce_op._id for pro in plan.vectors.values()}
         taken = (st.absorbed - vectors) | {*plan.attention, *plan.stacked, *plan.epilogue,

@@ -23,6 +23,7 @@ from . import fusion
 from . import gemv as GV
 from .match_attention import Attention
 from .match_gdn import GatedDelta
+from .options import KernelOptions
 from .target import Target
 
 Slot = tuple
@@ -62,6 +63,7 @@ class Plan:
     has_check: bool = False
     max_binding: int = 1 << 27  # the device's max storage-buffer binding size, bytes
     target: Target = field(default_factory=Target)
+    options: KernelOptions = field(default_factory=KernelOptions)  # the context's
     groups: dict[int, fusion.Group] = field(default_factory=dict)  # root id -> fused group
     attention: dict[int, Attention] = field(default_factory=dict)  # probs·V id ->
     stacked: dict[int, list[MLOperand]] = field(default_factory=dict)  # first gemv -> all
