@@ -77,3 +77,23 @@ def test_frozen_hashable_and_plain():
     plain = opts.as_dict()
     assert plain["gemv"] == "rows" and plain["attention_splits"] == 8 and len(plain) == 11
     assert KernelOptions(**plain) == opts
+
+
+def test_a_context_compiles_with_the_options_it_was_created_with(ctx_with):
+    """The options reach the compiler through the context (no global): a graph built on a
+    context is planned under that context's options, and only a KernelOptions is taken."""
+    from backends.webnn import MLGraphBuilder, ml
+
+    c = ctx_with(read_copy="separate", gemv="rows_sh")
+    assert c.options == KernelOptions(gemv="rows_sh", read_copy="separate")
+    assert c.read_copy is False  # a context mode, read when the context is created
+    b = MLGraphBuilder(c)
+    x = b.input("x", data_type="float32", shape=[1, 4])
+    g = b.build({"y": b.matmul(x, b.constant(data_type="float32", shape=[4, 3],
+                                              value=[0.5] * 12))})
+    assert g._plan.options is c.options
+    (k,) = [la.kernel for la in g._plan.launches]
+    assert k.name == "matmul_gemv" and "workgroupBarrier" in k.wgsl  # rows_sh: shared sums
+    g.destroy()
+    with pytest.raises(TypeError, match="KernelOptions"):
+        ml.create_context(options={"gemv": "rows"})
