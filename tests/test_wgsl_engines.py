@@ -4,7 +4,7 @@ The kernels come from the compiler itself, not from a list: the graphs are every
 its own (each float op in float32 and float16, integer ops in int32) and the tiny decoder
 (attention and gated delta net; float32, float16 weights, float16 caches; stateful and not),
 each compiled by ``compile_graph`` for CPU and GPU targets (with and without subgroups) under
-every value of every kernel-choosing ``compiler.OPTIONS`` knob. A kernel only one engine
+every value of every kernel-choosing ``KernelOptions`` knob. A kernel only one engine
 accepts fails here, with the compiler's message. Tint runs on Dawn's Null backend and naga on
 any wgpu-native adapter; where either is missing the test skips with the reason.
 """
@@ -20,16 +20,16 @@ from wgsl_compilers import compiler_device, rejection
 
 from backends.webnn.engines import ENGINES
 
-#: values of each kernel-choosing knob (compiler.py documents them); "record_ahead" and
-#: "read_copy" choose how a context submits and reads, not any kernel's source
-OPTION_VALUES: dict[str, list[str | None]] = {
+#: values of each kernel-choosing knob (wgpu_impl/options.py documents them); "record_ahead"
+#: and "read_copy" choose how a context submits and reads, not any kernel's source
+OPTION_VALUES: dict[str, list[str | int | None]] = {
     "gemv": [None, "legacy", "rows", "rows8", "rows_sh", "rows16_sh_u2", "cols", "cols2",
              "cols4", "cols4g8", "cols8g8", "cols2g4", "cols2g16", "cols4g4", "cols1g8"],
     "attention": [None, "flash", "unfused", "generic"],
     "gemv_prologue": [None, "launch", "off", "full", "vector"],
     "row_writes": [None, "separate"],
-    "attention_splits": [None, "1", "64"],
-    "cache_copy": [None, "identity", "buffer"],
+    "attention_splits": [None, 1, 64],
+    "cache_copy": [None, "vec4", "identity", "buffer"],
     "gemv_weights": [None, "f32", "f16"],
     "gdn": [None, "generic", "fused", "fused8", "fused64_sh", "fused_norms", "fused16_sh_norms"],
     "f16_loads": [None, "wide", "vec4"],
@@ -124,8 +124,8 @@ def kernels():
         pytest.skip(why)
     from backends.webnn import MLGraphBuilder, NotSupportedError, ml
     from backends.webnn.onnx_converter import convert, list_kv_pairs
-    from backends.webnn.wgpu_impl import compiler
     from backends.webnn.wgpu_impl.compiler import KernelLaunch, compile_graph
+    from backends.webnn.wgpu_impl.options import KernelOptions
     from model.export import export
     from model.workload import Workload, preset
 
@@ -155,10 +155,9 @@ def kernels():
     for (knob, value), (tname, target), (n, args) in itertools.product(
             settings, _targets().items(), enumerate(cap.builds)):
         outputs, inputs, pairs, stateful = args
-        with pytest.MonkeyPatch.context() as m:
-            if knob:
-                m.setitem(compiler.OPTIONS, knob, value)
-            plan = compile_graph(outputs, pairs, stateful, inputs, 1 << 27, target=target)
+        options = KernelOptions(**({knob: value} if knob else {}))
+        plan = compile_graph(outputs, pairs, stateful, inputs, 1 << 27, target=target,
+                             options=options)
         for la in plan.launches:
             if isinstance(la, KernelLaunch):
                 found.setdefault(la.kernel.wgsl, f"{la.kernel.name} (build {n}, {tname}, "
@@ -166,12 +165,18 @@ def kernels():
     return found
 
 
-def test_every_option_value_is_accepted_by_the_compiler():
-    """The values this test sweeps are ones the compiler knows (a misspelt knob would
-    silently test the default kernels)."""
-    from backends.webnn.wgpu_impl import compiler
+def test_the_sweep_covers_every_kernel_knob():
+    """Every knob is swept but the two context modes, and every value swept is one the
+    options accept (KernelOptions checks each), so a new knob cannot go unvalidated."""
+    import dataclasses
 
-    assert set(OPTION_VALUES) | {"record_ahead", "read_copy"} == set(compiler.OPTIONS)
+    from backends.webnn.wgpu_impl.options import KernelOptions
+
+    knobs = {f.name for f in dataclasses.fields(KernelOptions)}
+    assert set(OPTION_VALUES) | {"record_ahead", "read_copy"} == knobs
+    for knob, values in OPTION_VALUES.items():
+        for v in values:
+            KernelOptions(**{knob: v})
 
 
 @pytest.mark.parametrize("engine", list(ENGINES))
