@@ -70,6 +70,14 @@ class Point:
     device_bytes: int | None = None
     match: Match | None = None
     details: dict = field(default_factory=dict)
+    # optional (absent from files made before repeats existed; harness/repeats.py fills them):
+    # per fresh worker process {"step_ms": [...], "gpu_ms": [...] | None, "wall_s", "build_s",
+    # "time_to_depth_s"}; the median's interval (stats.Interval); the slowest step
+    # {"ms", "repeat", "step"}; the transients [{"ms", "repeat", "step"}]
+    repeats: list[dict] | None = None
+    step_ms_ci: dict | None = None
+    step_ms_max: dict | None = None
+    transients: list[dict] | None = None
 
     @property
     def key(self) -> tuple[str, int]:
@@ -199,6 +207,11 @@ _POINT_FIELDS = {
     "peak_rss_bytes": (int, type(None)), "device_bytes": (int, type(None)),
     "match": (dict, type(None)), "details": (dict,),
 }
+#: point fields a file may lack (added after schema statebench/1 was first written)
+_OPTIONAL_POINT_FIELDS = {
+    "repeats": (list, type(None)), "step_ms_ci": (dict, type(None)),
+    "step_ms_max": (dict, type(None)), "transients": (list, type(None)),
+}
 
 
 def validate(d: object, source: str = "results") -> None:
@@ -216,11 +229,13 @@ def validate(d: object, source: str = "results") -> None:
         where = f"points[{i}]"
         if not isinstance(p, dict):
             raise bad(f"{where} is not an object")
-        unknown = set(p) - set(_POINT_FIELDS)
+        unknown = set(p) - set(_POINT_FIELDS) - set(_OPTIONAL_POINT_FIELDS)
         if unknown:
             raise bad(f"{where} has unknown field {sorted(unknown)[0]!r}")
-        for k, types in _POINT_FIELDS.items():
+        for k, types in {**_POINT_FIELDS, **_OPTIONAL_POINT_FIELDS}.items():
             if k not in p:
+                if k in _OPTIONAL_POINT_FIELDS:
+                    continue
                 raise bad(f"{where} lacks {k!r}")
             v = p[k]
             if isinstance(v, bool) and bool not in types:
@@ -240,6 +255,35 @@ def validate(d: object, source: str = "results") -> None:
             raise bad(f"{where}.match must have ok, max_abs, max_rel, argmax_agree")
         if p["status"] == "ok" and (p["step_ms"] is None or p["match"] is None):
             raise bad(f"{where} is ok but lacks step_ms or match")
+        problem = _sample_fields_problem(p)
+        if problem:
+            raise bad(f"{where}.{problem}")
+
+
+def _nonnegative(v: object) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            and v >= 0)
+
+
+def _sample_fields_problem(p: dict) -> str:
+    """What is wrong with a point's optional repeat fields ("" when nothing is)."""
+    for i, r in enumerate(p.get("repeats") or []):
+        if not isinstance(r, dict) or not isinstance(r.get("step_ms"), list):
+            return f"repeats[{i}] lacks a step_ms list"
+        for k in ("step_ms", "gpu_ms"):
+            if r.get(k) is not None and not (isinstance(r[k], list)
+                                             and all(_nonnegative(x) for x in r[k])):
+                return f"repeats[{i}].{k} must be a list of finite numbers ≥ 0"
+    ci = p.get("step_ms_ci")
+    if ci is not None and not (all(_nonnegative(ci.get(k)) for k in ("low", "high", "coverage"))
+                               and ci["low"] <= ci["high"] and isinstance(ci.get("method"), str)):
+        return "step_ms_ci must have finite low ≤ high, coverage and method"
+    for k, items in (("step_ms_max", [p.get("step_ms_max")]), ("transients", p.get("transients"))):
+        for it in items or []:
+            if it is not None and not (isinstance(it, dict) and _nonnegative(it.get("ms"))
+                                       and all(isinstance(it.get(j), int) for j in ("repeat", "step"))):
+                return f"{k} must have ms, repeat and step"
+    return ""
 
 
 def load(path: str | Path) -> Results:
