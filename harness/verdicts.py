@@ -293,14 +293,21 @@ def warning_of(p: Point) -> str:
 
 
 def transient_notes(p: Point) -> list[str]:
-    """One phrase per transient step: which process, which step, how slow against the median."""
+    """One phrase naming the point's transient steps (which process, which step, how slow
+    against the median); [] where there are none."""
     if not p.measured:
         return []
     reps = samples_of(p)
     found = p.transients if p.transients is not None else [
         {"ms": r[i], "repeat": k, "step": i} for k, r in enumerate(reps) for i in stats.transients(r)]
-    where = (lambda t: f"timed step {t['step']}" + (f" of process {t['repeat'] + 1}"
-                                                    if len(reps) > 1 else ""))
-    return [f"transient: {where(t)} took {t['ms']:.3f} ms against a median of "
-            f"{p.step_ms.median:.3f} ms (kept in the data; the median is robust to it)"
-            for t in found]
+    if not found:
+        return []
+    if len(reps) > 1:
+        where = ", ".join(f"process {t['repeat'] + 1} step {t['step']}" for t in found)
+    else:
+        where = ("timed step " if len(found) == 1 else "timed steps ") + ", ".join(
+            str(t["step"]) for t in found)
+    low, high = min(t["ms"] for t in found), max(t["ms"] for t in found)
+    took = f"{low:.3f} ms" if len(found) == 1 else f"{low:.3f}–{high:.3f} ms"
+    return [f"transient{'s' if len(found) > 1 else ''}: {where} took {took} against a median of "
+            f"{p.step_ms.median:.3f} ms (kept in the data; the median is robust to them)"]
