@@ -118,7 +118,7 @@ class DecodeSuite:
             self._step()
             samples.append((time.perf_counter_ns() - t0) / 1e6)
         floor, why = metrics.floor_ms(backend, self.cfg, self.workload.weights_bytes, context,
-                                        self.capacity, self.calibration, self.backend.details)
+                                      self.capacity, self.calibration, self.backend.details)
         if floor is None:
             print(f"track_mbu {backend} @ {context}: no floor: {why}", file=sys.stderr)
             return float("nan")
