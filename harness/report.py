@@ -246,7 +246,8 @@ def to_csv(runs: list[Run]) -> str:
 def to_json(runs: list[Run]) -> str:
     return json.dumps({
         "runs": [{"label": r.label, "workload": r.results.workload,
-                  "environment": r.results.environment, "baseline": r.baseline} for r in runs],
+                  "environment": r.results.environment, "baseline": r.baseline,
+                  "sentences": verdicts.sentences(r.results)} for r in runs],
         "rows": rows(runs),
     }, indent=1, allow_nan=False) + "\n"
 
