@@ -28,13 +28,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 
 from backends.webnn.adapter import is_cpu_adapter, wgpu_adapter
 from harness.stream_kernel import StreamKernel
+from harness.versions import package_version
 
 SIZE = 64 * 1024 * 1024
 #: device buffers on a discrete/integrated GPU: well past any L2/"infinity" cache (H200: 50 MB
@@ -215,7 +215,7 @@ def wgpu_bandwidth(size: int = SIZE, gpu_size: int = GPU_SIZE, timestamps: bool 
                    int(device.limits.get("max-buffer-size", dev_size)))
     dev_size -= dev_size % 16
     # the host link at the device size on a GPU: a stateless page moves 34 MB to 1 GB each way
-    # a step, and 64 MB can sit in a server's last-level cache (session 5's hosts calibrated
+    # a step, and 64 MB can sit in a server's last-level cache (the 6d7dec3-41286f1 runs' hosts calibrated
     # 9-14 GB/s up at 64 MB while their stateless steps ran alike)
     link = dev_size if kind == "gpu" else min(size, dev_size)
     link -= link % 16
@@ -364,13 +364,6 @@ def calibrate(need_gpu: bool = True, size: int = SIZE, working_set: int | None =
     return cal
 
 
-def _version(pkg: str) -> str | None:
-    try:
-        return metadata.version(pkg)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def _cpu() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -425,8 +418,8 @@ def environment(calibration: dict | None = None, with_adapter: bool = True) -> d
         "platform": platform.platform(),
         "cpu": _cpu(),
         "cpu_count": os.cpu_count(),
-        "packages": {p: _version(p) for p in ("numpy", "onnx", "onnxruntime", "wgpu", "rich",
-                                              "onnxruntime-ep-webgpu")},
+        "packages": {p: package_version(p) for p in ("numpy", "onnx", "onnxruntime", "wgpu",
+                                                     "rich", "onnxruntime-ep-webgpu")},
         "ort_ep_devices": _ort_devices(),
         "git_commit": _git_commit(),
         "source_digest": source_digest(),

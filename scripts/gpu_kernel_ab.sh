@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A/B of compiler options on one decode step, as run on the project's H200 machine
-# (results/h200/kernels-ab-*.json, backends/webnn/PERFORMANCE.md):
+# (results/h200/*/kernels-ab-*/, backends/webnn/PERFORMANCE.md):
 #
 #   scripts/gpu_kernel_ab.sh OUTDIR [PRESET:CAPACITY] [KEY=VALUE ...]
 #

@@ -10,7 +10,7 @@ import pytest
 from harness import html_report, report, results, stats, verdicts
 
 ROOT = Path(__file__).resolve().parents[1]
-LLAMA = ROOT / "results/h200/session7/llama-1b-512-2048.json"
+LLAMA = ROOT / "results/h200/2026-11-29-c1a75bb/llama-1b-512-2048.json"
 
 
 @pytest.fixture(scope="module")

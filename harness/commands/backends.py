@@ -5,15 +5,12 @@ from __future__ import annotations
 from rich.table import Table
 
 from backends.base import registry
+from harness.commands.base import Command
 
 
-class Backends:
+class Backends(Command):
     name = "backends"
-
-    @classmethod
-    def setup_arguments(cls, subparsers) -> None:
-        p = subparsers.add_parser(cls.name, help="list backends and whether each is available here")
-        p.set_defaults(func=cls.run_from_args)
+    help = "list backends and whether each is available here"
 
     @classmethod
     def run_from_args(cls, args, console, err_console) -> int:
