@@ -408,7 +408,7 @@ def to_markdown(runs: list[Run], charts: list[str] | None = None) -> str:
     parts = ["# statebench report", "", *(f"- {s}" for s in run_sentences(runs)), "",
              "## Decode step", "",
              f"Each cell: {verdicts.CELL_CAPTION.removeprefix('each cell: ')}; the baseline is "
-             f"{base or 'absent from this run'}. Intervals: README \"Intervals and orderings\".",
+             f"{base or 'absent from this run'}. Intervals: docs/results.md, \"Intervals and orderings\".",
              "", markdown_table(runs), ""]
     for run in runs:
         if run.label:

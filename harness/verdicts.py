@@ -196,8 +196,8 @@ def context_sentences(results: Results, ctx: int, cfg: ModelConfig | None) -> li
         if t is not None:
             by_traffic.setdefault(_moved_phrase(t), []).append(p)
     if by_traffic:
-        out.append(f"At {ctx}: " + "; ".join(f"{_names(ps)} {phrase}"
-                                             for phrase, ps in by_traffic.items()) + " per step.")
+        out.append(f"At {ctx}, per step: " + "; ".join(f"{_names(ps)} {phrase}"
+                                                       for phrase, ps in by_traffic.items()) + ".")
     faster, level, slower = [], [], []
     for p in pts:
         c = over_baseline(results, p)
@@ -271,6 +271,10 @@ def sentences(results: Results) -> list[str]:
     cpu = cpu_adapter_sentence(results, cfg)
     if cpu:
         out.append(cpu)
+    if any(metrics.is_cpu(p.backend) and (t := cache_traffic(p, cfg)) is not None and t.link
+           for p in results.points):
+        out.append("On ONNX Runtime's CPU EP host and device memory are one: its 'host link' "
+                   "bytes are copies across the session interface, in host memory.")
     return out
 
 

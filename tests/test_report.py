@@ -75,7 +75,7 @@ def test_repeat_two_through_the_cli_and_report(tmp_path):
     assert res.workload["repeat"] == 2
     assert all(len(p.repeats) == 2 and p.step_ms_ci for p in res.points)
     md = statebench("report", out, "--format", "md").stdout
-    assert md.index("At 8: ort-cpu:copy moved") < md.index("| context |")
+    assert md.index("At 8, per step: ort-cpu:copy moved") < md.index("| context |")
     assert "cache 0 B" in md and "per-process medians" not in md  # the method is in the JSON
     row = json.loads(statebench("report", out, "--format", "json").stdout)["rows"][0]
     assert row["repeats"] == 2 and row["step_ms_low"] <= row["step_ms_median"] <= row["step_ms_high"]
