@@ -4,9 +4,10 @@ A worker's point carries its steps in details (step_ms_samples, gpu_ms_samples);
 them into the point's `repeats`, `add` folds a later repeat in, and both recompute what the
 samples say (`summarise`): pooled median and p10/p90, the interval of the median
 (harness/stats.py), the slowest step and the transients, and the unstable warning.
-Everything but the samples is deterministic or per-process: bytes per step must agree between
-repeats (a difference fails the point), the logits' match is the worst repeat's, build and
-time to depth are the median repeat's, peak RSS and device bytes the largest.
+Everything but the samples is deterministic or per-process: bytes per step are counted, so
+repeats agree (where they do not, the point's figure is their mean and `details.bytes_differ`
+says so, rather than a GPU run losing the point), the logits' match is the worst repeat's,
+build and time to depth are the median repeat's, peak RSS and device bytes the largest.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def _repeat_of(p: Point) -> dict:
     return {"step_ms": list(d.get("step_ms_samples") or []),
             "gpu_ms": list(d["gpu_ms_samples"]) if d.get("gpu_ms_samples") else None,
             "wall_s": d.get("wall_s"), "build_s": p.build_s,
-            "time_to_depth_s": p.time_to_depth_s,
+            "time_to_depth_s": p.time_to_depth_s, "bytes_per_step": dict(p.bytes_per_step or {}),
             **({"sm_clock_mhz": d["sm_clock_mhz"]} if "sm_clock_mhz" in d else {})}
 
 
@@ -48,20 +49,22 @@ def add(prev: Point, new: Point, index: int, total: int) -> Point:
     if not new.measured:
         return replace(new, reason=f"repeat {index} of {total}: {new.reason}",
                        repeats=prev.repeats)
-    if new.bytes_per_step != prev.bytes_per_step:
-        return Point.failed(prev.backend, prev.context, prev.capacity, prev.steps,
-                            f"repeat {index} of {total} moved other bytes per step "
-                            f"({new.bytes_per_step}) than the first ({prev.bytes_per_step})")
     reps = [*(prev.repeats or []), _repeat_of(new)]
     a, b = prev.match, new.match
     match = Match(a.ok and b.ok, max(a.max_abs, b.max_abs), max(a.max_rel, b.max_rel),
                   min(a.argmax_agree, b.argmax_agree))
     details = dict(prev.details)
+    counted = [r["bytes_per_step"] for r in reps if r.get("bytes_per_step")]
+    bytes_per_step = {k: sum(b[k] for b in counted) / len(counted) for k in counted[0]}
+    if any(b != counted[0] for b in counted):
+        details["bytes_differ"] = ("bytes per step differ between processes (total "
+                                   + ", ".join(f"{sum(b.values()):.0f}" for b in counted)
+                                   + "); the mean is recorded")
     clocks = [r["sm_clock_mhz"] for r in reps if isinstance(r.get("sm_clock_mhz"), dict)]
     if clocks:  # the lowest-clocked repeat, so a low clock is noted (metrics.low_clock)
         details["sm_clock_mhz"] = min(clocks, key=lambda c: c.get("median") or 0)
     return summarise(replace(
-        prev, repeats=reps, match=match, details=details,
+        prev, repeats=reps, match=match, details=details, bytes_per_step=bytes_per_step,
         build_s=_median_of(reps, "build_s"), time_to_depth_s=_median_of(reps, "time_to_depth_s"),
         peak_rss_bytes=_largest(prev.peak_rss_bytes, new.peak_rss_bytes),
         device_bytes=_largest(prev.device_bytes, new.device_bytes)))

@@ -144,6 +144,8 @@ def notes(runs: list[Run]) -> list[str]:
             elif verdicts.warning_of(p):
                 lines.append(f"{where}: {verdicts.warning_of(p)}")
             lines += [f"{where}: {t}" for t in verdicts.transient_notes(p)]
+            if p.details.get("bytes_differ"):
+                lines.append(f"{where}: {p.details['bytes_differ']}")
             clock = metrics.low_clock(p.details) if p.status == "ok" else ""
             if clock:
                 lines.append(f"{where}: {clock}")

@@ -196,6 +196,28 @@ def test_a_failing_repeat_fails_the_point_and_is_not_retried(tmp_path, monkeypat
     assert len(p.repeats) == 1  # the first process's samples are kept
 
 
+def test_repeats_fold_worst_match_and_mean_bytes():
+    """repeats.add: the worst match, the median build, the mean bytes with a note where the
+    processes counted differently (a GPU run keeps the point)."""
+    from harness import repeats
+
+    def one(ms, kernel, ok, build):
+        return results.Point(
+            "x", 4, 8, 3, step_ms=results.Stats.of(ms), build_s=build, time_to_depth_s=0.0,
+            bytes_per_step={"h2d": 8.0, "d2h": 16.0, "d2d": 0.0, "kernel": kernel},
+            match=results.Match(ok, 1e-6 if ok else 1.0, 1e-7, 1.0 if ok else 0.5),
+            peak_rss_bytes=10, details={"step_ms_samples": ms, "wall_s": 1.0})
+
+    p = repeats.first(one([1.0, 1.1, 1.2], 100.0, True, 2.0))
+    p = repeats.add(p, one([1.0, 1.0, 1.3], 100.0, True, 4.0), 2, 3)
+    assert "bytes_differ" not in p.details and p.bytes_per_step["kernel"] == 100.0
+    p = repeats.add(p, one([2.0, 2.1, 2.2], 130.0, False, 3.0), 3, 3)
+    assert not p.match.ok and p.match.max_abs == 1.0 and p.match.argmax_agree == 0.5
+    assert p.bytes_per_step["kernel"] == 110.0 and "differ" in p.details["bytes_differ"]
+    assert p.build_s == 3.0 and p.details["wall_s"] == 3.0 and len(p.repeats) == 3
+    assert p.step_ms.median == 1.2  # pooled over the nine steps
+
+
 def test_repeat_two_real_workers(tmp_path):
     """A real tiny sweep, two fresh worker processes per point (ORT's CPU EP)."""
     pytest.importorskip("onnxruntime")
