@@ -29,8 +29,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from backends.base import Backend, registry
 from harness import calibrate as calibration
-from harness import memory, metrics, worker
+from harness import memory, metrics, repeats, worker
 from harness.results import Point, Results, ResultsFile, one_line
+from model import checksum
 from model.errors import UserError
 from model.reference import Reference
 from model.workload import ModelConfig, Workload, preset, token_stream
@@ -56,6 +57,8 @@ class RunConfig:
     warm_s: float = DEFAULT_WARM_S
     capacity: int | None = None
     seed: int = 0
+    #: fresh worker processes per point (harness/repeats.py)
+    repeat: int = 1
     inprocess: bool = False
     timeout_s: float = WORKER_TIMEOUT_S
     calibrate: bool = True
@@ -158,6 +161,7 @@ def run_worker_subprocess(req: dict, timeout_s: float) -> Point:
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    env[checksum.HANDOFF_ENV] = checksum.handoff()  # cache files this process found whole
     watched, alive = os.pipe()  # this end of it stays open, unwritten, while the runner lives
     try:
         proc = subprocess.run([sys.executable, "-m", "harness.worker"],
@@ -169,6 +173,9 @@ def run_worker_subprocess(req: dict, timeout_s: float) -> Point:
     finally:
         os.close(watched)
         os.close(alive)
+    for line in proc.stderr.splitlines():
+        if line.startswith(checksum.NOTICE_PREFIX):  # a rebuilt cache file is said, not hidden
+            print(line, file=sys.stderr, flush=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
     if proc.returncode == 0 and lines:
         try:
@@ -183,6 +190,29 @@ def run_worker_subprocess(req: dict, timeout_s: float) -> Point:
     if tail:
         why += f": {tail[-1].strip()}"
     return Point.failed(name, ctx, cap, steps, why)
+
+
+def measure_once(req: dict, cls: type[Backend], rc: RunConfig) -> Point:
+    """One worker's measurement of a point (in a fresh process unless --inprocess)."""
+    t0 = time.perf_counter()
+    if rc.inprocess:
+        point = worker.measure(req, cls)
+        if point.measured:
+            point.details["peak_rss_scope"] = "process (--inprocess)"
+    else:
+        point = run_worker_subprocess(req, rc.timeout_s)
+    point.details.setdefault("wall_s", round(time.perf_counter() - t0, 3))
+    point.reason = one_line(point.reason)
+    return point
+
+
+def record(results: Results, point: Point) -> None:
+    """Put `point` in `results`, in place of an earlier repeat of it."""
+    for i, p in enumerate(results.points):
+        if p.key == point.key:
+            results.points[i] = point
+            return
+    results.points.append(point)
 
 
 def finish_point(point: Point, cfg: ModelConfig, calib: dict) -> Point:
@@ -219,6 +249,7 @@ def new_results(rc: RunConfig, cfg: ModelConfig, calib: dict, with_adapter: bool
         environment=calibration.environment(calib, with_adapter=with_adapter),
         workload={"preset": rc.preset, "seed": rc.seed, "dtype": cfg.dtype, "config": cfg.describe(),
                   "steps": rc.steps, "warmup": rc.warmup, "warm_s": rc.warm_s,
+                  "repeat": rc.repeat,
                   "contexts": rc.contexts,
                   "capacity": rc.capacity},
     )
@@ -251,8 +282,8 @@ def _measure_sweep(rc: RunConfig, sink: ResultsFile, console: Console | None,
                    extra_backends: dict[str, type[Backend]] | None,
                    on_point: Callable[[Point], None] | None) -> Results:
     cfg = preset(rc.preset)
-    if rc.steps <= 0 or rc.warmup < 0 or rc.warm_s < 0:
-        raise UserError("--steps must be ≥ 1, --warmup and --warm-s ≥ 0")
+    if rc.steps <= 0 or rc.warmup < 0 or rc.warm_s < 0 or rc.repeat <= 0:
+        raise UserError("--steps and --repeat must be ≥ 1, --warmup and --warm-s ≥ 0")
     for ctx in rc.contexts:
         rc.capacity_for(ctx)  # fail on a too-small --capacity before any work
     classes = resolve_backends(rc.backends, extra_backends)
@@ -266,7 +297,7 @@ def _measure_sweep(rc: RunConfig, sink: ResultsFile, console: Console | None,
              if rc.calibrate else {})
     results = new_results(rc, cfg, calib, with_adapter=needs_gpu or rc.calibrate)
 
-    total = len(rc.contexts) * len(classes)
+    total = len(rc.contexts) * len(classes) * rc.repeat
     contexts = sorted(rc.contexts)
     ahead = rc.warmup + rc.steps
     walk = ReferenceWalk(cfg, Workload.build(cfg, rc.seed).weights, rc.seed, contexts[-1] + ahead,
@@ -283,27 +314,27 @@ def _measure_sweep(rc: RunConfig, sink: ResultsFile, console: Console | None,
             progress.update(task, description=f"reference @ d{ctx}")
             depth_file = Path(tmp) / f"depth-{rc.preset}-{ctx}-{cap}.npz"
             np.savez(depth_file, **walk.arrays_at(ctx, cap, ahead))
-            for name, cls in classes.items():
-                progress.update(task, description=f"{name} @ d{ctx}")
-                req = {"backend": name, "preset": rc.preset, "seed": rc.seed, "context": ctx,
-                       "capacity": cap, "steps": rc.steps, "warmup": rc.warmup, "warm_s": rc.warm_s,
-                       "depth_file": str(depth_file)}
-                if name not in registered:
-                    req["backend_path"] = f"{cls.__module__}:{cls.__qualname__}"
-                t0 = time.perf_counter()
-                if rc.inprocess:
-                    point = worker.measure(req, cls)
-                    if point.measured:
-                        point.details["peak_rss_scope"] = "process (--inprocess)"
-                else:
-                    point = run_worker_subprocess(req, rc.timeout_s)
-                point.details.setdefault("wall_s", round(time.perf_counter() - t0, 3))
-                point.reason = one_line(point.reason)
-                results.points.append(finish_point(point, cfg, calib))
-                sink.save(results)
-                if on_point:
-                    on_point(point)
-                progress.advance(task)
+            # repeats go round the backends, so a drift of the machine touches all alike
+            for rep in range(1, rc.repeat + 1):
+                for name, cls in classes.items():
+                    progress.update(task, description=f"{name} @ d{ctx}" + (
+                        f" ({rep}/{rc.repeat})" if rc.repeat > 1 else ""))
+                    prev = results.point(name, ctx)
+                    if prev is None or prev.measured:  # a point that failed is not retried
+                        req = {"backend": name, "preset": rc.preset, "seed": rc.seed,
+                               "context": ctx, "capacity": cap, "steps": rc.steps,
+                               "warmup": rc.warmup, "warm_s": rc.warm_s,
+                               "depth_file": str(depth_file)}
+                        if name not in registered:
+                            req["backend_path"] = f"{cls.__module__}:{cls.__qualname__}"
+                        point = measure_once(req, cls, rc)
+                        point = (repeats.first(point) if prev is None
+                                 else repeats.add(prev, point, rep, rc.repeat))
+                        record(results, finish_point(point, cfg, calib))
+                        sink.save(results)
+                        if on_point and (rep == rc.repeat or not point.measured):
+                            on_point(point)
+                    progress.advance(task)
             depth_file.unlink(missing_ok=True)
     return results
 
