@@ -468,6 +468,7 @@ def validate(d: object, source: str = "results") -> None:
         if where:
             raise _Bad(f"{where.lstrip('.')} is not finite")
         _check_workload(d["workload"])
+        _check_config(d["workload"].get("config", {}))
         _check_environment(d["environment"])
         for i, p in enumerate(d["points"]):
             _check_point(p, f"points[{i}]")
@@ -495,6 +496,23 @@ def _check_fields(d: dict, fields: dict, where: str, required: bool = False) -> 
             continue
         if isinstance(d[k], bool) or not isinstance(d[k], types):
             raise _Bad(f"{where}.{k} has the wrong type")
+
+
+#: the model shapes a report reads from `workload.config` (ModelConfig.describe)
+_CONFIG_FIELDS = {
+    "name": (str,), "layers": (list,), "dtype": (str,), "weights": (str,), "kv_cache": (str,),
+    "rope_theta": (int, float), "rms_eps": (int, float),
+    **{k: (int,) for k in ("hidden", "ffn", "vocab", "q_heads", "kv_heads", "head_dim",
+                           "gdn_qk_heads", "gdn_v_heads", "gdn_qk_dim", "gdn_v_dim",
+                           "parameters")},
+}
+
+
+def _check_config(cfg: dict) -> None:
+    _check_fields(cfg, _CONFIG_FIELDS, "workload.config")
+    for i, kind in enumerate(cfg.get("layers", [])):
+        if not isinstance(kind, str):
+            raise _Bad(f"workload.config.layers[{i}] is {kind!r}, not a layer kind")
 
 
 def _check_environment(env: dict) -> None:

@@ -228,6 +228,19 @@ def test_a_malformed_environment_is_one_line(tmp_path, run_file, doctor, says):
         assert line == f"statebench: error: {bad}: not a statebench results file: {says}"
 
 
+@pytest.mark.parametrize("doctor, says", [
+    (lambda c: c.update(parameters=[1]), "workload.config.parameters has the wrong type"),
+    (lambda c: c.update(layers=[3]), "workload.config.layers[0] is 3, not a layer kind"),
+])
+def test_a_malformed_model_config_is_one_line(tmp_path, run_file, doctor, says):
+    data = json.loads(run_file.read_text())
+    doctor(data["workload"]["config"])
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    line = one_line(cli("report", bad, "--format", "md"))
+    assert line == f"statebench: error: {bad}: not a statebench results file: {says}"
+
+
 # -- report --out --------------------------------------------------------------------------------
 
 def test_report_out_never_over_other_files_unasked(tmp_path, run_file):
