@@ -49,6 +49,7 @@ class _Page(Backend):
     request_state = False
     #: keep the caches in host arrays and copy them both ways every step
     host_cache = False
+    uses_wgpu_adapter = True
 
     def __init__(self, onnx_path: str | os.PathLike | None = None, timing: bool = True) -> None:
         super().__init__()

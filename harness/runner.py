@@ -9,10 +9,7 @@ atomically after every point so an interrupted sweep keeps points 1..k (DESIGN Â
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -26,8 +23,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from backends.base import Backend, registry
 from harness import calibrate as calibration
-from harness import metrics, worker
+from harness import child, metrics, worker
+from harness.bandwidth import SIZE as CALIBRATION_SIZE
 from harness.results import Point, Results, one_line
+from harness.wgpu_probe import WgpuProbe, probe_wgpu
 from model.errors import UserError
 from model.reference import Reference
 from model.workload import ModelConfig, Workload, preset, token_stream
@@ -139,12 +138,8 @@ def depth_arrays(cfg: ModelConfig, weights: dict[str, np.ndarray], seed: int, co
 def run_worker_subprocess(req: dict, timeout_s: float) -> Point:
     """`python -m harness.worker` for one point; a crash or hang becomes a failed point."""
     name, ctx, cap, steps = req["backend"], req["context"], req["capacity"], req["steps"]
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     try:
-        proc = subprocess.run([sys.executable, "-m", "harness.worker"], input=json.dumps(req),
-                              capture_output=True, text=True, timeout=timeout_s, env=env)
+        proc = child.run_module("harness.worker", req, timeout_s)
     except subprocess.TimeoutExpired:
         return Point.failed(name, ctx, cap, steps, f"worker timed out after {timeout_s:.0f} s")
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
@@ -153,14 +148,7 @@ def run_worker_subprocess(req: dict, timeout_s: float) -> Point:
             return Point.from_dict(json.loads(lines[-1]))
         except (ValueError, TypeError) as exc:
             return Point.failed(name, ctx, cap, steps, f"worker sent a bad point: {exc}")
-    if proc.returncode < 0:
-        why = f"worker killed by {signal.Signals(-proc.returncode).name}"
-    else:
-        why = f"worker exited with status {proc.returncode}"
-    tail = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    if tail:
-        why += f": {tail[-1].strip()}"
-    return Point.failed(name, ctx, cap, steps, why)
+    return Point.failed(name, ctx, cap, steps, child.exit_reason("worker", proc))
 
 
 def finish_point(point: Point, cfg: ModelConfig, calib: dict) -> Point:
@@ -190,11 +178,11 @@ def resolve_backends(names: Sequence[str], extra: dict[str, type[Backend]] | Non
     return {n: known[n] for n in names}
 
 
-def new_results(rc: RunConfig, cfg: ModelConfig, calib: dict, with_adapter: bool) -> Results:
+def new_results(rc: RunConfig, cfg: ModelConfig, calib: dict, probe: WgpuProbe | None) -> Results:
     return Results(
         created=datetime.now(UTC).isoformat(timespec="seconds"),
         command=rc.command or "statebench run",
-        environment=calibration.environment(calib, with_adapter=with_adapter),
+        environment=calibration.environment(calib, probe.adapter if probe else None),
         workload={"preset": rc.preset, "seed": rc.seed, "dtype": cfg.dtype, "config": cfg.describe(),
                   "steps": rc.steps, "warmup": rc.warmup, "warm_s": rc.warm_s,
                   "contexts": rc.contexts,
@@ -221,10 +209,14 @@ def run_sweep(rc: RunConfig, out: str | Path, console: Console | None = None,
 
     needs_gpu = any(not metrics.is_cpu(n) for n in classes)
     weights_bytes = cfg.weight_bytes_per_parameter * cfg.describe()["parameters"]
-    calib = (calibration.calibrate(need_gpu=needs_gpu, working_set=weights_bytes)
+    # the adapter (and its figures) from a child: a driver that aborts ends only the child
+    probe = (probe_wgpu(CALIBRATION_SIZE if needs_gpu and rc.calibrate else None)
+             if needs_gpu or rc.calibrate else None)
+    calib = (calibration.calibrate(need_gpu=needs_gpu, working_set=weights_bytes, probe=probe)
              if rc.calibrate else {})
-    results = new_results(rc, cfg, calib, with_adapter=needs_gpu or rc.calibrate)
+    results = new_results(rc, cfg, calib, probe)
     results.save(out)
+    no_adapter = "" if probe is None else probe.available[1]
 
     total = len(rc.contexts) * len(classes)
     contexts = sorted(rc.contexts)
@@ -250,7 +242,9 @@ def run_sweep(rc: RunConfig, out: str | Path, console: Console | None = None,
                 if name not in registered:
                     req["backend_path"] = f"{cls.__module__}:{cls.__qualname__}"
                 t0 = time.perf_counter()
-                if rc.inprocess:
+                if no_adapter and cls.uses_wgpu_adapter:  # its own probe could abort the worker
+                    point = Point.unavailable(name, ctx, cap, rc.steps, no_adapter)
+                elif rc.inprocess:
                     point = worker.measure(req, cls)
                     if point.measured:
                         point.details["peak_rss_scope"] = "process (--inprocess)"

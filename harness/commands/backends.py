@@ -1,10 +1,12 @@
-"""`statebench backends`: every backend, whether it can run here, and why not."""
+"""`statebench backends`: every backend, whether it can run here, and why not; wgpu's adapter
+and the backend API it runs on (a warning where that is OpenGL)."""
 
 from __future__ import annotations
 
 from rich.table import Table
 
 from backends.base import registry
+from harness.wgpu_probe import WgpuProbe, probe_wgpu
 
 
 class Backends:
@@ -17,28 +19,46 @@ class Backends:
 
     @classmethod
     def run_from_args(cls, args, console, err_console) -> int:
-        console.print(cls.table())
+        probe = probe_wgpu()  # in a child: a driver that aborts must not end this listing
+        console.print(cls.table(probe))
+        console.print(cls.adapter_line(probe), markup=False, highlight=False, soft_wrap=True)
+        if probe.warning:
+            err_console.print(f"statebench: warning: {probe.warning}", markup=False,
+                              highlight=False, soft_wrap=True)
         return 0
 
     @staticmethod
-    def availability() -> list[tuple[str, bool, str, str]]:
+    def adapter_line(probe: WgpuProbe) -> str:
+        ok, why = probe.available
+        if not ok:
+            return f"wgpu adapter: none ({why})"
+        return f"wgpu adapter: {probe.adapter['adapter']}; backend API: {probe.backend_type}"
+
+    @staticmethod
+    def availability(probe: WgpuProbe) -> list[tuple[str, bool, str, str]]:
+        """(name, available, why not, what it is) per backend; a backend that asks wgpu for an
+        adapter is asked only where the child found one."""
+        no_adapter = probe.available[1]
         rows = []
         for name, klass in sorted(registry().items()):
-            try:
-                ok, why = klass.available()
-            except Exception as exc:  # noqa: BLE001 - a broken probe is a reason, not a crash
-                ok, why = False, f"{type(exc).__name__}: {exc}"
+            if no_adapter and klass.uses_wgpu_adapter:
+                ok, why = False, no_adapter
+            else:
+                try:
+                    ok, why = klass.available()
+                except Exception as exc:  # noqa: BLE001 - a broken probe is a reason, not a crash
+                    ok, why = False, f"{type(exc).__name__}: {exc}"
             doc = (klass.__doc__ or "").strip().splitlines()
             rows.append((name, bool(ok), why, doc[0] if doc else ""))
         return rows
 
     @classmethod
-    def table(cls) -> Table:
+    def table(cls, probe: WgpuProbe) -> Table:
         t = Table(title="statebench backends")
         t.add_column("backend", style="bold")
         t.add_column("available")
         t.add_column("why not / what it is")
-        rows = cls.availability()
+        rows = cls.availability(probe)
         for name, ok, why, doc in rows:
             t.add_row(name, "[green]yes[/]" if ok else "[red]no[/]", doc if ok else why)
         if not rows:

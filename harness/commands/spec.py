@@ -55,4 +55,4 @@ class Spec:
         return {"schema": data.pop("schema"),
                 "created": datetime.now(UTC).isoformat(timespec="seconds"),
                 "command": "statebench " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-                "environment": environment(with_adapter=False), **data}
+                "environment": environment(), **data}

@@ -176,6 +176,15 @@ class StagedWrites:
         """Forget pending writes to ``dst`` (being destroyed: a copy into it may not run)."""
         self._pending = [p for p in self._pending if p[0] is not dst]
 
+    def destroy(self) -> None:
+        """Free both arenas (pending writes are dropped: flush first to keep them)."""
+        self._pending.clear()
+        for a in self._arenas:
+            if a is not None:
+                a.destroy()
+        self._arenas = [None, None]
+        self._used = 0
+
 
 class StagedReads:
     """Read-backs of one device: every source copied into persistent mapped-read staging
