@@ -1,6 +1,49 @@
-"""Fixtures shared by the WebNN test modules."""
+"""Fixtures shared by the WebNN test modules, and the `adapter_feature` marker.
+
+`@pytest.mark.adapter_feature("shader-f16")` (or "subgroup", "timestamp-query", several at
+once): the test needs those features of the wgpu adapter, and is skipped with the reason on
+an adapter without them (wgpu on OpenGL has neither 'shader-f16' nor 'subgroup') or where
+there is no adapter.
+"""
+
+import functools
 
 import pytest
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line(
+        "markers", "adapter_feature(*names): needs these wgpu adapter features; skipped with "
+                   "the reason on an adapter without them")
+
+
+@functools.cache
+def _adapter() -> tuple[frozenset[str] | None, str]:
+    """(the adapter's features, its summary), or (None, why there is no adapter)."""
+    from backends.webnn.adapter import wgpu_adapter
+
+    adapter, why = wgpu_adapter()
+    if adapter is None:
+        return None, why
+    return frozenset(adapter.features), adapter.summary
+
+
+def missing_adapter_features(*names: str) -> str:
+    """Why a test needing these adapter features cannot run here ("" when it can)."""
+    features, about = _adapter()
+    if features is None:
+        return f"no WebGPU adapter: {about}"
+    lacking = [n for n in names if n not in features]
+    if lacking:
+        return f"the adapter ({about}) has no {', '.join(repr(n) for n in lacking)}"
+    return ""
+
+
+def pytest_runtest_setup(item) -> None:
+    for mark in item.iter_markers("adapter_feature"):
+        why = missing_adapter_features(*mark.args)
+        if why:
+            pytest.skip(why)
 
 
 @pytest.fixture(scope="module")

@@ -123,3 +123,46 @@ def test_real_calibration_rejects_past_the_bound(monkeypatch):
         assert gpu["stream_method"] == "wall slope"
     cal = calibrate.calibrate(need_gpu=False, size=4 << 20)
     assert cal["host"]["copy_gbps"] is None and "bound" in cal["host"]["copy_reason"]
+
+
+@pytest.mark.parametrize("ends", ["measuring", "failing"])
+def test_bandwidth_probe_frees_what_it_made(monkeypatch, ends):
+    """Every buffer and query set the probe made (its own, and the host link's staging) is
+    destroyed, and so is its device, whether the measurement finished or raised midway."""
+    from wgpu.backends.wgpu_native import _api
+
+    adapter = _adapter()
+    made, freed = [], set()
+
+    def counted(cls, maker):
+        orig = getattr(cls, maker)
+
+        def make(self, *a, **k):
+            made.append(orig(self, *a, **k))
+            return made[-1]
+
+        monkeypatch.setattr(cls, maker, make)
+
+    counted(_api.GPUAdapter, "request_device_sync")
+    counted(_api.GPUDevice, "create_buffer")
+    counted(_api.GPUDevice, "create_query_set")
+    for cls in (_api.GPUDevice, _api.GPUBuffer, _api.GPUQuerySet):
+        def destroy(self, _orig=cls.destroy):
+            freed.add(id(self))
+            return _orig(self)
+
+        monkeypatch.setattr(cls, "destroy", destroy)
+    probe = bandwidth.WgpuBandwidthProbe(adapter, size=4 << 20, gpu_size=4 << 20)
+    if ends == "measuring":
+        with probe:
+            out = probe.measure()
+        assert out["h2d_method"] == "wall slope"
+    else:
+        with pytest.raises(RuntimeError, match="midway"), probe:
+            probe.upload()
+            probe.download()  # the host link's read staging exists too
+            raise RuntimeError("a device lost midway")
+    kinds = {type(m).__name__ for m in made}
+    assert {"GPUDevice", "GPUBuffer"} <= kinds, kinds
+    assert len(made) >= 5  # device, two buffers, the fence, the staging
+    assert all(id(m) in freed for m in made), [m for m in made if id(m) not in freed]

@@ -200,6 +200,7 @@ F16_SHAPES = [
 ]
 
 
+@pytest.mark.adapter_feature("shader-f16")
 @pytest.mark.parametrize("f16_loads", ["wide", "vec4"])
 @pytest.mark.parametrize("stateful", [True, False])
 @pytest.mark.parametrize("shape", [s for s, _ in F16_SHAPES], ids=lambda s: "x".join(map(str, s)))
@@ -209,8 +210,6 @@ def test_f16_cache_row_write_and_flash_read_float16(ctx, monkeypatch, stateful, 
     the cache (OPTIONS["f16_loads"]): the stateful graph over three dispatches into its
     hidden cache (seeded random, rows written at random positions), the stateless one over
     a random page-owned cache, whose present must hold exactly the float16 rows."""
-    if "shader-f16" not in ctx._adapter.features:
-        pytest.skip("the adapter has no 'shader-f16'")
     from backends.webnn.wgpu_impl import compiler
 
     monkeypatch.setitem(compiler.OPTIONS, "f16_loads", f16_loads)
@@ -257,6 +256,7 @@ def test_f16_cache_row_write_and_flash_read_float16(ctx, monkeypatch, stateful, 
         np.testing.assert_array_equal(out["pv"], want_v.astype(np.float16))
 
 
+@pytest.mark.adapter_feature("shader-f16")
 @pytest.mark.parametrize("f16_loads", [None, "wide", "vec4"])
 @pytest.mark.parametrize("shape,how", F16_SHAPES, ids=lambda x: "x".join(map(str, x))
                          if isinstance(x, tuple) else x)

@@ -29,7 +29,8 @@ Deviations (each marked DEVIATION in the code):
   (both implementation-defined in the spec); negative ones count from the end.
 - statebench extensions: MLGraph.inputs/outputs (the bound interface), MLGraph.in_place,
   MLGraph.device_bytes, MLContext.counters (bytes moved, ByteCounters with snapshot() and
-  reset()), MLContext.gpu_time_ns / gpu_time_reason.
+  reset()), MLContext.gpu_time_ns / gpu_time_reason, and ``backends.webnn.host_link.HostLink``
+  (the context's staged write and read paths on a caller's own device buffers).
 
 Implementation notes: kernels are WGSL generated per shape at build time; a dispatch is
 one command encoder and one queue.submit; reshapes are views; matmul with M == 1 and
