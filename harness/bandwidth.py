@@ -178,8 +178,8 @@ class WgpuBandwidthProbe:
     `size` on a CPU adapter. `timestamps=False` forces the wall-clock slope. Copies are
     bracketed by timestamps written on the encoder where the adapter has
     'timestamp-query-inside-encoders', else (or with `copy_timestamps="passes"`) by two empty
-    timestamped passes. The device, its buffers, query set and the host link's staging are
-    freed by `close()` (or leaving a `with` block) whether or not the measurement finished.
+    timestamped passes. The device, its buffers and the host link's staging are freed by
+    `close()` (or leaving a `with` block) whether or not the measurement finished.
     """
 
     def __init__(self, adapter: Any, size: int = SIZE, gpu_size: int = GPU_SIZE,
@@ -293,7 +293,9 @@ class WgpuBandwidthProbe:
 
         device, queue = self.device, self.device.queue
         reps, trials = TS_REPS[self.kind], TS_TRIALS[self.kind]
-        qs = self._own(device.create_query_set(type="timestamp", count=2))
+        # the query set is left to the garbage collector: wgpu-py's destroy() drops it at
+        # once, and on wgpu's OpenGL backend a later write on another device then aborts
+        qs = device.create_query_set(type="timestamp", count=2)
         qbuf = self._own(device.create_buffer(
             size=16, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC))
 
