@@ -177,11 +177,10 @@ class StagedWrites:
         self._pending = [p for p in self._pending if p[0] is not dst]
 
     def destroy(self) -> None:
-        """Free both arenas (pending writes are dropped: flush first to keep them)."""
+        """Let go of both arenas, which wgpu releases once nothing holds them (pending writes
+        are dropped: flush first to keep them). Not ``buffer.destroy()``: on wgpu's OpenGL
+        backend that made a later submit in the process abort."""
         self._pending.clear()
-        for a in self._arenas:
-            if a is not None:
-                a.destroy()
         self._arenas = [None, None]
         self._used = 0
 
