@@ -178,8 +178,8 @@ class WgpuBandwidthProbe:
     `size` on a CPU adapter. `timestamps=False` forces the wall-clock slope. Copies are
     bracketed by timestamps written on the encoder where the adapter has
     'timestamp-query-inside-encoders', else (or with `copy_timestamps="passes"`) by two empty
-    timestamped passes. The device, its buffers and the host link's staging are freed by
-    `close()` (or leaving a `with` block) whether or not the measurement finished.
+    timestamped passes. Its buffers and the host link's staging are freed by `close()` (or
+    leaving a `with` block) whether or not the measurement finished.
     """
 
     def __init__(self, adapter: Any, size: int = SIZE, gpu_size: int = GPU_SIZE,
@@ -200,8 +200,10 @@ class WgpuBandwidthProbe:
         self._owned: list[Any] = []  # destroyed by close(), last made first
         self._link: HostLink | None = None
         try:
-            self.device = self._own(adapter.request_device_sync(required_features=required,
-                                                                required_limits=want))
+            # the device itself is let go of, not destroyed: wgpu's OpenGL backend aborted a
+            # later submit in the process after a device.destroy() here
+            self.device = adapter.request_device_sync(required_features=required,
+                                                      required_limits=want)
             self._allocate(size, gpu_size)
         except BaseException:
             self.close()

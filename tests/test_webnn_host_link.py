@@ -14,9 +14,7 @@ def device():
     adapter, why = wgpu_adapter()
     if adapter is None:
         pytest.skip(f"no WebGPU adapter: {why}")
-    dev = adapter.request_device_sync()
-    yield dev
-    dev.destroy()
+    return adapter.request_device_sync()
 
 
 def test_written_bytes_read_back_exactly(device):
