@@ -1,4 +1,4 @@
-"""The four ways a WebNN page carries decode state across steps, on the wgpu WebNN backend.
+"""The four ways a WebNN page carries decode state across steps, on the WebNN implementation.
 
 Each mode is what a page would write: convert the standard-flavour ONNX once
 (`backends.webnn.onnx_converter`), create MLTensors, then per token write the ids/position,
@@ -15,6 +15,9 @@ Each mode is what a page would write: convert the standard-flavour ONNX once
 - `wgpu:fallback`   the same page code as stateful on a context without state support:
   `is_stateful` comes back False and the page binds the pairs as `reuse` does (§2 rule 1).
 
+Each mode runs on both WebGPU engines: `wgpu:*` on wgpu-native, `dawn:*` (the same classes,
+`engine = "dawn"`) on Dawn, Chrome's engine (docs/dawn.md).
+
 Bytes are never computed here: the context counts them where they move, and each backend
 call adds the context's deltas to `self.counters`.
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -31,6 +35,9 @@ from backends.base import Backend, DepthState, register
 from backends.webnn.adapter import wgpu_adapter
 from model.errors import UserError
 from model.workload import Workload
+
+if TYPE_CHECKING:
+    from backends.webnn.wgpu_impl.options import KernelOptions
 
 
 def _webnn():
@@ -49,12 +56,17 @@ class _Page(Backend):
     request_state = False
     #: keep the caches in host arrays and copy them both ways every step
     host_cache = False
+    #: wgpu-native's adapter: the harness asks for it in a child first (Backend.uses_wgpu_adapter)
     uses_wgpu_adapter = True
+    #: the WebGPU engine of the context (backends.webnn.engines: "wgpu", "dawn")
+    engine = "wgpu"
 
-    def __init__(self, onnx_path: str | os.PathLike | None = None, timing: bool = True) -> None:
+    def __init__(self, onnx_path: str | os.PathLike | None = None, timing: bool = True,
+                 options: KernelOptions | None = None) -> None:
         super().__init__()
         self.onnx_path = onnx_path  # a user's export instead of model.export's
         self.timing = timing
+        self.options = options  # the context's kernel variants and modes (None: per adapter)
         self.context = None
         self.converted = None
         self.position = 0
@@ -68,7 +80,7 @@ class _Page(Backend):
 
     @classmethod
     def available(cls) -> tuple[bool, str]:
-        adapter, why = wgpu_adapter()
+        adapter, why = wgpu_adapter(cls.engine)
         if adapter is None:
             return False, why
         try:
@@ -76,6 +88,15 @@ class _Page(Backend):
         except ImportError as exc:
             return False, f"the WebNN wgpu backend cannot be imported ({exc})"
         return True, ""
+
+    @classmethod
+    def runs_on(cls) -> str:
+        from backends.webnn.engines import ENGINES
+
+        eng = ENGINES[cls.engine]
+        adapter, _ = wgpu_adapter(cls.engine)
+        api = dict(adapter.info).get("backend_type", "?") if adapter is not None else "no adapter"
+        return f"{eng.version()}, {api}"
 
     # -- counting ---------------------------------------------------------------------------
 
@@ -101,7 +122,11 @@ class _Page(Backend):
             path = export(workload, "standard", capacity)
         else:
             path = self.onnx_path
-        self.context = webnn.ml.create_context(state_support=self.state_support, timing=self.timing)
+        self.context = webnn.ml.create_context(state_support=self.state_support, timing=self.timing,
+                                               options=self.options, engine=self.engine)
+        self.details["engine"] = self.context.engine_info
+        # what the point ran with: every knob, None where the adapter chose
+        self.details["kernel_options"] = self.context.options.as_dict()
         reason = getattr(self.context, "gpu_time_reason", "")
         if reason:
             self.details["gpu_time_reason"] = reason
@@ -270,3 +295,13 @@ class StatefulFallback(_Page):
     name = "wgpu:fallback"
     request_state = True
     state_support = False
+
+
+#: the same four pages on Dawn: one class each, the engine the only difference
+DAWN_PAGES: dict[str, type[_Page]] = {}
+for _page in (StatelessCopy, TensorReuse, StatefulInPlace, StatefulFallback):
+    _cls = type(f"Dawn{_page.__name__}", (_page,), {
+        "name": _page.name.replace("wgpu:", "dawn:"), "engine": "dawn", "uses_wgpu_adapter": False,
+        "__module__": __name__, "__doc__": f"{(_page.__doc__ or '').strip()} On Dawn.",
+    })
+    DAWN_PAGES[_cls.name] = register(_cls)

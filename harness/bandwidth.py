@@ -223,8 +223,8 @@ class WgpuBandwidthProbe:
                        int(device.limits.get("max-buffer-size", dev_size)))
         self.dev_size = dev_size - dev_size % 16
         # the host link at the device size on a GPU: a stateless page moves 34 MB to 1 GB each
-        # way a step, and 64 MB can sit in a server's last-level cache (hosts have calibrated
-        # 9-14 GB/s up at 64 MB while their stateless steps ran alike)
+        # way a step, and 64 MB can sit in a server's last-level cache (the 6d7dec3-41286f1
+        # runs' hosts calibrated 9-14 GB/s up at 64 MB while their stateless steps ran alike)
         link = self.dev_size if self.kind == "gpu" else min(size, self.dev_size)
         self.link_bytes = link - link % 16
         self.host = np.ones(self.link_bytes // 4, np.float32)

@@ -13,10 +13,10 @@ import os
 import platform
 import subprocess
 import sys
-from importlib import metadata
 from pathlib import Path
 
 from harness.bandwidth import SIZE, host_bandwidth, host_gemv_bandwidth
+from harness.versions import package_version
 from harness.wgpu_probe import WgpuProbe, probe_wgpu
 
 
@@ -34,13 +34,6 @@ def calibrate(need_gpu: bool = True, size: int = SIZE, working_set: int | None =
             probe = probe_wgpu(bandwidth_size=size)
         cal["wgpu"] = probe.bandwidth
     return cal
-
-
-def _version(pkg: str) -> str | None:
-    try:
-        return metadata.version(pkg)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def _cpu() -> str:
@@ -98,8 +91,8 @@ def environment(calibration: dict | None = None, wgpu: dict | None = None) -> di
         "platform": platform.platform(),
         "cpu": _cpu(),
         "cpu_count": os.cpu_count(),
-        "packages": {p: _version(p) for p in ("numpy", "onnx", "onnxruntime", "wgpu", "rich",
-                                              "onnxruntime-ep-webgpu")},
+        "packages": {p: package_version(p) for p in ("numpy", "onnx", "onnxruntime", "wgpu",
+                                                     "rich", "onnxruntime-ep-webgpu")},
         "ort_ep_devices": _ort_devices(),
         "git_commit": _git_commit(),
         "source_digest": source_digest(),

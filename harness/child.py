@@ -15,10 +15,12 @@ import sys
 from pathlib import Path
 
 
-def run_module(module: str, request: dict, timeout_s: float) -> subprocess.CompletedProcess:
-    """Run `python -m module` with `request` as JSON on stdin, this checkout on its path.
-    Raises subprocess.TimeoutExpired after `timeout_s`."""
-    env = dict(os.environ)
+def run_module(module: str, request: dict, timeout_s: float,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run `python -m module` with `request` as JSON on stdin, this checkout on its path and
+    `env` added to this process's environment. Raises subprocess.TimeoutExpired after
+    `timeout_s`."""
+    env = {**os.environ, **(env or {})}
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     return subprocess.run([sys.executable, "-m", module], input=json.dumps(request),

@@ -31,7 +31,7 @@ def make_parser() -> ArgumentParser:
                     "on wgpu and ONNX Runtime.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=ArgumentParser)
     for cmd in COMMANDS:
-        cmd.setup_arguments(sub)
+        cmd.add_parser(sub)
     return parser
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -27,6 +28,7 @@ from harness import child, metrics, worker
 from harness.bandwidth import SIZE as CALIBRATION_SIZE
 from harness.results import Point, Results, one_line
 from harness.wgpu_probe import WgpuProbe, probe_wgpu
+from model import checksum
 from model.errors import UserError
 from model.reference import Reference
 from model.workload import ModelConfig, Workload, preset, token_stream
@@ -139,9 +141,14 @@ def run_worker_subprocess(req: dict, timeout_s: float) -> Point:
     """`python -m harness.worker` for one point; a crash or hang becomes a failed point."""
     name, ctx, cap, steps = req["backend"], req["context"], req["capacity"], req["steps"]
     try:
-        proc = child.run_module("harness.worker", req, timeout_s)
+        # the cache files this process found whole, so the worker need not check them again
+        proc = child.run_module("harness.worker", req, timeout_s,
+                                env={checksum.HANDOFF_ENV: checksum.handoff()})
     except subprocess.TimeoutExpired:
         return Point.failed(name, ctx, cap, steps, f"worker timed out after {timeout_s:.0f} s")
+    for line in proc.stderr.splitlines():
+        if line.startswith(checksum.NOTICE_PREFIX):  # a rebuilt cache file is said, not hidden
+            print(line, file=sys.stderr, flush=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
     if proc.returncode == 0 and lines:
         try:

@@ -27,8 +27,10 @@ caches, cos/sin and the output): q, k and v are cast in and the output is cast b
 Both flavours reference one external weights file per (model, seed): `<name>-<hash>-s<seed>/
 weights.bin` beside the graphs, written once (atomically) and reused by every capacity and
 flavour. Only capacity-dependent constants (RoPE tables, the mask's arange) live inside the
-`.onnx`. With tied embeddings the head is a stored transposed copy of `embed_tokens`
-(`lm_head`, (hidden, vocab)), since Gemm(transB) is not in the standard op list.
+`.onnx`. Each file (weights and graphs) carries a content checksum (`<file>.sum`,
+`model.checksum`) and is rebuilt, with one line on stderr, when it no longer matches. With
+tied embeddings the head is a stored transposed copy of `embed_tokens` (`lm_head`, (hidden,
+vocab)), since Gemm(transB) is not in the standard op list.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from model import checksum
 from model.atomic import atomic_file
 from model.workload import (
     ATTENTION,
@@ -91,8 +94,12 @@ def export(workload: Workload, flavour: str, capacity: int,
            cache_dir: str | os.PathLike | None = None, *, force: bool = False) -> Path:
     """The graph for (workload, flavour, capacity), exported unless already on disk."""
     path = graph_path(workload, flavour, capacity, cache_dir)
-    if path.exists() and not force:
-        return path
+    if not force:
+        # the weights file the graph points to is checked (or rebuilt) on every reuse too:
+        # a backend reads both, and a graph never changes when its weights file is rebuilt
+        write_weights(workload, path.parent)
+        if checksum.reusable(path, "graph"):
+            return path
     if flavour == STANDARD:
         return export_standard(workload, capacity, path)
     return export_ort(workload, path, capacity)
@@ -127,8 +134,9 @@ def _weights_layout(cfg: ModelConfig) -> list[tuple[str, str, tuple[int, ...]]]:
 def write_weights(workload: Workload, directory: Path) -> dict[str, tuple[int, int]]:
     """Write `weights.bin` (+ `weights.json`) in `directory` once; returns name -> (offset, len).
 
-    An existing file with the same layout is reused; a new one is written to a temporary name
-    and renamed, so a concurrent or interrupted export never leaves a half-written file.
+    An existing file with the same layout and an intact content checksum (`model.checksum`)
+    is reused; a new one is written to a temporary name and renamed, so a concurrent or
+    interrupted export never leaves a half-written file.
     """
     cfg = workload.config
     layout = _weights_layout(cfg)
@@ -142,10 +150,11 @@ def write_weights(workload: Workload, directory: Path) -> dict[str, tuple[int, i
             "fingerprint": {n: _fingerprint(workload.weights[n]) for n in workload.weights}}
     bin_path, json_path = directory / "weights.bin", directory / "weights.json"
     try:
-        if json.loads(json_path.read_text()) == meta and bin_path.stat().st_size == offset:
-            return {k: (v[0], v[1]) for k, v in manifest.items()}
+        same = json.loads(json_path.read_text()) == meta
     except (OSError, ValueError):
-        pass
+        same = False
+    if same and checksum.reusable(bin_path, "weights", size=offset):
+        return {k: (v[0], v[1]) for k, v in manifest.items()}
     with atomic_file(bin_path) as f:
         for stored, source, _ in layout:
             if source.endswith(".T"):
@@ -155,6 +164,7 @@ def write_weights(workload: Workload, directory: Path) -> dict[str, tuple[int, i
             f.seek(manifest[stored][0])
             f.write(np.ascontiguousarray(arr, dtype=np.float32).tobytes())
         f.truncate(offset)
+    checksum.seal(bin_path)
     _atomic_write(json_path, json.dumps(meta).encode())
     return {k: (v[0], v[1]) for k, v in manifest.items()}
 
@@ -281,6 +291,7 @@ class _Builder:
         model = helper.make_model(g, opset_imports=opsets, producer_name="statebench")
         model.ir_version = 10
         _atomic_write(self.path, model.SerializeToString())
+        checksum.seal(self.path)
         return self.path
 
 

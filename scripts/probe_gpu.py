@@ -1,6 +1,6 @@
 """Probe a GPU box once: the wgpu adapter (features, limits) and ONNX Runtime's WebGPU plugin EP
 (devices, device-resident OrtValues, IOBinding to the device). Prints JSON; used to learn the
-H200 machine before writing the `ort-webgpu:*` backends (record: results/h200/probe.json)."""
+H200 machine before writing the `ort-webgpu:*` backends (record: 4f0f55b:results/h200/probe.json)."""
 
 import json
 import traceback

@@ -1,14 +1,22 @@
 """Fixtures shared by the WebNN test modules, and the `adapter_feature` marker.
 
-`@pytest.mark.adapter_feature("shader-f16")` (or "subgroup", "timestamp-query", several at
-once): the test needs those features of the wgpu adapter, and is skipped with the reason on
-an adapter without them (wgpu on OpenGL has neither 'shader-f16' nor 'subgroup') or where
-there is no adapter.
+``STATEBENCH_ENGINE=dawn`` runs the WebNN tests' contexts on Dawn instead of wgpu-native
+(CI runs them on both: .ci/run). Whatever the engine, every kernel a test compiles is also
+compiled by the other engine's compiler (``_kernels_compile_on_both_engines``).
+
+`@pytest.mark.adapter_feature("shader-f16")` (or "subgroup": the engine's subgroup feature,
+"timestamp-query", several at once): the test needs those features of the engine's adapter,
+and is skipped with the reason on an adapter without them (wgpu on OpenGL has neither
+'shader-f16' nor 'subgroup') or where there is no adapter.
 """
 
 import functools
+import os
 
 import pytest
+
+#: the engine of the WebNN tests' contexts ("wgpu" or "dawn")
+ENGINE = os.environ.get("STATEBENCH_ENGINE", "wgpu")
 
 
 def pytest_configure(config) -> None:
@@ -19,10 +27,11 @@ def pytest_configure(config) -> None:
 
 @functools.cache
 def _adapter() -> tuple[frozenset[str] | None, str]:
-    """(the adapter's features, its summary), or (None, why there is no adapter)."""
+    """(the features of the tests' engine's adapter, its summary), or (None, why there is
+    no adapter)."""
     from backends.webnn.adapter import wgpu_adapter
 
-    adapter, why = wgpu_adapter()
+    adapter, why = wgpu_adapter(ENGINE)
     if adapter is None:
         return None, why
     return frozenset(adapter.features), adapter.summary
@@ -30,10 +39,14 @@ def _adapter() -> tuple[frozenset[str] | None, str]:
 
 def missing_adapter_features(*names: str) -> str:
     """Why a test needing these adapter features cannot run here ("" when it can)."""
+    from backends.webnn.engines import ENGINES
+
     features, about = _adapter()
     if features is None:
         return f"no WebGPU adapter: {about}"
-    lacking = [n for n in names if n not in features]
+    subgroup = ENGINES[ENGINE].subgroup_feature  # "subgroup" (wgpu-native) or "subgroups"
+    lacking = [n for n in (subgroup if n in ("subgroup", "subgroups") else n for n in names)
+               if n not in features]
     if lacking:
         return f"the adapter ({about}) has no {', '.join(repr(n) for n in lacking)}"
     return ""
@@ -48,16 +61,42 @@ def pytest_runtest_setup(item) -> None:
 
 @pytest.fixture(scope="module")
 def ctx():
-    """One WebNN context per test module; skipped with the reason where wgpu has no adapter."""
+    """One WebNN context per test module; skipped with the reason where the engine has no
+    adapter."""
     from backends.webnn import ml
 
     try:
-        c = ml.create_context()
+        c = ml.create_context(engine=ENGINE)
     except Exception as e:  # noqa: BLE001 - any driver failure means "no adapter here"
-        pytest.skip(f"no WebGPU adapter: {e}")
+        pytest.skip(f"no WebGPU adapter ({ENGINE}): {e}")
     c.record_ahead = True  # the GPU's dispatch path (a CPU adapter's default is off)
     yield c
     c.destroy()
+
+
+@pytest.fixture(scope="module")
+def ctx_with(ctx):
+    """``ctx_with(**knobs)``: a context created with those kernel options (``KernelOptions``
+    fields), one per set of options per module (``ctx`` itself for the defaults), on the
+    GPU's dispatch path as ``ctx`` is unless the options pick ``record_ahead``."""
+    from backends.webnn import ml
+    from backends.webnn.wgpu_impl.options import KernelOptions
+
+    made = {}
+
+    def make(**knobs):
+        options = KernelOptions(**knobs)
+        if options == ctx.options:
+            return ctx
+        if options not in made:
+            c = made[options] = ml.create_context(options=options)
+            if options.record_ahead is None:
+                c.record_ahead = ctx.record_ahead
+        return made[options]
+
+    yield make
+    for c in made.values():
+        c.destroy()
 
 
 @pytest.fixture(scope="module")
@@ -69,12 +108,14 @@ def subgroup_size(ctx) -> int | None:
     import wgpu
 
     dev = ctx._device
-    if "subgroup" not in dev.features:
+    if ctx.engine.subgroup_feature not in dev.features:
         return None
     src = ("@group(0) @binding(0) var<storage, read_write> out: array<u32>;\n"
            "@compute @workgroup_size(64)\n"
            "fn main(@builtin(local_invocation_index) lid: u32, "
            "@builtin(subgroup_size) sz: u32) { out[lid] = sz; }\n")
+    if ctx.engine.enable_subgroups:
+        src = "enable subgroups;\n" + src
     pipe = dev.create_compute_pipeline(
         layout="auto", compute={"module": dev.create_shader_module(code=src), "entry_point": "main"})
     buf = dev.create_buffer(size=256, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC)
@@ -115,3 +156,31 @@ def queue_calls(monkeypatch):
         return n
 
     return start
+
+
+@pytest.fixture(autouse=True)
+def _kernels_compile_on_both_engines(monkeypatch):
+    """Every kernel a test's graphs compile on one engine is also compiled by the other
+    engine's compiler (Tint for wgpu-native contexts, naga for Dawn's), so a kernel only one
+    engine accepts fails the test that built it. Where the other compiler is missing here
+    this check is off, and test_wgsl_engines.py skips with the reason."""
+    try:
+        from backends.webnn.wgpu_impl.context import WgpuContext
+    except ImportError:
+        return
+    from wgsl_compilers import compiler_device, rejection
+
+    from backends.webnn.engines import ENGINES
+
+    own = WgpuContext._pipeline
+
+    def checked(self, wgsl: str, bindings: list[str]):
+        if wgsl not in self._pipelines:
+            other = "dawn" if self.engine.name == "wgpu" else "wgpu"
+            if compiler_device(other)[0] is not None:
+                err = rejection(other, wgsl)
+                eng = ENGINES[other]
+                assert not err, f"{eng.compiler} ({eng.implementation}) rejects a kernel: {err}"
+        return own(self, wgsl, bindings)
+
+    monkeypatch.setattr(WgpuContext, "_pipeline", checked)

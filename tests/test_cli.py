@@ -54,6 +54,16 @@ def test_bad_results_file(tmp_path):
     assert "not a statebench results file" in one_line_error(statebench("report", tmp_path / "x.json"))
 
 
+@pytest.mark.parametrize("command", [["report"], ["gate", "--baseline", "x.json"],
+                                     ["baseline", "--name", "b", "--dir", "baselines"]],
+                         ids=lambda c: c[0])
+def test_a_binary_results_file_is_one_line(command, tmp_path):
+    (tmp_path / "x.json").write_bytes(b"\xff\xfe{\x00\"schema\x00\"" + bytes(range(256)))
+    proc = statebench(command[0], "x.json", *command[1:], cwd=tmp_path)
+    assert one_line_error(proc).endswith("x.json: not a results file (not UTF-8 text: "
+                                         "byte 0xff at offset 0)")
+
+
 def test_backends_lists_availability():
     proc = statebench("backends")
     assert proc.returncode == 0

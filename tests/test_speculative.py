@@ -134,9 +134,9 @@ def test_measure_reports_every_m_and_marks_webgpu():
     json.dumps(data, allow_nan=False)
 
 
-def statebench(*args) -> subprocess.CompletedProcess:
+def statebench(*args, preexec_fn=None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "harness.cli", *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, preexec_fn=preexec_fn)
 
 
 @pytest.mark.parametrize("args, says", [
@@ -144,6 +144,11 @@ def statebench(*args) -> subprocess.CompletedProcess:
     (["spec", "--k", "0"], "--k 0: draft length must be in 1..8"),
     (["spec", "--preset", "huge"], "unknown preset 'huge'; accepted: tiny"),
     (["spec", "--k", "x"], "invalid int value"),
+    (["spec", "--seed", "-1"], "--seed: -1 is not ≥ 0"),
+    (["speculative", "--depth", str(10**10)], f"--depth {10**10}: the measurement would hold about"),
+    (["spec", "--out", "."], "--out .: is a directory; name a file"),
+    (["spec", "--out", "no/such/folder/spec.json"], "the folder no/such/folder does not exist"),
+    (["spec", "--out", "/proc/spec.json"], "--out /proc/spec.json: cannot write in /proc"),
 ])
 def test_cli_bad_input_is_one_line(args, says):
     proc = statebench(*args)
@@ -151,6 +156,7 @@ def test_cli_bad_input_is_one_line(args, says):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert lines[0].startswith("statebench: error: ") and says in lines[0], lines[0]
+    assert not proc.stdout, "refused before anything was measured"
 
 
 def test_cli_writes_json(tmp_path):
@@ -160,3 +166,82 @@ def test_cli_writes_json(tmp_path):
     data = json.loads(out.read_text())
     assert data["schema"] == sp.SCHEMA and data["k"] == 2
     assert "snapshot+recompute" in proc.stdout and "✓" in proc.stdout and "✗" not in proc.stdout
+
+
+def test_cli_keeps_an_existing_file_unless_forced(tmp_path):
+    out = tmp_path / "spec.json"
+    out.write_text("an earlier run\n")
+    args = ["speculative", "--k", "1", "--reps", "1", "--depth", "8", "--out", out]
+    proc = statebench(*args)
+    assert proc.returncode == 2 and not proc.stdout, proc.stderr
+    assert proc.stderr.strip() == (f"statebench: error: --out {out}: the file exists; "
+                                   "pass --force to replace it")
+    assert out.read_text() == "an earlier run\n"
+    proc = statebench(*args, "--force")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(out.read_text())["k"] == 1
+
+
+def test_cli_save_failure_is_one_line_naming_the_file(tmp_path):
+    """A file-size limit makes the save fail as a full disk would, after the measurement."""
+    import resource
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2048, 2048))
+
+    out = tmp_path / "spec.json"
+    proc = statebench("spec", "--k", "1", "--reps", "1", "--depth", "8", "--out", out,
+                      preexec_fn=small_files)
+    assert proc.returncode == 2, proc.stderr
+    assert "snapshot+recompute" in proc.stdout  # measured, and the tables were printed
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith(f"statebench: error: could not save {out}: File too large"), lines[0]
+    assert list(tmp_path.iterdir()) == [], "no file, and no temporary file, is left"
+
+
+def test_an_impossible_depth_is_refused_before_anything_is_allocated():
+    import io
+    import tracemalloc
+
+    from rich.console import Console
+
+    from harness.cli import main
+
+    err = io.StringIO()
+    tracemalloc.start()
+    try:
+        rc = main(["speculative", "--depth", str(10**10)], Console(file=io.StringIO()),
+                  Console(file=err, width=400))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert rc == 2 and "--depth 10000000000" in err.getvalue()
+    assert peak < 64 * 2**20, peak
+
+
+def test_the_memory_estimate_covers_what_the_attention_measurement_holds():
+    """numpy reports its buffers to tracemalloc: the estimate must be an upper bound, and a
+    close one (within 2x), or it would refuse depths that fit."""
+    import tracemalloc
+
+    from harness.speculative.limits import attention_peak_bytes
+
+    sh, k, depth = sp.AttentionShape(kv_heads=4, head_dim=64), 4, 20_000
+    tracemalloc.start()
+    try:
+        sp.measure_attention(sh, [0], k, depth, reps=2)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    estimate = attention_peak_bytes(sh.row_bytes, k, depth)
+    assert estimate / 2 <= peak <= estimate, (peak, estimate)
+
+
+def test_speculative_and_its_alias_spec_run_the_same_command():
+    from harness.cli import make_parser
+
+    parser = make_parser()
+    for word in ("speculative", "spec"):
+        args = parser.parse_args([word, "--k", "2"])
+        assert args.func.__self__.name == "speculative" and args.k == 2

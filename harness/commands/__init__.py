@@ -5,6 +5,6 @@ from harness.commands.baseline import Baseline
 from harness.commands.gate import Gate
 from harness.commands.report import Report
 from harness.commands.run import Run
-from harness.commands.spec import Spec
+from harness.commands.speculative import Speculative
 
-COMMANDS = (Run, Backends, Report, Gate, Baseline, Spec)
+COMMANDS = (Run, Backends, Report, Gate, Baseline, Speculative)

@@ -6,16 +6,13 @@ from __future__ import annotations
 from rich.table import Table
 
 from backends.base import registry
+from harness.commands.base import Command
 from harness.wgpu_probe import WgpuProbe, probe_wgpu
 
 
-class Backends:
+class Backends(Command):
     name = "backends"
-
-    @classmethod
-    def setup_arguments(cls, subparsers) -> None:
-        p = subparsers.add_parser(cls.name, help="list backends and whether each is available here")
-        p.set_defaults(func=cls.run_from_args)
+    help = "list backends and whether each is available here"
 
     @classmethod
     def run_from_args(cls, args, console, err_console) -> int:
@@ -35,9 +32,9 @@ class Backends:
         return f"wgpu adapter: {probe.adapter['adapter']}; backend API: {probe.backend_type}"
 
     @staticmethod
-    def availability(probe: WgpuProbe) -> list[tuple[str, bool, str, str]]:
-        """(name, available, why not, what it is) per backend; a backend that asks wgpu for an
-        adapter is asked only where the child found one."""
+    def availability(probe: WgpuProbe) -> list[tuple[str, bool, str, str, str]]:
+        """(name, available, why not, what it is, the engine and backend API it runs on); a
+        backend that asks wgpu for an adapter is asked only where the child found one."""
         no_adapter = probe.available[1]
         rows = []
         for name, klass in sorted(registry().items()):
@@ -48,8 +45,12 @@ class Backends:
                     ok, why = klass.available()
                 except Exception as exc:  # noqa: BLE001 - a broken probe is a reason, not a crash
                     ok, why = False, f"{type(exc).__name__}: {exc}"
+            try:
+                engine = klass.runs_on() if ok else ""
+            except Exception as exc:  # noqa: BLE001 - a broken probe is a reason, not a crash
+                engine = f"{type(exc).__name__}: {exc}"
             doc = (klass.__doc__ or "").strip().splitlines()
-            rows.append((name, bool(ok), why, doc[0] if doc else ""))
+            rows.append((name, bool(ok), why, doc[0] if doc else "", engine))
         return rows
 
     @classmethod
@@ -57,10 +58,11 @@ class Backends:
         t = Table(title="statebench backends")
         t.add_column("backend", style="bold")
         t.add_column("available")
+        t.add_column("runs on")
         t.add_column("why not / what it is")
         rows = cls.availability(probe)
-        for name, ok, why, doc in rows:
-            t.add_row(name, "[green]yes[/]" if ok else "[red]no[/]", doc if ok else why)
+        for name, ok, why, doc, engine in rows:
+            t.add_row(name, "[green]yes[/]" if ok else "[red]no[/]", engine, doc if ok else why)
         if not rows:
-            t.add_row("(none registered)", "", "")
+            t.add_row("(none registered)", "", "", "")
         return t

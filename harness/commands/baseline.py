@@ -8,28 +8,29 @@ must agree on everything that is not a time (points, byte counts, matches).
 
 from __future__ import annotations
 
+import argparse
 import re
 from pathlib import Path
 
 from harness import results
+from harness.commands.base import Command
 from model.errors import UserError
 
 BASELINE_DIR = Path("results") / "baselines"
 
 
-class Baseline:
+class Baseline(Command):
     name = "baseline"
+    help = "save a run as a named baseline for the gate"
 
     @classmethod
-    def setup_arguments(cls, subparsers) -> None:
-        p = subparsers.add_parser(cls.name, help="save a run as a named baseline for the gate")
+    def setup_arguments(cls, p: argparse.ArgumentParser) -> None:
         p.add_argument("runs", nargs="+", metavar="run",
                        help="results file to keep; several runs of one sweep: per-point medians")
         p.add_argument("--name", required=True, help="baseline name (letters, digits, - _ .)")
         p.add_argument("--dir", default=str(BASELINE_DIR),
                        help=f"where baselines live (default {BASELINE_DIR})")
         p.add_argument("--force", action="store_true", help="overwrite an existing baseline")
-        p.set_defaults(func=cls.run_from_args)
 
     @classmethod
     def run_from_args(cls, args, console, err_console) -> int:

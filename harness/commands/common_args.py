@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
+from pathlib import Path
 
 from model.errors import UserError
 
@@ -66,3 +69,24 @@ def check_format(fmt: str, accepted: tuple[str, ...]) -> str:
     if fmt not in accepted:
         raise UserError(f"unknown format {fmt!r}; accepted: {', '.join(accepted)}")
     return fmt
+
+
+def check_out_file(path: str | Path, force: bool = False) -> Path:
+    """Refuse an --out that cannot take the file, before anything is measured: a folder, a
+    folder that does not exist or where no file can be made, or an existing file (unless
+    `force`). The probe makes and removes a file beside the target, as the atomic save does."""
+    out = Path(path)
+    if out.is_dir():
+        raise UserError(f"--out {out}: is a directory; name a file")
+    folder = out.parent
+    if not folder.is_dir():
+        raise UserError(f"--out {out}: the folder {folder} does not exist")
+    if out.exists() and not force:
+        raise UserError(f"--out {out}: the file exists; pass --force to replace it")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".probe", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise UserError(f"--out {out}: cannot write in {folder}: {exc.strerror or exc}") from None
+    return out

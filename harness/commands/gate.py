@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
+
 from rich.text import Text
 
 from harness import gate, results
 from harness.commands import common_args
+from harness.commands.base import Command
 
 
-class Gate:
+class Gate(Command):
     name = "gate"
+    help = "fail (exit 1) when a run regresses against a baseline"
 
     @classmethod
-    def setup_arguments(cls, subparsers) -> None:
-        p = subparsers.add_parser(cls.name, help="fail (exit 1) when a run regresses against a baseline")
+    def setup_arguments(cls, p: argparse.ArgumentParser) -> None:
         p.add_argument("run", help="results file of the run to check")
         p.add_argument("--baseline", required=True,
                        help="baseline results file (e.g. results/baselines/ci.json)")
@@ -22,7 +25,6 @@ class Gate:
                             "stateless baseline (default 0.25 = 25%%)")
         p.add_argument("--bytes-exact", action="store_true",
                        help="any byte-count change fails (default: more than 1%%)")
-        p.set_defaults(func=cls.run_from_args)
 
     @classmethod
     def run_from_args(cls, args, console, err_console) -> int:
@@ -31,7 +33,7 @@ class Gate:
     @classmethod
     def run(cls, run_path, base_path, max_slowdown, bytes_exact, console) -> int:
         verdict = gate.compare(results.load(run_path), results.load(base_path), max_slowdown,
-                               bytes_exact)
+                               bytes_exact, names=(str(run_path), str(base_path)))
         console.print(gate.table(verdict))
         for line in gate.lines(verdict):
             console.print(Text(line, style="green" if line.startswith("gate: passed") else

@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from harness import report, results
+from harness.commands.base import Command
 from harness.commands.common_args import check_format
 
 FORMATS = ("table", "md", "csv", "json", "html")
 
 
-class Report:
+class Report(Command):
     name = "report"
+    help = "tables and charts from one or more results files"
 
     @classmethod
-    def setup_arguments(cls, subparsers) -> None:
-        p = subparsers.add_parser(cls.name, help="tables and charts from one or more results files")
+    def setup_arguments(cls, p: argparse.ArgumentParser) -> None:
         p.add_argument("files", nargs="+", help="results files (several are compared side by side)")
         p.add_argument("--out", default=None,
                        help="directory for charts (PNG, SVG) and report.{md,csv,json,html}")
@@ -24,7 +26,6 @@ class Report:
                             "and adapter): show them as one run")
         p.add_argument("--format", default="table",
                        help=f"what to print: {', '.join(FORMATS)} (default table)")
-        p.set_defaults(func=cls.run_from_args)
 
     @classmethod
     def run_from_args(cls, args, console, err_console) -> int:

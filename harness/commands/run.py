@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import shlex
 import sys
 from pathlib import Path
@@ -9,15 +10,16 @@ from pathlib import Path
 from backends.base import select
 from harness import report, runner
 from harness.commands import common_args
+from harness.commands.base import Command
 from model.workload import preset
 
 
-class Run:
+class Run(Command):
     name = "run"
+    help = "decode N tokens at each depth with each backend"
 
     @classmethod
-    def setup_arguments(cls, subparsers) -> None:
-        p = subparsers.add_parser(cls.name, help="decode N tokens at each depth with each backend")
+    def setup_arguments(cls, p: argparse.ArgumentParser) -> None:
         common_args.add_preset(p)
         common_args.add_backends(p)
         p.add_argument("--contexts", default=runner.DEFAULT_CONTEXTS,
@@ -44,7 +46,6 @@ class Run:
                             f" failed (default {int(runner.WORKER_TIMEOUT_S)})")
         p.add_argument("--no-calibrate", dest="calibrate", action="store_false",
                        help="skip the bandwidth calibration (no floors or MBU)")
-        p.set_defaults(func=cls.run_from_args)
 
     @classmethod
     def run_from_args(cls, args, console, err_console) -> int:
