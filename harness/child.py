@@ -1,4 +1,4 @@
-"""One `python -m harness.<module>` child: a request on stdin, one JSON line back on stdout.
+"""One `python -m harness.<module>` child: a request on stdin, JSON lines back on stdout.
 
 The runner's point workers and the wgpu adapter probe run this way so that a device or driver
 that aborts the process (a Rust panic inside wgpu-native cannot unwind: SIGABRT) or hangs
@@ -25,18 +25,6 @@ def run_module(module: str, request: dict, timeout_s: float,
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     return subprocess.run([sys.executable, "-m", module], input=json.dumps(request),
                           capture_output=True, text=True, timeout=timeout_s, env=env)
-
-
-def last_json(proc: subprocess.CompletedProcess) -> dict | None:
-    """The JSON object on the child's last non-empty stdout line, if it exited 0 with one."""
-    lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
-    if proc.returncode or not lines:
-        return None
-    try:
-        out = json.loads(lines[-1])
-    except ValueError:
-        return None
-    return out if isinstance(out, dict) else None
 
 
 def exit_reason(who: str, proc: subprocess.CompletedProcess) -> str:

@@ -55,8 +55,8 @@ class WgpuProbe:
         if kind is None or kind in NATIVE_BACKEND_TYPES:
             return ""
         return (f"wgpu's adapter runs on {kind}, not Vulkan/Metal/D3D12: no 'shader-f16' "
-                "(float16 caches) or subgroups, and slower kernels; install a Vulkan driver "
-                "(Debian: apt-get install mesa-vulkan-drivers, or ./statebench.sh as root)")
+                "(float16 caches) or subgroups; install a Vulkan driver (Debian: apt-get "
+                "install mesa-vulkan-drivers, or ./statebench.sh as root)")
 
 
 def probe_wgpu(bandwidth_size: int | None = None,
