@@ -5,8 +5,9 @@
 #   ./statebench.sh test [pytest flags...]           the test suite
 #
 # Setup (idempotent): create .venv, `pip install -e .[test,webgpu]`, and — as root, when wgpu
-# finds no adapter — `apt-get install -y mesa-vulkan-drivers` (lavapipe, a CPU Vulkan driver);
-# where Dawn finds none on Debian 12, Mesa 25's lavapipe from bookworm-backports (setup_dawn).
+# finds no adapter or only an OpenGL one (no 'shader-f16', no subgroups) — `apt-get install -y
+# mesa-vulkan-drivers` (lavapipe, a CPU Vulkan driver); where Dawn finds none on Debian 12,
+# Mesa 25's lavapipe from bookworm-backports (setup_dawn).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -33,31 +34,33 @@ setup_venv() {
   fi
 }
 
-has_adapter() {
-  "$VENV/bin/python" - <<'PY' 2>/dev/null
-import sys
-try:
-    import wgpu
-    sys.exit(0 if wgpu.gpu.request_adapter_sync() is not None else 1)
-except Exception:
-    sys.exit(1)
+# the backend API of wgpu's adapter (Vulkan, Metal, D3D12, OpenGL); nothing when there is none,
+# or when the driver crashed while wgpu enumerated adapters (that ends only this child python)
+adapter_backend() {
+  "$VENV/bin/python" - <<'PY' 2>/dev/null || true
+import wgpu
+adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+print(adapter.info["backend_type"] if adapter is not None else "")
 PY
 }
 
 setup_vulkan() {
-  if has_adapter; then
-    return
-  fi
+  local backend found="no WebGPU adapter" then="the wgpu backends will be marked unavailable"
+  backend=$(adapter_backend)
+  case "$backend" in
+    Vulkan|Metal|D3D12) return ;;
+    ?*) found="only an $backend WebGPU adapter"
+        then="the wgpu backends run on $backend, without 'shader-f16' (float16 caches) or subgroups" ;;
+  esac
   if dpkg -s mesa-vulkan-drivers >/dev/null 2>&1; then
-    say "no WebGPU adapter although mesa-vulkan-drivers is installed; wgpu backends will be unavailable"
+    say "$found although mesa-vulkan-drivers is installed; $then"
     return
   fi
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    say "no WebGPU adapter: installing mesa-vulkan-drivers (lavapipe)"
+    say "$found: installing mesa-vulkan-drivers (lavapipe)"
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers
   else
-    say "no WebGPU adapter; run as root (apt-get install -y mesa-vulkan-drivers) to get lavapipe," \
-        "or the wgpu backends will be marked unavailable"
+    say "$found; run as root (apt-get install -y mesa-vulkan-drivers) to get lavapipe, or $then"
   fi
 }
 

@@ -44,6 +44,10 @@ class Backend(ABC):
     name: str = ""
     #: True when the cache is hidden (reached by dispatching, never written by the page)
     hidden_state: bool = False
+    #: True when `available()` asks wgpu for an adapter: the harness asks first, in a child
+    #: process (a driver can abort the process that enumerates adapters), and marks the
+    #: backend unavailable with that probe's reason where it found none
+    uses_wgpu_adapter: bool = False
 
     def __init__(self) -> None:
         self.counters = ByteCounters()

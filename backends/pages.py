@@ -56,6 +56,8 @@ class _Page(Backend):
     request_state = False
     #: keep the caches in host arrays and copy them both ways every step
     host_cache = False
+    #: wgpu-native's adapter: the harness asks for it in a child first (Backend.uses_wgpu_adapter)
+    uses_wgpu_adapter = True
     #: the WebGPU engine of the context (backends.webnn.engines: "wgpu", "dawn")
     engine = "wgpu"
 
@@ -299,7 +301,7 @@ class StatefulFallback(_Page):
 DAWN_PAGES: dict[str, type[_Page]] = {}
 for _page in (StatelessCopy, TensorReuse, StatefulInPlace, StatefulFallback):
     _cls = type(f"Dawn{_page.__name__}", (_page,), {
-        "name": _page.name.replace("wgpu:", "dawn:"), "engine": "dawn",
+        "name": _page.name.replace("wgpu:", "dawn:"), "engine": "dawn", "uses_wgpu_adapter": False,
         "__module__": __name__, "__doc__": f"{(_page.__doc__ or '').strip()} On Dawn.",
     })
     DAWN_PAGES[_cls.name] = register(_cls)

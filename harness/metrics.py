@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness.calibrate import WGPU_BOUNDS, checked_gbps
+from harness.bandwidth import WGPU_BOUNDS, checked_gbps
 from harness.results import Match, Point
 from model.workload import ModelConfig, cache_specs, valid_cache_bytes
 

@@ -29,8 +29,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from backends.base import Backend, registry
 from harness import calibrate as calibration
-from harness import memory, metrics, repeats, worker
+from harness import child, memory, metrics, repeats, worker
+from harness.bandwidth import SIZE as CALIBRATION_SIZE
 from harness.results import Point, Results, ResultsFile, one_line
+from harness.wgpu_probe import WgpuProbe, probe_wgpu
 from model import checksum
 from model.errors import UserError
 from model.reference import Reference
@@ -158,16 +160,12 @@ def run_worker_subprocess(req: dict, timeout_s: float) -> Point:
     depth file (worker.exit_with_parent).
     """
     name, ctx, cap, steps = req["backend"], req["context"], req["capacity"], req["steps"]
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-    env[checksum.HANDOFF_ENV] = checksum.handoff()  # cache files this process found whole
     watched, alive = os.pipe()  # this end of it stays open, unwritten, while the runner lives
     try:
-        proc = subprocess.run([sys.executable, "-m", "harness.worker"],
-                              input=json.dumps({**req, "parent_fd": watched}),
-                              capture_output=True, text=True, timeout=timeout_s, env=env,
-                              pass_fds=(watched,))
+        # the cache files this process found whole, so the worker need not check them again
+        proc = child.run_module("harness.worker", {**req, "parent_fd": watched}, timeout_s,
+                                env={checksum.HANDOFF_ENV: checksum.handoff()},
+                                pass_fds=(watched,))
     except subprocess.TimeoutExpired:
         return Point.failed(name, ctx, cap, steps, f"worker timed out after {timeout_s:.0f} s")
     finally:
@@ -182,14 +180,7 @@ def run_worker_subprocess(req: dict, timeout_s: float) -> Point:
             return Point.from_dict(json.loads(lines[-1]))
         except (ValueError, TypeError) as exc:
             return Point.failed(name, ctx, cap, steps, f"worker sent a bad point: {exc}")
-    if proc.returncode < 0:
-        why = f"worker killed by {signal.Signals(-proc.returncode).name}"
-    else:
-        why = f"worker exited with status {proc.returncode}"
-    tail = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    if tail:
-        why += f": {tail[-1].strip()}"
-    return Point.failed(name, ctx, cap, steps, why)
+    return Point.failed(name, ctx, cap, steps, child.exit_reason("worker", proc))
 
 
 def measure_once(req: dict, cls: type[Backend], rc: RunConfig) -> Point:
@@ -242,11 +233,11 @@ def resolve_backends(names: Sequence[str], extra: dict[str, type[Backend]] | Non
     return {n: known[n] for n in names}
 
 
-def new_results(rc: RunConfig, cfg: ModelConfig, calib: dict, with_adapter: bool) -> Results:
+def new_results(rc: RunConfig, cfg: ModelConfig, calib: dict, probe: WgpuProbe | None) -> Results:
     return Results(
         created=datetime.now(UTC).isoformat(timespec="seconds"),
         command=rc.command or "statebench run",
-        environment=calibration.environment(calib, with_adapter=with_adapter),
+        environment=calibration.environment(calib, probe.adapter if probe else None),
         workload={"preset": rc.preset, "seed": rc.seed, "dtype": cfg.dtype, "config": cfg.describe(),
                   "steps": rc.steps, "warmup": rc.warmup, "warm_s": rc.warm_s,
                   "repeat": rc.repeat,
@@ -293,9 +284,13 @@ def _measure_sweep(rc: RunConfig, sink: ResultsFile, console: Console | None,
 
     needs_gpu = any(not metrics.is_cpu(n) for n in classes)
     weights_bytes = cfg.weight_bytes_per_parameter * cfg.describe()["parameters"]
-    calib = (calibration.calibrate(need_gpu=needs_gpu, working_set=weights_bytes)
+    # the adapter (and its figures) from a child: a driver that aborts ends only the child
+    probe = (probe_wgpu(CALIBRATION_SIZE if needs_gpu and rc.calibrate else None)
+             if needs_gpu or rc.calibrate else None)
+    calib = (calibration.calibrate(need_gpu=needs_gpu, working_set=weights_bytes, probe=probe)
              if rc.calibrate else {})
-    results = new_results(rc, cfg, calib, with_adapter=needs_gpu or rc.calibrate)
+    results = new_results(rc, cfg, calib, probe)
+    no_adapter = "" if probe is None else probe.available[1]
 
     total = len(rc.contexts) * len(classes) * rc.repeat
     contexts = sorted(rc.contexts)
@@ -327,7 +322,10 @@ def _measure_sweep(rc: RunConfig, sink: ResultsFile, console: Console | None,
                                "depth_file": str(depth_file)}
                         if name not in registered:
                             req["backend_path"] = f"{cls.__module__}:{cls.__qualname__}"
-                        point = measure_once(req, cls, rc)
+                        if no_adapter and cls.uses_wgpu_adapter:  # its probe could abort the worker
+                            point = Point.unavailable(name, ctx, cap, rc.steps, no_adapter)
+                        else:
+                            point = measure_once(req, cls, rc)
                         point = (repeats.first(point) if prev is None
                                  else repeats.add(prev, point, rep, rc.repeat))
                         record(results, finish_point(point, cfg, calib))

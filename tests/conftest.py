@@ -1,16 +1,62 @@
-"""Fixtures shared by the WebNN test modules.
+"""Fixtures shared by the WebNN test modules, and the `adapter_feature` marker.
 
 ``STATEBENCH_ENGINE=dawn`` runs the WebNN tests' contexts on Dawn instead of wgpu-native
 (CI runs them on both: .ci/run). Whatever the engine, every kernel a test compiles is also
 compiled by the other engine's compiler (``_kernels_compile_on_both_engines``).
+
+`@pytest.mark.adapter_feature("shader-f16")` (or "subgroup": the engine's subgroup feature,
+"timestamp-query", several at once): the test needs those features of the engine's adapter,
+and is skipped with the reason on an adapter without them (wgpu on OpenGL has neither
+'shader-f16' nor 'subgroup') or where there is no adapter.
 """
 
+import functools
 import os
 
 import pytest
 
 #: the engine of the WebNN tests' contexts ("wgpu" or "dawn")
 ENGINE = os.environ.get("STATEBENCH_ENGINE", "wgpu")
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line(
+        "markers", "adapter_feature(*names): needs these wgpu adapter features; skipped with "
+                   "the reason on an adapter without them")
+
+
+@functools.cache
+def _adapter() -> tuple[frozenset[str] | None, str]:
+    """(the features of the tests' engine's adapter, its summary), or (None, why there is
+    no adapter)."""
+    from backends.webnn.adapter import wgpu_adapter
+
+    adapter, why = wgpu_adapter(ENGINE)
+    if adapter is None:
+        return None, why
+    return frozenset(adapter.features), adapter.summary
+
+
+def missing_adapter_features(*names: str) -> str:
+    """Why a test needing these adapter features cannot run here ("" when it can)."""
+    from backends.webnn.engines import ENGINES
+
+    features, about = _adapter()
+    if features is None:
+        return f"no WebGPU adapter: {about}"
+    subgroup = ENGINES[ENGINE].subgroup_feature  # "subgroup" (wgpu-native) or "subgroups"
+    lacking = [n for n in (subgroup if n in ("subgroup", "subgroups") else n for n in names)
+               if n not in features]
+    if lacking:
+        return f"the adapter ({about}) has no {', '.join(repr(n) for n in lacking)}"
+    return ""
+
+
+def pytest_runtest_setup(item) -> None:
+    for mark in item.iter_markers("adapter_feature"):
+        why = missing_adapter_features(*mark.args)
+        if why:
+            pytest.skip(why)
 
 
 @pytest.fixture(scope="module")

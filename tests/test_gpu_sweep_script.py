@@ -33,8 +33,8 @@ def test_sweep_script_writes_safe_names(tmp_path):
     files = sorted(p.name for p in out.iterdir())
     assert "tiny_f16kv.json" in files and not any("+" in f for f in files), files
     point = json.loads((out / "tiny_f16kv.json").read_text())["points"][0]
-    if point["status"] != "ok":
-        pytest.skip(f"no WebGPU adapter here: {point['reason']}")
+    if point["status"] == "unavailable" or "has no 'shader-f16'" in (point["reason"] or ""):
+        pytest.skip(f"the wgpu point cannot run here: {point['reason']}")
     assert point["backend"] == "wgpu:stateful" and point["match"]["ok"], point
     assert len(point["repeats"]) == 2  # the script's --repeat reaches the run
     assert "# statebench report" in done.stdout

@@ -502,20 +502,12 @@ def f16kv(name: str) -> Workload:
     return _F16KV[name]
 
 
-def _f16_or_skip():
-    from backends.webnn.adapter import wgpu_adapter
-
-    adapter, _ = wgpu_adapter()
-    if adapter is None or "shader-f16" not in adapter.features:
-        pytest.skip("the adapter has no 'shader-f16'")
-
-
+@pytest.mark.adapter_feature("shader-f16")
 @pytest.mark.parametrize("name,mode", F16KV_CASES)
 def test_f16kv_matches_the_rounding_reference(name, mode):
     """Whole decode steps of a float16-cache model: every page mode computes the float64
     reference's logits (rows rounded to float16 as they are written); the page's caches
     are float16 tensors, and the stateless page's host copy holds the reference's rows."""
-    _f16_or_skip()
     wl, depth, cap = f16kv(name), 16, 24
     b = MODES[mode]()
     b.prepare(wl, cap)
@@ -551,7 +543,6 @@ def test_f16kv_matches_the_rounding_reference(name, mode):
 @pytest.fixture(scope="module")
 def per_step_f16kv() -> dict[str, dict[int, dict[str, int]]]:
     """Counters of one step at depth 8 of 'tiny+f16kv', per mode and capacity."""
-    _f16_or_skip()
     wl = f16kv("tiny+f16kv")
     tokens = token_stream(wl.config, 16)
     out: dict[str, dict[int, dict[str, int]]] = {}
@@ -573,6 +564,7 @@ def per_step_f16kv() -> dict[str, dict[int, dict[str, int]]]:
     return out
 
 
+@pytest.mark.adapter_feature("shader-f16")
 def test_f16kv_stateless_page_moves_half_the_kv_bytes(per_step_f16kv):
     """Two bytes a cache element cross the link each way: the KV caches' share of the
     stateless step is half the float32 model's (the GDN state stays float32)."""
@@ -586,6 +578,7 @@ def test_f16kv_stateless_page_moves_half_the_kv_bytes(per_step_f16kv):
         assert c["d2h"] == caches + LOGITS, cap
 
 
+@pytest.mark.adapter_feature("shader-f16")
 def test_f16kv_reuse_copies_two_bytes_an_element(per_step_f16kv):
     """The reuse graph's copy of each float16 cache is counted at two bytes an element read
     and written; the stateful graph, writing only the new rows, saves exactly that."""

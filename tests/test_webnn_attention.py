@@ -199,6 +199,7 @@ F16_SHAPES = [
 ]
 
 
+@pytest.mark.adapter_feature("shader-f16")
 @pytest.mark.parametrize("f16_loads", ["wide", "vec4"])
 @pytest.mark.parametrize("stateful", [True, False])
 @pytest.mark.parametrize("shape", [s for s, _ in F16_SHAPES], ids=lambda s: "x".join(map(str, s)))
@@ -207,8 +208,6 @@ def test_f16_cache_row_write_and_flash_read_float16(ctx, ctx_with, stateful, sha
     the cache (KernelOptions.f16_loads): the stateful graph over three dispatches into its
     hidden cache (seeded random, rows written at random positions), the stateless one over
     a random page-owned cache, whose present must hold exactly the float16 rows."""
-    if "shader-f16" not in ctx._adapter.features:
-        pytest.skip("the adapter has no 'shader-f16'")
     ctx = ctx_with(f16_loads=f16_loads)
     heads, g, cap, d = shape
     gr, outs = f16_cache_graph(ctx, heads, g, cap, d, stateful)
@@ -253,6 +252,7 @@ def test_f16_cache_row_write_and_flash_read_float16(ctx, ctx_with, stateful, sha
         np.testing.assert_array_equal(out["pv"], want_v.astype(np.float16))
 
 
+@pytest.mark.adapter_feature("shader-f16")
 @pytest.mark.parametrize("f16_loads", [None, "wide", "vec4"])
 @pytest.mark.parametrize("shape,how", F16_SHAPES, ids=lambda x: "x".join(map(str, x))
                          if isinstance(x, tuple) else x)

@@ -163,6 +163,7 @@ def test_one_launch_into_another_buffer_matches_oracle(ctx_with, hk, rep, dv, dk
     expect(out, *step_oracle(x, x["past"][0], consts, rep), hk, rep, dv, dk)
 
 
+@pytest.mark.adapter_feature("subgroup")
 @pytest.mark.parametrize("stateful", [False, True])
 def test_subgroup_sums_match_oracle(ctx_with, subgroup_size, stateful, monkeypatch):
     """The GPU default sums a row's partials with subgroupAdd when the subgroup is as wide

@@ -71,6 +71,7 @@ def test_gemv_weights_split_into_chunks(ctx_with, variant):
     np.testing.assert_allclose(got, x.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.adapter_feature("subgroup")
 @pytest.mark.parametrize("K,N", [(37, 333), (2048, 70), (12, 5)])
 def test_gemv_subgroup_reduction(ctx_with, subgroup_size, K, N):
     """The subgroupAdd path (taken when the adapter reports one fixed subgroup size)."""

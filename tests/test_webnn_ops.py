@@ -368,10 +368,6 @@ def test_matmul_transpose_of_reshape_is_folded_with_its_shape(ctx):
 # -- float16 (WGSL f16 storage, where the adapter has 'shader-f16') ----------------------------
 
 
-def _f16(ctx):
-    if "shader-f16" not in ctx._adapter.features:
-        pytest.skip("the adapter has no 'shader-f16'")
-
 
 def f16_close(got, want64, ulp=1):
     """``got`` (float16) within ``ulp`` float16 steps of the float64 value ``want64``."""
@@ -381,8 +377,8 @@ def f16_close(got, want64, ulp=1):
     assert np.all(err <= tol), f"max err {err.max()}"
 
 
+@pytest.mark.adapter_feature("shader-f16")
 def test_float16_cast_rounds_to_nearest_and_widens_exactly(ctx):
-    _f16(ctx)
     x = rand([7, 33]) * 37.0
     got = run(ctx, lambda b, x: b.cast(x, "float16"), {"x": x})
     np.testing.assert_array_equal(got, x.astype(np.float16))
@@ -395,8 +391,8 @@ def test_float16_cast_rounds_to_nearest_and_widens_exactly(ctx):
 
 @pytest.mark.parametrize("op,ref", [
     ("add", lambda a, b: a + b), ("mul", lambda a, b: a * b), ("sub", lambda a, b: a - b)])
+@pytest.mark.adapter_feature("shader-f16")
 def test_float16_elementwise_binary(ctx, op, ref):
-    _f16(ctx)
     a, b = (rand([3, 17]).astype(np.float16) for _ in "ab")
     got = run(ctx, lambda bl, a, b: getattr(bl, op)(a, b), {"a": a, "b": b})
     f16_close(got, ref(a.astype(np.float64), b.astype(np.float64)))
@@ -404,8 +400,8 @@ def test_float16_elementwise_binary(ctx, op, ref):
 
 @pytest.mark.parametrize("op,ref,ulp", [
     ("exp", np.exp, 2), ("sigmoid", lambda x: 1 / (1 + np.exp(-x)), 2), ("erf", None, 2)])
+@pytest.mark.adapter_feature("shader-f16")
 def test_float16_elementwise_unary(ctx, op, ref, ulp):
-    _f16(ctx)
     import math
 
     x = rand([4, 21]).astype(np.float16)
@@ -414,8 +410,8 @@ def test_float16_elementwise_unary(ctx, op, ref, ulp):
     f16_close(got, ref(x.astype(np.float64)), ulp)
 
 
+@pytest.mark.adapter_feature("shader-f16")
 def test_float16_data_movement_is_exact(ctx):
-    _f16(ctx)
     x = rand([2, 3, 8]).astype(np.float16)
     got = run(ctx, lambda b, x: b.concat([b.transpose(x, [0, 2, 1]),
                                           b.slice(b.transpose(x, [0, 2, 1]), [0, 0, 1], [2, 8, 2])],
@@ -435,8 +431,8 @@ def test_matmul_reads_a_transposed_operand_computed_by_fusion(ctx):
     atol_close(got, want, 1e-5, 1e-5)
 
 
+@pytest.mark.adapter_feature("shader-f16")
 def test_float16_op_the_kernels_do_not_cover_fails_the_build(ctx):
-    _f16(ctx)
     from backends.webnn.errors import NotSupportedError
 
     b = MLGraphBuilder(ctx)

@@ -34,7 +34,9 @@ Deviations (each marked DEVIATION in the code):
   wgpu implementation's kernel variants and modes (``wgpu_impl.options.KernelOptions``),
   kept by the context as MLContext.options; create_context(engine=...): the WebGPU engine
   ("wgpu": wgpu-native, "dawn": Dawn; docs/dawn.md), and MLContext.engine_info (the engine,
-  its version, its native API, the features it lacks).
+  its version, its native API, the features it lacks), and
+  ``backends.webnn.host_link.HostLink`` (the context's staged write and read paths on a
+  caller's own device buffers).
 
 Implementation notes: kernels are WGSL generated per shape at build time; a dispatch is
 one command encoder and one queue.submit; reshapes are views; matmul with M == 1 and

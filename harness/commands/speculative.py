@@ -62,4 +62,4 @@ class Speculative(Command):
         return {"schema": data.pop("schema"),
                 "created": datetime.now(UTC).isoformat(timespec="seconds"),
                 "command": cls.command_line(),
-                "environment": environment(with_adapter=False), **data}
+                "environment": environment(), **data}

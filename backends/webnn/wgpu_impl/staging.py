@@ -176,6 +176,14 @@ class StagedWrites:
         """Forget pending writes to ``dst`` (being destroyed: a copy into it may not run)."""
         self._pending = [p for p in self._pending if p[0] is not dst]
 
+    def destroy(self) -> None:
+        """Let go of both arenas, which wgpu releases once nothing holds them (pending writes
+        are dropped: flush first to keep them). Not ``buffer.destroy()``: on wgpu's OpenGL
+        backend that made a later submit in the process abort."""
+        self._pending.clear()
+        self._arenas = [None, None]
+        self._used = 0
+
 
 class StagedReads:
     """Read-backs of one device: every source copied into persistent mapped-read staging
