@@ -25,12 +25,14 @@ from .. import shapes as S
 from .._classes import (
     MLKVCachePair,
     MLOperand,
+    blocks,
 )
 from ..errors import NotSupportedError
 from ..kernels import Kernel
 from ..kernels import elementwise as EW
 from ..kernels import matmul as MM
 from ..kernels import movement as MV
+from ..kernels import quant as QK
 from ..kernels import reduce as RD
 from ..stateful import PairPlan, analyse, root
 from . import fusion
@@ -343,7 +345,7 @@ def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
 #: ops the wgpu kernels run on float16 operands (WGSL f16 storage): casts, element-wise
 #: ops, data movement and row writes, and a float16 K/V cast to float32 where decode
 #: attention reads it (``attention.match_attention`` reads the float16 cache directly)
-F16_OPS = fusion.FUSIBLE | {"reshape", "gather", "scatter_nd"}
+F16_OPS = fusion.FUSIBLE | {"reshape", "gather", "scatter_nd", "dequantize_linear"}
 
 
 def _check_float16(nodes: list[MLOperand]) -> None:
@@ -656,6 +658,10 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
         else:
             add(KernelLaunch(MM.matmul(a._shape, b_shape, shp, b_t=b_t),
                              [ins[0], ins[1], out_slot]))
+    elif op == "dequantize_linear":
+        x, scale, _ = o._inputs
+        k = QK.dequantize_linear(x._dtype.name, x._shape, blocks(x._shape, scale._shape), t)
+        add(KernelLaunch(k, ins + [out_slot]))
     elif op == "softmax":
         x = o._inputs[0]
         wg = 256 if not plan.target.cpu and x._shape[o._attrs["axis"]] >= 1024 else 64

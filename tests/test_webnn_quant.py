@@ -1,0 +1,153 @@
+"""WebNN int4/uint4 constants and dequantizeLinear with block scales, against NumPy float64
+on fresh random data (odd sizes), and the 4-bit matrix-vector kernel it feeds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from backends.webnn import MLGraphBuilder
+from model import quantize as Q
+
+RNG = np.random.default_rng(4242)
+
+
+def _pack(values: np.ndarray) -> np.ndarray:
+    """The spec's int4/uint4 buffer, written here without the library: low nibble first."""
+    flat = (values.reshape(-1).astype(np.int64) & 0xF).astype(np.uint8)
+    if flat.size % 2:
+        flat = np.append(flat, np.uint8(0))
+    return (flat[0::2] | (flat[1::2] << 4)).astype(np.uint8)
+
+
+def _codes(kind: str, shape) -> np.ndarray:
+    lo, hi = (-8, 8) if kind == "int4" else (0, 16) if kind == "uint4" else (0, 256)
+    return RNG.integers(lo, hi, size=shape)
+
+
+def _const(b, kind, values):
+    data = _pack(values) if kind in ("int4", "uint4") else values.astype(np.uint8)
+    return b.constant(data_type=kind, shape=list(values.shape), value=data)
+
+
+def _dequantize(ctx, kind, x, scale, zp, out="float32", consume=None):
+    b = MLGraphBuilder(ctx)
+    y = b.dequantize_linear(_const(b, kind, x),
+                            b.constant(data_type=out, shape=list(scale.shape), value=scale),
+                            _const(b, kind, zp))
+    inputs = {}
+    if consume is not None:
+        v = b.input("v", data_type=out, shape=[1, x.shape[0]])
+        y = consume(b, v, y)
+        inputs = {"v": consume.vector}
+    g = b.build({"y": y})
+    tin = {}
+    for n, a in inputs.items():
+        t = ctx.create_tensor(data_type=out, shape=list(a.shape), writable=True)
+        ctx.write_tensor(t, a)
+        tin[n] = t
+    t_out = ctx.create_tensor(data_type=y.data_type, shape=y.shape, readable=True)
+    ctx.dispatch(g, tin, {"y": t_out})
+    return ctx.read_tensor(t_out)
+
+
+def _want(x, scale, zp):
+    block = [d // s for d, s in zip(x.shape, (1,) * (x.ndim - scale.ndim) + scale.shape,
+                                    strict=True)]
+    s, z = scale.astype(np.float64), zp.astype(np.float64)
+    for ax, bl in enumerate(block[x.ndim - scale.ndim:], start=0):
+        s, z = np.repeat(s, bl, axis=ax), np.repeat(z, bl, axis=ax)
+    return (x.astype(np.float64) - z) * s
+
+
+@pytest.mark.parametrize("kind", ["int4", "uint4", "uint8"])
+@pytest.mark.parametrize("shape,sshape", [
+    ((7, 5), (7, 5)),  # elementwise, odd element count
+    ((96, 13), (3, 13)),  # blocks of 32 along axis 0
+    ((3, 10, 9), (3, 2, 3)),  # blocks (1, 5, 3)
+    ((6, 9), (9,)),  # per-axis, scale of lower rank
+    ((5, 3), (1, 1)),  # per-tensor
+])
+def test_dequantize_linear_blocks(ctx, kind, shape, sshape):
+    x, zp = _codes(kind, shape), _codes(kind, sshape)
+    scale = RNG.uniform(0.01, 2.0, size=sshape).astype(np.float32)
+    got = _dequantize(ctx, kind, x, scale, zp)
+    np.testing.assert_allclose(got, _want(x, scale, zp), rtol=2e-7, atol=0)
+
+
+def test_int4_buffer_and_shapes_are_checked(ctx):
+    b = MLGraphBuilder(ctx)
+    with pytest.raises(TypeError, match="uint8 buffer of 3 bytes"):
+        b.constant(data_type="int4", shape=[5], value=np.zeros(5, np.uint8))
+    with pytest.raises(TypeError, match="int4 inputs are not supported"):
+        b.input("q", data_type="int4", shape=[4])
+    x = b.constant(data_type="int4", shape=[4, 6], value=np.zeros(12, np.uint8))
+    s = b.constant(data_type="float32", shape=[3, 6], value=np.ones((3, 6), np.float32))
+    z = b.constant(data_type="int4", shape=[3, 6], value=np.zeros(9, np.uint8))
+    with pytest.raises(TypeError, match="does not divide"):
+        b.dequantize_linear(x, s, z)
+    with pytest.raises(TypeError, match="only dequantizeLinear"):
+        b.add(x, x)
+    with pytest.raises(TypeError, match="zeroPoint must be int4"):
+        b.dequantize_linear(x, s, s)
+
+
+def _gemv(b, v, w):
+    return b.matmul(v, w)
+
+
+@pytest.mark.parametrize("k,n", [(64, 40), (96, 7), (320, 130)])
+def test_int4_matmul_one_row(ctx, k, n):
+    """matmul(vector, dequantizeLinear(int4 weights)): the decode step's projection."""
+    w = (RNG.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    q, s = Q.quantise(w)
+    zp = np.zeros(s.shape, np.int64)
+    _gemv.vector = RNG.standard_normal((1, k)).astype(np.float32)
+    got = _dequantize(ctx, "int4", q, s, zp, consume=_gemv)
+    want = _gemv.vector.astype(np.float64) @ _want(q, s, zp)
+    assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
+
+
+def _onnx_dq_matmul(k: int, n: int, zero_point: bool):
+    """An opset-21 graph: y = x @ DequantizeLinear(int4 (k, n), block_size 32 on axis 0)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    q = RNG.integers(-8, 8, size=(k, n))
+    s = RNG.uniform(0.01, 0.5, size=(k // 32, n)).astype(np.float32)
+    inits = [TensorProto(name="Q", data_type=TensorProto.INT4, dims=[k, n],
+                         raw_data=_pack(q).tobytes()), numpy_helper.from_array(s, "S")]
+    ins = ["Q", "S"]
+    if zero_point:
+        z = RNG.integers(-8, 8, size=s.shape)
+        inits.append(TensorProto(name="Z", data_type=TensorProto.INT4, dims=list(s.shape),
+                                 raw_data=_pack(z).tobytes()))
+        ins.append("Z")
+    nodes = [helper.make_node("DequantizeLinear", ins, ["W"], axis=0, block_size=32),
+             helper.make_node("MatMul", ["x", "W"], ["y"])]
+    g = helper.make_graph(nodes, "dq", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                      [1, 1, k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, n])],
+                          inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    m.ir_version = 10
+    return m
+
+
+@pytest.mark.parametrize("zero_point", [False, True])
+def test_converter_maps_blocked_dequantizelinear(ctx, zero_point):
+    """ONNX DequantizeLinear (int4, block_size) -> WebNN dequantizeLinear, checked against
+    onnx.reference."""
+    from onnx.reference import ReferenceEvaluator
+
+    from backends.webnn.onnx_converter import convert
+
+    model = _onnx_dq_matmul(96, 21, zero_point)
+    x = RNG.standard_normal((1, 1, 96)).astype(np.float32)
+    want = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    cg = convert(model, ctx)
+    t_in = ctx.create_tensor(data_type="float32", shape=[1, 1, 96], writable=True)
+    ctx.write_tensor(t_in, x)
+    t_out = ctx.create_tensor(data_type="float32", shape=[1, 1, 21], readable=True)
+    ctx.dispatch(cg.graph, {"x": t_in}, {"y": t_out})
+    got = ctx.read_tensor(t_out)
+    assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
