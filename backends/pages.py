@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -31,6 +32,9 @@ from backends.base import Backend, DepthState, register
 from backends.webnn.adapter import wgpu_adapter
 from model.errors import UserError
 from model.workload import Workload
+
+if TYPE_CHECKING:
+    from backends.webnn.wgpu_impl.options import KernelOptions
 
 
 def _webnn():
@@ -50,10 +54,12 @@ class _Page(Backend):
     #: keep the caches in host arrays and copy them both ways every step
     host_cache = False
 
-    def __init__(self, onnx_path: str | os.PathLike | None = None, timing: bool = True) -> None:
+    def __init__(self, onnx_path: str | os.PathLike | None = None, timing: bool = True,
+                 options: KernelOptions | None = None) -> None:
         super().__init__()
         self.onnx_path = onnx_path  # a user's export instead of model.export's
         self.timing = timing
+        self.options = options  # the context's kernel variants and modes (None: per adapter)
         self.context = None
         self.converted = None
         self.position = 0
@@ -100,7 +106,10 @@ class _Page(Backend):
             path = export(workload, "standard", capacity)
         else:
             path = self.onnx_path
-        self.context = webnn.ml.create_context(state_support=self.state_support, timing=self.timing)
+        self.context = webnn.ml.create_context(state_support=self.state_support, timing=self.timing,
+                                               options=self.options)
+        # what the point ran with: every knob, None where the adapter chose
+        self.details["kernel_options"] = self.context.options.as_dict()
         reason = getattr(self.context, "gpu_time_reason", "")
         if reason:
             self.details["gpu_time_reason"] = reason

@@ -50,13 +50,40 @@ class Verdict:
         return [c for c in self.checks if not c.ok]
 
 
+#: what must agree, beyond the preset, for a run's bytes and times to be comparable with a
+#: baseline's (the model's own fields are compared too: `unlike`)
+LIKE_FOR_LIKE = ("steps", "warmup", "capacity", "seed", "dtype")
+#: model fields that older results files lack, at the value they then had
+_CONFIG_DEFAULTS = {"weights": "float32", "kv_cache": "float32"}
+
+
+def unlike(run: dict, base: dict) -> list[str]:
+    """How the run's workload differs from the baseline's beyond the preset, one entry a
+    field (`steps 8 where the baseline has 16`); empty when they are like for like."""
+    out = [f"{k} {run.get(k)!r} where the baseline has {base.get(k)!r}"
+           for k in LIKE_FOR_LIKE if run.get(k) != base.get(k)]
+    rc, bc = run.get("config") or {}, base.get("config") or {}
+    for k in dict.fromkeys([*rc, *bc]):
+        if k == "name" or (k not in _CONFIG_DEFAULTS and (k not in rc or k not in bc)):
+            continue  # a field only one side records (older files) cannot differ
+        a, b = rc.get(k, _CONFIG_DEFAULTS.get(k)), bc.get(k, _CONFIG_DEFAULTS.get(k))
+        if a != b:
+            out.append(f"model {k} {a!r} where the baseline has {b!r}")
+    return out
+
+
 def compare(run: Results, base: Results, max_slowdown: float = 0.25,
-            bytes_exact: bool = False) -> Verdict:
+            bytes_exact: bool = False, names: tuple[str, str] = ("run", "baseline")) -> Verdict:
+    """Every measured baseline point checked in the run (`names`: the two files, for errors)."""
     if max_slowdown < 0:
         raise UserError(f"--max-slowdown {max_slowdown} must be ≥ 0 (e.g. 0.25 for 25%)")
     if run.workload.get("preset") != base.workload.get("preset"):
         raise UserError(f"run is preset {run.workload.get('preset')!r} but the baseline is "
                         f"{base.workload.get('preset')!r}; gate like against like")
+    differs = unlike(run.workload, base.workload)
+    if differs:
+        raise UserError(f"{names[0]} is not like for like with {names[1]}: its "
+                        f"{'; '.join(differs)}; gate a run of the baseline's workload")
     verdict = Verdict([], ", ".join(dict.fromkeys(
         b for b in (metrics.stateless_baseline(base.points, n) for n in base.backends) if b)) or None)
     for bp in base.points:
@@ -76,7 +103,7 @@ def compare(run: Results, base: Results, max_slowdown: float = 0.25,
             continue
         if not p.matches:
             c.ok = False
-            c.problems.append(f"logits no longer match (max rel {p.match.max_rel:.2e})")
+            c.problems.append(f"logits no longer match ({p.reason or f'max rel {p.match.max_rel:.2e}'})")
         for k in BYTE_CATEGORIES:
             a, b = p.bytes_per_step[k], bp.bytes_per_step[k]
             changed = a != b if bytes_exact else abs(a - b) > BYTES_TOLERANCE * max(abs(b), 1)

@@ -53,6 +53,34 @@ def compare_logits(got: list[np.ndarray], ref: np.ndarray, dtype: str = "float32
     return Match(ok, max_abs, max_rel, agree / len(ref))
 
 
+def mismatch_reason(got: list[np.ndarray], ref: np.ndarray, dtype: str = "float32") -> str:
+    """Why `compare_logits` said no, in one line: the worst error, where it is, and the first
+    step whose clear argmax differs (steps count from the first warm-up step)."""
+    tol, gap_tol = TOLERANCE.get(dtype, 1e-3), ARGMAX_GAP.get(dtype, 1e-3)
+    worst: tuple[float, float, int, int] | None = None  # rel, abs, step, vocab index
+    argmax = ""
+    for s, (g, r) in enumerate(zip(got, np.asarray(ref, np.float64), strict=True)):
+        g = np.asarray(g, np.float64).reshape(-1)
+        nonfinite = ~np.isfinite(g)
+        if nonfinite.any():
+            i = int(np.argmax(nonfinite))
+            return f"logits not finite at step {s}, vocab index {i} ({g[i]})"
+        scale = float(np.max(np.abs(r))) or 1.0
+        diff = np.abs(g - r)
+        i = int(np.argmax(diff))
+        if worst is None or diff[i] / scale > worst[0]:
+            worst = (float(diff[i] / scale), float(diff[i]), s, i)
+        top2 = np.partition(r, -2)[-2:]
+        a, b = int(np.argmax(g)), int(np.argmax(r))
+        if not argmax and a != b and float(top2[1] - top2[0]) > gap_tol * scale:
+            argmax = f"; argmax {a} where the reference's is {b} at step {s}"
+    if worst is None:
+        return "no logits to compare"
+    rel, d, s, i = worst
+    return (f"logits differ from the float64 reference: max abs {d:.3g}, max rel {rel:.2e} "
+            f"(tolerance {tol:.0e}) at step {s}, vocab index {i}{argmax}")
+
+
 def full_cache_bytes(cfg: ModelConfig, capacity: int) -> int:
     """Bytes of every cache tensor at capacity: what a stateless page uploads and downloads."""
     return sum(s.nbytes for s in cache_specs(cfg, capacity))

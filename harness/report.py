@@ -139,8 +139,8 @@ def notes(runs: list[Run]) -> list[str]:
                 lines.append(f"{where}: {p.status}: {p.reason}")
             elif not p.matches:
                 m = p.match
-                lines.append(f"{where}: logits do not match the reference (max rel {m.max_rel:.2e}, "
-                             f"argmax agree {m.argmax_agree:.0%})")
+                lines.append(f"{where}: {p.reason or 'logits do not match the reference'} "
+                             f"(max rel {m.max_rel:.2e}, argmax agree {m.argmax_agree:.0%})")
             elif p.details.get("warning"):
                 lines.append(f"{where}: {p.details['warning']}")
             clock = metrics.low_clock(p.details) if p.status == "ok" else ""

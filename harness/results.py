@@ -201,45 +201,124 @@ _POINT_FIELDS = {
 }
 
 
-def validate(d: object, source: str = "results") -> None:
-    def bad(msg: str) -> UserError:
-        return UserError(f"{source}: not a statebench results file: {msg}")
+#: numbers of a point (and of its nested figures) that must be ≥ 0; step times must be > 0
+_NON_NEGATIVE = ("context", "capacity", "steps", "build_s", "time_to_depth_s", "cache_bytes",
+                 "weights_bytes", "floor_ms", "mbu", "peak_rss_bytes", "device_bytes")
+_STATS = ("median", "p10", "p90")
+_MATCH = {"ok": (bool,), "max_abs": (float, int), "max_rel": (float, int),
+          "argmax_agree": (float, int)}
+#: the workload's figures (each optional: older files lack some) -> accepted types
+_WORKLOAD_FIELDS = {"preset": (str,), "seed": (int,), "dtype": (str,), "config": (dict,),
+                    "steps": (int,), "warmup": (int,), "warm_s": (float, int),
+                    "contexts": (list,), "capacity": (int, type(None))}
 
-    if not isinstance(d, dict):
-        raise bad("top level is not an object")
-    if d.get("schema") != SCHEMA:
-        raise bad(f"schema is {d.get('schema')!r}, expected {SCHEMA!r}")
-    for k, t in _REQUIRED_TOP.items():
-        if not isinstance(d.get(k), t):
-            raise bad(f"missing or wrong type: {k}")
-    for i, p in enumerate(d["points"]):
-        where = f"points[{i}]"
-        if not isinstance(p, dict):
-            raise bad(f"{where} is not an object")
-        unknown = set(p) - set(_POINT_FIELDS)
-        if unknown:
-            raise bad(f"{where} has unknown field {sorted(unknown)[0]!r}")
-        for k, types in _POINT_FIELDS.items():
-            if k not in p:
-                raise bad(f"{where} lacks {k!r}")
-            v = p[k]
-            if isinstance(v, bool) and bool not in types:
-                raise bad(f"{where}.{k} has the wrong type")
-            if not isinstance(v, types):
-                raise bad(f"{where}.{k} has the wrong type")
-            if isinstance(v, float) and not math.isfinite(v):
-                raise bad(f"{where}.{k} is not finite")
-        if p["status"] not in STATUSES:
-            raise bad(f"{where}.status {p['status']!r} not one of {', '.join(STATUSES)}")
-        for k in ("step_ms", "gpu_ms"):
-            if p[k] is not None and set(p[k]) != {"median", "p10", "p90"}:
-                raise bad(f"{where}.{k} must have median, p10, p90")
-        if p["bytes_per_step"] is not None and set(p["bytes_per_step"]) != set(BYTE_CATEGORIES):
-            raise bad(f"{where}.bytes_per_step must have {', '.join(BYTE_CATEGORIES)}")
-        if p["match"] is not None and set(p["match"]) != {"ok", "max_abs", "max_rel", "argmax_agree"}:
-            raise bad(f"{where}.match must have ok, max_abs, max_rel, argmax_agree")
-        if p["status"] == "ok" and (p["step_ms"] is None or p["match"] is None):
-            raise bad(f"{where} is ok but lacks step_ms or match")
+
+class _Bad(Exception):
+    """A field that cannot be right: its path and why (`validate` adds the file's name)."""
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _nonfinite(v: object, where: str) -> str | None:
+    """The path of the first NaN or infinity anywhere in `v` (the writer never writes one)."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return where
+    if isinstance(v, dict):
+        items = ((f"{where}.{k}", x) for k, x in v.items())
+    elif isinstance(v, list):
+        items = ((f"{where}[{i}]", x) for i, x in enumerate(v))
+    else:
+        return None
+    for w, x in items:
+        found = _nonfinite(x, w)
+        if found:
+            return found
+    return None
+
+
+def _figure(v: object, where: str, *, positive: bool = False) -> None:
+    """`v` must be a number ≥ 0 (> 0 when `positive`); finiteness is checked file-wide."""
+    if not _is_number(v):
+        raise _Bad(f"{where} is {v!r}, not a number")
+    if v < 0 or (positive and v == 0):
+        raise _Bad(f"{where} is {v!r}; it must be {'> 0' if positive else '≥ 0'}")
+
+
+def _check_workload(w: dict) -> None:
+    for k, types in _WORKLOAD_FIELDS.items():
+        v = w.get(k)
+        if k in w and (not isinstance(v, types) or isinstance(v, bool)):
+            raise _Bad(f"workload.{k} is {v!r}, of the wrong type")
+        if k in ("steps", "warmup", "warm_s", "capacity") and v is not None:
+            _figure(v, f"workload.{k}", positive=k == "capacity")
+    for i, c in enumerate(w.get("contexts") or []):
+        if not isinstance(c, int) or isinstance(c, bool) or c <= 0:
+            raise _Bad(f"workload.contexts[{i}] is {c!r}, not a positive integer")
+
+
+def _check_point(p: object, where: str) -> None:
+    if not isinstance(p, dict):
+        raise _Bad(f"{where} is not an object")
+    unknown = set(p) - set(_POINT_FIELDS)
+    if unknown:
+        raise _Bad(f"{where} has unknown field {sorted(unknown)[0]!r}")
+    for k, types in _POINT_FIELDS.items():
+        if k not in p:
+            raise _Bad(f"{where} lacks {k!r}")
+        v = p[k]
+        if (isinstance(v, bool) and bool not in types) or not isinstance(v, types):
+            raise _Bad(f"{where}.{k} has the wrong type")
+        if k in _NON_NEGATIVE and v is not None:
+            _figure(v, f"{where}.{k}")
+    if p["status"] not in STATUSES:
+        raise _Bad(f"{where}.status {p['status']!r} not one of {', '.join(STATUSES)}")
+    for k in ("step_ms", "gpu_ms"):
+        if p[k] is not None and set(p[k]) != set(_STATS):
+            raise _Bad(f"{where}.{k} must have median, p10, p90")
+        for s in _STATS if p[k] is not None else ():
+            # a step takes time: a zero step time would divide the gate's ratios by zero
+            _figure(p[k][s], f"{where}.{k}.{s}", positive=k == "step_ms")
+    if p["bytes_per_step"] is not None:
+        if set(p["bytes_per_step"]) != set(BYTE_CATEGORIES):
+            raise _Bad(f"{where}.bytes_per_step must have {', '.join(BYTE_CATEGORIES)}")
+        for k in BYTE_CATEGORIES:
+            _figure(p["bytes_per_step"][k], f"{where}.bytes_per_step.{k}")
+    if p["match"] is not None:
+        if set(p["match"]) != set(_MATCH):
+            raise _Bad(f"{where}.match must have ok, max_abs, max_rel, argmax_agree")
+        for k, types in _MATCH.items():
+            v = p["match"][k]
+            if bool in types and not isinstance(v, bool):
+                raise _Bad(f"{where}.match.{k} is {v!r}, not true or false")
+            if bool not in types:
+                _figure(v, f"{where}.match.{k}")
+        if p["match"]["argmax_agree"] > 1:
+            raise _Bad(f"{where}.match.argmax_agree is {p['match']['argmax_agree']!r}; "
+                       "it is a fraction (≤ 1)")
+    if p["status"] == "ok" and (p["step_ms"] is None or p["match"] is None):
+        raise _Bad(f"{where} is ok but lacks step_ms or match")
+
+
+def validate(d: object, source: str = "results") -> None:
+    """A UserError naming `source` and the first field that cannot be right, if any."""
+    try:
+        if not isinstance(d, dict):
+            raise _Bad("top level is not an object")
+        if d.get("schema") != SCHEMA:
+            raise _Bad(f"schema is {d.get('schema')!r}, expected {SCHEMA!r}")
+        for k, t in _REQUIRED_TOP.items():
+            if not isinstance(d.get(k), t):
+                raise _Bad(f"missing or wrong type: {k}")
+        where = _nonfinite(d, "")
+        if where:
+            raise _Bad(f"{where.lstrip('.')} is not finite")
+        _check_workload(d["workload"])
+        for i, p in enumerate(d["points"]):
+            _check_point(p, f"points[{i}]")
+    except _Bad as exc:
+        raise UserError(f"{source}: not a statebench results file: {exc}") from None
 
 
 def load(path: str | Path) -> Results:

@@ -28,6 +28,7 @@ from backends.base import Backend, registry
 from harness import calibrate as calibration
 from harness import metrics, worker
 from harness.results import Point, Results, one_line
+from model import checksum
 from model.errors import UserError
 from model.reference import Reference
 from model.workload import ModelConfig, Workload, preset, token_stream
@@ -142,11 +143,15 @@ def run_worker_subprocess(req: dict, timeout_s: float) -> Point:
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    env[checksum.HANDOFF_ENV] = checksum.handoff()  # cache files this process found whole
     try:
         proc = subprocess.run([sys.executable, "-m", "harness.worker"], input=json.dumps(req),
                               capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:
         return Point.failed(name, ctx, cap, steps, f"worker timed out after {timeout_s:.0f} s")
+    for line in proc.stderr.splitlines():
+        if line.startswith(checksum.NOTICE_PREFIX):  # a rebuilt cache file is said, not hidden
+            print(line, file=sys.stderr, flush=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
     if proc.returncode == 0 and lines:
         try:

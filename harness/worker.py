@@ -27,7 +27,7 @@ import numpy as np
 from backends.base import Backend, ByteCounters, DepthState, registry
 from harness.clocks import ClockSampler
 from harness.heater import heat
-from harness.metrics import compare_logits, is_cpu, unstable
+from harness.metrics import compare_logits, is_cpu, mismatch_reason, unstable
 from harness.results import BYTE_CATEGORIES, Point, Stats
 from model.workload import Workload, preset, valid_cache_bytes
 
@@ -126,6 +126,8 @@ def _measure(req: dict, cls: type[Backend]) -> Point:
             clocks.stop(after=timed_to)
             sm_clock = clocks.during(timed_from, timed_to)
         match = compare_logits(logits, ref_logits[: warmup + steps], wl.config.dtype)
+        reason = "" if match.ok else mismatch_reason(logits, ref_logits[: warmup + steps],
+                                                      wl.config.dtype)
         details = dict(backend.details)
         if sm_clock is not None:
             details["sm_clock_mhz"] = sm_clock
@@ -143,7 +145,7 @@ def _measure(req: dict, cls: type[Backend]) -> Point:
             gpu_reason = "backend has no GPU timer" if not gpu_ms else "GPU time missing on some steps"
         dev = backend.device_bytes()
         return Point(
-            backend=name, context=ctx, capacity=cap, steps=steps, status="ok",
+            backend=name, context=ctx, capacity=cap, steps=steps, status="ok", reason=reason,
             step_ms=Stats.of(step_ms), gpu_ms=gpu, gpu_reason=gpu_reason,
             build_s=build_s, time_to_depth_s=time_to_depth_s,
             bytes_per_step={k: getattr(total, k) / steps for k in BYTE_CATEGORIES},

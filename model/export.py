@@ -27,8 +27,10 @@ caches, cos/sin and the output): q, k and v are cast in and the output is cast b
 Both flavours reference one external weights file per (model, seed): `<name>-<hash>-s<seed>/
 weights.bin` beside the graphs, written once (atomically) and reused by every capacity and
 flavour. Only capacity-dependent constants (RoPE tables, the mask's arange) live inside the
-`.onnx`. With tied embeddings the head is a stored transposed copy of `embed_tokens`
-(`lm_head`, (hidden, vocab)), since Gemm(transB) is not in the standard op list.
+`.onnx`. Each file (weights and graphs) carries a content checksum (`<file>.sum`,
+`model.checksum`) and is rebuilt, with one line on stderr, when it no longer matches. With
+tied embeddings the head is a stored transposed copy of `embed_tokens` (`lm_head`, (hidden,
+vocab)), since Gemm(transB) is not in the standard op list.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from model import checksum
 from model import quantize as Q
 from model.atomic import atomic_file
 from model.workload import (
@@ -93,8 +96,14 @@ def export(workload: Workload, flavour: str, capacity: int,
            cache_dir: str | os.PathLike | None = None, *, force: bool = False) -> Path:
     """The graph for (workload, flavour, capacity), exported unless already on disk."""
     path = graph_path(workload, flavour, capacity, cache_dir)
-    if path.exists() and not force:
-        return path
+    if not force:
+        # the weights file the graph points to is checked (or rebuilt) on every reuse too:
+        # a backend reads both, and a graph never changes when its weights file is rebuilt
+        write_weights(workload, path.parent)
+        if quantised_names(workload.config):
+            write_q4_weights(workload, path.parent, flavour)
+        if checksum.reusable(path, "graph"):
+            return path
     if flavour == STANDARD:
         return export_standard(workload, capacity, path)
     return export_ort(workload, path, capacity)
@@ -131,8 +140,9 @@ def _weights_layout(cfg: ModelConfig) -> list[tuple[str, str, tuple[int, ...]]]:
 def write_weights(workload: Workload, directory: Path) -> dict[str, tuple[int, int]]:
     """Write `weights.bin` (+ `weights.json`) in `directory` once; returns name -> (offset, len).
 
-    An existing file with the same layout is reused; a new one is written to a temporary name
-    and renamed, so a concurrent or interrupted export never leaves a half-written file.
+    An existing file with the same layout and an intact content checksum (`model.checksum`)
+    is reused; a new one is written to a temporary name and renamed, so a concurrent or
+    interrupted export never leaves a half-written file.
     """
     cfg = workload.config
     layout = _weights_layout(cfg)
@@ -146,10 +156,11 @@ def write_weights(workload: Workload, directory: Path) -> dict[str, tuple[int, i
             "fingerprint": {n: _fingerprint(workload.weights[n]) for n in workload.weights}}
     bin_path, json_path = directory / "weights.bin", directory / "weights.json"
     try:
-        if json.loads(json_path.read_text()) == meta and bin_path.stat().st_size == offset:
-            return {k: (v[0], v[1]) for k, v in manifest.items()}
+        same = json.loads(json_path.read_text()) == meta
     except (OSError, ValueError):
-        pass
+        same = False
+    if same and checksum.reusable(bin_path, "weights", size=offset):
+        return {k: (v[0], v[1]) for k, v in manifest.items()}
     with atomic_file(bin_path) as f:
         for stored, source, _ in layout:
             if source.endswith(".T"):
@@ -159,6 +170,7 @@ def write_weights(workload: Workload, directory: Path) -> dict[str, tuple[int, i
             f.seek(manifest[stored][0])
             f.write(np.ascontiguousarray(arr, dtype=np.float32).tobytes())
         f.truncate(offset)
+    checksum.seal(bin_path)
     _atomic_write(json_path, json.dumps(meta).encode())
     return {k: (v[0], v[1]) for k, v in manifest.items()}
 
@@ -302,6 +314,7 @@ class _Builder:
         model = helper.make_model(g, opset_imports=opsets, producer_name="statebench")
         model.ir_version = 10
         _atomic_write(self.path, model.SerializeToString())
+        checksum.seal(self.path)
         return self.path
 
 
@@ -565,7 +578,8 @@ def _q4_parts(workload: Workload, name: str, flavour: str):
 def write_q4_weights(workload: Workload, directory: Path, flavour: str) -> dict[str, tuple[int, int]]:
     """Write the flavour's 4-bit tensors (``weights-q4-<flavour>.bin`` + ``.json``) once;
     returns stored name -> (offset, length). Reused while the model key and the float
-    weights' fingerprints match; written atomically as ``write_weights``."""
+    weights' fingerprints match and its checksum holds (``model.checksum``); written
+    atomically and sealed as ``write_weights``."""
     cfg = workload.config
     names = quantised_names(cfg)
     bin_path = directory / _q4_file(flavour)
@@ -574,7 +588,7 @@ def write_q4_weights(workload: Workload, directory: Path, flavour: str) -> dict[
     try:
         meta = json.loads(json_path.read_text())
         if (meta["model"] == config_key(cfg, workload.seed) and meta["fingerprint"] == fingerprint
-                and bin_path.stat().st_size == meta["size"]):
+                and checksum.reusable(bin_path, "weights", size=meta["size"])):
             return {k: (v[0], v[1]) for k, v in meta["tensors"].items()}
     except (OSError, ValueError, KeyError, TypeError):
         pass
@@ -588,6 +602,7 @@ def write_q4_weights(workload: Workload, directory: Path, flavour: str) -> dict[
                 f.write(data)
                 offset += (len(data) + _ALIGN - 1) // _ALIGN * _ALIGN
         f.truncate(offset)
+    checksum.seal(bin_path)
     meta = {"model": config_key(cfg, workload.seed), "size": offset, "tensors": manifest,
             "fingerprint": fingerprint}
     _atomic_write(json_path, json.dumps(meta).encode())

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from model import checksum
 from model.atomic import atomic_file
 from model.errors import UserError
 from model.quantize import Q4_BLOCK, round_trip
@@ -277,15 +278,18 @@ def cached_weights(cfg: ModelConfig, seed: int, directory: Path | None = None) -
     """`make_weights`, read back from a raw float32 file (memory-mapped) once it exists.
 
     The file is written to a temporary name and renamed, so concurrent workers and an
-    interrupted run never see a half-written cache.
+    interrupted run never see a half-written cache, and it is reused only while its content
+    checksum holds (`model.checksum`): the reference and every backend read these weights, so
+    a corrupt file would otherwise match everywhere.
     """
     shapes = weight_shapes(cfg)
     path = (directory or default_cache_dir()) / "weights" / f"{config_key(cfg, seed)}.f32"
     total = sum(int(np.prod(s)) for s in shapes.values())
-    if not (path.exists() and path.stat().st_size == total * 4):
+    if not checksum.reusable(path, "weights", size=total * 4):
         with atomic_file(path) as f:
             for name, shape in shapes.items():
                 f.write(make_weight_as(cfg, name, shape, seed).tobytes())
+        checksum.seal(path)
     flat = np.memmap(path, dtype=np.float32, mode="r", shape=(total,))
     out, offset = {}, 0
     for name, shape in shapes.items():

@@ -5,7 +5,8 @@
 #   scripts/gpu_kernel_ab.sh OUTDIR [PRESET:CAPACITY] [KEY=VALUE ...]
 #
 # One `scripts/kernel_bench.py --profile` run with the defaults, then one per KEY=VALUE
-# (a compiler.OPTIONS entry), all in one call so the GPU and host are the same; writes
+# (a knob of backends/webnn/wgpu_impl/options.py's KernelOptions; for a bad one kernel_bench
+# exits 2 with one line in OUTDIR/ab.log), all in one call so the GPU and host are the same; writes
 # OUTDIR/ab-<name>.json and prints wall / GPU time and launches per variant last. Each variant
 # steps for 3 s before it is timed (kernel_bench --warm) so the clocks ramp; still, compare the
 # variants with each other rather than with sweep files. STATEBENCH_AB_MODE picks the page

@@ -28,7 +28,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from backends.webnn import MLGraphBuilder, ml  # noqa: E402
-from backends.webnn.wgpu_impl import compiler  # noqa: E402
+from backends.webnn.wgpu_impl.options import KernelOptions  # noqa: E402
 
 GEMV_SHAPES = [(2048, 2048), (2048, 512), (2048, 8192), (8192, 2048), (2048, 128256)]
 
@@ -144,7 +144,7 @@ def profile_launches(ctx, g, bound: dict) -> dict:
     import wgpu
     from wgpu.backends.wgpu_native.extras import write_timestamp
 
-    from backends.webnn.wgpu_impl.compiler import CopyLaunch, KernelLaunch
+    from backends.webnn.wgpu_impl.plan import CopyLaunch, KernelLaunch
 
     dev = ctx._device
     items = []  # (launch, pipeline, bind group) or, for a buffer copy, (launch, src, dst)
@@ -266,7 +266,7 @@ def reach_random_depth(be: Any, wl: Any, capacity: int, depth: int, warm_s: floa
 
 def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
                warm_s: float = 0.0, mode: str = "wgpu:stateful", host: bool = False,
-               depth: int = 0) -> dict:
+               depth: int = 0, options: KernelOptions | None = None) -> dict:
     from backends.base import registry
     from model.workload import Workload, preset
 
@@ -274,7 +274,7 @@ def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
         raise ValueError(f"--depth {depth} + {steps} steps does not fit capacity {capacity}")
     t0 = time.perf_counter()
     wl = Workload.build(preset(name))
-    be = registry()[mode]()
+    be = registry()[mode](options=options)
     be.prepare(wl, capacity)
     prep = time.perf_counter() - t0
     plan = be.converted.graph._plan
@@ -356,6 +356,16 @@ def _attempt(bench: Callable[..., dict], args: tuple, **labels: Any) -> dict:
     return r
 
 
+def _attention_variant(chosen: KernelOptions, var: str) -> KernelOptions:
+    """``--attn-variants``' ``var`` over the ``--option`` choices: "auto" (as chosen), "sN"
+    (flash-decoding aiming at N splits per head), or an attention knob value."""
+    if var == "auto":
+        return chosen
+    if var.startswith("s") and var[1:].isdigit():
+        return chosen.replace(attention_splits=int(var[1:]))
+    return chosen.replace(attention=var)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gemv", default="all", help="'all', 'none' or KxN,KxN")
@@ -378,7 +388,8 @@ def main() -> None:
     ap.add_argument("--host-profile", action="store_true",
                     help="cProfile of the timed steps (the host's share of the wall time)")
     ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                    help="compiler.OPTIONS for every benchmark (e.g. gemv_prologue=off); repeatable")
+                    help="a KernelOptions knob for every benchmark (e.g. gemv_prologue=off; "
+                         "an empty value is None); repeatable")
     ap.add_argument("--submit-every", default="default",
                     help="launches per command buffer for the step, comma list: 0 = one "
                          "submit (GPU time without encoding gaps), 'default' = the context's")
@@ -386,34 +397,36 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=3.0, help="seconds per measurement")
     a = ap.parse_args()
     out: dict = {"gemv": [], "attention": [], "step": []}
-    for kv in a.option:
-        key, _, value = kv.partition("=")
-        if key not in compiler.OPTIONS:
-            sys.exit(f"kernel_bench: unknown option {key!r}; known: {', '.join(compiler.OPTIONS)}")
-        compiler.OPTIONS[key] = value or None
-    chosen = dict(compiler.OPTIONS)
-    ctx = ml.create_context(timing=True)
-    out["adapter"] = {k: v for k, v in ctx.adapter_info.items() if isinstance(v, (str, int))}
+    try:  # every variant's options checked before anything runs
+        chosen = KernelOptions.parse(a.option)
+        gemv_runs = [(var, chosen if var == "auto" else chosen.replace(gemv=var))
+                     for var in a.gemv_variants.split(",")]
+        attn_runs = [(var, _attention_variant(chosen, var)) for var in a.attn_variants.split(",")]
+    except ValueError as exc:
+        print(f"kernel_bench: {exc}", file=sys.stderr)
+        sys.exit(2)
+    contexts: dict[KernelOptions, Any] = {}  # one per set of options (a context keeps its own)
+
+    def context(options: KernelOptions) -> Any:
+        if options not in contexts:
+            contexts[options] = ml.create_context(timing=True, options=options)
+        return contexts[options]
+
+    out["adapter"] = {k: v for k, v in context(chosen).adapter_info.items()
+                      if isinstance(v, (str, int))}
     shapes = GEMV_SHAPES if a.gemv == "all" else (
         [] if a.gemv == "none" else [tuple(map(int, s.split("x"))) for s in a.gemv.split(",")])
-    for var in a.gemv_variants.split(","):
-        compiler.OPTIONS["gemv"] = chosen["gemv"] if var == "auto" else var
+    for var, options in gemv_runs:
         for K, N in shapes:
-            out["gemv"].append(_attempt(bench_gemv, (ctx, K, N, a.reps, a.budget),
+            out["gemv"].append(_attempt(bench_gemv, (context(options), K, N, a.reps, a.budget),
                                         shape=f"{K}x{N}", variant=var))
-    compiler.OPTIONS["gemv"] = chosen["gemv"]
     if a.attn != "none":
-        for var in a.attn_variants.split(","):
-            compiler.OPTIONS.update(chosen)
-            if var.startswith("s") and var[1:].isdigit():  # sN: flash with N splits per head
-                compiler.OPTIONS["attention_splits"] = var[1:]
-            elif var != "auto":
-                compiler.OPTIONS["attention"] = var
+        for var, options in attn_runs:
             for C in map(int, a.attn.split(",")):
                 out["attention"].append(_attempt(
-                    bench_attention, (ctx, C, a.reps, a.budget), C=C, variant=var))
-        compiler.OPTIONS.update(chosen)
-    ctx.destroy()
+                    bench_attention, (context(options), C, a.reps, a.budget), C=C, variant=var))
+    for ctx in contexts.values():
+        ctx.destroy()
     if a.step != "none":
         from backends.webnn.wgpu_impl import context as wctx
 
@@ -426,8 +439,8 @@ def main() -> None:
                     wctx.SUBMIT_EVERY.update(cpu=int(every), gpu=int(every))
                 out["step"].append(_attempt(
                     bench_step, (name, int(cap or 512), a.steps, a.profile, a.warm, a.mode,
-                                 a.host_profile, a.depth),
-                    preset=name, submit_every=every, options=dict(compiler.OPTIONS)))
+                                 a.host_profile, a.depth, chosen),
+                    preset=name, submit_every=every, options=chosen.as_dict()))
     print(json.dumps(out, indent=1))
 
 

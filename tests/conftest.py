@@ -18,6 +18,31 @@ def ctx():
 
 
 @pytest.fixture(scope="module")
+def ctx_with(ctx):
+    """``ctx_with(**knobs)``: a context created with those kernel options (``KernelOptions``
+    fields), one per set of options per module (``ctx`` itself for the defaults), on the
+    GPU's dispatch path as ``ctx`` is unless the options pick ``record_ahead``."""
+    from backends.webnn import ml
+    from backends.webnn.wgpu_impl.options import KernelOptions
+
+    made = {}
+
+    def make(**knobs):
+        options = KernelOptions(**knobs)
+        if options == ctx.options:
+            return ctx
+        if options not in made:
+            c = made[options] = ml.create_context(options=options)
+            if options.record_ahead is None:
+                c.record_ahead = ctx.record_ahead
+        return made[options]
+
+    yield make
+    for c in made.values():
+        c.destroy()
+
+
+@pytest.fixture(scope="module")
 def subgroup_size(ctx) -> int | None:
     """The adapter's subgroup width as a kernel sees it (None: no 'subgroup' feature): the
     subgroupAdd paths are taken only where it is one fixed width, and lavapipe reports only

@@ -123,3 +123,95 @@ def test_baseline_of_several_runs_keeps_per_point_medians(run_file, tmp_path):
     msg = one_line_error(statebench("baseline", run_file, doctored(run_file, tmp_path, more_bytes),
                                     "--name", "x", cwd=tmp_path))
     assert "not one sweep" in msg
+
+
+def _set(*path, value):
+    """A change to a results file: the field at `path` (points[0] unless it starts with a
+    top-level key) set to `value`, written as Python's json writes it (NaN, Infinity)."""
+    def change(d):
+        node = d if path[0] in d else d["points"][_stateless(d)]
+        for k in path[:-1]:
+            node = node[k]
+        node[path[-1]] = value
+    return change
+
+
+def _stateless(d) -> int:
+    """The first point of the ratio's anchor (ort-cpu:copy): the gate divides by its time."""
+    return next(i for i, p in enumerate(d["points"]) if p["backend"] == "ort-cpu:copy")
+
+
+BAD_FIGURES = {
+    "nan step time": (("step_ms", "median"), float("nan"), "step_ms.median is not finite"),
+    "negative step time": (("step_ms", "p10"), -0.5, "step_ms.p10 is -0.5; it must be > 0"),
+    "zero stateless time": (("step_ms", "median"), 0.0, "step_ms.median is 0.0; it must be > 0"),
+    "string median": (("step_ms", "median"), "1.349", "step_ms.median is '1.349', not a number"),
+    "inf bytes": (("bytes_per_step", "kernel"), float("inf"), "bytes_per_step.kernel is not finite"),
+    "negative bytes": (("bytes_per_step", "h2d"), -8.0, "bytes_per_step.h2d is -8.0; it must be ≥ 0"),
+    "string bytes": (("bytes_per_step", "d2h"), "12", "bytes_per_step.d2h is '12', not a number"),
+    "nan gpu time": (("gpu_ms",), {"median": float("nan"), "p10": 1.0, "p90": 1.0},
+                     "gpu_ms.median is not finite"),
+    "nan max_rel": (("match", "max_rel"), float("nan"), "match.max_rel is not finite"),
+    "string match": (("match", "ok"), "yes", "match.ok is 'yes', not true or false"),
+    "agree above 1": (("match", "argmax_agree"), 2.0, "argmax_agree is 2.0; it is a fraction"),
+    "negative context": (("context",), -16, "context is -16; it must be ≥ 0"),
+    "inf build time": (("build_s",), float("-inf"), "build_s is not finite"),
+    "string steps": (("workload", "steps"), "16", "workload.steps is '16', of the wrong type"),
+    "negative warmup": (("workload", "warmup"), -1, "workload.warmup is -1; it must be ≥ 0"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_FIGURES)
+@pytest.mark.parametrize("side", ["run", "baseline"])
+def test_gate_refuses_a_bad_figure_naming_file_and_field(case, side, run_file, tmp_path):
+    path, value, says = BAD_FIGURES[case]
+    bad = doctored(run_file, tmp_path, _set(*path, value=value))
+    args = (bad, "--baseline", run_file) if side == "run" else (run_file, "--baseline", bad)
+    msg = one_line_error(statebench("gate", *args))
+    assert str(bad) in msg and says in msg, msg
+
+
+@pytest.mark.parametrize("case", ["string median", "nan step time", "inf bytes"])
+def test_baseline_refuses_a_bad_figure_and_keeps_nothing(case, run_file, tmp_path):
+    path, value, says = BAD_FIGURES[case]
+    bad = doctored(run_file, tmp_path, _set(*path, value=value))
+    for runs in ([bad], [run_file, bad]):
+        msg = one_line_error(statebench("baseline", *runs, "--name", "ci", cwd=tmp_path))
+        assert str(bad) in msg and says in msg, msg
+    assert not (tmp_path / "results").exists()
+
+
+UNLIKE = {
+    "steps": (("workload", "steps"), 8, "steps 8 where the baseline has 3"),
+    "warmup": (("workload", "warmup"), 4, "warmup 4 where the baseline has 1"),
+    "capacity": (("workload", "capacity"), 64, "capacity 64 where the baseline has None"),
+    "seed": (("workload", "seed"), 7, "seed 7 where the baseline has 0"),
+    "dtype": (("workload", "dtype"), "float16", "dtype 'float16' where the baseline has 'float32'"),
+    "weights": (("workload", "config", "weights"), "float16",
+                "model weights 'float16' where the baseline has 'float32'"),
+    "kv_cache": (("workload", "config", "kv_cache"), "float16",
+                 "model kv_cache 'float16' where the baseline has 'float32'"),
+    "shapes": (("workload", "config", "hidden"), 128, "model hidden 128 where the baseline has 64"),
+}
+
+
+@pytest.mark.parametrize("case", UNLIKE)
+def test_gate_refuses_a_run_of_another_workload(case, run_file, tmp_path):
+    """Beyond the preset, a different sweep is exit 2 "not like for like", never a byte or
+    time regression (exit 1)."""
+    path, value, says = UNLIKE[case]
+    other = doctored(run_file, tmp_path, _set(*path, value=value))
+    msg = one_line_error(statebench("gate", other, "--baseline", run_file))
+    assert f"{other} is not like for like with {run_file}: its " in msg and says in msg, msg
+
+
+def test_gate_reads_an_older_baseline_without_the_newer_model_fields(run_file, tmp_path):
+    """The committed CI baseline predates `weights`/`kv_cache` and `warm_s`: their absence is
+    their old default, not a difference."""
+    def older(d):
+        for k in ("weights", "kv_cache"):
+            d["workload"]["config"].pop(k, None)
+        d["workload"].pop("warm_s", None)
+    proc = statebench("gate", run_file, "--baseline", doctored(run_file, tmp_path, older),
+                      "--bytes-exact")
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -106,3 +106,15 @@ def test_unknown_option_is_one_line():
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "unknown option 'nope'" in lines[0], proc.stderr
+
+
+def test_bad_option_values_are_one_line_before_anything_runs():
+    """A value KernelOptions refuses, given as an option or as a variant, stops the run
+    before any context is made: one line naming the knob, exit 2, nothing on stdout."""
+    for args, knob in ((("--option", "gdn=fused3"), "gdn"),
+                       (("--gemv", "8x8", "--gemv-variants", "auto,fastest"), "gemv"),
+                       (("--attn", "96", "--attn-variants", "s0"), "attention_splits")):
+        proc = bench("--gemv", "none", "--attn", "none", "--step", "none", *args)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and not proc.stdout, proc.stderr
+        assert len(lines) == 1 and f"KernelOptions.{knob} =" in lines[0], proc.stderr

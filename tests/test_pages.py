@@ -11,6 +11,7 @@ import pytest
 
 from backends.base import DepthState
 from backends.pages import StatefulFallback, StatefulInPlace, StatelessCopy, TensorReuse
+from backends.webnn.wgpu_impl.options import KernelOptions
 from model.reference import Reference
 from model.workload import Workload, cache_specs, preset, token_stream
 
@@ -33,8 +34,9 @@ def depth_state(depth: int, capacity: int) -> tuple[DepthState, Reference]:
     return DepthState(tokens=TOKENS[:depth].copy(), cache=ref.cache_arrays()), ref
 
 
-def prepared(cls, capacity: int):
-    b = cls()
+def prepared(cls, capacity: int, **knobs):
+    """A page of ``cls`` prepared on tiny, its context created with ``knobs`` (KernelOptions)."""
+    b = cls(options=KernelOptions(**knobs))
     b.prepare(TINY, capacity)
     return b
 
@@ -78,12 +80,11 @@ def test_gpu_dispatch_path_matches_reference(name, monkeypatch):
     every mode still computes the reference's logits over steps that submit what was
     recorded (from the second step for fixed tensors, the fourth for ping-pong), and the
     GPU time still spans the whole dispatch."""
-    from backends.webnn.wgpu_impl import compiler, context
+    from backends.webnn.wgpu_impl import context
 
     monkeypatch.setitem(context.SUBMIT_EVERY, "cpu", 3)
     monkeypatch.setitem(context.SUBMIT_EVERY, "gpu", 3)
-    monkeypatch.setitem(compiler.OPTIONS, "record_ahead", "on")
-    b = prepared(MODES[name], CAPACITY)
+    b = prepared(MODES[name], CAPACITY, record_ahead="on")
     try:
         assert len(b.converted.graph._submit_after) > 3 and b.context.record_ahead
         assert_steps_match(b, f"{name} chunked", steps=5)
@@ -92,16 +93,12 @@ def test_gpu_dispatch_path_matches_reference(name, monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["wgpu:stateful", "wgpu:stateless"])
-def test_gpu_gemv_variant_with_stacked_projections(name, monkeypatch):
+def test_gpu_gemv_variant_with_stacked_projections(name):
     """The GPU matrix-vector kernel (forced here on any adapter) runs q/k/v and gate/up
     projections as stacked launches, adds the residual stream in the o and down
     projections and computes RMSNorm's tail and SwiGLU as the projections' prologue; the
     model still computes the reference's logits."""
-    from backends.webnn.wgpu_impl import compiler
-
-    monkeypatch.setitem(compiler.OPTIONS, "gemv", "rows_sh")
-    monkeypatch.setitem(compiler.OPTIONS, "gemv_prologue", "full")
-    b = prepared(MODES[name], CAPACITY)
+    b = prepared(MODES[name], CAPACITY, gemv="rows_sh", gemv_prologue="full")
     try:
         plan = b.converted.graph._plan
         sizes = sorted(len(g) for g in plan.stacked.values())
@@ -143,21 +140,20 @@ def decode_steps(b, depth: int, steps: int, calls: dict[str, int]) -> tuple[list
 @pytest.mark.parametrize("gpu_path", [False, True])
 def test_read_copy_one_submit_one_map_per_stateful_step(gpu_path, monkeypatch, queue_calls):
     """The stateful page's step on tiny (dispatch, read the logits, the GPU time) submits
-    once and maps once with the read copy (OPTIONS["read_copy"] None); a read that copies
+    once and maps once with the read copy (KernelOptions.read_copy None); a read that copies
     for itself costs a submit and the GPU time a map of their own ("separate"), and
     wgpu-py's default map a submit before each of those maps ("separate_sync", the path
     before the read copy). The logits are the same bits every way and the reference's;
     ``gpu_path``: command buffers of 3 launches, recorded ahead."""
-    from backends.webnn.wgpu_impl import compiler, context
+    from backends.webnn.wgpu_impl import context
 
     if gpu_path:
         monkeypatch.setitem(context.SUBMIT_EVERY, "cpu", 3)
-        monkeypatch.setitem(compiler.OPTIONS, "record_ahead", "on")
     calls = queue_calls()
     got, counts = {}, {}
     for how in (None, "separate", "separate_sync"):
-        monkeypatch.setitem(compiler.OPTIONS, "read_copy", how)
-        b = prepared(StatefulInPlace, CAPACITY)
+        b = prepared(StatefulInPlace, CAPACITY, read_copy=how,
+                     record_ahead="on" if gpu_path else None)
         try:
             assert b.context.record_ahead == gpu_path
             got[how], counts[how] = decode_steps(b, 16, 4, calls)
@@ -187,19 +183,18 @@ def test_read_copy_in_the_other_pages(name, monkeypatch, queue_calls):
 
 @pytest.mark.parametrize("how, kernel", [(None, "copy_vec4"), ("identity", "identity"),
                                          ("buffer", None)])
-def test_cache_copy_variants_match_reference(how, kernel, monkeypatch):
+def test_cache_copy_variants_match_reference(how, kernel):
     """The reuse graph's copy of the unchanged cache as a vec4 kernel (the default), the
-    element-wise identity or copy_buffer_to_buffer (OPTIONS["cache_copy"], FINDINGS 18):
+    element-wise identity or copy_buffer_to_buffer (KernelOptions.cache_copy, FINDINGS 18):
     every attention cache goes through it, and the logits are the reference's."""
-    from backends.webnn.wgpu_impl import compiler
+    from backends.webnn.wgpu_impl.plan import CopyLaunch
 
-    monkeypatch.setitem(compiler.OPTIONS, "cache_copy", how)
-    b = prepared(MODES["wgpu:reuse"], CAPACITY)
+    b = prepared(MODES["wgpu:reuse"], CAPACITY, cache_copy=how)
     try:
         launches = b.converted.graph._plan.launches
         names = [getattr(la, "kernel", None) and la.kernel.name for la in launches]
         copies = names.count(kernel) if kernel else sum(
-            isinstance(la, compiler.CopyLaunch) for la in launches)
+            isinstance(la, CopyLaunch) for la in launches)
         assert copies == 2 * len(TINY.config.attention_layers)
         assert not ({"identity", "copy_vec4"} - {kernel}) & set(names)
         assert_steps_match(b, f"reuse, cache copy {how}", steps=3)
@@ -207,19 +202,20 @@ def test_cache_copy_variants_match_reference(how, kernel, monkeypatch):
         b.close()
 
 
-def test_gpu_gemv_norms_in_one_launch_each(monkeypatch):
+def test_gpu_gemv_norms_in_one_launch_each():
     """By default (GPU kernels forced here) each norm is one launch computing its row
     reductions and its tail (``fused_vector``), not two: every RMSNorm, and the per-head L2
     norms of q and k in a gated delta net layer; the model still computes the reference's
     logits."""
-    from backends.webnn.wgpu_impl import compiler
-
-    monkeypatch.setitem(compiler.OPTIONS, "gemv", "rows_sh")
-    # the GDN layer's own ops (a GPU adapter's default folds q's and k's norms into the
+    # gdn: the GDN layer's own ops (a GPU adapter's default folds q's and k's norms into the
     # fused gated-delta kernel, tests/test_webnn_gdn.py)
-    monkeypatch.setitem(compiler.OPTIONS, "gdn", "generic")
-    b = prepared(StatefulInPlace, CAPACITY)
+    b = prepared(StatefulInPlace, CAPACITY, gemv="rows_sh", gdn="generic")
     try:
+        # the point records every knob its context ran with, None where the adapter chose
+        knobs = ("gemv", "attention", "gemv_prologue", "row_writes", "attention_splits",
+                 "record_ahead", "cache_copy", "gemv_weights", "gdn", "f16_loads", "read_copy")
+        assert b.details["kernel_options"] == {**dict.fromkeys(knobs), "gemv": "rows_sh",
+                                               "gdn": "generic"}
         plan = b.converted.graph._plan
         assert not plan.prologue
         names = [la.kernel.name for la in plan.launches if hasattr(la, "kernel")]
@@ -414,19 +410,16 @@ def test_many_pairs_share_one_capacity_check_binding():
         b.close()
 
 
-def test_float16_valued_weights_stream_as_float16(monkeypatch):
+def test_float16_valued_weights_stream_as_float16():
     """On a preset with float16-valued weights ('+f16') the GPU matrix-vector kernels keep
     every constant weight matrix as float16 (lossless, chosen by the implementation), the
     model still computes the reference's logits, and the kernel bytes drop by the weights'
     half; the floor counts 2 bytes a parameter."""
-    from backends.webnn.wgpu_impl import compiler
-
-    monkeypatch.setitem(compiler.OPTIONS, "gemv", "rows")
     wl = Workload.build(preset("tiny+f16"))
     assert wl.weights_bytes * 2 == TINY.weights_bytes
     per_step = {}
     for w in (TINY, wl):
-        b = StatefulInPlace()
+        b = StatefulInPlace(options=KernelOptions(gemv="rows"))
         b.prepare(w, 24)
         try:
             gemvs = [la.kernel for la in b.converted.graph._plan.launches

@@ -133,6 +133,10 @@ def test_failed_unavailable_and_mismatch_recorded_sweep_goes_on(tmp_path):
     assert f.status == "failed" and f.reason == "RuntimeError: device lost second line"
     w = by["test:wrong", 4]
     assert w.status == "ok" and not w.matches and not w.match.ok
+    # a mismatch is never blank: the worst error, its size and where it is
+    assert w.reason.startswith("logits differ from the float64 reference: max abs "), w.reason
+    assert f"max rel {w.match.max_rel:.2e}" in w.reason and " at step " in w.reason
+    assert "vocab index" in w.reason and by["test:numpy", 8].reason == ""
     assert by["test:numpy", 8].matches
     assert len(res.points) == 8
 

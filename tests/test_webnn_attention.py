@@ -59,13 +59,12 @@ def test_flash_matches_oracle(ctx, heads, g, cap, d, fill, depth):
 
 
 @pytest.mark.parametrize("splits", [8, 64])
-def test_splits_per_head_option(ctx, splits, monkeypatch):
-    """compiler.OPTIONS["attention_splits"]: fewer or more splits per head (a longer or
+def test_splits_per_head_option(ctx_with, splits):
+    """KernelOptions.attention_splits: fewer or more splits per head (a longer or
     shorter combine), the same result."""
     from backends.webnn.kernels import attention as AT
-    from backends.webnn.wgpu_impl import compiler
 
-    monkeypatch.setitem(compiler.OPTIONS, "attention_splits", str(splits))
+    ctx = ctx_with(attention_splits=splits)
     cap = 64 * 128 - 50
     assert AT.split_rows(cap, 4, 16, 1 << 14, splits) == (512 if splits == 8 else 128)
     gr, outs = graph(ctx, 1, 4, cap, 16, -np.inf)
@@ -189,7 +188,7 @@ def _seed_state(ctx, gr, name, value):
 
 
 #: (heads, q rows, capacity, head dim) of the float16-cache tests, and how flash-decoding
-#: loads the cache under OPTIONS["f16_loads"] = "wide" (the default)
+#: loads the cache under KernelOptions.f16_loads = "wide" (the default)
 F16_SHAPES = [
     ((2, 4, 300, 16), "wide"),  # 2 words a row, probs·V through workgroup memory
     ((2, 4, 300, 64), "wide"),  # llama-1b's head: 8 words a row
@@ -203,17 +202,14 @@ F16_SHAPES = [
 @pytest.mark.parametrize("f16_loads", ["wide", "vec4"])
 @pytest.mark.parametrize("stateful", [True, False])
 @pytest.mark.parametrize("shape", [s for s, _ in F16_SHAPES], ids=lambda s: "x".join(map(str, s)))
-def test_f16_cache_row_write_and_flash_read_float16(ctx, monkeypatch, stateful, shape,
-                                                    f16_loads):
+def test_f16_cache_row_write_and_flash_read_float16(ctx, ctx_with, stateful, shape, f16_loads):
     """Against float64 NumPy with the rows rounded to float16, for both ways of loading
-    the cache (OPTIONS["f16_loads"]): the stateful graph over three dispatches into its
+    the cache (KernelOptions.f16_loads): the stateful graph over three dispatches into its
     hidden cache (seeded random, rows written at random positions), the stateless one over
     a random page-owned cache, whose present must hold exactly the float16 rows."""
     if "shader-f16" not in ctx._adapter.features:
         pytest.skip("the adapter has no 'shader-f16'")
-    from backends.webnn.wgpu_impl import compiler
-
-    monkeypatch.setitem(compiler.OPTIONS, "f16_loads", f16_loads)
+    ctx = ctx_with(f16_loads=f16_loads)
     heads, g, cap, d = shape
     gr, outs = f16_cache_graph(ctx, heads, g, cap, d, stateful)
     names = [la.kernel.name for la in gr._plan.launches if hasattr(la, "kernel")]
@@ -260,15 +256,14 @@ def test_f16_cache_row_write_and_flash_read_float16(ctx, monkeypatch, stateful, 
 @pytest.mark.parametrize("f16_loads", [None, "wide", "vec4"])
 @pytest.mark.parametrize("shape,how", F16_SHAPES, ids=lambda x: "x".join(map(str, x))
                          if isinstance(x, tuple) else x)
-def test_f16_cache_loads_as_the_option_says(ctx, monkeypatch, shape, how, f16_loads):
-    """The generated pass 1 loads a float16 cache as OPTIONS["f16_loads"] asks: by default
+def test_f16_cache_loads_as_the_option_says(ctx_with, shape, how, f16_loads):
+    """The generated pass 1 loads a float16 cache as KernelOptions.f16_loads asks: by default
     16-byte words of 8 halves (d/8 loads a K row, unpacked), so a silent fallback to the
     narrower loads fails here; "vec4" (or d % 8 != 0) keeps vec4<f16>; d % 4 != 0: f16.
     The byte count is the same either way: 2 bytes an element."""
     from backends.webnn.kernels import attention as AT
-    from backends.webnn.wgpu_impl import compiler
 
-    monkeypatch.setitem(compiler.OPTIONS, "f16_loads", f16_loads)
+    ctx = ctx_with(f16_loads=f16_loads)
     heads, g, cap, d = shape
     gr, _ = f16_cache_graph(ctx, heads, g, cap, d, True)
     k1 = next(la.kernel for la in gr._plan.launches

@@ -112,7 +112,7 @@ def test_plan_respects_leaf_limit(ctx, max_leaves):
     y = xs[0]
     for x in xs[1:]:
         y = b.mul(b.add(y, x), x)
-    from backends.webnn.wgpu_impl.compiler import _reachable
+    from backends.webnn.wgpu_impl.passes import reachable as _reachable
 
     nodes = _reachable([y])
     inlined, groups = fusion.plan(nodes, {y._id}, set(), max_leaves)
@@ -146,16 +146,13 @@ def test_reduction_computes_its_input_chain(ctx, op):
     (True, None, ["fused_vector", "matmul_gemv"]), (True, "launch", ["fused_vector", "matmul_gemv"]),
     (False, None, ["fused:sqrt+div+mul", "matmul_gemv"]),
     (True, "off", ["reduce_mean", "fused:add+sqrt+div+mul", "matmul_gemv"])])
-def test_gemv_prologue_and_stacking_with_gpu_kernel(ctx, k, norm, mode, launches, monkeypatch):
+def test_gemv_prologue_and_stacking_with_gpu_kernel(ctx_with, k, norm, mode, launches):
     """Forced GPU gemv: an element-wise input vector read only by two single-row matmuls
     is computed by the (stacked) gemv itself, vec4 (k = 8) or scalar (k = 6) loads; with
     ``norm`` it is RMSNorm, whose mean of squares the gemv's workgroups compute too
     (``gemv_prologue`` "full"; "vector": the mean launched alone; None/"launch": the
     vector and its mean in one launch of their own; "off": neither)."""
-    from backends.webnn.wgpu_impl import compiler
-
-    monkeypatch.setitem(compiler.OPTIONS, "gemv", "rows_sh")
-    monkeypatch.setitem(compiler.OPTIONS, "gemv_prologue", mode)
+    ctx = ctx_with(gemv="rows_sh", gemv_prologue=mode)
     b = MLGraphBuilder(ctx)
     x = b.input("x", data_type="float32", shape=[1, k])
     s = b.input("s", data_type="float32", shape=[1, 1])
@@ -203,7 +200,7 @@ def test_row_write_computes_its_updates(ctx):
 
 def test_row_write_never_computes_updates_from_the_cache_it_writes(ctx):
     """Updates that read a paired cache stay a launch of their own (``no_read``)."""
-    from backends.webnn.wgpu_impl.compiler import _reachable
+    from backends.webnn.wgpu_impl.passes import reachable as _reachable
 
     b = MLGraphBuilder(ctx)
     past = b.input("past", data_type="float32", shape=[1, 1, 4, 2])
@@ -218,13 +215,11 @@ def test_row_write_never_computes_updates_from_the_cache_it_writes(ctx):
 
 
 @pytest.mark.parametrize("heads,d,other_reader", [(3, 37, False), (5, 300, False), (3, 37, True)])
-def test_row_norm_is_one_launch(ctx, heads, d, other_reader, monkeypatch):
+def test_row_norm_is_one_launch(ctx_with, heads, d, other_reader):
     """An L2 norm per head, ``x / sqrt(sum(x * x, last axis) + eps)`` over (1, heads, d),
     with GPU kernels forced: one launch with a workgroup per head (rows longer than the
     workgroup too); a reduction read by anything else keeps its own launch."""
-    from backends.webnn.wgpu_impl import compiler
-
-    monkeypatch.setitem(compiler.OPTIONS, "gemv", "rows_sh")
+    ctx = ctx_with(gemv="rows_sh")
     b = MLGraphBuilder(ctx)
     x = b.input("x", data_type="float32", shape=[1, heads, d])
     ss = b.reduce_sum(b.mul(x, x), axes=[2], keep_dimensions=True)

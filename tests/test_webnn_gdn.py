@@ -11,6 +11,7 @@ import pytest
 
 from backends.webnn import MLGraphBuilder, MLKVCachePair
 from backends.webnn.wgpu_impl import compiler
+from backends.webnn.wgpu_impl.options import KernelOptions
 
 RNG = np.random.default_rng(20261966)
 EPS = 1e-6
@@ -151,10 +152,9 @@ CASES = [(2, 2, 16, 16, "fused"), (2, 1, 8, 128, "fused"), (1, 2, 8, 128, "fused
 
 
 @pytest.mark.parametrize("hk,rep,dv,dk,variant", CASES)
-def test_one_launch_into_another_buffer_matches_oracle(ctx, hk, rep, dv, dk, variant,
-                                                       monkeypatch):
+def test_one_launch_into_another_buffer_matches_oracle(ctx_with, hk, rep, dv, dk, variant):
     """Non-stateful: the old state an input, the new state an output of its own."""
-    monkeypatch.setitem(compiler.OPTIONS, "gdn", variant)
+    ctx = ctx_with(gdn=variant)
     graph, outs, consts = gdn_graph(ctx, hk, rep, dv, dk)
     assert names(graph).count("gated_delta") == 1, names(graph)
     assert not {"matmul", "add", "mul"} & set(names(graph)), names(graph)
@@ -164,7 +164,7 @@ def test_one_launch_into_another_buffer_matches_oracle(ctx, hk, rep, dv, dk, var
 
 
 @pytest.mark.parametrize("stateful", [False, True])
-def test_subgroup_sums_match_oracle(ctx, subgroup_size, stateful, monkeypatch):
+def test_subgroup_sums_match_oracle(ctx_with, subgroup_size, stateful, monkeypatch):
     """The GPU default sums a row's partials with subgroupAdd when the subgroup is as wide
     as the row's lanes (32 on NVIDIA); run here with the adapter's own width."""
     import dataclasses
@@ -172,8 +172,8 @@ def test_subgroup_sums_match_oracle(ctx, subgroup_size, stateful, monkeypatch):
     width = subgroup_size
     if width is None or width > 32 or width & (width - 1):
         pytest.skip(f"no fixed power-of-two subgroup width to test with ({width})")
+    ctx = ctx_with(gdn=f"fused{width}")
     monkeypatch.setattr(ctx, "_target", dataclasses.replace(ctx._target, subgroup=width))
-    monkeypatch.setitem(compiler.OPTIONS, "gdn", f"fused{width}")
     hk, rep, dv, dk = 2, 2, 8, 4 * width
     graph, outs, consts = gdn_graph(ctx, hk, rep, dv, dk, stateful=stateful)
     (kernel,) = [la.kernel for la in graph._plan.launches if hasattr(la, "kernel")]
@@ -189,12 +189,11 @@ def test_subgroup_sums_match_oracle(ctx, subgroup_size, stateful, monkeypatch):
 
 
 @pytest.mark.parametrize("hk,rep,dv,dk,variant", CASES[:4])
-def test_one_launch_in_place_over_steps_matches_oracle(ctx, hk, rep, dv, dk, variant,
-                                                       monkeypatch):
+def test_one_launch_in_place_over_steps_matches_oracle(ctx_with, hk, rep, dv, dk, variant):
     """Stateful: the paired state updated in place by the kernel, dispatch after dispatch
     (the first from the zero state createTensor gives, the next ones from its result);
     the hidden state is checked through the output, which reads the new state."""
-    monkeypatch.setitem(compiler.OPTIONS, "gdn", variant)
+    ctx = ctx_with(gdn=variant)
     graph, outs, consts = gdn_graph(ctx, hk, rep, dv, dk, stateful=True)
     assert graph.is_stateful and graph.in_place == {"past": True}
     launch = next(la for la in graph._plan.launches if la.kernel.name == "gated_delta")
@@ -218,10 +217,10 @@ def norm_launches(kinds: list[str]) -> int:
     return kinds.count("reduce_sum") + kinds.count("fused_vector")
 
 
-def test_normalised_k_read_elsewhere_keeps_its_norm(ctx, monkeypatch):
+def test_normalised_k_read_elsewhere_keeps_its_norm(ctx_with):
     """k's norm is also an output: it keeps its launches and the kernel reads the
     normalised k; q's norm is still folded in."""
-    monkeypatch.setitem(compiler.OPTIONS, "gdn", "fused")
+    ctx = ctx_with(gdn="fused")
     hk, rep, dv, dk = 2, 2, 8, 8
     graph, outs, consts = gdn_graph(ctx, hk, rep, dv, dk, extra="kn")
     kinds = names(graph)
@@ -235,10 +234,10 @@ def test_normalised_k_read_elsewhere_keeps_its_norm(ctx, monkeypatch):
 
 
 @pytest.mark.parametrize("extra", ["decay_input", "unscaled"])
-def test_decay_from_a_buffer_and_no_output_tail(ctx, extra, monkeypatch):
+def test_decay_from_a_buffer_and_no_output_tail(ctx_with, extra):
     """The decay a graph input (read per head from its buffer) or O written without a
     tail: still one launch, still the oracle."""
-    monkeypatch.setitem(compiler.OPTIONS, "gdn", "fused")
+    ctx = ctx_with(gdn="fused")
     hk, rep, dv, dk = 2, 3, 4, 8
     graph, outs, consts = gdn_graph(ctx, hk, rep, dv, dk, extra=extra)
     assert names(graph) == ["gated_delta"], names(graph)
@@ -256,10 +255,10 @@ def test_decay_from_a_buffer_and_no_output_tail(ctx, extra, monkeypatch):
 
 
 @pytest.mark.parametrize("extra", ["s", "r", "row_decay"])
-def test_near_misses_keep_the_generic_ops(ctx, extra, monkeypatch):
+def test_near_misses_keep_the_generic_ops(ctx_with, extra):
     """The decayed state or the retrieval also read as an output, or a decay per value row
     rather than per head: no fused launch, and the generic ops compute the oracle."""
-    monkeypatch.setitem(compiler.OPTIONS, "gdn", "fused")
+    ctx = ctx_with(gdn="fused")
     hk, rep, dv, dk = 2, 2, 8, 8
     graph, outs, consts = gdn_graph(ctx, hk, rep, dv, dk, row_decay=extra == "row_decay",
                                     extra=None if extra == "row_decay" else extra)
@@ -270,39 +269,37 @@ def test_near_misses_keep_the_generic_ops(ctx, extra, monkeypatch):
            hk, rep, dv, dk)
 
 
-def test_generic_option_and_cpu_default_keep_the_ops(ctx, monkeypatch):
-    """OPTIONS["gdn"] = "generic" everywhere, and None on a CPU adapter: the ops one by one
-    (decayed state, retrieval, delta with the update and the new state fused, output
+def test_generic_option_and_cpu_default_keep_the_ops(ctx, ctx_with):
+    """KernelOptions.gdn = "generic" everywhere, and None on a CPU adapter: the ops one by
+    one (decayed state, retrieval, delta with the update and the new state fused, output
     matvec, scale: 4 more launches, and q's and k's norms, 2 or 4 more by the adapter);
-    "fused_norms" keeps the norms' launches; an unknown value is refused."""
+    "fused_norms" keeps the norms' launches; an unknown value is refused when the options
+    are made, and cannot reach a context."""
     hk, rep, dv, dk = 1, 2, 4, 8
-    monkeypatch.setitem(compiler.OPTIONS, "gdn", "fused")
-    assert names(gdn_graph(ctx, hk, rep, dv, dk)[0]) == ["gated_delta"]
-    monkeypatch.setitem(compiler.OPTIONS, "gdn", "fused_norms")
-    kept = names(gdn_graph(ctx, hk, rep, dv, dk)[0])
+    assert names(gdn_graph(ctx_with(gdn="fused"), hk, rep, dv, dk)[0]) == ["gated_delta"]
+    kept = names(gdn_graph(ctx_with(gdn="fused_norms"), hk, rep, dv, dk)[0])
     per_norm = launches_per_norm(ctx)
     assert norm_launches(kept) == 2 and kept[-1] == "gated_delta", kept
     assert len(kept) == 1 + 2 * per_norm, kept
     for how in ("generic", None):
-        monkeypatch.setitem(compiler.OPTIONS, "gdn", how)
         if how is None and not ctx._target.cpu:
             continue
-        generic = names(gdn_graph(ctx, hk, rep, dv, dk)[0])
+        generic = names(gdn_graph(ctx_with(gdn=how), hk, rep, dv, dk)[0])
         assert "gated_delta" not in generic and len(generic) == 1 + 4 + 2 * per_norm, generic
     for bad in ("fastest", "fused12", "fused0"):
-        monkeypatch.setitem(compiler.OPTIONS, "gdn", bad)
         with pytest.raises(ValueError, match="fused|power of two"):
-            gdn_graph(ctx, hk, rep, dv, dk)
+            ctx_with(gdn=bad)
+        with pytest.raises(ValueError, match="fused|power of two"):
+            KernelOptions.parse([f"gdn={bad}"])
 
 
 @pytest.mark.parametrize("subgroup,reduction", [(32, "subgroupAdd"), (None, "workgroupBarrier")])
-def test_gpu_targets_plan_the_kernel_by_default(ctx, subgroup, reduction, monkeypatch):
+def test_gpu_targets_plan_the_kernel_by_default(ctx_with, subgroup, reduction, monkeypatch):
     """Planning only (no device): on a GPU target the default is the one launch, 32 lanes
     per state row of dk = 128, summed with subgroupAdd where the subgroup is 32 wide."""
     from backends.webnn._classes import _graph_inputs
     from backends.webnn.wgpu_impl.target import Target
 
-    monkeypatch.setitem(compiler.OPTIONS, "gdn", None)
     captured = {}
     real = compiler.compile_graph
 
@@ -311,12 +308,11 @@ def test_gpu_targets_plan_the_kernel_by_default(ctx, subgroup, reduction, monkey
         return real(outputs, *args, **kw)
 
     monkeypatch.setattr("backends.webnn.wgpu_impl.context.compile_graph", keep)
-    monkeypatch.setitem(compiler.OPTIONS, "gdn", "generic")
-    gdn_graph(ctx, 2, 2, 4, 128)
+    gdn_graph(ctx_with(gdn="generic"), 2, 2, 4, 128)
     outputs = captured["outputs"]
-    monkeypatch.setitem(compiler.OPTIONS, "gdn", None)
     plan = compiler.compile_graph(outputs, [], False, _graph_inputs(outputs.values()),
-                                  target=Target(cpu=False, subgroup=subgroup, max_storage=16))
+                                  target=Target(cpu=False, subgroup=subgroup, max_storage=16),
+                                  options=KernelOptions(gdn=None))
     kernels = [la.kernel for la in plan.launches]
     assert [k.name for k in kernels] == ["gated_delta"]  # q's and k's norms folded in
     assert reduction in kernels[0].wgsl
@@ -333,8 +329,8 @@ def _model_modes():
     return {cls.name: cls for cls in (StatefulInPlace, TensorReuse, StatelessCopy)}
 
 
-def _prepared(cls, workload, capacity: int):
-    b = cls()
+def _prepared(cls, workload, capacity: int, **knobs):
+    b = cls(options=KernelOptions(**knobs))
     b.prepare(workload, capacity)
     return b
 
@@ -346,7 +342,7 @@ def _gdn_launches(backend) -> list[str]:
 
 @pytest.mark.parametrize("preset_name", ["tiny", "small"])
 @pytest.mark.parametrize("mode", ["wgpu:stateful", "wgpu:reuse", "wgpu:stateless"])
-def test_decode_steps_match_reference(ctx, preset_name, mode, monkeypatch):
+def test_decode_steps_match_reference(ctx, preset_name, mode):
     """Every GDN layer of the preset runs as one gated_delta launch (in place on the
     stateful page, into the present-state output on the others) and the logits of steps
     at depth are the model reference's."""
@@ -354,11 +350,10 @@ def test_decode_steps_match_reference(ctx, preset_name, mode, monkeypatch):
     from model.reference import Reference
     from model.workload import Workload, preset, token_stream
 
-    monkeypatch.setitem(compiler.OPTIONS, "gdn", "fused")
     wl = Workload.build(preset(preset_name))
     depth, steps, cap = 12, 3, 16
     tokens = token_stream(wl.config, cap + 4)
-    b = _prepared(_model_modes()[mode], wl, cap)
+    b = _prepared(_model_modes()[mode], wl, cap, gdn="fused")
     try:
         assert _gdn_launches(b).count("gated_delta") == len(wl.config.gdn_layers)
         if mode == "wgpu:stateful":
@@ -375,7 +370,7 @@ def test_decode_steps_match_reference(ctx, preset_name, mode, monkeypatch):
         b.close()
 
 
-def test_launches_per_gdn_layer_drop_by_seven(monkeypatch):
+def test_launches_per_gdn_layer_drop_by_seven():
     """The pattern fires on the exported model, planned as on a GPU (GPU matrix-vector
     kernels forced: each norm one launch): q's and k's L2 norms, the decay, retrieval,
     delta, rank-1 update, output matvec and scale (8 launches per GDN layer on the
@@ -384,12 +379,10 @@ def test_launches_per_gdn_layer_drop_by_seven(monkeypatch):
     from backends.pages import StatefulInPlace
     from model.workload import Workload, preset
 
-    monkeypatch.setitem(compiler.OPTIONS, "gemv", "rows_sh")
     wl = Workload.build(preset("small"))
     counts = {}
     for how in ("generic", "fused", "fused_norms"):
-        monkeypatch.setitem(compiler.OPTIONS, "gdn", how)
-        b = _prepared(StatefulInPlace, wl, 8)
+        b = _prepared(StatefulInPlace, wl, 8, gemv="rows_sh", gdn=how)
         counts[how] = _gdn_launches(b)
         b.close()
     layers = len(wl.config.gdn_layers)
@@ -398,18 +391,17 @@ def test_launches_per_gdn_layer_drop_by_seven(monkeypatch):
     assert len(counts["fused_norms"]) - len(counts["fused"]) == 2 * layers, counts
 
 
-def test_capacity_overflow_leaves_the_state(monkeypatch):
+def test_capacity_overflow_leaves_the_state():
     """The in-place kernel is gated on the capacity check: a dispatch past capacity fails
     and the recurrent state (and the KV rows) are left as they were."""
     from backends.pages import StatefulInPlace
     from backends.webnn import OperationError
     from model.workload import Workload, preset, token_stream
 
-    monkeypatch.setitem(compiler.OPTIONS, "gdn", "fused")
     wl = Workload.build(preset("tiny"))
     cap = 6
     tokens = token_stream(wl.config, cap + 2)
-    b, clean = _prepared(StatefulInPlace, wl, cap), _prepared(StatefulInPlace, wl, cap)
+    b, clean = (_prepared(StatefulInPlace, wl, cap, gdn="fused") for _ in range(2))
     try:
         launch = next(la for la in b.converted.graph._plan.launches
                       if getattr(la, "kernel", None) and la.kernel.name == "gated_delta")

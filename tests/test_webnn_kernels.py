@@ -13,16 +13,7 @@ ok, why = StatelessCopy.available()
 pytestmark = pytest.mark.skipif(not ok, reason=why)
 
 from backends.webnn import MLGraphBuilder  # noqa: E402
-from backends.webnn.wgpu_impl import compiler  # noqa: E402
 from backends.webnn.wgpu_impl.target import Target  # noqa: E402
-
-
-@pytest.fixture
-def options():
-    saved = dict(compiler.OPTIONS)
-    yield compiler.OPTIONS
-    compiler.OPTIONS.clear()
-    compiler.OPTIONS.update(saved)
 
 
 def run(ctx, build, feeds: dict[str, np.ndarray]) -> np.ndarray:
@@ -53,9 +44,9 @@ GEMV_SHAPES = [(37, 333), (64, 1), (8, 700), (260, 129), (1024, 96)]
 @pytest.mark.parametrize("variant", GEMV_VARIANTS)
 @pytest.mark.parametrize("K,N", GEMV_SHAPES)
 @pytest.mark.parametrize("lead", [(1,), (3, 1)])
-def test_gemv_variants(ctx, options, variant, K, N, lead):
+def test_gemv_variants(ctx_with, variant, K, N, lead):
     rng = np.random.default_rng()
-    options["gemv"] = variant
+    ctx = ctx_with(gemv=variant)
     w = rand(rng, K, N)
     x = rand(rng, *lead, K)
     got = run(ctx, lambda b, i: b.matmul(i["x"], b.constant(data_type="float32", shape=[K, N],
@@ -64,10 +55,10 @@ def test_gemv_variants(ctx, options, variant, K, N, lead):
 
 
 @pytest.mark.parametrize("variant", ["cols", "rows", "legacy"])
-def test_gemv_weights_split_into_chunks(ctx, options, variant):
+def test_gemv_weights_split_into_chunks(ctx_with, variant):
     """Weights beyond the storage-binding limit: one launch per chunk of columns."""
     rng = np.random.default_rng()
-    options["gemv"] = variant
+    ctx = ctx_with(gemv=variant)
     K, N = 20, 301
     w, x = rand(rng, K, N), rand(rng, 1, K)
     saved = ctx._max_binding
@@ -81,14 +72,14 @@ def test_gemv_weights_split_into_chunks(ctx, options, variant):
 
 
 @pytest.mark.parametrize("K,N", [(37, 333), (2048, 70), (12, 5)])
-def test_gemv_subgroup_reduction(ctx, subgroup_size, options, K, N):
+def test_gemv_subgroup_reduction(ctx_with, subgroup_size, K, N):
     """The subgroupAdd path (taken when the adapter reports one fixed subgroup size)."""
     size = subgroup_size
     lanes = {8: "rows8", 16: "rows16", 32: "rows", 64: "rows64"}.get(size or 0)
     if lanes is None:
         pytest.skip(f"no usable fixed subgroup size ({size})")
     rng = np.random.default_rng()
-    options["gemv"] = lanes
+    ctx = ctx_with(gemv=lanes)
     w, x = rand(rng, K, N), rand(rng, 1, K)
     saved = ctx._target
     ctx._target = Target(cpu=False, subgroup=size)
@@ -143,12 +134,12 @@ def test_wide_softmax(ctx, rows, n):
 
 @pytest.mark.parametrize("how", [None, "identity", "buffer"])
 @pytest.mark.parametrize("shape", [(3, 5, 7), (2, 4, 8)])
-def test_scatter_copy_variants(ctx, options, how, shape):
+def test_scatter_copy_variants(ctx_with, how, shape):
     """A non-stateful scatter_nd copies the unchanged rows (vec4 kernel, identity kernel, or
-    copy_buffer_to_buffer: OPTIONS["cache_copy"]) and writes the new one; odd sizes keep the
+    copy_buffer_to_buffer: KernelOptions.cache_copy) and writes the new one; odd sizes keep the
     vec4 copy's last vector inside the padded buffer."""
     rng = np.random.default_rng()
-    options["cache_copy"] = how
+    ctx = ctx_with(cache_copy=how)
     data, upd = rand(rng, *shape), rand(rng, 1, *shape[1:])
     row = int(rng.integers(shape[0]))
     got = run(ctx, lambda b, i: b.scatter_nd(
@@ -176,14 +167,13 @@ def _gemv_plan_and_result(ctx, w: np.ndarray, x: np.ndarray):
 
 @pytest.mark.parametrize("how", [None, "f16", "f32"])
 @pytest.mark.parametrize("exact", [True, False])
-def test_gemv_float16_weights(ctx, options, how, exact):
-    """Constant gemv weights stored as float16 (OPTIONS["gemv_weights"]): by default only
+def test_gemv_float16_weights(ctx_with, how, exact):
+    """Constant gemv weights stored as float16 (KernelOptions.gemv_weights): by default only
     where every value is a float16 value (lossless), always with "f16", never with "f32".
     The result is the float64 product of the weights as stored, and half the weight bytes
     are counted."""
     rng = np.random.default_rng()
-    options["gemv"] = "rows"
-    options["gemv_weights"] = how
+    ctx = ctx_with(gemv="rows", gemv_weights=how)
     K, N = 260, 129
     w, x = rand(rng, K, N), rand(rng, 1, K)
     if exact:

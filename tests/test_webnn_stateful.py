@@ -12,6 +12,7 @@ from backends.webnn import (
     OperationError,
     ml,
 )
+from backends.webnn.wgpu_impl.options import KernelOptions
 
 D = 4  # head dim
 H = 2  # heads
@@ -380,10 +381,8 @@ def step_counters(ctx, cap, stateful):
 
 
 @pytest.mark.parametrize("row_writes", [None, "separate"])
-def test_counters_stateful_writes_only_new_rows(ctx, row_writes, monkeypatch):
-    from backends.webnn.wgpu_impl import compiler
-
-    monkeypatch.setitem(compiler.OPTIONS, "row_writes", row_writes)
+def test_counters_stateful_writes_only_new_rows(ctx_with, row_writes):
+    ctx = ctx_with(row_writes=row_writes)
     row = H * D * 4  # bytes of one new row over all heads
     s4, g4 = step_counters(ctx, 4, True)
     s8, g8 = step_counters(ctx, 8, True)
@@ -416,7 +415,7 @@ def test_counters_stateless_copies_the_cache(ctx):
     assert s.h2d == D * 4 + 4 and s.d2h == H * D * 4
 
 
-# -- recording ahead (context._record_ahead) ----------------------------------------------------
+# -- recording ahead (dispatch._record_ahead) ---------------------------------------------------
 
 def _count_encodes(ctx, monkeypatch) -> list[int]:
     calls = [0]
@@ -473,10 +472,7 @@ def test_record_ahead_survives_rebinding_destroy_and_reset(ctx, monkeypatch):
 
 
 def test_record_ahead_off_encodes_every_dispatch(monkeypatch):
-    from backends.webnn.wgpu_impl import compiler
-
-    monkeypatch.setitem(compiler.OPTIONS, "record_ahead", "off")
-    c = ml.create_context()
+    c = ml.create_context(options=KernelOptions(record_ahead="off"))
     try:
         b, outs = decoder(c, 4)
         page = Page(c, b.build(outs, use_stateful=True, kv_cache_pairs=PAIRS), 4)
@@ -489,14 +485,11 @@ def test_record_ahead_off_encodes_every_dispatch(monkeypatch):
         c.destroy()
 
 
-# -- the read copy (context._read_copy_for) ----------------------------------------------------
+# -- the read copy (readback._read_copy_for) ---------------------------------------------------
 
-def _context(monkeypatch, read_copy: str | None, record_ahead: str = "on"):
-    from backends.webnn.wgpu_impl import compiler
-
-    monkeypatch.setitem(compiler.OPTIONS, "read_copy", read_copy)
-    monkeypatch.setitem(compiler.OPTIONS, "record_ahead", record_ahead)
-    return ml.create_context()
+def _context(read_copy: str | None, record_ahead: str = "on"):
+    return ml.create_context(options=KernelOptions(read_copy=read_copy,
+                                                   record_ahead=record_ahead))
 
 
 @pytest.mark.parametrize("record_ahead", ["on", "off"])
@@ -510,7 +503,7 @@ def test_read_copy_submits_and_maps_per_step(read_copy, read_submits, record_ahe
     copies for itself adds its own submit, and wgpu-py's default map one more. The
     context's counts agree with wgpu-py's calls, and every step's y is the float64
     reference's."""
-    c = _context(monkeypatch, read_copy, record_ahead)
+    c = _context(read_copy, record_ahead)
     try:
         monkeypatch.setattr(c, "submit_every", 2)  # several command buffers per dispatch
         b, outs = decoder(c, 8)
@@ -543,7 +536,7 @@ def test_read_copy_is_bit_identical_to_the_separate_read(stateful, monkeypatch):
     inputs = xs(6)
     got = {}
     for how in (None, "separate"):
-        c = _context(monkeypatch, how)
+        c = _context(how)
         try:
             b, outs = decoder(c, 6)
             g = b.build(outs, use_stateful=stateful, kv_cache_pairs=PAIRS if stateful else ())
@@ -570,7 +563,7 @@ def test_read_copy_never_returns_stale_data(monkeypatch, queue_calls):
     at a dispatch's end: after a second dispatch (of this graph or another one writing the
     tensor), after a write to the tensor, and for a tensor the dispatch did not copy; a
     write to another tensor, a fallback read or a reset in between keep the copy usable."""
-    c = _context(monkeypatch, None)
+    c = _context(None)
     try:
         calls = queue_calls()
         b, outs = decoder(c, 8)
@@ -638,7 +631,7 @@ def test_read_copy_never_returns_stale_data(monkeypatch, queue_calls):
 def test_read_copy_with_the_capacity_status(monkeypatch, queue_calls):
     """An overflowing step's read gets the status from the dispatch's copy and raises; the
     step after it reads its own copy and the cache is as if the overflow never ran."""
-    c = _context(monkeypatch, None)
+    c = _context(None)
     try:
         b, outs = decoder(c, 3)
         page = Page(c, b.build(outs, use_stateful=True, kv_cache_pairs=PAIRS), 3)

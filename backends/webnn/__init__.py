@@ -2,7 +2,8 @@
 stateful-graph proposal (webnn issue 966; DESIGN §2, §3).
 
     from backends.webnn import ml, MLGraphBuilder, MLKVCachePair
-    context = ml.create_context()            # state_support=False: no state; timing=True
+    context = ml.create_context()            # state_support=False: no state; timing=True;
+                                             # options=KernelOptions(...): kernel variants
     builder = MLGraphBuilder(context)
     ...
     graph = builder.build({"y": y}, use_stateful=True,
@@ -29,7 +30,9 @@ Deviations (each marked DEVIATION in the code):
   (both implementation-defined in the spec); negative ones count from the end.
 - statebench extensions: MLGraph.inputs/outputs (the bound interface), MLGraph.in_place,
   MLGraph.device_bytes, MLContext.counters (bytes moved, ByteCounters with snapshot() and
-  reset()), MLContext.gpu_time_ns / gpu_time_reason.
+  reset()), MLContext.gpu_time_ns / gpu_time_reason, and create_context(options=...): the
+  wgpu implementation's kernel variants and modes (``wgpu_impl.options.KernelOptions``),
+  kept by the context as MLContext.options.
 
 Implementation notes: kernels are WGSL generated per shape at build time; a dispatch is
 one command encoder and one queue.submit; reshapes are views; matmul with M == 1 and
@@ -41,6 +44,10 @@ A stateful graph with append pairs reads back a 4-byte capacity status per dispa
 
 Proposal decisions are listed in backends/webnn/FINDINGS.md.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from ._classes import (
     ByteCounters,
@@ -59,19 +66,25 @@ from .errors import (
     OperationError,
 )
 
+if TYPE_CHECKING:
+    from .wgpu_impl.options import KernelOptions
+
 
 class ML:
     """IDL: ``interface ML`` (``navigator.ml``)."""
 
     # IDL: Promise<MLContext> createContext(optional MLContextOptions options = {});
     def create_context(self, *, state_support: bool = True, timing: bool = False,
-                       power_preference: str = "high-performance") -> MLContext:
+                       power_preference: str = "high-performance",
+                       options: KernelOptions | None = None) -> MLContext:
         """A wgpu-backed context. ``state_support=False`` acts as a backend without the
-        proposal (use_stateful never granted); ``timing=True`` records GPU time."""
+        proposal (use_stateful never granted); ``timing=True`` records GPU time;
+        ``options`` (statebench extension, implementation-specific) picks kernel variants
+        and modes (None: each per adapter)."""
         from .wgpu_impl import WgpuContext
 
         return WgpuContext(state_support=state_support, timing=timing,
-                           power_preference=power_preference)
+                           power_preference=power_preference, options=options)
 
 
 ml = ML()

@@ -12,7 +12,7 @@ output gets the input's storage when that is safe:
   before ``W``; ``W`` itself may read ``S`` only if it is element-wise on the same shape
   (each thread reads and writes its own element).
 
-Where no schedule satisfies these constraints (see ``compiler.schedule``) the pair keeps
+Where no schedule satisfies these constraints (see ``planning.schedule``) the pair keeps
 two hidden buffers, swapped after each successful dispatch (no host traffic).
 
 Capacity (behaviour 4): before any in-place state write, one check kernel validates the

@@ -33,7 +33,7 @@ class Gate(Command):
     @classmethod
     def run(cls, run_path, base_path, max_slowdown, bytes_exact, console) -> int:
         verdict = gate.compare(results.load(run_path), results.load(base_path), max_slowdown,
-                               bytes_exact)
+                               bytes_exact, names=(str(run_path), str(base_path)))
         console.print(gate.table(verdict))
         for line in gate.lines(verdict):
             console.print(Text(line, style="green" if line.startswith("gate: passed") else

@@ -3,23 +3,15 @@
 Everything a dispatch needs is created at build time: pipelines (cached by WGSL source),
 intermediate and constant buffers, bind groups of static bindings. Bind groups that touch
 the page's tensors are cached per set of bound tensors (a page that ping-pongs two
-tensors creates two, once). On GPU adapters each dispatch records its successor's command
-buffers while the device runs it (``_record_ahead``), so a step in a decode loop only
-submits; a dispatch that finds nothing recorded for its tensors encodes in command buffers
-of ``SUBMIT_EVERY`` launches, submitted as they are finished, so the GPU starts while the
-rest is encoded. A dispatch's readable outputs (and its capacity status) are copied into
-staging at the end of its own last command buffer (``_read_copy_for``), so the page's read
-of its logits right after only maps; anything that may change them first makes the read
-copy them itself, as before. CPU adapters (lavapipe) neither record ahead nor cut: there
-the encoder and the "GPU" share the same cores, and recording during the run made the run
-itself slower for no wall-time gain (tiny:256 on 2 cores: GPU time 6.6-6.9 ms without,
-7.5-7.7 with; wall 9.1-10.2 vs 9.7-9.9 ms; results/lavapipe/kernels-record-ahead-tiny256.json).
+tensors creates two, once). Dispatching is ``dispatch.Dispatch``'s (recording ahead,
+command buffers cut every ``SUBMIT_EVERY`` launches); reading back is
+``readback.Readback``'s (a dispatch's readable outputs copied to staging at its end);
+staging buffers are ``staging``'s.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,14 +19,16 @@ import wgpu
 
 from .. import shapes as S
 from .._classes import MLContext, MLGraph, MLKVCachePair, MLOperand, MLTensor
-from ..dtypes import DType, from_device
-from ..errors import NotSupportedError, OperationError
-from .compiler import OPTIONS, CopyLaunch, Deferred, KernelLaunch, Plan, compile_graph
-from .staging import ARENA_MAX, QueueCounts, ReadStaging, StagedReads, StagedWrites, map_read
+from ..dtypes import DType
+from ..errors import NotSupportedError
+from .compiler import Deferred, KernelLaunch, Plan, compile_graph
+from .dispatch import Dispatch
+from .options import KernelOptions
+from .readback import Readback, ReadCopy
+from .staging import ARENA_MAX, QueueCounts, StagedReads, StagedWrites
 from .target import target_of
 
 _STORAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
-_BIND_CACHE_MAX = 16  # per launch; bounds memory for pages that bind fresh tensors
 #: kernel launches per command buffer on GPU adapters: a dispatch submits its first
 #: launches while it encodes the rest, so CPU encoding (~5-10 µs a launch in wgpu-py)
 #: overlaps GPU execution instead of preceding it. 0: one submit per dispatch (CPU
@@ -44,37 +38,12 @@ SUBMIT_EVERY = {"gpu": 48, "cpu": 0}
 STAGED_WRITE_MIN = 1 << 20
 
 
-def _bound_key(bound: dict[str, dict[str, MLTensor]]) -> tuple:
-    """Which tensors a dispatch binds, by serial (a destroyed tensor's never returns)."""
-    return tuple(tuple(sorted((n, t._serial) for n, t in bound[k].items()))
-                 for k in ("input", "output"))
-
-
 def _nbytes(nbytes: int) -> int:
     """Device size of ``nbytes`` of elements, rounded to 16 so vec4 loads stay in bounds."""
     return max(16, -(-nbytes // 16) * 16)
 
 
 _F16_WORD = re.compile(r"\bf16\b")
-
-
-def _span_ns(raw: np.ndarray) -> int | None:
-    """A dispatch's GPU time from its two resolved timestamps (bytes as mapped), or None
-    where the end reads before the beginning (a driver that does not order them)."""
-    t = raw.view(np.uint64)
-    return int(t[1] - t[0]) if t[1] >= t[0] else None
-
-
-@dataclass
-class _ReadCopy:
-    """A dispatch's readable outputs (and its capacity status and timestamps) as copied into
-    ``staging`` by the end of the dispatch's last command buffer."""
-
-    graph: WgpuGraph
-    staging: ReadStaging
-    index: dict[int, int]  # tensor serial -> source index in staging
-    status: int | None  # source index of the capacity status word
-    time: int | None  # source index of the resolved timestamps
 
 
 class WgpuTensor(MLTensor):
@@ -108,8 +77,8 @@ class WgpuGraph(MLGraph):
         self._passes: list[tuple[int, int]] = []
         self._submit_after: set[int] = set()  # pass indices that end a command buffer
         #: (key, command buffers, the read copy they end with)
-        self._recorded: tuple[tuple, list[Any], _ReadCopy | None] | None = None
-        self._read_copies: dict[tuple, _ReadCopy] = {}  # by readable output tensors
+        self._recorded: tuple[tuple, list[Any], ReadCopy | None] | None = None
+        self._read_copies: dict[tuple, ReadCopy] = {}  # by readable output tensors
         self._last_bound: dict[str, dict[str, MLTensor]] | None = None
         self.device_bytes = 0  # statebench extension: bytes of buffers the graph owns
 
@@ -134,17 +103,24 @@ class WgpuGraph(MLGraph):
         super().destroy()
 
 
-class WgpuContext(MLContext):
+class WgpuContext(Dispatch, Readback, MLContext):
     """The wgpu implementation of MLContext.
 
     ``state_support=False`` makes it a backend without state support (PROPOSAL behaviour
     1: ``use_stateful`` is then never granted). ``timing=True`` records the GPU time of
     each dispatch with a timestamp query pair when the adapter has 'timestamp-query'.
+    ``options`` (``KernelOptions``, statebench extension): the kernel variants and modes
+    every graph built on this context is compiled and dispatched with.
     """
 
     def __init__(self, *, state_support: bool = True, timing: bool = False,
-                 power_preference: str = "high-performance") -> None:
+                 power_preference: str = "high-performance",
+                 options: KernelOptions | None = None) -> None:
         super().__init__()
+        if options is not None and not isinstance(options, KernelOptions):
+            raise TypeError(f"options must be a KernelOptions, not {type(options).__name__}")
+        #: the knobs every graph of this context is compiled with (statebench extension)
+        self.options = options or KernelOptions()
         adapter = wgpu.gpu.request_adapter_sync(power_preference=power_preference)
         if adapter is None:
             raise NotSupportedError("no WebGPU adapter")
@@ -179,22 +155,19 @@ class WgpuContext(MLContext):
         self.state_support = state_support
         self.submit_every = SUBMIT_EVERY["cpu" if self._target.cpu else "gpu"]
         #: encode the next dispatch's command buffers during this one (``_record_ahead``)
-        mode = OPTIONS.get("record_ahead") or ""
+        mode = self.options.record_ahead or ""
         self.record_ahead = {"on": True, "pieces": True, "off": False}.get(
             mode, not self._target.cpu)
         self._piecewise = mode == "pieces"  # recorded command buffers submitted one by one
         #: copy readable outputs at the end of each dispatch (``_read_copy_for``); maps
         #: without wgpu-py's empty submit (``staging.map_read``) unless "separate_sync"
-        copy_mode = OPTIONS.get("read_copy") or "dispatch"
-        if copy_mode not in ("dispatch", "separate", "separate_sync"):
-            raise ValueError(f"OPTIONS['read_copy'] = {copy_mode!r}; accepted: None "
-                             "('dispatch'), 'separate', 'separate_sync'")
+        copy_mode = self.options.read_copy or "dispatch"
         self.read_copy = copy_mode == "dispatch"
         self._sync_maps = copy_mode == "separate_sync"
         #: submits and maps of this context's queue (statebench extension: counted per step)
         self.queue_counts = QueueCounts()
         #: the last dispatch's read copy while its outputs are unchanged (``_read_tensors``)
-        self._copied: _ReadCopy | None = None
+        self._copied: ReadCopy | None = None
         self._pipelines: dict[str, tuple[Any, Any]] = {}
         max_buffer = int(self._device.limits["max-buffer-size"])
         self._max_buffer = max_buffer
@@ -217,19 +190,6 @@ class WgpuContext(MLContext):
     @property
     def adapter_info(self) -> dict:
         return dict(self._adapter.info)
-
-    @property
-    def gpu_time_ns(self) -> int | None:
-        """GPU time of the last dispatch (first pass begin to last pass end), or None
-        (``gpu_time_reason`` says why). Resolved timestamps are taken as nanoseconds:
-        the WebGPU spec defines them so and wgpu-native exposes no period to apply."""
-        if self._time_pending:
-            map_read(self._time_staging, 0, 16, self.queue_counts, self._sync_maps)
-            raw = np.frombuffer(self._time_staging.read_mapped(0, 16), dtype=np.uint8)
-            self._gpu_time_ns = _span_ns(raw)
-            self._time_staging.unmap()
-            self._time_pending = False
-        return self._gpu_time_ns
 
     @property
     def gpu_time_reason(self) -> str:
@@ -280,84 +240,6 @@ class WgpuContext(MLContext):
             self._staged.write(tensor._buffer, data)
         self.counters.h2d += n
 
-    def _read_tensors(self, tensors: list[MLTensor],
-                      outputs: list[np.ndarray] | None = None) -> list[np.ndarray]:
-        """Every tensor read back in one device round trip and copied out once (into
-        ``outputs`` where given); the last checked dispatch's capacity status rides in the
-        same round trip (``_settle``). Where the last dispatch already copied every one of
-        them into staging and nothing has changed them since (``_copied``), the round trip
-        is a map; otherwise the copies are submitted now (``staging.StagedReads``)."""
-        sizes = [S.size(t._shape) * t._dtype.itemsize for t in tensors]
-        out: list[np.ndarray | None] = [None] * len(tensors)
-
-        def take(i: int, raw: np.ndarray) -> None:
-            dt = tensors[i]._dtype
-            values = raw[:sizes[i]].view(dt.device_np)
-            if outputs is None:
-                out[i] = from_device(values.copy(), dt, tensors[i]._shape)
-            else:
-                outputs[i].reshape(-1)[...] = values  # the page's array, no allocation
-                out[i] = outputs[i]
-
-        copied = self._copied
-        slots = [None] * len(tensors) if copied is None else [
-            copied.index.get(t._serial) for t in tensors]
-        if None in slots:
-            status = self._read_separately(tensors, sizes, take)
-        else:
-            status = self._read_copied(copied, slots, sizes, take)  # type: ignore[arg-type]
-        self.counters.d2h += sum(sizes)
-        self._settle(status=status)
-        return out  # type: ignore[return-value]
-
-    def _read_separately(self, tensors: list[MLTensor], sizes: list[int],
-                         take: Any) -> int | None:
-        """Copy the tensors (and the unsettled status) into staging in a submit of their
-        own, map once: the read path of any read the last dispatch did not copy for."""
-        self._staged.flush()
-        # copies move whole 4-byte words (an odd number of float16 values: one pad value)
-        sources = [(t._buffer, -(-n // 4) * 4) for t, n in zip(tensors, sizes, strict=True)]
-        if self._unsettled is not None:
-            sources.append((self._unsettled._buffers[("status",)], 4))
-        status: list[int] = []
-
-        def consume(i: int, raw: np.ndarray) -> None:
-            if i == len(tensors):
-                status.append(int(raw.view(np.uint32)[0]))
-            else:
-                take(i, raw)
-
-        self._reads.read(sources, consume)
-        return status[0] if status else None
-
-    def _read_copied(self, copied: _ReadCopy, slots: list[int], sizes: list[int],
-                     take: Any) -> int | None:
-        """Map what the last dispatch copied: the tensors, its status if still unsettled,
-        its timestamps if not yet read (so ``gpu_time_ns`` needs no map of its own)."""
-        want: dict[int, int] = {}
-        readers: dict[int, list[int]] = {}  # source -> positions (a tensor may be read twice)
-        for i, (src, n) in enumerate(zip(slots, sizes, strict=True)):
-            want[src] = -(-n // 4) * 4
-            readers.setdefault(src, []).append(i)
-        if self._unsettled is copied.graph and copied.status is not None:
-            want[copied.status] = 4
-        if self._time_pending and copied.time is not None:
-            want[copied.time] = 16
-        status: list[int] = []
-
-        def consume(src: int, raw: np.ndarray) -> None:
-            if src == copied.status:
-                status.append(int(raw.view(np.uint32)[0]))
-            elif src == copied.time:
-                self._gpu_time_ns = _span_ns(raw)
-                self._time_pending = False
-            else:
-                for i in readers[src]:
-                    take(i, raw)
-
-        copied.staging.read(want, consume, self.queue_counts, self._sync_maps)
-        return status[0] if status else None
-
     # -- build ------------------------------------------------------------------------
     def _build(self, outputs: dict[str, MLOperand], inputs: dict[str, MLOperand],
                pairs: list[MLKVCachePair], use_stateful: bool) -> MLGraph:
@@ -371,7 +253,7 @@ class WgpuContext(MLContext):
         g.outputs = {n: (o.data_type, o._shape) for n, o in outputs.items()
                      if n not in hidden_out}
         plan = compile_graph(outputs, pairs, stateful, inputs, self._max_binding,
-                             target=self._target)
+                             target=self._target, options=self.options)
         g._plan = plan
         dev = self._device
         for slot, buf in self._temp_buffers(plan).items():
@@ -453,233 +335,8 @@ class WgpuContext(MLContext):
                 free.setdefault(_nbytes(4 * plan.temps[sl]), []).append(out[sl])
         return out
 
-    def _static(self, g: WgpuGraph, slot: tuple) -> bool:
-        if slot[0] in ("input", "output"):
-            return False
-        if slot[0] == "state":
-            return len(g._state[slot[1]]) == 1
-        return True
-
-    def _resolve(self, g: WgpuGraph, slot: tuple, bound: dict[str, dict[str, MLTensor]],
-                 parity: int) -> Any:
-        kind = slot[0]
-        if kind in ("input", "output"):
-            return bound[kind][slot[1]]._buffer
-        if kind == "state":
-            bufs = g._state[slot[1]]
-            if len(bufs) == 1:
-                return bufs[0]
-            return bufs[(parity + (slot[2] == "next")) % 2]
-        return g._buffers[slot]
-
-    def _bind_group(self, g: WgpuGraph, layout: Any, slots: list[tuple],
-                    bound: dict[str, dict[str, MLTensor]], parity: int) -> Any:
-        entries = []
-        for i, s in enumerate(slots):
-            buf = self._resolve(g, s, bound, parity)
-            entries.append({"binding": i, "resource": {"buffer": buf, "offset": 0,
-                                                       "size": buf.size}})
-        return self._device.create_bind_group(layout=layout, entries=entries)
-
-    # -- dispatch ---------------------------------------------------------------------
-    def _dispatch(self, graph: MLGraph, inputs: dict[str, MLTensor],
-                  outputs: dict[str, MLTensor]) -> None:
-        """Submit the graph's command buffers: the ones recorded ahead at the previous
-        dispatch when they were recorded for these tensors and this parity, else encoded
-        now (submitted in pieces as they are encoded). Then, unless that recording missed,
-        record the next dispatch's while the GPU runs this one (``_record_ahead``)."""
-        g: WgpuGraph = graph  # type: ignore[assignment]
-        self._copied = None  # this dispatch may write what the last one copied
-        self._settle()
-        self._staged.flush()
-        bound = {"input": inputs, "output": outputs}
-        key = (_bound_key(bound), g._parity)
-        ready, g._recorded = g._recorded, None
-        if ready is not None and ready[0] == key:
-            # recorded for these very tensors: its read copy is this dispatch's
-            copy = ready[2]
-            if self._piecewise:
-                for cb in ready[1]:
-                    self._submit([cb])
-            else:  # one submit: 3.18 vs 3.28 ms one by one (PERFORMANCE.md item 9)
-                self._submit(ready[1])
-            missed = False
-        else:
-            copy = self._read_copy_for(g, bound)
-            self._encode(g, bound, key, lambda cb: self._submit([cb]), copy)
-            missed = ready is not None
-        self._copied = copy
-        self.counters.kernel += g._kernel_bytes
-        self.counters.d2d += g._copy_bytes
-        self._time_pending = self._timing and len(g._passes) > 0
-        if g._double:
-            g._parity ^= 1  # undone by _settle if the capacity check failed
-        if g._plan.has_check:
-            self._unsettled = g
-        earlier, g._last_bound = g._last_bound, bound
-        if self.record_ahead and not missed:
-            self._record_ahead(g, earlier or bound)
-
-    def _record_ahead(self, g: WgpuGraph, bound: dict[str, dict[str, MLTensor]]) -> None:
-        """Encode the next dispatch now, while the device runs this one, so that dispatch
-        only submits (wgpu-py encodes ~5-10 µs a launch: with ~200 launches that is most
-        of a step's host time). The next dispatch's tensors are guessed as the previous
-        dispatch's: right for a page that binds the same tensors every step and for one
-        that ping-pongs two sets. A command buffer holds no data (inputs are read when it
-        runs), so it is valid for any contents of the tensors it binds."""
-        key = (_bound_key(bound), g._parity)
-        cbs: list[Any] = []
-        copy = self._read_copy_for(g, bound)
-        self._encode(g, bound, key, cbs.append, copy)
-        g._recorded = (key, cbs, copy)
-
-    def _submit(self, cbs: list[Any]) -> None:
-        self._queue.submit(cbs)
-        self.queue_counts.submits += 1
-
-    def _read_copy_for(self, g: WgpuGraph,
-                       bound: dict[str, dict[str, MLTensor]]) -> _ReadCopy | None:
-        """Staging for the readable outputs of a dispatch binding ``bound`` (with the
-        status and timestamps), made once per set of output tensors; None when
-        ``read_copy`` is off or nothing bound is readable. Which tensors the page will read
-        is not known at dispatch; a page reads the outputs it made readable, and an unread
-        copy costs the device a copy of those bytes (the logits: 0.5 MB for llama-1b).
-        A recorded-ahead dispatch ends with the same copy, into the same staging: it is
-        recorded only for the very tensors it binds (``_bound_key``)."""
-        if not self.read_copy:
-            return None
-        readable = [t for _, t in sorted(bound["output"].items()) if t._readable]
-        if not readable:
-            return None
-        key = tuple(t._serial for t in readable)
-        rc = g._read_copies.get(key)
-        if rc is None:
-            if len(g._read_copies) >= _BIND_CACHE_MAX:
-                # dropped, not destroyed: a command buffer recorded ahead may copy into it
-                g._read_copies.pop(next(iter(g._read_copies)))
-            sources = [t._buffer for t in readable]
-            status = time = None
-            if g._plan.has_check:
-                status = len(sources)
-                sources.append(g._buffers[("status",)])
-            if self._timing and g._passes:
-                time = len(sources)
-                sources.append(self._query_buf)
-            rc = g._read_copies[key] = _ReadCopy(
-                g, ReadStaging(self._device, sources, self._max_buffer),
-                {t._serial: i for i, t in enumerate(readable)}, status, time)
-        return rc
-
-    def _encode(self, g: WgpuGraph, bound: dict[str, dict[str, MLTensor]], key: tuple,
-                emit: Any, copy: _ReadCopy | None = None) -> None:
-        """Encode one dispatch for ``bound`` and parity ``key[1]``, handing each finished
-        command buffer to ``emit`` (a cut every ``submit_every`` launches); the last one
-        ends with ``copy``'s copies into its staging."""
-        parity = key[1]
-        plan = g._plan
-        enc = self._device.create_command_encoder()
-        launches = plan.launches
-        npasses = len(g._passes)
-        for pi, (a, b) in enumerate(g._passes):
-            # copies before this pass
-            prev_end = g._passes[pi - 1][1] if pi else 0
-            self._copies(enc, g, launches[prev_end:a], bound, parity)
-            tw = None
-            if self._timing and (pi == 0 or pi == npasses - 1):
-                tw = {"query_set": self._query_set}
-                if pi == 0:
-                    tw["beginning_of_pass_write_index"] = 0
-                if pi == npasses - 1:
-                    tw["end_of_pass_write_index"] = 1
-            cp = enc.begin_compute_pass(timestamp_writes=tw)
-            for i in range(a, b):
-                pipe, layout, bg = g._items[i]
-                if bg is None:
-                    cache = g._bind_cache[i]
-                    bg = cache.get(key)
-                    if bg is None:
-                        if len(cache) >= _BIND_CACHE_MAX:
-                            cache.pop(next(iter(cache)))
-                        bg = cache[key] = self._bind_group(g, layout, launches[i].slots,
-                                                           bound, parity)
-                cp.set_pipeline(pipe)
-                cp.set_bind_group(0, bg)
-                cp.dispatch_workgroups(*launches[i].kernel.groups)
-            cp.end()
-            if pi in g._submit_after:
-                emit(enc.finish())
-                enc = self._device.create_command_encoder()
-        self._copies(enc, g, launches[g._passes[-1][1] if g._passes else 0:], bound, parity)
-        if plan.has_check:
-            enc.copy_buffer_to_buffer(g._buffers[("status",)], 0, self._status_staging, 0, 4)
-        if self._timing and npasses:
-            enc.resolve_query_set(self._query_set, 0, 2, self._query_buf, 0)
-            enc.copy_buffer_to_buffer(self._query_buf, 0, self._time_staging, 0, 16)
-        if copy is not None:
-            copy.staging.encode(enc)
-        emit(enc.finish())
-
-    def _settle(self, report: bool = True, status: int | None = None) -> None:
-        """PROPOSAL behaviour 4, without a sync of its own: the last checked dispatch's
-        capacity status (4 bytes, counted d2h) is read where the context waits for the
-        device anyway (the next read_tensor, in the same round trip as its read: ``status``;
-        the next dispatch, before it encodes, from the copy the dispatch made). On overflow
-        the graph's double buffers are swapped back (its in-place writes were gated on the
-        device) and ``OperationError`` is raised (``report``)."""
-        g, self._unsettled = self._unsettled, None
-        if g is None:
-            return
-        if status is None:
-            map_read(self._status_staging, 0, 16, self.queue_counts, self._sync_maps)
-            status = int(np.frombuffer(self._status_staging.read_mapped(0, 4), dtype=np.uint32)[0])
-            self._status_staging.unmap()
-        self.counters.d2h += 4
-        if not status:
-            return
-        if g._double:
-            g._parity ^= 1
-        if report:
-            p = [pp for pp in g._plan.pairs if pp.append][status - 1]
-            raise OperationError(
-                f"KV-cache capacity exceeded for pair {p.pair.input!r} -> "
-                f"{p.pair.output!r} (capacity shape {list(p.past._shape)}); "
-                "the cache is unchanged")
-
-    def _copies(self, enc: Any, g: WgpuGraph, items: list[Any],
-                bound: dict[str, dict[str, MLTensor]], parity: int) -> None:
-        for la in items:
-            if isinstance(la, CopyLaunch):
-                enc.copy_buffer_to_buffer(self._resolve(g, la.src, bound, parity), 0,
-                                          self._resolve(g, la.dst, bound, parity), 0, la.nbytes)
-
-    def _peek_state(self, graph: MLGraph, input_name: str) -> np.ndarray:
-        """Tests only (PROPOSAL behaviour 5: no public API reads the cache): the current
-        contents of a pair's hidden state, without touching the byte counters."""
-        g: WgpuGraph = graph  # type: ignore[assignment]
-        pp = next(p for p in g._plan.pairs if p.pair.input == input_name)
-        buf = self._resolve(g, ("state", pp.index, "cur"), {}, g._parity)
-        saved = self.counters.snapshot()
-        fake = MLTensor(self, pp.past._dtype, pp.past._shape, True, False)
-        fake._buffer = buf  # type: ignore[attr-defined]
-        out = self._read_tensors([fake])[0]
-        self.counters.d2h = saved.d2h
-        return out
-
-    def _reset(self, graph: MLGraph) -> None:
-        g: WgpuGraph = graph  # type: ignore[assignment]
-        if self._unsettled is g:
-            self._settle(report=False)  # the cache is emptied: its overflow is moot
-        self._staged.flush()
-        enc = self._device.create_command_encoder()
-        for bufs in g._state:
-            for b in bufs:
-                enc.clear_buffer(b)
-        self._submit([enc.finish()])
-        g._parity = 0
-
     def destroy(self) -> None:
         if not self._destroyed:
             self._pipelines.clear()
             self._device.destroy()
         super().destroy()
-

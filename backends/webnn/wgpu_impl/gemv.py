@@ -6,7 +6,7 @@ These are what make the wgpu lowering launch-light on GPUs (PERFORMANCE.md): a l
 projections become one launch reading the stacked weights; the residual add is written by
 the projection feeding it; the element-wise vector a projection reads (RMSNorm's tail,
 SwiGLU) is computed by the projection's workgroups. Each decision is pure planning over the
-graph; ``compiler._lower`` emits the kernels.
+graph; ``lowering._lower`` emits the kernels.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ read at the index it is computed at). Anything else stays on the generic kernels
 ``K`` or ``V`` may be ``cast(cache, "float32")`` of a float16 cache (a model whose KV
 cache is float16, computing in float32): the kernels then read the float16 cache and
 widen each element as they load it (exact; 8 halves per 16-byte load where the head
-dimension allows, ``OPTIONS["f16_loads"]``), and the cast's launch, with nobody left to
+dimension allows, ``KernelOptions.f16_loads``), and the cast's launch, with nobody left to
 read its float32 copy of the cache, is dropped.
 """
 

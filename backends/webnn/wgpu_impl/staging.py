@@ -11,7 +11,7 @@ so the host fills one while the device copies out of the other.
 
 Reads go the other way: ``StagedReads`` copies what a read asks for into mapped-read staging
 and submits that; ``ReadStaging`` is staging for a fixed list of sources whose copies the
-context records at the end of a dispatch (``context._read_copy_for``), so a read right after
+context records at the end of a dispatch (``readback._read_copy_for``), so a read right after
 the dispatch only maps. ``QueueCounts`` counts the submits and maps of one context.
 """
 

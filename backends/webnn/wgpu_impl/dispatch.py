@@ -1,0 +1,184 @@
+"""Dispatching a built graph: bind groups, command buffers, submits, and recording ahead.
+
+On GPU adapters each dispatch records its successor's command buffers while the device runs
+it (``_record_ahead``), so a step in a decode loop only submits; a dispatch that finds
+nothing recorded for its tensors encodes in command buffers of ``submit_every`` launches,
+submitted as they are finished, so the GPU starts while the rest is encoded. CPU adapters
+(lavapipe) neither record ahead nor cut: there the encoder and the "GPU" share the same
+cores, and recording during the run made the run itself slower for no wall-time gain
+(backends/webnn/PERFORMANCE.md, "Knobs": ``KernelOptions.record_ahead``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .._classes import MLGraph, MLTensor
+from .plan import CopyLaunch
+from .readback import ReadCopy
+
+if TYPE_CHECKING:
+    from .context import WgpuGraph
+
+BIND_CACHE_MAX = 16  # per launch; bounds memory for pages that bind fresh tensors
+
+
+def _bound_key(bound: dict[str, dict[str, MLTensor]]) -> tuple:
+    """Which tensors a dispatch binds, by serial (a destroyed tensor's never returns)."""
+    return tuple(tuple(sorted((n, t._serial) for n, t in bound[k].items()))
+                 for k in ("input", "output"))
+
+
+class Dispatch:
+    """WgpuContext's dispatch path (a mixin: the device, queue and graph are the context's)."""
+
+    def _static(self, g: WgpuGraph, slot: tuple) -> bool:
+        if slot[0] in ("input", "output"):
+            return False
+        if slot[0] == "state":
+            return len(g._state[slot[1]]) == 1
+        return True
+
+    def _resolve(self, g: WgpuGraph, slot: tuple, bound: dict[str, dict[str, MLTensor]],
+                 parity: int) -> Any:
+        kind = slot[0]
+        if kind in ("input", "output"):
+            return bound[kind][slot[1]]._buffer
+        if kind == "state":
+            bufs = g._state[slot[1]]
+            if len(bufs) == 1:
+                return bufs[0]
+            return bufs[(parity + (slot[2] == "next")) % 2]
+        return g._buffers[slot]
+
+    def _bind_group(self, g: WgpuGraph, layout: Any, slots: list[tuple],
+                    bound: dict[str, dict[str, MLTensor]], parity: int) -> Any:
+        entries = []
+        for i, s in enumerate(slots):
+            buf = self._resolve(g, s, bound, parity)
+            entries.append({"binding": i, "resource": {"buffer": buf, "offset": 0,
+                                                       "size": buf.size}})
+        return self._device.create_bind_group(layout=layout, entries=entries)
+
+    def _dispatch(self, graph: MLGraph, inputs: dict[str, MLTensor],
+                  outputs: dict[str, MLTensor]) -> None:
+        """Submit the graph's command buffers: the ones recorded ahead at the previous
+        dispatch when they were recorded for these tensors and this parity, else encoded
+        now (submitted in pieces as they are encoded). Then, unless that recording missed,
+        record the next dispatch's while the GPU runs this one (``_record_ahead``)."""
+        g: WgpuGraph = graph  # type: ignore[assignment]
+        self._copied = None  # this dispatch may write what the last one copied
+        self._settle()
+        self._staged.flush()
+        bound = {"input": inputs, "output": outputs}
+        key = (_bound_key(bound), g._parity)
+        ready, g._recorded = g._recorded, None
+        if ready is not None and ready[0] == key:
+            # recorded for these very tensors: its read copy is this dispatch's
+            copy = ready[2]
+            if self._piecewise:
+                for cb in ready[1]:
+                    self._submit([cb])
+            else:  # one submit, not one by one (PERFORMANCE.md, "Knobs")
+                self._submit(ready[1])
+            missed = False
+        else:
+            copy = self._read_copy_for(g, bound)
+            self._encode(g, bound, key, lambda cb: self._submit([cb]), copy)
+            missed = ready is not None
+        self._copied = copy
+        self.counters.kernel += g._kernel_bytes
+        self.counters.d2d += g._copy_bytes
+        self._time_pending = self._timing and len(g._passes) > 0
+        if g._double:
+            g._parity ^= 1  # undone by _settle if the capacity check failed
+        if g._plan.has_check:
+            self._unsettled = g
+        earlier, g._last_bound = g._last_bound, bound
+        if self.record_ahead and not missed:
+            self._record_ahead(g, earlier or bound)
+
+    def _record_ahead(self, g: WgpuGraph, bound: dict[str, dict[str, MLTensor]]) -> None:
+        """Encode the next dispatch now, while the device runs this one, so that dispatch
+        only submits (wgpu-py encodes ~5-10 µs a launch: with ~200 launches that is most
+        of a step's host time). The next dispatch's tensors are guessed as the previous
+        dispatch's: right for a page that binds the same tensors every step and for one
+        that ping-pongs two sets. A command buffer holds no data (inputs are read when it
+        runs), so it is valid for any contents of the tensors it binds."""
+        key = (_bound_key(bound), g._parity)
+        cbs: list[Any] = []
+        copy = self._read_copy_for(g, bound)
+        self._encode(g, bound, key, cbs.append, copy)
+        g._recorded = (key, cbs, copy)
+
+    def _submit(self, cbs: list[Any]) -> None:
+        self._queue.submit(cbs)
+        self.queue_counts.submits += 1
+
+    def _encode(self, g: WgpuGraph, bound: dict[str, dict[str, MLTensor]], key: tuple,
+                emit: Any, copy: ReadCopy | None = None) -> None:
+        """Encode one dispatch for ``bound`` and parity ``key[1]``, handing each finished
+        command buffer to ``emit`` (a cut every ``submit_every`` launches); the last one
+        ends with ``copy``'s copies into its staging."""
+        parity = key[1]
+        plan = g._plan
+        enc = self._device.create_command_encoder()
+        launches = plan.launches
+        npasses = len(g._passes)
+        for pi, (a, b) in enumerate(g._passes):
+            # copies before this pass
+            prev_end = g._passes[pi - 1][1] if pi else 0
+            self._copies(enc, g, launches[prev_end:a], bound, parity)
+            tw = None
+            if self._timing and (pi == 0 or pi == npasses - 1):
+                tw = {"query_set": self._query_set}
+                if pi == 0:
+                    tw["beginning_of_pass_write_index"] = 0
+                if pi == npasses - 1:
+                    tw["end_of_pass_write_index"] = 1
+            cp = enc.begin_compute_pass(timestamp_writes=tw)
+            for i in range(a, b):
+                pipe, layout, bg = g._items[i]
+                if bg is None:
+                    cache = g._bind_cache[i]
+                    bg = cache.get(key)
+                    if bg is None:
+                        if len(cache) >= BIND_CACHE_MAX:
+                            cache.pop(next(iter(cache)))
+                        bg = cache[key] = self._bind_group(g, layout, launches[i].slots,
+                                                           bound, parity)
+                cp.set_pipeline(pipe)
+                cp.set_bind_group(0, bg)
+                cp.dispatch_workgroups(*launches[i].kernel.groups)
+            cp.end()
+            if pi in g._submit_after:
+                emit(enc.finish())
+                enc = self._device.create_command_encoder()
+        self._copies(enc, g, launches[g._passes[-1][1] if g._passes else 0:], bound, parity)
+        if plan.has_check:
+            enc.copy_buffer_to_buffer(g._buffers[("status",)], 0, self._status_staging, 0, 4)
+        if self._timing and npasses:
+            enc.resolve_query_set(self._query_set, 0, 2, self._query_buf, 0)
+            enc.copy_buffer_to_buffer(self._query_buf, 0, self._time_staging, 0, 16)
+        if copy is not None:
+            copy.staging.encode(enc)
+        emit(enc.finish())
+
+    def _copies(self, enc: Any, g: WgpuGraph, items: list[Any],
+                bound: dict[str, dict[str, MLTensor]], parity: int) -> None:
+        for la in items:
+            if isinstance(la, CopyLaunch):
+                enc.copy_buffer_to_buffer(self._resolve(g, la.src, bound, parity), 0,
+                                          self._resolve(g, la.dst, bound, parity), 0, la.nbytes)
+
+    def _reset(self, graph: MLGraph) -> None:
+        g: WgpuGraph = graph  # type: ignore[assignment]
+        if self._unsettled is g:
+            self._settle(report=False)  # the cache is emptied: its overflow is moot
+        self._staged.flush()
+        enc = self._device.create_command_encoder()
+        for bufs in g._state:
+            for b in bufs:
+                enc.clear_buffer(b)
+        self._submit([enc.finish()])
+        g._parity = 0

@@ -1,0 +1,182 @@
+"""The knobs of the wgpu implementation (``KernelOptions``): kernel variants and context modes
+for benchmarks, A/B runs and tests, and how each is resolved for an adapter when left to None.
+
+A context is created with them (``ml.create_context(options=...)``) and hands them to the
+compiler at each build; nothing reads them from a global. Why each default is what it is:
+backends/webnn/PERFORMANCE.md, "Knobs".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .target import Target
+
+#: gemv_cols variants: (columns per invocation, workgroup size, workgroups; 0: all blocks)
+COLS = {"cols": (8, 32, 8), "cols2": (2, 64, 0), "cols4": (4, 64, 0), "cols4g8": (4, 64, 8),
+        "cols8g8": (8, 32, 8), "cols2g4": (2, 64, 4), "cols2g16": (2, 64, 16),
+        "cols4g4": (4, 32, 4), "cols1g8": (1, 64, 8)}
+
+
+#: gemv_rows variants: ``rows[LANES][_sh][_uDEPTH]`` (invocations per weight row, default 32;
+#: ``_sh``: sums through workgroup memory, not subgroupAdd; vec4 loads in flight, default 4)
+ROWS_VARIANT = re.compile(r"rows(\d+)?(_sh)?(?:_u(\d+))?")
+
+
+GDN_VARIANT = re.compile(r"fused(\d+)?(_sh)?(_norms)?")
+
+#: the accepted string values of each knob (None is always accepted: chosen per adapter);
+#: gemv, gdn and attention_splits are checked by their own rules in ``_check``
+CHOICES: dict[str, tuple[str, ...]] = {
+    "attention": ("flash", "unfused", "generic"),
+    "gemv_prologue": ("launch", "off", "full", "vector"),
+    "row_writes": ("separate",),
+    "record_ahead": ("on", "pieces", "off"),
+    "cache_copy": ("vec4", "identity", "buffer"),
+    "gemv_weights": ("f32", "f16"),
+    "f16_loads": ("wide", "vec4"),
+    "read_copy": ("dispatch", "separate", "separate_sync"),
+}
+
+
+@dataclass(frozen=True)
+class KernelOptions:
+    """Kernel variants and context modes; None everywhere is the per-adapter default.
+
+    Frozen: a context keeps the options it was created with; ``replace`` and ``parse``
+    make new ones. A bad value raises ValueError naming the knob and what it accepts.
+    """
+
+    #: matrix-vector kernel: None (CPU adapters "cols", GPUs "rows"), "legacy", a ``COLS`` key,
+    #: "rows[LANES][_sh][_uDEPTH]" (``ROWS_VARIANT``)
+    gemv: str | None = None
+    #: decode attention: None/"flash" (two launches where the pattern matches), "unfused" (QK,
+    #: chain, softmax, split-K probs·V), "generic" (plain matmuls)
+    attention: str | None = None
+    #: a gemv's input vector reading a one-element reduction (RMSNorm): None/"launch" (both in
+    #: one launch of their own), "off" (each its own launch), "full" (both computed by each
+    #: gemv workgroup), "vector" (the vector by each gemv workgroup, the reduction launched)
+    gemv_prologue: str | None = None
+    #: scatters of one index tensor into same-shaped caches: None (one launch), "separate"
+    row_writes: str | None = None
+    #: splits per head flash-decoding aims at on long caches: None (``kernels/attention.SPLITS``)
+    attention_splits: int | None = None
+    #: encode each dispatch's successor while the device runs it (``dispatch._record_ahead``):
+    #: None (GPUs on, CPU adapters off), "on" (its command buffers in one submit), "pieces"
+    #: (submitted one by one), "off" (every dispatch encodes its own)
+    record_ahead: str | None = None
+    #: how a non-stateful scatter copies the unchanged cache into its output: None/"vec4"
+    #: (float32 and float16 caches: a vec4 copy kernel, 256 invocations a workgroup; else as
+    #: "identity"), "identity" (the element-wise kernel, one value per invocation), "buffer"
+    #: (copy_buffer_to_buffer: splits the pass)
+    cache_copy: str | None = None
+    #: constant weights of the GPU gemv kernels: None (float16 where every value of the constant
+    #: is a float16 value, so nothing is lost; else float32), "f32", "f16" (always: lossy unless
+    #: the weights are float16 values)
+    gemv_weights: str | None = None
+    #: a gated delta net's decode step (``match_gdn``): None (one launch on GPU adapters, the
+    #: generic ops on CPU adapters), "generic" (the ops one by one), "fused[LANES][_sh][_norms]"
+    #: (one launch on any adapter; LANES invocations per state row, default 32; "_sh": sums
+    #: through workgroup memory, not subgroupAdd; "_norms": q's and k's L2 norms launched apart)
+    gdn: str | None = None
+    #: how flash-decoding loads a float16 cache: None/"wide" (16-byte ``vec4<u32>`` loads of 8
+    #: halves where the head dimension is a multiple of 8; else as "vec4"), "vec4" (``vec4<f16>``
+    #: loads of 4 halves, or ``f16`` when d % 4 != 0)
+    f16_loads: str | None = None
+    #: readable outputs: None/"dispatch" (copied to staging at the end of the dispatch, so a read
+    #: right after only maps: ``readback._read_copy_for``), "separate" (each read copies in a
+    #: submit of its own), "separate_sync" (the same, each map after wgpu-py's empty submit)
+    read_copy: str | None = None
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                _check(f.name, value)
+
+    def replace(self, **changes: str | int | None) -> KernelOptions:
+        """These options with ``changes`` (checked as the constructor checks them)."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def parse(cls, pairs: Iterable[str], base: KernelOptions | None = None) -> KernelOptions:
+        """``base`` (default: all None) with each ``key=value`` (the A/B scripts' ``--option``
+        syntax; an empty value is None)."""
+        changes: dict[str, str | int | None] = {}
+        known = [f.name for f in dataclasses.fields(cls)]
+        for pair in pairs:
+            key, eq, value = pair.partition("=")
+            if not eq:
+                raise ValueError(f"option {pair!r} is not KEY=VALUE")
+            if key not in known:
+                raise ValueError(f"unknown option {key!r}; known: {', '.join(known)}")
+            changes[key] = _parse_value(key, value)
+        return (base or cls()).replace(**changes)
+
+    def as_dict(self) -> dict[str, str | int | None]:
+        """Every knob and its value (JSON-ready: a point's ``details``)."""
+        return dataclasses.asdict(self)
+
+    def gemv_variant(self, t: Target, cols_ok: bool = True) -> str:
+        """The matrix-vector kernel for this adapter (PERFORMANCE.md): one invocation per
+        column on CPU adapters, ``lanes`` invocations per column with subgroup sums on GPUs."""
+        v = self.gemv or ("cols" if t.cpu else "rows")
+        if v.startswith("cols") and not cols_ok:
+            v = "rows"
+        return v
+
+    def gdn_variant(self, t: Target) -> tuple[int, bool, bool] | None:
+        """(lanes per state row, sums through workgroup memory, fold q's and k's L2 norms) of
+        the gated delta kernel, or None for the generic ops (by default the kernel on GPU
+        adapters only, PERFORMANCE.md)."""
+        how = self.gdn
+        if how == "generic" or (how is None and t.cpu):
+            return None
+        m = GDN_VARIANT.fullmatch(how or "fused")
+        assert m is not None  # checked at construction
+        return int(m.group(1) or 32), bool(m.group(2)), not m.group(3)
+
+
+def _parse_value(key: str, value: str) -> str | int | None:
+    """A knob's value from its text: "" is None; attention_splits is a count."""
+    if not value:
+        return None
+    if key == "attention_splits":
+        try:
+            return int(value)
+        except ValueError:
+            raise ValueError(f"attention_splits = {value!r}: not a whole number") from None
+    return value
+
+
+def _check(name: str, value: object) -> None:
+    """ValueError unless ``value`` is one the knob ``name`` accepts."""
+    if name == "attention_splits":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"KernelOptions.attention_splits = {value!r}; accepted: None or a "
+                             "positive int (the splits per head)")
+        return
+    if not isinstance(value, str):
+        raise ValueError(f"KernelOptions.{name} = {value!r}; accepted: None or a string")
+    if name == "gemv":
+        if value != "legacy" and value not in COLS and not ROWS_VARIANT.fullmatch(value):
+            raise ValueError(f"KernelOptions.gemv = {value!r}; accepted: None, 'legacy', "
+                             f"{', '.join(map(repr, COLS))}, 'rows[LANES][_sh][_uDEPTH]' "
+                             "(e.g. 'rows', 'rows16_sh_u2')")
+    elif name == "gdn":
+        if value == "generic":
+            return
+        m = GDN_VARIANT.fullmatch(value)
+        if m is None:
+            raise ValueError(f"KernelOptions.gdn = {value!r}; accepted: None, 'generic', "
+                             "'fused[LANES][_sh][_norms]' (e.g. 'fused', 'fused8_sh')")
+        lanes = int(m.group(1) or 32)
+        if lanes < 1 or lanes > 256 or lanes & (lanes - 1):
+            raise ValueError(f"KernelOptions.gdn = {value!r}: lanes per state row must be a "
+                             "power of two from 1 to 256")
+    elif value not in CHOICES[name]:
+        raise ValueError(f"KernelOptions.{name} = {value!r}; accepted: None, "
+                         f"{', '.join(map(repr, CHOICES[name]))}")

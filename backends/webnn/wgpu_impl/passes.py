@@ -1,0 +1,232 @@
+"""The compiler's passes: where results go, what is read transposed, which element-wise chains
+are computed inside their consumers, and which patterns become one launch (decode attention,
+stacked and fused matrix-vector products, row writes, a gated delta net's step).
+
+Each pass records its decisions in the plan and marks what it absorbed in the ``PassState``;
+none emits a launch (``lowering`` does, from the plan).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._classes import MLKVCachePair, MLOperand
+from ..errors import NotSupportedError
+from ..stateful import analyse, root
+from . import fusion
+from . import gemv as GV
+from .match_attention import last2_transpose_input, match_attention
+from .match_gdn import match_gated_delta
+from .plan import Plan, Slot
+
+
+@dataclass
+class PassState:
+    """The graph as the passes see it, and what they decided about its nodes."""
+
+    nodes: list[MLOperand]  # every reachable operand, in creation (topological) order
+    dest: dict[int, Slot]  # root id -> the slot it must be computed into
+    extra_copies: list[tuple[MLOperand, Slot, str]]  # (root, output slot, name): copied out
+    pinned: set[int]  # roots that must be in memory (results, state, state writers)
+    writers: set[int]  # ids of the ops writing a pair's present
+    no_read: set[int]  # the pairs' past inputs (never read through a fused chain)
+    inlined: set[int] = field(default_factory=set)  # computed inside their consumers
+    absorbed: set[int] = field(default_factory=set)  # computed by another node's launch
+
+
+def place_results(plan: Plan, outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
+                  stateful: bool, inputs: dict[str, MLOperand]) -> PassState:
+    """Where the results go (outputs, hidden state, the page's inputs) and the nodes to
+    compile; a result that is not an op's own output is copied out."""
+    dest: dict[int, Slot] = {}
+    extra_copies: list[tuple[MLOperand, Slot, str]] = []
+    pair_outputs = {p.output for p in pairs} if stateful else set()
+    if stateful:
+        for i, p in enumerate(pairs):
+            past = inputs[p.input]
+            dest[past._id] = ("state", i, "cur")
+            plan.pairs.append(analyse(i, p, past, outputs[p.output]))
+    for name, o in outputs.items():
+        if name in pair_outputs:
+            continue
+        r = root(o)
+        if r._kind == "op" and r._id not in dest:
+            dest[r._id] = ("output", name)
+        else:
+            extra_copies.append((r, ("output", name), name))
+    for name, o in inputs.items():
+        if o._id not in dest:
+            dest[o._id] = ("input", name)
+    nodes = reachable(list(outputs.values()))
+    check_float16(nodes)
+    writers = {pp.writer._id for pp in plan.pairs if pp.writer is not None}
+    pinned = set(dest) | writers | {root(outputs[p.output])._id for p in pairs if stateful}
+    return PassState(nodes, dest, extra_copies, pinned, writers,
+                     no_read={inputs[p.input]._id for p in pairs})
+
+
+def fold_transposes(plan: Plan, st: PassState) -> None:
+    """A matmul whose B is a transpose of the last two axes reads the transpose's input."""
+    for o in st.nodes:
+        if o._kind == "op" and o._op == "matmul":
+            src = last2_transpose_input(root(o._inputs[1]))
+            if src is not None:
+                plan.fold[o._id] = src
+    # a matmul reading a transpose's input directly needs that input in memory: a fusible
+    # one (a float16 cache's widening cast) must not be computed only inside the transpose
+    st.pinned |= {src._id for src in plan.fold.values()}
+
+
+def fuse_loops(plan: Plan, st: PassState) -> None:
+    """Loop fusion: element-wise chains computed inside their consumers."""
+    st.inlined, plan.groups = fusion.plan(st.nodes, st.pinned, st.writers,
+                                          max(1, plan.target.max_storage - 3),
+                                          no_read=st.no_read)
+
+
+def decode_attention(plan: Plan, st: PassState) -> None:
+    """QK, the score chain, softmax and probs·V in two launches."""
+    if plan.options.attention in (None, "flash"):
+        plan.attention = match_attention(st.nodes, st.inlined, plan.groups, st.pinned,
+                                         plan.target.shared_bytes)
+    st.absorbed |= {x._id for m in plan.attention.values() for x in m.absorbed}
+
+
+def _gpu_gemv(plan: Plan) -> bool:
+    """Whether the matrix-vector products are the GPU (rows) kernels the gemv passes serve."""
+    return not plan.options.gemv_variant(plan.target).startswith(("cols", "legacy"))
+
+
+def stack_gemvs(plan: Plan, st: PassState) -> None:
+    """Matrix-vector products of one input against stacked weights: one launch."""
+    if _gpu_gemv(plan):
+        plan.stacked = GV.stacked_gemvs(st.nodes, plan.fold, plan.max_binding)
+    st.absorbed |= {x._id for ms in plan.stacked.values() for x in ms[1:]}
+
+
+def residual_epilogues(plan: Plan, st: PassState) -> None:
+    """Residual adds folded into the matrix-vector product feeding them."""
+    if _gpu_gemv(plan):
+        plan.epilogue = GV.residual_epilogues(st.nodes, plan.fold, st.inlined, plan.groups,
+                                              st.pinned | st.absorbed, set(plan.stacked))
+    st.absorbed |= {add._id for add, _ in plan.epilogue.values()}
+
+
+def gemv_prologues(plan: Plan, st: PassState) -> None:
+    """A gemv's input vector computed by the gemv (RMSNorm's tail, SwiGLU), or in one launch
+    with its reduction."""
+    mode = plan.options.gemv_prologue or "launch"
+    gpu_gemv = _gpu_gemv(plan)
+    if gpu_gemv and mode in ("full", "vector"):
+        plan.prologue = GV.gemv_prologues(st.nodes, plan.fold, st.inlined, plan.groups,
+                                          st.pinned | st.absorbed, plan.target,
+                                          reductions=mode == "full")
+    elif gpu_gemv and mode == "launch":
+        # a graph output may be such a vector (it is written anyway); a state writer not
+        plan.vectors = GV.row_reductions(st.nodes, st.inlined, plan.groups,
+                                         (st.pinned - set(st.dest)) | st.absorbed,
+                                         st.pinned | st.absorbed, plan.target)
+    st.absorbed |= {x._id for pro in plan.prologue.values() for x in pro.absorbed}
+    st.absorbed |= {pro.reduce_op._id for pro in plan.vectors.values()}
+
+
+def group_row_writes(plan: Plan, st: PassState) -> None:
+    """Row writes at one index tensor (a layer's K and V): one launch."""
+    if plan.options.row_writes != "separate":
+        plan.row_writes = _row_write_groups(st.nodes, st.absorbed, plan.groups,
+                                            plan.target.max_storage)
+    st.absorbed |= {x._id for ms in plan.row_writes.values() for x in ms[1:]}
+
+
+def gated_delta(plan: Plan, st: PassState) -> None:
+    """A gated delta net's decode step: one launch."""
+    gdn = plan.options.gdn_variant(plan.target)
+    if gdn is not None:
+        vectors = set(plan.vectors) | {pro.reduce_op._id for pro in plan.vectors.values()}
+        taken = (st.absorbed - vectors) | {*plan.attention, *plan.stacked, *plan.epilogue,
+                                           *plan.prologue, *plan.row_writes}
+        plan.gdn = match_gated_delta(st.nodes, st.inlined, plan.groups, st.pinned, taken,
+                                     plan.target.max_storage, vectors, fold_norms=gdn[2])
+        for m in plan.gdn.values():  # q's and k's norms folded in: no launch of their own
+            for nrm in m.norms:
+                plan.vectors.pop(nrm.out._id, None)
+    st.absorbed |= {x._id for m in plan.gdn.values() for x in m.absorbed}
+
+
+#: the passes after ``place_results``, in order: each sees what the earlier ones absorbed
+PASSES = (fold_transposes, fuse_loops, decode_attention, stack_gemvs, residual_epilogues,
+          gemv_prologues, group_row_writes, gated_delta)
+
+
+#: ops the wgpu kernels run on float16 operands (WGSL f16 storage): casts, element-wise
+#: ops, data movement and row writes, and a float16 K/V cast to float32 where decode
+#: attention reads it (``attention.match_attention`` reads the float16 cache directly)
+F16_OPS = fusion.FUSIBLE | {"reshape", "gather", "scatter_nd", "dequantize_linear"}
+
+
+def check_float16(nodes: list[MLOperand]) -> None:
+    """NotSupportedError at build for an op on float16 operands the kernels do not cover
+    (matmul, softmax, reductions, ...: they accumulate in float32 buffers)."""
+    for o in nodes:
+        if o._kind != "op" or o._op in F16_OPS:
+            continue
+        if any(x._dtype.wgsl == "f16" for x in (o, *o._inputs)):
+            raise NotSupportedError(f"{o._op} on float16 operands is not supported by the wgpu "
+                                    f"backend; cast them to float32 (supported on float16: "
+                                    f"{', '.join(sorted(F16_OPS))})")
+
+
+def _row_write_groups(nodes: list[MLOperand], absorbed: set[int], groups: dict[int, Any],
+                      max_storage: int) -> dict[int, list[MLOperand]]:
+    """scatter_nd ops writing same-shaped tensors at one index tensor (a layer's K and V
+    rows), grouped: first id -> the group, within the storage-binding limit."""
+    by_key: dict[tuple, list[MLOperand]] = {}
+    for o in nodes:
+        if o._kind == "op" and o._op == "scatter_nd" and o._id not in absorbed:
+            key = (root(o._inputs[1])._id, tuple(o._shape), tuple(o._inputs[2]._shape),
+                   o._dtype.wgsl)
+            by_key.setdefault(key, []).append(o)
+    out: dict[int, list[MLOperand]] = {}
+    for ms in by_key.values():
+        group: list[MLOperand] = []
+        used = 2  # indices, status
+        for m in ms:
+            need = 1 + (len(groups[m._id].inner.leaves) if m._id in groups else 1)
+            # members must not depend on each other (layer 1's K row needs layer 0's cache)
+            independent = not any(g._id in _ancestors(m) for g in group)
+            if group and (used + need > max_storage or not independent):
+                if len(group) > 1:
+                    out[group[0]._id] = group
+                group, used = [], 2
+            group.append(m)
+            used += need
+        if len(group) > 1:
+            out[group[0]._id] = group
+    return out
+
+
+def _ancestors(o: MLOperand) -> set[int]:
+    """Ids of every operand ``o`` depends on."""
+    seen: set[int] = set()
+    stack = list(o._inputs)
+    while stack:
+        x = stack.pop()
+        if x._id not in seen:
+            seen.add(x._id)
+            stack.extend(x._inputs)
+    return seen
+
+
+def reachable(outs: list[MLOperand]) -> list[MLOperand]:
+    """Every operand the outputs depend on, in creation (a topological) order."""
+    seen: dict[int, MLOperand] = {}
+    stack = list(outs)
+    while stack:
+        o = stack.pop()
+        if o._id not in seen:
+            seen[o._id] = o
+            stack.extend(o._inputs)
+    return [seen[k] for k in sorted(seen)]  # creation order is a topological order
+
+

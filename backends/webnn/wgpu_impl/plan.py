@@ -1,0 +1,78 @@
+"""What the compiler hands the context: launches (kernels and buffer copies) and the storage
+slots they bind.
+
+Slots (where an operand's elements live):
+``("input", name)`` / ``("output", name)``: the page's MLTensor, resolved at dispatch;
+``("temp", id)``: an intermediate buffer; ``("const", key)``: a constant buffer;
+``("state", pair, "cur"|"next")``: a hidden state buffer (PROPOSAL);
+``("status",)``: the capacity-check word (PROPOSAL).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .._classes import MLOperand
+from ..kernels import Kernel
+from ..stateful import PairPlan
+from . import fusion
+from . import gemv as GV
+from .match_attention import Attention
+from .match_gdn import GatedDelta
+from .options import KernelOptions
+from .target import Target
+
+Slot = tuple
+
+
+@dataclass
+class Deferred:
+    """A constant buffer's contents, made when the context uploads it (then dropped)."""
+
+    size: int  # 4-byte words (float32 or packed float16 pairs)
+    make: Callable[[], np.ndarray]
+
+
+@dataclass
+class KernelLaunch:
+    kernel: Kernel
+    slots: list[Slot]
+
+
+@dataclass
+class CopyLaunch:
+    """A device buffer-to-buffer copy (counted d2d)."""
+
+    src: Slot
+    dst: Slot
+    nbytes: int
+
+
+@dataclass
+class Plan:
+    """A graph's launches in order, the buffers they bind, and what the passes decided."""
+
+    launches: list[Any] = field(default_factory=list)
+    temps: dict[Slot, int] = field(default_factory=dict)  # slot -> 4-byte words
+    consts: dict[Slot, np.ndarray | Deferred] = field(default_factory=dict)  # slot -> contents
+    pairs: list[PairPlan] = field(default_factory=list)
+    has_check: bool = False
+    max_binding: int = 1 << 27  # the device's max storage-buffer binding size, bytes
+    target: Target = field(default_factory=Target)
+    options: KernelOptions = field(default_factory=KernelOptions)  # the context's
+    groups: dict[int, fusion.Group] = field(default_factory=dict)  # root id -> fused group
+    attention: dict[int, Attention] = field(default_factory=dict)  # probs·V id ->
+    stacked: dict[int, list[MLOperand]] = field(default_factory=dict)  # first gemv -> all
+    fold: dict[int, MLOperand] = field(default_factory=dict)  # matmul id -> B read transposed
+    epilogue: dict[int, tuple[MLOperand, MLOperand]] = field(default_factory=dict)  # gemv -> (add, residual)
+    prologue: dict[int, GV.Prologue] = field(default_factory=dict)  # gemv -> its input vector
+    vectors: dict[int, GV.Prologue] = field(default_factory=dict)  # vector -> it + its reduction
+    row_writes: dict[int, list[MLOperand]] = field(default_factory=dict)  # first scatter -> all
+    in_place: dict[int, PairPlan] = field(default_factory=dict)  # writer id -> its pair
+    gdn: dict[int, GatedDelta] = field(default_factory=dict)  # anchor id -> matched step
+
+

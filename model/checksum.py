@@ -1,0 +1,150 @@
+"""Content checksums of the model cache's files (weights, `.f32` weights, exported graphs).
+
+A cached file is only reused when a checksum written beside it (``<file>.sum``) when it was
+made still matches its content; a flipped, truncated or unsummed file is rebuilt with one line
+on stderr, never measured (a corrupt weights file that the reference and the backends both read
+would otherwise "match" everywhere). The hash is SHA-256 over 64 MiB chunks, hashed in threads
+(hashlib releases the GIL), then SHA-256 over the chunk digests: the CPUs' SHA extensions make
+it the fastest hashlib offers, and the threads scale it with the cores. Each process hashes a
+file at most once (the verdict is kept per path, inode, size and times of the file and of its
+checksum), and a worker starts with its runner's verdicts (`handoff`), so the `.f32` weights
+the runner checked for the reference are not hashed again per point; the cost per GB is in
+the README's "Model cache" section.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+import sys
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from model.atomic import atomic_file
+
+ALGORITHM = "sha256-tree-64MiB"
+CHUNK = 64 << 20
+SUFFIX = ".sum"
+#: how every rebuild notice starts (the runner forwards a worker's notices with it)
+NOTICE_PREFIX = "statebench: cache "
+
+#: how many times this process hashed each file (tests count re-hashing with it)
+hash_counts: Counter[str] = Counter()
+_whole: dict[tuple, str] = {}  # stat key -> digest of a file found whole in this process
+#: set by the runner for its workers: the files it has just found whole (`handoff`)
+HANDOFF_ENV = "STATEBENCH_CACHE_WHOLE"
+
+
+def sum_path(path: str | os.PathLike) -> Path:
+    """Where the checksum of `path` is kept."""
+    path = Path(path)
+    return path.with_name(path.name + SUFFIX)
+
+
+def file_digest(path: str | os.PathLike) -> str:
+    """The file's content hash (ALGORITHM), read through one memory map."""
+    path = Path(path)
+    hash_counts[str(path.resolve())] += 1
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            return hashlib.sha256(b"").hexdigest()
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            view = memoryview(m)
+            try:
+                offsets = range(0, size, CHUNK)
+                workers = max(1, min(len(offsets), os.cpu_count() or 1, 16))
+                with ThreadPoolExecutor(workers) as pool:
+                    parts = list(pool.map(
+                        lambda o: hashlib.sha256(view[o:o + CHUNK]).digest(), offsets))
+            finally:
+                view.release()
+    return hashlib.sha256(b"".join(parts)).hexdigest()
+
+
+def _key(path: Path) -> tuple:
+    """What must stay the same for a verdict to hold: the file and its checksum file."""
+    st = path.stat()
+    try:
+        ss = sum_path(path).stat()
+        summed = (ss.st_ino, ss.st_size, ss.st_mtime_ns)
+    except OSError:
+        summed = None
+    return (str(path.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
+            st.st_ctime_ns, summed)
+
+
+def handoff() -> str:
+    """The files this process found whole, for a worker it starts (`HANDOFF_ENV`): the worker
+    then skips hashing them while they stay the same file (size, times, inode, checksum)."""
+    return json.dumps(sorted(_whole))
+
+
+def _adopt(text: str) -> None:
+    try:
+        keys = json.loads(text)
+        _whole.update({(*k[:-1], tuple(k[-1]) if k[-1] else None): "" for k in keys})
+    except (ValueError, TypeError, IndexError):
+        pass  # a malformed hand-off only costs the hashes it would have saved
+
+
+def seal(path: str | os.PathLike) -> None:
+    """Write the checksum of the just-made `path` (atomically) and remember it as whole."""
+    path = Path(path)
+    digest = file_digest(path)
+    size = path.stat().st_size
+    with atomic_file(sum_path(path), "w") as f:
+        json.dump({"algorithm": ALGORITHM, "size": size, "digest": digest}, f)
+    _whole[_key(path)] = digest
+
+
+def problem(path: str | os.PathLike, size: int | None = None) -> str | None:
+    """Why the existing `path` may not be reused, or None when it is whole (hashed at most
+    once per process while it stays the same file)."""
+    path = Path(path)
+    try:
+        key = _key(path)
+    except OSError as exc:
+        return f"unreadable ({exc.strerror})"
+    if size is not None and key[3] != size:
+        return f"is {key[3]:,} bytes, expected {size:,}"
+    if key in _whole:
+        return None
+    try:
+        recorded = json.loads(sum_path(path).read_text())
+    except FileNotFoundError:
+        return f"has no checksum ({sum_path(path).name} missing)"
+    except (OSError, ValueError):
+        return f"has an unreadable checksum ({sum_path(path).name})"
+    if not isinstance(recorded, dict) or recorded.get("algorithm") != ALGORITHM:
+        return f"has a checksum of another kind ({sum_path(path).name})"
+    if recorded.get("size") != key[3]:
+        return f"is {key[3]:,} bytes but was made with {recorded.get('size')!r}"
+    try:
+        digest = file_digest(path)
+    except OSError as exc:
+        return f"unreadable ({exc.strerror})"
+    if digest != recorded.get("digest"):
+        return "does not match its checksum (corrupt)"
+    _whole[key] = digest
+    return None
+
+
+def reusable(path: str | os.PathLike, what: str, size: int | None = None) -> bool:
+    """True when `path` exists and is whole; a file that exists but is not says so in one
+    line on stderr (the caller then rebuilds it). A missing file is simply made."""
+    path = Path(path)
+    if not path.exists():
+        return False
+    why = problem(path, size)
+    if why is None:
+        return True
+    print(f"{NOTICE_PREFIX}{what} {path} {why}; rebuilding it", file=sys.stderr, flush=True)
+    return False
+
+
+if os.environ.get(HANDOFF_ENV):
+    _adopt(os.environ[HANDOFF_ENV])

@@ -1,0 +1,99 @@
+"""wgpu_impl/options.py: KernelOptions accepts every documented value of each knob, refuses
+anything else with one clear error naming the knob, parses the A/B scripts' ``key=value``,
+and is frozen (a context keeps the options it was created with)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from backends.webnn.wgpu_impl.options import KernelOptions
+
+#: every knob and the values its documentation names (None: per adapter)
+ACCEPTED = {
+    "gemv": ["legacy", "cols", "cols2", "cols4g8", "rows", "rows_sh", "rows16", "rows_u8",
+             "rows16_sh_u2"],
+    "attention": ["flash", "unfused", "generic"],
+    "gemv_prologue": ["launch", "off", "full", "vector"],
+    "row_writes": ["separate"],
+    "attention_splits": [1, 8, 64],
+    "record_ahead": ["on", "pieces", "off"],
+    "cache_copy": ["vec4", "identity", "buffer"],
+    "gemv_weights": ["f32", "f16"],
+    "gdn": ["generic", "fused", "fused8", "fused1_sh", "fused_norms", "fused256_sh_norms"],
+    "f16_loads": ["wide", "vec4"],
+    "read_copy": ["dispatch", "separate", "separate_sync"],
+}
+REFUSED = {
+    "gemv": ["fastest", "col", "rows_x"], "attention": ["flash2", ""],
+    "gemv_prologue": ["on"], "row_writes": ["one"], "attention_splits": [0, -2, "4", 2.0, True],
+    "record_ahead": ["yes"], "cache_copy": ["copy"], "gemv_weights": ["f64"],
+    "gdn": ["fastest", "fused12", "fused0", "fused512"], "f16_loads": ["u32"],
+    "read_copy": ["sync"],
+}
+
+
+def test_every_knob_is_listed_here():
+    assert [f.name for f in dataclasses.fields(KernelOptions)] == list(ACCEPTED) == list(REFUSED)
+
+
+@pytest.mark.parametrize("knob", ACCEPTED)
+def test_documented_values_are_accepted(knob):
+    assert getattr(KernelOptions(), knob) is None
+    for value in ACCEPTED[knob]:
+        assert getattr(KernelOptions(**{knob: value}), knob) == value
+
+
+@pytest.mark.parametrize("knob", REFUSED)
+def test_other_values_are_refused_naming_the_knob(knob):
+    for value in REFUSED[knob]:
+        with pytest.raises(ValueError, match=f"{knob}"):
+            KernelOptions(**{knob: value})
+        with pytest.raises(ValueError, match=f"{knob}"):
+            KernelOptions().replace(**{knob: value})
+
+
+def test_parse_the_scripts_syntax():
+    opts = KernelOptions.parse(["gemv=rows_sh", "attention_splits=16", "read_copy=separate"])
+    assert (opts.gemv, opts.attention_splits, opts.read_copy) == ("rows_sh", 16, "separate")
+    assert opts.attention is None
+    # over a base; an empty value is None (the per-adapter choice)
+    again = KernelOptions.parse(["gemv=", "gdn=fused8"], base=opts)
+    assert (again.gemv, again.gdn, again.attention_splits) == (None, "fused8", 16)
+    assert opts.gemv == "rows_sh"  # the base is unchanged
+    for bad, words in (("nope=1", "unknown option 'nope'"), ("gemv", "KEY=VALUE"),
+                       ("attention_splits=many", "attention_splits"), ("gdn=fused3", "gdn")):
+        with pytest.raises(ValueError, match=words):
+            KernelOptions.parse([bad])
+
+
+def test_frozen_hashable_and_plain():
+    opts = KernelOptions(gemv="rows", attention_splits=8)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.gemv = "cols"  # type: ignore[misc]
+    assert opts == KernelOptions.parse(["gemv=rows", "attention_splits=8"])
+    assert len({opts, KernelOptions(gemv="rows", attention_splits=8), KernelOptions()}) == 2
+    plain = opts.as_dict()
+    assert plain["gemv"] == "rows" and plain["attention_splits"] == 8 and len(plain) == 11
+    assert KernelOptions(**plain) == opts
+
+
+def test_a_context_compiles_with_the_options_it_was_created_with(ctx_with):
+    """The options reach the compiler through the context (no global): a graph built on a
+    context is planned under that context's options, and only a KernelOptions is taken."""
+    from backends.webnn import MLGraphBuilder, ml
+
+    c = ctx_with(read_copy="separate", gemv="rows_sh")
+    assert c.options == KernelOptions(gemv="rows_sh", read_copy="separate")
+    assert c.read_copy is False  # a context mode, read when the context is created
+    b = MLGraphBuilder(c)
+    x = b.input("x", data_type="float32", shape=[1, 4])
+    g = b.build({"y": b.matmul(x, b.constant(data_type="float32", shape=[4, 3],
+                                              value=[0.5] * 12))})
+    assert g._plan.options is c.options
+    (k,) = [la.kernel for la in g._plan.launches]
+    assert k.name == "matmul_gemv" and "workgroupBarrier" in k.wgsl  # rows_sh: shared sums
+    g.destroy()
+    with pytest.raises(TypeError, match="KernelOptions"):
+        ml.create_context(options={"gemv": "rows"})
