@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from backends.webnn import MLGraphBuilder
-from model import quantize as Q
 
 RNG = np.random.default_rng(4242)
 
@@ -92,19 +91,59 @@ def test_int4_buffer_and_shapes_are_checked(ctx):
         b.dequantize_linear(x, s, s)
 
 
-def _gemv(b, v, w):
-    return b.matmul(v, w)
+def _q4_matmul(ctx, kind, k, n, zero_points, residual=False):
+    """y = v @ dequantizeLinear(4-bit (k, n), block-32 scales) (+ r): the decode step's
+    projection; returns (y, float64 oracle, launched kernel names)."""
+    codes = _codes(kind, (k, n))
+    scale = RNG.uniform(0.005, 0.1, size=(k // 32, n)).astype(np.float32)
+    zp = _codes(kind, scale.shape) if zero_points else np.zeros(scale.shape, np.int64)
+    v = RNG.standard_normal((1, k)).astype(np.float32)
+    r = RNG.standard_normal((1, n)).astype(np.float32)
+    b = MLGraphBuilder(ctx)
+    w = b.dequantize_linear(_const(b, kind, codes),
+                            b.constant(data_type="float32", shape=list(scale.shape), value=scale),
+                            _const(b, kind, zp))
+    vi = b.input("v", data_type="float32", shape=[1, k])
+    y = b.matmul(vi, w)
+    if residual:
+        y = b.add(y, b.constant(data_type="float32", shape=[1, n], value=r))
+    g = b.build({"y": y})
+    t_in = ctx.create_tensor(data_type="float32", shape=[1, k], writable=True)
+    ctx.write_tensor(t_in, v)
+    t_out = ctx.create_tensor(data_type="float32", shape=[1, n], readable=True)
+    ctx.dispatch(g, {"v": t_in}, {"y": t_out})
+    want = v.astype(np.float64) @ _want(codes, scale, zp) + (r if residual else 0.0)
+    return ctx.read_tensor(t_out), want, [la.kernel.name for la in g._plan.launches]
 
 
-@pytest.mark.parametrize("k,n", [(64, 40), (96, 7), (320, 130)])
-def test_int4_matmul_one_row(ctx, k, n):
-    """matmul(vector, dequantizeLinear(int4 weights)): the decode step's projection."""
-    w = (RNG.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
-    q, s = Q.quantise(w)
-    zp = np.zeros(s.shape, np.int64)
-    _gemv.vector = RNG.standard_normal((1, k)).astype(np.float32)
-    got = _dequantize(ctx, "int4", q, s, zp, consume=_gemv)
-    want = _gemv.vector.astype(np.float64) @ _want(q, s, zp)
+@pytest.mark.parametrize("kind,k,n,zero_points", [
+    ("int4", 64, 40, False), ("int4", 96, 7, True), ("uint4", 320, 130, True),
+    ("uint4", 128, 33, False)])
+@pytest.mark.parametrize("how", ["fused", "generic"])
+def test_4bit_matmul_one_row(ctx_with, how, kind, k, n, zero_points):
+    """matmul(vector, dequantizeLinear(4-bit weights)): fused, the codes are read and no
+    float weights are written (no dequantize launch); generic, they are."""
+    got, want, names = _q4_matmul(ctx_with(q4_gemv=how), kind, k, n, zero_points)
+    assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
+    if how == "fused":
+        assert names == ["gemv_q4"]
+    else:
+        assert "dequantize_linear" in names and "gemv_q4" not in names
+
+
+def test_4bit_matmul_in_chunks_and_with_a_residual(ctx, monkeypatch):
+    """Columns beyond the binding limit run as chunks, each at its offset."""
+    from backends.webnn.wgpu_impl import lowering
+
+    real = lowering._lower_q4
+
+    def small(plan, *args):
+        plan.max_binding = 64 * 16  # 64 bytes a row of K = 128: chunks of 16 columns
+        return real(plan, *args)
+
+    monkeypatch.setattr(lowering, "_lower_q4", small)
+    got, want, names = _q4_matmul(ctx, "int4", 128, 50, True, residual=True)
+    assert names.count("gemv_q4") == 4
     assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
 
 

@@ -57,3 +57,79 @@ def dequantize_linear(kind: str, shape: Sequence[int], block: Sequence[int], out
     ns = S.size(sshape)
     traffic = _stored_bytes(kind, n) + ns * (esize(out_t) + 4) + n * esize(out_t)
     return Kernel("dequantize_linear", src, ["read", "read", "read", "rw"], (gx, gy, gz), traffic)
+
+
+def gemv_q4(K: int, N: int, block: int, *, signed: bool, zero_points: bool, lanes: int = 32,
+            wg: int = 256, subgroup: int | None = None, residual: bool = False,
+            n_off: int = 0) -> Kernel:
+    """out[n] = sum_k a[k] · W[k, n] for one input row, W a 4-bit matrix dequantised in
+    registers (no float weights are ever written). ``N`` columns from ``n_off`` of the
+    output (a chunk of a matrix beyond the binding limit).
+
+    Bindings: ``a`` (K floats, as vec4), ``b`` (the codes repacked (N, K): row n is K/8 u32
+    words, element k in nibble k % 8 of word k / 8), ``sc`` (the scales (N, K/block)),
+    ``zc`` when ``zero_points`` (-zero point · scale per block, same layout), ``res`` when
+    ``residual`` (added to the product), ``out``. ``block`` is a multiple of 8: a word never
+    straddles two blocks. Per word: s · (a·q) over its 8 elements, plus zc · sum(a).
+
+    ``lanes`` invocations share a row and stride along it a word at a time (coalesced), the
+    workgroup holds ``wg / lanes`` rows; their sums are combined by ``subgroupAdd`` where
+    the subgroup is exactly ``lanes`` wide, else through workgroup memory."""
+    assert K % 8 == 0 and block % 8 == 0 and K % block == 0
+    words, nblocks, per = K // 8, K // block, block // 8
+    R = wg // lanes
+    gx = -(-N // R)
+    use_sub = subgroup == lanes
+    src = decl(0, "a", "vec4<f32>", "read") + decl(1, "b", "u32", "read")
+    src += decl(2, "sc", "f32", "read")
+    nxt = 3
+    if zero_points:
+        src += decl(nxt, "zc", "f32", "read")
+        nxt += 1
+    if residual:
+        src += decl(nxt, "res", "f32", "read")
+        nxt += 1
+    src += decl(nxt, "out", "f32", "rw")
+    if signed:  # each nibble moved to the top of an i32, shifted back arithmetically
+        unpack = ("fn lo(w: u32) -> vec4<f32> {\n"
+                  "  return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(w << 28u, w << 24u, "
+                  "w << 20u, w << 16u)) >> vec4<u32>(28u));\n}\n"
+                  "fn hi(w: u32) -> vec4<f32> {\n"
+                  "  return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(w << 12u, w << 8u, "
+                  "w << 4u, w)) >> vec4<u32>(28u));\n}\n")
+    else:
+        unpack = ("fn lo(w: u32) -> vec4<f32> {\n  return vec4<f32>((vec4<u32>(w) >> "
+                  "vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u));\n}\n"
+                  "fn hi(w: u32) -> vec4<f32> {\n  return vec4<f32>((vec4<u32>(w) >> "
+                  "vec4<u32>(16u, 20u, 24u, 28u)) & vec4<u32>(15u));\n}\n")
+    src += unpack
+    if not use_sub:
+        src += f"var<workgroup> sh: array<f32, {wg}>;\n"
+    src += (f"@compute @workgroup_size({wg})\n"
+            "fn main(@builtin(workgroup_id) wid: vec3<u32>, "
+            "@builtin(local_invocation_index) lid: u32) {\n"
+            f"  let r = lid / {lanes}u;\n  let t = lid % {lanes}u;\n"
+            f"  let n = wid.x * {R}u + r;\n  let nn = min(n, {N - 1}u);\n"
+            f"  let wb = nn * {words}u;\n  let sb = nn * {nblocks}u;\n"
+            "  var acc = 0.0;\n"
+            f"  for (var k = t; k < {words}u; k = k + {lanes}u) {{\n"
+            "    let w = b[wb + k];\n"
+            "    let x0 = a[2u * k];\n    let x1 = a[2u * k + 1u];\n"
+            f"    let blk = sb + k / {per}u;\n"
+            "    acc = acc + sc[blk] * (dot(x0, lo(w)) + dot(x1, hi(w)));\n")
+    if zero_points:
+        src += "    acc = acc + zc[blk] * dot(x0 + x1, vec4<f32>(1.0));\n"
+    src += "  }\n"
+    if use_sub:
+        src += "  let s = subgroupAdd(acc);\n"
+    else:
+        src += ("  sh[lid] = acc;\n  workgroupBarrier();\n  var s = 0.0;\n"
+                f"  if (t == 0u) {{\n    for (var j = 0u; j < {lanes}u; j = j + 1u) "
+                "{ s = s + sh[lid + j]; }\n  }\n")
+    o = f"{n_off}u + n"
+    val = f"s + res[{o}]" if residual else "s"
+    src += f"  if (t == 0u && n < {N}u) {{ out[{o}] = {val}; }}\n}}\n"
+    traffic = 4 * K + N * K // 2 + 4 * N * nblocks * (2 if zero_points else 1) \
+        + 4 * N * (2 if residual else 1)
+    binds = ["read", "read", "read"] + ["read"] * zero_points + ["read"] * residual + ["rw"]
+    return Kernel("gemv_q4", src, binds, (gx, 1, 1), traffic)

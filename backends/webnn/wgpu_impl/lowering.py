@@ -20,6 +20,7 @@ from ..kernels import reduce as RD
 from ..stateful import PairPlan, root
 from . import fusion
 from . import gemv as GV
+from . import match_q4 as MQ
 from .options import COLS, ROWS_VARIANT
 from .plan import CopyLaunch, Deferred, KernelLaunch, Plan, Slot
 from .planning import Step
@@ -159,6 +160,8 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
                            guarded=guarded)
         slots = [s for j, s in enumerate(ins) if j != alias] + [out_slot]
         add(KernelLaunch(k, slots + ([("status",)] if guarded else [])))
+    elif o._id in plan.q4:
+        _lower_q4(plan, o, plan.q4[o._id], ins[0], out_slot)
     elif op == "matmul":
         a, b = o._inputs
         src = plan.fold.get(o._id, root(b))  # storage read for B (reshapes are views)
@@ -308,3 +311,26 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
                          + ([("status",)] if guarded else [])))
     else:
         raise NotImplementedError(f"op {op!r}")
+
+
+def _lower_q4(plan: Plan, o: MLOperand, w: MQ.Q4Weight, a_slot: Slot, out_slot: Slot) -> None:
+    """A one-row product with 4-bit weights: codes, scales (and zero-point terms) repacked
+    by column at upload, a launch per chunk of columns within the binding limit."""
+    per = max(8, (plan.max_binding // (w.K // 2)) // 8 * 8)
+    lanes = 8 if plan.target.cpu else 32
+    for c, n0 in enumerate(range(0, w.N, per)):
+        nc = min(per, w.N - n0)
+        key = (w.dq._id, c)
+        slots = [("const", ("Q4", *key)), ("const", ("Q4S", *key))]
+        plan.consts.setdefault(slots[0], Deferred(nc * w.K // 8,
+                                                  partial(MQ.repack_codes, w, n0, nc)))
+        blocks_n = nc * (w.K // w.block)
+        plan.consts.setdefault(slots[1], Deferred(blocks_n,
+                                                  partial(MQ.repack_scales, w, n0, nc, False)))
+        if w.zero_points:
+            slots.append(("const", ("Q4Z", *key)))
+            plan.consts.setdefault(slots[2], Deferred(blocks_n,
+                                                      partial(MQ.repack_scales, w, n0, nc, True)))
+        k = QK.gemv_q4(w.K, nc, w.block, signed=w.signed, zero_points=w.zero_points,
+                       lanes=lanes, wg=256, subgroup=plan.target.subgroup, n_off=n0)
+        plan.launches.append(KernelLaunch(k, [a_slot] + slots + [out_slot]))

@@ -18,6 +18,7 @@ from . import fusion
 from . import gemv as GV
 from .match_attention import last2_transpose_input, match_attention
 from .match_gdn import match_gated_delta
+from .match_q4 import match_q4
 from .plan import Plan, Slot
 
 
@@ -154,8 +155,15 @@ def gated_delta(plan: Plan, st: PassState) -> None:
     st.absorbed |= {x._id for m in plan.gdn.values() for x in m.absorbed}
 
 
+def q4_gemvs(plan: Plan, st: PassState) -> None:
+    """One-row products with 4-bit constant weights read the codes (``match_q4``): their
+    dequantizeLinear is then read by nothing and never launched (``planning.live_steps``)."""
+    if plan.options.q4_gemv != "generic":
+        plan.q4 = match_q4(st.nodes)
+
+
 #: the passes after ``place_results``, in order: each sees what the earlier ones absorbed
-PASSES = (fold_transposes, fuse_loops, decode_attention, stack_gemvs, residual_epilogues,
+PASSES = (fold_transposes, q4_gemvs, fuse_loops, decode_attention, stack_gemvs, residual_epilogues,
           gemv_prologues, group_row_writes, gated_delta)
 
 
