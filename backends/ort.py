@@ -141,6 +141,8 @@ class _KernelBytes:
         n = 1
         for d in dims:
             n *= size[d] if isinstance(d, str) else d
+        if elem in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4):
+            return -(-n // 2)  # two a byte (NumPy's int4 type takes one)
         return n * onnx.helper.tensor_dtype_to_np_dtype(elem).itemsize
 
     def _total(self, depth: int) -> int:

@@ -186,3 +186,12 @@ def test_standard_flavour_through_onnx_reference(tiny_q4):
     wl, graphs = tiny_q4
     ev = ReferenceEvaluator(str(graphs[E.STANDARD]))
     assert _decode(wl, graphs[E.STANDARD], E.STANDARD, lambda f: ev.run(None, f)) < TOL
+
+
+def test_ort_kernel_bytes_count_int4_at_half_a_byte(tiny_q4):
+    from backends.ort import _KernelBytes
+
+    wl, graphs = tiny_q4
+    kb = _KernelBytes(graphs[E.STANDARD], shared=False)
+    k, n = wl.weights["layers.1.q_proj"].shape
+    assert kb._nbytes("layers.1.q_proj.q4", 0) == k * n // 2

@@ -190,3 +190,77 @@ def test_converter_maps_blocked_dequantizelinear(ctx, zero_point):
     ctx.dispatch(cg.graph, {"x": t_in}, {"y": t_out})
     got = ctx.read_tensor(t_out)
     assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
+
+
+@pytest.mark.parametrize("gemv,gemvs", [("rows", 2), ("cols", 4)])
+def test_4bit_projections_stack_and_take_the_residual(ctx_with, gemv, gemvs):
+    """A layer's shape in small: with the GPU gemv passes (rows), q, k, v of one vector in
+    one launch (their columns stacked) and an output projection writing x + W·o (no add
+    launch); without them (a CPU adapter's cols), one launch each and the add."""
+    k, sizes = 64, (32, 16, 24)
+    ctx = ctx_with(gemv=gemv)
+    b = MLGraphBuilder(ctx)
+    x = RNG.standard_normal((1, k)).astype(np.float32)
+    xi = b.input("x", data_type="float32", shape=[1, k])
+    outs, wants = {}, {}
+    for j, n in enumerate(sizes):
+        codes = _codes("int4", (k, n))
+        scale = RNG.uniform(0.005, 0.1, size=(k // 32, n)).astype(np.float32)
+        zp = np.zeros(scale.shape, np.int64)
+        w = b.dequantize_linear(_const(b, "int4", codes),
+                                b.constant(data_type="float32", shape=[k // 32, n],
+                                           value=scale), _const(b, "int4", zp))
+        outs[f"y{j}"] = b.matmul(xi, w)
+        wants[f"y{j}"] = x.astype(np.float64) @ _want(codes, scale, zp)
+    codes = _codes("int4", (24, k))
+    scale = RNG.uniform(0.005, 0.1, size=(3, k)).astype(np.float32)
+    zp = np.zeros(scale.shape, np.int64)
+    wo = b.dequantize_linear(_const(b, "int4", codes),
+                             b.constant(data_type="float32", shape=[3, k], value=scale),
+                             _const(b, "int4", zp))
+    z = b.add(xi, b.matmul(outs["y2"], wo))  # read by a product, not an output itself
+    outs["z"] = b.mul(z, z)
+    wants["z"] = (x + wants["y2"] @ _want(codes, scale, zp)) ** 2
+    g = b.build(outs)
+    t_in = ctx.create_tensor(data_type="float32", shape=[1, k], writable=True)
+    ctx.write_tensor(t_in, x)
+    t_out = {n: ctx.create_tensor(data_type="float32", shape=o.shape, readable=True)
+             for n, o in outs.items()}
+    ctx.dispatch(g, {"x": t_in}, t_out)
+    for n, t in t_out.items():
+        got = ctx.read_tensor(t)
+        assert np.max(np.abs(got - wants[n])) <= 1e-5 * np.max(np.abs(wants[n])), n
+    names = [la.kernel.name for la in g._plan.launches]
+    assert names.count("gemv_q4") == gemvs and len(names) == gemvs + 1, names
+
+
+@pytest.mark.parametrize("gemv", [None, "rows_sh"])
+@pytest.mark.parametrize("page", ["wgpu:stateful", "wgpu:stateless"])
+def test_q4_pages_match_the_reference(page, gemv):
+    """tiny+q4's standard graph on the pages, the adapter's gemv kernels and the GPU ones
+    (forced: 4-bit q/k/v and gate/up stacked, residuals written by the o and down
+    projections); no dequantizeLinear is launched, the logits are the reference's."""
+    from backends.pages import StatefulInPlace, StatelessCopy
+    from backends.webnn.wgpu_impl.options import KernelOptions
+    from model.reference import Reference
+    from model.workload import Workload, preset, token_stream
+
+    wl = Workload.build(preset("tiny+q4"), seed=2)
+    cls = {"wgpu:stateful": StatefulInPlace, "wgpu:stateless": StatelessCopy}[page]
+    b = cls(options=KernelOptions(gemv=gemv))
+    b.prepare(wl, 24)
+    try:
+        plan = b.converted.graph._plan
+        names = [la.kernel.name for la in plan.launches if hasattr(la, "kernel")]
+        assert "dequantize_linear" not in names and "gemv_q4" in names
+        if gemv:
+            assert max(len(g) for g in plan.stacked.values()) >= 3
+            assert len([g for g in plan.epilogue if g in plan.q4]) >= 2 * len(wl.config.layers)
+        ref = Reference(wl.config, wl.weights, 24)
+        b.reset()
+        for tok in token_stream(wl.config, 4, seed=9):
+            want = ref.step(int(tok))
+            got = np.asarray(b.step(int(tok)), np.float64)
+            assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+    finally:
+        b.close()

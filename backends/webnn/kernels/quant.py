@@ -61,10 +61,12 @@ def dequantize_linear(kind: str, shape: Sequence[int], block: Sequence[int], out
 
 def gemv_q4(K: int, N: int, block: int, *, signed: bool, zero_points: bool, lanes: int = 32,
             wg: int = 256, subgroup: int | None = None, residual: bool = False,
-            n_off: int = 0) -> Kernel:
+            n_off: int = 0, splits: Sequence[int] | None = None) -> Kernel:
     """out[n] = sum_k a[k] · W[k, n] for one input row, W a 4-bit matrix dequantised in
     registers (no float weights are ever written). ``N`` columns from ``n_off`` of the
-    output (a chunk of a matrix beyond the binding limit).
+    output (a chunk of a matrix beyond the binding limit). ``splits``: the rows are several
+    matrices' stacked (a layer's q, k and v projections of one input), row counts in order;
+    their outputs are the last bindings.
 
     Bindings: ``a`` (K floats, as vec4), ``b`` (the codes repacked (N, K): row n is K/8 u32
     words, element k in nibble k % 8 of word k / 8), ``sc`` (the scales (N, K/block)),
@@ -89,7 +91,10 @@ def gemv_q4(K: int, N: int, block: int, *, signed: bool, zero_points: bool, lane
     if residual:
         src += decl(nxt, "res", "f32", "read")
         nxt += 1
-    src += decl(nxt, "out", "f32", "rw")
+    outs = list(splits) if splits else [N]
+    assert not (splits and (residual or n_off)) and sum(outs) == N
+    for j in range(len(outs)):
+        src += decl(nxt + j, f"out{j}" if splits else "out", "f32", "rw")
     if signed:  # each nibble moved to the top of an i32, shifted back arithmetically
         unpack = ("fn lo(w: u32) -> vec4<f32> {\n"
                   "  return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(w << 28u, w << 24u, "
@@ -126,10 +131,20 @@ def gemv_q4(K: int, N: int, block: int, *, signed: bool, zero_points: bool, lane
         src += ("  sh[lid] = acc;\n  workgroupBarrier();\n  var s = 0.0;\n"
                 f"  if (t == 0u) {{\n    for (var j = 0u; j < {lanes}u; j = j + 1u) "
                 "{ s = s + sh[lid + j]; }\n  }\n")
-    o = f"{n_off}u + n"
-    val = f"s + res[{o}]" if residual else "s"
-    src += f"  if (t == 0u && n < {N}u) {{ out[{o}] = {val}; }}\n}}\n"
+    if not splits:
+        o = f"{n_off}u + n"
+        val = f"s + res[{o}]" if residual else "s"
+        src += f"  if (t == 0u && n < {N}u) {{ out[{o}] = {val}; }}\n}}\n"
+    else:
+        src += "  if (t == 0u) {\n"
+        start = 0
+        for j, nj in enumerate(outs):
+            kw = "if" if j == 0 else "} else if"
+            src += f"    {kw} (n < {start + nj}u) {{ out{j}[n - {start}u] = s;\n"
+            start += nj
+        src += "    }\n  }\n}\n"
     traffic = 4 * K + N * K // 2 + 4 * N * nblocks * (2 if zero_points else 1) \
         + 4 * N * (2 if residual else 1)
-    binds = ["read", "read", "read"] + ["read"] * zero_points + ["read"] * residual + ["rw"]
+    binds = (["read", "read", "read"] + ["read"] * zero_points + ["read"] * residual
+             + ["rw"] * len(outs))
     return Kernel("gemv_q4", src, binds, (gx, 1, 1), traffic)

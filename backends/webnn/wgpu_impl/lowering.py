@@ -111,7 +111,7 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
     ins = [slot_of(r) for r in reads]
     guarded = pp is not None and has_check
     add = plan.launches.append
-    if o._id in plan.stacked:
+    if o._id in plan.stacked and o._id not in plan.q4:
         group = plan.stacked[o._id]
         parts = [GV.const_weight(m, plan.fold) for m in group]
         sizes = [m._shape[-1] for m in group]
@@ -161,7 +161,7 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
         slots = [s for j, s in enumerate(ins) if j != alias] + [out_slot]
         add(KernelLaunch(k, slots + ([("status",)] if guarded else [])))
     elif o._id in plan.q4:
-        _lower_q4(plan, o, plan.q4[o._id], ins[0], out_slot)
+        _lower_q4(plan, plan.stacked.get(o._id, [o]), ins[0], slot_of)
     elif op == "matmul":
         a, b = o._inputs
         src = plan.fold.get(o._id, root(b))  # storage read for B (reshapes are views)
@@ -313,24 +313,40 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
         raise NotImplementedError(f"op {op!r}")
 
 
-def _lower_q4(plan: Plan, o: MLOperand, w: MQ.Q4Weight, a_slot: Slot, out_slot: Slot) -> None:
-    """A one-row product with 4-bit weights: codes, scales (and zero-point terms) repacked
-    by column at upload, a launch per chunk of columns within the binding limit."""
-    per = max(8, (plan.max_binding // (w.K // 2)) // 8 * 8)
+def _lower_q4(plan: Plan, members: list[MLOperand], a_slot: Slot, slot_of: Any) -> None:
+    """One-row products with 4-bit weights: codes, scales (and zero-point terms) repacked
+    by column at upload. One product: a launch per chunk of columns within the binding
+    limit, a residual add written by it (``plan.epilogue``). Several (``plan.stacked``):
+    their columns stacked, one launch writing each output."""
+    ws = [plan.q4[m._id] for m in members]
+    w0 = ws[0]
+    K, N = w0.K, sum(w.N for w in ws)
+    per = N if len(ws) > 1 else max(8, (plan.max_binding // (K // 2)) // 8 * 8)
     lanes = 8 if plan.target.cpu else 32
-    for c, n0 in enumerate(range(0, w.N, per)):
-        nc = min(per, w.N - n0)
-        key = (w.dq._id, c)
+    dst, res = plan.epilogue.get(members[0]._id, (members[0], None))  # (the add, residual)
+    outs = [slot_of(m) for m in members] if len(ws) > 1 else [slot_of(dst)]
+    for c, n0 in enumerate(range(0, N, per)):
+        nc = min(per, N - n0)
+        parts = [(w, 0, w.N) for w in ws] if len(ws) > 1 else [(w0, n0, nc)]
+        key = (members[0]._id, c)
         slots = [("const", ("Q4", *key)), ("const", ("Q4S", *key))]
-        plan.consts.setdefault(slots[0], Deferred(nc * w.K // 8,
-                                                  partial(MQ.repack_codes, w, n0, nc)))
-        blocks_n = nc * (w.K // w.block)
-        plan.consts.setdefault(slots[1], Deferred(blocks_n,
-                                                  partial(MQ.repack_scales, w, n0, nc, False)))
-        if w.zero_points:
+        plan.consts.setdefault(slots[0], Deferred(nc * K // 8, partial(
+            _stacked, [partial(MQ.repack_codes, *p) for p in parts])))
+        blocks_n = nc * (K // w0.block)
+        plan.consts.setdefault(slots[1], Deferred(blocks_n, partial(
+            _stacked, [partial(MQ.repack_scales, *p, False) for p in parts])))
+        if w0.zero_points:
             slots.append(("const", ("Q4Z", *key)))
-            plan.consts.setdefault(slots[2], Deferred(blocks_n,
-                                                      partial(MQ.repack_scales, w, n0, nc, True)))
-        k = QK.gemv_q4(w.K, nc, w.block, signed=w.signed, zero_points=w.zero_points,
-                       lanes=lanes, wg=256, subgroup=plan.target.subgroup, n_off=n0)
-        plan.launches.append(KernelLaunch(k, [a_slot] + slots + [out_slot]))
+            plan.consts.setdefault(slots[2], Deferred(blocks_n, partial(
+                _stacked, [partial(MQ.repack_scales, *p, True) for p in parts])))
+        k = QK.gemv_q4(K, nc, w0.block, signed=w0.signed, zero_points=w0.zero_points,
+                       lanes=lanes, wg=256, subgroup=plan.target.subgroup,
+                       residual=res is not None, n_off=n0 if len(ws) == 1 else 0,
+                       splits=[w.N for w in ws] if len(ws) > 1 else None)
+        plan.launches.append(KernelLaunch(k, [a_slot] + slots + (
+            [slot_of(res)] if res is not None else []) + outs))
+
+
+def _stacked(parts: list[Callable[[], np.ndarray]]) -> np.ndarray:
+    """The stacked contents of several repacked constants (made at upload)."""
+    return np.concatenate([p() for p in parts])

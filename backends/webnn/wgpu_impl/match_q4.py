@@ -30,6 +30,11 @@ class Q4Weight:
     zero_points: bool  # any zero point non-zero (else the kernel leaves its term out)
 
     @property
+    def format(self) -> tuple[int, bool, bool]:
+        """What one kernel needs alike across stacked products."""
+        return (self.block, self.signed, self.zero_points)
+
+    @property
     def codes(self) -> MLOperand:
         return self.dq._inputs[0]
 

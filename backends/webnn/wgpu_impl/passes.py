@@ -102,7 +102,7 @@ def _gpu_gemv(plan: Plan) -> bool:
 def stack_gemvs(plan: Plan, st: PassState) -> None:
     """Matrix-vector products of one input against stacked weights: one launch."""
     if _gpu_gemv(plan):
-        plan.stacked = GV.stacked_gemvs(st.nodes, plan.fold, plan.max_binding)
+        plan.stacked = GV.stacked_gemvs(st.nodes, plan.fold, plan.max_binding, plan.q4)
     st.absorbed |= {x._id for ms in plan.stacked.values() for x in ms[1:]}
 
 
@@ -110,7 +110,8 @@ def residual_epilogues(plan: Plan, st: PassState) -> None:
     """Residual adds folded into the matrix-vector product feeding them."""
     if _gpu_gemv(plan):
         plan.epilogue = GV.residual_epilogues(st.nodes, plan.fold, st.inlined, plan.groups,
-                                              st.pinned | st.absorbed, set(plan.stacked))
+                                              st.pinned | st.absorbed, set(plan.stacked),
+                                              set(plan.q4))
     st.absorbed |= {add._id for add, _ in plan.epilogue.values()}
 
 
