@@ -5,7 +5,8 @@
 #   ./statebench.sh test [pytest flags...]           the test suite
 #
 # Setup (idempotent): create .venv, `pip install -e .[test,webgpu]`, and — as root, when wgpu
-# finds no adapter — `apt-get install -y mesa-vulkan-drivers` (lavapipe, a CPU Vulkan driver).
+# finds no adapter — `apt-get install -y mesa-vulkan-drivers` (lavapipe, a CPU Vulkan driver);
+# where Dawn finds none on Debian 12, Mesa 25's lavapipe from bookworm-backports (setup_dawn).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -60,6 +61,27 @@ setup_vulkan() {
   fi
 }
 
+# Dawn (the dawn:* backends, wgpudawn) refuses Mesa 22's lavapipe, Debian 12's stock one; Mesa
+# 25's from bookworm-backports works for it and for wgpu-native (docs/dawn.md). Installed as
+# root on Debian 12 where Dawn finds no adapter; elsewhere only said.
+setup_dawn() {
+  if "$VENV/bin/python" -c 'import sys, wgpudawn
+sys.exit(0 if wgpudawn.gpu.request_adapter_sync() is not None else 1)' >/dev/null 2>&1; then
+    return
+  fi
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null &&
+     grep -qs 'VERSION_CODENAME=bookworm' /etc/os-release; then
+    say "Dawn finds no adapter: installing mesa-vulkan-drivers from bookworm-backports (Mesa 25)"
+    echo 'deb http://deb.debian.org/debian bookworm-backports main' \
+      >/etc/apt/sources.list.d/bookworm-backports.list
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+      apt-get install -y -qq -t bookworm-backports mesa-vulkan-drivers
+  else
+    say "Dawn (wgpudawn) finds no adapter; the dawn backends will be unavailable (on Debian 12," \
+        "as root: mesa-vulkan-drivers from bookworm-backports)"
+  fi
+}
+
 # the Vulkan loader complains without a runtime dir
 if [ -z "${XDG_RUNTIME_DIR:-}" ] || [ ! -d "$XDG_RUNTIME_DIR" ]; then
   export XDG_RUNTIME_DIR="${TMPDIR:-/tmp}/statebench-xdg-$(id -u)"
@@ -72,11 +94,13 @@ case "$cmd" in
   run)
     setup_venv
     setup_vulkan
+    setup_dawn
     exec "$VENV/bin/statebench" run "$@"
     ;;
   test)
     setup_venv
     setup_vulkan
+    setup_dawn
     exec "$VENV/bin/python" -m pytest -q "$@"
     ;;
   *)

@@ -54,6 +54,12 @@ class Backend(ABC):
     def available(cls) -> tuple[bool, str]:
         """(True, "") or (False, why not): an uninstalled package, no adapter, no device."""
 
+    @classmethod
+    def runs_on(cls) -> str:
+        """The engine that runs it, its version and the backend API under it, where it can
+        tell ("" otherwise); `statebench backends` shows it."""
+        return ""
+
     @abstractmethod
     def prepare(self, workload: Workload, capacity: int) -> None:
         """Build graphs/sessions and allocate buffers for a fixed cache capacity."""

@@ -184,6 +184,13 @@ class _OrtBackend(Backend):
             return bool(devices), why
         return True, ""
 
+    @classmethod
+    def runs_on(cls) -> str:
+        if ort is None:
+            return ""
+        ep = {"cpu": "CPU EP", "webgpu": "WebGPU EP (on Dawn, built into the plugin)"}
+        return f"ONNX Runtime {ort.__version__}, {ep[cls.provider]}"
+
     def __init__(self) -> None:
         super().__init__()
         self.session = None

@@ -1,4 +1,4 @@
-"""The four ways a WebNN page carries decode state across steps, on the wgpu WebNN backend.
+"""The four ways a WebNN page carries decode state across steps, on the WebNN implementation.
 
 Each mode is what a page would write: convert the standard-flavour ONNX once
 (`backends.webnn.onnx_converter`), create MLTensors, then per token write the ids/position,
@@ -14,6 +14,9 @@ Each mode is what a page would write: convert the standard-flavour ONNX once
   caches leave the interface, the page binds ids, position and logits only.
 - `wgpu:fallback`   the same page code as stateful on a context without state support:
   `is_stateful` comes back False and the page binds the pairs as `reuse` does (§2 rule 1).
+
+Each mode runs on both WebGPU engines: `wgpu:*` on wgpu-native, `dawn:*` (the same classes,
+`engine = "dawn"`) on Dawn, Chrome's engine (docs/dawn.md).
 
 Bytes are never computed here: the context counts them where they move, and each backend
 call adds the context's deltas to `self.counters`.
@@ -53,6 +56,8 @@ class _Page(Backend):
     request_state = False
     #: keep the caches in host arrays and copy them both ways every step
     host_cache = False
+    #: the WebGPU engine of the context (backends.webnn.engines: "wgpu", "dawn")
+    engine = "wgpu"
 
     def __init__(self, onnx_path: str | os.PathLike | None = None, timing: bool = True,
                  options: KernelOptions | None = None) -> None:
@@ -73,7 +78,7 @@ class _Page(Backend):
 
     @classmethod
     def available(cls) -> tuple[bool, str]:
-        adapter, why = wgpu_adapter()
+        adapter, why = wgpu_adapter(cls.engine)
         if adapter is None:
             return False, why
         try:
@@ -81,6 +86,15 @@ class _Page(Backend):
         except ImportError as exc:
             return False, f"the WebNN wgpu backend cannot be imported ({exc})"
         return True, ""
+
+    @classmethod
+    def runs_on(cls) -> str:
+        from backends.webnn.engines import ENGINES
+
+        eng = ENGINES[cls.engine]
+        adapter, _ = wgpu_adapter(cls.engine)
+        api = dict(adapter.info).get("backend_type", "?") if adapter is not None else "no adapter"
+        return f"{eng.version()}, {api}"
 
     # -- counting ---------------------------------------------------------------------------
 
@@ -107,7 +121,8 @@ class _Page(Backend):
         else:
             path = self.onnx_path
         self.context = webnn.ml.create_context(state_support=self.state_support, timing=self.timing,
-                                               options=self.options)
+                                               options=self.options, engine=self.engine)
+        self.details["engine"] = self.context.engine_info
         # what the point ran with: every knob, None where the adapter chose
         self.details["kernel_options"] = self.context.options.as_dict()
         reason = getattr(self.context, "gpu_time_reason", "")
@@ -278,3 +293,13 @@ class StatefulFallback(_Page):
     name = "wgpu:fallback"
     request_state = True
     state_support = False
+
+
+#: the same four pages on Dawn: one class each, the engine the only difference
+DAWN_PAGES: dict[str, type[_Page]] = {}
+for _page in (StatelessCopy, TensorReuse, StatefulInPlace, StatefulFallback):
+    _cls = type(f"Dawn{_page.__name__}", (_page,), {
+        "name": _page.name.replace("wgpu:", "dawn:"), "engine": "dawn",
+        "__module__": __name__, "__doc__": f"{(_page.__doc__ or '').strip()} On Dawn.",
+    })
+    DAWN_PAGES[_cls.name] = register(_cls)

@@ -11,7 +11,8 @@ if [ -f "$icd" ]; then
   export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
 fi
 py=${PYTHON:-python3}
-if [ -d .whl ] && ! "$py" -c "import wgpu, onnxruntime_ep_webgpu" 2>/dev/null; then
+# (wgpudawn: the dawn:* backends; prepare.sh needs EXTRA_WHEELS=wgpudawn==0.32.0.4 for it)
+if [ -d .whl ] && ! "$py" -c "import wgpu, wgpudawn, onnxruntime_ep_webgpu" 2>/dev/null; then
   "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site:$PWD
 fi

@@ -1,17 +1,28 @@
-"""Fixtures shared by the WebNN test modules."""
+"""Fixtures shared by the WebNN test modules.
+
+``STATEBENCH_ENGINE=dawn`` runs the WebNN tests' contexts on Dawn instead of wgpu-native
+(CI runs them on both: .ci/run). Whatever the engine, every kernel a test compiles is also
+compiled by the other engine's compiler (``_kernels_compile_on_both_engines``).
+"""
+
+import os
 
 import pytest
+
+#: the engine of the WebNN tests' contexts ("wgpu" or "dawn")
+ENGINE = os.environ.get("STATEBENCH_ENGINE", "wgpu")
 
 
 @pytest.fixture(scope="module")
 def ctx():
-    """One WebNN context per test module; skipped with the reason where wgpu has no adapter."""
+    """One WebNN context per test module; skipped with the reason where the engine has no
+    adapter."""
     from backends.webnn import ml
 
     try:
-        c = ml.create_context()
+        c = ml.create_context(engine=ENGINE)
     except Exception as e:  # noqa: BLE001 - any driver failure means "no adapter here"
-        pytest.skip(f"no WebGPU adapter: {e}")
+        pytest.skip(f"no WebGPU adapter ({ENGINE}): {e}")
     c.record_ahead = True  # the GPU's dispatch path (a CPU adapter's default is off)
     yield c
     c.destroy()
@@ -51,12 +62,14 @@ def subgroup_size(ctx) -> int | None:
     import wgpu
 
     dev = ctx._device
-    if "subgroup" not in dev.features:
+    if ctx.engine.subgroup_feature not in dev.features:
         return None
     src = ("@group(0) @binding(0) var<storage, read_write> out: array<u32>;\n"
            "@compute @workgroup_size(64)\n"
            "fn main(@builtin(local_invocation_index) lid: u32, "
            "@builtin(subgroup_size) sz: u32) { out[lid] = sz; }\n")
+    if ctx.engine.enable_subgroups:
+        src = "enable subgroups;\n" + src
     pipe = dev.create_compute_pipeline(
         layout="auto", compute={"module": dev.create_shader_module(code=src), "entry_point": "main"})
     buf = dev.create_buffer(size=256, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC)
@@ -97,3 +110,31 @@ def queue_calls(monkeypatch):
         return n
 
     return start
+
+
+@pytest.fixture(autouse=True)
+def _kernels_compile_on_both_engines(monkeypatch):
+    """Every kernel a test's graphs compile on one engine is also compiled by the other
+    engine's compiler (Tint for wgpu-native contexts, naga for Dawn's), so a kernel only one
+    engine accepts fails the test that built it. Where the other compiler is missing here
+    this check is off, and test_wgsl_engines.py skips with the reason."""
+    try:
+        from backends.webnn.wgpu_impl.context import WgpuContext
+    except ImportError:
+        return
+    from wgsl_compilers import compiler_device, rejection
+
+    from backends.webnn.engines import ENGINES
+
+    own = WgpuContext._pipeline
+
+    def checked(self, wgsl: str, bindings: list[str]):
+        if wgsl not in self._pipelines:
+            other = "dawn" if self.engine.name == "wgpu" else "wgpu"
+            if compiler_device(other)[0] is not None:
+                err = rejection(other, wgsl)
+                eng = ENGINES[other]
+                assert not err, f"{eng.compiler} ({eng.implementation}) rejects a kernel: {err}"
+        return own(self, wgsl, bindings)
+
+    monkeypatch.setattr(WgpuContext, "_pipeline", checked)

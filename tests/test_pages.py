@@ -10,7 +10,13 @@ import numpy as np
 import pytest
 
 from backends.base import DepthState
-from backends.pages import StatefulFallback, StatefulInPlace, StatelessCopy, TensorReuse
+from backends.pages import (
+    DAWN_PAGES,
+    StatefulFallback,
+    StatefulInPlace,
+    StatelessCopy,
+    TensorReuse,
+)
 from backends.webnn.wgpu_impl.options import KernelOptions
 from model.reference import Reference
 from model.workload import Workload, cache_specs, preset, token_stream
@@ -228,6 +234,29 @@ def test_gpu_gemv_norms_in_one_launch_each():
         assert_steps_match(b, "stateful, norms in one launch")
     finally:
         b.close()
+
+
+DAWN_OK, DAWN_WHY = DAWN_PAGES["dawn:stateless"].available()
+
+
+@pytest.mark.skipif(not DAWN_OK, reason=f"no Dawn adapter: {DAWN_WHY}")
+@pytest.mark.parametrize("name", list(DAWN_PAGES))
+def test_dawn_pages_match_reference_and_record_the_engine(name):
+    """The same four pages on Dawn (docs/dawn.md) compute the reference's logits after a
+    written (or dispatched) depth, keep the same byte counts as on wgpu-native, and record
+    their engine per point."""
+    counts = {}
+    for cls in (DAWN_PAGES[name], MODES[name.replace("dawn:", "wgpu:")]):
+        b = prepared(cls, CAPACITY)
+        try:
+            assert_steps_match(b, cls.name)
+            counts[cls.engine] = b.counters.snapshot()
+            eng = b.details["engine"]
+            assert eng["engine"] == cls.engine and eng["version"] and eng["backend_api"]
+            assert isinstance(eng["features_lacking"], list)
+        finally:
+            b.close()
+    assert counts["dawn"] == counts["wgpu"]
 
 
 def test_stateful_details(backend):

@@ -85,6 +85,13 @@ def test_pow(ctx):
     e = np.array([2.0, 3.0, -1.0], np.float32)
     got = run(ctx, lambda bl, a, b: bl.pow(a, b), {"a": a2, "b": e})
     atol_close(got, np.power(a2, e), atol=1e-5, rtol=1e-5)
+    # a negative base with a fractional exponent is NaN (IEEE pow), a runtime NaN in the
+    # kernel since WGSL forbids a constant one
+    neg = -rand([2, 3], lo=0.5, hi=2.0)
+    got = run(ctx, lambda bl, a, b: bl.pow(a, b), {"a": neg, "b": np.array([0.5, 1.5, 2.0],
+                                                                           np.float32)})
+    assert np.isnan(got[:, :2]).all()
+    atol_close(got[:, 2], neg[:, 2] ** 2, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("op,ref,lo,hi,tol", [
@@ -207,6 +214,25 @@ def test_reduce(ctx, op, ref, shape, axes, keep):
     atol_close(got, np.asarray(want).reshape(got.shape), atol=1e-5, rtol=1e-5)
     if axes is None:
         assert got.shape == ()  or got.shape == (1,) or got.size == 1
+
+
+@pytest.mark.parametrize("dt", ["float32", "int32"])
+def test_reduce_max_min_extremes(ctx, dt):
+    """max and min start from each row's first element, not from an infinity (which WGSL
+    cannot write as a constant): rows of -inf (max), +inf (min) and the type's extremes."""
+    if dt == "float32":
+        x = rand([4, 70])
+        x[0, :] = -np.inf
+        x[1, :] = np.inf
+        x[2, 5] = np.finfo(np.float32).min
+        x[3, 9] = np.finfo(np.float32).max
+    else:
+        x = rand([4, 70], dt, -20, 20)
+        x[0, :] = np.iinfo(np.int32).min
+        x[1, :] = np.iinfo(np.int32).max
+    for op, ref in (("reduce_max", np.max), ("reduce_min", np.min)):
+        got = run(ctx, lambda bl, x, op=op: getattr(bl, op)(x, axes=[1]), {"x": x})
+        np.testing.assert_array_equal(got, ref(x, axis=1))
 
 
 def test_reduce_int(ctx):

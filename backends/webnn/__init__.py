@@ -32,7 +32,9 @@ Deviations (each marked DEVIATION in the code):
   MLGraph.device_bytes, MLContext.counters (bytes moved, ByteCounters with snapshot() and
   reset()), MLContext.gpu_time_ns / gpu_time_reason, and create_context(options=...): the
   wgpu implementation's kernel variants and modes (``wgpu_impl.options.KernelOptions``),
-  kept by the context as MLContext.options.
+  kept by the context as MLContext.options; create_context(engine=...): the WebGPU engine
+  ("wgpu": wgpu-native, "dawn": Dawn; docs/dawn.md), and MLContext.engine_info (the engine,
+  its version, its native API, the features it lacks).
 
 Implementation notes: kernels are WGSL generated per shape at build time; a dispatch is
 one command encoder and one queue.submit; reshapes are views; matmul with M == 1 and
@@ -76,15 +78,17 @@ class ML:
     # IDL: Promise<MLContext> createContext(optional MLContextOptions options = {});
     def create_context(self, *, state_support: bool = True, timing: bool = False,
                        power_preference: str = "high-performance",
-                       options: KernelOptions | None = None) -> MLContext:
-        """A wgpu-backed context. ``state_support=False`` acts as a backend without the
+                       options: KernelOptions | None = None,
+                       engine: str = "wgpu") -> MLContext:
+        """A WebGPU-backed context. ``state_support=False`` acts as a backend without the
         proposal (use_stateful never granted); ``timing=True`` records GPU time;
         ``options`` (statebench extension, implementation-specific) picks kernel variants
-        and modes (None: each per adapter)."""
+        and modes (None: each per adapter); ``engine``: "wgpu" (wgpu-native) or "dawn"
+        (Dawn, through wgpudawn; ``engines.py``)."""
         from .wgpu_impl import WgpuContext
 
         return WgpuContext(state_support=state_support, timing=timing,
-                           power_preference=power_preference, options=options)
+                           power_preference=power_preference, options=options, engine=engine)
 
 
 ml = ML()

@@ -5,18 +5,22 @@ from __future__ import annotations
 from typing import Any
 
 
-def wgpu_adapter() -> tuple[object | None, str]:
-    """(adapter, "") or (None, why there is none): wgpu missing, a driver error, no adapter."""
+def wgpu_adapter(engine: str = "wgpu") -> tuple[object | None, str]:
+    """(adapter, "") or (None, why there is none): the engine's module missing, a driver
+    error, no adapter. ``engine``: "wgpu" (wgpu-native) or "dawn" (``engines.py``)."""
+    from .engines import ENGINES
+
+    eng = ENGINES[engine]
     try:
-        import wgpu
+        eng.api()
     except Exception as exc:  # noqa: BLE001 - any import failure means "not installed"
-        return None, f"wgpu is not installed ({exc})"
+        return None, f"{eng.module} is not installed ({exc})"
     try:
-        adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+        adapter = eng.request_adapter()
     except Exception as exc:  # noqa: BLE001 - any driver failure means "no adapter"
-        return None, f"wgpu has no adapter ({' '.join(str(exc).split())})"
+        return None, f"{eng.module} has no adapter ({' '.join(str(exc).split())})"
     if adapter is None:
-        return None, "wgpu has no adapter"
+        return None, f"{eng.module} has no adapter"
     return adapter, ""
 
 

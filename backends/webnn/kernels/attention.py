@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .common import Kernel, decl, lowest
+from .common import Kernel, decl, neg_inf
 from .fused import FusedOp, Leaf, functions, leaf_decls
 
 WG = 128  # pass 1 workgroup
@@ -148,7 +148,7 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
         fn_call = f"v{last}(si, raw)" if takes_s else f"v{last}(si)"
     src += decl(len(bindings), "part", vt, "rw")
     bindings.append("rw")
-    low = lowest("f32")
+    low = neg_inf()
     pw = P // 4 if vec else P  # partial words per (row, split)
     # K row loads issued U at a time before use: enough bytes in flight per invocation
     U = next(u for u in (16, 8, 4, 2, 1) if LW % u == 0)
@@ -398,7 +398,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   for (var s = lid; s < {ns}u; s = s + {WG2}u) {{ w[s] = {m_of}; ls[s] = {l_of}; }}
   workgroupBarrier();
   if (lid == 0u) {{
-    var mx = {lowest("f32")};
+    var mx = {neg_inf()};
     for (var s = 0u; s < {ns}u; s = s + 1u) {{ mx = max(mx, w[s]); }}
     var l = 0.0;
     for (var s = 0u; s < {ns}u; s = s + 1u) {{

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -77,14 +78,34 @@ def esize(t: str) -> int:
     return 2 if t == "f16" else 4
 
 
-def lowest(t: str) -> str:
-    return {"f32": "bitcast<f32>(0xff800000u)", "f16": "f16(bitcast<f32>(0xff800000u))",
-            "i32": "(-2147483647 - 1)", "u32": "0u"}[t]
+#: Bit patterns a kernel may need as f32 values that WGSL cannot write as constants: a
+#: const-expression may not be NaN or infinite (a shader-creation error in Tint; naga accepts
+#: it). Each is held in a private variable, declared by ``module_source`` in the kernels
+#: that name it; reading a variable is a runtime expression, whose value may be either.
+SPECIALS = {"sb_neg_inf": 0xFF800000, "sb_nan": 0x7FC00000}
 
 
-def highest(t: str) -> str:
-    return {"f32": "bitcast<f32>(0x7f800000u)", "f16": "f16(bitcast<f32>(0x7f800000u))",
-            "i32": "2147483647", "u32": "4294967295u"}[t]
+def neg_inf() -> str:
+    """-infinity as an f32 runtime value (attention's running maximum starts there)."""
+    return "bitcast<f32>(sb_neg_inf)"
+
+
+_F16_WORD = re.compile(r"\bf16\b")
+_SUBGROUP_CALL = re.compile(r"\bsubgroup[A-Z]\w*\s*\(")
+
+
+def module_source(wgsl: str, enable_subgroups: bool) -> str:
+    """The shader module's full source: the extensions a kernel uses enabled, the special
+    values it names declared. ``enable_subgroups``: the engine's compiler wants ``enable
+    subgroups;`` before subgroup builtins (Tint, as the spec says); naga rejects the
+    directive and accepts the builtins without it (docs/dawn.md)."""
+    head = "enable f16;\n" if _F16_WORD.search(wgsl) else ""
+    if enable_subgroups and _SUBGROUP_CALL.search(wgsl):
+        head += "enable subgroups;\n"
+    for name, bits in SPECIALS.items():
+        if re.search(rf"\b{name}\b", wgsl):
+            head += f"var<private> {name}: u32 = {bits:#010x}u;\n"
+    return head + wgsl
 
 
 def zero(t: str) -> str:

@@ -13,7 +13,8 @@ fn wpow(a: f32, b: f32) -> f32 {
   // WGSL pow is undefined for a < 0; the spec's pow is defined for integral exponents.
   let r = pow(abs(a), b);
   if (a >= 0.0) { return r; }
-  if (b != round(b)) { return bitcast<f32>(0x7fc00000u); }
+  // NaN, as IEEE pow gives; a runtime value (common.SPECIALS): a constant NaN is invalid WGSL
+  if (b != round(b)) { return bitcast<f32>(sb_nan); }
   if ((i32(b) & 1) != 0) { return -r; }
   return r;
 }

@@ -6,7 +6,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .. import shapes as S
-from .common import WG, Kernel, decl, grid, highest, lowest, offset_fn, zero
+from .common import WG, Kernel, decl, grid, offset_fn, zero
+
+#: max and min start from the row's first element (every lane: both are idempotent), so no
+#: lane needs an infinity, which WGSL cannot write as a constant (docs/dawn.md)
+_FROM_FIRST = ("reduce_max", "reduce_min")
 
 _COMBINE = {
     "reduce_sum": "{a} + {b}", "reduce_mean": "{a} + {b}",
@@ -29,7 +33,7 @@ def inline_reduction(op: str, count: int, load: str, wg: int, var: str = "red") 
     string of the index) across one workgroup into ``let {var}`` (f32): for kernels that
     need a whole-vector statistic before their own work (RMSNorm inside a gemv)."""
     comb = _COMBINE[op]
-    init = {"reduce_max": lowest("f32"), "reduce_min": highest("f32")}.get(op, "0.0")
+    init = load.format("0u") if op in _FROM_FIRST else "0.0"
     decls = f"var<workgroup> {var}_sh: array<f32, {wg}>;\n"
     body = (f"  var {var}_acc: f32 = {init};\n"
             f"  for (var j = lid; j < {count}u; j = j + {wg}u) {{\n"
@@ -62,7 +66,6 @@ def reduce(op: str, t: str, in_shape: Sequence[int], axes: Sequence[int],
     rows = S.size([in_shape[i] for i in kept])
     rn = S.size([in_shape[i] for i in red])
     gx, gy, gz = grid(rows, 1)
-    init = {"reduce_max": lowest(t), "reduce_min": highest(t)}.get(op, zero(t))
     comb = _COMBINE[op]
     if source is None:
         src, bindings, load = decl(0, "x", t, "read"), ["read"], "x[{}]"
@@ -70,6 +73,7 @@ def reduce(op: str, t: str, in_shape: Sequence[int], axes: Sequence[int],
         src, bindings, name = source
         bindings = list(bindings)
         load = name + ("({})" if name.startswith("v") else "[{}]")
+    init = load.format("base") if op in _FROM_FIRST else zero(t)  # element 0 is at base
     src += decl(len(bindings), "out", t, "rw")
     bindings.append("rw")
     src += offset_fn("rowoff", [in_shape[i] for i in kept] or [1], [st[i] for i in kept] or [0])
@@ -99,7 +103,7 @@ def softmax(shape: Sequence[int], axis: int, wg: int = WG) -> Kernel:
     src += offset_fn("rowoff", [shape[i] for i in kept] or [1], [st[i] for i in kept] or [0])
     src += f"var<workgroup> sh: array<f32, {wg}>;\n" + _header(gx, wg)
     src += f"  if (row >= {rows}u) {{ return; }}\n  let base = rowoff(row);\n"
-    src += (f"  var m = {lowest('f32')};\n"
+    src += ("  var m = x[base];\n"  # the row's first element: no infinity needed
             f"  for (var j = lid; j < {rn}u; j = j + {wg}u) {{ m = max(m, x[base + j * {sa}u]); }}\n"
             "  sh[lid] = m;\n" + _tree("max({a}, {b})", wg=wg) + "  let mx = sh[0];\n"
             "  workgroupBarrier();\n"

@@ -11,7 +11,6 @@ staging buffers are ``staging``'s.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import numpy as np
@@ -20,7 +19,9 @@ import wgpu
 from .. import shapes as S
 from .._classes import MLContext, MLGraph, MLKVCachePair, MLOperand, MLTensor
 from ..dtypes import DType
+from ..engines import engine as engine_named
 from ..errors import NotSupportedError
+from ..kernels.common import module_source
 from .compiler import Deferred, KernelLaunch, Plan, compile_graph
 from .dispatch import Dispatch
 from .options import KernelOptions
@@ -43,7 +44,6 @@ def _nbytes(nbytes: int) -> int:
     return max(16, -(-nbytes // 16) * 16)
 
 
-_F16_WORD = re.compile(r"\bf16\b")
 
 
 class WgpuTensor(MLTensor):
@@ -115,29 +115,30 @@ class WgpuContext(Dispatch, Readback, MLContext):
 
     def __init__(self, *, state_support: bool = True, timing: bool = False,
                  power_preference: str = "high-performance",
-                 options: KernelOptions | None = None) -> None:
+                 options: KernelOptions | None = None, engine: str = "wgpu") -> None:
         super().__init__()
+        self.engine = engine_named(engine)
         if options is not None and not isinstance(options, KernelOptions):
             raise TypeError(f"options must be a KernelOptions, not {type(options).__name__}")
         #: the knobs every graph of this context is compiled with (statebench extension)
         self.options = options or KernelOptions()
-        adapter = wgpu.gpu.request_adapter_sync(power_preference=power_preference)
+        adapter = self.engine.request_adapter(power_preference)
         if adapter is None:
-            raise NotSupportedError("no WebGPU adapter")
+            raise NotSupportedError(f"no WebGPU adapter ({self.engine.implementation})")
         self._adapter = adapter
         feats = []
         self._timing_reason = ""
         if timing:
             if "timestamp-query" in adapter.features:
                 feats.append("timestamp-query")
-                if "timestamp-query-inside-passes" in adapter.features:
-                    feats.append("timestamp-query-inside-passes")  # per-launch profiles
+                if self.engine.inside_passes_feature in adapter.features:
+                    feats.append(self.engine.inside_passes_feature)  # per-launch profiles
             else:
                 self._timing_reason = "adapter has no 'timestamp-query'"
         else:
             self._timing_reason = "timing not requested (create_context(timing=True))"
-        if "subgroup" in adapter.features:
-            feats.append("subgroup")  # subgroup reductions in the GPU kernels
+        if self.engine.subgroup_feature in adapter.features:
+            feats.append(self.engine.subgroup_feature)  # subgroup reductions in GPU kernels
         #: float16 tensors (WGSL ``f16`` storage) need 'shader-f16'; without it the context
         #: turns float16 down (``_unsupported``), as a browser without it would
         self._f16 = "shader-f16" in adapter.features
@@ -147,11 +148,16 @@ class WgpuContext(Dispatch, Readback, MLContext):
         want = {k: lim[k] for k in ("max-storage-buffer-binding-size", "max-buffer-size",
                                     "max-storage-buffers-per-shader-stage",
                                     "max-compute-workgroup-storage-size") if k in lim}
-        self._device = adapter.request_device_sync(required_features=feats,
-                                                   required_limits=want)
+        #: statebench extension: the features this context asked for that the adapter lacks
+        #: (by the engine's names), so a run says per point what it ran without
+        wanted = ["shader-f16", self.engine.subgroup_feature]
+        if timing:
+            wanted += ["timestamp-query", self.engine.inside_passes_feature]
+        self.features_lacking = [f for f in wanted if f not in adapter.features]
+        self._device = self.engine.request_device(adapter, feats, want)
         self._queue = self._device.queue
         self._max_binding = int(self._device.limits["max-storage-buffer-binding-size"])
-        self._target = target_of(adapter, feats)
+        self._target = target_of(adapter, self.engine.subgroup_feature in feats)
         self.state_support = state_support
         self.submit_every = SUBMIT_EVERY["cpu" if self._target.cpu else "gpu"]
         #: encode the next dispatch's command buffers during this one (``_record_ahead``)
@@ -163,7 +169,8 @@ class WgpuContext(Dispatch, Readback, MLContext):
         #: without wgpu-py's empty submit (``staging.map_read``) unless "separate_sync"
         copy_mode = self.options.read_copy or "dispatch"
         self.read_copy = copy_mode == "dispatch"
-        self._sync_maps = copy_mode == "separate_sync"
+        # (an engine whose map_sync submits nothing maps as "separate" does)
+        self._sync_maps = copy_mode == "separate_sync" and self.engine.submits_before_map
         #: submits and maps of this context's queue (statebench extension: counted per step)
         self.queue_counts = QueueCounts()
         #: the last dispatch's read copy while its outputs are unchanged (``_read_tensors``)
@@ -192,6 +199,14 @@ class WgpuContext(Dispatch, Readback, MLContext):
         return dict(self._adapter.info)
 
     @property
+    def engine_info(self) -> dict:
+        """statebench extension: which WebGPU engine runs this context, its version, the
+        native API under it and the features it lacks (recorded per point)."""
+        return {"engine": self.engine.name, "version": self.engine.version(),
+                "backend_api": str(self.adapter_info.get("backend_type", "")),
+                "features_lacking": list(self.features_lacking)}
+
+    @property
     def gpu_time_reason(self) -> str:
         return self._timing_reason
 
@@ -210,7 +225,7 @@ class WgpuContext(Dispatch, Readback, MLContext):
                  "buffer": {"type": "read-only-storage" if a == "read" else "storage"}}
                 for i, a in enumerate(bindings)])
             # float16 storage or arithmetic (WGSL 'f16') needs the extension enabled
-            code = "enable f16;\n" + wgsl if _F16_WORD.search(wgsl) else wgsl
+            code = module_source(wgsl, self.engine.enable_subgroups)
             module = self._device.create_shader_module(code=code)
             pipe = self._device.create_compute_pipeline(
                 layout=self._device.create_pipeline_layout(bind_group_layouts=[layout]),

@@ -23,11 +23,12 @@ class Target:
     shared_bytes: int = 16384  # workgroup memory per workgroup (WebGPU's default limit)
 
 
-def target_of(adapter: Any, features: Any) -> Target:
+def target_of(adapter: Any, subgroups: bool) -> Target:
+    """``subgroups``: the device has the engine's subgroup feature enabled."""
     info = dict(adapter.info)
     cpu = is_cpu_adapter(adapter)
     sub = None
-    if "subgroup" in features:
+    if subgroups:
         # wgpu-py spells the keys "subgroup_*" (newer) or "stackgroup_*" (0.2x/0.3x)
         lo = info.get("subgroup_min_size", info.get("stackgroup_min_size"))
         hi = info.get("subgroup_max_size", info.get("stackgroup_max_size"))

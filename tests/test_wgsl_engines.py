@@ -1,0 +1,192 @@
+"""Every WGSL kernel the compiler emits compiles with naga (wgpu-native) and with Tint (Dawn).
+
+The kernels come from the compiler itself, not from a list: the graphs are every WebNN op on
+its own (each float op in float32 and float16, integer ops in int32) and the tiny decoder
+(attention and gated delta net; float32, float16 weights, float16 caches; stateful and not),
+each compiled by ``compile_graph`` for CPU and GPU targets (with and without subgroups) under
+every value of every kernel-choosing ``KernelOptions`` knob. A kernel only one engine
+accepts fails here, with the compiler's message. Tint runs on Dawn's Null backend and naga on
+any wgpu-native adapter; where either is missing the test skips with the reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+
+import numpy as np
+import pytest
+from wgsl_compilers import compiler_device, rejection
+
+from backends.webnn.engines import ENGINES
+
+#: values of each kernel-choosing knob (wgpu_impl/options.py documents them); "record_ahead"
+#: and "read_copy" choose how a context submits and reads, not any kernel's source
+OPTION_VALUES: dict[str, list[str | int | None]] = {
+    "gemv": [None, "legacy", "rows", "rows8", "rows_sh", "rows16_sh_u2", "cols", "cols2",
+             "cols4", "cols4g8", "cols8g8", "cols2g4", "cols2g16", "cols4g4", "cols1g8"],
+    "attention": [None, "flash", "unfused", "generic"],
+    "gemv_prologue": [None, "launch", "off", "full", "vector"],
+    "row_writes": [None, "separate"],
+    "attention_splits": [None, 1, 64],
+    "cache_copy": [None, "vec4", "identity", "buffer"],
+    "gemv_weights": [None, "f32", "f16"],
+    "gdn": [None, "generic", "fused", "fused8", "fused64_sh", "fused_norms", "fused16_sh_norms"],
+    "f16_loads": [None, "wide", "vec4"],
+}
+
+
+def _targets():
+    from backends.webnn.wgpu_impl.target import Target
+
+    return {
+        "cpu": Target(cpu=True, shared_bytes=32768),
+        "gpu": Target(cpu=False, subgroup=None, max_storage=8, shared_bytes=16384),
+        "gpu-subgroup32": Target(cpu=False, subgroup=32, vendor="NVIDIA", max_storage=16,
+                                 shared_bytes=49152),
+    }
+
+
+_UNARY = ["sqrt", "exp", "log", "neg", "abs", "sigmoid", "softplus", "tanh", "relu",
+          "reciprocal", "cos", "sin", "floor", "ceil", "erf", "gelu", "identity"]
+_BINARY = ["add", "sub", "mul", "div", "pow", "max", "min"]
+_COMPARE = ["equal", "greater", "greater_or_equal", "lesser", "lesser_or_equal"]
+_REDUCE = ["reduce_mean", "reduce_sum", "reduce_max", "reduce_min"]
+
+
+def _op_graphs(b, dt: str) -> dict[str, object]:
+    """One output per op (and form) on inputs of type ``dt``."""
+    x = b.input("x", data_type=dt, shape=[2, 3, 8])
+    y = b.input("y", data_type=dt, shape=[8])
+    w = b.constant(data_type=dt, shape=[8, 5], value=np.linspace(-1, 1, 40).reshape(8, 5))
+    idx = b.input("idx", data_type="int32", shape=[2])
+    out: dict[str, object] = {}
+    floats = dt != "int32"
+    for op in _BINARY if floats else ["add", "sub", "mul", "max", "min"]:
+        out[op] = getattr(b, op)(x, y)
+    for op in _COMPARE:
+        out[op] = b.cast(getattr(b, op)(x, y), dt)
+    out["logical_not"] = b.cast(b.logical_not(b.greater(x, y)), dt)
+    out["where"] = b.where(b.greater(x, y), x, y)
+    for op in _REDUCE if floats else _REDUCE[1:]:
+        out[op] = getattr(b, op)(x, axes=[2])
+        out[op + "_all"] = getattr(b, op)(x)
+    for to in ("float32", "int32", "uint32") + (("float16",) if floats else ()):
+        out["cast_" + to] = b.cast(b.cast(x, to), dt)
+    out["transpose"] = b.transpose(x, [2, 0, 1])
+    out["concat"] = b.concat([x, x], 1)
+    out["slice"] = b.slice(x, [0, 1, 2], [2, 2, 4])
+    out["gather"] = b.gather(x, idx, 2)
+    out["expand"] = b.expand(y, [3, 8])
+    out["reshape"] = b.add(b.reshape(x, [6, 8]), y)
+    upd = b.input("upd", data_type=dt, shape=[1, 3, 8])
+    pos = b.input("pos", data_type="int32", shape=[1, 1])
+    out["scatter_nd"] = b.scatter_nd(x, pos, upd)
+    if floats:
+        for op in _UNARY:
+            out[op] = getattr(b, op)(x)
+        out["softmax"] = b.softmax(x, 2)
+        out["matmul"] = b.matmul(x, w)  # batched, M > 1
+        v = b.input("v", data_type=dt, shape=[1, 8])
+        out["gemv"] = b.matmul(v, w)  # M == 1, constant weights
+        out["matmul_bt"] = b.matmul(x, b.transpose(x, [0, 2, 1]))
+        c = b.constant(data_type=dt, shape=[5], value=np.linspace(0, 1, 5))
+        out["gemm"] = b.gemm(b.reshape(x, [6, 8]), w, c=c, alpha=0.5, beta=2.0)
+        out["fused_chain"] = b.sigmoid(b.mul(b.add(x, y), b.exp(x)))
+        out["rmsnorm"] = b.mul(x, b.reciprocal(b.sqrt(b.add(
+            b.reduce_mean(b.mul(x, x), axes=[2], keep_dimensions=True), y))))
+    return out
+
+
+class _Capture:
+    """The arguments of every build on a context, for compiling them again."""
+
+    def __init__(self, monkeypatch):
+        from backends.webnn.wgpu_impl.context import WgpuContext
+
+        self.builds: list[tuple] = []
+        own = WgpuContext._build
+
+        def build(ctx, outputs, inputs, pairs, use_stateful):
+            graph = own(ctx, outputs, inputs, pairs, use_stateful)  # only builds that succeed
+            self.builds.append((dict(outputs), dict(inputs), list(pairs),
+                                use_stateful and ctx.state_support))
+            return graph
+
+        monkeypatch.setattr(WgpuContext, "_build", build)
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    """Every distinct kernel source over graphs × targets × option values."""
+    naga, why = compiler_device("wgpu")
+    if naga is None:
+        pytest.skip(why)
+    from backends.webnn import MLGraphBuilder, NotSupportedError, ml
+    from backends.webnn.onnx_converter import convert, list_kv_pairs
+    from backends.webnn.wgpu_impl.compiler import KernelLaunch, compile_graph
+    from backends.webnn.wgpu_impl.options import KernelOptions
+    from model.export import export
+    from model.workload import Workload, preset
+
+    mp = pytest.MonkeyPatch()
+    cap = _Capture(mp)
+    ctx = ml.create_context()
+    try:
+        for dt in ("float32", "float16", "int32"):
+            b = MLGraphBuilder(ctx)
+            outs = _op_graphs(b, dt)
+            if dt == "float16":  # one graph per op: some ops take no float16 (compiler.F16_OPS)
+                for name, o in outs.items():
+                    with contextlib.suppress(NotSupportedError):
+                        b.build({name: o})
+            else:
+                b.build(outs)
+        for name in ("tiny", "tiny+f16", "tiny+f16kv", "tiny+f16+f16kv"):
+            path = export(Workload.build(preset(name)), "standard", 24)
+            pairs = list_kv_pairs(path)
+            convert(path, ctx)
+            convert(path, ctx, use_stateful=True, kv_cache_pairs=pairs)
+    finally:
+        ctx.destroy()
+        mp.undo()
+    found: dict[str, str] = {}  # source -> where it was first made
+    settings = [(None, None)] + [(k, v) for k, vs in OPTION_VALUES.items() for v in vs if v]
+    for (knob, value), (tname, target), (n, args) in itertools.product(
+            settings, _targets().items(), enumerate(cap.builds)):
+        outputs, inputs, pairs, stateful = args
+        options = KernelOptions(**({knob: value} if knob else {}))
+        plan = compile_graph(outputs, pairs, stateful, inputs, 1 << 27, target=target,
+                             options=options)
+        for la in plan.launches:
+            if isinstance(la, KernelLaunch):
+                found.setdefault(la.kernel.wgsl, f"{la.kernel.name} (build {n}, {tname}, "
+                                                 f"{knob}={value!r})")
+    return found
+
+
+def test_the_sweep_covers_every_kernel_knob():
+    """Every knob is swept but the two context modes, and every value swept is one the
+    options accept (KernelOptions checks each), so a new knob cannot go unvalidated."""
+    import dataclasses
+
+    from backends.webnn.wgpu_impl.options import KernelOptions
+
+    knobs = {f.name for f in dataclasses.fields(KernelOptions)}
+    assert set(OPTION_VALUES) | {"record_ahead", "read_copy"} == knobs
+    for knob, values in OPTION_VALUES.items():
+        for v in values:
+            KernelOptions(**{knob: v})
+
+
+@pytest.mark.parametrize("engine", list(ENGINES))
+def test_every_kernel_compiles(kernels, engine):
+    device, why = compiler_device(engine)
+    if device is None:
+        pytest.skip(why)
+    assert len(kernels) > 100  # the sweep reached the compiler's variety
+    bad = [(where, err) for src, where in kernels.items() if (err := rejection(engine, src))]
+    eng = ENGINES[engine]
+    assert not bad, (f"{eng.compiler} ({eng.implementation}) rejects {len(bad)} of "
+                     f"{len(kernels)} kernels; first: " + "; ".join(
+                         f"{w}: {e[:300]}" for w, e in bad[:3]))
