@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from .. import shapes as S
 from .common import Kernel, decl, esize, grid, main_1d
+from .matmul import gemv_tail
 
 #: WGSL type of each quantised input's storage words
 STORAGE = {"int4": "u32", "uint4": "u32", "uint8": "u32", "int32": "i32"}
@@ -124,25 +125,7 @@ def gemv_q4(K: int, N: int, block: int, *, signed: bool, zero_points: bool, lane
             "    acc = acc + sc[blk] * (dot(x0, lo(w)) + dot(x1, hi(w)));\n")
     if zero_points:
         src += "    acc = acc + zc[blk] * dot(x0 + x1, vec4<f32>(1.0));\n"
-    src += "  }\n"
-    if use_sub:
-        src += "  let s = subgroupAdd(acc);\n"
-    else:
-        src += ("  sh[lid] = acc;\n  workgroupBarrier();\n  var s = 0.0;\n"
-                f"  if (t == 0u) {{\n    for (var j = 0u; j < {lanes}u; j = j + 1u) "
-                "{ s = s + sh[lid + j]; }\n  }\n")
-    if not splits:
-        o = f"{n_off}u + n"
-        val = f"s + res[{o}]" if residual else "s"
-        src += f"  if (t == 0u && n < {N}u) {{ out[{o}] = {val}; }}\n}}\n"
-    else:
-        src += "  if (t == 0u) {\n"
-        start = 0
-        for j, nj in enumerate(outs):
-            kw = "if" if j == 0 else "} else if"
-            src += f"    {kw} (n < {start + nj}u) {{ out{j}[n - {start}u] = s;\n"
-            start += nj
-        src += "    }\n  }\n}\n"
+    src += "  }\n" + gemv_tail(use_sub, lanes, f"{n_off}u + n", N, residual, splits)
     traffic = 4 * K + N * K // 2 + 4 * N * nblocks * (2 if zero_points else 1) \
         + 4 * N * (2 if residual else 1)
     binds = (["read", "read", "read"] + ["read"] * zero_points + ["read"] * residual
