@@ -47,9 +47,18 @@ def dequantise(q: np.ndarray, scales: np.ndarray, block: int = Q4_BLOCK) -> np.n
     return (q.astype(np.float32) * s).reshape(k, n)
 
 
+#: columns quantised at a time by ``round_trip``: a 128k-vocab head keeps its float64
+#: temporaries to a few hundred MB
+ROUND_TRIP_COLUMNS = 8192
+
+
 def round_trip(w: np.ndarray) -> np.ndarray:
-    """``w`` as its 4-bit model stores it: dequantise(quantise(w))."""
-    return dequantise(*quantise(w))
+    """``w`` as its 4-bit model stores it: dequantise(quantise(w)), a slab of columns at a
+    time."""
+    out = np.empty(w.shape, np.float32)
+    for c in range(0, w.shape[1], ROUND_TRIP_COLUMNS):
+        out[:, c:c + ROUND_TRIP_COLUMNS] = dequantise(*quantise(w[:, c:c + ROUND_TRIP_COLUMNS]))
+    return out
 
 
 def recover(w: np.ndarray, name: str = "weight") -> tuple[np.ndarray, np.ndarray]:
