@@ -46,6 +46,13 @@ def test_quantise_is_symmetric_exact_and_idempotent():
         Q.quantise(w[:40])
 
 
+def test_round_trip_in_slabs_is_the_whole(monkeypatch):
+    w = _weights(np.random.default_rng(15), 64, 45)
+    whole = Q.dequantise(*Q.quantise(w))
+    monkeypatch.setattr(Q, "ROUND_TRIP_COLUMNS", 8)
+    assert np.array_equal(Q.round_trip(w), whole)
+
+
 def test_int4_packing_round_trip_and_nibble_order():
     rng = np.random.default_rng(12)
     q = rng.integers(-8, 8, size=37).astype(np.int8)
