@@ -91,11 +91,11 @@ def test_int4_buffer_and_shapes_are_checked(ctx):
         b.dequantize_linear(x, s, s)
 
 
-def _q4_matmul(ctx, kind, k, n, zero_points, residual=False):
+def _q4_matmul(ctx, kind, k, n, zero_points, residual=False, block=32):
     """y = v @ dequantizeLinear(4-bit (k, n), block-32 scales) (+ r): the decode step's
     projection; returns (y, float64 oracle, launched kernel names)."""
     codes = _codes(kind, (k, n))
-    scale = RNG.uniform(0.005, 0.1, size=(k // 32, n)).astype(np.float32)
+    scale = RNG.uniform(0.005, 0.1, size=(k // block, n)).astype(np.float32)
     zp = _codes(kind, scale.shape) if zero_points else np.zeros(scale.shape, np.int64)
     v = RNG.standard_normal((1, k)).astype(np.float32)
     r = RNG.standard_normal((1, n)).astype(np.float32)
@@ -116,14 +116,15 @@ def _q4_matmul(ctx, kind, k, n, zero_points, residual=False):
     return ctx.read_tensor(t_out), want, [la.kernel.name for la in g._plan.launches]
 
 
-@pytest.mark.parametrize("kind,k,n,zero_points", [
-    ("int4", 64, 40, False), ("int4", 96, 7, True), ("uint4", 320, 130, True),
-    ("uint4", 128, 33, False)])
+@pytest.mark.parametrize("kind,k,n,zero_points,block", [
+    ("int4", 64, 40, False, 32), ("int4", 96, 7, True, 32), ("uint4", 320, 130, True, 32),
+    ("uint4", 128, 33, False, 32), ("int4", 40, 9, True, 8), ("uint4", 48, 11, False, 16)])
 @pytest.mark.parametrize("how", ["fused", "generic"])
-def test_4bit_matmul_one_row(ctx_with, how, kind, k, n, zero_points):
+def test_4bit_matmul_one_row(ctx_with, how, kind, k, n, zero_points, block):
     """matmul(vector, dequantizeLinear(4-bit weights)): fused, the codes are read and no
-    float weights are written (no dequantize launch); generic, they are."""
-    got, want, names = _q4_matmul(ctx_with(q4_gemv=how), kind, k, n, zero_points)
+    float weights are written (no dequantize launch; 16-byte loads where the block is a
+    multiple of 32, words otherwise); generic, they are."""
+    got, want, names = _q4_matmul(ctx_with(q4_gemv=how), kind, k, n, zero_points, block=block)
     assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
     if how == "fused":
         assert names == ["gemv_q4"]

@@ -70,20 +70,24 @@ def gemv_q4(K: int, N: int, block: int, *, signed: bool, zero_points: bool, lane
     their outputs are the last bindings.
 
     Bindings: ``a`` (K floats, as vec4), ``b`` (the codes repacked (N, K): row n is K/8 u32
-    words, element k in nibble k % 8 of word k / 8), ``sc`` (the scales (N, K/block)),
+    words, element k in nibble k % 8 of word k / 8; read as vec4<u32>, 32 codes a load,
+    where the block is a multiple of 32), ``sc`` (the scales (N, K/block)),
     ``zc`` when ``zero_points`` (-zero point · scale per block, same layout), ``res`` when
     ``residual`` (added to the product), ``out``. ``block`` is a multiple of 8: a word never
-    straddles two blocks. Per word: s · (a·q) over its 8 elements, plus zc · sum(a).
+    straddles two blocks. Per load: s · (a·q) over its codes, plus zc · sum(a).
 
-    ``lanes`` invocations share a row and stride along it a word at a time (coalesced), the
+    ``lanes`` invocations share a row and stride along it a load at a time (coalesced; two
+    loads in flight an invocation), the
     workgroup holds ``wg / lanes`` rows; their sums are combined by ``subgroupAdd`` where
     the subgroup is exactly ``lanes`` wide, else through workgroup memory."""
     assert K % 8 == 0 and block % 8 == 0 and K % block == 0
-    words, nblocks, per = K // 8, K // block, block // 8
+    wide = block % 32 == 0  # a 16-byte load (32 codes) never straddles two blocks
+    unit = 4 if wide else 1  # u32 words a load
+    units, nblocks, per = K // (8 * unit), K // block, block // (8 * unit)
     R = wg // lanes
     gx = -(-N // R)
     use_sub = subgroup == lanes
-    src = decl(0, "a", "vec4<f32>", "read") + decl(1, "b", "u32", "read")
+    src = decl(0, "a", "vec4<f32>", "read") + decl(1, "b", "vec4<u32>" if wide else "u32", "read")
     src += decl(2, "sc", "f32", "read")
     nxt = 3
     if zero_points:
@@ -109,23 +113,33 @@ def gemv_q4(K: int, N: int, block: int, *, signed: bool, zero_points: bool, lane
                   "fn hi(w: u32) -> vec4<f32> {\n  return vec4<f32>((vec4<u32>(w) >> "
                   "vec4<u32>(16u, 20u, 24u, 28u)) & vec4<u32>(15u));\n}\n")
     src += unpack
+    # one load's contribution: its codes against 2 * unit vec4s of a, times its block's scale
+    words = [f"{{w}}.{c}" for c in "xyzw"] if wide else ["{w}"]
+    dots = " + ".join(f"dot(a[{{x}} + {2 * i}u], lo({w})) + dot(a[{{x}} + {2 * i + 1}u], hi({w}))"
+                      for i, w in enumerate(words))
+    sums = " + ".join(f"a[{{x}} + {i}u]" for i in range(2 * unit))
+    src += (f"fn part(w: {'vec4<u32>' if wide else 'u32'}, x: u32, blk: u32) -> f32 {{\n"
+            f"  var p = sc[blk] * ({dots.format(w='w', x='x')});\n")
+    if zero_points:
+        src += f"  p = p + zc[blk] * dot({sums.format(x='x')}, vec4<f32>(1.0));\n"
+    src += "  return p;\n}\n"
     if not use_sub:
         src += f"var<workgroup> sh: array<f32, {wg}>;\n"
+    step = f"part(b[wb + {{k}}], {2 * unit}u * ({{k}}), sb + ({{k}}) / {per}u)"
     src += (f"@compute @workgroup_size({wg})\n"
             "fn main(@builtin(workgroup_id) wid: vec3<u32>, "
             "@builtin(local_invocation_index) lid: u32) {\n"
             f"  let r = lid / {lanes}u;\n  let t = lid % {lanes}u;\n"
             f"  let n = wid.x * {R}u + r;\n  let nn = min(n, {N - 1}u);\n"
-            f"  let wb = nn * {words}u;\n  let sb = nn * {nblocks}u;\n"
-            "  var acc = 0.0;\n"
-            f"  for (var k = t; k < {words}u; k = k + {lanes}u) {{\n"
-            "    let w = b[wb + k];\n"
-            "    let x0 = a[2u * k];\n    let x1 = a[2u * k + 1u];\n"
-            f"    let blk = sb + k / {per}u;\n"
-            "    acc = acc + sc[blk] * (dot(x0, lo(w)) + dot(x1, hi(w)));\n")
-    if zero_points:
-        src += "    acc = acc + zc[blk] * dot(x0 + x1, vec4<f32>(1.0));\n"
-    src += "  }\n" + gemv_tail(use_sub, lanes, f"{n_off}u + n", N, residual, splits)
+            f"  let wb = nn * {units}u;\n  let sb = nn * {nblocks}u;\n"
+            "  var acc0 = 0.0;\n  var acc1 = 0.0;\n  var k = t;\n"
+            # two loads in flight a lane, then the remainder
+            f"  for (; k + {lanes}u < {units}u; k = k + {2 * lanes}u) {{\n"
+            f"    acc0 = acc0 + {step.format(k='k')};\n"
+            f"    acc1 = acc1 + {step.format(k=f'k + {lanes}u')};\n  }}\n"
+            f"  for (; k < {units}u; k = k + {lanes}u) {{ acc0 = acc0 + {step.format(k='k')}; }}\n"
+            "  let acc = acc0 + acc1;\n")
+    src += gemv_tail(use_sub, lanes, f"{n_off}u + n", N, residual, splits)
     traffic = 4 * K + N * K // 2 + 4 * N * nblocks * (2 if zero_points else 1) \
         + 4 * N * (2 if residual else 1)
     binds = (["read", "read", "read"] + ["read"] * zero_points + ["read"] * residual
