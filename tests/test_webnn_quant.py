@@ -9,6 +9,7 @@ import pytest
 from backends.webnn import MLGraphBuilder
 
 RNG = np.random.default_rng(4242)
+_names = iter(range(10**6))  # fresh input names
 
 
 def _pack(values: np.ndarray) -> np.ndarray:
@@ -265,3 +266,29 @@ def test_q4_pages_match_the_reference(page, gemv):
             assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
     finally:
         b.close()
+
+
+def test_dequantize_linear_validation_as_wpt(ctx):
+    """WPT's validation cases: a scale of lower rank broadcasts (right-aligned), a scale
+    dimension must divide the input's, zeroPoint has the scale's shape and the input's
+    type, the input is a quantised type and the scale a float."""
+    b = MLGraphBuilder(ctx)
+    x = b.input("x", data_type="uint8", shape=[3, 2, 5])
+    f = b.input("f", data_type="float32", shape=[3, 2, 5])
+
+    def arg(dt, shape):
+        return b.input(f"a{next(_names)}", data_type=dt, shape=shape)
+
+    assert b.dequantize_linear(x, arg("float32", [5]), arg("uint8", [5])).shape == [3, 2, 5]
+    assert b.dequantize_linear(x, arg("float32", []), arg("uint8", [])).shape == [3, 2, 5]
+    six = b.input("six", data_type="uint8", shape=[6, 4, 5])
+    assert b.dequantize_linear(six, arg("float32", [3, 2, 1]), arg("uint8", [3, 2, 1])).shape \
+        == [6, 4, 5]
+    for scale, zp, why in [(("float32", [2]), ("uint8", [2]), "does not divide"),
+                           (("float32", [5]), ("uint8", [2]), "one shape"),
+                           (("int32", [5]), ("uint8", [5]), "scale must be float")]:
+        with pytest.raises(TypeError, match=why):
+            b.dequantize_linear(x, arg(*scale), arg(*zp))
+    with pytest.raises(TypeError, match="input must be int4, uint4 or uint8"):
+        b.dequantize_linear(f, arg("float32", [5]), arg("float32", [5]))
+

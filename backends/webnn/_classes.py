@@ -356,8 +356,8 @@ class MLGraphBuilder:
         the quotient is that axis' block size (1 where they are equal, the whole axis where
         the scale's is 1: per-tensor and per-axis are blocks too)."""
         self._own(x, scale, zero_point)
-        if x._dtype.name not in ("int4", "uint4", "uint8", "int32"):
-            raise TypeError(f"dequantizeLinear input must be int4, uint4, uint8 or int32, got "
+        if x._dtype.name not in ("int4", "uint4", "uint8"):  # the spec's int8: no DType here
+            raise TypeError(f"dequantizeLinear input must be int4, uint4 or uint8, got "
                             f"{x._dtype.name}")
         if not scale._dtype.is_float:
             raise TypeError(f"dequantizeLinear scale must be float, got {scale._dtype.name}")

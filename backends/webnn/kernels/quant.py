@@ -2,7 +2,7 @@
 that dequantises in registers (the decode step's projections on ``+q4`` models).
 
 Packed ``int4``/``uint4`` operands are ``u32`` words, element i in nibble i % 8 of word
-i / 8 (dtypes.py); ``uint8`` and ``int32`` are one element a word.
+i / 8 (dtypes.py); ``uint8`` is one element a word.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from .common import Kernel, decl, esize, grid, main_1d
 from .matmul import gemv_tail
 
 #: WGSL type of each quantised input's storage words
-STORAGE = {"int4": "u32", "uint4": "u32", "uint8": "u32", "int32": "i32"}
+STORAGE = {"int4": "u32", "uint4": "u32", "uint8": "u32"}
 
 
 def load_fn(name: str, array: str, kind: str) -> str:
