@@ -623,7 +623,8 @@ def _q4_project(b: _Builder, x: str, name: str, out: str | None) -> str:
         if b.flavour == ORT:
             b.external(name + ".q4", TensorProto.UINT8, [n, blocks, Q.Q4_BLOCK // 2], file,
                        b.q4_manifest[name + ".q4"])
-            b.external(name + ".scales", TensorProto.FLOAT, [n, blocks], file,
+            # flat (N * K/32), as ORT's MatMulNBitsQuantizer writes them
+            b.external(name + ".scales", TensorProto.FLOAT, [n * blocks], file,
                        b.q4_manifest[name + ".scales"])
         else:
             b.external(name + ".q4", TensorProto.INT4, [k, n], file, b.q4_manifest[name + ".q4"])

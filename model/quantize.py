@@ -11,7 +11,8 @@ workload's dequantised weights and checks them.
 Packings (one source of (q, s), two layouts):
 - ORT ``MatMulNBits`` (com.microsoft, bits 4): B uint8 (N, K/32, 16), column n's block b
   holding q + 8 (the op's default zero point, 2^(bits-1), when none is given) two to a byte,
-  the lower K index in the low nibble; scales (N, K/32).
+  the lower K index in the low nibble; scales (N, K/32), stored flat as ORT's quantizer
+  writes them.
 - ONNX ``int4`` / WebNN ``int4``: the (K, N) tensor row-major, two elements a byte, the
   lower flat index in the low nibble; scales (K/32, N) (DequantizeLinear ``block_size`` 32
   on axis 0; WebNN ``dequantizeLinear`` with a (K/32, N) scale: a block of (32, 1)).
