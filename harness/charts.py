@@ -14,7 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from harness import metrics  # noqa: E402
+from harness import metrics, stats, verdicts  # noqa: E402
 from harness.report import Run, point_speedup, series, series_name  # noqa: E402
 from harness.results import BYTE_CATEGORIES  # noqa: E402
 
@@ -36,7 +36,10 @@ def _title(runs: list[Run], what: str) -> str:
 
 
 def _lines(runs: list[Run], what: str, ylabel: str, value, logy: bool = True,
-           hline: float | None = None) -> Figure:
+           hline: float | None = None, band=None, level=None) -> Figure:
+    """One line per run × backend of value(run, point) against context. `band(run, point)`:
+    (low, high) drawn as error bars; `level(run, point)`: True where the point is within the
+    noise of its baseline, drawn as a hollow marker."""
     colours = backend_colours(runs)
     fig, ax = plt.subplots(figsize=(8, 5), layout="constrained")
     drawn = 0
@@ -48,6 +51,20 @@ def _lines(runs: list[Run], what: str, ylabel: str, value, logy: bool = True,
         xs, ys = zip(*pts, strict=True)
         ls = LINESTYLES[[r.label for r in runs].index(run.label) % len(LINESTYLES)]
         ax.plot(xs, ys, marker="o", color=colours[b], linestyle=ls, label=series_name(run, b))
+        by_ctx = {p.context: p for p in run.results.points if p.backend == b}
+        if band is not None:
+            bands = [band(run, by_ctx[c]) for c in xs]
+            keep = [(c, y, lh) for c, y, lh in zip(xs, ys, bands, strict=True) if lh]
+            if keep:
+                ax.errorbar([c for c, _, _ in keep], [y for _, y, _ in keep],
+                            yerr=[[y - lo for _, y, (lo, _) in keep],
+                                  [hi - y for _, y, (_, hi) in keep]],
+                            fmt="none", ecolor=colours[b], capsize=3, linewidth=1)
+        if level is not None:
+            flat = [(c, y) for c, y in zip(xs, ys, strict=True) if level(run, by_ctx[c])]
+            if flat:
+                ax.plot(*zip(*flat, strict=True), marker="o", linestyle="none", markersize=9,
+                        markerfacecolor="white", markeredgecolor=colours[b])
         drawn += 1
     if hline is not None:
         ax.axhline(hline, color="grey", linewidth=0.8, linestyle="--")
@@ -65,15 +82,28 @@ def _lines(runs: list[Run], what: str, ylabel: str, value, logy: bool = True,
     return fig
 
 
+def _interval(run: Run, p) -> tuple[float, float] | None:
+    iv = verdicts.interval_of(p)
+    return (iv.low, iv.high) if iv else None
+
+
+def _no_difference(run: Run, p) -> bool:
+    c = verdicts.over_baseline(run.results, p)
+    return c is not None and c.verdict == stats.NO_DIFFERENCE
+
+
 def step_time(runs: list[Run]) -> Figure:
-    return _lines(runs, "Decode step time vs context", "step time, median (ms)",
-                  lambda run, p: p.step_ms.median if p.measured else None)
+    return _lines(runs, "Decode step time vs context (bars: interval of the median)",
+                  "step time, median (ms)",
+                  lambda run, p: p.step_ms.median if p.measured else None, band=_interval)
 
 
 def speedup(runs: list[Run]) -> Figure:
     base = runs[0].baseline or "stateless"
-    return _lines(runs, f"Speedup over {base} (matching points only)", "speedup (×)",
-                  lambda run, p: point_speedup(run, p), logy=False, hline=1.0)
+    return _lines(runs, f"Speedup over {base} (matching points only; hollow: no difference, "
+                  "the intervals overlap)", "speedup (×)",
+                  lambda run, p: point_speedup(run, p), logy=False, hline=1.0,
+                  level=_no_difference)
 
 
 def mbu(runs: list[Run]) -> Figure:

@@ -5,14 +5,13 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from harness import metrics
+from harness import verdicts
 from harness.report import (
-    OK_MARK,
     Run,
     environment_lines,
     floor_tables,
     notes,
-    point_speedup,
+    run_sentences,
     series,
     series_name,
 )
@@ -31,11 +30,9 @@ def _cell(run: Run, p) -> str:
         return '<td class="na">—</td>'
     if p.status != "ok":
         return f'<td class="na" title="{html.escape(p.reason)}">{p.status}</td>'
-    body = f"{p.step_ms.median:.3f} ms<br>{html.escape(metrics.human_bytes(p.bytes_total))}/step<br>"
-    if not p.matches:
-        return f'<td class="bad">{body}✗ mismatch</td>'
-    s = point_speedup(run, p)
-    return f'<td class="ok">{body}{OK_MARK}{f" {s:.2f}×" if s is not None else ""}</td>'
+    c = verdicts.cell(run.results, p, verdicts.model_config(run.results))
+    body = "<br>".join(html.escape(x) for x in c.lines()) + (" ⚠" if c.noisy else "")
+    return f'<td class="{"ok" if c.matches else "bad"}">{body}</td>'
 
 
 def table_html(runs: list[Run]) -> str:
@@ -58,16 +55,19 @@ def render(runs: list[Run], charts: dict[str, dict[str, Path]]) -> str:
     base = runs[0].baseline
     parts = ["<!doctype html><html><head><meta charset='utf-8'><title>statebench report</title>",
              f"<style>{CSS}</style></head><body><h1>statebench report</h1>"]
+    said = run_sentences(runs)  # the sentences and the table lead, as in the terminal
+    if said:
+        parts.append("<ul>" + "".join(f"<li>{html.escape(s)}</li>" for s in said) + "</ul>")
+    parts.append("<h2>Decode step</h2><p>"
+                 + html.escape(verdicts.CELL_CAPTION[0].upper() + verdicts.CELL_CAPTION[1:])
+                 + f"; the baseline is <code>{html.escape(base or 'absent')}</code>. "
+                 "A point that does not match is never shown as faster.</p>")
+    parts.append(table_html(runs))
     for run in runs:
         if run.label:
             parts.append(f"<h2>{html.escape(run.label)}</h2>")
         parts.append("<ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in environment_lines(run))
                      + "</ul>")
-    parts.append("<h2>Decode step</h2><p>Median step time, bytes moved per step, match against the "
-                 "float64 reference (✓/✗), speedup over "
-                 f"<code>{html.escape(base or 'the stateless baseline (absent)')}</code>. "
-                 "A point that does not match is never shown as faster.</p>")
-    parts.append(table_html(runs))
     for title, note, head_cells, rows in floor_tables(runs):
         head = "".join(f"<th>{html.escape(h)}</th>" for h in head_cells)
         body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>"

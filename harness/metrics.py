@@ -188,17 +188,6 @@ def human_bytes(n: float | None, short: bool = False) -> str:
     return f"{n:.1f}{unit[0]}" if short else f"{n:.1f} {unit}"
 
 
-def unstable(samples_ms: list[float]) -> str:
-    """pyperf-style warning: a non-empty string when the samples are too noisy to trust."""
-    a = np.asarray(samples_ms, np.float64)
-    if len(a) < 3 or a.mean() <= 0:
-        return ""
-    cv = a.std() / a.mean()
-    if cv >= 0.10:
-        return f"unstable: stdev is {cv:.0%} of the mean; use more --steps or a quieter machine"
-    return ""
-
-
 #: an SM clock median below this fraction of the highest the point saw means the timed steps
 #: ran before the governor raised the clock, or after it dropped (FINDINGS 16)
 CLOCK_LOW_FRACTION = 0.8

@@ -17,7 +17,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from harness import metrics
+from harness import metrics, stats, verdicts
 from harness.results import BYTE_CATEGORIES, Point, Results
 
 OK_MARK, BAD_MARK = "✓", "✗"
@@ -86,18 +86,19 @@ def _cell(run: Run, p: Point | None) -> Text:
         return Text("—", style="dim")
     if p.status != "ok":
         return Text(p.status, style="yellow" if p.status == "unavailable" else "bold red")
+    c = verdicts.cell(run.results, p, verdicts.model_config(run.results))
     t = Text()
-    t.append(f"{p.step_ms.median:.3f} ms\n")
-    t.append(f"{metrics.human_bytes(p.bytes_total)}\n", style="cyan")
-    if p.matches:
+    t.append(f"{c.time}\n")
+    t.append(f"{c.interval}\n", style="dim")
+    t.append(f"{c.cache}\n", style="cyan")
+    if c.matches:
         t.append(OK_MARK, style="green")
-        s = point_speedup(run, p)
-        if s is not None:
-            t.append(f" {s:.2f}×", style="bold green" if s > 1 else "")
+        if c.verdict:
+            t.append(f" {c.verdict}", style="bold green" if c.faster else "")
     else:
         # a point that does not match is never shown as faster
         t.append(f"{BAD_MARK} mismatch", style="bold red")
-    if p.details.get("warning"):
+    if c.noisy:
         t.append(" ⚠", style="yellow")
     return t
 
@@ -110,8 +111,7 @@ def summary_table(runs: list[Run], title: str | None = None) -> Table:
         title = f"statebench · {first.results.label}"
         if base:
             title += f"\nspeedup over {base}"
-    table = Table(title=title, show_lines=True,
-                  caption="each cell: median step time · bytes moved per step · match ✓/✗ and speedup")
+    table = Table(title=title, show_lines=True, caption=verdicts.CELL_CAPTION)
     table.add_column("context", justify="right", style="bold", no_wrap=True)
     cols = series(runs)
     for run, b in cols:
@@ -141,8 +141,11 @@ def notes(runs: list[Run]) -> list[str]:
                 m = p.match
                 lines.append(f"{where}: {p.reason or 'logits do not match the reference'} "
                              f"(max rel {m.max_rel:.2e}, argmax agree {m.argmax_agree:.0%})")
-            elif p.details.get("warning"):
-                lines.append(f"{where}: {p.details['warning']}")
+            elif verdicts.warning_of(p):
+                lines.append(f"{where}: {verdicts.warning_of(p)}")
+            lines += [f"{where}: {t}" for t in verdicts.transient_notes(p)]
+            if p.details.get("bytes_differ"):
+                lines.append(f"{where}: {p.details['bytes_differ']}")
             clock = metrics.low_clock(p.details) if p.status == "ok" else ""
             if clock:
                 lines.append(f"{where}: {clock}")
@@ -153,9 +156,18 @@ def notes(runs: list[Run]) -> list[str]:
     return lines
 
 
+def run_sentences(runs: list[Run]) -> list[str]:
+    """The plain sentences under the table (verdicts.sentences), per run."""
+    return [f"{run.label}: {s}" if run.label else s
+            for run in runs for s in verdicts.sentences(run.results)]
+
+
 def summary(runs: list[Run]) -> Group:
-    """The table and its notes, as one renderable."""
+    """The table, the sentences under it and its notes, as one renderable."""
     parts: list = [summary_table(runs)]
+    said = run_sentences(runs)
+    if said:
+        parts.append(Text("\n".join(said)))
     ns = notes(runs)
     if ns:
         parts.append(Text("\n".join(ns), style="dim"))
@@ -165,17 +177,22 @@ def summary(runs: list[Run]) -> Group:
 # -- flat rows: CSV, JSON, Markdown ---------------------------------------------------------
 
 COLUMNS = ["run", "backend", "context", "capacity", "status", "step_ms_median", "step_ms_p10",
-           "step_ms_p90", "gpu_ms_median", *[f"bytes_{k}" for k in BYTE_CATEGORIES], "bytes_total",
+           "step_ms_p90", "step_ms_low", "step_ms_high", "step_ms_max", "step_ms_max_at",
+           "repeats", "transients", "gpu_ms_median", *[f"bytes_{k}" for k in BYTE_CATEGORIES], "bytes_total",
+           "cache_link_bytes", "cache_copied_bytes", "cache_in_place_bytes",
            "floor_ms", "mbu", "mbu_gpu", "match", "max_abs", "max_rel", "argmax_agree", "speedup",
+           "verdict",
            "build_s", "time_to_depth_s", "peak_rss_bytes", "device_bytes", "reason"]
 
 
 def rows(runs: list[Run]) -> list[dict]:
     out = []
     for run in runs:
+        cfg = verdicts.model_config(run.results)
         for p in sorted(run.results.points, key=lambda p: (p.context, p.backend)):
             bps = p.bytes_per_step or {}
-            out.append({
+            out.append({**_uncertainty_columns(p), **_traffic_columns(p, cfg),
+                        "verdict": _verdict(run, p), **{
                 "run": run.label, "backend": p.backend, "context": p.context,
                 "capacity": p.capacity, "status": p.status,
                 "step_ms_median": p.step_ms.median if p.step_ms else None,
@@ -192,8 +209,31 @@ def rows(runs: list[Run]) -> list[dict]:
                 "speedup": point_speedup(run, p), "build_s": p.build_s,
                 "time_to_depth_s": p.time_to_depth_s, "peak_rss_bytes": p.peak_rss_bytes,
                 "device_bytes": p.device_bytes, "reason": p.reason,
-            })
-    return out
+            }})
+    return [{k: r[k] for k in COLUMNS} for r in out]
+
+
+def _uncertainty_columns(p: Point) -> dict:
+    iv = verdicts.interval_of(p)
+    reps = verdicts.samples_of(p)
+    slowest = p.step_ms_max or (stats.slowest(reps) if reps else None)
+    return {"step_ms_low": iv.low if iv else None, "step_ms_high": iv.high if iv else None,
+            "step_ms_max": slowest["ms"] if slowest else None,
+            "step_ms_max_at": (f"process {slowest['repeat'] + 1} step {slowest['step']}"
+                               if slowest else None),
+            "repeats": len(reps) or None,
+            "transients": len(verdicts.transient_notes(p)) if reps else None}
+
+
+def _traffic_columns(p: Point, cfg) -> dict:
+    t = verdicts.cache_traffic(p, cfg)
+    return {"cache_link_bytes": t.link if t else None, "cache_copied_bytes": t.copied if t else None,
+            "cache_in_place_bytes": t.in_place if t else None}
+
+
+def _verdict(run: Run, p: Point) -> str | None:
+    c = verdicts.over_baseline(run.results, p)
+    return (c.verdict or "no interval") if c else None
 
 
 def to_csv(runs: list[Run]) -> str:
@@ -208,7 +248,8 @@ def to_csv(runs: list[Run]) -> str:
 def to_json(runs: list[Run]) -> str:
     return json.dumps({
         "runs": [{"label": r.label, "workload": r.results.workload,
-                  "environment": r.results.environment, "baseline": r.baseline} for r in runs],
+                  "environment": r.results.environment, "baseline": r.baseline,
+                  "sentences": verdicts.sentences(r.results)} for r in runs],
         "rows": rows(runs),
     }, indent=1, allow_nan=False) + "\n"
 
@@ -218,11 +259,8 @@ def _md_cell(run: Run, p: Point | None) -> str:
         return "—"
     if p.status != "ok":
         return p.status
-    s = f"{p.step_ms.median:.3f} ms<br>{metrics.human_bytes(p.bytes_total)}/step<br>"
-    if not p.matches:
-        return s + f"{BAD_MARK} mismatch"
-    sp = point_speedup(run, p)
-    return s + OK_MARK + (f" {sp:.2f}×" if sp is not None else "")
+    c = verdicts.cell(run.results, p, verdicts.model_config(run.results))
+    return "<br>".join(c.lines()) + (" ⚠" if c.noisy else "")
 
 
 def markdown_table(runs: list[Run]) -> str:
@@ -367,17 +405,17 @@ def _bandwidth(cal: dict, key: str, label: str) -> str:
 
 
 def to_markdown(runs: list[Run], charts: list[str] | None = None) -> str:
-    parts = ["# statebench report", ""]
+    """The sentences and the table first (as the terminal shows them), then the rest."""
+    base = runs[0].baseline
+    parts = ["# statebench report", "", *(f"- {s}" for s in run_sentences(runs)), "",
+             "## Decode step", "",
+             f"Each cell: {verdicts.CELL_CAPTION.removeprefix('each cell: ')}; the baseline is "
+             f"{base or 'absent from this run'}. Intervals: docs/results.md, \"Intervals and orderings\".",
+             "", markdown_table(runs), ""]
     for run in runs:
         if run.label:
             parts += [f"## {run.label}", ""]
         parts += [f"- {line}" for line in environment_lines(run)] + [""]
-    base = runs[0].baseline
-    parts += ["## Decode step", "",
-              "Median step time, bytes moved per step (all categories), whether the logits match "
-              "the float64 reference, and speedup over "
-              f"{base or 'the stateless baseline (none in this run)'}.", "",
-              markdown_table(runs), ""]
     for title, note, head, body in floor_tables(runs):
         parts += [f"## {title}", "", note, "",
                   "| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1),

@@ -70,6 +70,14 @@ class Point:
     device_bytes: int | None = None
     match: Match | None = None
     details: dict = field(default_factory=dict)
+    # optional (absent from files made before repeats existed; harness/repeats.py fills them):
+    # per fresh worker process {"step_ms": [...], "gpu_ms": [...] | None, "wall_s", "build_s",
+    # "time_to_depth_s"}; the median's interval (stats.Interval); the slowest step
+    # {"ms", "repeat", "step"}; the transients [{"ms", "repeat", "step"}]
+    repeats: list[dict] | None = None
+    step_ms_ci: dict | None = None
+    step_ms_max: dict | None = None
+    transients: list[dict] | None = None
 
     @property
     def key(self) -> tuple[str, int]:
@@ -199,6 +207,11 @@ _POINT_FIELDS = {
     "peak_rss_bytes": (int, type(None)), "device_bytes": (int, type(None)),
     "match": (dict, type(None)), "details": (dict,),
 }
+#: point fields a file may lack (added after schema statebench/1 was first written)
+_OPTIONAL_POINT_FIELDS = {
+    "repeats": (list, type(None)), "step_ms_ci": (dict, type(None)),
+    "step_ms_max": (dict, type(None)), "transients": (list, type(None)),
+}
 
 
 #: numbers of a point (and of its nested figures) that must be ≥ 0; step times must be > 0
@@ -210,7 +223,7 @@ _MATCH = {"ok": (bool,), "max_abs": (float, int), "max_rel": (float, int),
 #: the workload's figures (each optional: older files lack some) -> accepted types
 _WORKLOAD_FIELDS = {"preset": (str,), "seed": (int,), "dtype": (str,), "config": (dict,),
                     "steps": (int,), "warmup": (int,), "warm_s": (float, int),
-                    "contexts": (list,), "capacity": (int, type(None))}
+                    "contexts": (list,), "capacity": (int, type(None)), "repeat": (int,)}
 
 
 class _Bad(Exception):
@@ -251,8 +264,8 @@ def _check_workload(w: dict) -> None:
         v = w.get(k)
         if k in w and (not isinstance(v, types) or isinstance(v, bool)):
             raise _Bad(f"workload.{k} is {v!r}, of the wrong type")
-        if k in ("steps", "warmup", "warm_s", "capacity") and v is not None:
-            _figure(v, f"workload.{k}", positive=k == "capacity")
+        if k in ("steps", "warmup", "warm_s", "capacity", "repeat") and v is not None:
+            _figure(v, f"workload.{k}", positive=k in ("capacity", "repeat"))
     for i, c in enumerate(w.get("contexts") or []):
         if not isinstance(c, int) or isinstance(c, bool) or c <= 0:
             raise _Bad(f"workload.contexts[{i}] is {c!r}, not a positive integer")
@@ -261,7 +274,7 @@ def _check_workload(w: dict) -> None:
 def _check_point(p: object, where: str) -> None:
     if not isinstance(p, dict):
         raise _Bad(f"{where} is not an object")
-    unknown = set(p) - set(_POINT_FIELDS)
+    unknown = set(p) - set(_POINT_FIELDS) - set(_OPTIONAL_POINT_FIELDS)
     if unknown:
         raise _Bad(f"{where} has unknown field {sorted(unknown)[0]!r}")
     for k, types in _POINT_FIELDS.items():
@@ -299,6 +312,36 @@ def _check_point(p: object, where: str) -> None:
                        "it is a fraction (≤ 1)")
     if p["status"] == "ok" and (p["step_ms"] is None or p["match"] is None):
         raise _Bad(f"{where} is ok but lacks step_ms or match")
+    _check_repeat_fields(p, where)
+
+
+def _check_repeat_fields(p: dict, where: str) -> None:
+    """The optional fields --repeat added: steps per process, the interval, the slowest step
+    and the transients (absent from older files)."""
+    for k, types in _OPTIONAL_POINT_FIELDS.items():
+        if k in p and not isinstance(p[k], types):
+            raise _Bad(f"{where}.{k} has the wrong type")
+    for i, r in enumerate(p.get("repeats") or []):
+        if not isinstance(r, dict) or not isinstance(r.get("step_ms"), list):
+            raise _Bad(f"{where}.repeats[{i}] lacks a step_ms list")
+        for k in ("step_ms", "gpu_ms"):
+            if r.get(k) is not None and not isinstance(r[k], list):
+                raise _Bad(f"{where}.repeats[{i}].{k} is not a list")
+            for j, x in enumerate(r.get(k) or []):
+                _figure(x, f"{where}.repeats[{i}].{k}[{j}]", positive=k == "step_ms")
+    ci = p.get("step_ms_ci")
+    if ci is not None:
+        for k in ("low", "high", "coverage"):
+            _figure(ci.get(k), f"{where}.step_ms_ci.{k}")
+        if ci["low"] > ci["high"] or not isinstance(ci.get("method"), str):
+            raise _Bad(f"{where}.step_ms_ci must have low ≤ high and a method")
+    steps = [("step_ms_max", p.get("step_ms_max"))] if p.get("step_ms_max") is not None else []
+    steps += [(f"transients[{i}]", t) for i, t in enumerate(p.get("transients") or [])]
+    for name, t in steps:
+        if not (isinstance(t, dict) and all(isinstance(t.get(j), int) and not isinstance(t.get(j), bool)
+                                            for j in ("repeat", "step"))):
+            raise _Bad(f"{where}.{name} must have ms, repeat and step")
+        _figure(t.get("ms"), f"{where}.{name}.ms")
 
 
 def validate(d: object, source: str = "results") -> None:

@@ -26,7 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from backends.base import Backend, registry
 from harness import calibrate as calibration
-from harness import metrics, worker
+from harness import metrics, repeats, worker
 from harness.results import Point, Results, one_line
 from model import checksum
 from model.errors import UserError
@@ -54,6 +54,8 @@ class RunConfig:
     warm_s: float = DEFAULT_WARM_S
     capacity: int | None = None
     seed: int = 0
+    #: fresh worker processes per point (harness/repeats.py)
+    repeat: int = 1
     inprocess: bool = False
     timeout_s: float = WORKER_TIMEOUT_S
     calibrate: bool = True
@@ -168,6 +170,29 @@ def run_worker_subprocess(req: dict, timeout_s: float) -> Point:
     return Point.failed(name, ctx, cap, steps, why)
 
 
+def measure_once(req: dict, cls: type[Backend], rc: RunConfig) -> Point:
+    """One worker's measurement of a point (in a fresh process unless --inprocess)."""
+    t0 = time.perf_counter()
+    if rc.inprocess:
+        point = worker.measure(req, cls)
+        if point.measured:
+            point.details["peak_rss_scope"] = "process (--inprocess)"
+    else:
+        point = run_worker_subprocess(req, rc.timeout_s)
+    point.details.setdefault("wall_s", round(time.perf_counter() - t0, 3))
+    point.reason = one_line(point.reason)
+    return point
+
+
+def record(results: Results, point: Point) -> None:
+    """Put `point` in `results`, in place of an earlier repeat of it."""
+    for i, p in enumerate(results.points):
+        if p.key == point.key:
+            results.points[i] = point
+            return
+    results.points.append(point)
+
+
 def finish_point(point: Point, cfg: ModelConfig, calib: dict) -> Point:
     """Add the floor (DESIGN §7) and MBU to a measured point."""
     if not point.measured or point.weights_bytes is None:
@@ -202,6 +227,7 @@ def new_results(rc: RunConfig, cfg: ModelConfig, calib: dict, with_adapter: bool
         environment=calibration.environment(calib, with_adapter=with_adapter),
         workload={"preset": rc.preset, "seed": rc.seed, "dtype": cfg.dtype, "config": cfg.describe(),
                   "steps": rc.steps, "warmup": rc.warmup, "warm_s": rc.warm_s,
+                  "repeat": rc.repeat,
                   "contexts": rc.contexts,
                   "capacity": rc.capacity},
     )
@@ -216,8 +242,8 @@ def run_sweep(rc: RunConfig, out: str | Path, console: Console | None = None,
     goes to `console` (stderr by default) and is disabled when it is not a terminal.
     """
     cfg = preset(rc.preset)
-    if rc.steps <= 0 or rc.warmup < 0 or rc.warm_s < 0:
-        raise UserError("--steps must be ≥ 1, --warmup and --warm-s ≥ 0")
+    if rc.steps <= 0 or rc.warmup < 0 or rc.warm_s < 0 or rc.repeat <= 0:
+        raise UserError("--steps and --repeat must be ≥ 1, --warmup and --warm-s ≥ 0")
     for ctx in rc.contexts:
         rc.capacity_for(ctx)  # fail on a too-small --capacity before any work
     classes = resolve_backends(rc.backends, extra_backends)
@@ -231,7 +257,7 @@ def run_sweep(rc: RunConfig, out: str | Path, console: Console | None = None,
     results = new_results(rc, cfg, calib, with_adapter=needs_gpu or rc.calibrate)
     results.save(out)
 
-    total = len(rc.contexts) * len(classes)
+    total = len(rc.contexts) * len(classes) * rc.repeat
     contexts = sorted(rc.contexts)
     ahead = rc.warmup + rc.steps
     walk = ReferenceWalk(cfg, Workload.build(cfg, rc.seed).weights, rc.seed, contexts[-1] + ahead,
@@ -247,26 +273,26 @@ def run_sweep(rc: RunConfig, out: str | Path, console: Console | None = None,
             progress.update(task, description=f"reference @ d{ctx}")
             depth_file = Path(tmp) / f"depth-{rc.preset}-{ctx}-{cap}.npz"
             np.savez(depth_file, **walk.arrays_at(ctx, cap, ahead))
-            for name, cls in classes.items():
-                progress.update(task, description=f"{name} @ d{ctx}")
-                req = {"backend": name, "preset": rc.preset, "seed": rc.seed, "context": ctx,
-                       "capacity": cap, "steps": rc.steps, "warmup": rc.warmup, "warm_s": rc.warm_s,
-                       "depth_file": str(depth_file)}
-                if name not in registered:
-                    req["backend_path"] = f"{cls.__module__}:{cls.__qualname__}"
-                t0 = time.perf_counter()
-                if rc.inprocess:
-                    point = worker.measure(req, cls)
-                    if point.measured:
-                        point.details["peak_rss_scope"] = "process (--inprocess)"
-                else:
-                    point = run_worker_subprocess(req, rc.timeout_s)
-                point.details.setdefault("wall_s", round(time.perf_counter() - t0, 3))
-                point.reason = one_line(point.reason)
-                results.points.append(finish_point(point, cfg, calib))
-                results.save(out)
-                if on_point:
-                    on_point(point)
-                progress.advance(task)
+            # repeats go round the backends, so a drift of the machine touches all alike
+            for rep in range(1, rc.repeat + 1):
+                for name, cls in classes.items():
+                    progress.update(task, description=f"{name} @ d{ctx}" + (
+                        f" ({rep}/{rc.repeat})" if rc.repeat > 1 else ""))
+                    prev = results.point(name, ctx)
+                    if prev is None or prev.measured:  # a point that failed is not retried
+                        req = {"backend": name, "preset": rc.preset, "seed": rc.seed,
+                               "context": ctx, "capacity": cap, "steps": rc.steps,
+                               "warmup": rc.warmup, "warm_s": rc.warm_s,
+                               "depth_file": str(depth_file)}
+                        if name not in registered:
+                            req["backend_path"] = f"{cls.__module__}:{cls.__qualname__}"
+                        point = measure_once(req, cls, rc)
+                        point = (repeats.first(point) if prev is None
+                                 else repeats.add(prev, point, rep, rc.repeat))
+                        record(results, finish_point(point, cfg, calib))
+                        results.save(out)
+                        if on_point and (rep == rc.repeat or not point.measured):
+                            on_point(point)
+                    progress.advance(task)
             depth_file.unlink(missing_ok=True)
     return results

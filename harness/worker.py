@@ -27,7 +27,7 @@ import numpy as np
 from backends.base import Backend, ByteCounters, DepthState, registry
 from harness.clocks import ClockSampler
 from harness.heater import heat
-from harness.metrics import compare_logits, is_cpu, mismatch_reason, unstable
+from harness.metrics import compare_logits, is_cpu, mismatch_reason
 from harness.results import BYTE_CATEGORIES, Point, Stats
 from model.workload import Workload, preset, valid_cache_bytes
 
@@ -134,10 +134,11 @@ def _measure(req: dict, cls: type[Backend]) -> Point:
         details["heated_s"] = round(heated_s, 3)
         if not_heated:
             details["not_heated"] = not_heated
-        warning = unstable(step_ms)
-        if warning:
-            details["warning"] = warning
+        # the samples go to the point's repeats, where the warning and interval are made
+        # (harness/repeats.py)
         details["step_ms_samples"] = [round(x, 6) for x in step_ms]
+        if gpu_ms:
+            details["gpu_ms_samples"] = [round(x, 6) for x in gpu_ms]
         if gpu_ms and len(gpu_ms) == steps:
             gpu, gpu_reason = Stats.of(gpu_ms), ""
         else:

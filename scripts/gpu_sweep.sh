@@ -31,10 +31,14 @@ contexts=${STATEBENCH_GPU_CONTEXTS:-512,2048,8192,16384}
 # file names from preset names with only [A-Za-z0-9._-] ('llama-1b+f16kv' -> 'llama-1b_f16kv'):
 # the H200 machine returns no file whose name has other characters
 safe() { printf '%s' "$1" | tr -c 'A-Za-z0-9._-' '_'; }
+# 32 timed steps a process: the median's 95 % interval is then [x_10, x_23] of the sorted
+# steps, so nine slow steps on either side (a cold first step, a stall) cannot move it, where
+# 8 steps give the full range; 3 fresh processes a point, so the interval takes in the spread
+# between processes (README "Intervals and orderings")
 for p in "${presets[@]}"; do
   "$py" -m harness.cli run --preset "$p" --backends "$backends" --contexts "$contexts" \
-    --steps "${STATEBENCH_GPU_STEPS:-8}" --warmup 2 --out "$out/$(safe "$p").json" \
-    || echo "run $p exited $?"
+    --steps "${STATEBENCH_GPU_STEPS:-32}" --repeat "${STATEBENCH_GPU_REPEAT:-3}" --warmup 2 \
+    --out "$out/$(safe "$p").json" || echo "run $p exited $?"
 done
 for p in "${presets[@]}"; do
   f="$out/$(safe "$p").json"

@@ -25,7 +25,7 @@ def test_sweep_script_writes_safe_names(tmp_path):
         shutil.copy(ROOT / "scripts" / name, tmp_path / "scripts" / name)
     env = dict(os.environ, PYTHON=sys.executable, PYTHONPATH=str(ROOT),
                STATEBENCH_GPU_BACKENDS="wgpu:stateful", STATEBENCH_GPU_CONTEXTS="16",
-               STATEBENCH_GPU_STEPS="2", STATEBENCH_GPU_REPORT="0")
+               STATEBENCH_GPU_STEPS="2", STATEBENCH_GPU_REPEAT="2", STATEBENCH_GPU_REPORT="0")
     out = tmp_path / "out"
     done = subprocess.run(["bash", str(tmp_path / "scripts" / "gpu_sweep.sh"), str(out),
                            "tiny+f16kv"], env=env, capture_output=True, text=True, timeout=300)
@@ -36,4 +36,5 @@ def test_sweep_script_writes_safe_names(tmp_path):
     if point["status"] != "ok":
         pytest.skip(f"no WebGPU adapter here: {point['reason']}")
     assert point["backend"] == "wgpu:stateful" and point["match"]["ok"], point
+    assert len(point["repeats"]) == 2  # the script's --repeat reaches the run
     assert "# statebench report" in done.stdout

@@ -64,6 +64,25 @@ def test_compare_two_files(run_files, tmp_path):
     assert (tmp_path / "cmp" / "step_time.svg").exists()
 
 
+def test_repeat_two_through_the_cli_and_report(tmp_path):
+    """A real tiny run, two worker processes a point, read back by every report format."""
+    out = tmp_path / "r2.json"
+    proc = statebench("run", "--preset", "tiny", "--backends", "ort-cpu:copy,ort-cpu:shared",
+                      "--contexts", "8", "--steps", "6", "--warmup", "1", "--repeat", "2",
+                      "--out", out, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    res = results.load(out)
+    assert res.workload["repeat"] == 2
+    assert all(len(p.repeats) == 2 and p.step_ms_ci for p in res.points)
+    md = statebench("report", out, "--format", "md").stdout
+    assert md.index("At 8, per step: ort-cpu:copy moved") < md.index("| context |")
+    assert "cache 0 B" in md and "per-process medians" not in md  # the method is in the JSON
+    row = json.loads(statebench("report", out, "--format", "json").stdout)["rows"][0]
+    assert row["repeats"] == 2 and row["step_ms_low"] <= row["step_ms_median"] <= row["step_ms_high"]
+    bad = statebench("run", *TINY, "--repeat", "0", "--out", tmp_path / "x.json", cwd=tmp_path)
+    assert bad.returncode == 2 and "--repeat" in bad.stderr and not (tmp_path / "x.json").exists()
+
+
 def test_mismatch_never_shown_faster(run_files):
     res = results.load(run_files[0])
     p = res.point("ort-cpu:shared", 8)

@@ -47,6 +47,13 @@ def test_round_trip(tmp_path):
     (lambda d: d["points"][0]["bytes_per_step"].pop("d2d"), "bytes_per_step"),
     (lambda d: d["points"][0].update(step_ms=None), "lacks step_ms"),
     (lambda d: d["points"][0]["step_ms"].pop("p90"), "step_ms"),
+    (lambda d: d["points"][0].update(repeats=[{"step_ms": [1.0, -2.0]}]), "repeats"),
+    (lambda d: d["points"][0].update(repeats=[{"gpu_ms": [1.0]}]), "repeats"),
+    (lambda d: d["points"][0].update(step_ms_ci={"low": 2.0, "high": 1.0, "coverage": 0.9,
+                                                 "method": ""}), "step_ms_ci"),
+    (lambda d: d["points"][0].update(transients=[{"ms": 3.0, "repeat": 0}]), "transients"),
+    (lambda d: d["points"][0].update(step_ms_max={"ms": "slow", "repeat": 0, "step": 1}),
+     "step_ms_max"),
 ])
 def test_validation(tmp_path, doctor, message):
     d = copy.deepcopy(sample().to_dict())
@@ -56,6 +63,17 @@ def test_validation(tmp_path, doctor, message):
     with pytest.raises(UserError, match=message) as e:
         load(path)
     assert str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_files_without_repeat_fields_still_load(tmp_path):
+    """Files made before --repeat lack the optional fields; they load with them None."""
+    d = sample().to_dict()
+    for p in d["points"]:
+        for k in ("repeats", "step_ms_ci", "step_ms_max", "transients"):
+            p.pop(k)
+    (tmp_path / "old.json").write_text(json.dumps(d))
+    back = load(tmp_path / "old.json")
+    assert back == sample() and back.points[0].repeats is None
 
 
 def test_missing_and_not_json(tmp_path):

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -139,6 +140,94 @@ def test_failed_unavailable_and_mismatch_recorded_sweep_goes_on(tmp_path):
     assert "vocab index" in w.reason and by["test:numpy", 8].reason == ""
     assert by["test:numpy", 8].matches
     assert len(res.points) == 8
+
+
+class SlowFirst(NumpyF32):
+    """A step that stalls once per process (the first timed one: step 2, after a warm-up)."""
+
+    name = "test:slowfirst"
+
+    def step(self, token: int) -> np.ndarray:
+        self.n = getattr(self, "n", 0) + 1
+        if self.n == 2:
+            time.sleep(0.2)
+        return super().step(token)
+
+
+class FailsSecond(NumpyF32):
+    """Fails in the second worker of a point (a file marks the first)."""
+
+    name = "test:failssecond"
+
+    def prepare(self, workload: Workload, capacity: int) -> None:
+        mark = Path(os.environ["STATEBENCH_TEST_MARK"]) / f"seen-{capacity}"
+        if mark.exists():
+            raise RuntimeError("second process fails")
+        mark.touch()
+        super().prepare(workload, capacity)
+
+
+DOUBLES.update({c.name: c for c in (SlowFirst, FailsSecond)})
+
+
+def test_repeats_kept_per_process_with_interval_and_transients(tmp_path):
+    res, out = sweep(tmp_path, ["test:numpy", "test:slowfirst"], repeat=3,
+                     contexts=(4,))
+    assert res.workload["repeat"] == 3 and len(res.points) == 2
+    for p in res.points:
+        assert p.matches and len(p.repeats) == 3
+        assert all(len(r["step_ms"]) == 3 and r["wall_s"] > 0 for r in p.repeats)
+        pooled = sorted(x for r in p.repeats for x in r["step_ms"])
+        assert p.step_ms.median == pytest.approx(pooled[4])
+        ci = p.step_ms_ci
+        assert ci["low"] <= p.step_ms.median <= ci["high"] and "3 per-process" in ci["method"]
+        assert "step_ms_samples" not in p.details
+    slow = res.point("test:slowfirst", 4)
+    assert slow.step_ms_max["step"] == 0 and slow.step_ms_max["ms"] >= 200
+    assert [(t["repeat"], t["step"]) for t in slow.transients] == [(0, 0), (1, 0), (2, 0)]
+    assert results.load(out).to_dict() == res.to_dict()
+
+
+def test_a_failing_repeat_fails_the_point_and_is_not_retried(tmp_path, monkeypatch):
+    monkeypatch.setenv("STATEBENCH_TEST_MARK", str(tmp_path))
+    res, _ = sweep(tmp_path, ["test:failssecond"], repeat=3, contexts=(4,))
+    (p,) = res.points
+    assert p.status == "failed" and p.reason.startswith("repeat 2 of 3: RuntimeError")
+    assert len(p.repeats) == 1  # the first process's samples are kept
+
+
+def test_repeats_fold_worst_match_and_mean_bytes():
+    """repeats.add: the worst match, the median build, the mean bytes with a note where the
+    processes counted differently (a GPU run keeps the point)."""
+    from harness import repeats
+
+    def one(ms, kernel, ok, build):
+        return results.Point(
+            "x", 4, 8, 3, step_ms=results.Stats.of(ms), build_s=build, time_to_depth_s=0.0,
+            bytes_per_step={"h2d": 8.0, "d2h": 16.0, "d2d": 0.0, "kernel": kernel},
+            match=results.Match(ok, 1e-6 if ok else 1.0, 1e-7, 1.0 if ok else 0.5),
+            peak_rss_bytes=10, details={"step_ms_samples": ms, "wall_s": 1.0})
+
+    p = repeats.first(one([1.0, 1.1, 1.2], 100.0, True, 2.0))
+    p = repeats.add(p, one([1.0, 1.0, 1.3], 100.0, True, 4.0), 2, 3)
+    assert "bytes_differ" not in p.details and p.bytes_per_step["kernel"] == 100.0
+    p = repeats.add(p, one([2.0, 2.1, 2.2], 130.0, False, 3.0), 3, 3)
+    assert not p.match.ok and p.match.max_abs == 1.0 and p.match.argmax_agree == 0.5
+    assert p.bytes_per_step["kernel"] == 110.0 and "differ" in p.details["bytes_differ"]
+    assert p.build_s == 3.0 and p.details["wall_s"] == 3.0 and len(p.repeats) == 3
+    assert p.step_ms.median == 1.2  # pooled over the nine steps
+
+
+def test_repeat_two_real_workers(tmp_path):
+    """A real tiny sweep, two fresh worker processes per point (ORT's CPU EP)."""
+    pytest.importorskip("onnxruntime")
+    res, out = sweep(tmp_path, ["ort-cpu:copy", "ort-cpu:shared"], repeat=2, contexts=(8,),
+                     inprocess=False)
+    for p in res.points:
+        assert p.matches, p.reason
+        assert len(p.repeats) == 2 and all(len(r["step_ms"]) == 3 for r in p.repeats)
+        assert p.step_ms_ci["low"] <= p.step_ms.median <= p.step_ms_ci["high"]
+    assert results.load(out).points[0].repeats == res.points[0].repeats
 
 
 def test_interrupted_sweep_keeps_points(tmp_path):

@@ -33,6 +33,10 @@ class Run(Command):
                             " GPU point's warm-up steps, so the GPU's clocks are up for every"
                             f" backend alike (default {runner.DEFAULT_WARM_S:g}; nothing runs on"
                             " a CPU adapter)")
+        p.add_argument("--repeat", type=common_args.positive_int, default=1,
+                       help="measure each point in N fresh worker processes, taken in turns"
+                            " over the backends; the interval of the median then takes in the"
+                            " spread between processes (default 1; 3 or more for an ordering)")
         p.add_argument("--capacity", type=common_args.positive_int, default=None,
                        help="fixed cache capacity (default: context + warmup + steps)")
         p.add_argument("--seed", type=int, default=0, help="weights and token seed (default 0)")
@@ -53,7 +57,7 @@ class Run(Command):
         rc = runner.RunConfig(
             preset=args.preset, backends=select(args.backends),
             contexts=runner.parse_contexts(args.contexts), steps=args.steps, warmup=args.warmup,
-            warm_s=args.warm_s,
+            warm_s=args.warm_s, repeat=args.repeat,
             capacity=args.capacity, seed=args.seed, inprocess=args.inprocess,
             calibrate=args.calibrate, timeout_s=float(args.point_timeout),
             command="statebench " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
