@@ -22,10 +22,10 @@ from model.errors import UserError
 from model.quantize import Q4_BLOCK, round_trip
 
 ATTENTION = "attention"
-#: ModelConfig.weights' accepted values
-WEIGHT_FORMATS = ("float32", "float16", "q4")
 GDN = "gdn"
 LAYER_KINDS = (ATTENTION, GDN)
+#: ModelConfig.weights' accepted values
+WEIGHT_FORMATS = ("float32", "float16", "q4")
 
 
 @dataclass(frozen=True)

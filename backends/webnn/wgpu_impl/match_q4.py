@@ -43,7 +43,6 @@ class Q4Weight:
         return self.codes._dtype.name == "int4"
 
 
-
 def match_q4(nodes: list[MLOperand]) -> dict[int, Q4Weight]:
     """matmul id -> its 4-bit weights, for every product the kernel can run."""
     out: dict[int, Q4Weight] = {}
