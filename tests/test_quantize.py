@@ -151,6 +151,7 @@ def test_graphs_hold_4bit_weights(tiny_q4):
     assert int4 == {n + ".q4" for n in names}
     floats = {t.name for t in std.initializer if t.data_type == TensorProto.FLOAT}
     assert not floats & names and "embed_tokens" in floats
+    assert {n.op_type for n in std.node} <= E.STANDARD_OPS  # what the WebNN converter takes
 
 
 def _decode(wl, path, flavour, run):
