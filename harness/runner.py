@@ -31,7 +31,7 @@ from harness.results import Point, Results, one_line
 from model import checksum
 from model.errors import UserError
 from model.reference import Reference
-from model.workload import ModelConfig, Workload, preset, token_stream
+from model.workload import ModelConfig, Workload, preset, token_stream, weights_bytes
 
 #: presets above this many parameters get a float32 reference (float64 would need 2× the memory)
 FLOAT64_REFERENCE_MAX_PARAMS = 200_000_000
@@ -251,8 +251,7 @@ def run_sweep(rc: RunConfig, out: str | Path, console: Console | None = None,
     out = Path(out)
 
     needs_gpu = any(not metrics.is_cpu(n) for n in classes)
-    weights_bytes = cfg.weight_bytes_per_parameter * cfg.describe()["parameters"]
-    calib = (calibration.calibrate(need_gpu=needs_gpu, working_set=weights_bytes)
+    calib = (calibration.calibrate(need_gpu=needs_gpu, working_set=weights_bytes(cfg))
              if rc.calibrate else {})
     results = new_results(rc, cfg, calib, with_adapter=needs_gpu or rc.calibrate)
     results.save(out)

@@ -216,6 +216,16 @@ def quantised_names(cfg: ModelConfig) -> list[str]:
     return [n for n, s in weight_shapes(cfg).items() if len(s) == 2 and n != "embed_tokens"]
 
 
+def weights_bytes(cfg: ModelConfig) -> int:
+    """The weights' bytes as the floor counts them: 2 a parameter when they are float16
+    values, half a byte plus a float32 scale a block when 4-bit (ModelConfig.weights)."""
+    quantised = set(quantised_names(cfg))
+    sizes = {n: int(np.prod(s)) for n, s in weight_shapes(cfg).items()}
+    plain = sum(v for n, v in sizes.items() if n not in quantised)
+    q4 = sum(sizes[n] for n in quantised)
+    return plain * cfg.weight_bytes_per_parameter + q4 // 2 + q4 // Q4_BLOCK * 4
+
+
 def _rng(seed: int, name: str) -> np.random.Generator:
     """One generator per (seed, tensor name): a tensor never depends on which others exist."""
     digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
@@ -367,9 +377,5 @@ class Workload:
 
     @property
     def weights_bytes(self) -> int:
-        """The weights' bytes as the floor counts them (2 a parameter when they are float16
-        values, half a byte plus a float32 scale a block when 4-bit: ModelConfig.weights)."""
-        quantised = set(quantised_names(self.config))
-        plain = sum(w.size for n, w in self.weights.items() if n not in quantised)
-        q4 = sum(self.weights[n].size for n in quantised)
-        return int(plain * self.config.weight_bytes_per_parameter + q4 // 2 + q4 // Q4_BLOCK * 4)
+        """The weights' bytes as the floor counts them (``weights_bytes``)."""
+        return weights_bytes(self.config)
