@@ -36,7 +36,7 @@ from harness.wgpu_probe import WgpuProbe, probe_wgpu
 from model import checksum
 from model.errors import UserError
 from model.reference import Reference
-from model.workload import ModelConfig, Workload, preset, token_stream
+from model.workload import ModelConfig, Workload, preset, token_stream, weights_bytes
 
 #: presets above this many parameters get a float32 reference (float64 would need 2× the memory)
 FLOAT64_REFERENCE_MAX_PARAMS = 200_000_000
@@ -283,11 +283,10 @@ def _measure_sweep(rc: RunConfig, sink: ResultsFile, console: Console | None,
     console = console or Console(stderr=True)
 
     needs_gpu = any(not metrics.is_cpu(n) for n in classes)
-    weights_bytes = cfg.weight_bytes_per_parameter * cfg.describe()["parameters"]
     # the adapter (and its figures) from a child: a driver that aborts ends only the child
     probe = (probe_wgpu(CALIBRATION_SIZE if needs_gpu and rc.calibrate else None)
              if needs_gpu or rc.calibrate else None)
-    calib = (calibration.calibrate(need_gpu=needs_gpu, working_set=weights_bytes, probe=probe)
+    calib = (calibration.calibrate(need_gpu=needs_gpu, working_set=weights_bytes(cfg), probe=probe)
              if rc.calibrate else {})
     results = new_results(rc, cfg, calib, probe)
     no_adapter = "" if probe is None else probe.available[1]

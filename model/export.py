@@ -45,6 +45,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from model import checksum
+from model import quantize as Q
 from model.atomic import atomic_file
 from model.workload import (
     ATTENTION,
@@ -53,6 +54,7 @@ from model.workload import (
     cache_specs,
     config_key,
     default_cache_dir,
+    quantised_names,
     weight_shapes,
 )
 
@@ -67,7 +69,7 @@ STANDARD_OPS = frozenset({
     "Gather", "MatMul", "Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Exp", "Log", "Neg", "Sigmoid",
     "Softplus", "Softmax", "ReduceMean", "ReduceSum", "ReduceMax", "Reshape", "Transpose",
     "Concat", "Slice", "Expand", "Where", "ScatterND", "Cast", "LessOrEqual", "Unsqueeze",
-    "Squeeze",
+    "Squeeze", "DequantizeLinear",
 })
 
 #: symbolic cache lengths of the ORT flavour
@@ -98,6 +100,8 @@ def export(workload: Workload, flavour: str, capacity: int,
         # the weights file the graph points to is checked (or rebuilt) on every reuse too:
         # a backend reads both, and a graph never changes when its weights file is rebuilt
         write_weights(workload, path.parent)
+        if quantised_names(workload.config):
+            write_q4_weights(workload, path.parent, flavour)
         if checksum.reusable(path, "graph"):
             return path
     if flavour == STANDARD:
@@ -124,9 +128,11 @@ def export_ort(workload: Workload, path: str | os.PathLike, capacity: int | None
 
 
 def _weights_layout(cfg: ModelConfig) -> list[tuple[str, str, tuple[int, ...]]]:
-    """(stored name, workload name, stored shape); the tied head is stored transposed."""
-    out = [(n, n, s) for n, s in weight_shapes(cfg).items()]
-    if cfg.tied_embeddings:
+    """(stored name, workload name, stored shape) of the float weights; the tied head is
+    stored transposed; 4-bit tensors live in their own file (``write_q4_weights``)."""
+    quantised = set(quantised_names(cfg))
+    out = [(n, n, s) for n, s in weight_shapes(cfg).items() if n not in quantised]
+    if not cfg.separate_head:
         out.append(("lm_head", "embed_tokens.T", (cfg.hidden, cfg.vocab)))
     return out
 
@@ -199,6 +205,9 @@ class _Builder:
         self.outputs: list[onnx.ValueInfoProto] = []
         self._consts: dict[bytes, str] = {}
         self._n = 0
+        self.flavour = STANDARD  # set by _build
+        self.quantised = set(quantised_names(self.cfg))
+        self.q4_manifest: dict[str, tuple[int, int]] | None = None  # written on first use
         path.parent.mkdir(parents=True, exist_ok=True)
         self.manifest = write_weights(workload, path.parent)
 
@@ -207,14 +216,8 @@ class _Builder:
         """An initializer backed by the shared weights file (added once)."""
         if name not in self.shapes:
             shape = dict((s, sh) for s, _, sh in _weights_layout(self.cfg))[name]
-            offset, length = self.manifest[name]
-            t = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=list(shape))
-            t.data_location = TensorProto.EXTERNAL
-            for k, v in (("location", "weights.bin"), ("offset", str(offset)),
-                         ("length", str(length))):
-                t.external_data.add(key=k, value=v)
-            self.inits.append(t)
-            self.shapes[name] = (list(shape), TensorProto.FLOAT)
+            self.external(name, TensorProto.FLOAT, list(shape), "weights.bin",
+                          self.manifest[name])
         return name
 
     def const(self, value, dtype=np.float32, name: str | None = None) -> str:
@@ -261,6 +264,26 @@ class _Builder:
     def reshape(self, x: str, shape: list[int], out: str | None = None) -> str:
         return self.op("Reshape", [x, self.const(shape, np.int64)], shape, self.shapes[x][1],
                        out=out)
+
+    def project(self, x: str, weight: str, out: str | None = None) -> str:
+        """``x @ weight`` for a stored (K, N) matrix: a MatMul, or for a 4-bit one the
+        flavour's quantised form (``_q4_project``)."""
+        if weight in self.quantised:
+            return _q4_project(self, x, weight, out)
+        w = self.weight(weight)
+        return self.op("MatMul", [x, w], self.shape_of(x)[:-1] + [self.shape_of(w)[-1]],
+                       out=out)
+
+    def external(self, name: str, elem: int, dims: list[int], file: str,
+                 span: tuple[int, int]) -> str:
+        """An initializer stored in ``file`` beside the graph at (offset, length)."""
+        t = TensorProto(name=name, data_type=elem, dims=list(dims))
+        t.data_location = TensorProto.EXTERNAL
+        for k, v in (("location", file), ("offset", str(span[0])), ("length", str(span[1]))):
+            t.external_data.add(key=k, value=v)
+        self.inits.append(t)
+        self.shapes[name] = (list(dims), elem)
+        return name
 
     def matmul(self, x: str, w: str) -> str:
         xs, ws = self.shape_of(x), self.shape_of(w)
@@ -309,6 +332,7 @@ def rope_tables(cfg: ModelConfig, capacity: int) -> tuple[np.ndarray, np.ndarray
 
 def _build(b: _Builder, flavour: str, capacity: int) -> None:
     cfg = b.cfg
+    b.flavour = flavour
     h = cfg.hidden
     ids = b.input("input_ids", TensorProto.INT64, [1, 1])
     ctx: dict[str, str] = {}
@@ -351,17 +375,16 @@ def _build(b: _Builder, flavour: str, capacity: int) -> None:
             residual = mixed
         xn, x = _norm(b, flavour, x, residual, p + "post_norm")
         residual = None
-        gate = b.matmul(xn, b.weight(p + "gate_proj"))
+        gate = b.project(xn, p + "gate_proj")
         act = b.binary("Mul", gate, b.unary("Sigmoid", gate))
-        up = b.matmul(xn, b.weight(p + "up_proj"))
-        mlp = b.matmul(b.binary("Mul", act, up), b.weight(p + "down_proj"))
+        up = b.project(xn, p + "up_proj")
+        mlp = b.project(b.binary("Mul", act, up), p + "down_proj")
         if flavour == STANDARD:
             x = b.binary("Add", x, mlp)
         else:
             residual = mlp
     xn, _ = _norm(b, flavour, x, residual, "final_norm")
-    head = b.weight("lm_head")
-    b.op("MatMul", [xn, head], [1, 1, cfg.vocab], out="logits")
+    b.project(xn, "lm_head", out="logits")
     b.output("logits")
     for s in specs:
         b.output(s.output)
@@ -426,9 +449,9 @@ def _attention(b: _Builder, flavour: str, ctx: dict[str, str], i: int, xn: str,
                capacity: int) -> str:
     cfg, p = b.cfg, f"layers.{i}."
     hq, hk, d = cfg.q_heads, cfg.kv_heads, cfg.head_dim
-    q = b.matmul(xn, b.weight(p + "q_proj"))
-    k = b.matmul(xn, b.weight(p + "k_proj"))
-    v = b.matmul(xn, b.weight(p + "v_proj"))
+    q = b.project(xn, p + "q_proj")
+    k = b.project(xn, p + "k_proj")
+    v = b.project(xn, p + "v_proj")
     past_k, past_v = f"past_key_values.{i}.key", f"past_key_values.{i}.value"
     pres_k, pres_v = f"present.{i}.key", f"present.{i}.value"
     half = cfg.kv_cache == "float16"
@@ -448,7 +471,7 @@ def _attention(b: _Builder, flavour: str, ctx: dict[str, str], i: int, xn: str,
                    num_heads=hq, kv_num_heads=hk, do_rotary=1, rotary_interleaved=0)
         if half:
             out = b.cast(out, TensorProto.FLOAT)
-        return b.matmul(out, b.weight(p + "o_proj"))
+        return b.project(out, p + "o_proj")
     # S = 1, so BSNH -> BNSH is a reshape
     q = _rope(b, b.reshape(q, [1, hk, hq // hk, d]), ctx["cos_row"], ctx["sin_row"])
     k = _rope(b, b.reshape(k, [1, hk, 1, d]), ctx["cos_row"], ctx["sin_row"])
@@ -468,18 +491,18 @@ def _attention(b: _Builder, flavour: str, ctx: dict[str, str], i: int, xn: str,
     scores = b.op("Where", [ctx["mask"], scores, neg], b.shape_of(scores))
     probs = b.op("Softmax", [scores], b.shape_of(scores), axis=-1)
     out = b.reshape(b.matmul(probs, vc), [1, 1, hq * d])
-    return b.matmul(out, b.weight(p + "o_proj"))
+    return b.project(out, p + "o_proj")
 
 
 def _gdn(b: _Builder, flavour: str, i: int, xn: str) -> str:
     cfg, p = b.cfg, f"layers.{i}."
     hk, hv, dk, dv = cfg.gdn_qk_heads, cfg.gdn_v_heads, cfg.gdn_qk_dim, cfg.gdn_v_dim
     rep = hv // hk
-    q = b.matmul(xn, b.weight(p + "q_proj"))
-    k = b.matmul(xn, b.weight(p + "k_proj"))
-    v = b.matmul(xn, b.weight(p + "v_proj"))
-    a = b.matmul(xn, b.weight(p + "a_proj"))
-    bb = b.matmul(xn, b.weight(p + "b_proj"))
+    q = b.project(xn, p + "q_proj")
+    k = b.project(xn, p + "k_proj")
+    v = b.project(xn, p + "v_proj")
+    a = b.project(xn, p + "a_proj")
+    bb = b.project(xn, p + "b_proj")
     past, present = f"past_state.{i}", f"present_state.{i}"
     state = [1, hv, dv, dk]
     if flavour == ORT:
@@ -490,7 +513,7 @@ def _gdn(b: _Builder, flavour: str, i: int, xn: str) -> str:
                    [1, hv, dv], domain=MS_DOMAIN,
                    outputs=[(present, state, TensorProto.FLOAT)],
                    gate_activation="softplus", beta_activation="sigmoid", qk_l2_norm=1)
-        return b.matmul(b.reshape(out, [1, 1, hv * dv]), b.weight(p + "o_proj"))
+        return b.project(b.reshape(out, [1, 1, hv * dv]), p + "o_proj")
     eps = b.const(1e-6)
 
     def l2(t: str) -> str:
@@ -512,4 +535,105 @@ def _gdn(b: _Builder, flavour: str, i: int, xn: str) -> str:
     b.reshape(new, state, out=present)
     o = b.matmul(new, b.reshape(qn, [1, hk, 1, dk, 1]))  # (1, hk, rep, dv, 1)
     o = b.binary("Mul", o, b.const(1.0 / np.sqrt(dk)))
-    return b.matmul(b.reshape(o, [1, 1, hv * dv]), b.weight(p + "o_proj"))
+    return b.project(b.reshape(o, [1, 1, hv * dv]), p + "o_proj")
+
+
+# ---------------------------------------------------------------------------------------------
+# 4-bit weights (ModelConfig.weights "q4"; model.quantize)
+
+#: MatMulNBits' accuracy_level: int8 compute for A where the EP has it (ORT's quantizer and
+#: onnxruntime-genai's q4 exports set 4)
+Q4_ACCURACY_LEVEL = 4
+#: columns (MatMulNBits) or rows (int4) packed at a time: a 128k-vocab head stays a few
+#: hundred MB of temporaries
+_Q4_CHUNK = 8192
+
+
+def _q4_file(flavour: str) -> str:
+    return f"weights-q4-{flavour}.bin"
+
+
+def _q4_parts(workload: Workload, name: str, flavour: str):
+    """(suffix, bytes) pieces of one 4-bit tensor in the flavour's packing, in file order:
+    MatMulNBits' B then scales, or the int4 tensor then scales. ValueError when the
+    workload's weights are not 4-bit values (``quantize.recover``)."""
+    w = workload.weights[name]
+    k, n = w.shape
+    if flavour == ORT:
+        packed, scales = [], []
+        for c in range(0, n, _Q4_CHUNK):
+            b, s = Q.pack_matmulnbits(*Q.recover(w[:, c:c + _Q4_CHUNK], name))
+            packed.append(b.tobytes())
+            scales.append(s.tobytes())
+        return [(".q4", b"".join(packed)), (".scales", b"".join(scales))]
+    packed, scales = [], []
+    rows = _Q4_CHUNK // Q.Q4_BLOCK * Q.Q4_BLOCK
+    for r in range(0, k, rows):
+        q, s = Q.recover(w[r:r + rows], name)
+        packed.append(Q.pack_int4(q).tobytes())
+        scales.append(s.tobytes())
+    return [(".q4", b"".join(packed)), (".scales", b"".join(scales))]
+
+
+def write_q4_weights(workload: Workload, directory: Path, flavour: str) -> dict[str, tuple[int, int]]:
+    """Write the flavour's 4-bit tensors (``weights-q4-<flavour>.bin`` + ``.json``) once;
+    returns stored name -> (offset, length). Reused while the model key and the float
+    weights' fingerprints match and its checksum holds (``model.checksum``); written
+    atomically and sealed as ``write_weights``."""
+    cfg = workload.config
+    names = quantised_names(cfg)
+    bin_path = directory / _q4_file(flavour)
+    json_path = bin_path.with_suffix(".json")
+    fingerprint = {n: _fingerprint(workload.weights[n]) for n in names}
+    try:
+        meta = json.loads(json_path.read_text())
+        if (meta["model"] == config_key(cfg, workload.seed) and meta["fingerprint"] == fingerprint
+                and checksum.reusable(bin_path, "weights", size=meta["size"])):
+            return {k: (v[0], v[1]) for k, v in meta["tensors"].items()}
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    manifest: dict[str, list[int]] = {}
+    offset = 0
+    with atomic_file(bin_path) as f:
+        for name in names:
+            for suffix, data in _q4_parts(workload, name, flavour):
+                manifest[name + suffix] = [offset, len(data)]
+                f.seek(offset)
+                f.write(data)
+                offset += (len(data) + _ALIGN - 1) // _ALIGN * _ALIGN
+        f.truncate(offset)
+    checksum.seal(bin_path)
+    meta = {"model": config_key(cfg, workload.seed), "size": offset, "tensors": manifest,
+            "fingerprint": fingerprint}
+    _atomic_write(json_path, json.dumps(meta).encode())
+    return {k: (v[0], v[1]) for k, v in manifest.items()}
+
+
+def _q4_project(b: _Builder, x: str, name: str, out: str | None) -> str:
+    """``x @ W`` for a 4-bit (K, N) matrix W: ORT flavour MatMulNBits (bits 4, block 32,
+    accuracy_level 4); standard flavour DequantizeLinear (int4, block_size 32 on axis 0)
+    feeding MatMul, which a WebNN page builds as dequantizeLinear then matmul."""
+    if b.q4_manifest is None:
+        b.q4_manifest = write_q4_weights(b.workload, b.path.parent, b.flavour)
+    k, n = b.workload.weights[name].shape
+    blocks = k // Q.Q4_BLOCK
+    file = _q4_file(b.flavour)
+    shape = b.shape_of(x)[:-1] + [n]
+    if name + ".q4" not in b.shapes:
+        if b.flavour == ORT:
+            b.external(name + ".q4", TensorProto.UINT8, [n, blocks, Q.Q4_BLOCK // 2], file,
+                       b.q4_manifest[name + ".q4"])
+            # flat (N * K/32), as ORT's MatMulNBitsQuantizer writes them
+            b.external(name + ".scales", TensorProto.FLOAT, [n * blocks], file,
+                       b.q4_manifest[name + ".scales"])
+        else:
+            b.external(name + ".q4", TensorProto.INT4, [k, n], file, b.q4_manifest[name + ".q4"])
+            b.external(name + ".scales", TensorProto.FLOAT, [blocks, n], file,
+                       b.q4_manifest[name + ".scales"])
+    if b.flavour == ORT:
+        return b.op("MatMulNBits", [x, name + ".q4", name + ".scales"], shape, out=out,
+                    domain=MS_DOMAIN, K=k, N=n, bits=4, block_size=Q.Q4_BLOCK,
+                    accuracy_level=Q4_ACCURACY_LEVEL)
+    w = b.op("DequantizeLinear", [name + ".q4", name + ".scales"], [k, n], axis=0,
+             block_size=Q.Q4_BLOCK)
+    return b.op("MatMul", [x, w], shape, out=out)

@@ -264,7 +264,7 @@ class Reference:
         if not logits:
             return None
         x = rms_norm(x, w["final_norm"], cfg.rms_eps)
-        head = w["embed_tokens"].T if cfg.tied_embeddings else w["lm_head"]
+        head = w["lm_head"] if cfg.separate_head else w["embed_tokens"].T
         return project(x, head)
 
     def _attention(self, i: int, xn: np.ndarray, positions: np.ndarray) -> np.ndarray:

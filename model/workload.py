@@ -19,10 +19,13 @@ import numpy as np
 from model import checksum
 from model.atomic import atomic_file
 from model.errors import UserError
+from model.quantize import Q4_BLOCK, round_trip
 
 ATTENTION = "attention"
 GDN = "gdn"
 LAYER_KINDS = (ATTENTION, GDN)
+#: ModelConfig.weights' accepted values
+WEIGHT_FORMATS = ("float32", "float16", "q4")
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,10 @@ class ModelConfig:
     dtype: str = "float32"
     #: "float16": every weight is a float16 value (stored as float32 everywhere), so an
     #: implementation may keep the weights as float16 without loss: the floor counts 2 bytes
-    #: a parameter (a preset name with WEIGHTS_F16_SUFFIX)
+    #: a parameter (a preset name with WEIGHTS_F16_SUFFIX). "q4": every matrix weight
+    #: (``quantised_names``) is a 4-bit block-quantised matrix (model.quantize; a preset
+    #: name with Q4_SUFFIX), stored dequantised (float32, exact) so the reference uses it as
+    #: is; the embedding stays float32 and the LM head becomes a tensor of its own
     weights: str = "float32"
     #: the KV caches' data type, a property of the model (a preset name with
     #: KV_F16_SUFFIX): "float16" caches are float16 graph inputs and outputs, their new
@@ -58,8 +64,8 @@ class ModelConfig:
     kv_cache: str = "float32"
 
     def __post_init__(self) -> None:
-        if self.weights not in ("float32", "float16"):
-            raise UserError(f"weights {self.weights!r}; accepted: float32, float16")
+        if self.weights not in WEIGHT_FORMATS:
+            raise UserError(f"weights {self.weights!r}; accepted: {', '.join(WEIGHT_FORMATS)}")
         if self.kv_cache not in ("float32", "float16"):
             raise UserError(f"kv_cache {self.kv_cache!r}; accepted: float32, float16")
         bad = [k for k in self.layers if k not in LAYER_KINDS]
@@ -80,7 +86,14 @@ class ModelConfig:
 
     @property
     def weight_bytes_per_parameter(self) -> int:
+        """Bytes of an unquantised parameter (``weights_bytes`` counts quantised ones)."""
         return 2 if self.weights == "float16" else 4
+
+    @property
+    def separate_head(self) -> bool:
+        """Whether the LM head is a tensor of its own (``lm_head``): untied, or the
+        4-bit head of a tied model whose embedding stays float."""
+        return not self.tied_embeddings or self.weights == "q4"
 
     @property
     def kv_bytes_per_element(self) -> int:
@@ -91,6 +104,10 @@ class ModelConfig:
         d = asdict(self)
         d["layers"] = list(self.layers)
         d["parameters"] = int(sum(int(np.prod(s)) for s in weight_shapes(self).values()))
+        if self.weights == "q4":
+            d["quantised"] = {"format": f"int4, symmetric, block {Q4_BLOCK} along the input "
+                                        "dimension, a float16-valued scale a block",
+                              "tensors": quantised_names(self)}
         return d
 
 
@@ -133,20 +150,25 @@ WEIGHTS_F16_SUFFIX = "+f16"
 #: appended to a preset's name: the same model with float16 KV caches (compute float32);
 #: composes with WEIGHTS_F16_SUFFIX in either order (``llama-1b+f16+f16kv``)
 KV_F16_SUFFIX = "+f16kv"
-_SUFFIXES = {WEIGHTS_F16_SUFFIX: {"weights": "float16"}, KV_F16_SUFFIX: {"kv_cache": "float16"}}
+#: appended to a preset's name: every matrix weight 4-bit (ModelConfig.weights "q4")
+Q4_SUFFIX = "+q4"
+_SUFFIXES = {WEIGHTS_F16_SUFFIX: {"weights": "float16"}, KV_F16_SUFFIX: {"kv_cache": "float16"},
+             Q4_SUFFIX: {"weights": "q4"}}
 
 
 def preset_names() -> str:
     """The preset names ``preset`` accepts, in words (its error and the --preset help)."""
     return (f"{', '.join(PRESETS)}, each also with {WEIGHTS_F16_SUFFIX!r} "
-            f"(float16-valued weights) and/or {KV_F16_SUFFIX!r} (float16 KV caches)")
+            f"(float16-valued weights) or {Q4_SUFFIX!r} (4-bit matrix weights), "
+            f"and/or {KV_F16_SUFFIX!r} (float16 KV caches)")
 
 
 def preset(name: str) -> ModelConfig:
     base, *rest = str(name).split("+")
     suffixes = ["+" + r for r in rest]
     bad = [x for x in suffixes if x not in _SUFFIXES]
-    if base not in PRESETS or bad or len(set(suffixes)) != len(suffixes):
+    both = WEIGHTS_F16_SUFFIX in suffixes and Q4_SUFFIX in suffixes  # two weight formats
+    if base not in PRESETS or bad or both or len(set(suffixes)) != len(suffixes):
         raise UserError(f"unknown preset {name!r}; accepted: {preset_names()}")
     if not suffixes:
         return PRESETS[base]
@@ -181,9 +203,27 @@ def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes[p + "up_proj"] = (h, f)
         shapes[p + "down_proj"] = (f, h)
     shapes["final_norm"] = (h,)
-    if not cfg.tied_embeddings:
+    if cfg.separate_head:
         shapes["lm_head"] = (h, cfg.vocab)
     return shapes
+
+
+def quantised_names(cfg: ModelConfig) -> list[str]:
+    """The tensors a "q4" model stores in 4 bits: every matrix but the embedding (the
+    projections of attention, gated delta and MLP, and the LM head), as real exports."""
+    if cfg.weights != "q4":
+        return []
+    return [n for n, s in weight_shapes(cfg).items() if len(s) == 2 and n != "embed_tokens"]
+
+
+def weights_bytes(cfg: ModelConfig) -> int:
+    """The weights' bytes as the floor counts them: 2 a parameter when they are float16
+    values, half a byte plus a float32 scale a block when 4-bit (ModelConfig.weights)."""
+    quantised = set(quantised_names(cfg))
+    sizes = {n: int(np.prod(s)) for n, s in weight_shapes(cfg).items()}
+    plain = sum(v for n, v in sizes.items() if n not in quantised)
+    q4 = sum(sizes[n] for n in quantised)
+    return plain * cfg.weight_bytes_per_parameter + q4 // 2 + q4 // Q4_BLOCK * 4
 
 
 def _rng(seed: int, name: str) -> np.random.Generator:
@@ -204,14 +244,19 @@ def make_weight(cfg: ModelConfig, name: str, shape: tuple[int, ...], seed: int) 
         return rng.uniform(-2.0, 0.0, shape).astype(np.float32)
     if leaf == "embed_tokens":
         return rng.standard_normal(shape, dtype=np.float32)
+    if leaf == "lm_head" and cfg.tied_embeddings:  # a tied model's head, stored on its own
+        return np.ascontiguousarray(make_weight(cfg, "embed_tokens", shape[::-1], seed).T)
     w = rng.standard_normal(shape, dtype=np.float32)
     w *= np.float32(1.0 / np.sqrt(shape[0]))
     return w
 
 
 def make_weight_as(cfg: ModelConfig, name: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
-    """``make_weight``, rounded to float16 values (still float32) when the config says so."""
+    """``make_weight``, rounded to float16 values (still float32) or to its 4-bit model
+    (dequantised, float32) when the config says so."""
     w = make_weight(cfg, name, shape, seed)
+    if cfg.weights == "q4" and len(shape) == 2 and name != "embed_tokens":
+        return round_trip(w)
     return w.astype(np.float16).astype(np.float32) if cfg.weights == "float16" else w
 
 
@@ -332,7 +377,5 @@ class Workload:
 
     @property
     def weights_bytes(self) -> int:
-        """The weights' bytes as the floor counts them (2 a parameter when they are float16
-        values: ModelConfig.weights)."""
-        return int(sum(w.size for w in self.weights.values())
-                   * self.config.weight_bytes_per_parameter)
+        """The weights' bytes as the floor counts them (``weights_bytes``)."""
+        return weights_bytes(self.config)

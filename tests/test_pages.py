@@ -219,7 +219,8 @@ def test_gpu_gemv_norms_in_one_launch_each():
     try:
         # the point records every knob its context ran with, None where the adapter chose
         knobs = ("gemv", "attention", "gemv_prologue", "row_writes", "attention_splits",
-                 "record_ahead", "cache_copy", "gemv_weights", "gdn", "f16_loads", "read_copy")
+                 "record_ahead", "cache_copy", "gemv_weights", "gdn", "f16_loads", "read_copy",
+                 "q4_gemv")
         assert b.details["kernel_options"] == {**dict.fromkeys(knobs), "gemv": "rows_sh",
                                                "gdn": "generic"}
         plan = b.converted.graph._plan

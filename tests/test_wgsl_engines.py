@@ -33,6 +33,7 @@ OPTION_VALUES: dict[str, list[str | int | None]] = {
     "gemv_weights": [None, "f32", "f16"],
     "gdn": [None, "generic", "fused", "fused8", "fused64_sh", "fused_norms", "fused16_sh_norms"],
     "f16_loads": [None, "wide", "vec4"],
+    "q4_gemv": [None, "fused", "generic"],
 }
 
 
@@ -93,6 +94,17 @@ def _op_graphs(b, dt: str) -> dict[str, object]:
         c = b.constant(data_type=dt, shape=[5], value=np.linspace(0, 1, 5))
         out["gemm"] = b.gemm(b.reshape(x, [6, 8]), w, c=c, alpha=0.5, beta=2.0)
         out["fused_chain"] = b.sigmoid(b.mul(b.add(x, y), b.exp(x)))
+        for kind in ("int4", "uint4", "uint8"):  # dequantizeLinear, blocks (4, 1)
+            nbytes = 20 if kind != "uint8" else 40
+            q = b.constant(data_type=kind, shape=[8, 5], value=np.arange(nbytes, dtype=np.uint8))
+            zp = b.constant(data_type=kind, shape=[2, 5], value=np.ones(5 if kind != "uint8"
+                                                                       else 10, np.uint8))
+            sc = b.constant(data_type=dt, shape=[2, 5], value=np.linspace(0.1, 1, 10))
+            out["dq_" + kind] = b.dequantize_linear(q, sc, zp)
+        q8 = b.constant(data_type="int4", shape=[8, 5], value=np.arange(20, dtype=np.uint8))
+        sc8 = b.constant(data_type=dt, shape=[1, 5], value=np.linspace(0.1, 1, 5))
+        zp8 = b.constant(data_type="int4", shape=[1, 5], value=np.zeros(3, np.uint8))
+        out["gemv_q4"] = b.matmul(v, b.dequantize_linear(q8, sc8, zp8))
         out["rmsnorm"] = b.mul(x, b.reciprocal(b.sqrt(b.add(
             b.reduce_mean(b.mul(x, x), axes=[2], keep_dimensions=True), y))))
     return out
@@ -142,7 +154,7 @@ def kernels():
                         b.build({name: o})
             else:
                 b.build(outs)
-        for name in ("tiny", "tiny+f16", "tiny+f16kv", "tiny+f16+f16kv"):
+        for name in ("tiny", "tiny+f16", "tiny+f16kv", "tiny+f16+f16kv", "tiny+q4"):
             path = export(Workload.build(preset(name)), "standard", 24)
             pairs = list_kv_pairs(path)
             convert(path, ctx)

@@ -22,7 +22,7 @@ import numpy as np
 from backends.webnn.counters import ByteCounters
 
 from . import shapes as S
-from .dtypes import DType, dtype, to_device
+from .dtypes import DType, dtype, packed_words, to_device
 from .errors import InvalidStateError
 
 _serial = itertools.count(1)
@@ -106,6 +106,11 @@ class MLGraphBuilder:
     def _node(self, op: str, inputs: Sequence[MLOperand], dt: DType, shape: tuple[int, ...],
               **attrs: Any) -> MLOperand:
         self._own(*inputs)
+        packed = [x for x in inputs if x._dtype.packed]
+        if packed and op != "dequantize_linear":
+            # the spec's opSupportLimits() may leave a type out of an op's list
+            raise TypeError(f"{op} does not take {packed[0]._dtype.name} operands here; "
+                            "only dequantizeLinear does")
         return MLOperand(self, "op", dt, shape, op=op, inputs=tuple(inputs), attrs=attrs)
 
     def _dtype(self, name: str) -> DType:
@@ -132,6 +137,9 @@ class MLGraphBuilder:
         if name in self._input_names:
             raise TypeError(f"duplicate input name {name!r}")
         dt = self._dtype(data_type)
+        if dt.packed:
+            raise TypeError(f"{dt.name} inputs are not supported by this implementation; "
+                            f"{dt.name} operands are constants")
         self._input_names.add(name)
         return MLOperand(self, "input", dt, S.check_shape(shape), name=name)
 
@@ -139,6 +147,9 @@ class MLGraphBuilder:
     def constant(self, *, data_type: str, shape: Sequence[int], value: Any) -> MLOperand:
         dt = self._dtype(data_type)
         shp = S.check_shape(shape)
+        if dt.packed:  # the spec's buffer: two elements a byte, kept as device words
+            return MLOperand(self, "constant", dt, shp,
+                             value=packed_words(value, dt, S.size(shp)))
         arr = np.asarray(value)
         if arr.size == 1 and S.size(shp) != 1:
             raise TypeError("constant value size does not match its shape")
@@ -337,6 +348,30 @@ class MLGraphBuilder:
             y = self.add(y, cc)
         return y
 
+    # IDL: MLOperand dequantizeLinear(MLOperand input, MLOperand scale, MLOperand zeroPoint, optional MLOperatorOptions options = {});
+    def dequantize_linear(self, x: MLOperand, scale: MLOperand,
+                          zero_point: MLOperand) -> MLOperand:
+        """(input - zeroPoint) * scale. ``scale`` and ``zeroPoint`` have one shape; padded
+        with leading 1s to the input's rank, each of its dimensions divides the input's:
+        the quotient is that axis' block size (1 where they are equal, the whole axis where
+        the scale's is 1: per-tensor and per-axis are blocks too)."""
+        self._own(x, scale, zero_point)
+        if x._dtype.name not in ("int4", "uint4", "uint8"):  # the spec's int8: no DType here
+            raise TypeError(f"dequantizeLinear input must be int4, uint4 or uint8, got "
+                            f"{x._dtype.name}")
+        if not scale._dtype.is_float:
+            raise TypeError(f"dequantizeLinear scale must be float, got {scale._dtype.name}")
+        if zero_point._dtype.name != x._dtype.name:
+            raise TypeError(f"zeroPoint must be {x._dtype.name} as the input, got "
+                            f"{zero_point._dtype.name}")
+        if scale._shape != zero_point._shape:
+            raise TypeError(f"scale {list(scale._shape)} and zeroPoint "
+                            f"{list(zero_point._shape)} must have one shape")
+        if len(scale._shape) > len(x._shape):
+            raise TypeError("scale's rank exceeds the input's")
+        blocks(x._shape, scale._shape)
+        return self._node("dequantize_linear", (x, scale, zero_point), scale._dtype, x._shape)
+
     # -- normalisation and reductions ---------------------------------------------------
     # IDL: MLOperand softmax(MLOperand input, unsigned long axis, optional MLOperatorOptions options = {});
     def softmax(self, x: MLOperand, axis: int) -> MLOperand:
@@ -504,6 +539,16 @@ class MLGraphBuilder:
         return self._context._build(dict(outputs), inputs, pairs, bool(use_stateful))
 
 
+def blocks(shape: Sequence[int], scale_shape: Sequence[int]) -> tuple[int, ...]:
+    """dequantizeLinear's block size per axis of ``shape`` (TypeError where a scale
+    dimension does not divide the input's)."""
+    pad = (1,) * (len(shape) - len(scale_shape)) + tuple(scale_shape)
+    if any(d % s for d, s in zip(shape, pad, strict=True)):
+        raise TypeError(f"scale shape {list(scale_shape)} does not divide the input shape "
+                        f"{list(shape)} into blocks")
+    return tuple(d // s for d, s in zip(shape, pad, strict=True))
+
+
 def _graph_inputs(outputs: Any) -> dict[str, MLOperand]:
     """The input operands the outputs depend on (the graph's input interface)."""
     found: dict[str, MLOperand] = {}
@@ -609,7 +654,8 @@ class MLContext:
                       writable: bool = False) -> MLTensor:
         self._check_alive()
         dt = dtype(data_type)
-        why = self._unsupported(dt)
+        why = self._unsupported(dt) or (f"{dt.name} tensors are not supported by this "
+                                        "implementation" if dt.packed else "")
         if why:
             raise TypeError(why)
         return self._create_tensor(dt, S.check_shape(shape), bool(readable), bool(writable))

@@ -7,6 +7,10 @@ still serves all; byte counts use ``DType.itemsize``.
 
 DEVIATION: ``int64`` is stored as ``i32`` on the device (WGSL has no 64-bit integers);
 ``write_tensor`` and ``constant`` range-check values and raise ``DataError`` outside int32.
+``int4`` / ``uint4`` constants are packed as the spec's buffers are: two elements a byte,
+the lower index in the low nibble; on the device the same bytes are read as ``u32`` words
+(eight elements a word, element i in nibble i % 8). DEVIATION: this implementation takes
+them as constants only, and only ``dequantizeLinear`` reads them (``MLGraphBuilder``).
 DEVIATION: ``uint8`` (the output of comparison ops, the condition of ``where``) is stored as
 ``u32`` on the device; the host sees ``uint8``.
 """
@@ -28,6 +32,11 @@ class DType:
     host: type  # numpy scalar type the page sees
     wgsl: str  # device element type
     device_np: type  # numpy type of the device representation
+    bits: int = 0  # sub-byte types: bits an element, packed (int4, uint4); 0 otherwise
+
+    @property
+    def packed(self) -> bool:
+        return self.bits != 0
 
     @property
     def is_float(self) -> bool:
@@ -46,7 +55,29 @@ DTYPES: dict[str, DType] = {
     "int64": DType("int64", np.int64, "i32", np.int32),
     "uint32": DType("uint32", np.uint32, "u32", np.uint32),
     "uint8": DType("uint8", np.uint8, "u32", np.uint32),
+    "int4": DType("int4", np.uint8, "u32", np.uint32, bits=4),
+    "uint4": DType("uint4", np.uint8, "u32", np.uint32, bits=4),
 }
+
+
+def packed_bytes(dt: DType, count: int) -> int:
+    """Bytes of a packed constant of ``count`` elements (the spec's buffer length)."""
+    return -(-count * dt.bits // 8)
+
+
+def packed_words(value, dt: DType, count: int) -> np.ndarray:
+    """A packed constant's bytes as the device's u32 words (zero-padded); TypeError when the
+    buffer is not the ``packed_bytes`` the descriptor says."""
+    raw = np.asarray(value)
+    if raw.dtype != np.uint8 or raw.size != packed_bytes(dt, count):
+        raise TypeError(f"{dt.name} constant of {count} elements needs a uint8 buffer of "
+                        f"{packed_bytes(dt, count)} bytes (two elements a byte), got "
+                        f"{raw.dtype} x {raw.size}")
+    flat = raw.reshape(-1)
+    pad = -flat.size % 4
+    if pad:
+        flat = np.concatenate([flat, np.zeros(pad, np.uint8)])
+    return np.ascontiguousarray(flat).view(np.uint32)
 
 
 def dtype(name: str) -> DType:

@@ -170,11 +170,48 @@ def _load(model: onnx.ModelProto | str | os.PathLike, weights: bool = True) -> o
         raise ConversionError(f"{os.fspath(model)!r} is not an ONNX model: {exc}") from None
 
 
-def _initializer(t: onnx.TensorProto, base: str | None) -> np.ndarray:
+#: ONNX's 4-bit element types -> WebNN's (packed two a byte in both, low nibble first)
+_PACKED4 = {onnx.TensorProto.INT4: "int4", onnx.TensorProto.UINT4: "uint4"}
+
+
+@dataclass(frozen=True)
+class Packed4:
+    """A 4-bit initializer as its packed bytes: what ``constant(int4|uint4)`` takes."""
+
+    data_type: str
+    shape: tuple[int, ...]
+    data: np.ndarray  # uint8, ceil(size / 2) bytes
+
+
+def _packed4(t: onnx.TensorProto, base: str | None) -> Packed4:
+    """A 4-bit initializer's bytes, unpacked nowhere (external data memory-mapped)."""
+    shape = tuple(int(d) for d in t.dims)
+    nbytes = -(-int(np.prod(shape, dtype=np.int64)) // 2)
+    if t.data_location == onnx.TensorProto.EXTERNAL and base is not None:
+        info = {e.key: e.value for e in t.external_data}
+        path = os.path.normpath(os.path.join(base, info["location"]))
+        if not path.startswith(os.path.normpath(base) + os.sep):
+            raise ValueError(f"external data {info['location']!r} lies outside the model's folder")
+        if "length" in info and int(info["length"]) != nbytes:
+            raise ValueError(f"external data length {info['length']} != {nbytes} packed bytes")
+        data = np.memmap(path, dtype=np.uint8, mode="r", offset=int(info.get("offset", 0)),
+                         shape=(nbytes,))
+    elif t.raw_data:
+        data = np.frombuffer(t.raw_data, np.uint8)
+    else:  # int32_data holds the packed bytes, one a value
+        data = np.asarray(t.int32_data, np.int64).astype(np.uint8)
+    if data.size != nbytes:
+        raise ValueError(f"{data.size} bytes for {nbytes} packed ones")
+    return Packed4(_PACKED4[t.data_type], shape, data)
+
+
+def _initializer(t: onnx.TensorProto, base: str | None) -> np.ndarray | Packed4:
     """An initializer's value. External data is memory-mapped read-only, not loaded: a
     5 GB model's weights then pass through the builder and the compiler without host
     copies until the compiler repacks them (MLGraphBuilder.constant keeps read-only
     arrays by reference: nobody can change them after the call)."""
+    if t.data_type in _PACKED4:
+        return _packed4(t, base)
     if t.data_location != onnx.TensorProto.EXTERNAL or base is None:
         return numpy_helper.to_array(t)
     info = {e.key: e.value for e in t.external_data}
@@ -270,7 +307,10 @@ class _Converter:
             return op
         raise ConversionError(f"value {name!r} is used before it is produced (graph not sorted?)")
 
-    def _constant(self, arr: np.ndarray):
+    def _constant(self, arr: np.ndarray | Packed4):
+        if isinstance(arr, Packed4):
+            return self.builder.constant(data_type=arr.data_type, shape=list(arr.shape),
+                                         value=arr.data)
         arr = np.asarray(arr)
         kind = _NUMPY_TO_WEBNN.get(arr.dtype.name)
         if kind is None:
@@ -661,6 +701,45 @@ def _cast(c: _Converter, node, attrs):
     if c._dtype(x) == _ONNX_TO_WEBNN[to]:
         return x
     return c.builder.cast(x, _ONNX_TO_WEBNN[to])
+
+
+@_op("DequantizeLinear")
+def _dequantize_linear(c: _Converter, node, attrs):
+    """ONNX's per-tensor, per-axis (``axis``) and blocked (``block_size`` on ``axis``, opset
+    21) forms as WebNN's one: a scale (and zero point) whose shape divides the input's."""
+    x = c.operand(node.input[0])
+    shape = c._shape(x)
+    scale = c.operand(node.input[1])
+    sshape = c._shape(scale)
+    axis = attrs.get("axis", 1) % max(len(shape), 1)
+    block = attrs.get("block_size", 0)
+    if len(sshape) == 1 and not block and len(shape) > 1:  # per-axis: a 1-D scale on `axis`
+        want = [1] * len(shape)
+        want[axis] = sshape[0]
+    elif block:
+        want = list(shape)
+        want[axis] = -(-shape[axis] // block)
+        if shape[axis] % block or list(sshape) != want:
+            raise ConversionError(
+                f"DequantizeLinear node {node.name or node.output[0]!r}: block_size {block} "
+                f"must divide axis {axis} of {list(shape)} with a scale of {want}, got "
+                f"{list(sshape)}")
+    else:
+        want = list(sshape)
+    if list(sshape) != want:
+        scale = c.builder.reshape(scale, want)
+    kind = c._dtype(x)
+    if len(node.input) > 2 and node.input[2]:
+        zp = c.operand(node.input[2])
+        if list(c._shape(zp)) != want:
+            zp = c.builder.reshape(zp, want)
+    elif kind in ("int4", "uint4"):
+        count = int(np.prod(want, dtype=np.int64))
+        zp = c.builder.constant(data_type=kind, shape=want,
+                                value=np.zeros(-(-count // 2), np.uint8))
+    else:
+        zp = c._constant(np.zeros(want, HOST_DTYPES[kind]))
+    return c.builder.dequantize_linear(x, scale, zp)
 
 
 SUPPORTED_OPS = frozenset(_HANDLERS) | frozenset({"Range", "ConstantOfShape"})

@@ -274,28 +274,36 @@ def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequenc
             f"  for (; k < {kv}u; k = k + {lanes}u) {{ "
             f"acc0 = acc0 + {mul.format(x=x_at(''), w=load.format(i='wb + k'))}; }}\n"
             f"  let acc = {total};\n")
-    if use_sub:
-        src += "  let s = subgroupAdd(acc);\n"
-    else:
-        src += ("  sh[lid] = acc;\n  workgroupBarrier();\n  var s = 0.0;\n"
-                f"  if (t == 0u) {{\n    for (var j = 0u; j < {lanes}u; j = j + 1u) "
-                "{ s = s + sh[lid + j]; }\n  }\n")
-    if not splits:
-        o = f"row * {N}u + {n_off}u + n"
-        val = f"s + res[{o}]" if residual else "s"
-        src += f"  if (t == 0u && n < {nc}u) {{ out[{o}] = {val}; }}\n}}\n"
-    else:
-        src += "  if (t == 0u) {\n"
-        start = 0
-        for j, nj in enumerate(outs):
-            kw = "if" if j == 0 else "} else if"
-            src += f"    {kw} (n < {start + nj}u) {{ out{j}[n - {start}u] = s;\n"
-            start += nj
-        src += "    }\n  }\n}\n"
+    src += gemv_tail(use_sub, lanes, f"row * {N}u + {n_off}u + n", nc, residual,
+                     outs if splits else None)
     traffic = (4 * (S.size(a_shape) + rows * nc * (2 if residual else 1))
                + (2 if f16_weights else 4) * S.size(b_shape) * nc // N)
     return Kernel("matmul_gemv", src, a_bindings + ["read"] + ["read"] * residual + ["rw"] * len(outs),
                   (gx, rows, 1), traffic)
+
+
+def gemv_tail(use_sub: bool, lanes: int, index: str, count: int, residual: bool,
+              splits: Sequence[int] | None) -> str:
+    """The end of a rows gemv kernel: the ``lanes`` partial sums ``acc`` of row ``n``
+    combined (``subgroupAdd``, else workgroup memory ``sh``) and written by lane 0: to
+    ``out[index]`` (plus ``res[index]`` when ``residual``) for n < ``count``, or with
+    ``splits`` to ``out{j}[n - start]`` of the stacked matrix n falls in."""
+    if use_sub:
+        src = "  let s = subgroupAdd(acc);\n"
+    else:
+        src = ("  sh[lid] = acc;\n  workgroupBarrier();\n  var s = 0.0;\n"
+               f"  if (t == 0u) {{\n    for (var j = 0u; j < {lanes}u; j = j + 1u) "
+               "{ s = s + sh[lid + j]; }\n  }\n")
+    if not splits:
+        val = f"s + res[{index}]" if residual else "s"
+        return src + f"  if (t == 0u && n < {count}u) {{ out[{index}] = {val}; }}\n}}\n"
+    src += "  if (t == 0u) {\n"
+    start = 0
+    for j, nj in enumerate(splits):
+        kw = "if" if j == 0 else "} else if"
+        src += f"    {kw} (n < {start + nj}u) {{ out{j}[n - {start}u] = s;\n"
+        start += nj
+    return src + "    }\n  }\n}\n"
 
 
 def matmul_bt_small_m(a_shape: Sequence[int], b_shape: Sequence[int],

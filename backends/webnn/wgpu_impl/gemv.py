@@ -39,22 +39,25 @@ def const_weight(o: MLOperand, fold: dict[int, MLOperand]) -> tuple[MLOperand, b
 
 
 def stacked_gemvs(nodes: list[MLOperand], fold: dict[int, MLOperand],
-                   max_binding: int) -> dict[int, list[MLOperand]]:
+                   max_binding: int, q4: dict[int, Any] | None = None) -> dict[int, list[MLOperand]]:
     """Single-row matmuls of one input against constant weights (a layer's q, k and v
     projections; its gate and up projections), grouped: first matmul id -> the group.
     Each group runs as one launch over the weight rows stacked (within the binding
-    limit): fewer launches, and small projections no longer run alone."""
+    limit): fewer launches, and small projections no longer run alone. 4-bit products
+    (``q4``: matmul id -> match_q4.Q4Weight) stack with those of the same format only."""
+    q4 = q4 or {}
     by_input: dict[tuple, list[MLOperand]] = {}
     for o in nodes:
         if o._kind != "op" or o._op != "matmul" or S.size(o._shape[:-1]) != 1:
             continue
         a = o._inputs[0]
-        w = const_weight(o, fold)
-        if w is None or S.size(a._shape[:-1]) != 1:
+        w = q4.get(o._id)
+        if (w is None and const_weight(o, fold) is None) or S.size(a._shape[:-1]) != 1:
             continue
-        by_input.setdefault((root(a)._id, a._shape[-1]), []).append(o)
+        fmt = None if w is None else w.format
+        by_input.setdefault((root(a)._id, a._shape[-1], fmt), []).append(o)
     out: dict[int, list[MLOperand]] = {}
-    for (_, K), ms in by_input.items():
+    for (_, K, _), ms in by_input.items():
         group: list[MLOperand] = []
         for o in ms:
             if 4 * K * (sum(m._shape[-1] for m in group) + o._shape[-1]) > max_binding:
@@ -67,10 +70,11 @@ def stacked_gemvs(nodes: list[MLOperand], fold: dict[int, MLOperand],
 
 def residual_epilogues(nodes: list[MLOperand], fold: dict[int, MLOperand], inlined: set[int],
                         groups: dict[int, Any], taken: set[int],
-                        stacked: set[int]) -> dict[int, tuple[MLOperand, MLOperand]]:
-    """Single-row matmuls with constant weights whose only reader is an ``add`` of a
-    same-shaped tensor (a residual connection): gemv id -> (the add, the other operand).
-    The gemv then writes the sum; the add has no launch."""
+                        stacked: set[int],
+                        q4: set[int] = frozenset()) -> dict[int, tuple[MLOperand, MLOperand]]:
+    """Single-row matmuls with constant weights (or 4-bit ones: ``q4``) whose only reader
+    is an ``add`` of a same-shaped tensor (a residual connection): gemv id -> (the add, the
+    other operand). The gemv then writes the sum; the add has no launch."""
     consumers = fusion.consumers_of(nodes)
     out: dict[int, tuple[MLOperand, MLOperand]] = {}
     for a in nodes:
@@ -82,7 +86,7 @@ def residual_epilogues(nodes: list[MLOperand], fold: dict[int, MLOperand], inlin
             if (g._kind == "op" and g._op == "matmul" and g._id not in taken
                     and g._id not in stacked and g._id not in out and g is not res
                     and [c._id for c in consumers.get(g._id, [])] == [a._id]
-                    and const_weight(g, fold) is not None
+                    and (const_weight(g, fold) is not None or g._id in q4)
                     and S.size(g._shape[:-1]) == 1 and S.size(g._inputs[0]._shape[:-1]) == 1
                     and tuple(a._inputs[j]._shape) == tuple(a._inputs[1 - j]._shape)
                     == tuple(a._shape)):

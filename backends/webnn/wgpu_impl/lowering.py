@@ -10,15 +10,17 @@ from typing import Any
 import numpy as np
 
 from .. import shapes as S
-from .._classes import MLOperand
+from .._classes import MLOperand, blocks
 from ..kernels import Kernel
 from ..kernels import elementwise as EW
 from ..kernels import matmul as MM
 from ..kernels import movement as MV
+from ..kernels import quant as QK
 from ..kernels import reduce as RD
 from ..stateful import PairPlan, root
 from . import fusion
 from . import gemv as GV
+from . import match_q4 as MQ
 from .options import COLS, ROWS_VARIANT
 from .plan import CopyLaunch, Deferred, KernelLaunch, Plan, Slot
 from .planning import Step
@@ -109,7 +111,7 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
     ins = [slot_of(r) for r in reads]
     guarded = pp is not None and has_check
     add = plan.launches.append
-    if o._id in plan.stacked:
+    if o._id in plan.stacked and o._id not in plan.q4:
         group = plan.stacked[o._id]
         parts = [GV.const_weight(m, plan.fold) for m in group]
         sizes = [m._shape[-1] for m in group]
@@ -158,6 +160,8 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
                            guarded=guarded)
         slots = [s for j, s in enumerate(ins) if j != alias] + [out_slot]
         add(KernelLaunch(k, slots + ([("status",)] if guarded else [])))
+    elif o._id in plan.q4:
+        _lower_q4(plan, plan.stacked.get(o._id, [o]), ins[0], slot_of)
     elif op == "matmul":
         a, b = o._inputs
         src = plan.fold.get(o._id, root(b))  # storage read for B (reshapes are views)
@@ -218,6 +222,10 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
         else:
             add(KernelLaunch(MM.matmul(a._shape, b_shape, shp, b_t=b_t),
                              [ins[0], ins[1], out_slot]))
+    elif op == "dequantize_linear":
+        x, scale, _ = o._inputs
+        k = QK.dequantize_linear(x._dtype.name, x._shape, blocks(x._shape, scale._shape), t)
+        add(KernelLaunch(k, ins + [out_slot]))
     elif op == "softmax":
         x = o._inputs[0]
         wg = 256 if not plan.target.cpu and x._shape[o._attrs["axis"]] >= 1024 else 64
@@ -303,3 +311,42 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
                          + ([("status",)] if guarded else [])))
     else:
         raise NotImplementedError(f"op {op!r}")
+
+
+def _lower_q4(plan: Plan, members: list[MLOperand], a_slot: Slot, slot_of: Any) -> None:
+    """One-row products with 4-bit weights: codes, scales (and zero-point terms) repacked
+    by column at upload. One product: a launch per chunk of columns within the binding
+    limit, a residual add written by it (``plan.epilogue``). Several (``plan.stacked``):
+    their columns stacked, one launch writing each output."""
+    ws = [plan.q4[m._id] for m in members]
+    w0 = ws[0]
+    K, N = w0.K, sum(w.N for w in ws)
+    per = N if len(ws) > 1 else max(8, (plan.max_binding // (K // 2)) // 8 * 8)
+    lanes = 8 if plan.target.cpu else 32
+    dst, res = plan.epilogue.get(members[0]._id, (members[0], None))  # (the add, residual)
+    outs = [slot_of(m) for m in members] if len(ws) > 1 else [slot_of(dst)]
+    for c, n0 in enumerate(range(0, N, per)):
+        nc = min(per, N - n0)
+        parts = [(w, 0, w.N) for w in ws] if len(ws) > 1 else [(w0, n0, nc)]
+        key = (members[0]._id, c)
+        slots = [("const", ("Q4", *key)), ("const", ("Q4S", *key))]
+        plan.consts.setdefault(slots[0], Deferred(nc * K // 8, partial(
+            _stacked, [partial(MQ.repack_codes, *p) for p in parts])))
+        blocks_n = nc * (K // w0.block)
+        plan.consts.setdefault(slots[1], Deferred(blocks_n, partial(
+            _stacked, [partial(MQ.repack_scales, *p, False) for p in parts])))
+        if w0.zero_points:
+            slots.append(("const", ("Q4Z", *key)))
+            plan.consts.setdefault(slots[2], Deferred(blocks_n, partial(
+                _stacked, [partial(MQ.repack_scales, *p, True) for p in parts])))
+        k = QK.gemv_q4(K, nc, w0.block, signed=w0.signed, zero_points=w0.zero_points,
+                       lanes=lanes, wg=256, subgroup=plan.target.subgroup,
+                       residual=res is not None, n_off=n0 if len(ws) == 1 else 0,
+                       splits=[w.N for w in ws] if len(ws) > 1 else None)
+        plan.launches.append(KernelLaunch(k, [a_slot] + slots + (
+            [slot_of(res)] if res is not None else []) + outs))
+
+
+def _stacked(parts: list[Callable[[], np.ndarray]]) -> np.ndarray:
+    """The stacked contents of several repacked constants (made at upload)."""
+    return np.concatenate([p() for p in parts])

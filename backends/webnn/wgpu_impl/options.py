@@ -39,6 +39,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "gemv_weights": ("f32", "f16"),
     "f16_loads": ("wide", "vec4"),
     "read_copy": ("dispatch", "separate", "separate_sync"),
+    "q4_gemv": ("fused", "generic"),
 }
 
 
@@ -90,6 +91,9 @@ class KernelOptions:
     #: right after only maps: ``readback._read_copy_for``), "separate" (each read copies in a
     #: submit of its own), "separate_sync" (the same, each map after wgpu-py's empty submit)
     read_copy: str | None = None
+    #: one-row products with 4-bit weights (``match_q4``): None/"fused" (the codes read and
+    #: dequantised in registers), "generic" (dequantizeLinear writes float weights, then matmul)
+    q4_gemv: str | None = None
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

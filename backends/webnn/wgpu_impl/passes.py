@@ -18,6 +18,7 @@ from . import fusion
 from . import gemv as GV
 from .match_attention import last2_transpose_input, match_attention
 from .match_gdn import match_gated_delta
+from .match_q4 import match_q4
 from .plan import Plan, Slot
 
 
@@ -101,7 +102,7 @@ def _gpu_gemv(plan: Plan) -> bool:
 def stack_gemvs(plan: Plan, st: PassState) -> None:
     """Matrix-vector products of one input against stacked weights: one launch."""
     if _gpu_gemv(plan):
-        plan.stacked = GV.stacked_gemvs(st.nodes, plan.fold, plan.max_binding)
+        plan.stacked = GV.stacked_gemvs(st.nodes, plan.fold, plan.max_binding, plan.q4)
     st.absorbed |= {x._id for ms in plan.stacked.values() for x in ms[1:]}
 
 
@@ -109,7 +110,8 @@ def residual_epilogues(plan: Plan, st: PassState) -> None:
     """Residual adds folded into the matrix-vector product feeding them."""
     if _gpu_gemv(plan):
         plan.epilogue = GV.residual_epilogues(st.nodes, plan.fold, st.inlined, plan.groups,
-                                              st.pinned | st.absorbed, set(plan.stacked))
+                                              st.pinned | st.absorbed, set(plan.stacked),
+                                              set(plan.q4))
     st.absorbed |= {add._id for add, _ in plan.epilogue.values()}
 
 
@@ -154,15 +156,22 @@ def gated_delta(plan: Plan, st: PassState) -> None:
     st.absorbed |= {x._id for m in plan.gdn.values() for x in m.absorbed}
 
 
+def q4_gemvs(plan: Plan, st: PassState) -> None:
+    """One-row products with 4-bit constant weights read the codes (``match_q4``): their
+    dequantizeLinear is then read by nothing and never launched (``planning.live_steps``)."""
+    if plan.options.q4_gemv != "generic":
+        plan.q4 = match_q4(st.nodes)
+
+
 #: the passes after ``place_results``, in order: each sees what the earlier ones absorbed
-PASSES = (fold_transposes, fuse_loops, decode_attention, stack_gemvs, residual_epilogues,
+PASSES = (fold_transposes, q4_gemvs, fuse_loops, decode_attention, stack_gemvs, residual_epilogues,
           gemv_prologues, group_row_writes, gated_delta)
 
 
 #: ops the wgpu kernels run on float16 operands (WGSL f16 storage): casts, element-wise
 #: ops, data movement and row writes, and a float16 K/V cast to float32 where decode
 #: attention reads it (``attention.match_attention`` reads the float16 cache directly)
-F16_OPS = fusion.FUSIBLE | {"reshape", "gather", "scatter_nd"}
+F16_OPS = fusion.FUSIBLE | {"reshape", "gather", "scatter_nd", "dequantize_linear"}
 
 
 def check_float16(nodes: list[MLOperand]) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -25,6 +25,9 @@ from .match_attention import Attention
 from .match_gdn import GatedDelta
 from .options import KernelOptions
 from .target import Target
+
+if TYPE_CHECKING:
+    from .match_q4 import Q4Weight
 
 Slot = tuple
 
@@ -74,5 +77,6 @@ class Plan:
     row_writes: dict[int, list[MLOperand]] = field(default_factory=dict)  # first scatter -> all
     in_place: dict[int, PairPlan] = field(default_factory=dict)  # writer id -> its pair
     gdn: dict[int, GatedDelta] = field(default_factory=dict)  # anchor id -> matched step
+    q4: dict[int, Q4Weight] = field(default_factory=dict)  # matmul id -> its 4-bit weights
 
 

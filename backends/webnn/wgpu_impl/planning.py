@@ -58,6 +58,8 @@ def op_steps(plan: Plan, st: PassState) -> tuple[list[Step], Step | None]:
         reads = reads_of(o)
         if o._id in plan.fold:
             reads[1] = plan.fold[o._id]
+        if o._id in plan.q4:  # constants repacked at upload: not the float weights
+            del reads[1]
         if o._id in plan.prologue:
             reads = list(plan.prologue[o._id].leaves) + reads[1:]
         more = plan.stacked.get(o._id, [o])[1:]

@@ -1,0 +1,147 @@
+"""Quantised weights: dequantizeLinear with block scales, and a 4-bit matrix-vector product
+that dequantises in registers (the decode step's projections on ``+q4`` models).
+
+Packed ``int4``/``uint4`` operands are ``u32`` words, element i in nibble i % 8 of word
+i / 8 (dtypes.py); ``uint8`` is one element a word.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .. import shapes as S
+from .common import Kernel, decl, esize, grid, main_1d
+from .matmul import gemv_tail
+
+#: WGSL type of each quantised input's storage words
+STORAGE = {"int4": "u32", "uint4": "u32", "uint8": "u32"}
+
+
+def load_fn(name: str, array: str, kind: str) -> str:
+    """WGSL ``fn name(j: u32) -> f32``: element j of a quantised array, as a float."""
+    if kind == "int4":  # sign-extend the nibble: move it to the top, shift back arithmetically
+        body = (f"  let w = {array}[j / 8u];\n"
+                "  return f32(bitcast<i32>(w << (28u - (j % 8u) * 4u)) >> 28u);\n")
+    elif kind == "uint4":
+        body = f"  return f32(({array}[j / 8u] >> ((j % 8u) * 4u)) & 15u);\n"
+    else:
+        body = f"  return f32({array}[j]);\n"
+    return f"fn {name}(j: u32) -> f32 {{\n{body}}}\n"
+
+
+def _stored_bytes(kind: str, count: int) -> int:
+    return -(-count // 2) if kind in ("int4", "uint4") else 4 * count
+
+
+def dequantize_linear(kind: str, shape: Sequence[int], block: Sequence[int], out_t: str) -> Kernel:
+    """out[c] = (x[c] - zp[c / block]) * scale[c / block] for every coordinate c of
+    ``shape`` (row-major), ``block`` the block size per axis (``_classes.blocks``)."""
+    n = S.size(shape)
+    sshape = [d // b for d, b in zip(shape, block, strict=True)]
+    sst = S.strides(sshape)
+    gx, gy, gz = grid(n)
+    src = (decl(0, "x", STORAGE[kind], "read") + decl(1, "scale", out_t, "read")
+           + decl(2, "zp", STORAGE[kind], "read") + decl(3, "out", out_t, "rw")
+           + load_fn("xq", "x", kind) + load_fn("zq", "zp", kind))
+    lines = ["fn scale_index(i: u32) -> u32 {", "  var r = i;", "  var o = 0u;"]
+    for ax in range(len(shape) - 1, -1, -1):
+        d, b, st = shape[ax], block[ax], sst[ax]
+        coord = "r" if ax == 0 else f"(r % {d}u)"
+        if st and sshape[ax] > 1:
+            lines.append(f"  o = o + ({coord} / {b}u) * {st}u;")
+        if ax:
+            lines.append(f"  r = r / {d}u;")
+    lines += ["  return o;", "}"]
+    src += "\n".join(lines) + "\n"
+    src += (main_1d(gx) + f"  if (i >= {n}u) {{ return; }}\n  let s = scale_index(i);\n"
+            f"  out[i] = {out_t}((xq(i) - zq(s)) * f32(scale[s]));\n}}\n")
+    ns = S.size(sshape)
+    traffic = _stored_bytes(kind, n) + ns * (esize(out_t) + 4) + n * esize(out_t)
+    return Kernel("dequantize_linear", src, ["read", "read", "read", "rw"], (gx, gy, gz), traffic)
+
+
+def gemv_q4(K: int, N: int, block: int, *, signed: bool, zero_points: bool, lanes: int = 32,
+            wg: int = 256, subgroup: int | None = None, residual: bool = False,
+            n_off: int = 0, splits: Sequence[int] | None = None) -> Kernel:
+    """out[n] = sum_k a[k] · W[k, n] for one input row, W a 4-bit matrix dequantised in
+    registers (no float weights are ever written). ``N`` columns from ``n_off`` of the
+    output (a chunk of a matrix beyond the binding limit). ``splits``: the rows are several
+    matrices' stacked (a layer's q, k and v projections of one input), row counts in order;
+    their outputs are the last bindings.
+
+    Bindings: ``a`` (K floats, as vec4), ``b`` (the codes repacked (N, K): row n is K/8 u32
+    words, element k in nibble k % 8 of word k / 8; read as vec4<u32>, 32 codes a load,
+    where the block is a multiple of 32), ``sc`` (the scales (N, K/block)),
+    ``zc`` when ``zero_points`` (-zero point · scale per block, same layout), ``res`` when
+    ``residual`` (added to the product), ``out``. ``block`` is a multiple of 8: a word never
+    straddles two blocks. Per load: s · (a·q) over its codes, plus zc · sum(a).
+
+    ``lanes`` invocations share a row and stride along it a load at a time (coalesced; two
+    loads in flight an invocation), the
+    workgroup holds ``wg / lanes`` rows; their sums are combined by ``subgroupAdd`` where
+    the subgroup is exactly ``lanes`` wide, else through workgroup memory."""
+    assert K % 8 == 0 and block % 8 == 0 and K % block == 0
+    wide = block % 32 == 0  # a 16-byte load (32 codes) never straddles two blocks
+    unit = 4 if wide else 1  # u32 words a load
+    units, nblocks, per = K // (8 * unit), K // block, block // (8 * unit)
+    R = wg // lanes
+    gx = -(-N // R)
+    use_sub = subgroup == lanes
+    src = decl(0, "a", "vec4<f32>", "read") + decl(1, "b", "vec4<u32>" if wide else "u32", "read")
+    src += decl(2, "sc", "f32", "read")
+    nxt = 3
+    if zero_points:
+        src += decl(nxt, "zc", "f32", "read")
+        nxt += 1
+    if residual:
+        src += decl(nxt, "res", "f32", "read")
+        nxt += 1
+    outs = list(splits) if splits else [N]
+    assert not (splits and (residual or n_off)) and sum(outs) == N
+    for j in range(len(outs)):
+        src += decl(nxt + j, f"out{j}" if splits else "out", "f32", "rw")
+    if signed:  # each nibble moved to the top of an i32, shifted back arithmetically
+        unpack = ("fn lo(w: u32) -> vec4<f32> {\n"
+                  "  return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(w << 28u, w << 24u, "
+                  "w << 20u, w << 16u)) >> vec4<u32>(28u));\n}\n"
+                  "fn hi(w: u32) -> vec4<f32> {\n"
+                  "  return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(w << 12u, w << 8u, "
+                  "w << 4u, w)) >> vec4<u32>(28u));\n}\n")
+    else:
+        unpack = ("fn lo(w: u32) -> vec4<f32> {\n  return vec4<f32>((vec4<u32>(w) >> "
+                  "vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u));\n}\n"
+                  "fn hi(w: u32) -> vec4<f32> {\n  return vec4<f32>((vec4<u32>(w) >> "
+                  "vec4<u32>(16u, 20u, 24u, 28u)) & vec4<u32>(15u));\n}\n")
+    src += unpack
+    # one load's contribution: its codes against 2 * unit vec4s of a, times its block's scale
+    words = [f"{{w}}.{c}" for c in "xyzw"] if wide else ["{w}"]
+    dots = " + ".join(f"dot(a[{{x}} + {2 * i}u], lo({w})) + dot(a[{{x}} + {2 * i + 1}u], hi({w}))"
+                      for i, w in enumerate(words))
+    sums = " + ".join(f"a[{{x}} + {i}u]" for i in range(2 * unit))
+    src += (f"fn part(w: {'vec4<u32>' if wide else 'u32'}, x: u32, blk: u32) -> f32 {{\n"
+            f"  var p = sc[blk] * ({dots.format(w='w', x='x')});\n")
+    if zero_points:
+        src += f"  p = p + zc[blk] * dot({sums.format(x='x')}, vec4<f32>(1.0));\n"
+    src += "  return p;\n}\n"
+    if not use_sub:
+        src += f"var<workgroup> sh: array<f32, {wg}>;\n"
+    step = f"part(b[wb + {{k}}], {2 * unit}u * ({{k}}), sb + ({{k}}) / {per}u)"
+    src += (f"@compute @workgroup_size({wg})\n"
+            "fn main(@builtin(workgroup_id) wid: vec3<u32>, "
+            "@builtin(local_invocation_index) lid: u32) {\n"
+            f"  let r = lid / {lanes}u;\n  let t = lid % {lanes}u;\n"
+            f"  let n = wid.x * {R}u + r;\n  let nn = min(n, {N - 1}u);\n"
+            f"  let wb = nn * {units}u;\n  let sb = nn * {nblocks}u;\n"
+            "  var acc0 = 0.0;\n  var acc1 = 0.0;\n  var k = t;\n"
+            # two loads in flight a lane, then the remainder
+            f"  for (; k + {lanes}u < {units}u; k = k + {2 * lanes}u) {{\n"
+            f"    acc0 = acc0 + {step.format(k='k')};\n"
+            f"    acc1 = acc1 + {step.format(k=f'k + {lanes}u')};\n  }}\n"
+            f"  for (; k < {units}u; k = k + {lanes}u) {{ acc0 = acc0 + {step.format(k='k')}; }}\n"
+            "  let acc = acc0 + acc1;\n")
+    src += gemv_tail(use_sub, lanes, f"{n_off}u + n", N, residual, splits)
+    traffic = 4 * K + N * K // 2 + 4 * N * nblocks * (2 if zero_points else 1) \
+        + 4 * N * (2 if residual else 1)
+    binds = (["read", "read", "read"] + ["read"] * zero_points + ["read"] * residual
+             + ["rw"] * len(outs))
+    return Kernel("gemv_q4", src, binds, (gx, 1, 1), traffic)

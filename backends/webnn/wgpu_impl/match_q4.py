@@ -1,0 +1,93 @@
+"""4-bit matrix-vector products: ``matmul(one row, dequantizeLinear(4-bit constant W, scale,
+zeroPoint))`` run by ``kernels/quant.gemv_q4``, which reads the codes and dequantises in
+registers. The dequantizeLinear then has no launch (nothing else reads it), so no float
+weights are written: a q4 decode step streams half a byte a weight plus its block's scale.
+
+Matched where W is a 2-D int4/uint4 constant (K, N) with K a multiple of 8, its scale and
+zero point are constants of shape (K / block, N) with the block a multiple of 8 (a code word
+never straddles two blocks), and the product's input is a single row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import shapes as S
+from .._classes import MLOperand, blocks
+from ..stateful import root
+
+
+@dataclass
+class Q4Weight:
+    """A matched product's weights: the dequantizeLinear and its constant operands."""
+
+    dq: MLOperand
+    K: int
+    N: int
+    block: int
+    zero_points: bool  # any zero point non-zero (else the kernel leaves its term out)
+
+    @property
+    def format(self) -> tuple[int, bool, bool]:
+        """What one kernel needs alike across stacked products."""
+        return (self.block, self.signed, self.zero_points)
+
+    @property
+    def codes(self) -> MLOperand:
+        return self.dq._inputs[0]
+
+    @property
+    def signed(self) -> bool:
+        return self.codes._dtype.name == "int4"
+
+
+def match_q4(nodes: list[MLOperand]) -> dict[int, Q4Weight]:
+    """matmul id -> its 4-bit weights, for every product the kernel can run."""
+    out: dict[int, Q4Weight] = {}
+    for o in nodes:
+        if o._kind != "op" or o._op != "matmul" or o._dtype.name != "float32":
+            continue
+        a, b = o._inputs
+        dq = root(b)
+        if (dq._kind != "op" or dq._op != "dequantize_linear" or len(dq._shape) != 2
+                or tuple(b._shape) != tuple(dq._shape) or S.size(a._shape[:-1]) != 1):
+            continue
+        codes, scale, zp = dq._inputs
+        if (codes._dtype.name not in ("int4", "uint4")
+                or any(x._kind != "constant" for x in (codes, scale, zp))):
+            continue
+        K, N = dq._shape
+        bk, bn = blocks(dq._shape, scale._shape)
+        if bn != 1 or K % 8 or bk % 8:
+            continue
+        zero = bool(np.any(_nibbles(zp, zp._dtype.name == "int4")))
+        out[o._id] = Q4Weight(dq, K, N, bk, zero)
+    return out
+
+
+def _nibbles(o: MLOperand, signed: bool) -> np.ndarray:
+    """A packed constant's elements (int8), in its shape."""
+    raw = np.ascontiguousarray(o._value).view(np.uint8)
+    n = S.size(o._shape)
+    nib = np.stack([raw & 0xF, raw >> 4], axis=1).reshape(-1)[:n]
+    vals = (nib.astype(np.int8) ^ 8) - 8 if signed else nib.astype(np.int8)
+    return vals.reshape(o._shape)
+
+
+def repack_codes(w: Q4Weight, n0: int, nc: int) -> np.ndarray:
+    """Codes of columns [n0, n0 + nc) as (nc, K), eight a u32 word (made at upload)."""
+    codes = _nibbles(w.codes, False)[:, n0:n0 + nc]  # raw nibbles, (K, nc)
+    t = np.ascontiguousarray(codes.T).astype(np.uint8).reshape(nc, w.K // 2, 2)
+    packed = (t[..., 0] | (t[..., 1] << 4)).astype(np.uint8)
+    return np.ascontiguousarray(packed).reshape(-1).view(np.uint32)
+
+
+def repack_scales(w: Q4Weight, n0: int, nc: int, zero_terms: bool) -> np.ndarray:
+    """Columns [n0, n0 + nc) as (nc, K/block) float32: the scales, or -zeroPoint · scale."""
+    s = w.dq._inputs[1]._value.astype(np.float32).reshape(-1, w.N)[:, n0:n0 + nc]
+    if zero_terms:
+        zp = _nibbles(w.dq._inputs[2], w.signed).reshape(-1, w.N)[:, n0:n0 + nc]
+        s = -zp.astype(np.float32) * s
+    return np.ascontiguousarray(s.T).reshape(-1)

@@ -1,0 +1,294 @@
+"""WebNN int4/uint4 constants and dequantizeLinear with block scales, against NumPy float64
+on fresh random data (odd sizes), and the 4-bit matrix-vector kernel it feeds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from backends.webnn import MLGraphBuilder
+
+RNG = np.random.default_rng(4242)
+_names = iter(range(10**6))  # fresh input names
+
+
+def _pack(values: np.ndarray) -> np.ndarray:
+    """The spec's int4/uint4 buffer, written here without the library: low nibble first."""
+    flat = (values.reshape(-1).astype(np.int64) & 0xF).astype(np.uint8)
+    if flat.size % 2:
+        flat = np.append(flat, np.uint8(0))
+    return (flat[0::2] | (flat[1::2] << 4)).astype(np.uint8)
+
+
+def _codes(kind: str, shape) -> np.ndarray:
+    lo, hi = (-8, 8) if kind == "int4" else (0, 16) if kind == "uint4" else (0, 256)
+    return RNG.integers(lo, hi, size=shape)
+
+
+def _const(b, kind, values):
+    data = _pack(values) if kind in ("int4", "uint4") else values.astype(np.uint8)
+    return b.constant(data_type=kind, shape=list(values.shape), value=data)
+
+
+def _dequantize(ctx, kind, x, scale, zp, out="float32", consume=None):
+    b = MLGraphBuilder(ctx)
+    y = b.dequantize_linear(_const(b, kind, x),
+                            b.constant(data_type=out, shape=list(scale.shape), value=scale),
+                            _const(b, kind, zp))
+    inputs = {}
+    if consume is not None:
+        v = b.input("v", data_type=out, shape=[1, x.shape[0]])
+        y = consume(b, v, y)
+        inputs = {"v": consume.vector}
+    g = b.build({"y": y})
+    tin = {}
+    for n, a in inputs.items():
+        t = ctx.create_tensor(data_type=out, shape=list(a.shape), writable=True)
+        ctx.write_tensor(t, a)
+        tin[n] = t
+    t_out = ctx.create_tensor(data_type=y.data_type, shape=y.shape, readable=True)
+    ctx.dispatch(g, tin, {"y": t_out})
+    return ctx.read_tensor(t_out)
+
+
+def _want(x, scale, zp):
+    block = [d // s for d, s in zip(x.shape, (1,) * (x.ndim - scale.ndim) + scale.shape,
+                                    strict=True)]
+    s, z = scale.astype(np.float64), zp.astype(np.float64)
+    for ax, bl in enumerate(block[x.ndim - scale.ndim:], start=0):
+        s, z = np.repeat(s, bl, axis=ax), np.repeat(z, bl, axis=ax)
+    return (x.astype(np.float64) - z) * s
+
+
+@pytest.mark.parametrize("kind", ["int4", "uint4", "uint8"])
+@pytest.mark.parametrize("shape,sshape", [
+    ((7, 5), (7, 5)),  # elementwise, odd element count
+    ((96, 13), (3, 13)),  # blocks of 32 along axis 0
+    ((3, 10, 9), (3, 2, 3)),  # blocks (1, 5, 3)
+    ((6, 9), (9,)),  # per-axis, scale of lower rank
+    ((5, 3), (1, 1)),  # per-tensor
+])
+def test_dequantize_linear_blocks(ctx, kind, shape, sshape):
+    x, zp = _codes(kind, shape), _codes(kind, sshape)
+    scale = RNG.uniform(0.01, 2.0, size=sshape).astype(np.float32)
+    got = _dequantize(ctx, kind, x, scale, zp)
+    np.testing.assert_allclose(got, _want(x, scale, zp), rtol=2e-7, atol=0)
+
+
+def test_int4_buffer_and_shapes_are_checked(ctx):
+    b = MLGraphBuilder(ctx)
+    with pytest.raises(TypeError, match="uint8 buffer of 3 bytes"):
+        b.constant(data_type="int4", shape=[5], value=np.zeros(5, np.uint8))
+    with pytest.raises(TypeError, match="int4 inputs are not supported"):
+        b.input("q", data_type="int4", shape=[4])
+    x = b.constant(data_type="int4", shape=[4, 6], value=np.zeros(12, np.uint8))
+    s = b.constant(data_type="float32", shape=[3, 6], value=np.ones((3, 6), np.float32))
+    z = b.constant(data_type="int4", shape=[3, 6], value=np.zeros(9, np.uint8))
+    with pytest.raises(TypeError, match="does not divide"):
+        b.dequantize_linear(x, s, z)
+    with pytest.raises(TypeError, match="only dequantizeLinear"):
+        b.add(x, x)
+    with pytest.raises(TypeError, match="zeroPoint must be int4"):
+        b.dequantize_linear(x, s, s)
+
+
+def _q4_matmul(ctx, kind, k, n, zero_points, residual=False, block=32):
+    """y = v @ dequantizeLinear(4-bit (k, n), block-32 scales) (+ r): the decode step's
+    projection; returns (y, float64 oracle, launched kernel names)."""
+    codes = _codes(kind, (k, n))
+    scale = RNG.uniform(0.005, 0.1, size=(k // block, n)).astype(np.float32)
+    zp = _codes(kind, scale.shape) if zero_points else np.zeros(scale.shape, np.int64)
+    v = RNG.standard_normal((1, k)).astype(np.float32)
+    r = RNG.standard_normal((1, n)).astype(np.float32)
+    b = MLGraphBuilder(ctx)
+    w = b.dequantize_linear(_const(b, kind, codes),
+                            b.constant(data_type="float32", shape=list(scale.shape), value=scale),
+                            _const(b, kind, zp))
+    vi = b.input("v", data_type="float32", shape=[1, k])
+    y = b.matmul(vi, w)
+    if residual:
+        y = b.add(y, b.constant(data_type="float32", shape=[1, n], value=r))
+    g = b.build({"y": y})
+    t_in = ctx.create_tensor(data_type="float32", shape=[1, k], writable=True)
+    ctx.write_tensor(t_in, v)
+    t_out = ctx.create_tensor(data_type="float32", shape=[1, n], readable=True)
+    ctx.dispatch(g, {"v": t_in}, {"y": t_out})
+    want = v.astype(np.float64) @ _want(codes, scale, zp) + (r if residual else 0.0)
+    return ctx.read_tensor(t_out), want, [la.kernel.name for la in g._plan.launches]
+
+
+@pytest.mark.parametrize("kind,k,n,zero_points,block", [
+    ("int4", 64, 40, False, 32), ("int4", 96, 7, True, 32), ("uint4", 320, 130, True, 32),
+    ("uint4", 128, 33, False, 32), ("int4", 40, 9, True, 8), ("uint4", 48, 11, False, 16)])
+@pytest.mark.parametrize("how", ["fused", "generic"])
+def test_4bit_matmul_one_row(ctx_with, how, kind, k, n, zero_points, block):
+    """matmul(vector, dequantizeLinear(4-bit weights)): fused, the codes are read and no
+    float weights are written (no dequantize launch; 16-byte loads where the block is a
+    multiple of 32, words otherwise); generic, they are."""
+    got, want, names = _q4_matmul(ctx_with(q4_gemv=how), kind, k, n, zero_points, block=block)
+    assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
+    if how == "fused":
+        assert names == ["gemv_q4"]
+    else:
+        assert "dequantize_linear" in names and "gemv_q4" not in names
+
+
+def test_4bit_matmul_in_chunks_and_with_a_residual(ctx, monkeypatch):
+    """Columns beyond the binding limit run as chunks, each at its offset."""
+    from backends.webnn.wgpu_impl import lowering
+
+    real = lowering._lower_q4
+
+    def small(plan, *args):
+        plan.max_binding = 64 * 16  # 64 bytes a row of K = 128: chunks of 16 columns
+        return real(plan, *args)
+
+    monkeypatch.setattr(lowering, "_lower_q4", small)
+    got, want, names = _q4_matmul(ctx, "int4", 128, 50, True, residual=True)
+    assert names.count("gemv_q4") == 4
+    assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
+
+
+def _onnx_dq_matmul(k: int, n: int, zero_point: bool):
+    """An opset-21 graph: y = x @ DequantizeLinear(int4 (k, n), block_size 32 on axis 0)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    q = RNG.integers(-8, 8, size=(k, n))
+    s = RNG.uniform(0.01, 0.5, size=(k // 32, n)).astype(np.float32)
+    inits = [TensorProto(name="Q", data_type=TensorProto.INT4, dims=[k, n],
+                         raw_data=_pack(q).tobytes()), numpy_helper.from_array(s, "S")]
+    ins = ["Q", "S"]
+    if zero_point:
+        z = RNG.integers(-8, 8, size=s.shape)
+        inits.append(TensorProto(name="Z", data_type=TensorProto.INT4, dims=list(s.shape),
+                                 raw_data=_pack(z).tobytes()))
+        ins.append("Z")
+    nodes = [helper.make_node("DequantizeLinear", ins, ["W"], axis=0, block_size=32),
+             helper.make_node("MatMul", ["x", "W"], ["y"])]
+    g = helper.make_graph(nodes, "dq", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                      [1, 1, k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, n])],
+                          inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    m.ir_version = 10
+    return m
+
+
+@pytest.mark.parametrize("zero_point", [False, True])
+def test_converter_maps_blocked_dequantizelinear(ctx, zero_point):
+    """ONNX DequantizeLinear (int4, block_size) -> WebNN dequantizeLinear, checked against
+    onnx.reference."""
+    from onnx.reference import ReferenceEvaluator
+
+    from backends.webnn.onnx_converter import convert
+
+    model = _onnx_dq_matmul(96, 21, zero_point)
+    x = RNG.standard_normal((1, 1, 96)).astype(np.float32)
+    want = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    cg = convert(model, ctx)
+    t_in = ctx.create_tensor(data_type="float32", shape=[1, 1, 96], writable=True)
+    ctx.write_tensor(t_in, x)
+    t_out = ctx.create_tensor(data_type="float32", shape=[1, 1, 21], readable=True)
+    ctx.dispatch(cg.graph, {"x": t_in}, {"y": t_out})
+    got = ctx.read_tensor(t_out)
+    assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
+
+
+@pytest.mark.parametrize("gemv,gemvs", [("rows", 2), ("cols", 4)])
+def test_4bit_projections_stack_and_take_the_residual(ctx_with, gemv, gemvs):
+    """A layer's shape in small: with the GPU gemv passes (rows), q, k, v of one vector in
+    one launch (their columns stacked) and an output projection writing x + W·o (no add
+    launch); without them (a CPU adapter's cols), one launch each and the add."""
+    k, sizes = 64, (32, 16, 24)
+    ctx = ctx_with(gemv=gemv)
+    b = MLGraphBuilder(ctx)
+    x = RNG.standard_normal((1, k)).astype(np.float32)
+    xi = b.input("x", data_type="float32", shape=[1, k])
+    outs, wants = {}, {}
+    for j, n in enumerate(sizes):
+        codes = _codes("int4", (k, n))
+        scale = RNG.uniform(0.005, 0.1, size=(k // 32, n)).astype(np.float32)
+        zp = np.zeros(scale.shape, np.int64)
+        w = b.dequantize_linear(_const(b, "int4", codes),
+                                b.constant(data_type="float32", shape=[k // 32, n],
+                                           value=scale), _const(b, "int4", zp))
+        outs[f"y{j}"] = b.matmul(xi, w)
+        wants[f"y{j}"] = x.astype(np.float64) @ _want(codes, scale, zp)
+    codes = _codes("int4", (24, k))
+    scale = RNG.uniform(0.005, 0.1, size=(3, k)).astype(np.float32)
+    zp = np.zeros(scale.shape, np.int64)
+    wo = b.dequantize_linear(_const(b, "int4", codes),
+                             b.constant(data_type="float32", shape=[3, k], value=scale),
+                             _const(b, "int4", zp))
+    z = b.add(xi, b.matmul(outs["y2"], wo))  # read by a product, not an output itself
+    outs["z"] = b.mul(z, z)
+    wants["z"] = (x + wants["y2"] @ _want(codes, scale, zp)) ** 2
+    g = b.build(outs)
+    t_in = ctx.create_tensor(data_type="float32", shape=[1, k], writable=True)
+    ctx.write_tensor(t_in, x)
+    t_out = {n: ctx.create_tensor(data_type="float32", shape=o.shape, readable=True)
+             for n, o in outs.items()}
+    ctx.dispatch(g, {"x": t_in}, t_out)
+    for n, t in t_out.items():
+        got = ctx.read_tensor(t)
+        assert np.max(np.abs(got - wants[n])) <= 1e-5 * np.max(np.abs(wants[n])), n
+    names = [la.kernel.name for la in g._plan.launches]
+    assert names.count("gemv_q4") == gemvs and len(names) == gemvs + 1, names
+
+
+@pytest.mark.parametrize("gemv", [None, "rows_sh"])
+@pytest.mark.parametrize("page", ["wgpu:stateful", "wgpu:stateless"])
+def test_q4_pages_match_the_reference(page, gemv):
+    """tiny+q4's standard graph on the pages, the adapter's gemv kernels and the GPU ones
+    (forced: 4-bit q/k/v and gate/up stacked, residuals written by the o and down
+    projections); no dequantizeLinear is launched, the logits are the reference's."""
+    from backends.pages import StatefulInPlace, StatelessCopy
+    from backends.webnn.wgpu_impl.options import KernelOptions
+    from model.reference import Reference
+    from model.workload import Workload, preset, token_stream
+
+    wl = Workload.build(preset("tiny+q4"), seed=2)
+    cls = {"wgpu:stateful": StatefulInPlace, "wgpu:stateless": StatelessCopy}[page]
+    b = cls(options=KernelOptions(gemv=gemv))
+    b.prepare(wl, 24)
+    try:
+        plan = b.converted.graph._plan
+        names = [la.kernel.name for la in plan.launches if hasattr(la, "kernel")]
+        assert "dequantize_linear" not in names and "gemv_q4" in names
+        if gemv:
+            assert max(len(g) for g in plan.stacked.values()) >= 3
+            assert len([g for g in plan.epilogue if g in plan.q4]) >= 2 * len(wl.config.layers)
+        ref = Reference(wl.config, wl.weights, 24)
+        b.reset()
+        for tok in token_stream(wl.config, 4, seed=9):
+            want = ref.step(int(tok))
+            got = np.asarray(b.step(int(tok)), np.float64)
+            assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+    finally:
+        b.close()
+
+
+def test_dequantize_linear_validation_as_wpt(ctx):
+    """WPT's validation cases: a scale of lower rank broadcasts (right-aligned), a scale
+    dimension must divide the input's, zeroPoint has the scale's shape and the input's
+    type, the input is a quantised type and the scale a float."""
+    b = MLGraphBuilder(ctx)
+    x = b.input("x", data_type="uint8", shape=[3, 2, 5])
+    f = b.input("f", data_type="float32", shape=[3, 2, 5])
+
+    def arg(dt, shape):
+        return b.input(f"a{next(_names)}", data_type=dt, shape=shape)
+
+    assert b.dequantize_linear(x, arg("float32", [5]), arg("uint8", [5])).shape == [3, 2, 5]
+    assert b.dequantize_linear(x, arg("float32", []), arg("uint8", [])).shape == [3, 2, 5]
+    six = b.input("six", data_type="uint8", shape=[6, 4, 5])
+    assert b.dequantize_linear(six, arg("float32", [3, 2, 1]), arg("uint8", [3, 2, 1])).shape \
+        == [6, 4, 5]
+    for scale, zp, why in [(("float32", [2]), ("uint8", [2]), "does not divide"),
+                           (("float32", [5]), ("uint8", [2]), "one shape"),
+                           (("int32", [5]), ("uint8", [5]), "scale must be float")]:
+        with pytest.raises(TypeError, match=why):
+            b.dequantize_linear(x, arg(*scale), arg(*zp))
+    with pytest.raises(TypeError, match="input must be int4, uint4 or uint8"):
+        b.dequantize_linear(f, arg("float32", [5]), arg("float32", [5]))
+
