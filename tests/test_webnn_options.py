@@ -24,6 +24,7 @@ ACCEPTED = {
     "gdn": ["generic", "fused", "fused8", "fused1_sh", "fused_norms", "fused256_sh_norms"],
     "f16_loads": ["wide", "vec4"],
     "read_copy": ["dispatch", "separate", "separate_sync"],
+    "q4_gemv": ["fused", "generic"],
 }
 REFUSED = {
     "gemv": ["fastest", "col", "rows_x"], "attention": ["flash2", ""],
@@ -31,6 +32,7 @@ REFUSED = {
     "record_ahead": ["yes"], "cache_copy": ["copy"], "gemv_weights": ["f64"],
     "gdn": ["fastest", "fused12", "fused0", "fused512"], "f16_loads": ["u32"],
     "read_copy": ["sync"],
+    "q4_gemv": ["dequantize", ""],
 }
 
 
@@ -75,7 +77,7 @@ def test_frozen_hashable_and_plain():
     assert opts == KernelOptions.parse(["gemv=rows", "attention_splits=8"])
     assert len({opts, KernelOptions(gemv="rows", attention_splits=8), KernelOptions()}) == 2
     plain = opts.as_dict()
-    assert plain["gemv"] == "rows" and plain["attention_splits"] == 8 and len(plain) == 11
+    assert plain["gemv"] == "rows" and plain["attention_splits"] == 8 and len(plain) == 12
     assert KernelOptions(**plain) == opts
 
 
