@@ -218,9 +218,13 @@ def quantised_names(cfg: ModelConfig) -> list[str]:
 
 def weights_bytes(cfg: ModelConfig) -> int:
     """The weights' bytes as the floor counts them: 2 a parameter when they are float16
-    values, half a byte plus a float32 scale a block when 4-bit (ModelConfig.weights)."""
+    values, half a byte plus a float32 scale a block when 4-bit (ModelConfig.weights). Where
+    the LM head is a tensor of its own, a step reads one row of the embedding (the gather),
+    not the table; a tied table is read whole, as the head."""
     quantised = set(quantised_names(cfg))
     sizes = {n: int(np.prod(s)) for n, s in weight_shapes(cfg).items()}
+    if cfg.separate_head:
+        sizes["embed_tokens"] = cfg.hidden
     plain = sum(v for n, v in sizes.items() if n not in quantised)
     q4 = sum(sizes[n] for n in quantised)
     return plain * cfg.weight_bytes_per_parameter + q4 // 2 + q4 // Q4_BLOCK * 4

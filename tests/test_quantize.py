@@ -122,10 +122,14 @@ def test_q4_preset_composes_and_says_what_is_quantised():
     for n in names:
         Q.recover(wl.weights[n], n)
     assert not np.array_equal(wl.weights["lm_head"], wl.weights["embed_tokens"].T)
-    plain = wl.weights["embed_tokens"].size + sum(
+    # the head is its own 4-bit tensor, so a step gathers one embedding row, not the table
+    one_row = wl.weights["embed_tokens"].shape[1]
+    plain = one_row + sum(
         w.size for n, w in wl.weights.items() if n not in names and n != "embed_tokens")
     q4 = sum(wl.weights[n].size for n in names)
     assert wl.weights_bytes == 4 * plain + q4 // 2 + q4 // 32 * 4
+    tied = Workload.build(preset("tiny"), seed=3)  # tied: the table is read whole, as the head
+    assert tied.weights_bytes == 4 * sum(w.size for w in tied.weights.values())
 
 
 @pytest.fixture(scope="module")
