@@ -495,3 +495,17 @@ for _provider in ("cpu", "webgpu"):
             "__doc__": f"ONNX Runtime, {_provider} EP, {_mode} mode ({_flavour} flavour).",
         })
         BACKENDS[_cls.name] = register(_cls)
+
+
+def cpu_session_error(path: str | os.PathLike) -> str:
+    """Why an InferenceSession on the CPU EP does not load the graph at ``path`` (ORT's
+    reason, one line), or "" when it loads: what `statebench inspect` reports for ORT."""
+    if ort is None:
+        return "onnxruntime is not installed"
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    try:
+        ort.InferenceSession(os.fspath(path), sess_options=so, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001 - ORT's own reason is the answer
+        return " ".join(str(exc).split())
+    return ""

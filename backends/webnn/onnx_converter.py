@@ -24,6 +24,7 @@ import onnx
 from onnx import numpy_helper
 
 from ._classes import MLGraphBuilder, MLKVCachePair
+from .dims import pin
 
 # ONNX TensorProto element type -> WebNN data type (and the NumPy type of host data)
 _ONNX_TO_WEBNN: dict[int, str] = {
@@ -231,10 +232,14 @@ def _pair_kind(name: str, past: onnx.ValueInfoProto, out: str,
 
 
 def convert(model: onnx.ModelProto | str | os.PathLike, context, *, use_stateful: bool = False,
-            kv_cache_pairs: Sequence[MLKVCachePair] | None = None) -> ConvertedGraph:
-    """Build `model` with an MLGraphBuilder on `context`; pairs default to none."""
+            kv_cache_pairs: Sequence[MLKVCachePair] | None = None,
+            dims: Mapping[str, int] | None = None) -> ConvertedGraph:
+    """Build `model` with an MLGraphBuilder on `context`; pairs default to none. ``dims``:
+    symbolic dimensions pinned to numbers first (``dims.default_dims`` for a decode step)."""
     base = None if isinstance(model, onnx.ModelProto) else os.path.dirname(os.fspath(model))
     model = _load(model, weights=False)
+    if dims:
+        model = pin(model, dims)
     conv = _Converter(model, context, base)
     outputs = conv.run()
     pairs = list(kv_cache_pairs or [])
