@@ -49,6 +49,7 @@ import numpy as np
 import onnx
 
 from backends.base import Backend, DepthState, register
+from backends.webnn.onnx_converter import list_kv_pairs
 from model.atomic import atomic_file
 from model.export import ORT, PAST_LEN, STANDARD, TOTAL_LEN, export
 from model.workload import Workload, cache_specs
@@ -204,7 +205,7 @@ class _OrtBackend(Backend):
         self.workload, self.cfg, self.capacity = workload, workload.config, capacity
         self.specs = cache_specs(self.cfg, capacity)
         self.path = export(workload, self.flavour, capacity, self.cache_dir)
-        self.session = self._session(self.path)
+        self._open(self.path)
         self.kernel = _KernelBytes(self.path, shared=self.shared_buffer)
         self.details.update(provider=self.session.get_providers()[0], flavour=self.flavour,
                             mode=self.mode, model=str(self.path), host_cache=self.host_cache,
@@ -214,6 +215,18 @@ class _OrtBackend(Backend):
             self.details.update(self._assignment())
         self._allocate()
         self.reset()
+
+    def _open(self, path: Path) -> None:
+        """The session on ``path`` and, by name (``list_kv_pairs``' rules), the output each
+        cache's next past comes from: exporters order presents differently from pasts
+        (genai key-major), so pairing by position would silently cross keys and values."""
+        pairs = {p.input: p.output for p in list_kv_pairs(path)}
+        missing = [s.input for s in self.specs if s.input not in pairs]
+        if missing:
+            raise RuntimeError(f"{path}: no present pairs with {', '.join(missing)}")
+        self.present_of = {s.input: pairs[s.input] for s in self.specs}
+        self.session = self._session(path)
+        self.output_names = [o.name for o in self.session.get_outputs()]
 
     #: WebGPU EP options (``add_provider_for_devices``)
     ep_options: dict[str, str] = {}
@@ -330,9 +343,10 @@ class _HostArrays(_OrtBackend):
         outs = self.session.run(None, feeds)
         self.counters.d2h += sum(o.nbytes for o in outs)
         self._count_kernel()
-        self.past = {s.input: o for s, o in zip(self.specs, outs[1:], strict=True)}
+        by_name = dict(zip(self.output_names, outs, strict=True))
+        self.past = {s.input: by_name[self.present_of[s.input]] for s in self.specs}
         self.position += 1
-        return outs[0].reshape(-1).astype(np.float32, copy=False)
+        return by_name["logits"].reshape(-1).astype(np.float32, copy=False)
 
 
 class _IOBinding(_OrtBackend):
@@ -361,15 +375,15 @@ class _IOBinding(_OrtBackend):
             self.counters.h2d += arr.nbytes
         for s in self.specs:
             io.bind_ortvalue_input(s.input, self.values[s.input])
-        io.bind_output("logits", self._device)
-        for s in self.specs:
-            io.bind_output(s.output, self._device)
+        bound = ["logits"] + [self.present_of[s.input] for s in self.specs]
+        for name in bound:
+            io.bind_output(name, self._device)
         self.session.run_with_iobinding(io)
-        outs = io.get_outputs()
-        logits = outs[0].numpy().reshape(-1)
+        by_name = dict(zip(bound, io.get_outputs(), strict=True))  # in binding order
+        logits = by_name["logits"].numpy().reshape(-1)
         self.counters.d2h += logits.nbytes
         self._count_kernel()
-        self.values = {s.input: v for s, v in zip(self.specs, outs[1:], strict=True)}
+        self.values = {s.input: by_name[self.present_of[s.input]] for s in self.specs}
         self.position += 1
         return logits.astype(np.float32, copy=False)
 
@@ -400,7 +414,7 @@ class _Shared(_OrtBackend):
         self.io = self.session.io_binding()
         for s in self.specs:
             self.io.bind_ortvalue_input(s.input, self.values[s.input])
-            self.io.bind_ortvalue_output(s.output, self.values[s.input])
+            self.io.bind_ortvalue_output(self.present_of[s.input], self.values[s.input])
         self.io.bind_ortvalue_output("logits", self.logits)
         self.details["in_place"] = {s.input: True for s in self.specs}
 
@@ -481,3 +495,17 @@ for _provider in ("cpu", "webgpu"):
             "__doc__": f"ONNX Runtime, {_provider} EP, {_mode} mode ({_flavour} flavour).",
         })
         BACKENDS[_cls.name] = register(_cls)
+
+
+def cpu_session_error(path: str | os.PathLike) -> str:
+    """Why an InferenceSession on the CPU EP does not load the graph at ``path`` (ORT's
+    reason, one line), or "" when it loads: what `statebench inspect` reports for ORT."""
+    if ort is None:
+        return "onnxruntime is not installed"
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    try:
+        ort.InferenceSession(os.fspath(path), sess_options=so, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001 - ORT's own reason is the answer
+        return " ".join(str(exc).split())
+    return ""

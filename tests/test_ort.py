@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 
 from backends import ort as ort_backends
@@ -65,6 +66,31 @@ def test_matches_reference_after_depth_and_after_reset(name, tiny, cache_dir):
         _check(b.step(int(tok)), fresh.step(int(tok)))
     assert b.details["flavour"] == ("standard" if name.endswith("standard") else "ort")
     b.close()
+
+
+@pytest.mark.parametrize("name", ["ort-cpu:copy", "ort-cpu:iobinding", "ort-cpu:shared"])
+def test_presents_are_paired_by_name_not_position(name, tiny, cache_dir, tmp_path):
+    """The same graph with its presents listed in reverse (values before keys, as genai
+    orders them key-major): each past is still fed from its own present."""
+    b = _backend(name, tiny, cache_dir)
+    model = onnx.load(str(b.path), load_external_data=False)
+    outs = list(model.graph.output)
+    assert outs[0].name == "logits" and len(outs) > 2
+    del model.graph.output[:]
+    model.graph.output.extend([outs[0]] + outs[:0:-1])
+    reordered = b.path.parent / f"reordered-{name.split(':')[1]}.onnx"  # beside its weights
+    onnx.save(model, str(reordered))
+    inputs = [i.name for i in model.graph.input if i.name.startswith("past")]
+    assert [o.name for o in model.graph.output[1:]] != [
+        b.present_of[i] for i in inputs], "the outputs must be ordered unlike the inputs"
+    b._open(reordered)
+    b._allocate()
+    b.reset()
+    ref = Reference(tiny.config, tiny.weights, CAPACITY)
+    for tok in token_stream(tiny.config, 5, seed=8):
+        _check(b.step(int(tok)), ref.step(int(tok)))
+    b.close()
+    reordered.unlink()
 
 
 def _step_counters(b, wl, depth_len):

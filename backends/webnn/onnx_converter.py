@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,6 +24,7 @@ import onnx
 from onnx import numpy_helper
 
 from ._classes import MLGraphBuilder, MLKVCachePair
+from .dims import pin
 
 # ONNX TensorProto element type -> WebNN data type (and the NumPy type of host data)
 _ONNX_TO_WEBNN: dict[int, str] = {
@@ -46,10 +47,22 @@ HOST_DTYPES: dict[str, type] = {
     "uint32": np.uint32, "uint8": np.uint8, "int8": np.int8, "uint64": np.uint64,
 }
 
-#: names of exported caches (DESIGN §2 rule 6): past -> present
-_KV_NAME = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
-_STATE_NAME = re.compile(r"^past_(.*state.*)$")
-
+#: names of exported caches (DESIGN §2 rule 6), past -> present, one rule per exporter's
+#: scheme: (rule name, input pattern, output template)
+NAMING_RULES: list[tuple[str, re.Pattern[str], str]] = [
+    # statebench, optimum and genai's attention layers
+    ("past_key_values", re.compile(r"^past_key_values\.(\d+)\.(key|value)$"), r"present.\1.\2"),
+    # statebench's recurrent states
+    ("past_state", re.compile(r"^past_(.*state.*)$"), r"present_\1"),
+    # transformers' OnnxExporter: attention keys/values, Qwen3.5's conv and recurrent states
+    ("input.cache.layers", re.compile(
+        r"^input\.cache\.layers\.(\d+)\.(keys|values|conv_states\.\d+|recurrent_states\.\d+)$"),
+     r"output.cache.layers.\1.\2"),
+    # onnxruntime-genai's hybrid (gated-delta) layers
+    ("past.N", re.compile(r"^past\.(\d+)\.(conv|recurrent)$"), r"present.\1.\2"),
+]
+#: an input that looks like a cache (it must pair with something, or the conversion fails)
+_CACHE_LIKE = re.compile(r"^(past|input\.cache\.)", re.IGNORECASE)
 
 class ConversionError(ValueError):
     """The ONNX file cannot become a WebNN graph (unsupported op, dynamic shape, bad pair).
@@ -110,35 +123,108 @@ class ConvertedGraph:
 # pairs from names
 
 
-def list_kv_pairs(model: onnx.ModelProto | str | os.PathLike) -> list[MLKVCachePair]:
-    """The (past -> present) pairs of a decoder, from graph names only, validated to exist.
+@dataclass(frozen=True)
+class CachePair(MLKVCachePair):
+    """A pair found by ``list_kv_pairs``, with how the present relates to the past:
+    ``kind`` "overwrite" (same shape: the present replaces the past) or "append" (the
+    present is one row longer along ``axis``: a growing cache); ``rule``: the naming rule
+    that matched (``NAMING_RULES``), or "hand" for a pair named by the caller."""
 
-    `past_key_values.N.key|value` -> `present.N.key|value`; `past_<..state..>` ->
-    `present_<..state..>`. The output must exist with the input's type and shape.
+    kind: str = "overwrite"
+    axis: int | None = None
+    rule: str = ""
+
+
+def list_kv_pairs(model: onnx.ModelProto | str | os.PathLike,
+                  pairs: Mapping[str, str] | None = None) -> list[CachePair]:
+    """The (past -> present) pairs of a decoder, from graph names only, validated to exist,
+    in graph input order.
+
+    ``pairs``: input -> output named by hand (taken as given, shapes still checked); every
+    other input is matched by ``NAMING_RULES``. A cache-like input (named ``past...`` or
+    ``input.cache...``, rank 2 or more) that no rule pairs is an error naming it, never
+    skipped. The output must have the input's type and either its shape ("overwrite") or
+    its shape one row longer on one axis ("append").
     """
     graph = _load(model, weights=False).graph
     inits = {t.name for t in graph.initializer}
     inputs = {i.name: i for i in graph.input if i.name not in inits}
     outputs = {o.name: o for o in graph.output}
-    pairs: list[MLKVCachePair] = []
+    hand = dict(pairs or {})
+    for name, out in hand.items():
+        if name not in inputs:
+            raise ConversionError(f"--pairs: {name!r} is not an input of the graph")
+        if out not in outputs:
+            raise ConversionError(f"--pairs: {out!r} is not an output of the graph")
+    found: list[CachePair] = []
+    taken: dict[str, str] = {}
     for name, vi in inputs.items():
-        m = _KV_NAME.match(name)
-        if m:
-            out = f"present.{m.group(1)}.{m.group(2)}"
+        if name in hand:
+            out, rule = hand[name], "hand"
         else:
-            m = _STATE_NAME.match(name)
-            if not m:
+            match = next(((r, m.expand(t)) for r, pat, t in NAMING_RULES
+                          if (m := pat.match(name))), None)
+            if match is None:
+                if _CACHE_LIKE.match(name) and _rank(vi) != 1 and _rank(vi) != 0:
+                    raise ConversionError(
+                        f"cache-like input {name!r} matches no naming rule; name its output "
+                        f"by hand (--pairs {name}=OUTPUT)")
                 continue
-            out = f"present_{m.group(1)}"
+            rule, out = match
         if out not in outputs:
             raise ConversionError(f"cache input {name!r} has no output {out!r} to pair with")
-        a, b = _value_desc(vi), _value_desc(outputs[out])
-        if a != b:
-            raise ConversionError(
-                f"cache pair {name!r} -> {out!r}: {a.data_type}{list(a.shape)} vs "
-                f"{b.data_type}{list(b.shape)}")
-        pairs.append(MLKVCachePair(input=name, output=out))
-    return pairs
+        if out in taken:
+            raise ConversionError(f"output {out!r} is paired with both {taken[out]!r} and {name!r}")
+        taken[out] = name
+        kind, axis = _pair_kind(name, vi, out, outputs[out])
+        found.append(CachePair(input=name, output=out, kind=kind, axis=axis, rule=rule))
+    return found
+
+
+def _rank(vi: onnx.ValueInfoProto) -> int | None:
+    tt = vi.type.tensor_type
+    return len(tt.shape.dim) if tt.HasField("shape") else None
+
+
+def _dim(d) -> int | str | None:
+    """A dimension as an int, a symbol (``dim_param``) or None (unknown)."""
+    if d.HasField("dim_value"):
+        return int(d.dim_value)
+    return d.dim_param or None
+
+
+def _grows_by_one(past: int | str | None, present: int | str | None) -> bool:
+    """Whether ``present`` is ``past`` plus one row: numbers, ``X + 1``, a ``total...``
+    symbol, or an unnamed dynamic dimension on either side."""
+    if isinstance(past, int) and isinstance(present, int):
+        return present == past + 1
+    if isinstance(past, int) or isinstance(present, int):
+        return False
+    if past is None or present is None:
+        return True
+    squash = present.replace(" ", "")
+    return squash == past.replace(" ", "") + "+1" or "total" in present.lower()
+
+
+def _pair_kind(name: str, past: onnx.ValueInfoProto, out: str,
+               present: onnx.ValueInfoProto) -> tuple[str, int | None]:
+    """("overwrite", None) for same shapes, ("append", axis) for a present one row longer."""
+    a, b = past.type.tensor_type, present.type.tensor_type
+
+    def show(t) -> str:
+        return (f"{onnx.TensorProto.DataType.Name(t.elem_type).lower()}"
+                f"{[_dim(d) for d in t.shape.dim]}")
+
+    if a.elem_type != b.elem_type or len(a.shape.dim) != len(b.shape.dim):
+        raise ConversionError(f"cache pair {name!r} -> {out!r}: {show(a)} vs {show(b)}")
+    differ = [k for k, (x, y) in enumerate(zip(a.shape.dim, b.shape.dim, strict=True))
+              if _dim(x) != _dim(y)]
+    if not differ:
+        return "overwrite", None
+    if len(differ) == 1 and _grows_by_one(_dim(a.shape.dim[differ[0]]), _dim(b.shape.dim[differ[0]])):
+        return "append", differ[0]
+    raise ConversionError(f"cache pair {name!r} -> {out!r}: {show(a)} vs {show(b)} (a pair may "
+                          "differ only by one row along one axis)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -146,10 +232,14 @@ def list_kv_pairs(model: onnx.ModelProto | str | os.PathLike) -> list[MLKVCacheP
 
 
 def convert(model: onnx.ModelProto | str | os.PathLike, context, *, use_stateful: bool = False,
-            kv_cache_pairs: Sequence[MLKVCachePair] | None = None) -> ConvertedGraph:
-    """Build `model` with an MLGraphBuilder on `context`; pairs default to none."""
+            kv_cache_pairs: Sequence[MLKVCachePair] | None = None,
+            dims: Mapping[str, int] | None = None) -> ConvertedGraph:
+    """Build `model` with an MLGraphBuilder on `context`; pairs default to none. ``dims``:
+    symbolic dimensions pinned to numbers first (``dims.default_dims`` for a decode step)."""
     base = None if isinstance(model, onnx.ModelProto) else os.path.dirname(os.fspath(model))
     model = _load(model, weights=False)
+    if dims:
+        model = pin(model, dims)
     conv = _Converter(model, context, base)
     outputs = conv.run()
     pairs = list(kv_cache_pairs or [])

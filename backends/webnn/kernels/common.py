@@ -85,6 +85,43 @@ def esize(t: str) -> int:
 SPECIALS = {"sb_neg_inf": 0xFF800000, "sb_nan": 0x7FC00000}
 
 
+#: Functions the element-wise expressions call (``kernels/elementwise.py``), defined by
+#: ``module_source`` in every module that calls one and does not define it: a fused
+#: element-wise chain is spliced into reduction, attention, gemv and gated-delta kernels
+#: too, and each must carry the helpers its chain uses (RMSNorm exported as ``Pow(x, 2)``
+#: feeding ReduceMean calls ``wpow`` inside the reduction).
+HELPERS = {
+    "wpow": """
+fn wpow(a: f32, b: f32) -> f32 {
+  // WGSL pow is undefined for a < 0; the spec's pow is defined for integral exponents.
+  let r = pow(abs(a), b);
+  if (a >= 0.0) { return r; }
+  // NaN, as IEEE pow gives; a runtime value (SPECIALS): a constant NaN is invalid WGSL
+  if (b != round(b)) { return bitcast<f32>(sb_nan); }
+  if ((i32(b) & 1) != 0) { return -r; }
+  return r;
+}
+""",
+    "werf": """
+fn werf(x: f32) -> f32 {
+  // Abramowitz-Stegun 7.1.26, |error| < 1.5e-7
+  let t = 1.0 / (1.0 + 0.3275911 * abs(x));
+  let y = 1.0 - (((((1.061405429 * t - 1.453152027) * t) + 1.421413741) * t
+                  - 0.284496736) * t + 0.254829592) * t * exp(-x * x);
+  return select(-y, y, x >= 0.0);
+}
+""",
+}
+
+
+def with_helpers(wgsl: str) -> str:
+    """``wgsl`` with the ``HELPERS`` it calls but does not define appended (once each)."""
+    for name, src in HELPERS.items():
+        if re.search(rf"\b{name}\s*\(", wgsl) and not re.search(rf"\bfn\s+{name}\b", wgsl):
+            wgsl += src
+    return wgsl
+
+
 def neg_inf() -> str:
     """-infinity as an f32 runtime value (attention's running maximum starts there)."""
     return "bitcast<f32>(sb_neg_inf)"
@@ -96,9 +133,10 @@ _SUBGROUP_CALL = re.compile(r"\bsubgroup[A-Z]\w*\s*\(")
 
 def module_source(wgsl: str, enable_subgroups: bool) -> str:
     """The shader module's full source: the extensions a kernel uses enabled, the special
-    values it names declared. ``enable_subgroups``: the engine's compiler wants ``enable
-    subgroups;`` before subgroup builtins (Tint, as the spec says); naga rejects the
-    directive and accepts the builtins without it (docs/dawn.md)."""
+    values and element-wise helpers it names declared. ``enable_subgroups``: the engine's
+    compiler wants ``enable subgroups;`` before subgroup builtins (Tint, as the spec
+    says); naga rejects the directive and accepts the builtins without it (docs/dawn.md)."""
+    wgsl = with_helpers(wgsl)
     head = "enable f16;\n" if _F16_WORD.search(wgsl) else ""
     if enable_subgroups and _SUBGROUP_CALL.search(wgsl):
         head += "enable subgroups;\n"

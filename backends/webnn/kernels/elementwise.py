@@ -8,25 +8,6 @@ from collections.abc import Sequence
 from .. import shapes as S
 from .common import Kernel, decl, esize, grid, main_1d, offset_fn
 
-_F32_HELPERS = """
-fn wpow(a: f32, b: f32) -> f32 {
-  // WGSL pow is undefined for a < 0; the spec's pow is defined for integral exponents.
-  let r = pow(abs(a), b);
-  if (a >= 0.0) { return r; }
-  // NaN, as IEEE pow gives; a runtime value (common.SPECIALS): a constant NaN is invalid WGSL
-  if (b != round(b)) { return bitcast<f32>(sb_nan); }
-  if ((i32(b) & 1) != 0) { return -r; }
-  return r;
-}
-fn werf(x: f32) -> f32 {
-  // Abramowitz-Stegun 7.1.26, |error| < 1.5e-7
-  let t = 1.0 / (1.0 + 0.3275911 * abs(x));
-  let y = 1.0 - (((((1.061405429 * t - 1.453152027) * t) + 1.421413741) * t
-                  - 0.284496736) * t + 0.254829592) * t * exp(-x * x);
-  return select(-y, y, x >= 0.0);
-}
-"""
-
 _BINARY = {
     "add": "a0 + a1", "sub": "a0 - a1", "mul": "a0 * a1", "div": "a0 / a1",
     "max": "max(a0, a1)", "min": "min(a0, a1)",
@@ -113,8 +94,6 @@ def elementwise(op: str, in_types: Sequence[str], in_shapes: Sequence[Sequence[i
     if guarded:
         src += decl(len(bindings), "status", "u32", "read")
         bindings.append("read")
-    if {"f32", "f16"} & {*in_types, out_type}:
-        src += _F32_HELPERS
     src += main_1d(gx)
     src += f"  if (i >= {n}u) {{ return; }}\n"
     if guarded:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from .. import shapes as S
 from .common import Kernel, decl, esize, grid, main_1d, offset_fn
-from .elementwise import _F32_HELPERS, expression
+from .elementwise import expression
 
 #: where an input comes from: ("op", index into ``ops``) or ("leaf", index into ``leaves``)
 Ref = tuple[str, int]
@@ -150,8 +150,6 @@ def fused(ops: Sequence[FusedOp], leaves: Sequence[Leaf], *, guarded: bool = Fal
     if guarded:
         src += decl(len(bindings), "status", "u32", "read")
         bindings.append("read")
-    if any({"f32", "f16"} & {op.out_type, *op.in_types} for op in ops):
-        src += _F32_HELPERS
     src += functions(ops, leaves)[0]
     src += main_1d(gx) + f"  if (i >= {n}u) {{ return; }}\n"
     if guarded:

@@ -34,7 +34,6 @@ import numpy as np
 
 from .. import shapes as S
 from .common import Kernel, decl, offset_fn
-from .elementwise import _F32_HELPERS
 from .fused import FusedOp, Leaf, functions, leaf_decls
 
 #: a value source: an element-wise group (ops, leaves), its root evaluated per head/row
@@ -96,7 +95,7 @@ def gated_delta(batch: Sequence[int], dv: int, dk: int, *, k_strides: Sequence[i
     if guarded:
         src += decl(len(bindings), "status", "u32", "read")
         bindings.append("read")
-    src += _F32_HELPERS + fns
+    src += fns
     src += offset_fn("kb", batch or (1,), tuple(k_strides) or (0,))
     src += offset_fn("qb", batch or (1,), tuple(q_strides) or (0,))
     src += offset_fn("gb", batch or (1,), tuple(decay_strides) or (0,))

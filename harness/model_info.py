@@ -1,0 +1,146 @@
+"""What `statebench inspect` says about a model statebench did not write: its interface,
+the cache pairs its names give, the dims pinned for a decode step, and per backend family
+whether it runs there or the first thing that stops it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from backends.webnn.dims import default_dims
+from backends.webnn.onnx_converter import ConversionError, convert, list_kv_pairs
+from model.errors import UserError
+
+#: the files a model folder may hold, in the order looked for (genai and optimum write
+#: model.onnx, transformers' OnnxExporter decode.onnx)
+FOLDER_FILES = ("model.onnx", "decode.onnx")
+
+
+def model_file(model: str | os.PathLike) -> Path:
+    """The .onnx file ``model`` names: itself, or the one a folder holds."""
+    p = Path(model)
+    if p.is_dir():
+        for name in FOLDER_FILES:
+            if (p / name).is_file():
+                return p / name
+        raise UserError(f"{p}: a folder with no {' or '.join(FOLDER_FILES)}")
+    if not p.is_file():
+        raise UserError(f"{p}: no such file or folder")
+    return p
+
+
+def parse_pairs(text: str | None) -> dict[str, str]:
+    """``in=out,in=out`` -> {in: out} (the --pairs flag)."""
+    out: dict[str, str] = {}
+    for item in filter(None, (text or "").split(",")):
+        name, eq, present = item.partition("=")
+        if not eq or not name.strip() or not present.strip():
+            raise UserError(f"--pairs: {item!r} is not INPUT=OUTPUT")
+        out[name.strip()] = present.strip()
+    return out
+
+
+def _value(vi: onnx.ValueInfoProto) -> dict:
+    tt = vi.type.tensor_type
+    shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+             for d in tt.shape.dim] if tt.HasField("shape") else None
+    return {"name": vi.name, "type": onnx.TensorProto.DataType.Name(tt.elem_type).lower(),
+            "shape": shape}
+
+
+@dataclass
+class _WebNN:
+    """A WebNN context for the checks, or why there is none."""
+
+    context: object = None
+    why_not: str = ""
+
+    @classmethod
+    def open(cls) -> _WebNN:
+        try:
+            from backends.webnn import ml
+
+            return cls(ml.create_context(state_support=True))
+        except Exception as exc:  # noqa: BLE001 - no adapter is an answer, not a crash
+            return cls(None, f"no WebGPU adapter: {' '.join(str(exc).split())}")
+
+    def convert(self, path: Path, dims: Mapping[str, int], pairs=None) -> str:
+        """"" when ``convert`` builds the graph, else its first error in one line."""
+        if self.context is None:
+            return self.why_not
+        try:
+            convert(path, self.context, dims=dims, use_stateful=pairs is not None,
+                    kv_cache_pairs=pairs)
+        except ConversionError as exc:
+            return " ".join(str(exc).split())
+        except Exception as exc:  # noqa: BLE001 - the first thing that stops it, named
+            return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+        return ""
+
+
+def _verdict(why_not: str) -> dict:
+    return {"runs": not why_not, "why_not": why_not}
+
+
+def inspect_model(model: str | os.PathLike, capacity: int = 256,
+                  pairs: Mapping[str, str] | None = None, backends: bool = True) -> dict:
+    """The report `statebench inspect` prints (JSON-ready). A file that is not a readable
+    ONNX model, or a hand-named pair naming no input or output, is a ``UserError``."""
+    path = model_file(model)
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and friends
+        raise UserError(f"{path}: not an ONNX model ({' '.join(str(exc).split())[:200]})") from None
+    if not proto.graph.node and not proto.graph.input and not proto.graph.output:
+        raise UserError(f"{path}: not an ONNX model (no graph)")
+    inits = {t.name for t in proto.graph.initializer}
+    dims = default_dims(proto, capacity)
+    report: dict = {
+        "model": str(path),
+        "inputs": [_value(v) for v in proto.graph.input if v.name not in inits],
+        "outputs": [_value(v) for v in proto.graph.output],
+        "capacity": capacity,
+        "dims": {k: {"value": d.value, "how": d.how} for k, d in dims.items()},
+    }
+    try:
+        found = list_kv_pairs(proto, pairs)
+        pairs_error = ""
+    except ConversionError as exc:
+        if str(exc).startswith("--pairs"):
+            raise UserError(str(exc)) from None
+        found, pairs_error = [], str(exc)
+    report["pairs"] = [{"input": p.input, "output": p.output, "kind": p.kind, "axis": p.axis}
+                       for p in found]
+    report["naming_rules"] = list(dict.fromkeys(p.rule for p in found))
+    report["pairs_error"] = pairs_error
+    if backends:
+        report["backends"] = check_backends(path, found, pairs_error,
+                                            {k: d.value for k, d in dims.items()})
+    return report
+
+
+def check_backends(path: Path, pairs: list, pairs_error: str, dims: Mapping[str, int]) -> dict:
+    """Per family: WebNN without state, WebNN stateful (the proposal: same-shape pairs), the
+    ORT CPU EP loading the graph."""
+    from backends.ort import cpu_session_error
+
+    webnn = _WebNN.open()
+    plain = webnn.convert(path, dims)
+    if pairs_error:
+        stateful = pairs_error
+    elif not pairs:
+        stateful = "no cache pairs found (name them with --pairs INPUT=OUTPUT)"
+    elif growing := [p for p in pairs if p.kind == "append"]:
+        p = growing[0]
+        stateful = (f"{len(growing)} pair(s) grow (append), first {p.input} -> {p.output} on axis "
+                    f"{p.axis}: the fixed-capacity rewrite is not built yet")
+    else:
+        stateful = plain or webnn.convert(path, dims, pairs)
+    if webnn.context is not None:
+        webnn.context.destroy()
+    return {"webnn": _verdict(plain), "webnn-stateful": _verdict(stateful),
+            "ort-cpu": _verdict(cpu_session_error(path))}
