@@ -85,10 +85,8 @@ def interval_of(p: Point) -> stats.Interval | None:
         return None
     if p.step_ms_ci is not None:
         return stats.Interval.from_dict(p.step_ms_ci)
-    if p.repeats:
-        return stats.interval([r["step_ms"] for r in p.repeats])
-    samples = p.details.get("step_ms_samples")
-    return stats.interval([samples]) if samples else None
+    samples = samples_of(p)
+    return stats.interval(samples) if samples else None
 
 
 def compare_points(p: Point | None, base: Point | None) -> stats.Comparison | None:
