@@ -300,8 +300,7 @@ def transient_notes(p: Point) -> list[str]:
     if not p.measured:
         return []
     reps = samples_of(p)
-    found = p.transients if p.transients is not None else [
-        {"ms": r[i], "repeat": k, "step": i} for k, r in enumerate(reps) for i in stats.transients(r)]
+    found = p.transients if p.transients is not None else stats.transient_steps(reps)
     if not found:
         return []
     if len(reps) > 1:
