@@ -175,6 +175,9 @@ def run_worker_subprocess(req: dict, timeout_s: float) -> Point:
         if line.startswith(checksum.NOTICE_PREFIX):  # a rebuilt cache file is said, not hidden
             print(line, file=sys.stderr, flush=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
+    for line in lines[:-1]:  # what the worker found whole, for the next point's worker
+        if line.startswith(checksum.HANDBACK_PREFIX):
+            checksum.adopt(line[len(checksum.HANDBACK_PREFIX):])
     if proc.returncode == 0 and lines:
         try:
             return Point.from_dict(json.loads(lines[-1]))
