@@ -292,7 +292,6 @@ def _measure_sweep(rc: RunConfig, sink: ResultsFile, console: Console | None,
     calib = (calibration.calibrate(need_gpu=needs_gpu, working_set=weights_bytes(cfg), probe=probe)
              if rc.calibrate else {})
     results = new_results(rc, cfg, calib, probe)
-    no_adapter = "" if probe is None else probe.available[1]
 
     total = len(rc.contexts) * len(classes) * rc.repeat
     contexts = sorted(rc.contexts)
@@ -324,8 +323,9 @@ def _measure_sweep(rc: RunConfig, sink: ResultsFile, console: Console | None,
                                "depth_file": str(depth_file)}
                         if name not in registered:
                             req["backend_path"] = f"{cls.__module__}:{cls.__qualname__}"
-                        if no_adapter and cls.uses_wgpu_adapter:  # its probe could abort the worker
-                            point = Point.unavailable(name, ctx, cap, rc.steps, no_adapter)
+                        refused = probe.refuses(cls) if probe else ""
+                        if refused:  # its own probe could abort the worker
+                            point = Point.unavailable(name, ctx, cap, rc.steps, refused)
                         else:
                             point = measure_once(req, cls, rc)
                         point = (repeats.first(point) if prev is None
