@@ -111,6 +111,11 @@ def default_out(preset_name: str) -> Path:
 
 # -- the state every backend starts from ----------------------------------------------------
 
+def reference_dtype(n_params: int) -> type[np.floating]:
+    """The reference's data type for a model of `n_params` parameters (FLOAT64_REFERENCE_MAX_PARAMS)."""
+    return np.float64 if n_params <= FLOAT64_REFERENCE_MAX_PARAMS else np.float32
+
+
 class ReferenceWalk:
     """One reference walked up the contexts in ascending order.
 
@@ -121,8 +126,7 @@ class ReferenceWalk:
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, np.ndarray], seed: int,
                  length: int, capacity: int) -> None:
-        n_params = sum(int(w.size) for w in weights.values())
-        dtype = np.float64 if n_params <= FLOAT64_REFERENCE_MAX_PARAMS else np.float32
+        dtype = reference_dtype(sum(int(w.size) for w in weights.values()))
         self.tokens = token_stream(cfg, length, seed)
         self.ref = Reference(cfg, weights, capacity, dtype=dtype)
 
@@ -353,7 +357,7 @@ def sweep_memory_bytes(cfg: ModelConfig, capacity: int, length: int, ahead: int)
     worker, which also keeps its own in float32), and in the worker the weights, the depth
     file's state and the backend's own cache."""
     params = cfg.describe()["parameters"]
-    ref_item = 8 if params <= FLOAT64_REFERENCE_MAX_PARAMS else 4
+    ref_item = np.dtype(reference_dtype(params)).itemsize
     return (params * (ref_item + 4) + 2 * memory.state_bytes(cfg, capacity, ref_item)
             + 3 * memory.state_bytes(cfg, capacity) + 8 * length
             + ahead * cfg.vocab * (2 * ref_item + 4))
