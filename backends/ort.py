@@ -241,7 +241,8 @@ class _OrtBackend(Backend):
             so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
             so.add_provider_for_devices(devices[:1], dict(self.ep_options))
             return ort.InferenceSession(str(path), sess_options=so)
-        so.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
+        so.add_session_config_entry("session.qdq_matmulnbits_accuracy_level",
+                                     str(FLOAT_ACCURACY_LEVEL))
         return ort.InferenceSession(str(_float_activations(path)), sess_options=so,
                                     providers=["CPUExecutionProvider"])
 

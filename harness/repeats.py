@@ -101,6 +101,5 @@ def summarise(p: Point) -> Point:
     return replace(
         p, step_ms=Stats.of(pooled), gpu_ms=gpu_ms, gpu_reason=gpu_reason,
         step_ms_ci=stats.interval(steps).to_dict(), step_ms_max=stats.slowest(steps),
-        transients=[{"ms": r[i], "repeat": k, "step": i}
-                    for k, r in enumerate(steps) for i in stats.transients(r)],
+        transients=stats.transient_steps(steps),
         details=details)

@@ -77,10 +77,7 @@ def series_name(run: Run, backend: str) -> str:
 
 
 def point_speedup(run: Run, p: Point) -> float | None:
-    base = run.baseline_for(p.backend)
-    if base is None or base == p.backend:
-        return None
-    return metrics.speedup(p, run.results.point(base, p.context))
+    return metrics.speedup(p, verdicts.baseline_point(run.results, p))
 
 
 def _cell(run: Run, p: Point | None) -> Text:

@@ -428,9 +428,7 @@ def _check_point(p: object, where: str) -> None:
 def _check_repeat_fields(p: dict, where: str) -> None:
     """The optional fields --repeat added: steps per process, the interval, the slowest step
     and the transients (absent from older files)."""
-    for k, types in _OPTIONAL_POINT_FIELDS.items():
-        if k in p and not isinstance(p[k], types):
-            raise _Bad(f"{where}.{k} has the wrong type")
+    _check_fields(p, _OPTIONAL_POINT_FIELDS, where)
     for i, r in enumerate(p.get("repeats") or []):
         if not isinstance(r, dict) or not isinstance(r.get("step_ms"), list):
             raise _Bad(f"{where}.repeats[{i}] lacks a step_ms list")

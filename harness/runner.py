@@ -111,6 +111,11 @@ def default_out(preset_name: str) -> Path:
 
 # -- the state every backend starts from ----------------------------------------------------
 
+def reference_dtype(n_params: int) -> type[np.floating]:
+    """The reference's data type for a model of `n_params` parameters (FLOAT64_REFERENCE_MAX_PARAMS)."""
+    return np.float64 if n_params <= FLOAT64_REFERENCE_MAX_PARAMS else np.float32
+
+
 class ReferenceWalk:
     """One reference walked up the contexts in ascending order.
 
@@ -121,8 +126,7 @@ class ReferenceWalk:
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, np.ndarray], seed: int,
                  length: int, capacity: int) -> None:
-        n_params = sum(int(w.size) for w in weights.values())
-        dtype = np.float64 if n_params <= FLOAT64_REFERENCE_MAX_PARAMS else np.float32
+        dtype = reference_dtype(sum(int(w.size) for w in weights.values()))
         self.tokens = token_stream(cfg, length, seed)
         self.ref = Reference(cfg, weights, capacity, dtype=dtype)
 
@@ -175,6 +179,9 @@ def run_worker_subprocess(req: dict, timeout_s: float) -> Point:
         if line.startswith(checksum.NOTICE_PREFIX):  # a rebuilt cache file is said, not hidden
             print(line, file=sys.stderr, flush=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
+    for line in lines[:-1]:  # what the worker found whole, for the next point's worker
+        if line.startswith(checksum.HANDBACK_PREFIX):
+            checksum.adopt(line[len(checksum.HANDBACK_PREFIX):])
     if proc.returncode == 0 and lines:
         try:
             return Point.from_dict(json.loads(lines[-1]))
@@ -289,7 +296,6 @@ def _measure_sweep(rc: RunConfig, sink: ResultsFile, console: Console | None,
     calib = (calibration.calibrate(need_gpu=needs_gpu, working_set=weights_bytes(cfg), probe=probe)
              if rc.calibrate else {})
     results = new_results(rc, cfg, calib, probe)
-    no_adapter = "" if probe is None else probe.available[1]
 
     total = len(rc.contexts) * len(classes) * rc.repeat
     contexts = sorted(rc.contexts)
@@ -321,8 +327,9 @@ def _measure_sweep(rc: RunConfig, sink: ResultsFile, console: Console | None,
                                "depth_file": str(depth_file)}
                         if name not in registered:
                             req["backend_path"] = f"{cls.__module__}:{cls.__qualname__}"
-                        if no_adapter and cls.uses_wgpu_adapter:  # its probe could abort the worker
-                            point = Point.unavailable(name, ctx, cap, rc.steps, no_adapter)
+                        refused = probe.refuses(cls) if probe else ""
+                        if refused:  # its own probe could abort the worker
+                            point = Point.unavailable(name, ctx, cap, rc.steps, refused)
                         else:
                             point = measure_once(req, cls, rc)
                         point = (repeats.first(point) if prev is None
@@ -350,7 +357,7 @@ def sweep_memory_bytes(cfg: ModelConfig, capacity: int, length: int, ahead: int)
     worker, which also keeps its own in float32), and in the worker the weights, the depth
     file's state and the backend's own cache."""
     params = cfg.describe()["parameters"]
-    ref_item = 8 if params <= FLOAT64_REFERENCE_MAX_PARAMS else 4
+    ref_item = np.dtype(reference_dtype(params)).itemsize
     return (params * (ref_item + 4) + 2 * memory.state_bytes(cfg, capacity, ref_item)
             + 3 * memory.state_bytes(cfg, capacity) + 8 * length
             + ahead * cfg.vocab * (2 * ref_item + 4))

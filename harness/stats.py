@@ -133,6 +133,12 @@ def transients(samples: Sequence[float]) -> list[int]:
     return [i for i, x in enumerate(samples) if x > limit]
 
 
+def transient_steps(repeats: Sequence[Sequence[float]]) -> list[dict]:
+    """The transients of every repeat: [{"ms", "repeat", "step"}] (0-based indices)."""
+    return [{"ms": r[i], "repeat": k, "step": i}
+            for k, r in enumerate(repeats) for i in transients(r)]
+
+
 def slowest(repeats: Sequence[Sequence[float]]) -> dict:
     """The slowest step of all: {"ms", "repeat", "step"} (0-based indices)."""
     ms, r, i = max((x, r, i) for r, steps in enumerate(repeats) for i, x in enumerate(steps))

@@ -85,10 +85,8 @@ def interval_of(p: Point) -> stats.Interval | None:
         return None
     if p.step_ms_ci is not None:
         return stats.Interval.from_dict(p.step_ms_ci)
-    if p.repeats:
-        return stats.interval([r["step_ms"] for r in p.repeats])
-    samples = p.details.get("step_ms_samples")
-    return stats.interval([samples]) if samples else None
+    samples = samples_of(p)
+    return stats.interval(samples) if samples else None
 
 
 def compare_points(p: Point | None, base: Point | None) -> stats.Comparison | None:
@@ -302,8 +300,7 @@ def transient_notes(p: Point) -> list[str]:
     if not p.measured:
         return []
     reps = samples_of(p)
-    found = p.transients if p.transients is not None else [
-        {"ms": r[i], "repeat": k, "step": i} for k, r in enumerate(reps) for i in stats.transients(r)]
+    found = p.transients if p.transients is not None else stats.transient_steps(reps)
     if not found:
         return []
     if len(reps) > 1:

@@ -43,6 +43,11 @@ class WgpuProbe:
             return False, str(self.adapter.get("reason") or "wgpu has no adapter")
         return True, ""
 
+    def refuses(self, backend: type) -> str:
+        """Why `backend` (a Backend class) is unavailable here without asking wgpu itself: this
+        probe's reason where it found no adapter and the backend asks for one, else ""."""
+        return self.available[1] if backend.uses_wgpu_adapter else ""
+
     @property
     def backend_type(self) -> str | None:
         """The adapter's backend API (Vulkan, Metal, D3D12, OpenGL), None without one."""

@@ -1,8 +1,10 @@
 """Measure one backend × context point (DESIGN §5, §7); the runner only orchestrates.
 
-Run as `python -m harness.worker`: reads one JSON request on stdin, writes one JSON point on
-stdout. A process per point keeps peak RSS per backend honest and lets a crashed device take
-down only its own point. `measure()` is the same thing in-process (tests, `--inprocess`).
+Run as `python -m harness.worker`: reads one JSON request on stdin, writes on stdout the cache
+files it found whole (`checksum.HANDBACK_PREFIX`, for the runner's next workers), then one
+JSON point as its last line. A process per point keeps peak RSS per backend honest and lets
+a crashed device take down only its own point. `measure()` is the same thing in-process
+(tests, `--inprocess`).
 
 Request: {"backend": name, "backend_path": optional "module:Class" (tests' doubles),
 "preset", "seed", "context", "capacity", "steps", "warmup", "warm_s" (optional, seconds of
@@ -32,6 +34,7 @@ from harness.clocks import ClockSampler
 from harness.heater import heat
 from harness.metrics import compare_logits, is_cpu, mismatch_reason
 from harness.results import BYTE_CATEGORIES, Point, Stats
+from model import checksum
 from model.workload import Workload, preset, valid_cache_bytes
 
 
@@ -193,7 +196,7 @@ def exit_with_parent(fd: int, depth_file: str | None) -> None:
 
 
 def main() -> int:
-    # Backends and drivers may print; keep stdout for the one JSON line.
+    # Backends and drivers may print; keep stdout for the hand-back and the JSON point.
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
@@ -201,6 +204,8 @@ def main() -> int:
     if req.get("parent_fd") is not None:
         exit_with_parent(int(req["parent_fd"]), req.get("depth_file"))
     point = measure(req)
+    # the cache files found whole here, for the runner's next workers (`checksum.adopt`)
+    out.write(checksum.HANDBACK_PREFIX + checksum.handoff() + "\n")
     out.write(json.dumps(point.to_dict(), allow_nan=False) + "\n")
     out.flush()
     return 0

@@ -7,9 +7,10 @@ would otherwise "match" everywhere). The hash is SHA-256 over 64 MiB chunks, has
 (hashlib releases the GIL), then SHA-256 over the chunk digests: the CPUs' SHA extensions make
 it the fastest hashlib offers, and the threads scale it with the cores. Each process hashes a
 file at most once (the verdict is kept per path, inode, size and times of the file and of its
-checksum), and a worker starts with its runner's verdicts (`handoff`), so the `.f32` weights
-the runner checked for the reference are not hashed again per point; the cost per GB is in
-the README's "Model cache" section.
+checksum), and a worker starts with its runner's verdicts (`handoff`) and hands its own back
+(`HANDBACK_PREFIX`), so neither the `.f32` weights the runner checked for the reference nor
+the `weights.bin` the first worker checked are hashed again per point; the cost per GB is in
+docs/measuring.md's "The model cache" section.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ hash_counts: Counter[str] = Counter()
 _whole: dict[tuple, str] = {}  # stat key -> digest of a file found whole in this process
 #: set by the runner for its workers: the files it has just found whole (`handoff`)
 HANDOFF_ENV = "STATEBENCH_CACHE_WHOLE"
+#: how a worker's line of the files it found whole starts (on its stdout, before its point):
+#: the runner adopts them, so the next point's worker does not hash `weights.bin` again
+HANDBACK_PREFIX = "statebench-cache-whole: "
 
 
 def sum_path(path: str | os.PathLike) -> Path:
@@ -83,7 +87,9 @@ def handoff() -> str:
     return json.dumps(sorted(_whole))
 
 
-def _adopt(text: str) -> None:
+def adopt(text: str) -> None:
+    """Take the files another process found whole (its `handoff()`) as whole here too, while
+    they stay the same file: the runner's for a worker, and a worker's for its runner."""
     try:
         keys = json.loads(text)
         _whole.update({(*k[:-1], tuple(k[-1]) if k[-1] else None): "" for k in keys})
@@ -147,4 +153,4 @@ def reusable(path: str | os.PathLike, what: str, size: int | None = None) -> boo
 
 
 if os.environ.get(HANDOFF_ENV):
-    _adopt(os.environ[HANDOFF_ENV])
+    adopt(os.environ[HANDOFF_ENV])

@@ -14,6 +14,7 @@ import pytest
 
 from backends.base import Backend, DepthState
 from harness import results, runner, worker
+from model import checksum
 from model.errors import UserError
 from model.reference import Reference
 from model.workload import Workload, preset, valid_cache_bytes
@@ -270,6 +271,18 @@ def test_subprocess_worker_and_crash_isolated(tmp_path, monkeypatch):
     assert crash.status == "failed" and "status 3" in crash.reason
 
 
+def test_the_runner_keeps_what_its_workers_found_whole(tmp_path, monkeypatch):
+    """A worker hands back the cache files it verified, so the next point's worker is not
+    made to hash the same (multi-GB, on the big presets) weights.bin again."""
+    pytest.importorskip("onnxruntime")
+    monkeypatch.setenv("STATEBENCH_CACHE", str(tmp_path / "cache"))
+    sweep(tmp_path, ["ort-cpu:copy"], contexts=(8,), inprocess=False)
+    (weights,) = (tmp_path / "cache").rglob("weights.bin")
+    before = checksum.hash_counts[str(weights.resolve())]
+    assert checksum.problem(weights) is None  # whole, on the worker's word: not hashed here
+    assert checksum.hash_counts[str(weights.resolve())] == before == 0
+
+
 def test_worker_main_protocol(tmp_path):
     cfg = config(["test:numpy"])
     wl = Workload.build(preset("tiny"))
@@ -281,7 +294,9 @@ def test_worker_main_protocol(tmp_path):
     env = dict(os.environ, PYTHONPATH=TESTS + os.pathsep + os.getcwd())
     proc = subprocess.run([sys.executable, "-m", "harness.worker"], input=json.dumps(req),
                           capture_output=True, text=True, env=env, check=True)
-    point = results.Point.from_dict(json.loads(proc.stdout))
+    handback, line = proc.stdout.splitlines()  # the files found whole, then the point
+    assert handback.startswith(checksum.HANDBACK_PREFIX)
+    point = results.Point.from_dict(json.loads(line))
     assert point.matches and point.context == 4
     # cache_bytes is the valid cache at depth 4 (4 KV rows + whole GDN states), not capacity 8
     assert point.cache_bytes == valid_cache_bytes(wl.config, 4)

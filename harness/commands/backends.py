@@ -35,11 +35,11 @@ class Backends(Command):
     def availability(probe: WgpuProbe) -> list[tuple[str, bool, str, str, str]]:
         """(name, available, why not, what it is, the engine and backend API it runs on); a
         backend that asks wgpu for an adapter is asked only where the child found one."""
-        no_adapter = probe.available[1]
         rows = []
         for name, klass in sorted(registry().items()):
-            if no_adapter and klass.uses_wgpu_adapter:
-                ok, why = False, no_adapter
+            refused = probe.refuses(klass)
+            if refused:
+                ok, why = False, refused
             else:
                 try:
                     ok, why = klass.available()

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import shlex
-import sys
 
 from backends.base import select
 from harness import report, runner
@@ -64,7 +62,7 @@ class Run(Command):
             warm_s=args.warm_s, repeat=args.repeat,
             capacity=args.capacity, seed=args.seed, inprocess=args.inprocess,
             calibrate=args.calibrate, timeout_s=float(args.point_timeout),
-            command="statebench " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+            command=cls.command_line(),
         )
         out = ResultsFile(args.out or runner.default_out(args.preset), force=args.force,
                           make_parent=not args.out)

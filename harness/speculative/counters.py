@@ -34,11 +34,5 @@ class SpecBytes:
         return (self.state_read + self.state_written + 2 * self.state_copied
                 + self.capsule_written + self.capsule_read + self.inputs_read)
 
-    def as_byte_counters(self) -> dict[str, int]:
-        """The same bytes in `backends.base.ByteCounters`' categories."""
-        return {"h2d": self.h2d, "d2h": self.d2h, "d2d": self.state_copied,
-                "kernel": (self.state_read + self.state_written + self.capsule_written
-                           + self.capsule_read + self.inputs_read)}
-
     def to_dict(self) -> dict[str, int]:
         return {**asdict(self), "traffic": self.traffic}
