@@ -86,7 +86,9 @@ def summarise(p: Point) -> Point:
     if not steps:
         return p
     pooled = [x for r in steps for x in r]
-    gpu = [r.get("gpu_ms") for r in p.repeats]
+    # a repeat's GPU samples count only when every step has one (the worker's own rule)
+    gpu = [r.get("gpu_ms") if r.get("gpu_ms") and len(r["gpu_ms"]) == len(r["step_ms"] or [])
+           else None for r in p.repeats]
     details = {k: v for k, v in p.details.items() if k != "warning"}
     warning = stats.unstable(steps)
     if warning:

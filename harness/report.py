@@ -221,7 +221,7 @@ def _uncertainty_columns(p: Point) -> dict:
             "step_ms_max_at": (f"process {slowest['repeat'] + 1} step {slowest['step']}"
                                if slowest else None),
             "repeats": len(reps) or None,
-            "transients": len(verdicts.transient_notes(p)) if reps else None}
+            "transients": len(p.transients or stats.transient_steps(reps)) if reps else None}
 
 
 def _traffic_columns(p: Point, cfg) -> dict:

@@ -99,3 +99,33 @@ def test_a_stall_is_named_with_its_step():
     assert stats.slowest([steady, stalled]) == {"ms": 36.0, "repeat": 1, "step": 17}
     assert stats.transients(steady) == []
     assert stats.transients([1.0, 1.0, 1.0, 1.05]) == []  # all alike: MAD 0, 10 % floor
+
+
+def _worker_point(step_ms, gpu_ms, gpu_reason):
+    from harness.results import Match, Point, Stats
+    return Point(backend="wgpu:stateful", context=16, capacity=32, steps=len(step_ms),
+                 step_ms=Stats.of(step_ms), gpu_ms=Stats.of(gpu_ms) if gpu_reason == "" else None,
+                 gpu_reason=gpu_reason, match=Match(True, 0.0, 0.0, 1.0),
+                 bytes_per_step={"h2d": 8, "d2h": 4, "d2d": 0, "kernel": 100},
+                 details={"step_ms_samples": step_ms, "gpu_ms_samples": gpu_ms})
+
+
+def test_a_process_with_gpu_time_on_some_steps_gives_no_gpu_stats():
+    """The worker's rule (GPU stats only when every step has one) holds after a repeat is
+    summarised, and when a second process has all of its GPU times."""
+    from harness import repeats
+    partial = repeats.first(_worker_point([1.0, 1.1, 1.2, 1.0], [0.5, 0.6, 0.5],
+                                          "GPU time missing on some steps"))
+    assert partial.gpu_ms is None and partial.gpu_reason == "GPU time missing on some steps"
+    both = repeats.add(partial, _worker_point([1.0, 1.0, 1.1, 1.0], [0.5] * 4, ""), 2, 2)
+    assert both.gpu_ms is None and both.gpu_reason == "GPU time missing in some repeats"
+    whole = repeats.first(_worker_point([1.0, 1.1, 1.2, 1.0], [0.5, 0.6, 0.5, 0.5], ""))
+    assert whole.gpu_ms is not None and whole.gpu_ms.median == 0.5
+
+
+def test_the_report_counts_every_transient_step():
+    from harness import report, repeats
+    steps = [1.0] * 30 + [9.0, 8.0]  # two stalls in one process: two transient steps
+    p = repeats.first(_worker_point(steps, [0.5] * 32, ""))
+    assert len(p.transients) == 2
+    assert report._uncertainty_columns(p)["transients"] == 2
