@@ -124,7 +124,7 @@ def test_a_process_with_gpu_time_on_some_steps_gives_no_gpu_stats():
 
 
 def test_the_report_counts_every_transient_step():
-    from harness import report, repeats
+    from harness import repeats, report
     steps = [1.0] * 30 + [9.0, 8.0]  # two stalls in one process: two transient steps
     p = repeats.first(_worker_point(steps, [0.5] * 32, ""))
     assert len(p.transients) == 2
