@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
 
 from backends import ort as ort_backends
 from backends.base import DepthState, registry
+from model import checksum
+from model import export as E
 from model.reference import Reference
 from model.workload import Workload, cache_specs, preset, token_stream
 
@@ -244,3 +249,45 @@ def test_f16kv_copy_moves_half_the_kv_bytes(tiny, tiny_f16kv, cache_dir):
     cfg = tiny.config
     kv_f32 = 2 * len(cfg.attention_layers) * cfg.kv_heads * 10 * cfg.head_dim * 4
     assert full["h2d"] - half["h2d"] == kv_f32 // 2
+
+
+@pytest.fixture(scope="module")
+def tiny_q4():
+    return Workload.build(preset("tiny+q4"), seed=1)
+
+
+@pytest.mark.parametrize("name", CPU)
+def test_q4_cpu_ep_matches_the_reference(name, tiny_q4, cache_dir):
+    """The CPU EP computes 4-bit MatMuls on float32 activations (the level-0 graph), so
+    the float tolerance holds; at the exported level 4 it would not (module docstring)."""
+    b = _backend(name, tiny_q4, cache_dir)
+    depth, ref = _depth(tiny_q4, 9)
+    b.reach_depth(depth)
+    for tok in token_stream(tiny_q4.config, 5, seed=4):
+        _check(b.step(int(tok)), ref.step(int(tok)))
+    b.close()
+
+
+def test_q4_level0_graph_is_written_once_and_reused(tiny_q4, tmp_path, monkeypatch):
+    """Every CPU EP prepare (one a point) reads the model layer's level-0 graph: exported
+    and sealed by the first, reused untouched (hashed no more) by the rest."""
+    writes: Counter[str] = Counter()
+    write = E._atomic_write  # what Builder.save writes every graph with
+
+    def counted(path, data):
+        writes[Path(path).name] += 1
+        write(path, data)
+
+    monkeypatch.setattr(E, "_atomic_write", counted)
+    names = ["ort-cpu:copy", "ort-cpu:iobinding", "ort-cpu:shared", "ort-cpu:copy"]
+    backends = [_backend(n, tiny_q4, tmp_path) for n in names]
+    path = backends[0].path
+    assert path.name == f"ort-c{CAPACITY}-acc0.onnx"
+    assert all(b.path == path and b.details["model"] == str(path) for b in backends)
+    assert writes[path.name] == 1 and writes[f"ort-c{CAPACITY}.onnx"] == 0
+    assert checksum.hash_counts[str(path.resolve())] == 1  # sealed once, never re-hashed
+    assert checksum.problem(path) is None
+    g = onnx.load(str(path), load_external_data=False).graph
+    levels = {a.i for n in g.node if n.op_type == "MatMulNBits" for a in n.attribute
+              if a.name == "accuracy_level"}
+    assert levels == {E.FLOAT_ACCURACY_LEVEL}
