@@ -33,7 +33,8 @@ Byte counters (`ByteCounters`), counted where the bytes move:
 4-bit graphs (`+q4` presets) on the CPU EP compute with float32 activations: ORT's CPU
 MatMulNBits at accuracy_level 4 (the exported value, as real exports) quantises activations to
 int8 per block, about 0.7 % of the logits on tiny+q4, which no float tolerance admits; so a
-CPU session reads a copy of the graph at accuracy_level 0 (`_float_activations`) and turns the
+CPU session reads the model layer's level-0 export of the graph (`export(...,
+accuracy_level=FLOAT_ACCURACY_LEVEL)`, checksummed like every cached graph) and turns the
 DequantizeLinear→MatMul fusion's level to 0 (`session.qdq_matmulnbits_accuracy_level`). The
 WebGPU EP keeps the exported graph.
 On the CPU EP host and device memory are the same: there `h2d`/`d2h` mean bytes crossing the
@@ -46,12 +47,10 @@ import os
 from pathlib import Path
 
 import numpy as np
-import onnx
 
 from backends.base import Backend, DepthState, register
 from backends.webnn.onnx_converter import list_kv_pairs
-from model.atomic import atomic_file
-from model.export import ORT, PAST_LEN, STANDARD, TOTAL_LEN, export
+from model.export import FLOAT_ACCURACY_LEVEL, ORT, PAST_LEN, STANDARD, TOTAL_LEN, export
 from model.workload import Workload, cache_specs
 
 try:
@@ -60,30 +59,8 @@ except ImportError:  # pragma: no cover - the venv always has it
     ort = None
 
 WEBGPU_EP = "WebGpuExecutionProvider"
-#: MatMulNBits' accuracy_level for float32 activations (the CPU EP's sessions)
-FLOAT_ACCURACY_LEVEL = 0
 _VIEW_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze"})
 _webgpu_state: dict[str, object] = {}
-
-
-def _float_activations(path: Path) -> Path:
-    """``path``, or where it has MatMulNBits nodes at another accuracy level, a copy beside it
-    (same external weights) at FLOAT_ACCURACY_LEVEL: the CPU EP's int8 activations are an
-    error of ORT's, not of the 4-bit weights (module docstring)."""
-    model = onnx.load(str(path), load_external_data=False)
-    changed = False
-    for node in model.graph.node:
-        if node.op_type != "MatMulNBits":
-            continue
-        for a in node.attribute:
-            if a.name == "accuracy_level" and a.i != FLOAT_ACCURACY_LEVEL:
-                a.i, changed = FLOAT_ACCURACY_LEVEL, True
-    if not changed:
-        return path
-    out = path.with_name(f"{path.stem}-acc{FLOAT_ACCURACY_LEVEL}.onnx")
-    with atomic_file(out) as f:
-        f.write(model.SerializeToString())
-    return out
 
 
 def _webgpu_devices() -> tuple[list, str]:
@@ -204,7 +181,10 @@ class _OrtBackend(Backend):
             raise RuntimeError(why)
         self.workload, self.cfg, self.capacity = workload, workload.config, capacity
         self.specs = cache_specs(self.cfg, capacity)
-        self.path = export(workload, self.flavour, capacity, self.cache_dir)
+        # the CPU EP's graph computes MatMulNBits on float32 activations (module docstring)
+        level = FLOAT_ACCURACY_LEVEL if self.provider == "cpu" else None
+        self.path = export(workload, self.flavour, capacity, self.cache_dir,
+                           accuracy_level=level)
         self._open(self.path)
         self.kernel = _KernelBytes(self.path, shared=self.shared_buffer)
         self.details.update(provider=self.session.get_providers()[0], flavour=self.flavour,
@@ -243,7 +223,7 @@ class _OrtBackend(Backend):
             return ort.InferenceSession(str(path), sess_options=so)
         so.add_session_config_entry("session.qdq_matmulnbits_accuracy_level",
                                      str(FLOAT_ACCURACY_LEVEL))
-        return ort.InferenceSession(str(_float_activations(path)), sess_options=so,
+        return ort.InferenceSession(str(path), sess_options=so,
                                     providers=["CPUExecutionProvider"])
 
     def _assignment(self) -> dict[str, object]:

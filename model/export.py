@@ -28,7 +28,9 @@ Both flavours reference one external weights file per (model, seed): `<name>-<ha
 weights.bin` beside the graphs, written once (atomically) and reused by every capacity and
 flavour. Only capacity-dependent constants (RoPE tables, the mask's arange) live inside the
 `.onnx`. Each file (weights and graphs) carries a content checksum (`<file>.sum`,
-`model.checksum`) and is rebuilt, with one line on stderr, when it no longer matches. With
+`model.checksum`) and is rebuilt, with one line on stderr, when it no longer matches. A 4-bit
+model's ORT flavour also comes at MatMulNBits accuracy_level 0 (`accuracy_level=0`,
+`ort-c<C>-acc0.onnx`), the graph the CPU EP runs: built, sealed and checked as the others. With
 tied embeddings the head is a stored transposed copy of `embed_tokens` (`lm_head`, (hidden,
 vocab)), since Gemm(transB) is not in the standard op list.
 """
@@ -76,6 +78,14 @@ STANDARD_OPS = frozenset({
 PAST_LEN = "past_sequence_length"
 TOTAL_LEN = "total_sequence_length"
 
+#: MatMulNBits' accuracy_level: int8 compute for A where the EP has it (ORT's quantizer and
+#: onnxruntime-genai's q4 exports set 4)
+Q4_ACCURACY_LEVEL = 4
+#: the level at which A stays float32 (what the CPU EP's sessions run: backends/ort.py)
+FLOAT_ACCURACY_LEVEL = 0
+#: the levels MatMulNBits defines (0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8)
+MATMULNBITS_LEVELS = (0, 1, 2, 3, 4)
+
 _ALIGN = 64
 _NP = {TensorProto.FLOAT: np.float32, TensorProto.INT64: np.int64, TensorProto.INT32: np.int32,
        TensorProto.BOOL: np.bool_}
@@ -83,19 +93,44 @@ _NP = {TensorProto.FLOAT: np.float32, TensorProto.INT64: np.int64, TensorProto.I
 _ELEM = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
 
 
+def _own_level(workload: Workload, flavour: str, accuracy_level: int | None) -> int | None:
+    """The MatMulNBits accuracy level that makes a graph of its own: None where the graph
+    has no MatMulNBits (standard flavour, float weights) or the level is the exported one."""
+    if accuracy_level is None or accuracy_level == Q4_ACCURACY_LEVEL:
+        return None
+    if accuracy_level not in MATMULNBITS_LEVELS:
+        raise ValueError(f"accuracy_level {accuracy_level!r}; accepted: "
+                         f"{', '.join(map(str, MATMULNBITS_LEVELS))}")
+    if flavour != ORT or not quantised_names(workload.config):
+        return None
+    return accuracy_level
+
+
 def graph_path(workload: Workload, flavour: str, capacity: int,
-               cache_dir: str | os.PathLike | None = None) -> Path:
-    """Where `export` puts (and finds) the graph of one flavour and capacity."""
+               cache_dir: str | os.PathLike | None = None, *,
+               accuracy_level: int | None = None) -> Path:
+    """Where `export` puts (and finds) the graph of one flavour, capacity and MatMulNBits
+    accuracy level (`export`)."""
     if flavour not in FLAVOURS:
         raise ValueError(f"unknown flavour {flavour!r}; accepted: {', '.join(FLAVOURS)}")
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    return root / config_key(workload.config, workload.seed) / f"{flavour}-c{capacity}.onnx"
+    level = _own_level(workload, flavour, accuracy_level)
+    suffix = "" if level is None else f"-acc{level}"
+    return (root / config_key(workload.config, workload.seed)
+            / f"{flavour}-c{capacity}{suffix}.onnx")
 
 
 def export(workload: Workload, flavour: str, capacity: int,
-           cache_dir: str | os.PathLike | None = None, *, force: bool = False) -> Path:
-    """The graph for (workload, flavour, capacity), exported unless already on disk."""
-    path = graph_path(workload, flavour, capacity, cache_dir)
+           cache_dir: str | os.PathLike | None = None, *, force: bool = False,
+           accuracy_level: int | None = None) -> Path:
+    """The graph for (workload, flavour, capacity), exported unless already on disk.
+
+    `accuracy_level` is the one its MatMulNBits nodes compute at (None: the exported
+    Q4_ACCURACY_LEVEL); another level is a graph of its own (`-acc<level>` in its name),
+    made and checked like every graph. A graph without MatMulNBits (the standard flavour,
+    float weights) is the same graph at every level, so it is that one file."""
+    path = graph_path(workload, flavour, capacity, cache_dir, accuracy_level=accuracy_level)
+    level = _own_level(workload, flavour, accuracy_level)
     if not force:
         # the weights file the graph points to is checked (or rebuilt) on every reuse too:
         # a backend reads both, and a graph never changes when its weights file is rebuilt
@@ -106,7 +141,8 @@ def export(workload: Workload, flavour: str, capacity: int,
             return path
     if flavour == STANDARD:
         return export_standard(workload, capacity, path)
-    return export_ort(workload, path, capacity)
+    return export_ort(workload, path, capacity,
+                      accuracy_level=Q4_ACCURACY_LEVEL if level is None else level)
 
 
 def export_standard(workload: Workload, capacity: int, path: str | os.PathLike) -> Path:
@@ -116,9 +152,12 @@ def export_standard(workload: Workload, capacity: int, path: str | os.PathLike) 
     return b.save()
 
 
-def export_ort(workload: Workload, path: str | os.PathLike, capacity: int | None = None) -> Path:
-    """Write the ORT-flavour decode step; `capacity` sizes the RoPE caches (default 4096)."""
+def export_ort(workload: Workload, path: str | os.PathLike, capacity: int | None = None, *,
+               accuracy_level: int = Q4_ACCURACY_LEVEL) -> Path:
+    """Write the ORT-flavour decode step; `capacity` sizes the RoPE caches (default 4096),
+    `accuracy_level` is its MatMulNBits nodes' (4-bit models)."""
     b = _Builder(workload, Path(path))
+    b.accuracy_level = accuracy_level
     _build(b, ORT, capacity or 4096)
     return b.save()
 
@@ -206,6 +245,7 @@ class _Builder:
         self._consts: dict[bytes, str] = {}
         self._n = 0
         self.flavour = STANDARD  # set by _build
+        self.accuracy_level = Q4_ACCURACY_LEVEL  # MatMulNBits' (ORT flavour, 4-bit weights)
         self.quantised = set(quantised_names(self.cfg))
         self.q4_manifest: dict[str, tuple[int, int]] | None = None  # written on first use
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -541,9 +581,6 @@ def _gdn(b: _Builder, flavour: str, i: int, xn: str) -> str:
 # ---------------------------------------------------------------------------------------------
 # 4-bit weights (ModelConfig.weights "q4"; model.quantize)
 
-#: MatMulNBits' accuracy_level: int8 compute for A where the EP has it (ORT's quantizer and
-#: onnxruntime-genai's q4 exports set 4)
-Q4_ACCURACY_LEVEL = 4
 #: columns (MatMulNBits) or rows (int4) packed at a time: a 128k-vocab head stays a few
 #: hundred MB of temporaries
 _Q4_CHUNK = 8192
@@ -633,7 +670,7 @@ def _q4_project(b: _Builder, x: str, name: str, out: str | None) -> str:
     if b.flavour == ORT:
         return b.op("MatMulNBits", [x, name + ".q4", name + ".scales"], shape, out=out,
                     domain=MS_DOMAIN, K=k, N=n, bits=4, block_size=Q.Q4_BLOCK,
-                    accuracy_level=Q4_ACCURACY_LEVEL)
+                    accuracy_level=b.accuracy_level)
     w = b.op("DequantizeLinear", [name + ".q4", name + ".scales"], [k, n], axis=0,
              block_size=Q.Q4_BLOCK)
     return b.op("MatMul", [x, w], shape, out=out)

@@ -76,19 +76,29 @@ def test_f32_weights_rebuilt_once_with_notice(damage, tmp_path, capsys):
     assert checksum.problem(path) is None
 
 
+#: what is damaged -> (preset, flavour, MatMulNBits accuracy level) of the graph exported
+TARGETS = {"weights.bin": ("tiny", "standard", None), "graph": ("tiny", "standard", None),
+           "level-0 graph": ("tiny+q4", "ort", E.FLOAT_ACCURACY_LEVEL)}
+
+
 @pytest.mark.parametrize("damage", DAMAGE)
-@pytest.mark.parametrize("target", ["weights.bin", "graph"])
+@pytest.mark.parametrize("target", TARGETS)
 def test_export_rebuilds_a_damaged_file(target, damage, tmp_path, capsys):
-    wl = Workload.build(preset("tiny"), seed=2)
-    graph = E.export(wl, "standard", CAPACITY, tmp_path)
+    name, flavour, level = TARGETS[target]
+    wl = Workload.build(preset(name), seed=2)
+
+    def export() -> Path:
+        return E.export(wl, flavour, CAPACITY, tmp_path, accuracy_level=level)
+
+    graph = export()
     path = graph.parent / "weights.bin" if target == "weights.bin" else graph
     fresh = path.read_bytes()
     capsys.readouterr()
     DAMAGE[damage](path)
-    assert E.export(wl, "standard", CAPACITY, tmp_path) == graph
+    assert export() == graph
     assert len(notices(capsys.readouterr().err, path)) == 1
     assert path.read_bytes() == fresh and checksum.problem(path) is None
-    E.export(wl, "standard", CAPACITY, tmp_path)
+    export()
     assert not capsys.readouterr().err
 
 

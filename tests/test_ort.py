@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
 
 from backends import ort as ort_backends
 from backends.base import DepthState, registry
+from model import checksum
+from model import export as E
 from model.reference import Reference
 from model.workload import Workload, cache_specs, preset, token_stream
 
@@ -21,6 +26,11 @@ IDS = 8 + 4 + 4  # input_ids int64 + (seqlens_k, total_sequence_length int32 | p
 @pytest.fixture(scope="module")
 def tiny():
     return Workload.build(preset("tiny"), seed=1)
+
+
+@pytest.fixture(scope="module")
+def tiny_q4():
+    return Workload.build(preset("tiny+q4"), seed=1)
 
 
 @pytest.fixture(scope="module")
@@ -53,16 +63,20 @@ def _check(got, expect):
     assert got.argmax() == expect.argmax()
 
 
+@pytest.mark.parametrize("weights", ["float", "q4"])
 @pytest.mark.parametrize("name", CPU + WEBGPU)
-def test_matches_reference_after_depth_and_after_reset(name, tiny, cache_dir):
-    b = _backend(name, tiny, cache_dir)
-    depth, ref = _depth(tiny, 9)
+def test_matches_reference_after_depth_and_after_reset(name, weights, tiny, tiny_q4, cache_dir):
+    """On tiny+q4 too: the CPU EP computes 4-bit MatMuls on float32 activations (its level-0
+    graph), so the float tolerance holds; at the exported level 4 its ORT-flavour modes fail."""
+    wl = tiny_q4 if weights == "q4" else tiny
+    b = _backend(name, wl, cache_dir)
+    depth, ref = _depth(wl, 9)
     b.reach_depth(depth)
-    for tok in token_stream(tiny.config, 5, seed=4):
+    for tok in token_stream(wl.config, 5, seed=4):
         _check(b.step(int(tok)), ref.step(int(tok)))
     b.reset()
-    fresh = Reference(tiny.config, tiny.weights, CAPACITY)
-    for tok in token_stream(tiny.config, 4, seed=6):
+    fresh = Reference(wl.config, wl.weights, CAPACITY)
+    for tok in token_stream(wl.config, 4, seed=6):
         _check(b.step(int(tok)), fresh.step(int(tok)))
     assert b.details["flavour"] == ("standard" if name.endswith("standard") else "ort")
     b.close()
@@ -244,3 +258,28 @@ def test_f16kv_copy_moves_half_the_kv_bytes(tiny, tiny_f16kv, cache_dir):
     cfg = tiny.config
     kv_f32 = 2 * len(cfg.attention_layers) * cfg.kv_heads * 10 * cfg.head_dim * 4
     assert full["h2d"] - half["h2d"] == kv_f32 // 2
+
+
+def test_q4_level0_graph_is_written_once_and_reused(tiny_q4, tmp_path, monkeypatch):
+    """Every CPU EP prepare (one a point) reads the model layer's level-0 graph: exported
+    and sealed by the first, reused untouched (hashed no more) by the rest."""
+    writes: Counter[str] = Counter()
+    write = E._atomic_write  # what Builder.save writes every graph with
+
+    def counted(path, data):
+        writes[Path(path).name] += 1
+        write(path, data)
+
+    monkeypatch.setattr(E, "_atomic_write", counted)
+    names = ["ort-cpu:copy", "ort-cpu:iobinding", "ort-cpu:shared", "ort-cpu:copy"]
+    backends = [_backend(n, tiny_q4, tmp_path) for n in names]
+    path = backends[0].path
+    assert path.name == f"ort-c{CAPACITY}-acc0.onnx"
+    assert all(b.path == path and b.details["model"] == str(path) for b in backends)
+    assert writes[path.name] == 1 and writes[f"ort-c{CAPACITY}.onnx"] == 0
+    assert checksum.hash_counts[str(path.resolve())] == 1  # sealed once, never re-hashed
+    assert checksum.problem(path) is None
+    g = onnx.load(str(path), load_external_data=False).graph
+    levels = {a.i for n in g.node if n.op_type == "MatMulNBits" for a in n.attribute
+              if a.name == "accuracy_level"}
+    assert levels == {E.FLOAT_ACCURACY_LEVEL}

@@ -10,7 +10,6 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from backends.ort import _float_activations
 from model import export as E
 from model import quantize as Q
 from model.errors import UserError
@@ -158,6 +157,35 @@ def test_graphs_hold_4bit_weights(tiny_q4):
     assert {n.op_type for n in std.node} <= E.STANDARD_OPS  # what the WebNN converter takes
 
 
+def _levels(graph: onnx.GraphProto) -> list[int]:
+    return [a.i for n in graph.node if n.op_type == "MatMulNBits" for a in n.attribute
+            if a.name == "accuracy_level"]
+
+
+def test_level0_graph_is_the_export_at_level_0(tiny_q4):
+    """``accuracy_level=0`` is a file of its own that differs from the exported graph in
+    MatMulNBits' level only; a graph without MatMulNBits is the same file at every level."""
+    wl, graphs = tiny_q4
+    root = graphs[E.ORT].parents[1]  # the cache directory
+    path = E.export(wl, E.ORT, CAPACITY, root, accuracy_level=0)
+    assert path == graphs[E.ORT].with_name(f"ort-c{CAPACITY}-acc0.onnx")
+    level0 = onnx.load(str(path), load_external_data=False)
+    exported = onnx.load(str(graphs[E.ORT]), load_external_data=False)
+    assert set(_levels(level0.graph)) == {0} and set(_levels(exported.graph)) == {4}
+    for n in exported.graph.node:
+        for a in n.attribute:
+            if n.op_type == "MatMulNBits" and a.name == "accuracy_level":
+                a.i = 0
+    assert exported.SerializeToString() == level0.SerializeToString()
+    assert E.export(wl, E.ORT, CAPACITY, root, accuracy_level=4) == graphs[E.ORT]
+    assert E.export(wl, E.STANDARD, CAPACITY, root, accuracy_level=0) == graphs[E.STANDARD]
+    tiny = Workload.build(preset("tiny"), seed=3)
+    assert (E.export(tiny, E.ORT, CAPACITY, root, accuracy_level=0)
+            == E.graph_path(tiny, E.ORT, CAPACITY, root))
+    with pytest.raises(ValueError, match="accuracy_level 5"):
+        E.export(wl, E.ORT, CAPACITY, root, accuracy_level=5)
+
+
 def _decode(wl, path, flavour, run):
     """Max relative logits error of STEPS decode steps against the float64 reference."""
     ref = Reference(wl.config, wl.weights, CAPACITY)
@@ -189,8 +217,9 @@ def test_flavours_through_ort_cpu_match_the_reference(tiny_q4, flavour):
     wl, graphs = tiny_q4
     so = ort.SessionOptions()
     so.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
-    sess = ort.InferenceSession(str(_float_activations(graphs[flavour])), so,
-                                providers=["CPUExecutionProvider"])
+    level0 = E.export(wl, flavour, CAPACITY, graphs[flavour].parents[1],
+                      accuracy_level=E.FLOAT_ACCURACY_LEVEL)  # what the CPU EP backends run
+    sess = ort.InferenceSession(str(level0), so, providers=["CPUExecutionProvider"])
     assert _decode(wl, graphs[flavour], flavour, lambda f: sess.run(None, f)) < TOL
 
 
