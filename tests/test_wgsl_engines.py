@@ -136,8 +136,9 @@ def kernels():
         pytest.skip(why)
     from backends.webnn import MLGraphBuilder, NotSupportedError, ml
     from backends.webnn.onnx_converter import convert, list_kv_pairs
-    from backends.webnn.wgpu_impl.compiler import KernelLaunch, compile_graph
+    from backends.webnn.wgpu_impl.compiler import compile_graph
     from backends.webnn.wgpu_impl.options import KernelOptions
+    from backends.webnn.wgpu_impl.plan import KernelLaunch
     from model.export import export
     from model.workload import Workload, preset
 
