@@ -149,7 +149,7 @@ def kernels():
         for dt in ("float32", "float16", "int32"):
             b = MLGraphBuilder(ctx)
             outs = _op_graphs(b, dt)
-            if dt == "float16":  # one graph per op: some ops take no float16 (compiler.F16_OPS)
+            if dt == "float16":  # one graph per op: some ops take no float16 (passes.F16_OPS)
                 for name, o in outs.items():
                     with contextlib.suppress(NotSupportedError):
                         b.build({name: o})
