@@ -91,9 +91,9 @@ class _Page(Backend):
 
     @classmethod
     def runs_on(cls) -> str:
-        from backends.webnn.engines import ENGINES
+        from backends.webnn.engines import engine
 
-        eng = ENGINES[cls.engine]
+        eng = engine(cls.engine)
         adapter, _ = wgpu_adapter(cls.engine)
         api = dict(adapter.info).get("backend_type", "?") if adapter is not None else "no adapter"
         return f"{eng.version()}, {api}"

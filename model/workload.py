@@ -208,12 +208,16 @@ def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def is_quantised(cfg: ModelConfig, name: str, shape: tuple[int, ...]) -> bool:
+    """Whether a "q4" model stores the tensor ``name`` of ``shape`` in 4 bits: every matrix
+    but the embedding (the projections of attention, gated delta and MLP, and the LM head),
+    as real exports."""
+    return cfg.weights == "q4" and len(shape) == 2 and name != "embed_tokens"
+
+
 def quantised_names(cfg: ModelConfig) -> list[str]:
-    """The tensors a "q4" model stores in 4 bits: every matrix but the embedding (the
-    projections of attention, gated delta and MLP, and the LM head), as real exports."""
-    if cfg.weights != "q4":
-        return []
-    return [n for n, s in weight_shapes(cfg).items() if len(s) == 2 and n != "embed_tokens"]
+    """The tensors a "q4" model stores in 4 bits (``is_quantised``)."""
+    return [n for n, s in weight_shapes(cfg).items() if is_quantised(cfg, n, s)]
 
 
 def weights_bytes(cfg: ModelConfig) -> int:
@@ -259,7 +263,7 @@ def make_weight_as(cfg: ModelConfig, name: str, shape: tuple[int, ...], seed: in
     """``make_weight``, rounded to float16 values (still float32) or to its 4-bit model
     (dequantised, float32) when the config says so."""
     w = make_weight(cfg, name, shape, seed)
-    if cfg.weights == "q4" and len(shape) == 2 and name != "embed_tokens":
+    if is_quantised(cfg, name, shape):
         return round_trip(w)
     return w.astype(np.float16).astype(np.float32) if cfg.weights == "float16" else w
 

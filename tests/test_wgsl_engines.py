@@ -136,8 +136,9 @@ def kernels():
         pytest.skip(why)
     from backends.webnn import MLGraphBuilder, NotSupportedError, ml
     from backends.webnn.onnx_converter import convert, list_kv_pairs
-    from backends.webnn.wgpu_impl.compiler import KernelLaunch, compile_graph
+    from backends.webnn.wgpu_impl.compiler import compile_graph
     from backends.webnn.wgpu_impl.options import KernelOptions
+    from backends.webnn.wgpu_impl.plan import KernelLaunch
     from model.export import export
     from model.workload import Workload, preset
 
@@ -148,7 +149,7 @@ def kernels():
         for dt in ("float32", "float16", "int32"):
             b = MLGraphBuilder(ctx)
             outs = _op_graphs(b, dt)
-            if dt == "float16":  # one graph per op: some ops take no float16 (compiler.F16_OPS)
+            if dt == "float16":  # one graph per op: some ops take no float16 (passes.F16_OPS)
                 for name, o in outs.items():
                     with contextlib.suppress(NotSupportedError):
                         b.build({name: o})

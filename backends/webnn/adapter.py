@@ -7,10 +7,11 @@ from typing import Any
 
 def wgpu_adapter(engine: str = "wgpu") -> tuple[object | None, str]:
     """(adapter, "") or (None, why there is none): the engine's module missing, a driver
-    error, no adapter. ``engine``: "wgpu" (wgpu-native) or "dawn" (``engines.py``)."""
-    from .engines import ENGINES
+    error, no adapter. ``engine``: "wgpu" (wgpu-native) or "dawn" (``engines.py``; another
+    name: ValueError, as create_context says)."""
+    from .engines import engine as engine_named
 
-    eng = ENGINES[engine]
+    eng = engine_named(engine)
     try:
         eng.api()
     except Exception as exc:  # noqa: BLE001 - any import failure means "not installed"

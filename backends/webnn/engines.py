@@ -23,6 +23,7 @@ class Engine:
     name: str  # the backend family and create_context's engine= ("wgpu", "dawn")
     implementation: str  # "wgpu-native", "Dawn"
     module: str  # the Python module with wgpu-py's API
+    native: str  # its backend package, ``<module>.backends.<native>`` (version, extras)
     compiler: str  # its WGSL compiler
     #: the feature that gives subgroup builtins (WebGPU: "subgroups"; wgpu-native: "subgroup")
     subgroup_feature: str
@@ -45,7 +46,7 @@ class Engine:
         """The Python package's version and the native library's, e.g. 'wgpu 0.32.0 /
         wgpu-native 29.0.1.1'."""
         api = self.api()
-        native = importlib.import_module(f"{self.module}.backends.{_NATIVE[self.name]}")
+        native = importlib.import_module(f"{self.module}.backends.{self.native}")
         return f"{self.module} {api.__version__} / {self.implementation} {native.__version__}"
 
     def request_adapter(self, power_preference: str = "high-performance") -> Any:
@@ -55,20 +56,18 @@ class Engine:
     def request_device(self, adapter: Any, features: list[str], limits: dict[str, int]) -> Any:
         """A device with ``features`` and ``limits``, and this engine's toggles."""
         if self.disable_toggles:
-            extras = importlib.import_module(f"{self.module}.backends.{_NATIVE[self.name]}.extras")
+            extras = importlib.import_module(f"{self.module}.backends.{self.native}.extras")
             return extras.request_device_sync(adapter, required_features=features,
                                               required_limits=limits,
                                               disable_toggles=list(self.disable_toggles))
         return adapter.request_device_sync(required_features=features, required_limits=limits)
 
 
-_NATIVE = {"wgpu": "wgpu_native", "dawn": "dawn"}
-
 ENGINES: dict[str, Engine] = {
-    "wgpu": Engine("wgpu", "wgpu-native", "wgpu", "naga", "subgroup",
+    "wgpu": Engine("wgpu", "wgpu-native", "wgpu", "wgpu_native", "naga", "subgroup",
                    "timestamp-query-inside-passes", enable_subgroups=False,
                    submits_before_map=True),
-    "dawn": Engine("dawn", "Dawn", "wgpudawn", "Tint", "subgroups",
+    "dawn": Engine("dawn", "Dawn", "wgpudawn", "dawn", "Tint", "subgroups",
                    "chromium-experimental-timestamp-query-inside-passes", enable_subgroups=True,
                    disable_toggles=("timestamp_quantization",)),
 }

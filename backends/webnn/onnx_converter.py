@@ -25,6 +25,7 @@ from onnx import numpy_helper
 
 from ._classes import MLGraphBuilder, MLKVCachePair
 from .dims import pin
+from .dtypes import dtype, packed_bytes
 
 # ONNX TensorProto element type -> WebNN data type (and the NumPy type of host data)
 _ONNX_TO_WEBNN: dict[int, str] = {
@@ -275,24 +276,35 @@ class Packed4:
 
 def _packed4(t: onnx.TensorProto, base: str | None) -> Packed4:
     """A 4-bit initializer's bytes, unpacked nowhere (external data memory-mapped)."""
+    kind = _PACKED4[t.data_type]
     shape = tuple(int(d) for d in t.dims)
-    nbytes = -(-int(np.prod(shape, dtype=np.int64)) // 2)
+    nbytes = packed_bytes(dtype(kind), int(np.prod(shape, dtype=np.int64)))
     if t.data_location == onnx.TensorProto.EXTERNAL and base is not None:
-        info = {e.key: e.value for e in t.external_data}
-        path = os.path.normpath(os.path.join(base, info["location"]))
-        if not path.startswith(os.path.normpath(base) + os.sep):
-            raise ValueError(f"external data {info['location']!r} lies outside the model's folder")
-        if "length" in info and int(info["length"]) != nbytes:
-            raise ValueError(f"external data length {info['length']} != {nbytes} packed bytes")
-        data = np.memmap(path, dtype=np.uint8, mode="r", offset=int(info.get("offset", 0)),
-                         shape=(nbytes,))
+        data = _external(t, base, np.dtype(np.uint8), (nbytes,))
     elif t.raw_data:
         data = np.frombuffer(t.raw_data, np.uint8)
     else:  # int32_data holds the packed bytes, one a value
         data = np.asarray(t.int32_data, np.int64).astype(np.uint8)
     if data.size != nbytes:
         raise ValueError(f"{data.size} bytes for {nbytes} packed ones")
-    return Packed4(_PACKED4[t.data_type], shape, data)
+    return Packed4(kind, shape, data)
+
+
+def _external(t: onnx.TensorProto, base: str, dt: np.dtype,
+              shape: tuple[int, ...]) -> np.ndarray:
+    """An initializer's external data memory-mapped read-only as ``dt`` in ``shape``:
+    ValueError where its file lies outside the model's folder or its recorded length is
+    not the bytes ``shape`` needs."""
+    info = {e.key: e.value for e in t.external_data}
+    path = os.path.normpath(os.path.join(base, info["location"]))
+    if not path.startswith(os.path.normpath(base) + os.sep):
+        raise ValueError(f"external data {info['location']!r} lies outside the model's folder")
+    count = int(np.prod(shape, dtype=np.int64))
+    if "length" in info and int(info["length"]) != count * dt.itemsize:
+        raise ValueError(f"external data length {info['length']} != {count} x {dt.itemsize}")
+    if count == 0:
+        return np.zeros(shape, dt)
+    return np.memmap(path, dtype=dt, mode="r", offset=int(info.get("offset", 0)), shape=shape)
 
 
 def _initializer(t: onnx.TensorProto, base: str | None) -> np.ndarray | Packed4:
@@ -304,19 +316,8 @@ def _initializer(t: onnx.TensorProto, base: str | None) -> np.ndarray | Packed4:
         return _packed4(t, base)
     if t.data_location != onnx.TensorProto.EXTERNAL or base is None:
         return numpy_helper.to_array(t)
-    info = {e.key: e.value for e in t.external_data}
-    path = os.path.normpath(os.path.join(base, info["location"]))
-    if not path.startswith(os.path.normpath(base) + os.sep):
-        raise ValueError(f"external data {info['location']!r} lies outside the model's folder")
     dt = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).newbyteorder("<")
-    shape = tuple(int(d) for d in t.dims)
-    count = int(np.prod(shape, dtype=np.int64))
-    offset = int(info.get("offset", 0))
-    if "length" in info and int(info["length"]) != count * dt.itemsize:
-        raise ValueError(f"external data length {info['length']} != {count} x {dt.itemsize}")
-    if count == 0:
-        return np.zeros(shape, dt)
-    return np.memmap(path, dtype=dt, mode="r", offset=offset, shape=shape)
+    return _external(t, base, dt, tuple(int(d) for d in t.dims))
 
 
 def _value_desc(vi: onnx.ValueInfoProto) -> OperandDesc:
@@ -826,7 +827,7 @@ def _dequantize_linear(c: _Converter, node, attrs):
     elif kind in ("int4", "uint4"):
         count = int(np.prod(want, dtype=np.int64))
         zp = c.builder.constant(data_type=kind, shape=want,
-                                value=np.zeros(-(-count // 2), np.uint8))
+                                value=np.zeros(packed_bytes(dtype(kind), count), np.uint8))
     else:
         zp = c._constant(np.zeros(want, HOST_DTYPES[kind]))
     return c.builder.dequantize_linear(x, scale, zp)

@@ -10,11 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .. import shapes as S
+from ..dtypes import dtype, packed_bytes
 from .common import Kernel, decl, esize, grid, main_1d
 from .matmul import gemv_tail
-
-#: WGSL type of each quantised input's storage words
-STORAGE = {"int4": "u32", "uint4": "u32", "uint8": "u32"}
 
 
 def load_fn(name: str, array: str, kind: str) -> str:
@@ -29,10 +27,6 @@ def load_fn(name: str, array: str, kind: str) -> str:
     return f"fn {name}(j: u32) -> f32 {{\n{body}}}\n"
 
 
-def _stored_bytes(kind: str, count: int) -> int:
-    return -(-count // 2) if kind in ("int4", "uint4") else 4 * count
-
-
 def dequantize_linear(kind: str, shape: Sequence[int], block: Sequence[int], out_t: str) -> Kernel:
     """out[c] = (x[c] - zp[c / block]) * scale[c / block] for every coordinate c of
     ``shape`` (row-major), ``block`` the block size per axis (``_classes.blocks``)."""
@@ -40,8 +34,9 @@ def dequantize_linear(kind: str, shape: Sequence[int], block: Sequence[int], out
     sshape = [d // b for d, b in zip(shape, block, strict=True)]
     sst = S.strides(sshape)
     gx, gy, gz = grid(n)
-    src = (decl(0, "x", STORAGE[kind], "read") + decl(1, "scale", out_t, "read")
-           + decl(2, "zp", STORAGE[kind], "read") + decl(3, "out", out_t, "rw")
+    dt = dtype(kind)  # its device words: u32 (packed nibbles, or one uint8 a word)
+    src = (decl(0, "x", dt.wgsl, "read") + decl(1, "scale", out_t, "read")
+           + decl(2, "zp", dt.wgsl, "read") + decl(3, "out", out_t, "rw")
            + load_fn("xq", "x", kind) + load_fn("zq", "zp", kind))
     lines = ["fn scale_index(i: u32) -> u32 {", "  var r = i;", "  var o = 0u;"]
     for ax in range(len(shape) - 1, -1, -1):
@@ -56,7 +51,8 @@ def dequantize_linear(kind: str, shape: Sequence[int], block: Sequence[int], out
     src += (main_1d(gx) + f"  if (i >= {n}u) {{ return; }}\n  let s = scale_index(i);\n"
             f"  out[i] = {out_t}((xq(i) - zq(s)) * f32(scale[s]));\n}}\n")
     ns = S.size(sshape)
-    traffic = _stored_bytes(kind, n) + ns * (esize(out_t) + 4) + n * esize(out_t)
+    stored = packed_bytes(dt, n) if dt.packed else n * dt.itemsize
+    traffic = stored + ns * (esize(out_t) + 4) + n * esize(out_t)
     return Kernel("dequantize_linear", src, ["read", "read", "read", "rw"], (gx, gy, gz), traffic)
 
 

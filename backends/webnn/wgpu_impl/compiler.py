@@ -12,10 +12,8 @@ from __future__ import annotations
 from .._classes import MLKVCachePair, MLOperand
 from . import lowering, passes, planning
 from .options import KernelOptions
-from .plan import CopyLaunch, Deferred, KernelLaunch, Plan, Slot
+from .plan import Plan
 from .target import Target
-
-__all__ = ["CopyLaunch", "Deferred", "KernelLaunch", "Plan", "Slot", "compile_graph"]
 
 
 def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],

@@ -22,9 +22,10 @@ from ..dtypes import DType
 from ..engines import engine as engine_named
 from ..errors import NotSupportedError
 from ..kernels.common import module_source
-from .compiler import Deferred, KernelLaunch, Plan, compile_graph
+from .compiler import compile_graph
 from .dispatch import Dispatch
 from .options import KernelOptions
+from .plan import Deferred, KernelLaunch, Plan
 from .readback import Readback, ReadCopy
 from .staging import ARENA_MAX, QueueCounts, StagedReads, StagedWrites
 from .target import target_of
