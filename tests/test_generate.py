@@ -83,3 +83,24 @@ def test_bad_input_is_one_line_exit_2(models, tmp_path):
     ]
     for args, says in cases:
         assert says in one_line_error(statebench(*args)), args
+
+
+@pytest.mark.parametrize("name", ["ort-cpu:copy", "ort-cpu:iobinding"])
+def test_a_grouped_query_attention_graph_as_a_users_model(name, tmp_path):
+    """statebench's own ORT-flavour export (GroupQueryAttention fed seqlens_k and
+    total_sequence_length, GatedDeltaNet states) handed over as a model file: fed from its
+    own inputs and names, its logits follow the float64 reference step by step."""
+    from model.export import export_ort
+    from model.reference import Reference
+    from model.workload import Workload, preset, token_stream
+
+    wl = Workload.build(preset("tiny"), seed=1)
+    path = export_ort(wl, tmp_path / "own.onnx", 64)
+    b = BACKENDS[name](model=path)
+    b.prepare(None, 16)
+    ref = Reference(wl.config, wl.weights, 16)
+    for t in token_stream(wl.config, 6, seed=2):
+        got, want = b.step(int(t)), ref.step(int(t))
+        assert np.abs(got - want).max() / np.abs(want).max() < 1e-4
+        assert got.argmax() == want.argmax()
+    assert set(b.feed_inputs) == {"input_ids", "seqlens_k", "total_sequence_length"}
