@@ -36,10 +36,13 @@ def _vi(name, shape, t=TensorProto.FLOAT):
     return helper.make_tensor_value_info(name, t, shape)
 
 
-def decoder_model(scheme: str, seed: int = 16) -> onnx.ModelProto:
-    """The decoder for one decode step in ``scheme``'s names and inputs."""
+def decoder_model(scheme: str, seed: int = 16, attention: bool = True) -> onnx.ModelProto:
+    """The decoder for one decode step in ``scheme``'s names and inputs; ``attention``
+    False leaves out the attention layer (and its growing cache and mask): state that is
+    only overwritten."""
     (pk, ok_, pv, ov), (past, total), states = SCHEMES[scheme]
     mask, pos_rank = FEEDS[scheme]
+    mask = mask and attention
     w = weights(seed)
     consts = dict(shape4=np.array([0, 1, H, DH], np.int64),
                   shape3=np.array([0, 1, H * DH], np.int64), decay=np.float32(DECAY),
@@ -66,13 +69,14 @@ def decoder_model(scheme: str, seed: int = 16) -> onnx.ModelProto:
         nodes += [n("Gather", ["pos", pos], ["pe"]), n("Add", ["tok", "pe"], ["x"])]
     else:
         nodes.append(n("Identity", ["tok"], ["x"]))
-    for x in ("q", "k", "v"):
+    for x in ("q", "k", "v") if attention else ():
         nodes += [n("MatMul", ["x", f"w{x}"], [f"{x}2"]),
                   n("Reshape", [f"{x}2", "shape4"], [f"{x}4"]),
                   n("Transpose", [f"{x}4"], [f"{x}h"], perm=[0, 2, 1, 3])]
-    nodes += [n("Concat", [pk, "kh"], [ok_], axis=2), n("Concat", [pv, "vh"], [ov], axis=2),
-              n("Transpose", [ok_], ["kt"], perm=[0, 1, 3, 2]), n("MatMul", ["qh", "kt"], ["s0"]),
-              n("Mul", ["s0", "scale"], ["s1"])]
+    if attention:
+        nodes += [n("Concat", [pk, "kh"], [ok_], axis=2), n("Concat", [pv, "vh"], [ov], axis=2),
+                  n("Transpose", [ok_], ["kt"], perm=[0, 1, 3, 2]),
+                  n("MatMul", ["qh", "kt"], ["s0"]), n("Mul", ["s0", "scale"], ["s1"])]
     scores = "s1"
     if mask:
         inputs.append(_vi("attention_mask", ["batch_size", total], TensorProto.INT64))
@@ -80,10 +84,13 @@ def decoder_model(scheme: str, seed: int = 16) -> onnx.ModelProto:
                   n("Sub", ["fone", "mf"], ["mi"]), n("Mul", ["mi", "neg"], ["mb"]),
                   n("Unsqueeze", ["mb", "axes12"], ["mb4"]), n("Add", ["s1", "mb4"], ["s2"])]
         scores = "s2"
-    nodes += [n("Softmax", [scores], ["p"], axis=-1), n("MatMul", ["p", ov], ["o"]),
-              n("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]),
-              n("Reshape", ["ot", "shape3"], ["o3"]), n("MatMul", ["o3", "wo"], ["attn"]),
-              n("Add", ["x", "attn"], ["h"])]
+    if attention:
+        nodes += [n("Softmax", [scores], ["p"], axis=-1), n("MatMul", ["p", ov], ["o"]),
+                  n("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]),
+                  n("Reshape", ["ot", "shape3"], ["o3"]), n("MatMul", ["o3", "wo"], ["attn"]),
+                  n("Add", ["x", "attn"], ["h"])]
+    else:
+        nodes.append(n("Identity", ["x"], ["h"]))
     rs_in, rs_out = states["recurrent"]
     nodes += [n("MatMul", ["h", "wsk"], ["sk"]), n("Reshape", ["sk", "shape_k"], ["sk4"]),
               n("MatMul", ["h", "wsv"], ["sv"]), n("Reshape", ["sv", "shape_v"], ["sv4"]),
@@ -93,7 +100,7 @@ def decoder_model(scheme: str, seed: int = 16) -> onnx.ModelProto:
               n("MatMul", [rs_out, "sq4"], ["read"]), n("Reshape", ["read", "shape_r"], ["read3"]),
               n("MatMul", ["read3", "wr"], ["rp"]), n("Add", ["h", "rp"], ["h2"])]
     kv = ["batch_size", H, past, DH]
-    inputs += [_vi(pk, kv), _vi(pv, kv)]
+    inputs += [_vi(pk, kv), _vi(pv, kv)] if attention else []
     state_in = [_vi(rs_in, ["batch_size", 1, DV, DK])]
     state_out = [_vi(rs_out, ["batch_size", 1, DV, DK])]
     last = "h2"
@@ -110,15 +117,16 @@ def decoder_model(scheme: str, seed: int = 16) -> onnx.ModelProto:
         state_out.insert(0, _vi(cout, ["batch_size", CONV, K]))
         last = "h3"
     nodes.append(n("MatMul", [last, "wlm"], ["logits"]))
+    kv_out = [_vi(ok_, ["batch_size", H, total, DH]), _vi(ov, ["batch_size", H, total, DH])]
     outputs = [_vi("logits", ["batch_size", "sequence_length", VOCAB]),
-               _vi(ok_, ["batch_size", H, total, DH]), _vi(ov, ["batch_size", H, total, DH]),
-               *state_out]
+               *(kv_out if attention else []), *state_out]
     inits = [numpy_helper.from_array(np.asarray(a), k) for k, a in {**w, **consts}.items()]
     g = helper.make_graph(nodes, f"{scheme}-decoder", inputs + state_in, outputs, inits)
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
 
 
-def oracle_logits(scheme: str, tokens: list[int], seed: int = 16) -> np.ndarray:
+def oracle_logits(scheme: str, tokens: list[int], seed: int = 16,
+                  attention: bool = True) -> np.ndarray:
     """The last position's logits after ``tokens``, float64, the whole sequence at once."""
     w = {k: v.astype(np.float64) for k, v in weights(seed).items()}
     _, pos_rank = FEEDS[scheme]
@@ -130,7 +138,7 @@ def oracle_logits(scheme: str, tokens: list[int], seed: int = 16) -> np.ndarray:
     s = np.where(np.tril(np.ones((T, T), bool)), s, -np.inf)
     p = np.exp(s - s.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
-    h = x + (p @ v).transpose(1, 0, 2).reshape(T, H * DH) @ w["wo"]
+    h = x + (p @ v).transpose(1, 0, 2).reshape(T, H * DH) @ w["wo"] if attention else x
     sk, sv, sq = h @ w["wsk"], h @ w["wsv"], h @ w["wsq"]
     h2 = np.empty_like(h)
     for i in range(T):
@@ -143,9 +151,10 @@ def oracle_logits(scheme: str, tokens: list[int], seed: int = 16) -> np.ndarray:
     return (last @ w["wlm"])[-1]
 
 
-def oracle_greedy(scheme: str, prompt: list[int], new: int, seed: int = 16) -> list[int]:
+def oracle_greedy(scheme: str, prompt: list[int], new: int, seed: int = 16,
+                  attention: bool = True) -> list[int]:
     seq, out = list(prompt), []
     for _ in range(new):
-        out.append(int(np.argmax(oracle_logits(scheme, seq, seed))))
+        out.append(int(np.argmax(oracle_logits(scheme, seq, seed, attention))))
         seq.append(out[-1])
     return out

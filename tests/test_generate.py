@@ -104,3 +104,24 @@ def test_a_grouped_query_attention_graph_as_a_users_model(name, tmp_path):
         assert np.abs(got - want).max() / np.abs(want).max() < 1e-4
         assert got.argmax() == want.argmax()
     assert set(b.feed_inputs) == {"input_ids", "seqlens_k", "total_sequence_length"}
+
+
+@pytest.mark.parametrize("backend", ["wgpu:stateless", "wgpu:reuse", "wgpu:stateful",
+                                     "ort-cpu:copy"])
+def test_state_only_overwritten_runs_on_the_wgpu_pages(backend, tmp_path):
+    """Where no cache grows (the transformers-named hybrid state: conv window and recurrent
+    state, positions [3, B, S]), the converter takes the model and every page gives the
+    oracle's greedy tokens."""
+    from backends.base import registry
+
+    ok, why = registry()[backend].available()
+    if not ok:
+        pytest.skip(why)
+    path = tmp_path / "states.onnx"
+    onnx.save(decoder_model("transformers", seed=26, attention=False), str(path))
+    want = oracle_greedy("transformers", PROMPT, NEW, seed=26, attention=False)
+    assert len(set(want)) > 2
+    proc = statebench("generate", path, "--prompt", ",".join(map(str, PROMPT)),
+                      "--max-new-tokens", NEW, "--backend", backend, "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["tokens"] == want
