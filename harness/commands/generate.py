@@ -11,6 +11,7 @@ import numpy as np
 from backends.base import registry
 from backends.webnn.onnx_converter import ConversionError, list_kv_pairs
 from harness.commands.base import Command
+from harness.commands.common_args import add_model_argument
 from harness.model_info import load_model, model_file
 from model.errors import UserError
 
@@ -80,7 +81,7 @@ class Generate(Command):
 
     @classmethod
     def setup_arguments(cls, p) -> None:
-        p.add_argument("model", help="an .onnx file, or a folder holding model.onnx or decode.onnx")
+        add_model_argument(p)
         p.add_argument("--prompt", required=True, help="token ids, comma-separated")
         p.add_argument("--max-new-tokens", type=int, default=8)
         p.add_argument("--backend", default="ort-cpu:copy")
