@@ -125,3 +125,17 @@ def test_state_only_overwritten_runs_on_the_wgpu_pages(backend, tmp_path):
                       "--max-new-tokens", NEW, "--backend", backend, "--format", "json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["tokens"] == want
+
+
+def test_an_input_nobody_feeds_is_named(tmp_path):
+    model = decoder_model("optimum")
+    for vi in model.graph.input:
+        if vi.name == "position_ids":
+            vi.name = "token_type_ids"
+    for node in model.graph.node:
+        node.input[:] = ["token_type_ids" if i == "position_ids" else i for i in node.input]
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    for backend in ("ort-cpu:copy", "ort-cpu:iobinding"):
+        line = one_line_error(statebench("generate", path, "--prompt", "1", "--backend", backend))
+        assert "does not know what to feed input 'token_type_ids'" in line
