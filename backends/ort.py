@@ -47,11 +47,13 @@ import os
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 from backends.base import Backend, DepthState, register
+from backends.webnn.dims import default_dims, pin
 from backends.webnn.onnx_converter import list_kv_pairs
 from model.export import FLOAT_ACCURACY_LEVEL, ORT, PAST_LEN, STANDARD, TOTAL_LEN, export
-from model.workload import Workload, cache_specs
+from model.workload import CacheSpec, Workload, cache_specs
 
 try:
     import onnxruntime as ort
@@ -143,6 +145,50 @@ class _KernelBytes:
         return self.base + self.per_token * depth
 
 
+class _ModelKernelBytes(_KernelBytes):
+    """`_KernelBytes` for a model statebench did not export: its symbolic dims pinned
+    (``dims.default_dims``) at a depth and its shapes inferred (real exports carry little
+    value_info), so the count needs no dim of statebench's own graph. A tensor whose shape
+    inference leaves unknown counts 0 bytes and is named in ``unsized``."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        g = model.graph
+        self.nodes = [(n.op_type, list(n.input), list(n.output)) for n in g.node]
+        self.shared, self.unsized = False, set()
+        self.infos = {d: self._info_at(model, d) for d in (1, 2)}
+        t1, t2 = self._total(1), self._total(2)
+        self.per_token = t2 - t1
+        self.base = t1 - self.per_token
+
+    @staticmethod
+    def _info_at(model: onnx.ModelProto, depth: int) -> dict[str, list]:
+        pinned = pin(model, {k: d.value for k, d in default_dims(model, depth).items()})
+        try:
+            pinned = onnx.shape_inference.infer_shapes(pinned)
+        except Exception:  # noqa: BLE001 - inference is best effort; unknowns count 0
+            pass
+        g, info = pinned.graph, {}
+        for vi in list(g.input) + list(g.output) + list(g.value_info):
+            dims = vi.type.tensor_type.shape.dim
+            if vi.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in dims):
+                info[vi.name] = [d.dim_value for d in dims] + [vi.type.tensor_type.elem_type]
+        for t in g.initializer:
+            info[t.name] = list(t.dims) + [t.data_type]
+        return info
+
+    def _nbytes(self, name: str, depth: int) -> int:
+        self.info = self.infos[depth]
+        if name not in self.info:
+            self.unsized.add(name)
+            return 0
+        return super()._nbytes(name, depth)
+
+
+#: the element type of an ONNX tensor as NumPy's
+def _np_type(elem: int) -> np.dtype:
+    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem))
+
+
 class _OrtBackend(Backend):
     """Shared machinery: session, feeds of ids, logits, counters. Subclasses carry the cache."""
 
@@ -169,16 +215,23 @@ class _OrtBackend(Backend):
         ep = {"cpu": "CPU EP", "webgpu": "WebGPU EP (on Dawn, built into the plugin)"}
         return f"ONNX Runtime {ort.__version__}, {ep[cls.provider]}"
 
-    def __init__(self) -> None:
+    def __init__(self, model: str | os.PathLike | None = None) -> None:
         super().__init__()
+        self.model = None if model is None else Path(model)  # a user's .onnx, not an export
         self.session = None
         self.position = 0
+
+    #: why a mode cannot run a model statebench did not export ("" where it can)
+    model_unavailable = ""
 
     # --- preparation -------------------------------------------------------------------
     def prepare(self, workload: Workload, capacity: int) -> None:
         ok, why = self.available()
         if not ok:
             raise RuntimeError(why)
+        if self.model is not None:
+            self._prepare_model(capacity)
+            return
         self.workload, self.cfg, self.capacity = workload, workload.config, capacity
         self.specs = cache_specs(self.cfg, capacity)
         # the CPU EP's graph computes MatMulNBits on float32 activations (module docstring)
@@ -195,6 +248,80 @@ class _OrtBackend(Backend):
             self.details.update(self._assignment())
         self._allocate()
         self.reset()
+
+    def _prepare_model(self, capacity: int) -> None:
+        """Open a model statebench did not export: its pasts paired by name, each past's
+        dims pinned from the model's own shapes (batch 1; a growing axis starts empty), the
+        other inputs fed from their names (``_model_feeds``)."""
+        if self.model_unavailable:
+            raise RuntimeError(f"{self.name} is unavailable for {self.model}: "
+                               f"{self.model_unavailable}")
+        proto = onnx.load(str(self.model), load_external_data=False)
+        self.capacity = capacity
+        pairs = list_kv_pairs(proto)
+        dims = {k: d.value for k, d in default_dims(proto, capacity).items()}
+        inits = {t.name for t in proto.graph.initializer}
+        inputs = {i.name: i for i in proto.graph.input if i.name not in inits}
+        self.axes: dict[str, int | None] = {}
+        self.specs = []
+        for p in pairs:
+            tt = inputs[p.input].type.tensor_type
+            shape = []
+            for i, d in enumerate(tt.shape.dim):
+                if i == p.axis:
+                    shape.append(capacity)
+                elif d.HasField("dim_value"):
+                    shape.append(d.dim_value)
+                elif d.dim_param in dims:
+                    shape.append(dims[d.dim_param])
+                else:
+                    raise RuntimeError(f"{self.model}: {p.input} has a dim "
+                                       f"{d.dim_param or '(unnamed)'!r} no rule pins")
+            self.specs.append(CacheSpec(p.input, p.output, tuple(shape), p.kind, -1,
+                                        _np_type(tt.elem_type).name))
+            self.axes[p.input] = p.axis if p.kind == "append" else None
+        paired = {p.input for p in pairs}
+        self.feed_inputs = {n: vi for n, vi in inputs.items() if n not in paired}
+        unknown = [n for n in self.feed_inputs if n not in _MODEL_FEEDS]
+        if unknown:
+            raise RuntimeError(f"{self.model}: statebench does not know what to feed input "
+                               f"{unknown[0]!r} (it feeds {', '.join(_MODEL_FEEDS)})")
+        if "input_ids" not in self.feed_inputs:
+            raise RuntimeError(f"{self.model}: the graph has no input_ids input")
+        self.present_of = {p.input: p.output for p in pairs}
+        self.session = self._session(self.model)
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        if "logits" not in self.output_names:
+            raise RuntimeError(f"{self.model}: the graph has no logits output")
+        self.kernel = _ModelKernelBytes(proto)
+        self.details.update(provider=self.session.get_providers()[0], mode=self.mode,
+                            model=str(self.model), host_cache=self.host_cache,
+                            pairs={p.input: p.output for p in pairs},
+                            kernel_bytes_base=self.kernel.base,
+                            kernel_bytes_per_token=self.kernel.per_token,
+                            kernel_bytes_unsized=sorted(self.kernel.unsized)[:50])
+        self.reset()
+
+    def _empty_pasts(self, growing: bool) -> dict[str, np.ndarray]:
+        """Every cache at depth 0: zeros, a growing one with no rows on its axis."""
+        if self.model is None:
+            return self._page_pasts(None, growing=growing)
+        out = {}
+        for s in self.specs:
+            shape = list(s.shape)
+            if self.axes[s.input] is not None:
+                shape[self.axes[s.input]] = 0
+            out[s.input] = np.zeros(shape, s.dtype)
+        return out
+
+    def _model_feeds(self, token: int) -> dict[str, np.ndarray]:
+        """The model's own inputs at this position, each in its declared type."""
+        feeds = {}
+        for name, vi in self.feed_inputs.items():
+            tt = vi.type.tensor_type
+            feeds[name] = _MODEL_FEEDS[name](token, self.position, len(tt.shape.dim)).astype(
+                _np_type(tt.elem_type))
+        return feeds
 
     def _open(self, path: Path) -> None:
         """The session on ``path`` and, by name (``list_kv_pairs``' rules), the output each
@@ -259,6 +386,9 @@ class _OrtBackend(Backend):
 
     # --- per step helpers ---------------------------------------------------------------
     def _check_depth(self, depth: DepthState) -> None:
+        if self.model is not None:
+            raise RuntimeError(f"{self.name}: reaching a depth needs statebench's own "
+                               f"workload; {self.model} is fed token by token")
         for s in self.specs:
             got = depth.cache[s.input].shape
             if tuple(got) != tuple(s.shape):
@@ -288,6 +418,8 @@ class _OrtBackend(Backend):
     def _id_feeds(self, token: int) -> dict[str, np.ndarray]:
         if self.position >= self.capacity:
             raise ValueError(f"capacity {self.capacity} exceeded at position {self.position}")
+        if self.model is not None:
+            return self._model_feeds(token)
         feeds = {"input_ids": np.array([[token]], np.int64)}
         if self.flavour == STANDARD:
             feeds["position_ids"] = np.array([[self.position]], np.int64)
@@ -303,14 +435,34 @@ class _OrtBackend(Backend):
         self.session = None
 
 
+def _positions(token: int, position: int, rank: int) -> np.ndarray:
+    """position_ids: [1, 1], or Qwen's multimodal [3, 1, 1] (text: the same in all three)."""
+    return np.full((3, 1, 1) if rank == 3 else (1, 1), position)
+
+
+#: a model's own inputs statebench feeds, by name: (token, position, rank) -> array
+_MODEL_FEEDS = {
+    "input_ids": lambda token, position, rank: np.array([[token]]),
+    "attention_mask": lambda token, position, rank: np.ones((1, position + 1)),
+    "position_ids": _positions,
+    "seqlens_k": lambda token, position, rank: np.array([position]),
+    "total_sequence_length": lambda token, position, rank: np.array(position + 1),
+}
+
+
 class _HostArrays(_OrtBackend):
     """`copy` and `standard`: every cache is a host array handed to `run()` and returned."""
+
+    @property
+    def model_unavailable(self) -> str:
+        return ("" if self.flavour == ORT else "the standard mode runs statebench's own "
+                "standard-flavour export at a fixed capacity, not a model as given")
 
     host_cache = True  # its floor includes the cache both ways over the host link
 
     def reset(self) -> None:
         self.position = 0
-        self.past = self._page_pasts(None, growing=self.flavour == ORT)
+        self.past = self._empty_pasts(growing=self.flavour == ORT)
 
     def reach_depth(self, depth: DepthState) -> None:
         self._check_depth(depth)
@@ -338,7 +490,7 @@ class _IOBinding(_OrtBackend):
     def reset(self) -> None:
         self.position = 0
         self.values = {k: self._device_value(a)
-                       for k, a in self._page_pasts(None, growing=True).items()}
+                       for k, a in self._empty_pasts(growing=True).items()}
 
     def device_bytes(self) -> int | None:
         return sum(v.tensor_size_in_bytes() for v in self.values.values())
@@ -374,6 +526,8 @@ class _Shared(_OrtBackend):
 
     mode = "shared"
     shared_buffer = True
+    model_unavailable = ("one buffer bound as past and present needs a fixed-capacity graph "
+                         "(statebench's own export); a model's growing caches cannot share one")
 
     def _allocate(self) -> None:
         self.values = {}

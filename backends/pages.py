@@ -120,8 +120,15 @@ class _Page(Backend):
             from model.export import export
 
             path = export(workload, "standard", capacity)
+            dims = None
         else:
-            path = self.onnx_path
+            import onnx
+
+            from backends.webnn.dims import default_dims
+
+            path = self.onnx_path  # a user's file: its symbolic dims pinned for a decode step
+            proto = onnx.load(str(path), load_external_data=False)
+            dims = {k: d.value for k, d in default_dims(proto, capacity).items()}
         self.context = webnn.ml.create_context(state_support=self.state_support, timing=self.timing,
                                                options=self.options, engine=self.engine)
         self.details["engine"] = self.context.engine_info
@@ -135,9 +142,9 @@ class _Page(Backend):
                 if self.request_state:
                     self._pairs = list_kv_pairs(path)
                     self.converted = convert(path, self.context, use_stateful=True,
-                                             kv_cache_pairs=self._pairs)
+                                             kv_cache_pairs=self._pairs, dims=dims)
                 else:
-                    self.converted = convert(path, self.context)
+                    self.converted = convert(path, self.context, dims=dims)
                     self._pairs = list_kv_pairs(path)
             except ConversionError as exc:
                 raise UserError(str(exc)) from None
@@ -213,10 +220,12 @@ class _Page(Backend):
         ctx = self.context
         with self._counted():
             ins = {"input_ids": self._bound["input_ids"]}
-            ctx.write_tensor(self._bound["input_ids"], np.array([[token]], np.int64))
-            if "position_ids" in self._bound:
+            ctx.write_tensor(self._bound["input_ids"], np.array([[token]], self._host_type("input_ids")))
+            if "position_ids" in self._bound:  # [1, 1], or Qwen's multimodal [3, 1, 1]
                 ins["position_ids"] = self._bound["position_ids"]
-                ctx.write_tensor(self._bound["position_ids"], np.array([[self.position]], np.int64))
+                shape = self.converted.inputs["position_ids"].shape
+                ctx.write_tensor(self._bound["position_ids"],
+                                 np.full(shape, self.position, self._host_type("position_ids")))
             outs = {self._logits_name: self._bound[self._logits_name]}
             if not self._hidden:
                 for p in self._pairs:
@@ -228,6 +237,9 @@ class _Page(Backend):
             if not (self.host_cache or self._hidden):
                 self._cur, self._nxt = self._nxt, self._cur
         self.position += 1
+
+    def _host_type(self, name: str) -> np.dtype:
+        return np.dtype(self.converted.inputs[name].host_dtype)
 
     def reset(self) -> None:
         if self.context is None:

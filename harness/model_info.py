@@ -33,6 +33,17 @@ def model_file(model: str | os.PathLike) -> Path:
     return p
 
 
+def load_model(path: Path) -> onnx.ModelProto:
+    """The graph at ``path`` (weights left out); a file that is not one is a ``UserError``."""
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and friends
+        raise UserError(f"{path}: not an ONNX model ({' '.join(str(exc).split())[:200]})") from None
+    if not proto.graph.node and not proto.graph.input and not proto.graph.output:
+        raise UserError(f"{path}: not an ONNX model (no graph)")
+    return proto
+
+
 def parse_pairs(text: str | None) -> dict[str, str]:
     """``in=out,in=out`` -> {in: out} (the --pairs flag)."""
     out: dict[str, str] = {}
@@ -91,12 +102,7 @@ def inspect_model(model: str | os.PathLike, capacity: int = 256,
     """The report `statebench inspect` prints (JSON-ready). A file that is not a readable
     ONNX model, or a hand-named pair naming no input or output, is a ``UserError``."""
     path = model_file(model)
-    try:
-        proto = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and friends
-        raise UserError(f"{path}: not an ONNX model ({' '.join(str(exc).split())[:200]})") from None
-    if not proto.graph.node and not proto.graph.input and not proto.graph.output:
-        raise UserError(f"{path}: not an ONNX model (no graph)")
+    proto = load_model(path)
     inits = {t.name for t in proto.graph.initializer}
     dims = default_dims(proto, capacity)
     report: dict = {

@@ -66,3 +66,8 @@ def check_format(fmt: str, accepted: tuple[str, ...]) -> str:
     if fmt not in accepted:
         raise UserError(f"unknown format {fmt!r}; accepted: {', '.join(accepted)}")
     return fmt
+
+
+def add_model_argument(p: argparse.ArgumentParser) -> None:
+    """MODEL, the positional argument of the commands on a model statebench did not write."""
+    p.add_argument("model", help="an .onnx file, or a folder holding model.onnx or decode.onnx")

@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from harness.commands.base import Command
+from harness.commands.common_args import add_model_argument
 from harness.model_info import inspect_model, parse_pairs
 from model.errors import UserError
 
@@ -20,7 +21,7 @@ class Inspect(Command):
 
     @classmethod
     def setup_arguments(cls, p) -> None:
-        p.add_argument("model", help="an .onnx file, or a folder holding model.onnx or decode.onnx")
+        add_model_argument(p)
         p.add_argument("--format", choices=("table", "json"), default="table")
         p.add_argument("--pairs", default=None, metavar="IN=OUT,...",
                        help="cache pairs named by hand where no naming rule matches")
