@@ -245,3 +245,22 @@ def test_default_dims_numbers_names_and_expressions():
     assert got == {"batch_size": (1, "batch 1"), "16": (16, "a number"),
                    "past_sequence_length": (10, "past = capacity"),
                    "past_sequence_length + 1": (11, "expression")}
+
+
+def test_pin_copies_unless_the_caller_owns_the_model():
+    """``pin`` leaves a model it was handed as it was; with copy=False (a model the caller
+    loaded itself, as ``convert`` does from a path) it pins in place without copying."""
+    from onnx import TensorProto, helper
+
+    from backends.webnn.dims import pin
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])
+    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]))
+    pinned = pin(model, {"batch": 1})
+    assert pinned is not model
+    assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+    assert pinned.graph.input[0].type.tensor_type.shape.dim[0].dim_value == 1
+    same = pin(model, {"batch": 3}, copy=False)
+    assert same is model
+    assert [d.dim_value for d in model.graph.output[0].type.tensor_type.shape.dim] == [3, 4]

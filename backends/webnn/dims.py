@@ -95,10 +95,13 @@ def default_dims(model: onnx.ModelProto, capacity: int) -> dict[str, PinnedDim]:
     return out
 
 
-def pin(model: onnx.ModelProto, dims: Mapping[str, int]) -> onnx.ModelProto:
-    """A copy of ``model`` whose dimensions named in ``dims`` are those numbers."""
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
+def pin(model: onnx.ModelProto, dims: Mapping[str, int], *, copy: bool = True) -> onnx.ModelProto:
+    """``model`` with its dimensions named in ``dims`` set to those numbers: a copy, or (``copy``
+    False, for a model the caller owns) the model itself, so its initializers are not copied."""
+    out = model
+    if copy:
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
     g = out.graph
     for vi in [*g.input, *g.output, *g.value_info]:
         for d in vi.type.tensor_type.shape.dim:

@@ -237,10 +237,11 @@ def convert(model: onnx.ModelProto | str | os.PathLike, context, *, use_stateful
             dims: Mapping[str, int] | None = None) -> ConvertedGraph:
     """Build `model` with an MLGraphBuilder on `context`; pairs default to none. ``dims``:
     symbolic dimensions pinned to numbers first (``dims.default_dims`` for a decode step)."""
-    base = None if isinstance(model, onnx.ModelProto) else os.path.dirname(os.fspath(model))
+    given = isinstance(model, onnx.ModelProto)
+    base = None if given else os.path.dirname(os.fspath(model))
     model = _load(model, weights=False)
-    if dims:
-        model = pin(model, dims)
+    if dims:  # a model loaded here is this call's own: pinned where it lies
+        model = pin(model, dims, copy=given)
     conv = _Converter(model, context, base)
     outputs = conv.run()
     pairs = list(kv_cache_pairs or [])
