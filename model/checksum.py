@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from model.atomic import atomic_file
+from model.cpus import USABLE_CPUS
 
 ALGORITHM = "sha256-tree-64MiB"
 CHUNK = 64 << 20
@@ -60,7 +61,7 @@ def file_digest(path: str | os.PathLike) -> str:
             view = memoryview(m)
             try:
                 offsets = range(0, size, CHUNK)
-                workers = max(1, min(len(offsets), os.cpu_count() or 1, 16))
+                workers = max(1, min(len(offsets), USABLE_CPUS, 16))
                 with ThreadPoolExecutor(workers) as pool:
                     parts = list(pool.map(
                         lambda o: hashlib.sha256(view[o:o + CHUNK]).digest(), offsets))

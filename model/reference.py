@@ -7,12 +7,12 @@ page-owned cache can be loaded from `Reference.cache_arrays()` directly.
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 
 import numpy as np
 
+from model.cpus import USABLE_CPUS
 from model.workload import ATTENTION, ModelConfig, cache_specs
 
 L2_EPS = 1e-6  # inside the square root, as FLA; ORT GatedDeltaNet uses 1e-12 (below tolerance here)
@@ -22,8 +22,8 @@ SCORES_BLOCK_BYTES = 256 << 20
 #: score blocks at least this many elements have their softmax split over threads (ufuncs
 #: release the GIL); smaller ones (a single-token step) are not worth the hand-off
 THREADED_SOFTMAX_MIN = 1 << 18
-#: the CPUs this process may run on (a container's share, where os.cpu_count() is the host's)
-SOFTMAX_THREADS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+#: threads for a large softmax: the CPUs this process may run on
+SOFTMAX_THREADS = USABLE_CPUS
 #: tokens per chunk of the gated delta rule's prefill (``gdn_chunked``)
 GDN_CHUNK = 64
 
