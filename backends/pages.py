@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -75,6 +76,8 @@ class _Page(Backend):
         self._nxt: dict[str, object] = {}  # past name -> tensor written this step
         self._host: dict[str, np.ndarray] = {}  # stateless: past name -> host array
         self._pairs: list = []  # MLKVCachePair, past -> present
+        self._t_written = 0  # perf_counter_ns when the last step's writes were done
+        self._last_times: tuple | None = None  # the last step's boundaries (host_breakdown_ms)
 
     # -- availability -----------------------------------------------------------------------
 
@@ -204,7 +207,10 @@ class _Page(Backend):
         self.position = depth.depth
 
     def step(self, token: int) -> np.ndarray:
+        t0 = time.perf_counter_ns()
+        times0 = self.context.queue_counts.times_ns()
         self._dispatch(token)
+        t_dispatched = time.perf_counter_ns()
         out = self._bound[self._logits_name]
         with self._counted():
             if self.host_cache:  # the logits and every present at once, the presents into
@@ -214,7 +220,27 @@ class _Page(Backend):
                                           [logits] + [self._host[p.input] for p in self._pairs])
             else:
                 logits = self.context.read_tensor(out)
-        return np.asarray(logits, np.float32).reshape(-1)
+        t_read = time.perf_counter_ns()
+        logits = np.asarray(logits, np.float32).reshape(-1)
+        self._last_times = (t0, self._t_written, t_dispatched, t_read, time.perf_counter_ns(),
+                            times0, self.context.queue_counts.times_ns())
+        return logits
+
+    def host_breakdown_ms(self) -> dict[str, float] | None:
+        """Where the last step's host time went (docs/measuring.md, "Host time"): the
+        page's boundaries (writes, dispatch, read, after) split by the context's own
+        timers (``QueueCounts``' ``*_ns``: encode, submit, record ahead, wait, copy)."""
+        if self._last_times is None:
+            return None
+        t0, t_written, t_dispatched, t_read, t_end, before, after = self._last_times
+        d = {k: after[k] - before[k] for k in after}
+        ns = {"write": t_written - t0, "write_device": d["write"],
+              "encode": d["encode"], "submit": d["submit"], "record_ahead": d["record"],
+              "dispatch_other": t_dispatched - t_written - d["encode"] - d["submit"] - d["record"],
+              "wait": d["wait"], "copy": d["copy"],
+              "read_other": t_read - t_dispatched - d["wait"] - d["copy"],
+              "after": t_end - t_read, "total": t_end - t0}
+        return {k: v / 1e6 for k, v in ns.items()}
 
     def _dispatch(self, token: int) -> None:
         ctx = self.context
@@ -233,6 +259,7 @@ class _Page(Backend):
                         ctx.write_tensor(self._cur[p.input], self._host[p.input])
                     ins[p.input] = self._cur[p.input]
                     outs[p.output] = self._nxt[p.input]
+            self._t_written = time.perf_counter_ns()
             ctx.dispatch(self.converted.graph, ins, outs)
             if not (self.host_cache or self._hidden):
                 self._cur, self._nxt = self._nxt, self._cur

@@ -11,6 +11,7 @@ staging buffers are ``staging``'s.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,7 @@ from .dispatch import Dispatch
 from .options import KernelOptions
 from .plan import Deferred, KernelLaunch, Plan
 from .readback import Readback, ReadCopy
-from .staging import ARENA_MAX, QueueCounts, StagedReads, StagedWrites
+from .staging import ARENA_MAX, MapHow, QueueCounts, StagedReads, StagedWrites
 from .target import target_of
 
 _STORAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
@@ -157,6 +158,8 @@ class WgpuContext(Dispatch, Readback, MLContext):
         self.features_lacking = [f for f in wanted if f not in adapter.features]
         self._device = self.engine.request_device(adapter, feats, want)
         self._queue = self._device.queue
+        # (``Dispatch._encode``)
+        self._pass_calls = self.engine.pass_calls(self.options.pass_calls != "wgpu-py")
         self._max_binding = int(self._device.limits["max-storage-buffer-binding-size"])
         self._target = target_of(adapter, self.engine.subgroup_feature in feats)
         self.state_support = state_support
@@ -170,8 +173,12 @@ class WgpuContext(Dispatch, Readback, MLContext):
         #: without wgpu-py's empty submit (``staging.map_read``) unless "separate_sync"
         copy_mode = self.options.read_copy or "dispatch"
         self.read_copy = copy_mode == "dispatch"
-        # (an engine whose map_sync submits nothing maps as "separate" does)
-        self._sync_maps = copy_mode == "separate_sync" and self.engine.submits_before_map
+        # (an engine whose map_sync submits nothing maps as "separate" does); where the
+        # engine's wait is a poll thread's, the caller polls (``staging.MapHow``)
+        poll = (getattr(self._device, "_poll_wait", None)
+                if self.engine.poll_thread and self.options.map_wait != "thread" else None)
+        self._map_how = MapHow(copy_mode == "separate_sync" and self.engine.submits_before_map,
+                               poll)
         #: submits and maps of this context's queue (statebench extension: counted per step)
         self.queue_counts = QueueCounts()
         #: the last dispatch's read copy while its outputs are unchanged (``_read_tensors``)
@@ -179,7 +186,7 @@ class WgpuContext(Dispatch, Readback, MLContext):
         self._pipelines: dict[str, tuple[Any, Any]] = {}
         max_buffer = int(self._device.limits["max-buffer-size"])
         self._max_buffer = max_buffer
-        self._reads = StagedReads(self._device, max_buffer, self.queue_counts, self._sync_maps)
+        self._reads = StagedReads(self._device, max_buffer, self.queue_counts, self._map_how)
         self._staged = StagedWrites(self._device, min(ARENA_MAX, max_buffer), self.queue_counts)
         self._status_staging = self._device.create_buffer(
             size=16, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
@@ -249,12 +256,14 @@ class WgpuContext(Dispatch, Readback, MLContext):
             self._copied = None  # the copy no longer holds what a read must return
         if n % 4:  # an odd number of float16 values: copies move whole 4-byte words
             data = np.concatenate([data.reshape(-1).view(np.uint8), np.zeros(4 - n % 4, np.uint8)])
+        t0 = time.perf_counter_ns()
         if n < STAGED_WRITE_MIN:
             self._staged.flush()
             self._queue.write_buffer(tensor._buffer, 0, data)
         else:
             self._staged.write(tensor._buffer, data)
         self.counters.h2d += n
+        self.queue_counts.write_ns += time.perf_counter_ns() - t0
 
     # -- build ------------------------------------------------------------------------
     def _build(self, outputs: dict[str, MLOperand], inputs: dict[str, MLOperand],

@@ -11,6 +11,7 @@ cores, and recording during the run made the run itself slower for no wall-time 
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from .._classes import MLGraph, MLTensor
@@ -84,7 +85,10 @@ class Dispatch:
             missed = False
         else:
             copy = self._read_copy_for(g, bound)
+            qc = self.queue_counts
+            t0, sub0 = time.perf_counter_ns(), qc.submit_ns
             self._encode(g, bound, key, lambda cb: self._submit([cb]), copy)
+            qc.encode_ns += time.perf_counter_ns() - t0 - (qc.submit_ns - sub0)
             missed = ready is not None
         self._copied = copy
         self.counters.kernel += g._kernel_bytes
@@ -105,15 +109,19 @@ class Dispatch:
         dispatch's: right for a page that binds the same tensors every step and for one
         that ping-pongs two sets. A command buffer holds no data (inputs are read when it
         runs), so it is valid for any contents of the tensors it binds."""
+        t0 = time.perf_counter_ns()
         key = (_bound_key(bound), g._parity)
         cbs: list[Any] = []
         copy = self._read_copy_for(g, bound)
         self._encode(g, bound, key, cbs.append, copy)
         g._recorded = (key, cbs, copy)
+        self.queue_counts.record_ns += time.perf_counter_ns() - t0
 
     def _submit(self, cbs: list[Any]) -> None:
+        t0 = time.perf_counter_ns()
         self._queue.submit(cbs)
         self.queue_counts.submits += 1
+        self.queue_counts.submit_ns += time.perf_counter_ns() - t0
 
     def _encode(self, g: WgpuGraph, bound: dict[str, dict[str, MLTensor]], key: tuple,
                 emit: Any, copy: ReadCopy | None = None) -> None:
@@ -122,6 +130,8 @@ class Dispatch:
         ends with ``copy``'s copies into its staging."""
         parity = key[1]
         plan = g._plan
+        # the engine's C functions on handles, or wgpu-py's methods (``engines.PassCalls``)
+        set_pipeline, set_bind_group, dispatch, null, handle = self._pass_calls
         enc = self._device.create_command_encoder()
         launches = plan.launches
         npasses = len(g._passes)
@@ -137,6 +147,8 @@ class Dispatch:
                 if pi == npasses - 1:
                     tw["end_of_pass_write_index"] = 1
             cp = enc.begin_compute_pass(timestamp_writes=tw)
+            h = handle(cp)
+            last = None
             for i in range(a, b):
                 pipe, layout, bg = g._items[i]
                 if bg is None:
@@ -147,10 +159,12 @@ class Dispatch:
                             cache.pop(next(iter(cache)))
                         bg = cache[key] = self._bind_group(g, layout, launches[i].slots,
                                                            bound, parity)
-                cp.set_pipeline(pipe)
-                cp.set_bind_group(0, bg)
-                cp.dispatch_workgroups(*launches[i].kernel.groups)
-            cp.end()
+                if pipe is not last:  # a pass keeps its pipeline from launch to launch
+                    set_pipeline(h, handle(pipe))
+                    last = pipe
+                set_bind_group(h, 0, handle(bg), 0, null)
+                dispatch(h, *launches[i].kernel.groups)
+            cp.end()  # through wgpu-py: a command's error surfaces here
             if pi in g._submit_after:
                 emit(enc.finish())
                 enc = self._device.create_command_encoder()

@@ -40,6 +40,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "f16_loads": ("wide", "vec4"),
     "read_copy": ("dispatch", "separate", "separate_sync"),
     "q4_gemv": ("fused", "generic"),
+    "pass_calls": ("direct", "wgpu-py"),
+    "map_wait": ("caller", "thread"),
 }
 
 
@@ -94,6 +96,13 @@ class KernelOptions:
     #: one-row products with 4-bit weights (``match_q4``): None/"fused" (the codes read and
     #: dequantised in registers), "generic" (dequantizeLinear writes float weights, then matmul)
     q4_gemv: str | None = None
+    #: how a compute pass's launches are encoded (``engines.Engine.pass_calls``): None/"direct"
+    #: (the engine's C functions called directly), "wgpu-py" (wgpu-py's pass methods)
+    pass_calls: str | None = None
+    #: how a read map waits for the device (``staging.MapHow``): None/"caller" (wgpu-native:
+    #: the caller polls the device until it is done; Dawn always waits in the caller),
+    #: "thread" (wgpu-py's poll thread waits and wakes the caller)
+    map_wait: str | None = None
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

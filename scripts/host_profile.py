@@ -1,0 +1,136 @@
+"""Where a WebNN page's decode step spends host time: wall minus GPU, part by part.
+
+Prints one JSON object: per preset × page (wgpu:stateful by default, on wgpu-native and
+Dawn), the median wall and GPU time of the timed steps, their difference, and the page's
+host-time breakdown (`host_breakdown_ms`, docs/measuring.md "Host time": writes, encoding,
+submit, record ahead, the wait for the device, the copy out of mapped memory, Python
+around them); with `--cprofile`, the functions the timed steps spent host time in (a second
+run of the steps under cProfile, so the timed figures are not inflated by it).
+
+    .venv/bin/python scripts/host_profile.py                                  # lavapipe
+    .venv/bin/python scripts/host_profile.py --points llama-1b:512,llama-1b+f16:512 \
+        --pages wgpu:stateful,dawn:stateful --steps 64 --cprofile 25          # a GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import sys
+import time
+import traceback
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from backends.base import registry  # noqa: E402
+from backends.webnn.wgpu_impl.options import KernelOptions  # noqa: E402
+from harness.worker import host_breakdown  # noqa: E402
+from model.errors import UserError  # noqa: E402
+from model.workload import Workload, preset  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kernel_bench import host_profile  # noqa: E402
+
+
+def profile_point(name: str, capacity: int, page: str, steps: int, warm_steps: int,
+                  top: int, options: KernelOptions | None) -> dict[str, Any]:
+    """Time ``steps`` steps of ``page`` on preset ``name`` after ``warm_steps`` untimed
+    ones (pipelines, bind groups and the first recording made; GPU clocks up)."""
+    if capacity < warm_steps + 2 * steps + 1:
+        raise ValueError(f"capacity {capacity} is too small for {warm_steps} warm-up and "
+                         f"2 x {steps} steps")
+    wl = Workload.build(preset(name))
+    be = registry()[page](options=options)
+    t0 = time.perf_counter()
+    be.prepare(wl, capacity)
+    prepare_s = time.perf_counter() - t0
+    try:
+        tok = 0
+        for _ in range(warm_steps):
+            be.step(tok % 100 + 1)
+            tok += 1
+        queue = be.context.queue_counts
+        submits, maps = queue.submits, queue.maps
+        wall, gpu, host = [], [], []
+        for _ in range(steps):
+            t1 = time.perf_counter_ns()
+            logits = be.step(tok % 100 + 1)
+            wall.append((time.perf_counter_ns() - t1) / 1e6)
+            tok += 1
+            g = be.gpu_time_ms()
+            if g is not None:
+                gpu.append(g)
+            host.append(be.host_breakdown_ms())
+        res: dict[str, Any] = {
+            "preset": name, "page": page, "capacity": capacity, "steps": steps,
+            "prepare_s": round(prepare_s, 2),
+            "launches": len(be.converted.graph._plan.launches),
+            "submits_per_step": (queue.submits - submits) / steps,
+            "maps_per_step": (queue.maps - maps) / steps,
+            "wall_ms": round(float(np.median(wall)), 4),
+            "host_breakdown_ms": host_breakdown(host, wall, gpu),
+            "logits_finite": bool(np.isfinite(logits).all()),
+            "options": be.context.options.as_dict(),
+            "engine": be.context.engine_info,
+        }
+        if gpu:
+            res["gpu_ms"] = round(float(np.median(gpu)), 4)
+        if top:
+            prof = cProfile.Profile()
+            for _ in range(steps):
+                prof.enable()
+                be.step(tok % 100 + 1)
+                prof.disable()
+                tok += 1
+                be.gpu_time_ms()
+            res["cprofile"] = host_profile(prof, steps, top)
+        return res
+    finally:
+        be.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--points", default="tiny:512,small:512",
+                    help="preset:capacity,... (capacity default 512)")
+    ap.add_argument("--pages", default="wgpu:stateful,dawn:stateful",
+                    help="WebNN pages to time, comma list (wgpu:*, dawn:*)")
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--warm-steps", type=int, default=8)
+    ap.add_argument("--cprofile", type=int, default=0, metavar="N",
+                    help="also cProfile the steps and list the top N functions (0: no)")
+    ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                    help="a KernelOptions knob (e.g. record_ahead=off); repeatable")
+    a = ap.parse_args()
+    try:
+        options = KernelOptions.parse(a.option) if a.option else None
+        points = [(n, int(c or 512)) for n, _, c in (p.partition(":") for p in a.points.split(","))]
+        pages = a.pages.split(",")
+        unknown = [p for p in pages if p not in registry()]
+        if unknown:
+            raise ValueError(f"unknown page(s) {', '.join(unknown)}")
+        for n, _ in points:
+            preset(n)
+    except (ValueError, KeyError, UserError) as exc:
+        print(f"host_profile: {exc}", file=sys.stderr)
+        sys.exit(2)
+    out: list[dict] = []
+    for name, cap in points:
+        for page in pages:
+            try:
+                r = profile_point(name, cap, page, a.steps, a.warm_steps, a.cprofile, options)
+            except Exception as exc:  # noqa: BLE001 - record and go on
+                r = {"preset": name, "page": page, "capacity": cap, "error": repr(exc),
+                     "trace": traceback.format_exc()[-800:]}
+            print(json.dumps({k: v for k, v in r.items() if k != "cprofile"}), file=sys.stderr)
+            out.append(r)
+    print(json.dumps({"points": out}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
