@@ -75,6 +75,7 @@ class _Page(Backend):
         self._cur: dict[str, object] = {}  # past name -> tensor read this step (page-owned)
         self._nxt: dict[str, object] = {}  # past name -> tensor written this step
         self._host: dict[str, np.ndarray] = {}  # stateless: past name -> host array
+        self._inputs_host: dict[str, np.ndarray] = {}  # ids, position: refilled each step
         self._pairs: list = []  # MLKVCachePair, past -> present
         self._t_written = 0  # perf_counter_ns when the last step's writes were done
         self._last_times: tuple | None = None  # the last step's boundaries (host_breakdown_ms)
@@ -246,12 +247,14 @@ class _Page(Backend):
         ctx = self.context
         with self._counted():
             ins = {"input_ids": self._bound["input_ids"]}
-            ctx.write_tensor(self._bound["input_ids"], np.array([[token]], self._host_type("input_ids")))
+            ids = self._written("input_ids")
+            ids.fill(token)
+            ctx.write_tensor(self._bound["input_ids"], ids)
             if "position_ids" in self._bound:  # [1, 1], or Qwen's multimodal [3, 1, 1]
                 ins["position_ids"] = self._bound["position_ids"]
-                shape = self.converted.inputs["position_ids"].shape
-                ctx.write_tensor(self._bound["position_ids"],
-                                 np.full(shape, self.position, self._host_type("position_ids")))
+                pos = self._written("position_ids")
+                pos.fill(self.position)
+                ctx.write_tensor(self._bound["position_ids"], pos)
             outs = {self._logits_name: self._bound[self._logits_name]}
             if not self._hidden:
                 for p in self._pairs:
@@ -267,6 +270,15 @@ class _Page(Backend):
 
     def _host_type(self, name: str) -> np.dtype:
         return np.dtype(self.converted.inputs[name].host_dtype)
+
+    def _written(self, name: str) -> np.ndarray:
+        """The page's host array for input ``name`` (ids, position), made once and refilled
+        every step: a page writes from the same typed array, no allocation per token."""
+        arr = self._inputs_host.get(name)
+        if arr is None:
+            arr = self._inputs_host[name] = np.zeros(self.converted.inputs[name].shape,
+                                                     self._host_type(name))
+        return arr
 
     def reset(self) -> None:
         if self.context is None:

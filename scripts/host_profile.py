@@ -8,8 +8,9 @@ around them); with `--cprofile`, the functions the timed steps spent host time i
 run of the steps under cProfile, so the timed figures are not inflated by it).
 
     .venv/bin/python scripts/host_profile.py                                  # lavapipe
-    .venv/bin/python scripts/host_profile.py --points llama-1b:512,llama-1b+f16:512 \
-        --pages wgpu:stateful,dawn:stateful --steps 64 --cprofile 25          # a GPU
+    .venv/bin/python scripts/host_profile.py --points llama-1b:512 --pages wgpu:stateful \
+        --variant pass_calls=wgpu-py,map_wait=thread --variant map_wait=caller --variant '' \
+        --steps 64 --cprofile 25 --out host.json                             # an A/B on a GPU
 """
 
 from __future__ import annotations
@@ -105,10 +106,16 @@ def main() -> None:
     ap.add_argument("--cprofile", type=int, default=0, metavar="N",
                     help="also cProfile the steps and list the top N functions (0: no)")
     ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                    help="a KernelOptions knob (e.g. record_ahead=off); repeatable")
+                    help="a KernelOptions knob for every run (e.g. record_ahead=off); repeatable")
+    ap.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE,...",
+                    help="run every point again with these knobs over --option's (an A/B: "
+                         "'' is --option's alone); repeatable; default: one run")
+    ap.add_argument("--out", default="", help="also write the JSON here, after every point")
     a = ap.parse_args()
     try:
-        options = KernelOptions.parse(a.option) if a.option else None
+        base = KernelOptions.parse(a.option)
+        variants = [KernelOptions.parse([kv for kv in v.split(",") if kv], base)
+                    for v in (a.variant or [""])]
         points = [(n, int(c or 512)) for n, _, c in (p.partition(":") for p in a.points.split(","))]
         pages = a.pages.split(",")
         unknown = [p for p in pages if p not in registry()]
@@ -122,13 +129,20 @@ def main() -> None:
     out: list[dict] = []
     for name, cap in points:
         for page in pages:
-            try:
-                r = profile_point(name, cap, page, a.steps, a.warm_steps, a.cprofile, options)
-            except Exception as exc:  # noqa: BLE001 - record and go on
-                r = {"preset": name, "page": page, "capacity": cap, "error": repr(exc),
-                     "trace": traceback.format_exc()[-800:]}
-            print(json.dumps({k: v for k, v in r.items() if k != "cprofile"}), file=sys.stderr)
-            out.append(r)
+            for options in variants:
+                try:
+                    r = profile_point(name, cap, page, a.steps, a.warm_steps, a.cprofile,
+                                      options)
+                except Exception as exc:  # noqa: BLE001 - record and go on
+                    r = {"preset": name, "page": page, "capacity": cap,
+                         "options": options.as_dict(), "error": repr(exc),
+                         "trace": traceback.format_exc()[-800:]}
+                print(json.dumps({k: v for k, v in r.items() if k != "cprofile"}),
+                      file=sys.stderr, flush=True)
+                out.append(r)
+                if a.out:  # a timeout keeps the points done
+                    with open(a.out, "w") as f:
+                        json.dump({"points": out}, f, indent=1)
     print(json.dumps({"points": out}, indent=1))
 
 

@@ -26,7 +26,7 @@ ACCEPTED = {
     "read_copy": ["dispatch", "separate", "separate_sync"],
     "q4_gemv": ["fused", "generic"],
     "pass_calls": ["direct", "wgpu-py"],
-    "map_wait": ["caller", "thread"],
+    "map_wait": ["spin", "caller", "thread"],
 }
 REFUSED = {
     "gemv": ["fastest", "col", "rows_x"], "attention": ["flash2", ""],

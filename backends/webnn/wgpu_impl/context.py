@@ -175,10 +175,11 @@ class WgpuContext(Dispatch, Readback, MLContext):
         self.read_copy = copy_mode == "dispatch"
         # (an engine whose map_sync submits nothing maps as "separate" does); where the
         # engine's wait is a poll thread's, the caller polls (``staging.MapHow``)
-        poll = (getattr(self._device, "_poll_wait", None)
-                if self.engine.poll_thread and self.options.map_wait != "thread" else None)
+        wait = self.options.map_wait or ("caller" if self._target.cpu else "spin")
+        poll = (getattr(self._device, "_poll", None)
+                if self.engine.poll_thread and wait != "thread" else None)
         self._map_how = MapHow(copy_mode == "separate_sync" and self.engine.submits_before_map,
-                               poll)
+                               poll, wait == "spin")
         #: submits and maps of this context's queue (statebench extension: counted per step)
         self.queue_counts = QueueCounts()
         #: the last dispatch's read copy while its outputs are unchanged (``_read_tensors``)

@@ -41,7 +41,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "read_copy": ("dispatch", "separate", "separate_sync"),
     "q4_gemv": ("fused", "generic"),
     "pass_calls": ("direct", "wgpu-py"),
-    "map_wait": ("caller", "thread"),
+    "map_wait": ("spin", "caller", "thread"),
 }
 
 
@@ -99,9 +99,10 @@ class KernelOptions:
     #: how a compute pass's launches are encoded (``engines.Engine.pass_calls``): None/"direct"
     #: (the engine's C functions called directly), "wgpu-py" (wgpu-py's pass methods)
     pass_calls: str | None = None
-    #: how a read map waits for the device (``staging.MapHow``): None/"caller" (wgpu-native:
-    #: the caller polls the device until it is done; Dawn always waits in the caller),
-    #: "thread" (wgpu-py's poll thread waits and wakes the caller)
+    #: how a read map waits for the device on wgpu-native (``staging.MapHow``; Dawn always
+    #: waits in the caller): None (GPU adapters "spin", CPU adapters "caller"), "spin" (the
+    #: caller polls without blocking until the map is done), "caller" (the caller blocks in
+    #: the device's poll), "thread" (wgpu-py's poll thread waits and wakes the caller)
     map_wait: str | None = None
 
     def __post_init__(self) -> None:

@@ -74,10 +74,16 @@ class MapHow:
     ``wgpuDevicePoll`` with wait), so the map's callback runs here. Without it wgpu-py's
     poll thread waits and then wakes the caller: one more thread hand-off (and GIL
     hand-off) between the GPU finishing and the page having its logits. Dawn's wait
-    already blocks in the caller (``wgpuInstanceWaitAny``)."""
+    already blocks in the caller (``wgpuInstanceWaitAny``).
+
+    ``spin``: poll without blocking until the map is done (a core busy for the wait, as a
+    CUDA stream's spin-wait): no sleep and wake-up between the device's fence and the
+    caller. For GPU adapters, where the host has cores to spare; on a CPU adapter the
+    spinning core is one the "GPU" needs."""
 
     sync: bool = False
-    poll: Callable[[], None] | None = None
+    poll: Callable[[bool], None] | None = None  # the device's poll(block)
+    spin: bool = False
 
 
 def map_read(buf: Any, offset: int, size: int, counts: QueueCounts, how: MapHow) -> None:
@@ -89,7 +95,11 @@ def map_read(buf: Any, offset: int, size: int, counts: QueueCounts, how: MapHow)
     else:
         promise = buf.map_async("READ_NOSYNC", offset, size)
         if how.poll is not None:
-            how.poll()
+            if how.spin:
+                while promise._state == "pending":  # wgpu-py's GPUPromise, not yet resolved
+                    how.poll(False)
+            else:
+                how.poll(True)
         promise.sync_wait()
     counts.maps += 1
     counts.wait_ns += time.perf_counter_ns() - t0
