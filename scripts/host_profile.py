@@ -4,7 +4,8 @@ Prints one JSON object: per preset × page (wgpu:stateful by default, on wgpu-na
 Dawn), the median wall and GPU time of the timed steps, their difference, and the page's
 host-time breakdown (`host_breakdown_ms`, docs/measuring.md "Host time": writes, encoding,
 submit, record ahead, the wait for the device, the copy out of mapped memory, Python
-around them); with `--cprofile`, the functions the timed steps spent host time in (a second
+around them), and the CPU time of encoding one dispatch on its own (`encode_ms`); with
+`--cprofile`, the functions the timed steps spent host time in (a second
 run of the steps under cProfile, so the timed figures are not inflated by it).
 
     .venv/bin/python scripts/host_profile.py                                  # lavapipe
@@ -38,8 +39,30 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kernel_bench import host_profile  # noqa: E402
 
 
+def encode_ms(be: Any, reps: int) -> dict[str, float]:
+    """Encoding one dispatch of the page's graph for the tensors it last bound, ``reps``
+    times (command buffers dropped, never submitted): min and median ms, and the min per
+    launch. CPU work of this thread only, so its min holds on a loaded machine where the
+    steps' wall times do not."""
+    from backends.webnn.wgpu_impl.dispatch import _bound_key
+
+    ctx, g = be.context, be.converted.graph
+    bound = g._last_bound
+    key = (_bound_key(bound), g._parity)
+    copy = ctx._read_copy_for(g, bound)
+    times = []
+    for _ in range(max(1, reps)):
+        cbs: list[Any] = []
+        t0 = time.perf_counter_ns()
+        ctx._encode(g, bound, key, cbs.append, copy)
+        times.append((time.perf_counter_ns() - t0) / 1e6)
+    return {"min": round(min(times), 4), "median": round(float(np.median(times)), 4),
+            "min_per_launch_us": round(1e3 * min(times) / len(g._plan.launches), 3)}
+
+
 def profile_point(name: str, capacity: int, page: str, steps: int, warm_steps: int,
-                  top: int, options: KernelOptions | None) -> dict[str, Any]:
+                  top: int, options: KernelOptions | None, encode_reps: int = 50
+                  ) -> dict[str, Any]:
     """Time ``steps`` steps of ``page`` on preset ``name`` after ``warm_steps`` untimed
     ones (pipelines, bind groups and the first recording made; GPU clocks up)."""
     if capacity < warm_steps + 2 * steps + 1:
@@ -81,6 +104,7 @@ def profile_point(name: str, capacity: int, page: str, steps: int, warm_steps: i
         }
         if gpu:
             res["gpu_ms"] = round(float(np.median(gpu)), 4)
+        res["encode_ms"] = encode_ms(be, encode_reps)
         if top:
             prof = cProfile.Profile()
             for _ in range(steps):
@@ -110,6 +134,8 @@ def main() -> None:
     ap.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE,...",
                     help="run every point again with these knobs over --option's (an A/B: "
                          "'' is --option's alone); repeatable; default: one run")
+    ap.add_argument("--encode-reps", type=int, default=50,
+                    help="times one dispatch is encoded on its own (encode_ms)")
     ap.add_argument("--out", default="", help="also write the JSON here, after every point")
     a = ap.parse_args()
     try:
@@ -132,7 +158,7 @@ def main() -> None:
             for options in variants:
                 try:
                     r = profile_point(name, cap, page, a.steps, a.warm_steps, a.cprofile,
-                                      options)
+                                      options, a.encode_reps)
                 except Exception as exc:  # noqa: BLE001 - record and go on
                     r = {"preset": name, "page": page, "capacity": cap,
                          "options": options.as_dict(), "error": repr(exc),
