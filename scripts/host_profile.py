@@ -169,6 +169,17 @@ def main() -> None:
                 if a.out:  # a timeout keeps the points done
                     with open(a.out, "w") as f:
                         json.dump({"points": out}, f, indent=1)
+    for r in out:  # one line a point, last, for a reader of the log's tail
+        h = r.get("host_breakdown_ms", {})
+        knobs = ",".join(f"{k}={v}" for k, v in r.get("options", {}).items() if v is not None)
+        parts = " ".join(f"{k} {h[k]:.3f}" for k in ("write", "encode", "submit", "record_ahead",
+                                                      "dispatch_other", "wait", "copy",
+                                                      "read_other", "after") if k in h)
+        print(f"{r['preset']}:{r['capacity']} {r['page']} [{knobs or 'defaults'}] "
+              + (f"error {r['error']}" if "error" in r else
+                 f"wall {r['wall_ms']:.3f} GPU {r.get('gpu_ms', float('nan')):.3f} "
+                 f"wall-GPU {h.get('wall_minus_gpu', float('nan')):.3f} | {parts} | encode "
+                 f"{r['encode_ms']['min_per_launch_us']:.2f} us/launch"), file=sys.stderr)
     print(json.dumps({"points": out}, indent=1))
 
 
