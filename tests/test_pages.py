@@ -84,8 +84,8 @@ def test_gpu_dispatch_path_matches_reference(name, monkeypatch):
     """GPU adapters submit a dispatch as several command buffers (SUBMIT_EVERY launches
     each) and record each dispatch's successor ahead; forced here (3 launches a buffer),
     every mode still computes the reference's logits over steps that submit what was
-    recorded (from the second step for fixed tensors, the fourth for ping-pong), and the
-    GPU time still spans the whole dispatch."""
+    recorded (from the second step for fixed tensors, the fourth for ping-pong; one
+    command buffer, not cut), and the GPU time still spans the whole dispatch."""
     from backends.webnn.wgpu_impl import context
 
     monkeypatch.setitem(context.SUBMIT_EVERY, "cpu", 3)
@@ -94,6 +94,9 @@ def test_gpu_dispatch_path_matches_reference(name, monkeypatch):
     try:
         assert len(b.converted.graph._submit_after) > 3 and b.context.record_ahead
         assert_steps_match(b, f"{name} chunked", steps=5)
+        # what is recorded ahead is submitted at once: one command buffer, passes uncut
+        recorded = b.converted.graph._recorded
+        assert (recorded is None and name != "wgpu:stateful") or len(recorded[1]) == 1
     finally:
         b.close()
 

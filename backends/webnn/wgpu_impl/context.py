@@ -48,6 +48,27 @@ def _nbytes(nbytes: int) -> int:
 
 
 
+def _passes(launches: list[Any], every: int) -> tuple[list[tuple[int, int]], set[int]]:
+    """Runs of kernel launches between copies as ``(first, end)`` launch indices, cut every
+    ``every`` launches (0: never), and the indices of the runs after which a command buffer
+    ends (a cut; the last run ends one anyway)."""
+    passes: list[tuple[int, int]] = []
+    cuts: set[int] = set()
+    start = None
+    for i, la in enumerate([*launches, None]):
+        if isinstance(la, KernelLaunch):
+            start = i if start is None else start
+            if every and i + 1 - start == every:
+                cuts.add(len(passes))
+                passes.append((start, i + 1))
+                start = None
+        elif start is not None:
+            passes.append((start, i))
+            start = None
+    cuts.discard(len(passes) - 1)
+    return passes, cuts
+
+
 class WgpuTensor(MLTensor):
     def __init__(self, context: WgpuContext, dt: DType, shape: tuple[int, ...],
                  readable: bool, writable: bool) -> None:
@@ -78,6 +99,7 @@ class WgpuGraph(MLGraph):
         self._copy_bytes = 0
         self._passes: list[tuple[int, int]] = []
         self._submit_after: set[int] = set()  # pass indices that end a command buffer
+        self._whole_passes: list[tuple[int, int]] = []  # the passes without the cuts
         #: (key, command buffers, the read copy they end with)
         self._recorded: tuple[tuple, list[Any], ReadCopy | None] | None = None
         self._read_copies: dict[tuple, ReadCopy] = {}  # by readable output tensors
@@ -316,20 +338,10 @@ class WgpuContext(Dispatch, Readback, MLContext):
                 g._copy_bytes += la.nbytes
             g._bind_cache.append({})
         # passes: runs of kernel launches between copies, cut every `every` launches into
-        # separately submitted command buffers
-        every = self.submit_every
-        start = None
-        for i, la in enumerate(plan.launches + [None]):
-            if isinstance(la, KernelLaunch):
-                start = i if start is None else start
-                if every and i + 1 - start == every:
-                    g._submit_after.add(len(g._passes))
-                    g._passes.append((start, i + 1))
-                    start = None
-            elif start is not None:
-                g._passes.append((start, i))
-                start = None
-        g._submit_after.discard(len(g._passes) - 1)  # the last one is submitted anyway
+        # separately submitted command buffers; whole: the same runs uncut (a recording
+        # submitted at once gains nothing from the cuts: ``Dispatch._record_ahead``)
+        g._passes, g._submit_after = _passes(plan.launches, self.submit_every)
+        g._whole_passes, _ = _passes(plan.launches, 0)
         return g
 
     def _temp_buffers(self, plan: Plan) -> dict[tuple, Any]:
