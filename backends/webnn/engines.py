@@ -48,7 +48,7 @@ class Engine:
     #: workaround for wgpu-native#305; wgpudawn's does not), counted by the context
     submits_before_map: bool = False
     #: its Python package waits for the device in a thread of its own and wakes the caller
-    #: (wgpu-py's ``PollThread``), so a read map may poll in the caller instead
+    #: (wgpu-py's ``PollThread``), so a read map may block in the caller's poll instead
     #: (``staging.MapHow``); Dawn's waits in the caller already
     poll_thread: bool = False
     #: device toggles turned off (Dawn): timestamp quantization, which Chrome keeps on for

@@ -198,8 +198,9 @@ class WgpuContext(Dispatch, Readback, MLContext):
         # (an engine whose map_sync submits nothing maps as "separate" does); where the
         # engine's wait is a poll thread's, the caller polls (``staging.MapHow``)
         wait = self.options.map_wait or ("caller" if self._target.cpu else "spin")
+        # (Dawn's own wait is in the caller already: only its spin polls)
         poll = (getattr(self._device, "_poll", None)
-                if self.engine.poll_thread and wait != "thread" else None)
+                if wait == "spin" or (wait == "caller" and self.engine.poll_thread) else None)
         self._map_how = MapHow(copy_mode == "separate_sync" and self.engine.submits_before_map,
                                poll, wait == "spin")
         #: submits and maps of this context's queue (statebench extension: counted per step)

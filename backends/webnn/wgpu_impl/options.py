@@ -99,10 +99,11 @@ class KernelOptions:
     #: how a compute pass's launches are encoded (``engines.Engine.pass_calls``): None/"direct"
     #: (the engine's C functions called directly), "wgpu-py" (wgpu-py's pass methods)
     pass_calls: str | None = None
-    #: how a read map waits for the device on wgpu-native (``staging.MapHow``; Dawn always
-    #: waits in the caller): None (GPU adapters "spin", CPU adapters "caller"), "spin" (the
-    #: caller polls without blocking until the map is done), "caller" (the caller blocks in
-    #: the device's poll), "thread" (wgpu-py's poll thread waits and wakes the caller)
+    #: how a read map waits for the device (``staging.MapHow``): None (GPU adapters "spin",
+    #: CPU adapters "caller"), "spin" (the caller polls without blocking until the map is
+    #: done; both engines), "caller" (the caller blocks in the device's poll; Dawn's own
+    #: wait, which "thread" is too there), "thread" (wgpu-native: wgpu-py's poll thread
+    #: waits and wakes the caller)
     map_wait: str | None = None
 
     def __post_init__(self) -> None:

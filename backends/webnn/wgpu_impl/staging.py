@@ -78,8 +78,9 @@ class MapHow:
 
     ``spin``: poll without blocking until the map is done (a core busy for the wait, as a
     CUDA stream's spin-wait): no sleep and wake-up between the device's fence and the
-    caller. For GPU adapters, where the host has cores to spare; on a CPU adapter the
-    spinning core is one the "GPU" needs."""
+    caller. On both engines (Dawn's poll is ``wgpuInstanceProcessEvents``, which runs the
+    map's callback once it is done). For GPU adapters, where the host has cores to spare;
+    on a CPU adapter the spinning core is one the "GPU" needs."""
 
     sync: bool = False
     poll: Callable[[bool], None] | None = None  # the device's poll(block)
