@@ -1,0 +1,185 @@
+"""ORT's linear-attention contrib ops (convert_linear.py), each alone and together in a
+small hybrid decoder step (stateful and not), against ORT's CPU EP on graphs made with
+onnx.helper, fresh random inputs, float32."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import helper
+from test_convert_ops import check, f32, ort_model
+from test_onnx_converter import context  # noqa: F401  (the fixture)
+
+from backends.pages import StatelessCopy
+from backends.webnn.onnx_converter import ConversionError, convert, list_kv_pairs
+
+ok, why = StatelessCopy.available()
+pytestmark = pytest.mark.skipif(not ok, reason=why)
+
+rng = np.random.default_rng(3535)
+MS = "com.microsoft"
+
+
+def node(op, ins, outs, **attrs):
+    return helper.make_node(op, list(ins), list(outs), domain=MS, **attrs)
+
+
+def _gates(t: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """A log-space decay (negative) and an update rate in (0, 1)."""
+    return (-rng.random((1, t, width)).astype(np.float32) - 0.05,
+            rng.random((1, t, width)).astype(np.float32))
+
+
+@pytest.mark.parametrize("rule", ["gated_delta", "delta", "gated", "linear"])
+@pytest.mark.parametrize("hq,hkv", [(2, 4), (4, 2), (3, 3)])
+@pytest.mark.parametrize("t", [1, 3])
+def test_linear_attention(context, rule, hq, hkv, t):  # noqa: F811
+    dk, dv = 8, 6
+    decay, beta = _gates(t, hkv)
+    feeds = {"q": f32(1, t, hq * dk), "k": f32(1, t, hkv * dk), "v": f32(1, t, hkv * dv),
+             "s": f32(1, hkv, dk, dv) * 0.5}
+    ins = ["q", "k", "v", "s", "", ""]
+    if rule in ("gated", "gated_delta"):
+        feeds["g"], ins[4] = decay, "g"
+    if rule in ("delta", "gated_delta"):
+        feeds["b"], ins[5] = beta, "b"
+    n = node("LinearAttention", ins, ["y", "ns"], q_num_heads=hq, kv_num_heads=hkv,
+             update_rule=rule, scale=1.0 if hq < hkv else 0.0)
+    check(context, [n], feeds, outputs=("y", "ns"), atol=2e-5, rtol=1e-4)
+
+
+def test_linear_attention_per_key_decay_and_shared_beta(context):  # noqa: F811
+    """Decay per key dimension (B, T, H_kv * d_k), one update rate for all heads (B, T, 1),
+    no past state (zeros)."""
+    hkv, dk, dv = 2, 4, 5
+    decay, _ = _gates(2, hkv * dk)
+    _, beta = _gates(2, 1)
+    feeds = {"q": f32(1, 2, hkv * dk), "k": f32(1, 2, hkv * dk), "v": f32(1, 2, hkv * dv),
+             "g": decay, "b": beta}
+    n = node("LinearAttention", ["q", "k", "v", "", "g", "b"], ["y", "ns"], q_num_heads=hkv,
+             kv_num_heads=hkv)
+    check(context, [n], feeds, outputs=("y", "ns"), atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("t,past,bias,act,dil", [(1, True, False, "silu", 1),
+                                                 (3, True, True, "none", 1),
+                                                 (2, False, True, "silu", 1),
+                                                 (1, True, True, "silu", 2)])
+def test_causal_conv_with_state(context, t, past, bias, act, dil):  # noqa: F811
+    ch, k = 6, 4
+    feeds = {"x": f32(1, ch, t)}
+    if past:
+        feeds["p"] = f32(1, ch, (k - 1) * dil)
+    inits = {"w": f32(ch, 1, k)} | ({"bias": f32(ch)} if bias else {})
+    n = node("CausalConvWithState", ["x", "w", "bias" if bias else "", "p" if past else ""],
+             ["y", "ps"], activation=act, dilation=dil)
+    check(context, [n], feeds, inits, outputs=("y", "ps"))
+
+
+def test_causal_conv_channels_last(context):  # noqa: F811
+    ch, k = 5, 3
+    n = node("CausalConvWithState", ["x", "w", "", "p"], ["y", "ps"], activation="silu",
+             channels_last=1)
+    check(context, [n], {"x": f32(1, 2, ch), "p": f32(1, k - 1, ch)}, {"w": f32(ch, 1, k)},
+          outputs=("y", "ps"))
+
+
+def test_linear_attention_gate(context):  # noqa: F811
+    h = 4
+    n = node("LinearAttentionGate", ["a", "dt", "ds", "b"], ["y", "beta"])
+    check(context, [n], {"a": f32(1, 1, h), "b": f32(1, 1, h)},
+          {"dt": f32(h), "ds": -np.exp(f32(h))}, outputs=("y", "beta"))
+
+
+@pytest.mark.parametrize("act", ["silu", "sigmoid"])
+def test_gated_rms_norm(context, act):  # noqa: F811
+    n = node("GatedRMSNorm", ["x", "w", "z"], ["y"], activation=act, epsilon=1e-6)
+    check(context, [n], {"x": f32(1, 1, 24), "z": f32(1, 1, 24)}, {"w": f32(8)}, atol=1e-5)
+
+
+def test_unsupported_rule_is_named(context):  # noqa: F811
+    feeds = {"q": f32(1, 1, 8), "k": f32(1, 1, 8), "v": f32(1, 1, 8)}
+    model, _ = ort_model([node("LinearAttention", ["q", "k", "v"], ["y", "ns"], q_num_heads=1,
+                               kv_num_heads=1, update_rule="linear")], feeds,
+                         outputs=("y", "ns"))
+    model.graph.node[0].attribute[-1].s = b"mamba"
+    with pytest.raises(ConversionError, match="update_rule 'mamba'"):
+        convert(model, context)
+
+
+# --- a hybrid decoder step, as genai's Qwen3.5 builder lays one out -------------------------
+
+D, HQ, HKV, DK, DV, K = 32, 2, 4, 8, 8, 4
+CONV = HQ * DK + HKV * DK + HKV * DV
+
+
+def _hybrid_step():
+    """hidden -> qkv -> causal conv (carried window) -> split -> per-head L2 norm ->
+    LinearAttention (inverse grouped heads, scale 1) with LinearAttentionGate's decay and
+    rate -> GatedRMSNorm -> output projection."""
+    w = {"wqkv": f32(D, CONV) * 0.3, "wa": f32(D, HKV) * 0.3, "wb": f32(D, HKV) * 0.3,
+         "wz": f32(D, HKV * DV) * 0.3, "wo": f32(HKV * DV, D) * 0.3, "cw": f32(CONV, 1, K),
+         "dt": f32(HKV), "ds": -np.exp(f32(HKV) * 0.5), "nw": f32(DV),
+         "sizes": np.array([HQ * DK, HKV * DK, HKV * DV], np.int64),
+         "qh": np.array([1, 1, HQ, DK], np.int64), "kh": np.array([1, 1, HKV, DK], np.int64),
+         "q3": np.array([1, 1, HQ * DK], np.int64), "k3": np.array([1, 1, HKV * DK], np.int64)}
+    plain = lambda op, i, o, **a: helper.make_node(op, i, o, **a)  # noqa: E731
+    nodes = [
+        plain("MatMul", ["x", "wqkv"], ["qkv"]),
+        plain("Transpose", ["qkv"], ["qkv_t"], perm=[0, 2, 1]),
+        node("CausalConvWithState", ["qkv_t", "cw", "", "past.0.conv"], ["conv", "present.0.conv"],
+             activation="silu"),
+        plain("Transpose", ["conv"], ["conv_t"], perm=[0, 2, 1]),
+        plain("Split", ["conv_t", "sizes"], ["q0", "k0", "v"], axis=-1),
+        plain("Reshape", ["q0", "qh"], ["q1"]), plain("LpNormalization", ["q1"], ["q2"], axis=-1),
+        plain("Reshape", ["q2", "q3"], ["q"]),
+        plain("Reshape", ["k0", "kh"], ["k1"]), plain("LpNormalization", ["k1"], ["k2"], axis=-1),
+        plain("Reshape", ["k2", "k3"], ["k"]),
+        plain("MatMul", ["x", "wa"], ["a"]), plain("MatMul", ["x", "wb"], ["b"]),
+        node("LinearAttentionGate", ["a", "dt", "ds", "b"], ["decay", "beta"]),
+        node("LinearAttention", ["q", "k", "v", "past.0.recurrent", "decay", "beta"],
+             ["o", "present.0.recurrent"], q_num_heads=HQ, kv_num_heads=HKV, scale=1.0),
+        plain("MatMul", ["x", "wz"], ["z"]),
+        node("GatedRMSNorm", ["o", "nw", "z"], ["n"], epsilon=1e-6),
+        plain("MatMul", ["n", "wo"], ["y"]),
+    ]
+    feeds = {"x": f32(1, 1, D), "past.0.conv": f32(1, CONV, K - 1),
+             "past.0.recurrent": f32(1, HKV, DK, DV) * 0.3}
+    return nodes, feeds, w
+
+
+STEP_OUT = ("y", "present.0.conv", "present.0.recurrent")
+
+
+def test_hybrid_step(context):  # noqa: F811
+    nodes, feeds, w = _hybrid_step()
+    check(context, nodes, feeds, w, outputs=STEP_OUT, atol=3e-5, rtol=1e-4)
+
+
+def test_hybrid_steps_stateful(context):  # noqa: F811
+    """Four decode steps with the conv window and the recurrent state kept by the graph
+    (the pairs found by genai's names), each step's output against ORT's with its
+    presents fed back."""
+    nodes, feeds, w = _hybrid_step()
+    model, _ = ort_model(nodes, feeds, w, STEP_OUT)
+    pairs = list_kv_pairs(model)
+    assert {(p.input, p.output, p.kind) for p in pairs} == {
+        ("past.0.conv", "present.0.conv", "overwrite"),
+        ("past.0.recurrent", "present.0.recurrent", "overwrite")}
+    cg = convert(model, context, use_stateful=True, kv_cache_pairs=pairs)
+    assert cg.is_stateful
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x_t = context.create_tensor(data_type="float32", shape=[1, 1, D], writable=True)
+    y_t = context.create_tensor(data_type="float32", shape=[1, 1, D], readable=True)
+    state = {"past.0.conv": np.zeros((1, CONV, K - 1), np.float32),
+             "past.0.recurrent": np.zeros((1, HKV, DK, DV), np.float32)}
+    context.reset_kv_cache(cg.graph)
+    for _ in range(4):
+        x = f32(1, 1, D)
+        y, conv, rec = sess.run(list(STEP_OUT), {"x": x} | state)
+        state = {"past.0.conv": conv, "past.0.recurrent": rec}
+        context.write_tensor(x_t, x)
+        context.dispatch(cg.graph, {"x": x_t}, {"y": y_t})
+        np.testing.assert_allclose(context.read_tensor(y_t).reshape(y.shape), y, rtol=1e-4,
+                                   atol=3e-5)
