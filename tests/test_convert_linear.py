@@ -4,14 +4,19 @@ onnx.helper, fresh random inputs, float32."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from onnx import helper
+from onnx.utils import Extractor
 from test_convert_ops import check, f32, ort_model
-from test_onnx_converter import context  # noqa: F401  (the fixture)
+from test_onnx_converter import context, run_graph  # noqa: F401  (the fixture)
 
 from backends.pages import StatelessCopy
+from backends.webnn.dims import pin
 from backends.webnn.onnx_converter import ConversionError, convert, list_kv_pairs
 
 ok, why = StatelessCopy.available()
@@ -32,12 +37,14 @@ def _gates(t: int, width: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 @pytest.mark.parametrize("rule", ["gated_delta", "delta", "gated", "linear"])
-@pytest.mark.parametrize("hq,hkv", [(2, 4), (4, 2), (3, 3)])
+@pytest.mark.parametrize("hq,hk,hkv", [(2, 4, 4), (2, 2, 4), (4, 2, 2), (3, 3, 3)])
 @pytest.mark.parametrize("t", [1, 3])
-def test_linear_attention(context, rule, hq, hkv, t):  # noqa: F811
+def test_linear_attention(context, rule, hq, hk, hkv, t):  # noqa: F811
+    """(2, 2, 4): genai's Qwen3.5 layout, as many key heads as query heads, fewer than the
+    value heads."""
     dk, dv = 8, 6
     decay, beta = _gates(t, hkv)
-    feeds = {"q": f32(1, t, hq * dk), "k": f32(1, t, hkv * dk), "v": f32(1, t, hkv * dv),
+    feeds = {"q": f32(1, t, hq * dk), "k": f32(1, t, hk * dk), "v": f32(1, t, hkv * dv),
              "s": f32(1, hkv, dk, dv) * 0.5}
     ins = ["q", "k", "v", "s", "", ""]
     if rule in ("gated", "gated_delta"):
@@ -111,7 +118,7 @@ def test_unsupported_rule_is_named(context):  # noqa: F811
 # --- a hybrid decoder step, as genai's Qwen3.5 builder lays one out -------------------------
 
 D, HQ, HKV, DK, DV, K = 32, 2, 4, 8, 8, 4
-CONV = HQ * DK + HKV * DK + HKV * DV
+CONV = 2 * HQ * DK + HKV * DV  # as many key heads as query heads, as genai's Qwen3.5
 
 
 def _hybrid_step():
@@ -121,9 +128,8 @@ def _hybrid_step():
     w = {"wqkv": f32(D, CONV) * 0.3, "wa": f32(D, HKV) * 0.3, "wb": f32(D, HKV) * 0.3,
          "wz": f32(D, HKV * DV) * 0.3, "wo": f32(HKV * DV, D) * 0.3, "cw": f32(CONV, 1, K),
          "dt": f32(HKV), "ds": -np.exp(f32(HKV) * 0.5), "nw": f32(DV),
-         "sizes": np.array([HQ * DK, HKV * DK, HKV * DV], np.int64),
-         "qh": np.array([1, 1, HQ, DK], np.int64), "kh": np.array([1, 1, HKV, DK], np.int64),
-         "q3": np.array([1, 1, HQ * DK], np.int64), "k3": np.array([1, 1, HKV * DK], np.int64)}
+         "sizes": np.array([HQ * DK, HQ * DK, HKV * DV], np.int64),
+         "qh": np.array([1, 1, HQ, DK], np.int64), "q3": np.array([1, 1, HQ * DK], np.int64)}
     plain = lambda op, i, o, **a: helper.make_node(op, i, o, **a)  # noqa: E731
     nodes = [
         plain("MatMul", ["x", "wqkv"], ["qkv"]),
@@ -134,8 +140,8 @@ def _hybrid_step():
         plain("Split", ["conv_t", "sizes"], ["q0", "k0", "v"], axis=-1),
         plain("Reshape", ["q0", "qh"], ["q1"]), plain("LpNormalization", ["q1"], ["q2"], axis=-1),
         plain("Reshape", ["q2", "q3"], ["q"]),
-        plain("Reshape", ["k0", "kh"], ["k1"]), plain("LpNormalization", ["k1"], ["k2"], axis=-1),
-        plain("Reshape", ["k2", "k3"], ["k"]),
+        plain("Reshape", ["k0", "qh"], ["k1"]), plain("LpNormalization", ["k1"], ["k2"], axis=-1),
+        plain("Reshape", ["k2", "q3"], ["k"]),
         plain("MatMul", ["x", "wa"], ["a"]), plain("MatMul", ["x", "wb"], ["b"]),
         node("LinearAttentionGate", ["a", "dt", "ds", "b"], ["decay", "beta"]),
         node("LinearAttention", ["q", "k", "v", "past.0.recurrent", "decay", "beta"],
@@ -183,3 +189,28 @@ def test_hybrid_steps_stateful(context):  # noqa: F811
         context.dispatch(cg.graph, {"x": x_t}, {"y": y_t})
         np.testing.assert_allclose(context.read_tensor(y_t).reshape(y.shape), y, rtol=1e-4,
                                    atol=3e-5)
+
+
+GENAI_QWEN35 = Path(__file__).parent / "models" / "genai-qwen35" / "model.onnx"
+
+
+@pytest.mark.skipif(not GENAI_QWEN35.exists(), reason="no genai Qwen3.5 export in tests/models")
+@pytest.mark.parametrize("t", [1, 2])
+def test_genai_qwen35_linear_attention_block(context, t):  # noqa: F811
+    """The real export's first gated-delta block (conv, split, L2 norms, gate, linear
+    attention, gated norm), cut out of genai's graph, against ORT on the same cut."""
+    model = onnx.shape_inference.infer_shapes(onnx.load(GENAI_QWEN35))
+    la = "/model/layers.0/linear_attn/"
+    ins = [la + "qkv_proj/Transpose/output_0", la + "a_proj/MatMul/output_0",
+           la + "b_proj/MatMul/output_0", la + "z_proj/MatMul/output_0", "past.0.conv",
+           "past.0.recurrent"]
+    outs = [la + "GatedRMSNorm/output_0", "present.0.conv", "present.0.recurrent"]
+    cut = pin(Extractor(model).extract_model(ins, outs), {"batch_size": 1, "sequence_length": t})
+    assert {"LinearAttention", "CausalConvWithState", "LinearAttentionGate",
+            "GatedRMSNorm"} <= {n.op_type for n in cut.graph.node}
+    feeds = {vi.name: f32(*[d.dim_value for d in vi.type.tensor_type.shape.dim])
+             for vi in cut.graph.input}
+    sess = ort.InferenceSession(cut.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = run_graph(context, cut, feeds)
+    for name, want in zip(outs, sess.run(outs, feeds), strict=True):
+        np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-5, err_msg=name)

@@ -41,7 +41,9 @@ def _linear_attention(c: _Converter, node, attrs):
 
     Query heads share a key/value head (H_q = n H_kv: q head h reads kv head h // n) or,
     inverse, a query head serves n key/value heads (H_kv = n H_q: kv head h reads q head
-    h // n); the output has max(H_q, H_kv) heads."""
+    h // n); the output has max(H_q, H_kv) heads. The key may have fewer heads than the
+    value and the state (its width over d_k, as ORT's kernel reads it): state head h reads
+    key head h // (H_kv / H_k)."""
     b = c.builder
     name = node.name or node.output[0]
     rule = _str(attrs, "update_rule", "gated_delta")
@@ -54,9 +56,10 @@ def _linear_attention(c: _Converter, node, attrs):
     bsz, t, qw = c._shape(q)
     dk = qw // hq
     dv = c._shape(v)[2] // hkv
-    if hq % hkv and hkv % hq:
-        raise ConversionError(f"LinearAttention node {name!r}: {hq} query heads and {hkv} "
-                              "key/value heads (one must divide the other)")
+    hk = c._shape(k)[2] // dk  # genai's Qwen3.5: as many key heads as query heads
+    if (hq % hkv and hkv % hq) or hkv % hk:
+        raise ConversionError(f"LinearAttention node {name!r}: {hq} query heads, {hk} key "
+                              f"heads and {hkv} value heads (the fewer must divide the more)")
     scale = float(attrs.get("scale", 0.0)) or 1.0 / math.sqrt(dk)
     if _given(node, 3):
         state = c.operand(node.input[3])
@@ -76,10 +79,17 @@ def _linear_attention(c: _Converter, node, attrs):
             x = b.slice(x, [0, j, 0], [bsz, 1, c._shape(x)[2]])
         return b.reshape(x, shape)
 
+    def shared(x, j: int, n: int):
+        """Token j of ``x`` (n heads of d_k) per state head: head h reads h // (H_kv / n)."""
+        xj = token(x, j, [bsz, n, 1, 1, dk])
+        if n != hkv:
+            xj = b.expand(xj, [bsz, n, hkv // n, 1, dk])
+        return b.reshape(xj, [bsz, hkv, 1, dk])
+
     outs = []
     for j in range(t):
-        kj = token(k, j, [bsz, hkv, dk])
-        kc, kr = b.reshape(kj, [bsz, hkv, dk, 1]), b.reshape(kj, [bsz, hkv, 1, dk])
+        kr = shared(k, j, hk)
+        kc = b.reshape(kr, [bsz, hkv, dk, 1])
         vj = token(v, j, [bsz, hkv, 1, dv])
         s = state
         if gated:
@@ -91,11 +101,8 @@ def _linear_attention(c: _Converter, node, attrs):
         else:
             upd = vj
         state = b.add(s, b.mul(kc, upd))
-        if hq >= hkv:  # query heads h = kv head * n + i
-            qj = token(q, j, [bsz, hkv, hq // hkv, dk])
-        else:  # kv head h reads query head h // n
-            qj = token(q, j, [bsz, hq, 1, 1, dk])
-            qj = b.reshape(b.expand(qj, [bsz, hq, hkv // hq, 1, dk]), [bsz, hkv, 1, dk])
+        # query heads h = kv head * n + i, or (inverse) kv head h reads query head h // n
+        qj = token(q, j, [bsz, hkv, hq // hkv, dk]) if hq >= hkv else shared(q, j, hq)
         o = b.matmul(qj, state)
         o = b.mul(o, c.scalar_like(scale, o))
         outs.append(b.reshape(o, [bsz, 1, max(hq, hkv) * dv]))
