@@ -163,32 +163,57 @@ def test_hybrid_step(context):  # noqa: F811
     check(context, nodes, feeds, w, outputs=STEP_OUT, atol=3e-5, rtol=1e-4)
 
 
-def test_hybrid_steps_stateful(context):  # noqa: F811
-    """Four decode steps with the conv window and the recurrent state kept by the graph
-    (the pairs found by genai's names), each step's output against ORT's with its
-    presents fed back."""
-    nodes, feeds, w = _hybrid_step()
-    model, _ = ort_model(nodes, feeds, w, STEP_OUT)
+def _steps_against_ort(ctx, model, steps: int = 4):
+    """``steps`` decode steps of a stateful build (the pairs found by genai's names), each
+    step's output against ORT's with its presents fed back; the build's launch names."""
     pairs = list_kv_pairs(model)
     assert {(p.input, p.output, p.kind) for p in pairs} == {
         ("past.0.conv", "present.0.conv", "overwrite"),
         ("past.0.recurrent", "present.0.recurrent", "overwrite")}
-    cg = convert(model, context, use_stateful=True, kv_cache_pairs=pairs)
+    cg = convert(model, ctx, use_stateful=True, kv_cache_pairs=pairs)
     assert cg.is_stateful
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    x_t = context.create_tensor(data_type="float32", shape=[1, 1, D], writable=True)
-    y_t = context.create_tensor(data_type="float32", shape=[1, 1, D], readable=True)
+    x_t = ctx.create_tensor(data_type="float32", shape=[1, 1, D], writable=True)
+    y_t = ctx.create_tensor(data_type="float32", shape=[1, 1, D], readable=True)
     state = {"past.0.conv": np.zeros((1, CONV, K - 1), np.float32),
              "past.0.recurrent": np.zeros((1, HKV, DK, DV), np.float32)}
-    context.reset_kv_cache(cg.graph)
-    for _ in range(4):
+    ctx.reset_kv_cache(cg.graph)
+    for _ in range(steps):
         x = f32(1, 1, D)
         y, conv, rec = sess.run(list(STEP_OUT), {"x": x} | state)
         state = {"past.0.conv": conv, "past.0.recurrent": rec}
-        context.write_tensor(x_t, x)
-        context.dispatch(cg.graph, {"x": x_t}, {"y": y_t})
-        np.testing.assert_allclose(context.read_tensor(y_t).reshape(y.shape), y, rtol=1e-4,
+        ctx.write_tensor(x_t, x)
+        ctx.dispatch(cg.graph, {"x": x_t}, {"y": y_t})
+        np.testing.assert_allclose(ctx.read_tensor(y_t).reshape(y.shape), y, rtol=1e-4,
                                    atol=3e-5)
+    return [la.kernel.name for la in cg.graph._plan.launches if hasattr(la, "kernel")]
+
+
+def test_hybrid_steps_stateful(context):  # noqa: F811
+    """Four decode steps with the conv window and the recurrent state kept by the graph."""
+    nodes, feeds, w = _hybrid_step()
+    _steps_against_ort(context, ort_model(nodes, feeds, w, STEP_OUT)[0])
+
+
+@pytest.mark.parametrize("variant", ["fused", "fused_norms", "fused8"])
+@pytest.mark.parametrize("stateful", [False, True])
+def test_hybrid_step_fuses_linear_attention(ctx_with, variant, stateful):
+    """LinearAttention's recurrence over its K-major state (genai's key heads broadcast over
+    the value heads, scale 1) is matched into the one-launch gated delta kernel (the state
+    updated in place when stateful), and the steps still match ORT."""
+    ctx = ctx_with(gdn=variant)
+    nodes, feeds, w = _hybrid_step()
+    model, expected = ort_model(nodes, feeds, w, STEP_OUT)
+    if stateful:
+        launches = _steps_against_ort(ctx, model)
+    else:
+        launches = [la.kernel.name for la in convert(model, ctx).graph._plan.launches
+                    if hasattr(la, "kernel")]
+        got = run_graph(ctx, model, feeds)
+        for name, want in zip(STEP_OUT, expected, strict=True):
+            np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=3e-5, err_msg=name)
+    assert launches.count("gated_delta") == 1, launches
+    assert "matmul" not in launches, launches  # the retrieval and output products absorbed
 
 
 GENAI_QWEN35 = Path(__file__).parent / "models" / "genai-qwen35" / "model.onnx"
@@ -214,3 +239,4 @@ def test_genai_qwen35_linear_attention_block(context, t):  # noqa: F811
     got = run_graph(context, cut, feeds)
     for name, want in zip(outs, sess.run(outs, feeds), strict=True):
         np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-5, err_msg=name)
+

@@ -148,6 +148,9 @@ def kernels():
     naga, why = compiler_device("wgpu")
     if naga is None:
         pytest.skip(why)
+    from test_convert_linear import STEP_OUT, _hybrid_step
+    from test_convert_ops import ort_model
+
     from backends.webnn import MLGraphBuilder, NotSupportedError, ml
     from backends.webnn.onnx_converter import convert, list_kv_pairs
     from backends.webnn.wgpu_impl.compiler import compile_graph
@@ -174,6 +177,10 @@ def kernels():
             pairs = list_kv_pairs(path)
             convert(path, ctx)
             convert(path, ctx, use_stateful=True, kv_cache_pairs=pairs)
+        # ORT's linear-attention contrib ops (the K-major gated delta kernel)
+        hybrid = ort_model(*_hybrid_step(), STEP_OUT)[0]
+        convert(hybrid, ctx)
+        convert(hybrid, ctx, use_stateful=True, kv_cache_pairs=list_kv_pairs(hybrid))
     finally:
         ctx.destroy()
         mp.undo()

@@ -74,40 +74,51 @@ def _linear_attention(c: _Converter, node, attrs):
     per_key = decay is not None and c._shape(decay)[2] == hkv * dk
     beta_heads = c._shape(beta)[2] if beta is not None else 0
 
+    # the state viewed (B, hg, n, d_k, d_v): state head h = a * n + i; a key (or query) of
+    # hg heads is read by broadcasting over n (what the fused kernel's match takes as grouped
+    # heads), one of other head counts through expand
+    hg = min(hk, hkv)
+    n = hkv // hg
+
     def token(x, j: int, shape: list[int]):
         if t > 1:
             x = b.slice(x, [0, j, 0], [bsz, 1, c._shape(x)[2]])
         return b.reshape(x, shape)
 
-    def shared(x, j: int, n: int):
-        """Token j of ``x`` (n heads of d_k) per state head: head h reads h // (H_kv / n)."""
-        xj = token(x, j, [bsz, n, 1, 1, dk])
-        if n != hkv:
-            xj = b.expand(xj, [bsz, n, hkv // n, 1, dk])
-        return b.reshape(xj, [bsz, hkv, 1, dk])
+    def per_head(x, j: int, heads: int):
+        """Token j of ``x`` (``heads`` heads of d_k) for each state head, (B, hg, n|1, 1, d_k):
+        state head h reads head h // (H_kv / heads)."""
+        if heads == hg:
+            return token(x, j, [bsz, hg, 1, 1, dk])
+        xj = token(x, j, [bsz, heads, 1, 1, dk])
+        if hkv // heads > 1:
+            xj = b.expand(xj, [bsz, heads, hkv // heads, 1, dk])
+        return b.reshape(xj, [bsz, hg, n, 1, dk])
 
+    state = b.reshape(state, [bsz, hg, n, dk, dv])
     outs = []
     for j in range(t):
-        kr = shared(k, j, hk)
-        kc = b.reshape(kr, [bsz, hkv, dk, 1])
-        vj = token(v, j, [bsz, hkv, 1, dv])
+        kr = per_head(k, j, hk)
+        kc = b.reshape(kr, [*c._shape(kr)[:3], dk, 1])
+        vj = token(v, j, [bsz, hg, n, 1, dv])
         s = state
         if gated:
-            g = token(decay, j, [bsz, hkv, dk if per_key else 1, 1])
+            g = token(decay, j, [bsz, hg, n, dk if per_key else 1, 1])
             s = b.mul(s, b.exp(g))
         if delta:
-            bj = token(beta, j, [bsz, beta_heads, 1, 1])
+            bj = token(beta, j, [bsz, hg, n, 1, 1] if beta_heads > 1 else [bsz, 1, 1, 1, 1])
             upd = b.mul(b.sub(vj, b.matmul(kr, s)), bj)
         else:
             upd = vj
         state = b.add(s, b.mul(kc, upd))
-        # query heads h = kv head * n + i, or (inverse) kv head h reads query head h // n
-        qj = token(q, j, [bsz, hkv, hq // hkv, dk]) if hq >= hkv else shared(q, j, hq)
+        # query heads h = kv head * r + i, or (inverse) kv head h reads query head h // r
+        qj = (token(q, j, [bsz, hg, n, hq // hkv, dk]) if hq >= hkv else per_head(q, j, hq))
         o = b.matmul(qj, state)
-        o = b.mul(o, c.scalar_like(scale, o))
+        if scale != 1.0:
+            o = b.mul(o, c.scalar_like(scale, o))
         outs.append(b.reshape(o, [bsz, 1, max(hq, hkv) * dv]))
     out = outs[0] if t == 1 else b.concat(outs, 1)
-    return [out, state]
+    return [out, b.reshape(state, [bsz, hkv, dk, dv])]
 
 
 @_op("CausalConvWithState")
