@@ -8,7 +8,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from test_onnx_converter import context, run_graph  # noqa: F401  (the fixture)
+from test_onnx_converter import compare, context, run_graph  # noqa: F401  (the fixture)
 
 from backends.pages import StatelessCopy
 from backends.webnn.onnx_converter import ConversionError, convert
@@ -48,14 +48,7 @@ def ort_model(nodes, inputs: dict, inits: dict | None = None, outputs=("y",), op
 def check(context, nodes, inputs, inits=None, outputs=("y",), atol=1e-5, rtol=1e-5,  # noqa: F811
           types=None, opsets=OPSETS):
     model, expected = ort_model(nodes, inputs, inits, outputs, opsets, types)
-    got = run_graph(context, model, inputs)
-    for name, e in zip(outputs, expected, strict=True):
-        g = got[name]
-        if e.dtype == np.bool_:
-            e = e.astype(np.uint8)
-        assert g.shape == e.shape, name
-        np.testing.assert_allclose(g.astype(np.float64), e.astype(np.float64), rtol=rtol,
-                                   atol=atol, err_msg=name)
+    compare(run_graph(context, model, inputs), outputs, expected, rtol, atol)
 
 
 def f32(*shape):
