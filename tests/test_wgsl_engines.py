@@ -148,7 +148,7 @@ def kernels():
     naga, why = compiler_device("wgpu")
     if naga is None:
         pytest.skip(why)
-    from test_convert_linear import STEP_OUT, _hybrid_step
+    from test_convert_linear import STEP_OUT, _hybrid_step, _plain_gated_delta
     from test_convert_ops import ort_model
 
     from backends.webnn import MLGraphBuilder, NotSupportedError, ml
@@ -177,10 +177,12 @@ def kernels():
             pairs = list_kv_pairs(path)
             convert(path, ctx)
             convert(path, ctx, use_stateful=True, kv_cache_pairs=pairs)
-        # ORT's linear-attention contrib ops (the K-major gated delta kernel)
-        hybrid = ort_model(*_hybrid_step(), STEP_OUT)[0]
-        convert(hybrid, ctx)
-        convert(hybrid, ctx, use_stateful=True, kv_cache_pairs=list_kv_pairs(hybrid))
+        # ORT's linear-attention contrib ops and transformers' plain-ops recurrence (the
+        # K-major gated delta kernel, q scaled in the sum form)
+        for graph in (ort_model(*_hybrid_step(), STEP_OUT)[0],
+                      ort_model(*_plain_gated_delta(), ("y", "present_state"))[0]):
+            convert(graph, ctx)
+            convert(graph, ctx, use_stateful=True, kv_cache_pairs=list_kv_pairs(graph))
     finally:
         ctx.destroy()
         mp.undo()

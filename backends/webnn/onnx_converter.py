@@ -678,7 +678,8 @@ def _flatten(c: _Converter, node, attrs):
 def _unsqueeze(c: _Converter, node, attrs):
     x = c.operand(node.input[0])
     s = list(c._shape(x))
-    axes = c.const_input(node, 1, "axes").tolist() if c.opset >= 13 else attrs["axes"]
+    axes = (c.const_input(node, 1, "axes").reshape(-1).tolist() if c.opset >= 13
+            else attrs["axes"])  # ORT takes a scalar as one axis
     rank = len(s) + len(axes)
     for a in sorted(int(a) % rank for a in axes):
         s.insert(a, 1)
@@ -690,7 +691,8 @@ def _squeeze(c: _Converter, node, attrs):
     x = c.operand(node.input[0])
     s = c._shape(x)
     if c.opset >= 13:
-        axes = c.const_input(node, 1, "axes").tolist() if len(node.input) > 1 and node.input[1] else None
+        axes = (c.const_input(node, 1, "axes").reshape(-1).tolist()
+                if len(node.input) > 1 and node.input[1] else None)
     else:
         axes = attrs.get("axes")
     drop = {int(a) % len(s) for a in axes} if axes is not None else {i for i, d in enumerate(s) if d == 1}

@@ -45,7 +45,8 @@ def gated_delta(batch: Sequence[int], dv: int, dk: int, *, k_strides: Sequence[i
                 decay_strides: Sequence[int], delta: Chain, out_chain: Chain | None,
                 in_place: bool, guarded: bool = False, lanes: int = 32, wg: int = 256,
                 subgroup: int | None = None, k_eps: float | None = None,
-                q_eps: float | None = None, k_major: bool = False) -> Kernel:
+                q_eps: float | None = None, k_major: bool = False,
+                q_scale: float = 1.0) -> Kernel:
     """The kernel for a state of ``batch`` heads × (dv, dk), rows of dk contiguous values;
     ``k_major``: each head's state stored (dk, dv) instead (ORT LinearAttention's layout):
     a row's values dv apart, read as scalars.
@@ -60,6 +61,7 @@ def gated_delta(batch: Sequence[int], dv: int, dk: int, *, k_strides: Sequence[i
     delta's and the output chain's leaves, the new state (rw), the output (batch, dv, 1)
     (rw), the capacity status when ``guarded`` (nothing is written when it is set).
     ``k_eps``/``q_eps``: k / q are read raw and L2-normalised here with that epsilon.
+    ``q_scale``: q's constant factor (a graph that scales q before the output product).
     """
     heads = S.size(batch)
     rows = heads * dv
@@ -140,6 +142,7 @@ def gated_delta(batch: Sequence[int], dv: int, dk: int, *, k_strides: Sequence[i
     qq = f"1.0 / sqrt(ks.z + {lit(q_eps)})" if q_eps is not None else "1.0"
     dot_k = "ks.x" if norms else "ks"
     sidx = f"sw + w * {dv}u" if k_major else "sw + w"
+    scale = f" * {lit(q_scale)}" if q_scale != 1.0 else ""
     src += f"""
 @compute @workgroup_size({wg})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
@@ -175,7 +178,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       acc2 = acc2 + {dot.format("nw", "q[qw + w]")};
     }}
   }}
-{total("acc2", "o2", True)}  let os = o2 * iq;
+{total("acc2", "o2", True)}  let os = o2 * iq{scale};
   if (ok && t == 0u) {{ y[row] = {out_val}; }}
 }}
 """
