@@ -219,14 +219,30 @@ def test_hybrid_step_fuses_linear_attention(ctx_with, variant, stateful):
     assert "matmul" not in launches, launches  # the retrieval and output products absorbed
 
 
-GENAI_QWEN35 = Path(__file__).parent / "models" / "genai-qwen35" / "model.onnx"
+MODELS = Path(__file__).parent / "models"  # the real exports (scripts/make_test_models.py)
+GENAI_QWEN35 = MODELS / "genai-qwen35" / "model.onnx"
+TRANSFORMERS_QWEN35 = MODELS / "transformers-qwen35" / "decode.onnx"
+
+
+def _against_ort(ctx, model, feeds: dict, outs: list[str]) -> list[str]:
+    """``model`` on ``ctx`` against ORT's CPU EP on the same feeds; its launch names."""
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    compare(run_graph(ctx, model, feeds), outs, sess.run(outs, feeds), 1e-4, 1e-5)
+    return [la.kernel.name for la in convert(model, ctx).graph._plan.launches
+            if hasattr(la, "kernel")]
+
+
+def _random_feeds(model) -> dict[str, np.ndarray]:
+    return {vi.name: f32(*[d.dim_value for d in vi.type.tensor_type.shape.dim])
+            for vi in model.graph.input}
 
 
 @pytest.mark.skipif(not GENAI_QWEN35.exists(), reason="no genai Qwen3.5 export in tests/models")
-@pytest.mark.parametrize("t", [1, 2])
-def test_genai_qwen35_linear_attention_block(context, t):  # noqa: F811
+@pytest.mark.parametrize("t,variant", [(1, "generic"), (2, "generic"), (1, "fused")])
+def test_genai_qwen35_linear_attention_block(ctx_with, t, variant):
     """The real export's first gated-delta block (conv, split, L2 norms, gate, linear
-    attention, gated norm), cut out of genai's graph, against ORT on the same cut."""
+    attention, gated norm), cut out of genai's graph, against ORT on the same cut; one
+    token on the fused kernel is one gated delta launch."""
     model = onnx.shape_inference.infer_shapes(onnx.load(GENAI_QWEN35))
     la = "/model/layers.0/linear_attn/"
     ins = [la + "qkv_proj/Transpose/output_0", la + "a_proj/MatMul/output_0",
@@ -236,13 +252,33 @@ def test_genai_qwen35_linear_attention_block(context, t):  # noqa: F811
     cut = pin(Extractor(model).extract_model(ins, outs), {"batch_size": 1, "sequence_length": t})
     assert {"LinearAttention", "CausalConvWithState", "LinearAttentionGate",
             "GatedRMSNorm"} <= {n.op_type for n in cut.graph.node}
-    feeds = {vi.name: f32(*[d.dim_value for d in vi.type.tensor_type.shape.dim])
-             for vi in cut.graph.input}
-    sess = ort.InferenceSession(cut.SerializeToString(), providers=["CPUExecutionProvider"])
-    got = run_graph(context, cut, feeds)
-    for name, want in zip(outs, sess.run(outs, feeds), strict=True):
-        np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-5, err_msg=name)
+    launches = _against_ort(ctx_with(gdn=variant), cut, _random_feeds(cut), outs)
+    assert launches.count("gated_delta") == (variant == "fused"), launches
 
+
+@pytest.mark.skipif(not TRANSFORMERS_QWEN35.exists(),
+                    reason="no transformers Qwen3.5 export in tests/models")
+@pytest.mark.parametrize("variant", ["generic", "fused"])
+def test_transformers_qwen35_decode_step(ctx_with, variant):
+    """transformers' own Qwen3.5 export (plain ops: Conv, Tile, ScatterElements, Split, the
+    torch recurrence), dims pinned by hand (conv window 4, 8 cached rows), one decode step
+    against ORT: logits and every present; fused, both gated-delta layers are one launch
+    each."""
+    model = onnx.load(TRANSFORMERS_QWEN35)
+    dims = {d.dim_param: int(d.dim_param) for vi in [*model.graph.input, *model.graph.output]
+            for d in vi.type.tensor_type.shape.dim if d.dim_param.isdigit()}
+    conv = {d.dim_param for vi in model.graph.input if "conv_states" in vi.name
+            for d in vi.type.tensor_type.shape.dim[2:]}
+    past = {d.dim_param for vi in model.graph.input if vi.name.endswith(".keys")
+            for d in vi.type.tensor_type.shape.dim[2:3]}
+    dims |= dict.fromkeys(conv, 4) | dict.fromkeys(past, 8) | {f"{p} + 1": 9 for p in past}
+    model = pin(model, dims)
+    feeds = _random_feeds(model)
+    feeds["input_ids"] = np.array([[17]], np.int64)
+    feeds["position_ids"] = np.array([[8]], np.int64)
+    launches = _against_ort(ctx_with(gdn=variant), model, feeds,
+                            [o.name for o in model.graph.output])
+    assert launches.count("gated_delta") == (2 if variant == "fused" else 0), launches
 
 
 # --- transformers' plain-ops gated delta step (torch_recurrent_gated_delta_rule, one token) --

@@ -322,8 +322,9 @@ def _assemble(o: MLOperand, n: MLOperand, s_view: MLOperand, u_view: MLOperand,
                    [s, *extra, r, u, n, *([x] if x is not None else []), *scaled, o],
                    k_major=k_major, q_scale=q_scale)
     if fold_norms:
-        m.k_norm = _l2_norm(k, consumers, inlined, pinned, {r._id, u._id})
-        m.q_norm = _l2_norm(q, consumers, inlined, pinned, {o._id}) if q is not k else None
+        m.k_norm = _l2_norm(k, consumers, inlined, pinned, {(extra or [r])[0]._id, u._id})
+        m.q_norm = (_l2_norm(q, consumers, inlined, pinned, {(scaled or [reader])[0]._id})
+                    if q is not k else None)
     # the chains read no value the kernel computes or rewrites (beyond their params)
     inside = {x._id for x in m.ops} | {p._id}
     if any(x._id in inside for x in m._chain_leaves() + [m.k_storage, m.q_storage]):
