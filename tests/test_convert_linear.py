@@ -105,6 +105,26 @@ def test_gated_rms_norm(context, act):  # noqa: F811
     check(context, [n], {"x": f32(1, 1, 24), "z": f32(1, 1, 24)}, {"w": f32(8)}, atol=1e-5)
 
 
+def test_float16_tensors_computed_in_float32(context):  # noqa: F811
+    """float16 inputs and outputs, float32 arithmetic inside (as ORT's kernels): the four
+    ops in one graph against ORT, to float16's resolution."""
+    hq, hkv, dk, dv, ch, k = 2, 4, 8, 8, 8, 4
+    decay, beta = _gates(1, hkv)
+    h = lambda a: np.asarray(a, np.float16)  # noqa: E731
+    feeds = {"q": h(f32(1, 1, hq * dk)), "k": h(f32(1, 1, hq * dk)), "v": h(f32(1, 1, hkv * dv)),
+             "s": h(f32(1, hkv, dk, dv) * 0.5), "a": h(f32(1, 1, hkv)), "bb": h(f32(1, 1, hkv)),
+             "x": h(f32(1, ch, 1)), "p": h(f32(1, ch, k - 1)), "z": h(f32(1, 1, hkv * dv))}
+    inits = {"dt": f32(hkv), "ds": -np.exp(f32(hkv)), "w": h(f32(ch, 1, k)), "nw": h(f32(dv))}
+    nodes = [node("LinearAttentionGate", ["a", "dt", "ds", "bb"], ["g", "beta"]),
+             node("LinearAttention", ["q", "k", "v", "s", "g", "beta"], ["o", "ns"],
+                  q_num_heads=hq, kv_num_heads=hkv),
+             node("GatedRMSNorm", ["o", "nw", "z"], ["y"], epsilon=1e-6),
+             node("CausalConvWithState", ["x", "w", "", "p"], ["cy", "ps"], activation="silu")]
+    outs = ("y", "ns", "cy", "ps")
+    check(context, nodes, feeds, inits, outputs=outs, rtol=4e-3, atol=4e-3,
+          types=dict.fromkeys(outs, np.float16))
+
+
 def test_unsupported_rule_is_named(context):  # noqa: F811
     feeds = {"q": f32(1, 1, 8), "k": f32(1, 1, 8), "v": f32(1, 1, 8)}
     model, _ = ort_model([node("LinearAttention", ["q", "k", "v"], ["y", "ns"], q_num_heads=1,

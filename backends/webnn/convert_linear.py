@@ -30,6 +30,18 @@ def _silu(b, x):
     return b.mul(x, b.sigmoid(x))
 
 
+def _f32(c: _Converter, name: str):
+    """An input in float32: ORT's kernels compute these ops in float32 whatever the
+    tensor type (float16 models included), and so does the decomposition."""
+    x = c.operand(name)
+    return x if c._dtype(x) == "float32" else c.builder.cast(x, "float32")
+
+
+def _as(c: _Converter, y, kind: str):
+    """A float32 result back in the tensor type ``kind``."""
+    return y if kind == "float32" else c.builder.cast(y, kind)
+
+
 @_op("LinearAttention")
 def _linear_attention(c: _Converter, node, attrs):
     """The recurrence token by token over the 4-D state (B, H_kv, d_k, d_v)::
@@ -52,7 +64,8 @@ def _linear_attention(c: _Converter, node, attrs):
     if attrs.get("state_window", 0):
         raise ConversionError(f"LinearAttention node {name!r}: state_window is not supported")
     hq, hkv = int(attrs["q_num_heads"]), int(attrs["kv_num_heads"])
-    q, k, v = (c.operand(node.input[j]) for j in range(3))
+    kind = c._dtype(c.operand(node.input[0]))
+    q, k, v = (_f32(c, node.input[j]) for j in range(3))
     bsz, t, qw = c._shape(q)
     dk = qw // hq
     dv = c._shape(v)[2] // hkv
@@ -62,12 +75,12 @@ def _linear_attention(c: _Converter, node, attrs):
                               f"heads and {hkv} value heads (the fewer must divide the more)")
     scale = float(attrs.get("scale", 0.0)) or 1.0 / math.sqrt(dk)
     if _given(node, 3):
-        state = c.operand(node.input[3])
+        state_kind, state = c._dtype(c.operand(node.input[3])), _f32(c, node.input[3])
     else:
-        state = c._constant(np.zeros((bsz, hkv, dk, dv), np.float32))
+        state_kind, state = kind, c._constant(np.zeros((bsz, hkv, dk, dv), np.float32))
     gated, delta = rule in ("gated", "gated_delta"), rule in ("delta", "gated_delta")
-    decay = c.operand(node.input[4]) if gated else None
-    beta = c.operand(node.input[5]) if delta else None
+    decay = _f32(c, node.input[4]) if gated and _given(node, 4) else None
+    beta = _f32(c, node.input[5]) if delta and _given(node, 5) else None
     for what, op in (("decay", decay), ("beta", beta)):
         if (gated if what == "decay" else delta) and op is None:
             raise ConversionError(f"LinearAttention node {name!r}: {rule} needs {what}")
@@ -118,7 +131,7 @@ def _linear_attention(c: _Converter, node, attrs):
             o = b.mul(o, c.scalar_like(scale, o))
         outs.append(b.reshape(o, [bsz, 1, max(hq, hkv) * dv]))
     out = outs[0] if t == 1 else b.concat(outs, 1)
-    return [out, b.reshape(state, [bsz, hkv, dk, dv])]
+    return [_as(c, out, kind), _as(c, b.reshape(state, [bsz, hkv, dk, dv]), state_kind)]
 
 
 @_op("CausalConvWithState")
@@ -136,7 +149,8 @@ def _causal_conv(c: _Converter, node, attrs):
         raise ConversionError(f"CausalConvWithState node {name!r}: activation {act!r}")
     last = bool(attrs.get("channels_last", 0))
     dil = int(attrs.get("dilation", 1))
-    x, w = c.operand(node.input[0]), c.operand(node.input[1])
+    kind = c._dtype(c.operand(node.input[0]))
+    x, w = _f32(c, node.input[0]), _f32(c, node.input[1])
     if last:  # (B, L, d...) -> (B, C, L)
         xs = c._shape(x)
         x = b.transpose(b.reshape(x, [xs[0], xs[1], int(np.prod(xs[2:]))]), [0, 2, 1])
@@ -144,7 +158,7 @@ def _causal_conv(c: _Converter, node, attrs):
     kern = c._shape(w)[2]
     hist = (kern - 1) * dil
     if _given(node, 3):
-        past = c.operand(node.input[3])
+        past = _f32(c, node.input[3])
         if last:
             ps = c._shape(past)
             past = b.transpose(b.reshape(past, [ps[0], ps[1], ch]), [0, 2, 1])
@@ -153,7 +167,7 @@ def _causal_conv(c: _Converter, node, attrs):
     window = b.concat([past, x], 2)
     y = b.conv2d(b.reshape(window, [bsz, ch, 1, length + hist]),
                  b.reshape(w, [ch, 1, 1, kern]), dilations=[1, dil], groups=ch,
-                 bias=c.operand(node.input[2]) if _given(node, 2) else None)
+                 bias=_f32(c, node.input[2]) if _given(node, 2) else None)
     y = b.reshape(y, [bsz, ch, length])
     if act != "none":
         y = _silu(b, y)
@@ -163,20 +177,19 @@ def _causal_conv(c: _Converter, node, attrs):
         present = b.transpose(present, [0, 2, 1])
         present = b.reshape(present, list(c.shape_of(node.input[3])) if _given(node, 3)
                             else c._shape(present))
-    return [y, present]
+    return [_as(c, y, kind), _as(c, present, kind)]
 
 
 @_op("LinearAttentionGate")
 def _linear_attention_gate(c: _Converter, node, attrs):
     """decay = decay_scale * softplus(a + dt_bias) and beta = sigmoid(b), in float32."""
     b = c.builder
-    a = c.operand(node.input[0])
-    kind = c._dtype(a)
-    a32 = a if kind == "float32" else b.cast(a, "float32")
-    decay = b.mul(b.softplus(b.add(a32, c.operand(node.input[1]))), c.operand(node.input[2]))
-    outs = [decay if kind == "float32" else b.cast(decay, kind)]
+    kind = c._dtype(c.operand(node.input[0]))
+    decay = b.mul(b.softplus(b.add(_f32(c, node.input[0]), _f32(c, node.input[1]))),
+                  _f32(c, node.input[2]))
+    outs = [_as(c, decay, kind)]
     if _given(node, 3):
-        outs.append(b.sigmoid(c.operand(node.input[3])))
+        outs.append(_as(c, b.sigmoid(_f32(c, node.input[3])), kind))
     return outs
 
 
@@ -185,7 +198,8 @@ def _gated_rms_norm(c: _Converter, node, attrs):
     """Y = X / sqrt(mean(X², over each group of C) + eps) * scale * act(gate), C the
     length of ``scale``."""
     b = c.builder
-    x, scale, gate = (c.operand(node.input[j]) for j in range(3))
+    kind = c._dtype(c.operand(node.input[0]))
+    x, scale, gate = (_f32(c, node.input[j]) for j in range(3))
     act = _str(attrs, "activation", "silu")
     if act not in ("silu", "swish", "sigmoid"):
         raise ConversionError(f"GatedRMSNorm node {node.name or node.output[0]!r}: activation "
@@ -197,4 +211,4 @@ def _gated_rms_norm(c: _Converter, node, attrs):
     ms = b.reduce_mean(b.mul(xg, xg), axes=[len(shp)], keep_dimensions=True)
     y = b.mul(b.div(xg, b.sqrt(b.add(ms, c.scalar_like(eps, ms)))), scale)
     g = b.sigmoid(gate) if act == "sigmoid" else _silu(b, gate)
-    return b.mul(b.reshape(y, shp), g)
+    return _as(c, b.mul(b.reshape(y, shp), g), kind)
