@@ -239,6 +239,26 @@ def test_hybrid_step_fuses_linear_attention(ctx_with, variant, stateful):
     assert "matmul" not in launches, launches  # the retrieval and output products absorbed
 
 
+@pytest.mark.adapter_feature("subgroup")
+def test_plain_gated_delta_subgroup_sums(ctx_with, subgroup_size, monkeypatch):
+    """The K-major kernel with its row sums through subgroupAdd (the GPU default where the
+    subgroup is as wide as a row's lanes), at the adapter's own width, against ORT."""
+    import dataclasses
+
+    width = subgroup_size
+    if width is None or width > 32 or width & (width - 1):
+        pytest.skip(f"no fixed power-of-two subgroup width to test with ({width})")
+    ctx = ctx_with(gdn=f"fused{width}")
+    monkeypatch.setattr(ctx, "_target", dataclasses.replace(ctx._target, subgroup=width))
+    nodes, feeds, w = _plain_gated_delta(dk=width, dv=6)
+    outs = ("y", "present_state")
+    model, expected = ort_model(nodes, feeds, w, outs)
+    (kernel,) = [la.kernel for la in convert(model, ctx).graph._plan.launches
+                 if hasattr(la, "kernel") and la.kernel.name == "gated_delta"]
+    assert "subgroupAdd" in kernel.wgsl and "workgroupBarrier" not in kernel.wgsl
+    compare(run_graph(ctx, model, feeds), outs, expected, 1e-4, 2e-5)
+
+
 MODELS = Path(__file__).parent / "models"  # the real exports (scripts/make_test_models.py)
 GENAI_QWEN35 = MODELS / "genai-qwen35" / "model.onnx"
 TRANSFORMERS_QWEN35 = MODELS / "transformers-qwen35" / "decode.onnx"
