@@ -21,6 +21,7 @@ import numpy as np
 
 from backends.webnn.counters import ByteCounters
 
+from . import composites
 from . import shapes as S
 from .dtypes import DType, dtype, packed_words, to_device
 from .errors import InvalidStateError
@@ -33,6 +34,7 @@ ELEMENTWISE_UNARY = (
     "reciprocal", "cos", "sin", "floor", "ceil", "erf", "gelu", "identity",
 )
 COMPARISON = ("equal", "greater", "lesser", "lesser_or_equal", "greater_or_equal")
+LOGICAL = ("logical_and", "logical_or", "logical_not", "is_nan")
 FLOAT_ONLY = ("sqrt", "exp", "log", "sigmoid", "softplus", "tanh", "cos", "sin", "erf",
               "gelu", "reciprocal", "floor", "ceil", "softmax")
 
@@ -233,6 +235,27 @@ class MLGraphBuilder:
         if a._dtype.name != "uint8":
             raise TypeError("logical_not needs a uint8 input")
         return self._node("logical_not", (a,), a._dtype, a._shape)
+
+    def _logical(self, op: str, a: MLOperand, b: MLOperand) -> MLOperand:
+        self._own(a, b)
+        if a._dtype.name != "uint8" or b._dtype.name != "uint8":
+            raise TypeError(f"{op} needs uint8 inputs")
+        return self._node(op, (a, b), a._dtype, S.broadcast(a._shape, b._shape))
+
+    # IDL: MLOperand logicalAnd(MLOperand a, MLOperand b, optional MLOperatorOptions options = {});
+    def logical_and(self, a: MLOperand, b: MLOperand) -> MLOperand:
+        return self._logical("logical_and", a, b)
+
+    # IDL: MLOperand logicalOr(MLOperand a, MLOperand b, optional MLOperatorOptions options = {});
+    def logical_or(self, a: MLOperand, b: MLOperand) -> MLOperand:
+        return self._logical("logical_or", a, b)
+
+    # IDL: MLOperand isNaN(MLOperand a, optional MLOperatorOptions options = {});
+    def is_nan(self, a: MLOperand) -> MLOperand:
+        self._own(a)
+        if not a._dtype.is_float:
+            raise TypeError(f"is_nan needs a float input, got {a._dtype.name}")
+        return self._node("is_nan", (a,), dtype("uint8"), a._shape)
 
     # IDL: MLOperand sqrt(MLOperand input, optional MLOperatorOptions options = {});
     def sqrt(self, x: MLOperand) -> MLOperand:
@@ -491,6 +514,63 @@ class MLGraphBuilder:
         if tuple(updates._shape) != want:
             raise TypeError(f"scatter_nd updates must have shape {list(want)}")
         return self._node("scatter_nd", (x, indices, updates), x._dtype, x._shape)
+
+    # IDL: MLOperand scatterElements(MLOperand input, MLOperand indices, MLOperand updates, optional MLScatterOptions options = {});
+    def scatter_elements(self, x: MLOperand, indices: MLOperand, updates: MLOperand,
+                         axis: int = 0) -> MLOperand:
+        self._own(x, indices, updates)
+        if indices._dtype.name not in ("int32", "int64", "uint32"):
+            raise TypeError("scatter_elements indices must be int32, int64 or uint32")
+        self._same_type(x, updates)
+        ax = S.axis(axis, len(x._shape))
+        if indices._shape != updates._shape or len(indices._shape) != len(x._shape):
+            raise TypeError("scatter_elements indices and updates must have one shape, of the "
+                            "input's rank")
+        if any(d > x._shape[i] for i, d in enumerate(indices._shape) if i != ax):
+            raise TypeError("scatter_elements indices exceed the input outside the axis")
+        return self._node("scatter_elements", (x, indices, updates), x._dtype, x._shape,
+                          axis=ax)
+
+    # IDL: MLOperand cumulativeSum(MLOperand input, unsigned long axis, optional MLCumulativeSumOptions options = {});
+    def cumulative_sum(self, x: MLOperand, axis: int, *, exclusive: bool = False,
+                       reversed: bool = False) -> MLOperand:
+        self._own(x)
+        if x._dtype.wgsl not in ("f32", "f16", "i32", "u32") or x._dtype.name == "uint8":
+            raise TypeError(f"cumulative_sum does not take {x._dtype.name}")
+        return self._node("cumulative_sum", (x,), x._dtype, x._shape,
+                          axis=S.axis(axis, len(x._shape)), exclusive=bool(exclusive),
+                          reversed=bool(reversed))
+
+    # -- ops lowered to others at build time (composites.py: the spec's own decompositions) --
+    # IDL: MLOperand triangular(MLOperand input, optional MLTriangularOptions options = {});
+    def triangular(self, x: MLOperand, *, upper: bool = True, diagonal: int = 0) -> MLOperand:
+        """DEVIATION: lowered to ``where`` with a constant mask."""
+        return composites.triangular(self, x, upper, diagonal)
+
+    # IDL: MLOperand tile(MLOperand input, sequence<unsigned long> repetitions, optional MLOperatorOptions options = {});
+    def tile(self, x: MLOperand, repetitions: Sequence[int]) -> MLOperand:
+        """DEVIATION: lowered to reshape/expand/reshape."""
+        return composites.tile(self, x, repetitions)
+
+    # IDL: MLOperand pad(MLOperand input, sequence<[EnforceRange] unsigned long> beginningPadding, sequence<[EnforceRange] unsigned long> endingPadding, optional MLPadOptions options = {});
+    def pad(self, x: MLOperand, beginning_padding: Sequence[int], ending_padding: Sequence[int],
+            *, mode: str = "constant", value: float = 0) -> MLOperand:
+        """DEVIATION: lowered to concat with constant blocks; "constant" mode only."""
+        return composites.pad(self, x, beginning_padding, ending_padding, mode, value)
+
+    # IDL: sequence<MLOperand> split(MLOperand input, (unsigned long or sequence<unsigned long>) splits, optional MLSplitOptions options = {});
+    def split(self, x: MLOperand, splits: int | Sequence[int], axis: int = 0) -> list[MLOperand]:
+        """Lowered to slices."""
+        return composites.split(self, x, splits, axis)
+
+    # IDL: MLOperand conv2d(MLOperand input, MLOperand filter, optional MLConv2dOptions options = {});
+    def conv2d(self, x: MLOperand, filter: MLOperand, *,
+               padding: Sequence[int] = (0, 0, 0, 0), strides: Sequence[int] = (1, 1),
+               dilations: Sequence[int] = (1, 1), groups: int = 1,
+               bias: MLOperand | None = None) -> MLOperand:
+        """DEVIATION: depthwise only (``groups`` = input channels = output channels, layouts
+        "nchw" and "oihw"), lowered to pad, strided slices, mul and add per filter tap."""
+        return composites.conv2d(self, x, filter, padding, strides, dilations, groups, bias)
 
     # -- build ---------------------------------------------------------------------------
     # IDL: Promise<MLGraph> build(MLNamedOperands outputs, optional MLBuildOptions options = {});

@@ -162,3 +162,28 @@ def capacity_check(checks: Sequence[tuple[str, Sequence[int], Sequence[int]]],
         src += "  }\n"
     src += "  status[0] = bad;\n}\n"
     return Kernel("capacity_check", src, ["rw"] + ["read"] * nbuf, (1, 1, 1), reads)
+
+
+def scatter_elements(t: str, it: str, in_shape: Sequence[int], idx_shape: Sequence[int],
+                     axis: int) -> Kernel:
+    """out[.., idx[e], ..] = updates[e] for each element ``e`` of ``indices``, its other
+    coordinates its own (``out`` already holds the input, copied before). Negative
+    indices count from the end; ones still out of range are skipped (the spec leaves them
+    implementation-defined)."""
+    n = S.size(idx_shape)
+    gx, gy, gz = grid(n)
+    ost = S.strides(in_shape)
+    src = decl(0, "idx", it, "read") + decl(1, "upd", t, "read") + decl(2, "out", t, "rw")
+    src += main_1d(gx) + f"  if (i >= {n}u) {{ return; }}\n  var r = i;\n  var o = 0u;\n"
+    for ax in range(len(idx_shape) - 1, -1, -1):
+        d = idx_shape[ax]
+        if ax == axis:
+            src += (f"  var k = i32(idx[i]);\n  if (k < 0) {{ k = k + {in_shape[ax]}; }}\n"
+                    f"  if (k < 0 || k >= {in_shape[ax]}) {{ return; }}\n"
+                    f"  o = o + u32(k) * {ost[ax]}u;\n")
+        else:
+            src += f"  o = o + (r % {d}u) * {ost[ax]}u;\n"
+        src += f"  r = r / {d}u;\n"
+    src += "  out[o] = upd[i];\n}\n"
+    return Kernel("scatter_elements", src, ["read", "read", "rw"], (gx, gy, gz),
+                  esize(it) * n + 2 * esize(t) * n)

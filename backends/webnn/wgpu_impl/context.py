@@ -310,8 +310,11 @@ class WgpuContext(Dispatch, Readback, MLContext):
         for slot, arr in plan.consts.items():
             nbytes = arr.nbytes if isinstance(arr, np.ndarray) else 4 * arr.size  # Deferred: words
             buf = dev.create_buffer(size=_nbytes(nbytes), usage=_STORAGE)
-            data = arr.make() if isinstance(arr, Deferred) else arr
-            self._queue.write_buffer(buf, 0, np.ascontiguousarray(data))
+            data = np.ascontiguousarray(arr.make() if isinstance(arr, Deferred) else arr)
+            if data.nbytes % 4:  # an odd count of float16: writes go in 4-byte units
+                data = np.concatenate([data.reshape(-1).view(np.uint8),
+                                       np.zeros(4 - data.nbytes % 4, np.uint8)])
+            self._queue.write_buffer(buf, 0, data)
             g._buffers[slot] = buf
             del data
         plan.consts.clear()  # uploaded: the host keeps no copy of the weights

@@ -309,6 +309,16 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
         k = MV.scatter_nd(t, idx._dtype.wgsl, shp, idx._shape, guarded=guarded, updates=updates)
         add(KernelLaunch(k, [slot_of(root(idx))] + upd_slots + [slot_of(m) for m in members]
                          + ([("status",)] if guarded else [])))
+    elif op == "cumulative_sum":
+        a = o._attrs
+        add(KernelLaunch(RD.cumulative_sum(t, shp, a["axis"], a["exclusive"], a["reversed"]),
+                         [ins[0], out_slot]))
+    elif op == "scatter_elements":
+        _, idx, _ = o._inputs
+        add(KernelLaunch(MV.strided_copy(t, shp, 0, S.strides(shp), 0, S.strides(shp), "copy"),
+                         [ins[0], out_slot]))
+        add(KernelLaunch(MV.scatter_elements(t, idx._dtype.wgsl, shp, idx._shape,
+                                             o._attrs["axis"]), [ins[1], ins[2], out_slot]))
     else:
         raise NotImplementedError(f"op {op!r}")
 
