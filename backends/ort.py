@@ -215,9 +215,11 @@ class _OrtBackend(Backend):
         ep = {"cpu": "CPU EP", "webgpu": "WebGPU EP (on Dawn, built into the plugin)"}
         return f"ONNX Runtime {ort.__version__}, {ep[cls.provider]}"
 
-    def __init__(self, model: str | os.PathLike | None = None) -> None:
+    def __init__(self, model: str | os.PathLike | None = None,
+                 pairs: dict[str, str] | None = None) -> None:
         super().__init__()
         self.model = None if model is None else Path(model)  # a user's .onnx, not an export
+        self.hand_pairs = pairs  # past -> present named by hand (--pairs), for a user's model
         self.session = None
         self.position = 0
 
@@ -258,7 +260,7 @@ class _OrtBackend(Backend):
                                f"{self.model_unavailable}")
         proto = onnx.load(str(self.model), load_external_data=False)
         self.capacity = capacity
-        pairs = list_kv_pairs(proto)
+        pairs = list_kv_pairs(proto, self.hand_pairs)
         dims = {k: d.value for k, d in default_dims(proto, capacity).items()}
         inits = {t.name for t in proto.graph.initializer}
         inputs = {i.name: i for i in proto.graph.input if i.name not in inits}
@@ -304,14 +306,25 @@ class _OrtBackend(Backend):
 
     def _empty_pasts(self, growing: bool) -> dict[str, np.ndarray]:
         """Every cache at depth 0: zeros, a growing one with no rows on its axis."""
-        if self.model is None:
-            return self._page_pasts(None, growing=growing)
+        return self._page_pasts(None, growing=growing)
+
+    def _model_pasts(self, depth: DepthState | None) -> dict[str, np.ndarray]:
+        """A user model's pasts at ``depth`` (None: empty): a growing one holds the depth's
+        rows on its axis, as the reference's presents hold them (``harness.model_run``)."""
+        n = 0 if depth is None else depth.depth
         out = {}
         for s in self.specs:
             shape = list(s.shape)
             if self.axes[s.input] is not None:
-                shape[self.axes[s.input]] = 0
-            out[s.input] = np.zeros(shape, s.dtype)
+                shape[self.axes[s.input]] = n
+            if depth is None:
+                out[s.input] = np.zeros(shape, s.dtype)
+                continue
+            arr = depth.cache[s.input]
+            if tuple(arr.shape) != tuple(shape):
+                raise ValueError(f"{s.input}: cache shape {arr.shape} at depth {n}, "
+                                 f"expected {tuple(shape)}")
+            out[s.input] = np.ascontiguousarray(arr, s.dtype)
         return out
 
     def _model_feeds(self, token: int) -> dict[str, np.ndarray]:
@@ -386,20 +399,21 @@ class _OrtBackend(Backend):
 
     # --- per step helpers ---------------------------------------------------------------
     def _check_depth(self, depth: DepthState) -> None:
+        if depth.depth >= self.capacity:
+            raise ValueError(f"depth {depth.depth} leaves no room in capacity {self.capacity}")
         if self.model is not None:
-            raise RuntimeError(f"{self.name}: reaching a depth needs statebench's own "
-                               f"workload; {self.model} is fed token by token")
+            return  # its growing shapes are checked by `_model_pasts`
         for s in self.specs:
             got = depth.cache[s.input].shape
             if tuple(got) != tuple(s.shape):
                 raise ValueError(f"{s.input}: cache shape {got}, expected {s.shape}")
-        if depth.depth >= self.capacity:
-            raise ValueError(f"depth {depth.depth} leaves no room in capacity {self.capacity}")
 
     def _page_pasts(self, depth: DepthState | None, growing: bool) -> dict[str, np.ndarray]:
         """The pasts a page hands the session at `depth` (None: an empty cache). A growing
         past (ORT flavour, no buffer sharing) holds exactly the valid rows; a fixed one the
         whole capacity."""
+        if self.model is not None:
+            return self._model_pasts(depth)
         n = 0 if depth is None else depth.depth
         out = {}
         for s in self.specs:

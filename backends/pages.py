@@ -62,9 +62,11 @@ class _Page(Backend):
     engine = "wgpu"
 
     def __init__(self, onnx_path: str | os.PathLike | None = None, timing: bool = True,
-                 options: KernelOptions | None = None) -> None:
+                 options: KernelOptions | None = None, pairs: dict[str, str] | None = None
+                 ) -> None:
         super().__init__()
         self.onnx_path = onnx_path  # a user's export instead of model.export's
+        self.hand_pairs = pairs  # past -> present named by hand (--pairs), for a user's model
         self.timing = timing
         self.options = options  # the context's kernel variants and modes (None: per adapter)
         self.context = None
@@ -140,12 +142,12 @@ class _Page(Backend):
         with self._counted():
             try:
                 if self.request_state:
-                    self._pairs = list_kv_pairs(path)
+                    self._pairs = list_kv_pairs(path, self.hand_pairs)
                     self.converted = convert(path, self.context, use_stateful=True,
                                              kv_cache_pairs=self._pairs, dims=dims)
                 else:
                     self.converted = convert(path, self.context, dims=dims)
-                    self._pairs = list_kv_pairs(path)
+                    self._pairs = list_kv_pairs(path, self.hand_pairs)
             except ConversionError as exc:
                 raise UserError(str(exc)) from None
         graph = self.converted.graph
