@@ -226,6 +226,11 @@ class _OrtBackend(Backend):
     #: why a mode cannot run a model statebench did not export ("" where it can)
     model_unavailable = ""
 
+    def model_refusal(self, proto: onnx.ModelProto) -> str:
+        """Why this mode cannot run ``proto`` ("" where it may): ``model_unavailable`` here;
+        `shared` looks at the graph."""
+        return self.model_unavailable
+
     # --- preparation -------------------------------------------------------------------
     def prepare(self, workload: Workload, capacity: int) -> None:
         ok, why = self.available()
@@ -235,6 +240,7 @@ class _OrtBackend(Backend):
             self._prepare_model(capacity)
             return
         self.workload, self.cfg, self.capacity = workload, workload.config, capacity
+        self.vocab = self.cfg.vocab
         self.specs = cache_specs(self.cfg, capacity)
         # the CPU EP's graph computes MatMulNBits on float32 activations (module docstring)
         level = FLOAT_ACCURACY_LEVEL if self.provider == "cpu" else None
@@ -255,10 +261,10 @@ class _OrtBackend(Backend):
         """Open a model statebench did not export: its pasts paired by name, each past's
         dims pinned from the model's own shapes (batch 1; a growing axis starts empty), the
         other inputs fed from their names (``_model_feeds``)."""
-        if self.model_unavailable:
-            raise RuntimeError(f"{self.name} is unavailable for {self.model}: "
-                               f"{self.model_unavailable}")
         proto = onnx.load(str(self.model), load_external_data=False)
+        why = self.model_refusal(proto)
+        if why:
+            raise RuntimeError(f"{self.name} is unavailable for {self.model}: {why}")
         self.capacity = capacity
         pairs = list_kv_pairs(proto, self.hand_pairs)
         dims = {k: d.value for k, d in default_dims(proto, capacity).items()}
@@ -296,12 +302,14 @@ class _OrtBackend(Backend):
         if "logits" not in self.output_names:
             raise RuntimeError(f"{self.model}: the graph has no logits output")
         self.kernel = _ModelKernelBytes(proto)
+        self.vocab = (self.kernel.infos[1].get("logits") or [0, 0])[-2]  # dims, then the type
         self.details.update(provider=self.session.get_providers()[0], mode=self.mode,
                             model=str(self.model), host_cache=self.host_cache,
                             pairs={p.input: p.output for p in pairs},
                             kernel_bytes_base=self.kernel.base,
                             kernel_bytes_per_token=self.kernel.per_token,
                             kernel_bytes_unsized=sorted(self.kernel.unsized)[:50])
+        self._allocate()
         self.reset()
 
     def _empty_pasts(self, growing: bool) -> dict[str, np.ndarray]:
@@ -535,15 +543,41 @@ class _IOBinding(_OrtBackend):
         return logits.astype(np.float32, copy=False)
 
 
+#: the inputs that give GroupQueryAttention its lengths without an attention_mask
+_GQA_LENGTHS = frozenset({"seqlens_k", "total_sequence_length"})
+
+
 class _Shared(_OrtBackend):
     """`shared`: one capacity-sized value per cache bound as both past and present."""
 
     mode = "shared"
     shared_buffer = True
-    model_unavailable = ("one buffer bound as past and present needs a fixed-capacity graph "
-                         "(statebench's own export); a model's growing caches cannot share one")
+
+    def model_refusal(self, proto: onnx.ModelProto) -> str:
+        """A growing cache can share one buffer with its present only as GroupQueryAttention's
+        past_key/past_value, its length from an attention_mask (ORT's shared-buffer GQA, as
+        genai's past_present_share_buffer) or from seqlens_k and total_sequence_length fed as
+        inputs (statebench's own export): any other growing cache is refused, naming it."""
+        gqa = {n.input[j] for n in proto.graph.node if n.op_type == "GroupQueryAttention"
+               for j in (3, 4) if j < len(n.input)}
+        feeds = {i.name for i in proto.graph.input}
+        for p in list_kv_pairs(proto, self.hand_pairs):
+            if p.kind != "append":
+                continue
+            if p.input not in gqa:
+                op = next((n.op_type for n in proto.graph.node if p.input in n.input), "nothing")
+                return (f"its cache {p.input} grows through {op}, not GroupQueryAttention: one "
+                        "buffer bound as past and present needs GQA's shared-buffer mode")
+            if "attention_mask" not in feeds and not feeds >= _GQA_LENGTHS:
+                return ("its GroupQueryAttention's lengths come from no input (attention_mask, "
+                        "or seqlens_k and total_sequence_length): with one buffer as past and "
+                        "present, ORT would take the buffer's length for the sequence's")
+        return ""
 
     def _allocate(self) -> None:
+        if self.vocab < 1:
+            raise RuntimeError(f"{self.model}: the width of its logits is not known from its "
+                               "shapes, which a bound logits buffer needs")
         self.values = {}
         for s in self.specs:
             if self.provider == "webgpu":
@@ -553,7 +587,7 @@ class _Shared(_OrtBackend):
                 v = ort.OrtValue.ortvalue_from_shape_and_type(list(s.shape), np.dtype(s.dtype),
                                                                "cpu", 0)
             self.values[s.input] = v
-        vocab = self.cfg.vocab
+        vocab = self.vocab
         if self.provider == "webgpu":
             self.logits = self.session.create_ortvalue_from_shape_and_type(
                 [1, 1, vocab], np.float32, "webgpu", 0)
@@ -568,11 +602,15 @@ class _Shared(_OrtBackend):
         self.details["in_place"] = {s.input: True for s in self.specs}
 
     def device_bytes(self) -> int | None:
-        return sum(s.nbytes for s in self.specs) + self.cfg.vocab * 4
+        return sum(s.nbytes for s in self.specs) + self.vocab * 4
 
     def _upload(self, cache: dict[str, np.ndarray]) -> None:
         for s in self.specs:
             arr = np.ascontiguousarray(cache[s.input], s.dtype)
+            if arr.shape != tuple(s.shape):  # a user model's valid rows, into the capacity
+                full = np.zeros(s.shape, s.dtype)
+                full[tuple(slice(0, n) for n in arr.shape)] = arr
+                arr = full
             self.values[s.input].update_inplace(arr)
             self.counters.h2d += arr.nbytes
 
@@ -608,6 +646,12 @@ class _Captured(_Shared):
 
     mode = "captured"
     ep_options = {"enableGraphCapture": "1"}
+
+    def model_refusal(self, proto: onnx.ModelProto) -> str:
+        if any(i.name == "attention_mask" for i in proto.graph.input):
+            return ("graph capture replays every input at its captured shape, and a model's "
+                    "attention_mask grows one column a step")
+        return super().model_refusal(proto)
 
     def _allocate(self) -> None:
         super()._allocate()

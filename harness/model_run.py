@@ -147,10 +147,11 @@ class UserModel:
 
     def refusal(self, cls: type[Backend]) -> str:
         """Why backend ``cls`` cannot run this model ("" where it may): an ORT mode that
-        needs statebench's own graph says why (``model_unavailable``); a WebNN page needs
+        needs statebench's own graph, or a graph ORT cannot share a buffer in, says why
+        (``model_refusal``); a WebNN page needs
         same-shape pairs (until the fixed-capacity rewrite) and feeds only PAGE_FEEDS."""
         if cls.name.startswith("ort-"):
-            return str(backend_for(cls, self.path, None).model_unavailable)
+            return backend_for(cls, self.path, self.hand_pairs).model_refusal(self.proto)
         if self.growing:
             p = self.growing[0]
             return (f"its cache grows ({p.input} -> {p.output}, append on axis {p.axis}) and "
