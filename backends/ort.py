@@ -49,8 +49,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from backends.base import Backend, DepthState, register
-from backends.webnn.dims import default_dims, pin
+from backends.base import Backend, DepthState, into_capacity, register
+from backends.webnn.dims import default_dims, past_head_sizes, pin
 from backends.webnn.onnx_converter import list_kv_pairs
 from model.export import FLOAT_ACCURACY_LEVEL, ORT, PAST_LEN, STANDARD, TOTAL_LEN, export
 from model.workload import CacheSpec, Workload, cache_specs
@@ -151,18 +151,21 @@ class _ModelKernelBytes(_KernelBytes):
     value_info), so the count needs no dim of statebench's own graph. A tensor whose shape
     inference leaves unknown counts 0 bytes and is named in ``unsized``."""
 
-    def __init__(self, model: onnx.ModelProto) -> None:
+    def __init__(self, model: onnx.ModelProto, last_dims: dict[str, int] | None = None) -> None:
         g = model.graph
         self.nodes = [(n.op_type, list(n.input), list(n.output)) for n in g.node]
         self.shared, self.unsized = False, set()
+        self.last_dims = dict(last_dims or {})  # caches' head sizes no symbol gives
         self.infos = {d: self._info_at(model, d) for d in (1, 2)}
         t1, t2 = self._total(1), self._total(2)
         self.per_token = t2 - t1
         self.base = t1 - self.per_token
 
-    @staticmethod
-    def _info_at(model: onnx.ModelProto, depth: int) -> dict[str, list]:
+    def _info_at(self, model: onnx.ModelProto, depth: int) -> dict[str, list]:
         pinned = pin(model, {k: d.value for k, d in default_dims(model, depth).items()})
+        for vi in [*pinned.graph.input, *pinned.graph.output]:
+            if vi.name in self.last_dims:
+                vi.type.tensor_type.shape.dim[-1].dim_value = self.last_dims[vi.name]
         try:
             pinned = onnx.shape_inference.infer_shapes(pinned)
         except Exception:  # noqa: BLE001 - inference is best effort; unknowns count 0
@@ -272,14 +275,18 @@ class _OrtBackend(Backend):
         inputs = {i.name: i for i in proto.graph.input if i.name not in inits}
         self.axes: dict[str, int | None] = {}
         self.specs = []
+        heads = past_head_sizes(proto)  # per layer, where a symbol names them all alike
         for p in pairs:
             tt = inputs[p.input].type.tensor_type
             shape = []
+            last = len(tt.shape.dim) - 1
             for i, d in enumerate(tt.shape.dim):
                 if i == p.axis:
                     shape.append(capacity)
                 elif d.HasField("dim_value"):
                     shape.append(d.dim_value)
+                elif i == last and p.input in heads:
+                    shape.append(heads[p.input])
                 elif d.dim_param in dims:
                     shape.append(dims[d.dim_param])
                 else:
@@ -301,7 +308,8 @@ class _OrtBackend(Backend):
         self.output_names = [o.name for o in self.session.get_outputs()]
         if "logits" not in self.output_names:
             raise RuntimeError(f"{self.model}: the graph has no logits output")
-        self.kernel = _ModelKernelBytes(proto)
+        self.kernel = _ModelKernelBytes(proto, {**heads, **{
+            self.present_of[k]: v for k, v in heads.items() if k in self.present_of}})
         self.vocab = (self.kernel.infos[1].get("logits") or [0, 0])[-2]  # dims, then the type
         self.details.update(provider=self.session.get_providers()[0], mode=self.mode,
                             model=str(self.model), host_cache=self.host_cache,
@@ -606,11 +614,7 @@ class _Shared(_OrtBackend):
 
     def _upload(self, cache: dict[str, np.ndarray]) -> None:
         for s in self.specs:
-            arr = np.ascontiguousarray(cache[s.input], s.dtype)
-            if arr.shape != tuple(s.shape):  # a user model's valid rows, into the capacity
-                full = np.zeros(s.shape, s.dtype)
-                full[tuple(slice(0, n) for n in arr.shape)] = arr
-                arr = full
+            arr = into_capacity(np.ascontiguousarray(cache[s.input], s.dtype), s.shape)
             self.values[s.input].update_inplace(arr)
             self.counters.h2d += arr.nbytes
 

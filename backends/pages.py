@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from backends.base import Backend, DepthState, register
+from backends.base import Backend, DepthState, into_capacity, register
 from backends.webnn.adapter import wgpu_adapter
 from model.errors import UserError
 from model.workload import Workload
@@ -198,7 +198,8 @@ class _Page(Backend):
         with self._counted():
             for p in self._pairs:
                 # in the cache's own type (a float16 cache: float16 rows, as the page holds them)
-                arr = np.asarray(depth.cache[p.input], self.converted.inputs[p.input].host_dtype)
+                d = self.converted.inputs[p.input]
+                arr = into_capacity(np.asarray(depth.cache[p.input], d.host_dtype), tuple(d.shape))
                 if self.host_cache:
                     self._host[p.input][...] = arr
                 else:

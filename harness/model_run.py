@@ -12,6 +12,7 @@ warm-up and timed steps are what every backend's logits are compared with.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -146,12 +147,16 @@ class UserModel:
         }
 
     def refusal(self, cls: type[Backend]) -> str:
-        """Why backend ``cls`` cannot run this model ("" where it may): an ORT mode that
-        needs statebench's own graph, or a graph ORT cannot share a buffer in, says why
-        (``model_refusal``); a WebNN page needs
-        same-shape pairs (until the fixed-capacity rewrite) and feeds only PAGE_FEEDS."""
+        """Why backend ``cls`` cannot run this model ("" where it may), before any worker: an
+        ORT mode that needs statebench's own graph, or a graph ORT cannot share a buffer in,
+        says why (``model_refusal``); a WebNN page without the fixed-capacity rewrite
+        (``backends.webnn.fixed_capacity``, where it is built) needs same-shape pairs and
+        feeds only PAGE_FEEDS. A backend whose prepare fails on the model is unavailable
+        too, with its reason (``harness.worker``)."""
         if cls.name.startswith("ort-"):
             return backend_for(cls, self.path, self.hand_pairs).model_refusal(self.proto)
+        if importlib.util.find_spec("backends.webnn.fixed_capacity") is not None:
+            return ""  # the pages rewrite growing caches and say in prepare what they cannot run
         if self.growing:
             p = self.growing[0]
             return (f"its cache grows ({p.input} -> {p.output}, append on axis {p.axis}) and "

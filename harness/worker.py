@@ -104,7 +104,12 @@ def _measure(req: dict, cls: type[Backend]) -> Point:
     clocks: ClockSampler | None = None
     try:
         t0 = time.perf_counter_ns()
-        backend.prepare(wl, cap)
+        try:
+            backend.prepare(wl, cap)
+        except Exception as exc:  # noqa: BLE001 - a backend that cannot build a user's model
+            if wl is not None:
+                raise
+            return Point.unavailable(name, ctx, cap, steps, " ".join(str(exc).split()))
         build_s = (time.perf_counter_ns() - t0) / 1e9
 
         t0 = time.perf_counter_ns()

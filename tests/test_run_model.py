@@ -16,8 +16,15 @@ import pytest
 
 from harness.model_info import inspect_model
 from harness.model_run import REFERENCE, OrtReferenceWalk, UserModel
-from tests.decoder_graphs import (MAX_POS, SCHEMES, decoder_model, gqa_decoder_model,
-                                  gqa_oracle_logits, oracle_greedy, oracle_logits)
+from tests.decoder_graphs import (
+    MAX_POS,
+    SCHEMES,
+    decoder_model,
+    gqa_decoder_model,
+    gqa_oracle_logits,
+    oracle_greedy,
+    oracle_logits,
+)
 from tests.test_cli import one_line_error, statebench
 
 SEED = int(np.random.default_rng().integers(1000))  # fresh weights each session

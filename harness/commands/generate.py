@@ -66,6 +66,9 @@ def generate(model, prompt: list[int], max_new_tokens: int, backend: str) -> lis
             if len(tokens) < max_new_tokens:
                 logits = b.step(tokens[-1])
         return tokens
+    except Exception as exc:  # noqa: BLE001 - the runtime's own reason, in one line
+        raise UserError(f"{backend} failed on {path} at position {b.position}: "
+                        f"{' '.join(str(exc).split())}") from None
     finally:
         b.close()
 
