@@ -204,7 +204,7 @@ def gqa_decoder_model(seed: int = 16, mask: bool = True, rows: int = MAX_POS) ->
     else:
         inputs += [_vi("seqlens_k", ["batch_size"], TensorProto.INT32),
                    _vi("total_sequence_length", [], TensorProto.INT32)]
-    kv = ["batch_size", 1, "past_sequence_length", GDH]
+    kv = ["batch_size", 1, "past_sequence_length", "kv_cache_dim"]  # genai's head dim symbol
     inputs += [_vi("past_key_values.0.key", kv), _vi("past_key_values.0.value", kv)]
     nodes += [n("GroupQueryAttention",
                 ["q", "k", "v", "past_key_values.0.key", "past_key_values.0.value", "seqlens_k",
@@ -213,7 +213,7 @@ def gqa_decoder_model(seed: int = 16, mask: bool = True, rows: int = MAX_POS) ->
                 num_heads=H, kv_num_heads=1, do_rotary=1),
               n("MatMul", ["attn_o", "wo"], ["attn"]), n("Add", ["x", "attn"], ["h"]),
               n("MatMul", ["h", "wlm"], ["logits"])]
-    total = ["batch_size", 1, "total_sequence_length", GDH]
+    total = ["batch_size", 1, "total_sequence_length", "kv_cache_dim"]
     outputs = [_vi("logits", ["batch_size", "sequence_length", VOCAB]),
                _vi("present.0.key", total), _vi("present.0.value", total)]
     inits = [numpy_helper.from_array(np.asarray(a), k) for k, a in {**w, **consts}.items()]

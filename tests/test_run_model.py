@@ -14,9 +14,11 @@ import numpy as np
 import onnx
 import pytest
 
+from backends.webnn.dims import default_dims, past_head_sizes
 from harness.model_info import inspect_model
 from harness.model_run import REFERENCE, OrtReferenceWalk, UserModel
 from tests.decoder_graphs import (
+    GDH,
     MAX_POS,
     SCHEMES,
     decoder_model,
@@ -64,6 +66,15 @@ def test_the_reference_follows_the_float64_decoder(name, models):
         grown = [v for k, v in arrays.items() if k.startswith("cache:past_key_values")]
         assert all(v.shape[2] == ctx for v in grown)  # each growing cache holds its valid rows
     walk.close()
+
+
+def test_a_gqa_past_takes_its_head_size_from_its_projection():
+    """genai names every layer's head dim kv_cache_dim; no name rule pins it (the capacity
+    would be wrong), the value projection feeding GroupQueryAttention gives it."""
+    model = gqa_decoder_model(seed=SEED)
+    assert "kv_cache_dim" not in default_dims(model, 64)
+    assert past_head_sizes(model) == {"past_key_values.0.key": GDH,
+                                      "past_key_values.0.value": GDH}
 
 
 def _run(tmp_path, model, *args, out_name="out.json"):
