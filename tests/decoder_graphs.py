@@ -244,3 +244,13 @@ def gqa_oracle_logits(tokens: list[int], seed: int = 16) -> np.ndarray:
         heads.append((p / p.sum(-1, keepdims=True)) @ v)
     h = x + np.concatenate(heads, axis=1) @ w["wo"]
     return (h @ w["wlm"])[-1]
+
+
+def save_decoders(directory, seed: int = 16) -> dict:
+    """Each scheme's decoder and the GQA one saved in ``directory``: name -> path."""
+    out = {}
+    for name in [*SCHEMES, "gqa"]:
+        out[name] = directory / f"{name}.onnx"
+        model = gqa_decoder_model(seed) if name == "gqa" else decoder_model(name, seed)
+        onnx.save(model, str(out[name]))
+    return out

@@ -26,6 +26,7 @@ from tests.decoder_graphs import (
     gqa_oracle_logits,
     oracle_greedy,
     oracle_logits,
+    save_decoders,
 )
 from tests.test_cli import one_line_error, statebench
 
@@ -36,14 +37,7 @@ SWEEP = ["--contexts", "3,7", "--steps", "3", "--warmup", "1", "--warm-s", "0",
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    d = tmp_path_factory.mktemp("models")
-    out = {}
-    for scheme in SCHEMES:
-        out[scheme] = d / f"{scheme}.onnx"
-        onnx.save(decoder_model(scheme, seed=SEED), str(out[scheme]))
-    out["gqa"] = d / "gqa.onnx"
-    onnx.save(gqa_decoder_model(seed=SEED), str(out["gqa"]))
-    return out
+    return save_decoders(tmp_path_factory.mktemp("models"), SEED)
 
 
 def oracle(name: str, tokens: list[int]) -> np.ndarray:
