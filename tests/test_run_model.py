@@ -227,3 +227,23 @@ def test_the_gate_tells_two_models_apart(models, tmp_path):
     assert "model sha256" in one_line_error(statebench("gate", runs[0], "--baseline", runs[1]))
     same = statebench("gate", runs[0], "--baseline", runs[0])
     assert same.returncode == 0, same.stderr
+
+
+def test_the_wgpu_pages_on_state_that_is_only_overwritten(tmp_path):
+    """No cache grows (conv window and recurrent state): every page runs the model, a page
+    that owns its state starting from the reference's, the stateful one by dispatching the
+    prefix, and matches the reference at every point."""
+    from backends.base import registry
+
+    ok, why = registry()["wgpu:stateless"].available()
+    if not ok:
+        pytest.skip(why)
+    path = tmp_path / "states.onnx"
+    onnx.save(decoder_model("transformers", seed=SEED, attention=False), str(path))
+    backends = "wgpu:stateless,wgpu:reuse,wgpu:stateful,ort-cpu:copy"
+    proc, out = _run(tmp_path, path, "--backends", backends, "--inprocess")
+    assert proc.returncode == 0, proc.stderr
+    points = json.loads(out.read_text())["points"]
+    assert len(points) == 8
+    for p in points:
+        assert p["status"] == "ok" and p["match"]["ok"], (p["backend"], p["context"], p["reason"])
