@@ -60,6 +60,21 @@ def position_limit(proto: onnx.ModelProto, path: Path) -> tuple[int | None, str]
     the rows of a cos/sin cache (GroupQueryAttention, RotaryEmbedding), of a table gathered
     by position_ids, or genai_config.json's context_length."""
     inits = {t.name: list(t.dims) for t in proto.graph.initializer}
+    producers = {o: n for n in proto.graph.node for o in n.output}
+
+    def from_positions(name: str) -> bool:
+        """Whether ``name`` is position_ids, or taken from it by ops that keep its values
+        (a section of Qwen's [3, B, S] positions, a cast, a reshape)."""
+        for _ in range(8):
+            if name == "position_ids":
+                return True
+            node = producers.get(name)
+            if node is None or node.op_type not in ("Gather", "Cast", "Reshape", "Squeeze",
+                                                    "Unsqueeze", "Identity"):
+                return False
+            name = node.input[0]
+        return False
+
     limits: list[tuple[int, str]] = []
     for n in proto.graph.node:
         caches = {"GroupQueryAttention": (7, 8), "RotaryEmbedding": (2, 3)}.get(n.op_type, ())
@@ -68,7 +83,7 @@ def position_limit(proto: onnx.ModelProto, path: Path) -> tuple[int | None, str]
                 limits.append((inits[n.input[j]][0], f"{n.input[j]} of {n.op_type} "
                                f"{n.name or n.output[0]!r} has {inits[n.input[j]][0]} rows"))
         if n.op_type == "Gather" and len(n.input) == 2 and n.input[0] in inits and \
-                n.input[1].startswith("position_ids") and inits[n.input[0]]:
+                from_positions(n.input[1]) and inits[n.input[0]]:
             limits.append((inits[n.input[0]][0], f"the position table {n.input[0]} gathered by "
                            f"position_ids has {inits[n.input[0]][0]} rows"))
     config = path.parent / "genai_config.json"

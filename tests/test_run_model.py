@@ -174,6 +174,8 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(models, tmp_path):
         ([m, "--contexts", str(MAX_POS)],
          f"the model has {MAX_POS} positions (the position table pos gathered by position_ids"),
         ([small, "--contexts", "5"], "cos_cache of GroupQueryAttention"),
+        ([models["transformers"], "--contexts", str(MAX_POS - 3)],  # positions [3, B, S]
+         f"reaches position {MAX_POS} but the model has {MAX_POS} positions"),
         ([m, "--preset", "tiny"], "--model and --preset name two workloads"),
         ([m, "--prompt", "1"], "--prompt and --expect-tokens go together"),
     ]
