@@ -37,6 +37,16 @@ class DepthState:
         return len(self.tokens)
 
 
+def into_capacity(rows: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """A cache's valid rows (a user model's depth: ``harness.model_run``) at the front of
+    zeros of the capacity-sized ``shape``; an array already that shape as it is."""
+    if tuple(rows.shape) == tuple(shape):
+        return rows
+    full = np.zeros(shape, rows.dtype)
+    full[tuple(slice(0, n) for n in rows.shape)] = rows
+    return full
+
+
 class Backend(ABC):
     """Prepare for a workload and capacity, reach depth, step one token, reset.
 

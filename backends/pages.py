@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from backends.base import Backend, DepthState, register
+from backends.base import Backend, DepthState, into_capacity, register
 from backends.webnn.adapter import wgpu_adapter
 from model.errors import UserError
 from model.workload import Workload
@@ -63,9 +63,11 @@ class _Page(Backend):
     engine = "wgpu"
 
     def __init__(self, onnx_path: str | os.PathLike | None = None, timing: bool = True,
-                 options: KernelOptions | None = None) -> None:
+                 options: KernelOptions | None = None, pairs: dict[str, str] | None = None
+                 ) -> None:
         super().__init__()
         self.onnx_path = onnx_path  # a user's export instead of model.export's
+        self.hand_pairs = pairs  # past -> present named by hand (--pairs), for a user's model
         self.timing = timing
         self.options = options  # the context's kernel variants and modes (None: per adapter)
         self.context = None
@@ -144,12 +146,12 @@ class _Page(Backend):
         with self._counted():
             try:
                 if self.request_state:
-                    self._pairs = list_kv_pairs(path)
+                    self._pairs = list_kv_pairs(path, self.hand_pairs)
                     self.converted = convert(path, self.context, use_stateful=True,
                                              kv_cache_pairs=self._pairs, dims=dims)
                 else:
                     self.converted = convert(path, self.context, dims=dims)
-                    self._pairs = list_kv_pairs(path)
+                    self._pairs = list_kv_pairs(path, self.hand_pairs)
             except ConversionError as exc:
                 raise UserError(str(exc)) from None
         graph = self.converted.graph
@@ -200,7 +202,8 @@ class _Page(Backend):
         with self._counted():
             for p in self._pairs:
                 # in the cache's own type (a float16 cache: float16 rows, as the page holds them)
-                arr = np.asarray(depth.cache[p.input], self.converted.inputs[p.input].host_dtype)
+                d = self.converted.inputs[p.input]
+                arr = into_capacity(np.asarray(depth.cache[p.input], d.host_dtype), tuple(d.shape))
                 if self.host_cache:
                     self._host[p.input][...] = arr
                 else:

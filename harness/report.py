@@ -378,11 +378,15 @@ def floor_tables(runs: list[Run]) -> list[tuple[str, str, list[str], list[list[s
 def environment_lines(run: Run) -> list[str]:
     env, wl = run.results.environment, run.results.workload
     cal = env.get("calibration", {})
-    cfgd = wl.get("config", {})
+    cfgd, model = wl.get("config", {}), wl.get("model")
+    what = (f"model {model.get('path')} ({model.get('size', 0):,} bytes, sha256 "
+            f"{str(model.get('sha256'))[:12]}, {len(model.get('pairs', []))} cache pairs, "
+            f"reference {model.get('reference')})" if isinstance(model, dict) else
+            f"preset {wl.get('preset')}, {len(cfgd.get('layers', []))} layers "
+            f"({', '.join(cfgd.get('layers', []))}), hidden {cfgd.get('hidden')}, "
+            f"{cfgd.get('parameters', 0):,} parameters")
     lines = [
-        f"workload: preset {wl.get('preset')}, {len(cfgd.get('layers', []))} layers "
-        f"({', '.join(cfgd.get('layers', []))}), hidden {cfgd.get('hidden')}, "
-        f"{cfgd.get('parameters', 0):,} parameters, {wl.get('dtype')}, "
+        f"workload: {what}, {wl.get('dtype')}, "
         f"{_under_load(wl)}{wl.get('warmup')} warm-up + {wl.get('steps')} timed steps, "
         f"seed {wl.get('seed')}",
         *_created_lines(run),

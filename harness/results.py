@@ -163,7 +163,10 @@ class Results:
         """Workload and device, for titles."""
         w = self.workload
         dev = self.environment.get("wgpu", {}).get("adapter") or self.environment.get("cpu", "")
-        return f"{w.get('preset', '?')} · {w.get('steps', '?')} steps · {dev}".strip(" ·")
+        model = w.get("model")
+        what = Path(model["path"]).name if isinstance(model, dict) and "path" in model else (
+            w.get("preset") or "?")
+        return f"{what} · {w.get('steps', '?')} steps · {dev}".strip(" ·")
 
     def save(self, path: str | Path) -> None:
         write_json_atomic(path, self.to_dict())
@@ -333,7 +336,8 @@ _MATCH = {"ok": (bool,), "max_abs": (float, int), "max_rel": (float, int),
 #: the workload's figures (each optional: older files lack some) -> accepted types
 _WORKLOAD_FIELDS = {"preset": (str,), "seed": (int,), "dtype": (str,), "config": (dict,),
                     "steps": (int,), "warmup": (int,), "warm_s": (float, int),
-                    "contexts": (list,), "capacity": (int, type(None)), "repeat": (int,)}
+                    "contexts": (list,), "capacity": (int, type(None)), "repeat": (int,),
+                    "model": (dict,)}
 
 
 class _Bad(Exception):

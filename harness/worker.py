@@ -11,7 +11,10 @@ Request: {"backend": name, "backend_path": optional "module:Class" (tests' doubl
 GPU load before the warm-up steps: `heater.heat`), "depth_file": .npz written by the
 runner with `tokens` (context+warmup+steps), `ref_logits` (warmup+steps, vocab) and
 `cache:<past name>` arrays (the reference's state at depth `context`), "parent_fd": optional,
-a pipe the runner holds open while it lives (`exit_with_parent`)}.
+a pipe the runner holds open while it lives (`exit_with_parent`)}; for a model statebench
+did not write, "model" (its .onnx path, in place of "preset"), "pairs" (hand-named, may be
+empty) and "model_bytes" (its files' size), the depth file's caches then holding each
+cache's valid rows (`harness.model_run`).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from backends.base import Backend, ByteCounters, DepthState, registry
 from harness.clocks import ClockSampler
 from harness.heater import heat
 from harness.metrics import compare_logits, is_cpu, mismatch_reason
+from harness.model_run import backend_for
 from harness.results import BYTE_CATEGORIES, Point, Stats
 from model import checksum
 from model.workload import Workload, preset, valid_cache_bytes
@@ -88,12 +92,24 @@ def _measure(req: dict, cls: type[Backend]) -> Point:
     name, ctx, cap = req["backend"], int(req["context"]), int(req["capacity"])
     steps, warmup = int(req["steps"]), int(req["warmup"])
     tokens, ref_logits, cache = load_depth(req["depth_file"])
-    wl = workload(req["preset"], int(req.get("seed", 0)))
-    backend = cls()
+    if req.get("model"):  # a model statebench did not write (harness.model_run)
+        wl, dtype = None, "float32"
+        backend = backend_for(cls, req["model"], req.get("pairs"))
+        cache_bytes, weights_bytes = sum(a.nbytes for a in cache.values()), int(req["model_bytes"])
+    else:
+        wl = workload(req["preset"], int(req.get("seed", 0)))
+        dtype = wl.config.dtype
+        backend = cls()
+        cache_bytes, weights_bytes = valid_cache_bytes(wl.config, ctx), wl.weights_bytes
     clocks: ClockSampler | None = None
     try:
         t0 = time.perf_counter_ns()
-        backend.prepare(wl, cap)
+        try:
+            backend.prepare(wl, cap)
+        except Exception as exc:  # noqa: BLE001 - a backend that cannot build a user's model
+            if wl is not None:
+                raise
+            return Point.unavailable(name, ctx, cap, steps, " ".join(str(exc).split()))
         build_s = (time.perf_counter_ns() - t0) / 1e9
 
         t0 = time.perf_counter_ns()
@@ -135,9 +151,8 @@ def _measure(req: dict, cls: type[Backend]) -> Point:
         if clocks is not None:
             clocks.stop(after=timed_to)
             sm_clock = clocks.during(timed_from, timed_to)
-        match = compare_logits(logits, ref_logits[: warmup + steps], wl.config.dtype)
-        reason = "" if match.ok else mismatch_reason(logits, ref_logits[: warmup + steps],
-                                                      wl.config.dtype)
+        match = compare_logits(logits, ref_logits[: warmup + steps], dtype)
+        reason = "" if match.ok else mismatch_reason(logits, ref_logits[: warmup + steps], dtype)
         details = dict(backend.details)
         if sm_clock is not None:
             details["sm_clock_mhz"] = sm_clock
@@ -162,8 +177,7 @@ def _measure(req: dict, cls: type[Backend]) -> Point:
             step_ms=Stats.of(step_ms), gpu_ms=gpu, gpu_reason=gpu_reason,
             build_s=build_s, time_to_depth_s=time_to_depth_s,
             bytes_per_step={k: getattr(total, k) / steps for k in BYTE_CATEGORIES},
-            cache_bytes=valid_cache_bytes(wl.config, ctx),
-            weights_bytes=wl.weights_bytes, peak_rss_bytes=peak_rss_bytes(),
+            cache_bytes=cache_bytes, weights_bytes=weights_bytes, peak_rss_bytes=peak_rss_bytes(),
             device_bytes=None if dev is None else int(dev), match=match, details=_plain(details),
         )
     finally:

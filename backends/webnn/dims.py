@@ -47,7 +47,7 @@ def _by_name(name: str, capacity: int) -> PinnedDim | None:
         return PinnedDim(1, "batch 1")
     if "total" in low:
         return PinnedDim(capacity + 1, "past + 1 new token")
-    if "past" in low or "cache" in low:
+    if ("past" in low or "cache" in low) and "dim" not in low:  # not genai's kv_cache_dim
         return PinnedDim(capacity, "past = capacity")
     if _NEW_TOKENS.match(name):
         return PinnedDim(1, "one new token")
@@ -107,4 +107,55 @@ def pin(model: onnx.ModelProto, dims: Mapping[str, int], *, copy: bool = True) -
         for d in vi.type.tensor_type.shape.dim:
             if d.HasField("dim_param") and d.dim_param in dims:
                 d.dim_value = int(dims[d.dim_param])
+    return out
+
+
+def _width(name: str, producers: Mapping[str, onnx.NodeProto],
+           inits: Mapping[str, onnx.TensorProto]) -> int | None:
+    """The last dimension of ``name`` traced back through the projection that makes it:
+    a MatMul by a weight (its last dim), MatMulNBits (N), a Split of one by constant sizes,
+    and ops that keep the width (bias Add, Cast, Identity); None where the trace ends."""
+    for _ in range(16):
+        node = producers.get(name)
+        if node is None:
+            return None
+        if node.op_type == "MatMul" and node.input[1] in inits:
+            return int(inits[node.input[1]].dims[-1])
+        if node.op_type == "MatMulNBits":
+            return next((int(a.i) for a in node.attribute if a.name == "N"), None)
+        if node.op_type == "Split":
+            sizes = (onnx.numpy_helper.to_array(inits[node.input[1]]).tolist()
+                     if len(node.input) > 1 and node.input[1] in inits else
+                     next((list(a.ints) for a in node.attribute if a.name == "split"), None))
+            return int(sizes[list(node.output).index(name)]) if sizes else None
+        if node.op_type not in ("Add", "Cast", "Identity"):
+            return None
+        name = node.input[0]
+    return None
+
+
+def past_head_sizes(model: onnx.ModelProto) -> dict[str, int]:
+    """past input -> its head size, for each GroupQueryAttention past: a symbol cannot give
+    it (genai names it ``kv_cache_dim`` in every layer, though a hybrid's layers differ), the
+    projection feeding the node can: value width / kv_num_heads, or a packed query's width /
+    (num_heads + 2 kv_num_heads)."""
+    g = model.graph
+    producers = {o: n for n in g.node for o in n.output}
+    inits = {t.name: t for t in g.initializer}
+    inits.update({n.output[0]: a.t for n in g.node if n.op_type == "Constant"
+                  for a in n.attribute if a.name == "value"})  # exporters' constants as nodes
+    out: dict[str, int] = {}
+    for n in g.node:
+        if n.op_type != "GroupQueryAttention" or len(n.input) < 5:
+            continue
+        attrs = {a.name: a.i for a in n.attribute}
+        heads, kv = attrs.get("num_heads", 0), attrs.get("kv_num_heads", 0)
+        if not kv:
+            continue
+        value = _width(n.input[2], producers, inits) if n.input[2] else None
+        packed = None if n.input[2] else _width(n.input[0], producers, inits)
+        size = (value // kv if value else
+                packed // (heads + 2 * kv) if packed and heads else None)
+        if size:
+            out.update({n.input[3]: size, n.input[4]: size})
     return out
