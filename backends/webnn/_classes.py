@@ -111,7 +111,27 @@ class MLGraphBuilder:
             # the spec's opSupportLimits() may leave a type out of an op's list
             raise TypeError(f"{op} does not take {packed[0]._dtype.name} operands here; "
                             "only dequantizeLinear does")
+        if self._context._widens(op) and any(x._dtype.name == "float16" for x in (*inputs,)):
+            return self._widened(op, inputs, dt, shape, attrs)
         return MLOperand(self, "op", dt, shape, op=op, inputs=tuple(inputs), attrs=attrs)
+
+    def _widened(self, op: str, inputs: Sequence[MLOperand], dt: DType,
+                 shape: tuple[int, ...], attrs: dict[str, Any]) -> MLOperand:
+        """``op`` on float16 operands as the context runs it: in float32 between casts
+        (its float16 operands widened exactly, a float16 result rounded once at the end);
+        a float16 constant is widened here, once."""
+        f32 = dtype("float32")
+        wide = tuple(x if x._dtype.name != "float16"
+                     else MLOperand(self, "constant", f32, x._shape,
+                                    value=x._value.astype(np.float32))
+                     if x._kind == "constant"
+                     else MLOperand(self, "op", f32, x._shape, op="cast", inputs=(x,))
+                     for x in inputs)
+        out = MLOperand(self, "op", f32 if dt.name == "float16" else dt, shape, op=op,
+                        inputs=wide, attrs=attrs)
+        if dt.name != "float16":
+            return out
+        return MLOperand(self, "op", dt, shape, op="cast", inputs=(out,))
 
     def _dtype(self, name: str) -> DType:
         """A data type this builder's context supports (TypeError otherwise: the spec's
@@ -750,6 +770,11 @@ class MLContext:
     def _unsupported(self, dt: DType) -> str:
         """Why this context cannot hold tensors of ``dt`` ("" if it can)."""
         return ""
+
+    def _widens(self, op: str) -> bool:
+        """Whether this context runs ``op`` on float16 operands in float32 between casts
+        (``MLGraphBuilder._widened``) rather than in float16 kernels of its own."""
+        return False
 
     def _create_tensor(self, dt: DType, shape: tuple[int, ...], readable: bool,
                        writable: bool) -> MLTensor:

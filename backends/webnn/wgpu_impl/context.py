@@ -25,6 +25,7 @@ from ..kernels.common import module_source
 from .compiler import compile_graph
 from .dispatch import Dispatch
 from .options import KernelOptions
+from .passes import F16_OPS
 from .plan import Deferred, KernelLaunch, Plan
 from .readback import Readback, ReadCopy
 from .staging import ARENA_MAX, QueueCounts, StagedReads, StagedWrites
@@ -217,6 +218,11 @@ class WgpuContext(Dispatch, Readback, MLContext):
                     f"({self._adapter.info.get('device', '?')}) has no 'shader-f16'")
         return ""
 
+    def _widens(self, op: str) -> bool:
+        # ops without float16 kernels (matmul, softmax, reductions, ...) accumulate in
+        # float32: the builder casts their float16 operands in and the result back
+        return op not in F16_OPS
+
     # -- pipelines ------------------------------------------------------------------------
     def _pipeline(self, wgsl: str, bindings: list[str]) -> tuple[Any, Any]:
         hit = self._pipelines.get(wgsl)
@@ -277,8 +283,10 @@ class WgpuContext(Dispatch, Readback, MLContext):
         for slot, arr in plan.consts.items():
             nbytes = arr.nbytes if isinstance(arr, np.ndarray) else 4 * arr.size  # Deferred: words
             buf = dev.create_buffer(size=_nbytes(nbytes), usage=_STORAGE)
-            data = arr.make() if isinstance(arr, Deferred) else arr
-            self._queue.write_buffer(buf, 0, np.ascontiguousarray(data))
+            data = np.ascontiguousarray(arr.make() if isinstance(arr, Deferred) else arr)
+            if data.nbytes % 4:  # a float16 constant of odd length: writes are whole words
+                data = np.frombuffer(data.tobytes() + bytes(4 - data.nbytes % 4), np.uint8)
+            self._queue.write_buffer(buf, 0, data)
             g._buffers[slot] = buf
             del data
         plan.consts.clear()  # uploaded: the host keeps no copy of the weights
