@@ -32,7 +32,7 @@ import numpy as np
 from backends.base import Backend, ByteCounters, DepthState, registry
 from harness.clocks import ClockSampler
 from harness.heater import heat
-from harness.metrics import compare_logits, is_cpu, mismatch_reason
+from harness.metrics import compare_logits, is_cpu, logits_tolerance, mismatch_reason
 from harness.results import BYTE_CATEGORIES, Point, Stats
 from model import checksum
 from model.workload import Workload, preset, valid_cache_bytes
@@ -131,9 +131,9 @@ def _measure(req: dict, cls: type[Backend]) -> Point:
         if clocks is not None:
             clocks.stop(after=timed_to)
             sm_clock = clocks.during(timed_from, timed_to)
-        match = compare_logits(logits, ref_logits[: warmup + steps], wl.config.dtype)
-        reason = "" if match.ok else mismatch_reason(logits, ref_logits[: warmup + steps],
-                                                      wl.config.dtype)
+        tol = logits_tolerance(wl.config)
+        match = compare_logits(logits, ref_logits[: warmup + steps], tol)
+        reason = "" if match.ok else mismatch_reason(logits, ref_logits[: warmup + steps], tol)
         details = dict(backend.details)
         if sm_clock is not None:
             details["sm_clock_mhz"] = sm_clock
