@@ -18,6 +18,7 @@ from backends.pages import (
     TensorReuse,
 )
 from backends.webnn.wgpu_impl.options import KernelOptions
+from harness.metrics import logits_tolerance
 from model.reference import Reference
 from model.workload import Workload, cache_specs, preset, token_stream
 
@@ -537,6 +538,38 @@ def test_f16kv_matches_the_rounding_reference(name, mode):
                 # rows computed in float32 and rounded: at most one float16 step apart
                 step = np.spacing(np.abs(want[s.input])).astype(np.float32)
                 assert np.all(np.abs(got.astype(np.float32) - want[s.input]) <= step)
+    finally:
+        b.close()
+
+
+@pytest.mark.adapter_feature("shader-f16")
+@pytest.mark.parametrize("mode", list(MODES))
+def test_q4f16_matches_the_reference_under_the_float16_tolerance(mode):
+    """'+q4f16' (4-bit weights, float16 activations and caches): every page mode converts the
+    float16 standard-flavour graph and computes the float64 reference's logits within the
+    derived float16 tolerance, argmax included; every 4-bit product runs the fused gemv
+    (no dequantizeLinear launch writes weights), and the caches are float16 tensors."""
+    wl, depth, cap = f16kv("tiny+q4f16"), 16, 24
+    tol = logits_tolerance(wl.config)
+    b = MODES[mode]()
+    b.prepare(wl, cap)
+    try:
+        tokens = token_stream(wl.config, cap)
+        ref = Reference(wl.config, wl.weights, cap)
+        ref.prefill(tokens[:depth])
+        b.reach_depth(DepthState(tokens=tokens[:depth].copy(), cache=ref.cache_arrays()))
+        for i in range(3):
+            tok = int(tokens[depth + i])
+            got, want = np.asarray(b.step(tok), np.float64), ref.step(tok)
+            rel = np.abs(got - want).max() / np.abs(want).max()
+            assert rel < tol, f"{mode} step {i}: {rel:.2e} (tolerance {tol:.1e})"
+            assert got.argmax() == want.argmax()
+        names = [la.kernel.name for la in b.converted.graph._plan.launches
+                 if hasattr(la, "kernel")]
+        assert "gemv_q4" in names and not any("dequantize" in n for n in names), names
+        if not b._hidden:
+            kv = [s for s in cache_specs(wl.config, cap) if s.kind == "append"]
+            assert all(b._cur[s.input].data_type == "float16" for s in kv)
     finally:
         b.close()
 
