@@ -94,6 +94,8 @@ class MLGraphBuilder:
         context._check_alive()
         self._context = context
         self._input_names: set[str] = set()
+        #: ids of the casts rounding a widened op's float32 result to float16 (``_widened``)
+        self._narrowed: set[int] = set()
 
     # -- helpers ----------------------------------------------------------------------
     def _own(self, *ops: MLOperand) -> None:
@@ -111,27 +113,50 @@ class MLGraphBuilder:
             # the spec's opSupportLimits() may leave a type out of an op's list
             raise TypeError(f"{op} does not take {packed[0]._dtype.name} operands here; "
                             "only dequantizeLinear does")
-        if self._context._widens(op) and any(x._dtype.name == "float16" for x in (*inputs,)):
+        if any(x._dtype.name == "float16" for x in inputs) and (
+                self._context._widens(op) or self._stays_wide(op, inputs)):
             return self._widened(op, inputs, dt, shape, attrs)
         return MLOperand(self, "op", dt, shape, op=op, inputs=tuple(inputs), attrs=attrs)
+
+    def _stays_wide(self, op: str, inputs: Sequence[MLOperand]) -> bool:
+        """Whether a float16 op the context has kernels for continues a float32 chain: it
+        reads a widened op's rounded result and otherwise only constants (an attention
+        score's scale and mask value), so it reads the float32 value instead and the
+        chain stays float32 until its last op (one rounding, not one an op)."""
+        if op in ("cast", "scatter_nd", "gather", "dequantize_linear"):
+            return False
+        halves = [x for x in inputs if x._dtype.name == "float16"]
+        return (any(x._id in self._narrowed for x in halves)
+                and all(x._id in self._narrowed or x._kind == "constant" for x in halves))
+
+    def _wide(self, x: MLOperand) -> MLOperand:
+        """``x`` (float16) as float32: a widened op's float32 value before its rounding, a
+        constant widened once, a transpose or reshape of float16 data made of the widened
+        data (so a matmul still sees the transpose it folds), else a cast."""
+        f32 = dtype("float32")
+        if x._id in self._narrowed:
+            return x._inputs[0]
+        if x._kind == "constant":
+            return MLOperand(self, "constant", f32, x._shape, value=x._value.astype(np.float32))
+        if x._kind == "op" and x._op in ("transpose", "reshape"):
+            return MLOperand(self, "op", f32, x._shape, op=x._op,
+                             inputs=(self._wide(x._inputs[0]),), attrs=x._attrs)
+        return MLOperand(self, "op", f32, x._shape, op="cast", inputs=(x,))
 
     def _widened(self, op: str, inputs: Sequence[MLOperand], dt: DType,
                  shape: tuple[int, ...], attrs: dict[str, Any]) -> MLOperand:
         """``op`` on float16 operands as the context runs it: in float32 between casts
-        (its float16 operands widened exactly, a float16 result rounded once at the end);
-        a float16 constant is widened here, once."""
+        (its float16 operands widened exactly, a float16 result rounded once at the end:
+        ``_wide``, ``_stays_wide``)."""
+        wide = tuple(self._wide(x) if x._dtype.name == "float16" else x for x in inputs)
         f32 = dtype("float32")
-        wide = tuple(x if x._dtype.name != "float16"
-                     else MLOperand(self, "constant", f32, x._shape,
-                                    value=x._value.astype(np.float32))
-                     if x._kind == "constant"
-                     else MLOperand(self, "op", f32, x._shape, op="cast", inputs=(x,))
-                     for x in inputs)
         out = MLOperand(self, "op", f32 if dt.name == "float16" else dt, shape, op=op,
                         inputs=wide, attrs=attrs)
         if dt.name != "float16":
             return out
-        return MLOperand(self, "op", dt, shape, op="cast", inputs=(out,))
+        narrow = MLOperand(self, "op", dt, shape, op="cast", inputs=(out,))
+        self._narrowed.add(narrow._id)
+        return narrow
 
     def _dtype(self, name: str) -> DType:
         """A data type this builder's context supports (TypeError otherwise: the spec's
