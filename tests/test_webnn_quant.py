@@ -292,3 +292,41 @@ def test_dequantize_linear_validation_as_wpt(ctx):
     with pytest.raises(TypeError, match="input must be int4, uint4 or uint8"):
         b.dequantize_linear(f, arg("float32", [5]), arg("float32", [5]))
 
+
+
+@pytest.mark.adapter_feature("shader-f16")
+@pytest.mark.parametrize("kind,k,n,residual", [("int4", 64, 40, False), ("int4", 320, 130, True),
+                                               ("uint4", 96, 33, True)])
+def test_4bit_matmul_on_float16_activations(ctx, kind, k, n, residual):
+    """A float16 model's projection: float16 row, float16 scales, float16 result (+ a float16
+    residual). The context runs the matmul in float32 between casts (``_widened``) and the
+    fused kernel still reads the codes (no dequantize launch); against float64 NumPy on the
+    same float16 values, the result is within one float16 rounding of each add."""
+    codes = _codes(kind, (k, n))
+    scale = RNG.uniform(0.005, 0.1, size=(k // 32, n)).astype(np.float16)
+    zp = np.zeros(scale.shape, np.int64)
+    v = RNG.standard_normal((1, k)).astype(np.float16)
+    r = RNG.standard_normal((1, n)).astype(np.float16)
+    b = MLGraphBuilder(ctx)
+    w = b.dequantize_linear(_const(b, kind, codes),
+                            b.constant(data_type="float16", shape=list(scale.shape), value=scale),
+                            _const(b, kind, zp))
+    vi = b.input("v", data_type="float16", shape=[1, k])
+    y = b.matmul(vi, w)
+    assert y.data_type == "float16"
+    if residual:
+        y = b.add(y, b.constant(data_type="float16", shape=[1, n], value=r))
+    g = b.build({"y": y})
+    t_in = ctx.create_tensor(data_type="float16", shape=[1, k], writable=True)
+    ctx.write_tensor(t_in, v)
+    t_out = ctx.create_tensor(data_type="float16", shape=[1, n], readable=True)
+    ctx.dispatch(g, {"v": t_in}, {"y": t_out})
+    got = ctx.read_tensor(t_out)
+    assert got.dtype == np.float16
+    want = (v.astype(np.float64) @ _want(codes, scale.astype(np.float32), zp)
+            + (r.astype(np.float64) if residual else 0.0))
+    names = [la.kernel.name for la in g._plan.launches]
+    assert "gemv_q4" in names and not any("dequantize" in x for x in names), names
+    # the product rounded to float16 (half a ULP), then the add's rounding (half a ULP)
+    ulp = np.spacing(np.abs(want).astype(np.float16)).astype(np.float64)
+    assert np.all(np.abs(got - want) <= (1.0 + residual) * ulp + 1e-5 * np.abs(want).max())
