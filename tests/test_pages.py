@@ -626,7 +626,8 @@ def test_f16kv_reuse_copies_two_bytes_an_element(per_step_f16kv):
     assert reuse - stateful == 2 * row
 
 
-def test_f16kv_on_an_adapter_without_shader_f16_fails_in_one_line(monkeypatch):
+@pytest.mark.parametrize("name", ["tiny+f16kv", "tiny+q4f16"])
+def test_f16_on_an_adapter_without_shader_f16_fails_in_one_line(monkeypatch, name):
     """A context without 'shader-f16' turns the float16 cache down at conversion: one
     TypeError naming the adapter and the missing feature (the worker records it as the
     point's reason), not a shader-compilation traceback."""
@@ -643,6 +644,6 @@ def test_f16kv_on_an_adapter_without_shader_f16_fails_in_one_line(monkeypatch):
     try:
         with pytest.raises(TypeError, match=r"^data type float16 is not supported by this "
                                             r"context: the adapter \(.*\) has no 'shader-f16'$"):
-            b.prepare(f16kv("tiny+f16kv"), 16)
+            b.prepare(f16kv(name), 16)
     finally:
         b.close()
