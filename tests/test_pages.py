@@ -504,26 +504,34 @@ def f16kv(name: str) -> Workload:
     return _F16KV[name]
 
 
+def _three_steps_match(b, wl: Workload, cap: int, tol: float, where: str) -> Reference:
+    """Page ``b`` brought to depth 16 of ``wl``, then three steps each within ``tol`` of the
+    float64 reference's logits, argmax included; returns the reference, at depth 19."""
+    depth = 16
+    tokens = token_stream(wl.config, cap)
+    ref = Reference(wl.config, wl.weights, cap)
+    ref.prefill(tokens[:depth])
+    b.reach_depth(DepthState(tokens=tokens[:depth].copy(), cache=ref.cache_arrays()))
+    for i in range(3):
+        tok = int(tokens[depth + i])
+        got, want = np.asarray(b.step(tok), np.float64), ref.step(tok)
+        rel = np.abs(got - want).max() / np.abs(want).max()
+        assert rel < tol, f"{where} step {i}: {rel:.2e} (tolerance {tol:.1e})"
+        assert got.argmax() == want.argmax()
+    return ref
+
+
 @pytest.mark.adapter_feature("shader-f16")
 @pytest.mark.parametrize("name,mode", F16KV_CASES)
 def test_f16kv_matches_the_rounding_reference(name, mode):
     """Whole decode steps of a float16-cache model: every page mode computes the float64
     reference's logits (rows rounded to float16 as they are written); the page's caches
     are float16 tensors, and the stateless page's host copy holds the reference's rows."""
-    wl, depth, cap = f16kv(name), 16, 24
+    wl, cap = f16kv(name), 24
     b = MODES[mode]()
     b.prepare(wl, cap)
     try:
-        tokens = token_stream(wl.config, cap)
-        ref = Reference(wl.config, wl.weights, cap)
-        ref.prefill(tokens[:depth])
-        b.reach_depth(DepthState(tokens=tokens[:depth].copy(), cache=ref.cache_arrays()))
-        for i in range(3):
-            tok = int(tokens[depth + i])
-            got, want = np.asarray(b.step(tok), np.float64), ref.step(tok)
-            rel = np.abs(got - want).max() / np.abs(want).max()
-            assert rel < F16KV_TOL, f"{name} {mode} step {i}: {rel:.2e}"
-            assert got.argmax() == want.argmax()
+        ref = _three_steps_match(b, wl, cap, F16KV_TOL, f"{name} {mode}")
         specs = cache_specs(wl.config, cap)
         kv = [s for s in specs if s.kind == "append"]
         assert kv and all(s.dtype == "float16" for s in kv)
@@ -549,21 +557,11 @@ def test_q4f16_matches_the_reference_under_the_float16_tolerance(mode):
     float16 standard-flavour graph and computes the float64 reference's logits within the
     derived float16 tolerance, argmax included; every 4-bit product runs the fused gemv
     (no dequantizeLinear launch writes weights), and the caches are float16 tensors."""
-    wl, depth, cap = f16kv("tiny+q4f16"), 16, 24
-    tol = logits_tolerance(wl.config)
+    wl, cap = f16kv("tiny+q4f16"), 24
     b = MODES[mode]()
     b.prepare(wl, cap)
     try:
-        tokens = token_stream(wl.config, cap)
-        ref = Reference(wl.config, wl.weights, cap)
-        ref.prefill(tokens[:depth])
-        b.reach_depth(DepthState(tokens=tokens[:depth].copy(), cache=ref.cache_arrays()))
-        for i in range(3):
-            tok = int(tokens[depth + i])
-            got, want = np.asarray(b.step(tok), np.float64), ref.step(tok)
-            rel = np.abs(got - want).max() / np.abs(want).max()
-            assert rel < tol, f"{mode} step {i}: {rel:.2e} (tolerance {tol:.1e})"
-            assert got.argmax() == want.argmax()
+        _three_steps_match(b, wl, cap, logits_tolerance(wl.config), f"tiny+q4f16 {mode}")
         names = [la.kernel.name for la in b.converted.graph._plan.launches
                  if hasattr(la, "kernel")]
         assert "gemv_q4" in names and not any("dequantize" in n for n in names), names

@@ -92,28 +92,31 @@ def test_int4_buffer_and_shapes_are_checked(ctx):
         b.dequantize_linear(x, s, s)
 
 
-def _q4_matmul(ctx, kind, k, n, zero_points, residual=False, block=32):
+def _q4_matmul(ctx, kind, k, n, zero_points, residual=False, block=32, dt="float32"):
     """y = v @ dequantizeLinear(4-bit (k, n), block-32 scales) (+ r): the decode step's
-    projection; returns (y, float64 oracle, launched kernel names)."""
+    projection, its row, scales, residual and result of type ``dt``; returns (y, float64
+    oracle on the same values, launched kernel names)."""
     codes = _codes(kind, (k, n))
-    scale = RNG.uniform(0.005, 0.1, size=(k // block, n)).astype(np.float32)
+    scale = RNG.uniform(0.005, 0.1, size=(k // block, n)).astype(dt)
     zp = _codes(kind, scale.shape) if zero_points else np.zeros(scale.shape, np.int64)
-    v = RNG.standard_normal((1, k)).astype(np.float32)
-    r = RNG.standard_normal((1, n)).astype(np.float32)
+    v = RNG.standard_normal((1, k)).astype(dt)
+    r = RNG.standard_normal((1, n)).astype(dt)
     b = MLGraphBuilder(ctx)
     w = b.dequantize_linear(_const(b, kind, codes),
-                            b.constant(data_type="float32", shape=list(scale.shape), value=scale),
+                            b.constant(data_type=dt, shape=list(scale.shape), value=scale),
                             _const(b, kind, zp))
-    vi = b.input("v", data_type="float32", shape=[1, k])
+    vi = b.input("v", data_type=dt, shape=[1, k])
     y = b.matmul(vi, w)
+    assert y.data_type == dt
     if residual:
-        y = b.add(y, b.constant(data_type="float32", shape=[1, n], value=r))
+        y = b.add(y, b.constant(data_type=dt, shape=[1, n], value=r))
     g = b.build({"y": y})
-    t_in = ctx.create_tensor(data_type="float32", shape=[1, k], writable=True)
+    t_in = ctx.create_tensor(data_type=dt, shape=[1, k], writable=True)
     ctx.write_tensor(t_in, v)
-    t_out = ctx.create_tensor(data_type="float32", shape=[1, n], readable=True)
+    t_out = ctx.create_tensor(data_type=dt, shape=[1, n], readable=True)
     ctx.dispatch(g, {"v": t_in}, {"y": t_out})
-    want = v.astype(np.float64) @ _want(codes, scale, zp) + (r if residual else 0.0)
+    want = (v.astype(np.float64) @ _want(codes, scale.astype(np.float32), zp)
+            + (r.astype(np.float64) if residual else 0.0))
     return ctx.read_tensor(t_out), want, [la.kernel.name for la in g._plan.launches]
 
 
@@ -302,30 +305,8 @@ def test_4bit_matmul_on_float16_activations(ctx, kind, k, n, residual):
     residual). The context runs the matmul in float32 between casts (``_widened``) and the
     fused kernel still reads the codes (no dequantize launch); against float64 NumPy on the
     same float16 values, the result is within one float16 rounding of each add."""
-    codes = _codes(kind, (k, n))
-    scale = RNG.uniform(0.005, 0.1, size=(k // 32, n)).astype(np.float16)
-    zp = np.zeros(scale.shape, np.int64)
-    v = RNG.standard_normal((1, k)).astype(np.float16)
-    r = RNG.standard_normal((1, n)).astype(np.float16)
-    b = MLGraphBuilder(ctx)
-    w = b.dequantize_linear(_const(b, kind, codes),
-                            b.constant(data_type="float16", shape=list(scale.shape), value=scale),
-                            _const(b, kind, zp))
-    vi = b.input("v", data_type="float16", shape=[1, k])
-    y = b.matmul(vi, w)
-    assert y.data_type == "float16"
-    if residual:
-        y = b.add(y, b.constant(data_type="float16", shape=[1, n], value=r))
-    g = b.build({"y": y})
-    t_in = ctx.create_tensor(data_type="float16", shape=[1, k], writable=True)
-    ctx.write_tensor(t_in, v)
-    t_out = ctx.create_tensor(data_type="float16", shape=[1, n], readable=True)
-    ctx.dispatch(g, {"v": t_in}, {"y": t_out})
-    got = ctx.read_tensor(t_out)
+    got, want, names = _q4_matmul(ctx, kind, k, n, False, residual, dt="float16")
     assert got.dtype == np.float16
-    want = (v.astype(np.float64) @ _want(codes, scale.astype(np.float32), zp)
-            + (r.astype(np.float64) if residual else 0.0))
-    names = [la.kernel.name for la in g._plan.launches]
     assert "gemv_q4" in names and not any("dequantize" in x for x in names), names
     # the product rounded to float16 (half a ULP), then the add's rounding (half a ULP)
     ulp = np.spacing(np.abs(want).astype(np.float16)).astype(np.float64)
