@@ -96,6 +96,7 @@ class MLGraphBuilder:
         self._input_names: set[str] = set()
         #: ids of the casts rounding a widened op's float32 result to float16 (``_widened``)
         self._narrowed: set[int] = set()
+        self._wides: dict[int, MLOperand] = {}  # float16 operand id -> its float32 widening
 
     # -- helpers ----------------------------------------------------------------------
     def _own(self, *ops: MLOperand) -> None:
@@ -136,12 +137,16 @@ class MLGraphBuilder:
         f32 = dtype("float32")
         if x._id in self._narrowed:
             return x._inputs[0]
-        if x._kind == "constant":
-            return MLOperand(self, "constant", f32, x._shape, value=x._value.astype(np.float32))
-        if x._kind == "op" and x._op in ("transpose", "reshape"):
-            return MLOperand(self, "op", f32, x._shape, op=x._op,
-                             inputs=(self._wide(x._inputs[0]),), attrs=x._attrs)
-        return MLOperand(self, "op", f32, x._shape, op="cast", inputs=(x,))
+        if x._id not in self._wides:  # one widening an operand (q, k, v read one row)
+            if x._kind == "constant":
+                w = MLOperand(self, "constant", f32, x._shape, value=x._value.astype(np.float32))
+            elif x._kind == "op" and x._op in ("transpose", "reshape"):
+                w = MLOperand(self, "op", f32, x._shape, op=x._op,
+                              inputs=(self._wide(x._inputs[0]),), attrs=x._attrs)
+            else:
+                w = MLOperand(self, "op", f32, x._shape, op="cast", inputs=(x,))
+            self._wides[x._id] = w
+        return self._wides[x._id]
 
     def _widened(self, op: str, inputs: Sequence[MLOperand], dt: DType,
                  shape: tuple[int, ...], attrs: dict[str, Any]) -> MLOperand:
