@@ -572,6 +572,36 @@ def test_q4f16_matches_the_reference_under_the_float16_tolerance(mode):
         b.close()
 
 
+@pytest.mark.adapter_feature("shader-f16")
+def test_q4f16_gpu_plan_launches_as_q4(monkeypatch):
+    """On a GPU target tiny+q4f16 plans as tiny+q4 but for one launch: q/k/v and gate/up
+    stack, the norms are one launch each, the residual adds are the 4-bit kernel's float16
+    epilogue (no launch rounds a product or adds), attention is the flash kernel, and the
+    steps still match the reference under the float16 tolerance."""
+    import dataclasses
+
+    from backends.webnn.wgpu_impl import context
+
+    real = context.target_of
+    monkeypatch.setattr(context, "target_of", lambda a, s: dataclasses.replace(
+        real(a, s), cpu=False, max_storage=10, shared_bytes=32768))
+    launches = {}
+    for name in ("tiny+q4", "tiny+q4f16"):
+        wl = f16kv(name)
+        b = StatefulInPlace()
+        b.prepare(wl, 24)
+        try:
+            launches[name] = [la.kernel.name for la in b.converted.graph._plan.launches
+                              if hasattr(la, "kernel")]
+            _three_steps_match(b, wl, 24, logits_tolerance(wl.config), name)
+        finally:
+            b.close()
+    half = launches["tiny+q4f16"]
+    assert len(half) <= len(launches["tiny+q4"]) + 1, half
+    assert half.count("gemv_q4") == launches["tiny+q4"].count("gemv_q4")
+    assert "attention_flash" in half and not any("add" in n and "cast" in n for n in half)
+
+
 @pytest.fixture(scope="module")
 def per_step_f16kv() -> dict[str, dict[int, dict[str, int]]]:
     """Counters of one step at depth 8 of 'tiny+f16kv', per mode and capacity."""
