@@ -23,8 +23,10 @@ class DepthState:
     """How a backend reaches depth L (DESIGN §5).
 
     `tokens` is the teacher-forced prefix of length L; `cache` is the state after it
-    (float32, by past name, in the graph layouts). A page-owned cache may be written from
-    `cache` directly; a hidden (stateful) cache must be reached by dispatching `tokens`.
+    (float32, by past name, in the reference's layouts: `cache_specs` by default; a backend
+    whose graph lays a state out otherwise converts it, `workload.in_layout`). A page-owned
+    cache may be written from `cache` directly; a hidden (stateful) cache must be reached by
+    dispatching `tokens`.
     """
 
     tokens: np.ndarray

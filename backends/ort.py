@@ -8,8 +8,9 @@ Names are `ort-<provider>:<mode>`, provider `cpu` (CPU EP) or `webgpu` (the WebG
 - `iobinding`: IOBinding; presents stay in ORT-owned device values (`bind_output(name,
   device)`) and are bound as the next step's pasts (`bind_ortvalue_input`); logits to host.
 - `shared`: one capacity-sized device value bound as both past and present of each
-  GroupQueryAttention (its shared buffer) and as GatedDeltaNet's `initial_state` and
-  `final_state` (aliased); only ids and logits cross the interface.
+  GroupQueryAttention (its shared buffer) and as the past and present of each
+  LinearAttention and CausalConvWithState (aliased); only ids and logits cross the
+  interface.
 - `standard`: the standard flavour with host arrays at a fixed capacity: what a stateless
   WebNN page would hand ORT.
 - `captured` (WebGPU only): `shared` with the EP's graph capture (`enableGraphCapture`):
@@ -52,8 +53,16 @@ import onnx
 from backends.base import Backend, DepthState, register
 from backends.webnn.dims import default_dims, pin
 from backends.webnn.onnx_converter import list_kv_pairs
-from model.export import FLOAT_ACCURACY_LEVEL, ORT, PAST_LEN, STANDARD, TOTAL_LEN, export
-from model.workload import CacheSpec, Workload, cache_specs
+from model.export import (
+    FLOAT_ACCURACY_LEVEL,
+    ORT,
+    PAST_LEN,
+    STANDARD,
+    TOTAL_LEN,
+    export,
+    state_layout,
+)
+from model.workload import CacheSpec, Workload, cache_specs, in_layout
 
 try:
     import onnxruntime as ort
@@ -233,7 +242,9 @@ class _OrtBackend(Backend):
             self._prepare_model(capacity)
             return
         self.workload, self.cfg, self.capacity = workload, workload.config, capacity
-        self.specs = cache_specs(self.cfg, capacity)
+        # the recurrent states in the flavour's layout; a depth's cache (the reference's
+        # layout) is converted as it is handed in (``in_layout``)
+        self.specs = cache_specs(self.cfg, capacity, state_layout(self.flavour))
         # the CPU EP's graph computes MatMulNBits on float32 activations (module docstring)
         level = FLOAT_ACCURACY_LEVEL if self.provider == "cpu" else None
         self.path = export(workload, self.flavour, capacity, self.cache_dir,
@@ -390,7 +401,7 @@ class _OrtBackend(Backend):
             raise RuntimeError(f"{self.name}: reaching a depth needs statebench's own "
                                f"workload; {self.model} is fed token by token")
         for s in self.specs:
-            got = depth.cache[s.input].shape
+            got = in_layout(s, depth.cache[s.input]).shape
             if tuple(got) != tuple(s.shape):
                 raise ValueError(f"{s.input}: cache shape {got}, expected {s.shape}")
         if depth.depth >= self.capacity:
@@ -410,7 +421,7 @@ class _OrtBackend(Backend):
                     shape[2] = rows
                 out[s.input] = np.zeros(shape, s.dtype)
             else:
-                arr = depth.cache[s.input]
+                arr = in_layout(s, depth.cache[s.input])
                 out[s.input] = np.ascontiguousarray(arr if rows is None else arr[:, :, :rows],
                                                     s.dtype)
         return out
@@ -558,7 +569,7 @@ class _Shared(_OrtBackend):
 
     def _upload(self, cache: dict[str, np.ndarray]) -> None:
         for s in self.specs:
-            arr = np.ascontiguousarray(cache[s.input], s.dtype)
+            arr = np.ascontiguousarray(in_layout(s, cache[s.input]), s.dtype)
             self.values[s.input].update_inplace(arr)
             self.counters.h2d += arr.nbytes
 

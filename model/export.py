@@ -4,14 +4,20 @@
 KV caches at a fixed capacity C updated by one ScatterND each (data = the graph input
 `past_key_values.N.*`, output = the graph output `present.N.*`: the "append pair" the WebNN
 stateful transform looks for), attention over all C rows with a mask built in-graph
-(LessOrEqual of a constant arange(C) against the position), the GDN recurrence as plain ops.
+(LessOrEqual of a constant arange(C) against the position), the GDN layers' causal conv
+(Concat of the window and the new column, Mul + ReduceSum, SiLU; the next window a Slice) and
+recurrence as plain ops.
 Inputs: `input_ids` int64 [1,1], `position_ids` int64 [1,1], then every `cache_specs` input.
 
 `ort`: as onnxruntime-genai's builder emits it. com.microsoft GroupQueryAttention (do_rotary=1,
 cos/sin caches of length C, BNSH past/present with symbolic lengths `past_sequence_length` /
 `total_sequence_length`, so one graph serves a growing past *and* the shared max-length buffer)
-and com.microsoft GatedDeltaNet (softplus gate from `a_log`/`dt_bias`, sigmoid beta,
-`qk_l2_norm=1`, V-major state), SkipSimplifiedLayerNormalization for residual + RMSNorm.
+and, for the gated delta layers, what genai emits for Qwen3.5 and ORT's WebGPU EP runs on
+the GPU: com.microsoft CausalConvWithState (the conv window, SiLU fused), LpNormalization of
+q and k, LinearAttentionGate (decay and beta) and LinearAttention (gated_delta, K-major state
+(1, Hv, Dk, Dv): ``state_layout``); SkipSimplifiedLayerNormalization for residual + RMSNorm.
+(GatedDeltaNet, which the WebGPU EP does not run, stays in the speculative-decoding code's
+own graphs.)
 GQA's `seqlens_k` int32 [1] (= position) and `total_sequence_length` int32 [] (= position + 1)
 are graph inputs (genai derives them from an attention mask in-graph; inputs keep every
 integer op off the device): inputs are `input_ids`, `seqlens_k`, `total_sequence_length`, then
@@ -51,6 +57,8 @@ from model import quantize as Q
 from model.atomic import atomic_file
 from model.workload import (
     ATTENTION,
+    K_MAJOR,
+    V_MAJOR,
     ModelConfig,
     Workload,
     cache_specs,
@@ -403,6 +411,12 @@ def rope_tables(cfg: ModelConfig, capacity: int) -> tuple[np.ndarray, np.ndarray
     return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
 
 
+def state_layout(flavour: str) -> str:
+    """The flavour's recurrent state layout (``workload.cache_specs``): the standard
+    flavour's V-major, LinearAttention's K-major."""
+    return K_MAJOR if flavour == ORT else V_MAJOR
+
+
 def _build(b: _Builder, flavour: str, capacity: int) -> None:
     cfg = b.cfg
     b.flavour = flavour
@@ -415,7 +429,7 @@ def _build(b: _Builder, flavour: str, capacity: int) -> None:
     else:
         ctx["seqlens_k"] = b.input("seqlens_k", TensorProto.INT32, [1])
         ctx["total"] = b.input("total_sequence_length", TensorProto.INT32, [])
-    specs = cache_specs(cfg, capacity)
+    specs = cache_specs(cfg, capacity, state_layout(flavour))
     for s in specs:
         dims = list(s.shape)
         if flavour == ORT and s.kind == "append":
@@ -573,26 +587,60 @@ def _attention(b: _Builder, flavour: str, ctx: dict[str, str], i: int, xn: str,
     return b.project(out, p + "o_proj")
 
 
+def _gdn_inputs(b: _Builder, flavour: str, i: int, xn: str) -> tuple[str, str, str]:
+    """q, k, v of a GDN layer: the projections, through the layer's causal conv (SiLU
+    after it) over their concatenation when the model has one (``_causal_conv``)."""
+    cfg, p = b.cfg, f"layers.{i}."
+    q, k, v = (b.project(xn, p + n) for n in ("q_proj", "k_proj", "v_proj"))
+    if not cfg.gdn_conv_kernel:
+        return q, k, v
+    c = cfg.gdn_conv_dim
+    qkv = b.op("Concat", [q, k, v], [1, 1, c], axis=-1)
+    qkv = _causal_conv(b, flavour, i, b.reshape(qkv, [1, c, 1]))
+    qkv = b.reshape(qkv, [1, 1, c])
+    qk = cfg.gdn_qk_heads * cfg.gdn_qk_dim
+    axis = b.const([-1], np.int64)
+    return tuple(b.op("Slice", [qkv, b.const([lo], np.int64), b.const([hi], np.int64), axis],
+                      [1, 1, hi - lo])
+                 for lo, hi in ((0, qk), (qk, 2 * qk), (2 * qk, c)))
+
+
+def _causal_conv(b: _Builder, flavour: str, i: int, x: str) -> str:
+    """silu(depthwise causal conv) of one new column x (1, C, 1), its window the pair
+    ``past_conv_state.i`` -> ``present_conv_state.i`` (1, C, K-1). ORT flavour: one
+    CausalConvWithState, its taps the stored (C, K) rows read as (C, 1, K); standard: the
+    window with x appended (Concat), multiplied by the taps and summed over the window
+    (Mul, ReduceSum), SiLU as x * sigmoid(x), the next window a Slice of it."""
+    cfg, taps = b.cfg, f"layers.{i}.conv1d"
+    c, kernel = cfg.gdn_conv_dim, cfg.gdn_conv_kernel
+    past, present = f"past_conv_state.{i}", f"present_conv_state.{i}"
+    window = [1, c, kernel - 1]
+    if flavour == ORT:
+        weight = taps + ".c1k"
+        if weight not in b.shapes:
+            b.external(weight, TensorProto.FLOAT, [c, 1, kernel], "weights.bin",
+                       b.manifest[taps])
+        return b.op("CausalConvWithState", [x, weight, "", past], [1, c, 1], domain=MS_DOMAIN,
+                    outputs=[(present, window, TensorProto.FLOAT)], activation="silu")
+    full = b.op("Concat", [past, x], [1, c, kernel], axis=2)
+    b.op("Slice", [full, b.const([1], np.int64), b.const([kernel], np.int64),
+                   b.const([2], np.int64)], window, out=present)
+    y = b.op("ReduceSum", [b.binary("Mul", full, b.weight(taps)), b.const([-1], np.int64)],
+             [1, c], keepdims=0)
+    return b.binary("Mul", y, b.unary("Sigmoid", y))
+
+
 def _gdn(b: _Builder, flavour: str, i: int, xn: str) -> str:
     cfg, p = b.cfg, f"layers.{i}."
     hk, hv, dk, dv = cfg.gdn_qk_heads, cfg.gdn_v_heads, cfg.gdn_qk_dim, cfg.gdn_v_dim
     rep = hv // hk
-    q = b.project(xn, p + "q_proj")
-    k = b.project(xn, p + "k_proj")
-    v = b.project(xn, p + "v_proj")
+    q, k, v = _gdn_inputs(b, flavour, i, xn)
     a = b.project(xn, p + "a_proj")
     bb = b.project(xn, p + "b_proj")
     past, present = f"past_state.{i}", f"present_state.{i}"
-    state = [1, hv, dv, dk]
     if flavour == ORT:
-        out = b.op("GatedDeltaNet",
-                   [b.reshape(q, [1, hk, dk]), b.reshape(k, [1, hk, dk]), b.reshape(v, [1, hv, dv]),
-                    "", b.reshape(a, [1, hv]), b.reshape(bb, [1, hv]), past,
-                    b.weight(p + "A_log"), b.weight(p + "dt_bias")],
-                   [1, hv, dv], domain=MS_DOMAIN,
-                   outputs=[(present, state, TensorProto.FLOAT)],
-                   gate_activation="softplus", beta_activation="sigmoid", qk_l2_norm=1)
-        return b.project(b.reshape(out, [1, 1, hv * dv]), p + "o_proj")
+        return _linear_attention(b, i, q, k, v, a, bb)
+    state = [1, hv, dv, dk]
     eps = b.const(1e-6)
 
     def l2(t: str) -> str:
@@ -615,6 +663,31 @@ def _gdn(b: _Builder, flavour: str, i: int, xn: str) -> str:
     o = b.matmul(new, b.reshape(qn, [1, hk, 1, dk, 1]))  # (1, hk, rep, dv, 1)
     o = b.binary("Mul", o, b.const(1.0 / np.sqrt(dk)))
     return b.project(b.reshape(o, [1, 1, hv * dv]), p + "o_proj")
+
+
+def _linear_attention(b: _Builder, i: int, q: str, k: str, v: str, a: str, bb: str) -> str:
+    """The ORT flavour's gated delta step as onnxruntime-genai exports Qwen3.5, from ops
+    ORT's WebGPU EP runs: q and k L2-normalised per head (LpNormalization, no epsilon),
+    LinearAttentionGate for the decay (-exp(A_log) softplus(a + dt_bias)) and beta
+    (sigmoid(b)), then LinearAttention (gated_delta) with q's heads (the qk heads) fewer
+    than its kv heads (the v heads; k is read per q head, head h // (Hv/Hk)), scale
+    1/sqrt(Dk), its state K-major (1, Hv, Dk, Dv)."""
+    cfg, p = b.cfg, f"layers.{i}."
+    hk, hv, dk, dv = cfg.gdn_qk_heads, cfg.gdn_v_heads, cfg.gdn_qk_dim, cfg.gdn_v_dim
+
+    def l2(t: str) -> str:
+        n = b.op("LpNormalization", [b.reshape(t, [1, hk, dk])], [1, hk, dk], axis=-1, p=2)
+        return b.reshape(n, [1, 1, hk * dk])
+
+    scale = b.unary("Neg", b.unary("Exp", b.weight(p + "A_log")))  # folded by ORT at load
+    decay = b.op("LinearAttentionGate", [a, b.weight(p + "dt_bias"), scale, bb], [1, 1, hv],
+                 domain=MS_DOMAIN, outputs=[(f"beta_{i}", [1, 1, hv], TensorProto.FLOAT)])
+    out = b.op("LinearAttention", [l2(q), l2(k), v, f"past_state.{i}", decay, f"beta_{i}"],
+               [1, 1, hv * dv], domain=MS_DOMAIN,
+               outputs=[(f"present_state.{i}", [1, hv, dk, dv], TensorProto.FLOAT)],
+               q_num_heads=hk, kv_num_heads=hv, update_rule="gated_delta",
+               scale=float(1.0 / np.sqrt(dk)))
+    return b.project(out, p + "o_proj")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -48,6 +48,10 @@ class ModelConfig:
     gdn_v_heads: int = 0
     gdn_qk_dim: int = 0
     gdn_v_dim: int = 0
+    #: taps of the causal depthwise conv over the concatenated q/k/v projections of a GDN
+    #: layer (SiLU after it), as Qwen3.5; its window of the last taps-1 columns is a state
+    #: of its own (``cache_specs``). 0: no conv (configs made before it existed)
+    gdn_conv_kernel: int = 0
     rope_theta: float = 500000.0
     rms_eps: float = 1e-5
     tied_embeddings: bool = True
@@ -84,6 +88,8 @@ class ModelConfig:
             raise UserError("q_heads must be a multiple of kv_heads")
         if GDN in self.layers and (self.gdn_v_heads % self.gdn_qk_heads):
             raise UserError("gdn_v_heads must be a multiple of gdn_qk_heads")
+        if self.gdn_conv_kernel == 1 or self.gdn_conv_kernel < 0:
+            raise UserError("gdn_conv_kernel must be 0 (no conv) or at least 2")
 
     @property
     def attention_layers(self) -> list[int]:
@@ -92,6 +98,11 @@ class ModelConfig:
     @property
     def gdn_layers(self) -> list[int]:
         return [i for i, k in enumerate(self.layers) if k == GDN]
+
+    @property
+    def gdn_conv_dim(self) -> int:
+        """Channels of a GDN layer's conv: q, k and v concatenated (Qwen3.5's conv_dim)."""
+        return 2 * self.gdn_qk_heads * self.gdn_qk_dim + self.gdn_v_heads * self.gdn_v_dim
 
     @property
     def weight_bytes_per_parameter(self) -> int:
@@ -131,25 +142,25 @@ PRESETS: dict[str, ModelConfig] = {
     "tiny": ModelConfig(
         name="tiny", layers=(GDN, ATTENTION), hidden=64, ffn=128, vocab=256,
         q_heads=4, kv_heads=2, head_dim=16,
-        gdn_qk_heads=2, gdn_v_heads=4, gdn_qk_dim=16, gdn_v_dim=16,
+        gdn_qk_heads=2, gdn_v_heads=4, gdn_qk_dim=16, gdn_v_dim=16, gdn_conv_kernel=4,
     ),
     # the default CPU sweep: hybrid 3 GDN : 1 attention
     "small": ModelConfig(
         name="small", layers=_pattern(4, 4), hidden=256, ffn=768, vocab=4096,
         q_heads=8, kv_heads=2, head_dim=32,
-        gdn_qk_heads=4, gdn_v_heads=8, gdn_qk_dim=32, gdn_v_dim=32,
+        gdn_qk_heads=4, gdn_v_heads=8, gdn_qk_dim=32, gdn_v_dim=32, gdn_conv_kernel=4,
     ),
     # Llama-3.2-1B's published shapes (attention only, tied embeddings)
     "llama-1b": ModelConfig(
         name="llama-1b", layers=(ATTENTION,) * 16, hidden=2048, ffn=8192, vocab=128256,
         q_heads=32, kv_heads=8, head_dim=64, rope_theta=500000.0,
     ),
-    # Qwen3-Next-style head shapes (GDN 16 qk heads x 128, 32 v heads x 128; attention
-    # 16 q / 2 kv heads x 256), 3 GDN : 1 attention, scaled to ~1.2B parameters
+    # Qwen3-Next-style head shapes (GDN 16 qk heads x 128, 32 v heads x 128, a 4-tap conv;
+    # attention 16 q / 2 kv heads x 256), 3 GDN : 1 attention, scaled to ~1.2B parameters
     "hybrid-1b": ModelConfig(
         name="hybrid-1b", layers=_pattern(16, 4), hidden=2048, ffn=5632, vocab=151936,
         q_heads=16, kv_heads=2, head_dim=256,
-        gdn_qk_heads=16, gdn_v_heads=32, gdn_qk_dim=128, gdn_v_dim=128,
+        gdn_qk_heads=16, gdn_v_heads=32, gdn_qk_dim=128, gdn_v_dim=128, gdn_conv_kernel=4,
         rope_theta=10000000.0,
     ),
 }
@@ -210,6 +221,8 @@ def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes[p + "q_proj"] = (h, qk)
             shapes[p + "k_proj"] = (h, qk)
             shapes[p + "v_proj"] = (h, cfg.gdn_v_heads * cfg.gdn_v_dim)
+            if cfg.gdn_conv_kernel:  # depthwise taps, one row a channel (q, k, v order)
+                shapes[p + "conv1d"] = (cfg.gdn_conv_dim, cfg.gdn_conv_kernel)
             shapes[p + "a_proj"] = (h, cfg.gdn_v_heads)  # decay gate input
             shapes[p + "b_proj"] = (h, cfg.gdn_v_heads)  # beta (update rate) input
             shapes[p + "A_log"] = (cfg.gdn_v_heads,)
@@ -228,8 +241,9 @@ def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 def is_quantised(cfg: ModelConfig, name: str, shape: tuple[int, ...]) -> bool:
     """Whether a "q4" model stores the tensor ``name`` of ``shape`` in 4 bits: every matrix
     but the embedding (the projections of attention, gated delta and MLP, and the LM head),
-    as real exports."""
-    return cfg.weights == "q4" and len(shape) == 2 and name != "embed_tokens"
+    as real exports; the conv's taps are no matrix product's weight and stay float."""
+    return (cfg.weights == "q4" and len(shape) == 2 and name != "embed_tokens"
+            and not name.endswith("conv1d"))
 
 
 def quantised_names(cfg: ModelConfig) -> list[str]:
@@ -269,6 +283,8 @@ def make_weight(cfg: ModelConfig, name: str, shape: tuple[int, ...], seed: int) 
         return rng.uniform(-2.0, 0.0, shape).astype(np.float32)
     if leaf == "embed_tokens":
         return rng.standard_normal(shape, dtype=np.float32)
+    if leaf == "conv1d":  # a channel's output keeps its input's scale
+        return rng.standard_normal(shape, dtype=np.float32) * np.float32(1.0 / np.sqrt(shape[-1]))
     if leaf == "lm_head" and cfg.tied_embeddings:  # a tied model's head, stored on its own
         return np.ascontiguousarray(make_weight(cfg, "embed_tokens", shape[::-1], seed).T)
     w = rng.standard_normal(shape, dtype=np.float32)
@@ -307,6 +323,8 @@ def config_key(cfg: ModelConfig, seed: int) -> str:
     d = asdict(cfg)
     if d["kv_cache"] == "float32":
         del d["kv_cache"]  # keys made before the field existed stay valid
+    if not d["gdn_conv_kernel"]:
+        del d["gdn_conv_kernel"]  # likewise (a model without GDN layers has no conv)
     digest = hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
     return f"{cfg.name}-{digest}-s{seed}"
 
@@ -346,8 +364,12 @@ class CacheSpec:
     """One state tensor a graph carries from step to step, named as exported decoders name it.
 
     kind "append": a fixed-capacity KV cache (1, kv_heads, capacity, head_dim), BNSH as
-    GroupQueryAttention; one row per token is written. kind "overwrite": the GDN recurrent
-    state (1, v_heads, v_dim, qk_dim), V-major as ORT GatedDeltaNet; replaced every token.
+    GroupQueryAttention; one row per token is written. kind "overwrite", replaced every
+    token: a GDN layer's conv window (1, conv_dim, kernel-1), the last kernel-1 columns of
+    its conv input, oldest first (onnxruntime-genai's and CausalConvWithState's layout), and
+    its recurrent state (1, v_heads, v_dim, qk_dim), V-major as ORT GatedDeltaNet and the
+    standard flavour (``layout`` "k-major": (1, v_heads, qk_dim, v_dim), as ORT
+    LinearAttention, which the ORT flavour uses; ``in_layout`` converts).
     """
 
     input: str
@@ -356,14 +378,23 @@ class CacheSpec:
     kind: str
     layer: int
     dtype: str = "float32"  # the tensor's data type (append pairs: ModelConfig.kv_cache)
+    layout: str = ""  # a recurrent state's: V_MAJOR or K_MAJOR; "" for every other spec
 
     @property
     def nbytes(self) -> int:
         return int(np.prod(self.shape)) * np.dtype(self.dtype).itemsize
 
 
-def cache_specs(cfg: ModelConfig, capacity: int) -> list[CacheSpec]:
-    """The (past -> present) pairs of the decode graph, in layer order."""
+#: a recurrent state's layouts (CacheSpec.layout)
+V_MAJOR = "v-major"
+K_MAJOR = "k-major"
+
+
+def cache_specs(cfg: ModelConfig, capacity: int, state_layout: str = V_MAJOR) -> list[CacheSpec]:
+    """The (past -> present) pairs of the decode graph, in layer order; recurrent states
+    in ``state_layout`` (the reference's and the standard flavour's is V_MAJOR)."""
+    if state_layout not in (V_MAJOR, K_MAJOR):
+        raise ValueError(f"state layout {state_layout!r}; accepted: {V_MAJOR}, {K_MAJOR}")
     specs: list[CacheSpec] = []
     for i, kind in enumerate(cfg.layers):
         if kind == ATTENTION:
@@ -372,13 +403,26 @@ def cache_specs(cfg: ModelConfig, capacity: int) -> list[CacheSpec]:
                 specs.append(CacheSpec(f"past_key_values.{i}.{part}", f"present.{i}.{part}",
                                        shape, "append", i, cfg.kv_cache))
         else:
-            shape = (1, cfg.gdn_v_heads, cfg.gdn_v_dim, cfg.gdn_qk_dim)
-            specs.append(CacheSpec(f"past_state.{i}", f"present_state.{i}", shape, "overwrite", i))
+            if cfg.gdn_conv_kernel:
+                window = (1, cfg.gdn_conv_dim, cfg.gdn_conv_kernel - 1)
+                specs.append(CacheSpec(f"past_conv_state.{i}", f"present_conv_state.{i}",
+                                       window, "overwrite", i))
+            dims = (cfg.gdn_v_dim, cfg.gdn_qk_dim)
+            shape = (1, cfg.gdn_v_heads, *(dims if state_layout == V_MAJOR else dims[::-1]))
+            specs.append(CacheSpec(f"past_state.{i}", f"present_state.{i}", shape, "overwrite",
+                                   i, layout=state_layout))
     return specs
 
 
+def in_layout(spec: CacheSpec, array: np.ndarray) -> np.ndarray:
+    """``array``, a state in the reference's layout (``cache_specs`` default), in the
+    spec's: a K_MAJOR recurrent state is the V_MAJOR one with its last two axes swapped."""
+    return array.swapaxes(-1, -2) if spec.layout == K_MAJOR else array
+
+
 def valid_cache_bytes(cfg: ModelConfig, depth: int) -> int:
-    """Bytes of cache a step at `depth` must read: valid KV rows plus whole recurrent states."""
+    """Bytes of cache a step at `depth` must read: valid KV rows plus whole recurrent states
+    and conv windows."""
     total = 0
     for spec in cache_specs(cfg, max(depth, 1)):
         if spec.kind == "append":

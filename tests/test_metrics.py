@@ -62,7 +62,9 @@ def test_floor_counts_state_and_stateless_link():
     written = metrics.written_state_bytes(cfg)
     kv_row = cfg.kv_heads * cfg.head_dim * 4
     gdn = cfg.gdn_v_heads * cfg.gdn_v_dim * cfg.gdn_qk_dim * 4
-    assert written == 2 * kv_row + gdn
+    # the conv window: q, k and v channels, kernel - 1 columns
+    conv = (2 * cfg.gdn_qk_heads * cfg.gdn_qk_dim + cfg.gdn_v_heads * cfg.gdn_v_dim) * 3 * 4
+    assert written == 2 * kv_row + gdn + conv
     assert metrics.full_cache_bytes(cfg, 10) == sum(s.nbytes for s in cache_specs(cfg, 10))
     cal = {"host": {"copy_gbps": 1.0}, "wgpu": {"stream_gbps": 2.0, "h2d_gbps": 1.0, "d2h_gbps": 1.0}}
     base = metrics.floor_bytes(cfg, 1000, 8)

@@ -10,15 +10,25 @@ from .common import Kernel, decl, esize, grid, main_1d, offset_fn
 
 
 def strided_copy(t: str, region: Sequence[int], src_base: int, src_strides: Sequence[int],
-                 dst_base: int, dst_strides: Sequence[int], name: str = "copy") -> Kernel:
-    """dst[dst_base + c·dst_strides] = src[src_base + c·src_strides] for c in region."""
+                 dst_base: int, dst_strides: Sequence[int], name: str = "copy", *,
+                 guarded: bool = False) -> Kernel:
+    """dst[dst_base + c·dst_strides] = src[src_base + c·src_strides] for c in region.
+    ``guarded``: write nothing if the stateful capacity check failed (a state written in
+    place by a slice, as a conv window's next window; bound third)."""
     n = S.size(region)
     gx, gy, gz = grid(n)
     src = decl(0, "x", t, "read") + decl(1, "out", t, "rw")
+    bindings = ["read", "rw"]
+    if guarded:
+        src += decl(2, "status", "u32", "read")
+        bindings.append("read")
     src += offset_fn("soff", region, src_strides, src_base)
     src += offset_fn("doff", region, dst_strides, dst_base)
-    src += main_1d(gx) + f"  if (i >= {n}u) {{ return; }}\n  out[doff(i)] = x[soff(i)];\n}}\n"
-    return Kernel(name, src, ["read", "rw"], (gx, gy, gz), 2 * esize(t) * n)
+    src += main_1d(gx) + f"  if (i >= {n}u) {{ return; }}\n"
+    if guarded:
+        src += "  if (status[0] != 0u) { return; }\n"
+    src += "  out[doff(i)] = x[soff(i)];\n}\n"
+    return Kernel(name, src, bindings, (gx, gy, gz), 2 * esize(t) * n)
 
 
 def copy_vec4(n: int, wg: int = 256, itemsize: int = 4) -> Kernel:

@@ -241,23 +241,23 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
         x = o._inputs[0]
         st = S.strides(x._shape)
         k = MV.strided_copy(t, shp, 0, [st[p] for p in o._attrs["permutation"]], 0,
-                            S.strides(shp), "transpose")
-        add(KernelLaunch(k, [ins[0], out_slot]))
+                            S.strides(shp), "transpose", guarded=guarded)
+        add(KernelLaunch(k, [ins[0], out_slot] + ([("status",)] if guarded else [])))
     elif op == "slice":
         x = o._inputs[0]
         st = S.strides(x._shape)
         base = sum(s * d for s, d in zip(o._attrs["starts"], st, strict=False))
         k = MV.strided_copy(t, shp, base, [d * s for d, s in zip(st, o._attrs["strides"], strict=False)],
-                            0, S.strides(shp), "slice")
-        add(KernelLaunch(k, [ins[0], out_slot]))
+                            0, S.strides(shp), "slice", guarded=guarded)
+        add(KernelLaunch(k, [ins[0], out_slot] + ([("status",)] if guarded else [])))
     elif op == "concat":
         ax = o._attrs["axis"]
         ost = S.strides(shp)
         off = 0
         for x, sl in zip(o._inputs, ins, strict=False):
             k = MV.strided_copy(t, x._shape, 0, S.strides(x._shape), off * ost[ax], ost,
-                                "concat")
-            add(KernelLaunch(k, [sl, out_slot]))
+                                "concat", guarded=guarded)
+            add(KernelLaunch(k, [sl, out_slot] + ([("status",)] if guarded else [])))
             off += x._shape[ax]
     elif op == "gather":
         x, idx = o._inputs
