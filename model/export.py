@@ -618,8 +618,9 @@ def _causal_conv(b: _Builder, flavour: str, i: int, x: str) -> str:
     if flavour == ORT:
         weight = taps + ".c1k"
         if weight not in b.shapes:
-            b.external(weight, TensorProto.FLOAT, [c, 1, kernel], "weights.bin",
-                       b.manifest[taps])
+            b.external(weight, b.store, [c, 1, kernel], "weights.bin", b.manifest[taps])
+        if b.act != b.store:  # a float16 model's float32 gated delta part (in_float32)
+            weight = b.cast(weight, b.act)
         return b.op("CausalConvWithState", [x, weight, "", past], [1, c, 1], domain=MS_DOMAIN,
                     outputs=[(present, window, TensorProto.FLOAT)], activation="silu")
     full = b.op("Concat", [past, x], [1, c, kernel], axis=2)
