@@ -86,6 +86,11 @@ class Backend(ABC):
         """GPU time of the last step where the device can time it, else None."""
         return None
 
+    def host_breakdown_ms(self) -> dict[str, float] | None:
+        """Where the last step's host time went, in ms per part (docs/measuring.md, "Host
+        time"), where the backend can tell, else None."""
+        return None
+
     def device_bytes(self) -> int | None:
         """Device bytes this backend allocated, where it can tell."""
         return None

@@ -340,11 +340,40 @@ def _over_link_and_stateful(run: Run, p: Point) -> str:
     return f"{p.step_ms.median / floor:.2f}" if floor > 0 else "—"
 
 
+HOST_HEAD = ["backend", "context", "step ms", "GPU ms", "wall − GPU", "write", "encode",
+             "submit", "record ahead", "wait", "copy", "Python"]
+HOST_NOTE = ("Where a WebNN page's step spends host time (details.host_breakdown_ms, medians "
+             "over the timed steps, ms; docs/measuring.md \"Host time\"). Python: the rest of "
+             "the dispatch and the read, and after it. Record ahead and wait overlap the GPU.")
+
+
+def host_rows(runs: list[Run]) -> list[list[str]]:
+    """Per point with a host-time breakdown: the step, its GPU time, wall − GPU and the
+    parts (the first process's, with ``--repeat``)."""
+    out = []
+    for run in runs:
+        for p in sorted(run.results.points, key=lambda p: (p.context, p.backend)):
+            h = p.details.get("host_breakdown_ms") if p.status == "ok" else None
+            if not h or p.step_ms is None:
+                continue
+            gap = h.get("wall_minus_gpu")
+            python = sum(h.get(k, 0.0) for k in ("dispatch_other", "read_other", "after"))
+            out.append([series_name(run, p.backend), str(p.context), f"{p.step_ms.median:.3f}",
+                        "—" if p.gpu_ms is None else f"{p.gpu_ms.median:.3f}",
+                        "—" if gap is None else f"{gap:.3f}",
+                        *(f"{h.get(k, 0.0):.3f}" for k in ("write", "encode", "submit",
+                                                            "record_ahead", "wait", "copy")),
+                        f"{python:.3f}"])
+    return out
+
+
 def floor_tables(runs: list[Run]) -> list[tuple[str, str, list[str], list[list[str]]]]:
-    """(title, note, head, rows) of each floor table that has rows: bandwidth use of
-    device-resident backends, and the link floors of host-cache ones."""
+    """(title, note, head, rows) of each per-point table that has rows: bandwidth use of
+    device-resident backends, the link floors of host-cache ones, the host time of WebNN
+    pages."""
     tables = [("Bandwidth use", BANDWIDTH_NOTE, BANDWIDTH_HEAD, bandwidth_rows(runs)),
-              ("Host-link floors", LINK_NOTE, LINK_HEAD, link_rows(runs))]
+              ("Host-link floors", LINK_NOTE, LINK_HEAD, link_rows(runs)),
+              ("Host time", HOST_NOTE, HOST_HEAD, host_rows(runs))]
     return [t for t in tables if t[3]]
 
 

@@ -111,6 +111,7 @@ def _measure(req: dict, cls: type[Backend]) -> Point:
 
         step_ms: list[float] = []
         gpu_ms: list[float] = []
+        host: list[dict[str, float]] = []  # per step, where the backend can tell
         total = ByteCounters()
         timed_from = time.perf_counter()
         for i in range(steps):
@@ -125,6 +126,9 @@ def _measure(req: dict, cls: type[Backend]) -> Point:
             g = backend.gpu_time_ms()
             if g is not None:
                 gpu_ms.append(float(g))
+            hb = backend.host_breakdown_ms()
+            if hb is not None:
+                host.append(hb)
 
         timed_to = time.perf_counter()
         sm_clock = None
@@ -143,6 +147,8 @@ def _measure(req: dict, cls: type[Backend]) -> Point:
         # the samples go to the point's repeats, where the warning and interval are made
         # (harness/repeats.py)
         details["step_ms_samples"] = [round(x, 6) for x in step_ms]
+        if host:
+            details["host_breakdown_ms"] = host_breakdown(host, step_ms, gpu_ms)
         if gpu_ms:
             details["gpu_ms_samples"] = [round(x, 6) for x in gpu_ms]
         if gpu_ms and len(gpu_ms) == steps:
@@ -167,6 +173,17 @@ def _measure(req: dict, cls: type[Backend]) -> Point:
             backend.close()
         except Exception:  # noqa: BLE001 - closing must not hide the measurement
             pass
+
+
+def host_breakdown(host: list[dict[str, float]], step_ms: list[float],
+                   gpu_ms: list[float]) -> dict[str, float]:
+    """Each part of the host's time per step (the backend's ``host_breakdown_ms``), the
+    median over the timed steps, and the median of wall minus GPU time where every step
+    was timed on the GPU (docs/measuring.md, "Host time")."""
+    out = {k: round(float(np.median([h[k] for h in host])), 4) for k in host[0]}
+    if len(gpu_ms) == len(step_ms):
+        out["wall_minus_gpu"] = round(float(np.median(np.subtract(step_ms, gpu_ms))), 4)
+    return out
 
 
 def _plain(d: dict) -> dict:

@@ -85,8 +85,8 @@ def test_gpu_dispatch_path_matches_reference(name, monkeypatch):
     """GPU adapters submit a dispatch as several command buffers (SUBMIT_EVERY launches
     each) and record each dispatch's successor ahead; forced here (3 launches a buffer),
     every mode still computes the reference's logits over steps that submit what was
-    recorded (from the second step for fixed tensors, the fourth for ping-pong), and the
-    GPU time still spans the whole dispatch."""
+    recorded (from the second step for fixed tensors, the fourth for ping-pong; one
+    command buffer, not cut), and the GPU time still spans the whole dispatch."""
     from backends.webnn.wgpu_impl import context
 
     monkeypatch.setitem(context.SUBMIT_EVERY, "cpu", 3)
@@ -95,6 +95,9 @@ def test_gpu_dispatch_path_matches_reference(name, monkeypatch):
     try:
         assert len(b.converted.graph._submit_after) > 3 and b.context.record_ahead
         assert_steps_match(b, f"{name} chunked", steps=5)
+        # what is recorded ahead is submitted at once: one command buffer, passes uncut
+        recorded = b.converted.graph._recorded
+        assert (recorded is None and name != "wgpu:stateful") or len(recorded[1]) == 1
     finally:
         b.close()
 
@@ -221,7 +224,7 @@ def test_gpu_gemv_norms_in_one_launch_each():
         # the point records every knob its context ran with, None where the adapter chose
         knobs = ("gemv", "attention", "gemv_prologue", "row_writes", "attention_splits",
                  "record_ahead", "cache_copy", "gemv_weights", "gdn", "f16_loads", "read_copy",
-                 "q4_gemv")
+                 "q4_gemv", "pass_calls", "map_wait")
         assert b.details["kernel_options"] == {**dict.fromkeys(knobs), "gemv": "rows_sh",
                                                "gdn": "generic"}
         plan = b.converted.graph._plan
@@ -676,5 +679,54 @@ def test_f16_on_an_adapter_without_shader_f16_fails_in_one_line(monkeypatch, nam
         with pytest.raises(TypeError, match=r"^data type float16 is not supported by this "
                                             r"context: the adapter \(.*\) has no 'shader-f16'$"):
             b.prepare(f16kv(name), 16)
+    finally:
+        b.close()
+
+
+HOST_PATHS = [{"pass_calls": "wgpu-py", "map_wait": "thread"}, {"pass_calls": "direct",
+              "map_wait": "caller"}, {"map_wait": "spin", "record_ahead": "on"}]
+
+
+@pytest.mark.parametrize("knobs", HOST_PATHS, ids=lambda k: ",".join(f"{a}={v}" for a, v in k.items()))
+@pytest.mark.parametrize("cls", [StatefulInPlace, StatelessCopy, DAWN_PAGES["dawn:stateful"]],
+                         ids=lambda c: c.name)
+def test_host_paths_compute_the_reference(cls, knobs):
+    """However a pass is encoded (the engine's C functions or wgpu-py's methods) and however
+    a read map waits (spinning, blocking in the caller, wgpu-py's poll thread), the pages
+    compute the reference's logits, on both engines (on Dawn only "spin" is its own)."""
+    if cls.engine == "dawn" and not DAWN_OK:
+        pytest.skip(f"no Dawn adapter: {DAWN_WHY}")
+    b = prepared(cls, CAPACITY, **knobs)
+    try:
+        assert_steps_match(b, f"{cls.name} {knobs}", steps=3)
+    finally:
+        b.close()
+
+
+@pytest.mark.parametrize("record_ahead", ["on", "off"])
+def test_host_breakdown_adds_up(record_ahead):
+    """The page's host-time breakdown of a step (docs/measuring.md, "Host time") splits
+    the page's own wall time of it: its parts add up to its total, the context's timers
+    are never negative, the read waited for the device and copied the logits, and the
+    dispatch's encoding is on the step's path (encode) or ahead of it (record_ahead),
+    as the knob says."""
+    b = prepared(StatefulInPlace, CAPACITY, record_ahead=record_ahead)
+    try:
+        assert b.host_breakdown_ms() is None  # no step yet
+        b.reach_depth(depth_state(16, CAPACITY)[0])
+        for i in range(3):
+            b.step(int(TOKENS[16 + i]))
+        h = b.host_breakdown_ms()
+        parts = ("write", "encode", "submit", "record_ahead", "dispatch_other", "wait", "copy",
+                 "read_other", "after")
+        assert sum(h[k] for k in parts) == pytest.approx(h["total"], abs=1e-6)
+        device = ("write_device", "encode", "submit", "record_ahead", "wait", "copy")
+        assert all(h[k] >= 0 for k in device), h
+        assert h["wait"] > 0 and h["copy"] > 0 and h["submit"] > 0 and h["write_device"] > 0
+        assert h["write"] >= h["write_device"]
+        if record_ahead == "on":
+            assert h["encode"] == 0 and h["record_ahead"] > 0
+        else:
+            assert h["encode"] > 0 and h["record_ahead"] == 0
     finally:
         b.close()

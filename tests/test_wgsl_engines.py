@@ -20,8 +20,10 @@ from wgsl_compilers import compiler_device, rejection
 
 from backends.webnn.engines import ENGINES
 
-#: values of each kernel-choosing knob (wgpu_impl/options.py documents them); "record_ahead"
-#: and "read_copy" choose how a context submits and reads, not any kernel's source
+#: the knobs that choose how a context encodes, submits, reads and waits, not any kernel's
+#: source
+CONTEXT_MODES = {"record_ahead", "read_copy", "pass_calls", "map_wait"}
+#: values of each kernel-choosing knob (wgpu_impl/options.py documents them)
 OPTION_VALUES: dict[str, list[str | int | None]] = {
     "gemv": [None, "legacy", "rows", "rows8", "rows_sh", "rows16_sh_u2", "cols", "cols2",
              "cols4", "cols4g8", "cols8g8", "cols2g4", "cols2g16", "cols4g4", "cols1g8"],
@@ -180,14 +182,14 @@ def kernels():
 
 
 def test_the_sweep_covers_every_kernel_knob():
-    """Every knob is swept but the two context modes, and every value swept is one the
+    """Every knob is swept but the context modes, and every value swept is one the
     options accept (KernelOptions checks each), so a new knob cannot go unvalidated."""
     import dataclasses
 
     from backends.webnn.wgpu_impl.options import KernelOptions
 
     knobs = {f.name for f in dataclasses.fields(KernelOptions)}
-    assert set(OPTION_VALUES) | {"record_ahead", "read_copy"} == knobs
+    assert set(OPTION_VALUES) | CONTEXT_MODES == knobs
     for knob, values in OPTION_VALUES.items():
         for v in values:
             KernelOptions(**{knob: v})
