@@ -179,7 +179,8 @@ COLUMNS = ["run", "backend", "context", "capacity", "status", "step_ms_median", 
            "step_ms_p90", "step_ms_low", "step_ms_high", "step_ms_max", "step_ms_max_at",
            "repeats", "transients", "gpu_ms_median", *[f"bytes_{k}" for k in BYTE_CATEGORIES], "bytes_total",
            "cache_link_bytes", "cache_copied_bytes", "cache_in_place_bytes",
-           "floor_ms", "mbu", "mbu_gpu", "match", "max_abs", "max_rel", "argmax_agree", "speedup",
+           "floor_ms", "mbu", "mbu_gpu", "match", "max_abs", "max_rel", "argmax_agree", "tolerance",
+           "speedup",
            "verdict",
            "build_s", "time_to_depth_s", "peak_rss_bytes", "device_bytes", "reason"]
 
@@ -205,6 +206,7 @@ def rows(runs: list[Run]) -> list[dict]:
                 "max_abs": p.match.max_abs if p.match else None,
                 "max_rel": p.match.max_rel if p.match else None,
                 "argmax_agree": p.match.argmax_agree if p.match else None,
+                "tolerance": p.match.tolerance if p.match else None,
                 "speedup": point_speedup(run, p), "build_s": p.build_s,
                 "time_to_depth_s": p.time_to_depth_s, "peak_rss_bytes": p.peak_rss_bytes,
                 "device_bytes": p.device_bytes, "reason": p.reason,

@@ -46,6 +46,9 @@ class Match:
     max_abs: float
     max_rel: float
     argmax_agree: float  # fraction of steps whose argmax equals the reference's
+    #: the relative tolerance it was held to (metrics.logits_tolerance; None in results
+    #: recorded before it was written: 1e-3, float32 activations)
+    tolerance: float | None = None
 
 
 @dataclass
@@ -413,8 +416,12 @@ def _check_point(p: object, where: str) -> None:
         for k in BYTE_CATEGORIES:
             _figure(p["bytes_per_step"][k], f"{where}.bytes_per_step.{k}")
     if p["match"] is not None:
-        if set(p["match"]) != set(_MATCH):
-            raise _Bad(f"{where}.match must have ok, max_abs, max_rel, argmax_agree")
+        if set(p["match"]) - {"tolerance"} != set(_MATCH):
+            raise _Bad(f"{where}.match must have ok, max_abs, max_rel, argmax_agree "
+                       "(and a tolerance)")
+        tol = p["match"].get("tolerance")
+        if tol is not None and not (_is_number(tol) and 0 < tol < 1):
+            raise _Bad(f"{where}.match.tolerance is {tol!r}, not a fraction in (0, 1)")
         for k, types in _MATCH.items():
             v = p["match"][k]
             if bool in types and not isinstance(v, bool):

@@ -35,7 +35,7 @@ import numpy as np
 from backends.base import Backend, ByteCounters, DepthState, registry
 from harness.clocks import ClockSampler
 from harness.heater import heat
-from harness.metrics import compare_logits, is_cpu, mismatch_reason
+from harness.metrics import FLOAT32_TOLERANCE, compare_logits, is_cpu, logits_tolerance, mismatch_reason
 from harness.model_run import backend_for
 from harness.results import BYTE_CATEGORIES, Point, Stats
 from model import checksum
@@ -93,12 +93,11 @@ def _measure(req: dict, cls: type[Backend]) -> Point:
     steps, warmup = int(req["steps"]), int(req["warmup"])
     tokens, ref_logits, cache = load_depth(req["depth_file"])
     if req.get("model"):  # a model statebench did not write (harness.model_run)
-        wl, dtype = None, "float32"
+        wl = None
         backend = backend_for(cls, req["model"], req.get("pairs"))
         cache_bytes, weights_bytes = sum(a.nbytes for a in cache.values()), int(req["model_bytes"])
     else:
         wl = workload(req["preset"], int(req.get("seed", 0)))
-        dtype = wl.config.dtype
         backend = cls()
         cache_bytes, weights_bytes = valid_cache_bytes(wl.config, ctx), wl.weights_bytes
     clocks: ClockSampler | None = None
@@ -151,8 +150,10 @@ def _measure(req: dict, cls: type[Backend]) -> Point:
         if clocks is not None:
             clocks.stop(after=timed_to)
             sm_clock = clocks.during(timed_from, timed_to)
-        match = compare_logits(logits, ref_logits[: warmup + steps], dtype)
-        reason = "" if match.ok else mismatch_reason(logits, ref_logits[: warmup + steps], dtype)
+        # a user's model: its reference is ORT's CPU EP on the same graph (float32 tolerance)
+        tol = FLOAT32_TOLERANCE if wl is None else logits_tolerance(wl.config)
+        match = compare_logits(logits, ref_logits[: warmup + steps], tol)
+        reason = "" if match.ok else mismatch_reason(logits, ref_logits[: warmup + steps], tol)
         details = dict(backend.details)
         if sm_clock is not None:
             details["sm_clock_mhz"] = sm_clock

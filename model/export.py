@@ -99,6 +99,13 @@ _NP = {TensorProto.FLOAT: np.float32, TensorProto.INT64: np.int64, TensorProto.I
        TensorProto.BOOL: np.bool_}
 #: a cache's data type (CacheSpec.dtype) -> its ONNX element type
 _ELEM = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
+_NP_OF = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16}
+
+
+def _stored(cfg: ModelConfig) -> type:
+    """The NumPy type the float (unquantised) weights and the 4-bit scales are stored as:
+    the activations' (ModelConfig.dtype; float16 models' weights are float16 values)."""
+    return np.float16 if cfg.dtype == "float16" else np.float32
 
 
 def _own_level(workload: Workload, flavour: str, accuracy_level: int | None) -> int | None:
@@ -195,8 +202,9 @@ def write_weights(workload: Workload, directory: Path) -> dict[str, tuple[int, i
     layout = _weights_layout(cfg)
     manifest: dict[str, list[int]] = {}
     offset = 0
+    item = np.dtype(_stored(cfg)).itemsize
     for stored, _, shape in layout:
-        n = int(np.prod(shape)) * 4
+        n = int(np.prod(shape)) * item
         manifest[stored] = [offset, n]
         offset += (n + _ALIGN - 1) // _ALIGN * _ALIGN
     meta = {"model": config_key(cfg, workload.seed), "size": offset, "tensors": manifest,
@@ -215,7 +223,7 @@ def write_weights(workload: Workload, directory: Path) -> dict[str, tuple[int, i
             else:
                 arr = workload.weights[source]
             f.seek(manifest[stored][0])
-            f.write(np.ascontiguousarray(arr, dtype=np.float32).tobytes())
+            f.write(np.ascontiguousarray(arr, dtype=_stored(cfg)).tobytes())
         f.truncate(offset)
     checksum.seal(bin_path)
     _atomic_write(json_path, json.dumps(meta).encode())
@@ -256,21 +264,32 @@ class _Builder:
         self.accuracy_level = Q4_ACCURACY_LEVEL  # MatMulNBits' (ORT flavour, 4-bit weights)
         self.quantised = set(quantised_names(self.cfg))
         self.q4_manifest: dict[str, tuple[int, int]] | None = None  # written on first use
+        #: the activations' element type (ModelConfig.dtype); ``in_float32`` sets it to
+        #: FLOAT around the parts a float16 model computes in float32 (the gated delta net)
+        self.act = _ELEM[self.cfg.dtype]
+        self.store = _ELEM[self.cfg.dtype]  # the float weights' stored element type
         path.parent.mkdir(parents=True, exist_ok=True)
         self.manifest = write_weights(workload, path.parent)
 
     # values -----------------------------------------------------------------------------
     def weight(self, name: str) -> str:
-        """An initializer backed by the shared weights file (added once)."""
+        """An initializer backed by the shared weights file (added once), cast to the
+        activations' type where it is stored in another (a float16 model's float32 part)."""
         if name not in self.shapes:
             shape = dict((s, sh) for s, _, sh in _weights_layout(self.cfg))[name]
-            self.external(name, TensorProto.FLOAT, list(shape), "weights.bin",
+            self.external(name, self.store, list(shape), "weights.bin",
                           self.manifest[name])
+        if self.act != self.store:
+            wide = f"{name}.as{self.act}"
+            if wide not in self.shapes:
+                self.op("Cast", [name], self.shape_of(name), self.act, out=wide, to=self.act)
+            return wide
         return name
 
-    def const(self, value, dtype=np.float32, name: str | None = None) -> str:
-        """A small inline initializer (deduplicated by content)."""
-        arr = np.asarray(value, dtype=dtype)
+    def const(self, value, dtype=None, name: str | None = None) -> str:
+        """A small inline initializer (deduplicated by content); float values default to
+        the activations' type."""
+        arr = np.asarray(value, dtype=_NP_OF[self.act] if dtype is None else dtype)
         key = arr.dtype.str.encode() + str(arr.shape).encode() + arr.tobytes()
         if key in self._consts:
             return self._consts[key]
@@ -292,10 +311,12 @@ class _Builder:
         dims, elem = self.shapes[name]
         self.outputs.append(helper.make_tensor_value_info(name, elem, dims))
 
-    def op(self, op_type: str, inputs: list[str], shape: list, elem: int = TensorProto.FLOAT,
+    def op(self, op_type: str, inputs: list[str], shape: list, elem: int | None = None,
            *, out: str | None = None, outputs: list[tuple[str, list, int]] | None = None,
            domain: str = "", **attrs) -> str:
-        """Add one node; `shape`/`elem` describe its (first) output."""
+        """Add one node; `shape`/`elem` describe its (first) output (elem None: the
+        activations' type)."""
+        elem = self.act if elem is None else elem
         self._n += 1
         name = out or f"{op_type.lower()}_{self._n}"
         extra = outputs or []
@@ -347,8 +368,20 @@ class _Builder:
     def unary(self, op: str, x: str) -> str:
         return self.op(op, [x], self.shape_of(x), self.shapes[x][1])
 
-    def cast(self, x: str, elem: int) -> str:
-        return self.op("Cast", [x], self.shape_of(x), elem, to=elem)
+    def cast(self, x: str, elem: int, out: str | None = None) -> str:
+        return self.op("Cast", [x], self.shape_of(x), elem, out=out, to=elem)
+
+    def in_float32(self, build, x: str) -> str:
+        """``build(x)`` with float32 activations (a float16 model's gated delta net, whose
+        state stays float32): ``x`` cast in, the result cast back."""
+        if self.act == TensorProto.FLOAT:
+            return build(x)
+        self.act = TensorProto.FLOAT
+        try:
+            out = build(self.cast(x, TensorProto.FLOAT))
+        finally:
+            self.act = self.store
+        return self.cast(out, self.act)
 
     def save(self) -> Path:
         g = helper.make_graph(self.nodes, self.cfg.name, self.inputs, self.outputs, self.inits)
@@ -405,8 +438,9 @@ def _build(b: _Builder, flavour: str, capacity: int) -> None:
 
     if cfg.attention_layers:
         cos, sin = rope_tables(cfg, capacity)
-        if flavour == ORT and cfg.kv_cache == "float16":
-            # GroupQueryAttention's cos/sin caches share its type T with the cache
+        if b.act == TensorProto.FLOAT16 or (flavour == ORT and cfg.kv_cache == "float16"):
+            # GroupQueryAttention's cos/sin caches share its type T with the cache; a
+            # float16 model's RoPE runs in float16
             cos, sin = cos.astype(np.float16), sin.astype(np.float16)
         ctx["cos"], ctx["sin"] = (b.const(cos, cos.dtype, name="rope_cos"),
                                   b.const(sin, sin.dtype, name="rope_sin"))
@@ -422,7 +456,7 @@ def _build(b: _Builder, flavour: str, capacity: int) -> None:
         if kind == ATTENTION:
             mixed = _attention(b, flavour, ctx, i, xn, capacity)
         else:
-            mixed = _gdn(b, flavour, i, xn)
+            mixed = b.in_float32(lambda x, i=i: _gdn(b, flavour, i, x), xn)
         if flavour == STANDARD:
             x = b.binary("Add", x, mixed)
         else:
@@ -438,7 +472,11 @@ def _build(b: _Builder, flavour: str, capacity: int) -> None:
         else:
             residual = mlp
     xn, _ = _norm(b, flavour, x, residual, "final_norm")
-    b.project(xn, "lm_head", out="logits")
+    if b.act == TensorProto.FLOAT:
+        b.project(xn, "lm_head", out="logits")
+    else:
+        # float16 logits cast to float32: every backend hands the harness float32 logits
+        b.cast(b.project(xn, "lm_head"), TensorProto.FLOAT, out="logits")
     b.output("logits")
     for s in specs:
         b.output(s.output)
@@ -455,7 +493,7 @@ def _norm(b: _Builder, flavour: str, x: str, skip: str | None, weight: str) -> t
             return y, x
         y = b.op("SkipSimplifiedLayerNormalization", [x, skip, b.weight(weight)], shape,
                  domain=MS_DOMAIN, epsilon=eps,
-                 outputs=[("", [], 0), ("", [], 0), (f"resid_{b._n + 1}", shape, TensorProto.FLOAT)])
+                 outputs=[("", [], 0), ("", [], 0), (f"resid_{b._n + 1}", shape, b.act)])
         summed = b.nodes[-1].output[3]
         return y, summed
     ms = b.op("ReduceMean", [b.binary("Mul", x, x), b.const([-1], np.int64)],
@@ -508,7 +546,8 @@ def _attention(b: _Builder, flavour: str, ctx: dict[str, str], i: int, xn: str,
     v = b.project(xn, p + "v_proj")
     past_k, past_v = f"past_key_values.{i}.key", f"past_key_values.{i}.value"
     pres_k, pres_v = f"present.{i}.key", f"present.{i}.value"
-    half = cfg.kv_cache == "float16"
+    # a float16 cache under float32 activations: casts where the cache is written and read
+    half = cfg.kv_cache == "float16" and b.act == TensorProto.FLOAT
     elem = _ELEM[cfg.kv_cache]
     if flavour == ORT:
         present = [1, hk, TOTAL_LEN, d]
@@ -541,7 +580,7 @@ def _attention(b: _Builder, flavour: str, ctx: dict[str, str], i: int, xn: str,
         kc, vc = (b.cast(t, TensorProto.FLOAT) for t in (kc, vc))
     kt = b.op("Transpose", [kc], [1, hk, d, capacity], perm=[0, 1, 3, 2])
     scores = b.binary("Mul", b.matmul(q, kt), b.const(1.0 / np.sqrt(d)))
-    neg = b.const(np.finfo(np.float32).min)
+    neg = b.const(np.finfo(_NP_OF[b.act]).min)
     scores = b.op("Where", [ctx["mask"], scores, neg], b.shape_of(scores))
     probs = b.op("Softmax", [scores], b.shape_of(scores), axis=-1)
     out = b.reshape(b.matmul(probs, vc), [1, 1, hq * d])
@@ -579,8 +618,9 @@ def _causal_conv(b: _Builder, flavour: str, i: int, x: str) -> str:
     if flavour == ORT:
         weight = taps + ".c1k"
         if weight not in b.shapes:
-            b.external(weight, TensorProto.FLOAT, [c, 1, kernel], "weights.bin",
-                       b.manifest[taps])
+            b.external(weight, b.store, [c, 1, kernel], "weights.bin", b.manifest[taps])
+        if b.act != b.store:  # a float16 model's float32 gated delta part (in_float32)
+            weight = b.cast(weight, b.act)
         return b.op("CausalConvWithState", [x, weight, "", past], [1, c, 1], domain=MS_DOMAIN,
                     outputs=[(present, window, TensorProto.FLOAT)], activation="silu")
     full = b.op("Concat", [past, x], [1, c, kernel], axis=2)
@@ -674,14 +714,14 @@ def _q4_parts(workload: Workload, name: str, flavour: str):
         for c in range(0, n, _Q4_CHUNK):
             b, s = Q.pack_matmulnbits(*Q.recover(w[:, c:c + _Q4_CHUNK], name))
             packed.append(b.tobytes())
-            scales.append(s.tobytes())
+            scales.append(s.astype(_stored(workload.config)).tobytes())
         return [(".q4", b"".join(packed)), (".scales", b"".join(scales))]
     packed, scales = [], []
     rows = _Q4_CHUNK // Q.Q4_BLOCK * Q.Q4_BLOCK
     for r in range(0, k, rows):
         q, s = Q.recover(w[r:r + rows], name)
         packed.append(Q.pack_int4(q).tobytes())
-        scales.append(s.tobytes())
+        scales.append(s.astype(_stored(workload.config)).tobytes())
     return [(".q4", b"".join(packed)), (".scales", b"".join(scales))]
 
 
@@ -734,16 +774,23 @@ def _q4_project(b: _Builder, x: str, name: str, out: str | None) -> str:
             b.external(name + ".q4", TensorProto.UINT8, [n, blocks, Q.Q4_BLOCK // 2], file,
                        b.q4_manifest[name + ".q4"])
             # flat (N * K/32), as ORT's MatMulNBitsQuantizer writes them
-            b.external(name + ".scales", TensorProto.FLOAT, [n * blocks], file,
+            b.external(name + ".scales", b.store, [n * blocks], file,
                        b.q4_manifest[name + ".scales"])
         else:
             b.external(name + ".q4", TensorProto.INT4, [k, n], file, b.q4_manifest[name + ".q4"])
-            b.external(name + ".scales", TensorProto.FLOAT, [blocks, n], file,
+            b.external(name + ".scales", b.store, [blocks, n], file,
                        b.q4_manifest[name + ".scales"])
     if b.flavour == ORT:
-        return b.op("MatMulNBits", [x, name + ".q4", name + ".scales"], shape, out=out,
+        # MatMulNBits' scales share its type T: a float16 model's float32 part (in_float32)
+        # casts them (an initializer's cast, folded when ORT loads the graph)
+        scales = name + ".scales"
+        if b.act != b.store:
+            scales = b.cast(scales, b.act)
+        return b.op("MatMulNBits", [x, name + ".q4", scales], shape, out=out,
                     domain=MS_DOMAIN, K=k, N=n, bits=4, block_size=Q.Q4_BLOCK,
                     accuracy_level=b.accuracy_level)
-    w = b.op("DequantizeLinear", [name + ".q4", name + ".scales"], [k, n], axis=0,
+    w = b.op("DequantizeLinear", [name + ".q4", name + ".scales"], [k, n], b.store, axis=0,
              block_size=Q.Q4_BLOCK)
+    if b.act != b.store:
+        w = b.cast(w, b.act)
     return b.op("MatMul", [x, w], shape, out=out)

@@ -26,6 +26,8 @@ GDN = "gdn"
 LAYER_KINDS = (ATTENTION, GDN)
 #: ModelConfig.weights' accepted values
 WEIGHT_FORMATS = ("float32", "float16", "q4")
+#: ModelConfig.dtype's accepted values (the activations' data type)
+ACTIVATION_TYPES = ("float32", "float16")
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,11 @@ class ModelConfig:
     rope_theta: float = 500000.0
     rms_eps: float = 1e-5
     tied_embeddings: bool = True
+    #: the activations' data type. "float16" (a preset name with Q4F16_SUFFIX): every
+    #: activation between ops is float16 (so are the KV caches), the weights that stay
+    #: unquantised (embedding, norms) are float16 values; the reference still computes in
+    #: float64 on those exact values, and the logits are compared under the float16
+    #: tolerance (harness.metrics.logits_tolerance)
     dtype: str = "float32"
     #: "float16": every weight is a float16 value (stored as float32 everywhere), so an
     #: implementation may keep the weights as float16 without loss: the floor counts 2 bytes
@@ -70,6 +77,8 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.weights not in WEIGHT_FORMATS:
             raise UserError(f"weights {self.weights!r}; accepted: {', '.join(WEIGHT_FORMATS)}")
+        if self.dtype not in ACTIVATION_TYPES:
+            raise UserError(f"dtype {self.dtype!r}; accepted: {', '.join(ACTIVATION_TYPES)}")
         if self.kv_cache not in ("float32", "float16"):
             raise UserError(f"kv_cache {self.kv_cache!r}; accepted: float32, float16")
         bad = [k for k in self.layers if k not in LAYER_KINDS]
@@ -98,7 +107,7 @@ class ModelConfig:
     @property
     def weight_bytes_per_parameter(self) -> int:
         """Bytes of an unquantised parameter (``weights_bytes`` counts quantised ones)."""
-        return 2 if self.weights == "float16" else 4
+        return 2 if "float16" in (self.weights, self.dtype) else 4
 
     @property
     def separate_head(self) -> bool:
@@ -119,6 +128,7 @@ class ModelConfig:
             d["quantised"] = {"format": f"int4, symmetric, block {Q4_BLOCK} along the input "
                                         "dimension, a float16-valued scale a block",
                               "tensors": quantised_names(self)}
+        d["activations"] = self.dtype
         return d
 
 
@@ -163,14 +173,21 @@ WEIGHTS_F16_SUFFIX = "+f16"
 KV_F16_SUFFIX = "+f16kv"
 #: appended to a preset's name: every matrix weight 4-bit (ModelConfig.weights "q4")
 Q4_SUFFIX = "+q4"
+#: appended to a preset's name: 4-bit matrix weights, float16 activations and KV caches
+#: (what transformers.js and onnxruntime-genai web pages call q4f16)
+Q4F16_SUFFIX = "+q4f16"
 _SUFFIXES = {WEIGHTS_F16_SUFFIX: {"weights": "float16"}, KV_F16_SUFFIX: {"kv_cache": "float16"},
-             Q4_SUFFIX: {"weights": "q4"}}
+             Q4_SUFFIX: {"weights": "q4"},
+             Q4F16_SUFFIX: {"weights": "q4", "kv_cache": "float16", "dtype": "float16"}}
+#: suffixes that set the weights' format: a name takes one at most
+_WEIGHT_SUFFIXES = (WEIGHTS_F16_SUFFIX, Q4_SUFFIX, Q4F16_SUFFIX)
 
 
 def preset_names() -> str:
     """The preset names ``preset`` accepts, in words (its error and the --preset help)."""
     return (f"{', '.join(PRESETS)}, each also with {WEIGHTS_F16_SUFFIX!r} "
-            f"(float16-valued weights) or {Q4_SUFFIX!r} (4-bit matrix weights), "
+            f"(float16-valued weights), {Q4_SUFFIX!r} (4-bit matrix weights) or "
+            f"{Q4F16_SUFFIX!r} (4-bit matrix weights, float16 activations and KV caches), "
             f"and/or {KV_F16_SUFFIX!r} (float16 KV caches)")
 
 
@@ -178,7 +195,7 @@ def preset(name: str) -> ModelConfig:
     base, *rest = str(name).split("+")
     suffixes = ["+" + r for r in rest]
     bad = [x for x in suffixes if x not in _SUFFIXES]
-    both = WEIGHTS_F16_SUFFIX in suffixes and Q4_SUFFIX in suffixes  # two weight formats
+    both = sum(x in _WEIGHT_SUFFIXES for x in suffixes) > 1  # two weight formats
     if base not in PRESETS or bad or both or len(set(suffixes)) != len(suffixes):
         raise UserError(f"unknown preset {name!r}; accepted: {preset_names()}")
     if not suffixes:
@@ -277,11 +294,13 @@ def make_weight(cfg: ModelConfig, name: str, shape: tuple[int, ...], seed: int) 
 
 def make_weight_as(cfg: ModelConfig, name: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
     """``make_weight``, rounded to float16 values (still float32) or to its 4-bit model
-    (dequantised, float32) when the config says so."""
+    (dequantised, float32) when the config says so: float16 weights, or float16
+    activations (whose unquantised weights are float16 tensors)."""
     w = make_weight(cfg, name, shape, seed)
     if is_quantised(cfg, name, shape):
         return round_trip(w)
-    return w.astype(np.float16).astype(np.float32) if cfg.weights == "float16" else w
+    half = "float16" in (cfg.weights, cfg.dtype)
+    return w.astype(np.float16).astype(np.float32) if half else w
 
 
 def make_weights(cfg: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:

@@ -18,6 +18,7 @@ from backends.pages import (
     TensorReuse,
 )
 from backends.webnn.wgpu_impl.options import KernelOptions
+from harness.metrics import logits_tolerance
 from model.reference import Reference
 from model.workload import Workload, cache_specs, preset, token_stream
 
@@ -509,26 +510,34 @@ def f16kv(name: str) -> Workload:
     return _F16KV[name]
 
 
+def _three_steps_match(b, wl: Workload, cap: int, tol: float, where: str) -> Reference:
+    """Page ``b`` brought to depth 16 of ``wl``, then three steps each within ``tol`` of the
+    float64 reference's logits, argmax included; returns the reference, at depth 19."""
+    depth = 16
+    tokens = token_stream(wl.config, cap)
+    ref = Reference(wl.config, wl.weights, cap)
+    ref.prefill(tokens[:depth])
+    b.reach_depth(DepthState(tokens=tokens[:depth].copy(), cache=ref.cache_arrays()))
+    for i in range(3):
+        tok = int(tokens[depth + i])
+        got, want = np.asarray(b.step(tok), np.float64), ref.step(tok)
+        rel = np.abs(got - want).max() / np.abs(want).max()
+        assert rel < tol, f"{where} step {i}: {rel:.2e} (tolerance {tol:.1e})"
+        assert got.argmax() == want.argmax()
+    return ref
+
+
 @pytest.mark.adapter_feature("shader-f16")
 @pytest.mark.parametrize("name,mode", F16KV_CASES)
 def test_f16kv_matches_the_rounding_reference(name, mode):
     """Whole decode steps of a float16-cache model: every page mode computes the float64
     reference's logits (rows rounded to float16 as they are written); the page's caches
     are float16 tensors, and the stateless page's host copy holds the reference's rows."""
-    wl, depth, cap = f16kv(name), 16, 24
+    wl, cap = f16kv(name), 24
     b = MODES[mode]()
     b.prepare(wl, cap)
     try:
-        tokens = token_stream(wl.config, cap)
-        ref = Reference(wl.config, wl.weights, cap)
-        ref.prefill(tokens[:depth])
-        b.reach_depth(DepthState(tokens=tokens[:depth].copy(), cache=ref.cache_arrays()))
-        for i in range(3):
-            tok = int(tokens[depth + i])
-            got, want = np.asarray(b.step(tok), np.float64), ref.step(tok)
-            rel = np.abs(got - want).max() / np.abs(want).max()
-            assert rel < F16KV_TOL, f"{name} {mode} step {i}: {rel:.2e}"
-            assert got.argmax() == want.argmax()
+        ref = _three_steps_match(b, wl, cap, F16KV_TOL, f"{name} {mode}")
         specs = cache_specs(wl.config, cap)
         kv = [s for s in specs if s.kind == "append"]
         assert kv and all(s.dtype == "float16" for s in kv)
@@ -545,6 +554,58 @@ def test_f16kv_matches_the_rounding_reference(name, mode):
                 assert np.all(np.abs(got.astype(np.float32) - want[s.input]) <= step)
     finally:
         b.close()
+
+
+@pytest.mark.adapter_feature("shader-f16")
+@pytest.mark.parametrize("mode", list(MODES))
+def test_q4f16_matches_the_reference_under_the_float16_tolerance(mode):
+    """'+q4f16' (4-bit weights, float16 activations and caches): every page mode converts the
+    float16 standard-flavour graph and computes the float64 reference's logits within the
+    derived float16 tolerance, argmax included; every 4-bit product runs the fused gemv
+    (no dequantizeLinear launch writes weights), and the caches are float16 tensors."""
+    wl, cap = f16kv("tiny+q4f16"), 24
+    b = MODES[mode]()
+    b.prepare(wl, cap)
+    try:
+        _three_steps_match(b, wl, cap, logits_tolerance(wl.config), f"tiny+q4f16 {mode}")
+        names = [la.kernel.name for la in b.converted.graph._plan.launches
+                 if hasattr(la, "kernel")]
+        assert "gemv_q4" in names and not any("dequantize" in n for n in names), names
+        if not b._hidden:
+            kv = [s for s in cache_specs(wl.config, cap) if s.kind == "append"]
+            assert all(b._cur[s.input].data_type == "float16" for s in kv)
+    finally:
+        b.close()
+
+
+@pytest.mark.adapter_feature("shader-f16")
+def test_q4f16_gpu_plan_launches_as_q4(monkeypatch):
+    """On a GPU target tiny+q4f16 plans as tiny+q4 but for one launch: q/k/v and gate/up
+    stack, the norms are one launch each, the residual adds are the 4-bit kernel's float16
+    epilogue (no launch rounds a product or adds), attention is the flash kernel, and the
+    steps still match the reference under the float16 tolerance."""
+    import dataclasses
+
+    from backends.webnn.wgpu_impl import context
+
+    real = context.target_of
+    monkeypatch.setattr(context, "target_of", lambda a, s: dataclasses.replace(
+        real(a, s), cpu=False, max_storage=10, shared_bytes=32768))
+    launches = {}
+    for name in ("tiny+q4", "tiny+q4f16"):
+        wl = f16kv(name)
+        b = StatefulInPlace()
+        b.prepare(wl, 24)
+        try:
+            launches[name] = [la.kernel.name for la in b.converted.graph._plan.launches
+                              if hasattr(la, "kernel")]
+            _three_steps_match(b, wl, 24, logits_tolerance(wl.config), name)
+        finally:
+            b.close()
+    half = launches["tiny+q4f16"]
+    assert len(half) <= len(launches["tiny+q4"]) + 1, half
+    assert half.count("gemv_q4") == launches["tiny+q4"].count("gemv_q4")
+    assert "attention_flash" in half and not any("add" in n and "cast" in n for n in half)
 
 
 @pytest.fixture(scope="module")
@@ -599,7 +660,8 @@ def test_f16kv_reuse_copies_two_bytes_an_element(per_step_f16kv):
     assert reuse - stateful == 2 * row
 
 
-def test_f16kv_on_an_adapter_without_shader_f16_fails_in_one_line(monkeypatch):
+@pytest.mark.parametrize("name", ["tiny+f16kv", "tiny+q4f16"])
+def test_f16_on_an_adapter_without_shader_f16_fails_in_one_line(monkeypatch, name):
     """A context without 'shader-f16' turns the float16 cache down at conversion: one
     TypeError naming the adapter and the missing feature (the worker records it as the
     point's reason), not a shader-compilation traceback."""
@@ -616,7 +678,7 @@ def test_f16kv_on_an_adapter_without_shader_f16_fails_in_one_line(monkeypatch):
     try:
         with pytest.raises(TypeError, match=r"^data type float16 is not supported by this "
                                             r"context: the adapter \(.*\) has no 'shader-f16'$"):
-            b.prepare(f16kv("tiny+f16kv"), 16)
+            b.prepare(f16kv(name), 16)
     finally:
         b.close()
 

@@ -174,7 +174,8 @@ def kernels():
                         b.build({name: o})
             else:
                 b.build(outs)
-        for name in ("tiny", "tiny+f16", "tiny+f16kv", "tiny+f16+f16kv", "tiny+q4"):
+        for name in ("tiny", "tiny+f16", "tiny+f16kv", "tiny+f16+f16kv", "tiny+q4",
+                     "tiny+q4f16"):
             path = export(Workload.build(preset(name)), "standard", 24)
             pairs = list_kv_pairs(path)
             convert(path, ctx)

@@ -96,6 +96,9 @@ class MLGraphBuilder:
         context._check_alive()
         self._context = context
         self._input_names: set[str] = set()
+        #: ids of the casts rounding a widened op's float32 result to float16 (``_widened``)
+        self._narrowed: set[int] = set()
+        self._wides: dict[int, MLOperand] = {}  # float16 operand id -> its float32 widening
 
     # -- helpers ----------------------------------------------------------------------
     def _own(self, *ops: MLOperand) -> None:
@@ -113,7 +116,54 @@ class MLGraphBuilder:
             # the spec's opSupportLimits() may leave a type out of an op's list
             raise TypeError(f"{op} does not take {packed[0]._dtype.name} operands here; "
                             "only dequantizeLinear does")
+        if any(x._dtype.name == "float16" for x in inputs) and (
+                self._context._widens(op) or self._stays_wide(op, inputs)):
+            return self._widened(op, inputs, dt, shape, attrs)
         return MLOperand(self, "op", dt, shape, op=op, inputs=tuple(inputs), attrs=attrs)
+
+    def _stays_wide(self, op: str, inputs: Sequence[MLOperand]) -> bool:
+        """Whether a float16 op the context has kernels for continues a float32 chain: it
+        reads a widened op's rounded result and otherwise only constants (an attention
+        score's scale and mask value), so it reads the float32 value instead and the
+        chain stays float32 until its last op (one rounding, not one an op)."""
+        if op in ("cast", "scatter_nd", "gather", "dequantize_linear"):
+            return False
+        halves = [x for x in inputs if x._dtype.name == "float16"]
+        return (any(x._id in self._narrowed for x in halves)
+                and all(x._id in self._narrowed or x._kind == "constant" for x in halves))
+
+    def _wide(self, x: MLOperand) -> MLOperand:
+        """``x`` (float16) as float32: a widened op's float32 value before its rounding, a
+        constant widened once, a transpose or reshape of float16 data made of the widened
+        data (so a matmul still sees the transpose it folds), else a cast."""
+        f32 = dtype("float32")
+        if x._id in self._narrowed:
+            return x._inputs[0]
+        if x._id not in self._wides:  # one widening an operand (q, k, v read one row)
+            if x._kind == "constant":
+                w = MLOperand(self, "constant", f32, x._shape, value=x._value.astype(np.float32))
+            elif x._kind == "op" and x._op in ("transpose", "reshape"):
+                w = MLOperand(self, "op", f32, x._shape, op=x._op,
+                              inputs=(self._wide(x._inputs[0]),), attrs=x._attrs)
+            else:
+                w = MLOperand(self, "op", f32, x._shape, op="cast", inputs=(x,))
+            self._wides[x._id] = w
+        return self._wides[x._id]
+
+    def _widened(self, op: str, inputs: Sequence[MLOperand], dt: DType,
+                 shape: tuple[int, ...], attrs: dict[str, Any]) -> MLOperand:
+        """``op`` on float16 operands as the context runs it: in float32 between casts
+        (its float16 operands widened exactly, a float16 result rounded once at the end:
+        ``_wide``, ``_stays_wide``)."""
+        wide = tuple(self._wide(x) if x._dtype.name == "float16" else x for x in inputs)
+        f32 = dtype("float32")
+        out = MLOperand(self, "op", f32 if dt.name == "float16" else dt, shape, op=op,
+                        inputs=wide, attrs=attrs)
+        if dt.name != "float16":
+            return out
+        narrow = MLOperand(self, "op", dt, shape, op="cast", inputs=(out,))
+        self._narrowed.add(narrow._id)
+        return narrow
 
     def _dtype(self, name: str) -> DType:
         """A data type this builder's context supports (TypeError otherwise: the spec's
@@ -830,6 +880,11 @@ class MLContext:
     def _unsupported(self, dt: DType) -> str:
         """Why this context cannot hold tensors of ``dt`` ("" if it can)."""
         return ""
+
+    def _widens(self, op: str) -> bool:
+        """Whether this context runs ``op`` on float16 operands in float32 between casts
+        (``MLGraphBuilder._widened``) rather than in float16 kernels of its own."""
+        return False
 
     def _create_tensor(self, dt: DType, shape: tuple[int, ...], readable: bool,
                        writable: bool) -> MLTensor:

@@ -26,6 +26,7 @@ from ..kernels.common import module_source
 from .compiler import compile_graph
 from .dispatch import Dispatch
 from .options import KernelOptions
+from .passes import F16_OPS
 from .plan import Deferred, KernelLaunch, Plan
 from .readback import Readback, ReadCopy
 from .staging import ARENA_MAX, MapHow, QueueCounts, StagedReads, StagedWrites
@@ -247,6 +248,11 @@ class WgpuContext(Dispatch, Readback, MLContext):
             return (f"data type float16 is not supported by this context: the adapter "
                     f"({self._adapter.info.get('device', '?')}) has no 'shader-f16'")
         return ""
+
+    def _widens(self, op: str) -> bool:
+        # ops without float16 kernels (matmul, softmax, reductions, ...) accumulate in
+        # float32: the builder casts their float16 operands in and the result back
+        return op not in F16_OPS
 
     # -- pipelines ------------------------------------------------------------------------
     def _pipeline(self, wgsl: str, bindings: list[str]) -> tuple[Any, Any]:

@@ -352,7 +352,8 @@ def _lower_q4(plan: Plan, members: list[MLOperand], a_slot: Slot, slot_of: Any) 
         k = QK.gemv_q4(K, nc, w0.block, signed=w0.signed, zero_points=w0.zero_points,
                        lanes=lanes, wg=256, subgroup=plan.target.subgroup,
                        residual=res is not None, n_off=n0 if len(ws) == 1 else 0,
-                       splits=[w.N for w in ws] if len(ws) > 1 else None)
+                       splits=[w.N for w in ws] if len(ws) > 1 else None,
+                       half_out=dst._dtype.wgsl == "f16")
         plan.launches.append(KernelLaunch(k, [a_slot] + slots + (
             [slot_of(res)] if res is not None else []) + outs))
 
