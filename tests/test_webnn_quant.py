@@ -130,17 +130,21 @@ def _q4_matmul(ctx, kind, k, n, zero_points, residual=False, block=32, dt="float
 @pytest.mark.parametrize("kind,k,n,zero_points,block", [
     ("int4", 64, 40, False, 32), ("int4", 96, 7, True, 32), ("uint4", 320, 130, True, 32),
     ("uint4", 128, 33, False, 32), ("int4", 40, 9, True, 8), ("uint4", 48, 11, False, 16)])
-@pytest.mark.parametrize("how", ["fused", "generic"])
+@pytest.mark.parametrize("how", ["fused", "generic", "multi", "multi3_l8", "multi8_l16_g2"])
 def test_4bit_matmul_one_row(ctx_with, how, kind, k, n, zero_points, block):
     """matmul(vector, dequantizeLinear(4-bit weights)): fused, the codes are read and no
     float weights are written (no dequantize launch; 16-byte loads where the block is a
-    multiple of 32, words otherwise); generic, they are."""
+    multiple of 32, words otherwise); multi, the same several rows an invocation (rows
+    and lanes not dividing N, sums through subgroups or workgroup memory); generic, they
+    are."""
     got, want, names = _q4_matmul(ctx_with(q4_gemv=how), kind, k, n, zero_points, block=block)
     assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
     if how == "fused":
         assert names == ["gemv_q4"]
+    elif how.startswith("multi"):  # 16-byte loads only: the word-wide blocks stay fused
+        assert names == ["gemv_q4_multi" if block % 32 == 0 else "gemv_q4"]
     else:
-        assert "dequantize_linear" in names and "gemv_q4" not in names
+        assert "dequantize_linear" in names and not any("gemv_q4" in x for x in names)
 
 
 def test_4bit_matmul_in_chunks_and_with_a_residual(ctx, monkeypatch):

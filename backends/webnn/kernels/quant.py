@@ -100,19 +100,7 @@ def gemv_q4(K: int, N: int, block: int, *, signed: bool, zero_points: bool, lane
     assert not (splits and (residual or n_off or half_out)) and sum(outs) == N
     for j in range(len(outs)):
         src += decl(nxt + j, f"out{j}" if splits else "out", io, "rw")
-    if signed:  # each nibble moved to the top of an i32, shifted back arithmetically
-        unpack = ("fn lo(w: u32) -> vec4<f32> {\n"
-                  "  return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(w << 28u, w << 24u, "
-                  "w << 20u, w << 16u)) >> vec4<u32>(28u));\n}\n"
-                  "fn hi(w: u32) -> vec4<f32> {\n"
-                  "  return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(w << 12u, w << 8u, "
-                  "w << 4u, w)) >> vec4<u32>(28u));\n}\n")
-    else:
-        unpack = ("fn lo(w: u32) -> vec4<f32> {\n  return vec4<f32>((vec4<u32>(w) >> "
-                  "vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u));\n}\n"
-                  "fn hi(w: u32) -> vec4<f32> {\n  return vec4<f32>((vec4<u32>(w) >> "
-                  "vec4<u32>(16u, 20u, 24u, 28u)) & vec4<u32>(15u));\n}\n")
-    src += unpack
+    src += _unpack_fns(signed)
     # one load's contribution: its codes against 2 * unit vec4s of a, times its block's scale
     words = [f"{{w}}.{c}" for c in "xyzw"] if wide else ["{w}"]
     dots = " + ".join(f"dot(a[{{x}} + {2 * i}u], lo({w})) + dot(a[{{x}} + {2 * i + 1}u], hi({w}))"
@@ -145,3 +133,141 @@ def gemv_q4(K: int, N: int, block: int, *, signed: bool, zero_points: bool, lane
     binds = (["read", "read", "read"] + ["read"] * zero_points + ["read"] * residual
              + ["rw"] * len(outs))
     return Kernel("gemv_q4", src, binds, (gx, 1, 1), traffic)
+
+
+def _unpack_fns(signed: bool) -> str:
+    """WGSL ``lo(w)``/``hi(w)``: a u32 word's nibbles 0-3 and 4-7 as floats (sign-extended
+    where ``signed``: each nibble moved to the top of an i32, shifted back arithmetically)."""
+    if signed:
+        return ("fn lo(w: u32) -> vec4<f32> {\n"
+                "  return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(w << 28u, w << 24u, "
+                "w << 20u, w << 16u)) >> vec4<u32>(28u));\n}\n"
+                "fn hi(w: u32) -> vec4<f32> {\n"
+                "  return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(w << 12u, w << 8u, "
+                "w << 4u, w)) >> vec4<u32>(28u));\n}\n")
+    return ("fn lo(w: u32) -> vec4<f32> {\n  return vec4<f32>((vec4<u32>(w) >> "
+            "vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u));\n}\n"
+            "fn hi(w: u32) -> vec4<f32> {\n  return vec4<f32>((vec4<u32>(w) >> "
+            "vec4<u32>(16u, 20u, 24u, 28u)) & vec4<u32>(15u));\n}\n")
+
+
+def multi_groups(N: int, rows: int, lanes: int, target_groups: int = 256) -> int:
+    """Row groups (``lanes`` invocations each) a workgroup of ``gemv_q4_multi`` holds: a
+    power of two, at most 256 invocations and at least 32, as large as still leaves about
+    ``target_groups`` workgroups over ``N`` rows (every multiprocessor of a large GPU busy on
+    a 2048-row projection, without workgroups of a few invocations on the LM head)."""
+    g = 1
+    while 2 * g * lanes <= 256 and N // (2 * g * rows) >= target_groups:
+        g *= 2
+    while g * lanes < 32:
+        g *= 2
+    return g
+
+
+def gemv_q4_multi(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
+                  rows: int = 4, lanes: int = 32, groups: int | None = None,
+                  subgroup: int | None = None, residual: bool = False, n_off: int = 0,
+                  splits: Sequence[int] | None = None, half_out: bool = False,
+                  half_scales: bool = False) -> Kernel:
+    """The product ``gemv_q4`` computes (same bindings and layouts), each invocation
+    computing ``rows`` output rows: the 32 inputs a 16-byte code load multiplies are
+    loaded once (8 vec4) and used for ``rows`` code loads, one a row, so the input row
+    passes through the cache ``rows`` times less, and each invocation has ``rows`` code
+    loads in flight an iteration. ``lanes`` invocations share ``rows`` rows, striding
+    along K a load at a time (each row's loads of an iteration are ``16 · lanes``
+    contiguous bytes); a workgroup holds ``groups`` such groups (default
+    ``multi_groups``). ``half_scales``: ``sc`` is float16, two to a u32 word in row-major
+    (N, K/block) order (half the scale traffic; exact where the model's scales are float16).
+    Sums: ``subgroupAdd`` where the subgroup is exactly ``lanes`` wide, else workgroup
+    memory; lane j of a group writes its j-th row. Needs the block a multiple of 32 and
+    ``rows <= lanes``."""
+    assert K % 32 == 0 and block % 32 == 0 and K % block == 0 and 1 <= rows <= lanes
+    units, nblocks, per = K // 32, K // block, block // 32
+    G = groups or multi_groups(N, rows, lanes)
+    wg, R = G * lanes, rows
+    per_wg = G * R
+    gx = -(-N // per_wg)
+    use_sub = subgroup == lanes
+    src = decl(0, "a", "vec4<f32>", "read") + decl(1, "b", "vec4<u32>", "read")
+    src += decl(2, "sc", "u32" if half_scales else "f32", "read")
+    nxt = 3
+    if zero_points:
+        src += decl(nxt, "zc", "f32", "read")
+        nxt += 1
+    io = "f16" if half_out else "f32"
+    if residual:
+        src += decl(nxt, "res", io, "read")
+        nxt += 1
+    outs = list(splits) if splits else [N]
+    assert not (splits and (residual or n_off or half_out)) and sum(outs) == N
+    for j in range(len(outs)):
+        src += decl(nxt + j, f"out{j}" if splits else "out", io, "rw")
+    src += _unpack_fns(signed)
+    if half_scales:
+        src += ("fn scale(i: u32) -> f32 {\n  let p = unpack2x16float(sc[i / 2u]);\n"
+                "  return select(p.y, p.x, (i & 1u) == 0u);\n}\n")
+    else:
+        src += "fn scale(i: u32) -> f32 {\n  return sc[i];\n}\n"
+    if not use_sub:
+        src += f"var<workgroup> sh: array<f32, {wg * R}>;\n"
+    src += (f"@compute @workgroup_size({wg})\n"
+            "fn main(@builtin(workgroup_id) wid: vec3<u32>, "
+            "@builtin(local_invocation_index) lid: u32) {\n"
+            f"  let g = lid / {lanes}u;\n  let t = lid % {lanes}u;\n"
+            f"  let n0 = wid.x * {per_wg}u + g * {R}u;\n")
+    for j in range(R):
+        src += (f"  let r{j} = min(n0 + {j}u, {N - 1}u);\n  let wb{j} = r{j} * {units}u;\n"
+                f"  let sb{j} = r{j} * {nblocks}u;\n  var acc{j} = 0.0;\n")
+    src += (f"  for (var k = t; k < {units}u; k = k + {lanes}u) {{\n"
+            "    let x = 8u * k;\n")
+    src += "".join(f"    let a{i} = a[x + {i}u];\n" for i in range(8))
+    src += f"    let blk = k / {per}u;\n" if per > 1 else "    let blk = k;\n"
+    if zero_points:
+        src += ("    let sa = dot(" + " + ".join(f"a{i}" for i in range(8))
+                + ", vec4<f32>(1.0));\n")
+    for j in range(R):
+        dots = " + ".join(f"dot(a{2 * i}, lo(w{j}.{c})) + dot(a{2 * i + 1}, hi(w{j}.{c}))"
+                          for i, c in enumerate("xyzw"))
+        src += (f"    let w{j} = b[wb{j} + k];\n"
+                f"    acc{j} = acc{j} + scale(sb{j} + blk) * ({dots})")
+        src += f" + zc[sb{j} + blk] * sa;\n" if zero_points else ";\n"
+    src += "  }\n"
+    if use_sub:
+        src += "".join(f"  let s{j} = subgroupAdd(acc{j});\n" for j in range(R))
+        src += "  var s = s0;\n" + "".join(
+            f"  if (t == {j}u) {{ s = s{j}; }}\n" for j in range(1, R))
+    else:
+        src += "".join(f"  sh[{j * wg}u + lid] = acc{j};\n" for j in range(R))
+        src += ("  workgroupBarrier();\n  var s = 0.0;\n"
+                f"  if (t < {R}u) {{\n"
+                f"    let base = t * {wg}u + g * {lanes}u;\n"
+                f"    for (var i = 0u; i < {lanes}u; i = i + 1u) {{ s = s + sh[base + i]; }}\n"
+                "  }\n")
+    src += "  let n = n0 + t;\n"
+    src += _write_row(f"{n_off}u + n", N, R, residual, splits, half_out)
+    traffic = 4 * K + N * K // 2 + N * nblocks * ((2 if half_scales else 4)
+                                                  + (4 if zero_points else 0)) \
+        + (2 if half_out else 4) * N * (2 if residual else 1)
+    binds = (["read", "read", "read"] + ["read"] * zero_points + ["read"] * residual
+             + ["rw"] * len(outs))
+    return Kernel("gemv_q4_multi", src, binds, (gx, 1, 1), traffic)
+
+
+def _write_row(index: str, count: int, writers: int, residual: bool,
+               splits: Sequence[int] | None, half: bool) -> str:
+    """The end of ``gemv_q4_multi``: lanes t < ``writers`` write their row ``n``'s sum ``s``
+    (as ``matmul.gemv_tail`` does for one row: a residual added, float16 rounded once, or
+    into the stacked matrix n falls in)."""
+    guard = f"t < {writers}u && n < {count}u"
+    if not splits:
+        val = (f"s + {'f32(res[{index}])' if half else 'res[{index}]'}".format(index=index)
+               if residual else "s")
+        val = f"f16({val})" if half else val
+        return f"  if ({guard}) {{ out[{index}] = {val}; }}\n}}\n"
+    src = f"  if ({guard}) {{\n"
+    start = 0
+    for j, nj in enumerate(splits):
+        kw = "if" if j == 0 else "} else if"
+        src += f"    {kw} (n < {start + nj}u) {{ out{j}[n - {start}u] = s;\n"
+        start += nj
+    return src + "    }\n  }\n}\n"
