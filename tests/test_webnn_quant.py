@@ -254,9 +254,10 @@ def test_4bit_projections_stack_and_take_the_residual(ctx_with, gemv, gemvs, q4)
         assert q4s.count("gemv_q4_multi") == gemvs - 1, names
 
 
-@pytest.mark.parametrize("gemv", [None, "rows_sh"])
+@pytest.mark.parametrize("gemv,q4", [(None, None), ("rows_sh", None), ("rows_sh", "multi"),
+                                     (None, "multi2_l8")])
 @pytest.mark.parametrize("page", ["wgpu:stateful", "wgpu:stateless"])
-def test_q4_pages_match_the_reference(page, gemv):
+def test_q4_pages_match_the_reference(page, gemv, q4):
     """tiny+q4's standard graph on the pages, the adapter's gemv kernels and the GPU ones
     (forced: 4-bit q/k/v and gate/up stacked, residuals written by the o and down
     projections); no dequantizeLinear is launched, the logits are the reference's."""
@@ -267,12 +268,13 @@ def test_q4_pages_match_the_reference(page, gemv):
 
     wl = Workload.build(preset("tiny+q4"), seed=2)
     cls = {"wgpu:stateful": StatefulInPlace, "wgpu:stateless": StatelessCopy}[page]
-    b = cls(options=KernelOptions(gemv=gemv))
+    b = cls(options=KernelOptions(gemv=gemv, q4_gemv=q4))
     b.prepare(wl, 24)
     try:
         plan = b.converted.graph._plan
         names = [la.kernel.name for la in plan.launches if hasattr(la, "kernel")]
-        assert "dequantize_linear" not in names and "gemv_q4" in names
+        assert "dequantize_linear" not in names
+        assert ("gemv_q4_multi" if q4 else "gemv_q4") in names
         if gemv:
             assert max(len(g) for g in plan.stacked.values()) >= 3
             assert len([g for g in plan.epilogue if g in plan.q4]) >= 2 * len(wl.config.layers)
