@@ -24,7 +24,7 @@ ACCEPTED = {
     "gdn": ["generic", "fused", "fused8", "fused1_sh", "fused_norms", "fused256_sh_norms"],
     "f16_loads": ["wide", "vec4"],
     "read_copy": ["dispatch", "separate", "separate_sync"],
-    "q4_gemv": ["fused", "generic"],
+    "q4_gemv": ["fused", "generic", "multi", "multi8", "multi2_l8", "multi4_l16_g4_u2", "multi_u4"],
     "pass_calls": ["direct", "wgpu-py"],
     "map_wait": ["spin", "caller", "thread"],
 }
@@ -34,7 +34,8 @@ REFUSED = {
     "record_ahead": ["yes"], "cache_copy": ["copy"], "gemv_weights": ["f64"],
     "gdn": ["fastest", "fused12", "fused0", "fused512"], "f16_loads": ["u32"],
     "read_copy": ["sync"],
-    "q4_gemv": ["dequantize", ""],
+    "q4_gemv": ["dequantize", "", "multi0", "multi_l3", "multi8_l4", "multi_l32_g16", "multi_u5",
+                "multi17_l32"],
     "pass_calls": ["raw", ""],
     "map_wait": ["poll", ""],
 }

@@ -130,7 +130,7 @@ def _q4_matmul(ctx, kind, k, n, zero_points, residual=False, block=32, dt="float
 @pytest.mark.parametrize("kind,k,n,zero_points,block", [
     ("int4", 64, 40, False, 32), ("int4", 96, 7, True, 32), ("uint4", 320, 130, True, 32),
     ("uint4", 128, 33, False, 32), ("int4", 40, 9, True, 8), ("uint4", 48, 11, False, 16)])
-@pytest.mark.parametrize("how", ["fused", "generic", "multi", "multi3_l8", "multi8_l16_g2"])
+@pytest.mark.parametrize("how", ["fused", "generic", "multi", "multi3_l8_u2", "multi8_l16_g2", "multi_u3"])
 def test_4bit_matmul_one_row(ctx_with, how, kind, k, n, zero_points, block):
     """matmul(vector, dequantizeLinear(4-bit weights)): fused, the codes are read and no
     float weights are written (no dequantize launch; 16-byte loads where the block is a
@@ -344,7 +344,7 @@ LLAMA_Q4 = [(2048, 3072), (2048, 2048), (2048, 16384), (8192, 2048), (2048, 1282
 
 
 @pytest.mark.parametrize("K,N", LLAMA_Q4)
-@pytest.mark.parametrize("how", ["fused", "multi", "multi8_l16"])
+@pytest.mark.parametrize("how", ["fused", "multi", "multi8_l16", "multi2_l8_u2"])
 def test_4bit_matmul_at_llama_shapes(ctx_with, how, K, N):
     """Every llama-1b 4-bit launch shape (the head in chunks beyond the binding limit) with
     random codes (int4) and float16-valued scales (the several-rows kernel then reads them

@@ -35,7 +35,7 @@ OPTION_VALUES: dict[str, list[str | int | None]] = {
     "gemv_weights": [None, "f32", "f16"],
     "gdn": [None, "generic", "fused", "fused8", "fused64_sh", "fused_norms", "fused16_sh_norms"],
     "f16_loads": [None, "wide", "vec4"],
-    "q4_gemv": [None, "fused", "generic", "multi", "multi2_l8", "multi8_l16_g2"],
+    "q4_gemv": [None, "fused", "generic", "multi", "multi2_l8_u2", "multi8_l16_g2", "multi_u2"],
 }
 
 

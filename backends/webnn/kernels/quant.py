@@ -165,7 +165,7 @@ def multi_groups(N: int, rows: int, lanes: int, target_groups: int = 256) -> int
 
 
 def gemv_q4_multi(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
-                  rows: int = 4, lanes: int = 32, groups: int | None = None,
+                  rows: int = 4, lanes: int = 32, groups: int | None = None, unroll: int = 1,
                   subgroup: int | None = None, residual: bool = False, n_off: int = 0,
                   splits: Sequence[int] | None = None, half_out: bool = False,
                   half_scales: bool = False) -> Kernel:
@@ -176,8 +176,10 @@ def gemv_q4_multi(K: int, N: int, block: int, *, signed: bool, zero_points: bool
     loads in flight an iteration. ``lanes`` invocations share ``rows`` rows, striding
     along K a load at a time (each row's loads of an iteration are ``16 · lanes``
     contiguous bytes); a workgroup holds ``groups`` such groups (default
-    ``multi_groups``). ``half_scales``: ``sc`` is float16, two to a u32 word in row-major
-    (N, K/block) order (half the scale traffic; exact where the model's scales are float16).
+    ``multi_groups``); ``unroll`` such loads an iteration, each with its own input values
+    (more loads in flight where K is short). ``half_scales``: ``sc`` is float16, two to a
+    u32 word in row-major (N, K/block) order (half the scale traffic; exact where the
+    model's scales are float16).
     Sums: ``subgroupAdd`` where the subgroup is exactly ``lanes`` wide, else workgroup
     memory; lane j of a group writes its j-th row. Needs the block a multiple of 32 and
     ``rows <= lanes``."""
@@ -218,20 +220,15 @@ def gemv_q4_multi(K: int, N: int, block: int, *, signed: bool, zero_points: bool
     for j in range(R):
         src += (f"  let r{j} = min(n0 + {j}u, {N - 1}u);\n  let wb{j} = r{j} * {units}u;\n"
                 f"  let sb{j} = r{j} * {nblocks}u;\n  var acc{j} = 0.0;\n")
-    src += (f"  for (var k = t; k < {units}u; k = k + {lanes}u) {{\n"
-            "    let x = 8u * k;\n")
-    src += "".join(f"    let a{i} = a[x + {i}u];\n" for i in range(8))
-    src += f"    let blk = k / {per}u;\n" if per > 1 else "    let blk = k;\n"
-    if zero_points:
-        src += ("    let sa = dot(" + " + ".join(f"a{i}" for i in range(8))
-                + ", vec4<f32>(1.0));\n")
-    for j in range(R):
-        dots = " + ".join(f"dot(a{2 * i}, lo(w{j}.{c})) + dot(a{2 * i + 1}, hi(w{j}.{c}))"
-                          for i, c in enumerate("xyzw"))
-        src += (f"    let w{j} = b[wb{j} + k];\n"
-                f"    acc{j} = acc{j} + scale(sb{j} + blk) * ({dots})")
-        src += f" + zc[sb{j} + blk] * sa;\n" if zero_points else ";\n"
-    src += "  }\n"
+    if unroll > 1:  # ``unroll`` steps an iteration, each its own loads, then the rest
+        src += (f"  var k = t;\n  for (; k + {(unroll - 1) * lanes}u < {units}u; "
+                f"k = k + {unroll * lanes}u) {{\n")
+        src += "".join(_multi_step(f"k + {u * lanes}u", f"_{u}", R, per, zero_points)
+                       for u in range(unroll))
+        src += f"  }}\n  for (; k < {units}u; k = k + {lanes}u) {{\n"
+    else:
+        src += f"  for (var k = t; k < {units}u; k = k + {lanes}u) {{\n"
+    src += _multi_step("k", "", R, per, zero_points) + "  }\n"
     if use_sub:
         src += "".join(f"  let s{j} = subgroupAdd(acc{j});\n" for j in range(R))
         src += "  var s = s0;\n" + "".join(
@@ -251,6 +248,26 @@ def gemv_q4_multi(K: int, N: int, block: int, *, signed: bool, zero_points: bool
     binds = (["read", "read", "read"] + ["read"] * zero_points + ["read"] * residual
              + ["rw"] * len(outs))
     return Kernel("gemv_q4_multi", src, binds, (gx, 1, 1), traffic)
+
+
+def _multi_step(k: str, tag: str, rows: int, per: int, zero_points: bool) -> str:
+    """One step of ``gemv_q4_multi``'s loop at code load ``k`` of each row: the 8 vec4 of
+    the input its 32 codes multiply, loaded once, against each of ``rows`` rows' codes
+    (``tag`` names its values apart from another step's in the same iteration)."""
+    src = f"    let x{tag} = 8u * ({k});\n"
+    src += "".join(f"    let a{i}{tag} = a[x{tag} + {i}u];\n" for i in range(8))
+    src += f"    let blk{tag} = ({k}) / {per}u;\n" if per > 1 else f"    let blk{tag} = {k};\n"
+    if zero_points:
+        src += (f"    let sa{tag} = dot(" + " + ".join(f"a{i}{tag}" for i in range(8))
+                + ", vec4<f32>(1.0));\n")
+    for j in range(rows):
+        dots = " + ".join(f"dot(a{2 * i}{tag}, lo(w{j}{tag}.{c})) + "
+                          f"dot(a{2 * i + 1}{tag}, hi(w{j}{tag}.{c}))"
+                          for i, c in enumerate("xyzw"))
+        src += (f"    let w{j}{tag} = b[wb{j} + {k}];\n"
+                f"    acc{j} = acc{j} + scale(sb{j} + blk{tag}) * ({dots})")
+        src += f" + zc[sb{j} + blk{tag}] * sa{tag};\n" if zero_points else ";\n"
+    return src
 
 
 def _write_row(index: str, count: int, writers: int, residual: bool,

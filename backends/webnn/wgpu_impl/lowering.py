@@ -360,9 +360,9 @@ def _lower_q4(plan: Plan, members: list[MLOperand], a_slot: Slot, slot_of: Any) 
                       splits=[w.N for w in ws] if len(ws) > 1 else None,
                       half_out=dst._dtype.wgsl == "f16")
         if multi is not None:
-            rows, lanes_m, groups = multi
+            rows, lanes_m, groups, unroll = multi
             k = QK.gemv_q4_multi(K, nc, w0.block, rows=rows, lanes=lanes_m, groups=groups,
-                                 half_scales=half_scales, **common)
+                                 unroll=unroll, half_scales=half_scales, **common)
         else:
             k = QK.gemv_q4(K, nc, w0.block, lanes=lanes, wg=256, **common)
         plan.launches.append(KernelLaunch(k, [a_slot] + slots + (
