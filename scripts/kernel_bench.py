@@ -9,6 +9,8 @@ of a preset through the wgpu:stateful backend.
     .venv/bin/python scripts/kernel_bench.py                      # lavapipe-sized
     .venv/bin/python scripts/kernel_bench.py --gemv-variants auto,legacy,cols,rows \
         --attn 512,2048,8192,16384 --step small,llama-1b:8192
+    .venv/bin/python scripts/kernel_bench.py --gemv none --attn none --gemv-q4 all \
+        --q4-variants fused,multi,multi8 --step none          # the 4-bit kernels' A/B
 """
 
 from __future__ import annotations

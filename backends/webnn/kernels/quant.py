@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from .. import shapes as S
 from ..dtypes import dtype, packed_bytes
 from .common import Kernel, decl, esize, grid, main_1d
-from .matmul import gemv_tail
+from .matmul import gemv_tail, gemv_write
 
 
 def load_fn(name: str, array: str, kind: str) -> str:
@@ -56,6 +56,27 @@ def dequantize_linear(kind: str, shape: Sequence[int], block: Sequence[int], out
     return Kernel("dequantize_linear", src, ["read", "read", "read", "rw"], (gx, gy, gz), traffic)
 
 
+def _q4_bindings(b_t: str, sc_t: str, N: int, zero_points: bool, residual: bool, n_off: int,
+                 splits: Sequence[int] | None, half_out: bool) -> tuple[str, list[str]]:
+    """The 4-bit products' bindings (``gemv_q4`` documents them; ``b_t``: the codes' load
+    type, ``sc_t``: the scales') and each one's access."""
+    src = decl(0, "a", "vec4<f32>", "read") + decl(1, "b", b_t, "read")
+    src += decl(2, "sc", sc_t, "read")
+    nxt = 3
+    if zero_points:
+        src += decl(nxt, "zc", "f32", "read")
+        nxt += 1
+    io = "f16" if half_out else "f32"
+    if residual:
+        src += decl(nxt, "res", io, "read")
+        nxt += 1
+    outs = list(splits) if splits else [N]
+    assert not (splits and (residual or n_off or half_out)) and sum(outs) == N
+    for j in range(len(outs)):
+        src += decl(nxt + j, f"out{j}" if splits else "out", io, "rw")
+    return src, ["read"] * nxt + ["rw"] * len(outs)
+
+
 def gemv_q4(K: int, N: int, block: int, *, signed: bool, zero_points: bool, lanes: int = 32,
             wg: int = 256, subgroup: int | None = None, residual: bool = False,
             n_off: int = 0, splits: Sequence[int] | None = None,
@@ -86,20 +107,8 @@ def gemv_q4(K: int, N: int, block: int, *, signed: bool, zero_points: bool, lane
     R = wg // lanes
     gx = -(-N // R)
     use_sub = subgroup == lanes
-    src = decl(0, "a", "vec4<f32>", "read") + decl(1, "b", "vec4<u32>" if wide else "u32", "read")
-    src += decl(2, "sc", "f32", "read")
-    nxt = 3
-    if zero_points:
-        src += decl(nxt, "zc", "f32", "read")
-        nxt += 1
-    io = "f16" if half_out else "f32"
-    if residual:
-        src += decl(nxt, "res", io, "read")
-        nxt += 1
-    outs = list(splits) if splits else [N]
-    assert not (splits and (residual or n_off or half_out)) and sum(outs) == N
-    for j in range(len(outs)):
-        src += decl(nxt + j, f"out{j}" if splits else "out", io, "rw")
+    src, binds = _q4_bindings("vec4<u32>" if wide else "u32", "f32", N, zero_points, residual,
+                              n_off, splits, half_out)
     src += _unpack_fns(signed)
     # one load's contribution: its codes against 2 * unit vec4s of a, times its block's scale
     words = [f"{{w}}.{c}" for c in "xyzw"] if wide else ["{w}"]
@@ -130,8 +139,6 @@ def gemv_q4(K: int, N: int, block: int, *, signed: bool, zero_points: bool, lane
     src += gemv_tail(use_sub, lanes, f"{n_off}u + n", N, residual, splits, half_out)
     traffic = 4 * K + N * K // 2 + 4 * N * nblocks * (2 if zero_points else 1) \
         + (2 if half_out else 4) * N * (2 if residual else 1)
-    binds = (["read", "read", "read"] + ["read"] * zero_points + ["read"] * residual
-             + ["rw"] * len(outs))
     return Kernel("gemv_q4", src, binds, (gx, 1, 1), traffic)
 
 
@@ -149,6 +156,21 @@ def _unpack_fns(signed: bool) -> str:
             "vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u));\n}\n"
             "fn hi(w: u32) -> vec4<f32> {\n  return vec4<f32>((vec4<u32>(w) >> "
             "vec4<u32>(16u, 20u, 24u, 28u)) & vec4<u32>(15u));\n}\n")
+
+
+def _unpack_biased_fns(signed: bool) -> str:
+    """WGSL ``lo(w)``/``hi(w)`` of ``gemv_q4_multi``: nibbles 0-3 and 4-7 of a u32 word as
+    floats without an integer-to-float conversion (a quarter-rate instruction on NVIDIA
+    GPUs): each nibble is or-ed into the mantissa of 2^23, whose float is then 2^23 + the
+    nibble exactly, and 2^23 is subtracted. Signed codes arrive xor-ed with 0x88888888 (each
+    nibble's sign bit flipped: the nibble + 8, unsigned), so 2^23 + 8 is subtracted."""
+    bias = "8388616.0" if signed else "8388608.0"
+    out = ""
+    for name, shifts in (("lo", "0u, 4u, 8u, 12u"), ("hi", "16u, 20u, 24u, 28u")):
+        out += (f"fn {name}(w: u32) -> vec4<f32> {{\n  return bitcast<vec4<f32>>(((vec4<u32>(w)"
+                f" >> vec4<u32>({shifts})) & vec4<u32>(15u)) | vec4<u32>(0x4b000000u))"
+                f" - vec4<f32>({bias});\n}}\n")
+    return out
 
 
 def multi_groups(N: int, rows: int, lanes: int, target_groups: int = 256) -> int:
@@ -180,6 +202,7 @@ def gemv_q4_multi(K: int, N: int, block: int, *, signed: bool, zero_points: bool
     (more loads in flight where K is short). ``half_scales``: ``sc`` is float16, two to a
     u32 word in row-major (N, K/block) order (half the scale traffic; exact where the
     model's scales are float16).
+    Codes become floats without a conversion instruction (``_unpack_biased_fns``).
     Sums: ``subgroupAdd`` where the subgroup is exactly ``lanes`` wide, else workgroup
     memory; lane j of a group writes its j-th row. Needs the block a multiple of 32 and
     ``rows <= lanes``."""
@@ -190,21 +213,9 @@ def gemv_q4_multi(K: int, N: int, block: int, *, signed: bool, zero_points: bool
     per_wg = G * R
     gx = -(-N // per_wg)
     use_sub = subgroup == lanes
-    src = decl(0, "a", "vec4<f32>", "read") + decl(1, "b", "vec4<u32>", "read")
-    src += decl(2, "sc", "u32" if half_scales else "f32", "read")
-    nxt = 3
-    if zero_points:
-        src += decl(nxt, "zc", "f32", "read")
-        nxt += 1
-    io = "f16" if half_out else "f32"
-    if residual:
-        src += decl(nxt, "res", io, "read")
-        nxt += 1
-    outs = list(splits) if splits else [N]
-    assert not (splits and (residual or n_off or half_out)) and sum(outs) == N
-    for j in range(len(outs)):
-        src += decl(nxt + j, f"out{j}" if splits else "out", io, "rw")
-    src += _unpack_fns(signed)
+    src, binds = _q4_bindings("vec4<u32>", "u32" if half_scales else "f32", N, zero_points,
+                              residual, n_off, splits, half_out)
+    src += _unpack_biased_fns(signed)
     if half_scales:
         src += ("fn scale(i: u32) -> f32 {\n  let p = unpack2x16float(sc[i / 2u]);\n"
                 "  return select(p.y, p.x, (i & 1u) == 0u);\n}\n")
@@ -223,12 +234,12 @@ def gemv_q4_multi(K: int, N: int, block: int, *, signed: bool, zero_points: bool
     if unroll > 1:  # ``unroll`` steps an iteration, each its own loads, then the rest
         src += (f"  var k = t;\n  for (; k + {(unroll - 1) * lanes}u < {units}u; "
                 f"k = k + {unroll * lanes}u) {{\n")
-        src += "".join(_multi_step(f"k + {u * lanes}u", f"_{u}", R, per, zero_points)
+        src += "".join(_multi_step(f"k + {u * lanes}u", f"_{u}", R, per, zero_points, signed)
                        for u in range(unroll))
         src += f"  }}\n  for (; k < {units}u; k = k + {lanes}u) {{\n"
     else:
         src += f"  for (var k = t; k < {units}u; k = k + {lanes}u) {{\n"
-    src += _multi_step("k", "", R, per, zero_points) + "  }\n"
+    src += _multi_step("k", "", R, per, zero_points, signed) + "  }\n"
     if use_sub:
         src += "".join(f"  let s{j} = subgroupAdd(acc{j});\n" for j in range(R))
         src += "  var s = s0;\n" + "".join(
@@ -241,16 +252,15 @@ def gemv_q4_multi(K: int, N: int, block: int, *, signed: bool, zero_points: bool
                 f"    for (var i = 0u; i < {lanes}u; i = i + 1u) {{ s = s + sh[base + i]; }}\n"
                 "  }\n")
     src += "  let n = n0 + t;\n"
-    src += _write_row(f"{n_off}u + n", N, R, residual, splits, half_out)
+    src += gemv_write(f"t < {R}u", f"{n_off}u + n", N, residual, splits, half_out)
     traffic = 4 * K + N * K // 2 + N * nblocks * ((2 if half_scales else 4)
                                                   + (4 if zero_points else 0)) \
         + (2 if half_out else 4) * N * (2 if residual else 1)
-    binds = (["read", "read", "read"] + ["read"] * zero_points + ["read"] * residual
-             + ["rw"] * len(outs))
     return Kernel("gemv_q4_multi", src, binds, (gx, 1, 1), traffic)
 
 
-def _multi_step(k: str, tag: str, rows: int, per: int, zero_points: bool) -> str:
+def _multi_step(k: str, tag: str, rows: int, per: int, zero_points: bool,
+                signed: bool) -> str:
     """One step of ``gemv_q4_multi``'s loop at code load ``k`` of each row: the 8 vec4 of
     the input its 32 codes multiply, loaded once, against each of ``rows`` rows' codes
     (``tag`` names its values apart from another step's in the same iteration)."""
@@ -264,27 +274,8 @@ def _multi_step(k: str, tag: str, rows: int, per: int, zero_points: bool) -> str
         dots = " + ".join(f"dot(a{2 * i}{tag}, lo(w{j}{tag}.{c})) + "
                           f"dot(a{2 * i + 1}{tag}, hi(w{j}{tag}.{c}))"
                           for i, c in enumerate("xyzw"))
-        src += (f"    let w{j}{tag} = b[wb{j} + {k}];\n"
+        flip = " ^ vec4<u32>(0x88888888u)" if signed else ""  # _unpack_biased_fns
+        src += (f"    let w{j}{tag} = b[wb{j} + {k}]{flip};\n"
                 f"    acc{j} = acc{j} + scale(sb{j} + blk{tag}) * ({dots})")
         src += f" + zc[sb{j} + blk{tag}] * sa{tag};\n" if zero_points else ";\n"
     return src
-
-
-def _write_row(index: str, count: int, writers: int, residual: bool,
-               splits: Sequence[int] | None, half: bool) -> str:
-    """The end of ``gemv_q4_multi``: lanes t < ``writers`` write their row ``n``'s sum ``s``
-    (as ``matmul.gemv_tail`` does for one row: a residual added, float16 rounded once, or
-    into the stacked matrix n falls in)."""
-    guard = f"t < {writers}u && n < {count}u"
-    if not splits:
-        val = (f"s + {'f32(res[{index}])' if half else 'res[{index}]'}".format(index=index)
-               if residual else "s")
-        val = f"f16({val})" if half else val
-        return f"  if ({guard}) {{ out[{index}] = {val}; }}\n}}\n"
-    src = f"  if ({guard}) {{\n"
-    start = 0
-    for j, nj in enumerate(splits):
-        kw = "if" if j == 0 else "} else if"
-        src += f"    {kw} (n < {start + nj}u) {{ out{j}[n - {start}u] = s;\n"
-        start += nj
-    return src + "    }\n  }\n}\n"
