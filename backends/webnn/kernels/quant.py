@@ -211,7 +211,7 @@ def gemv_q4_multi(K: int, N: int, block: int, *, signed: bool, zero_points: bool
     G = groups or multi_groups(N, rows, lanes)
     wg, R = G * lanes, rows
     per_wg = G * R
-    gx = -(-N // per_wg)
+    gx, gy, _ = grid(N, per_wg)  # folded into y beyond the per-dimension limit
     use_sub = subgroup == lanes
     src, binds = _q4_bindings("vec4<u32>", "u32" if half_scales else "f32", N, zero_points,
                               residual, n_off, splits, half_out)
@@ -227,7 +227,7 @@ def gemv_q4_multi(K: int, N: int, block: int, *, signed: bool, zero_points: bool
             "fn main(@builtin(workgroup_id) wid: vec3<u32>, "
             "@builtin(local_invocation_index) lid: u32) {\n"
             f"  let g = lid / {lanes}u;\n  let t = lid % {lanes}u;\n"
-            f"  let n0 = wid.x * {per_wg}u + g * {R}u;\n")
+            f"  let n0 = (wid.y * {gx}u + wid.x) * {per_wg}u + g * {R}u;\n")
     for j in range(R):
         src += (f"  let r{j} = min(n0 + {j}u, {N - 1}u);\n  let wb{j} = r{j} * {units}u;\n"
                 f"  let sb{j} = r{j} * {nblocks}u;\n  var acc{j} = 0.0;\n")
@@ -256,7 +256,7 @@ def gemv_q4_multi(K: int, N: int, block: int, *, signed: bool, zero_points: bool
     traffic = 4 * K + N * K // 2 + N * nblocks * ((2 if half_scales else 4)
                                                   + (4 if zero_points else 0)) \
         + (2 if half_out else 4) * N * (2 if residual else 1)
-    return Kernel("gemv_q4_multi", src, binds, (gx, 1, 1), traffic)
+    return Kernel("gemv_q4_multi", src, binds, (gx, gy, 1), traffic)
 
 
 def _multi_step(k: str, tag: str, rows: int, per: int, zero_points: bool,
