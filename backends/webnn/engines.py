@@ -29,6 +29,16 @@ class PassCalls(NamedTuple):
     handle: Callable[[Any], Any]
 
 
+class QueueCalls(NamedTuple):
+    """A decode step's queue calls on its critical path (not overlapped with the device):
+    the submit, the small writes (a token, a position) and the spinning map wait's poll.
+    Each goes through the engine's C function or wgpu-py's method (``Engine.queue_calls``)."""
+
+    submit: Callable[[Any, list[Any]], None]  # (queue, command buffers)
+    write: Callable[[Any, Any, Any], None]  # (queue, buffer, C-contiguous array): at offset 0
+    poll: Callable[[Any], Callable[[bool], None] | None]  # device -> its poll(block), or None
+
+
 @dataclass(frozen=True)
 class Engine:
     """One WebGPU engine: where its Python API lives and how it spells what differs."""
@@ -54,6 +64,10 @@ class Engine:
     #: device toggles turned off (Dawn): timestamp quantization, which Chrome keeps on for
     #: pages and which would round every GPU time to Dawn's quantum
     disable_toggles: tuple[str, ...] = ()
+    #: its device poll as a C function of (device, wait, NULL) (wgpu-native's
+    #: ``wgpuDevicePoll``); "" where the Python package's poll is something else (Dawn's
+    #: ``wgpuInstanceProcessEvents``), which is then called as wgpu-py's
+    poll_function: str = ""
 
     def api(self) -> ModuleType:
         """The engine's module (ImportError where it is not installed)."""
@@ -84,6 +98,36 @@ class Engine:
                          lib.wgpuComputePassEncoderDispatchWorkgroups, ffi.ffi.NULL,
                          operator.attrgetter("_internal"))
 
+    def queue_calls(self, direct: bool = True) -> QueueCalls:
+        """The step's queue calls. ``direct``: the engine's C functions on the objects'
+        handles. wgpu-py's methods check their arguments in Python and wrap each call in an
+        error scope (a Python proxy with its own bookkeeping, several µs a call): the
+        spinning map wait polls a couple of hundred times a step. Our callers pass what
+        wgpu-py would check (whole command buffers, a write that fits its buffer); an
+        error of the engine is still reported, as an uncaptured one."""
+        if not direct:
+            return QueueCalls(lambda q, cbs: q.submit(cbs),
+                              lambda q, buf, data: q.write_buffer(buf, 0, data),
+                              lambda dev: getattr(dev, "_poll", None))
+        mod = importlib.import_module(f"{self.module}.backends.{self.native}._ffi")
+        lib, ffi = mod.lib, mod.ffi
+        submit_c, write_c, new, from_buffer = (lib.wgpuQueueSubmit, lib.wgpuQueueWriteBuffer,
+                                               ffi.new, ffi.from_buffer)
+
+        def submit(q: Any, cbs: list[Any]) -> None:
+            submit_c(q._internal, len(cbs), new("WGPUCommandBuffer[]", [c._internal for c in cbs]))
+
+        def write(q: Any, buf: Any, data: Any) -> None:
+            write_c(q._internal, buf._internal, 0, from_buffer(data), data.nbytes)
+
+        def poll(dev: Any) -> Callable[[bool], None] | None:
+            if not self.poll_function:
+                return getattr(dev, "_poll", None)
+            poll_c, handle, null = getattr(lib, self.poll_function), dev._internal, ffi.NULL
+            return lambda block: poll_c(handle, block, null)
+
+        return QueueCalls(submit, write, poll)
+
     def request_adapter(self, power_preference: str = "high-performance") -> Any:
         """The engine's adapter; raises where the engine or a driver fails."""
         return self.api().gpu.request_adapter_sync(power_preference=power_preference)
@@ -101,7 +145,7 @@ class Engine:
 ENGINES: dict[str, Engine] = {
     "wgpu": Engine("wgpu", "wgpu-native", "wgpu", "wgpu_native", "naga", "subgroup",
                    "timestamp-query-inside-passes", enable_subgroups=False,
-                   submits_before_map=True, poll_thread=True),
+                   submits_before_map=True, poll_thread=True, poll_function="wgpuDevicePoll"),
     "dawn": Engine("dawn", "Dawn", "wgpudawn", "dawn", "Tint", "subgroups",
                    "chromium-experimental-timestamp-query-inside-passes", enable_subgroups=True,
                    disable_toggles=("timestamp_quantization",)),
