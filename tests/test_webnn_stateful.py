@@ -488,8 +488,9 @@ def test_record_ahead_off_encodes_every_dispatch(monkeypatch):
 # -- the read copy (readback._read_copy_for) ---------------------------------------------------
 
 def _context(read_copy: str | None, record_ahead: str = "on"):
-    return ml.create_context(options=KernelOptions(read_copy=read_copy,
-                                                   record_ahead=record_ahead))
+    # the oracle (conftest's queue_calls) counts wgpu-py's submits: the queue through them
+    return ml.create_context(options=KernelOptions(read_copy=read_copy, record_ahead=record_ahead,
+                                                   queue_calls="wgpu-py"))
 
 
 @pytest.mark.parametrize("record_ahead", ["on", "off"])

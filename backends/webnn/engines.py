@@ -31,12 +31,16 @@ class PassCalls(NamedTuple):
 
 class QueueCalls(NamedTuple):
     """A decode step's queue calls on its critical path (not overlapped with the device):
-    the submit, the small writes (a token, a position) and the spinning map wait's poll.
+    the submit, the small writes (a token, a position), the spinning map wait's poll and
+    the read of the mapped logits.
     Each goes through the engine's C function or wgpu-py's method (``Engine.queue_calls``)."""
 
     submit: Callable[[Any, list[Any]], None]  # (queue, command buffers)
     write: Callable[[Any, Any, Any], None]  # (queue, buffer, C-contiguous array): at offset 0
     poll: Callable[[Any], Callable[[bool], None] | None]  # device -> its poll(block), or None
+    #: (mapped buffer, offset, size) -> a read-only buffer over those mapped bytes, valid
+    #: until the buffer is unmapped (the caller lets go of it first)
+    mapped: Callable[[Any, int, int], Any]
 
 
 @dataclass(frozen=True)
@@ -108,11 +112,13 @@ class Engine:
         if not direct:
             return QueueCalls(lambda q, cbs: q.submit(cbs),
                               lambda q, buf, data: q.write_buffer(buf, 0, data),
-                              lambda dev: getattr(dev, "_poll", None))
+                              lambda dev: getattr(dev, "_poll", None),
+                              lambda buf, off, n: buf.read_mapped(off, n, copy=False))
         mod = importlib.import_module(f"{self.module}.backends.{self.native}._ffi")
         lib, ffi = mod.lib, mod.ffi
         submit_c, write_c, new, from_buffer = (lib.wgpuQueueSubmit, lib.wgpuQueueWriteBuffer,
                                                ffi.new, ffi.from_buffer)
+        range_c, as_buffer = lib.wgpuBufferGetConstMappedRange, ffi.buffer
 
         def submit(q: Any, cbs: list[Any]) -> None:
             submit_c(q._internal, len(cbs), new("WGPUCommandBuffer[]", [c._internal for c in cbs]))
@@ -126,7 +132,10 @@ class Engine:
             poll_c, handle, null = getattr(lib, self.poll_function), dev._internal, ffi.NULL
             return lambda block: poll_c(handle, block, null)
 
-        return QueueCalls(submit, write, poll)
+        def mapped(buf: Any, off: int, n: int) -> Any:
+            return as_buffer(range_c(buf._internal, off, n), n)
+
+        return QueueCalls(submit, write, poll, mapped)
 
     def request_adapter(self, power_preference: str = "high-performance") -> Any:
         """The engine's adapter; raises where the engine or a driver fails."""

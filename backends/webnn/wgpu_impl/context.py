@@ -205,7 +205,7 @@ class WgpuContext(Dispatch, Readback, MLContext):
         poll = (self._queue_calls.poll(self._device)
                 if wait == "spin" or (wait == "caller" and self.engine.poll_thread) else None)
         self._map_how = MapHow(copy_mode == "separate_sync" and self.engine.submits_before_map,
-                               poll, wait == "spin")
+                               poll, wait == "spin", self._queue_calls.mapped)
         #: submits and maps of this context's queue (statebench extension: counted per step)
         self.queue_counts = QueueCounts()
         #: the last dispatch's read copy while its outputs are unchanged (``_read_tensors``)

@@ -85,6 +85,9 @@ class MapHow:
     sync: bool = False
     poll: Callable[[bool], None] | None = None  # the device's poll(block)
     spin: bool = False
+    #: how the mapped bytes are read: (buffer, offset, size) -> a buffer over them
+    #: (``engines.QueueCalls.mapped``); None: wgpu-py's ``read_mapped``
+    mapped: Callable[[Any, int, int], Any] | None = None
 
 
 def map_read(buf: Any, offset: int, size: int, counts: QueueCounts, how: MapHow) -> None:
@@ -135,7 +138,8 @@ def _consume(buffers: Sequence[Any], slots: Sequence[tuple[int, int]], want: dic
         map_read(st, 0, end, counts, how)
         t0 = time.perf_counter_ns()
         try:
-            view = st.read_mapped(0, end, copy=False)
+            view = (st.read_mapped(0, end, copy=False) if how.mapped is None
+                    else how.mapped(st, 0, end))
             raw = np.frombuffer(view, np.uint8)
             for i, off, n in members:
                 consume(i, raw[off:off + n])
