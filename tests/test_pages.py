@@ -695,8 +695,9 @@ HOST_PATHS = [{"pass_calls": "wgpu-py", "map_wait": "thread", "queue_calls": "wg
                          ids=lambda c: c.name)
 def test_host_paths_compute_the_reference(cls, knobs):
     """However a pass is encoded and the queue is called (the engine's C functions or
-    wgpu-py's methods) and however a read map waits (spinning, blocking in the caller, wgpu-py's poll thread), the pages
-    compute the reference's logits, on both engines (on Dawn only "spin" is its own)."""
+    wgpu-py's methods) and however a read map waits (spinning, blocking in the caller,
+    wgpu-py's poll thread), the pages compute the reference's logits, on both engines (on
+    Dawn only "spin" is its own)."""
     if cls.engine == "dawn" and not DAWN_OK:
         pytest.skip(f"no Dawn adapter: {DAWN_WHY}")
     b = prepared(cls, CAPACITY, **knobs)
