@@ -687,7 +687,8 @@ def test_f16_on_an_adapter_without_shader_f16_fails_in_one_line(monkeypatch, nam
 HOST_PATHS = [{"pass_calls": "wgpu-py", "map_wait": "thread", "queue_calls": "wgpu-py"},
               {"pass_calls": "direct", "map_wait": "caller"},
               {"map_wait": "spin", "record_ahead": "on"},
-              {"map_wait": "spin", "record_ahead": "on", "queue_calls": "wgpu-py"}]
+              {"map_wait": "spin", "record_ahead": "on", "queue_calls": "wgpu-py"},
+              {"map_wait": "spin", "record_ahead": "on", "queue_calls": "direct_maps"}]
 
 
 @pytest.mark.parametrize("knobs", HOST_PATHS, ids=lambda k: ",".join(f"{a}={v}" for a, v in k.items()))

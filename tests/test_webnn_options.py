@@ -27,7 +27,7 @@ ACCEPTED = {
     "q4_gemv": ["fused", "generic"],
     "pass_calls": ["direct", "wgpu-py"],
     "map_wait": ["spin", "caller", "thread"],
-    "queue_calls": ["direct", "wgpu-py"],
+    "queue_calls": ["direct", "direct_maps", "wgpu-py"],
 }
 REFUSED = {
     "gemv": ["fastest", "col", "rows_x"], "attention": ["flash2", ""],

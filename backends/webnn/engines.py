@@ -41,6 +41,10 @@ class QueueCalls(NamedTuple):
     #: (mapped buffer, offset, size) -> a read-only buffer over those mapped bytes, valid
     #: until the buffer is unmapped (the caller lets go of it first)
     mapped: Callable[[Any, int, int], Any]
+    #: (buffer, offset, size, poll) -> None: a read map through the engine's C function,
+    #: polled (``poll(False)``) until its callback has run; None: wgpu-py's ``map_async``
+    map_spin: Callable[[Any, int, int, Callable[[bool], None]], None] | None = None
+    unmap: Callable[[Any], None] = lambda buf: buf.unmap()  # after map_spin's map: C's
 
 
 @dataclass(frozen=True)
@@ -114,13 +118,17 @@ class Engine:
                 return why
         return ""
 
-    def queue_calls(self, direct: bool = True) -> QueueCalls:
+    def queue_calls(self, direct: bool = True, maps: bool = False) -> QueueCalls:
         """The step's queue calls. ``direct``: the engine's C functions on the objects'
         handles. wgpu-py's methods check their arguments in Python and wrap each call in an
         error scope (a Python proxy with its own bookkeeping, several µs a call): the
         spinning map wait polls a couple of hundred times a step. Our callers pass what
         wgpu-py would check (whole command buffers, a write that fits its buffer); an
-        error of the engine is still reported, as an uncaptured one."""
+        error of the engine is still reported, as an uncaptured one. ``maps`` (with
+        ``direct``): read maps through the C API too (``map_spin``): no ``map_async`` in
+        Python (a callback, a promise and a struct made per map) and no wake-up of wgpu-py's
+        poll thread, whose blocking poll runs beside the caller's spin; wgpu-py then never
+        sees those buffers mapped, so they are read and unmapped through C as well."""
         if not direct:
             return QueueCalls(lambda q, cbs: q.submit(cbs),
                               lambda q, buf, data: q.write_buffer(buf, 0, data),
@@ -147,7 +155,34 @@ class Engine:
         def mapped(buf: Any, off: int, n: int) -> Any:
             return as_buffer(range_c(buf._internal, off, n), n)
 
-        return QueueCalls(submit, write, poll, mapped)
+        if not maps:
+            return QueueCalls(submit, write, poll, mapped)
+        done: list[int | None] = [None]  # the status of the map in flight (one at a time)
+
+        @ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)")
+        def on_mapped(status: int, _message: Any, _u1: Any, _u2: Any) -> None:
+            done[0] = status
+
+        map_c, unmap_c, read_mode = lib.wgpuBufferMapAsync, lib.wgpuBufferUnmap, lib.WGPUMapMode_Read
+        info = ffi.new("WGPUBufferMapCallbackInfo *")
+        info.mode = lib.WGPUCallbackMode_AllowProcessEvents
+        info.callback = on_mapped
+        success = lib.WGPUMapAsyncStatus_Success
+
+        keep = (on_mapped, info)  # the C callback lives as long as map_spin does
+
+        def map_spin(buf: Any, off: int, n: int, poll_fn: Callable[[bool], None]) -> None:
+            done[0] = None
+            map_c(buf._internal, read_mode, off, n, keep[1][0])
+            while done[0] is None:
+                poll_fn(False)
+            if done[0] != success:
+                raise RuntimeError(f"could not map a buffer for reading (status {done[0]})")
+
+        def unmap(buf: Any) -> None:
+            unmap_c(buf._internal)
+
+        return QueueCalls(submit, write, poll, mapped, map_spin, unmap)
 
     def request_adapter(self, power_preference: str = "high-performance") -> Any:
         """The engine's adapter; raises where the engine or a driver fails."""
