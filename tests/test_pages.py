@@ -580,14 +580,17 @@ def test_q4f16_matches_the_reference_under_the_float16_tolerance(mode):
 
 
 @pytest.mark.adapter_feature("shader-f16")
-def test_q4f16_gpu_plan_launches_as_q4(monkeypatch):
+@pytest.mark.parametrize("q4", [None, "multi"])
+def test_q4f16_gpu_plan_launches_as_q4(monkeypatch, q4):
     """On a GPU target tiny+q4f16 plans as tiny+q4 but for one launch: q/k/v and gate/up
     stack, the norms are one launch each, the residual adds are the 4-bit kernel's float16
     epilogue (no launch rounds a product or adds), attention is the flash kernel, and the
-    steps still match the reference under the float16 tolerance."""
+    steps still match the reference under the float16 tolerance; with either 4-bit kernel
+    (``q4``: the q4_gemv knob)."""
     import dataclasses
 
     from backends.webnn.wgpu_impl import context
+    from backends.webnn.wgpu_impl.options import KernelOptions
 
     real = context.target_of
     monkeypatch.setattr(context, "target_of", lambda a, s: dataclasses.replace(
@@ -595,7 +598,7 @@ def test_q4f16_gpu_plan_launches_as_q4(monkeypatch):
     launches = {}
     for name in ("tiny+q4", "tiny+q4f16"):
         wl = f16kv(name)
-        b = StatefulInPlace()
+        b = StatefulInPlace(options=KernelOptions(q4_gemv=q4))
         b.prepare(wl, 24)
         try:
             launches[name] = [la.kernel.name for la in b.converted.graph._plan.launches
@@ -605,7 +608,8 @@ def test_q4f16_gpu_plan_launches_as_q4(monkeypatch):
             b.close()
     half = launches["tiny+q4f16"]
     assert len(half) <= len(launches["tiny+q4"]) + 1, half
-    assert half.count("gemv_q4") == launches["tiny+q4"].count("gemv_q4")
+    kernel = "gemv_q4_multi" if q4 else "gemv_q4"
+    assert half.count(kernel) == launches["tiny+q4"].count(kernel) > 0
     assert "attention_flash" in half and not any("add" in n and "cast" in n for n in half)
 
 
