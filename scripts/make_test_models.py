@@ -300,6 +300,11 @@ def _entry(name: str, exporter: str, pkg: str, model_name: str, file: Path, conf
     }
 
 
+def _set_out(folder: Path) -> None:
+    global MODELS, MANIFEST
+    MODELS, MANIFEST = folder.resolve(), folder.resolve() / "manifest.json"
+
+
 def _merge(entries: list[dict]) -> None:
     old = json.loads(MANIFEST.read_text())["models"] if MANIFEST.exists() else []
     names = {e["name"] for e in entries}
@@ -313,7 +318,10 @@ def main() -> int:
                     help="comma list of genai, genai-int4, transformers, optimum")
     ap.add_argument("--models", default="llama,qwen35")
     ap.add_argument("--work", type=Path, default=Path("/tmp/statebench-test-models"))
+    ap.add_argument("--out", type=Path, default=MODELS,
+                    help="where the exports and manifest.json go (a held-out set: elsewhere)")
     args = ap.parse_args()
+    _set_out(args.out)
     MODELS.mkdir(parents=True, exist_ok=True)
     entries = []
     failures = []
