@@ -105,3 +105,14 @@ def test_inspect_command_prints_the_pairs_as_json():
     proc = statebench("inspect", MODELS / e["path"], "--format", "json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["pairs"] == e["pairs"]
+
+
+@pytest.mark.parametrize("name", NAMES[:1])
+def test_a_prompt_beyond_the_vocabulary_is_one_line(name):
+    e = _entry(name)
+    vocab = _text_config(e)["vocab_size"]
+    proc = statebench("generate", MODELS / e["path"], "--prompt", f"1,{vocab}")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"statebench: error: --prompt: token id {vocab} is beyond "
+        f"{model_file(MODELS / e['path'])}'s vocabulary ({vocab} logits)"]

@@ -30,6 +30,13 @@ def parse_prompt(text: str) -> list[int]:
     return ids
 
 
+def _vocabulary(proto) -> int | None:
+    """The width of the graph's ``logits`` output, where it is a number."""
+    out = next((o for o in proto.graph.output if o.name == "logits"), None)
+    dims = out.type.tensor_type.shape.dim if out is not None else []
+    return int(dims[-1].dim_value) if dims and dims[-1].HasField("dim_value") else None
+
+
 def generate(model, prompt: list[int], max_new_tokens: int, backend: str) -> list[int]:
     """The greedy tokens ``backend`` gives after ``prompt`` (``max_new_tokens`` of them)."""
     backends = registry()
@@ -41,6 +48,10 @@ def generate(model, prompt: list[int], max_new_tokens: int, backend: str) -> lis
         pairs = list_kv_pairs(proto)
     except ConversionError as exc:
         raise UserError(f"{path}: {exc}") from None
+    vocab = _vocabulary(proto)
+    if vocab is not None and max(prompt) >= vocab:
+        raise UserError(f"--prompt: token id {max(prompt)} is beyond {path}'s vocabulary "
+                        f"({vocab} logits)")
     cls = backends[backend]
     if not backend.startswith("ort-"):
         growing = [p for p in pairs if p.kind == "append"]
@@ -71,6 +82,9 @@ def generate(model, prompt: list[int], max_new_tokens: int, backend: str) -> lis
             if len(tokens) < max_new_tokens:
                 logits = b.step(tokens[-1])
         return tokens
+    except Exception as exc:  # noqa: BLE001 - the runtime refusing the model (ORT's CPU
+        # GroupQueryAttention takes head sizes in multiples of 16 only): its reason, one line
+        raise UserError(f"{backend} cannot run {path}: {' '.join(str(exc).split())}") from None
     finally:
         b.close()
 
