@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from backends.base import Backend, DepthState, register
+from backends.base import Backend, DepthState, into_capacity, register
 from backends.webnn.adapter import wgpu_adapter
 from model.errors import UserError
 from model.workload import Workload
@@ -62,9 +63,11 @@ class _Page(Backend):
     engine = "wgpu"
 
     def __init__(self, onnx_path: str | os.PathLike | None = None, timing: bool = True,
-                 options: KernelOptions | None = None) -> None:
+                 options: KernelOptions | None = None, pairs: dict[str, str] | None = None
+                 ) -> None:
         super().__init__()
         self.onnx_path = onnx_path  # a user's export instead of model.export's
+        self.hand_pairs = pairs  # past -> present named by hand (--pairs), for a user's model
         self.timing = timing
         self.options = options  # the context's kernel variants and modes (None: per adapter)
         self.context = None
@@ -74,7 +77,10 @@ class _Page(Backend):
         self._cur: dict[str, object] = {}  # past name -> tensor read this step (page-owned)
         self._nxt: dict[str, object] = {}  # past name -> tensor written this step
         self._host: dict[str, np.ndarray] = {}  # stateless: past name -> host array
+        self._inputs_host: dict[str, np.ndarray] = {}  # ids, position: refilled each step
         self._pairs: list = []  # MLKVCachePair, past -> present
+        self._t_written = 0  # perf_counter_ns when the last step's writes were done
+        self._last_times: tuple | None = None  # the last step's boundaries (host_breakdown_ms)
 
     # -- availability -----------------------------------------------------------------------
 
@@ -140,12 +146,12 @@ class _Page(Backend):
         with self._counted():
             try:
                 if self.request_state:
-                    self._pairs = list_kv_pairs(path)
+                    self._pairs = list_kv_pairs(path, self.hand_pairs)
                     self.converted = convert(path, self.context, use_stateful=True,
                                              kv_cache_pairs=self._pairs, dims=dims)
                 else:
                     self.converted = convert(path, self.context, dims=dims)
-                    self._pairs = list_kv_pairs(path)
+                    self._pairs = list_kv_pairs(path, self.hand_pairs)
             except ConversionError as exc:
                 raise UserError(str(exc)) from None
         graph = self.converted.graph
@@ -196,7 +202,8 @@ class _Page(Backend):
         with self._counted():
             for p in self._pairs:
                 # in the cache's own type (a float16 cache: float16 rows, as the page holds them)
-                arr = np.asarray(depth.cache[p.input], self.converted.inputs[p.input].host_dtype)
+                d = self.converted.inputs[p.input]
+                arr = into_capacity(np.asarray(depth.cache[p.input], d.host_dtype), tuple(d.shape))
                 if self.host_cache:
                     self._host[p.input][...] = arr
                 else:
@@ -204,7 +211,10 @@ class _Page(Backend):
         self.position = depth.depth
 
     def step(self, token: int) -> np.ndarray:
+        t0 = time.perf_counter_ns()
+        times0 = self.context.queue_counts.times_ns()
         self._dispatch(token)
+        t_dispatched = time.perf_counter_ns()
         out = self._bound[self._logits_name]
         with self._counted():
             if self.host_cache:  # the logits and every present at once, the presents into
@@ -214,18 +224,40 @@ class _Page(Backend):
                                           [logits] + [self._host[p.input] for p in self._pairs])
             else:
                 logits = self.context.read_tensor(out)
-        return np.asarray(logits, np.float32).reshape(-1)
+        t_read = time.perf_counter_ns()
+        logits = np.asarray(logits, np.float32).reshape(-1)
+        self._last_times = (t0, self._t_written, t_dispatched, t_read, time.perf_counter_ns(),
+                            times0, self.context.queue_counts.times_ns())
+        return logits
+
+    def host_breakdown_ms(self) -> dict[str, float] | None:
+        """Where the last step's host time went (docs/measuring.md, "Host time"): the
+        page's boundaries (writes, dispatch, read, after) split by the context's own
+        timers (``QueueCounts``' ``*_ns``: encode, submit, record ahead, wait, copy)."""
+        if self._last_times is None:
+            return None
+        t0, t_written, t_dispatched, t_read, t_end, before, after = self._last_times
+        d = {k: after[k] - before[k] for k in after}
+        ns = {"write": t_written - t0, "write_device": d["write"],
+              "encode": d["encode"], "submit": d["submit"], "record_ahead": d["record"],
+              "dispatch_other": t_dispatched - t_written - d["encode"] - d["submit"] - d["record"],
+              "wait": d["wait"], "copy": d["copy"],
+              "read_other": t_read - t_dispatched - d["wait"] - d["copy"],
+              "after": t_end - t_read, "total": t_end - t0}
+        return {k: v / 1e6 for k, v in ns.items()}
 
     def _dispatch(self, token: int) -> None:
         ctx = self.context
         with self._counted():
             ins = {"input_ids": self._bound["input_ids"]}
-            ctx.write_tensor(self._bound["input_ids"], np.array([[token]], self._host_type("input_ids")))
+            ids = self._written("input_ids")
+            ids.fill(token)
+            ctx.write_tensor(self._bound["input_ids"], ids)
             if "position_ids" in self._bound:  # [1, 1], or Qwen's multimodal [3, 1, 1]
                 ins["position_ids"] = self._bound["position_ids"]
-                shape = self.converted.inputs["position_ids"].shape
-                ctx.write_tensor(self._bound["position_ids"],
-                                 np.full(shape, self.position, self._host_type("position_ids")))
+                pos = self._written("position_ids")
+                pos.fill(self.position)
+                ctx.write_tensor(self._bound["position_ids"], pos)
             outs = {self._logits_name: self._bound[self._logits_name]}
             if not self._hidden:
                 for p in self._pairs:
@@ -233,6 +265,7 @@ class _Page(Backend):
                         ctx.write_tensor(self._cur[p.input], self._host[p.input])
                     ins[p.input] = self._cur[p.input]
                     outs[p.output] = self._nxt[p.input]
+            self._t_written = time.perf_counter_ns()
             ctx.dispatch(self.converted.graph, ins, outs)
             if not (self.host_cache or self._hidden):
                 self._cur, self._nxt = self._nxt, self._cur
@@ -240,6 +273,15 @@ class _Page(Backend):
 
     def _host_type(self, name: str) -> np.dtype:
         return np.dtype(self.converted.inputs[name].host_dtype)
+
+    def _written(self, name: str) -> np.ndarray:
+        """The page's host array for input ``name`` (ids, position), made once and refilled
+        every step: a page writes from the same typed array, no allocation per token."""
+        arr = self._inputs_host.get(name)
+        if arr is None:
+            arr = self._inputs_host[name] = np.zeros(self.converted.inputs[name].shape,
+                                                     self._host_type(name))
+        return arr
 
     def reset(self) -> None:
         if self.context is None:

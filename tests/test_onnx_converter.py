@@ -63,13 +63,18 @@ def run_graph(context, model, feeds: dict[str, np.ndarray]) -> dict[str, np.ndar
 
 def check(context, nodes, inputs, inits=None, outputs=("y",), opset=OPSET, atol=1e-5):
     model, expected = _model(nodes, inputs, inits or {}, list(outputs), opset)
-    got = run_graph(context, model, inputs)
+    compare(run_graph(context, model, inputs), outputs, expected, 1e-5, atol)
+
+
+def compare(got: dict[str, np.ndarray], outputs, expected, rtol: float, atol: float) -> None:
+    """Each named output against its expected value (bool as WebNN's uint8), shape included."""
     for name, e in zip(outputs, expected, strict=True):
         g = got[name]
         if e.dtype == np.bool_:
             e = e.astype(np.uint8)
         assert g.shape == e.shape, name
-        np.testing.assert_allclose(g.astype(np.float64), e.astype(np.float64), rtol=1e-5, atol=atol)
+        np.testing.assert_allclose(g.astype(np.float64), e.astype(np.float64), rtol=rtol,
+                                   atol=atol, err_msg=name)
 
 
 def f32(*shape, positive=False):

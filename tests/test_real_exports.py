@@ -14,7 +14,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from backends.webnn.dims import default_dims
+from backends.webnn.dims import default_dims, past_head_sizes
 from harness.commands.generate import generate
 from harness.model_info import inspect_model, model_file
 from tests.test_cli import statebench
@@ -72,12 +72,16 @@ def test_dims_of_a_decode_step_are_the_source_models(name):
     cfg = _text_config(e)
     proto = onnx.load(str(model_file(MODELS / e["path"])), load_external_data=False)
     dims = {k: d.value for k, d in default_dims(proto, 40).items()}
+    heads = past_head_sizes(proto)  # a GroupQueryAttention past's last axis, per past
     inputs = {i.name: i for i in proto.graph.input}
     head = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     for p in e["pairs"]:
         shape = []
-        for d in inputs[p["input"]].type.tensor_type.shape.dim:
-            v = d.dim_value if d.HasField("dim_value") else dims.get(d.dim_param)
+        given = inputs[p["input"]].type.tensor_type.shape.dim
+        for i, d in enumerate(given):
+            v = (d.dim_value if d.HasField("dim_value") else
+                 heads[p["input"]] if i == len(given) - 1 and p["input"] in heads else
+                 dims.get(d.dim_param))
             assert v is not None, f"{p['input']}: {d.dim_param!r} not pinned"
             shape.append(int(v))
         if p["kind"] == "append":

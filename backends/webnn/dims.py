@@ -4,8 +4,9 @@ only) can build it: batch 1, one new token, the past at a capacity, the total on
 Real exporters name their dynamic dimensions (``batch_size``, ``sequence_length``,
 ``past_sequence_length``, ``total_sequence_length``), write numbers as strings (``"16"``)
 and expressions (``past_sequence_length + 1``); each is resolved from its name here. A
-name that says nothing (torch.export's ``s53``, genai's ``kv_cache_dim``) is resolved from
-how the graph uses it (``_from_graph``); one no rule knows is left symbolic, for the
+name that says nothing (torch.export's ``s53``) is resolved from how the graph uses it
+(``_from_graph``); genai's ``kv_cache_dim`` names every layer's head size alike, so it is
+resolved per past (``past_head_sizes``); one no rule knows is left symbolic, for the
 converter to name.
 """
 
@@ -17,7 +18,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import onnx
-from onnx import numpy_helper
 
 #: the name of the new tokens' count (one per decode step)
 NEW_TOKENS = re.compile(r"^(sequence_length|seq_len|sequence|seq|seqlen|query_length|"
@@ -49,11 +49,9 @@ def _by_name(name: str, capacity: int) -> PinnedDim | None:
         return PinnedDim(int(name), "a number")
     if "batch" in low:
         return PinnedDim(1, "batch 1")
-    if re.search(r"(dim|size|width|heads?)$", low):  # genai's kv_cache_dim is a head size
-        return None
     if "total" in low:
         return PinnedDim(capacity + 1, "past + 1 new token")
-    if "past" in low or "cache" in low:
+    if ("past" in low or "cache" in low) and "dim" not in low:  # not genai's kv_cache_dim
         return PinnedDim(capacity, "past = capacity")
     if NEW_TOKENS.match(name):
         return PinnedDim(1, "one new token")
@@ -103,19 +101,11 @@ def default_dims(model: onnx.ModelProto, capacity: int) -> dict[str, PinnedDim]:
     return out
 
 
-#: ops whose output's last axis is their first input's (element-wise, norms, rotary)
-_SAME_WIDTH = frozenset({"Add", "Cast", "Identity", "Mul", "SimplifiedLayerNormalization",
-                         "LayerNormalization", "RMSNormalization", "RotaryEmbedding",
-                         "MRotaryEmbedding"})
-
-
 def _from_graph(model: onnx.ModelProto, capacity: int) -> dict[str, PinnedDim]:
     """Symbols whose names say nothing, resolved from the graph's structure:
 
     - ``s + 1`` or ``s + <new tokens>`` written for an output: ``s`` is a past length (the
       capacity); torch.export names it ``s53``;
-    - the head-size axis of a GroupQueryAttention's past key/value (genai's ``kv_cache_dim``):
-      the query's width over its heads (packed q/k/v: over q + 2 kv heads);
     - the last axis of an input concatenated on that axis into a Conv's input (a causal-conv
       window, transformers' ``[B, conv_dim, s84]``): the Conv's kernel width.
     """
@@ -128,53 +118,16 @@ def _from_graph(model: onnx.ModelProto, capacity: int) -> dict[str, PinnedDim]:
                 out.setdefault(head, PinnedDim(capacity, "past = capacity (grows by one)"))
     inputs = {i.name: i for i in g.input}
     consumers: dict[str, list[onnx.NodeProto]] = {}
-    producer: dict[str, onnx.NodeProto] = {}
     for n in g.node:
         for i in n.input:
             consumers.setdefault(i, []).append(n)
-        for o in n.output:
-            producer[o] = n
     inits = {t.name: t for t in g.initializer}
 
     def last_symbol(name: str) -> str | None:
         dims = inputs[name].type.tensor_type.shape.dim if name in inputs else []
         return dims[-1].dim_param or None if dims and not dims[-1].HasField("dim_value") else None
 
-    def width(name: str) -> int | None:  # the last axis of a value, from what produced it
-        if name in inits:
-            return int(inits[name].dims[-1])
-        n = producer.get(name)
-        if n is None:
-            return None
-        if n.op_type == "MatMul" and n.input[1] in inits:
-            return int(inits[n.input[1]].dims[-1])
-        if n.op_type == "MatMulNBits":
-            return next((a.i for a in n.attribute if a.name == "N"), None)
-        if n.op_type == "Reshape" and (shape := constant(n.input[1])) is not None \
-                and len(shape) and shape[-1] > 0:
-            return int(shape[-1])
-        if n.op_type in _SAME_WIDTH:
-            return width(next((i for i in n.input if i not in inits), n.input[0]))
-        return None
-
-    def constant(name: str) -> list[int] | None:
-        if name in inits:
-            return numpy_helper.to_array(inits[name]).reshape(-1).tolist()
-        n = producer.get(name)
-        if n is not None and n.op_type == "Constant" and n.attribute and n.attribute[0].HasField("t"):
-            return numpy_helper.to_array(n.attribute[0].t).reshape(-1).tolist()
-        return None
-
     for n in g.node:
-        if n.op_type == "GroupQueryAttention" and len(n.input) > 4:
-            attrs = {a.name: a.i for a in n.attribute}
-            heads, kv = attrs.get("num_heads", 0), attrs.get("kv_num_heads", 0)
-            w = width(n.input[0])
-            packed = len(n.input) < 2 or not n.input[1]
-            size = w // (heads + 2 * kv if packed else heads) if w and heads else None
-            for past in n.input[3:5]:
-                if size and (s := last_symbol(past)):
-                    out.setdefault(s, PinnedDim(size, "head size (GroupQueryAttention)"))
         if n.op_type == "Concat":
             for c in consumers.get(n.output[0], []):
                 if c.op_type != "Conv":
@@ -200,4 +153,55 @@ def pin(model: onnx.ModelProto, dims: Mapping[str, int], *, copy: bool = True) -
         for d in vi.type.tensor_type.shape.dim:
             if d.HasField("dim_param") and d.dim_param in dims:
                 d.dim_value = int(dims[d.dim_param])
+    return out
+
+
+def _width(name: str, producers: Mapping[str, onnx.NodeProto],
+           inits: Mapping[str, onnx.TensorProto]) -> int | None:
+    """The last dimension of ``name`` traced back through the projection that makes it:
+    a MatMul by a weight (its last dim), MatMulNBits (N), a Split of one by constant sizes,
+    and ops that keep the width (bias Add, Cast, Identity); None where the trace ends."""
+    for _ in range(16):
+        node = producers.get(name)
+        if node is None:
+            return None
+        if node.op_type == "MatMul" and node.input[1] in inits:
+            return int(inits[node.input[1]].dims[-1])
+        if node.op_type == "MatMulNBits":
+            return next((int(a.i) for a in node.attribute if a.name == "N"), None)
+        if node.op_type == "Split":
+            sizes = (onnx.numpy_helper.to_array(inits[node.input[1]]).tolist()
+                     if len(node.input) > 1 and node.input[1] in inits else
+                     next((list(a.ints) for a in node.attribute if a.name == "split"), None))
+            return int(sizes[list(node.output).index(name)]) if sizes else None
+        if node.op_type not in ("Add", "Cast", "Identity"):
+            return None
+        name = node.input[0]
+    return None
+
+
+def past_head_sizes(model: onnx.ModelProto) -> dict[str, int]:
+    """past input -> its head size, for each GroupQueryAttention past: a symbol cannot give
+    it (genai names it ``kv_cache_dim`` in every layer, though a hybrid's layers differ), the
+    projection feeding the node can: value width / kv_num_heads, or a packed query's width /
+    (num_heads + 2 kv_num_heads)."""
+    g = model.graph
+    producers = {o: n for n in g.node for o in n.output}
+    inits = {t.name: t for t in g.initializer}
+    inits.update({n.output[0]: a.t for n in g.node if n.op_type == "Constant"
+                  for a in n.attribute if a.name == "value"})  # exporters' constants as nodes
+    out: dict[str, int] = {}
+    for n in g.node:
+        if n.op_type != "GroupQueryAttention" or len(n.input) < 5:
+            continue
+        attrs = {a.name: a.i for a in n.attribute}
+        heads, kv = attrs.get("num_heads", 0), attrs.get("kv_num_heads", 0)
+        if not kv:
+            continue
+        value = _width(n.input[2], producers, inits) if n.input[2] else None
+        packed = None if n.input[2] else _width(n.input[0], producers, inits)
+        size = (value // kv if value else
+                packed // (heads + 2 * kv) if packed and heads else None)
+        if size:
+            out.update({n.input[3]: size, n.input[4]: size})
     return out
