@@ -730,3 +730,25 @@ def test_host_breakdown_adds_up(record_ahead):
             assert h["encode"] > 0 and h["record_ahead"] == 0
     finally:
         b.close()
+
+
+@pytest.mark.skipif(not DAWN_OK, reason=f"no Dawn adapter: {DAWN_WHY}")
+def test_dawn_stateful_requests_shader_f16_and_matches_q4f16():
+    """Where Dawn's adapter lists 'shader-f16' (lavapipe; not NVIDIA under Vulkan, where
+    Dawn withholds it: docs/dawn.md), the context asks for it at device creation, records
+    nothing lacking for it, and dawn:stateful runs '+q4f16' (float16 activations and caches)
+    within the float16 tolerance of the reference."""
+    from backends.webnn.adapter import wgpu_adapter
+
+    adapter, _ = wgpu_adapter("dawn")
+    if "shader-f16" not in adapter.features:
+        pytest.skip(f"Dawn's adapter ({adapter.summary}) lists no 'shader-f16'")
+    wl, cap = f16kv("tiny+q4f16"), 24
+    b = DAWN_PAGES["dawn:stateful"]()
+    b.prepare(wl, cap)
+    try:
+        assert "shader-f16" in b.context._device.features
+        assert "shader-f16" not in b.details["engine"]["features_lacking"]
+        _three_steps_match(b, wl, cap, logits_tolerance(wl.config), "tiny+q4f16 dawn:stateful")
+    finally:
+        b.close()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, NamedTuple
@@ -54,6 +54,9 @@ class Engine:
     #: device toggles turned off (Dawn): timestamp quantization, which Chrome keeps on for
     #: pages and which would round every GPU time to Dawn's quantum
     disable_toggles: tuple[str, ...] = ()
+    #: features the engine keeps off its adapters by design on some hardware, whatever
+    #: the driver offers: (feature, backend API, PCI vendor id, why), see ``withholds``
+    withheld: tuple[tuple[str, str, int, str], ...] = ()
 
     def api(self) -> ModuleType:
         """The engine's module (ImportError where it is not installed)."""
@@ -84,6 +87,15 @@ class Engine:
                          lib.wgpuComputePassEncoderDispatchWorkgroups, ffi.ffi.NULL,
                          operator.attrgetter("_internal"))
 
+    def withholds(self, feature: str, info: Mapping[str, Any]) -> str:
+        """Why this engine keeps ``feature`` off an adapter with this ``info`` by design
+        ("" where it does not): a lacking feature the driver has is then no fault of ours."""
+        for name, api, vendor, why in self.withheld:
+            if (name == feature and str(info.get("backend_type", "")) == api
+                    and info.get("vendor_id") == vendor):
+                return why
+        return ""
+
     def request_adapter(self, power_preference: str = "high-performance") -> Any:
         """The engine's adapter; raises where the engine or a driver fails."""
         return self.api().gpu.request_adapter_sync(power_preference=power_preference)
@@ -98,13 +110,20 @@ class Engine:
         return adapter.request_device_sync(required_features=features, required_limits=limits)
 
 
+#: NVIDIA's PCI vendor id, as adapters report it (``info["vendor_id"]``)
+NVIDIA = 0x10DE
+
 ENGINES: dict[str, Engine] = {
     "wgpu": Engine("wgpu", "wgpu-native", "wgpu", "wgpu_native", "naga", "subgroup",
                    "timestamp-query-inside-passes", enable_subgroups=False,
                    submits_before_map=True, poll_thread=True),
     "dawn": Engine("dawn", "Dawn", "wgpudawn", "dawn", "Tint", "subgroups",
                    "chromium-experimental-timestamp-query-inside-passes", enable_subgroups=True,
-                   disable_toggles=("timestamp_quantization",)),
+                   disable_toggles=("timestamp_quantization",),
+                   withheld=(("shader-f16", "Vulkan", NVIDIA,
+                              "Dawn withholds it on NVIDIA under Vulkan by design, unless "
+                              "its adapter toggle vulkan_enable_f16_on_nvidia is on (off by "
+                              "default; crbug.com/42251215, docs/dawn.md)"),)),
 }
 
 

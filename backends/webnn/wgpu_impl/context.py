@@ -245,8 +245,11 @@ class WgpuContext(Dispatch, Readback, MLContext):
 
     def _unsupported(self, dt: DType) -> str:
         if dt.wgsl == "f16" and not self._f16:
+            info = self._adapter.info
+            why = self.engine.withholds("shader-f16", info)
             return (f"data type float16 is not supported by this context: the adapter "
-                    f"({self._adapter.info.get('device', '?')}) has no 'shader-f16'")
+                    f"({info.get('device', '?')}) has no 'shader-f16'"
+                    + (f": {why}" if why else ""))
         return ""
 
     def _widens(self, op: str) -> bool:
