@@ -17,6 +17,7 @@ import pytest
 from backends.webnn.dims import default_dims, past_head_sizes
 from harness.commands.generate import generate
 from harness.model_info import inspect_model, model_file
+from model.errors import UserError
 from tests.test_cli import statebench
 
 #: the committed exports, or a held-out set made the same way (scripts/make_test_models.py --out)
@@ -120,3 +121,18 @@ def test_a_prompt_beyond_the_vocabulary_is_one_line(name):
     assert proc.stderr.strip().splitlines() == [
         f"statebench: error: --prompt: token id {vocab} is beyond "
         f"{model_file(MODELS / e['path'])}'s vocabulary ({vocab} logits)"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_shared_runs_where_gqa_owns_the_cache(name):
+    """One buffer bound as past and present needs GroupQueryAttention's shared-buffer mode:
+    genai's exports have it and give the source's tokens; optimum's and transformers' grow
+    their caches with plain ops and are refused in one line."""
+    e = _entry(name)
+    proto = onnx.load(str(model_file(MODELS / e["path"])), load_external_data=False)
+    if any(n.op_type == "GroupQueryAttention" for n in proto.graph.node):
+        got = generate(MODELS / e["path"], e["prompt"], NEW_TOKENS, "ort-cpu:shared")
+        assert got == e["greedy_tokens"][:NEW_TOKENS]
+    else:
+        with pytest.raises(UserError, match=r"ort-cpu:shared cannot run .*not GroupQueryAttention"):
+            generate(MODELS / e["path"], e["prompt"], NEW_TOKENS, "ort-cpu:shared")
