@@ -262,13 +262,18 @@ def text_only(model):
     return text
 
 
-def export_transformers(name: str, model, out: Path, tokens: list[int]) -> Path:
+def export_transformers(name: str, model, out: Path, tokens: list[int],
+                        multimodal: bool = False) -> Path:
+    """decode.onnx of ``export_for_generation``: of the text decoder, or (``multimodal``) of
+    the whole ConditionalGeneration model, whose decode takes position_ids [4, 1, 1] (a text
+    row and the three rotary sections); that export takes minutes longer."""
     import torch
     from transformers.exporters.exporter_onnx import OnnxConfig, OnnxExporter
 
-    model = text_only(model)
-    if greedy(model, PROMPT, NEW_TOKENS)[0] != tokens:
-        raise SystemExit(f"{name}: the text-only model does not give the source's tokens")
+    if not multimodal:
+        model = text_only(model)
+        if greedy(model, PROMPT, NEW_TOKENS)[0] != tokens:
+            raise SystemExit(f"{name}: the text-only model does not give the source's tokens")
     if out.exists():
         shutil.rmtree(out)
     ids = torch.tensor([PROMPT])
@@ -315,7 +320,8 @@ def _merge(entries: list[dict]) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--exporters", default="genai,transformers",
-                    help="comma list of genai, genai-int4, transformers, optimum")
+                    help="comma list of genai, genai-int4, transformers, transformers-mm "
+                    "(Qwen3.5's whole ConditionalGeneration model), optimum")
     ap.add_argument("--models", default="llama,qwen35")
     ap.add_argument("--work", type=Path, default=Path("/tmp/statebench-test-models"))
     ap.add_argument("--out", type=Path, default=MODELS,
@@ -350,6 +356,13 @@ def main() -> int:
                     file = export_optimum(model_name, src, MODELS / name, args.work)
                     entries.append(_entry(name, "optimum-cli export onnx", "optimum-onnx",
                                           model_name, file, config, tokens))
+                elif exporter == "transformers-mm":
+                    if model_name != "qwen35":
+                        continue  # only the hybrid's source is a multimodal model
+                    file = export_transformers(model_name, model, MODELS / name, tokens,
+                                               multimodal=True)
+                    entries.append(_entry(name, "transformers OnnxExporter (multimodal)",
+                                          "transformers", model_name, file, config, tokens))
                 elif exporter == "transformers":
                     file = export_transformers(model_name, model, MODELS / name, tokens)
                     entries.append(_entry(name, "transformers OnnxExporter", "transformers",
