@@ -162,8 +162,9 @@ def test_read_copy_one_submit_one_map_per_stateful_step(gpu_path, monkeypatch, q
     calls = queue_calls()
     got, counts = {}, {}
     for how in (None, "separate", "separate_sync"):
+        # the oracle counts wgpu-py's submits: the queue called through them
         b = prepared(StatefulInPlace, CAPACITY, read_copy=how,
-                     record_ahead="on" if gpu_path else None)
+                     record_ahead="on" if gpu_path else None, queue_calls="wgpu-py")
         try:
             assert b.context.record_ahead == gpu_path
             got[how], counts[how] = decode_steps(b, 16, 4, calls)
@@ -182,7 +183,7 @@ def test_read_copy_in_the_other_pages(name, monkeypatch, queue_calls):
     the stateless page the logits and every present cache at once. On tiny (caches below
     STAGED_WRITE_MIN, written without a staged submit) each step submits once and maps
     once, and the logits are the reference's."""
-    b = prepared(MODES[name], CAPACITY)
+    b = prepared(MODES[name], CAPACITY, queue_calls="wgpu-py")  # as the oracle counts
     try:
         _, per_step = decode_steps(b, 16, 4, queue_calls())
         assert per_step == (1, 1)
@@ -224,7 +225,7 @@ def test_gpu_gemv_norms_in_one_launch_each():
         # the point records every knob its context ran with, None where the adapter chose
         knobs = ("gemv", "attention", "gemv_prologue", "row_writes", "attention_splits",
                  "record_ahead", "cache_copy", "gemv_weights", "gdn", "f16_loads", "read_copy",
-                 "q4_gemv", "pass_calls", "map_wait")
+                 "q4_gemv", "pass_calls", "map_wait", "queue_calls")
         assert b.details["kernel_options"] == {**dict.fromkeys(knobs), "gemv": "rows_sh",
                                                "gdn": "generic"}
         plan = b.converted.graph._plan
@@ -683,17 +684,21 @@ def test_f16_on_an_adapter_without_shader_f16_fails_in_one_line(monkeypatch, nam
         b.close()
 
 
-HOST_PATHS = [{"pass_calls": "wgpu-py", "map_wait": "thread"}, {"pass_calls": "direct",
-              "map_wait": "caller"}, {"map_wait": "spin", "record_ahead": "on"}]
+HOST_PATHS = [{"pass_calls": "wgpu-py", "map_wait": "thread", "queue_calls": "wgpu-py"},
+              {"pass_calls": "direct", "map_wait": "caller"},
+              {"map_wait": "spin", "record_ahead": "on"},
+              {"map_wait": "spin", "record_ahead": "on", "queue_calls": "wgpu-py"},
+              {"map_wait": "spin", "record_ahead": "on", "queue_calls": "direct_maps"}]
 
 
 @pytest.mark.parametrize("knobs", HOST_PATHS, ids=lambda k: ",".join(f"{a}={v}" for a, v in k.items()))
 @pytest.mark.parametrize("cls", [StatefulInPlace, StatelessCopy, DAWN_PAGES["dawn:stateful"]],
                          ids=lambda c: c.name)
 def test_host_paths_compute_the_reference(cls, knobs):
-    """However a pass is encoded (the engine's C functions or wgpu-py's methods) and however
-    a read map waits (spinning, blocking in the caller, wgpu-py's poll thread), the pages
-    compute the reference's logits, on both engines (on Dawn only "spin" is its own)."""
+    """However a pass is encoded and the queue is called (the engine's C functions or
+    wgpu-py's methods) and however a read map waits (spinning, blocking in the caller,
+    wgpu-py's poll thread), the pages compute the reference's logits, on both engines (on
+    Dawn only "spin" is its own)."""
     if cls.engine == "dawn" and not DAWN_OK:
         pytest.skip(f"no Dawn adapter: {DAWN_WHY}")
     b = prepared(cls, CAPACITY, **knobs)

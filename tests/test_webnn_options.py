@@ -27,6 +27,7 @@ ACCEPTED = {
     "q4_gemv": ["fused", "generic"],
     "pass_calls": ["direct", "wgpu-py"],
     "map_wait": ["spin", "caller", "thread"],
+    "queue_calls": ["direct", "direct_maps", "wgpu-py"],
 }
 REFUSED = {
     "gemv": ["fastest", "col", "rows_x"], "attention": ["flash2", ""],
@@ -37,6 +38,7 @@ REFUSED = {
     "q4_gemv": ["dequantize", ""],
     "pass_calls": ["raw", ""],
     "map_wait": ["poll", ""],
+    "queue_calls": ["raw", ""],
 }
 
 
@@ -81,7 +83,7 @@ def test_frozen_hashable_and_plain():
     assert opts == KernelOptions.parse(["gemv=rows", "attention_splits=8"])
     assert len({opts, KernelOptions(gemv="rows", attention_splits=8), KernelOptions()}) == 2
     plain = opts.as_dict()
-    assert plain["gemv"] == "rows" and plain["attention_splits"] == 8 and len(plain) == 14
+    assert plain["gemv"] == "rows" and plain["attention_splits"] == 8 and len(plain) == len(ACCEPTED)
     assert KernelOptions(**plain) == opts
 
 

@@ -22,7 +22,7 @@ from backends.webnn.engines import ENGINES
 
 #: the knobs that choose how a context encodes, submits, reads and waits, not any kernel's
 #: source
-CONTEXT_MODES = {"record_ahead", "read_copy", "pass_calls", "map_wait"}
+CONTEXT_MODES = {"record_ahead", "read_copy", "pass_calls", "map_wait", "queue_calls"}
 #: values of each kernel-choosing knob (wgpu_impl/options.py documents them)
 OPTION_VALUES: dict[str, list[str | int | None]] = {
     "gemv": [None, "legacy", "rows", "rows8", "rows_sh", "rows16_sh_u2", "cols", "cols2",

@@ -42,6 +42,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "q4_gemv": ("fused", "generic"),
     "pass_calls": ("direct", "wgpu-py"),
     "map_wait": ("spin", "caller", "thread"),
+    "queue_calls": ("direct", "direct_maps", "wgpu-py"),
 }
 
 
@@ -105,6 +106,11 @@ class KernelOptions:
     #: wait, which "thread" is too there), "thread" (wgpu-native: wgpu-py's poll thread
     #: waits and wakes the caller)
     map_wait: str | None = None
+    #: how a step's queue calls on its critical path are made (``engines.Engine.queue_calls``:
+    #: the submit, small writes, the spinning wait's poll): None/"direct" (the engine's C
+    #: functions), "direct_maps" (the same, and where the read map spins, the map itself, its
+    #: read and unmap through C: no wgpu-py promise or poll thread), "wgpu-py" (wgpu-py's methods)
+    queue_calls: str | None = None
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
