@@ -359,7 +359,10 @@ class _OrtBackend(Backend):
         feeds = {}
         for name, vi in self.feed_inputs.items():
             tt = vi.type.tensor_type
-            feeds[name] = _MODEL_FEEDS[name](token, self.position, len(tt.shape.dim)).astype(
+            declared = [d.dim_value if d.HasField("dim_value") else
+                        int(d.dim_param) if d.dim_param.strip().isdigit() else None
+                        for d in tt.shape.dim]  # transformers writes '4' for 4
+            feeds[name] = _MODEL_FEEDS[name](token, self.position, declared).astype(
                 _np_type(tt.elem_type))
         return feeds
 
@@ -476,18 +479,19 @@ class _OrtBackend(Backend):
         self.session = None
 
 
-def _positions(token: int, position: int, rank: int) -> np.ndarray:
-    """position_ids: [1, 1], or Qwen's multimodal [3, 1, 1] (text: the same in all three)."""
-    return np.full((3, 1, 1) if rank == 3 else (1, 1), position)
+def _positions(token: int, position: int, shape: list[int | None]) -> np.ndarray:
+    """position_ids: [1, 1], or Qwen's multimodal [R, 1, 1] (text: the same in every row):
+    genai's three rotary sections, transformers' Qwen3.5 a text row and three sections (4)."""
+    return np.full(((shape[0] or 3), 1, 1) if len(shape) == 3 else (1, 1), position)
 
 
-#: a model's own inputs statebench feeds, by name: (token, position, rank) -> array
+#: a model's own inputs statebench feeds, by name: (token, position, declared shape) -> array
 _MODEL_FEEDS = {
-    "input_ids": lambda token, position, rank: np.array([[token]]),
-    "attention_mask": lambda token, position, rank: np.ones((1, position + 1)),
+    "input_ids": lambda token, position, shape: np.array([[token]]),
+    "attention_mask": lambda token, position, shape: np.ones((1, position + 1)),
     "position_ids": _positions,
-    "seqlens_k": lambda token, position, rank: np.array([position]),
-    "total_sequence_length": lambda token, position, rank: np.array(position + 1),
+    "seqlens_k": lambda token, position, shape: np.array([position]),
+    "total_sequence_length": lambda token, position, shape: np.array(position + 1),
 }
 
 

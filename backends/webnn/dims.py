@@ -3,8 +3,11 @@ only) can build it: batch 1, one new token, the past at a capacity, the total on
 
 Real exporters name their dynamic dimensions (``batch_size``, ``sequence_length``,
 ``past_sequence_length``, ``total_sequence_length``), write numbers as strings (``"16"``)
-and expressions (``past_sequence_length + 1``); each is resolved from its name here, and
-a name no rule knows is left symbolic, for the converter to name.
+and expressions (``past_sequence_length + 1``); each is resolved from its name here. A
+name that says nothing (torch.export's ``s53``) is resolved from how the graph uses it
+(``_from_graph``); genai's ``kv_cache_dim`` names every layer's head size alike, so it is
+resolved per past (``past_head_sizes``); one no rule knows is left symbolic, for the
+converter to name.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from dataclasses import dataclass
 
 import onnx
 
-_NEW_TOKENS = re.compile(r"^(sequence_length|seq_len|sequence|seq|seqlen|query_length|"
+#: the name of the new tokens' count (one per decode step)
+NEW_TOKENS = re.compile(r"^(sequence_length|seq_len|sequence|seq|seqlen|query_length|"
                          r"input_sequence_length|num_tokens|tokens)$", re.IGNORECASE)
 
 
@@ -49,7 +53,7 @@ def _by_name(name: str, capacity: int) -> PinnedDim | None:
         return PinnedDim(capacity + 1, "past + 1 new token")
     if ("past" in low or "cache" in low) and "dim" not in low:  # not genai's kv_cache_dim
         return PinnedDim(capacity, "past = capacity")
-    if _NEW_TOKENS.match(name):
+    if NEW_TOKENS.match(name):
         return PinnedDim(1, "one new token")
     return None
 
@@ -87,11 +91,53 @@ def default_dims(model: onnx.ModelProto, capacity: int) -> dict[str, PinnedDim]:
             pinned = _by_name(s, capacity)
             if pinned is not None:
                 out[s] = pinned
+    for s, pinned in _from_graph(model, capacity).items():
+        out.setdefault(s, pinned)
     for s in names:
         if s not in out:
             v = _evaluate(s, {k: p.value for k, p in out.items()})
             if v is not None and v > 0:
                 out[s] = PinnedDim(v, "expression")
+    return out
+
+
+def _from_graph(model: onnx.ModelProto, capacity: int) -> dict[str, PinnedDim]:
+    """Symbols whose names say nothing, resolved from the graph's structure:
+
+    - ``s + 1`` or ``s + <new tokens>`` written for an output: ``s`` is a past length (the
+      capacity); torch.export names it ``s53``;
+    - the last axis of an input concatenated on that axis into a Conv's input (a causal-conv
+      window, transformers' ``[B, conv_dim, s84]``): the Conv's kernel width.
+    """
+    g = model.graph
+    out: dict[str, PinnedDim] = {}
+    for vi in g.output:
+        for d in vi.type.tensor_type.shape.dim:
+            head, plus, tail = d.dim_param.replace(" ", "").partition("+")
+            if plus and re.fullmatch(r"[A-Za-z_]\w*", head) and (tail == "1" or NEW_TOKENS.match(tail)):
+                out.setdefault(head, PinnedDim(capacity, "past = capacity (grows by one)"))
+    inputs = {i.name: i for i in g.input}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for n in g.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    inits = {t.name: t for t in g.initializer}
+
+    def last_symbol(name: str) -> str | None:
+        dims = inputs[name].type.tensor_type.shape.dim if name in inputs else []
+        return dims[-1].dim_param or None if dims and not dims[-1].HasField("dim_value") else None
+
+    for n in g.node:
+        if n.op_type == "Concat":
+            for c in consumers.get(n.output[0], []):
+                if c.op_type != "Conv":
+                    continue
+                kernel = next((list(a.ints) for a in c.attribute if a.name == "kernel_shape"), None)
+                if not kernel and c.input[1] in inits:
+                    kernel = list(inits[c.input[1]].dims[2:])
+                for i in n.input:
+                    if kernel and (s := last_symbol(i)):
+                        out.setdefault(s, PinnedDim(kernel[-1], "conv window (Conv kernel)"))
     return out
 
 

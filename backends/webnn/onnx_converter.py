@@ -24,7 +24,7 @@ import onnx
 from onnx import numpy_helper
 
 from ._classes import MLGraphBuilder, MLKVCachePair
-from .dims import pin
+from .dims import NEW_TOKENS, pin
 from .dtypes import dtype, packed_bytes
 
 # ONNX TensorProto element type -> WebNN data type (and the NumPy type of host data)
@@ -188,23 +188,28 @@ def _rank(vi: onnx.ValueInfoProto) -> int | None:
 
 
 def _dim(d) -> int | str | None:
-    """A dimension as an int, a symbol (``dim_param``) or None (unknown)."""
+    """A dimension as an int (transformers' exporter writes fixed ones as numeric strings,
+    ``"16"``), a symbol (``dim_param``) or None (unknown)."""
     if d.HasField("dim_value"):
         return int(d.dim_value)
+    if d.dim_param.strip().isdigit():
+        return int(d.dim_param)
     return d.dim_param or None
 
 
 def _grows_by_one(past: int | str | None, present: int | str | None) -> bool:
-    """Whether ``present`` is ``past`` plus one row: numbers, ``X + 1``, a ``total...``
-    symbol, or an unnamed dynamic dimension on either side."""
+    """Whether ``present`` is ``past`` plus one row: numbers, ``X + 1``, ``X + N`` for the
+    new tokens' symbol N (optimum's ``past_sequence_length + sequence_length``), a
+    ``total...`` symbol, or an unnamed dynamic dimension on either side."""
     if isinstance(past, int) and isinstance(present, int):
         return present == past + 1
     if isinstance(past, int) or isinstance(present, int):
         return False
     if past is None or present is None:
         return True
-    squash = present.replace(" ", "")
-    return squash == past.replace(" ", "") + "+1" or "total" in present.lower()
+    head, plus, tail = present.replace(" ", "").partition("+")
+    return (bool(plus) and head == past.replace(" ", "")
+            and (tail == "1" or bool(NEW_TOKENS.match(tail)))) or "total" in present.lower()
 
 
 def _pair_kind(name: str, past: onnx.ValueInfoProto, out: str,

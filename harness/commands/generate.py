@@ -29,6 +29,13 @@ def parse_prompt(text: str, flag: str = "--prompt") -> list[int]:
     return ids
 
 
+def _vocabulary(proto) -> int | None:
+    """The width of the graph's ``logits`` output, where it is a number."""
+    out = next((o for o in proto.graph.output if o.name == "logits"), None)
+    dims = out.type.tensor_type.shape.dim if out is not None else []
+    return int(dims[-1].dim_value) if dims and dims[-1].HasField("dim_value") else None
+
+
 def token_diff(got: list[int], want: list[int]) -> str:
     """"" when the greedy tokens are the expected ones, else one line saying where they part."""
     if got == want:
@@ -45,6 +52,10 @@ def generate(model, prompt: list[int], max_new_tokens: int, backend: str) -> lis
         raise UserError(f"unknown backend {backend!r}; accepted: {', '.join(sorted(backends))}")
     user = model if isinstance(model, UserModel) else UserModel.load(model)
     path, cls = user.path, backends[backend]
+    vocab = _vocabulary(user.proto)
+    if vocab is not None and max(prompt) >= vocab:
+        raise UserError(f"--prompt: token id {max(prompt)} is beyond {path}'s vocabulary "
+                        f"({vocab} logits)")
     why = user.refusal(cls)
     if why:
         raise UserError(f"{backend} cannot run {path}: {why}")

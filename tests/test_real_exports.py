@@ -1,0 +1,138 @@
+"""Real exports (``tests/models``, made by ``scripts/make_test_models.py`` with the
+onnxruntime-genai builder, optimum-cli and transformers' OnnxExporter from tiny seeded
+Hugging Face models): `inspect` lists exactly the pairs each exporter wrote, every dim a
+decode step needs is pinned to what the source model says, and `generate` on the ORT
+backends gives the source PyTorch model's greedy tokens. No torch: the manifest carries
+what the source computed."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import onnx
+import pytest
+
+from backends.webnn.dims import default_dims, past_head_sizes
+from harness.commands.generate import generate
+from harness.model_info import inspect_model, model_file
+from model.errors import UserError
+from tests.test_cli import statebench
+
+#: the committed exports, or a held-out set made the same way (scripts/make_test_models.py --out)
+MODELS = Path(os.environ.get("STATEBENCH_REAL_EXPORTS") or Path(__file__).parent / "models")
+MANIFEST = json.loads((MODELS / "manifest.json").read_text())["models"]
+NAMES = [m["name"] for m in MANIFEST]
+NEW_TOKENS = 8
+
+
+def _entry(name: str) -> dict:
+    return next(m for m in MANIFEST if m["name"] == name)
+
+
+def _text_config(entry: dict) -> dict:
+    config = entry["source"]["config"]
+    return config.get("text_config", config)
+
+
+def test_the_exports_are_small_and_each_exporter_is_there():
+    sizes = {m["name"]: sum(f.stat().st_size for f in (MODELS / m["name"]).iterdir())
+             for m in MANIFEST}
+    assert all(s < 5 * 2**20 for s in sizes.values()), sizes
+    assert sum(sizes.values()) < 20 * 2**20
+    exporters = {m["name"].split("-")[0] for m in MANIFEST}
+    assert {"genai", "optimum", "transformers"} <= exporters
+    assert {"llama", "qwen35"} <= {m["source"]["model"] for m in MANIFEST}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_manifest_entry_is_complete(name):
+    e = _entry(name)
+    assert model_file(MODELS / e["path"]).is_file()
+    assert len(e["greedy_tokens"]) >= NEW_TOKENS
+    # a chain that could tell a wrong cache from a right one
+    assert len(set(e["greedy_tokens"][:NEW_TOKENS])) > 3
+    assert e["pairs"] and e["exporter_version"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_inspect_lists_exactly_the_exporters_pairs(name):
+    e = _entry(name)
+    report = inspect_model(MODELS / e["path"], backends=False)
+    assert report["pairs_error"] == ""
+    assert report["pairs"] == e["pairs"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_dims_of_a_decode_step_are_the_source_models(name):
+    """Every symbol of a pair's past is pinned, and to what the source config says: the
+    past at the capacity, heads and head size as configured, a conv window as its kernel
+    (transformers) or one less (genai)."""
+    e = _entry(name)
+    cfg = _text_config(e)
+    proto = onnx.load(str(model_file(MODELS / e["path"])), load_external_data=False)
+    dims = {k: d.value for k, d in default_dims(proto, 40).items()}
+    heads = past_head_sizes(proto)  # a GroupQueryAttention past's last axis, per past
+    inputs = {i.name: i for i in proto.graph.input}
+    head = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    for p in e["pairs"]:
+        shape = []
+        given = inputs[p["input"]].type.tensor_type.shape.dim
+        for i, d in enumerate(given):
+            v = (d.dim_value if d.HasField("dim_value") else
+                 heads[p["input"]] if i == len(given) - 1 and p["input"] in heads else
+                 dims.get(d.dim_param))
+            assert v is not None, f"{p['input']}: {d.dim_param!r} not pinned"
+            shape.append(int(v))
+        if p["kind"] == "append":
+            assert shape == [1, cfg["num_key_value_heads"], 40, head], p
+        elif "conv" in p["input"]:
+            kernel = cfg["linear_conv_kernel_dim"]
+            assert shape[-1] in (kernel - 1, kernel), p
+            assert shape[-1] == (kernel if name.startswith("transformers") else kernel - 1)
+        else:  # recurrent state: value heads, then value and key head sizes in some order
+            assert shape[:2] == [1, cfg["linear_num_value_heads"]], p
+            assert sorted(shape[2:]) == sorted([cfg["linear_value_head_dim"],
+                                                cfg["linear_key_head_dim"]]), p
+
+
+@pytest.mark.parametrize("backend", ["ort-cpu:copy", "ort-cpu:iobinding"])
+@pytest.mark.parametrize("name", NAMES)
+def test_generate_gives_the_source_models_tokens(name, backend):
+    e = _entry(name)
+    got = generate(MODELS / e["path"], e["prompt"], NEW_TOKENS, backend)
+    assert got == e["greedy_tokens"][:NEW_TOKENS]
+
+
+def test_inspect_command_prints_the_pairs_as_json():
+    e = _entry("transformers-qwen35") if "transformers-qwen35" in NAMES else MANIFEST[0]
+    proc = statebench("inspect", MODELS / e["path"], "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["pairs"] == e["pairs"]
+
+
+@pytest.mark.parametrize("name", NAMES[:1])
+def test_a_prompt_beyond_the_vocabulary_is_one_line(name):
+    e = _entry(name)
+    vocab = _text_config(e)["vocab_size"]
+    proc = statebench("generate", MODELS / e["path"], "--prompt", f"1,{vocab}")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"statebench: error: --prompt: token id {vocab} is beyond "
+        f"{model_file(MODELS / e['path'])}'s vocabulary ({vocab} logits)"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_shared_runs_where_gqa_owns_the_cache(name):
+    """One buffer bound as past and present needs GroupQueryAttention's shared-buffer mode:
+    genai's exports have it and give the source's tokens; optimum's and transformers' grow
+    their caches with plain ops and are refused in one line."""
+    e = _entry(name)
+    proto = onnx.load(str(model_file(MODELS / e["path"])), load_external_data=False)
+    if any(n.op_type == "GroupQueryAttention" for n in proto.graph.node):
+        got = generate(MODELS / e["path"], e["prompt"], NEW_TOKENS, "ort-cpu:shared")
+        assert got == e["greedy_tokens"][:NEW_TOKENS]
+    else:
+        with pytest.raises(UserError, match=r"ort-cpu:shared cannot run .*not GroupQueryAttention"):
+            generate(MODELS / e["path"], e["prompt"], NEW_TOKENS, "ort-cpu:shared")
