@@ -47,6 +47,12 @@ def _webnn():
     return webnn
 
 
+#: the inputs a page feeds besides the caches: the token, its position, the mask of the
+#: rows written so far (``_Page._feed``)
+_FEEDS = frozenset({"input_ids", "position_ids", "attention_mask", "seqlens_k",
+                    "total_sequence_length"})
+
+
 class _Page(Backend):
     """What every mode shares: one context, the converted graph, ids/position/logits tensors."""
 
@@ -129,6 +135,7 @@ class _Page(Backend):
             path = self.onnx_path  # a user's file: its symbolic dims pinned for a decode step
             proto = onnx.load(str(path), load_external_data=False)
             dims = {k: d.value for k, d in default_dims(proto, capacity).items()}
+            path = self._fixed_capacity(proto, dims)
         self.context = webnn.ml.create_context(state_support=self.state_support, timing=self.timing,
                                                options=self.options, engine=self.engine)
         self.details["engine"] = self.context.engine_info
@@ -137,14 +144,15 @@ class _Page(Backend):
         reason = getattr(self.context, "gpu_time_reason", "")
         if reason:
             self.details["gpu_time_reason"] = reason
+        base = None if self.onnx_path is None else os.path.dirname(os.fspath(self.onnx_path))
         with self._counted():
             try:
                 if self.request_state:
                     self._pairs = list_kv_pairs(path)
                     self.converted = convert(path, self.context, use_stateful=True,
-                                             kv_cache_pairs=self._pairs, dims=dims)
+                                             kv_cache_pairs=self._pairs, dims=dims, base=base)
                 else:
-                    self.converted = convert(path, self.context, dims=dims)
+                    self.converted = convert(path, self.context, dims=dims, base=base)
                     self._pairs = list_kv_pairs(path)
             except ConversionError as exc:
                 raise UserError(str(exc)) from None
@@ -180,6 +188,29 @@ class _Page(Backend):
                 for side in (self._cur, self._nxt):
                     side[p.input] = ctx.create_tensor(data_type=d.data_type, shape=list(d.shape),
                                                       writable=True)
+
+    def _fixed_capacity(self, proto, dims: dict[str, int]):
+        """A user's model pinned and its growing caches made fixed-capacity
+        (``backends.webnn.fixed_capacity``); what was done per pair goes in the details.
+        RuntimeError (the point unavailable) where a pair cannot be rewritten safely."""
+        from backends.webnn.dims import pin
+        from backends.webnn.fixed_capacity import FixedCapacityError, make_fixed_capacity
+        from backends.webnn.onnx_converter import ConversionError, list_kv_pairs
+
+        proto = pin(proto, dims, copy=False)
+        try:
+            done = make_fixed_capacity(proto, list_kv_pairs(proto))
+        except (FixedCapacityError, ConversionError) as exc:
+            raise RuntimeError(f"{self.name} is unavailable for {self.onnx_path}: {exc}") from None
+        if done:
+            self.details["fixed_capacity"] = {r.input: r.how for r in done}
+        missing = [i.name for i in proto.graph.input if i.name not in _FEEDS
+                   and i.name not in {p.input for p in list_kv_pairs(proto)}
+                   and i.name not in {t.name for t in proto.graph.initializer}]
+        if missing:
+            raise RuntimeError(f"{self.name} is unavailable for {self.onnx_path}: the WebNN pages "
+                               f"feed {', '.join(sorted(_FEEDS))}, not {missing[0]!r}")
+        return proto
 
     @property
     def _hidden(self) -> bool:
@@ -219,13 +250,11 @@ class _Page(Backend):
     def _dispatch(self, token: int) -> None:
         ctx = self.context
         with self._counted():
-            ins = {"input_ids": self._bound["input_ids"]}
-            ctx.write_tensor(self._bound["input_ids"], np.array([[token]], self._host_type("input_ids")))
-            if "position_ids" in self._bound:  # [1, 1], or Qwen's multimodal [3, 1, 1]
-                ins["position_ids"] = self._bound["position_ids"]
-                shape = self.converted.inputs["position_ids"].shape
-                ctx.write_tensor(self._bound["position_ids"],
-                                 np.full(shape, self.position, self._host_type("position_ids")))
+            ins = {}
+            for name in self.converted.inputs:
+                if name in self._bound:
+                    ins[name] = self._bound[name]
+                    ctx.write_tensor(ins[name], self._feed(name, token))
             outs = {self._logits_name: self._bound[self._logits_name]}
             if not self._hidden:
                 for p in self._pairs:
@@ -238,8 +267,19 @@ class _Page(Backend):
                 self._cur, self._nxt = self._nxt, self._cur
         self.position += 1
 
-    def _host_type(self, name: str) -> np.dtype:
-        return np.dtype(self.converted.inputs[name].host_dtype)
+    def _feed(self, name: str, token: int) -> np.ndarray:
+        """What the page writes to a non-cache input this step (``_FEEDS``)."""
+        d = self.converted.inputs[name]
+        if name == "input_ids":
+            return np.full(d.shape, token, d.host_dtype)
+        if name == "attention_mask":  # ones up to and including the position, zeros beyond
+            mask = np.zeros(d.shape, d.host_dtype)
+            mask[..., :self.position + 1] = 1
+            return mask
+        if name == "total_sequence_length":
+            return np.full(d.shape, self.position + 1, d.host_dtype)
+        # position_ids ([1, 1], or Qwen's multimodal [3, 1, 1]) and GQA's seqlens_k
+        return np.full(d.shape, self.position, d.host_dtype)
 
     def reset(self) -> None:
         if self.context is None:

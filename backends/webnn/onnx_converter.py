@@ -234,11 +234,15 @@ def _pair_kind(name: str, past: onnx.ValueInfoProto, out: str,
 
 def convert(model: onnx.ModelProto | str | os.PathLike, context, *, use_stateful: bool = False,
             kv_cache_pairs: Sequence[MLKVCachePair] | None = None,
-            dims: Mapping[str, int] | None = None) -> ConvertedGraph:
+            dims: Mapping[str, int] | None = None,
+            base: str | os.PathLike | None = None) -> ConvertedGraph:
     """Build `model` with an MLGraphBuilder on `context`; pairs default to none. ``dims``:
-    symbolic dimensions pinned to numbers first (``dims.default_dims`` for a decode step)."""
+    symbolic dimensions pinned to numbers first (``dims.default_dims`` for a decode step);
+    ``base``: where a model handed in as a proto keeps its external data."""
     given = isinstance(model, onnx.ModelProto)
-    base = None if given else os.path.dirname(os.fspath(model))
+    if not given:
+        base = os.path.dirname(os.fspath(model))
+    base = None if base is None else os.fspath(base)
     model = _load(model, weights=False)
     if dims:  # a model loaded here is this call's own: pinned where it lies
         model = pin(model, dims, copy=given)
@@ -440,7 +444,8 @@ class _Converter:
     # nodes ----------------------------------------------------------------------------------
 
     def _node(self, node: onnx.NodeProto) -> None:
-        if node.domain not in ("", "ai.onnx"):
+        if node.domain not in ("", "ai.onnx") and not (
+                node.domain == "com.microsoft" and node.op_type in _HANDLERS):
             raise ConversionError(
                 f"unsupported op {node.domain}::{node.op_type} (node {node.name or node.output[0]!r}); "
                 "the WebNN converter takes standard ONNX ops only: export the standard flavour")
@@ -833,5 +838,7 @@ def _dequantize_linear(c: _Converter, node, attrs):
         zp = c._constant(np.zeros(want, HOST_DTYPES[kind]))
     return c.builder.dequantize_linear(x, scale, zp)
 
+
+from . import convert_attention  # noqa: E402,F401  (registers its handlers)
 
 SUPPORTED_OPS = frozenset(_HANDLERS) | frozenset({"Range", "ConstantOfShape"})

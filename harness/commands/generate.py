@@ -15,9 +15,6 @@ from harness.commands.common_args import add_model_argument
 from harness.model_info import load_model, model_file
 from model.errors import UserError
 
-#: the inputs the WebNN pages feed besides the caches (``backends.pages``)
-_PAGE_FEEDS = frozenset({"input_ids", "position_ids"})
-
 
 def parse_prompt(text: str) -> list[int]:
     """``1,2,3`` -> [1, 2, 3] (the --prompt flag): non-negative token ids, at least one."""
@@ -37,22 +34,10 @@ def generate(model, prompt: list[int], max_new_tokens: int, backend: str) -> lis
         raise UserError(f"unknown backend {backend!r}; accepted: {', '.join(sorted(backends))}")
     path = model_file(model)
     try:
-        proto = load_model(path)
-        pairs = list_kv_pairs(proto)
+        list_kv_pairs(load_model(path))  # bad names and bad pairs: one line before any backend
     except ConversionError as exc:
         raise UserError(f"{path}: {exc}") from None
     cls = backends[backend]
-    if not backend.startswith("ort-"):
-        growing = [p for p in pairs if p.kind == "append"]
-        paired = {p.input for p in pairs}
-        other = [i.name for i in proto.graph.input
-                 if i.name not in paired | _PAGE_FEEDS | {t.name for t in proto.graph.initializer}]
-        why = (f"its cache grows ({growing[0].input} -> {growing[0].output}, append on axis "
-               f"{growing[0].axis}) and the fixed-capacity rewrite is not built yet" if growing
-               else f"the WebNN pages feed only {', '.join(sorted(_PAGE_FEEDS))}, not "
-               f"{other[0]!r}" if other else "")
-        if why:
-            raise UserError(f"{backend} cannot run {path}: {why}")
     ok, why = cls.available()
     if not ok:
         raise UserError(f"{backend} is unavailable: {why}")

@@ -1,0 +1,173 @@
+"""Growing caches made fixed-capacity, at ONNX level, before conversion: what real exports
+need before the stateful transform (same-shape pairs) can hold.
+
+Real exporters grow the cache: present = past + one row on the sequence axis, written as
+``Concat(past, new)`` (optimum, transformers) or inside com.microsoft
+``GroupQueryAttention`` (onnxruntime-genai). A WebNN graph has static shapes, so the
+pages pin the past at ``capacity`` rows and the total at ``capacity + 1``
+(``dims.default_dims``); this module then makes each growing pair same-shaped:
+
+* ``Concat(past, new)`` on the pair's axis: the present becomes
+  ``ScatterND(past, [.., position, ..], new)`` (the new row written at the position, in
+  place under the stateful transform, ``stateful.analyse``), and the Concat, which the
+  model's attention reads, takes that written cache instead of the past. Attention then
+  sees ``capacity + 1`` rows: the cache (rows up to and including the position valid,
+  the new one among them) and the new row again at the end. The page feeds
+  ``attention_mask`` with ones up to and including the position and zeros beyond (the
+  last, duplicate row among them), and the model's own mask logic drops the rest.
+  The position is read from that mask (its sum less one), so the row written and the
+  rows masked cannot disagree. Safe only where the model has an ``attention_mask`` as long
+  as the grown axis: without one, the zero rows beyond the position would be attended.
+* ``GroupQueryAttention``: its shared-buffer form (past and present one capacity-sized
+  buffer, the new row written at ``seqlens_k``): the present is declared with the past's
+  shape and the converter's handler (``convert_attention``) writes it so.
+
+Every other producer of a growing present is left alone and reported: the model is then
+unavailable on the WebNN pages with that one-line reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+#: the input whose length covers the cache and whose ones say which rows are valid
+MASK_INPUT = "attention_mask"
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """What was done to one growing pair: ``how`` says it in words; ``ok`` False: it could
+    not be, and ``how`` is the reason."""
+
+    input: str
+    output: str
+    ok: bool
+    how: str
+
+
+class FixedCapacityError(ValueError):
+    """A growing pair the rewrite cannot prove safe; the message names it and why."""
+
+
+def make_fixed_capacity(model: onnx.ModelProto, pairs) -> list[Rewrite]:
+    """Rewrite ``model`` (pinned, in place) so every ``append`` pair of ``pairs`` has the
+    past's shape; one ``Rewrite`` per growing pair. Raises FixedCapacityError naming the
+    first pair that cannot be rewritten (nothing is changed then)."""
+    g = model.graph
+    producer = {o: (n, k) for n in g.node for k, o in enumerate(n.output)}
+    inputs = {i.name: i for i in g.input}
+    outputs = {o.name: o for o in g.output}
+    plans: list[tuple[object, str, onnx.NodeProto]] = []
+    done: list[Rewrite] = []
+    for p in pairs:
+        if p.kind != "append":
+            continue
+        node, k = producer.get(p.output, (None, 0))
+        if node is None:
+            raise FixedCapacityError(f"{p.output!r} is not computed by a node")
+        if node.domain == "com.microsoft" and node.op_type == "GroupQueryAttention" \
+                and k in (1, 2) and len(node.input) > k + 2 and node.input[k + 2] == p.input:
+            plans.append((p, "gqa", node))
+            continue
+        if node.op_type != "Concat" or node.domain not in ("", "ai.onnx"):
+            raise FixedCapacityError(
+                f"{p.input!r} -> {p.output!r} grows through {node.op_type}, not Concat(past, "
+                "new) or GroupQueryAttention: no fixed-capacity rewrite for it")
+        rank = len(inputs[p.input].type.tensor_type.shape.dim)
+        ins = [n for n in node.input if n]
+        axis = next(a.i for a in node.attribute if a.name == "axis") % rank
+        if len(ins) != 2 or ins[0] != p.input or axis != p.axis:
+            raise FixedCapacityError(
+                f"{p.output!r} is Concat({', '.join(ins)}) on axis {axis}, not Concat({p.input}, "
+                f"new) on axis {p.axis}: no fixed-capacity rewrite for it")
+        mask = inputs.get(MASK_INPUT)
+        length = _dims(outputs[p.output])[p.axis]
+        if mask is None or _dims(mask)[-1] != length:
+            raise FixedCapacityError(
+                f"{p.input!r} -> {p.output!r} grows by Concat and the graph has no "
+                f"{MASK_INPUT!r} input of its {length} rows to mask the rows beyond the "
+                "position: a fixed-capacity cache would attend its empty rows")
+        plans.append((p, "concat", node))
+    position = None
+    for p, kind, node in plans:
+        _set_dims(outputs[p.output], _dims(inputs[p.input]))
+        if kind == "gqa":
+            done.append(Rewrite(p.input, p.output, True,
+                                "GroupQueryAttention's shared buffer: new row written at seqlens_k"))
+            continue
+        if position is None:
+            position = _position_nodes(g)
+        _write_at_position(g, p, node, _dims(inputs[p.input]), position)
+        done.append(Rewrite(p.input, p.output, True,
+                            f"Concat on axis {p.axis} -> ScatterND at the position "
+                            f"(sum({MASK_INPUT}) - 1); attention reads the written cache"))
+    return done
+
+
+def _dims(vi: onnx.ValueInfoProto) -> list[int | str]:
+    return [d.dim_value if d.HasField("dim_value") else d.dim_param
+            for d in vi.type.tensor_type.shape.dim]
+
+
+def _set_dims(vi: onnx.ValueInfoProto, dims: list[int | str]) -> None:
+    shape = vi.type.tensor_type.shape
+    del shape.dim[:]
+    for d in dims:
+        new = shape.dim.add()
+        if isinstance(d, int):
+            new.dim_value = d
+        else:
+            new.dim_param = d
+
+
+def _position_nodes(g: onnx.GraphProto) -> str:
+    """Nodes computing the position, int64 [1], from the mask: its ones less one."""
+    n = helper.make_node
+    name = "fixed_capacity.position"
+    g.initializer.append(numpy_helper.from_array(np.array([1.0], np.float32), f"{name}.one"))
+    g.node.insert(0, n("Cast", [MASK_INPUT], [f"{name}.f"], to=TensorProto.FLOAT))
+    g.node.insert(1, n("ReduceSum", [f"{name}.f"], [f"{name}.sum"], keepdims=0))
+    g.node.insert(2, n("Reshape", [f"{name}.sum", f"{name}.shape1"], [f"{name}.sum1"]))
+    g.node.insert(3, n("Sub", [f"{name}.sum1", f"{name}.one"], [f"{name}.fpos"]))
+    g.node.insert(4, n("Cast", [f"{name}.fpos"], [name], to=TensorProto.INT64))
+    g.initializer.append(numpy_helper.from_array(np.array([1], np.int64), f"{name}.shape1"))
+    return name
+
+
+def _write_at_position(g: onnx.GraphProto, p, concat: onnx.NodeProto, past: list,
+                       position: str) -> None:
+    """present = ScatterND(past, indices, new); the Concat reads present, its own output
+    renamed for the readers inside the graph."""
+    if not all(isinstance(d, int) for d in past):
+        raise FixedCapacityError(f"{p.input!r} has unpinned dims {past}")
+    lead = past[:p.axis]
+    base = f"fixed_capacity.{p.output}"
+    n = helper.make_node
+    new = concat.input[1]
+    nodes = []
+    if lead:  # one index tuple (leading coordinates..., position) per leading cell
+        grid = np.stack(np.meshgrid(*[np.arange(d) for d in lead], indexing="ij"), -1)
+        grid = grid.reshape([*lead, 1, len(lead)]).astype(np.int64)
+        g.initializer.extend([
+            numpy_helper.from_array(grid, f"{base}.grid"),
+            numpy_helper.from_array(np.array([*lead, 1, 1], np.int64), f"{base}.pshape")])
+        nodes += [n("Expand", [position, f"{base}.pshape"], [f"{base}.pos"]),
+                  n("Concat", [f"{base}.grid", f"{base}.pos"], [f"{base}.idx"], axis=-1)]
+    else:
+        g.initializer.append(numpy_helper.from_array(np.array([1, 1], np.int64), f"{base}.pshape"))
+        nodes.append(n("Reshape", [position, f"{base}.pshape"], [f"{base}.idx"]))
+    nodes.append(n("ScatterND", [p.input, f"{base}.idx", new], [p.output]))
+    attend = f"{base}.attend"
+    for other in g.node:
+        for i, x in enumerate(other.input):
+            if x == p.output:
+                other.input[i] = attend
+    concat.input[0] = p.output
+    concat.output[0] = attend
+    at = list(g.node).index(concat)
+    for k, node in enumerate(nodes):
+        g.node.insert(at + k, node)
