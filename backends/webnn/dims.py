@@ -20,6 +20,10 @@ _NEW_TOKENS = re.compile(r"^(sequence_length|seq_len|sequence|seq|seqlen|query_l
                          r"input_sequence_length|num_tokens|tokens)$", re.IGNORECASE)
 
 
+#: names of widths, never lengths, whatever else they say (``kv_cache_dim``, ``head_size``)
+_WIDTH = re.compile(r"(^|_)(dim|head|heads|head_size|head_dim|hidden|hidden_size)$")
+
+
 @dataclass(frozen=True)
 class PinnedDim:
     """One symbol's value and the rule that gave it."""
@@ -45,6 +49,8 @@ def _by_name(name: str, capacity: int) -> PinnedDim | None:
         return PinnedDim(int(name), "a number")
     if "batch" in low:
         return PinnedDim(1, "batch 1")
+    if _WIDTH.search(low):  # a head's or cache row's width (genai's kv_cache_dim), not a length
+        return None
     if "total" in low:
         return PinnedDim(capacity + 1, "past + 1 new token")
     if "past" in low or "cache" in low:
@@ -92,7 +98,54 @@ def default_dims(model: onnx.ModelProto, capacity: int) -> dict[str, PinnedDim]:
             v = _evaluate(s, {k: p.value for k, p in out.items()})
             if v is not None and v > 0:
                 out[s] = PinnedDim(v, "expression")
+    if any(s not in out for s in names):
+        out.update(_attention_widths(model, {k: p.value for k, p in out.items()}, names))
     return out
+
+
+def _attention_widths(model: onnx.ModelProto, known: Mapping[str, int],
+                      names: list[str]) -> dict[str, PinnedDim]:
+    """Symbols on the last axis of a GroupQueryAttention's past (genai's ``kv_cache_dim``):
+    its head size, the query's width (from ONNX shape inference on the pinned graph) over
+    its heads."""
+    gqa = [n for n in model.graph.node
+           if n.domain == "com.microsoft" and n.op_type == "GroupQueryAttention"]
+    if not gqa:
+        return {}
+    inputs = {i.name: i for i in model.graph.input}
+    light = pin(_without_weights(model), known, copy=False)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(light)
+    except Exception:  # noqa: BLE001 - a graph shape inference cannot take: nothing learned
+        return {}
+    shapes = {v.name: [d.dim_value if d.HasField("dim_value") else None
+                       for d in v.type.tensor_type.shape.dim]
+              for v in [*inferred.graph.value_info, *inferred.graph.input]}
+    out: dict[str, PinnedDim] = {}
+    for n in gqa:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        width = (shapes.get(n.input[0]) or [None])[-1]
+        past = inputs.get(n.input[3]) if len(n.input) > 3 else None
+        if not width or past is None:
+            continue
+        packed = len(n.input) < 2 or not n.input[1]
+        heads = attrs["num_heads"] + (2 * attrs["kv_num_heads"] if packed else 0)
+        last = past.type.tensor_type.shape.dim[-1]
+        if last.HasField("dim_param") and last.dim_param in names and last.dim_param not in known:
+            out[last.dim_param] = PinnedDim(width // heads, "GroupQueryAttention head size")
+    return out
+
+
+def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` with its initializers as inputs of their type and shape: shape
+    inference needs no weights."""
+    into = onnx.ModelProto()
+    into.CopyFrom(model)
+    g = into.graph
+    del g.initializer[:]
+    for t in model.graph.initializer:
+        g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    return into
 
 
 def pin(model: onnx.ModelProto, dims: Mapping[str, int], *, copy: bool = True) -> onnx.ModelProto:

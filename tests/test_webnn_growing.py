@@ -1,0 +1,164 @@
+"""Growing caches on the WebNN pages (``backends.webnn.fixed_capacity``) and the attention
+ops of real exports (``backends.webnn.convert_attention``), against ORT's CPU EP on the
+same ONNX graph with its growing cache (``tests.attention_graphs``): every step's logits
+and the greedy tokens, on each page."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from backends.base import registry
+from backends.pages import StatelessCopy
+from tests.attention_graphs import LAYERS, genai_model, optimum_model, ort_greedy, ort_oracle
+from tests.test_cli import statebench
+from tests.test_onnx_converter import run_graph
+
+ok, why = StatelessCopy.available()
+pytestmark = pytest.mark.skipif(not ok, reason=why)
+
+PAGES = ["wgpu:stateless", "wgpu:reuse", "wgpu:stateful"]
+MODELS = {"genai": genai_model, "optimum": optimum_model,
+          "genai-interleaved": lambda: genai_model(seed=9, interleaved=True)}
+SEQ, PROMPT, NEW = [5, 2, 9, 0, 7, 3, 11], [3, 1, 4], 6
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("growing")
+    out = {}
+    for name, make in MODELS.items():
+        out[name] = d / f"{name}.onnx"
+        onnx.save(make(), str(out[name]))
+    return out
+
+
+@pytest.mark.parametrize("page", PAGES)
+@pytest.mark.parametrize("name", list(MODELS))
+def test_each_steps_logits_match_ort_on_the_growing_graph(name, page, models):
+    want = ort_oracle(models[name], SEQ)
+    b = registry()[page](onnx_path=models[name])
+    try:
+        b.prepare(None, 12)
+        for i, t in enumerate(SEQ):
+            got = b.step(t)
+            assert np.abs(got - want[i]).max() / np.abs(want[i]).max() < 1e-4, (i, page)
+        assert len(b.details["fixed_capacity"]) == 2 * LAYERS  # every pair rewritten
+        if page == "wgpu:stateful":  # written in place, attention fused
+            assert all(b.details["in_place"].values()), b.details["in_place"]
+            launches = Counter(la.kernel.name for la in b.converted.graph._plan.launches
+                               if hasattr(la, "kernel"))
+            assert launches["attention_flash"] == LAYERS, launches
+    finally:
+        b.close()
+
+
+@pytest.mark.parametrize("page", PAGES)
+@pytest.mark.parametrize("name", ["genai", "optimum"])
+def test_generate_gives_orts_greedy_tokens(name, page, models):
+    want = ort_greedy(models[name], PROMPT, NEW)
+    assert len(set(want)) > 2
+    proc = statebench("generate", models[name], "--prompt", ",".join(map(str, PROMPT)),
+                      "--max-new-tokens", NEW, "--backend", page, "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["tokens"] == want
+
+
+def test_a_growing_cache_nothing_masks_is_unavailable_in_one_line(tmp_path):
+    """transformers' names with no attention_mask: the rows beyond the position would be
+    attended, so the rewrite refuses and says why."""
+    from tests.decoder_graphs import decoder_model
+
+    path = tmp_path / "nomask.onnx"
+    onnx.save(decoder_model("transformers"), str(path))
+    proc = statebench("generate", path, "--prompt", "1,2", "--backend", "wgpu:stateful")
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no 'attention_mask' input" in lines[0], proc.stderr
+
+
+# --- single ops against ORT ------------------------------------------------------------------
+
+rng = np.random.default_rng(3)
+
+
+def _ort(model: onnx.ModelProto, feeds: dict) -> dict[str, np.ndarray]:
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, feeds), strict=True))
+
+
+def _single(node, inputs: dict, outputs: dict, inits: dict, opset: int = 21) -> onnx.ModelProto:
+    vi = lambda n, a: helper.make_tensor_value_info(  # noqa: E731
+        n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+    g = helper.make_graph([node], "t", [vi(n, a) for n, a in inputs.items()],
+                          [helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
+                           for n, s in outputs.items()],
+                          [onnx.numpy_helper.from_array(a, n) for n, a in inits.items()])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset),
+                                               helper.make_opsetid("com.microsoft", 1)])
+
+
+@pytest.fixture(scope="module")
+def context():
+    from backends.webnn import ml
+
+    ctx = ml.create_context(state_support=True)
+    yield ctx
+    ctx.destroy()
+
+
+@pytest.mark.parametrize("interleaved", [0, 1])
+@pytest.mark.parametrize("form", ["contrib-3d", "contrib-4d", "onnx23-3d", "onnx23-4d"])
+def test_rotary_embedding_matches_ort(context, form, interleaved):
+    """Both domains, both layouts, halves or interleaved, partial rotary (12 of 16)."""
+    B, S, N, H, rot, maxpos = 1, 3, 2, 16, 12, 10
+    x = rng.standard_normal((B, S, N * H) if form.endswith("3d") else (B, N, S, H)).astype(np.float32)
+    pos = np.array([[4, 1, 7]], np.int64)
+    cos = rng.standard_normal((maxpos, rot // 2)).astype(np.float32)
+    sin = rng.standard_normal((maxpos, rot // 2)).astype(np.float32)
+    attrs = dict(interleaved=interleaved, rotary_embedding_dim=rot, num_heads=N)
+    if form.startswith("contrib"):
+        node = helper.make_node("RotaryEmbedding", ["x", "pos", "cos", "sin"], ["y"],
+                                domain="com.microsoft", **attrs)
+    else:
+        node = helper.make_node("RotaryEmbedding", ["x", "cos", "sin", "pos"], ["y"], **attrs)
+    model = _single(node, {"x": x, "pos": pos}, {"y": list(x.shape)}, {"cos": cos, "sin": sin},
+                    opset=23)
+    want = _ort(model, {"x": x, "pos": pos})["y"]
+    got = run_graph(context, model, {"x": x, "pos": pos})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_skip_simplified_layer_norm_all_outputs_match_ort(context, bias):
+    x, skip = (rng.standard_normal((1, 2, 24)).astype(np.float32) for _ in range(2))
+    inits = {"gamma": rng.standard_normal(24).astype(np.float32)}
+    if bias:
+        inits["beta"] = rng.standard_normal(24).astype(np.float32)
+    node = helper.make_node("SkipSimplifiedLayerNormalization",
+                            ["x", "skip", "gamma", *(["beta"] if bias else [])],
+                            ["y", "", "inv", "sum"], domain="com.microsoft", epsilon=1e-4)
+    model = _single(node, {"x": x, "skip": skip},
+                    {"y": [1, 2, 24], "inv": [1, 2, 1], "sum": [1, 2, 24]}, inits)
+    want = _ort(model, {"x": x, "skip": skip})
+    got = run_graph(context, model, {"x": x, "skip": skip})
+    for k in ("y", "inv", "sum"):
+        np.testing.assert_allclose(got[k], want[k].reshape(got[k].shape), rtol=1e-5, atol=1e-5)
+
+
+def test_simplified_layer_norm_matches_ort(context):
+    x = rng.standard_normal((1, 3, 20)).astype(np.float32)
+    node = helper.make_node("SimplifiedLayerNormalization", ["x", "g"], ["y"], axis=-1,
+                            epsilon=1e-5)
+    model = _single(node, {"x": x}, {"y": [1, 3, 20]},
+                    {"g": rng.standard_normal(20).astype(np.float32)})
+    np.testing.assert_allclose(run_graph(context, model, {"x": x})["y"],
+                               _ort(model, {"x": x})["y"], rtol=1e-5, atol=1e-5)
