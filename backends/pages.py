@@ -134,7 +134,11 @@ class _Page(Backend):
 
             path = self.onnx_path  # a user's file: its symbolic dims pinned for a decode step
             proto = onnx.load(str(path), load_external_data=False)
-            dims = {k: d.value for k, d in default_dims(proto, capacity).items()}
+            try:
+                grown = {p.input: p.axis for p in list_kv_pairs(proto) if p.kind == "append"}
+            except ConversionError as exc:
+                raise UserError(str(exc)) from None
+            dims = {k: d.value for k, d in default_dims(proto, capacity, grown).items()}
             path = self._fixed_capacity(proto, dims)
         self.context = webnn.ml.create_context(state_support=self.state_support, timing=self.timing,
                                                options=self.options, engine=self.engine)

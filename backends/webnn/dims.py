@@ -83,12 +83,21 @@ def _evaluate(expr: str, known: Mapping[str, int]) -> int | None:
     return ev(tree)
 
 
-def default_dims(model: onnx.ModelProto, capacity: int) -> dict[str, PinnedDim]:
+def default_dims(model: onnx.ModelProto, capacity: int,
+                 grown: Mapping[str, int] | None = None) -> dict[str, PinnedDim]:
     """symbol -> its value for a decode step at ``capacity`` past rows; symbols no rule
-    knows are absent."""
+    knows are absent. ``grown``: cache input -> the axis it grows on (``list_kv_pairs``'s
+    append pairs): a symbol there is the past whatever its name (transformers' ``s53``)."""
     names = symbols(model)
     out: dict[str, PinnedDim] = {}
+    inputs = {i.name: i for i in model.graph.input}
+    for name, axis in (grown or {}).items():
+        d = inputs[name].type.tensor_type.shape.dim[axis]
+        if d.HasField("dim_param") and re.fullmatch(r"[A-Za-z_]\w*", d.dim_param):
+            out[d.dim_param] = PinnedDim(capacity, "a growing cache's past = capacity")
     for s in names:
+        if s in out:
+            continue
         if re.fullmatch(r"[A-Za-z_]\w*|\s*\d+\s*", s):
             pinned = _by_name(s, capacity)
             if pinned is not None:
@@ -113,7 +122,7 @@ def _attention_widths(model: onnx.ModelProto, known: Mapping[str, int],
     if not gqa:
         return {}
     inputs = {i.name: i for i in model.graph.input}
-    light = pin(_without_weights(model), known, copy=False)
+    light = pin(without_weights(model), known, copy=False)
     try:
         inferred = onnx.shape_inference.infer_shapes(light)
     except Exception:  # noqa: BLE001 - a graph shape inference cannot take: nothing learned
@@ -136,7 +145,7 @@ def _attention_widths(model: onnx.ModelProto, known: Mapping[str, int],
     return out
 
 
-def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+def without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of ``model`` with its initializers as inputs of their type and shape: shape
     inference needs no weights."""
     into = onnx.ModelProto()

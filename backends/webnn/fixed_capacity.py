@@ -84,14 +84,12 @@ def make_fixed_capacity(model: onnx.ModelProto, pairs) -> list[Rewrite]:
             raise FixedCapacityError(
                 f"{p.output!r} is Concat({', '.join(ins)}) on axis {axis}, not Concat({p.input}, "
                 f"new) on axis {p.axis}: no fixed-capacity rewrite for it")
-        mask = inputs.get(MASK_INPUT)
-        length = _dims(outputs[p.output])[p.axis]
-        if mask is None or _dims(mask)[-1] != length:
-            raise FixedCapacityError(
-                f"{p.input!r} -> {p.output!r} grows by Concat and the graph has no "
-                f"{MASK_INPUT!r} input of its {length} rows to mask the rows beyond the "
-                "position: a fixed-capacity cache would attend its empty rows")
         plans.append((p, "concat", node))
+    concats = [(p, node) for p, kind, node in plans if kind == "concat"]
+    lengths = {_dims(outputs[p.output])[p.axis] for p, _ in concats}
+    mask = inputs.get(MASK_INPUT)
+    by_mask = mask is not None and lengths == {_dims(mask)[-1]}
+    softmaxes = [] if by_mask or not concats else _softmaxes_over(model, concats, lengths)
     position = None
     for p, kind, node in plans:
         _set_dims(outputs[p.output], _dims(inputs[p.input]))
@@ -100,12 +98,102 @@ def make_fixed_capacity(model: onnx.ModelProto, pairs) -> list[Rewrite]:
                                 "GroupQueryAttention's shared buffer: new row written at seqlens_k"))
             continue
         if position is None:
-            position = _position_nodes(g)
+            position = _position_from_mask(g) if by_mask else _position_from_ids(g)
         _write_at_position(g, p, node, _dims(inputs[p.input]), position)
-        done.append(Rewrite(p.input, p.output, True,
-                            f"Concat on axis {p.axis} -> ScatterND at the position "
-                            f"(sum({MASK_INPUT}) - 1); attention reads the written cache"))
+        done.append(Rewrite(p.input, p.output, True, (
+            f"Concat on axis {p.axis} -> ScatterND at the position (sum({MASK_INPUT}) - 1); "
+            "attention reads the written cache, the model's mask drops the rest") if by_mask
+            else (f"Concat on axis {p.axis} -> ScatterND at position_ids; attention reads the "
+                  f"written cache, rows beyond the position masked before {len(softmaxes)} "
+                  "softmax(es)")))
+    if softmaxes:
+        _mask_softmaxes(g, softmaxes, position, lengths.pop())
     return done
+
+
+def _softmaxes_over(model: onnx.ModelProto, concats, lengths: set) -> list[onnx.NodeProto]:
+    """Without an ``attention_mask``: the Softmax nodes whose last axis runs over the grown
+    cache's rows (they read a grown present, and their last axis has its length), where a
+    mask of the rows beyond ``position_ids`` is added. FixedCapacityError where that cannot
+    be shown."""
+    first = concats[0][0]
+    g = model.graph
+    if "position_ids" not in {i.name for i in g.input}:
+        raise FixedCapacityError(
+            f"{first.input!r} -> {first.output!r} grows by Concat and the graph has neither an "
+            f"{MASK_INPUT!r} input nor position_ids to mask the rows beyond the position: a "
+            "fixed-capacity cache would attend its empty rows")
+    if len(lengths) != 1:
+        raise FixedCapacityError(f"the grown caches have different lengths {sorted(lengths)}")
+    length = next(iter(lengths))
+    producer = {o: n for n in g.node for o in n.output}
+    grown = {p.output for p, _ in concats}
+    shapes = _inferred_shapes(model)
+
+    def reads_grown(name: str) -> bool:
+        todo, seen = [name], set()
+        while todo:
+            x = todo.pop()
+            if x in grown:
+                return True
+            if x in seen or x not in producer:
+                continue
+            seen.add(x)
+            todo.extend(i for i in producer[x].input if i)
+        return False
+
+    found = []
+    for n in g.node:
+        if n.op_type != "Softmax" or not reads_grown(n.input[0]):
+            continue
+        shape = shapes.get(n.input[0])
+        axis = next((a.i for a in n.attribute if a.name == "axis"), -1)
+        if not shape or shape[-1] != length or axis not in (-1, len(shape) - 1):
+            raise FixedCapacityError(
+                f"softmax {n.name or n.output[0]!r} reads a grown cache but its last axis is not "
+                f"shown to run over the {length} cache rows ({shape}): rows beyond the position "
+                "cannot be masked")
+        found.append(n)
+    if not found:
+        raise FixedCapacityError(
+            f"{first.input!r} -> {first.output!r} grows by Concat and no softmax over its rows "
+            f"was found to mask, nor an {MASK_INPUT!r} input")
+    return found
+
+
+def _inferred_shapes(model: onnx.ModelProto) -> dict[str, list[int | None]]:
+    """Every value's static shape by ONNX shape inference on the pinned graph, weights left
+    out."""
+    from .dims import without_weights
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(without_weights(model))
+    except Exception:  # noqa: BLE001 - a graph shape inference cannot take: nothing learned
+        return {}
+    g = inferred.graph
+    return {v.name: [d.dim_value if d.HasField("dim_value") else None
+                     for d in v.type.tensor_type.shape.dim]
+            for v in [*g.value_info, *g.input, *g.output]}
+
+
+def _mask_softmaxes(g: onnx.GraphProto, softmaxes, position: str, length: int) -> None:
+    """Before each softmax: + (0 where row <= position, float32 min beyond)."""
+    n = helper.make_node
+    name = "fixed_capacity.rows_mask"
+    g.initializer.extend([
+        numpy_helper.from_array(np.arange(length, dtype=np.int64), f"{name}.rows"),
+        numpy_helper.from_array(np.array(0.0, np.float32), f"{name}.zero"),
+        numpy_helper.from_array(np.array(np.finfo(np.float32).min, np.float32), f"{name}.low")])
+    nodes = [n("LessOrEqual", [f"{name}.rows", position], [f"{name}.valid"]),
+             n("Where", [f"{name}.valid", f"{name}.zero", f"{name}.low"], [name])]
+    for k, sm in enumerate(softmaxes):
+        masked = f"{name}.{k}"
+        nodes_at = list(g.node).index(sm)
+        g.node.insert(nodes_at, n("Add", [sm.input[0], name], [masked]))
+        sm.input[0] = masked
+    at = max(i for i, x in enumerate(g.node) if position in x.output) + 1
+    for k, node in enumerate(nodes):
+        g.node.insert(at + k, node)
 
 
 def _dims(vi: onnx.ValueInfoProto) -> list[int | str]:
@@ -124,7 +212,21 @@ def _set_dims(vi: onnx.ValueInfoProto, dims: list[int | str]) -> None:
             new.dim_param = d
 
 
-def _position_nodes(g: onnx.GraphProto) -> str:
+def _position_from_ids(g: onnx.GraphProto) -> str:
+    """Nodes computing the position, int64 [1], from position_ids (its first element:
+    Qwen's [3, B, S] text positions are alike)."""
+    n = helper.make_node
+    name = "fixed_capacity.position"
+    g.initializer.extend([numpy_helper.from_array(np.array([-1], np.int64), f"{name}.flat"),
+                          numpy_helper.from_array(np.array([0], np.int64), f"{name}.start"),
+                          numpy_helper.from_array(np.array([1], np.int64), f"{name}.end")])
+    g.node.insert(0, n("Reshape", ["position_ids", f"{name}.flat"], [f"{name}.all"]))
+    g.node.insert(1, n("Slice", [f"{name}.all", f"{name}.start", f"{name}.end"], [f"{name}.ids"]))
+    g.node.insert(2, n("Cast", [f"{name}.ids"], [name], to=TensorProto.INT64))
+    return name
+
+
+def _position_from_mask(g: onnx.GraphProto) -> str:
     """Nodes computing the position, int64 [1], from the mask: its ones less one."""
     n = helper.make_node
     name = "fixed_capacity.position"

@@ -188,9 +188,12 @@ def _rank(vi: onnx.ValueInfoProto) -> int | None:
 
 
 def _dim(d) -> int | str | None:
-    """A dimension as an int, a symbol (``dim_param``) or None (unknown)."""
+    """A dimension as an int (a number written as a string, ``"16"``, too), a symbol
+    (``dim_param``) or None (unknown)."""
     if d.HasField("dim_value"):
         return int(d.dim_value)
+    if d.dim_param.strip().isdigit():
+        return int(d.dim_param)
     return d.dim_param or None
 
 
