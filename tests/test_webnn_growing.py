@@ -69,17 +69,34 @@ def test_generate_gives_orts_greedy_tokens(name, page, models):
     assert json.loads(proc.stdout)["tokens"] == want
 
 
-def test_a_growing_cache_nothing_masks_is_unavailable_in_one_line(tmp_path):
-    """transformers' names with no attention_mask: the rows beyond the position would be
-    attended, so the rewrite refuses and says why."""
-    from tests.decoder_graphs import decoder_model
+@pytest.mark.parametrize("page", PAGES)
+@pytest.mark.parametrize("scheme", ["optimum", "genai", "transformers"])
+def test_each_naming_scheme_gives_the_float64_oracles_tokens(scheme, page, tmp_path):
+    """``tests.decoder_graphs``: masked by attention_mask (optimum, genai), or with no mask
+    but position_ids (transformers: rows beyond the position masked before the softmax)."""
+    from tests.decoder_graphs import decoder_model, oracle_greedy
 
+    path = tmp_path / f"{scheme}.onnx"
+    onnx.save(decoder_model(scheme), str(path))
+    proc = statebench("generate", path, "--prompt", ",".join(map(str, PROMPT)),
+                      "--max-new-tokens", NEW, "--backend", page, "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["tokens"] == oracle_greedy(scheme, PROMPT, NEW)
+
+
+def test_a_growing_cache_nothing_masks_is_unavailable_in_one_line(tmp_path, monkeypatch):
+    """Neither attention_mask nor position_ids: the rows beyond the position could not be
+    masked, so the rewrite refuses and says why, in one line, exit 2."""
+    from tests import decoder_graphs
+
+    monkeypatch.setitem(decoder_graphs.FEEDS, "transformers", (False, 0))
     path = tmp_path / "nomask.onnx"
-    onnx.save(decoder_model("transformers"), str(path))
+    onnx.save(decoder_graphs.decoder_model("transformers"), str(path))
     proc = statebench("generate", path, "--prompt", "1,2", "--backend", "wgpu:stateful")
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "no 'attention_mask' input" in lines[0], proc.stderr
+    assert len(lines) == 1 and "neither an 'attention_mask' input nor position_ids" in lines[0], \
+        proc.stderr
 
 
 # --- single ops against ORT ------------------------------------------------------------------
