@@ -154,6 +154,25 @@ def test_rotary_embedding_matches_ort(context, form, interleaved):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("layout, sections", [(0, [2, 3, 3]), (1, [2, 3, 3]), (1, [4, 2, 2])])
+@pytest.mark.parametrize("rank", [3, 4])
+def test_m_rotary_embedding_matches_ort(context, layout, sections, rank):
+    """Qwen's multimodal rotary with three different position rows (not the text case,
+    where they are alike), contiguous and interleaved sections, partial rotary."""
+    B, S, N, H, rot, maxpos = 1, 2, 2, 20, 16, 12
+    x = rng.standard_normal((B, S, N * H) if rank == 3 else (B, N, S, H)).astype(np.float32)
+    pos = np.array([[[3, 9]], [[1, 4]], [[7, 0]]], np.int64)
+    cos = rng.standard_normal((maxpos, rot // 2)).astype(np.float32)
+    sin = rng.standard_normal((maxpos, rot // 2)).astype(np.float32)
+    node = helper.make_node("MRotaryEmbedding", ["x", "pos", "cos", "sin"], ["y"],
+                            domain="com.microsoft", interleaved=0, rotary_embedding_dim=rot,
+                            num_heads=N, mrope_section=sections, mrope_layout=layout)
+    model = _single(node, {"x": x, "pos": pos}, {"y": list(x.shape)}, {"cos": cos, "sin": sin})
+    want = _ort(model, {"x": x, "pos": pos})["y"]
+    got = run_graph(context, model, {"x": x, "pos": pos})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("bias", [False, True])
 def test_skip_simplified_layer_norm_all_outputs_match_ort(context, bias):
     x, skip = (rng.standard_normal((1, 2, 24)).astype(np.float32) for _ in range(2))

@@ -1,7 +1,8 @@
 """ONNX attention ops real decoder exports carry, decomposed into WebNN ops as ORT's WebNN
 EP does: com.microsoft GroupQueryAttention (its shared-buffer form: the new row written
 into the capacity-sized cache at ``seqlens_k``), RotaryEmbedding (com.microsoft and
-ai.onnx opset 23, interleaved or halves, partial rotary), SimplifiedLayerNormalization
+ai.onnx opset 23, interleaved or halves, partial rotary), MRotaryEmbedding (Qwen's
+three position rows), SimplifiedLayerNormalization
 and SkipSimplifiedLayerNormalization (RMSNorm).
 
 Attention is spelled ``matmul(q, transpose(K))``, element-wise scale and mask, softmax,
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .onnx_converter import ConversionError, _op
+from .onnx_converter import HOST_DTYPES, ConversionError, _op
 
 
 def _inputs(node, n: int = 12) -> list[str]:
@@ -62,6 +63,31 @@ def _rows(c, cache: str, positions, B: int, S: int):
     return c.builder.reshape(c.builder.gather(table, positions, axis=0), [B, S, 1, half])
 
 
+def _heads(c, x, attrs, cos_name: str):
+    """x as [B, S, N, H] from 3-D [B, S, N*H] or 4-D [B, N, S, H], and (B, S, H, rot)."""
+    b = c.builder
+    shape = list(c._shape(x))
+    if len(shape) == 4:
+        B, N, S, H = shape
+        x4 = b.transpose(x, permutation=[0, 2, 1, 3])
+    else:
+        B, S, hidden = shape
+        N = attrs.get("num_heads", 0)
+        if not N:
+            rot_given = attrs.get("rotary_embedding_dim", 0) or 2 * c.shape_of(cos_name)[-1]
+            N = hidden // rot_given
+        H = hidden // N
+        x4 = b.reshape(x, [B, S, N, H])
+    return x4, (B, S, H, attrs.get("rotary_embedding_dim", 0) or H)
+
+
+def _back(c, out, shape: list[int]):
+    """[B, S, N, H] back to the input's layout."""
+    if len(shape) == 4:
+        return c.builder.transpose(out, permutation=[0, 2, 1, 3])
+    return c.builder.reshape(out, shape)
+
+
 @_op("RotaryEmbedding")
 def _rotary_embedding(c, node, attrs):
     """com.microsoft (input, position_ids, cos, sin) and ai.onnx 23 (input, cos, sin,
@@ -72,20 +98,7 @@ def _rotary_embedding(c, node, attrs):
     x_name, pos_name, cos_name, sin_name = ((ins[0], ins[1], ins[2], ins[3]) if contrib
                                             else (ins[0], ins[3], ins[1], ins[2]))
     x = c.operand(x_name)
-    shape = list(c._shape(x))
-    if len(shape) == 4:
-        B, N, S, H = shape
-        x4 = b.transpose(x, permutation=[0, 2, 1, 3])
-    else:
-        B, S, hidden = shape
-        N = attrs.get("num_heads", 0)
-        if not N:
-            cos_half = c.shape_of(cos_name)[-1]
-            rot_given = attrs.get("rotary_embedding_dim", 0) or 2 * cos_half
-            N = hidden // rot_given
-        H = hidden // N
-        x4 = b.reshape(x, [B, S, N, H])
-    rot = attrs.get("rotary_embedding_dim", 0) or H
+    x4, (B, S, H, rot) = _heads(c, x, attrs, cos_name)
     if pos_name:
         pos = c.operand(pos_name)
         if list(c._shape(pos)) == [1] and contrib and S > 1:
@@ -97,9 +110,47 @@ def _rotary_embedding(c, node, attrs):
         cos = b.reshape(c.operand(cos_name), [B, S, 1, rot // 2])
         sin = b.reshape(c.operand(sin_name), [B, S, 1, rot // 2])
     out = rotate(c, x4, cos, sin, rot, bool(attrs.get("interleaved", 0)))
-    if len(shape) == 4:
-        return b.transpose(out, permutation=[0, 2, 1, 3])
-    return b.reshape(out, shape)
+    return _back(c, out, list(c._shape(x)))
+
+
+def mrope_rows(sections: list[int], layout: int) -> np.ndarray:
+    """Which of the three position rows (temporal, height, width) each rotary frequency
+    takes: ``layout`` 0 in contiguous sections, 1 interleaved T H W T H W ... (Qwen3.5),
+    each of height and width for its first ``3 * section`` frequencies."""
+    half = sum(sections)
+    if layout == 0:
+        return np.repeat(np.arange(3), sections)
+    rows = np.zeros(half, np.int64)
+    for row in (1, 2):
+        rows[row:sections[row] * 3:3] = row
+    return rows
+
+
+@_op("MRotaryEmbedding")
+def _m_rotary_embedding(c, node, attrs):
+    """Multimodal rotary (com.microsoft): positions [3, B, S]; frequency i takes its cos/sin
+    at the position of row ``mrope_rows(...)[i]``, picked exactly by a one-hot sum."""
+    b = c.builder
+    ins = _inputs(node)
+    x = c.operand(ins[0])
+    x4, (B, S, H, rot) = _heads(c, x, attrs, ins[2])
+    half = rot // 2
+    rows = mrope_rows([int(v) for v in attrs["mrope_section"]], int(attrs.get("mrope_layout", 0)))
+    if rows.size != half:
+        raise ConversionError(f"MRotaryEmbedding {node.name!r}: mrope_section "
+                              f"{list(attrs['mrope_section'])} does not sum to {half}")
+    pos = b.reshape(c.operand(ins[1]), [3 * B * S])
+    onehot = (np.arange(3)[:, None] == rows[None, :]).astype(np.float32).reshape(3, 1, half)
+
+    def pick(cache: str):
+        table = c.operand(cache)
+        every = b.reshape(b.gather(table, pos, axis=0), [3, B * S, half])
+        mask = c._constant(onehot.astype(HOST_DTYPES[c._dtype(table)]))
+        chosen = b.reduce_sum(b.mul(every, mask), axes=[0], keep_dimensions=False)
+        return b.reshape(chosen, [B, S, 1, half])
+
+    out = rotate(c, x4, pick(ins[2]), pick(ins[3]), rot, bool(attrs.get("interleaved", 0)))
+    return _back(c, out, list(c._shape(x)))
 
 
 def rms_norm(c, x, scale, axis: int, eps: float):
