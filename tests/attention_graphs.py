@@ -6,6 +6,8 @@ growing cache (one token a step, the present fed back as the next past).
   com.microsoft GroupQueryAttention with do_rotary (cos/sin caches), fewer KV heads than
   query heads, seqlens_k and total_sequence_length computed from ``attention_mask``,
   presents listed key-major (every ``present.N.key``, then every value).
+* ``onnx-attention``: the standard ops of opset 23: ai.onnx RotaryEmbedding and Attention
+  (which appends the past itself), a bool mask from ``attention_mask``.
 * ``optimum``: optimum / transformers' Llama: RMSNorm as ``Pow(x, 2)``, rotary from
   cos/sin tables gathered by ``position_ids`` (halves rotated by Slice/Neg/Concat), the
   cache grown by ``Concat(past, new)``, KV heads repeated by Expand, and the causal mask
@@ -205,6 +207,47 @@ def optimum_model(seed: int = 11) -> onnx.ModelProto:
                                     ["logits"]))
     outputs = [_vi("logits", ["batch_size", "sequence_length", VOCAB]), *presents]
     return g.model("optimum-llama", inputs + pasts, outputs)
+
+
+def onnx_attention_model(seed: int = 13) -> onnx.ModelProto:
+    """The standard ops' form (opset 23): ai.onnx RotaryEmbedding on 3-D q/k at
+    position_ids, ai.onnx Attention appending the past itself (present = past + 1 row),
+    fewer KV heads, is_causal, a bool mask from attention_mask."""
+    g = _Graph(seed)
+    cos, sin = _rope_tables()
+    cos_c, sin_c = g.const(cos), g.const(sin)
+    kv = ["batch_size", KV_HEADS, "past_sequence_length", HEAD_DIM]
+    kv_out = ["batch_size", KV_HEADS, "total_sequence_length", HEAD_DIM]
+    inputs = [_vi("input_ids", ["batch_size", "sequence_length"], TensorProto.INT64),
+              _vi("attention_mask", ["batch_size", "total_sequence_length"], TensorProto.INT64),
+              _vi("position_ids", ["batch_size", "sequence_length"], TensorProto.INT64)]
+    keep = g.op("Unsqueeze", [g.op("Greater", ["attention_mask", g.const(0, np.int64)]),
+                              g.const([1, 2], np.int64)])  # [B, 1, 1, T] bool
+    x = g.op("Gather", [g.weight(VOCAB, HIDDEN, scale=1.0), "input_ids"])
+    pasts, presents = [], []
+    for i in range(LAYERS):
+        pk, pv = f"past_key_values.{i}.key", f"past_key_values.{i}.value"
+        pasts += [_vi(pk, kv), _vi(pv, kv)]
+        h = _rms_pow(g, x)
+        q = g.op("MatMul", [h, g.weight(HIDDEN, HEADS * HEAD_DIM)])
+        k = g.op("MatMul", [h, g.weight(HIDDEN, KV_HEADS * HEAD_DIM)])
+        v = g.op("MatMul", [h, g.weight(HIDDEN, KV_HEADS * HEAD_DIM)])
+        q = g.op("RotaryEmbedding", [q, cos_c, sin_c, "position_ids"], num_heads=HEADS)
+        k = g.op("RotaryEmbedding", [k, cos_c, sin_c, "position_ids"], num_heads=KV_HEADS)
+        o = f"attn{i}"
+        g.nodes.append(helper.make_node(
+            "Attention", [q, k, v, keep, pk, pv], [o, f"present.{i}.key", f"present.{i}.value"],
+            q_num_heads=HEADS, kv_num_heads=KV_HEADS, is_causal=1))
+        presents += [_vi(f"present.{i}.key", kv_out), _vi(f"present.{i}.value", kv_out)]
+        x = g.op("Add", [x, g.op("MatMul", [o, g.weight(HEADS * HEAD_DIM, HIDDEN)])])
+        x = g.op("Add", [x, _mlp(g, _rms_pow(g, x))])
+    g.nodes.append(helper.make_node("MatMul", [_rms_pow(g, x), g.weight(HIDDEN, VOCAB)],
+                                    ["logits"]))
+    outputs = [_vi("logits", ["batch_size", "sequence_length", VOCAB]), *presents]
+    model = g.model("onnx-attention", inputs + pasts, outputs)
+    del model.opset_import[:]
+    model.opset_import.extend([helper.make_opsetid("", 23)])
+    return model
 
 
 def ort_oracle(path, tokens: list[int]) -> list[np.ndarray]:

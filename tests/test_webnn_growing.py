@@ -15,7 +15,14 @@ from onnx import TensorProto, helper
 
 from backends.base import registry
 from backends.pages import StatelessCopy
-from tests.attention_graphs import LAYERS, genai_model, optimum_model, ort_greedy, ort_oracle
+from tests.attention_graphs import (
+    LAYERS,
+    genai_model,
+    onnx_attention_model,
+    optimum_model,
+    ort_greedy,
+    ort_oracle,
+)
 from tests.test_cli import statebench
 from tests.test_onnx_converter import run_graph
 
@@ -23,7 +30,7 @@ ok, why = StatelessCopy.available()
 pytestmark = pytest.mark.skipif(not ok, reason=why)
 
 PAGES = ["wgpu:stateless", "wgpu:reuse", "wgpu:stateful"]
-MODELS = {"genai": genai_model, "optimum": optimum_model,
+MODELS = {"genai": genai_model, "optimum": optimum_model, "onnx-attention": onnx_attention_model,
           "genai-interleaved": lambda: genai_model(seed=9, interleaved=True)}
 SEQ, PROMPT, NEW = [5, 2, 9, 0, 7, 3, 11], [3, 1, 4], 6
 
@@ -59,7 +66,7 @@ def test_each_steps_logits_match_ort_on_the_growing_graph(name, page, models):
 
 
 @pytest.mark.parametrize("page", PAGES)
-@pytest.mark.parametrize("name", ["genai", "optimum"])
+@pytest.mark.parametrize("name", ["genai", "optimum", "onnx-attention"])
 def test_generate_gives_orts_greedy_tokens(name, page, models):
     want = ort_greedy(models[name], PROMPT, NEW)
     assert len(set(want)) > 2
@@ -171,6 +178,53 @@ def test_m_rotary_embedding_matches_ort(context, layout, sections, rank):
     want = _ort(model, {"x": x, "pos": pos})["y"]
     got = run_graph(context, model, {"x": x, "pos": pos})["y"]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+ATTENTION_CASES = {
+    # name: (rank, q rows, past rows, q heads, kv heads, mask kind, is_causal, softcap)
+    "3d-past-gqa-bool-causal": (3, 1, 5, 4, 2, "bool", 1, 0.0),
+    "4d-prefill-causal": (4, 3, 0, 2, 2, None, 1, 0.0),
+    "3d-past-float-mask": (3, 2, 4, 2, 1, "float", 0, 0.0),
+    "4d-past-softcap-causal": (4, 2, 3, 4, 4, None, 1, 2.0),
+}
+
+
+@pytest.mark.parametrize("case", list(ATTENTION_CASES))
+def test_onnx_attention_matches_ort(context, case):
+    """ai.onnx Attention (opset 23): every output, against ORT's CPU EP."""
+    rank, sq, past, hq, hkv, mask, causal, cap = ATTENTION_CASES[case]
+    B, D = 1, 8
+    T = past + sq
+
+    def x(heads, s):
+        a = rng.standard_normal((B, heads, s, D) if rank == 4 else (B, s, heads * D))
+        return a.astype(np.float32)
+
+    feeds = {"q": x(hq, sq), "k": x(hkv, sq), "v": x(hkv, sq)}
+    names = ["q", "k", "v", ""]
+    if mask == "bool":
+        feeds["m"] = rng.random((sq, T)) > 0.3
+        feeds["m"][:, 0] = True
+        names[3] = "m"
+    elif mask == "float":
+        feeds["m"] = rng.standard_normal((B, 1, sq, T)).astype(np.float32)
+        names[3] = "m"
+    outs = {"y": [B, hq, sq, D] if rank == 4 else [B, sq, hq * D]}
+    if past:
+        feeds["pk"] = rng.standard_normal((B, hkv, past, D)).astype(np.float32)
+        feeds["pv"] = rng.standard_normal((B, hkv, past, D)).astype(np.float32)
+        names += ["pk", "pv"]
+        outs |= {"ok": [B, hkv, T, D], "ov": [B, hkv, T, D]}
+    attrs = dict(is_causal=causal, softcap=cap)
+    if rank == 3:
+        attrs |= dict(q_num_heads=hq, kv_num_heads=hkv)
+    node = helper.make_node("Attention", names, list(outs), **attrs)
+    model = _single(node, feeds, outs, {}, opset=23)
+    want = _ort(model, feeds)
+    got = run_graph(context, model, {k: v.astype(np.uint8) if v.dtype == bool else v
+                                     for k, v in feeds.items()})
+    for k in outs:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-5, err_msg=k)
 
 
 @pytest.mark.parametrize("bias", [False, True])

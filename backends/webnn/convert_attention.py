@@ -243,3 +243,78 @@ def _group_query_attention(c, node, attrs):
     out = b.reshape(b.transpose(b.reshape(out, [B, nq, S, D]), permutation=[0, 2, 1, 3]),
                     [B, S, nq * D])
     return [out, present_k, present_v]
+
+
+def _to_heads(c, x, heads: int):
+    """[B, S, heads*D] -> [B, heads, S, D]; 4-D is taken as it is."""
+    shape = c._shape(x)
+    if len(shape) == 4:
+        return x
+    B, S, width = shape
+    return c.builder.transpose(c.builder.reshape(x, [B, S, heads, width // heads]),
+                               permutation=[0, 2, 1, 3])
+
+
+@_op("Attention")
+def _attention(c, node, attrs):
+    """ai.onnx Attention (opset 23/24): 3-D or 4-D q/k/v, past appended (present = past +
+    new rows), fewer KV heads than query heads, bool or additive mask, is_causal aligned
+    bottom-right (offset = past rows, or nonpad_kv_seqlen - q rows), softcap; the scores
+    output (qk_matmul_output) is not supported."""
+    b = c.builder
+    ins = _inputs(node)
+    what = f"Attention {node.name or node.output[0]!r}"
+    if node.domain == "com.microsoft":
+        raise ConversionError(f"{what}: com.microsoft::Attention (packed weights) is not supported; "
+                              "ai.onnx Attention is")
+    if len(node.output) > 3 and node.output[3]:
+        raise ConversionError(f"{what}: its qk_matmul_output is not supported")
+    q3 = c.operand(ins[0])
+    q = _to_heads(c, q3, int(attrs.get("q_num_heads", 0) or 1))
+    B, Hq, Sq, D = c._shape(q)
+    kv_heads = int(attrs.get("kv_num_heads", 0) or 1)
+    k, v = _to_heads(c, c.operand(ins[1]), kv_heads), _to_heads(c, c.operand(ins[2]), kv_heads)
+    Hkv = c._shape(k)[1]
+    present_k, present_v = k, v
+    past = 0
+    if ins[4]:
+        past = c._shape(c.operand(ins[4]))[2]
+        present_k = b.concat([c.operand(ins[4]), k], 2)
+        present_v = b.concat([c.operand(ins[5]), v], 2)
+    T = c._shape(present_k)[2]
+    kk, vv = present_k, present_v
+    if Hkv != Hq:  # each KV head repeated for its query heads
+        g = Hq // Hkv
+        kk, vv = (b.reshape(b.expand(b.reshape(t, [B, Hkv, 1, T, c._shape(t)[3]]),
+                                     [B, Hkv, g, T, c._shape(t)[3]]), [B, Hq, T, c._shape(t)[3]])
+                  for t in (present_k, present_v))
+    scores = b.matmul(q, b.transpose(kk, permutation=[0, 1, 3, 2]))  # [B, Hq, Sq, T]
+    scale = attrs.get("scale", 0.0) or 1.0 / np.sqrt(D)
+    scores = b.mul(scores, c.scalar_like(scale, scores))
+    cap = attrs.get("softcap", 0.0)
+    if cap:
+        scores = b.mul(b.tanh(b.div(scores, c.scalar_like(cap, scores))), c.scalar_like(cap, scores))
+    low = c.scalar_like(float(np.finfo(np.float32).min), scores)
+    if ins[3]:
+        mask = c.operand(ins[3])
+        if c._dtype(mask) == "uint8":  # ONNX bool: True attends
+            scores = b.where(mask, scores, low)
+        else:
+            scores = b.add(scores, mask)
+    rows = np.arange(T).reshape(1, T)
+    nonpad = ins[6] if len(ins) > 6 else ""
+    if nonpad:
+        lens = b.reshape(b.cast(c.operand(nonpad), "int64"), [B, 1, 1, 1])
+        cols = c._constant(rows.reshape(1, 1, 1, T).astype(np.int64))
+        scores = b.where(b.lesser(cols, lens), scores, low)
+        if attrs.get("is_causal", 0):  # j <= i + nonpad - Sq
+            i = c._constant(np.arange(Sq, dtype=np.int64).reshape(1, 1, Sq, 1) - Sq)
+            scores = b.where(b.lesser_or_equal(cols, b.add(i, lens)), scores, low)
+    elif attrs.get("is_causal", 0):
+        allowed = rows <= np.arange(Sq).reshape(Sq, 1) + past
+        if not allowed.all():
+            scores = b.where(c._constant(allowed.astype(np.uint8)), scores, low)
+    out = b.matmul(b.softmax(scores, 3), vv)  # [B, Hq, Sq, Dv]
+    if len(c._shape(q3)) == 3:
+        out = b.reshape(b.transpose(out, permutation=[0, 2, 1, 3]), [B, Sq, Hq * c._shape(out)[3]])
+    return [out, present_k, present_v]

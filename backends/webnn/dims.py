@@ -14,6 +14,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import onnx
 
 _NEW_TOKENS = re.compile(r"^(sequence_length|seq_len|sequence|seq|seqlen|query_length|"
@@ -146,14 +147,19 @@ def _attention_widths(model: onnx.ModelProto, known: Mapping[str, int],
 
 
 def without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of ``model`` with its initializers as inputs of their type and shape: shape
-    inference needs no weights."""
+    """A copy of ``model`` whose large (or external) initializers are inputs of their type
+    and shape: shape inference needs no weights, only the small constants (axes, shapes)
+    that shapes are computed from."""
     into = onnx.ModelProto()
     into.CopyFrom(model)
     g = into.graph
     del g.initializer[:]
     for t in model.graph.initializer:
-        g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+        small = int(np.prod(t.dims, dtype=np.int64)) <= 64
+        if small and t.data_location != onnx.TensorProto.EXTERNAL:
+            g.initializer.append(t)
+        else:
+            g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
     return into
 
 

@@ -18,6 +18,8 @@ pages pin the past at ``capacity`` rows and the total at ``capacity + 1``
   The position is read from that mask (its sum less one), so the row written and the
   rows masked cannot disagree. Safe only where the model has an ``attention_mask`` as long
   as the grown axis: without one, the zero rows beyond the position would be attended.
+* ai.onnx ``Attention`` with a past: first written as the Concat it computes (one query
+  row: ``_split_attention``), then as above.
 * ``GroupQueryAttention``: its shared-buffer form (past and present one capacity-sized
   buffer, the new row written at ``seqlens_k``): the present is declared with the past's
   shape and the converter's handler (``convert_attention``) writes it so.
@@ -58,6 +60,7 @@ def make_fixed_capacity(model: onnx.ModelProto, pairs) -> list[Rewrite]:
     past's shape; one ``Rewrite`` per growing pair. Raises FixedCapacityError naming the
     first pair that cannot be rewritten (nothing is changed then)."""
     g = model.graph
+    _split_attention(model, [p for p in pairs if p.kind == "append"])
     producer = {o: (n, k) for n in g.node for k, o in enumerate(n.output)}
     inputs = {i.name: i for i in g.input}
     outputs = {o.name: o for o in g.output}
@@ -109,6 +112,54 @@ def make_fixed_capacity(model: onnx.ModelProto, pairs) -> list[Rewrite]:
     if softmaxes:
         _mask_softmaxes(g, softmaxes, position, lengths.pop())
     return done
+
+
+def _split_attention(model: onnx.ModelProto, growing) -> None:
+    """Each ai.onnx ``Attention`` that appends a growing pair's past, written as the Concat
+    it computes: ``present = Concat(past, new rows as [B, H, S, D])`` and the Attention
+    reading present with no past. Exact for one query row, where the bottom-right causal
+    mask (offset = past rows) allows every row, so ``is_causal`` is dropped with it."""
+    g = model.graph
+    pasts = {p.input for p in growing}
+    nodes = [n for n in g.node if n.op_type == "Attention" and n.domain in ("", "ai.onnx")
+             and len(n.input) > 5 and n.input[4] in pasts]
+    if not nodes:
+        return
+    shapes = _inferred_shapes(model)
+    h = helper.make_node
+    for node in nodes:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        q = shapes.get(node.input[0])
+        rows = q[-2] if q and len(q) == 4 else (q[1] if q and len(q) == 3 else None)
+        if rows != 1:
+            raise FixedCapacityError(
+                f"Attention {node.name or node.output[0]!r} appends {node.input[4]!r} for "
+                f"{rows or 'unknown'} query rows; the fixed-capacity rewrite takes one")
+        at = list(g.node).index(node)
+        new: list[onnx.NodeProto] = []
+        for k, (x, past, out) in enumerate(((node.input[1], node.input[4], node.output[1]),
+                                            (node.input[2], node.input[5], node.output[2]))):
+            base = f"fixed_capacity.{node.name or node.output[0]}.{'kv'[k]}"
+            rank = len(shapes.get(x) or [])
+            if rank == 3:
+                g.initializer.append(numpy_helper.from_array(
+                    np.array([0, 0, int(attrs["kv_num_heads"]), -1], np.int64), f"{base}.shape"))
+                new += [h("Reshape", [x, f"{base}.shape"], [f"{base}.bshd"]),
+                        h("Transpose", [f"{base}.bshd"], [f"{base}.heads"], perm=[0, 2, 1, 3])]
+                x = f"{base}.heads"
+            elif rank != 4:
+                raise FixedCapacityError(f"Attention {node.name!r}: the rank of {x!r} is not known")
+            grown = out or f"{base}.grown"
+            new.append(h("Concat", [past, x], [grown], axis=2))
+            node.input[1 + k] = grown
+            node.input[4 + k] = ""
+            if out:
+                node.output[1 + k] = ""
+        for a in node.attribute:
+            if a.name == "is_causal":
+                a.i = 0
+        for k, n in enumerate(new):
+            g.node.insert(at + k, n)
 
 
 def _softmaxes_over(model: onnx.ModelProto, concats, lengths: set) -> list[onnx.NodeProto]:
