@@ -186,6 +186,8 @@ ATTENTION_CASES = {
     "4d-prefill-causal": (4, 3, 0, 2, 2, None, 1, 0.0),
     "3d-past-float-mask": (3, 2, 4, 2, 1, "float", 0, 0.0),
     "4d-past-softcap-causal": (4, 2, 3, 4, 4, None, 1, 2.0),
+    # opset 24: a static cache of 6 rows, nonpad_kv_seqlen of them valid (no past input)
+    "3d-nonpad-causal": (3, 1, -6, 4, 2, None, 1, 0.0),
 }
 
 
@@ -194,13 +196,15 @@ def test_onnx_attention_matches_ort(context, case):
     """ai.onnx Attention (opset 23): every output, against ORT's CPU EP."""
     rank, sq, past, hq, hkv, mask, causal, cap = ATTENTION_CASES[case]
     B, D = 1, 8
+    static = -past if past < 0 else 0
+    past = max(past, 0)
     T = past + sq
 
     def x(heads, s):
         a = rng.standard_normal((B, heads, s, D) if rank == 4 else (B, s, heads * D))
         return a.astype(np.float32)
 
-    feeds = {"q": x(hq, sq), "k": x(hkv, sq), "v": x(hkv, sq)}
+    feeds = {"q": x(hq, sq), "k": x(hkv, static or sq), "v": x(hkv, static or sq)}
     names = ["q", "k", "v", ""]
     if mask == "bool":
         feeds["m"] = rng.random((sq, T)) > 0.3
@@ -215,11 +219,14 @@ def test_onnx_attention_matches_ort(context, case):
         feeds["pv"] = rng.standard_normal((B, hkv, past, D)).astype(np.float32)
         names += ["pk", "pv"]
         outs |= {"ok": [B, hkv, T, D], "ov": [B, hkv, T, D]}
+    if static:
+        feeds["n"] = np.array([4], np.int64)
+        names += ["", "", "n"]
     attrs = dict(is_causal=causal, softcap=cap)
     if rank == 3:
         attrs |= dict(q_num_heads=hq, kv_num_heads=hkv)
     node = helper.make_node("Attention", names, list(outs), **attrs)
-    model = _single(node, feeds, outs, {}, opset=23)
+    model = _single(node, feeds, outs, {}, opset=24 if static else 23)
     want = _ort(model, feeds)
     got = run_graph(context, model, {k: v.astype(np.uint8) if v.dtype == bool else v
                                      for k, v in feeds.items()})
