@@ -130,16 +130,9 @@ class _Page(Backend):
         else:
             import onnx
 
-            from backends.webnn.dims import default_dims
-
-            path = self.onnx_path  # a user's file: its symbolic dims pinned for a decode step
-            proto = onnx.load(str(path), load_external_data=False)
-            try:
-                grown = {p.input: p.axis for p in list_kv_pairs(proto) if p.kind == "append"}
-            except ConversionError as exc:
-                raise UserError(str(exc)) from None
-            dims = {k: d.value for k, d in default_dims(proto, capacity, grown).items()}
-            path = self._fixed_capacity(proto, dims)
+            # a user's file: pinned for a decode step, its growing caches made fixed-capacity
+            proto = onnx.load(str(self.onnx_path), load_external_data=False)
+            path, dims = self._fixed_capacity(proto, capacity), None
         self.context = webnn.ml.create_context(state_support=self.state_support, timing=self.timing,
                                                options=self.options, engine=self.engine)
         self.details["engine"] = self.context.engine_info
@@ -193,18 +186,18 @@ class _Page(Backend):
                     side[p.input] = ctx.create_tensor(data_type=d.data_type, shape=list(d.shape),
                                                       writable=True)
 
-    def _fixed_capacity(self, proto, dims: dict[str, int]):
+    def _fixed_capacity(self, proto, capacity: int):
         """A user's model pinned and its growing caches made fixed-capacity
         (``backends.webnn.fixed_capacity``); what was done per pair goes in the details.
         RuntimeError (the point unavailable) where a pair cannot be rewritten safely."""
-        from backends.webnn.dims import pin
-        from backends.webnn.fixed_capacity import FixedCapacityError, make_fixed_capacity
+        from backends.webnn.fixed_capacity import FixedCapacityError, fixed_model
         from backends.webnn.onnx_converter import ConversionError, list_kv_pairs
 
-        proto = pin(proto, dims, copy=False)
         try:
-            done = make_fixed_capacity(proto, list_kv_pairs(proto))
-        except (FixedCapacityError, ConversionError) as exc:
+            _, done = fixed_model(proto, capacity)
+        except ConversionError as exc:
+            raise UserError(str(exc)) from None
+        except FixedCapacityError as exc:
             raise RuntimeError(f"{self.name} is unavailable for {self.onnx_path}: {exc}") from None
         if done:
             self.details["fixed_capacity"] = {r.input: r.how for r in done}

@@ -91,18 +91,16 @@ def default_dims(model: onnx.ModelProto, capacity: int,
     append pairs): a symbol there is the past whatever its name (transformers' ``s53``)."""
     names = symbols(model)
     out: dict[str, PinnedDim] = {}
-    inputs = {i.name: i for i in model.graph.input}
-    for name, axis in (grown or {}).items():
-        d = inputs[name].type.tensor_type.shape.dim[axis]
-        if d.HasField("dim_param") and re.fullmatch(r"[A-Za-z_]\w*", d.dim_param):
-            out[d.dim_param] = PinnedDim(capacity, "a growing cache's past = capacity")
     for s in names:
-        if s in out:
-            continue
         if re.fullmatch(r"[A-Za-z_]\w*|\s*\d+\s*", s):
             pinned = _by_name(s, capacity)
             if pinned is not None:
                 out[s] = pinned
+    inputs = {i.name: i for i in model.graph.input}
+    for name, axis in (grown or {}).items():
+        d = inputs[name].type.tensor_type.shape.dim[axis]
+        if d.dim_param not in out and re.fullmatch(r"[A-Za-z_]\w*", d.dim_param):
+            out[d.dim_param] = PinnedDim(capacity, "a growing cache's past = capacity")
     for s in names:
         if s not in out:
             v = _evaluate(s, {k: p.value for k, p in out.items()})

@@ -30,6 +30,7 @@ unavailable on the WebNN pages with that one-line reason.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,6 +54,21 @@ class Rewrite:
 
 class FixedCapacityError(ValueError):
     """A growing pair the rewrite cannot prove safe; the message names it and why."""
+
+
+def fixed_model(model: onnx.ModelProto, capacity: int,
+                pairs: Mapping[str, str] | None = None) -> tuple[dict[str, int], list[Rewrite]]:
+    """``model`` (the caller's: changed in place) pinned for a decode step at ``capacity``
+    (``dims.default_dims``, a growing cache's own axis included) and its growing pairs
+    made fixed-capacity: the dims pinned and what was done per pair. ConversionError for
+    bad pairs, FixedCapacityError where a pair cannot be rewritten."""
+    from .dims import default_dims, pin
+    from .onnx_converter import list_kv_pairs
+
+    grown = {p.input: p.axis for p in list_kv_pairs(model, pairs) if p.kind == "append"}
+    dims = {k: d.value for k, d in default_dims(model, capacity, grown).items()}
+    pin(model, dims, copy=False)
+    return dims, make_fixed_capacity(model, list_kv_pairs(model, pairs))
 
 
 def make_fixed_capacity(model: onnx.ModelProto, pairs) -> list[Rewrite]:
