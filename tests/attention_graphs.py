@@ -54,7 +54,7 @@ class _Graph:
         return helper.make_model(g, opset_imports=OPSET)
 
 
-def _rope_tables(interleaved: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def _rope_tables() -> tuple[np.ndarray, np.ndarray]:
     """cos/sin [MAX_POS, HEAD_DIM / 2] at base 10000."""
     inv = 1.0 / 10000 ** (np.arange(0, HEAD_DIM, 2) / HEAD_DIM)
     ang = np.outer(np.arange(MAX_POS), inv)
@@ -71,15 +71,21 @@ def _mlp(g: _Graph, x: str) -> str:
     return g.op("MatMul", [act, g.weight(FFN, HIDDEN)])
 
 
-def genai_model(seed: int = 7, interleaved: bool = False) -> onnx.ModelProto:
-    """genai's form (module docstring)."""
+def _start(seed: int):
+    """A graph with the RoPE tables, the cache shapes (past, total) and the two inputs every
+    form has: input_ids and an attention_mask of the total length."""
     g = _Graph(seed)
     cos, sin = _rope_tables()
-    cos_c, sin_c = g.const(cos), g.const(sin)
     kv = ["batch_size", KV_HEADS, "past_sequence_length", HEAD_DIM]
     kv_out = ["batch_size", KV_HEADS, "total_sequence_length", HEAD_DIM]
     inputs = [_vi("input_ids", ["batch_size", "sequence_length"], TensorProto.INT64),
               _vi("attention_mask", ["batch_size", "total_sequence_length"], TensorProto.INT64)]
+    return g, g.const(cos), g.const(sin), kv, kv_out, inputs
+
+
+def genai_model(seed: int = 7, interleaved: bool = False) -> onnx.ModelProto:
+    """genai's form (module docstring)."""
+    g, cos_c, sin_c, kv, kv_out, inputs = _start(seed)
     summed = g.op("ReduceSum", ["attention_mask", g.const([1], np.int64)], keepdims=0)
     seqlens = g.op("Cast", [g.op("Sub", [summed, g.const(1, np.int64)])], to=TensorProto.INT32)
     total = g.op("Cast", [g.op("Gather", [g.op("Shape", ["attention_mask"]),
@@ -125,6 +131,13 @@ def _rms_pow(g: _Graph, x: str) -> str:
         g.op("Add", [ms, g.const(1e-6)])])])])
 
 
+def _layer_start(g: _Graph, x: str, i: int, kv: list, pasts: list) -> tuple[str, str, str]:
+    """Layer ``i``'s past names (their inputs added to ``pasts``) and its normed input."""
+    pk, pv = f"past_key_values.{i}.key", f"past_key_values.{i}.value"
+    pasts += [_vi(pk, kv), _vi(pv, kv)]
+    return pk, pv, _rms_pow(g, x)
+
+
 def _rotate_half(g: _Graph, x: str) -> str:
     half = HEAD_DIM // 2
     x1 = g.op("Slice", [x, g.const([0], np.int64), g.const([half], np.int64),
@@ -167,9 +180,7 @@ def optimum_model(seed: int = 11) -> onnx.ModelProto:
     x = g.op("Gather", [g.weight(VOCAB, HIDDEN, scale=1.0), "input_ids"])
     pasts, presents = [], []
     for i in range(LAYERS):
-        pk, pv = f"past_key_values.{i}.key", f"past_key_values.{i}.value"
-        pasts += [_vi(pk, kv), _vi(pv, kv)]
-        h = _rms_pow(g, x)
+        pk, pv, h = _layer_start(g, x, i, kv, pasts)
 
         def heads(w: str, n: int, h: str = h) -> str:
             r = g.op("Reshape", [g.op("MatMul", [h, w]), g.const([0, 0, n, HEAD_DIM], np.int64)])
@@ -213,22 +224,14 @@ def onnx_attention_model(seed: int = 13) -> onnx.ModelProto:
     """The standard ops' form (opset 23): ai.onnx RotaryEmbedding on 3-D q/k at
     position_ids, ai.onnx Attention appending the past itself (present = past + 1 row),
     fewer KV heads, is_causal, a bool mask from attention_mask."""
-    g = _Graph(seed)
-    cos, sin = _rope_tables()
-    cos_c, sin_c = g.const(cos), g.const(sin)
-    kv = ["batch_size", KV_HEADS, "past_sequence_length", HEAD_DIM]
-    kv_out = ["batch_size", KV_HEADS, "total_sequence_length", HEAD_DIM]
-    inputs = [_vi("input_ids", ["batch_size", "sequence_length"], TensorProto.INT64),
-              _vi("attention_mask", ["batch_size", "total_sequence_length"], TensorProto.INT64),
-              _vi("position_ids", ["batch_size", "sequence_length"], TensorProto.INT64)]
+    g, cos_c, sin_c, kv, kv_out, inputs = _start(seed)
+    inputs.append(_vi("position_ids", ["batch_size", "sequence_length"], TensorProto.INT64))
     keep = g.op("Unsqueeze", [g.op("Greater", ["attention_mask", g.const(0, np.int64)]),
                               g.const([1, 2], np.int64)])  # [B, 1, 1, T] bool
     x = g.op("Gather", [g.weight(VOCAB, HIDDEN, scale=1.0), "input_ids"])
     pasts, presents = [], []
     for i in range(LAYERS):
-        pk, pv = f"past_key_values.{i}.key", f"past_key_values.{i}.value"
-        pasts += [_vi(pk, kv), _vi(pv, kv)]
-        h = _rms_pow(g, x)
+        pk, pv, h = _layer_start(g, x, i, kv, pasts)
         q = g.op("MatMul", [h, g.weight(HIDDEN, HEADS * HEAD_DIM)])
         k = g.op("MatMul", [h, g.weight(HIDDEN, KV_HEADS * HEAD_DIM)])
         v = g.op("MatMul", [h, g.weight(HIDDEN, KV_HEADS * HEAD_DIM)])

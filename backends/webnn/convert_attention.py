@@ -183,6 +183,19 @@ def _skip_simplified_layer_norm(c, node, attrs):
     return [y, None, inv, s]  # a reader of the mean is named by the converter
 
 
+def _scores(c, q, k, attrs, head_size: int):
+    """q·kᵀ scaled (``scale``, else 1/sqrt(head size)) and soft-capped (``softcap``), as
+    the attention ops define them, and the score a masked row takes (float32's lowest)."""
+    b = c.builder
+    scores = b.matmul(q, b.transpose(k, permutation=[0, 1, 3, 2]))
+    scale = attrs.get("scale", 0.0) or 1.0 / np.sqrt(head_size)
+    scores = b.mul(scores, c.scalar_like(scale, scores))
+    cap = attrs.get("softcap", 0.0)
+    if cap:
+        scores = b.mul(b.tanh(b.div(scores, c.scalar_like(cap, scores))), c.scalar_like(cap, scores))
+    return scores, c.scalar_like(float(np.finfo(np.float32).min), scores)
+
+
 @_op("GroupQueryAttention")
 def _group_query_attention(c, node, attrs):
     """One new token: q/k/v (or packed), rotary at ``seqlens_k``, the new row written into
@@ -229,15 +242,9 @@ def _group_query_attention(c, node, attrs):
     present_k, present_v = b.scatter_nd(past_k, idx, kh), b.scatter_nd(past_v, idx, vh)
     g = nq // nkv
     qh = b.reshape(b.transpose(q4, permutation=[0, 2, 1, 3]), [B, nkv, g, D])
-    scores = b.matmul(qh, b.transpose(present_k, permutation=[0, 1, 3, 2]))  # [B, nkv, g, C]
-    scale = attrs.get("scale", 0.0) or 1.0 / np.sqrt(D)
-    scores = b.mul(scores, c.scalar_like(scale, scores))
-    cap = attrs.get("softcap", 0.0)
-    if cap:
-        scores = b.mul(b.tanh(b.div(scores, c.scalar_like(cap, scores))), c.scalar_like(cap, scores))
+    scores, low = _scores(c, qh, present_k, attrs, D)  # [B, nkv, g, C]
     rows = c._constant(np.arange(C, dtype=np.int64).reshape(1, 1, 1, C))
     valid = b.lesser_or_equal(rows, b.reshape(pos, [B, 1, 1, 1]))
-    low = c.scalar_like(float(np.finfo(np.float32).min), scores)
     probs = b.softmax(b.where(valid, scores, low), 3)
     out = b.matmul(probs, present_v)  # [B, nkv, g, D]
     out = b.reshape(b.transpose(b.reshape(out, [B, nq, S, D]), permutation=[0, 2, 1, 3]),
@@ -288,13 +295,7 @@ def _attention(c, node, attrs):
         kk, vv = (b.reshape(b.expand(b.reshape(t, [B, Hkv, 1, T, c._shape(t)[3]]),
                                      [B, Hkv, g, T, c._shape(t)[3]]), [B, Hq, T, c._shape(t)[3]])
                   for t in (present_k, present_v))
-    scores = b.matmul(q, b.transpose(kk, permutation=[0, 1, 3, 2]))  # [B, Hq, Sq, T]
-    scale = attrs.get("scale", 0.0) or 1.0 / np.sqrt(D)
-    scores = b.mul(scores, c.scalar_like(scale, scores))
-    cap = attrs.get("softcap", 0.0)
-    if cap:
-        scores = b.mul(b.tanh(b.div(scores, c.scalar_like(cap, scores))), c.scalar_like(cap, scores))
-    low = c.scalar_like(float(np.finfo(np.float32).min), scores)
+    scores, low = _scores(c, q, kk, attrs, D)  # [B, Hq, Sq, T]
     if ins[3]:
         mask = c.operand(ins[3])
         if c._dtype(mask) == "uint8":  # ONNX bool: True attends
