@@ -154,6 +154,11 @@ class _Page(Backend):
             except ConversionError as exc:
                 raise UserError(str(exc)) from None
         graph = self.converted.graph
+        paired = {p.input for p in self._pairs}
+        missing = [n for n in self.converted.inputs if n not in _FEEDS | paired]
+        if missing:
+            raise RuntimeError(f"{self.name} is unavailable for {self.onnx_path}: the WebNN pages "
+                               f"feed {', '.join(sorted(_FEEDS))}, not {missing[0]!r}")
         self.details["is_stateful"] = bool(graph.is_stateful)
         if self.request_state:
             in_place = getattr(graph, "in_place", {}) or {}
@@ -191,7 +196,7 @@ class _Page(Backend):
         (``backends.webnn.fixed_capacity``); what was done per pair goes in the details.
         RuntimeError (the point unavailable) where a pair cannot be rewritten safely."""
         from backends.webnn.fixed_capacity import FixedCapacityError, fixed_model
-        from backends.webnn.onnx_converter import ConversionError, list_kv_pairs
+        from backends.webnn.onnx_converter import ConversionError
 
         try:
             _, done = fixed_model(proto, capacity)
@@ -201,12 +206,6 @@ class _Page(Backend):
             raise RuntimeError(f"{self.name} is unavailable for {self.onnx_path}: {exc}") from None
         if done:
             self.details["fixed_capacity"] = {r.input: r.how for r in done}
-        missing = [i.name for i in proto.graph.input if i.name not in _FEEDS
-                   and i.name not in {p.input for p in list_kv_pairs(proto)}
-                   and i.name not in {t.name for t in proto.graph.initializer}]
-        if missing:
-            raise RuntimeError(f"{self.name} is unavailable for {self.onnx_path}: the WebNN pages "
-                               f"feed {', '.join(sorted(_FEEDS))}, not {missing[0]!r}")
         return proto
 
     @property

@@ -234,11 +234,11 @@ def test_a_page_turns_a_conversion_error_into_one_user_line(tmp_path):
 
 
 def test_contrib_op_is_named(context):
-    node = helper.make_node("GroupQueryAttention", ["a"], ["y"], domain="com.microsoft")
+    node = helper.make_node("DecoderMaskedMultiHeadAttention", ["a"], ["y"], domain="com.microsoft")
     g = helper.make_graph([node], "t", [_vi("a", f32(2))], [_vi("y", f32(2))])
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET),
                                                 helper.make_opsetid("com.microsoft", 1)])
-    with pytest.raises(ConversionError, match="com.microsoft::GroupQueryAttention"):
+    with pytest.raises(ConversionError, match="com.microsoft::DecoderMaskedMultiHeadAttention"):
         convert(model, context)
 
 

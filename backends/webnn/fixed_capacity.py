@@ -141,7 +141,7 @@ def _split_attention(model: onnx.ModelProto, growing) -> None:
              and len(n.input) > 5 and n.input[4] in pasts]
     if not nodes:
         return
-    shapes = _inferred_shapes(model)
+    shapes, _ = _inferred(model)
     h = helper.make_node
     for node in nodes:
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
@@ -195,7 +195,7 @@ def _softmaxes_over(model: onnx.ModelProto, concats, lengths: set) -> list[onnx.
     length = next(iter(lengths))
     producer = {o: n for n in g.node for o in n.output}
     grown = {p.output for p, _ in concats}
-    shapes = _inferred_shapes(model)
+    shapes, types = _inferred(model)
 
     def reads_grown(name: str) -> bool:
         todo, seen = [name], set()
@@ -220,6 +220,10 @@ def _softmaxes_over(model: onnx.ModelProto, concats, lengths: set) -> list[onnx.
                 f"softmax {n.name or n.output[0]!r} reads a grown cache but its last axis is not "
                 f"shown to run over the {length} cache rows ({shape}): rows beyond the position "
                 "cannot be masked")
+        if types.get(n.input[0], TensorProto.FLOAT) != TensorProto.FLOAT:
+            raise FixedCapacityError(
+                f"softmax {n.name or n.output[0]!r} over the grown cache is not float32: its "
+                "rows beyond the position are masked in float32 only")
         found.append(n)
     if not found:
         raise FixedCapacityError(
@@ -228,19 +232,19 @@ def _softmaxes_over(model: onnx.ModelProto, concats, lengths: set) -> list[onnx.
     return found
 
 
-def _inferred_shapes(model: onnx.ModelProto) -> dict[str, list[int | None]]:
-    """Every value's static shape by ONNX shape inference on the pinned graph, weights left
-    out."""
+def _inferred(model: onnx.ModelProto) -> tuple[dict[str, list[int | None]], dict[str, int]]:
+    """Every value's static shape and element type by ONNX shape inference on the pinned
+    graph, weights left out."""
     from .dims import without_weights
 
     try:
         inferred = onnx.shape_inference.infer_shapes(without_weights(model))
     except Exception:  # noqa: BLE001 - a graph shape inference cannot take: nothing learned
-        return {}
-    g = inferred.graph
-    return {v.name: [d.dim_value if d.HasField("dim_value") else None
-                     for d in v.type.tensor_type.shape.dim]
-            for v in [*g.value_info, *g.input, *g.output]}
+        return {}, {}
+    values = [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]
+    shapes = {v.name: [d.dim_value if d.HasField("dim_value") else None
+                       for d in v.type.tensor_type.shape.dim] for v in values}
+    return shapes, {v.name: v.type.tensor_type.elem_type for v in values}
 
 
 def _mask_softmaxes(g: onnx.GraphProto, softmaxes, position: str, length: int) -> None:
