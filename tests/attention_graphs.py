@@ -153,9 +153,10 @@ def optimum_model(seed: int = 11) -> onnx.ModelProto:
     cos, sin = _rope_tables()
     cos_full, sin_full = np.concatenate([cos, cos], 1), np.concatenate([sin, sin], 1)
     kv = ["batch_size", KV_HEADS, "past_sequence_length", HEAD_DIM]
-    kv_out = ["batch_size", KV_HEADS, "past_sequence_length + 1", HEAD_DIM]
+    grown = "past_sequence_length + sequence_length"  # as optimum names it
+    kv_out = ["batch_size", KV_HEADS, grown, HEAD_DIM]
     inputs = [_vi("input_ids", ["batch_size", "sequence_length"], TensorProto.INT64),
-              _vi("attention_mask", ["batch_size", "past_sequence_length + 1"], TensorProto.INT64),
+              _vi("attention_mask", ["batch_size", grown], TensorProto.INT64),
               _vi("position_ids", ["batch_size", "sequence_length"], TensorProto.INT64)]
     low = float(np.finfo(np.float32).min)
     # cos/sin [B, 1, S, D] at the positions

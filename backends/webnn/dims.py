@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-_NEW_TOKENS = re.compile(r"^(sequence_length|seq_len|sequence|seq|seqlen|query_length|"
-                         r"input_sequence_length|num_tokens|tokens)$", re.IGNORECASE)
+NEW_TOKENS = re.compile(r"^(sequence_length|seq_len|sequence|seq|seqlen|query_length|"
+                        r"input_sequence_length|num_tokens|tokens)$", re.IGNORECASE)
 
 
 #: names of widths, never lengths, whatever else they say (``kv_cache_dim``, ``head_size``)
@@ -56,7 +56,7 @@ def _by_name(name: str, capacity: int) -> PinnedDim | None:
         return PinnedDim(capacity + 1, "past + 1 new token")
     if "past" in low or "cache" in low:
         return PinnedDim(capacity, "past = capacity")
-    if _NEW_TOKENS.match(name):
+    if NEW_TOKENS.match(name):
         return PinnedDim(1, "one new token")
     return None
 

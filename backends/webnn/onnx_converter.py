@@ -24,7 +24,7 @@ import onnx
 from onnx import numpy_helper
 
 from ._classes import MLGraphBuilder, MLKVCachePair
-from .dims import pin
+from .dims import NEW_TOKENS, pin
 from .dtypes import dtype, packed_bytes
 
 # ONNX TensorProto element type -> WebNN data type (and the NumPy type of host data)
@@ -198,16 +198,19 @@ def _dim(d) -> int | str | None:
 
 
 def _grows_by_one(past: int | str | None, present: int | str | None) -> bool:
-    """Whether ``present`` is ``past`` plus one row: numbers, ``X + 1``, a ``total...``
-    symbol, or an unnamed dynamic dimension on either side."""
+    """Whether ``present`` is ``past`` plus one row: numbers, ``X + 1``, ``X + sequence_length``
+    (one new token a step), a ``total...`` symbol, or an unnamed dynamic dimension on either
+    side."""
     if isinstance(past, int) and isinstance(present, int):
         return present == past + 1
     if isinstance(past, int) or isinstance(present, int):
         return False
     if past is None or present is None:
         return True
-    squash = present.replace(" ", "")
-    return squash == past.replace(" ", "") + "+1" or "total" in present.lower()
+    squash, base = present.replace(" ", ""), past.replace(" ", "") + "+"
+    added = squash[len(base):] if squash.startswith(base) else ""
+    # past + 1, or past + the new tokens' symbol (optimum: past_sequence_length + sequence_length)
+    return added == "1" or bool(NEW_TOKENS.match(added)) or "total" in present.lower()
 
 
 def _pair_kind(name: str, past: onnx.ValueInfoProto, out: str,
