@@ -275,3 +275,41 @@ def test_an_input_the_pages_do_not_feed_is_named(tmp_path):
     proc = statebench("generate", path, "--prompt", "1", "--backend", "wgpu:stateful")
     assert proc.returncode == 2
     assert proc.stderr.strip().endswith("not 'token_type_ids'"), proc.stderr
+
+
+# --- dims real exports leave symbolic ---------------------------------------------------------
+
+
+def test_genais_kv_cache_dim_is_the_head_size_not_the_capacity():
+    from backends.webnn.dims import default_dims
+    from tests.attention_graphs import HEAD_DIM
+
+    model = genai_model()
+    for vi in [*model.graph.input, *model.graph.output]:
+        dims = vi.type.tensor_type.shape.dim
+        if vi.name.startswith(("past_key_values.", "present.")):
+            dims[-1].dim_param = "kv_cache_dim"
+    got = default_dims(model, 12)
+    assert got["kv_cache_dim"].value == HEAD_DIM, got["kv_cache_dim"]
+    assert got["past_sequence_length"].value == 12
+
+
+def test_a_conv_states_window_is_the_kernel_of_the_conv_reading_it():
+    """transformers' Qwen3.5: conv state [B, C, s84], Concat(state, new) read by a
+    depthwise Conv of kernel 4, the present its last s84 columns."""
+    from backends.webnn.dims import default_dims
+
+    n = helper.make_node
+    nodes = [n("Concat", ["state", "new"], ["cat"], axis=-1),
+             n("Conv", ["cat", "w"], ["y"], group=3, kernel_shape=[4]),
+             n("Slice", ["cat", "start", "end", "axis"], ["present"])]
+    vi = helper.make_tensor_value_info
+    g = helper.make_graph(
+        nodes, "conv", [vi("state", TensorProto.FLOAT, [1, 3, "s84"]),
+                        vi("new", TensorProto.FLOAT, [1, 3, 1])],
+        [vi("y", TensorProto.FLOAT, [1, 3, None]), vi("present", TensorProto.FLOAT, [1, 3, "s84"])],
+        [onnx.numpy_helper.from_array(np.ones((3, 1, 4), np.float32), "w"),
+         *(onnx.numpy_helper.from_array(np.array([v], np.int64), k)
+           for k, v in (("start", -4), ("end", 2**31), ("axis", 2)))])
+    got = default_dims(helper.make_model(g), 12)
+    assert got["s84"].value == 4, got

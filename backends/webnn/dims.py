@@ -162,10 +162,21 @@ def _attention_widths(model: onnx.ModelProto, known: Mapping[str, int],
     shapes = {v.name: [d.dim_value if d.HasField("dim_value") else None
                        for d in v.type.tensor_type.shape.dim]
               for v in [*inferred.graph.value_info, *inferred.graph.input]}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    weights = {t.name: list(t.dims) for t in model.graph.initializer}
+
+    def width_of(name: str) -> int | None:
+        """The last dim inferred, else the columns of the MatMul weight that made it."""
+        last = (shapes.get(name) or [None])[-1]
+        node = producer.get(name)
+        if last or node is None or node.op_type != "MatMul" or node.input[1] not in weights:
+            return last
+        return weights[node.input[1]][-1]
+
     out: dict[str, PinnedDim] = {}
     for n in gqa:
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
-        width = (shapes.get(n.input[0]) or [None])[-1]
+        width = width_of(n.input[0])
         past = inputs.get(n.input[3]) if len(n.input) > 3 else None
         if not width or past is None:
             continue
