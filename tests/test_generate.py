@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 import pytest
 
+from backends.base import registry
 from backends.ort import BACKENDS
 from tests.decoder_graphs import SCHEMES, decoder_model, oracle_greedy, oracle_logits
 from tests.test_cli import one_line_error, statebench
@@ -137,3 +138,7 @@ def test_an_input_nobody_feeds_is_named(tmp_path):
     for backend in ("ort-cpu:copy", "ort-cpu:iobinding"):
         line = one_line_error(statebench("generate", path, "--prompt", "1", "--backend", backend))
         assert "does not know what to feed input 'token_type_ids'" in line
+    if registry()["wgpu:stateful"].available()[0]:
+        line = one_line_error(statebench("generate", path, "--prompt", "1",
+                                         "--backend", "wgpu:stateful"))
+        assert line.endswith("not 'token_type_ids'"), line
