@@ -23,8 +23,10 @@ class DepthState:
     """How a backend reaches depth L (DESIGN §5).
 
     `tokens` is the teacher-forced prefix of length L; `cache` is the state after it
-    (float32, by past name, in the graph layouts). A page-owned cache may be written from
-    `cache` directly; a hidden (stateful) cache must be reached by dispatching `tokens`.
+    (float32, by past name, in the reference's layouts: `cache_specs` by default; a backend
+    whose graph lays a state out otherwise converts it, `workload.in_layout`). A page-owned
+    cache may be written from `cache` directly; a hidden (stateful) cache must be reached by
+    dispatching `tokens`.
     """
 
     tokens: np.ndarray
@@ -33,6 +35,16 @@ class DepthState:
     @property
     def depth(self) -> int:
         return len(self.tokens)
+
+
+def into_capacity(rows: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """A cache's valid rows (a user model's depth: ``harness.model_run``) at the front of
+    zeros of the capacity-sized ``shape``; an array already that shape as it is."""
+    if tuple(rows.shape) == tuple(shape):
+        return rows
+    full = np.zeros(shape, rows.dtype)
+    full[tuple(slice(0, n) for n in rows.shape)] = rows
+    return full
 
 
 class Backend(ABC):
@@ -82,6 +94,11 @@ class Backend(ABC):
 
     def gpu_time_ms(self) -> float | None:
         """GPU time of the last step where the device can time it, else None."""
+        return None
+
+    def host_breakdown_ms(self) -> dict[str, float] | None:
+        """Where the last step's host time went, in ms per part (docs/measuring.md, "Host
+        time"), where the backend can tell, else None."""
         return None
 
     def device_bytes(self) -> int | None:

@@ -8,8 +8,9 @@ Names are `ort-<provider>:<mode>`, provider `cpu` (CPU EP) or `webgpu` (the WebG
 - `iobinding`: IOBinding; presents stay in ORT-owned device values (`bind_output(name,
   device)`) and are bound as the next step's pasts (`bind_ortvalue_input`); logits to host.
 - `shared`: one capacity-sized device value bound as both past and present of each
-  GroupQueryAttention (its shared buffer) and as GatedDeltaNet's `initial_state` and
-  `final_state` (aliased); only ids and logits cross the interface.
+  GroupQueryAttention (its shared buffer) and as the past and present of each
+  LinearAttention and CausalConvWithState (aliased); only ids and logits cross the
+  interface.
 - `standard`: the standard flavour with host arrays at a fixed capacity: what a stateless
   WebNN page would hand ORT.
 - `captured` (WebGPU only): `shared` with the EP's graph capture (`enableGraphCapture`):
@@ -49,11 +50,19 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from backends.base import Backend, DepthState, register
-from backends.webnn.dims import default_dims, pin
+from backends.base import Backend, DepthState, into_capacity, register
+from backends.webnn.dims import default_dims, past_head_sizes, pin
 from backends.webnn.onnx_converter import list_kv_pairs
-from model.export import FLOAT_ACCURACY_LEVEL, ORT, PAST_LEN, STANDARD, TOTAL_LEN, export
-from model.workload import CacheSpec, Workload, cache_specs
+from model.export import (
+    FLOAT_ACCURACY_LEVEL,
+    ORT,
+    PAST_LEN,
+    STANDARD,
+    TOTAL_LEN,
+    export,
+    state_layout,
+)
+from model.workload import CacheSpec, Workload, cache_specs, in_layout
 
 try:
     import onnxruntime as ort
@@ -151,18 +160,21 @@ class _ModelKernelBytes(_KernelBytes):
     value_info), so the count needs no dim of statebench's own graph. A tensor whose shape
     inference leaves unknown counts 0 bytes and is named in ``unsized``."""
 
-    def __init__(self, model: onnx.ModelProto) -> None:
+    def __init__(self, model: onnx.ModelProto, last_dims: dict[str, int] | None = None) -> None:
         g = model.graph
         self.nodes = [(n.op_type, list(n.input), list(n.output)) for n in g.node]
         self.shared, self.unsized = False, set()
+        self.last_dims = dict(last_dims or {})  # caches' head sizes no symbol gives
         self.infos = {d: self._info_at(model, d) for d in (1, 2)}
         t1, t2 = self._total(1), self._total(2)
         self.per_token = t2 - t1
         self.base = t1 - self.per_token
 
-    @staticmethod
-    def _info_at(model: onnx.ModelProto, depth: int) -> dict[str, list]:
+    def _info_at(self, model: onnx.ModelProto, depth: int) -> dict[str, list]:
         pinned = pin(model, {k: d.value for k, d in default_dims(model, depth).items()})
+        for vi in [*pinned.graph.input, *pinned.graph.output]:
+            if vi.name in self.last_dims:
+                vi.type.tensor_type.shape.dim[-1].dim_value = self.last_dims[vi.name]
         try:
             pinned = onnx.shape_inference.infer_shapes(pinned)
         except Exception:  # noqa: BLE001 - inference is best effort; unknowns count 0
@@ -215,14 +227,21 @@ class _OrtBackend(Backend):
         ep = {"cpu": "CPU EP", "webgpu": "WebGPU EP (on Dawn, built into the plugin)"}
         return f"ONNX Runtime {ort.__version__}, {ep[cls.provider]}"
 
-    def __init__(self, model: str | os.PathLike | None = None) -> None:
+    def __init__(self, model: str | os.PathLike | None = None,
+                 pairs: dict[str, str] | None = None) -> None:
         super().__init__()
         self.model = None if model is None else Path(model)  # a user's .onnx, not an export
+        self.hand_pairs = pairs  # past -> present named by hand (--pairs), for a user's model
         self.session = None
         self.position = 0
 
     #: why a mode cannot run a model statebench did not export ("" where it can)
     model_unavailable = ""
+
+    def model_refusal(self, proto: onnx.ModelProto) -> str:
+        """Why this mode cannot run ``proto`` ("" where it may): ``model_unavailable`` here;
+        `shared` looks at the graph."""
+        return self.model_unavailable
 
     # --- preparation -------------------------------------------------------------------
     def prepare(self, workload: Workload, capacity: int) -> None:
@@ -233,7 +252,10 @@ class _OrtBackend(Backend):
             self._prepare_model(capacity)
             return
         self.workload, self.cfg, self.capacity = workload, workload.config, capacity
-        self.specs = cache_specs(self.cfg, capacity)
+        self.vocab = self.cfg.vocab
+        # the recurrent states in the flavour's layout; a depth's cache (the reference's
+        # layout) is converted as it is handed in (``in_layout``)
+        self.specs = cache_specs(self.cfg, capacity, state_layout(self.flavour))
         # the CPU EP's graph computes MatMulNBits on float32 activations (module docstring)
         level = FLOAT_ACCURACY_LEVEL if self.provider == "cpu" else None
         self.path = export(workload, self.flavour, capacity, self.cache_dir,
@@ -253,25 +275,29 @@ class _OrtBackend(Backend):
         """Open a model statebench did not export: its pasts paired by name, each past's
         dims pinned from the model's own shapes (batch 1; a growing axis starts empty), the
         other inputs fed from their names (``_model_feeds``)."""
-        if self.model_unavailable:
-            raise RuntimeError(f"{self.name} is unavailable for {self.model}: "
-                               f"{self.model_unavailable}")
         proto = onnx.load(str(self.model), load_external_data=False)
+        why = self.model_refusal(proto)
+        if why:
+            raise RuntimeError(f"{self.name} is unavailable for {self.model}: {why}")
         self.capacity = capacity
-        pairs = list_kv_pairs(proto)
+        pairs = list_kv_pairs(proto, self.hand_pairs)
         dims = {k: d.value for k, d in default_dims(proto, capacity).items()}
         inits = {t.name for t in proto.graph.initializer}
         inputs = {i.name: i for i in proto.graph.input if i.name not in inits}
         self.axes: dict[str, int | None] = {}
         self.specs = []
+        heads = past_head_sizes(proto)  # per layer, where a symbol names them all alike
         for p in pairs:
             tt = inputs[p.input].type.tensor_type
             shape = []
+            last = len(tt.shape.dim) - 1
             for i, d in enumerate(tt.shape.dim):
                 if i == p.axis:
                     shape.append(capacity)
                 elif d.HasField("dim_value"):
                     shape.append(d.dim_value)
+                elif i == last and p.input in heads:
+                    shape.append(heads[p.input])
                 elif d.dim_param in dims:
                     shape.append(dims[d.dim_param])
                 else:
@@ -293,25 +319,39 @@ class _OrtBackend(Backend):
         self.output_names = [o.name for o in self.session.get_outputs()]
         if "logits" not in self.output_names:
             raise RuntimeError(f"{self.model}: the graph has no logits output")
-        self.kernel = _ModelKernelBytes(proto)
+        self.kernel = _ModelKernelBytes(proto, {**heads, **{
+            self.present_of[k]: v for k, v in heads.items() if k in self.present_of}})
+        self.vocab = (self.kernel.infos[1].get("logits") or [0, 0])[-2]  # dims, then the type
         self.details.update(provider=self.session.get_providers()[0], mode=self.mode,
                             model=str(self.model), host_cache=self.host_cache,
                             pairs={p.input: p.output for p in pairs},
                             kernel_bytes_base=self.kernel.base,
                             kernel_bytes_per_token=self.kernel.per_token,
                             kernel_bytes_unsized=sorted(self.kernel.unsized)[:50])
+        self._allocate()
         self.reset()
 
     def _empty_pasts(self, growing: bool) -> dict[str, np.ndarray]:
         """Every cache at depth 0: zeros, a growing one with no rows on its axis."""
-        if self.model is None:
-            return self._page_pasts(None, growing=growing)
+        return self._page_pasts(None, growing=growing)
+
+    def _model_pasts(self, depth: DepthState | None) -> dict[str, np.ndarray]:
+        """A user model's pasts at ``depth`` (None: empty): a growing one holds the depth's
+        rows on its axis, as the reference's presents hold them (``harness.model_run``)."""
+        n = 0 if depth is None else depth.depth
         out = {}
         for s in self.specs:
             shape = list(s.shape)
             if self.axes[s.input] is not None:
-                shape[self.axes[s.input]] = 0
-            out[s.input] = np.zeros(shape, s.dtype)
+                shape[self.axes[s.input]] = n
+            if depth is None:
+                out[s.input] = np.zeros(shape, s.dtype)
+                continue
+            arr = depth.cache[s.input]
+            if tuple(arr.shape) != tuple(shape):
+                raise ValueError(f"{s.input}: cache shape {arr.shape} at depth {n}, "
+                                 f"expected {tuple(shape)}")
+            out[s.input] = np.ascontiguousarray(arr, s.dtype)
         return out
 
     def _model_feeds(self, token: int) -> dict[str, np.ndarray]:
@@ -386,20 +426,21 @@ class _OrtBackend(Backend):
 
     # --- per step helpers ---------------------------------------------------------------
     def _check_depth(self, depth: DepthState) -> None:
-        if self.model is not None:
-            raise RuntimeError(f"{self.name}: reaching a depth needs statebench's own "
-                               f"workload; {self.model} is fed token by token")
-        for s in self.specs:
-            got = depth.cache[s.input].shape
-            if tuple(got) != tuple(s.shape):
-                raise ValueError(f"{s.input}: cache shape {got}, expected {s.shape}")
         if depth.depth >= self.capacity:
             raise ValueError(f"depth {depth.depth} leaves no room in capacity {self.capacity}")
+        if self.model is not None:
+            return  # its growing shapes are checked by `_model_pasts`
+        for s in self.specs:
+            got = in_layout(s, depth.cache[s.input]).shape
+            if tuple(got) != tuple(s.shape):
+                raise ValueError(f"{s.input}: cache shape {got}, expected {s.shape}")
 
     def _page_pasts(self, depth: DepthState | None, growing: bool) -> dict[str, np.ndarray]:
         """The pasts a page hands the session at `depth` (None: an empty cache). A growing
         past (ORT flavour, no buffer sharing) holds exactly the valid rows; a fixed one the
         whole capacity."""
+        if self.model is not None:
+            return self._model_pasts(depth)
         n = 0 if depth is None else depth.depth
         out = {}
         for s in self.specs:
@@ -410,7 +451,7 @@ class _OrtBackend(Backend):
                     shape[2] = rows
                 out[s.input] = np.zeros(shape, s.dtype)
             else:
-                arr = depth.cache[s.input]
+                arr = in_layout(s, depth.cache[s.input])
                 out[s.input] = np.ascontiguousarray(arr if rows is None else arr[:, :, :rows],
                                                     s.dtype)
         return out
@@ -521,15 +562,41 @@ class _IOBinding(_OrtBackend):
         return logits.astype(np.float32, copy=False)
 
 
+#: the inputs that give GroupQueryAttention its lengths without an attention_mask
+_GQA_LENGTHS = frozenset({"seqlens_k", "total_sequence_length"})
+
+
 class _Shared(_OrtBackend):
     """`shared`: one capacity-sized value per cache bound as both past and present."""
 
     mode = "shared"
     shared_buffer = True
-    model_unavailable = ("one buffer bound as past and present needs a fixed-capacity graph "
-                         "(statebench's own export); a model's growing caches cannot share one")
+
+    def model_refusal(self, proto: onnx.ModelProto) -> str:
+        """A growing cache can share one buffer with its present only as GroupQueryAttention's
+        past_key/past_value, its length from an attention_mask (ORT's shared-buffer GQA, as
+        genai's past_present_share_buffer) or from seqlens_k and total_sequence_length fed as
+        inputs (statebench's own export): any other growing cache is refused, naming it."""
+        gqa = {n.input[j] for n in proto.graph.node if n.op_type == "GroupQueryAttention"
+               for j in (3, 4) if j < len(n.input)}
+        feeds = {i.name for i in proto.graph.input}
+        for p in list_kv_pairs(proto, self.hand_pairs):
+            if p.kind != "append":
+                continue
+            if p.input not in gqa:
+                op = next((n.op_type for n in proto.graph.node if p.input in n.input), "nothing")
+                return (f"its cache {p.input} grows through {op}, not GroupQueryAttention: one "
+                        "buffer bound as past and present needs GQA's shared-buffer mode")
+            if "attention_mask" not in feeds and not feeds >= _GQA_LENGTHS:
+                return ("its GroupQueryAttention's lengths come from no input (attention_mask, "
+                        "or seqlens_k and total_sequence_length): with one buffer as past and "
+                        "present, ORT would take the buffer's length for the sequence's")
+        return ""
 
     def _allocate(self) -> None:
+        if self.vocab < 1:
+            raise RuntimeError(f"{self.model}: the width of its logits is not known from its "
+                               "shapes, which a bound logits buffer needs")
         self.values = {}
         for s in self.specs:
             if self.provider == "webgpu":
@@ -539,7 +606,7 @@ class _Shared(_OrtBackend):
                 v = ort.OrtValue.ortvalue_from_shape_and_type(list(s.shape), np.dtype(s.dtype),
                                                                "cpu", 0)
             self.values[s.input] = v
-        vocab = self.cfg.vocab
+        vocab = self.vocab
         if self.provider == "webgpu":
             self.logits = self.session.create_ortvalue_from_shape_and_type(
                 [1, 1, vocab], np.float32, "webgpu", 0)
@@ -554,11 +621,11 @@ class _Shared(_OrtBackend):
         self.details["in_place"] = {s.input: True for s in self.specs}
 
     def device_bytes(self) -> int | None:
-        return sum(s.nbytes for s in self.specs) + self.cfg.vocab * 4
+        return sum(s.nbytes for s in self.specs) + self.vocab * 4
 
     def _upload(self, cache: dict[str, np.ndarray]) -> None:
         for s in self.specs:
-            arr = np.ascontiguousarray(cache[s.input], s.dtype)
+            arr = into_capacity(np.ascontiguousarray(in_layout(s, cache[s.input]), s.dtype), s.shape)
             self.values[s.input].update_inplace(arr)
             self.counters.h2d += arr.nbytes
 
@@ -594,6 +661,12 @@ class _Captured(_Shared):
 
     mode = "captured"
     ep_options = {"enableGraphCapture": "1"}
+
+    def model_refusal(self, proto: onnx.ModelProto) -> str:
+        if any(i.name == "attention_mask" for i in proto.graph.input):
+            return ("graph capture replays every input at its captured shape, and a model's "
+                    "attention_mask grows one column a step")
+        return super().model_refusal(proto)
 
     def _allocate(self) -> None:
         super()._allocate()

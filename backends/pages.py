@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from backends.base import Backend, DepthState, register
+from backends.base import Backend, DepthState, into_capacity, register
 from backends.webnn.adapter import wgpu_adapter
 from model.errors import UserError
 from model.workload import Workload
@@ -68,9 +69,11 @@ class _Page(Backend):
     engine = "wgpu"
 
     def __init__(self, onnx_path: str | os.PathLike | None = None, timing: bool = True,
-                 options: KernelOptions | None = None) -> None:
+                 options: KernelOptions | None = None, pairs: dict[str, str] | None = None
+                 ) -> None:
         super().__init__()
         self.onnx_path = onnx_path  # a user's export instead of model.export's
+        self.hand_pairs = pairs  # past -> present named by hand (--pairs), for a user's model
         self.timing = timing
         self.options = options  # the context's kernel variants and modes (None: per adapter)
         self.context = None
@@ -80,7 +83,10 @@ class _Page(Backend):
         self._cur: dict[str, object] = {}  # past name -> tensor read this step (page-owned)
         self._nxt: dict[str, object] = {}  # past name -> tensor written this step
         self._host: dict[str, np.ndarray] = {}  # stateless: past name -> host array
+        self._inputs_host: dict[str, np.ndarray] = {}  # ids, position: refilled each step
         self._pairs: list = []  # MLKVCachePair, past -> present
+        self._t_written = 0  # perf_counter_ns when the last step's writes were done
+        self._last_times: tuple | None = None  # the last step's boundaries (host_breakdown_ms)
 
     # -- availability -----------------------------------------------------------------------
 
@@ -145,12 +151,12 @@ class _Page(Backend):
         with self._counted():
             try:
                 if self.request_state:
-                    self._pairs = list_kv_pairs(path)
+                    self._pairs = list_kv_pairs(path, self.hand_pairs)
                     self.converted = convert(path, self.context, use_stateful=True,
                                              kv_cache_pairs=self._pairs, dims=dims, base=base)
                 else:
                     self.converted = convert(path, self.context, dims=dims, base=base)
-                    self._pairs = list_kv_pairs(path)
+                    self._pairs = list_kv_pairs(path, self.hand_pairs)
             except ConversionError as exc:
                 raise UserError(str(exc)) from None
         graph = self.converted.graph
@@ -199,7 +205,7 @@ class _Page(Backend):
         from backends.webnn.onnx_converter import ConversionError
 
         try:
-            _, done = fixed_model(proto, capacity)
+            _, done = fixed_model(proto, capacity, self.hand_pairs)
         except ConversionError as exc:
             raise UserError(str(exc)) from None
         except FixedCapacityError as exc:
@@ -223,7 +229,8 @@ class _Page(Backend):
         with self._counted():
             for p in self._pairs:
                 # in the cache's own type (a float16 cache: float16 rows, as the page holds them)
-                arr = np.asarray(depth.cache[p.input], self.converted.inputs[p.input].host_dtype)
+                d = self.converted.inputs[p.input]
+                arr = into_capacity(np.asarray(depth.cache[p.input], d.host_dtype), tuple(d.shape))
                 if self.host_cache:
                     self._host[p.input][...] = arr
                 else:
@@ -231,7 +238,10 @@ class _Page(Backend):
         self.position = depth.depth
 
     def step(self, token: int) -> np.ndarray:
+        t0 = time.perf_counter_ns()
+        times0 = self.context.queue_counts.times_ns()
         self._dispatch(token)
+        t_dispatched = time.perf_counter_ns()
         out = self._bound[self._logits_name]
         with self._counted():
             if self.host_cache:  # the logits and every present at once, the presents into
@@ -241,7 +251,27 @@ class _Page(Backend):
                                           [logits] + [self._host[p.input] for p in self._pairs])
             else:
                 logits = self.context.read_tensor(out)
-        return np.asarray(logits, np.float32).reshape(-1)
+        t_read = time.perf_counter_ns()
+        logits = np.asarray(logits, np.float32).reshape(-1)
+        self._last_times = (t0, self._t_written, t_dispatched, t_read, time.perf_counter_ns(),
+                            times0, self.context.queue_counts.times_ns())
+        return logits
+
+    def host_breakdown_ms(self) -> dict[str, float] | None:
+        """Where the last step's host time went (docs/measuring.md, "Host time"): the
+        page's boundaries (writes, dispatch, read, after) split by the context's own
+        timers (``QueueCounts``' ``*_ns``: encode, submit, record ahead, wait, copy)."""
+        if self._last_times is None:
+            return None
+        t0, t_written, t_dispatched, t_read, t_end, before, after = self._last_times
+        d = {k: after[k] - before[k] for k in after}
+        ns = {"write": t_written - t0, "write_device": d["write"],
+              "encode": d["encode"], "submit": d["submit"], "record_ahead": d["record"],
+              "dispatch_other": t_dispatched - t_written - d["encode"] - d["submit"] - d["record"],
+              "wait": d["wait"], "copy": d["copy"],
+              "read_other": t_read - t_dispatched - d["wait"] - d["copy"],
+              "after": t_end - t_read, "total": t_end - t0}
+        return {k: v / 1e6 for k, v in ns.items()}
 
     def _dispatch(self, token: int) -> None:
         ctx = self.context
@@ -258,24 +288,35 @@ class _Page(Backend):
                         ctx.write_tensor(self._cur[p.input], self._host[p.input])
                     ins[p.input] = self._cur[p.input]
                     outs[p.output] = self._nxt[p.input]
+            self._t_written = time.perf_counter_ns()
             ctx.dispatch(self.converted.graph, ins, outs)
             if not (self.host_cache or self._hidden):
                 self._cur, self._nxt = self._nxt, self._cur
         self.position += 1
 
     def _feed(self, name: str, token: int) -> np.ndarray:
-        """What the page writes to a non-cache input this step (``_FEEDS``)."""
-        d = self.converted.inputs[name]
+        """What the page writes to a non-cache input this step (``_FEEDS``), in its own
+        array for that input (``_written``)."""
+        arr = self._written(name)
         if name == "input_ids":
-            return np.full(d.shape, token, d.host_dtype)
-        if name == "attention_mask":  # ones up to and including the position, zeros beyond
-            mask = np.zeros(d.shape, d.host_dtype)
-            mask[..., :self.position + 1] = 1
-            return mask
-        if name == "total_sequence_length":
-            return np.full(d.shape, self.position + 1, d.host_dtype)
-        # position_ids ([1, 1], or Qwen's multimodal [3, 1, 1]) and GQA's seqlens_k
-        return np.full(d.shape, self.position, d.host_dtype)
+            arr.fill(token)
+        elif name == "attention_mask":  # ones up to and including the position, zeros beyond
+            arr.fill(0)
+            arr[..., :self.position + 1] = 1
+        elif name == "total_sequence_length":
+            arr.fill(self.position + 1)
+        else:  # position_ids ([1, 1], or Qwen's multimodal [3, 1, 1]) and GQA's seqlens_k
+            arr.fill(self.position)
+        return arr
+
+    def _written(self, name: str) -> np.ndarray:
+        """The page's host array for input ``name`` (ids, position), made once and refilled
+        every step: a page writes from the same typed array, no allocation per token."""
+        arr = self._inputs_host.get(name)
+        if arr is None:
+            d = self.converted.inputs[name]
+            arr = self._inputs_host[name] = np.zeros(d.shape, d.host_dtype)
+        return arr
 
     def reset(self) -> None:
         if self.context is None:

@@ -62,6 +62,10 @@ def unlike(run: dict, base: dict) -> list[str]:
     field (`steps 8 where the baseline has 16`); empty when they are like for like."""
     out = [f"{k} {run.get(k)!r} where the baseline has {base.get(k)!r}"
            for k in LIKE_FOR_LIKE if run.get(k) != base.get(k)]
+    rm, bm = run.get("model") or {}, base.get("model") or {}
+    if rm.get("sha256") != bm.get("sha256"):  # a model statebench did not write, by content
+        out.append(f"model sha256 {rm.get('sha256')!r} where the baseline has "
+                   f"{bm.get('sha256')!r}")
     rc, bc = run.get("config") or {}, base.get("config") or {}
     for k in dict.fromkeys([*rc, *bc]):
         if k == "name" or (k not in _CONFIG_DEFAULTS and (k not in rc or k not in bc)):

@@ -52,7 +52,7 @@ def add(prev: Point, new: Point, index: int, total: int) -> Point:
     reps = [*(prev.repeats or []), _repeat_of(new)]
     a, b = prev.match, new.match
     match = Match(a.ok and b.ok, max(a.max_abs, b.max_abs), max(a.max_rel, b.max_rel),
-                  min(a.argmax_agree, b.argmax_agree))
+                  min(a.argmax_agree, b.argmax_agree), b.tolerance)
     details = dict(prev.details)
     counted = [r["bytes_per_step"] for r in reps if r.get("bytes_per_step")]
     bytes_per_step = {k: sum(b[k] for b in counted) / len(counted) for k in counted[0]}

@@ -179,7 +179,8 @@ COLUMNS = ["run", "backend", "context", "capacity", "status", "step_ms_median", 
            "step_ms_p90", "step_ms_low", "step_ms_high", "step_ms_max", "step_ms_max_at",
            "repeats", "transients", "gpu_ms_median", *[f"bytes_{k}" for k in BYTE_CATEGORIES], "bytes_total",
            "cache_link_bytes", "cache_copied_bytes", "cache_in_place_bytes",
-           "floor_ms", "mbu", "mbu_gpu", "match", "max_abs", "max_rel", "argmax_agree", "speedup",
+           "floor_ms", "mbu", "mbu_gpu", "match", "max_abs", "max_rel", "argmax_agree", "tolerance",
+           "speedup",
            "verdict",
            "build_s", "time_to_depth_s", "peak_rss_bytes", "device_bytes", "reason"]
 
@@ -205,6 +206,7 @@ def rows(runs: list[Run]) -> list[dict]:
                 "max_abs": p.match.max_abs if p.match else None,
                 "max_rel": p.match.max_rel if p.match else None,
                 "argmax_agree": p.match.argmax_agree if p.match else None,
+                "tolerance": p.match.tolerance if p.match else None,
                 "speedup": point_speedup(run, p), "build_s": p.build_s,
                 "time_to_depth_s": p.time_to_depth_s, "peak_rss_bytes": p.peak_rss_bytes,
                 "device_bytes": p.device_bytes, "reason": p.reason,
@@ -338,22 +340,55 @@ def _over_link_and_stateful(run: Run, p: Point) -> str:
     return f"{p.step_ms.median / floor:.2f}" if floor > 0 else "—"
 
 
+HOST_HEAD = ["backend", "context", "step ms", "GPU ms", "wall − GPU", "write", "encode",
+             "submit", "record ahead", "wait", "copy", "Python"]
+HOST_NOTE = ("Where a WebNN page's step spends host time (details.host_breakdown_ms, medians "
+             "over the timed steps, ms; docs/measuring.md \"Host time\"). Python: the rest of "
+             "the dispatch and the read, and after it. Record ahead and wait overlap the GPU.")
+
+
+def host_rows(runs: list[Run]) -> list[list[str]]:
+    """Per point with a host-time breakdown: the step, its GPU time, wall − GPU and the
+    parts (the first process's, with ``--repeat``)."""
+    out = []
+    for run in runs:
+        for p in sorted(run.results.points, key=lambda p: (p.context, p.backend)):
+            h = p.details.get("host_breakdown_ms") if p.status == "ok" else None
+            if not h or p.step_ms is None:
+                continue
+            gap = h.get("wall_minus_gpu")
+            python = sum(h.get(k, 0.0) for k in ("dispatch_other", "read_other", "after"))
+            out.append([series_name(run, p.backend), str(p.context), f"{p.step_ms.median:.3f}",
+                        "—" if p.gpu_ms is None else f"{p.gpu_ms.median:.3f}",
+                        "—" if gap is None else f"{gap:.3f}",
+                        *(f"{h.get(k, 0.0):.3f}" for k in ("write", "encode", "submit",
+                                                            "record_ahead", "wait", "copy")),
+                        f"{python:.3f}"])
+    return out
+
+
 def floor_tables(runs: list[Run]) -> list[tuple[str, str, list[str], list[list[str]]]]:
-    """(title, note, head, rows) of each floor table that has rows: bandwidth use of
-    device-resident backends, and the link floors of host-cache ones."""
+    """(title, note, head, rows) of each per-point table that has rows: bandwidth use of
+    device-resident backends, the link floors of host-cache ones, the host time of WebNN
+    pages."""
     tables = [("Bandwidth use", BANDWIDTH_NOTE, BANDWIDTH_HEAD, bandwidth_rows(runs)),
-              ("Host-link floors", LINK_NOTE, LINK_HEAD, link_rows(runs))]
+              ("Host-link floors", LINK_NOTE, LINK_HEAD, link_rows(runs)),
+              ("Host time", HOST_NOTE, HOST_HEAD, host_rows(runs))]
     return [t for t in tables if t[3]]
 
 
 def environment_lines(run: Run) -> list[str]:
     env, wl = run.results.environment, run.results.workload
     cal = env.get("calibration", {})
-    cfgd = wl.get("config", {})
+    cfgd, model = wl.get("config", {}), wl.get("model")
+    what = (f"model {model.get('path')} ({model.get('size', 0):,} bytes, sha256 "
+            f"{str(model.get('sha256'))[:12]}, {len(model.get('pairs', []))} cache pairs, "
+            f"reference {model.get('reference')})" if isinstance(model, dict) else
+            f"preset {wl.get('preset')}, {len(cfgd.get('layers', []))} layers "
+            f"({', '.join(cfgd.get('layers', []))}), hidden {cfgd.get('hidden')}, "
+            f"{cfgd.get('parameters', 0):,} parameters")
     lines = [
-        f"workload: preset {wl.get('preset')}, {len(cfgd.get('layers', []))} layers "
-        f"({', '.join(cfgd.get('layers', []))}), hidden {cfgd.get('hidden')}, "
-        f"{cfgd.get('parameters', 0):,} parameters, {wl.get('dtype')}, "
+        f"workload: {what}, {wl.get('dtype')}, "
         f"{_under_load(wl)}{wl.get('warmup')} warm-up + {wl.get('steps')} timed steps, "
         f"seed {wl.get('seed')}",
         *_created_lines(run),

@@ -46,6 +46,9 @@ class Match:
     max_abs: float
     max_rel: float
     argmax_agree: float  # fraction of steps whose argmax equals the reference's
+    #: the relative tolerance it was held to (metrics.logits_tolerance; None in results
+    #: recorded before it was written: 1e-3, float32 activations)
+    tolerance: float | None = None
 
 
 @dataclass
@@ -163,7 +166,10 @@ class Results:
         """Workload and device, for titles."""
         w = self.workload
         dev = self.environment.get("wgpu", {}).get("adapter") or self.environment.get("cpu", "")
-        return f"{w.get('preset', '?')} · {w.get('steps', '?')} steps · {dev}".strip(" ·")
+        model = w.get("model")
+        what = Path(model["path"]).name if isinstance(model, dict) and "path" in model else (
+            w.get("preset") or "?")
+        return f"{what} · {w.get('steps', '?')} steps · {dev}".strip(" ·")
 
     def save(self, path: str | Path) -> None:
         write_json_atomic(path, self.to_dict())
@@ -333,7 +339,8 @@ _MATCH = {"ok": (bool,), "max_abs": (float, int), "max_rel": (float, int),
 #: the workload's figures (each optional: older files lack some) -> accepted types
 _WORKLOAD_FIELDS = {"preset": (str,), "seed": (int,), "dtype": (str,), "config": (dict,),
                     "steps": (int,), "warmup": (int,), "warm_s": (float, int),
-                    "contexts": (list,), "capacity": (int, type(None)), "repeat": (int,)}
+                    "contexts": (list,), "capacity": (int, type(None)), "repeat": (int,),
+                    "model": (dict,)}
 
 
 class _Bad(Exception):
@@ -409,8 +416,12 @@ def _check_point(p: object, where: str) -> None:
         for k in BYTE_CATEGORIES:
             _figure(p["bytes_per_step"][k], f"{where}.bytes_per_step.{k}")
     if p["match"] is not None:
-        if set(p["match"]) != set(_MATCH):
-            raise _Bad(f"{where}.match must have ok, max_abs, max_rel, argmax_agree")
+        if set(p["match"]) - {"tolerance"} != set(_MATCH):
+            raise _Bad(f"{where}.match must have ok, max_abs, max_rel, argmax_agree "
+                       "(and a tolerance)")
+        tol = p["match"].get("tolerance")
+        if tol is not None and not (_is_number(tol) and 0 < tol < 1):
+            raise _Bad(f"{where}.match.tolerance is {tol!r}, not a fraction in (0, 1)")
         for k, types in _MATCH.items():
             v = p["match"][k]
             if bool in types and not isinstance(v, bool):

@@ -31,6 +31,7 @@ from backends.base import Backend, registry
 from harness import calibrate as calibration
 from harness import child, memory, metrics, repeats, worker
 from harness.bandwidth import SIZE as CALIBRATION_SIZE
+from harness.model_run import OrtReferenceWalk, UserModel
 from harness.results import Point, Results, ResultsFile, one_line
 from harness.wgpu_probe import WgpuProbe, probe_wgpu
 from model import checksum
@@ -65,6 +66,10 @@ class RunConfig:
     timeout_s: float = WORKER_TIMEOUT_S
     calibrate: bool = True
     command: str = ""
+    #: a model statebench did not write, in place of `preset` (harness.model_run)
+    model: str | None = None
+    #: its cache pairs named by hand (--pairs), past -> present
+    pairs: dict[str, str] = field(default_factory=dict)
 
     def capacity_for(self, context: int) -> int:
         need = context + self.warmup + self.steps
@@ -213,9 +218,17 @@ def record(results: Results, point: Point) -> None:
     results.points.append(point)
 
 
-def finish_point(point: Point, cfg: ModelConfig, calib: dict) -> Point:
-    """Add the floor (DESIGN §7) and MBU to a measured point."""
+#: why a point of a model statebench did not write has no floor
+NO_MODEL_FLOOR = ("no floor for a model statebench did not write (the bytes a step must move "
+                  "are modelled for presets only)")
+
+
+def finish_point(point: Point, cfg: ModelConfig | None, calib: dict) -> Point:
+    """Add the floor (DESIGN §7) and MBU to a measured point (`cfg` None: a user's model)."""
     if not point.measured or point.weights_bytes is None:
+        return point
+    if cfg is None:
+        point.details.setdefault("floor_reason", NO_MODEL_FLOOR)
         return point
     floor, why = metrics.floor_ms(point.backend, cfg, point.weights_bytes, point.context,
                                   point.capacity, calib, point.details)
@@ -240,12 +253,17 @@ def resolve_backends(names: Sequence[str], extra: dict[str, type[Backend]] | Non
     return {n: known[n] for n in names}
 
 
-def new_results(rc: RunConfig, cfg: ModelConfig, calib: dict, probe: WgpuProbe | None) -> Results:
+def new_results(rc: RunConfig, cfg: ModelConfig | None, calib: dict, probe: WgpuProbe | None,
+                user: UserModel | None = None) -> Results:
+    """The results' header; a user's model (`user`) in place of a preset's `cfg`."""
+    model = ({"model": user.describe(max(rc.capacity_for(c) for c in rc.contexts)),
+              "dtype": "float32"} if user is not None else
+             {"preset": rc.preset, "dtype": cfg.dtype, "config": cfg.describe()})
     return Results(
         created=datetime.now(UTC).isoformat(timespec="seconds"),
         command=rc.command or "statebench run",
         environment=calibration.environment(calib, probe.adapter if probe else None),
-        workload={"preset": rc.preset, "seed": rc.seed, "dtype": cfg.dtype, "config": cfg.describe(),
+        workload={**model, "seed": rc.seed,
                   "steps": rc.steps, "warmup": rc.warmup, "warm_s": rc.warm_s,
                   "repeat": rc.repeat,
                   "contexts": rc.contexts,
@@ -279,29 +297,57 @@ def run_sweep(rc: RunConfig, out: str | Path | ResultsFile, console: Console | N
 def _measure_sweep(rc: RunConfig, sink: ResultsFile, console: Console | None,
                    extra_backends: dict[str, type[Backend]] | None,
                    on_point: Callable[[Point], None] | None) -> Results:
-    cfg = preset(rc.preset)
+    user = UserModel.load(rc.model, rc.pairs) if rc.model else None
+    cfg = None if user else preset(rc.preset)
     if rc.steps <= 0 or rc.warmup < 0 or rc.warm_s < 0 or rc.repeat <= 0:
         raise UserError("--steps and --repeat must be ≥ 1, --warmup and --warm-s ≥ 0")
     for ctx in rc.contexts:
         rc.capacity_for(ctx)  # fail on a too-small --capacity before any work
+    ahead = rc.warmup + rc.steps
+    if user is not None:
+        user.check_positions(max(rc.contexts) + ahead - 1)
     classes = resolve_backends(rc.backends, extra_backends)
-    check_memory(rc, cfg)
+    if cfg is not None:
+        check_memory(rc, cfg)
     sink.check()
     console = console or Console(stderr=True)
+    # the reference first: a model it cannot run is refused before any calibration
+    length, top = max(rc.contexts) + ahead, max(rc.capacity_for(c) for c in rc.contexts)
+    walk = (OrtReferenceWalk(user, rc.seed, length, top) if user is not None else
+            ReferenceWalk(cfg, Workload.build(cfg, rc.seed).weights, rc.seed, length, top))
 
     needs_gpu = any(not metrics.is_cpu(n) for n in classes)
     # the adapter (and its figures) from a child: a driver that aborts ends only the child
     probe = (probe_wgpu(CALIBRATION_SIZE if needs_gpu and rc.calibrate else None)
              if needs_gpu or rc.calibrate else None)
-    calib = (calibration.calibrate(need_gpu=needs_gpu, working_set=weights_bytes(cfg), probe=probe)
+    working_set = user.size if user is not None else weights_bytes(cfg)
+    calib = (calibration.calibrate(need_gpu=needs_gpu, working_set=working_set, probe=probe)
              if rc.calibrate else {})
-    results = new_results(rc, cfg, calib, probe)
+    results = new_results(rc, cfg, calib, probe, user)
 
-    total = len(rc.contexts) * len(classes) * rc.repeat
-    contexts = sorted(rc.contexts)
-    ahead = rc.warmup + rc.steps
-    walk = ReferenceWalk(cfg, Workload.build(cfg, rc.seed).weights, rc.seed, contexts[-1] + ahead,
-                         max(rc.capacity_for(c) for c in contexts))
+    label = f"model-{user.name}" if user is not None else rc.preset
+    try:
+        return _sweep_points(rc, sink, console, classes, results, walk, label,
+                             refusal=user.refusal if user is not None else None,
+                             model_req={} if user is None else {
+                                 "preset": None, "model": str(user.path), "pairs": rc.pairs,
+                                 "model_bytes": user.size},
+                             probe=probe, cfg=cfg, calib=calib, on_point=on_point)
+    finally:
+        if user is not None:
+            walk.close()
+
+
+def _sweep_points(rc: RunConfig, sink: ResultsFile, console: Console, classes: dict,
+                  results: Results, walk: ReferenceWalk | OrtReferenceWalk, label: str, *,
+                  refusal: Callable[[type[Backend]], str] | None, model_req: dict,
+                  probe: WgpuProbe | None, cfg: ModelConfig | None, calib: dict,
+                  on_point: Callable[[Point], None] | None) -> Results:
+    """Every point of the sweep, contexts ascending, each saved as it comes. A user's model
+    adds `model_req` to each worker's request, and `refusal` says which backends cannot run
+    it (unavailable, with why, and the sweep goes on)."""
+    contexts, ahead = sorted(rc.contexts), rc.warmup + rc.steps
+    total = len(contexts) * len(classes) * rc.repeat
     registered = set(registry())  # outside the registry: tests' doubles, imported by path
     remove_stale_depth_dirs()
     with tempfile.TemporaryDirectory(prefix=f"{DEPTH_DIR_PREFIX}{os.getpid()}-") as tmp, Progress(
@@ -312,7 +358,7 @@ def _measure_sweep(rc: RunConfig, sink: ResultsFile, console: Console | None,
         for ctx in contexts:
             cap = rc.capacity_for(ctx)
             progress.update(task, description=f"reference @ d{ctx}")
-            depth_file = Path(tmp) / f"depth-{rc.preset}-{ctx}-{cap}.npz"
+            depth_file = Path(tmp) / f"depth-{label}-{ctx}-{cap}.npz"
             np.savez(depth_file, **walk.arrays_at(ctx, cap, ahead))
             # repeats go round the backends, so a drift of the machine touches all alike
             for rep in range(1, rc.repeat + 1):
@@ -325,9 +371,12 @@ def _measure_sweep(rc: RunConfig, sink: ResultsFile, console: Console | None,
                                "context": ctx, "capacity": cap, "steps": rc.steps,
                                "warmup": rc.warmup, "warm_s": rc.warm_s,
                                "depth_file": str(depth_file)}
+                        req.update(model_req)
                         if name not in registered:
                             req["backend_path"] = f"{cls.__module__}:{cls.__qualname__}"
                         refused = probe.refuses(cls) if probe else ""
+                        if not refused and refusal is not None:
+                            refused = refusal(cls)
                         if refused:  # its own probe could abort the worker
                             point = Point.unavailable(name, ctx, cap, rc.steps, refused)
                         else:

@@ -11,7 +11,10 @@ Request: {"backend": name, "backend_path": optional "module:Class" (tests' doubl
 GPU load before the warm-up steps: `heater.heat`), "depth_file": .npz written by the
 runner with `tokens` (context+warmup+steps), `ref_logits` (warmup+steps, vocab) and
 `cache:<past name>` arrays (the reference's state at depth `context`), "parent_fd": optional,
-a pipe the runner holds open while it lives (`exit_with_parent`)}.
+a pipe the runner holds open while it lives (`exit_with_parent`)}; for a model statebench
+did not write, "model" (its .onnx path, in place of "preset"), "pairs" (hand-named, may be
+empty) and "model_bytes" (its files' size), the depth file's caches then holding each
+cache's valid rows (`harness.model_run`).
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ import numpy as np
 from backends.base import Backend, ByteCounters, DepthState, registry
 from harness.clocks import ClockSampler
 from harness.heater import heat
-from harness.metrics import compare_logits, is_cpu, mismatch_reason
+from harness.metrics import FLOAT32_TOLERANCE, compare_logits, is_cpu, logits_tolerance, mismatch_reason
+from harness.model_run import backend_for
 from harness.results import BYTE_CATEGORIES, Point, Stats
 from model import checksum
 from model.workload import Workload, preset, valid_cache_bytes
@@ -88,12 +92,23 @@ def _measure(req: dict, cls: type[Backend]) -> Point:
     name, ctx, cap = req["backend"], int(req["context"]), int(req["capacity"])
     steps, warmup = int(req["steps"]), int(req["warmup"])
     tokens, ref_logits, cache = load_depth(req["depth_file"])
-    wl = workload(req["preset"], int(req.get("seed", 0)))
-    backend = cls()
+    if req.get("model"):  # a model statebench did not write (harness.model_run)
+        wl = None
+        backend = backend_for(cls, req["model"], req.get("pairs"))
+        cache_bytes, weights_bytes = sum(a.nbytes for a in cache.values()), int(req["model_bytes"])
+    else:
+        wl = workload(req["preset"], int(req.get("seed", 0)))
+        backend = cls()
+        cache_bytes, weights_bytes = valid_cache_bytes(wl.config, ctx), wl.weights_bytes
     clocks: ClockSampler | None = None
     try:
         t0 = time.perf_counter_ns()
-        backend.prepare(wl, cap)
+        try:
+            backend.prepare(wl, cap)
+        except Exception as exc:  # noqa: BLE001 - a backend that cannot build a user's model
+            if wl is not None:
+                raise
+            return Point.unavailable(name, ctx, cap, steps, " ".join(str(exc).split()))
         build_s = (time.perf_counter_ns() - t0) / 1e9
 
         t0 = time.perf_counter_ns()
@@ -111,6 +126,7 @@ def _measure(req: dict, cls: type[Backend]) -> Point:
 
         step_ms: list[float] = []
         gpu_ms: list[float] = []
+        host: list[dict[str, float]] = []  # per step, where the backend can tell
         total = ByteCounters()
         timed_from = time.perf_counter()
         for i in range(steps):
@@ -125,15 +141,19 @@ def _measure(req: dict, cls: type[Backend]) -> Point:
             g = backend.gpu_time_ms()
             if g is not None:
                 gpu_ms.append(float(g))
+            hb = backend.host_breakdown_ms()
+            if hb is not None:
+                host.append(hb)
 
         timed_to = time.perf_counter()
         sm_clock = None
         if clocks is not None:
             clocks.stop(after=timed_to)
             sm_clock = clocks.during(timed_from, timed_to)
-        match = compare_logits(logits, ref_logits[: warmup + steps], wl.config.dtype)
-        reason = "" if match.ok else mismatch_reason(logits, ref_logits[: warmup + steps],
-                                                      wl.config.dtype)
+        # a user's model: its reference is ORT's CPU EP on the same graph (float32 tolerance)
+        tol = FLOAT32_TOLERANCE if wl is None else logits_tolerance(wl.config)
+        match = compare_logits(logits, ref_logits[: warmup + steps], tol)
+        reason = "" if match.ok else mismatch_reason(logits, ref_logits[: warmup + steps], tol)
         details = dict(backend.details)
         if sm_clock is not None:
             details["sm_clock_mhz"] = sm_clock
@@ -143,6 +163,8 @@ def _measure(req: dict, cls: type[Backend]) -> Point:
         # the samples go to the point's repeats, where the warning and interval are made
         # (harness/repeats.py)
         details["step_ms_samples"] = [round(x, 6) for x in step_ms]
+        if host:
+            details["host_breakdown_ms"] = host_breakdown(host, step_ms, gpu_ms)
         if gpu_ms:
             details["gpu_ms_samples"] = [round(x, 6) for x in gpu_ms]
         if gpu_ms and len(gpu_ms) == steps:
@@ -156,8 +178,7 @@ def _measure(req: dict, cls: type[Backend]) -> Point:
             step_ms=Stats.of(step_ms), gpu_ms=gpu, gpu_reason=gpu_reason,
             build_s=build_s, time_to_depth_s=time_to_depth_s,
             bytes_per_step={k: getattr(total, k) / steps for k in BYTE_CATEGORIES},
-            cache_bytes=valid_cache_bytes(wl.config, ctx),
-            weights_bytes=wl.weights_bytes, peak_rss_bytes=peak_rss_bytes(),
+            cache_bytes=cache_bytes, weights_bytes=weights_bytes, peak_rss_bytes=peak_rss_bytes(),
             device_bytes=None if dev is None else int(dev), match=match, details=_plain(details),
         )
     finally:
@@ -167,6 +188,17 @@ def _measure(req: dict, cls: type[Backend]) -> Point:
             backend.close()
         except Exception:  # noqa: BLE001 - closing must not hide the measurement
             pass
+
+
+def host_breakdown(host: list[dict[str, float]], step_ms: list[float],
+                   gpu_ms: list[float]) -> dict[str, float]:
+    """Each part of the host's time per step (the backend's ``host_breakdown_ms``), the
+    median over the timed steps, and the median of wall minus GPU time where every step
+    was timed on the GPU (docs/measuring.md, "Host time")."""
+    out = {k: round(float(np.median([h[k] for h in host])), 4) for k in host[0]}
+    if len(gpu_ms) == len(step_ms):
+        out["wall_minus_gpu"] = round(float(np.median(np.subtract(step_ms, gpu_ms))), 4)
+    return out
 
 
 def _plain(d: dict) -> dict:

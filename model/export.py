@@ -4,14 +4,20 @@
 KV caches at a fixed capacity C updated by one ScatterND each (data = the graph input
 `past_key_values.N.*`, output = the graph output `present.N.*`: the "append pair" the WebNN
 stateful transform looks for), attention over all C rows with a mask built in-graph
-(LessOrEqual of a constant arange(C) against the position), the GDN recurrence as plain ops.
+(LessOrEqual of a constant arange(C) against the position), the GDN layers' causal conv
+(Concat of the window and the new column, Mul + ReduceSum, SiLU; the next window a Slice) and
+recurrence as plain ops.
 Inputs: `input_ids` int64 [1,1], `position_ids` int64 [1,1], then every `cache_specs` input.
 
 `ort`: as onnxruntime-genai's builder emits it. com.microsoft GroupQueryAttention (do_rotary=1,
 cos/sin caches of length C, BNSH past/present with symbolic lengths `past_sequence_length` /
 `total_sequence_length`, so one graph serves a growing past *and* the shared max-length buffer)
-and com.microsoft GatedDeltaNet (softplus gate from `a_log`/`dt_bias`, sigmoid beta,
-`qk_l2_norm=1`, V-major state), SkipSimplifiedLayerNormalization for residual + RMSNorm.
+and, for the gated delta layers, what genai emits for Qwen3.5 and ORT's WebGPU EP runs on
+the GPU: com.microsoft CausalConvWithState (the conv window, SiLU fused), LpNormalization of
+q and k, LinearAttentionGate (decay and beta) and LinearAttention (gated_delta, K-major state
+(1, Hv, Dk, Dv): ``state_layout``); SkipSimplifiedLayerNormalization for residual + RMSNorm.
+(GatedDeltaNet, which the WebGPU EP does not run, stays in the speculative-decoding code's
+own graphs.)
 GQA's `seqlens_k` int32 [1] (= position) and `total_sequence_length` int32 [] (= position + 1)
 are graph inputs (genai derives them from an attention mask in-graph; inputs keep every
 integer op off the device): inputs are `input_ids`, `seqlens_k`, `total_sequence_length`, then
@@ -51,6 +57,8 @@ from model import quantize as Q
 from model.atomic import atomic_file
 from model.workload import (
     ATTENTION,
+    K_MAJOR,
+    V_MAJOR,
     ModelConfig,
     Workload,
     cache_specs,
@@ -91,6 +99,13 @@ _NP = {TensorProto.FLOAT: np.float32, TensorProto.INT64: np.int64, TensorProto.I
        TensorProto.BOOL: np.bool_}
 #: a cache's data type (CacheSpec.dtype) -> its ONNX element type
 _ELEM = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
+_NP_OF = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16}
+
+
+def _stored(cfg: ModelConfig) -> type:
+    """The NumPy type the float (unquantised) weights and the 4-bit scales are stored as:
+    the activations' (ModelConfig.dtype; float16 models' weights are float16 values)."""
+    return np.float16 if cfg.dtype == "float16" else np.float32
 
 
 def _own_level(workload: Workload, flavour: str, accuracy_level: int | None) -> int | None:
@@ -187,8 +202,9 @@ def write_weights(workload: Workload, directory: Path) -> dict[str, tuple[int, i
     layout = _weights_layout(cfg)
     manifest: dict[str, list[int]] = {}
     offset = 0
+    item = np.dtype(_stored(cfg)).itemsize
     for stored, _, shape in layout:
-        n = int(np.prod(shape)) * 4
+        n = int(np.prod(shape)) * item
         manifest[stored] = [offset, n]
         offset += (n + _ALIGN - 1) // _ALIGN * _ALIGN
     meta = {"model": config_key(cfg, workload.seed), "size": offset, "tensors": manifest,
@@ -207,7 +223,7 @@ def write_weights(workload: Workload, directory: Path) -> dict[str, tuple[int, i
             else:
                 arr = workload.weights[source]
             f.seek(manifest[stored][0])
-            f.write(np.ascontiguousarray(arr, dtype=np.float32).tobytes())
+            f.write(np.ascontiguousarray(arr, dtype=_stored(cfg)).tobytes())
         f.truncate(offset)
     checksum.seal(bin_path)
     _atomic_write(json_path, json.dumps(meta).encode())
@@ -248,21 +264,32 @@ class _Builder:
         self.accuracy_level = Q4_ACCURACY_LEVEL  # MatMulNBits' (ORT flavour, 4-bit weights)
         self.quantised = set(quantised_names(self.cfg))
         self.q4_manifest: dict[str, tuple[int, int]] | None = None  # written on first use
+        #: the activations' element type (ModelConfig.dtype); ``in_float32`` sets it to
+        #: FLOAT around the parts a float16 model computes in float32 (the gated delta net)
+        self.act = _ELEM[self.cfg.dtype]
+        self.store = _ELEM[self.cfg.dtype]  # the float weights' stored element type
         path.parent.mkdir(parents=True, exist_ok=True)
         self.manifest = write_weights(workload, path.parent)
 
     # values -----------------------------------------------------------------------------
     def weight(self, name: str) -> str:
-        """An initializer backed by the shared weights file (added once)."""
+        """An initializer backed by the shared weights file (added once), cast to the
+        activations' type where it is stored in another (a float16 model's float32 part)."""
         if name not in self.shapes:
             shape = dict((s, sh) for s, _, sh in _weights_layout(self.cfg))[name]
-            self.external(name, TensorProto.FLOAT, list(shape), "weights.bin",
+            self.external(name, self.store, list(shape), "weights.bin",
                           self.manifest[name])
+        if self.act != self.store:
+            wide = f"{name}.as{self.act}"
+            if wide not in self.shapes:
+                self.op("Cast", [name], self.shape_of(name), self.act, out=wide, to=self.act)
+            return wide
         return name
 
-    def const(self, value, dtype=np.float32, name: str | None = None) -> str:
-        """A small inline initializer (deduplicated by content)."""
-        arr = np.asarray(value, dtype=dtype)
+    def const(self, value, dtype=None, name: str | None = None) -> str:
+        """A small inline initializer (deduplicated by content); float values default to
+        the activations' type."""
+        arr = np.asarray(value, dtype=_NP_OF[self.act] if dtype is None else dtype)
         key = arr.dtype.str.encode() + str(arr.shape).encode() + arr.tobytes()
         if key in self._consts:
             return self._consts[key]
@@ -284,10 +311,12 @@ class _Builder:
         dims, elem = self.shapes[name]
         self.outputs.append(helper.make_tensor_value_info(name, elem, dims))
 
-    def op(self, op_type: str, inputs: list[str], shape: list, elem: int = TensorProto.FLOAT,
+    def op(self, op_type: str, inputs: list[str], shape: list, elem: int | None = None,
            *, out: str | None = None, outputs: list[tuple[str, list, int]] | None = None,
            domain: str = "", **attrs) -> str:
-        """Add one node; `shape`/`elem` describe its (first) output."""
+        """Add one node; `shape`/`elem` describe its (first) output (elem None: the
+        activations' type)."""
+        elem = self.act if elem is None else elem
         self._n += 1
         name = out or f"{op_type.lower()}_{self._n}"
         extra = outputs or []
@@ -339,8 +368,20 @@ class _Builder:
     def unary(self, op: str, x: str) -> str:
         return self.op(op, [x], self.shape_of(x), self.shapes[x][1])
 
-    def cast(self, x: str, elem: int) -> str:
-        return self.op("Cast", [x], self.shape_of(x), elem, to=elem)
+    def cast(self, x: str, elem: int, out: str | None = None) -> str:
+        return self.op("Cast", [x], self.shape_of(x), elem, out=out, to=elem)
+
+    def in_float32(self, build, x: str) -> str:
+        """``build(x)`` with float32 activations (a float16 model's gated delta net, whose
+        state stays float32): ``x`` cast in, the result cast back."""
+        if self.act == TensorProto.FLOAT:
+            return build(x)
+        self.act = TensorProto.FLOAT
+        try:
+            out = build(self.cast(x, TensorProto.FLOAT))
+        finally:
+            self.act = self.store
+        return self.cast(out, self.act)
 
     def save(self) -> Path:
         g = helper.make_graph(self.nodes, self.cfg.name, self.inputs, self.outputs, self.inits)
@@ -370,6 +411,12 @@ def rope_tables(cfg: ModelConfig, capacity: int) -> tuple[np.ndarray, np.ndarray
     return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
 
 
+def state_layout(flavour: str) -> str:
+    """The flavour's recurrent state layout (``workload.cache_specs``): the standard
+    flavour's V-major, LinearAttention's K-major."""
+    return K_MAJOR if flavour == ORT else V_MAJOR
+
+
 def _build(b: _Builder, flavour: str, capacity: int) -> None:
     cfg = b.cfg
     b.flavour = flavour
@@ -382,7 +429,7 @@ def _build(b: _Builder, flavour: str, capacity: int) -> None:
     else:
         ctx["seqlens_k"] = b.input("seqlens_k", TensorProto.INT32, [1])
         ctx["total"] = b.input("total_sequence_length", TensorProto.INT32, [])
-    specs = cache_specs(cfg, capacity)
+    specs = cache_specs(cfg, capacity, state_layout(flavour))
     for s in specs:
         dims = list(s.shape)
         if flavour == ORT and s.kind == "append":
@@ -391,8 +438,9 @@ def _build(b: _Builder, flavour: str, capacity: int) -> None:
 
     if cfg.attention_layers:
         cos, sin = rope_tables(cfg, capacity)
-        if flavour == ORT and cfg.kv_cache == "float16":
-            # GroupQueryAttention's cos/sin caches share its type T with the cache
+        if b.act == TensorProto.FLOAT16 or (flavour == ORT and cfg.kv_cache == "float16"):
+            # GroupQueryAttention's cos/sin caches share its type T with the cache; a
+            # float16 model's RoPE runs in float16
             cos, sin = cos.astype(np.float16), sin.astype(np.float16)
         ctx["cos"], ctx["sin"] = (b.const(cos, cos.dtype, name="rope_cos"),
                                   b.const(sin, sin.dtype, name="rope_sin"))
@@ -408,7 +456,7 @@ def _build(b: _Builder, flavour: str, capacity: int) -> None:
         if kind == ATTENTION:
             mixed = _attention(b, flavour, ctx, i, xn, capacity)
         else:
-            mixed = _gdn(b, flavour, i, xn)
+            mixed = b.in_float32(lambda x, i=i: _gdn(b, flavour, i, x), xn)
         if flavour == STANDARD:
             x = b.binary("Add", x, mixed)
         else:
@@ -424,7 +472,11 @@ def _build(b: _Builder, flavour: str, capacity: int) -> None:
         else:
             residual = mlp
     xn, _ = _norm(b, flavour, x, residual, "final_norm")
-    b.project(xn, "lm_head", out="logits")
+    if b.act == TensorProto.FLOAT:
+        b.project(xn, "lm_head", out="logits")
+    else:
+        # float16 logits cast to float32: every backend hands the harness float32 logits
+        b.cast(b.project(xn, "lm_head"), TensorProto.FLOAT, out="logits")
     b.output("logits")
     for s in specs:
         b.output(s.output)
@@ -441,7 +493,7 @@ def _norm(b: _Builder, flavour: str, x: str, skip: str | None, weight: str) -> t
             return y, x
         y = b.op("SkipSimplifiedLayerNormalization", [x, skip, b.weight(weight)], shape,
                  domain=MS_DOMAIN, epsilon=eps,
-                 outputs=[("", [], 0), ("", [], 0), (f"resid_{b._n + 1}", shape, TensorProto.FLOAT)])
+                 outputs=[("", [], 0), ("", [], 0), (f"resid_{b._n + 1}", shape, b.act)])
         summed = b.nodes[-1].output[3]
         return y, summed
     ms = b.op("ReduceMean", [b.binary("Mul", x, x), b.const([-1], np.int64)],
@@ -494,7 +546,8 @@ def _attention(b: _Builder, flavour: str, ctx: dict[str, str], i: int, xn: str,
     v = b.project(xn, p + "v_proj")
     past_k, past_v = f"past_key_values.{i}.key", f"past_key_values.{i}.value"
     pres_k, pres_v = f"present.{i}.key", f"present.{i}.value"
-    half = cfg.kv_cache == "float16"
+    # a float16 cache under float32 activations: casts where the cache is written and read
+    half = cfg.kv_cache == "float16" and b.act == TensorProto.FLOAT
     elem = _ELEM[cfg.kv_cache]
     if flavour == ORT:
         present = [1, hk, TOTAL_LEN, d]
@@ -527,33 +580,68 @@ def _attention(b: _Builder, flavour: str, ctx: dict[str, str], i: int, xn: str,
         kc, vc = (b.cast(t, TensorProto.FLOAT) for t in (kc, vc))
     kt = b.op("Transpose", [kc], [1, hk, d, capacity], perm=[0, 1, 3, 2])
     scores = b.binary("Mul", b.matmul(q, kt), b.const(1.0 / np.sqrt(d)))
-    neg = b.const(np.finfo(np.float32).min)
+    neg = b.const(np.finfo(_NP_OF[b.act]).min)
     scores = b.op("Where", [ctx["mask"], scores, neg], b.shape_of(scores))
     probs = b.op("Softmax", [scores], b.shape_of(scores), axis=-1)
     out = b.reshape(b.matmul(probs, vc), [1, 1, hq * d])
     return b.project(out, p + "o_proj")
 
 
+def _gdn_inputs(b: _Builder, flavour: str, i: int, xn: str) -> tuple[str, str, str]:
+    """q, k, v of a GDN layer: the projections, through the layer's causal conv (SiLU
+    after it) over their concatenation when the model has one (``_causal_conv``)."""
+    cfg, p = b.cfg, f"layers.{i}."
+    q, k, v = (b.project(xn, p + n) for n in ("q_proj", "k_proj", "v_proj"))
+    if not cfg.gdn_conv_kernel:
+        return q, k, v
+    c = cfg.gdn_conv_dim
+    qkv = b.op("Concat", [q, k, v], [1, 1, c], axis=-1)
+    qkv = _causal_conv(b, flavour, i, b.reshape(qkv, [1, c, 1]))
+    qkv = b.reshape(qkv, [1, 1, c])
+    qk = cfg.gdn_qk_heads * cfg.gdn_qk_dim
+    axis = b.const([-1], np.int64)
+    return tuple(b.op("Slice", [qkv, b.const([lo], np.int64), b.const([hi], np.int64), axis],
+                      [1, 1, hi - lo])
+                 for lo, hi in ((0, qk), (qk, 2 * qk), (2 * qk, c)))
+
+
+def _causal_conv(b: _Builder, flavour: str, i: int, x: str) -> str:
+    """silu(depthwise causal conv) of one new column x (1, C, 1), its window the pair
+    ``past_conv_state.i`` -> ``present_conv_state.i`` (1, C, K-1). ORT flavour: one
+    CausalConvWithState, its taps the stored (C, K) rows read as (C, 1, K); standard: the
+    window with x appended (Concat), multiplied by the taps and summed over the window
+    (Mul, ReduceSum), SiLU as x * sigmoid(x), the next window a Slice of it."""
+    cfg, taps = b.cfg, f"layers.{i}.conv1d"
+    c, kernel = cfg.gdn_conv_dim, cfg.gdn_conv_kernel
+    past, present = f"past_conv_state.{i}", f"present_conv_state.{i}"
+    window = [1, c, kernel - 1]
+    if flavour == ORT:
+        weight = taps + ".c1k"
+        if weight not in b.shapes:
+            b.external(weight, b.store, [c, 1, kernel], "weights.bin", b.manifest[taps])
+        if b.act != b.store:  # a float16 model's float32 gated delta part (in_float32)
+            weight = b.cast(weight, b.act)
+        return b.op("CausalConvWithState", [x, weight, "", past], [1, c, 1], domain=MS_DOMAIN,
+                    outputs=[(present, window, TensorProto.FLOAT)], activation="silu")
+    full = b.op("Concat", [past, x], [1, c, kernel], axis=2)
+    b.op("Slice", [full, b.const([1], np.int64), b.const([kernel], np.int64),
+                   b.const([2], np.int64)], window, out=present)
+    y = b.op("ReduceSum", [b.binary("Mul", full, b.weight(taps)), b.const([-1], np.int64)],
+             [1, c], keepdims=0)
+    return b.binary("Mul", y, b.unary("Sigmoid", y))
+
+
 def _gdn(b: _Builder, flavour: str, i: int, xn: str) -> str:
     cfg, p = b.cfg, f"layers.{i}."
     hk, hv, dk, dv = cfg.gdn_qk_heads, cfg.gdn_v_heads, cfg.gdn_qk_dim, cfg.gdn_v_dim
     rep = hv // hk
-    q = b.project(xn, p + "q_proj")
-    k = b.project(xn, p + "k_proj")
-    v = b.project(xn, p + "v_proj")
+    q, k, v = _gdn_inputs(b, flavour, i, xn)
     a = b.project(xn, p + "a_proj")
     bb = b.project(xn, p + "b_proj")
     past, present = f"past_state.{i}", f"present_state.{i}"
-    state = [1, hv, dv, dk]
     if flavour == ORT:
-        out = b.op("GatedDeltaNet",
-                   [b.reshape(q, [1, hk, dk]), b.reshape(k, [1, hk, dk]), b.reshape(v, [1, hv, dv]),
-                    "", b.reshape(a, [1, hv]), b.reshape(bb, [1, hv]), past,
-                    b.weight(p + "A_log"), b.weight(p + "dt_bias")],
-                   [1, hv, dv], domain=MS_DOMAIN,
-                   outputs=[(present, state, TensorProto.FLOAT)],
-                   gate_activation="softplus", beta_activation="sigmoid", qk_l2_norm=1)
-        return b.project(b.reshape(out, [1, 1, hv * dv]), p + "o_proj")
+        return _linear_attention(b, i, q, k, v, a, bb)
+    state = [1, hv, dv, dk]
     eps = b.const(1e-6)
 
     def l2(t: str) -> str:
@@ -576,6 +664,31 @@ def _gdn(b: _Builder, flavour: str, i: int, xn: str) -> str:
     o = b.matmul(new, b.reshape(qn, [1, hk, 1, dk, 1]))  # (1, hk, rep, dv, 1)
     o = b.binary("Mul", o, b.const(1.0 / np.sqrt(dk)))
     return b.project(b.reshape(o, [1, 1, hv * dv]), p + "o_proj")
+
+
+def _linear_attention(b: _Builder, i: int, q: str, k: str, v: str, a: str, bb: str) -> str:
+    """The ORT flavour's gated delta step as onnxruntime-genai exports Qwen3.5, from ops
+    ORT's WebGPU EP runs: q and k L2-normalised per head (LpNormalization, no epsilon),
+    LinearAttentionGate for the decay (-exp(A_log) softplus(a + dt_bias)) and beta
+    (sigmoid(b)), then LinearAttention (gated_delta) with q's heads (the qk heads) fewer
+    than its kv heads (the v heads; k is read per q head, head h // (Hv/Hk)), scale
+    1/sqrt(Dk), its state K-major (1, Hv, Dk, Dv)."""
+    cfg, p = b.cfg, f"layers.{i}."
+    hk, hv, dk, dv = cfg.gdn_qk_heads, cfg.gdn_v_heads, cfg.gdn_qk_dim, cfg.gdn_v_dim
+
+    def l2(t: str) -> str:
+        n = b.op("LpNormalization", [b.reshape(t, [1, hk, dk])], [1, hk, dk], axis=-1, p=2)
+        return b.reshape(n, [1, 1, hk * dk])
+
+    scale = b.unary("Neg", b.unary("Exp", b.weight(p + "A_log")))  # folded by ORT at load
+    decay = b.op("LinearAttentionGate", [a, b.weight(p + "dt_bias"), scale, bb], [1, 1, hv],
+                 domain=MS_DOMAIN, outputs=[(f"beta_{i}", [1, 1, hv], TensorProto.FLOAT)])
+    out = b.op("LinearAttention", [l2(q), l2(k), v, f"past_state.{i}", decay, f"beta_{i}"],
+               [1, 1, hv * dv], domain=MS_DOMAIN,
+               outputs=[(f"present_state.{i}", [1, hv, dk, dv], TensorProto.FLOAT)],
+               q_num_heads=hk, kv_num_heads=hv, update_rule="gated_delta",
+               scale=float(1.0 / np.sqrt(dk)))
+    return b.project(out, p + "o_proj")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -601,14 +714,14 @@ def _q4_parts(workload: Workload, name: str, flavour: str):
         for c in range(0, n, _Q4_CHUNK):
             b, s = Q.pack_matmulnbits(*Q.recover(w[:, c:c + _Q4_CHUNK], name))
             packed.append(b.tobytes())
-            scales.append(s.tobytes())
+            scales.append(s.astype(_stored(workload.config)).tobytes())
         return [(".q4", b"".join(packed)), (".scales", b"".join(scales))]
     packed, scales = [], []
     rows = _Q4_CHUNK // Q.Q4_BLOCK * Q.Q4_BLOCK
     for r in range(0, k, rows):
         q, s = Q.recover(w[r:r + rows], name)
         packed.append(Q.pack_int4(q).tobytes())
-        scales.append(s.tobytes())
+        scales.append(s.astype(_stored(workload.config)).tobytes())
     return [(".q4", b"".join(packed)), (".scales", b"".join(scales))]
 
 
@@ -661,16 +774,23 @@ def _q4_project(b: _Builder, x: str, name: str, out: str | None) -> str:
             b.external(name + ".q4", TensorProto.UINT8, [n, blocks, Q.Q4_BLOCK // 2], file,
                        b.q4_manifest[name + ".q4"])
             # flat (N * K/32), as ORT's MatMulNBitsQuantizer writes them
-            b.external(name + ".scales", TensorProto.FLOAT, [n * blocks], file,
+            b.external(name + ".scales", b.store, [n * blocks], file,
                        b.q4_manifest[name + ".scales"])
         else:
             b.external(name + ".q4", TensorProto.INT4, [k, n], file, b.q4_manifest[name + ".q4"])
-            b.external(name + ".scales", TensorProto.FLOAT, [blocks, n], file,
+            b.external(name + ".scales", b.store, [blocks, n], file,
                        b.q4_manifest[name + ".scales"])
     if b.flavour == ORT:
-        return b.op("MatMulNBits", [x, name + ".q4", name + ".scales"], shape, out=out,
+        # MatMulNBits' scales share its type T: a float16 model's float32 part (in_float32)
+        # casts them (an initializer's cast, folded when ORT loads the graph)
+        scales = name + ".scales"
+        if b.act != b.store:
+            scales = b.cast(scales, b.act)
+        return b.op("MatMulNBits", [x, name + ".q4", scales], shape, out=out,
                     domain=MS_DOMAIN, K=k, N=n, bits=4, block_size=Q.Q4_BLOCK,
                     accuracy_level=b.accuracy_level)
-    w = b.op("DequantizeLinear", [name + ".q4", name + ".scales"], [k, n], axis=0,
+    w = b.op("DequantizeLinear", [name + ".q4", name + ".scales"], [k, n], b.store, axis=0,
              block_size=Q.Q4_BLOCK)
+    if b.act != b.store:
+        w = b.cast(w, b.act)
     return b.op("MatMul", [x, w], shape, out=out)

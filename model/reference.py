@@ -40,6 +40,21 @@ def softplus(x: np.ndarray) -> np.ndarray:
     return np.logaddexp(0.0, x)
 
 
+def causal_conv(window: np.ndarray, x: np.ndarray, taps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A causal depthwise conv over T new columns, SiLU after it (Qwen3.5's short conv).
+
+    window: (C, K-1), the last K-1 inputs before these, oldest first (zeros at the start);
+    x: (T, C); taps: (C, K), tap K-1 on the newest column. Output t is
+    silu(sum_j taps[:, j] * padded[:, t + j]) over padded = [window | x^T]; the new window is
+    padded's last K-1 columns. Returns (out (T, C), new window).
+    """
+    k = taps.shape[1]
+    padded = np.concatenate([window, x.T], axis=1)  # (C, K-1+T)
+    t = x.shape[0]
+    y = sum(taps[:, j:j + 1] * padded[:, j:j + t] for j in range(k))  # (C, T)
+    return silu(y.T), padded[:, padded.shape[1] - (k - 1):]
+
+
 def l2_normalize(x: np.ndarray) -> np.ndarray:
     return x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + L2_EPS)
 
@@ -294,9 +309,16 @@ class Reference:
         cfg, w, p = self.cfg, self.w, f"layers.{i}."
         t = len(positions)
         hk, hv, dk, dv = cfg.gdn_qk_heads, cfg.gdn_v_heads, cfg.gdn_qk_dim, cfg.gdn_v_dim
-        q = l2_normalize(project(xn, w[p + "q_proj"]).reshape(t, hk, dk))
-        k = l2_normalize(project(xn, w[p + "k_proj"]).reshape(t, hk, dk))
-        v = project(xn, w[p + "v_proj"]).reshape(t, hv, dv)
+        qkv = np.concatenate([project(xn, w[p + n]) for n in ("q_proj", "k_proj", "v_proj")],
+                             axis=-1)
+        if cfg.gdn_conv_kernel:
+            conv = f"past_conv_state.{i}"
+            qkv, window = causal_conv(self.state[conv], qkv, w[p + "conv1d"])
+            self.state[conv] = window.astype(self.dtype, copy=False)
+        qk = hk * dk
+        q = l2_normalize(qkv[:, :qk].reshape(t, hk, dk))
+        k = l2_normalize(qkv[:, qk:2 * qk].reshape(t, hk, dk))
+        v = qkv[:, 2 * qk:].reshape(t, hv, dv)
         g = -np.exp(w[p + "A_log"]) * softplus(project(xn, w[p + "a_proj"]) + w[p + "dt_bias"])
         beta = 1.0 / (1.0 + np.exp(-project(xn, w[p + "b_proj"])))
         name = f"past_state.{i}"

@@ -158,3 +158,99 @@ def oracle_greedy(scheme: str, prompt: list[int], new: int, seed: int = 16,
         out.append(int(np.argmax(oracle_logits(scheme, seq, seed, attention))))
         seq.append(out[-1])
     return out
+
+
+#: GroupQueryAttention's head size (ORT's CPU kernel rotates multiples of 16)
+GDH = 16
+
+
+def gqa_weights(seed: int = 16) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    shapes = {"emb": (VOCAB, D), "wq": (D, H * GDH), "wk": (D, GDH), "wv": (D, GDH),
+              "wo": (H * GDH, D), "wlm": (D, VOCAB)}
+    return {k: (rng.standard_normal(s) * 0.5).astype(np.float32) for k, s in shapes.items()}
+
+
+def _rotary_tables(rows: int = MAX_POS) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin caches ``[rows, GDH/2]`` as exporters write them (base 10000)."""
+    inv = 1.0 / 10000 ** (np.arange(0, GDH, 2) / GDH)
+    angles = np.arange(rows)[:, None] * inv[None, :]
+    return np.cos(angles), np.sin(angles)
+
+
+def gqa_decoder_model(seed: int = 16, mask: bool = True, rows: int = MAX_POS) -> onnx.ModelProto:
+    """genai's kind of attention layer: ORT's GroupQueryAttention (H query heads, one kv
+    head, rotary from cos/sin caches of ``rows`` rows), its lengths from the attention_mask
+    as genai computes them (``mask`` False: fed seqlens_k and total_sequence_length, as
+    statebench's own export); the cache grows inside GQA (present = past + 1 row)."""
+    w = gqa_weights(seed)
+    cos, sin = _rotary_tables(rows)
+    consts = dict(cos_cache=cos.astype(np.float32), sin_cache=sin.astype(np.float32),
+                  one=np.array([1], np.int64),
+                  idx1=np.array(1, np.int64))
+    n = helper.make_node
+    nodes = [n("Gather", ["emb", "input_ids"], ["x"]), n("MatMul", ["x", "wq"], ["q"]),
+             n("MatMul", ["x", "wk"], ["k"]), n("MatMul", ["x", "wv"], ["v"])]
+    inputs = [_vi("input_ids", ["batch_size", "sequence_length"], TensorProto.INT64)]
+    if mask:
+        inputs.append(_vi("attention_mask", ["batch_size", "total_sequence_length"],
+                          TensorProto.INT64))
+        nodes += [n("ReduceSum", ["attention_mask", "one"], ["len"], keepdims=0),
+                  n("Sub", ["len", "one"], ["len1"]),
+                  n("Cast", ["len1"], ["seqlens_k"], to=TensorProto.INT32),
+                  n("Shape", ["attention_mask"], ["mshape"]),
+                  n("Gather", ["mshape", "idx1"], ["total"]),
+                  n("Cast", ["total"], ["total_sequence_length"], to=TensorProto.INT32)]
+    else:
+        inputs += [_vi("seqlens_k", ["batch_size"], TensorProto.INT32),
+                   _vi("total_sequence_length", [], TensorProto.INT32)]
+    kv = ["batch_size", 1, "past_sequence_length", "kv_cache_dim"]  # genai's head dim symbol
+    inputs += [_vi("past_key_values.0.key", kv), _vi("past_key_values.0.value", kv)]
+    nodes += [n("GroupQueryAttention",
+                ["q", "k", "v", "past_key_values.0.key", "past_key_values.0.value", "seqlens_k",
+                 "total_sequence_length", "cos_cache", "sin_cache"],
+                ["attn_o", "present.0.key", "present.0.value"], domain="com.microsoft",
+                num_heads=H, kv_num_heads=1, do_rotary=1),
+              n("MatMul", ["attn_o", "wo"], ["attn"]), n("Add", ["x", "attn"], ["h"]),
+              n("MatMul", ["h", "wlm"], ["logits"])]
+    total = ["batch_size", 1, "total_sequence_length", "kv_cache_dim"]
+    outputs = [_vi("logits", ["batch_size", "sequence_length", VOCAB]),
+               _vi("present.0.key", total), _vi("present.0.value", total)]
+    inits = [numpy_helper.from_array(np.asarray(a), k) for k, a in {**w, **consts}.items()]
+    g = helper.make_graph(nodes, "gqa-decoder", inputs, outputs, inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21),
+                                               helper.make_opsetid("com.microsoft", 1)])
+
+
+def gqa_oracle_logits(tokens: list[int], seed: int = 16) -> np.ndarray:
+    """`gqa_decoder_model`'s last logits after ``tokens``, float64, the whole sequence at
+    once: rotary (halves, not interleaved) on q and k, every query head on the one kv head."""
+    w = {k: v.astype(np.float64) for k, v in gqa_weights(seed).items()}
+    cos, sin = _rotary_tables(len(tokens))
+    x = w["emb"][tokens]
+    T, half = len(tokens), GDH // 2
+
+    def rotate(a: np.ndarray) -> np.ndarray:  # [T, DH]
+        a1, a2 = a[:, :half], a[:, half:]
+        return np.concatenate([a1 * cos - a2 * sin, a2 * cos + a1 * sin], axis=1)
+
+    k, v = rotate(x @ w["wk"]), x @ w["wv"]
+    q = x @ w["wq"]
+    heads = []
+    for h in range(H):
+        s = rotate(q[:, h * GDH:(h + 1) * GDH]) @ k.T / np.sqrt(GDH)
+        s = np.where(np.tril(np.ones((T, T), bool)), s, -np.inf)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        heads.append((p / p.sum(-1, keepdims=True)) @ v)
+    h = x + np.concatenate(heads, axis=1) @ w["wo"]
+    return (h @ w["wlm"])[-1]
+
+
+def save_decoders(directory, seed: int = 16) -> dict:
+    """Each scheme's decoder and the GQA one saved in ``directory``: name -> path."""
+    out = {}
+    for name in [*SCHEMES, "gqa"]:
+        out[name] = directory / f"{name}.onnx"
+        model = gqa_decoder_model(seed) if name == "gqa" else decoder_model(name, seed)
+        onnx.save(model, str(out[name]))
+    return out

@@ -10,8 +10,8 @@ from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
 from model import export as E
-from model.reference import Reference, gdn_step, l2_normalize, softplus
-from model.workload import Workload, cache_specs, preset, token_stream
+from model.reference import Reference, causal_conv, gdn_step, l2_normalize, softplus
+from model.workload import K_MAJOR, Workload, cache_specs, preset, token_stream
 
 CAPACITY = 16
 STEPS = 10
@@ -86,15 +86,43 @@ def test_ort_flavour_io(tiny, graphs):
     model = _load(graphs["ort"])
     g = model.graph
     ops = {n.op_type for n in g.node}
-    assert {"GroupQueryAttention", "GatedDeltaNet"} <= ops
+    # the gated delta layers as genai exports Qwen3.5, in ops ORT's WebGPU EP runs
+    assert {"GroupQueryAttention", "LinearAttention", "LinearAttentionGate",
+            "CausalConvWithState", "LpNormalization"} <= ops
+    assert "GatedDeltaNet" not in ops  # the WebGPU EP leaves it to the CPU EP
+    (la,) = [n for n in g.node if n.op_type == "LinearAttention"]
+    attrs = {a.name: helper.get_attribute_value(a) for a in la.attribute}
+    cfg = tiny.config
+    assert attrs["q_num_heads"] == cfg.gdn_qk_heads and attrs["kv_num_heads"] == cfg.gdn_v_heads
+    assert attrs["update_rule"] == b"gated_delta"
+    assert la.input[3] == "past_state.0" and la.output[1] == "present_state.0"
+    (conv,) = [n for n in g.node if n.op_type == "CausalConvWithState"]
+    assert conv.input[3] == "past_conv_state.0" and conv.output[1] == "present_conv_state.0"
     gqa = [n for n in g.node if n.op_type == "GroupQueryAttention"]
     attrs = {a.name: helper.get_attribute_value(a) for a in gqa[0].attribute}
     assert attrs["do_rotary"] == 1 and attrs["rotary_interleaved"] == 0
     names = [v.name for v in g.input]
     assert names[:3] == ["input_ids", "seqlens_k", "total_sequence_length"]
-    assert names[3:] == [s.input for s in cache_specs(tiny.config, CAPACITY)]
-    past = {v.name: v for v in g.input}["past_key_values.1.key"]
+    specs = cache_specs(tiny.config, CAPACITY, K_MAJOR)
+    assert names[3:] == [s.input for s in specs]
+    inputs = {v.name: v for v in g.input}
+    past = inputs["past_key_values.1.key"]
     assert past.type.tensor_type.shape.dim[2].dim_param == E.PAST_LEN
+    for s in specs:
+        if s.kind == "overwrite":  # LinearAttention's K-major state, genai's conv window
+            assert [d.dim_value for d in inputs[s.input].type.tensor_type.shape.dim] == \
+                list(s.shape)
+
+
+def test_standard_conv_window_is_a_concat_and_a_slice(tiny, graphs):
+    """The standard flavour's conv pair: the past window is read once, by the Concat with
+    the new column; the present is a Slice of that window (the pages pair them by name)."""
+    g = _load(graphs["standard"]).graph
+    for i in tiny.config.gdn_layers:
+        (reader,) = [n for n in g.node if f"past_conv_state.{i}" in n.input]
+        (writer,) = [n for n in g.node if f"present_conv_state.{i}" in n.output]
+        assert reader.op_type == "Concat" and writer.op_type == "Slice"
+        assert writer.input[0] == reader.output[0]
 
 
 def test_weights_written_once_and_external(tiny, graphs, tmp_path):
@@ -121,7 +149,7 @@ def _run_stream(tiny, graphs):
     c_eval = {s.input: np.zeros(s.shape, s.dtype) for s in specs}
     c_std = dict(c_eval)
     c_ort = {s.input: np.zeros([*s.shape[:2], 0, s.shape[3]] if s.kind == "append" else s.shape,
-                               s.dtype) for s in specs}
+                               s.dtype) for s in cache_specs(cfg, CAPACITY, K_MAJOR)}
     rows = []
     for t, tok in enumerate(token_stream(cfg, STEPS, seed=5)):
         ids = {"input_ids": np.array([[tok]], np.int64)}
@@ -255,3 +283,78 @@ def test_ort_gated_delta_net_matches_reference(tiny_norm):
     np.testing.assert_allclose(np.exp(g), decay[:t], rtol=1e-5)
     np.testing.assert_allclose(kn, keys[:t], rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(replay, s1[0], rtol=1e-4, atol=1e-4)
+
+
+# --- the ORT flavour's gated delta ops against the reference ------------------------------
+
+
+def _ms_session(nodes, inputs, outputs):
+    f = TensorProto.FLOAT
+    vi = helper.make_tensor_value_info
+    model = helper.make_model(
+        helper.make_graph(nodes, "g", [vi(n, f, list(sh)) for n, sh in inputs],
+                          [vi(n, f, None) for n in outputs]),
+        opset_imports=[helper.make_opsetid("", E.OPSET), helper.make_opsetid(E.MS_DOMAIN, 1)])
+    model.ir_version = 10
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def test_ort_linear_attention_matches_reference():
+    """The ORT flavour's LinearAttentionGate + LinearAttention, token by token, equal
+    reference.gdn_step: q with the qk heads, k with the qk heads too (read per q head:
+    value head h uses qk head h // (Hv/Hk), as the reference), the K-major state the
+    V-major one transposed. Dk != Dv, so a swapped layout cannot pass."""
+    t, hk, hv, dk, dv = 4, 2, 6, 8, 5
+    rng = np.random.default_rng(31)
+    q = l2_normalize(rng.standard_normal((t, hk, dk))).astype(np.float32)
+    k = l2_normalize(rng.standard_normal((t, hk, dk))).astype(np.float32)
+    v = rng.standard_normal((t, hv, dv)).astype(np.float32)
+    a, b = (rng.standard_normal((t, hv)).astype(np.float32) for _ in range(2))
+    a_log = np.log(rng.uniform(1, 16, hv)).astype(np.float32)
+    dt_bias = rng.uniform(-2, 0, hv).astype(np.float32)
+    s0 = rng.standard_normal((1, hv, dv, dk)).astype(np.float32)
+    nodes = [
+        helper.make_node("LinearAttentionGate", ["a", "dt_bias", "scale", "b"], ["g", "beta"],
+                         domain=E.MS_DOMAIN),
+        helper.make_node("LinearAttention", ["q", "k", "v", "s", "g", "beta"], ["o", "s1"],
+                         domain=E.MS_DOMAIN, q_num_heads=hk, kv_num_heads=hv,
+                         update_rule="gated_delta", scale=float(1 / np.sqrt(dk)))]
+    sess = _ms_session(nodes, [("q", (1, 1, hk * dk)), ("k", (1, 1, hk * dk)),
+                               ("v", (1, 1, hv * dv)), ("s", (1, hv, dk, dv)),
+                               ("a", (1, 1, hv)), ("b", (1, 1, hv)), ("dt_bias", (hv,)),
+                               ("scale", (hv,))], ["o", "s1"])
+    state = s0.transpose(0, 1, 3, 2)  # K-major
+    want = s0[0].astype(np.float64)
+    for j in range(t):
+        o, state = sess.run(None, {"q": q[j].reshape(1, 1, -1), "k": k[j].reshape(1, 1, -1),
+                                   "v": v[j].reshape(1, 1, -1), "s": state,
+                                   "a": a[j].reshape(1, 1, -1), "b": b[j].reshape(1, 1, -1),
+                                   "dt_bias": dt_bias, "scale": -np.exp(a_log)})
+        g = -np.exp(a_log.astype(np.float64)) * softplus(a[j].astype(np.float64) + dt_bias)
+        beta = 1 / (1 + np.exp(-b[j].astype(np.float64)))
+        out, want = gdn_step(want, q[j].astype(np.float64), k[j].astype(np.float64),
+                             v[j].astype(np.float64), g, beta, 1 / np.sqrt(dk))
+        np.testing.assert_allclose(o.reshape(hv, dv), out, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(state[0].transpose(0, 2, 1), want, rtol=1e-4, atol=1e-5)
+
+
+def test_ort_causal_conv_with_state_matches_reference():
+    """CausalConvWithState (SiLU fused), one column at a time, on genai's (1, C, K-1)
+    window with the stored (C, K) taps read as (C, 1, K): reference.causal_conv's output
+    and window at every step, from a random window."""
+    c, k, t = 7, 4, 6
+    rng = np.random.default_rng(32)
+    x = rng.standard_normal((t, c)).astype(np.float32)
+    taps = rng.standard_normal((c, k)).astype(np.float32)
+    window = rng.standard_normal((1, c, k - 1)).astype(np.float32)
+    node = helper.make_node("CausalConvWithState", ["x", "w", "", "p"], ["y", "p1"],
+                            domain=E.MS_DOMAIN, activation="silu")
+    sess = _ms_session([node], [("x", (1, c, 1)), ("w", (c, 1, k)), ("p", (1, c, k - 1))],
+                       ["y", "p1"])
+    want = window[0].astype(np.float64)
+    for j in range(t):
+        y, window = sess.run(None, {"x": x[j].reshape(1, c, 1), "w": taps.reshape(c, 1, k),
+                                    "p": window})
+        out, want = causal_conv(want, x[j:j + 1].astype(np.float64), taps.astype(np.float64))
+        np.testing.assert_allclose(y.reshape(c), out[0], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(window[0], want, rtol=1e-6)

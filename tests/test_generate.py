@@ -13,7 +13,13 @@ import pytest
 
 from backends.base import registry
 from backends.ort import BACKENDS
-from tests.decoder_graphs import SCHEMES, decoder_model, oracle_greedy, oracle_logits
+from tests.decoder_graphs import (
+    SCHEMES,
+    decoder_model,
+    oracle_greedy,
+    oracle_logits,
+    save_decoders,
+)
 from tests.test_cli import one_line_error, statebench
 
 PROMPT, NEW = [3, 1, 4], 6
@@ -21,12 +27,7 @@ PROMPT, NEW = [3, 1, 4], 6
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    d = tmp_path_factory.mktemp("decoders")
-    out = {}
-    for scheme in SCHEMES:
-        out[scheme] = d / f"{scheme}.onnx"
-        onnx.save(decoder_model(scheme), str(out[scheme]))
-    return out
+    return save_decoders(tmp_path_factory.mktemp("decoders"))
 
 
 @pytest.mark.parametrize("backend", ["ort-cpu:copy", "ort-cpu:iobinding"])

@@ -25,6 +25,29 @@ def test_compare_logits_tolerance_and_argmax():
     assert not bad.ok and bad.max_abs == metrics.NONFINITE
 
 
+def test_float16_tolerance_is_the_ulp_budget_and_recorded():
+    """float16 activations: sqrt(32·layers + 8) float16 ULPs (2^-10), recorded in the Match;
+    float32 stays 1e-3. An error between the two passes only under the float16 one, and a
+    clear argmax swap fails under both."""
+    assert metrics.logits_tolerance(preset("tiny+q4")) == 1e-3
+    tiny = metrics.logits_tolerance(preset("tiny+q4f16"))
+    llama = metrics.logits_tolerance(preset("llama-1b+q4f16"))
+    assert tiny == np.sqrt(32 * 2 + 8) * 2.0 ** -10
+    assert abs(llama - np.sqrt(32 * 16 + 8) / 1024) < 1e-12 and 0.02 < llama < 0.025
+    rng = np.random.default_rng(1)
+    ref = rng.standard_normal((3, 50))
+    near = [r + 0.004 * np.abs(r).max() for r in ref]
+    assert not metrics.compare_logits(near, ref).ok
+    m = metrics.compare_logits(near, ref, tiny)
+    assert m.ok and m.tolerance == tiny
+    assert f"tolerance {tiny / 2:.1e}" in metrics.mismatch_reason(near, ref, tiny / 2)
+    i, j = np.argsort(ref[0])[-2:]
+    ref[0, j] = ref[0, i] + 2 * tiny * np.abs(ref[0]).max()  # a clear top-2 gap
+    swapped = ref.copy()
+    swapped[0, [i, j]] = swapped[0, [j, i]]
+    assert not metrics.compare_logits(list(swapped), ref, tiny).ok
+
+
 def test_argmax_tie_is_not_a_mismatch():
     ref = np.zeros((1, 10))
     ref[0, 3] = ref[0, 4] = 1.0
@@ -39,7 +62,9 @@ def test_floor_counts_state_and_stateless_link():
     written = metrics.written_state_bytes(cfg)
     kv_row = cfg.kv_heads * cfg.head_dim * 4
     gdn = cfg.gdn_v_heads * cfg.gdn_v_dim * cfg.gdn_qk_dim * 4
-    assert written == 2 * kv_row + gdn
+    # the conv window: q, k and v channels, kernel - 1 columns
+    conv = (2 * cfg.gdn_qk_heads * cfg.gdn_qk_dim + cfg.gdn_v_heads * cfg.gdn_v_dim) * 3 * 4
+    assert written == 2 * kv_row + gdn + conv
     assert metrics.full_cache_bytes(cfg, 10) == sum(s.nbytes for s in cache_specs(cfg, 10))
     cal = {"host": {"copy_gbps": 1.0}, "wgpu": {"stream_gbps": 2.0, "h2d_gbps": 1.0, "d2h_gbps": 1.0}}
     base = metrics.floor_bytes(cfg, 1000, 8)

@@ -11,6 +11,7 @@ import pytest
 
 from backends import ort as ort_backends
 from backends.base import DepthState, registry
+from harness.metrics import logits_tolerance
 from model import checksum
 from model import export as E
 from model.reference import Reference
@@ -31,6 +32,11 @@ def tiny():
 @pytest.fixture(scope="module")
 def tiny_q4():
     return Workload.build(preset("tiny+q4"), seed=1)
+
+
+@pytest.fixture(scope="module")
+def tiny_q4f16():
+    return Workload.build(preset("tiny+q4f16"), seed=1)
 
 
 @pytest.fixture(scope="module")
@@ -57,27 +63,30 @@ def _backend(name, wl, cache_dir):
     return b
 
 
-def _check(got, expect):
+def _check(got, expect, tol=TOL):
     assert got.shape == expect.shape and got.dtype == np.float32
-    assert np.abs(got - expect).max() / np.abs(expect).max() < TOL
+    assert np.abs(got - expect).max() / np.abs(expect).max() < tol
     assert got.argmax() == expect.argmax()
 
 
-@pytest.mark.parametrize("weights", ["float", "q4"])
+@pytest.mark.parametrize("weights", ["float", "q4", "q4f16"])
 @pytest.mark.parametrize("name", CPU + WEBGPU)
-def test_matches_reference_after_depth_and_after_reset(name, weights, tiny, tiny_q4, cache_dir):
+def test_matches_reference_after_depth_and_after_reset(name, weights, tiny, tiny_q4, tiny_q4f16,
+                                                       cache_dir):
     """On tiny+q4 too: the CPU EP computes 4-bit MatMuls on float32 activations (its level-0
-    graph), so the float tolerance holds; at the exported level 4 its ORT-flavour modes fail."""
-    wl = tiny_q4 if weights == "q4" else tiny
+    graph), so the float tolerance holds; at the exported level 4 its ORT-flavour modes fail.
+    tiny+q4f16 (float16 graphs, float32 logits) holds the derived float16 tolerance."""
+    wl = {"float": tiny, "q4": tiny_q4, "q4f16": tiny_q4f16}[weights]
+    tol = TOL if weights != "q4f16" else logits_tolerance(wl.config)
     b = _backend(name, wl, cache_dir)
     depth, ref = _depth(wl, 9)
     b.reach_depth(depth)
     for tok in token_stream(wl.config, 5, seed=4):
-        _check(b.step(int(tok)), ref.step(int(tok)))
+        _check(b.step(int(tok)), ref.step(int(tok)), tol)
     b.reset()
     fresh = Reference(wl.config, wl.weights, CAPACITY)
     for tok in token_stream(wl.config, 4, seed=6):
-        _check(b.step(int(tok)), fresh.step(int(tok)))
+        _check(b.step(int(tok)), fresh.step(int(tok)), tol)
     assert b.details["flavour"] == ("standard" if name.endswith("standard") else "ort")
     b.close()
 

@@ -18,6 +18,7 @@ from backends.pages import (
     TensorReuse,
 )
 from backends.webnn.wgpu_impl.options import KernelOptions
+from harness.metrics import logits_tolerance
 from model.reference import Reference
 from model.workload import Workload, cache_specs, preset, token_stream
 
@@ -84,8 +85,8 @@ def test_gpu_dispatch_path_matches_reference(name, monkeypatch):
     """GPU adapters submit a dispatch as several command buffers (SUBMIT_EVERY launches
     each) and record each dispatch's successor ahead; forced here (3 launches a buffer),
     every mode still computes the reference's logits over steps that submit what was
-    recorded (from the second step for fixed tensors, the fourth for ping-pong), and the
-    GPU time still spans the whole dispatch."""
+    recorded (from the second step for fixed tensors, the fourth for ping-pong; one
+    command buffer, not cut), and the GPU time still spans the whole dispatch."""
     from backends.webnn.wgpu_impl import context
 
     monkeypatch.setitem(context.SUBMIT_EVERY, "cpu", 3)
@@ -94,6 +95,9 @@ def test_gpu_dispatch_path_matches_reference(name, monkeypatch):
     try:
         assert len(b.converted.graph._submit_after) > 3 and b.context.record_ahead
         assert_steps_match(b, f"{name} chunked", steps=5)
+        # what is recorded ahead is submitted at once: one command buffer, passes uncut
+        recorded = b.converted.graph._recorded
+        assert (recorded is None and name != "wgpu:stateful") or len(recorded[1]) == 1
     finally:
         b.close()
 
@@ -220,7 +224,7 @@ def test_gpu_gemv_norms_in_one_launch_each():
         # the point records every knob its context ran with, None where the adapter chose
         knobs = ("gemv", "attention", "gemv_prologue", "row_writes", "attention_splits",
                  "record_ahead", "cache_copy", "gemv_weights", "gdn", "f16_loads", "read_copy",
-                 "q4_gemv")
+                 "q4_gemv", "pass_calls", "map_wait")
         assert b.details["kernel_options"] == {**dict.fromkeys(knobs), "gemv": "rows_sh",
                                                "gdn": "generic"}
         plan = b.converted.graph._plan
@@ -230,7 +234,10 @@ def test_gpu_gemv_norms_in_one_launch_each():
         # k of every GDN layer
         want = 2 * len(TINY.config.layers) + 1 + 2 * len(TINY.config.gdn_layers)
         assert names.count("fused_vector") == want, names
-        assert "reduce_mean" not in names and "reduce_sum" not in names
+        # no norm leaves a reduction behind; the one reduce_sum of a GDN layer is its conv's
+        # sum over the taps (model/export.py ``_causal_conv``)
+        assert "reduce_mean" not in names
+        assert names.count("reduce_sum") == len(TINY.config.gdn_layers), names
         assert_steps_match(b, "stateful, norms in one launch")
     finally:
         b.close()
@@ -503,26 +510,34 @@ def f16kv(name: str) -> Workload:
     return _F16KV[name]
 
 
+def _three_steps_match(b, wl: Workload, cap: int, tol: float, where: str) -> Reference:
+    """Page ``b`` brought to depth 16 of ``wl``, then three steps each within ``tol`` of the
+    float64 reference's logits, argmax included; returns the reference, at depth 19."""
+    depth = 16
+    tokens = token_stream(wl.config, cap)
+    ref = Reference(wl.config, wl.weights, cap)
+    ref.prefill(tokens[:depth])
+    b.reach_depth(DepthState(tokens=tokens[:depth].copy(), cache=ref.cache_arrays()))
+    for i in range(3):
+        tok = int(tokens[depth + i])
+        got, want = np.asarray(b.step(tok), np.float64), ref.step(tok)
+        rel = np.abs(got - want).max() / np.abs(want).max()
+        assert rel < tol, f"{where} step {i}: {rel:.2e} (tolerance {tol:.1e})"
+        assert got.argmax() == want.argmax()
+    return ref
+
+
 @pytest.mark.adapter_feature("shader-f16")
 @pytest.mark.parametrize("name,mode", F16KV_CASES)
 def test_f16kv_matches_the_rounding_reference(name, mode):
     """Whole decode steps of a float16-cache model: every page mode computes the float64
     reference's logits (rows rounded to float16 as they are written); the page's caches
     are float16 tensors, and the stateless page's host copy holds the reference's rows."""
-    wl, depth, cap = f16kv(name), 16, 24
+    wl, cap = f16kv(name), 24
     b = MODES[mode]()
     b.prepare(wl, cap)
     try:
-        tokens = token_stream(wl.config, cap)
-        ref = Reference(wl.config, wl.weights, cap)
-        ref.prefill(tokens[:depth])
-        b.reach_depth(DepthState(tokens=tokens[:depth].copy(), cache=ref.cache_arrays()))
-        for i in range(3):
-            tok = int(tokens[depth + i])
-            got, want = np.asarray(b.step(tok), np.float64), ref.step(tok)
-            rel = np.abs(got - want).max() / np.abs(want).max()
-            assert rel < F16KV_TOL, f"{name} {mode} step {i}: {rel:.2e}"
-            assert got.argmax() == want.argmax()
+        ref = _three_steps_match(b, wl, cap, F16KV_TOL, f"{name} {mode}")
         specs = cache_specs(wl.config, cap)
         kv = [s for s in specs if s.kind == "append"]
         assert kv and all(s.dtype == "float16" for s in kv)
@@ -539,6 +554,58 @@ def test_f16kv_matches_the_rounding_reference(name, mode):
                 assert np.all(np.abs(got.astype(np.float32) - want[s.input]) <= step)
     finally:
         b.close()
+
+
+@pytest.mark.adapter_feature("shader-f16")
+@pytest.mark.parametrize("mode", list(MODES))
+def test_q4f16_matches_the_reference_under_the_float16_tolerance(mode):
+    """'+q4f16' (4-bit weights, float16 activations and caches): every page mode converts the
+    float16 standard-flavour graph and computes the float64 reference's logits within the
+    derived float16 tolerance, argmax included; every 4-bit product runs the fused gemv
+    (no dequantizeLinear launch writes weights), and the caches are float16 tensors."""
+    wl, cap = f16kv("tiny+q4f16"), 24
+    b = MODES[mode]()
+    b.prepare(wl, cap)
+    try:
+        _three_steps_match(b, wl, cap, logits_tolerance(wl.config), f"tiny+q4f16 {mode}")
+        names = [la.kernel.name for la in b.converted.graph._plan.launches
+                 if hasattr(la, "kernel")]
+        assert "gemv_q4" in names and not any("dequantize" in n for n in names), names
+        if not b._hidden:
+            kv = [s for s in cache_specs(wl.config, cap) if s.kind == "append"]
+            assert all(b._cur[s.input].data_type == "float16" for s in kv)
+    finally:
+        b.close()
+
+
+@pytest.mark.adapter_feature("shader-f16")
+def test_q4f16_gpu_plan_launches_as_q4(monkeypatch):
+    """On a GPU target tiny+q4f16 plans as tiny+q4 but for one launch: q/k/v and gate/up
+    stack, the norms are one launch each, the residual adds are the 4-bit kernel's float16
+    epilogue (no launch rounds a product or adds), attention is the flash kernel, and the
+    steps still match the reference under the float16 tolerance."""
+    import dataclasses
+
+    from backends.webnn.wgpu_impl import context
+
+    real = context.target_of
+    monkeypatch.setattr(context, "target_of", lambda a, s: dataclasses.replace(
+        real(a, s), cpu=False, max_storage=10, shared_bytes=32768))
+    launches = {}
+    for name in ("tiny+q4", "tiny+q4f16"):
+        wl = f16kv(name)
+        b = StatefulInPlace()
+        b.prepare(wl, 24)
+        try:
+            launches[name] = [la.kernel.name for la in b.converted.graph._plan.launches
+                              if hasattr(la, "kernel")]
+            _three_steps_match(b, wl, 24, logits_tolerance(wl.config), name)
+        finally:
+            b.close()
+    half = launches["tiny+q4f16"]
+    assert len(half) <= len(launches["tiny+q4"]) + 1, half
+    assert half.count("gemv_q4") == launches["tiny+q4"].count("gemv_q4")
+    assert "attention_flash" in half and not any("add" in n and "cast" in n for n in half)
 
 
 @pytest.fixture(scope="module")
@@ -593,7 +660,8 @@ def test_f16kv_reuse_copies_two_bytes_an_element(per_step_f16kv):
     assert reuse - stateful == 2 * row
 
 
-def test_f16kv_on_an_adapter_without_shader_f16_fails_in_one_line(monkeypatch):
+@pytest.mark.parametrize("name", ["tiny+f16kv", "tiny+q4f16"])
+def test_f16_on_an_adapter_without_shader_f16_fails_in_one_line(monkeypatch, name):
     """A context without 'shader-f16' turns the float16 cache down at conversion: one
     TypeError naming the adapter and the missing feature (the worker records it as the
     point's reason), not a shader-compilation traceback."""
@@ -610,6 +678,55 @@ def test_f16kv_on_an_adapter_without_shader_f16_fails_in_one_line(monkeypatch):
     try:
         with pytest.raises(TypeError, match=r"^data type float16 is not supported by this "
                                             r"context: the adapter \(.*\) has no 'shader-f16'$"):
-            b.prepare(f16kv("tiny+f16kv"), 16)
+            b.prepare(f16kv(name), 16)
+    finally:
+        b.close()
+
+
+HOST_PATHS = [{"pass_calls": "wgpu-py", "map_wait": "thread"}, {"pass_calls": "direct",
+              "map_wait": "caller"}, {"map_wait": "spin", "record_ahead": "on"}]
+
+
+@pytest.mark.parametrize("knobs", HOST_PATHS, ids=lambda k: ",".join(f"{a}={v}" for a, v in k.items()))
+@pytest.mark.parametrize("cls", [StatefulInPlace, StatelessCopy, DAWN_PAGES["dawn:stateful"]],
+                         ids=lambda c: c.name)
+def test_host_paths_compute_the_reference(cls, knobs):
+    """However a pass is encoded (the engine's C functions or wgpu-py's methods) and however
+    a read map waits (spinning, blocking in the caller, wgpu-py's poll thread), the pages
+    compute the reference's logits, on both engines (on Dawn only "spin" is its own)."""
+    if cls.engine == "dawn" and not DAWN_OK:
+        pytest.skip(f"no Dawn adapter: {DAWN_WHY}")
+    b = prepared(cls, CAPACITY, **knobs)
+    try:
+        assert_steps_match(b, f"{cls.name} {knobs}", steps=3)
+    finally:
+        b.close()
+
+
+@pytest.mark.parametrize("record_ahead", ["on", "off"])
+def test_host_breakdown_adds_up(record_ahead):
+    """The page's host-time breakdown of a step (docs/measuring.md, "Host time") splits
+    the page's own wall time of it: its parts add up to its total, the context's timers
+    are never negative, the read waited for the device and copied the logits, and the
+    dispatch's encoding is on the step's path (encode) or ahead of it (record_ahead),
+    as the knob says."""
+    b = prepared(StatefulInPlace, CAPACITY, record_ahead=record_ahead)
+    try:
+        assert b.host_breakdown_ms() is None  # no step yet
+        b.reach_depth(depth_state(16, CAPACITY)[0])
+        for i in range(3):
+            b.step(int(TOKENS[16 + i]))
+        h = b.host_breakdown_ms()
+        parts = ("write", "encode", "submit", "record_ahead", "dispatch_other", "wait", "copy",
+                 "read_other", "after")
+        assert sum(h[k] for k in parts) == pytest.approx(h["total"], abs=1e-6)
+        device = ("write_device", "encode", "submit", "record_ahead", "wait", "copy")
+        assert all(h[k] >= 0 for k in device), h
+        assert h["wait"] > 0 and h["copy"] > 0 and h["submit"] > 0 and h["write_device"] > 0
+        assert h["write"] >= h["write_device"]
+        if record_ahead == "on":
+            assert h["encode"] == 0 and h["record_ahead"] > 0
+        else:
+            assert h["encode"] > 0 and h["record_ahead"] == 0
     finally:
         b.close()

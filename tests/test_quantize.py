@@ -131,6 +131,28 @@ def test_q4_preset_composes_and_says_what_is_quantised():
     assert tied.weights_bytes == 4 * sum(w.size for w in tied.weights.values())
 
 
+def test_q4f16_preset_is_q4_with_float16_activations_and_caches():
+    """'+q4f16': the '+q4' tensors quantised, float16 activations and KV caches, the float
+    weights float16 values (2 bytes a parameter in the floor), one weight format a name;
+    ``describe()`` says the activations' type."""
+    cfg = preset("tiny+q4f16")
+    assert (cfg.weights, cfg.kv_cache, cfg.dtype) == ("q4", "float16", "float16")
+    assert quantised_names(cfg) == quantised_names(preset("tiny+q4"))
+    assert cfg.describe()["activations"] == "float16"
+    assert preset("tiny+q4").describe()["activations"] == "float32"
+    for bad in ("tiny+q4f16+q4", "tiny+q4f16+f16", "tiny+q4f16+q4f16"):
+        with pytest.raises(UserError, match="unknown preset"):
+            preset(bad)
+    wl = Workload.build(cfg, seed=3)
+    for n, w in wl.weights.items():
+        if n not in quantised_names(cfg):
+            assert np.array_equal(w.astype(np.float16).astype(np.float32), w), n
+    q4 = Workload.build(preset("tiny+q4"), seed=3)
+    plain = sum(w.size for n, w in q4.weights.items() if n not in quantised_names(cfg))
+    plain += cfg.hidden - q4.weights["embed_tokens"].size  # a step gathers one row
+    assert q4.weights_bytes - wl.weights_bytes == 2 * plain
+
+
 @pytest.fixture(scope="module")
 def tiny_q4(tmp_path_factory):
     wl = Workload.build(preset("tiny+q4"), seed=3)

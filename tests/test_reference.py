@@ -12,6 +12,7 @@ from model.reference import (
     Reference,
     apply_rope,
     causal_attention,
+    causal_conv,
     gdn_chunked,
     gdn_step,
     l2_normalize,
@@ -50,6 +51,43 @@ def test_cache_arrays_have_the_graph_layouts(tiny):
         assert arrays[s.input].shape == s.shape and arrays[s.input].dtype == np.float32
         if s.kind == "append":  # rows past the depth are still empty
             assert not arrays[s.input][:, :, 4:].any() and arrays[s.input][:, :, :4].all()
+
+
+@pytest.mark.parametrize("t", [1, 2, 6])
+def test_causal_conv_equals_the_equation(t):
+    """Each channel: silu of the dot product of its K taps with the K latest inputs (the
+    window before the first new one, zeros at the start); the new window is the K-1 latest.
+    Fewer new columns than K-1 keep part of the old window (transformers' prefill got
+    this wrong for short prompts)."""
+    rng = np.random.default_rng(20 + t)
+    c, k = 5, 4
+    window = rng.standard_normal((c, k - 1))
+    x = rng.standard_normal((t, c))
+    taps = rng.standard_normal((c, k))
+    out, new = causal_conv(window, x, taps)
+    history = [window[:, j] for j in range(k - 1)] + list(x)
+    for step in range(t):
+        latest = np.stack(history[step:step + k], axis=1)  # (C, K), oldest first
+        y = np.array([np.dot(taps[ch], latest[ch]) for ch in range(c)])
+        np.testing.assert_allclose(out[step], y / (1 + np.exp(-y)), rtol=1e-12)
+    np.testing.assert_array_equal(new, np.stack(history[-(k - 1):], axis=1))
+
+
+def test_gdn_layer_state_includes_the_conv_window(tiny):
+    """The conv window is state: after a prefill it holds the last K-1 conv inputs (the
+    concatenated q/k/v projections of the last tokens), and a reset clears it."""
+    cfg = tiny.config
+    ref = Reference(cfg, tiny.weights, 8)
+    tokens = token_stream(cfg, 5, seed=3)
+    ref.prefill(tokens)
+    w = ref.w
+    i = cfg.gdn_layers[0]
+    x = w["embed_tokens"][tokens[-(cfg.gdn_conv_kernel - 1):]]
+    xn = reference.rms_norm(x, w[f"layers.{i}.input_norm"], cfg.rms_eps)
+    qkv = np.concatenate([xn @ w[f"layers.{i}.{n}"] for n in ("q_proj", "k_proj", "v_proj")], -1)
+    np.testing.assert_allclose(ref.state[f"past_conv_state.{i}"], qkv.T, rtol=1e-12)
+    ref.reset()
+    assert not ref.state[f"past_conv_state.{i}"].any()
 
 
 def test_capacity_overflow_raises(tiny):

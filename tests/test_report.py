@@ -147,6 +147,29 @@ def test_gpu_time_mbu_for_device_resident_points(run_files):
     assert metrics.gpu_mbu(dev) is None
 
 
+def test_host_time_table(run_files):
+    """Points with a host-time breakdown (WebNN pages, docs/measuring.md "Host time") get a
+    row each in the markdown and HTML reports: step, GPU, wall − GPU and the parts, Python
+    being the rest of the dispatch and the read; points without one get none."""
+    from harness import html_report as report_html
+
+    res = results.load(run_files[0])
+    ctx = res.contexts[0]
+    p = res.point("ort-cpu:shared", ctx)
+    assert "## Host time" not in report.to_markdown(report.label_runs([res]))
+    p.details["host_breakdown_ms"] = {
+        "write": 0.05, "write_device": 0.02, "encode": 0.0, "submit": 0.04,
+        "record_ahead": 0.3, "dispatch_other": 0.02, "wait": 2.1, "copy": 0.06,
+        "read_other": 0.03, "after": 0.005, "total": 2.6, "wall_minus_gpu": 0.25}
+    p.gpu_ms = results.Stats.of([2.2, 2.2, 2.2])
+    runs = report.label_runs([res])
+    md = report.to_markdown(runs).split("## Host time")[1]
+    row = next(line for line in md.splitlines() if line.startswith(f"| ort-cpu:shared | {ctx} |"))
+    assert row.endswith("| 2.200 | 0.250 | 0.050 | 0.000 | 0.040 | 0.300 | 2.100 | 0.060 | 0.055 |")
+    assert "| ort-cpu:copy |" not in md.split("##")[0]
+    assert "<h2>Host time</h2>" in report_html.render(runs, {})
+
+
 def test_points_timed_at_a_low_clock_are_noted(run_files):
     res = results.load(run_files[0])
     p = res.point("ort-cpu:shared", res.contexts[0])

@@ -364,3 +364,14 @@ def test_sweep_points_say_whether_the_gpu_was_heated(tmp_path):
     (p,) = res.points
     assert p.matches and p.details["heated_s"] == 0.0
     assert p.details["not_heated"].startswith(("a CPU adapter has no GPU clock", "wgpu"))
+
+
+def test_host_breakdown_is_the_median_of_each_part():
+    """A point's host-time breakdown (docs/measuring.md, "Host time"): each part's median
+    over the timed steps, and wall minus GPU time only where every step has a GPU time."""
+    from harness.worker import host_breakdown
+
+    host = [{"wait": 1.0, "copy": 0.1}, {"wait": 3.0, "copy": 0.3}, {"wait": 2.0, "copy": 0.2}]
+    assert host_breakdown(host, [4.0, 5.0, 9.0], [3.0, 4.5, 7.0]) == {
+        "wait": 2.0, "copy": 0.2, "wall_minus_gpu": 1.0}
+    assert "wall_minus_gpu" not in host_breakdown(host, [4.0, 5.0, 9.0], [3.0])

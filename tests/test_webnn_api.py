@@ -222,6 +222,11 @@ def test_int64_is_range_checked(ctx):
     np.testing.assert_array_equal(got, [-5, 0, 2**31 - 1])
     with pytest.raises(DataError):
         ctx.write_tensor(t, np.array([0, 2**31, 1], np.int64))
+    one = ctx.create_tensor(data_type="int64", shape=[1, 1], writable=True)  # a token's path
+    ctx.write_tensor(one, np.array([[2**31 - 1]], np.int64))
+    for bad in (2**31, -2**31 - 1):
+        with pytest.raises(DataError):
+            ctx.write_tensor(one, np.array([[bad]], np.int64))
 
 
 def test_build_rules(ctx):

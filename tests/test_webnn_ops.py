@@ -431,16 +431,6 @@ def test_matmul_reads_a_transposed_operand_computed_by_fusion(ctx):
     atol_close(got, want, 1e-5, 1e-5)
 
 
-@pytest.mark.adapter_feature("shader-f16")
-def test_float16_op_the_kernels_do_not_cover_fails_the_build(ctx):
-    from backends.webnn.errors import NotSupportedError
-
-    b = MLGraphBuilder(ctx)
-    x = b.input("x", data_type="float16", shape=[2, 8])
-    with pytest.raises(NotSupportedError, match="softmax on float16 operands.*cast them"):
-        b.build({"y": b.softmax(x, 1)})
-
-
 def test_float16_without_shader_f16_is_a_type_error(ctx, monkeypatch):
     """A context whose adapter lacks 'shader-f16' turns float16 down where the page asks
     for it, with one line saying why (as opSupportLimits() would report it)."""
@@ -453,3 +443,33 @@ def test_float16_without_shader_f16_is_a_type_error(ctx, monkeypatch):
     x = b.input("y", data_type="float32", shape=[4])
     with pytest.raises(TypeError, match="'shader-f16'"):
         b.cast(x, "float16")
+
+
+@pytest.mark.adapter_feature("shader-f16")
+@pytest.mark.parametrize("op", ["matmul", "softmax", "reduce_mean", "reduce_sum"])
+def test_float16_ops_accumulate_in_float32(ctx, op):
+    """Ops without float16 kernels take and give float16 operands: the context computes them
+    in float32 between casts, so over 512 terms the result is the float64 value rounded
+    once to float16 (within one ULP), where float16 accumulation would drift by many."""
+    x = RNG.uniform(0.5, 1.5, size=(4, 512)).astype(np.float16)
+    w = RNG.uniform(-1.0, 1.0, size=(512, 8)).astype(np.float16)
+    b = MLGraphBuilder(ctx)
+    xi = b.input("x", data_type="float16", shape=[4, 512])
+    y = {"matmul": lambda: b.matmul(xi, b.constant(data_type="float16", shape=[512, 8], value=w)),
+         "softmax": lambda: b.softmax(xi, 1),
+         "reduce_mean": lambda: b.reduce_mean(xi, [1]),
+         "reduce_sum": lambda: b.reduce_sum(xi, [1])}[op]()
+    assert y.data_type == "float16"
+    g = b.build({"y": y})
+    t_in = ctx.create_tensor(data_type="float16", shape=[4, 512], writable=True)
+    ctx.write_tensor(t_in, x)
+    t_out = ctx.create_tensor(data_type="float16", shape=y.shape, readable=True)
+    ctx.dispatch(g, {"x": t_in}, {"y": t_out})
+    got = ctx.read_tensor(t_out).astype(np.float64)
+    x64 = x.astype(np.float64)
+    want = {"matmul": lambda: x64 @ w.astype(np.float64),
+            "softmax": lambda: np.exp(x64 - x64.max(1, keepdims=True))
+            / np.exp(x64 - x64.max(1, keepdims=True)).sum(1, keepdims=True),
+            "reduce_mean": lambda: x64.mean(1), "reduce_sum": lambda: x64.sum(1)}[op]()
+    ulp = np.spacing(np.abs(want).astype(np.float16)).astype(np.float64)
+    assert np.all(np.abs(got - want.reshape(got.shape)) <= ulp.reshape(got.shape))

@@ -25,6 +25,8 @@ ACCEPTED = {
     "f16_loads": ["wide", "vec4"],
     "read_copy": ["dispatch", "separate", "separate_sync"],
     "q4_gemv": ["fused", "generic"],
+    "pass_calls": ["direct", "wgpu-py"],
+    "map_wait": ["spin", "caller", "thread"],
 }
 REFUSED = {
     "gemv": ["fastest", "col", "rows_x"], "attention": ["flash2", ""],
@@ -33,6 +35,8 @@ REFUSED = {
     "gdn": ["fastest", "fused12", "fused0", "fused512"], "f16_loads": ["u32"],
     "read_copy": ["sync"],
     "q4_gemv": ["dequantize", ""],
+    "pass_calls": ["raw", ""],
+    "map_wait": ["poll", ""],
 }
 
 
@@ -77,7 +81,7 @@ def test_frozen_hashable_and_plain():
     assert opts == KernelOptions.parse(["gemv=rows", "attention_splits=8"])
     assert len({opts, KernelOptions(gemv="rows", attention_splits=8), KernelOptions()}) == 2
     plain = opts.as_dict()
-    assert plain["gemv"] == "rows" and plain["attention_splits"] == 8 and len(plain) == 12
+    assert plain["gemv"] == "rows" and plain["attention_splits"] == 8 and len(plain) == 14
     assert KernelOptions(**plain) == opts
 
 

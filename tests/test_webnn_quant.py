@@ -92,28 +92,38 @@ def test_int4_buffer_and_shapes_are_checked(ctx):
         b.dequantize_linear(x, s, s)
 
 
-def _q4_matmul(ctx, kind, k, n, zero_points, residual=False, block=32):
-    """y = v @ dequantizeLinear(4-bit (k, n), block-32 scales) (+ r): the decode step's
-    projection; returns (y, float64 oracle, launched kernel names)."""
+def _q4_matmul(ctx, kind, k, n, zero_points, residual=False, block=32, dt="float32"):
+    """y = v @ dequantizeLinear(4-bit (k, n), block-32 scales) (+ r, a constant, or a graph
+    input where ``residual`` is "input"): the decode step's projection, its row, scales,
+    residual and result of type ``dt``; returns (y, float64 oracle on the same values,
+    launched kernel names)."""
     codes = _codes(kind, (k, n))
-    scale = RNG.uniform(0.005, 0.1, size=(k // block, n)).astype(np.float32)
+    scale = RNG.uniform(0.005, 0.1, size=(k // block, n)).astype(dt)
     zp = _codes(kind, scale.shape) if zero_points else np.zeros(scale.shape, np.int64)
-    v = RNG.standard_normal((1, k)).astype(np.float32)
-    r = RNG.standard_normal((1, n)).astype(np.float32)
+    v = RNG.standard_normal((1, k)).astype(dt)
+    r = RNG.standard_normal((1, n)).astype(dt)
     b = MLGraphBuilder(ctx)
     w = b.dequantize_linear(_const(b, kind, codes),
-                            b.constant(data_type="float32", shape=list(scale.shape), value=scale),
+                            b.constant(data_type=dt, shape=list(scale.shape), value=scale),
                             _const(b, kind, zp))
-    vi = b.input("v", data_type="float32", shape=[1, k])
+    vi = b.input("v", data_type=dt, shape=[1, k])
     y = b.matmul(vi, w)
-    if residual:
-        y = b.add(y, b.constant(data_type="float32", shape=[1, n], value=r))
+    assert y.data_type == dt
+    feeds = {"v": v}
+    if residual == "input":  # the residual stream, as a decoder's (not a constant)
+        y = b.add(y, b.input("r", data_type=dt, shape=[1, n]))
+        feeds["r"] = r
+    elif residual:
+        y = b.add(y, b.constant(data_type=dt, shape=[1, n], value=r))
     g = b.build({"y": y})
-    t_in = ctx.create_tensor(data_type="float32", shape=[1, k], writable=True)
-    ctx.write_tensor(t_in, v)
-    t_out = ctx.create_tensor(data_type="float32", shape=[1, n], readable=True)
-    ctx.dispatch(g, {"v": t_in}, {"y": t_out})
-    want = v.astype(np.float64) @ _want(codes, scale, zp) + (r if residual else 0.0)
+    tensors = {}
+    for name, x in feeds.items():
+        tensors[name] = ctx.create_tensor(data_type=dt, shape=list(x.shape), writable=True)
+        ctx.write_tensor(tensors[name], x)
+    t_out = ctx.create_tensor(data_type=dt, shape=[1, n], readable=True)
+    ctx.dispatch(g, tensors, {"y": t_out})
+    want = (v.astype(np.float64) @ _want(codes, scale.astype(np.float32), zp)
+            + (r.astype(np.float64) if residual else 0.0))
     return ctx.read_tensor(t_out), want, [la.kernel.name for la in g._plan.launches]
 
 
@@ -292,3 +302,24 @@ def test_dequantize_linear_validation_as_wpt(ctx):
     with pytest.raises(TypeError, match="input must be int4, uint4 or uint8"):
         b.dequantize_linear(f, arg("float32", [5]), arg("float32", [5]))
 
+
+
+@pytest.mark.adapter_feature("shader-f16")
+@pytest.mark.parametrize("kind,k,n,residual", [("int4", 64, 40, False), ("int4", 320, 130, True),
+                                               ("uint4", 96, 33, True)])
+@pytest.mark.parametrize("cpu", [True, False])
+def test_4bit_matmul_on_float16_activations(ctx, monkeypatch, kind, k, n, residual, cpu):
+    """A float16 model's projection: float16 row, float16 scales, float16 result (+ a float16
+    residual). The context runs the matmul in float32 between casts (``_widened``) and the
+    fused kernel still reads the codes (no dequantize launch), on CPU and GPU targets (whose
+    residual epilogue a decoder's plan checks: tests/test_pages.py). Against float64 NumPy
+    on the same float16 values, within one float16 rounding of each add."""
+    from backends.webnn.wgpu_impl.target import Target
+
+    monkeypatch.setattr(ctx, "_target", Target(cpu=cpu, subgroup=ctx._target.subgroup))
+    got, want, names = _q4_matmul(ctx, kind, k, n, False, residual and "input", dt="float16")
+    assert got.dtype == np.float16
+    assert "gemv_q4" in names and not any("dequantize" in x for x in names), names
+    # the product rounded to float16 (half a ULP), then the add's rounding (half a ULP)
+    ulp = np.spacing(np.abs(want).astype(np.float16)).astype(np.float64)
+    assert np.all(np.abs(got - want) <= (1.0 + residual) * ulp + 1e-5 * np.abs(want).max())

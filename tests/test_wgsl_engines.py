@@ -20,8 +20,10 @@ from wgsl_compilers import compiler_device, rejection
 
 from backends.webnn.engines import ENGINES
 
-#: values of each kernel-choosing knob (wgpu_impl/options.py documents them); "record_ahead"
-#: and "read_copy" choose how a context submits and reads, not any kernel's source
+#: the knobs that choose how a context encodes, submits, reads and waits, not any kernel's
+#: source
+CONTEXT_MODES = {"record_ahead", "read_copy", "pass_calls", "map_wait"}
+#: values of each kernel-choosing knob (wgpu_impl/options.py documents them)
 OPTION_VALUES: dict[str, list[str | int | None]] = {
     "gemv": [None, "legacy", "rows", "rows8", "rows_sh", "rows16_sh_u2", "cols", "cols2",
              "cols4", "cols4g8", "cols8g8", "cols2g4", "cols2g16", "cols4g4", "cols1g8"],
@@ -68,7 +70,18 @@ def _op_graphs(b, dt: str) -> dict[str, object]:
     for op in _COMPARE:
         out[op] = b.cast(getattr(b, op)(x, y), dt)
     out["logical_not"] = b.cast(b.logical_not(b.greater(x, y)), dt)
+    out["logical_and"] = b.cast(b.logical_and(b.greater(x, y), b.lesser(x, y)), dt)
+    out["logical_or"] = b.cast(b.logical_or(b.greater(x, y), b.equal(x, y)), dt)
+    out["triangular"] = b.triangular(x, upper=False, diagonal=1)
+    out["tile"] = b.tile(x, [1, 2, 1])
+    out["pad"] = b.pad(x, [0, 1, 2], [1, 0, 0], value=1)
+    out["split"] = b.split(x, [3, 5], 2)[1]
+    out["scatter_elements"] = b.scatter_elements(x, b.input("ie", data_type="int32",
+                                                            shape=[2, 3, 2]),
+                                                 b.slice(x, [0, 0, 0], [2, 3, 2]), axis=2)
     out["where"] = b.where(b.greater(x, y), x, y)
+    out["cumulative_sum"] = b.cumulative_sum(x, 1, exclusive=True)
+    out["cumulative_sum_rev"] = b.cumulative_sum(x, 2, reversed=True)
     for op in _REDUCE if floats else _REDUCE[1:]:
         out[op] = getattr(b, op)(x, axes=[2])
         out[op + "_all"] = getattr(b, op)(x)
@@ -86,6 +99,9 @@ def _op_graphs(b, dt: str) -> dict[str, object]:
     if floats:
         for op in _UNARY:
             out[op] = getattr(b, op)(x)
+        out["is_nan"] = b.cast(b.is_nan(x), dt)
+        out["conv2d"] = b.conv2d(b.reshape(x, [1, 6, 1, 8]), b.reshape(b.slice(
+            w, [0, 0], [6, 3]), [6, 1, 1, 3]), padding=[0, 0, 2, 0], groups=6)
         out["softmax"] = b.softmax(x, 2)
         out["matmul"] = b.matmul(x, w)  # batched, M > 1
         v = b.input("v", data_type=dt, shape=[1, 8])
@@ -134,6 +150,9 @@ def kernels():
     naga, why = compiler_device("wgpu")
     if naga is None:
         pytest.skip(why)
+    from test_convert_linear import STEP_OUT, _hybrid_step, _plain_gated_delta
+    from test_convert_ops import ort_model
+
     from backends.webnn import MLGraphBuilder, NotSupportedError, ml
     from backends.webnn.onnx_converter import convert, list_kv_pairs
     from backends.webnn.wgpu_impl.compiler import compile_graph
@@ -155,11 +174,18 @@ def kernels():
                         b.build({name: o})
             else:
                 b.build(outs)
-        for name in ("tiny", "tiny+f16", "tiny+f16kv", "tiny+f16+f16kv", "tiny+q4"):
+        for name in ("tiny", "tiny+f16", "tiny+f16kv", "tiny+f16+f16kv", "tiny+q4",
+                     "tiny+q4f16"):
             path = export(Workload.build(preset(name)), "standard", 24)
             pairs = list_kv_pairs(path)
             convert(path, ctx)
             convert(path, ctx, use_stateful=True, kv_cache_pairs=pairs)
+        # ORT's linear-attention contrib ops and transformers' plain-ops recurrence (the
+        # K-major gated delta kernel, q scaled in the sum form)
+        for graph in (ort_model(*_hybrid_step(), STEP_OUT)[0],
+                      ort_model(*_plain_gated_delta(), ("y", "present_state"))[0]):
+            convert(graph, ctx)
+            convert(graph, ctx, use_stateful=True, kv_cache_pairs=list_kv_pairs(graph))
     finally:
         ctx.destroy()
         mp.undo()
@@ -179,14 +205,14 @@ def kernels():
 
 
 def test_the_sweep_covers_every_kernel_knob():
-    """Every knob is swept but the two context modes, and every value swept is one the
+    """Every knob is swept but the context modes, and every value swept is one the
     options accept (KernelOptions checks each), so a new knob cannot go unvalidated."""
     import dataclasses
 
     from backends.webnn.wgpu_impl.options import KernelOptions
 
     knobs = {f.name for f in dataclasses.fields(KernelOptions)}
-    assert set(OPTION_VALUES) | {"record_ahead", "read_copy"} == knobs
+    assert set(OPTION_VALUES) | CONTEXT_MODES == knobs
     for knob, values in OPTION_VALUES.items():
         for v in values:
             KernelOptions(**{knob: v})

@@ -13,10 +13,11 @@ stateful-graph proposal (webnn issue 966; DESIGN §2, §3).
     context.reset_kv_cache(graph)
 
 Ops: input, constant, add, sub, mul, div, pow, max, min, equal, greater, greater_or_equal,
-lesser, lesser_or_equal, logical_not, sqrt, exp, log, neg, abs, sigmoid, softplus, tanh,
-relu, reciprocal, cos, sin, floor, ceil, erf, gelu, identity, where, cast, matmul, gemm,
-softmax, reduce_mean, reduce_sum, reduce_max, reduce_min, reshape, transpose, concat,
-slice, gather, expand, scatter_nd.
+lesser, lesser_or_equal, logical_not, logical_and, logical_or, is_nan, sqrt, exp, log, neg,
+abs, sigmoid, softplus, tanh, relu, reciprocal, cos, sin, floor, ceil, erf, gelu, identity,
+where, cast, matmul, gemm, softmax, reduce_mean, reduce_sum, reduce_max, reduce_min,
+cumulative_sum, reshape, transpose, concat, slice, split, gather, expand, tile, pad,
+triangular, scatter_nd, scatter_elements, conv2d.
 
 Data types: float32, int32, int64, uint32, uint8.
 
@@ -25,9 +26,13 @@ Deviations (each marked DEVIATION in the code):
 - uint8 (comparison results, where's condition) is stored as uint32 on the device.
 - MLGraphBuilder.build may be called more than once.
 - build is synchronous (the spec's Promise); so are create_tensor and read_tensor.
-- gemm is lowered to transpose/matmul/mul/add.
-- Out-of-range gather indices are clamped; out-of-range scatter_nd tuples are skipped
-  (both implementation-defined in the spec); negative ones count from the end.
+- gemm is lowered to transpose/matmul/mul/add; triangular (where with a constant mask),
+  tile (reshape/expand), pad (concat of constant blocks; "constant" mode only), split
+  (slices) and conv2d (depthwise only: pad, a strided slice times the weight per filter
+  tap, summed) are lowered at build time too (``composites.py``).
+- Out-of-range gather indices are clamped; out-of-range scatter_nd tuples and
+  scatter_elements indices are skipped (implementation-defined in the spec); negative ones
+  count from the end.
 - statebench extensions: MLGraph.inputs/outputs (the bound interface), MLGraph.in_place,
   MLGraph.device_bytes, MLContext.counters (bytes moved, ByteCounters with snapshot() and
   reset()), MLContext.gpu_time_ns / gpu_time_reason, and create_context(options=...): the

@@ -21,6 +21,7 @@ import numpy as np
 
 from backends.webnn.counters import ByteCounters
 
+from . import composites
 from . import shapes as S
 from .dtypes import DType, dtype, packed_words, to_device
 from .errors import InvalidStateError
@@ -33,6 +34,7 @@ ELEMENTWISE_UNARY = (
     "reciprocal", "cos", "sin", "floor", "ceil", "erf", "gelu", "identity",
 )
 COMPARISON = ("equal", "greater", "lesser", "lesser_or_equal", "greater_or_equal")
+LOGICAL = ("logical_and", "logical_or", "logical_not", "is_nan")
 FLOAT_ONLY = ("sqrt", "exp", "log", "sigmoid", "softplus", "tanh", "cos", "sin", "erf",
               "gelu", "reciprocal", "floor", "ceil", "softmax")
 
@@ -94,6 +96,9 @@ class MLGraphBuilder:
         context._check_alive()
         self._context = context
         self._input_names: set[str] = set()
+        #: ids of the casts rounding a widened op's float32 result to float16 (``_widened``)
+        self._narrowed: set[int] = set()
+        self._wides: dict[int, MLOperand] = {}  # float16 operand id -> its float32 widening
 
     # -- helpers ----------------------------------------------------------------------
     def _own(self, *ops: MLOperand) -> None:
@@ -111,7 +116,54 @@ class MLGraphBuilder:
             # the spec's opSupportLimits() may leave a type out of an op's list
             raise TypeError(f"{op} does not take {packed[0]._dtype.name} operands here; "
                             "only dequantizeLinear does")
+        if any(x._dtype.name == "float16" for x in inputs) and (
+                self._context._widens(op) or self._stays_wide(op, inputs)):
+            return self._widened(op, inputs, dt, shape, attrs)
         return MLOperand(self, "op", dt, shape, op=op, inputs=tuple(inputs), attrs=attrs)
+
+    def _stays_wide(self, op: str, inputs: Sequence[MLOperand]) -> bool:
+        """Whether a float16 op the context has kernels for continues a float32 chain: it
+        reads a widened op's rounded result and otherwise only constants (an attention
+        score's scale and mask value), so it reads the float32 value instead and the
+        chain stays float32 until its last op (one rounding, not one an op)."""
+        if op in ("cast", "scatter_nd", "gather", "dequantize_linear"):
+            return False
+        halves = [x for x in inputs if x._dtype.name == "float16"]
+        return (any(x._id in self._narrowed for x in halves)
+                and all(x._id in self._narrowed or x._kind == "constant" for x in halves))
+
+    def _wide(self, x: MLOperand) -> MLOperand:
+        """``x`` (float16) as float32: a widened op's float32 value before its rounding, a
+        constant widened once, a transpose or reshape of float16 data made of the widened
+        data (so a matmul still sees the transpose it folds), else a cast."""
+        f32 = dtype("float32")
+        if x._id in self._narrowed:
+            return x._inputs[0]
+        if x._id not in self._wides:  # one widening an operand (q, k, v read one row)
+            if x._kind == "constant":
+                w = MLOperand(self, "constant", f32, x._shape, value=x._value.astype(np.float32))
+            elif x._kind == "op" and x._op in ("transpose", "reshape"):
+                w = MLOperand(self, "op", f32, x._shape, op=x._op,
+                              inputs=(self._wide(x._inputs[0]),), attrs=x._attrs)
+            else:
+                w = MLOperand(self, "op", f32, x._shape, op="cast", inputs=(x,))
+            self._wides[x._id] = w
+        return self._wides[x._id]
+
+    def _widened(self, op: str, inputs: Sequence[MLOperand], dt: DType,
+                 shape: tuple[int, ...], attrs: dict[str, Any]) -> MLOperand:
+        """``op`` on float16 operands as the context runs it: in float32 between casts
+        (its float16 operands widened exactly, a float16 result rounded once at the end:
+        ``_wide``, ``_stays_wide``)."""
+        wide = tuple(self._wide(x) if x._dtype.name == "float16" else x for x in inputs)
+        f32 = dtype("float32")
+        out = MLOperand(self, "op", f32 if dt.name == "float16" else dt, shape, op=op,
+                        inputs=wide, attrs=attrs)
+        if dt.name != "float16":
+            return out
+        narrow = MLOperand(self, "op", dt, shape, op="cast", inputs=(out,))
+        self._narrowed.add(narrow._id)
+        return narrow
 
     def _dtype(self, name: str) -> DType:
         """A data type this builder's context supports (TypeError otherwise: the spec's
@@ -233,6 +285,27 @@ class MLGraphBuilder:
         if a._dtype.name != "uint8":
             raise TypeError("logical_not needs a uint8 input")
         return self._node("logical_not", (a,), a._dtype, a._shape)
+
+    def _logical(self, op: str, a: MLOperand, b: MLOperand) -> MLOperand:
+        self._own(a, b)
+        if a._dtype.name != "uint8" or b._dtype.name != "uint8":
+            raise TypeError(f"{op} needs uint8 inputs")
+        return self._node(op, (a, b), a._dtype, S.broadcast(a._shape, b._shape))
+
+    # IDL: MLOperand logicalAnd(MLOperand a, MLOperand b, optional MLOperatorOptions options = {});
+    def logical_and(self, a: MLOperand, b: MLOperand) -> MLOperand:
+        return self._logical("logical_and", a, b)
+
+    # IDL: MLOperand logicalOr(MLOperand a, MLOperand b, optional MLOperatorOptions options = {});
+    def logical_or(self, a: MLOperand, b: MLOperand) -> MLOperand:
+        return self._logical("logical_or", a, b)
+
+    # IDL: MLOperand isNaN(MLOperand a, optional MLOperatorOptions options = {});
+    def is_nan(self, a: MLOperand) -> MLOperand:
+        self._own(a)
+        if not a._dtype.is_float:
+            raise TypeError(f"is_nan needs a float input, got {a._dtype.name}")
+        return self._node("is_nan", (a,), dtype("uint8"), a._shape)
 
     # IDL: MLOperand sqrt(MLOperand input, optional MLOperatorOptions options = {});
     def sqrt(self, x: MLOperand) -> MLOperand:
@@ -492,6 +565,63 @@ class MLGraphBuilder:
             raise TypeError(f"scatter_nd updates must have shape {list(want)}")
         return self._node("scatter_nd", (x, indices, updates), x._dtype, x._shape)
 
+    # IDL: MLOperand scatterElements(MLOperand input, MLOperand indices, MLOperand updates, optional MLScatterOptions options = {});
+    def scatter_elements(self, x: MLOperand, indices: MLOperand, updates: MLOperand,
+                         axis: int = 0) -> MLOperand:
+        self._own(x, indices, updates)
+        if indices._dtype.name not in ("int32", "int64", "uint32"):
+            raise TypeError("scatter_elements indices must be int32, int64 or uint32")
+        self._same_type(x, updates)
+        ax = S.axis(axis, len(x._shape))
+        if indices._shape != updates._shape or len(indices._shape) != len(x._shape):
+            raise TypeError("scatter_elements indices and updates must have one shape, of the "
+                            "input's rank")
+        if any(d > x._shape[i] for i, d in enumerate(indices._shape) if i != ax):
+            raise TypeError("scatter_elements indices exceed the input outside the axis")
+        return self._node("scatter_elements", (x, indices, updates), x._dtype, x._shape,
+                          axis=ax)
+
+    # IDL: MLOperand cumulativeSum(MLOperand input, unsigned long axis, optional MLCumulativeSumOptions options = {});
+    def cumulative_sum(self, x: MLOperand, axis: int, *, exclusive: bool = False,
+                       reversed: bool = False) -> MLOperand:
+        self._own(x)
+        if x._dtype.wgsl not in ("f32", "f16", "i32", "u32") or x._dtype.name == "uint8":
+            raise TypeError(f"cumulative_sum does not take {x._dtype.name}")
+        return self._node("cumulative_sum", (x,), x._dtype, x._shape,
+                          axis=S.axis(axis, len(x._shape)), exclusive=bool(exclusive),
+                          reversed=bool(reversed))
+
+    # -- ops lowered to others at build time (composites.py: the spec's own decompositions) --
+    # IDL: MLOperand triangular(MLOperand input, optional MLTriangularOptions options = {});
+    def triangular(self, x: MLOperand, *, upper: bool = True, diagonal: int = 0) -> MLOperand:
+        """DEVIATION: lowered to ``where`` with a constant mask."""
+        return composites.triangular(self, x, upper, diagonal)
+
+    # IDL: MLOperand tile(MLOperand input, sequence<unsigned long> repetitions, optional MLOperatorOptions options = {});
+    def tile(self, x: MLOperand, repetitions: Sequence[int]) -> MLOperand:
+        """DEVIATION: lowered to reshape/expand/reshape."""
+        return composites.tile(self, x, repetitions)
+
+    # IDL: MLOperand pad(MLOperand input, sequence<[EnforceRange] unsigned long> beginningPadding, sequence<[EnforceRange] unsigned long> endingPadding, optional MLPadOptions options = {});
+    def pad(self, x: MLOperand, beginning_padding: Sequence[int], ending_padding: Sequence[int],
+            *, mode: str = "constant", value: float = 0) -> MLOperand:
+        """DEVIATION: lowered to concat with constant blocks; "constant" mode only."""
+        return composites.pad(self, x, beginning_padding, ending_padding, mode, value)
+
+    # IDL: sequence<MLOperand> split(MLOperand input, (unsigned long or sequence<unsigned long>) splits, optional MLSplitOptions options = {});
+    def split(self, x: MLOperand, splits: int | Sequence[int], axis: int = 0) -> list[MLOperand]:
+        """Lowered to slices."""
+        return composites.split(self, x, splits, axis)
+
+    # IDL: MLOperand conv2d(MLOperand input, MLOperand filter, optional MLConv2dOptions options = {});
+    def conv2d(self, x: MLOperand, filter: MLOperand, *,
+               padding: Sequence[int] = (0, 0, 0, 0), strides: Sequence[int] = (1, 1),
+               dilations: Sequence[int] = (1, 1), groups: int = 1,
+               bias: MLOperand | None = None) -> MLOperand:
+        """DEVIATION: depthwise only (``groups`` = input channels = output channels, layouts
+        "nchw" and "oihw"), lowered to pad, strided slices, mul and add per filter tap."""
+        return composites.conv2d(self, x, filter, padding, strides, dilations, groups, bias)
+
     # -- build ---------------------------------------------------------------------------
     # IDL: Promise<MLGraph> build(MLNamedOperands outputs, optional MLBuildOptions options = {});
     def build(self, outputs: Mapping[str, MLOperand], *, use_stateful: bool = False,
@@ -750,6 +880,11 @@ class MLContext:
     def _unsupported(self, dt: DType) -> str:
         """Why this context cannot hold tensors of ``dt`` ("" if it can)."""
         return ""
+
+    def _widens(self, op: str) -> bool:
+        """Whether this context runs ``op`` on float16 operands in float32 between casts
+        (``MLGraphBuilder._widened``) rather than in float16 kernels of its own."""
+        return False
 
     def _create_tensor(self, dt: DType, shape: tuple[int, ...], readable: bool,
                        writable: bool) -> MLTensor:

@@ -21,10 +21,6 @@ NEW_TOKENS = re.compile(r"^(sequence_length|seq_len|sequence|seq|seqlen|query_le
                         r"input_sequence_length|num_tokens|tokens)$", re.IGNORECASE)
 
 
-#: names of widths, never lengths, whatever else they say (``kv_cache_dim``, ``head_size``)
-_WIDTH = re.compile(r"(^|_)(dim|head|heads|head_size|head_dim|hidden|hidden_size)$")
-
-
 @dataclass(frozen=True)
 class PinnedDim:
     """One symbol's value and the rule that gave it."""
@@ -50,11 +46,9 @@ def _by_name(name: str, capacity: int) -> PinnedDim | None:
         return PinnedDim(int(name), "a number")
     if "batch" in low:
         return PinnedDim(1, "batch 1")
-    if _WIDTH.search(low):  # a head's or cache row's width (genai's kv_cache_dim), not a length
-        return None
     if "total" in low:
         return PinnedDim(capacity + 1, "past + 1 new token")
-    if "past" in low or "cache" in low:
+    if ("past" in low or "cache" in low) and "dim" not in low:  # not genai's kv_cache_dim
         return PinnedDim(capacity, "past = capacity")
     if NEW_TOKENS.match(name):
         return PinnedDim(1, "one new token")
@@ -147,45 +141,16 @@ def _conv_windows(model: onnx.ModelProto, names: list[str],
 def _attention_widths(model: onnx.ModelProto, known: Mapping[str, int],
                       names: list[str]) -> dict[str, PinnedDim]:
     """Symbols on the last axis of a GroupQueryAttention's past (genai's ``kv_cache_dim``):
-    its head size, the query's width (from ONNX shape inference on the pinned graph) over
-    its heads."""
-    gqa = [n for n in model.graph.node
-           if n.domain == "com.microsoft" and n.op_type == "GroupQueryAttention"]
-    if not gqa:
-        return {}
+    its head size traced from the projection feeding the node (``past_head_sizes``)."""
     inputs = {i.name: i for i in model.graph.input}
-    light = pin(without_weights(model), known, copy=False)
-    try:
-        inferred = onnx.shape_inference.infer_shapes(light)
-    except Exception:  # noqa: BLE001 - a graph shape inference cannot take: nothing learned
-        return {}
-    shapes = {v.name: [d.dim_value if d.HasField("dim_value") else None
-                       for d in v.type.tensor_type.shape.dim]
-              for v in [*inferred.graph.value_info, *inferred.graph.input]}
-    producer = {o: n for n in model.graph.node for o in n.output}
-    weights = {t.name: list(t.dims) for t in model.graph.initializer}
-
-    def width_of(name: str) -> int | None:
-        """The last dim inferred, else the columns of the MatMul weight that made it."""
-        last = (shapes.get(name) or [None])[-1]
-        node = producer.get(name)
-        if last or node is None or node.op_type != "MatMul" or node.input[1] not in weights:
-            return last
-        return weights[node.input[1]][-1]
-
-    out: dict[str, PinnedDim] = {}
-    for n in gqa:
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
-        width = width_of(n.input[0])
-        past = inputs.get(n.input[3]) if len(n.input) > 3 else None
-        if not width or past is None:
-            continue
-        packed = len(n.input) < 2 or not n.input[1]
-        heads = attrs["num_heads"] + (2 * attrs["kv_num_heads"] if packed else 0)
-        last = past.type.tensor_type.shape.dim[-1]
-        if last.HasField("dim_param") and last.dim_param in names and last.dim_param not in known:
-            out[last.dim_param] = PinnedDim(width // heads, "GroupQueryAttention head size")
-    return out
+    sizes: dict[str, set[int]] = {}
+    for past, size in past_head_sizes(model).items():
+        last = inputs[past].type.tensor_type.shape.dim[-1] if past in inputs else None
+        if last is not None and last.dim_param in names and last.dim_param not in known:
+            sizes.setdefault(last.dim_param, set()).add(size)
+    # one symbol whose layers disagree (a hybrid's) stays symbolic: the converter names it
+    return {s: PinnedDim(v.pop(), "GroupQueryAttention head size")
+            for s, v in sizes.items() if len(v) == 1}
 
 
 def without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -217,4 +182,55 @@ def pin(model: onnx.ModelProto, dims: Mapping[str, int], *, copy: bool = True) -
         for d in vi.type.tensor_type.shape.dim:
             if d.HasField("dim_param") and d.dim_param in dims:
                 d.dim_value = int(dims[d.dim_param])
+    return out
+
+
+def _width(name: str, producers: Mapping[str, onnx.NodeProto],
+           inits: Mapping[str, onnx.TensorProto]) -> int | None:
+    """The last dimension of ``name`` traced back through the projection that makes it:
+    a MatMul by a weight (its last dim), MatMulNBits (N), a Split of one by constant sizes,
+    and ops that keep the width (bias Add, Cast, Identity); None where the trace ends."""
+    for _ in range(16):
+        node = producers.get(name)
+        if node is None:
+            return None
+        if node.op_type == "MatMul" and node.input[1] in inits:
+            return int(inits[node.input[1]].dims[-1])
+        if node.op_type == "MatMulNBits":
+            return next((int(a.i) for a in node.attribute if a.name == "N"), None)
+        if node.op_type == "Split":
+            sizes = (onnx.numpy_helper.to_array(inits[node.input[1]]).tolist()
+                     if len(node.input) > 1 and node.input[1] in inits else
+                     next((list(a.ints) for a in node.attribute if a.name == "split"), None))
+            return int(sizes[list(node.output).index(name)]) if sizes else None
+        if node.op_type not in ("Add", "Cast", "Identity"):
+            return None
+        name = node.input[0]
+    return None
+
+
+def past_head_sizes(model: onnx.ModelProto) -> dict[str, int]:
+    """past input -> its head size, for each GroupQueryAttention past: a symbol cannot give
+    it (genai names it ``kv_cache_dim`` in every layer, though a hybrid's layers differ), the
+    projection feeding the node can: value width / kv_num_heads, or a packed query's width /
+    (num_heads + 2 kv_num_heads)."""
+    g = model.graph
+    producers = {o: n for n in g.node for o in n.output}
+    inits = {t.name: t for t in g.initializer}
+    inits.update({n.output[0]: a.t for n in g.node if n.op_type == "Constant"
+                  for a in n.attribute if a.name == "value"})  # exporters' constants as nodes
+    out: dict[str, int] = {}
+    for n in g.node:
+        if n.op_type != "GroupQueryAttention" or len(n.input) < 5:
+            continue
+        attrs = {a.name: a.i for a in n.attribute}
+        heads, kv = attrs.get("num_heads", 0), attrs.get("kv_num_heads", 0)
+        if not kv:
+            continue
+        value = _width(n.input[2], producers, inits) if n.input[2] else None
+        packed = None if n.input[2] else _width(n.input[0], producers, inits)
+        size = (value // kv if value else
+                packed // (heads + 2 * kv) if packed and heads else None)
+        if size:
+            out.update({n.input[3]: size, n.input[4]: size})
     return out

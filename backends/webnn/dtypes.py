@@ -90,13 +90,18 @@ def dtype(name: str) -> DType:
         ) from None
 
 
+_INT32 = np.iinfo(np.int32)
+
+
 def to_device(value, dt: DType, count: int) -> np.ndarray:
     """Convert host data to the device representation, checking size and int64 range."""
     arr = np.asarray(value)
     if arr.size != count:
         raise TypeError(f"data has {arr.size} elements, the tensor has {count}")
     if dt.name == "int64" or (dt.name == "uint8" and arr.dtype.kind in "iu"):
-        if arr.size and (arr.min() < np.iinfo(np.int32).min or arr.max() > np.iinfo(np.int32).max):
+        lo, hi = (arr.item(),) * 2 if arr.size == 1 else (
+            (arr.min(), arr.max()) if arr.size else (0, 0))  # a token, a position: no reductions
+        if lo < _INT32.min or hi > _INT32.max:
             raise DataError("int64 value outside the int32 range stored on the device")
     host = arr.astype(dt.host, copy=False)
     return np.ascontiguousarray(host.astype(dt.device_np, copy=False)).reshape(-1)

@@ -11,9 +11,22 @@ both modules, so the implementation takes them from ``wgpu``. See docs/dawn.md.
 from __future__ import annotations
 
 import importlib
+import operator
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
+
+
+class PassCalls(NamedTuple):
+    """A compute pass's three hot calls, the NULL for no dynamic offsets, and what they
+    take in place of an object (its C handle, or the object itself for wgpu-py's methods)."""
+
+    set_pipeline: Callable[..., Any]  # (pass, pipeline)
+    set_bind_group: Callable[..., Any]  # (pass, index, bind group, 0, null)
+    dispatch: Callable[..., Any]  # (pass, x, y, z)
+    null: Any
+    handle: Callable[[Any], Any]
 
 
 @dataclass(frozen=True)
@@ -34,6 +47,10 @@ class Engine:
     #: its ``map_sync`` submits an empty command buffer before a read map (wgpu-py's
     #: workaround for wgpu-native#305; wgpudawn's does not), counted by the context
     submits_before_map: bool = False
+    #: its Python package waits for the device in a thread of its own and wakes the caller
+    #: (wgpu-py's ``PollThread``), so a read map may block in the caller's poll instead
+    #: (``staging.MapHow``); Dawn's waits in the caller already
+    poll_thread: bool = False
     #: device toggles turned off (Dawn): timestamp quantization, which Chrome keeps on for
     #: pages and which would round every GPU time to Dawn's quantum
     disable_toggles: tuple[str, ...] = ()
@@ -48,6 +65,24 @@ class Engine:
         api = self.api()
         native = importlib.import_module(f"{self.module}.backends.{self.native}")
         return f"{self.module} {api.__version__} / {self.implementation} {native.__version__}"
+
+    def pass_calls(self, direct: bool = True) -> PassCalls:
+        """A compute pass's hot path. ``direct``: the engine's own C functions, called on
+        the objects' handles. wgpu-py's methods wrap each call in an error scope
+        (wgpu-native) and build a dynamic-offsets array per bind group: most of a launch's
+        encoding cost, paid ~170 times a decode step. A pass command's error is kept by
+        the pass and reported when it ends, which still goes through wgpu-py."""
+        if not direct:
+            return PassCalls(lambda cp, pipe: cp.set_pipeline(pipe),
+                             lambda cp, i, bg, _n, _null: cp.set_bind_group(i, bg),
+                             lambda cp, x, y, z: cp.dispatch_workgroups(x, y, z),
+                             None, lambda obj: obj)
+        ffi = importlib.import_module(f"{self.module}.backends.{self.native}._ffi")
+        lib = ffi.lib
+        return PassCalls(lib.wgpuComputePassEncoderSetPipeline,
+                         lib.wgpuComputePassEncoderSetBindGroup,
+                         lib.wgpuComputePassEncoderDispatchWorkgroups, ffi.ffi.NULL,
+                         operator.attrgetter("_internal"))
 
     def request_adapter(self, power_preference: str = "high-performance") -> Any:
         """The engine's adapter; raises where the engine or a driver fails."""
@@ -66,7 +101,7 @@ class Engine:
 ENGINES: dict[str, Engine] = {
     "wgpu": Engine("wgpu", "wgpu-native", "wgpu", "wgpu_native", "naga", "subgroup",
                    "timestamp-query-inside-passes", enable_subgroups=False,
-                   submits_before_map=True),
+                   submits_before_map=True, poll_thread=True),
     "dawn": Engine("dawn", "Dawn", "wgpudawn", "dawn", "Tint", "subgroups",
                    "chromium-experimental-timestamp-query-inside-passes", enable_subgroups=True,
                    disable_toggles=("timestamp_quantization",)),

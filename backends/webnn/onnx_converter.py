@@ -688,7 +688,8 @@ def _flatten(c: _Converter, node, attrs):
 def _unsqueeze(c: _Converter, node, attrs):
     x = c.operand(node.input[0])
     s = list(c._shape(x))
-    axes = c.const_input(node, 1, "axes").tolist() if c.opset >= 13 else attrs["axes"]
+    axes = (c.const_input(node, 1, "axes").reshape(-1).tolist() if c.opset >= 13
+            else attrs["axes"])  # ORT takes a scalar as one axis
     rank = len(s) + len(axes)
     for a in sorted(int(a) % rank for a in axes):
         s.insert(a, 1)
@@ -700,7 +701,8 @@ def _squeeze(c: _Converter, node, attrs):
     x = c.operand(node.input[0])
     s = c._shape(x)
     if c.opset >= 13:
-        axes = c.const_input(node, 1, "axes").tolist() if len(node.input) > 1 and node.input[1] else None
+        axes = (c.const_input(node, 1, "axes").reshape(-1).tolist()
+                if len(node.input) > 1 and node.input[1] else None)
     else:
         axes = attrs.get("axes")
     drop = {int(a) % len(s) for a in axes} if axes is not None else {i for i, d in enumerate(s) if d == 1}
@@ -798,9 +800,11 @@ def _gather(c: _Converter, node, attrs):
 @_op("Cast")
 def _cast(c: _Converter, node, attrs):
     to = attrs["to"]
-    if to not in _ONNX_TO_WEBNN or to == onnx.TensorProto.BOOL:
+    if to not in _ONNX_TO_WEBNN:
         raise ConversionError(f"Cast to {onnx.TensorProto.DataType.Name(to)} is not supported")
     x = c.operand(node.input[0])
+    if to == onnx.TensorProto.BOOL:  # bool is uint8 0 or 1: x != 0
+        return c.builder.logical_not(c.builder.equal(x, c.scalar_like(0, x)))
     if c._dtype(x) == _ONNX_TO_WEBNN[to]:
         return x
     return c.builder.cast(x, _ONNX_TO_WEBNN[to])
@@ -845,6 +849,8 @@ def _dequantize_linear(c: _Converter, node, attrs):
     return c.builder.dequantize_linear(x, scale, zp)
 
 
+from . import convert_ops  # noqa: E402,F401,I001  (registers its handlers)
+from . import convert_linear  # noqa: E402,F401,I001  (registers its handlers)
 from . import convert_attention  # noqa: E402,F401  (registers its handlers)
 
 SUPPORTED_OPS = frozenset(_HANDLERS) | frozenset({"Range", "ConstantOfShape"})

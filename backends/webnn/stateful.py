@@ -35,12 +35,13 @@ from ._classes import (
     COMPARISON,
     ELEMENTWISE_BINARY,
     ELEMENTWISE_UNARY,
+    LOGICAL,
     MLKVCachePair,
     MLOperand,
 )
 
 SAME_INDEX_OPS = set(ELEMENTWISE_BINARY) | set(ELEMENTWISE_UNARY) | set(COMPARISON) | {
-    "where", "cast", "logical_not"}
+    "where", "cast"} | set(LOGICAL)
 
 
 def root(o: MLOperand) -> MLOperand:

@@ -55,10 +55,13 @@ def add_backends(parser: argparse.ArgumentParser, default: str = DEFAULT_BACKEND
                              "see `statebench backends`")
 
 
-def add_preset(parser: argparse.ArgumentParser, default: str = "small") -> None:
+def add_preset(parser: argparse.ArgumentParser, default: str = "small",
+               or_model: bool = False) -> None:
+    """--preset; ``or_model``: the flag is left None when not given, so a command that also
+    takes --model can tell the two apart (the default then applies without --model)."""
     from model.workload import preset_names
 
-    parser.add_argument("--preset", default=default,
+    parser.add_argument("--preset", default=None if or_model else default,
                         help=f"model preset: {preset_names()} (default {default})")
 
 

@@ -9,22 +9,33 @@ import json
 import numpy as np
 
 from backends.base import registry
-from backends.webnn.onnx_converter import ConversionError, list_kv_pairs
+from backends.webnn.onnx_converter import ConversionError
 from harness.commands.base import Command
 from harness.commands.common_args import add_model_argument
-from harness.model_info import load_model, model_file
+from harness.model_info import model_file
+from harness.model_run import UserModel, backend_for
 from model.errors import UserError
 
 
-def parse_prompt(text: str) -> list[int]:
-    """``1,2,3`` -> [1, 2, 3] (the --prompt flag): non-negative token ids, at least one."""
+def parse_prompt(text: str, flag: str = "--prompt") -> list[int]:
+    """``1,2,3`` -> [1, 2, 3] (the --prompt and --expect-tokens flags): non-negative token
+    ids, at least one."""
     try:
         ids = [int(t) for t in text.split(",")]
     except ValueError:
-        raise UserError(f"--prompt: {text!r} is not a comma-separated list of token ids") from None
+        raise UserError(f"{flag}: {text!r} is not a comma-separated list of token ids") from None
     if any(i < 0 for i in ids):
-        raise UserError(f"--prompt: {text!r} has a negative token id")
+        raise UserError(f"{flag}: {text!r} has a negative token id")
     return ids
+
+
+def token_diff(got: list[int], want: list[int]) -> str:
+    """"" when the greedy tokens are the expected ones, else one line saying where they part."""
+    if got == want:
+        return ""
+    at = next(i for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b)
+    return (f"tokens differ from --expect-tokens at new token {at}: got "
+            f"{','.join(map(str, got))}, expected {','.join(map(str, want))}")
 
 
 def generate(model, prompt: list[int], max_new_tokens: int, backend: str) -> list[int]:
@@ -32,16 +43,15 @@ def generate(model, prompt: list[int], max_new_tokens: int, backend: str) -> lis
     backends = registry()
     if backend not in backends:
         raise UserError(f"unknown backend {backend!r}; accepted: {', '.join(sorted(backends))}")
-    path = model_file(model)
-    try:
-        list_kv_pairs(load_model(path))  # bad names and bad pairs: one line before any backend
-    except ConversionError as exc:
-        raise UserError(f"{path}: {exc}") from None
-    cls = backends[backend]
+    user = model if isinstance(model, UserModel) else UserModel.load(model)
+    path, cls = user.path, backends[backend]
+    why = user.refusal(cls)
+    if why:
+        raise UserError(f"{backend} cannot run {path}: {why}")
     ok, why = cls.available()
     if not ok:
         raise UserError(f"{backend} is unavailable: {why}")
-    b = cls(model=path) if backend.startswith("ort-") else cls(onnx_path=path)
+    b = backend_for(cls, path, user.hand_pairs)
     try:
         b.prepare(None, len(prompt) + max_new_tokens)
     except (RuntimeError, ConversionError, UserError) as exc:
@@ -56,6 +66,9 @@ def generate(model, prompt: list[int], max_new_tokens: int, backend: str) -> lis
             if len(tokens) < max_new_tokens:
                 logits = b.step(tokens[-1])
         return tokens
+    except Exception as exc:  # noqa: BLE001 - the runtime's own reason, in one line
+        raise UserError(f"{backend} failed on {path} at position {b.position}: "
+                        f"{' '.join(str(exc).split())}") from None
     finally:
         b.close()
 
@@ -68,15 +81,26 @@ class Generate(Command):
     def setup_arguments(cls, p) -> None:
         add_model_argument(p)
         p.add_argument("--prompt", required=True, help="token ids, comma-separated")
-        p.add_argument("--max-new-tokens", type=int, default=8)
+        p.add_argument("--max-new-tokens", type=int, default=None,
+                       help="new tokens to decode (default 8, or as many as --expect-tokens)")
         p.add_argument("--backend", default="ort-cpu:copy")
         p.add_argument("--format", choices=("text", "json"), default="text")
+        p.add_argument("--expect-tokens", default=None,
+                       help="token ids the greedy decoding must give (e.g. the source model's); "
+                            "exit 1 with a one-line diff where they differ")
 
     @classmethod
     def run_from_args(cls, args, console, err_console) -> int:
+        prompt = parse_prompt(args.prompt)
+        want = (parse_prompt(args.expect_tokens, "--expect-tokens")
+                if args.expect_tokens is not None else None)
+        if args.max_new_tokens is None:
+            args.max_new_tokens = 8 if want is None else len(want)
         if args.max_new_tokens < 1:
             raise UserError(f"--max-new-tokens must be at least 1, not {args.max_new_tokens}")
-        prompt = parse_prompt(args.prompt)
+        if want is not None and len(want) != args.max_new_tokens:
+            raise UserError(f"--expect-tokens has {len(want)} tokens but --max-new-tokens is "
+                            f"{args.max_new_tokens}")
         tokens = generate(args.model, prompt, args.max_new_tokens, args.backend)
         if args.format == "json":
             text = json.dumps({"prompt": prompt, "tokens": tokens, "backend": args.backend})
@@ -84,4 +108,9 @@ class Generate(Command):
             text = (f"model: {model_file(args.model)}\nbackend: {args.backend}\n"
                     f"tokens: {','.join(map(str, tokens))}")
         console.print(text, markup=False, highlight=False, soft_wrap=True)
+        diff = token_diff(tokens, want) if want is not None else ""
+        if diff:
+            err_console.print(f"statebench: {diff}", markup=False, highlight=False,
+                              soft_wrap=True)
+            return 1
         return 0

@@ -8,8 +8,24 @@ from backends.base import select
 from harness import report, runner
 from harness.commands import common_args
 from harness.commands.base import Command
+from harness.commands.generate import generate, parse_prompt, token_diff
+from harness.model_info import parse_pairs
+from harness.model_run import REFERENCE, REFERENCE_BACKEND, UserModel
 from harness.results import ResultsFile
+from model.errors import UserError
 from model.workload import preset
+
+
+def greedy_check(user: UserModel, args, err_console) -> bool:
+    """--expect-tokens: the reference's greedy tokens after --prompt; True (and one line
+    said) where they are not the expected ones."""
+    want = parse_prompt(args.expect_tokens, "--expect-tokens")
+    got = generate(user, parse_prompt(args.prompt), len(want), REFERENCE_BACKEND)
+    diff = token_diff(got, want)
+    if diff:
+        err_console.print(f"statebench: the reference ({REFERENCE}): {diff}; nothing measured",
+                          markup=False, highlight=False, soft_wrap=True)
+    return bool(diff)
 
 
 class Run(Command):
@@ -18,7 +34,18 @@ class Run(Command):
 
     @classmethod
     def setup_arguments(cls, p: argparse.ArgumentParser) -> None:
-        common_args.add_preset(p)
+        common_args.add_preset(p, or_model=True)
+        p.add_argument("--model", default=None,
+                       help="a model statebench did not write, in place of --preset: an .onnx "
+                            "file, or a folder holding model.onnx or decode.onnx")
+        p.add_argument("--pairs", default=None,
+                       help="with --model: cache pairs named by hand, INPUT=OUTPUT,... (where "
+                            "no naming rule matches)")
+        p.add_argument("--prompt", default=None,
+                       help="with --model and --expect-tokens: token ids, comma-separated")
+        p.add_argument("--expect-tokens", default=None,
+                       help="with --model: the greedy tokens the reference (ORT CPU) must give "
+                            "after --prompt, checked before the sweep; exit 1 where they differ")
         common_args.add_backends(p)
         p.add_argument("--contexts", default=runner.DEFAULT_CONTEXTS,
                        help=f"comma list of depths L to decode at (default {runner.DEFAULT_CONTEXTS})")
@@ -55,16 +82,35 @@ class Run(Command):
 
     @classmethod
     def run_from_args(cls, args, console, err_console) -> int:
-        preset(args.preset)  # validate before anything slow
+        model_flags = [f for f, v in (("--pairs", args.pairs), ("--prompt", args.prompt),
+                                      ("--expect-tokens", args.expect_tokens)) if v is not None]
+        if args.model is not None and args.preset is not None:
+            raise UserError("--model and --preset name two workloads; give one")
+        if args.model is None and model_flags:
+            raise UserError(f"{model_flags[0]} needs --model")
+        if (args.prompt is None) != (args.expect_tokens is None):
+            raise UserError("--prompt and --expect-tokens go together")
+        name, user = args.preset or "small", None
+        if args.model is None:
+            preset(name)  # validate before anything slow
+        else:
+            user = UserModel.load(args.model, parse_pairs(args.pairs))
+            name = f"model-{user.name}"
         rc = runner.RunConfig(
-            preset=args.preset, backends=select(args.backends),
+            preset=name, model=args.model, pairs=parse_pairs(args.pairs),
+            backends=select(args.backends),
             contexts=runner.parse_contexts(args.contexts), steps=args.steps, warmup=args.warmup,
             warm_s=args.warm_s, repeat=args.repeat,
             capacity=args.capacity, seed=args.seed, inprocess=args.inprocess,
             calibrate=args.calibrate, timeout_s=float(args.point_timeout),
             command=cls.command_line(),
         )
-        out = ResultsFile(args.out or runner.default_out(args.preset), force=args.force,
+        if user is not None and args.expect_tokens is not None:
+            # the sweep's positions first: a context beyond the model is refused before this
+            user.check_positions(max(rc.contexts) + rc.warmup + rc.steps - 1)
+            if greedy_check(user, args, err_console):
+                return 1
+        out = ResultsFile(args.out or runner.default_out(name), force=args.force,
                           make_parent=not args.out)
         return cls.run(rc, out, console, err_console)
 

@@ -53,6 +53,13 @@ def expression(op: str, in_types: Sequence[str], out_type: str) -> str:
         return "a0"
     if op == "logical_not":
         return "select(0u, 1u, a0 == 0u)"
+    if op == "logical_and":
+        return "select(0u, 1u, a0 != 0u && a1 != 0u)"
+    if op == "logical_or":
+        return "select(0u, 1u, a0 != 0u || a1 != 0u)"
+    if op == "is_nan":  # on the bits: a compiler may fold a0 != a0 to false
+        x = "a0" if in_types[0] == "f32" else "f32(a0)"
+        return f"select(0u, 1u, (bitcast<u32>({x}) & 0x7fffffffu) > 0x7f800000u)"
     if op == "where":
         return "select(a2, a1, a0 != 0u)"
     if op == "cast":

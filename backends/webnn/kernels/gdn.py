@@ -45,8 +45,11 @@ def gated_delta(batch: Sequence[int], dv: int, dk: int, *, k_strides: Sequence[i
                 decay_strides: Sequence[int], delta: Chain, out_chain: Chain | None,
                 in_place: bool, guarded: bool = False, lanes: int = 32, wg: int = 256,
                 subgroup: int | None = None, k_eps: float | None = None,
-                q_eps: float | None = None) -> Kernel:
-    """The kernel for a state of ``batch`` heads × (dv, dk), rows of dk contiguous values.
+                q_eps: float | None = None, k_major: bool = False,
+                q_scale: float = 1.0) -> Kernel:
+    """The kernel for a state of ``batch`` heads × (dv, dk), rows of dk contiguous values;
+    ``k_major``: each head's state stored (dk, dv) instead (ORT LinearAttention's layout):
+    a row's values dv apart, read as scalars.
 
     ``k_strides``/``q_strides``/``decay_strides``: per batch axis, the element offset of a
     head's k and q vectors (dk long) and of its decay in the decay chain's root (0 on
@@ -58,10 +61,11 @@ def gated_delta(batch: Sequence[int], dv: int, dk: int, *, k_strides: Sequence[i
     delta's and the output chain's leaves, the new state (rw), the output (batch, dv, 1)
     (rw), the capacity status when ``guarded`` (nothing is written when it is set).
     ``k_eps``/``q_eps``: k / q are read raw and L2-normalised here with that epsilon.
+    ``q_scale``: q's constant factor (a graph that scales q before the output product).
     """
     heads = S.size(batch)
     rows = heads * dv
-    vw = 4 if dk % 4 == 0 else 1
+    vw = 4 if dk % 4 == 0 and not k_major else 1
     vt = "vec4<f32>" if vw == 4 else "f32"
     words = dk // vw
     lanes = min(lanes, 1 << (words.bit_length() - 1))  # a power of two, at most the row
@@ -137,6 +141,8 @@ def gated_delta(batch: Sequence[int], dv: int, dk: int, *, k_strides: Sequence[i
     kk = f"1.0 / sqrt(ks.y + {lit(k_eps)})" if k_eps is not None else "1.0"
     qq = f"1.0 / sqrt(ks.z + {lit(q_eps)})" if q_eps is not None else "1.0"
     dot_k = "ks.x" if norms else "ks"
+    sidx = f"sw + w * {dv}u" if k_major else "sw + w"
+    scale = f" * {lit(q_scale)}" if q_scale != 1.0 else ""
     src += f"""
 @compute @workgroup_size({wg})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
@@ -148,14 +154,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let b = row / {dv}u;
   let kw = kb(b) / {vw}u;
   let qw = qb(b) / {vw}u;
-  let sw = row * {words}u;
+  let sw = {f"b * {dk * dv}u + row % {dv}u" if k_major else f"row * {words}u"};
   let g = {call("g_", "gb(b)", "")};
   var sv: array<{vt}, {per_lane}>;
   var acc = {st1}(0.0);
   for (var j = 0u; j < {per_lane}u; j = j + 1u) {{
     let w = t + j * {lanes}u;
     {test}{{
-      sv[j] = {old}[sw + w];
+      sv[j] = {old}[{sidx}];
       let kv = k[kw + w];
 {q_load}{first}    }}
   }}
@@ -168,11 +174,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let w = t + j * {lanes}u;
     {test}{{
       let nw = g * sv[j] + dk_ * k[kw + w];
-      if (ok) {{ st[sw + w] = nw; }}
+      if (ok) {{ st[{sidx}] = nw; }}
       acc2 = acc2 + {dot.format("nw", "q[qw + w]")};
     }}
   }}
-{total("acc2", "o2", True)}  let os = o2 * iq;
+{total("acc2", "o2", True)}  let os = o2 * iq{scale};
   if (ok && t == 0u) {{ y[row] = {out_val}; }}
 }}
 """

@@ -283,11 +283,12 @@ def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequenc
 
 
 def gemv_tail(use_sub: bool, lanes: int, index: str, count: int, residual: bool,
-              splits: Sequence[int] | None) -> str:
+              splits: Sequence[int] | None, half: bool = False) -> str:
     """The end of a rows gemv kernel: the ``lanes`` partial sums ``acc`` of row ``n``
     combined (``subgroupAdd``, else workgroup memory ``sh``) and written by lane 0: to
     ``out[index]`` (plus ``res[index]`` when ``residual``) for n < ``count``, or with
-    ``splits`` to ``out{j}[n - start]`` of the stacked matrix n falls in."""
+    ``splits`` to ``out{j}[n - start]`` of the stacked matrix n falls in. ``half``: ``res``
+    and ``out`` are float16, the sum float32, rounded once as it is written."""
     if use_sub:
         src = "  let s = subgroupAdd(acc);\n"
     else:
@@ -295,7 +296,9 @@ def gemv_tail(use_sub: bool, lanes: int, index: str, count: int, residual: bool,
                f"  if (t == 0u) {{\n    for (var j = 0u; j < {lanes}u; j = j + 1u) "
                "{ s = s + sh[lid + j]; }\n  }\n")
     if not splits:
-        val = f"s + res[{index}]" if residual else "s"
+        val = (f"s + {'f32(res[{index}])' if half else 'res[{index}]'}".format(index=index)
+               if residual else "s")
+        val = f"f16({val})" if half else val
         return src + f"  if (t == 0u && n < {count}u) {{ out[{index}] = {val}; }}\n}}\n"
     src += "  if (t == 0u) {\n"
     start = 0

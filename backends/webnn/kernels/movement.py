@@ -10,15 +10,25 @@ from .common import Kernel, decl, esize, grid, main_1d, offset_fn
 
 
 def strided_copy(t: str, region: Sequence[int], src_base: int, src_strides: Sequence[int],
-                 dst_base: int, dst_strides: Sequence[int], name: str = "copy") -> Kernel:
-    """dst[dst_base + c·dst_strides] = src[src_base + c·src_strides] for c in region."""
+                 dst_base: int, dst_strides: Sequence[int], name: str = "copy", *,
+                 guarded: bool = False) -> Kernel:
+    """dst[dst_base + c·dst_strides] = src[src_base + c·src_strides] for c in region.
+    ``guarded``: write nothing if the stateful capacity check failed (a state written in
+    place by a slice, as a conv window's next window; bound third)."""
     n = S.size(region)
     gx, gy, gz = grid(n)
     src = decl(0, "x", t, "read") + decl(1, "out", t, "rw")
+    bindings = ["read", "rw"]
+    if guarded:
+        src += decl(2, "status", "u32", "read")
+        bindings.append("read")
     src += offset_fn("soff", region, src_strides, src_base)
     src += offset_fn("doff", region, dst_strides, dst_base)
-    src += main_1d(gx) + f"  if (i >= {n}u) {{ return; }}\n  out[doff(i)] = x[soff(i)];\n}}\n"
-    return Kernel(name, src, ["read", "rw"], (gx, gy, gz), 2 * esize(t) * n)
+    src += main_1d(gx) + f"  if (i >= {n}u) {{ return; }}\n"
+    if guarded:
+        src += "  if (status[0] != 0u) { return; }\n"
+    src += "  out[doff(i)] = x[soff(i)];\n}\n"
+    return Kernel(name, src, bindings, (gx, gy, gz), 2 * esize(t) * n)
 
 
 def copy_vec4(n: int, wg: int = 256, itemsize: int = 4) -> Kernel:
@@ -152,3 +162,28 @@ def capacity_check(checks: Sequence[tuple[str, Sequence[int], Sequence[int]]],
         src += "  }\n"
     src += "  status[0] = bad;\n}\n"
     return Kernel("capacity_check", src, ["rw"] + ["read"] * nbuf, (1, 1, 1), reads)
+
+
+def scatter_elements(t: str, it: str, in_shape: Sequence[int], idx_shape: Sequence[int],
+                     axis: int) -> Kernel:
+    """out[.., idx[e], ..] = updates[e] for each element ``e`` of ``indices``, its other
+    coordinates its own (``out`` already holds the input, copied before). Negative
+    indices count from the end; ones still out of range are skipped (the spec leaves them
+    implementation-defined)."""
+    n = S.size(idx_shape)
+    gx, gy, gz = grid(n)
+    ost = S.strides(in_shape)
+    src = decl(0, "idx", it, "read") + decl(1, "upd", t, "read") + decl(2, "out", t, "rw")
+    src += main_1d(gx) + f"  if (i >= {n}u) {{ return; }}\n  var r = i;\n  var o = 0u;\n"
+    for ax in range(len(idx_shape) - 1, -1, -1):
+        d = idx_shape[ax]
+        if ax == axis:
+            src += (f"  var k = i32(idx[i]);\n  if (k < 0) {{ k = k + {in_shape[ax]}; }}\n"
+                    f"  if (k < 0 || k >= {in_shape[ax]}) {{ return; }}\n"
+                    f"  o = o + u32(k) * {ost[ax]}u;\n")
+        else:
+            src += f"  o = o + (r % {d}u) * {ost[ax]}u;\n"
+        src += f"  r = r / {d}u;\n"
+    src += "  out[o] = upd[i];\n}\n"
+    return Kernel("scatter_elements", src, ["read", "read", "rw"], (gx, gy, gz),
+                  esize(it) * n + 2 * esize(t) * n)

@@ -58,7 +58,8 @@ def dequantize_linear(kind: str, shape: Sequence[int], block: Sequence[int], out
 
 def gemv_q4(K: int, N: int, block: int, *, signed: bool, zero_points: bool, lanes: int = 32,
             wg: int = 256, subgroup: int | None = None, residual: bool = False,
-            n_off: int = 0, splits: Sequence[int] | None = None) -> Kernel:
+            n_off: int = 0, splits: Sequence[int] | None = None,
+            half_out: bool = False) -> Kernel:
     """out[n] = sum_k a[k] · W[k, n] for one input row, W a 4-bit matrix dequantised in
     registers (no float weights are ever written). ``N`` columns from ``n_off`` of the
     output (a chunk of a matrix beyond the binding limit). ``splits``: the rows are several
@@ -69,8 +70,10 @@ def gemv_q4(K: int, N: int, block: int, *, signed: bool, zero_points: bool, lane
     words, element k in nibble k % 8 of word k / 8; read as vec4<u32>, 32 codes a load,
     where the block is a multiple of 32), ``sc`` (the scales (N, K/block)),
     ``zc`` when ``zero_points`` (-zero point · scale per block, same layout), ``res`` when
-    ``residual`` (added to the product), ``out``. ``block`` is a multiple of 8: a word never
-    straddles two blocks. Per load: s · (a·q) over its codes, plus zc · sum(a).
+    ``residual`` (added to the product), ``out``; ``half_out``: ``res`` and ``out`` are
+    float16 (a float16 model's residual add, summed in float32 and rounded once).
+    ``block`` is a multiple of 8: a word never straddles two blocks. Per load: s · (a·q)
+    over its codes, plus zc · sum(a).
 
     ``lanes`` invocations share a row and stride along it a load at a time (coalesced; two
     loads in flight an invocation), the
@@ -89,13 +92,14 @@ def gemv_q4(K: int, N: int, block: int, *, signed: bool, zero_points: bool, lane
     if zero_points:
         src += decl(nxt, "zc", "f32", "read")
         nxt += 1
+    io = "f16" if half_out else "f32"
     if residual:
-        src += decl(nxt, "res", "f32", "read")
+        src += decl(nxt, "res", io, "read")
         nxt += 1
     outs = list(splits) if splits else [N]
-    assert not (splits and (residual or n_off)) and sum(outs) == N
+    assert not (splits and (residual or n_off or half_out)) and sum(outs) == N
     for j in range(len(outs)):
-        src += decl(nxt + j, f"out{j}" if splits else "out", "f32", "rw")
+        src += decl(nxt + j, f"out{j}" if splits else "out", io, "rw")
     if signed:  # each nibble moved to the top of an i32, shifted back arithmetically
         unpack = ("fn lo(w: u32) -> vec4<f32> {\n"
                   "  return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(w << 28u, w << 24u, "
@@ -135,9 +139,9 @@ def gemv_q4(K: int, N: int, block: int, *, signed: bool, zero_points: bool, lane
             f"    acc1 = acc1 + {step.format(k=f'k + {lanes}u')};\n  }}\n"
             f"  for (; k < {units}u; k = k + {lanes}u) {{ acc0 = acc0 + {step.format(k='k')}; }}\n"
             "  let acc = acc0 + acc1;\n")
-    src += gemv_tail(use_sub, lanes, f"{n_off}u + n", N, residual, splits)
+    src += gemv_tail(use_sub, lanes, f"{n_off}u + n", N, residual, splits, half_out)
     traffic = 4 * K + N * K // 2 + 4 * N * nblocks * (2 if zero_points else 1) \
-        + 4 * N * (2 if residual else 1)
+        + (2 if half_out else 4) * N * (2 if residual else 1)
     binds = (["read", "read", "read"] + ["read"] * zero_points + ["read"] * residual
              + ["rw"] * len(outs))
     return Kernel("gemv_q4", src, binds, (gx, 1, 1), traffic)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .. import shapes as S
-from .common import WG, Kernel, decl, grid, offset_fn, zero
+from .common import WG, Kernel, decl, esize, grid, main_1d, offset_fn, zero
 
 #: max and min start from the row's first element (every lane: both are idempotent), so no
 #: lane needs an infinity, which WGSL cannot write as a constant (docs/dawn.md)
@@ -114,3 +114,26 @@ def softmax(shape: Sequence[int], axis: int, wg: int = WG) -> Kernel:
             f"    let o = base + j * {sa}u;\n    out[o] = exp(x[o] - mx) * inv;\n  }}\n}}\n")
     n = S.size(shape)
     return Kernel("softmax", src, ["read", "rw"], (gx, gy, gz), 8 * n)
+
+
+def cumulative_sum(t: str, shape: Sequence[int], axis: int, exclusive: bool,
+                   reverse: bool) -> Kernel:
+    """out[.., j, ..] = the sum of x along ``axis`` over m <= j (m >= j when ``reverse``;
+    m = j left out when ``exclusive``), one invocation per output summing its own run:
+    the axes real graphs scan (a mask's positions, a chunk's decays) are short."""
+    n = S.size(shape)
+    dim = shape[axis]
+    inner = S.size(shape[axis + 1:])
+    gx, gy, gz = grid(n)
+    lo = ("j + 1u" if exclusive else "j") if reverse else "0u"
+    hi = f"{dim}u" if reverse else ("j" if exclusive else "j + 1u")
+    src = decl(0, "x", t, "read") + decl(1, "out", t, "rw")
+    src += main_1d(gx) + (
+            f"  if (i >= {n}u) {{ return; }}\n"
+            f"  let j = (i / {inner}u) % {dim}u;\n"
+            f"  let base = i - j * {inner}u;\n"
+            f"  var acc = {zero(t)};\n"
+            f"  for (var m = {lo}; m < {hi}; m = m + 1u) {{ acc = acc + x[base + m * {inner}u]; }}\n"
+            "  out[i] = acc;\n}\n")
+    traffic = esize(t) * (n * (dim + 1) // 2 + n)  # each output reads half its run on average
+    return Kernel("cumulative_sum", src, ["read", "rw"], (gx, gy, gz), traffic)

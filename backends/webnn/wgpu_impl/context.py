@@ -11,6 +11,7 @@ staging buffers are ``staging``'s.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -25,9 +26,10 @@ from ..kernels.common import module_source
 from .compiler import compile_graph
 from .dispatch import Dispatch
 from .options import KernelOptions
+from .passes import F16_OPS
 from .plan import Deferred, KernelLaunch, Plan
 from .readback import Readback, ReadCopy
-from .staging import ARENA_MAX, QueueCounts, StagedReads, StagedWrites
+from .staging import ARENA_MAX, MapHow, QueueCounts, StagedReads, StagedWrites
 from .target import target_of
 
 _STORAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
@@ -45,6 +47,27 @@ def _nbytes(nbytes: int) -> int:
     return max(16, -(-nbytes // 16) * 16)
 
 
+
+
+def _passes(launches: list[Any], every: int) -> tuple[list[tuple[int, int]], set[int]]:
+    """Runs of kernel launches between copies as ``(first, end)`` launch indices, cut every
+    ``every`` launches (0: never), and the indices of the runs after which a command buffer
+    ends (a cut; the last run ends one anyway)."""
+    passes: list[tuple[int, int]] = []
+    cuts: set[int] = set()
+    start = None
+    for i, la in enumerate([*launches, None]):
+        if isinstance(la, KernelLaunch):
+            start = i if start is None else start
+            if every and i + 1 - start == every:
+                cuts.add(len(passes))
+                passes.append((start, i + 1))
+                start = None
+        elif start is not None:
+            passes.append((start, i))
+            start = None
+    cuts.discard(len(passes) - 1)
+    return passes, cuts
 
 
 class WgpuTensor(MLTensor):
@@ -77,6 +100,7 @@ class WgpuGraph(MLGraph):
         self._copy_bytes = 0
         self._passes: list[tuple[int, int]] = []
         self._submit_after: set[int] = set()  # pass indices that end a command buffer
+        self._whole_passes: list[tuple[int, int]] = []  # the passes without the cuts
         #: (key, command buffers, the read copy they end with)
         self._recorded: tuple[tuple, list[Any], ReadCopy | None] | None = None
         self._read_copies: dict[tuple, ReadCopy] = {}  # by readable output tensors
@@ -157,6 +181,8 @@ class WgpuContext(Dispatch, Readback, MLContext):
         self.features_lacking = [f for f in wanted if f not in adapter.features]
         self._device = self.engine.request_device(adapter, feats, want)
         self._queue = self._device.queue
+        # (``Dispatch._encode``)
+        self._pass_calls = self.engine.pass_calls(self.options.pass_calls != "wgpu-py")
         self._max_binding = int(self._device.limits["max-storage-buffer-binding-size"])
         self._target = target_of(adapter, self.engine.subgroup_feature in feats)
         self.state_support = state_support
@@ -170,8 +196,14 @@ class WgpuContext(Dispatch, Readback, MLContext):
         #: without wgpu-py's empty submit (``staging.map_read``) unless "separate_sync"
         copy_mode = self.options.read_copy or "dispatch"
         self.read_copy = copy_mode == "dispatch"
-        # (an engine whose map_sync submits nothing maps as "separate" does)
-        self._sync_maps = copy_mode == "separate_sync" and self.engine.submits_before_map
+        # (an engine whose map_sync submits nothing maps as "separate" does); where the
+        # engine's wait is a poll thread's, the caller polls (``staging.MapHow``)
+        wait = self.options.map_wait or ("caller" if self._target.cpu else "spin")
+        # (Dawn's own wait is in the caller already: only its spin polls)
+        poll = (getattr(self._device, "_poll", None)
+                if wait == "spin" or (wait == "caller" and self.engine.poll_thread) else None)
+        self._map_how = MapHow(copy_mode == "separate_sync" and self.engine.submits_before_map,
+                               poll, wait == "spin")
         #: submits and maps of this context's queue (statebench extension: counted per step)
         self.queue_counts = QueueCounts()
         #: the last dispatch's read copy while its outputs are unchanged (``_read_tensors``)
@@ -179,7 +211,7 @@ class WgpuContext(Dispatch, Readback, MLContext):
         self._pipelines: dict[str, tuple[Any, Any]] = {}
         max_buffer = int(self._device.limits["max-buffer-size"])
         self._max_buffer = max_buffer
-        self._reads = StagedReads(self._device, max_buffer, self.queue_counts, self._sync_maps)
+        self._reads = StagedReads(self._device, max_buffer, self.queue_counts, self._map_how)
         self._staged = StagedWrites(self._device, min(ARENA_MAX, max_buffer), self.queue_counts)
         self._status_staging = self._device.create_buffer(
             size=16, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
@@ -217,6 +249,11 @@ class WgpuContext(Dispatch, Readback, MLContext):
                     f"({self._adapter.info.get('device', '?')}) has no 'shader-f16'")
         return ""
 
+    def _widens(self, op: str) -> bool:
+        # ops without float16 kernels (matmul, softmax, reductions, ...) accumulate in
+        # float32: the builder casts their float16 operands in and the result back
+        return op not in F16_OPS
+
     # -- pipelines ------------------------------------------------------------------------
     def _pipeline(self, wgsl: str, bindings: list[str]) -> tuple[Any, Any]:
         hit = self._pipelines.get(wgsl)
@@ -249,12 +286,14 @@ class WgpuContext(Dispatch, Readback, MLContext):
             self._copied = None  # the copy no longer holds what a read must return
         if n % 4:  # an odd number of float16 values: copies move whole 4-byte words
             data = np.concatenate([data.reshape(-1).view(np.uint8), np.zeros(4 - n % 4, np.uint8)])
+        t0 = time.perf_counter_ns()
         if n < STAGED_WRITE_MIN:
             self._staged.flush()
             self._queue.write_buffer(tensor._buffer, 0, data)
         else:
             self._staged.write(tensor._buffer, data)
         self.counters.h2d += n
+        self.queue_counts.write_ns += time.perf_counter_ns() - t0
 
     # -- build ------------------------------------------------------------------------
     def _build(self, outputs: dict[str, MLOperand], inputs: dict[str, MLOperand],
@@ -277,8 +316,11 @@ class WgpuContext(Dispatch, Readback, MLContext):
         for slot, arr in plan.consts.items():
             nbytes = arr.nbytes if isinstance(arr, np.ndarray) else 4 * arr.size  # Deferred: words
             buf = dev.create_buffer(size=_nbytes(nbytes), usage=_STORAGE)
-            data = arr.make() if isinstance(arr, Deferred) else arr
-            self._queue.write_buffer(buf, 0, np.ascontiguousarray(data))
+            data = np.ascontiguousarray(arr.make() if isinstance(arr, Deferred) else arr)
+            if data.nbytes % 4:  # an odd count of float16: writes go in 4-byte units
+                data = np.concatenate([data.reshape(-1).view(np.uint8),
+                                       np.zeros(4 - data.nbytes % 4, np.uint8)])
+            self._queue.write_buffer(buf, 0, data)
             g._buffers[slot] = buf
             del data
         plan.consts.clear()  # uploaded: the host keeps no copy of the weights
@@ -306,20 +348,10 @@ class WgpuContext(Dispatch, Readback, MLContext):
                 g._copy_bytes += la.nbytes
             g._bind_cache.append({})
         # passes: runs of kernel launches between copies, cut every `every` launches into
-        # separately submitted command buffers
-        every = self.submit_every
-        start = None
-        for i, la in enumerate(plan.launches + [None]):
-            if isinstance(la, KernelLaunch):
-                start = i if start is None else start
-                if every and i + 1 - start == every:
-                    g._submit_after.add(len(g._passes))
-                    g._passes.append((start, i + 1))
-                    start = None
-            elif start is not None:
-                g._passes.append((start, i))
-                start = None
-        g._submit_after.discard(len(g._passes) - 1)  # the last one is submitted anyway
+        # separately submitted command buffers; whole: the same runs uncut (a recording
+        # submitted at once gains nothing from the cuts: ``Dispatch._record_ahead``)
+        g._passes, g._submit_after = _passes(plan.launches, self.submit_every)
+        g._whole_passes, _ = _passes(plan.launches, 0)
         return g
 
     def _temp_buffers(self, plan: Plan) -> dict[tuple, Any]:

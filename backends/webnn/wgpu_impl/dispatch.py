@@ -1,7 +1,8 @@
 """Dispatching a built graph: bind groups, command buffers, submits, and recording ahead.
 
-On GPU adapters each dispatch records its successor's command buffers while the device runs
-it (``_record_ahead``), so a step in a decode loop only submits; a dispatch that finds
+On GPU adapters each dispatch records its successor's command buffer while the device runs
+it (``_record_ahead``; one command buffer, its passes not cut, unless recorded "pieces"), so
+a step in a decode loop only submits; a dispatch that finds
 nothing recorded for its tensors encodes in command buffers of ``submit_every`` launches,
 submitted as they are finished, so the GPU starts while the rest is encoded. CPU adapters
 (lavapipe) neither record ahead nor cut: there the encoder and the "GPU" share the same
@@ -11,6 +12,7 @@ cores, and recording during the run made the run itself slower for no wall-time 
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from .._classes import MLGraph, MLTensor
@@ -84,7 +86,10 @@ class Dispatch:
             missed = False
         else:
             copy = self._read_copy_for(g, bound)
+            qc = self.queue_counts
+            t0, sub0 = time.perf_counter_ns(), qc.submit_ns
             self._encode(g, bound, key, lambda cb: self._submit([cb]), copy)
+            qc.encode_ns += time.perf_counter_ns() - t0 - (qc.submit_ns - sub0)
             missed = ready is not None
         self._copied = copy
         self.counters.kernel += g._kernel_bytes
@@ -105,29 +110,39 @@ class Dispatch:
         dispatch's: right for a page that binds the same tensors every step and for one
         that ping-pongs two sets. A command buffer holds no data (inputs are read when it
         runs), so it is valid for any contents of the tensors it binds."""
+        t0 = time.perf_counter_ns()
         key = (_bound_key(bound), g._parity)
         cbs: list[Any] = []
         copy = self._read_copy_for(g, bound)
-        self._encode(g, bound, key, cbs.append, copy)
+        # submitted at once ("on"): one command buffer, its passes uncut
+        self._encode(g, bound, key, cbs.append, copy, whole=not self._piecewise)
         g._recorded = (key, cbs, copy)
+        self.queue_counts.record_ns += time.perf_counter_ns() - t0
 
     def _submit(self, cbs: list[Any]) -> None:
+        t0 = time.perf_counter_ns()
         self._queue.submit(cbs)
         self.queue_counts.submits += 1
+        self.queue_counts.submit_ns += time.perf_counter_ns() - t0
 
     def _encode(self, g: WgpuGraph, bound: dict[str, dict[str, MLTensor]], key: tuple,
-                emit: Any, copy: ReadCopy | None = None) -> None:
+                emit: Any, copy: ReadCopy | None = None, whole: bool = False) -> None:
         """Encode one dispatch for ``bound`` and parity ``key[1]``, handing each finished
-        command buffer to ``emit`` (a cut every ``submit_every`` launches); the last one
-        ends with ``copy``'s copies into its staging."""
+        command buffer to ``emit`` (a cut every ``submit_every`` launches; ``whole``: no
+        cuts, one command buffer); the last one ends with ``copy``'s copies into its
+        staging."""
         parity = key[1]
         plan = g._plan
+        passes = g._whole_passes if whole else g._passes
+        cuts = () if whole else g._submit_after
+        # the engine's C functions on handles, or wgpu-py's methods (``engines.PassCalls``)
+        set_pipeline, set_bind_group, dispatch, null, handle = self._pass_calls
         enc = self._device.create_command_encoder()
         launches = plan.launches
-        npasses = len(g._passes)
-        for pi, (a, b) in enumerate(g._passes):
+        npasses = len(passes)
+        for pi, (a, b) in enumerate(passes):
             # copies before this pass
-            prev_end = g._passes[pi - 1][1] if pi else 0
+            prev_end = passes[pi - 1][1] if pi else 0
             self._copies(enc, g, launches[prev_end:a], bound, parity)
             tw = None
             if self._timing and (pi == 0 or pi == npasses - 1):
@@ -137,6 +152,8 @@ class Dispatch:
                 if pi == npasses - 1:
                     tw["end_of_pass_write_index"] = 1
             cp = enc.begin_compute_pass(timestamp_writes=tw)
+            h = handle(cp)
+            last = None
             for i in range(a, b):
                 pipe, layout, bg = g._items[i]
                 if bg is None:
@@ -147,14 +164,16 @@ class Dispatch:
                             cache.pop(next(iter(cache)))
                         bg = cache[key] = self._bind_group(g, layout, launches[i].slots,
                                                            bound, parity)
-                cp.set_pipeline(pipe)
-                cp.set_bind_group(0, bg)
-                cp.dispatch_workgroups(*launches[i].kernel.groups)
-            cp.end()
-            if pi in g._submit_after:
+                if pipe is not last:  # a pass keeps its pipeline from launch to launch
+                    set_pipeline(h, handle(pipe))
+                    last = pipe
+                set_bind_group(h, 0, handle(bg), 0, null)
+                dispatch(h, *launches[i].kernel.groups)
+            cp.end()  # through wgpu-py: a command's error surfaces here
+            if pi in cuts:
                 emit(enc.finish())
                 enc = self._device.create_command_encoder()
-        self._copies(enc, g, launches[g._passes[-1][1] if g._passes else 0:], bound, parity)
+        self._copies(enc, g, launches[passes[-1][1] if passes else 0:], bound, parity)
         if plan.has_check:
             enc.copy_buffer_to_buffer(g._buffers[("status",)], 0, self._status_staging, 0, 4)
         if self._timing and npasses:

@@ -74,18 +74,26 @@ def residual_epilogues(nodes: list[MLOperand], fold: dict[int, MLOperand], inlin
                         q4: set[int] = frozenset()) -> dict[int, tuple[MLOperand, MLOperand]]:
     """Single-row matmuls with constant weights (or 4-bit ones: ``q4``) whose only reader
     is an ``add`` of a same-shaped tensor (a residual connection): gemv id -> (the add, the
-    other operand). The gemv then writes the sum; the add has no launch."""
+    other operand). The gemv then writes the sum; the add has no launch. A float16 add of
+    a 4-bit product's float16 rounding (``narrowed``: the cast fused into the add alone)
+    is one too: the kernel sums in float32 and rounds once (``gemv_q4`` half_out)."""
     consumers = fusion.consumers_of(nodes)
     out: dict[int, tuple[MLOperand, MLOperand]] = {}
     for a in nodes:
-        if (a._kind != "op" or a._op != "add" or a._id in inlined or a._id in groups
-                or a._id in taken or a._dtype.wgsl != "f32"):
+        half = _narrowed_add(a, groups, consumers, q4)
+        if (a._kind != "op" or a._op != "add" or a._id in inlined
+                or (a._id in groups and half is None) or a._id in taken
+                or a._dtype.wgsl != "f32" and half is None):
             continue
         for j in (0, 1):
             g, res = root(a._inputs[j]), root(a._inputs[1 - j])
+            if half is not None:
+                if a._inputs[j] is not half:
+                    continue
+                g = half._inputs[0]
             if (g._kind == "op" and g._op == "matmul" and g._id not in taken
                     and g._id not in stacked and g._id not in out and g is not res
-                    and [c._id for c in consumers.get(g._id, [])] == [a._id]
+                    and [c._id for c in consumers.get(g._id, [])] == [(half or a)._id]
                     and (const_weight(g, fold) is not None or g._id in q4)
                     and S.size(g._shape[:-1]) == 1 and S.size(g._inputs[0]._shape[:-1]) == 1
                     and tuple(a._inputs[j]._shape) == tuple(a._inputs[1 - j]._shape)
@@ -93,6 +101,27 @@ def residual_epilogues(nodes: list[MLOperand], fold: dict[int, MLOperand], inlin
                 out[g._id] = (a, res)
                 break
     return out
+
+
+def _narrowed_add(a: MLOperand, groups: dict[int, Any], consumers: dict[int, list[MLOperand]],
+                  q4: set[int]) -> MLOperand | None:
+    """The cast of ``add`` ``a`` (float16) that rounds a 4-bit product's float32 result,
+    when the add's launch is that cast and the add only (its fused group), the product
+    read by the cast alone and the cast by the add alone; else None."""
+    if a._kind != "op" or a._op != "add" or a._dtype.wgsl != "f16":
+        return None
+    grp = groups.get(a._id)
+    if grp is None or len(grp.ops) != 2 or grp.ops[1] is not a:
+        return None
+    c = grp.ops[0]
+    if c._op != "cast" or c not in a._inputs:
+        return None
+    g = c._inputs[0]
+    if (g._kind != "op" or g._id not in q4 or g._dtype.wgsl != "f32"
+            or [x._id for x in consumers.get(g._id, [])] != [c._id]
+            or [x._id for x in consumers.get(c._id, [])] != [a._id]):
+        return None
+    return c
 
 
 @dataclass

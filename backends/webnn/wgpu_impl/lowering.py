@@ -241,23 +241,23 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
         x = o._inputs[0]
         st = S.strides(x._shape)
         k = MV.strided_copy(t, shp, 0, [st[p] for p in o._attrs["permutation"]], 0,
-                            S.strides(shp), "transpose")
-        add(KernelLaunch(k, [ins[0], out_slot]))
+                            S.strides(shp), "transpose", guarded=guarded)
+        add(KernelLaunch(k, [ins[0], out_slot] + ([("status",)] if guarded else [])))
     elif op == "slice":
         x = o._inputs[0]
         st = S.strides(x._shape)
         base = sum(s * d for s, d in zip(o._attrs["starts"], st, strict=False))
         k = MV.strided_copy(t, shp, base, [d * s for d, s in zip(st, o._attrs["strides"], strict=False)],
-                            0, S.strides(shp), "slice")
-        add(KernelLaunch(k, [ins[0], out_slot]))
+                            0, S.strides(shp), "slice", guarded=guarded)
+        add(KernelLaunch(k, [ins[0], out_slot] + ([("status",)] if guarded else [])))
     elif op == "concat":
         ax = o._attrs["axis"]
         ost = S.strides(shp)
         off = 0
         for x, sl in zip(o._inputs, ins, strict=False):
             k = MV.strided_copy(t, x._shape, 0, S.strides(x._shape), off * ost[ax], ost,
-                                "concat")
-            add(KernelLaunch(k, [sl, out_slot]))
+                                "concat", guarded=guarded)
+            add(KernelLaunch(k, [sl, out_slot] + ([("status",)] if guarded else [])))
             off += x._shape[ax]
     elif op == "gather":
         x, idx = o._inputs
@@ -309,6 +309,16 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
         k = MV.scatter_nd(t, idx._dtype.wgsl, shp, idx._shape, guarded=guarded, updates=updates)
         add(KernelLaunch(k, [slot_of(root(idx))] + upd_slots + [slot_of(m) for m in members]
                          + ([("status",)] if guarded else [])))
+    elif op == "cumulative_sum":
+        a = o._attrs
+        add(KernelLaunch(RD.cumulative_sum(t, shp, a["axis"], a["exclusive"], a["reversed"]),
+                         [ins[0], out_slot]))
+    elif op == "scatter_elements":
+        _, idx, _ = o._inputs
+        add(KernelLaunch(MV.strided_copy(t, shp, 0, S.strides(shp), 0, S.strides(shp), "copy"),
+                         [ins[0], out_slot]))
+        add(KernelLaunch(MV.scatter_elements(t, idx._dtype.wgsl, shp, idx._shape,
+                                             o._attrs["axis"]), [ins[1], ins[2], out_slot]))
     else:
         raise NotImplementedError(f"op {op!r}")
 
@@ -342,7 +352,8 @@ def _lower_q4(plan: Plan, members: list[MLOperand], a_slot: Slot, slot_of: Any) 
         k = QK.gemv_q4(K, nc, w0.block, signed=w0.signed, zero_points=w0.zero_points,
                        lanes=lanes, wg=256, subgroup=plan.target.subgroup,
                        residual=res is not None, n_off=n0 if len(ws) == 1 else 0,
-                       splits=[w.N for w in ws] if len(ws) > 1 else None)
+                       splits=[w.N for w in ws] if len(ws) > 1 else None,
+                       half_out=dst._dtype.wgsl == "f16")
         plan.launches.append(KernelLaunch(k, [a_slot] + slots + (
             [slot_of(res)] if res is not None else []) + outs))
 

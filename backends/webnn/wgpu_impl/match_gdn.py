@@ -14,7 +14,17 @@ The pattern, as the ONNX converter builds it from the standard flavour
                                 optional: without it O is written)
 
 Where k (or q) is ``x / sqrt(reduce_sum(x * x, last axis) + eps)`` read by nothing else
-(the exporter's per-head L2 norm), the kernel reads x and folds the norm in too.
+(the exporter's per-head L2 norm; ``eps`` may be absent, as in ONNX LpNormalization), the
+kernel reads x and folds the norm in too.
+
+The same step over a K-major state (*B, Dk, Dv) (ORT LinearAttention's layout, as
+``convert_linear`` decomposes it) is the pattern transposed: R = matmul(kr, s),
+U = mul(kc, d), O = matmul(qr, N), with R, d, O of shape (*B, 1, Dv); the kernel then
+reads each state row Dv apart. transformers' torch recurrence writes the products as
+sums over Dk: R = reduce_sum(mul(s, kc), Dk axis), O = reduce_sum(mul(N, qc), Dk axis)
+(R, d, O of shape (*B, Dv) or (*B, 1, Dv); d read as (*B, 1, Dv) by U). In either
+orientation q may be scaled by a one-value constant first (``mul`` or ``div``, read by
+nothing else): the kernel applies the factor to the output.
 
 Operands may appear in either order in ``mul`` and ``add``. s, R, d, U and O must have
 no reader outside the pattern and not be graph outputs; every op the fusion planner
@@ -70,6 +80,8 @@ class GatedDelta:
     core: list[MLOperand]  # s, R, U, N, O
     k_norm: L2Norm | None = None
     q_norm: L2Norm | None = None
+    k_major: bool = False  # the state stored (*B, Dk, Dv)
+    q_scale: float = 1.0  # q's constant factor, applied to the output
 
     @property
     def norms(self) -> list[L2Norm]:
@@ -129,7 +141,7 @@ class GatedDelta:
             out_chain=(self.out_chain.fused_ops(param=self.output)
                        if self.out_chain is not None else None),
             in_place=in_place, guarded=guarded, lanes=lanes, wg=max(256, lanes),
-            subgroup=subgroup)
+            subgroup=subgroup, k_major=self.k_major, q_scale=self.q_scale)
 
 
 def match_gated_delta(nodes: list[MLOperand], inlined: set[int],
@@ -172,67 +184,110 @@ def _batch_of(shape: tuple[int, ...], batch: tuple[int, ...]) -> tuple[int, ...]
 def _match(o: MLOperand, consumers: dict[int, list[MLOperand]], inlined: set[int],
            groups: dict[int, fusion.Group], pinned: set[int],
            fold_norms: bool) -> GatedDelta | None:
-    """The pattern ending at ``o`` (O = matmul(N, qc)), trying every operand order of the
-    commutative ``add`` and ``mul`` ops (s and U are both muls of the state's shape)."""
-    if not _op(o, "matmul") or o._dtype.wgsl != "f32":
+    """The pattern ending at ``o`` (O = matmul(N, qc), or matmul(qr, N) over a K-major
+    state), trying every operand order of the commutative ``add`` and ``mul`` ops (s and U
+    are both muls of the state's shape)."""
+    if o._dtype.wgsl != "f32":
         return None
-    n = root(o._inputs[0])
-    if not _op(n, "add") or len(n._shape) < 3:
+    if _op(o, "matmul"):
+        forms = [(False, root(o._inputs[0]), None), (True, root(o._inputs[1]), None)]
+    elif _op(o, "reduce_sum") and _op(root(o._inputs[0]), "mul"):
+        x = root(o._inputs[0])
+        forms = [(True, root(v), x) for v in x._inputs]
+    else:
         return None
-    for s_view, u_view in (n._inputs, n._inputs[::-1]):
-        s, u = root(s_view), root(u_view)
-        if not (_op(s, "mul") and _op(u, "mul")):
+    for k_major, n, x in forms:
+        if not _op(n, "add") or len(n._shape) < 3:
             continue
-        for (d_view, kr), (p_view, g_view) in product((u._inputs, u._inputs[::-1]),
-                                                      (s._inputs, s._inputs[::-1])):
-            m = _assemble(o, n, s_view, u_view, d_view, kr, p_view, g_view, consumers,
-                          inlined, groups, pinned, fold_norms)
-            if m is not None:
-                return m
+        for s_view, u_view in (n._inputs, n._inputs[::-1]):
+            s, u = root(s_view), root(u_view)
+            if not (_op(s, "mul") and _op(u, "mul")):
+                continue
+            for (d_view, k_u), (p_view, g_view) in product((u._inputs, u._inputs[::-1]),
+                                                           (s._inputs, s._inputs[::-1])):
+                m = _assemble(o, n, s_view, u_view, d_view, k_u, p_view, g_view, consumers,
+                              inlined, groups, pinned, fold_norms, k_major, x)
+                if m is not None:
+                    return m
     return None
 
 
 def _assemble(o: MLOperand, n: MLOperand, s_view: MLOperand, u_view: MLOperand,
-              d_view: MLOperand, kr: MLOperand, p_view: MLOperand, g_view: MLOperand,
+              d_view: MLOperand, k_u: MLOperand, p_view: MLOperand, g_view: MLOperand,
               consumers: dict[int, list[MLOperand]], inlined: set[int],
               groups: dict[int, fusion.Group], pinned: set[int],
-              fold_norms: bool) -> GatedDelta | None:
-    """The match for one assignment of the operands, or None if any condition fails."""
-    only = lambda x, c: fusion.sole_reader(consumers, x, c)  # noqa: E731
+              fold_norms: bool, k_major: bool = False,
+              x: MLOperand | None = None) -> GatedDelta | None:
+    """The match for one assignment of the operands, or None if any condition fails.
+    ``k_u``: U's k operand; ``k_major``: the transposed pattern; ``x``: O's mul(N, qc)
+    in the sum form (module docstring)."""
+    only = lambda a, c: fusion.sole_reader(consumers, a, c)  # noqa: E731
     s, u = root(s_view), root(u_view)
-    *batch_l, dv, dk = n._shape
+    *batch_l, rows_, cols_ = n._shape
     batch = tuple(batch_l)
-    full, col = (*batch, dv, dk), (*batch, dv, 1)
-    n_view, qc = o._inputs
-    if (tuple(n_view._shape) != full or tuple(o._shape) != col or not only(n, o)
-            or any(tuple(x._shape) != full for x in (s_view, u_view, s, u, p_view))):
+    dv, dk = (cols_, rows_) if k_major else (rows_, cols_)
+    full, col = tuple(n._shape), ((*batch, 1, dv) if k_major else (*batch, dv, 1))
+    cols = {col, (*batch, dv)} if x is not None else {col}  # R's, d's and O's shapes
+    k_row = (dk, 1) if k_major else (1, dk)  # U's k operand
+    k_col = (dk, 1) if x is not None else (1, dk) if k_major else (dk, 1)  # R's (O's q)
+    si = 1 if k_major else 0  # where the state sits in the matmuls
+    if x is None:
+        n_view, qc = o._inputs[si], o._inputs[1 - si]
+        reader = o
+    else:
+        n_view, qc = x._inputs if root(x._inputs[0]) is n else x._inputs[::-1]
+        reader = x
+        if (x._id in pinned or not only(x, o) or tuple(x._shape) != full
+                or tuple(o._attrs["axes"]) != (len(full) - 2,)):
+            return None
+    if (tuple(n_view._shape) != full or tuple(o._shape) not in cols or not only(n, reader)
+            or any(tuple(v._shape) != full for v in (s_view, u_view, s, u, p_view))):
         return None
     if s._id in pinned or u._id in pinned or not only(u, n):
         return None
-    # R: the other reader of s, matmul(s, kc)
+    # R: the other reader of s, matmul(s, kc) (matmul(kr, s) K-major; or the sum form's
+    # reduce_sum(mul(s, kc)))
     rs = consumers.get(s._id, [])
     others = [c for c in rs if c is not n]
     if len(others) != 1 or len(rs) != 2:
         return None
     r = others[0]
-    if (not _op(r, "matmul") or root(r._inputs[0]) is not s or tuple(r._inputs[0]._shape) != full
-            or tuple(r._shape) != col or r._id in pinned):
-        return None
-    # U = mul(d, kr), kr and kc views of one k
-    kc = r._inputs[1]
+    extra: list[MLOperand] = []  # the sum form's mul(s, kc)
+    if x is not None:
+        sk, sums = r, consumers.get(r._id, [])
+        if (not _op(sk, "mul") or sk._id in pinned or tuple(sk._shape) != full or len(sums) != 1
+                or not _op(sums[0], "reduce_sum")
+                or tuple(sums[0]._attrs["axes"]) != (len(full) - 2,)):
+            return None
+        r, extra = sums[0], [sk]
+        kc = next((v for v in sk._inputs if root(v) is not s), None)
+        if kc is None or r._id in pinned or tuple(r._shape) not in cols:
+            return None
+    else:
+        if (not _op(r, "matmul") or root(r._inputs[si]) is not s
+                or tuple(r._inputs[si]._shape) != full or tuple(r._shape) != col
+                or r._id in pinned):
+            return None
+        kc = r._inputs[1 - si]
+    # U = mul(d, k_u), k_u and the retrieval's k views of one k
     k = root(kc)
-    if (tuple(d_view._shape) != col or tuple(kr._shape)[-2:] != (1, dk) or root(kr) is not k
-            or tuple(kc._shape)[-2:] != (dk, 1) or tuple(kc._shape)[:-2] != tuple(kr._shape)[:-2]):
+    if (tuple(d_view._shape) != col or tuple(k_u._shape)[-2:] != k_row or root(k_u) is not k
+            or tuple(kc._shape)[-2:] != k_col or tuple(kc._shape)[:-2] != tuple(k_u._shape)[:-2]):
         return None
-    q = root(qc)
+    q, q_scale, scaled = root(qc), 1.0, []
+    if (_op(q, "mul") or _op(q, "div")) and q._id not in pinned and only(q, reader):
+        c = root(q._inputs[1])  # q's constant factor, read by the kernel as a literal
+        if c._kind == "constant" and S.size(c._shape) == 1 and q._inputs[0]._shape == q._shape:
+            f = float(c._value.reshape(-1)[0])
+            q_scale, scaled, q = (f if _op(q, "mul") else 1.0 / f), [q], root(q._inputs[0])
     k_st = _batch_of(tuple(kc._shape)[:-2], batch)
-    q_st = _batch_of(tuple(qc._shape)[:-2], batch) if tuple(qc._shape)[-2:] == (dk, 1) else None
+    q_st = _batch_of(tuple(qc._shape)[:-2], batch) if tuple(qc._shape)[-2:] == k_col else None
     if k_st is None or q_st is None:
         return None
     # d: the delta chain, R its param read at its own index, d read by U only
     d = root(d_view)
-    if (not fusion.is_fusible(d) or d._id in pinned or tuple(d._shape) != col
-            or not only(d, u)):
+    if (not fusion.is_fusible(d) or d._id in pinned or tuple(d._shape) not in cols
+            or tuple(d._shape) != tuple(r._shape) or not only(d, u)):
         return None
     delta = groups.get(d._id) or fusion.collect(d, inlined)[0]
     if (r not in delta.leaves or not _reads_at_own_index(delta, r)
@@ -258,16 +313,18 @@ def _assemble(o: MLOperand, n: MLOperand, s_view: MLOperand, u_view: MLOperand,
             and cs[0]._id not in inlined and o._id not in pinned):
         c = cs[0]
         gc = groups.get(c._id) or fusion.collect(c, inlined)[0]
-        if tuple(c._shape) == col and o in gc.leaves and _reads_at_own_index(gc, o):
+        if tuple(c._shape) in cols and o in gc.leaves and _reads_at_own_index(gc, o):
             out_chain, anchor = gc, c
     if any(x._dtype.wgsl != "f32" for x in (p, k, q, g, d, anchor)):
         return None
     m = GatedDelta(anchor, p, n, k, q, batch, dv, dk, tuple(x * dk for x in k_st),
                    tuple(x * dk for x in q_st), decay, tuple(g_st), r, delta, o, out_chain,
-                   [s, r, u, n, o])
+                   [s, *extra, r, u, n, *([x] if x is not None else []), *scaled, o],
+                   k_major=k_major, q_scale=q_scale)
     if fold_norms:
-        m.k_norm = _l2_norm(k, consumers, inlined, pinned, {r._id, u._id})
-        m.q_norm = _l2_norm(q, consumers, inlined, pinned, {o._id}) if q is not k else None
+        m.k_norm = _l2_norm(k, consumers, inlined, pinned, {(extra or [r])[0]._id, u._id})
+        m.q_norm = (_l2_norm(q, consumers, inlined, pinned, {(scaled or [reader])[0]._id})
+                    if q is not k else None)
     # the chains read no value the kernel computes or rewrites (beyond their params)
     inside = {x._id for x in m.ops} | {p._id}
     if any(x._id in inside for x in m._chain_leaves() + [m.k_storage, m.q_storage]):
@@ -278,8 +335,8 @@ def _assemble(o: MLOperand, n: MLOperand, s_view: MLOperand, u_view: MLOperand,
 def _l2_norm(v: MLOperand, consumers: dict[int, list[MLOperand]], inlined: set[int],
              pinned: set[int], readers: set[int]) -> L2Norm | None:
     """``v = x / sqrt(reduce_sum(x * x, last axis, kept) + eps)`` (either operand order of
-    the add, ``eps`` a one-value constant), each op read only by the next and ``v`` only by
-    ``readers``; None otherwise."""
+    the add, ``eps`` a one-value constant, or no add: eps 0), each op read only by the next
+    and ``v`` only by ``readers``; None otherwise."""
     if (not _op(v, "div") or v._id in pinned or not consumers.get(v._id)
             or any(c._id not in readers for c in consumers[v._id])):
         return None
@@ -290,12 +347,16 @@ def _l2_norm(v: MLOperand, consumers: dict[int, list[MLOperand]], inlined: set[i
     if tuple(x_view._shape) != shape or tuple(den._shape) != row or not _op(sq, "sqrt"):
         return None
     add = root(sq._inputs[0])
-    if not _op(add, "add"):
-        return None
-    for ss_view, eps in (add._inputs, add._inputs[::-1]):
-        ss = root(ss_view)
-        if _op(ss, "reduce_sum") and eps._kind == "constant" and S.size(eps._shape) == 1:
-            break
+    if _op(add, "reduce_sum"):  # no epsilon (ONNX LpNormalization)
+        ss, eps_value, ops = add, 0.0, []
+    elif _op(add, "add"):
+        for ss_view, eps in (add._inputs, add._inputs[::-1]):
+            ss = root(ss_view)
+            if _op(ss, "reduce_sum") and eps._kind == "constant" and S.size(eps._shape) == 1:
+                break
+        else:
+            return None
+        eps_value, ops = float(eps._value.reshape(-1)[0]), [add]
     else:
         return None
     sqr = root(ss._inputs[0])
@@ -303,12 +364,12 @@ def _l2_norm(v: MLOperand, consumers: dict[int, list[MLOperand]], inlined: set[i
             or tuple(ss._inputs[0]._shape) != shape or not _op(sqr, "mul")
             or any(root(y) is not x or tuple(y._shape) != shape for y in sqr._inputs)):
         return None
-    ops = [sqr, ss, add, sq]
+    ops = [sqr, ss, *ops, sq]
     chain = zip(ops, ops[1:] + [v], strict=True)
     if (any(y._id in pinned for y in ops) or not all(fusion.sole_reader(consumers, a, b) for a, b in chain)
             or (x._kind == "op" and x._id in inlined) or x._dtype.wgsl != "f32"):
         return None
-    return L2Norm(v, x, float(eps._value.reshape(-1)[0]), ops + [v])
+    return L2Norm(v, x, eps_value, ops + [v])
 
 
 def _covered(m: GatedDelta, inlined: set[int], groups: dict[int, fusion.Group],

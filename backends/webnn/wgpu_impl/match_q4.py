@@ -50,7 +50,7 @@ def match_q4(nodes: list[MLOperand]) -> dict[int, Q4Weight]:
         if o._kind != "op" or o._op != "matmul" or o._dtype.name != "float32":
             continue
         a, b = o._inputs
-        dq = root(b)
+        dq = widened(root(b))
         if (dq._kind != "op" or dq._op != "dequantize_linear" or len(dq._shape) != 2
                 or tuple(b._shape) != tuple(dq._shape) or S.size(a._shape[:-1]) != 1):
             continue
@@ -65,6 +65,17 @@ def match_q4(nodes: list[MLOperand]) -> dict[int, Q4Weight]:
         zero = bool(np.any(_nibbles(zp, zp._dtype.name == "int4")))
         out[o._id] = Q4Weight(dq, K, N, bk, zero)
     return out
+
+
+def widened(o: MLOperand) -> MLOperand:
+    """The float16 dequantizeLinear a float32 ``cast`` of it reads (a float16 model's
+    product, widened by the builder: ``MLGraphBuilder._widened``), else ``o``: the kernel
+    reads the codes and scales alike, the float16 scales widened exactly at upload."""
+    if o._kind == "op" and o._op == "cast" and o._inputs[0]._dtype.name == "float16":
+        src = root(o._inputs[0])
+        if src._kind == "op" and src._op == "dequantize_linear":
+            return src
+    return o
 
 
 def _nibbles(o: MLOperand, signed: bool) -> np.ndarray:

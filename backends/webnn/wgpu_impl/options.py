@@ -40,6 +40,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "f16_loads": ("wide", "vec4"),
     "read_copy": ("dispatch", "separate", "separate_sync"),
     "q4_gemv": ("fused", "generic"),
+    "pass_calls": ("direct", "wgpu-py"),
+    "map_wait": ("spin", "caller", "thread"),
 }
 
 
@@ -94,6 +96,15 @@ class KernelOptions:
     #: one-row products with 4-bit weights (``match_q4``): None/"fused" (the codes read and
     #: dequantised in registers), "generic" (dequantizeLinear writes float weights, then matmul)
     q4_gemv: str | None = None
+    #: how a compute pass's launches are encoded (``engines.Engine.pass_calls``): None/"direct"
+    #: (the engine's C functions called directly), "wgpu-py" (wgpu-py's pass methods)
+    pass_calls: str | None = None
+    #: how a read map waits for the device (``staging.MapHow``): None (GPU adapters "spin",
+    #: CPU adapters "caller"), "spin" (the caller polls without blocking until the map is
+    #: done; both engines), "caller" (the caller blocks in the device's poll; Dawn's own
+    #: wait, which "thread" is too there), "thread" (wgpu-native: wgpu-py's poll thread
+    #: waits and wakes the caller)
+    map_wait: str | None = None
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

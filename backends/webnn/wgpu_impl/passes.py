@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._classes import MLKVCachePair, MLOperand
-from ..errors import NotSupportedError
 from ..stateful import analyse, root
 from . import fusion
 from . import gemv as GV
@@ -60,7 +59,6 @@ def place_results(plan: Plan, outputs: dict[str, MLOperand], pairs: list[MLKVCac
         if o._id not in dest:
             dest[o._id] = ("input", name)
     nodes = reachable(list(outputs.values()))
-    check_float16(nodes)
     writers = {pp.writer._id for pp in plan.pairs if pp.writer is not None}
     pinned = set(dest) | writers | {root(outputs[p.output])._id for p in pairs if stateful}
     return PassState(nodes, dest, extra_copies, pinned, writers,
@@ -170,20 +168,10 @@ PASSES = (fold_transposes, q4_gemvs, fuse_loops, decode_attention, stack_gemvs, 
 
 #: ops the wgpu kernels run on float16 operands (WGSL f16 storage): casts, element-wise
 #: ops, data movement and row writes, and a float16 K/V cast to float32 where decode
-#: attention reads it (``attention.match_attention`` reads the float16 cache directly)
+#: attention reads it (``attention.match_attention`` reads the float16 cache directly).
+#: The others (matmul, softmax, reductions) the builder runs in float32 between casts
+#: (``WgpuContext._widens``, ``MLGraphBuilder._widened``)
 F16_OPS = fusion.FUSIBLE | {"reshape", "gather", "scatter_nd", "dequantize_linear"}
-
-
-def check_float16(nodes: list[MLOperand]) -> None:
-    """NotSupportedError at build for an op on float16 operands the kernels do not cover
-    (matmul, softmax, reductions, ...: they accumulate in float32 buffers)."""
-    for o in nodes:
-        if o._kind != "op" or o._op in F16_OPS:
-            continue
-        if any(x._dtype.wgsl == "f16" for x in (o, *o._inputs)):
-            raise NotSupportedError(f"{o._op} on float16 operands is not supported by the wgpu "
-                                    f"backend; cast them to float32 (supported on float16: "
-                                    f"{', '.join(sorted(F16_OPS))})")
 
 
 def _row_write_groups(nodes: list[MLOperand], absorbed: set[int], groups: dict[int, Any],

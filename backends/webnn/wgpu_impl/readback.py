@@ -55,7 +55,7 @@ class Readback:
         (``gpu_time_reason`` says why). Resolved timestamps are taken as nanoseconds:
         the WebGPU spec defines them so and wgpu-native exposes no period to apply."""
         if self._time_pending:
-            map_read(self._time_staging, 0, 16, self.queue_counts, self._sync_maps)
+            map_read(self._time_staging, 0, 16, self.queue_counts, self._map_how)
             raw = np.frombuffer(self._time_staging.read_mapped(0, 16), dtype=np.uint8)
             self._gpu_time_ns = _span_ns(raw)
             self._time_staging.unmap()
@@ -137,7 +137,7 @@ class Readback:
                 for i in readers[src]:
                     take(i, raw)
 
-        copied.staging.read(want, consume, self.queue_counts, self._sync_maps)
+        copied.staging.read(want, consume, self.queue_counts, self._map_how)
         return status[0] if status else None
 
     def _read_copy_for(self, g: WgpuGraph,
@@ -184,7 +184,7 @@ class Readback:
         if g is None:
             return
         if status is None:
-            map_read(self._status_staging, 0, 16, self.queue_counts, self._sync_maps)
+            map_read(self._status_staging, 0, 16, self.queue_counts, self._map_how)
             status = int(np.frombuffer(self._status_staging.read_mapped(0, 4), dtype=np.uint32)[0])
             self._status_staging.unmap()
         self.counters.d2h += 4

@@ -17,6 +17,7 @@ the dispatch only maps. ``QueueCounts`` counts the submits and maps of one conte
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,24 +39,71 @@ def _aligned(n: int) -> int:
 class QueueCounts:
     """Queue submits and buffer maps of one context (statebench extension): each is a trip
     through wgpu-core and, for a map, a wait for the device, so they are what a decode
-    step's host time is made of besides encoding. Tests count them per step."""
+    step's host time is made of besides encoding. Tests count them per step.
+
+    The ``*_ns`` fields are the host time spent in each part of the context's calls
+    (``time.perf_counter_ns`` at a few boundaries, cheap enough to leave on): the page's
+    host-time breakdown per step (``backends/pages.py``, docs/measuring.md) is made of them."""
 
     submits: int = 0
     maps: int = 0
+    write_ns: int = 0  # write_tensor's device calls (queue.write_buffer, staging)
+    encode_ns: int = 0  # encoding a dispatch's command buffers on its path (before submit)
+    submit_ns: int = 0  # queue.submit
+    record_ns: int = 0  # encoding the next dispatch ahead, after this one's submit
+    wait_ns: int = 0  # map_async and the wait for the device to finish what it maps
+    copy_ns: int = 0  # copying out of mapped staging, and unmapping
+
+    def times_ns(self) -> dict[str, int]:
+        """The host-time fields, by name without ``_ns``."""
+        return {"write": self.write_ns, "encode": self.encode_ns, "submit": self.submit_ns,
+                "record": self.record_ns, "wait": self.wait_ns, "copy": self.copy_ns}
 
 
-def map_read(buf: Any, offset: int, size: int, counts: QueueCounts, sync: bool) -> None:
-    """Map ``buf`` for reading and wait. wgpu-py submits an empty command buffer before every
-    read map (``sync``): a workaround for data written through a mapping, which the queue
-    may not have seen (wgpu-native#305). Buffers written only by copies on the queue do not
-    need it, and wgpu-py's own ``queue.read_buffer`` maps its staging with "READ_NOSYNC"
-    for that reason; ours are such buffers, so by default they skip that submit."""
-    if sync:
+@dataclass(frozen=True)
+class MapHow:
+    """How a read map waits for the device.
+
+    ``sync``: wgpu-py's ``map_sync``, which submits an empty command buffer before every
+    read map: a workaround for data written through a mapping, which the queue may not have
+    seen (wgpu-native#305). Buffers written only by copies on the queue do not need it, and
+    wgpu-py's own ``queue.read_buffer`` maps its staging with "READ_NOSYNC" for that reason;
+    ours are such buffers, so by default they skip that submit.
+
+    ``poll``: block in the calling thread until the device has finished (wgpu-native's
+    ``wgpuDevicePoll`` with wait), so the map's callback runs here. Without it wgpu-py's
+    poll thread waits and then wakes the caller: one more thread hand-off (and GIL
+    hand-off) between the GPU finishing and the page having its logits. Dawn's wait
+    already blocks in the caller (``wgpuInstanceWaitAny``).
+
+    ``spin``: poll without blocking until the map is done (a core busy for the wait, as a
+    CUDA stream's spin-wait): no sleep and wake-up between the device's fence and the
+    caller. On both engines (Dawn's poll is ``wgpuInstanceProcessEvents``, which runs the
+    map's callback once it is done). For GPU adapters, where the host has cores to spare;
+    on a CPU adapter the spinning core is one the "GPU" needs."""
+
+    sync: bool = False
+    poll: Callable[[bool], None] | None = None  # the device's poll(block)
+    spin: bool = False
+
+
+def map_read(buf: Any, offset: int, size: int, counts: QueueCounts, how: MapHow) -> None:
+    """Map ``buf`` for reading and wait, as ``how`` says."""
+    t0 = time.perf_counter_ns()
+    if how.sync:
         buf.map_sync(wgpu.MapMode.READ, offset, size)
         counts.submits += 1  # wgpu-py's own, counted so the counts match the queue's
     else:
-        buf.map_async("READ_NOSYNC", offset, size).sync_wait()
+        promise = buf.map_async("READ_NOSYNC", offset, size)
+        if how.poll is not None:
+            if how.spin:
+                while promise._state == "pending":  # wgpu-py's GPUPromise, not yet resolved
+                    how.poll(False)
+            else:
+                how.poll(True)
+        promise.sync_wait()
     counts.maps += 1
+    counts.wait_ns += time.perf_counter_ns() - t0
 
 
 def _pack(sizes: Sequence[int], max_buffer: int) -> tuple[list[tuple[int, int]], list[int]]:
@@ -74,7 +122,7 @@ def _pack(sizes: Sequence[int], max_buffer: int) -> tuple[list[tuple[int, int]],
 
 def _consume(buffers: Sequence[Any], slots: Sequence[tuple[int, int]], want: dict[int, int],
              consume: Callable[[int, np.ndarray], None], counts: QueueCounts,
-             sync: bool) -> None:
+             how: MapHow) -> None:
     """Map each staging buffer that holds a wanted source once (up to its last wanted byte)
     and hand ``consume(i, bytes)`` source i's first ``want[i]`` bytes while mapped."""
     by_buffer: dict[int, list[tuple[int, int, int]]] = {}
@@ -84,7 +132,8 @@ def _consume(buffers: Sequence[Any], slots: Sequence[tuple[int, int]], want: dic
     for b, members in by_buffer.items():
         st = buffers[b]
         end = max(off + n for _, off, n in members)
-        map_read(st, 0, end, counts, sync)
+        map_read(st, 0, end, counts, how)
+        t0 = time.perf_counter_ns()
         try:
             view = st.read_mapped(0, end, copy=False)
             raw = np.frombuffer(view, np.uint8)
@@ -93,6 +142,7 @@ def _consume(buffers: Sequence[Any], slots: Sequence[tuple[int, int]], want: dic
             del raw, view  # no export of the mapped range may outlive unmap
         finally:
             st.unmap()
+            counts.copy_ns += time.perf_counter_ns() - t0
 
 
 class StagedWrites:
@@ -190,16 +240,16 @@ class StagedReads:
     buffers (at most ``max_buffer`` bytes each) in one submit, one map per staging buffer,
     and each source's bytes handed to ``consume`` while mapped: one device round trip for
     the lot, and no fresh host memory per read (the context's ``read_tensors`` and the d2h
-    calibration both read this way, so the floor is timed on the page's path). ``sync``:
-    maps as wgpu-py does by default (``map_read``)."""
+    calibration both read this way, so the floor is timed on the page's path). ``how``:
+    how each map waits (``MapHow``)."""
 
     def __init__(self, device: Any, max_buffer: int, counts: QueueCounts | None = None,
-                 sync: bool = False) -> None:
+                 how: MapHow | None = None) -> None:
         self._device = device
         self.max_buffer = max_buffer
         self.buffers: list[Any] = []  # persistent; grown, never shrunk
         self.counts = counts if counts is not None else QueueCounts()
-        self.sync = sync
+        self.how = how or MapHow()
 
     def read(self, sources: Sequence[tuple[Any, int]],
              consume: Callable[[int, np.ndarray], None]) -> None:
@@ -221,7 +271,7 @@ class StagedReads:
         self._device.queue.submit([enc.finish()])
         self.counts.submits += 1
         _consume(self.buffers, slots, {i: n for i, (_b, n) in enumerate(sources)}, consume,
-                 self.counts, self.sync)
+                 self.counts, self.how)
 
     def destroy(self) -> None:
         for st in self.buffers:
@@ -249,10 +299,10 @@ class ReadStaging:
             enc.copy_buffer_to_buffer(src, 0, self.buffers[b], off, src.size)
 
     def read(self, want: dict[int, int], consume: Callable[[int, np.ndarray], None],
-             counts: QueueCounts, sync: bool) -> None:
+             counts: QueueCounts, how: MapHow) -> None:
         """``consume(i, bytes)`` for each wanted source i (its first ``want[i]`` bytes as of
         the last copy that ran), one map per staging buffer that holds one."""
-        _consume(self.buffers, self.slots, want, consume, counts, sync)
+        _consume(self.buffers, self.slots, want, consume, counts, how)
 
     def destroy(self) -> None:
         for st in self.buffers:

@@ -1,0 +1,231 @@
+"""A sweep of a model statebench did not write (`statebench run --model`): what the results
+record of it, how far its positions reach, its reference, and which backends can run it.
+
+The reference is ONNX Runtime's CPU EP on the same graph, its cache growing as the model
+gives it, in float32 (`ort-cpu:copy` with the model as given): there is no float64 NumPy
+decoder of a graph statebench does not know. It walks a random token prefix of the seed up
+to each context; the state it holds there is the depth every backend starts from (a page
+writes it, a hidden cache is reached by dispatching the prefix), and its logits for the
+warm-up and timed steps are what every backend's logits are compared with.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from backends.base import Backend
+from backends.webnn.dims import default_dims
+from backends.webnn.onnx_converter import CachePair, ConversionError, list_kv_pairs
+from harness.model_info import load_model, model_file
+from model.errors import UserError
+
+#: what the results record as the reference of a model sweep
+REFERENCE = "ort-cpu (float32, growing cache)"
+#: the backend the reference is (`backends.ort`)
+REFERENCE_BACKEND = "ort-cpu:copy"
+#: the inputs the WebNN pages feed besides the caches (``backends.pages``)
+PAGE_FEEDS = frozenset({"input_ids", "position_ids"})
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _external_files(proto: onnx.ModelProto, path: Path) -> list[Path]:
+    """The external data files the graph's initializers name, beside ``path``."""
+    names: dict[str, None] = {}
+    for t in proto.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            for e in t.external_data:
+                if e.key == "location":
+                    names.setdefault(e.value, None)
+    return [path.parent / n for n in names]
+
+
+def position_limit(proto: onnx.ModelProto, path: Path) -> tuple[int | None, str]:
+    """The positions the model can reach, and what says so (None, "" when nothing does):
+    the rows of a cos/sin cache (GroupQueryAttention, RotaryEmbedding), of a table gathered
+    by position_ids, or genai_config.json's context_length."""
+    inits = {t.name: list(t.dims) for t in proto.graph.initializer}
+    producers = {o: n for n in proto.graph.node for o in n.output}
+
+    def from_positions(name: str) -> bool:
+        """Whether ``name`` is position_ids, or taken from it by ops that keep its values
+        (a section of Qwen's [3, B, S] positions, a cast, a reshape)."""
+        for _ in range(8):
+            if name == "position_ids":
+                return True
+            node = producers.get(name)
+            if node is None or node.op_type not in ("Gather", "Cast", "Reshape", "Squeeze",
+                                                    "Unsqueeze", "Identity"):
+                return False
+            name = node.input[0]
+        return False
+
+    limits: list[tuple[int, str]] = []
+    for n in proto.graph.node:
+        caches = {"GroupQueryAttention": (7, 8), "RotaryEmbedding": (2, 3)}.get(n.op_type, ())
+        for j in caches:
+            if j < len(n.input) and n.input[j] in inits and inits[n.input[j]]:
+                limits.append((inits[n.input[j]][0], f"{n.input[j]} of {n.op_type} "
+                               f"{n.name or n.output[0]!r} has {inits[n.input[j]][0]} rows"))
+        if n.op_type == "Gather" and len(n.input) == 2 and n.input[0] in inits and \
+                from_positions(n.input[1]) and inits[n.input[0]]:
+            limits.append((inits[n.input[0]][0], f"the position table {n.input[0]} gathered by "
+                           f"position_ids has {inits[n.input[0]][0]} rows"))
+    config = path.parent / "genai_config.json"
+    if config.is_file():
+        try:
+            length = json.loads(config.read_text())["model"]["context_length"]
+            limits.append((int(length), f"genai_config.json's context_length is {length}"))
+        except (ValueError, KeyError, TypeError):
+            pass
+    return min(limits) if limits else (None, "")
+
+
+@dataclass
+class UserModel:
+    """A model file and what a sweep needs of it before anything runs."""
+
+    path: Path
+    proto: onnx.ModelProto
+    pairs: list[CachePair]
+    hand_pairs: dict[str, str] = field(default_factory=dict)
+    files: list[Path] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, model: str | os.PathLike, hand_pairs: dict[str, str] | None = None) -> UserModel:
+        """A bad path or file, or a hand-named pair naming no input or output, is a
+        ``UserError`` (one line, exit 2)."""
+        path = model_file(model)
+        proto = load_model(path)
+        try:
+            pairs = list_kv_pairs(proto, hand_pairs)
+        except ConversionError as exc:
+            raise UserError(f"{path}: {exc}") from None
+        if not pairs:
+            raise UserError(f"{path}: no cache pairs found; name them with --pairs INPUT=OUTPUT")
+        files = [path, *_external_files(proto, path)]
+        missing = [f for f in files if not f.is_file()]
+        if missing:
+            raise UserError(f"{path}: its external data file {missing[0].name} is missing")
+        return cls(path.resolve(), proto, pairs, dict(hand_pairs or {}), files)
+
+    @property
+    def size(self) -> int:
+        """Bytes of the model file and its external data."""
+        return sum(f.stat().st_size for f in self.files)
+
+    @property
+    def name(self) -> str:
+        """A file-name-safe name: the folder's for a folder's model.onnx, else the file's."""
+        stem = self.path.parent.name if self.path.stem in ("model", "decode") else self.path.stem
+        return re.sub(r"[^A-Za-z0-9._-]+", "_", stem) or "model"
+
+    @property
+    def growing(self) -> list[CachePair]:
+        return [p for p in self.pairs if p.kind == "append"]
+
+    def check_positions(self, last: int) -> None:
+        """Refuse, in one line, a sweep whose last position (0-based) the model cannot reach."""
+        limit, why = position_limit(self.proto, self.path)
+        if limit is not None and last >= limit:
+            raise UserError(f"{self.path}: the sweep reaches position {last} but the model has "
+                            f"{limit} positions ({why}); use smaller --contexts or --steps")
+
+    def describe(self, capacity: int) -> dict:
+        """The results' workload.model: path, size, sha256 (of each file), its pairs as
+        `statebench inspect` lists them, and the dims pinned at ``capacity``."""
+        return {
+            "path": str(self.path), "size": self.size, "sha256": sha256(self.path),
+            "external_data": [{"file": f.name, "size": f.stat().st_size, "sha256": sha256(f)}
+                              for f in self.files[1:]],
+            "pairs": [{"input": p.input, "output": p.output, "kind": p.kind, "axis": p.axis}
+                      for p in self.pairs],
+            "hand_pairs": self.hand_pairs,
+            "dims": {k: {"value": d.value, "how": d.how}
+                     for k, d in default_dims(self.proto, capacity).items()},
+            "reference": REFERENCE,
+        }
+
+    def refusal(self, cls: type[Backend]) -> str:
+        """Why backend ``cls`` cannot run this model ("" where it may), before any worker: an
+        ORT mode that needs statebench's own graph, or a graph ORT cannot share a buffer in,
+        says why (``model_refusal``); a WebNN page without the fixed-capacity rewrite
+        (``backends.webnn.fixed_capacity``, where it is built) needs same-shape pairs and
+        feeds only PAGE_FEEDS. A backend whose prepare fails on the model is unavailable
+        too, with its reason (``harness.worker``)."""
+        if cls.name.startswith("ort-"):
+            return backend_for(cls, self.path, self.hand_pairs).model_refusal(self.proto)
+        if importlib.util.find_spec("backends.webnn.fixed_capacity") is not None:
+            return ""  # the pages rewrite growing caches and say in prepare what they cannot run
+        if self.growing:
+            p = self.growing[0]
+            return (f"its cache grows ({p.input} -> {p.output}, append on axis {p.axis}) and "
+                    "the fixed-capacity rewrite is not built yet")
+        paired = {p.input for p in self.pairs}
+        inits = {t.name for t in self.proto.graph.initializer}
+        other = [i.name for i in self.proto.graph.input
+                 if i.name not in paired | PAGE_FEEDS | inits]
+        if other:
+            return f"the WebNN pages feed only {', '.join(sorted(PAGE_FEEDS))}, not {other[0]!r}"
+        return ""
+
+
+def backend_for(cls: type[Backend], path: str | os.PathLike, pairs: dict[str, str] | None
+                ) -> Backend:
+    """An instance of ``cls`` on the model at ``path`` (ORT: ``model=``; pages: ``onnx_path=``)."""
+    if cls.name.startswith("ort-"):
+        return cls(model=path, pairs=pairs or None)
+    return cls(onnx_path=path, pairs=pairs or None)
+
+
+class OrtReferenceWalk:
+    """The reference (module docstring) walked up the contexts in ascending order, as
+    `runner.ReferenceWalk` walks the float64 one: the look-ahead's state is rolled back."""
+
+    def __init__(self, model: UserModel, seed: int, length: int, capacity: int) -> None:
+        from backends.ort import BACKENDS
+
+        self.ref = backend_for(BACKENDS[REFERENCE_BACKEND], model.path, model.hand_pairs)
+        try:
+            self.ref.prepare(None, capacity)
+            self.vocab = int(self.ref.step(0).size)  # the logits' width, then back to empty
+        except Exception as exc:  # noqa: BLE001 - ORT's own reason is the answer
+            raise UserError(f"the reference ({REFERENCE}) cannot run {model.path}: "
+                            f"{' '.join(str(exc).split())}") from None
+        self.ref.reset()
+        self.tokens = np.random.default_rng(seed).integers(0, self.vocab, size=length,
+                                                           dtype=np.int64)
+
+    def arrays_at(self, context: int, capacity: int, ahead: int) -> dict[str, np.ndarray]:
+        """State after ``context`` tokens (each cache's valid rows) and the next ``ahead``
+        logits; ``capacity`` is the point's, for the interface `runner.ReferenceWalk` has."""
+        ref = self.ref
+        if context < ref.position:
+            raise ValueError("contexts must be visited in ascending order")
+        while ref.position < context:
+            ref.step(int(self.tokens[ref.position]))
+        saved = dict(ref.past)
+        arrays = {"tokens": self.tokens[:context + ahead]}
+        arrays.update({f"cache:{k}": v for k, v in saved.items()})
+        arrays["ref_logits"] = np.stack([ref.step(int(t))
+                                         for t in self.tokens[context:context + ahead]])
+        ref.past, ref.position = saved, context
+        return arrays
+
+    def close(self) -> None:
+        self.ref.close()
