@@ -48,6 +48,12 @@ def _webnn():
     return webnn
 
 
+#: the inputs a page feeds besides the caches: the token, its position, the mask of the
+#: rows written so far (``_Page._feed``)
+_FEEDS = frozenset({"input_ids", "position_ids", "attention_mask", "seqlens_k",
+                    "total_sequence_length"})
+
+
 class _Page(Backend):
     """What every mode shares: one context, the converted graph, ids/position/logits tensors."""
 
@@ -130,11 +136,9 @@ class _Page(Backend):
         else:
             import onnx
 
-            from backends.webnn.dims import default_dims
-
-            path = self.onnx_path  # a user's file: its symbolic dims pinned for a decode step
-            proto = onnx.load(str(path), load_external_data=False)
-            dims = {k: d.value for k, d in default_dims(proto, capacity).items()}
+            # a user's file: pinned for a decode step, its growing caches made fixed-capacity
+            proto = onnx.load(str(self.onnx_path), load_external_data=False)
+            path, dims = self._fixed_capacity(proto, capacity), None
         self.context = webnn.ml.create_context(state_support=self.state_support, timing=self.timing,
                                                options=self.options, engine=self.engine)
         self.details["engine"] = self.context.engine_info
@@ -143,18 +147,24 @@ class _Page(Backend):
         reason = getattr(self.context, "gpu_time_reason", "")
         if reason:
             self.details["gpu_time_reason"] = reason
+        base = None if self.onnx_path is None else os.path.dirname(os.fspath(self.onnx_path))
         with self._counted():
             try:
                 if self.request_state:
                     self._pairs = list_kv_pairs(path, self.hand_pairs)
                     self.converted = convert(path, self.context, use_stateful=True,
-                                             kv_cache_pairs=self._pairs, dims=dims)
+                                             kv_cache_pairs=self._pairs, dims=dims, base=base)
                 else:
-                    self.converted = convert(path, self.context, dims=dims)
+                    self.converted = convert(path, self.context, dims=dims, base=base)
                     self._pairs = list_kv_pairs(path, self.hand_pairs)
             except ConversionError as exc:
                 raise UserError(str(exc)) from None
         graph = self.converted.graph
+        paired = {p.input for p in self._pairs}
+        missing = [n for n in self.converted.inputs if n not in _FEEDS | paired]
+        if missing:
+            raise RuntimeError(f"{self.name} is unavailable for {self.onnx_path}: the WebNN pages "
+                               f"feed {', '.join(sorted(_FEEDS))}, not {missing[0]!r}")
         self.details["is_stateful"] = bool(graph.is_stateful)
         if self.request_state:
             in_place = getattr(graph, "in_place", {}) or {}
@@ -186,6 +196,23 @@ class _Page(Backend):
                 for side in (self._cur, self._nxt):
                     side[p.input] = ctx.create_tensor(data_type=d.data_type, shape=list(d.shape),
                                                       writable=True)
+
+    def _fixed_capacity(self, proto, capacity: int):
+        """A user's model pinned and its growing caches made fixed-capacity
+        (``backends.webnn.fixed_capacity``); what was done per pair goes in the details.
+        RuntimeError (the point unavailable) where a pair cannot be rewritten safely."""
+        from backends.webnn.fixed_capacity import FixedCapacityError, fixed_model
+        from backends.webnn.onnx_converter import ConversionError
+
+        try:
+            _, done = fixed_model(proto, capacity, self.hand_pairs)
+        except ConversionError as exc:
+            raise UserError(str(exc)) from None
+        except FixedCapacityError as exc:
+            raise RuntimeError(f"{self.name} is unavailable for {self.onnx_path}: {exc}") from None
+        if done:
+            self.details["fixed_capacity"] = {r.input: r.how for r in done}
+        return proto
 
     @property
     def _hidden(self) -> bool:
@@ -249,15 +276,11 @@ class _Page(Backend):
     def _dispatch(self, token: int) -> None:
         ctx = self.context
         with self._counted():
-            ins = {"input_ids": self._bound["input_ids"]}
-            ids = self._written("input_ids")
-            ids.fill(token)
-            ctx.write_tensor(self._bound["input_ids"], ids)
-            if "position_ids" in self._bound:  # [1, 1], or Qwen's multimodal [3, 1, 1]
-                ins["position_ids"] = self._bound["position_ids"]
-                pos = self._written("position_ids")
-                pos.fill(self.position)
-                ctx.write_tensor(self._bound["position_ids"], pos)
+            ins = {}
+            for name in self.converted.inputs:
+                if name in self._bound:
+                    ins[name] = self._bound[name]
+                    ctx.write_tensor(ins[name], self._feed(name, token))
             outs = {self._logits_name: self._bound[self._logits_name]}
             if not self._hidden:
                 for p in self._pairs:
@@ -271,16 +294,28 @@ class _Page(Backend):
                 self._cur, self._nxt = self._nxt, self._cur
         self.position += 1
 
-    def _host_type(self, name: str) -> np.dtype:
-        return np.dtype(self.converted.inputs[name].host_dtype)
+    def _feed(self, name: str, token: int) -> np.ndarray:
+        """What the page writes to a non-cache input this step (``_FEEDS``), in its own
+        array for that input (``_written``)."""
+        arr = self._written(name)
+        if name == "input_ids":
+            arr.fill(token)
+        elif name == "attention_mask":  # ones up to and including the position, zeros beyond
+            arr.fill(0)
+            arr[..., :self.position + 1] = 1
+        elif name == "total_sequence_length":
+            arr.fill(self.position + 1)
+        else:  # position_ids ([1, 1], or Qwen's multimodal [3, 1, 1]) and GQA's seqlens_k
+            arr.fill(self.position)
+        return arr
 
     def _written(self, name: str) -> np.ndarray:
         """The page's host array for input ``name`` (ids, position), made once and refilled
         every step: a page writes from the same typed array, no allocation per token."""
         arr = self._inputs_host.get(name)
         if arr is None:
-            arr = self._inputs_host[name] = np.zeros(self.converted.inputs[name].shape,
-                                                     self._host_type(name))
+            d = self.converted.inputs[name]
+            arr = self._inputs_host[name] = np.zeros(d.shape, d.host_dtype)
         return arr
 
     def reset(self) -> None:

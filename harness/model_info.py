@@ -79,13 +79,13 @@ class _WebNN:
         except Exception as exc:  # noqa: BLE001 - no adapter is an answer, not a crash
             return cls(None, f"no WebGPU adapter: {' '.join(str(exc).split())}")
 
-    def convert(self, path: Path, dims: Mapping[str, int], pairs=None) -> str:
-        """"" when ``convert`` builds the graph, else its first error in one line."""
+    def convert(self, model: onnx.ModelProto, base: Path, pairs=None) -> str:
+        """"" when ``convert`` builds the (pinned) graph, else its first error in one line."""
         if self.context is None:
             return self.why_not
         try:
-            convert(path, self.context, dims=dims, use_stateful=pairs is not None,
-                    kv_cache_pairs=pairs)
+            convert(model, self.context, use_stateful=pairs is not None, kv_cache_pairs=pairs,
+                    base=base)
         except ConversionError as exc:
             return " ".join(str(exc).split())
         except Exception as exc:  # noqa: BLE001 - the first thing that stops it, named
@@ -104,7 +104,11 @@ def inspect_model(model: str | os.PathLike, capacity: int = 256,
     path = model_file(model)
     proto = load_model(path)
     inits = {t.name for t in proto.graph.initializer}
-    dims = default_dims(proto, capacity)
+    try:  # a growing cache's own axis is its past, whatever its symbol is called
+        grown = {p.input: p.axis for p in list_kv_pairs(proto, pairs) if p.kind == "append"}
+    except ConversionError:
+        grown = {}
+    dims = default_dims(proto, capacity, grown)
     report: dict = {
         "model": str(path),
         "inputs": [_value(v) for v in proto.graph.input if v.name not in inits],
@@ -124,28 +128,32 @@ def inspect_model(model: str | os.PathLike, capacity: int = 256,
     report["naming_rules"] = list(dict.fromkeys(p.rule for p in found))
     report["pairs_error"] = pairs_error
     if backends:
-        report["backends"] = check_backends(path, found, pairs_error,
-                                            {k: d.value for k, d in dims.items()})
+        report["backends"] = check_backends(path, found, pairs_error, capacity, pairs)
     return report
 
 
-def check_backends(path: Path, pairs: list, pairs_error: str, dims: Mapping[str, int]) -> dict:
+def check_backends(path: Path, pairs: list, pairs_error: str, capacity: int = 256,
+                   hand: Mapping[str, str] | None = None) -> dict:
     """Per family: WebNN without state, WebNN stateful (the proposal: same-shape pairs), the
-    ORT CPU EP loading the graph."""
+    ORT CPU EP loading the graph. The WebNN families take the model as the pages do: its
+    growing caches made fixed-capacity first (``backends.webnn.fixed_capacity``)."""
     from backends.ort import cpu_session_error
+    from backends.webnn.fixed_capacity import FixedCapacityError, fixed_model
 
     webnn = _WebNN.open()
-    plain = webnn.convert(path, dims)
+    fixed = load_model(path)
+    try:
+        fixed_model(fixed, capacity, hand)
+        why = ""
+    except (ConversionError, FixedCapacityError) as exc:
+        why = " ".join(str(exc).split())
+    plain = why or webnn.convert(fixed, path.parent)
     if pairs_error:
         stateful = pairs_error
     elif not pairs:
         stateful = "no cache pairs found (name them with --pairs INPUT=OUTPUT)"
-    elif growing := [p for p in pairs if p.kind == "append"]:
-        p = growing[0]
-        stateful = (f"{len(growing)} pair(s) grow (append), first {p.input} -> {p.output} on axis "
-                    f"{p.axis}: the fixed-capacity rewrite is not built yet")
     else:
-        stateful = plain or webnn.convert(path, dims, pairs)
+        stateful = plain or why or webnn.convert(fixed, path.parent, list_kv_pairs(fixed, hand))
     if webnn.context is not None:
         webnn.context.destroy()
     return {"webnn": _verdict(plain), "webnn-stateful": _verdict(stateful),

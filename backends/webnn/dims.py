@@ -17,6 +17,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import onnx
 
 #: the name of the new tokens' count (one per decode step)
@@ -81,9 +82,11 @@ def _evaluate(expr: str, known: Mapping[str, int]) -> int | None:
     return ev(tree)
 
 
-def default_dims(model: onnx.ModelProto, capacity: int) -> dict[str, PinnedDim]:
+def default_dims(model: onnx.ModelProto, capacity: int,
+                 grown: Mapping[str, int] | None = None) -> dict[str, PinnedDim]:
     """symbol -> its value for a decode step at ``capacity`` past rows; symbols no rule
-    knows are absent."""
+    knows are absent. ``grown``: cache input -> the axis it grows on (``list_kv_pairs``'s
+    append pairs): a symbol there is the past whatever its name (transformers' ``s53``)."""
     names = symbols(model)
     out: dict[str, PinnedDim] = {}
     for s in names:
@@ -91,6 +94,11 @@ def default_dims(model: onnx.ModelProto, capacity: int) -> dict[str, PinnedDim]:
             pinned = _by_name(s, capacity)
             if pinned is not None:
                 out[s] = pinned
+    inputs = {i.name: i for i in model.graph.input}
+    for name, axis in (grown or {}).items():
+        d = inputs[name].type.tensor_type.shape.dim[axis]
+        if d.dim_param not in out and re.fullmatch(r"[A-Za-z_]\w*", d.dim_param):
+            out[d.dim_param] = PinnedDim(capacity, "a growing cache's past = capacity")
     for s, pinned in _from_graph(model, capacity).items():
         out.setdefault(s, pinned)
     for s in names:
@@ -98,6 +106,10 @@ def default_dims(model: onnx.ModelProto, capacity: int) -> dict[str, PinnedDim]:
             v = _evaluate(s, {k: p.value for k, p in out.items()})
             if v is not None and v > 0:
                 out[s] = PinnedDim(v, "expression")
+    if any(s not in out for s in names):
+        out.update(_attention_widths(model, {k: p.value for k, p in out.items()}, names))
+    if any(s not in out for s in names):
+        out.update(_conv_windows(model, names, out))
     return out
 
 
@@ -139,6 +151,69 @@ def _from_graph(model: onnx.ModelProto, capacity: int) -> dict[str, PinnedDim]:
                     if kernel and (s := last_symbol(i)):
                         out.setdefault(s, PinnedDim(kernel[-1], "conv window (Conv kernel)"))
     return out
+
+
+def _conv_windows(model: onnx.ModelProto, names: list[str],
+                  known: Mapping[str, PinnedDim]) -> dict[str, PinnedDim]:
+    """A symbol on the last axis of a conv state (transformers' Qwen3.5 ``s84``): the state
+    is concatenated with the new column and read by a Conv, whose kernel is the window
+    the state keeps."""
+    g = model.graph
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in g.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    inits = {t.name: t for t in g.initializer}
+    out: dict[str, PinnedDim] = {}
+    for vi in g.input:
+        dims = vi.type.tensor_type.shape.dim
+        if not dims or dims[-1].dim_param not in names or dims[-1].dim_param in known:
+            continue
+        for cat in readers.get(vi.name, []):
+            axis = next((a.i for a in cat.attribute if a.name == "axis"), None)
+            if cat.op_type != "Concat" or cat.input[0] != vi.name or axis not in (-1, len(dims) - 1):
+                continue
+            for conv in readers.get(cat.output[0], []):
+                if conv.op_type != "Conv" or conv.input[0] != cat.output[0]:
+                    continue
+                kernel = next((list(a.ints) for a in conv.attribute if a.name == "kernel_shape"),
+                              list(inits[conv.input[1]].dims[2:]) if conv.input[1] in inits else [])
+                if kernel:
+                    out[dims[-1].dim_param] = PinnedDim(int(kernel[-1]), "a conv state's window "
+                                                        "(the kernel of the Conv reading it)")
+    return out
+
+
+def _attention_widths(model: onnx.ModelProto, known: Mapping[str, int],
+                      names: list[str]) -> dict[str, PinnedDim]:
+    """Symbols on the last axis of a GroupQueryAttention's past (genai's ``kv_cache_dim``):
+    its head size traced from the projection feeding the node (``past_head_sizes``)."""
+    inputs = {i.name: i for i in model.graph.input}
+    sizes: dict[str, set[int]] = {}
+    for past, size in past_head_sizes(model).items():
+        last = inputs[past].type.tensor_type.shape.dim[-1] if past in inputs else None
+        if last is not None and last.dim_param in names and last.dim_param not in known:
+            sizes.setdefault(last.dim_param, set()).add(size)
+    # one symbol whose layers disagree (a hybrid's) stays symbolic: the converter names it
+    return {s: PinnedDim(v.pop(), "GroupQueryAttention head size")
+            for s, v in sizes.items() if len(v) == 1}
+
+
+def without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` whose large (or external) initializers are inputs of their type
+    and shape: shape inference needs no weights, only the small constants (axes, shapes)
+    that shapes are computed from."""
+    into = onnx.ModelProto()
+    into.CopyFrom(model)
+    g = into.graph
+    del g.initializer[:]
+    for t in model.graph.initializer:
+        small = int(np.prod(t.dims, dtype=np.int64)) <= 64
+        if small and t.data_location != onnx.TensorProto.EXTERNAL:
+            g.initializer.append(t)
+        else:
+            g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    return into
 
 
 def pin(model: onnx.ModelProto, dims: Mapping[str, int], *, copy: bool = True) -> onnx.ModelProto:

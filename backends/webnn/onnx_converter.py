@@ -239,11 +239,15 @@ def _pair_kind(name: str, past: onnx.ValueInfoProto, out: str,
 
 def convert(model: onnx.ModelProto | str | os.PathLike, context, *, use_stateful: bool = False,
             kv_cache_pairs: Sequence[MLKVCachePair] | None = None,
-            dims: Mapping[str, int] | None = None) -> ConvertedGraph:
+            dims: Mapping[str, int] | None = None,
+            base: str | os.PathLike | None = None) -> ConvertedGraph:
     """Build `model` with an MLGraphBuilder on `context`; pairs default to none. ``dims``:
-    symbolic dimensions pinned to numbers first (``dims.default_dims`` for a decode step)."""
+    symbolic dimensions pinned to numbers first (``dims.default_dims`` for a decode step);
+    ``base``: where a model handed in as a proto keeps its external data."""
     given = isinstance(model, onnx.ModelProto)
-    base = None if given else os.path.dirname(os.fspath(model))
+    if not given:
+        base = os.path.dirname(os.fspath(model))
+    base = None if base is None else os.fspath(base)
     model = _load(model, weights=False)
     if dims:  # a model loaded here is this call's own: pinned where it lies
         model = pin(model, dims, copy=given)
@@ -846,5 +850,6 @@ def _dequantize_linear(c: _Converter, node, attrs):
 
 from . import convert_ops  # noqa: E402,F401,I001  (registers its handlers)
 from . import convert_linear  # noqa: E402,F401,I001  (registers its handlers)
+from . import convert_attention  # noqa: E402,F401  (registers its handlers)
 
 SUPPORTED_OPS = frozenset(_HANDLERS) | frozenset({"Range", "ConstantOfShape"})
