@@ -447,7 +447,9 @@ def one_launch_plan(q_rows: int, capacity: int, d: int, kv: str, shared_floats: 
 
     ``splits``: the splits per head to aim at; each invocation holds 1 to ROWS1 rows, so
     short caches get more splits of fewer rows (workgroups to fill the device), long ones
-    at most ROWS1 * (WG1 / lanes) rows a split."""
+    at most ROWS1 * (WG1 / lanes) rows a split; the partial dots go through workgroup
+    memory in 1 to ``rows`` rounds, and where even one round does not fit, fewer rows an
+    invocation (more splits)."""
     per = 8 if kv == "f16" else 4
     if d % per or kv not in ("f16", "f32"):
         return None
@@ -456,11 +458,12 @@ def one_launch_plan(q_rows: int, capacity: int, d: int, kv: str, shared_floats: 
         return None
     rg = WG1 // lw
     want = -(-capacity // (max(1, splits) * rg))
-    rows = next(i for i in (1, 2, 4, ROWS1) if i >= want or i == ROWS1)
-    ns = -(-capacity // (rows * rg))
-    for b in (rows, rows // 2, rows // 4, rows // 8):
-        if b >= 1 and _one_floats(q_rows, d, lw, rows, b, ns) <= shared_floats:
-            return lw, rows, b, ns
+    top = next(i for i in (1, 2, 4, ROWS1) if i >= want or i == ROWS1)
+    for rows in (r for r in (ROWS1, 4, 2, 1) if r <= top):  # fewer rows where memory is short
+        ns = -(-capacity // (rows * rg))
+        for b in (rows, rows // 2, rows // 4, rows // 8):
+            if b >= 1 and _one_floats(q_rows, d, lw, rows, b, ns) <= shared_floats:
+                return lw, rows, b, ns
     return None
 
 
