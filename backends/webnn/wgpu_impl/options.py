@@ -66,7 +66,8 @@ class KernelOptions:
     gemv_prologue: str | None = None
     #: scatters of one index tensor into same-shaped caches: None (one launch), "separate"
     row_writes: str | None = None
-    #: splits per head flash-decoding aims at on long caches: None (``kernels/attention.SPLITS``)
+    #: splits per head flash-decoding aims at on long caches: None (``kernels/attention.SPLITS``;
+    #: "flash1": ``SPLITS1``)
     attention_splits: int | None = None
     #: encode each dispatch's successor while the device runs it (``dispatch._record_ahead``):
     #: None (GPUs on, CPU adapters off), "on" (its command buffers in one submit), "pieces"
