@@ -119,7 +119,18 @@ def test_kernel_layouts_without_and_with_shared_pv(ctx, shared_floats, monkeypat
 def test_query_chain_computed_by_the_attention_kernel(ctx):
     """q = q_in * c + rotate(q_in) (a RoPE-like chain read only by q·Kᵀ) is computed by
     each flash workgroup: still two launches, same result."""
-    heads, g, cap, d = 2, 4, 96, 8
+    gr, outs = rope_graph(ctx)
+    assert [la.kernel.name for la in gr._plan.launches] == ["attention_flash", "attention_combine"]
+    feeds, want = rope_feeds_and_oracle()
+    np.testing.assert_allclose(run(ctx, gr, outs, feeds)["y"], want, rtol=2e-5, atol=2e-6)
+
+
+ROPE_SHAPE = (2, 4, 96, 8)  # heads, q rows, capacity, head dim
+
+
+def rope_graph(ctx):
+    """Attention whose q is ``q_in * c + rotate(q_in)`` (a RoPE-like chain read only by q·Kᵀ)."""
+    heads, g, cap, d = ROPE_SHAPE
     b = MLGraphBuilder(ctx)
     qin = b.input("qin", data_type="float32", shape=[1, heads, g, d])
     c = b.input("c", data_type="float32", shape=[1, 1, 1, d])
@@ -130,16 +141,19 @@ def test_query_chain_computed_by_the_attention_kernel(ctx):
     q = b.add(b.mul(qin, c), rot)
     p = b.softmax(b.matmul(q, b.transpose(k, [0, 1, 3, 2])), 3)
     outs = {"y": b.matmul(p, v)}
-    gr = b.build(outs)
-    assert [la.kernel.name for la in gr._plan.launches] == ["attention_flash", "attention_combine"]
+    return b.build(outs), outs
+
+
+def rope_feeds_and_oracle():
+    """Fresh random inputs of ``rope_graph`` and its float64 output."""
+    heads, g, cap, d = ROPE_SHAPE
     feeds = {"qin": RNG.standard_normal((1, heads, g, d)), "c": RNG.standard_normal((1, 1, 1, d)),
              "k": RNG.standard_normal((1, heads, cap, d)), "v": RNG.standard_normal((1, heads, cap, d))}
     q64 = feeds["qin"] * feeds["c"] + np.concatenate([-feeds["qin"][..., d // 2:],
                                                       feeds["qin"][..., :d // 2]], -1)
     s = np.einsum("bhgd,bhcd->bhgc", q64, feeds["k"])
     e = np.exp(s - s.max(-1, keepdims=True))
-    want = np.einsum("bhgc,bhcd->bhgd", e / e.sum(-1, keepdims=True), feeds["v"])
-    np.testing.assert_allclose(run(ctx, gr, outs, feeds)["y"], want, rtol=2e-5, atol=2e-6)
+    return feeds, np.einsum("bhgc,bhcd->bhgd", e / e.sum(-1, keepdims=True), feeds["v"])
 
 
 # -- float16 KV caches: the row write and flash-decoding read float16 directly ----------------
@@ -411,23 +425,7 @@ def test_one_launch_query_chain_and_layouts(ctx_with):
     assert AT.one_launch_plan(4, 300, 24, "f16", 1 << 14) is None  # 3 words a row
     assert AT.one_launch_plan(4, 300, 6, "f32", 1 << 14) is None
     ctx = ctx_with(attention="flash1")
-    heads, g, cap, d = 2, 4, 96, 8
-    b = MLGraphBuilder(ctx)
-    qin = b.input("qin", data_type="float32", shape=[1, heads, g, d])
-    c = b.input("c", data_type="float32", shape=[1, 1, 1, d])
-    k = b.input("k", data_type="float32", shape=[1, heads, cap, d])
-    v = b.input("v", data_type="float32", shape=[1, heads, cap, d])
-    rot = b.concat([b.neg(b.slice(qin, [0, 0, 0, d // 2], [1, heads, g, d // 2])),
-                    b.slice(qin, [0, 0, 0, 0], [1, heads, g, d // 2])], 3)
-    p = b.softmax(b.matmul(b.add(b.mul(qin, c), rot), b.transpose(k, [0, 1, 3, 2])), 3)
-    outs = {"y": b.matmul(p, v)}
-    gr = b.build(outs)
+    gr, outs = rope_graph(ctx)
     assert _one_names(gr) == ["attention_flash1"]
-    feeds = {"qin": RNG.standard_normal((1, heads, g, d)), "c": RNG.standard_normal((1, 1, 1, d)),
-             "k": RNG.standard_normal((1, heads, cap, d)), "v": RNG.standard_normal((1, heads, cap, d))}
-    q64 = feeds["qin"] * feeds["c"] + np.concatenate([-feeds["qin"][..., d // 2:],
-                                                      feeds["qin"][..., :d // 2]], -1)
-    s = np.einsum("bhgd,bhcd->bhgc", q64, feeds["k"])
-    e = np.exp(s - s.max(-1, keepdims=True))
-    want = np.einsum("bhgc,bhcd->bhgd", e / e.sum(-1, keepdims=True), feeds["v"])
+    feeds, want = rope_feeds_and_oracle()
     np.testing.assert_allclose(run(ctx, gr, outs, feeds)["y"], want, rtol=2e-5, atol=2e-6)

@@ -32,6 +32,34 @@ SPLITS = 32  # splits per head a long cache aims at
 F16_LOADS = ("wide", "vec4")  # how flash_decode loads a float16 cache (its f16_loads)
 
 
+#: a 16-byte word of 8 halves, widened (exact): halves 0-3 and 4-7
+UNPACK = ("\nfn unpack_lo(w: vec4<u32>) -> vec4<f32> {\n"
+          "  return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));\n}\n"
+          "fn unpack_hi(w: vec4<u32>) -> vec4<f32> {\n"
+          "  return vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w));\n}\n")
+
+
+def _trees(g: int, wg: int) -> str:
+    """WGSL ``tree_max`` and ``tree_sum``: ``red[r * wg]`` becomes the maximum (sum) of
+    ``red[r * wg .. r * wg + wg)`` for each of the ``g`` rows; every invocation calls them."""
+    out = ""
+    for name, comb in (("tree_max", "max({a}, {b})"), ("tree_sum", "{a} + {b}")):
+        a, b = f"red[r * {wg}u + lid]", f"red[r * {wg}u + lid + st]"
+        out += f"""fn {name}(lid: u32) {{
+  for (var st = {wg // 2}u; st > 0u; st = st >> 1u) {{
+    if (lid < st) {{
+      for (var r = 0u; r < {g}u; r = r + 1u) {{
+        {a} = {comb.format(a=a, b=b)};
+      }}
+    }}
+    workgroupBarrier();
+  }}
+}}
+
+"""
+    return out
+
+
 def _fixed_floats(q_rows: int, d: int) -> int:
     """Workgroup memory (floats) pass 1 always needs: the q rows and reduction scratch."""
     return q_rows * d + q_rows * WG + 16
@@ -132,11 +160,8 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
     # a load of K or V as float32 (exact for float16)
     ld = (lambda x: x) if kv == "f32" else (lambda x: f"{vt}({x})")
     bindings += ["read", "read"]
-    if wide:  # a 16-byte word of 8 halves, widened (exact): halves 0-3 and 4-7
-        src += ("\nfn unpack_lo(w: vec4<u32>) -> vec4<f32> {\n"
-                "  return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));\n}\n"
-                "fn unpack_hi(w: vec4<u32>) -> vec4<f32> {\n"
-                "  return vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w));\n}\n")
+    if wide:
+        src += UNPACK
     fn_call = "raw"
     if score is not None:
         ops, leaves = score
@@ -289,28 +314,7 @@ var<workgroup> qs: array<{vt}, {G * D4}>;
 var<workgroup> sc: array<f32, {G * T}>;
 var<workgroup> red: array<f32, {G * WG}>;
 {pv_decl}
-fn tree_max(lid: u32) {{
-  for (var st = {WG // 2}u; st > 0u; st = st >> 1u) {{
-    if (lid < st) {{
-      for (var r = 0u; r < {G}u; r = r + 1u) {{
-        red[r * {WG}u + lid] = max(red[r * {WG}u + lid], red[r * {WG}u + lid + st]);
-      }}
-    }}
-    workgroupBarrier();
-  }}
-}}
-
-fn tree_sum(lid: u32) {{
-  for (var st = {WG // 2}u; st > 0u; st = st >> 1u) {{
-    if (lid < st) {{
-      for (var r = 0u; r < {G}u; r = r + 1u) {{
-        red[r * {WG}u + lid] = red[r * {WG}u + lid] + red[r * {WG}u + lid + st];
-      }}
-    }}
-    workgroupBarrier();
-  }}
-}}
-
+{_trees(G, WG)}
 @compute @workgroup_size({WG})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
   let h = wid.y;
@@ -529,10 +533,7 @@ def flash_decode_one(heads: int, q_rows: int, capacity: int, d: int,
     src += decl(len(bindings), "k", kvt, "read") + decl(len(bindings) + 1, "v", kvt, "read")
     bindings += ["read", "read"]
     if wide:
-        src += ("\nfn unpack_lo(w: vec4<u32>) -> vec4<f32> {\n"
-                "  return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));\n}\n"
-                "fn unpack_hi(w: vec4<u32>) -> vec4<f32> {\n"
-                "  return vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w));\n}\n")
+        src += UNPACK
     fn_call = "raw"
     if score is not None:
         ops, leaves = score
@@ -651,28 +652,7 @@ var<workgroup> cm: array<f32, {ns * G}>;
 var<workgroup> cl: array<f32, {ns * G}>;
 var<workgroup> flag: u32;
 
-fn tree_max(lid: u32) {{
-  for (var st = {WG1 // 2}u; st > 0u; st = st >> 1u) {{
-    if (lid < st) {{
-      for (var r = 0u; r < {G}u; r = r + 1u) {{
-        red[r * {WG1}u + lid] = max(red[r * {WG1}u + lid], red[r * {WG1}u + lid + st]);
-      }}
-    }}
-    workgroupBarrier();
-  }}
-}}
-
-fn tree_sum(lid: u32) {{
-  for (var st = {WG1 // 2}u; st > 0u; st = st >> 1u) {{
-    if (lid < st) {{
-      for (var r = 0u; r < {G}u; r = r + 1u) {{
-        red[r * {WG1}u + lid] = red[r * {WG1}u + lid] + red[r * {WG1}u + lid + st];
-      }}
-    }}
-    workgroupBarrier();
-  }}
-}}
-
+{_trees(G, WG1)}
 @compute @workgroup_size({WG1})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
   let h = wid.y;
