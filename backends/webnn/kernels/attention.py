@@ -60,6 +60,36 @@ def _trees(g: int, wg: int) -> str:
     return out
 
 
+def _q_source(q_chain: tuple[Sequence[FusedOp], Sequence[Leaf]] | None, head_words: int,
+              vec: bool) -> tuple[str, list[str], str]:
+    """(declarations, bindings, the expression of q word ``j`` of head ``h``): q bound as a
+    buffer, or computed from its element-wise chain's leaves (``flash_decode``'s q_chain)."""
+    if q_chain is None:
+        return (decl(0, "q", "vec4<f32>" if vec else "f32", "read"), ["read"],
+                f"q[h * {head_words}u + j]")
+    qops, qleaves = q_chain
+    src, bindings = leaf_decls(qleaves, 0, "q_")
+    src += functions(qops, qleaves, "q_")[0]
+    qf = f"q_v{len(qops) - 1}"
+    base = f"(h * {head_words}u + j)"
+    q_load = (f"vec4<f32>({qf}(4u * {base}), {qf}(4u * {base} + 1u), "
+              f"{qf}(4u * {base} + 2u), {qf}(4u * {base} + 3u))" if vec else f"{qf}({base})")
+    return src, bindings, q_load
+
+
+def _score_source(score: tuple[Sequence[FusedOp], Sequence[Leaf]] | None,
+                  first: int) -> tuple[str, list[str], str]:
+    """(declarations, bindings from ``first`` on, the expression of a score from ``raw`` at
+    score index ``si``): the graph's element-wise chain between q·Kᵀ and the softmax."""
+    if score is None:
+        return "", [], "raw"
+    ops, leaves = score
+    lsrc, lb = leaf_decls(leaves, first)
+    fsrc, takes_s = functions(ops, leaves)
+    last = len(ops) - 1
+    return lsrc + fsrc, lb, f"v{last}(si, raw)" if takes_s else f"v{last}(si)"
+
+
 def _fixed_floats(q_rows: int, d: int) -> int:
     """Workgroup memory (floats) pass 1 always needs: the q rows and reduction scratch."""
     return q_rows * d + q_rows * WG + 16
@@ -144,17 +174,7 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
     D4 = D // 4 if vec else D
     P = D + 4
     vt = "vec4<f32>" if vec else "f32"
-    if q_chain is None:
-        src, bindings = decl(0, "q", vt, "read"), ["read"]
-        q_load = f"q[h * {G * D4}u + j]"
-    else:
-        qops, qleaves = q_chain
-        src, bindings = leaf_decls(qleaves, 0, "q_")
-        src += functions(qops, qleaves, "q_")[0]
-        qf = f"q_v{len(qops) - 1}"
-        base = f"(h * {G * D4}u + j)"
-        q_load = (f"vec4<f32>({qf}(4u * {base}), {qf}(4u * {base} + 1u), "
-                  f"{qf}(4u * {base} + 2u), {qf}(4u * {base} + 3u))" if vec else f"{qf}({base})")
+    src, bindings, q_load = _q_source(q_chain, G * D4, vec)
     kvt = "vec4<u32>" if wide else vt.replace("f32", kv)  # K and V as loaded
     src += decl(len(bindings), "k", kvt, "read") + decl(len(bindings) + 1, "v", kvt, "read")
     # a load of K or V as float32 (exact for float16)
@@ -162,15 +182,9 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
     bindings += ["read", "read"]
     if wide:
         src += UNPACK
-    fn_call = "raw"
-    if score is not None:
-        ops, leaves = score
-        lsrc, lb = leaf_decls(leaves, len(bindings))
-        fsrc, takes_s = functions(ops, leaves)
-        src += lsrc + fsrc
-        bindings += lb
-        last = len(ops) - 1
-        fn_call = f"v{last}(si, raw)" if takes_s else f"v{last}(si)"
+    ssrc, sb, fn_call = _score_source(score, len(bindings))
+    src += ssrc
+    bindings += sb
     src += decl(len(bindings), "part", vt, "rw")
     bindings.append("rw")
     low = neg_inf()
@@ -518,31 +532,15 @@ def flash_decode_one(heads: int, q_rows: int, capacity: int, d: int,
     D4 = D // 4
     PW = D4 + 1  # partial words per (split, q row): (m, l, 0, 0), acc
     wide = kv == "f16"
-    if q_chain is None:
-        src, bindings = decl(0, "q", "vec4<f32>", "read"), ["read"]
-        q_load = f"q[h * {G * D4}u + j]"
-    else:
-        qops, qleaves = q_chain
-        src, bindings = leaf_decls(qleaves, 0, "q_")
-        src += functions(qops, qleaves, "q_")[0]
-        qf = f"q_v{len(qops) - 1}"
-        base = f"(h * {G * D4}u + j)"
-        q_load = (f"vec4<f32>({qf}(4u * {base}), {qf}(4u * {base} + 1u), "
-                  f"{qf}(4u * {base} + 2u), {qf}(4u * {base} + 3u))")
+    src, bindings, q_load = _q_source(q_chain, G * D4, True)
     kvt = "vec4<u32>" if wide else "vec4<f32>"
     src += decl(len(bindings), "k", kvt, "read") + decl(len(bindings) + 1, "v", kvt, "read")
     bindings += ["read", "read"]
     if wide:
         src += UNPACK
-    fn_call = "raw"
-    if score is not None:
-        ops, leaves = score
-        lsrc, lb = leaf_decls(leaves, len(bindings))
-        fsrc, takes_s = functions(ops, leaves)
-        src += lsrc + fsrc
-        bindings += lb
-        last = len(ops) - 1
-        fn_call = f"v{last}(si, raw)" if takes_s else f"v{last}(si)"
+    ssrc, sb, fn_call = _score_source(score, len(bindings))
+    src += ssrc
+    bindings += sb
     nb = len(bindings)
     src += (decl(nb, "part", "vec4<f32>", "rw") + decl(nb + 1, "out", "vec4<f32>", "rw")
             + decl(nb + 2, "cnt", "atomic<u32>", "rw"))
