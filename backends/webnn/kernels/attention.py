@@ -77,6 +77,20 @@ def _q_source(q_chain: tuple[Sequence[FusedOp], Sequence[Leaf]] | None, head_wor
     return src, bindings, q_load
 
 
+def _kv_and_score(src: str, bindings: list[str], kvt: str, wide: bool,
+                  score: tuple[Sequence[FusedOp], Sequence[Leaf]] | None
+                  ) -> tuple[str, list[str], str]:
+    """``src`` and ``bindings`` (q's) followed by K and V as ``kvt`` arrays (with the
+    unpacking functions of 8-half words where ``wide``) and the score chain's leaves;
+    and the score expression (``_score_source``)."""
+    src += decl(len(bindings), "k", kvt, "read") + decl(len(bindings) + 1, "v", kvt, "read")
+    bindings = [*bindings, "read", "read"]
+    if wide:
+        src += UNPACK
+    ssrc, sb, fn_call = _score_source(score, len(bindings))
+    return src + ssrc, bindings + sb, fn_call
+
+
 def _score_source(score: tuple[Sequence[FusedOp], Sequence[Leaf]] | None,
                   first: int) -> tuple[str, list[str], str]:
     """(declarations, bindings from ``first`` on, the expression of a score from ``raw`` at
@@ -88,6 +102,18 @@ def _score_source(score: tuple[Sequence[FusedOp], Sequence[Leaf]] | None,
     fsrc, takes_s = functions(ops, leaves)
     last = len(ops) - 1
     return lsrc + fsrc, lb, f"v{last}(si, raw)" if takes_s else f"v{last}(si)"
+
+
+def _split_entry(wg: int, rows: int, capacity: int) -> str:
+    """The entry point's head: head ``h`` and split ``sp`` from the workgroup, the split's
+    first cache row ``c0`` and its row count ``n`` (the last split may be short)."""
+    return f"""@compute @workgroup_size({wg})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
+  let h = wid.y;
+  let sp = wid.x;
+  let c0 = sp * {rows}u;
+  let n = min({rows}u, {capacity}u - c0);
+"""
 
 
 def _fixed_floats(q_rows: int, d: int) -> int:
@@ -176,15 +202,9 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
     vt = "vec4<f32>" if vec else "f32"
     src, bindings, q_load = _q_source(q_chain, G * D4, vec)
     kvt = "vec4<u32>" if wide else vt.replace("f32", kv)  # K and V as loaded
-    src += decl(len(bindings), "k", kvt, "read") + decl(len(bindings) + 1, "v", kvt, "read")
     # a load of K or V as float32 (exact for float16)
     ld = (lambda x: x) if kv == "f32" else (lambda x: f"{vt}({x})")
-    bindings += ["read", "read"]
-    if wide:
-        src += UNPACK
-    ssrc, sb, fn_call = _score_source(score, len(bindings))
-    src += ssrc
-    bindings += sb
+    src, bindings, fn_call = _kv_and_score(src, bindings, kvt, wide, score)
     src += decl(len(bindings), "part", vt, "rw")
     bindings.append("rw")
     low = neg_inf()
@@ -329,13 +349,7 @@ var<workgroup> sc: array<f32, {G * T}>;
 var<workgroup> red: array<f32, {G * WG}>;
 {pv_decl}
 {_trees(G, WG)}
-@compute @workgroup_size({WG})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
-  let h = wid.y;
-  let sp = wid.x;
-  let c0 = sp * {T}u;
-  let n = min({T}u, {C}u - c0);
-  for (var j = lid; j < {G * D4}u; j = j + {WG}u) {{ qs[j] = {q_load}; }}
+{_split_entry(WG, T, C)}  for (var j = lid; j < {G * D4}u; j = j + {WG}u) {{ qs[j] = {q_load}; }}
   workgroupBarrier();
   var mloc: array<f32, {G}>;
   var acc: array<f32, {G}>;
@@ -534,13 +548,7 @@ def flash_decode_one(heads: int, q_rows: int, capacity: int, d: int,
     wide = kv == "f16"
     src, bindings, q_load = _q_source(q_chain, G * D4, True)
     kvt = "vec4<u32>" if wide else "vec4<f32>"
-    src += decl(len(bindings), "k", kvt, "read") + decl(len(bindings) + 1, "v", kvt, "read")
-    bindings += ["read", "read"]
-    if wide:
-        src += UNPACK
-    ssrc, sb, fn_call = _score_source(score, len(bindings))
-    src += ssrc
-    bindings += sb
+    src, bindings, fn_call = _kv_and_score(src, bindings, kvt, wide, score)
     nb = len(bindings)
     src += (decl(nb, "part", "vec4<f32>", "rw") + decl(nb + 1, "out", "vec4<f32>", "rw")
             + decl(nb + 2, "cnt", "atomic<u32>", "rw"))
@@ -651,13 +659,7 @@ var<workgroup> cl: array<f32, {ns * G}>;
 var<workgroup> flag: u32;
 
 {_trees(G, WG1)}
-@compute @workgroup_size({WG1})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
-  let h = wid.y;
-  let sp = wid.x;
-  let c0 = sp * {T}u;
-  let n = min({T}u, {C}u - c0);
-  let e = lid % {LW}u;
+{_split_entry(WG1, T, C)}  let e = lid % {LW}u;
   let rg = lid / {LW}u;
 {loads}  for (var j = lid; j < {G * D4}u; j = j + {WG1}u) {{ qs[j] = {q_load}; }}
   workgroupBarrier();
