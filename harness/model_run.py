@@ -185,12 +185,13 @@ class UserModel:
         return ""
 
 
-def backend_for(cls: type[Backend], path: str | os.PathLike, pairs: dict[str, str] | None
-                ) -> Backend:
-    """An instance of ``cls`` on the model at ``path`` (ORT: ``model=``; pages: ``onnx_path=``)."""
+def backend_for(cls: type[Backend], path: str | os.PathLike, pairs: dict[str, str] | None,
+                **page: object) -> Backend:
+    """An instance of ``cls`` on the model at ``path`` (ORT: ``model=``; pages: ``onnx_path=``
+    and ``page``'s arguments, e.g. ``options``)."""
     if cls.name.startswith("ort-"):
         return cls(model=path, pairs=pairs or None)
-    return cls(onnx_path=path, pairs=pairs or None)
+    return cls(onnx_path=path, pairs=pairs or None, **page)
 
 
 class OrtReferenceWalk:

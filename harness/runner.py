@@ -70,6 +70,8 @@ class RunConfig:
     model: str | None = None
     #: its cache pairs named by hand (--pairs), past -> present
     pairs: dict[str, str] = field(default_factory=dict)
+    #: KernelOptions knobs for the WebNN pages (--kernel-option), KEY=VALUE as given
+    kernel_options: list[str] = field(default_factory=list)
 
     def capacity_for(self, context: int) -> int:
         need = context + self.warmup + self.steps
@@ -372,6 +374,8 @@ def _sweep_points(rc: RunConfig, sink: ResultsFile, console: Console, classes: d
                                "warmup": rc.warmup, "warm_s": rc.warm_s,
                                "depth_file": str(depth_file)}
                         req.update(model_req)
+                        if rc.kernel_options:
+                            req["kernel_options"] = list(rc.kernel_options)
                         if name not in registered:
                             req["backend_path"] = f"{cls.__module__}:{cls.__qualname__}"
                         refused = probe.refuses(cls) if probe else ""

@@ -64,6 +64,18 @@ def backend_class(req: dict) -> type[Backend]:
     return registry()[req["backend"]]
 
 
+def page_options(cls: type[Backend], pairs: list[str] | None) -> dict:
+    """The constructor argument carrying ``--kernel-option``'s knobs to a WebNN page (each
+    point records what it ran with: details.kernel_options); nothing for other backends."""
+    from backends.pages import _Page
+
+    if not pairs or not issubclass(cls, _Page):
+        return {}
+    from backends.webnn.wgpu_impl.options import KernelOptions
+
+    return {"options": KernelOptions.parse(pairs)}
+
+
 def peak_rss_bytes() -> int:
     # ru_maxrss is KiB on Linux, bytes on macOS
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -92,13 +104,14 @@ def _measure(req: dict, cls: type[Backend]) -> Point:
     name, ctx, cap = req["backend"], int(req["context"]), int(req["capacity"])
     steps, warmup = int(req["steps"]), int(req["warmup"])
     tokens, ref_logits, cache = load_depth(req["depth_file"])
+    kw = page_options(cls, req.get("kernel_options"))
     if req.get("model"):  # a model statebench did not write (harness.model_run)
         wl = None
-        backend = backend_for(cls, req["model"], req.get("pairs"))
+        backend = backend_for(cls, req["model"], req.get("pairs"), **kw)
         cache_bytes, weights_bytes = sum(a.nbytes for a in cache.values()), int(req["model_bytes"])
     else:
         wl = workload(req["preset"], int(req.get("seed", 0)))
-        backend = cls()
+        backend = cls(**kw)
         cache_bytes, weights_bytes = valid_cache_bytes(wl.config, ctx), wl.weights_bytes
     clocks: ClockSampler | None = None
     try:

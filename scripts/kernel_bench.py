@@ -2,18 +2,22 @@
 
 Prints one JSON object: per gemv shape (llama-1b's) and per kernel variant, GPU time
 (timestamp queries) and wall time per dispatch, and GB/s over the bytes a kernel must
-move; the same for decode attention over a (1, 8, C, 64) cache; and one full decode step
+move; the same for llama-1b's 4-bit products (``--gemv-q4``, per ``--q4-variants``)
+and for decode attention over a (1, 8, C, 64) cache; and one full decode step
 of a preset through the wgpu:stateful backend.
 
     .venv/bin/python scripts/kernel_bench.py                      # lavapipe-sized
     .venv/bin/python scripts/kernel_bench.py --gemv-variants auto,legacy,cols,rows \
         --attn 512,2048,8192,16384 --step small,llama-1b:8192
+    .venv/bin/python scripts/kernel_bench.py --gemv none --attn none --gemv-q4 all \
+        --q4-variants fused,multi,multi8 --step none          # the 4-bit kernels' A/B
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import json
 import os
 import pstats
@@ -31,6 +35,8 @@ from backends.webnn import MLGraphBuilder, ml  # noqa: E402
 from backends.webnn.wgpu_impl.options import KernelOptions  # noqa: E402
 
 GEMV_SHAPES = [(2048, 2048), (2048, 512), (2048, 8192), (8192, 2048), (2048, 128256)]
+#: llama-1b's 4-bit launches (K, N): q/k/v stacked, o, gate/up stacked, down, the head
+GEMV_Q4_SHAPES = [(2048, 3072), (2048, 2048), (2048, 16384), (8192, 2048), (2048, 128256)]
 
 
 def _timed(ctx, run, reps: int, budget_s: float) -> dict:
@@ -88,6 +94,69 @@ def bench_gemv(ctx, K: int, N: int, reps: int, budget: float) -> dict:
     tx.destroy()
     ty.destroy()
     return _rate(res, 4 * (K * N + K + N))
+
+
+def q4_floor_bytes(K: int, N: int) -> int:
+    """What a 4-bit one-row product must move: half a byte a code, a float16 scale per block
+    of 32 (the model's), the float32 row in and out; alike for every variant."""
+    return N * K // 2 + 2 * N * (K // 32) + 4 * (K + N)
+
+
+@functools.lru_cache(maxsize=1)
+def q4_case(K: int, N: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(packed int4 codes (K, N) row-major, low nibble first; float16-valued scales of blocks
+    of 32; the row; its float64 product), made once a shape for every variant. The oracle
+    is computed a column chunk at a time: the head's dequantised weights whole would be
+    2 GB of float64."""
+    rng = np.random.default_rng(K * 13 + N)
+    packed = rng.integers(0, 256, size=K * N // 2, dtype=np.uint8)
+    scale = (rng.uniform(0.5, 1.5, size=(K // 32, N)) / np.sqrt(K) / 4).astype(
+        np.float16).astype(np.float32)
+    x = rng.standard_normal((1, K), dtype=np.float32)
+    rows = packed.reshape(K, N // 2) if N % 2 == 0 else None
+    want = np.empty(N)
+    for c in range(0, N, 8192):
+        hi = min(N, c + 8192)
+        if rows is not None and c % 2 == 0 and hi % 2 == 0:
+            part = rows[:, c // 2:hi // 2]
+            nib = np.stack([part & 0xF, part >> 4], axis=2).reshape(K, hi - c)
+        else:  # an odd N: nibbles of the whole row-major array
+            flat = np.stack([packed & 0xF, packed >> 4], axis=1).reshape(K, N)
+            nib = flat[:, c:hi]
+        codes = (nib.astype(np.int8) ^ 8) - 8
+        want[c:hi] = x[0].astype(np.float64) @ (
+            codes * np.repeat(scale[:, c:hi].astype(np.float64), 32, axis=0))
+    return packed, scale, x, want
+
+
+def bench_gemv_q4(ctx, K: int, N: int, reps: int, budget: float) -> dict:
+    """One-row product with int4 weights (block 32, symmetric, float16-valued scales as a
+    +q4f16 model has them) through the context's 4-bit kernel; checked against float64."""
+    packed, scale, x, want = q4_case(K, N)
+    b = MLGraphBuilder(ctx)
+    xi = b.input("x", data_type="float32", shape=[1, K])
+    w = b.dequantize_linear(
+        b.constant(data_type="int4", shape=[K, N], value=packed),
+        b.constant(data_type="float32", shape=[K // 32, N], value=scale),
+        b.constant(data_type="int4", shape=[K // 32, N],
+                   value=np.zeros(-(-(K // 32) * N // 2), np.uint8)))
+    g = b.build({"y": b.matmul(xi, w)})
+    tx = ctx.create_tensor(data_type="float32", shape=[1, K], writable=True)
+    ty = ctx.create_tensor(data_type="float32", shape=[1, N], readable=True)
+    ctx.write_tensor(tx, x)
+    ctx.dispatch(g, {"x": tx}, {"y": ty})
+    got = ctx.read_tensor(ty)[0]
+    res = _timed(ctx, lambda: ctx.dispatch(g, {"x": tx}, {"y": ty}), reps, budget)
+    res["max_rel_err"] = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
+    kernels = [la.kernel for la in g._plan.launches if hasattr(la, "kernel")]
+    res["launches"] = len(g._plan.launches)
+    res["kernel"] = sorted({k.name for k in kernels})
+    res["groups"] = [k.groups[0] for k in kernels]
+    res["kernel_bytes"] = sum(k.bytes for k in kernels)
+    g.destroy()
+    tx.destroy()
+    ty.destroy()
+    return _rate(res, q4_floor_bytes(K, N))
 
 
 def bench_attention(ctx, C: int, reps: int, budget: float, kv: int = 8, rep: int = 4,
@@ -381,6 +450,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gemv", default="all", help="'all', 'none' or KxN,KxN")
     ap.add_argument("--gemv-variants", default="auto")
+    ap.add_argument("--gemv-q4", default="none",
+                    help="4-bit one-row products: 'all' (llama-1b's launches), 'none' or KxN,...")
+    ap.add_argument("--q4-variants", default="fused,multi",
+                    help="q4_gemv values to time them with, comma list ('auto': as --option)")
     ap.add_argument("--attn", default="512,2048,8192,16384")
     ap.add_argument("--attn-variants", default="auto",
                     help="auto, or an attention knob value (flash, flash1, unfused, generic), "
@@ -411,11 +484,13 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--budget", type=float, default=3.0, help="seconds per measurement")
     a = ap.parse_args()
-    out: dict = {"gemv": [], "attention": [], "step": []}
+    out: dict = {"gemv": [], "gemv_q4": [], "attention": [], "step": []}
     try:  # every variant's options checked before anything runs
         chosen = KernelOptions.parse(a.option)
         gemv_runs = [(var, chosen if var == "auto" else chosen.replace(gemv=var))
                      for var in a.gemv_variants.split(",")]
+        q4_runs = [(var, chosen if var == "auto" else chosen.replace(q4_gemv=var))
+                   for var in a.q4_variants.split(",")]
         attn_runs = [(var, _attention_variant(chosen, var)) for var in a.attn_variants.split(",")]
         if not set(a.attn_cache.split(",")) <= {"float32", "float16"}:
             raise ValueError(f"--attn-cache {a.attn_cache!r}: float32 and/or float16")
@@ -437,6 +512,12 @@ def main() -> None:
         for K, N in shapes:
             out["gemv"].append(_attempt(bench_gemv, (context(options), K, N, a.reps, a.budget),
                                         shape=f"{K}x{N}", variant=var))
+    q4_shapes = GEMV_Q4_SHAPES if a.gemv_q4 == "all" else (
+        [] if a.gemv_q4 == "none" else [tuple(map(int, s.split("x"))) for s in a.gemv_q4.split(",")])
+    for K, N in q4_shapes:  # a shape's weights made once for its variants (q4_case)
+        for var, options in q4_runs:
+            out["gemv_q4"].append(_attempt(bench_gemv_q4, (context(options), K, N, a.reps,
+                                                           a.budget), shape=f"{K}x{N}", variant=var))
     if a.attn != "none":
         for var, options in attn_runs:
             for cache in a.attn_cache.split(","):

@@ -39,6 +39,9 @@ def one_line_error(proc) -> str:
     (["run", "--warm-s", "nan"], "not a number ≥ 0"),
     (["run", "--preset", "tiny", "--contexts", "64", "--capacity", "10", "--backends", "ort-cpu:copy"],
      "too small"),
+    (["run", "--kernel-option", "q4_gemv=nope"], "--kernel-option: KernelOptions.q4_gemv = 'nope'"),
+    (["run", "--kernel-option", "q4_gemv"], "--kernel-option: option 'q4_gemv' is not KEY=VALUE"),
+    (["run", "--kernel-option", "frob=1"], "--kernel-option: unknown option 'frob'"),
     (["report", "missing.json"], "no such results file"),
     (["report", "x.json", "--format", "pdf"], "unknown format 'pdf'"),
     (["gate", "a.json", "--baseline", "b.json", "--max-slowdown", "lots"], "not a number"),
@@ -86,3 +89,20 @@ def test_run_tiny_sweep(tmp_path):
     assert "At 8, per step:" in out  # the sentences under the table
     assert f"results: results/{files[0].name}" in out
     assert "Traceback" not in proc.stderr
+
+
+def test_run_pins_kernel_options(tmp_path):
+    """--kernel-option reaches the WebNN page of every point (recorded in its details) and
+    leaves ORT's alone; the pinned 4-bit kernel still matches the reference."""
+    out = tmp_path / "q4.json"
+    proc = statebench("run", "--preset", "tiny+q4", "--backends", "wgpu:stateful,ort-cpu:copy",
+                      "--contexts", "8", "--steps", "2", "--warmup", "1", "--warm-s", "0",
+                      "--no-calibrate", "--kernel-option", "q4_gemv=multi2_l8",
+                      "--kernel-option", "gemv=rows", "--out", out, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    points = {p["backend"]: p for p in json.loads(out.read_text())["points"]}
+    page = points["wgpu:stateful"]
+    assert page["status"] == "ok" and page["match"]["ok"], page
+    assert page["details"]["kernel_options"]["q4_gemv"] == "multi2_l8"
+    assert page["details"]["kernel_options"]["gemv"] == "rows"
+    assert "kernel_options" not in points["ort-cpu:copy"].get("details", {})

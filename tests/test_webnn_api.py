@@ -89,6 +89,26 @@ def test_foreign_or_destroyed_tensor_is_type_error(ctx):
         ctx.write_tensor(dead, np.ones((2, 4)))
 
 
+def test_a_binding_checked_once_is_still_checked_for_what_changes(ctx):
+    """dispatch checks a binding once per graph (the same tensors every step are not checked
+    again): a tensor destroyed since, or another binding, is checked as the first was."""
+    g = simple_graph(ctx)
+    t_in, t_out = tensors(ctx)
+    x = np.random.default_rng(5).standard_normal((2, 4)).astype(np.float32)
+    ctx.write_tensor(t_in, x)
+    for _ in range(2):  # checked, then the same binding again
+        ctx.dispatch(g, {"x": t_in}, {"y": t_out})
+        np.testing.assert_allclose(ctx.read_tensor(t_out), x * np.arange(1.0, 5.0), rtol=1e-6)
+    wrong = ctx.create_tensor(data_type="float32", shape=[4, 2], readable=True)
+    with pytest.raises(TypeError, match="graph wants"):
+        ctx.dispatch(g, {"x": t_in}, {"y": wrong})
+    with pytest.raises(TypeError, match="more than once"):
+        ctx.dispatch(g, {"x": t_in}, {"y": t_in})
+    t_out.destroy()
+    with pytest.raises(TypeError, match="destroyed"):
+        ctx.dispatch(g, {"x": t_in}, {"y": t_out})
+
+
 def test_destroyed_graph_is_invalid_state(ctx):
     g = simple_graph(ctx)
     t_in, t_out = tensors(ctx)

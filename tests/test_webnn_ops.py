@@ -445,6 +445,39 @@ def test_float16_without_shader_f16_is_a_type_error(ctx, monkeypatch):
         b.cast(x, "float16")
 
 
+def test_float16_refusal_says_when_the_engine_withholds_shader_f16(ctx, monkeypatch):
+    """Where the engine keeps 'shader-f16' off this kind of adapter by design, the refusal's
+    one line says so, and names no reason on an adapter it does not withhold it from."""
+    import dataclasses
+
+    from backends.webnn.dtypes import dtype
+
+    info = ctx._adapter.info
+    monkeypatch.setattr(ctx, "_f16", False)
+    assert "by design" not in ctx._unsupported(dtype("float16"))
+    withheld = (("shader-f16", str(info["backend_type"]), info["vendor_id"], "by design here"),)
+    monkeypatch.setattr(ctx, "engine", dataclasses.replace(ctx.engine, withheld=withheld))
+    why = ctx._unsupported(dtype("float16"))
+    assert why.endswith("has no 'shader-f16': by design here") and "\n" not in why
+    with pytest.raises(TypeError, match="'shader-f16': by design here"):
+        MLGraphBuilder(ctx).input("x", data_type="float16", shape=[4])
+
+
+def test_dawn_withholds_shader_f16_on_nvidia_vulkan_only():
+    """Dawn's PhysicalDeviceVk.cpp refuses ShaderF16 on NVIDIA's Vulkan adapters unless the
+    adapter toggle vulkan_enable_f16_on_nvidia is on (docs/dawn.md); wgpu-native exposes
+    it there, and Dawn elsewhere (lavapipe, NVIDIA under D3D12)."""
+    from backends.webnn.engines import ENGINES, NVIDIA
+
+    nvidia_vk = {"vendor_id": NVIDIA, "backend_type": "Vulkan", "device": "NVIDIA H200"}
+    assert "vulkan_enable_f16_on_nvidia" in ENGINES["dawn"].withholds("shader-f16", nvidia_vk)
+    assert ENGINES["wgpu"].withholds("shader-f16", nvidia_vk) == ""
+    assert ENGINES["dawn"].withholds("subgroups", nvidia_vk) == ""
+    for info in ({"vendor_id": 0x10005, "backend_type": "Vulkan"},
+                 {"vendor_id": NVIDIA, "backend_type": "D3D12"}):
+        assert ENGINES["dawn"].withholds("shader-f16", info) == ""
+
+
 @pytest.mark.adapter_feature("shader-f16")
 @pytest.mark.parametrize("op", ["matmul", "softmax", "reduce_mean", "reduce_sum"])
 def test_float16_ops_accumulate_in_float32(ctx, op):

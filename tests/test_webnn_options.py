@@ -24,9 +24,10 @@ ACCEPTED = {
     "gdn": ["generic", "fused", "fused8", "fused1_sh", "fused_norms", "fused256_sh_norms"],
     "f16_loads": ["wide", "vec4"],
     "read_copy": ["dispatch", "separate", "separate_sync"],
-    "q4_gemv": ["fused", "generic"],
+    "q4_gemv": ["fused", "generic", "multi", "multi8", "multi2_l8", "multi4_l16_g4_u2", "multi_u4"],
     "pass_calls": ["direct", "wgpu-py"],
     "map_wait": ["spin", "caller", "thread"],
+    "queue_calls": ["direct", "direct_maps", "wgpu-py"],
 }
 REFUSED = {
     "gemv": ["fastest", "col", "rows_x"], "attention": ["flash2", ""],
@@ -34,9 +35,11 @@ REFUSED = {
     "record_ahead": ["yes"], "cache_copy": ["copy"], "gemv_weights": ["f64"],
     "gdn": ["fastest", "fused12", "fused0", "fused512"], "f16_loads": ["u32"],
     "read_copy": ["sync"],
-    "q4_gemv": ["dequantize", ""],
+    "q4_gemv": ["dequantize", "", "multi0", "multi_l3", "multi8_l4", "multi_l32_g16", "multi_u5",
+                "multi17_l32"],
     "pass_calls": ["raw", ""],
     "map_wait": ["poll", ""],
+    "queue_calls": ["raw", ""],
 }
 
 
@@ -81,7 +84,7 @@ def test_frozen_hashable_and_plain():
     assert opts == KernelOptions.parse(["gemv=rows", "attention_splits=8"])
     assert len({opts, KernelOptions(gemv="rows", attention_splits=8), KernelOptions()}) == 2
     plain = opts.as_dict()
-    assert plain["gemv"] == "rows" and plain["attention_splits"] == 8 and len(plain) == 14
+    assert plain["gemv"] == "rows" and plain["attention_splits"] == 8 and len(plain) == len(ACCEPTED)
     assert KernelOptions(**plain) == opts
 
 

@@ -130,17 +130,21 @@ def _q4_matmul(ctx, kind, k, n, zero_points, residual=False, block=32, dt="float
 @pytest.mark.parametrize("kind,k,n,zero_points,block", [
     ("int4", 64, 40, False, 32), ("int4", 96, 7, True, 32), ("uint4", 320, 130, True, 32),
     ("uint4", 128, 33, False, 32), ("int4", 40, 9, True, 8), ("uint4", 48, 11, False, 16)])
-@pytest.mark.parametrize("how", ["fused", "generic"])
+@pytest.mark.parametrize("how", ["fused", "generic", "multi", "multi3_l8_u2", "multi8_l16_g2", "multi_u3"])
 def test_4bit_matmul_one_row(ctx_with, how, kind, k, n, zero_points, block):
     """matmul(vector, dequantizeLinear(4-bit weights)): fused, the codes are read and no
     float weights are written (no dequantize launch; 16-byte loads where the block is a
-    multiple of 32, words otherwise); generic, they are."""
+    multiple of 32, words otherwise); multi, the same several rows an invocation (rows
+    and lanes not dividing N, sums through subgroups or workgroup memory); generic, they
+    are."""
     got, want, names = _q4_matmul(ctx_with(q4_gemv=how), kind, k, n, zero_points, block=block)
     assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
     if how == "fused":
         assert names == ["gemv_q4"]
+    elif how.startswith("multi"):  # 16-byte loads only: the word-wide blocks stay fused
+        assert names == ["gemv_q4_multi" if block % 32 == 0 else "gemv_q4"]
     else:
-        assert "dequantize_linear" in names and "gemv_q4" not in names
+        assert "dequantize_linear" in names and not any("gemv_q4" in x for x in names)
 
 
 def test_4bit_matmul_in_chunks_and_with_a_residual(ctx, monkeypatch):
@@ -204,13 +208,14 @@ def test_converter_maps_blocked_dequantizelinear(ctx, zero_point):
     assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
 
 
+@pytest.mark.parametrize("q4", [None, "multi", "multi3_l8"])
 @pytest.mark.parametrize("gemv,gemvs", [("rows", 2), ("cols", 4)])
-def test_4bit_projections_stack_and_take_the_residual(ctx_with, gemv, gemvs):
+def test_4bit_projections_stack_and_take_the_residual(ctx_with, gemv, gemvs, q4):
     """A layer's shape in small: with the GPU gemv passes (rows), q, k, v of one vector in
     one launch (their columns stacked) and an output projection writing x + W·o (no add
     launch); without them (a CPU adapter's cols), one launch each and the add."""
     k, sizes = 64, (32, 16, 24)
-    ctx = ctx_with(gemv=gemv)
+    ctx = ctx_with(gemv=gemv, q4_gemv=q4)
     b = MLGraphBuilder(ctx)
     x = RNG.standard_normal((1, k)).astype(np.float32)
     xi = b.input("x", data_type="float32", shape=[1, k])
@@ -243,12 +248,16 @@ def test_4bit_projections_stack_and_take_the_residual(ctx_with, gemv, gemvs):
         got = ctx.read_tensor(t)
         assert np.max(np.abs(got - wants[n])) <= 1e-5 * np.max(np.abs(wants[n])), n
     names = [la.kernel.name for la in g._plan.launches]
-    assert names.count("gemv_q4") == gemvs and len(names) == gemvs + 1, names
+    q4s = [x for x in names if x.startswith("gemv_q4")]
+    assert len(q4s) == gemvs and len(names) == gemvs + 1, names
+    if q4:  # the several-rows kernel where the block is 32 (not the block-8 o projection)
+        assert q4s.count("gemv_q4_multi") == gemvs - 1, names
 
 
-@pytest.mark.parametrize("gemv", [None, "rows_sh"])
+@pytest.mark.parametrize("gemv,q4", [(None, None), ("rows_sh", None), ("rows_sh", "multi"),
+                                     (None, "multi2_l8")])
 @pytest.mark.parametrize("page", ["wgpu:stateful", "wgpu:stateless"])
-def test_q4_pages_match_the_reference(page, gemv):
+def test_q4_pages_match_the_reference(page, gemv, q4):
     """tiny+q4's standard graph on the pages, the adapter's gemv kernels and the GPU ones
     (forced: 4-bit q/k/v and gate/up stacked, residuals written by the o and down
     projections); no dequantizeLinear is launched, the logits are the reference's."""
@@ -259,12 +268,13 @@ def test_q4_pages_match_the_reference(page, gemv):
 
     wl = Workload.build(preset("tiny+q4"), seed=2)
     cls = {"wgpu:stateful": StatefulInPlace, "wgpu:stateless": StatelessCopy}[page]
-    b = cls(options=KernelOptions(gemv=gemv))
+    b = cls(options=KernelOptions(gemv=gemv, q4_gemv=q4))
     b.prepare(wl, 24)
     try:
         plan = b.converted.graph._plan
         names = [la.kernel.name for la in plan.launches if hasattr(la, "kernel")]
-        assert "dequantize_linear" not in names and "gemv_q4" in names
+        assert "dequantize_linear" not in names
+        assert ("gemv_q4_multi" if q4 else "gemv_q4") in names
         if gemv:
             assert max(len(g) for g in plan.stacked.values()) >= 3
             assert len([g for g in plan.epilogue if g in plan.q4]) >= 2 * len(wl.config.layers)
@@ -308,7 +318,9 @@ def test_dequantize_linear_validation_as_wpt(ctx):
 @pytest.mark.parametrize("kind,k,n,residual", [("int4", 64, 40, False), ("int4", 320, 130, True),
                                                ("uint4", 96, 33, True)])
 @pytest.mark.parametrize("cpu", [True, False])
-def test_4bit_matmul_on_float16_activations(ctx, monkeypatch, kind, k, n, residual, cpu):
+@pytest.mark.parametrize("q4", [None, "multi"])
+def test_4bit_matmul_on_float16_activations(ctx_with, monkeypatch, kind, k, n, residual, cpu,
+                                            q4):
     """A float16 model's projection: float16 row, float16 scales, float16 result (+ a float16
     residual). The context runs the matmul in float32 between casts (``_widened``) and the
     fused kernel still reads the codes (no dequantize launch), on CPU and GPU targets (whose
@@ -316,10 +328,55 @@ def test_4bit_matmul_on_float16_activations(ctx, monkeypatch, kind, k, n, residu
     on the same float16 values, within one float16 rounding of each add."""
     from backends.webnn.wgpu_impl.target import Target
 
+    ctx = ctx_with(q4_gemv=q4)
     monkeypatch.setattr(ctx, "_target", Target(cpu=cpu, subgroup=ctx._target.subgroup))
     got, want, names = _q4_matmul(ctx, kind, k, n, False, residual and "input", dt="float16")
     assert got.dtype == np.float16
-    assert "gemv_q4" in names and not any("dequantize" in x for x in names), names
+    assert ("gemv_q4_multi" if q4 else "gemv_q4") in names, names
+    assert not any("dequantize" in x for x in names), names
     # the product rounded to float16 (half a ULP), then the add's rounding (half a ULP)
     ulp = np.spacing(np.abs(want).astype(np.float16)).astype(np.float64)
     assert np.all(np.abs(got - want) <= (1.0 + residual) * ulp + 1e-5 * np.abs(want).max())
+
+
+#: llama-1b's 4-bit launches (K, N): q/k/v stacked, o, gate/up stacked, down, the head
+LLAMA_Q4 = [(2048, 3072), (2048, 2048), (2048, 16384), (8192, 2048), (2048, 128256)]
+
+
+@pytest.mark.parametrize("K,N", LLAMA_Q4)
+@pytest.mark.parametrize("how", ["fused", "multi", "multi8_l16", "multi2_l8_u2"])
+def test_4bit_matmul_at_llama_shapes(ctx_with, how, K, N):
+    """Every llama-1b 4-bit launch shape (the head in chunks beyond the binding limit) with
+    random codes (int4) and float16-valued scales (the several-rows kernel then reads them
+    as float16 pairs): against float64 NumPy, a column chunk at a time."""
+    ctx = ctx_with(q4_gemv=how)
+    rng = np.random.default_rng(K + N)
+    packed = rng.integers(0, 256, size=K * N // 2, dtype=np.uint8)
+    scale = rng.uniform(0.5, 1.5, size=(K // 32, N)).astype(np.float16).astype(np.float32)
+    scale /= np.float32(64.0)
+    x = rng.standard_normal((1, K)).astype(np.float32)
+    b = MLGraphBuilder(ctx)
+    w = b.dequantize_linear(
+        b.constant(data_type="int4", shape=[K, N], value=packed),
+        b.constant(data_type="float32", shape=[K // 32, N], value=scale),
+        b.constant(data_type="int4", shape=[K // 32, N],
+                   value=np.zeros(-(-(K // 32) * N // 2), np.uint8)))
+    xi = b.input("x", data_type="float32", shape=[1, K])
+    g = b.build({"y": b.matmul(xi, w)})
+    tx = ctx.create_tensor(data_type="float32", shape=[1, K], writable=True)
+    ctx.write_tensor(tx, x)
+    ty = ctx.create_tensor(data_type="float32", shape=[1, N], readable=True)
+    ctx.dispatch(g, {"x": tx}, {"y": ty})
+    got = ctx.read_tensor(ty)[0]
+    names = {la.kernel.name for la in g._plan.launches}
+    assert names == {"gemv_q4_multi" if how.startswith("multi") else "gemv_q4"}, names
+    g.destroy()
+    codes = (np.stack([packed & 0xF, packed >> 4], axis=1).reshape(K, N).astype(np.int8)
+             ^ 8) - 8  # row-major (K, N), low nibble first, sign-extended
+    x64 = x[0].astype(np.float64)
+    for c in range(0, N, 8192):
+        wc = codes[:, c:c + 8192] * np.repeat(scale[:, c:c + 8192].astype(np.float64), 32,
+                                              axis=0)
+        want = x64 @ wc
+        err = np.max(np.abs(got[c:c + 8192] - want))
+        assert err <= 1e-5 * np.max(np.abs(want)), (c, err)

@@ -488,8 +488,9 @@ def test_record_ahead_off_encodes_every_dispatch(monkeypatch):
 # -- the read copy (readback._read_copy_for) ---------------------------------------------------
 
 def _context(read_copy: str | None, record_ahead: str = "on"):
-    return ml.create_context(options=KernelOptions(read_copy=read_copy,
-                                                   record_ahead=record_ahead))
+    # the oracle (conftest's queue_calls) counts wgpu-py's submits: the queue through them
+    return ml.create_context(options=KernelOptions(read_copy=read_copy, record_ahead=record_ahead,
+                                                   queue_calls="wgpu-py"))
 
 
 @pytest.mark.parametrize("record_ahead", ["on", "off"])
@@ -644,5 +645,36 @@ def test_read_copy_with_the_capacity_status(monkeypatch, queue_calls):
             page.step(inputs[2], 3)
         np.testing.assert_allclose(page.step(inputs[2], 2), want[2], atol=1e-5)
         assert calls["maps"] == 2  # one per read: the status came with the copy
+    finally:
+        c.destroy()
+
+
+@pytest.mark.parametrize("engine", ["wgpu", "dawn"])
+@pytest.mark.parametrize("read_copy", [None, "separate"])
+def test_direct_maps_read_status_timestamps_and_values(engine, read_copy):
+    """Read maps through the engine's C functions (KernelOptions.queue_calls "direct_maps",
+    where the read map spins): each step's y is the float64 reference's, the GPU time is
+    read, an overflow's status is read (from the read, or at the next dispatch) and raises,
+    and the step after it is as if the overflow never ran."""
+    try:
+        c = ml.create_context(engine=engine, timing=True, options=KernelOptions(
+            queue_calls="direct_maps", map_wait="spin", record_ahead="on", read_copy=read_copy))
+    except (ImportError, RuntimeError) as exc:
+        pytest.skip(f"no {engine} adapter: {exc}")
+    try:
+        assert c._map_how.map_spin is not None
+        b, outs = decoder(c, 3)
+        page = Page(c, b.build(outs, use_stateful=True, kv_cache_pairs=PAIRS), 3)
+        inputs = xs(3)
+        want = decoder_ref(inputs, 3)
+        for p in range(2):
+            np.testing.assert_allclose(page.step(inputs[p], p), want[p], atol=1e-5)
+            assert c.gpu_time_ns is None or c.gpu_time_ns >= 0
+        with pytest.raises(OperationError, match="capacity"):
+            page.step(inputs[2], 3)  # the status read with y
+        page.step(inputs[2], 3, read=False)
+        with pytest.raises(OperationError, match="capacity"):
+            page.step(inputs[2], 2)  # the status read on its own, before this dispatch
+        np.testing.assert_allclose(page.step(inputs[2], 2), want[2], atol=1e-5)
     finally:
         c.destroy()

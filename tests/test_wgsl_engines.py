@@ -22,7 +22,7 @@ from backends.webnn.engines import ENGINES
 
 #: the knobs that choose how a context encodes, submits, reads and waits, not any kernel's
 #: source
-CONTEXT_MODES = {"record_ahead", "read_copy", "pass_calls", "map_wait"}
+CONTEXT_MODES = {"record_ahead", "read_copy", "pass_calls", "map_wait", "queue_calls"}
 #: values of each kernel-choosing knob (wgpu_impl/options.py documents them)
 OPTION_VALUES: dict[str, list[str | int | None]] = {
     "gemv": [None, "legacy", "rows", "rows8", "rows_sh", "rows16_sh_u2", "cols", "cols2",
@@ -35,7 +35,7 @@ OPTION_VALUES: dict[str, list[str | int | None]] = {
     "gemv_weights": [None, "f32", "f16"],
     "gdn": [None, "generic", "fused", "fused8", "fused64_sh", "fused_norms", "fused16_sh_norms"],
     "f16_loads": [None, "wide", "vec4"],
-    "q4_gemv": [None, "fused", "generic"],
+    "q4_gemv": [None, "fused", "generic", "multi", "multi2_l8_u2", "multi8_l16_g2", "multi_u2"],
 }
 
 
@@ -121,6 +121,16 @@ def _op_graphs(b, dt: str) -> dict[str, object]:
         sc8 = b.constant(data_type=dt, shape=[1, 5], value=np.linspace(0.1, 1, 5))
         zp8 = b.constant(data_type="int4", shape=[1, 5], value=np.zeros(3, np.uint8))
         out["gemv_q4"] = b.matmul(v, b.dequantize_linear(q8, sc8, zp8))
+        # blocks of 32 (the 16-byte loads, the several-rows kernel): signed with zero points,
+        # two products of one row stacked and one writing a residual add; unsigned alone
+        v64 = b.input("v64", data_type=dt, shape=[1, 64])
+        for kind, n in (("int4", 5), ("int4", 3), ("uint4", 7)):
+            q = b.constant(data_type=kind, shape=[64, n], value=np.arange(32 * n, dtype=np.uint8))
+            sc = b.constant(data_type=dt, shape=[2, n], value=np.linspace(0.1, 1, 2 * n))
+            zp = b.constant(data_type=kind, shape=[2, n], value=np.full(n, 0x21, np.uint8))
+            out[f"gemv_q4_{kind}_{n}"] = b.matmul(v64, b.dequantize_linear(q, sc, zp))
+        out["gemv_q4_res"] = b.add(out.pop("gemv_q4_int4_3"),
+                                   b.input("r3", data_type=dt, shape=[1, 3]))
         out["rmsnorm"] = b.mul(x, b.reciprocal(b.sqrt(b.add(
             b.reduce_mean(b.mul(x, x), axes=[2], keep_dimensions=True), y))))
     return out

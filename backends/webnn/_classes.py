@@ -748,6 +748,9 @@ class MLGraph:
         self.outputs: dict[str, tuple[str, tuple[int, ...]]] = {}
         self.in_place: dict[str, bool] = {}
         self.pairs: list[MLKVCachePair] = []
+        #: the last binding ``dispatch`` checked, (inputs, outputs) as item tuples: a page
+        #: that binds the same tensors every step is checked once (each still not destroyed)
+        self._checked: tuple[tuple, tuple] | None = None
 
     # IDL: readonly attribute boolean isStateful;  (PROPOSAL)
     @property
@@ -834,6 +837,11 @@ class MLContext:
             raise TypeError("graph belongs to another MLContext")
         if graph._destroyed:
             raise InvalidStateError("the MLGraph is destroyed")
+        binding = (tuple(inputs.items()), tuple(outputs.items()))
+        if binding == graph._checked and not any(
+                t._destroyed for items in binding for _, t in items):
+            self._dispatch(graph, dict(inputs), dict(outputs))  # checked at an earlier step
+            return
         for what, bound, want in (("input", inputs, graph.inputs),
                                   ("output", outputs, graph.outputs)):
             if set(bound) != set(want):
@@ -853,6 +861,7 @@ class MLContext:
         tensors = list(inputs.values()) + list(outputs.values())
         if len({id(t) for t in tensors}) != len(tensors):
             raise TypeError("the same MLTensor is bound more than once")
+        graph._checked = binding
         self._dispatch(graph, dict(inputs), dict(outputs))
 
     # IDL: undefined resetKVCache(MLGraph graph);  (PROPOSAL)

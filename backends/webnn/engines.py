@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, NamedTuple
@@ -27,6 +27,24 @@ class PassCalls(NamedTuple):
     dispatch: Callable[..., Any]  # (pass, x, y, z)
     null: Any
     handle: Callable[[Any], Any]
+
+
+class QueueCalls(NamedTuple):
+    """A decode step's queue calls on its critical path (not overlapped with the device):
+    the submit, the small writes (a token, a position), the spinning map wait's poll and
+    the read of the mapped logits.
+    Each goes through the engine's C function or wgpu-py's method (``Engine.queue_calls``)."""
+
+    submit: Callable[[Any, list[Any]], None]  # (queue, command buffers)
+    write: Callable[[Any, Any, Any], None]  # (queue, buffer, C-contiguous array): at offset 0
+    poll: Callable[[Any], Callable[[bool], None] | None]  # device -> its poll(block), or None
+    #: (mapped buffer, offset, size) -> a read-only buffer over those mapped bytes, valid
+    #: until the buffer is unmapped (the caller lets go of it first)
+    mapped: Callable[[Any, int, int], Any]
+    #: (buffer, offset, size, poll) -> None: a read map through the engine's C function,
+    #: polled (``poll(False)``) until its callback has run; None: wgpu-py's ``map_async``
+    map_spin: Callable[[Any, int, int, Callable[[bool], None]], None] | None = None
+    unmap: Callable[[Any], None] = lambda buf: buf.unmap()  # after map_spin's map: C's
 
 
 @dataclass(frozen=True)
@@ -54,6 +72,13 @@ class Engine:
     #: device toggles turned off (Dawn): timestamp quantization, which Chrome keeps on for
     #: pages and which would round every GPU time to Dawn's quantum
     disable_toggles: tuple[str, ...] = ()
+    #: features the engine keeps off its adapters by design on some hardware, whatever
+    #: the driver offers: (feature, backend API, PCI vendor id, why), see ``withholds``
+    withheld: tuple[tuple[str, str, int, str], ...] = ()
+    #: its device poll as a C function of (device, wait, NULL) (wgpu-native's
+    #: ``wgpuDevicePoll``); "" where the Python package's poll is something else (Dawn's
+    #: ``wgpuInstanceProcessEvents``), which is then called as wgpu-py's
+    poll_function: str = ""
 
     def api(self) -> ModuleType:
         """The engine's module (ImportError where it is not installed)."""
@@ -84,6 +109,81 @@ class Engine:
                          lib.wgpuComputePassEncoderDispatchWorkgroups, ffi.ffi.NULL,
                          operator.attrgetter("_internal"))
 
+    def withholds(self, feature: str, info: Mapping[str, Any]) -> str:
+        """Why this engine keeps ``feature`` off an adapter with this ``info`` by design
+        ("" where it does not): a lacking feature the driver has is then no fault of ours."""
+        for name, api, vendor, why in self.withheld:
+            if (name == feature and str(info.get("backend_type", "")) == api
+                    and info.get("vendor_id") == vendor):
+                return why
+        return ""
+
+    def queue_calls(self, direct: bool = True, maps: bool = False) -> QueueCalls:
+        """The step's queue calls. ``direct``: the engine's C functions on the objects'
+        handles. wgpu-py's methods check their arguments in Python and wrap each call in an
+        error scope (a Python proxy with its own bookkeeping, several µs a call): the
+        spinning map wait polls a couple of hundred times a step. Our callers pass what
+        wgpu-py would check (whole command buffers, a write that fits its buffer); an
+        error of the engine is still reported, as an uncaptured one. ``maps`` (with
+        ``direct``): read maps through the C API too (``map_spin``): no ``map_async`` in
+        Python (a callback, a promise and a struct made per map) and no wake-up of wgpu-py's
+        poll thread, whose blocking poll runs beside the caller's spin; wgpu-py then never
+        sees those buffers mapped, so they are read and unmapped through C as well."""
+        if not direct:
+            return QueueCalls(lambda q, cbs: q.submit(cbs),
+                              lambda q, buf, data: q.write_buffer(buf, 0, data),
+                              lambda dev: getattr(dev, "_poll", None),
+                              lambda buf, off, n: buf.read_mapped(off, n, copy=False))
+        mod = importlib.import_module(f"{self.module}.backends.{self.native}._ffi")
+        lib, ffi = mod.lib, mod.ffi
+        submit_c, write_c, new, from_buffer = (lib.wgpuQueueSubmit, lib.wgpuQueueWriteBuffer,
+                                               ffi.new, ffi.from_buffer)
+        range_c, as_buffer = lib.wgpuBufferGetConstMappedRange, ffi.buffer
+
+        def submit(q: Any, cbs: list[Any]) -> None:
+            submit_c(q._internal, len(cbs), new("WGPUCommandBuffer[]", [c._internal for c in cbs]))
+
+        def write(q: Any, buf: Any, data: Any) -> None:
+            write_c(q._internal, buf._internal, 0, from_buffer(data), data.nbytes)
+
+        def poll(dev: Any) -> Callable[[bool], None] | None:
+            if not self.poll_function:
+                return getattr(dev, "_poll", None)
+            poll_c, handle, null = getattr(lib, self.poll_function), dev._internal, ffi.NULL
+            return lambda block: poll_c(handle, block, null)
+
+        def mapped(buf: Any, off: int, n: int) -> Any:
+            return as_buffer(range_c(buf._internal, off, n), n)
+
+        if not maps:
+            return QueueCalls(submit, write, poll, mapped)
+        done: list[int | None] = [None]  # the status of the map in flight (one at a time)
+
+        @ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)")
+        def on_mapped(status: int, _message: Any, _u1: Any, _u2: Any) -> None:
+            done[0] = status
+
+        map_c, unmap_c, read_mode = lib.wgpuBufferMapAsync, lib.wgpuBufferUnmap, lib.WGPUMapMode_Read
+        info = ffi.new("WGPUBufferMapCallbackInfo *")
+        info.mode = lib.WGPUCallbackMode_AllowProcessEvents
+        info.callback = on_mapped
+        success = lib.WGPUMapAsyncStatus_Success
+
+        keep = (on_mapped, info)  # the C callback lives as long as map_spin does
+
+        def map_spin(buf: Any, off: int, n: int, poll_fn: Callable[[bool], None]) -> None:
+            done[0] = None
+            map_c(buf._internal, read_mode, off, n, keep[1][0])
+            while done[0] is None:
+                poll_fn(False)
+            if done[0] != success:
+                raise RuntimeError(f"could not map a buffer for reading (status {done[0]})")
+
+        def unmap(buf: Any) -> None:
+            unmap_c(buf._internal)
+
+        return QueueCalls(submit, write, poll, mapped, map_spin, unmap)
+
     def request_adapter(self, power_preference: str = "high-performance") -> Any:
         """The engine's adapter; raises where the engine or a driver fails."""
         return self.api().gpu.request_adapter_sync(power_preference=power_preference)
@@ -98,13 +198,20 @@ class Engine:
         return adapter.request_device_sync(required_features=features, required_limits=limits)
 
 
+#: NVIDIA's PCI vendor id, as adapters report it (``info["vendor_id"]``)
+NVIDIA = 0x10DE
+
 ENGINES: dict[str, Engine] = {
     "wgpu": Engine("wgpu", "wgpu-native", "wgpu", "wgpu_native", "naga", "subgroup",
                    "timestamp-query-inside-passes", enable_subgroups=False,
-                   submits_before_map=True, poll_thread=True),
+                   submits_before_map=True, poll_thread=True, poll_function="wgpuDevicePoll"),
     "dawn": Engine("dawn", "Dawn", "wgpudawn", "dawn", "Tint", "subgroups",
                    "chromium-experimental-timestamp-query-inside-passes", enable_subgroups=True,
-                   disable_toggles=("timestamp_quantization",)),
+                   disable_toggles=("timestamp_quantization",),
+                   withheld=(("shader-f16", "Vulkan", NVIDIA,
+                              "Dawn withholds it on NVIDIA under Vulkan by design, unless "
+                              "its adapter toggle vulkan_enable_f16_on_nvidia is on (off by "
+                              "default; crbug.com/42251215, docs/dawn.md)"),)),
 }
 
 

@@ -77,6 +77,10 @@ class Run(Command):
                        default=int(runner.WORKER_TIMEOUT_S),
                        help="seconds one backend x context point may take before it is recorded as"
                             f" failed (default {int(runner.WORKER_TIMEOUT_S)})")
+        p.add_argument("--kernel-option", action="append", default=[], metavar="KEY=VALUE",
+                       help="a KernelOptions knob of the wgpu:* pages (e.g. q4_gemv=multi; "
+                            "backends/webnn/wgpu_impl/options.py), recorded per point in "
+                            "details.kernel_options; repeatable; other backends ignore it")
         p.add_argument("--no-calibrate", dest="calibrate", action="store_false",
                        help="skip the bandwidth calibration (no floors or MBU)")
 
@@ -90,6 +94,12 @@ class Run(Command):
             raise UserError(f"{model_flags[0]} needs --model")
         if (args.prompt is None) != (args.expect_tokens is None):
             raise UserError("--prompt and --expect-tokens go together")
+        from backends.webnn.wgpu_impl.options import KernelOptions
+
+        try:  # every knob checked before anything slow
+            KernelOptions.parse(args.kernel_option)
+        except ValueError as exc:
+            raise UserError(f"--kernel-option: {exc}") from None
         name, user = args.preset or "small", None
         if args.model is None:
             preset(name)  # validate before anything slow
@@ -103,7 +113,7 @@ class Run(Command):
             warm_s=args.warm_s, repeat=args.repeat,
             capacity=args.capacity, seed=args.seed, inprocess=args.inprocess,
             calibrate=args.calibrate, timeout_s=float(args.point_timeout),
-            command=cls.command_line(),
+            command=cls.command_line(), kernel_options=list(args.kernel_option),
         )
         if user is not None and args.expect_tokens is not None:
             # the sweep's positions first: a context beyond the model is refused before this

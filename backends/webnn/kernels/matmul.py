@@ -285,22 +285,29 @@ def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequenc
 def gemv_tail(use_sub: bool, lanes: int, index: str, count: int, residual: bool,
               splits: Sequence[int] | None, half: bool = False) -> str:
     """The end of a rows gemv kernel: the ``lanes`` partial sums ``acc`` of row ``n``
-    combined (``subgroupAdd``, else workgroup memory ``sh``) and written by lane 0: to
-    ``out[index]`` (plus ``res[index]`` when ``residual``) for n < ``count``, or with
-    ``splits`` to ``out{j}[n - start]`` of the stacked matrix n falls in. ``half``: ``res``
-    and ``out`` are float16, the sum float32, rounded once as it is written."""
+    combined (``subgroupAdd``, else workgroup memory ``sh``) and written by lane 0
+    (``gemv_write``)."""
     if use_sub:
         src = "  let s = subgroupAdd(acc);\n"
     else:
         src = ("  sh[lid] = acc;\n  workgroupBarrier();\n  var s = 0.0;\n"
                f"  if (t == 0u) {{\n    for (var j = 0u; j < {lanes}u; j = j + 1u) "
                "{ s = s + sh[lid + j]; }\n  }\n")
+    return src + gemv_write("t == 0u", index, count, residual, splits, half)
+
+
+def gemv_write(writer: str, index: str, count: int, residual: bool,
+               splits: Sequence[int] | None, half: bool = False) -> str:
+    """Where ``writer`` holds, row ``n``'s sum ``s`` written: to ``out[index]`` (plus
+    ``res[index]`` when ``residual``) for n < ``count``, or with ``splits`` to
+    ``out{j}[n - start]`` of the stacked matrix n falls in; closes the kernel. ``half``:
+    ``res`` and ``out`` are float16, the sum float32, rounded once as it is written."""
     if not splits:
         val = (f"s + {'f32(res[{index}])' if half else 'res[{index}]'}".format(index=index)
                if residual else "s")
         val = f"f16({val})" if half else val
-        return src + f"  if (t == 0u && n < {count}u) {{ out[{index}] = {val}; }}\n}}\n"
-    src += "  if (t == 0u) {\n"
+        return f"  if ({writer} && n < {count}u) {{ out[{index}] = {val}; }}\n}}\n"
+    src = f"  if ({writer}) {{\n"
     start = 0
     for j, nj in enumerate(splits):
         kw = "if" if j == 0 else "} else if"

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from .. import shapes as S
 from ..dtypes import dtype, packed_bytes
 from .common import Kernel, decl, esize, grid, main_1d
-from .matmul import gemv_tail
+from .matmul import gemv_tail, gemv_write
 
 
 def load_fn(name: str, array: str, kind: str) -> str:
@@ -56,6 +56,27 @@ def dequantize_linear(kind: str, shape: Sequence[int], block: Sequence[int], out
     return Kernel("dequantize_linear", src, ["read", "read", "read", "rw"], (gx, gy, gz), traffic)
 
 
+def _q4_bindings(b_t: str, sc_t: str, N: int, zero_points: bool, residual: bool, n_off: int,
+                 splits: Sequence[int] | None, half_out: bool) -> tuple[str, list[str]]:
+    """The 4-bit products' bindings (``gemv_q4`` documents them; ``b_t``: the codes' load
+    type, ``sc_t``: the scales') and each one's access."""
+    src = decl(0, "a", "vec4<f32>", "read") + decl(1, "b", b_t, "read")
+    src += decl(2, "sc", sc_t, "read")
+    nxt = 3
+    if zero_points:
+        src += decl(nxt, "zc", "f32", "read")
+        nxt += 1
+    io = "f16" if half_out else "f32"
+    if residual:
+        src += decl(nxt, "res", io, "read")
+        nxt += 1
+    outs = list(splits) if splits else [N]
+    assert not (splits and (residual or n_off or half_out)) and sum(outs) == N
+    for j in range(len(outs)):
+        src += decl(nxt + j, f"out{j}" if splits else "out", io, "rw")
+    return src, ["read"] * nxt + ["rw"] * len(outs)
+
+
 def gemv_q4(K: int, N: int, block: int, *, signed: bool, zero_points: bool, lanes: int = 32,
             wg: int = 256, subgroup: int | None = None, residual: bool = False,
             n_off: int = 0, splits: Sequence[int] | None = None,
@@ -86,33 +107,9 @@ def gemv_q4(K: int, N: int, block: int, *, signed: bool, zero_points: bool, lane
     R = wg // lanes
     gx = -(-N // R)
     use_sub = subgroup == lanes
-    src = decl(0, "a", "vec4<f32>", "read") + decl(1, "b", "vec4<u32>" if wide else "u32", "read")
-    src += decl(2, "sc", "f32", "read")
-    nxt = 3
-    if zero_points:
-        src += decl(nxt, "zc", "f32", "read")
-        nxt += 1
-    io = "f16" if half_out else "f32"
-    if residual:
-        src += decl(nxt, "res", io, "read")
-        nxt += 1
-    outs = list(splits) if splits else [N]
-    assert not (splits and (residual or n_off or half_out)) and sum(outs) == N
-    for j in range(len(outs)):
-        src += decl(nxt + j, f"out{j}" if splits else "out", io, "rw")
-    if signed:  # each nibble moved to the top of an i32, shifted back arithmetically
-        unpack = ("fn lo(w: u32) -> vec4<f32> {\n"
-                  "  return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(w << 28u, w << 24u, "
-                  "w << 20u, w << 16u)) >> vec4<u32>(28u));\n}\n"
-                  "fn hi(w: u32) -> vec4<f32> {\n"
-                  "  return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(w << 12u, w << 8u, "
-                  "w << 4u, w)) >> vec4<u32>(28u));\n}\n")
-    else:
-        unpack = ("fn lo(w: u32) -> vec4<f32> {\n  return vec4<f32>((vec4<u32>(w) >> "
-                  "vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u));\n}\n"
-                  "fn hi(w: u32) -> vec4<f32> {\n  return vec4<f32>((vec4<u32>(w) >> "
-                  "vec4<u32>(16u, 20u, 24u, 28u)) & vec4<u32>(15u));\n}\n")
-    src += unpack
+    src, binds = _q4_bindings("vec4<u32>" if wide else "u32", "f32", N, zero_points, residual,
+                              n_off, splits, half_out)
+    src += _unpack_fns(signed)
     # one load's contribution: its codes against 2 * unit vec4s of a, times its block's scale
     words = [f"{{w}}.{c}" for c in "xyzw"] if wide else ["{w}"]
     dots = " + ".join(f"dot(a[{{x}} + {2 * i}u], lo({w})) + dot(a[{{x}} + {2 * i + 1}u], hi({w}))"
@@ -142,6 +139,143 @@ def gemv_q4(K: int, N: int, block: int, *, signed: bool, zero_points: bool, lane
     src += gemv_tail(use_sub, lanes, f"{n_off}u + n", N, residual, splits, half_out)
     traffic = 4 * K + N * K // 2 + 4 * N * nblocks * (2 if zero_points else 1) \
         + (2 if half_out else 4) * N * (2 if residual else 1)
-    binds = (["read", "read", "read"] + ["read"] * zero_points + ["read"] * residual
-             + ["rw"] * len(outs))
     return Kernel("gemv_q4", src, binds, (gx, 1, 1), traffic)
+
+
+def _unpack_fns(signed: bool) -> str:
+    """WGSL ``lo(w)``/``hi(w)``: a u32 word's nibbles 0-3 and 4-7 as floats (sign-extended
+    where ``signed``: each nibble moved to the top of an i32, shifted back arithmetically)."""
+    if signed:
+        return ("fn lo(w: u32) -> vec4<f32> {\n"
+                "  return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(w << 28u, w << 24u, "
+                "w << 20u, w << 16u)) >> vec4<u32>(28u));\n}\n"
+                "fn hi(w: u32) -> vec4<f32> {\n"
+                "  return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(w << 12u, w << 8u, "
+                "w << 4u, w)) >> vec4<u32>(28u));\n}\n")
+    return ("fn lo(w: u32) -> vec4<f32> {\n  return vec4<f32>((vec4<u32>(w) >> "
+            "vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u));\n}\n"
+            "fn hi(w: u32) -> vec4<f32> {\n  return vec4<f32>((vec4<u32>(w) >> "
+            "vec4<u32>(16u, 20u, 24u, 28u)) & vec4<u32>(15u));\n}\n")
+
+
+def _unpack_biased_fns(signed: bool) -> str:
+    """WGSL ``lo(w)``/``hi(w)`` of ``gemv_q4_multi``: nibbles 0-3 and 4-7 of a u32 word as
+    floats without an integer-to-float conversion (a quarter-rate instruction on NVIDIA
+    GPUs): each nibble is or-ed into the mantissa of 2^23, whose float is then 2^23 + the
+    nibble exactly, and 2^23 is subtracted. Signed codes arrive xor-ed with 0x88888888 (each
+    nibble's sign bit flipped: the nibble + 8, unsigned), so 2^23 + 8 is subtracted."""
+    bias = "8388616.0" if signed else "8388608.0"
+    out = ""
+    for name, shifts in (("lo", "0u, 4u, 8u, 12u"), ("hi", "16u, 20u, 24u, 28u")):
+        out += (f"fn {name}(w: u32) -> vec4<f32> {{\n  return bitcast<vec4<f32>>(((vec4<u32>(w)"
+                f" >> vec4<u32>({shifts})) & vec4<u32>(15u)) | vec4<u32>(0x4b000000u))"
+                f" - vec4<f32>({bias});\n}}\n")
+    return out
+
+
+def multi_groups(N: int, rows: int, lanes: int, target_groups: int = 256) -> int:
+    """Row groups (``lanes`` invocations each) a workgroup of ``gemv_q4_multi`` holds: a
+    power of two, at most 256 invocations and at least 32, as large as still leaves about
+    ``target_groups`` workgroups over ``N`` rows (every multiprocessor of a large GPU busy on
+    a 2048-row projection, without workgroups of a few invocations on the LM head)."""
+    g = 1
+    while 2 * g * lanes <= 256 and N // (2 * g * rows) >= target_groups:
+        g *= 2
+    while g * lanes < 32:
+        g *= 2
+    return g
+
+
+def gemv_q4_multi(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
+                  rows: int = 4, lanes: int = 32, groups: int | None = None, unroll: int = 1,
+                  subgroup: int | None = None, residual: bool = False, n_off: int = 0,
+                  splits: Sequence[int] | None = None, half_out: bool = False,
+                  half_scales: bool = False) -> Kernel:
+    """The product ``gemv_q4`` computes (same bindings and layouts), each invocation
+    computing ``rows`` output rows: the 32 inputs a 16-byte code load multiplies are
+    loaded once (8 vec4) and used for ``rows`` code loads, one a row, so the input row
+    passes through the cache ``rows`` times less, and each invocation has ``rows`` code
+    loads in flight an iteration. ``lanes`` invocations share ``rows`` rows, striding
+    along K a load at a time (each row's loads of an iteration are ``16 · lanes``
+    contiguous bytes); a workgroup holds ``groups`` such groups (default
+    ``multi_groups``); ``unroll`` such loads an iteration, each with its own input values
+    (more loads in flight where K is short). ``half_scales``: ``sc`` is float16, two to a
+    u32 word in row-major (N, K/block) order (half the scale traffic; exact where the
+    model's scales are float16).
+    Codes become floats without a conversion instruction (``_unpack_biased_fns``).
+    Sums: ``subgroupAdd`` where the subgroup is exactly ``lanes`` wide, else workgroup
+    memory; lane j of a group writes its j-th row. Needs the block a multiple of 32 and
+    ``rows <= lanes``."""
+    assert K % 32 == 0 and block % 32 == 0 and K % block == 0 and 1 <= rows <= lanes
+    units, nblocks, per = K // 32, K // block, block // 32
+    G = groups or multi_groups(N, rows, lanes)
+    wg, R = G * lanes, rows
+    per_wg = G * R
+    gx, gy, _ = grid(N, per_wg)  # folded into y beyond the per-dimension limit
+    use_sub = subgroup == lanes
+    src, binds = _q4_bindings("vec4<u32>", "u32" if half_scales else "f32", N, zero_points,
+                              residual, n_off, splits, half_out)
+    src += _unpack_biased_fns(signed)
+    if half_scales:
+        src += ("fn scale(i: u32) -> f32 {\n  let p = unpack2x16float(sc[i / 2u]);\n"
+                "  return select(p.y, p.x, (i & 1u) == 0u);\n}\n")
+    else:
+        src += "fn scale(i: u32) -> f32 {\n  return sc[i];\n}\n"
+    if not use_sub:
+        src += f"var<workgroup> sh: array<f32, {wg * R}>;\n"
+    src += (f"@compute @workgroup_size({wg})\n"
+            "fn main(@builtin(workgroup_id) wid: vec3<u32>, "
+            "@builtin(local_invocation_index) lid: u32) {\n"
+            f"  let g = lid / {lanes}u;\n  let t = lid % {lanes}u;\n"
+            f"  let n0 = (wid.y * {gx}u + wid.x) * {per_wg}u + g * {R}u;\n")
+    for j in range(R):
+        src += (f"  let r{j} = min(n0 + {j}u, {N - 1}u);\n  let wb{j} = r{j} * {units}u;\n"
+                f"  let sb{j} = r{j} * {nblocks}u;\n  var acc{j} = 0.0;\n")
+    if unroll > 1:  # ``unroll`` steps an iteration, each its own loads, then the rest
+        src += (f"  var k = t;\n  for (; k + {(unroll - 1) * lanes}u < {units}u; "
+                f"k = k + {unroll * lanes}u) {{\n")
+        src += "".join(_multi_step(f"k + {u * lanes}u", f"_{u}", R, per, zero_points, signed)
+                       for u in range(unroll))
+        src += f"  }}\n  for (; k < {units}u; k = k + {lanes}u) {{\n"
+    else:
+        src += f"  for (var k = t; k < {units}u; k = k + {lanes}u) {{\n"
+    src += _multi_step("k", "", R, per, zero_points, signed) + "  }\n"
+    if use_sub:
+        src += "".join(f"  let s{j} = subgroupAdd(acc{j});\n" for j in range(R))
+        src += "  var s = s0;\n" + "".join(
+            f"  if (t == {j}u) {{ s = s{j}; }}\n" for j in range(1, R))
+    else:
+        src += "".join(f"  sh[{j * wg}u + lid] = acc{j};\n" for j in range(R))
+        src += ("  workgroupBarrier();\n  var s = 0.0;\n"
+                f"  if (t < {R}u) {{\n"
+                f"    let base = t * {wg}u + g * {lanes}u;\n"
+                f"    for (var i = 0u; i < {lanes}u; i = i + 1u) {{ s = s + sh[base + i]; }}\n"
+                "  }\n")
+    src += "  let n = n0 + t;\n"
+    src += gemv_write(f"t < {R}u", f"{n_off}u + n", N, residual, splits, half_out)
+    traffic = 4 * K + N * K // 2 + N * nblocks * ((2 if half_scales else 4)
+                                                  + (4 if zero_points else 0)) \
+        + (2 if half_out else 4) * N * (2 if residual else 1)
+    return Kernel("gemv_q4_multi", src, binds, (gx, gy, 1), traffic)
+
+
+def _multi_step(k: str, tag: str, rows: int, per: int, zero_points: bool,
+                signed: bool) -> str:
+    """One step of ``gemv_q4_multi``'s loop at code load ``k`` of each row: the 8 vec4 of
+    the input its 32 codes multiply, loaded once, against each of ``rows`` rows' codes
+    (``tag`` names its values apart from another step's in the same iteration)."""
+    src = f"    let x{tag} = 8u * ({k});\n"
+    src += "".join(f"    let a{i}{tag} = a[x{tag} + {i}u];\n" for i in range(8))
+    src += f"    let blk{tag} = ({k}) / {per}u;\n" if per > 1 else f"    let blk{tag} = {k};\n"
+    if zero_points:
+        src += (f"    let sa{tag} = dot(" + " + ".join(f"a{i}{tag}" for i in range(8))
+                + ", vec4<f32>(1.0));\n")
+    for j in range(rows):
+        dots = " + ".join(f"dot(a{2 * i}{tag}, lo(w{j}{tag}.{c})) + "
+                          f"dot(a{2 * i + 1}{tag}, hi(w{j}{tag}.{c}))"
+                          for i, c in enumerate("xyzw"))
+        flip = " ^ vec4<u32>(0x88888888u)" if signed else ""  # _unpack_biased_fns
+        src += (f"    let w{j}{tag} = b[wb{j} + {k}]{flip};\n"
+                f"    acc{j} = acc{j} + scale(sb{j} + blk{tag}) * ({dots})")
+        src += f" + zc[sb{j} + blk{tag}] * sa{tag};\n" if zero_points else ";\n"
+    return src

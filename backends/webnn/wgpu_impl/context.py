@@ -183,6 +183,9 @@ class WgpuContext(Dispatch, Readback, MLContext):
         self._queue = self._device.queue
         # (``Dispatch._encode``)
         self._pass_calls = self.engine.pass_calls(self.options.pass_calls != "wgpu-py")
+        # submit, small writes, the spinning wait's poll (``engines.Engine.queue_calls``)
+        self._queue_calls = self.engine.queue_calls(self.options.queue_calls != "wgpu-py",
+                                                    self.options.queue_calls == "direct_maps")
         self._max_binding = int(self._device.limits["max-storage-buffer-binding-size"])
         self._target = target_of(adapter, self.engine.subgroup_feature in feats)
         self.state_support = state_support
@@ -200,10 +203,14 @@ class WgpuContext(Dispatch, Readback, MLContext):
         # engine's wait is a poll thread's, the caller polls (``staging.MapHow``)
         wait = self.options.map_wait or ("caller" if self._target.cpu else "spin")
         # (Dawn's own wait is in the caller already: only its spin polls)
-        poll = (getattr(self._device, "_poll", None)
+        poll = (self._queue_calls.poll(self._device)
                 if wait == "spin" or (wait == "caller" and self.engine.poll_thread) else None)
-        self._map_how = MapHow(copy_mode == "separate_sync" and self.engine.submits_before_map,
-                               poll, wait == "spin")
+        sync = copy_mode == "separate_sync" and self.engine.submits_before_map
+        # C maps where the caller spins (the other waits, and map_sync, are wgpu-py's)
+        c_maps = wait == "spin" and not sync and self._queue_calls.map_spin is not None
+        self._map_how = MapHow(sync, poll, wait == "spin", self._queue_calls.mapped,
+                               self._queue_calls.map_spin if c_maps else None,
+                               self._queue_calls.unmap if c_maps else None)
         #: submits and maps of this context's queue (statebench extension: counted per step)
         self.queue_counts = QueueCounts()
         #: the last dispatch's read copy while its outputs are unchanged (``_read_tensors``)
@@ -245,8 +252,11 @@ class WgpuContext(Dispatch, Readback, MLContext):
 
     def _unsupported(self, dt: DType) -> str:
         if dt.wgsl == "f16" and not self._f16:
+            info = self._adapter.info
+            why = self.engine.withholds("shader-f16", info)
             return (f"data type float16 is not supported by this context: the adapter "
-                    f"({self._adapter.info.get('device', '?')}) has no 'shader-f16'")
+                    f"({info.get('device', '?')}) has no 'shader-f16'"
+                    + (f": {why}" if why else ""))
         return ""
 
     def _widens(self, op: str) -> bool:
@@ -289,7 +299,7 @@ class WgpuContext(Dispatch, Readback, MLContext):
         t0 = time.perf_counter_ns()
         if n < STAGED_WRITE_MIN:
             self._staged.flush()
-            self._queue.write_buffer(tensor._buffer, 0, data)
+            self._queue_calls.write(self._queue, tensor._buffer, np.ascontiguousarray(data))
         else:
             self._staged.write(tensor._buffer, data)
         self.counters.h2d += n

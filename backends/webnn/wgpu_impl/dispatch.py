@@ -121,7 +121,7 @@ class Dispatch:
 
     def _submit(self, cbs: list[Any]) -> None:
         t0 = time.perf_counter_ns()
-        self._queue.submit(cbs)
+        self._queue_calls.submit(self._queue, cbs)
         self.queue_counts.submits += 1
         self.queue_counts.submit_ns += time.perf_counter_ns() - t0
 

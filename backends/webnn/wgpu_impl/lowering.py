@@ -349,6 +349,9 @@ def _lower_q4(plan: Plan, members: list[MLOperand], a_slot: Slot, slot_of: Any) 
     K, N = w0.K, sum(w.N for w in ws)
     per = N if len(ws) > 1 else max(8, (plan.max_binding // (K // 2)) // 8 * 8)
     lanes = 8 if plan.target.cpu else 32
+    multi = plan.options.q4_multi()  # the several-rows kernel, where the block allows it
+    if multi is not None and (w0.block % 32 or multi[0] > multi[1]):
+        multi = None
     dst, res = plan.epilogue.get(members[0]._id, (members[0], None))  # (the add, residual)
     outs = [slot_of(m) for m in members] if len(ws) > 1 else [slot_of(dst)]
     for c, n0 in enumerate(range(0, N, per)):
@@ -359,17 +362,25 @@ def _lower_q4(plan: Plan, members: list[MLOperand], a_slot: Slot, slot_of: Any) 
         plan.consts.setdefault(slots[0], Deferred(nc * K // 8, partial(
             _stacked, [partial(MQ.repack_codes, *p) for p in parts])))
         blocks_n = nc * (K // w0.block)
-        plan.consts.setdefault(slots[1], Deferred(blocks_n, partial(
-            _stacked, [partial(MQ.repack_scales, *p, False) for p in parts])))
+        half_scales = multi is not None and all(w.f16_scales for w in ws)
+        scales = partial(_stacked, [partial(MQ.repack_scales, *p, False) for p in parts])
+        plan.consts.setdefault(slots[1], Deferred((blocks_n + 1) // 2, partial(
+            MQ.packed_half, scales)) if half_scales else Deferred(blocks_n, scales))
         if w0.zero_points:
             slots.append(("const", ("Q4Z", *key)))
             plan.consts.setdefault(slots[2], Deferred(blocks_n, partial(
                 _stacked, [partial(MQ.repack_scales, *p, True) for p in parts])))
-        k = QK.gemv_q4(K, nc, w0.block, signed=w0.signed, zero_points=w0.zero_points,
-                       lanes=lanes, wg=256, subgroup=plan.target.subgroup,
-                       residual=res is not None, n_off=n0 if len(ws) == 1 else 0,
-                       splits=[w.N for w in ws] if len(ws) > 1 else None,
-                       half_out=dst._dtype.wgsl == "f16")
+        common = dict(signed=w0.signed, zero_points=w0.zero_points,
+                      subgroup=plan.target.subgroup, residual=res is not None,
+                      n_off=n0 if len(ws) == 1 else 0,
+                      splits=[w.N for w in ws] if len(ws) > 1 else None,
+                      half_out=dst._dtype.wgsl == "f16")
+        if multi is not None:
+            rows, lanes_m, groups, unroll = multi
+            k = QK.gemv_q4_multi(K, nc, w0.block, rows=rows, lanes=lanes_m, groups=groups,
+                                 unroll=unroll, half_scales=half_scales, **common)
+        else:
+            k = QK.gemv_q4(K, nc, w0.block, lanes=lanes, wg=256, **common)
         plan.launches.append(KernelLaunch(k, [a_slot] + slots + (
             [slot_of(res)] if res is not None else []) + outs))
 

@@ -11,6 +11,7 @@ never straddles two blocks), and the product's input is a single row.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -33,6 +34,14 @@ class Q4Weight:
     def format(self) -> tuple[int, bool, bool]:
         """What one kernel needs alike across stacked products."""
         return (self.block, self.signed, self.zero_points)
+
+    @property
+    def f16_scales(self) -> bool:
+        """Every scale is a float16 value (a float16 model's, or float32 ones that are):
+        the several-rows kernel may read them as float16 pairs, losing nothing."""
+        s = self.dq._inputs[1]._value
+        return s.dtype == np.float16 or bool(np.array_equal(
+            s.astype(np.float16).astype(s.dtype), s))
 
     @property
     def codes(self) -> MLOperand:
@@ -102,3 +111,12 @@ def repack_scales(w: Q4Weight, n0: int, nc: int, zero_terms: bool) -> np.ndarray
         zp = _nibbles(w.dq._inputs[2], w.signed).reshape(-1, w.N)[:, n0:n0 + nc]
         s = -zp.astype(np.float32) * s
     return np.ascontiguousarray(s.T).reshape(-1)
+
+
+def packed_half(values: Any) -> np.ndarray:
+    """Float32 values made by ``values()`` (float16 ones) as float16, two to a u32 word, the
+    count padded to even (``gemv_q4_multi`` half_scales)."""
+    v = values().astype(np.float16)
+    if v.size % 2:
+        v = np.append(v, np.float16(0))
+    return v.view(np.uint32)

@@ -28,6 +28,11 @@ ROWS_VARIANT = re.compile(r"rows(\d+)?(_sh)?(?:_u(\d+))?")
 
 GDN_VARIANT = re.compile(r"fused(\d+)?(_sh)?(_norms)?")
 
+#: q4_gemv's several-rows variants: ``multi[ROWS][_lLANES][_gGROUPS][_uUNROLL]`` (output rows
+#: an invocation computes, default 4; invocations sharing them, default 32; groups of them a
+#: workgroup, default ``kernels/quant.multi_groups``; code loads a row an iteration, default 1)
+Q4_VARIANT = re.compile(r"multi(\d+)?(?:_l(\d+))?(?:_g(\d+))?(?:_u(\d+))?")
+
 #: the accepted string values of each knob (None is always accepted: chosen per adapter);
 #: gemv, gdn and attention_splits are checked by their own rules in ``_check``
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -42,6 +47,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "q4_gemv": ("fused", "generic"),
     "pass_calls": ("direct", "wgpu-py"),
     "map_wait": ("spin", "caller", "thread"),
+    "queue_calls": ("direct", "direct_maps", "wgpu-py"),
 }
 
 
@@ -96,7 +102,9 @@ class KernelOptions:
     #: submit of its own), "separate_sync" (the same, each map after wgpu-py's empty submit)
     read_copy: str | None = None
     #: one-row products with 4-bit weights (``match_q4``): None/"fused" (the codes read and
-    #: dequantised in registers), "generic" (dequantizeLinear writes float weights, then matmul)
+    #: dequantised in registers, 32 invocations a row), "multi[ROWS][_lLANES][_gGROUPS][_uUNROLL]"
+    #: (``Q4_VARIANT``: the same, ROWS rows an invocation, float16 scales read as pairs where
+    #: exact), "generic" (dequantizeLinear writes float weights, then matmul)
     q4_gemv: str | None = None
     #: how a compute pass's launches are encoded (``engines.Engine.pass_calls``): None/"direct"
     #: (the engine's C functions called directly), "wgpu-py" (wgpu-py's pass methods)
@@ -107,6 +115,11 @@ class KernelOptions:
     #: wait, which "thread" is too there), "thread" (wgpu-native: wgpu-py's poll thread
     #: waits and wakes the caller)
     map_wait: str | None = None
+    #: how a step's queue calls on its critical path are made (``engines.Engine.queue_calls``:
+    #: the submit, small writes, the spinning wait's poll): None/"direct" (the engine's C
+    #: functions), "direct_maps" (the same, and where the read map spins, the map itself, its
+    #: read and unmap through C: no wgpu-py promise or poll thread), "wgpu-py" (wgpu-py's methods)
+    queue_calls: str | None = None
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -144,6 +157,16 @@ class KernelOptions:
         if v.startswith("cols") and not cols_ok:
             v = "rows"
         return v
+
+    def q4_multi(self) -> tuple[int, int, int | None, int] | None:
+        """(rows an invocation, lanes sharing them, row groups a workgroup or None: chosen
+        per shape, unroll) of ``kernels/quant.gemv_q4_multi``, or None where q4_gemv is not
+        a "multi" variant."""
+        m = Q4_VARIANT.fullmatch(self.q4_gemv or "")
+        if m is None:
+            return None
+        return (int(m.group(1) or 4), int(m.group(2) or 32),
+                int(m.group(3)) if m.group(3) else None, int(m.group(4) or 1))
 
     def gdn_variant(self, t: Target) -> tuple[int, bool, bool] | None:
         """(lanes per state row, sums through workgroup memory, fold q's and k's L2 norms) of
@@ -194,6 +217,16 @@ def _check(name: str, value: object) -> None:
         if lanes < 1 or lanes > 256 or lanes & (lanes - 1):
             raise ValueError(f"KernelOptions.gdn = {value!r}: lanes per state row must be a "
                              "power of two from 1 to 256")
+    elif name == "q4_gemv" and Q4_VARIANT.fullmatch(value):
+        m = Q4_VARIANT.fullmatch(value)
+        rows, lanes, groups, unroll = (int(m.group(i) or d)
+                                       for i, d in ((1, 4), (2, 32), (3, 1), (4, 1)))
+        if not (1 <= lanes <= 256 and lanes & (lanes - 1) == 0 and 1 <= rows <= min(lanes, 16)
+                and 1 <= groups and groups * lanes <= 256 and 1 <= unroll <= 4):
+            raise ValueError(f"KernelOptions.q4_gemv = {value!r}: lanes a power of two to "
+                             "256, rows 1 to min(lanes, 16), groups · lanes at most 256, "
+                             "unroll 1 to 4")
     elif value not in CHOICES[name]:
+        extra = ", 'multi[ROWS][_lLANES][_gGROUPS][_uUNROLL]'" if name == "q4_gemv" else ""
         raise ValueError(f"KernelOptions.{name} = {value!r}; accepted: None, "
-                         f"{', '.join(map(repr, CHOICES[name]))}")
+                         f"{', '.join(map(repr, CHOICES[name]))}{extra}")

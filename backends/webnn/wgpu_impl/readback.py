@@ -18,7 +18,7 @@ from .. import shapes as S
 from .._classes import MLGraph, MLTensor
 from ..dtypes import from_device
 from ..errors import OperationError
-from .staging import ReadStaging, map_read
+from .staging import ReadStaging, read_small
 
 if TYPE_CHECKING:
     from .context import WgpuGraph
@@ -55,10 +55,8 @@ class Readback:
         (``gpu_time_reason`` says why). Resolved timestamps are taken as nanoseconds:
         the WebGPU spec defines them so and wgpu-native exposes no period to apply."""
         if self._time_pending:
-            map_read(self._time_staging, 0, 16, self.queue_counts, self._map_how)
-            raw = np.frombuffer(self._time_staging.read_mapped(0, 16), dtype=np.uint8)
-            self._gpu_time_ns = _span_ns(raw)
-            self._time_staging.unmap()
+            raw = read_small(self._time_staging, 16, self.queue_counts, self._map_how)
+            self._gpu_time_ns = _span_ns(np.frombuffer(raw, dtype=np.uint8))
             self._time_pending = False
         return self._gpu_time_ns
 
@@ -184,9 +182,8 @@ class Readback:
         if g is None:
             return
         if status is None:
-            map_read(self._status_staging, 0, 16, self.queue_counts, self._map_how)
-            status = int(np.frombuffer(self._status_staging.read_mapped(0, 4), dtype=np.uint32)[0])
-            self._status_staging.unmap()
+            raw = read_small(self._status_staging, 4, self.queue_counts, self._map_how)
+            status = int(np.frombuffer(raw, dtype=np.uint32)[0])
         self.counters.d2h += 4
         if not status:
             return

@@ -85,12 +85,28 @@ class MapHow:
     sync: bool = False
     poll: Callable[[bool], None] | None = None  # the device's poll(block)
     spin: bool = False
+    #: how the mapped bytes are read: (buffer, offset, size) -> a buffer over them
+    #: (``engines.QueueCalls.mapped``); None: wgpu-py's ``read_mapped``
+    mapped: Callable[[Any, int, int], Any] | None = None
+    #: a spinning read map through the engine's C functions, and its unmap
+    #: (``engines.QueueCalls.map_spin``; KernelOptions.queue_calls "direct_maps")
+    map_spin: Callable[[Any, int, int, Callable[[bool], None]], None] | None = None
+    unmap: Callable[[Any], None] | None = None
+
+    def release(self, buf: Any) -> None:
+        """Unmap ``buf`` as it was mapped."""
+        if self.unmap is None:
+            buf.unmap()
+        else:
+            self.unmap(buf)
 
 
 def map_read(buf: Any, offset: int, size: int, counts: QueueCounts, how: MapHow) -> None:
     """Map ``buf`` for reading and wait, as ``how`` says."""
     t0 = time.perf_counter_ns()
-    if how.sync:
+    if how.map_spin is not None and how.poll is not None:
+        how.map_spin(buf, offset, size, how.poll)
+    elif how.sync:
         buf.map_sync(wgpu.MapMode.READ, offset, size)
         counts.submits += 1  # wgpu-py's own, counted so the counts match the queue's
     else:
@@ -104,6 +120,20 @@ def map_read(buf: Any, offset: int, size: int, counts: QueueCounts, how: MapHow)
         promise.sync_wait()
     counts.maps += 1
     counts.wait_ns += time.perf_counter_ns() - t0
+
+
+def read_small(buf: Any, nbytes: int, counts: QueueCounts, how: MapHow) -> bytes:
+    """The first ``nbytes`` of ``buf`` (a status word, two timestamps), mapped, copied out
+    and unmapped as ``how`` says."""
+    map_read(buf, 0, 16, counts, how)
+    try:
+        view = buf.read_mapped(0, nbytes, copy=False) if how.mapped is None else how.mapped(
+            buf, 0, nbytes)
+        data = bytes(view)
+        del view  # no export of the mapped range may outlive unmap
+    finally:
+        how.release(buf)
+    return data
 
 
 def _pack(sizes: Sequence[int], max_buffer: int) -> tuple[list[tuple[int, int]], list[int]]:
@@ -135,13 +165,14 @@ def _consume(buffers: Sequence[Any], slots: Sequence[tuple[int, int]], want: dic
         map_read(st, 0, end, counts, how)
         t0 = time.perf_counter_ns()
         try:
-            view = st.read_mapped(0, end, copy=False)
+            view = (st.read_mapped(0, end, copy=False) if how.mapped is None
+                    else how.mapped(st, 0, end))
             raw = np.frombuffer(view, np.uint8)
             for i, off, n in members:
                 consume(i, raw[off:off + n])
             del raw, view  # no export of the mapped range may outlive unmap
         finally:
-            st.unmap()
+            how.release(st)
             counts.copy_ns += time.perf_counter_ns() - t0
 
 
