@@ -160,13 +160,17 @@ def bench_gemv_q4(ctx, K: int, N: int, reps: int, budget: float) -> dict:
 
 
 def bench_attention(ctx, C: int, reps: int, budget: float, kv: int = 8, rep: int = 4,
-                    d: int = 64) -> dict:
-    """The standard flavour's attention subgraph (model/export.py `_attention`)."""
+                    d: int = 64, cache: str = "float32") -> dict:
+    """The standard flavour's attention subgraph (model/export.py `_attention`); ``cache``
+    "float16": the caches are float16 inputs cast to float32 where read (as the +f16kv and
+    +q4f16 exports spell it), checked against float64 NumPy over the float16 values."""
     rng = np.random.default_rng(C)
     b = MLGraphBuilder(ctx)
     q = b.input("q", data_type="float32", shape=[1, kv, rep, d])
-    kc = b.input("k", data_type="float32", shape=[1, kv, C, d])
-    vc = b.input("v", data_type="float32", shape=[1, kv, C, d])
+    kc = b.input("k", data_type=cache, shape=[1, kv, C, d])
+    vc = b.input("v", data_type=cache, shape=[1, kv, C, d])
+    if cache != "float32":
+        kc, vc = b.cast(kc, "float32"), b.cast(vc, "float32")
     pos = b.input("pos", data_type="int64", shape=[1, 1])
     ar = b.constant(data_type="int64", shape=[C], value=np.arange(C))
     mask = b.lesser_or_equal(ar, b.reshape(pos, [1, 1, 1, 1]))
@@ -177,12 +181,12 @@ def bench_attention(ctx, C: int, reps: int, budget: float, kv: int = 8, rep: int
     o = b.matmul(b.softmax(s, 3), vc)
     g = b.build({"o": o})
     arrs = {"q": rng.standard_normal((1, kv, rep, d), dtype=np.float32),
-            "k": rng.standard_normal((1, kv, C, d), dtype=np.float32),
-            "v": rng.standard_normal((1, kv, C, d), dtype=np.float32),
-            "pos": np.array([[C - C // 4]], np.int64)}
+            "k": rng.standard_normal((1, kv, C, d), dtype=np.float32).astype(cache),
+            "v": rng.standard_normal((1, kv, C, d), dtype=np.float32).astype(cache),
+            "pos": np.array([[C - C // 4 - 3]], np.int64)}
     ts = {}
     for n, a in arrs.items():
-        ts[n] = ctx.create_tensor(data_type="int64" if n == "pos" else "float32",
+        ts[n] = ctx.create_tensor(data_type="int64" if n == "pos" else str(a.dtype),
                                   shape=list(a.shape), writable=True)
         ctx.write_tensor(ts[n], a)
     to = ctx.create_tensor(data_type="float32", shape=[1, kv, rep, d], readable=True)
@@ -198,7 +202,8 @@ def bench_attention(ctx, C: int, reps: int, budget: float, kv: int = 8, rep: int
     res["launches"] = len(g._plan.launches)
     res["kernels"] = [la.kernel.name for la in g._plan.launches if hasattr(la, "kernel")]
     g.destroy()
-    return _rate(res, 4 * 2 * kv * C * d)
+    res["cache"] = cache
+    return _rate(res, np.dtype(cache).itemsize * 2 * kv * C * d)
 
 
 #: the profile's name for a plan's buffer-to-buffer copies (`cache_copy=buffer`)
@@ -427,11 +432,17 @@ def _attempt(bench: Callable[..., dict], args: tuple, **labels: Any) -> dict:
 
 def _attention_variant(chosen: KernelOptions, var: str) -> KernelOptions:
     """``--attn-variants``' ``var`` over the ``--option`` choices: "auto" (as chosen), "sN"
-    (flash-decoding aiming at N splits per head), or an attention knob value."""
+    (flash-decoding aiming at N splits per head), an attention knob value, or "VALUE:sN"
+    (both)."""
     if var == "auto":
         return chosen
     if var.startswith("s") and var[1:].isdigit():
         return chosen.replace(attention_splits=int(var[1:]))
+    kind, _, splits = var.partition(":s")
+    if splits:
+        if not splits.isdigit():
+            raise ValueError(f"--attn-variants {var!r}: splits after ':s' must be a count")
+        return chosen.replace(attention=kind, attention_splits=int(splits))
     return chosen.replace(attention=var)
 
 
@@ -445,7 +456,11 @@ def main() -> None:
                     help="q4_gemv values to time them with, comma list ('auto': as --option)")
     ap.add_argument("--attn", default="512,2048,8192,16384")
     ap.add_argument("--attn-variants", default="auto",
-                    help="auto, unfused, generic, or sN (flash-decoding aiming at N splits per head)")
+                    help="auto, or an attention knob value (flash, flash1, unfused, generic), "
+                         "or sN (flash-decoding aiming at N splits per head); flash1:sN and "
+                         "flash:sN combine both")
+    ap.add_argument("--attn-cache", default="float32",
+                    help="the attention benchmark's cache types, comma list: float32, float16")
     ap.add_argument("--step", default="small:512", help="preset:capacity,... or none")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--depth", type=int, default=0,
@@ -477,6 +492,8 @@ def main() -> None:
         q4_runs = [(var, chosen if var == "auto" else chosen.replace(q4_gemv=var))
                    for var in a.q4_variants.split(",")]
         attn_runs = [(var, _attention_variant(chosen, var)) for var in a.attn_variants.split(",")]
+        if not set(a.attn_cache.split(",")) <= {"float32", "float16"}:
+            raise ValueError(f"--attn-cache {a.attn_cache!r}: float32 and/or float16")
     except ValueError as exc:
         print(f"kernel_bench: {exc}", file=sys.stderr)
         sys.exit(2)
@@ -503,9 +520,11 @@ def main() -> None:
                                                            a.budget), shape=f"{K}x{N}", variant=var))
     if a.attn != "none":
         for var, options in attn_runs:
-            for C in map(int, a.attn.split(",")):
-                out["attention"].append(_attempt(
-                    bench_attention, (context(options), C, a.reps, a.budget), C=C, variant=var))
+            for cache in a.attn_cache.split(","):
+                for C in map(int, a.attn.split(",")):
+                    out["attention"].append(_attempt(
+                        bench_attention, (context(options), C, a.reps, a.budget, 8, 4, 64, cache),
+                        C=C, variant=var))
     for ctx in contexts.values():
         ctx.destroy()
     if a.step != "none":

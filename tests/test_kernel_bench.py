@@ -120,6 +120,29 @@ def test_bad_option_values_are_one_line_before_anything_runs():
         assert len(lines) == 1 and f"KernelOptions.{knob} =" in lines[0], proc.stderr
 
 
+def test_attention_bench_float16_cache_and_one_launch():
+    """--attn-cache float16 with the two- and one-launch kernels (flash1:sN): each row
+    checked against float64 NumPy over the float16 values, its bytes 2 an element, its
+    kernels the variant's; a cache type outside float32/float16 is one line, exit 2."""
+    proc = bench("--gemv", "none", "--step", "none", "--attn", "300", "--attn-cache",
+                 "float16,float32", "--attn-variants", "flash,flash1:s8", "--reps", "2",
+                 "--budget", "0.2")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(proc.stdout)["attention"]
+    assert [(r["variant"], r["cache"]) for r in rows] == [
+        (v, c) for v in ("flash", "flash1:s8") for c in ("float16", "float32")]
+    for r in rows:
+        assert "error" not in r, r.get("trace")
+        assert r["max_abs_err"] < 1e-5, r
+        assert r["bytes"] == (2 if r["cache"] == "float16" else 4) * 2 * 8 * 300 * 64
+        one = r["variant"].startswith("flash1")
+        assert r["kernels"] == (["attention_flash1"] if one else
+                                ["attention_flash", "attention_combine"]), r
+    proc = bench("--gemv", "none", "--step", "none", "--attn", "96", "--attn-cache", "bfloat16")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and not proc.stdout and len(lines) == 1, proc.stderr
+
+
 def test_kernel_bench_times_4bit_variants():
     """--gemv-q4 with --q4-variants: each 4-bit variant per shape (K and N off the tiles),
     checked against float64, the kernel it ran, GB/s over the bytes it must move (alike

@@ -580,6 +580,26 @@ def test_q4f16_matches_the_reference_under_the_float16_tolerance(mode):
 
 
 @pytest.mark.adapter_feature("shader-f16")
+@pytest.mark.parametrize("mode", ["wgpu:stateful", "wgpu:stateless"])
+@pytest.mark.parametrize("name", ["tiny+f16kv", "tiny+q4f16"])
+def test_one_launch_attention_pages_match_the_reference(name, mode):
+    """KernelOptions.attention = "flash1" (decode attention in one launch, the combine
+    folded in) on float16 caches: the pages compute the reference's logits within the
+    preset's tolerance, every attention layer in one launch and no combine launch."""
+    wl, cap = f16kv(name), 24
+    b = MODES[mode](options=KernelOptions(attention="flash1"))
+    b.prepare(wl, cap)
+    try:
+        tol = F16KV_TOL if name == "tiny+f16kv" else logits_tolerance(wl.config)
+        _three_steps_match(b, wl, cap, tol, f"{name} {mode} attention=flash1")
+        names = [la.kernel.name for la in b.converted.graph._plan.launches
+                 if hasattr(la, "kernel")]
+        assert "attention_flash1" in names and "attention_combine" not in names, names
+    finally:
+        b.close()
+
+
+@pytest.mark.adapter_feature("shader-f16")
 @pytest.mark.parametrize("q4", [None, "multi"])
 def test_q4f16_gpu_plan_launches_as_q4(monkeypatch, q4):
     """On a GPU target tiny+q4f16 plans as tiny+q4 but for one launch: q/k/v and gate/up

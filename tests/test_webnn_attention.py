@@ -119,7 +119,18 @@ def test_kernel_layouts_without_and_with_shared_pv(ctx, shared_floats, monkeypat
 def test_query_chain_computed_by_the_attention_kernel(ctx):
     """q = q_in * c + rotate(q_in) (a RoPE-like chain read only by q·Kᵀ) is computed by
     each flash workgroup: still two launches, same result."""
-    heads, g, cap, d = 2, 4, 96, 8
+    gr, outs = rope_graph(ctx)
+    assert [la.kernel.name for la in gr._plan.launches] == ["attention_flash", "attention_combine"]
+    feeds, want = rope_feeds_and_oracle()
+    np.testing.assert_allclose(run(ctx, gr, outs, feeds)["y"], want, rtol=2e-5, atol=2e-6)
+
+
+ROPE_SHAPE = (2, 4, 96, 8)  # heads, q rows, capacity, head dim
+
+
+def rope_graph(ctx):
+    """Attention whose q is ``q_in * c + rotate(q_in)`` (a RoPE-like chain read only by q·Kᵀ)."""
+    heads, g, cap, d = ROPE_SHAPE
     b = MLGraphBuilder(ctx)
     qin = b.input("qin", data_type="float32", shape=[1, heads, g, d])
     c = b.input("c", data_type="float32", shape=[1, 1, 1, d])
@@ -130,16 +141,19 @@ def test_query_chain_computed_by_the_attention_kernel(ctx):
     q = b.add(b.mul(qin, c), rot)
     p = b.softmax(b.matmul(q, b.transpose(k, [0, 1, 3, 2])), 3)
     outs = {"y": b.matmul(p, v)}
-    gr = b.build(outs)
-    assert [la.kernel.name for la in gr._plan.launches] == ["attention_flash", "attention_combine"]
+    return b.build(outs), outs
+
+
+def rope_feeds_and_oracle():
+    """Fresh random inputs of ``rope_graph`` and its float64 output."""
+    heads, g, cap, d = ROPE_SHAPE
     feeds = {"qin": RNG.standard_normal((1, heads, g, d)), "c": RNG.standard_normal((1, 1, 1, d)),
              "k": RNG.standard_normal((1, heads, cap, d)), "v": RNG.standard_normal((1, heads, cap, d))}
     q64 = feeds["qin"] * feeds["c"] + np.concatenate([-feeds["qin"][..., d // 2:],
                                                       feeds["qin"][..., :d // 2]], -1)
     s = np.einsum("bhgd,bhcd->bhgc", q64, feeds["k"])
     e = np.exp(s - s.max(-1, keepdims=True))
-    want = np.einsum("bhgc,bhcd->bhgd", e / e.sum(-1, keepdims=True), feeds["v"])
-    np.testing.assert_allclose(run(ctx, gr, outs, feeds)["y"], want, rtol=2e-5, atol=2e-6)
+    return feeds, np.einsum("bhgc,bhcd->bhgd", e / e.sum(-1, keepdims=True), feeds["v"])
 
 
 # -- float16 KV caches: the row write and flash-decoding read float16 directly ----------------
@@ -289,3 +303,129 @@ def test_f16_loads_option_is_checked():
 
     with pytest.raises(ValueError, match="f16_loads"):
         AT.flash_decode(1, 4, 300, 64, None, 1 << 14, kv="f16", f16_loads="vec8")
+
+
+# -- one launch (KernelOptions.attention = "flash1"): the combine folded into the last split --
+
+
+ONE_SHAPES = [
+    (2, 4, 300, 16),  # 2 halves-words a row (float16), 4 floats-words (float32)
+    (2, 4, 517, 64),  # llama-1b's head, capacity not a multiple of any split
+    (1, 8, 2053, 32),  # 8 q rows a kv head
+    (2, 4, 4099, 64),  # 8 rows an invocation, a last split of 3 rows
+]
+
+
+def _one_names(gr):
+    return [la.kernel.name for la in gr._plan.launches if hasattr(la, "kernel")]
+
+
+@pytest.mark.parametrize("shape", ONE_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("fill", [-np.inf, float(np.finfo(np.float32).min)])
+def test_one_launch_matches_oracle_float32_cache(ctx_with, shape, fill):
+    """One launch, float32 caches, three dispatches of fresh random inputs (the head
+    counters must come back to zero after each), masks leaving whole splits empty."""
+    ctx = ctx_with(attention="flash1")
+    heads, g, cap, d = shape
+    gr, outs = graph(ctx, heads, g, cap, d, fill)
+    assert _one_names(gr) == ["attention_flash1"]
+    for depth in (int(RNG.integers(1, cap)), 3, cap - 1):
+        feeds = {"q": RNG.standard_normal((1, heads, g, d)),
+                 "k": RNG.standard_normal((1, heads, cap, d)),
+                 "v": RNG.standard_normal((1, heads, cap, d)),
+                 "valid": ((np.arange(cap) < depth) & (RNG.random(cap) < 0.8)
+                           | (np.arange(cap) == 0)).astype(np.float64).reshape(1, 1, 1, cap)}
+        np.testing.assert_allclose(run(ctx, gr, outs, feeds)["y"], oracle(**feeds), rtol=2e-5,
+                                   atol=2e-6)
+
+
+@pytest.mark.adapter_feature("shader-f16")
+@pytest.mark.parametrize("cap", [512, 2048 + 37, 8192 - 5, 16384 - 3])
+def test_one_launch_float16_cache_512_to_16384_rows(ctx_with, cap):
+    """llama-1b's head over a float16 cache of 512 to 16384 rows: the stateful graph's
+    row write and one-launch read, three positions that are no multiple of any tile,
+    against float64 NumPy with the rows rounded to float16."""
+    ctx = ctx_with(attention="flash1")
+    heads, g, d = 2, 4, 64
+    gr, outs = f16_cache_graph(ctx, heads, g, cap, d, True)
+    names = _one_names(gr)
+    assert names.count("attention_flash1") == 1 and "attention_combine" not in names, names
+    kc, vc = RNG.standard_normal((2, 1, heads, cap, d)).astype(np.float16)
+    _seed_state(ctx, gr, "kc", kc)
+    _seed_state(ctx, gr, "vc", vc)
+    want_k, want_v = kc.astype(np.float64), vc.astype(np.float64)
+    for depth in (cap - 1, int(RNG.integers(1, cap)), 1):
+        q, kn, vn = (RNG.standard_normal(s) for s in ((1, heads, g, d), (1, heads, 1, d),
+                                                      (1, heads, 1, d)))
+        idx = np.zeros((1, heads, 1, 3), np.int64)
+        idx[0, :, 0, 1], idx[0, :, 0, 2] = np.arange(heads), depth
+        valid = (np.arange(cap) <= depth).astype(np.float32).reshape(1, 1, 1, cap)
+        ins = {n: _tensor(ctx, dt, v) for n, dt, v in (
+            ("q", "float32", q), ("idx", "int64", idx), ("kn", "float32", kn),
+            ("vn", "float32", vn), ("valid", "float32", valid))}
+        res = {"y": ctx.create_tensor(data_type="float32", shape=[1, heads, g, d], readable=True)}
+        ctx.dispatch(gr, ins, res)
+        want_k[:, :, depth] = kn[:, :, 0].astype(np.float16)
+        want_v[:, :, depth] = vn[:, :, 0].astype(np.float16)
+        np.testing.assert_allclose(ctx.read_tensor(res["y"]), oracle(q, want_k, want_v, valid),
+                                   rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.adapter_feature("shader-f16")
+@pytest.mark.parametrize("shared_floats", [1 << 12, 1 << 13, 1 << 16])
+def test_one_launch_rounds_and_fallback_by_workgroup_memory(ctx_with, shared_floats, monkeypatch):
+    """The partial dots in 1 to 8 rounds as workgroup memory allows, all matching the
+    oracle; where nothing fits, the two-launch kernels."""
+    from backends.webnn.kernels import attention as AT
+    from backends.webnn.wgpu_impl import match_attention as match
+
+    heads, g, cap, d = 2, 4, 4099, 64
+    plan = AT.one_launch_plan(g, cap, d, "f16", shared_floats)
+    real = AT.flash_decode_one
+    monkeypatch.setattr(match.AT, "flash_decode_one",
+                        lambda *a, **kw: real(*a[:5], shared_floats, *a[6:], **kw))
+    ctx = ctx_with(attention="flash1")
+    gr, outs = f16_cache_graph(ctx, heads, g, cap, d, False)
+    names = _one_names(gr)
+    if plan is None:
+        assert "attention_combine" in names, names
+    else:
+        assert plan[1] in (1, 2, 4, 8) and plan[2] in (1, 2, 4, 8) and plan[2] <= plan[1], plan
+        assert "attention_flash1" in names, names
+    kc, vc = RNG.standard_normal((2, 1, heads, cap, d)).astype(np.float16)
+    q, kn, vn = (RNG.standard_normal(s) for s in ((1, heads, g, d), (1, heads, 1, d),
+                                                  (1, heads, 1, d)))
+    depth = 3001
+    idx = np.zeros((1, heads, 1, 3), np.int64)
+    idx[0, :, 0, 1], idx[0, :, 0, 2] = np.arange(heads), depth
+    valid = (np.arange(cap) <= depth).astype(np.float32).reshape(1, 1, 1, cap)
+    ins = {n: _tensor(ctx, dt, v) for n, dt, v in (
+        ("q", "float32", q), ("idx", "int64", idx), ("kn", "float32", kn), ("vn", "float32", vn),
+        ("valid", "float32", valid), ("kc", "float16", kc), ("vc", "float16", vc))}
+    res = {"y": ctx.create_tensor(data_type="float32", shape=[1, heads, g, d], readable=True)}
+    for n in ("pk", "pv"):
+        res[n] = ctx.create_tensor(data_type="float16", shape=[1, heads, cap, d], readable=True)
+    ctx.dispatch(gr, ins, res)
+    want_k, want_v = kc.astype(np.float64), vc.astype(np.float64)
+    want_k[:, :, depth] = kn[:, :, 0].astype(np.float16)
+    want_v[:, :, depth] = vn[:, :, 0].astype(np.float16)
+    np.testing.assert_allclose(ctx.read_tensor(res["y"]), oracle(q, want_k, want_v, valid),
+                               rtol=2e-5, atol=2e-6)
+
+
+def test_one_launch_query_chain_and_layouts(ctx_with):
+    """q computed inside the one-launch kernel (a RoPE-like chain); the plan's splits:
+    more, shorter splits on short caches, at most 8 rows an invocation; head dims that
+    are no power-of-two count of 16-byte words keep the two-launch kernels."""
+    from backends.webnn.kernels import attention as AT
+
+    assert AT.one_launch_plan(4, 512, 64, "f16", 1 << 14) == (8, 1, 1, 32)
+    assert AT.one_launch_plan(4, 8192, 64, "f16", 1 << 14) == (8, 8, 8, 64)
+    assert AT.one_launch_plan(4, 16384, 64, "f16", 1 << 16) == (8, 8, 8, 128)
+    assert AT.one_launch_plan(4, 300, 24, "f16", 1 << 14) is None  # 3 words a row
+    assert AT.one_launch_plan(4, 300, 6, "f32", 1 << 14) is None
+    ctx = ctx_with(attention="flash1")
+    gr, outs = rope_graph(ctx)
+    assert _one_names(gr) == ["attention_flash1"]
+    feeds, want = rope_feeds_and_oracle()
+    np.testing.assert_allclose(run(ctx, gr, outs, feeds)["y"], want, rtol=2e-5, atol=2e-6)

@@ -32,6 +32,90 @@ SPLITS = 32  # splits per head a long cache aims at
 F16_LOADS = ("wide", "vec4")  # how flash_decode loads a float16 cache (its f16_loads)
 
 
+#: a 16-byte word of 8 halves, widened (exact): halves 0-3 and 4-7
+UNPACK = ("\nfn unpack_lo(w: vec4<u32>) -> vec4<f32> {\n"
+          "  return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));\n}\n"
+          "fn unpack_hi(w: vec4<u32>) -> vec4<f32> {\n"
+          "  return vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w));\n}\n")
+
+
+def _trees(g: int, wg: int) -> str:
+    """WGSL ``tree_max`` and ``tree_sum``: ``red[r * wg]`` becomes the maximum (sum) of
+    ``red[r * wg .. r * wg + wg)`` for each of the ``g`` rows; every invocation calls them."""
+    out = ""
+    for name, comb in (("tree_max", "max({a}, {b})"), ("tree_sum", "{a} + {b}")):
+        a, b = f"red[r * {wg}u + lid]", f"red[r * {wg}u + lid + st]"
+        out += f"""fn {name}(lid: u32) {{
+  for (var st = {wg // 2}u; st > 0u; st = st >> 1u) {{
+    if (lid < st) {{
+      for (var r = 0u; r < {g}u; r = r + 1u) {{
+        {a} = {comb.format(a=a, b=b)};
+      }}
+    }}
+    workgroupBarrier();
+  }}
+}}
+
+"""
+    return out
+
+
+def _q_source(q_chain: tuple[Sequence[FusedOp], Sequence[Leaf]] | None, head_words: int,
+              vec: bool) -> tuple[str, list[str], str]:
+    """(declarations, bindings, the expression of q word ``j`` of head ``h``): q bound as a
+    buffer, or computed from its element-wise chain's leaves (``flash_decode``'s q_chain)."""
+    if q_chain is None:
+        return (decl(0, "q", "vec4<f32>" if vec else "f32", "read"), ["read"],
+                f"q[h * {head_words}u + j]")
+    qops, qleaves = q_chain
+    src, bindings = leaf_decls(qleaves, 0, "q_")
+    src += functions(qops, qleaves, "q_")[0]
+    qf = f"q_v{len(qops) - 1}"
+    base = f"(h * {head_words}u + j)"
+    q_load = (f"vec4<f32>({qf}(4u * {base}), {qf}(4u * {base} + 1u), "
+              f"{qf}(4u * {base} + 2u), {qf}(4u * {base} + 3u))" if vec else f"{qf}({base})")
+    return src, bindings, q_load
+
+
+def _kv_and_score(src: str, bindings: list[str], kvt: str, wide: bool,
+                  score: tuple[Sequence[FusedOp], Sequence[Leaf]] | None
+                  ) -> tuple[str, list[str], str]:
+    """``src`` and ``bindings`` (q's) followed by K and V as ``kvt`` arrays (with the
+    unpacking functions of 8-half words where ``wide``) and the score chain's leaves;
+    and the score expression (``_score_source``)."""
+    src += decl(len(bindings), "k", kvt, "read") + decl(len(bindings) + 1, "v", kvt, "read")
+    bindings = [*bindings, "read", "read"]
+    if wide:
+        src += UNPACK
+    ssrc, sb, fn_call = _score_source(score, len(bindings))
+    return src + ssrc, bindings + sb, fn_call
+
+
+def _score_source(score: tuple[Sequence[FusedOp], Sequence[Leaf]] | None,
+                  first: int) -> tuple[str, list[str], str]:
+    """(declarations, bindings from ``first`` on, the expression of a score from ``raw`` at
+    score index ``si``): the graph's element-wise chain between q·Kᵀ and the softmax."""
+    if score is None:
+        return "", [], "raw"
+    ops, leaves = score
+    lsrc, lb = leaf_decls(leaves, first)
+    fsrc, takes_s = functions(ops, leaves)
+    last = len(ops) - 1
+    return lsrc + fsrc, lb, f"v{last}(si, raw)" if takes_s else f"v{last}(si)"
+
+
+def _split_entry(wg: int, rows: int, capacity: int) -> str:
+    """The entry point's head: head ``h`` and split ``sp`` from the workgroup, the split's
+    first cache row ``c0`` and its row count ``n`` (the last split may be short)."""
+    return f"""@compute @workgroup_size({wg})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
+  let h = wid.y;
+  let sp = wid.x;
+  let c0 = sp * {rows}u;
+  let n = min({rows}u, {capacity}u - c0);
+"""
+
+
 def _fixed_floats(q_rows: int, d: int) -> int:
     """Workgroup memory (floats) pass 1 always needs: the q rows and reduction scratch."""
     return q_rows * d + q_rows * WG + 16
@@ -116,36 +200,11 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
     D4 = D // 4 if vec else D
     P = D + 4
     vt = "vec4<f32>" if vec else "f32"
-    if q_chain is None:
-        src, bindings = decl(0, "q", vt, "read"), ["read"]
-        q_load = f"q[h * {G * D4}u + j]"
-    else:
-        qops, qleaves = q_chain
-        src, bindings = leaf_decls(qleaves, 0, "q_")
-        src += functions(qops, qleaves, "q_")[0]
-        qf = f"q_v{len(qops) - 1}"
-        base = f"(h * {G * D4}u + j)"
-        q_load = (f"vec4<f32>({qf}(4u * {base}), {qf}(4u * {base} + 1u), "
-                  f"{qf}(4u * {base} + 2u), {qf}(4u * {base} + 3u))" if vec else f"{qf}({base})")
+    src, bindings, q_load = _q_source(q_chain, G * D4, vec)
     kvt = "vec4<u32>" if wide else vt.replace("f32", kv)  # K and V as loaded
-    src += decl(len(bindings), "k", kvt, "read") + decl(len(bindings) + 1, "v", kvt, "read")
     # a load of K or V as float32 (exact for float16)
     ld = (lambda x: x) if kv == "f32" else (lambda x: f"{vt}({x})")
-    bindings += ["read", "read"]
-    if wide:  # a 16-byte word of 8 halves, widened (exact): halves 0-3 and 4-7
-        src += ("\nfn unpack_lo(w: vec4<u32>) -> vec4<f32> {\n"
-                "  return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));\n}\n"
-                "fn unpack_hi(w: vec4<u32>) -> vec4<f32> {\n"
-                "  return vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w));\n}\n")
-    fn_call = "raw"
-    if score is not None:
-        ops, leaves = score
-        lsrc, lb = leaf_decls(leaves, len(bindings))
-        fsrc, takes_s = functions(ops, leaves)
-        src += lsrc + fsrc
-        bindings += lb
-        last = len(ops) - 1
-        fn_call = f"v{last}(si, raw)" if takes_s else f"v{last}(si)"
+    src, bindings, fn_call = _kv_and_score(src, bindings, kvt, wide, score)
     src += decl(len(bindings), "part", vt, "rw")
     bindings.append("rw")
     low = neg_inf()
@@ -289,35 +348,8 @@ var<workgroup> qs: array<{vt}, {G * D4}>;
 var<workgroup> sc: array<f32, {G * T}>;
 var<workgroup> red: array<f32, {G * WG}>;
 {pv_decl}
-fn tree_max(lid: u32) {{
-  for (var st = {WG // 2}u; st > 0u; st = st >> 1u) {{
-    if (lid < st) {{
-      for (var r = 0u; r < {G}u; r = r + 1u) {{
-        red[r * {WG}u + lid] = max(red[r * {WG}u + lid], red[r * {WG}u + lid + st]);
-      }}
-    }}
-    workgroupBarrier();
-  }}
-}}
-
-fn tree_sum(lid: u32) {{
-  for (var st = {WG // 2}u; st > 0u; st = st >> 1u) {{
-    if (lid < st) {{
-      for (var r = 0u; r < {G}u; r = r + 1u) {{
-        red[r * {WG}u + lid] = red[r * {WG}u + lid] + red[r * {WG}u + lid + st];
-      }}
-    }}
-    workgroupBarrier();
-  }}
-}}
-
-@compute @workgroup_size({WG})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
-  let h = wid.y;
-  let sp = wid.x;
-  let c0 = sp * {T}u;
-  let n = min({T}u, {C}u - c0);
-  for (var j = lid; j < {G * D4}u; j = j + {WG}u) {{ qs[j] = {q_load}; }}
+{_trees(G, WG)}
+{_split_entry(WG, T, C)}  for (var j = lid; j < {G * D4}u; j = j + {WG}u) {{ qs[j] = {q_load}; }}
   workgroupBarrier();
   var mloc: array<f32, {G}>;
   var acc: array<f32, {G}>;
@@ -432,3 +464,285 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     gx = min(rows, 65535)
     return Kernel("attention_combine", src, ["read", "rw"], (gx, -(-rows // gx), 1),
                   4 * (rows * ns * (d + 4) + rows * d))
+
+
+WG1 = 128  # one-launch kernel's workgroup
+SPLITS1 = 64  # splits per head the one-launch kernel aims at (its combine reads them all)
+ROWS1 = 8  # most cache rows (of K and of V) an invocation holds in registers
+
+
+def one_launch_plan(q_rows: int, capacity: int, d: int, kv: str, shared_floats: int,
+                    splits: int = SPLITS1) -> tuple[int, int, int, int] | None:
+    """(lanes a cache row, rows an invocation holds, rows a partial-dot round, splits) of
+    ``flash_decode_one``, or None where it does not apply (the head dimension is not a
+    power-of-two count of 16-byte words, at most 32, or workgroup memory is too small).
+
+    ``splits``: the splits per head to aim at; each invocation holds 1 to ROWS1 rows, so
+    short caches get more splits of fewer rows (workgroups to fill the device), long ones
+    at most ROWS1 * (WG1 / lanes) rows a split; the partial dots go through workgroup
+    memory in 1 to ``rows`` rounds, and where even one round does not fit, fewer rows an
+    invocation (more splits)."""
+    per = 8 if kv == "f16" else 4
+    if d % per or kv not in ("f16", "f32"):
+        return None
+    lw = d // per
+    if lw > 32 or lw & (lw - 1):
+        return None
+    rg = WG1 // lw
+    want = -(-capacity // (max(1, splits) * rg))
+    top = next(i for i in (1, 2, 4, ROWS1) if i >= want or i == ROWS1)
+    for rows in (r for r in (ROWS1, 4, 2, 1) if r <= top):  # fewer rows where memory is short
+        ns = -(-capacity // (rows * rg))
+        for b in (rows, rows // 2, rows // 4, rows // 8):
+            if b >= 1 and _one_floats(q_rows, d, lw, rows, b, ns) <= shared_floats:
+                return lw, rows, b, ns
+    return None
+
+
+def _one_floats(g: int, d: int, lw: int, rows: int, b: int, ns: int) -> int:
+    """Workgroup memory (floats) of ``flash_decode_one``: q, scores, reduction scratch,
+    partial dots of a round, the probs·V tree (or the combine's split sums), the combine's
+    per-split maxima and sums."""
+    rg = WG1 // lw
+    pv = max((rg // 2) * g * d, 4 * WG1)
+    return g * d + g * rg * rows + g * WG1 + g * b * WG1 + pv + (rg // 2) * g + 2 * ns * g + g + 1
+
+
+def flash_decode_one(heads: int, q_rows: int, capacity: int, d: int,
+                     score: tuple[Sequence[FusedOp], Sequence[Leaf]] | None,
+                     shared_floats: int,
+                     q_chain: tuple[Sequence[FusedOp], Sequence[Leaf]] | None = None,
+                     splits: int = SPLITS1, kv: str = "f32") -> tuple[Kernel, int, int] | None:
+    """(kernel, partial-buffer 4-byte words, counter words) of decode attention in ONE
+    launch, or None where ``one_launch_plan`` says it does not apply. Bindings: as
+    ``flash_decode``'s pass 1 (q or its chain's leaves, K, V, the score chain's leaves,
+    the partials), then the output (heads, q_rows, d) and ``heads`` u32 counters that
+    must be zero before the first launch (the kernel leaves them zero).
+
+    One workgroup per (batch·kv-head, split); all q rows of the head in one workgroup, so
+    each cache row is read once per kv head. Each invocation owns one 16-byte word (8
+    halves of a float16 cache, 4 floats of a float32 one) of ``rows`` cache rows, and
+    issues all its K and V loads before anything else (``2 * rows`` loads in flight); a
+    row's ``d / 8`` (or ``d / 4``) words are read by adjacent invocations, so a warp reads
+    whole rows (coalesced). q·K: per-word partial dots through workgroup memory, summed
+    per (q row, cache row), through the graph's score chain; the split's maximum by a
+    tree; probs·V in registers from the V words already loaded, summed over row-groups by
+    a tree. Everything is float32 (float16 is widened exactly as loaded).
+
+    The combine is folded in: each workgroup writes its partial ``(m, l, acc[d])`` per q
+    row, then ``storageBarrier()`` (naga: a device-scope release/acquire barrier on
+    Vulkan) and one ``atomicAdd`` on its head's counter; the workgroup that sees the
+    count reach ``splits - 1`` is the last of its head: it resets the counter and
+    combines the head's partials (``Σ_s acc_s e^{m_s - M} / Σ_s l_s e^{m_s - M}``) into
+    the output. No second launch.
+    """
+    plan = one_launch_plan(q_rows, capacity, d, kv, shared_floats, splits)
+    if plan is None:
+        return None
+    LW, NR, B, ns = plan
+    G, D, C = q_rows, d, capacity
+    RG = WG1 // LW
+    T = RG * NR
+    D4 = D // 4
+    PW = D4 + 1  # partial words per (split, q row): (m, l, 0, 0), acc
+    wide = kv == "f16"
+    src, bindings, q_load = _q_source(q_chain, G * D4, True)
+    kvt = "vec4<u32>" if wide else "vec4<f32>"
+    src, bindings, fn_call = _kv_and_score(src, bindings, kvt, wide, score)
+    nb = len(bindings)
+    src += (decl(nb, "part", "vec4<f32>", "rw") + decl(nb + 1, "out", "vec4<f32>", "rw")
+            + decl(nb + 2, "cnt", "atomic<u32>", "rw"))
+    bindings += ["rw", "rw", "rw"]
+    low = neg_inf()
+    # the invocation's cache rows rg + RG*i, clamped into the split (extra rows score -inf)
+    loads = "".join(f"  let kw{i} = k[(h * {C}u + c0 + min({i * RG}u + rg, n - 1u)) * {LW}u + e];\n"
+                    for i in range(NR))
+    loads += "".join(f"  let vw{i} = v[(h * {C}u + c0 + min({i * RG}u + rg, n - 1u)) * {LW}u + e];\n"
+                     for i in range(NR))
+    if wide:
+        loads += "".join(f"  let kw{i}l = unpack_lo(kw{i});\n  let kw{i}h = unpack_hi(kw{i});\n"
+                         for i in range(NR))
+        q_regs = (f"    let qa = qs[r * {D4}u + 2u * e];\n"
+                  f"    let qb = qs[r * {D4}u + 2u * e + 1u];\n")
+        pdot = lambda i: f"dot(qa, kw{i}l) + dot(qb, kw{i}h)"  # noqa: E731
+    else:
+        q_regs = f"    let qa = qs[r * {D4}u + e];\n"
+        pdot = lambda i: f"dot(qa, kw{i})"  # noqa: E731
+    rounds = ""
+    for i0 in range(0, NR, B):
+        writes = "".join(f"    pd[((r * {B}u + {i - i0}u) * {RG}u + rg) * {LW}u + e] = {pdot(i)};\n"
+                         for i in range(i0, i0 + B))
+        rounds += f"""  for (var r = 0u; r < {G}u; r = r + 1u) {{
+{q_regs}{writes}  }}
+  workgroupBarrier();
+  for (var j = lid; j < {G * B * RG}u; j = j + {WG1}u) {{
+    let r = j / {B * RG}u;
+    let c = {i0 * RG}u + j % {B * RG}u;
+    var raw = 0.0;
+    for (var x = 0u; x < {LW}u; x = x + 1u) {{ raw = raw + pd[j * {LW}u + x]; }}
+    let si = (h * {G}u + r) * {C}u + c0 + min(c, n - 1u);
+    let val = {fn_call};
+    sc[r * {T}u + c] = select({low}, val, c < n);
+  }}
+  workgroupBarrier();
+"""
+    if wide:
+        pv_acc = "".join(f"""    {{
+      let s = sc[r * {T}u + {i * RG}u + rg];
+      let p = select(0.0, exp(s - mr), s > {low});
+      a[r] = a[r] + p * unpack_lo(vw{i});
+      b[r] = b[r] + p * unpack_hi(vw{i});
+      l[r] = l[r] + p;
+    }}
+""" for i in range(NR))
+        acc_decl = (f"  var a: array<vec4<f32>, {G}>;\n  var b: array<vec4<f32>, {G}>;\n"
+                    f"  for (var r = 0u; r < {G}u; r = r + 1u) {{ a[r] = vec4<f32>(0.0); "
+                    f"b[r] = vec4<f32>(0.0); }}\n")
+        words = [("a", "2u * e"), ("b", "2u * e + 1u")]
+    else:
+        pv_acc = "".join(f"""    {{
+      let s = sc[r * {T}u + {i * RG}u + rg];
+      let p = select(0.0, exp(s - mr), s > {low});
+      a[r] = a[r] + p * vw{i};
+      l[r] = l[r] + p;
+    }}
+""" for i in range(NR))
+        acc_decl = (f"  var a: array<vec4<f32>, {G}>;\n"
+                    f"  for (var r = 0u; r < {G}u; r = r + 1u) {{ a[r] = vec4<f32>(0.0); }}\n")
+        words = [("a", "e")]
+    tree = ""
+    st = RG // 2
+    while st >= 1:
+        put = "".join(f"      pv[((rg - {st}u) * {G}u + r) * {D4}u + {w}] = {x}[r];\n"
+                      for x, w in words)
+        add = "".join(f"      {x}[r] = {x}[r] + pv[(rg * {G}u + r) * {D4}u + {w}];\n"
+                      for x, w in words)
+        tree += f"""  if (rg >= {st}u && rg < {2 * st}u) {{
+    for (var r = 0u; r < {G}u; r = r + 1u) {{
+{put}      if (e == 0u) {{ lw[(rg - {st}u) * {G}u + r] = l[r]; }}
+    }}
+  }}
+  workgroupBarrier();
+  if (rg < {st}u) {{
+    for (var r = 0u; r < {G}u; r = r + 1u) {{
+{add}      l[r] = l[r] + lw[rg * {G}u + r];
+    }}
+  }}
+  workgroupBarrier();
+"""
+        st //= 2
+    stores = "".join(f"      part[pb + 1u + {w}] = {x}[r];\n" for x, w in words)
+    nout = G * D4
+    sgs = max(1, WG1 // nout)  # split-groups summing one output word in the combine
+    if sgs > 1:
+        out_write = "    pv[j] = t;\n"
+        out_sum = f"""  workgroupBarrier();
+  for (var o = lid; o < {nout}u; o = o + {WG1}u) {{
+    var t = vec4<f32>(0.0);
+    for (var g = 0u; g < {sgs}u; g = g + 1u) {{ t = t + pv[g * {nout}u + o]; }}
+    out[h * {nout}u + o] = t / red[(o / {D4}u) * {WG1}u];
+  }}
+"""
+    else:
+        out_write = f"    out[h * {nout}u + o] = t / red[(o / {D4}u) * {WG1}u];\n"
+        out_sum = ""
+    pv_len = max((RG // 2) * G * D4, WG1)
+    src += f"""
+var<workgroup> qs: array<vec4<f32>, {G * D4}>;
+var<workgroup> sc: array<f32, {G * T}>;
+var<workgroup> red: array<f32, {G * WG1}>;
+var<workgroup> pd: array<f32, {G * B * WG1}>;
+var<workgroup> pv: array<vec4<f32>, {pv_len}>;
+var<workgroup> lw: array<f32, {max(1, (RG // 2) * G)}>;
+var<workgroup> cm: array<f32, {ns * G}>;
+var<workgroup> cl: array<f32, {ns * G}>;
+var<workgroup> flag: u32;
+
+{_trees(G, WG1)}
+{_split_entry(WG1, T, C)}  let e = lid % {LW}u;
+  let rg = lid / {LW}u;
+{loads}  for (var j = lid; j < {G * D4}u; j = j + {WG1}u) {{ qs[j] = {q_load}; }}
+  workgroupBarrier();
+{rounds}  for (var r = 0u; r < {G}u; r = r + 1u) {{
+    var mx = {low};
+    for (var c = lid; c < {T}u; c = c + {WG1}u) {{ mx = max(mx, sc[r * {T}u + c]); }}
+    red[r * {WG1}u + lid] = mx;
+  }}
+  workgroupBarrier();
+  tree_max(lid);
+{acc_decl}  var l: array<f32, {G}>;
+  var m: array<f32, {G}>;
+  for (var r = 0u; r < {G}u; r = r + 1u) {{
+    let mr = red[r * {WG1}u];
+    m[r] = mr;
+    l[r] = 0.0;
+{pv_acc}  }}
+  workgroupBarrier();
+{tree}  if (rg == 0u) {{
+    for (var r = 0u; r < {G}u; r = r + 1u) {{
+      let pb = ((h * {ns}u + sp) * {G}u + r) * {PW}u;
+{stores}      if (e == 0u) {{ part[pb] = vec4<f32>(m[r], l[r], 0.0, 0.0); }}
+    }}
+  }}
+  storageBarrier();
+  if (lid == 0u) {{
+    let done = atomicAdd(&cnt[h], 1u);
+    flag = select(0u, 1u, done == {ns - 1}u);
+  }}
+  if (workgroupUniformLoad(&flag) == 0u) {{ return; }}
+  storageBarrier();
+  if (lid == 0u) {{ atomicStore(&cnt[h], 0u); }}
+  for (var j = lid; j < {ns * G}u; j = j + {WG1}u) {{
+    let w = part[(h * {ns * G}u + j) * {PW}u];
+    cm[j] = w.x;
+    cl[j] = w.y;
+  }}
+  workgroupBarrier();
+  for (var r = 0u; r < {G}u; r = r + 1u) {{
+    var mx = {low};
+    for (var s = lid; s < {ns}u; s = s + {WG1}u) {{ mx = max(mx, cm[s * {G}u + r]); }}
+    red[r * {WG1}u + lid] = mx;
+  }}
+  workgroupBarrier();
+  tree_max(lid);
+  for (var j = lid; j < {ns * G}u; j = j + {WG1}u) {{
+    cm[j] = exp(cm[j] - red[(j % {G}u) * {WG1}u]);
+  }}
+  workgroupBarrier();
+  for (var r = 0u; r < {G}u; r = r + 1u) {{
+    var t = 0.0;
+    for (var s = lid; s < {ns}u; s = s + {WG1}u) {{ t = t + cl[s * {G}u + r] * cm[s * {G}u + r]; }}
+    red[r * {WG1}u + lid] = t;
+  }}
+  workgroupBarrier();
+  tree_sum(lid);
+  for (var j = lid; j < {nout * sgs}u; j = j + {WG1}u) {{
+    let o = j % {nout}u;
+    let r = o / {D4}u;
+    let base = h * {ns * G}u + r;
+    let w = 1u + o % {D4}u;
+    var t = vec4<f32>(0.0);
+    var s = j / {nout}u;
+    while (s + {3 * sgs}u < {ns}u) {{
+      let x0 = part[(base + s * {G}u) * {PW}u + w];
+      let x1 = part[(base + (s + {sgs}u) * {G}u) * {PW}u + w];
+      let x2 = part[(base + (s + {2 * sgs}u) * {G}u) * {PW}u + w];
+      let x3 = part[(base + (s + {3 * sgs}u) * {G}u) * {PW}u + w];
+      t = t + x0 * cm[s * {G}u + r] + x1 * cm[(s + {sgs}u) * {G}u + r]
+            + x2 * cm[(s + {2 * sgs}u) * {G}u + r] + x3 * cm[(s + {3 * sgs}u) * {G}u + r];
+      s = s + {4 * sgs}u;
+    }}
+    while (s < {ns}u) {{
+      t = t + part[(base + s * {G}u) * {PW}u + w] * cm[s * {G}u + r];
+      s = s + {sgs}u;
+    }}
+{out_write}  }}
+{out_sum}}}
+"""
+    parts = 4 * heads * ns * G * PW
+    extra = 0 if score is None else sum(4 * min(leaf.size, heads * G * C)
+                                        for leaf in score[1] if not leaf.param)
+    k = Kernel("attention_flash1", src, bindings, (ns, heads, 1),
+               4 * (2 * heads * G * D + 2 * parts) + 2 * heads * C * D * (2 if wide else 4)
+               + extra)
+    return k, parts, heads

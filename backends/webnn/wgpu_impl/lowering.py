@@ -91,6 +91,16 @@ def _weights(count: int, rows: Callable[[], np.ndarray], half: bool) -> Deferred
     return Deferred(count // 2, partial(GV.packed_f16, rows)) if half else Deferred(count, rows)
 
 
+def _attention_one(plan: Plan, o: MLOperand) -> tuple[Any, int, int] | None:
+    """The one-launch decode attention where ``KernelOptions.attention`` asks for it
+    ("flash1") and it applies, else None (the two-launch kernels)."""
+    if plan.options.attention != "flash1":
+        return None
+    return plan.attention[o._id].one_launch(plan.target.shared_bytes,
+                                            plan.options.attention_splits,
+                                            plan.target.max_storage)
+
+
 def _gemv_input(plan: Plan, o: MLOperand, ins: list[Slot],
                 slot_of: Any) -> tuple[list[Slot], MM.VectorSource | None]:
     """(slots bound for a gemv's input vector, its prologue source or None): the vector's
@@ -135,6 +145,12 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
         guarded = has_check and m.state_out._id in plan.in_place
         k = m.kernel(in_place, guarded, lanes, None if shared else plan.target.subgroup)
         add(KernelLaunch(k, ins[in_place:] + [new, out_slot] + ([("status",)] if guarded else [])))
+    elif o._id in plan.attention and (one := _attention_one(plan, o)) is not None:
+        k1, parts, counters = one  # one launch: the combine folded in (``flash_decode_one``)
+        part, cnt = ("temp", ("flash", o._id)), ("const", ("flash_count", o._id))
+        plan.temps[part] = parts
+        plan.consts.setdefault(cnt, np.zeros(counters, np.uint32))  # zero; left zero
+        add(KernelLaunch(k1, ins + [part, out_slot, cnt]))
     elif o._id in plan.attention:
         k1, k2, parts = plan.attention[o._id].kernels(plan.target.shared_bytes,
                                                       plan.options.attention_splits,

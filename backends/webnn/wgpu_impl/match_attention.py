@@ -74,6 +74,22 @@ class Attention:
                                splits or AT.SPLITS, kv=self.k._dtype.wgsl,
                                f16_loads=f16_loads or "wide")
 
+    def one_launch(self, shared_bytes: int, splits: int | None = None,
+                   max_storage: int = 8) -> tuple[AT.Kernel, int, int] | None:
+        """(kernel, partial 4-byte words, counter words) of the one-launch variant
+        (``flash_decode_one``), or None where it does not apply or binds more storage
+        buffers than ``max_storage`` (the caller then lowers ``kernels``)."""
+        G, D = self.out._shape[-2], self.out._shape[-1]
+        C = self.qk._shape[-1]
+        heads = S.size(self.out._shape[:-2])
+        score = self.score.fused_ops(param=self.qk) if self.score is not None else None
+        q_chain = self.q_chain.fused_ops() if self.q_chain is not None else None
+        got = AT.flash_decode_one(heads, G, C, D, score, shared_bytes // 4, q_chain,
+                                  splits or AT.SPLITS1, kv=self.k._dtype.wgsl)
+        if got is None or len(got[0].bindings) > max_storage:
+            return None
+        return got
+
 
 def last2_transpose_input(o: MLOperand) -> MLOperand | None:
     """The input of ``o`` when ``o`` swaps its last two axes, else None."""
