@@ -332,7 +332,8 @@ def test_4bit_matmul_on_float16_activations(ctx_with, monkeypatch, kind, k, n, r
     monkeypatch.setattr(ctx, "_target", Target(cpu=cpu, subgroup=ctx._target.subgroup))
     got, want, names = _q4_matmul(ctx, kind, k, n, False, residual and "input", dt="float16")
     assert got.dtype == np.float16
-    assert ("gemv_q4_multi" if q4 else "gemv_q4") in names, names
+    multi = q4 == "multi" or (q4 is None and not cpu)  # unset: "multi" on GPU targets
+    assert ("gemv_q4_multi" if multi else "gemv_q4") in names, names
     assert not any("dequantize" in x for x in names), names
     # the product rounded to float16 (half a ULP), then the add's rounding (half a ULP)
     ulp = np.spacing(np.abs(want).astype(np.float16)).astype(np.float64)

@@ -349,7 +349,7 @@ def _lower_q4(plan: Plan, members: list[MLOperand], a_slot: Slot, slot_of: Any) 
     K, N = w0.K, sum(w.N for w in ws)
     per = N if len(ws) > 1 else max(8, (plan.max_binding // (K // 2)) // 8 * 8)
     lanes = 8 if plan.target.cpu else 32
-    multi = plan.options.q4_multi()  # the several-rows kernel, where the block allows it
+    multi = plan.options.q4_multi(plan.target)  # the several-rows kernel, where the block allows it
     if multi is not None and (w0.block % 32 or multi[0] > multi[1]):
         multi = None
     dst, res = plan.epilogue.get(members[0]._id, (members[0], None))  # (the add, residual)

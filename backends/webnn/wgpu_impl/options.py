@@ -101,7 +101,8 @@ class KernelOptions:
     #: right after only maps: ``readback._read_copy_for``), "separate" (each read copies in a
     #: submit of its own), "separate_sync" (the same, each map after wgpu-py's empty submit)
     read_copy: str | None = None
-    #: one-row products with 4-bit weights (``match_q4``): None/"fused" (the codes read and
+    #: one-row products with 4-bit weights (``match_q4``): None (GPU adapters "multi", CPU
+    #: adapters "fused"), "fused" (the codes read and
     #: dequantised in registers, 32 invocations a row), "multi[ROWS][_lLANES][_gGROUPS][_uUNROLL]"
     #: (``Q4_VARIANT``: the same, ROWS rows an invocation, float16 scales read as pairs where
     #: exact), "generic" (dequantizeLinear writes float weights, then matmul)
@@ -158,11 +159,13 @@ class KernelOptions:
             v = "rows"
         return v
 
-    def q4_multi(self) -> tuple[int, int, int | None, int] | None:
+    def q4_multi(self, t: Target | None = None) -> tuple[int, int, int | None, int] | None:
         """(rows an invocation, lanes sharing them, row groups a workgroup or None: chosen
         per shape, unroll) of ``kernels/quant.gemv_q4_multi``, or None where q4_gemv is not
-        a "multi" variant."""
-        m = Q4_VARIANT.fullmatch(self.q4_gemv or "")
+        a "multi" variant. Unset: "multi" on GPU adapters (measured faster on the H200:
+        PERFORMANCE.md "4-bit gemv"), "fused" on CPU adapters and without a target."""
+        default = "multi" if t is not None and not t.cpu else ""
+        m = Q4_VARIANT.fullmatch(self.q4_gemv or default)
         if m is None:
             return None
         return (int(m.group(1) or 4), int(m.group(2) or 32),
