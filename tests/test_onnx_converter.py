@@ -335,3 +335,71 @@ def test_tiny_decoder_matches_reference(context, tiny_path):
         want = ref.step(int(tok))
         assert np.abs(logits - want).max() / np.abs(want).max() < 1e-4, pos
         assert logits.argmax() == want.argmax(), pos
+
+
+def _nbits_model(k: int, n: int, block: int, zero_points: bool, bias: bool, rows: int):
+    """One com.microsoft::MatMulNBits on fresh random weights, hand-packed as ORT's
+    ContribOperators.md lays them out (B [N, blocks, block/2], low nibble first)."""
+    blocks = -(-k // block)
+    q = rng.integers(0, 16, size=(n, blocks * block))
+    b_packed = (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8).reshape(n, blocks, block // 2)
+    scales = rng.uniform(0.01, 0.2, size=(n * blocks,)).astype(np.float32)
+    inits = [numpy_helper.from_array(b_packed, "B"), numpy_helper.from_array(scales, "S")]
+    ins = ["A", "B", "S"]
+    if zero_points:
+        z = rng.integers(0, 16, size=(n, blocks + blocks % 2))
+        inits.append(numpy_helper.from_array((z[:, 0::2] | (z[:, 1::2] << 4)).astype(np.uint8)
+                                             .reshape(-1), "Z"))
+        ins.append("Z")
+    if bias:
+        inits.append(numpy_helper.from_array(f32(n), "bias"))
+        ins += [""] * (5 - len(ins)) + ["bias"]
+    node = helper.make_node("MatMulNBits", ins, ["y"], domain="com.microsoft", K=k, N=n,
+                            bits=4, block_size=block, accuracy_level=0)
+    g = helper.make_graph([node], "nbits",
+                          [helper.make_tensor_value_info("A", TensorProto.FLOAT, [1, rows, k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, rows, n])],
+                          inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21),
+                                               helper.make_opsetid("com.microsoft", 1)])
+
+
+@pytest.mark.parametrize("k,n,block,zero_points,bias,rows", [
+    (64, 40, 32, False, False, 1), (176, 33, 32, True, False, 1), (96, 20, 16, True, True, 1),
+    (64, 24, 32, False, True, 3), (80, 9, 32, True, False, 1)])
+def test_matmul_nbits_against_ort(context, k, n, block, zero_points, bias, rows):
+    """MatMulNBits -> dequantizeLinear(uint4) + matmul, against ORT's CPU kernel (level 0:
+    float activations); one-row products run as the fused 4-bit gemv."""
+    import onnxruntime as ort
+
+    model = _nbits_model(k, n, block, zero_points, bias, rows)
+    a = f32(1, rows, k)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    want = sess.run(None, {"A": a})[0]
+    cg = convert(model, context)
+    t_a = context.create_tensor(data_type="float32", shape=[1, rows, k], writable=True)
+    context.write_tensor(t_a, a)
+    t_y = context.create_tensor(data_type="float32", shape=[1, rows, n], readable=True)
+    context.dispatch(cg.graph, {"A": t_a}, {"y": t_y})
+    got = np.asarray(context.read_tensor(t_y)).reshape(want.shape)
+    assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
+    names = [la.kernel.name for la in cg.graph._plan.launches]
+    assert any(x.startswith("gemv_q4") for x in names) == (rows == 1), names
+
+
+@pytest.mark.parametrize("attrs,inputs,message", [
+    ({"bits": 8}, 3, "bits 8 is not supported"),
+    ({}, 5, "g_idx"),
+])
+def test_matmul_nbits_refusals_are_one_line(context, attrs, inputs, message):
+    model = _nbits_model(64, 8, 32, False, False, 1)
+    node = model.graph.node[0]
+    for key, v in attrs.items():
+        next(a for a in node.attribute if a.name == key).i = v
+    if inputs == 5:
+        model.graph.initializer.append(numpy_helper.from_array(np.zeros(64, np.int32), "G"))
+        node.input.extend(["", "G"])
+    with pytest.raises(ConversionError, match=message):
+        convert(model, context)
