@@ -2,8 +2,8 @@
 onnxruntime-genai builder, optimum-cli and transformers' OnnxExporter from tiny seeded
 Hugging Face models): `inspect` lists exactly the pairs each exporter wrote, every dim a
 decode step needs is pinned to what the source model says, and `generate` on the ORT
-backends and the three WebNN pages gives the source PyTorch model's greedy tokens. No torch: the manifest carries
-what the source computed."""
+backends and the three WebNN pages gives the source PyTorch model's greedy tokens. No
+torch: the manifest carries what the source computed."""
 
 from __future__ import annotations
 
