@@ -337,25 +337,32 @@ def test_tiny_decoder_matches_reference(context, tiny_path):
         assert logits.argmax() == want.argmax(), pos
 
 
-def _nbits_model(k: int, n: int, block: int, zero_points: bool, bias: bool, rows: int):
+def _nbits_model(k: int, n: int, block: int, zero_points: bool, bias: bool, rows: int,
+                 bits: int = 4):
     """One com.microsoft::MatMulNBits on fresh random weights, hand-packed as ORT's
-    ContribOperators.md lays them out (B [N, blocks, block/2], low nibble first)."""
+    ContribOperators.md lays them out (B [N, blocks, block * bits / 8], low nibble first)."""
     blocks = -(-k // block)
-    q = rng.integers(0, 16, size=(n, blocks * block))
-    b_packed = (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8).reshape(n, blocks, block // 2)
+
+    def pack(v):  # each row's values, two a byte for 4 bits, the row padded to a byte
+        if bits == 8:
+            return v.astype(np.uint8)
+        v = np.pad(v, [(0, 0), (0, v.shape[1] % 2)])
+        return (v[:, 0::2] | (v[:, 1::2] << 4)).astype(np.uint8)
+
+    q = rng.integers(0, 1 << bits, size=(n, blocks * block))
+    b_packed = pack(q).reshape(n, blocks, block * bits // 8)
     scales = rng.uniform(0.01, 0.2, size=(n * blocks,)).astype(np.float32)
     inits = [numpy_helper.from_array(b_packed, "B"), numpy_helper.from_array(scales, "S")]
     ins = ["A", "B", "S"]
     if zero_points:
-        z = rng.integers(0, 16, size=(n, blocks + blocks % 2))
-        inits.append(numpy_helper.from_array((z[:, 0::2] | (z[:, 1::2] << 4)).astype(np.uint8)
-                                             .reshape(-1), "Z"))
+        z = rng.integers(0, 1 << bits, size=(n, blocks))
+        inits.append(numpy_helper.from_array(pack(z).reshape(-1), "Z"))
         ins.append("Z")
     if bias:
         inits.append(numpy_helper.from_array(f32(n), "bias"))
         ins += [""] * (5 - len(ins)) + ["bias"]
     node = helper.make_node("MatMulNBits", ins, ["y"], domain="com.microsoft", K=k, N=n,
-                            bits=4, block_size=block, accuracy_level=0)
+                            bits=bits, block_size=block, accuracy_level=0)
     g = helper.make_graph([node], "nbits",
                           [helper.make_tensor_value_info("A", TensorProto.FLOAT, [1, rows, k])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, rows, n])],
@@ -364,15 +371,17 @@ def _nbits_model(k: int, n: int, block: int, zero_points: bool, bias: bool, rows
                                                helper.make_opsetid("com.microsoft", 1)])
 
 
-@pytest.mark.parametrize("k,n,block,zero_points,bias,rows", [
-    (64, 40, 32, False, False, 1), (176, 33, 32, True, False, 1), (96, 20, 16, True, True, 1),
-    (64, 24, 32, False, True, 3), (80, 9, 32, True, False, 1)])
-def test_matmul_nbits_against_ort(context, k, n, block, zero_points, bias, rows):
-    """MatMulNBits -> dequantizeLinear(uint4) + matmul, against ORT's CPU kernel (level 0:
-    float activations); one-row products run as the fused 4-bit gemv."""
+@pytest.mark.parametrize("k,n,block,zero_points,bias,rows,bits", [
+    (64, 40, 32, False, False, 1, 4), (176, 33, 32, True, False, 1, 4),
+    (96, 20, 16, True, True, 1, 4), (64, 24, 32, False, True, 3, 4),
+    (80, 9, 32, True, False, 1, 4), (80, 12, 32, True, False, 1, 8),
+    (64, 10, 16, False, True, 2, 8)])
+def test_matmul_nbits_against_ort(context, k, n, block, zero_points, bias, rows, bits):
+    """MatMulNBits -> dequantizeLinear(uint4 or uint8) + matmul, against ORT's CPU kernel
+    (level 0: float activations); one-row 4-bit products run as the fused 4-bit gemv."""
     import onnxruntime as ort
 
-    model = _nbits_model(k, n, block, zero_points, bias, rows)
+    model = _nbits_model(k, n, block, zero_points, bias, rows, bits)
     a = f32(1, rows, k)
     so = ort.SessionOptions()
     so.log_severity_level = 3
@@ -386,18 +395,22 @@ def test_matmul_nbits_against_ort(context, k, n, block, zero_points, bias, rows)
     got = np.asarray(context.read_tensor(t_y)).reshape(want.shape)
     assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
     names = [la.kernel.name for la in cg.graph._plan.launches]
-    assert any(x.startswith("gemv_q4") for x in names) == (rows == 1), names
+    assert any(x.startswith("gemv_q4") for x in names) == (rows == 1 and bits == 4), names
 
 
 @pytest.mark.parametrize("attrs,inputs,message", [
-    ({"bits": 8}, 3, "bits 8 is not supported"),
+    ({"bits": 2}, 3, "bits 2 is not supported"),
     ({}, 5, "g_idx"),
+    ({}, 4, "float32 zero points are not supported"),
 ])
 def test_matmul_nbits_refusals_are_one_line(context, attrs, inputs, message):
     model = _nbits_model(64, 8, 32, False, False, 1)
     node = model.graph.node[0]
     for key, v in attrs.items():
         next(a for a in node.attribute if a.name == key).i = v
+    if inputs == 4:  # zero points of the scales' type (ORT allows them; WebNN's are codes)
+        model.graph.initializer.append(numpy_helper.from_array(f32(16), "Zf"))
+        node.input.append("Zf")
     if inputs == 5:
         model.graph.initializer.append(numpy_helper.from_array(np.zeros(64, np.int32), "G"))
         node.input.extend(["", "G"])

@@ -5,6 +5,8 @@ as the 4-bit gemv where it matches. Packing from ORT's ContribOperators.md: B is
 ``[N, ceil(K/block), block/2]``, element k of a block in byte k/2, the even one in the low
 nibble; scales ``[N * blocks]`` (or ``[N, blocks]``); zero points uint8, each row's
 ``blocks`` nibbles packed the same way (a row padded to a whole byte), 8 where absent.
+``bits`` 8 is the same a byte a value (zero point 128 where absent): uint8 dequantizeLinear,
+which the 4-bit gemv does not take.
 The codes are transposed on the host once, at conversion. Registered into
 ``onnx_converter``'s handler table on import."""
 
@@ -15,18 +17,21 @@ import numpy as np
 from .onnx_converter import ConversionError, Packed4, _Converter, _op
 
 
-def _nibbles(packed: np.ndarray, rows: int, count: int) -> np.ndarray:
-    """(rows, count) uint8 values from ``rows`` runs of low-nibble-first packed bytes."""
+def _values(packed: np.ndarray, rows: int, count: int, bits: int) -> np.ndarray:
+    """(rows, count) uint8 values from ``rows`` runs of packed bytes: two 4-bit values a
+    byte, low nibble first, or one 8-bit value a byte."""
     raw = np.ascontiguousarray(packed, dtype=np.uint8).reshape(rows, -1)
-    both = np.stack([raw & 0xF, raw >> 4], axis=-1).reshape(rows, -1)
+    both = raw if bits == 8 else np.stack([raw & 0xF, raw >> 4], axis=-1).reshape(rows, -1)
     if both.shape[1] < count:
         raise ConversionError(f"{rows} rows of {raw.shape[1]} bytes hold fewer than {count} "
-                              "4-bit values a row")
+                              f"{bits}-bit values a row")
     return both[:, :count]
 
 
-def _packed(values: np.ndarray) -> Packed4:
-    """A uint4 constant of ``values``' shape, low nibble first (WebNN's layout)."""
+def _weights(values: np.ndarray, bits: int) -> np.ndarray | Packed4:
+    """A uint4 constant of ``values``' shape, low nibble first (WebNN's layout), or uint8."""
+    if bits == 8:
+        return np.ascontiguousarray(values, dtype=np.uint8)
     flat = values.reshape(-1).astype(np.uint8)
     if flat.size % 2:
         flat = np.append(flat, np.uint8(0))
@@ -35,30 +40,31 @@ def _packed(values: np.ndarray) -> Packed4:
 
 @_op("MatMulNBits")
 def _matmul_nbits(c: _Converter, node, attrs):
-    """Y = A @ dequantize(B)ᵀ (+ bias); 4 bits, uint8 zero points or none (8); no g_idx."""
+    """Y = A @ dequantize(B)ᵀ (+ bias); 4 or 8 bits, uint8 zero points or none (the middle
+    code); no g_idx."""
     where = f"MatMulNBits node {node.name or node.output[0]!r}"
     k, n = int(attrs["K"]), int(attrs["N"])
     bits, block = int(attrs.get("bits", 4)), int(attrs["block_size"])
     given = [i < len(node.input) and bool(node.input[i]) for i in range(6)]
-    if bits != 4:
-        raise ConversionError(f"{where}: bits {bits} is not supported (4 only)")
+    if bits not in (4, 8):
+        raise ConversionError(f"{where}: bits {bits} is not supported (4 or 8)")
     if given[4]:
         raise ConversionError(f"{where}: g_idx (act-order) is not supported")
     blocks = -(-k // block)
-    codes = _nibbles(c.const_input(node, 1, "B"), n, blocks * block)  # (N, K padded)
+    codes = _values(c.const_input(node, 1, "B"), n, blocks * block, bits)  # (N, K padded)
     scale = np.asarray(c.const_input(node, 2, "scales")).reshape(n, blocks)
     if given[3]:
         zp = np.asarray(c.const_input(node, 3, "zero_points"))
         if zp.dtype != np.uint8:
             raise ConversionError(f"{where}: {zp.dtype} zero points are not supported "
-                                  "(uint8 packed 4-bit only)")
-        zp = _nibbles(zp, n, blocks)
+                                  "(packed uint8 only)")
+        zp = _values(zp, n, blocks, bits)
     else:
-        zp = np.full((n, blocks), 8, np.uint8)
+        zp = np.full((n, blocks), 1 << (bits - 1), np.uint8)
     b = c.builder
-    w = b.dequantize_linear(c._constant(_packed(np.ascontiguousarray(codes.T))),
+    w = b.dequantize_linear(c._constant(_weights(codes.T, bits)),
                             c._constant(np.ascontiguousarray(scale.T)),
-                            c._constant(_packed(np.ascontiguousarray(zp.T))))
+                            c._constant(_weights(zp.T, bits)))
     a = c.operand(node.input[0])
     shape = list(c._shape(a))
     if shape[-1] != k:
