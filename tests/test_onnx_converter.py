@@ -416,3 +416,61 @@ def test_matmul_nbits_refusals_are_one_line(context, attrs, inputs, message):
         node.input.extend(["", "G"])
     with pytest.raises(ConversionError, match=message):
         convert(model, context)
+
+
+@pytest.mark.parametrize("data_type,zero_points", [("uint8", False), ("uint8", True),
+                                                   ("int4", True), ("uint4", False)])
+def test_gather_block_quantized_against_ort(context, data_type, zero_points):
+    """A 4-bit table's rows (genai's tied int4 embedding) against ORT's CPU kernel, fresh
+    random codes, scales and zero points; ids as a runtime input."""
+    import onnxruntime as ort
+
+    vocab, hidden, block = 37, 64, 16
+    blocks = hidden // block
+    lo = -8 if data_type == "int4" else 0
+    q = rng.integers(lo, lo + 16, size=(vocab, hidden))
+    packed = ((q[:, 0::2] & 0xF) | ((q[:, 1::2] & 0xF) << 4)).astype(np.uint8)
+    if data_type == "uint8":
+        data = numpy_helper.from_array(packed, "D")
+    else:
+        data = TensorProto(name="D", data_type=getattr(TensorProto, data_type.upper()),
+                           dims=[vocab, hidden], raw_data=packed.tobytes())
+    scales = rng.uniform(0.01, 0.2, size=(vocab, blocks)).astype(np.float32)
+    inits, ins = [data, numpy_helper.from_array(scales, "S")], ["D", "ids", "S"]
+    if zero_points:
+        z = rng.integers(lo, lo + 16, size=(vocab, blocks))
+        zp = ((z[:, 0::2] & 0xF) | ((z[:, 1::2] & 0xF) << 4)).astype(np.uint8)
+        inits.append(numpy_helper.from_array(zp, "Z") if data_type == "uint8" else
+                     TensorProto(name="Z", data_type=data.data_type, dims=[vocab, blocks],
+                                 raw_data=zp.tobytes()))
+        ins.append("Z")
+    node = helper.make_node("GatherBlockQuantized", ins, ["y"], domain="com.microsoft",
+                            bits=4, block_size=block, gather_axis=0, quantize_axis=1)
+    g = helper.make_graph([node], "gbq",
+                          [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, hidden])],
+                          inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21),
+                                                helper.make_opsetid("com.microsoft", 1)])
+    ids = rng.integers(0, vocab, size=(1, 3)).astype(np.int64)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    want = sess.run(None, {"ids": ids})[0]
+    got = run_graph(context, model, {"ids": ids})["y"]
+    assert np.max(np.abs(got - want)) <= 1e-6 * np.max(np.abs(want))
+
+
+def test_gather_block_quantized_refuses_other_axes_in_one_line(context):
+    node = helper.make_node("GatherBlockQuantized", ["D", "ids", "S"], ["y"],
+                            domain="com.microsoft", bits=4, block_size=16, gather_axis=1,
+                            quantize_axis=0)
+    g = helper.make_graph([node], "gbq",
+                          [helper.make_tensor_value_info("ids", TensorProto.INT64, [1])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [32, 1])],
+                          [numpy_helper.from_array(np.zeros((32, 8), np.uint8), "D"),
+                           numpy_helper.from_array(np.ones((2, 16), np.float32), "S")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21),
+                                                helper.make_opsetid("com.microsoft", 1)])
+    with pytest.raises(ConversionError, match="gather_axis 1, quantize_axis 0 on rank 2 is not"):
+        convert(model, context)

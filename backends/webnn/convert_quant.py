@@ -1,4 +1,5 @@
-"""ORT's ``com.microsoft::MatMulNBits`` (onnxruntime-genai's int4 exports) as WebNN ops:
+"""ORT's ``com.microsoft::MatMulNBits`` and ``GatherBlockQuantized`` (onnxruntime-genai's int4
+exports; the second is its tied int4 embedding) as WebNN ops. MatMulNBits is
 ``matmul(A, dequantizeLinear(uint4 W (K, N), scales (K/block, N), zero points))``, the
 blockwise form the standard flavour builds for ``+q4``, so ``wgpu_impl/match_q4`` runs it
 as the 4-bit gemv where it matches. Packing from ORT's ContribOperators.md: B is uint8
@@ -79,3 +80,53 @@ def _matmul_nbits(c: _Converter, node, attrs):
     if given[5]:
         y = b.add(y, c.operand(node.input[5]))
     return y
+
+
+@_op("GatherBlockQuantized")
+def _gather_block_quantized(c: _Converter, node, attrs):
+    """Rows of a 4-bit table (the genai builder's tied int4 embedding), dequantised after
+    the gather: the codes kept a byte a value, each block's scale and zero point · scale
+    gathered beside them, so only the gathered rows are dequantised."""
+    where = f"GatherBlockQuantized node {node.name or node.output[0]!r}"
+    bits, block = int(attrs.get("bits", 4)), int(attrs.get("block_size", 128))
+    gather_axis, quantize_axis = int(attrs.get("gather_axis", 0)), int(attrs.get("quantize_axis", 1))
+    data = c.const_input(node, 0, "data")
+    if isinstance(data, Packed4):
+        rows, cols = data.shape[0], int(np.prod(data.shape[1:], dtype=np.int64))
+        codes = _values(data.data, 1, rows * cols, 4).reshape(rows, cols)
+        signed = data.data_type == "int4"
+        rank = len(data.shape)
+    else:
+        data = np.asarray(data)
+        if data.dtype != np.uint8:
+            raise ConversionError(f"{where}: {data.dtype} data is not supported (uint8, int4, uint4)")
+        rows, rank, signed = data.shape[0], data.ndim, False
+        codes = _values(data.reshape(rows, -1), rows, data[0].size * 8 // bits, bits)
+        cols = codes.shape[1]
+    if bits != 4 or rank != 2 or gather_axis != 0 or quantize_axis % rank != rank - 1:
+        raise ConversionError(f"{where}: bits {bits}, gather_axis {gather_axis}, quantize_axis "
+                              f"{quantize_axis} on rank {rank} is not supported (4 bits, a 2-D "
+                              "table gathered on axis 0, quantised along axis 1)")
+    if cols % block:
+        raise ConversionError(f"{where}: block_size {block} does not divide the row ({cols})")
+    blocks = cols // block
+    scale = np.asarray(c.const_input(node, 2, "scales")).reshape(rows, blocks)
+    if len(node.input) > 3 and node.input[3]:
+        zp = c.const_input(node, 3, "zero_points")
+        zp = _values(zp.data if isinstance(zp, Packed4) else zp, rows, blocks, 4).astype(np.int64)
+        if signed:
+            zp = (zp ^ 8) - 8
+    else:
+        # uint8 data follows MatMulNBits (8); int4 and uint4 data have zero points of 0
+        zp = np.full((rows, blocks), 0 if isinstance(data, Packed4) else 8, np.int64)
+    if signed:  # a byte a code, offset by 8 (v + 8 = raw ^ 8), the zero point with it
+        codes, zp = codes ^ 8, zp + 8
+    b = c.builder
+    ind = c.operand(node.input[1])
+    lead = list(c._shape(ind))
+    q = b.gather(c._constant(codes), ind, axis=0)
+    q = b.reshape(b.cast(q, scale.dtype.name), lead + [blocks, block])
+    s = b.reshape(b.gather(c._constant(scale), ind, axis=0), lead + [blocks, 1])
+    z = b.reshape(b.gather(c._constant((zp * scale).astype(scale.dtype)), ind, axis=0),
+                  lead + [blocks, 1])
+    return b.reshape(b.sub(b.mul(q, s), z), lead + [cols])
