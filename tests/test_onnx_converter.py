@@ -335,3 +335,142 @@ def test_tiny_decoder_matches_reference(context, tiny_path):
         want = ref.step(int(tok))
         assert np.abs(logits - want).max() / np.abs(want).max() < 1e-4, pos
         assert logits.argmax() == want.argmax(), pos
+
+
+def _nbits_model(k: int, n: int, block: int, zero_points: bool, bias: bool, rows: int,
+                 bits: int = 4):
+    """One com.microsoft::MatMulNBits on fresh random weights, hand-packed as ORT's
+    ContribOperators.md lays them out (B [N, blocks, block * bits / 8], low nibble first)."""
+    blocks = -(-k // block)
+
+    def pack(v):  # each row's values, two a byte for 4 bits, the row padded to a byte
+        if bits == 8:
+            return v.astype(np.uint8)
+        v = np.pad(v, [(0, 0), (0, v.shape[1] % 2)])
+        return (v[:, 0::2] | (v[:, 1::2] << 4)).astype(np.uint8)
+
+    q = rng.integers(0, 1 << bits, size=(n, blocks * block))
+    b_packed = pack(q).reshape(n, blocks, block * bits // 8)
+    scales = rng.uniform(0.01, 0.2, size=(n * blocks,)).astype(np.float32)
+    inits = [numpy_helper.from_array(b_packed, "B"), numpy_helper.from_array(scales, "S")]
+    ins = ["A", "B", "S"]
+    if zero_points:
+        z = rng.integers(0, 1 << bits, size=(n, blocks))
+        inits.append(numpy_helper.from_array(pack(z).reshape(-1), "Z"))
+        ins.append("Z")
+    if bias:
+        inits.append(numpy_helper.from_array(f32(n), "bias"))
+        ins += [""] * (5 - len(ins)) + ["bias"]
+    node = helper.make_node("MatMulNBits", ins, ["y"], domain="com.microsoft", K=k, N=n,
+                            bits=bits, block_size=block, accuracy_level=0)
+    g = helper.make_graph([node], "nbits",
+                          [helper.make_tensor_value_info("A", TensorProto.FLOAT, [1, rows, k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, rows, n])],
+                          inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21),
+                                               helper.make_opsetid("com.microsoft", 1)])
+
+
+@pytest.mark.parametrize("k,n,block,zero_points,bias,rows,bits", [
+    (64, 40, 32, False, False, 1, 4), (176, 33, 32, True, False, 1, 4),
+    (96, 20, 16, True, True, 1, 4), (64, 24, 32, False, True, 3, 4),
+    (80, 9, 32, True, False, 1, 4), (80, 12, 32, True, False, 1, 8),
+    (64, 10, 16, False, True, 2, 8)])
+def test_matmul_nbits_against_ort(context, k, n, block, zero_points, bias, rows, bits):
+    """MatMulNBits -> dequantizeLinear(uint4 or uint8) + matmul, against ORT's CPU kernel
+    (level 0: float activations); one-row 4-bit products run as the fused 4-bit gemv."""
+    import onnxruntime as ort
+
+    model = _nbits_model(k, n, block, zero_points, bias, rows, bits)
+    a = f32(1, rows, k)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    want = sess.run(None, {"A": a})[0]
+    cg = convert(model, context)
+    t_a = context.create_tensor(data_type="float32", shape=[1, rows, k], writable=True)
+    context.write_tensor(t_a, a)
+    t_y = context.create_tensor(data_type="float32", shape=[1, rows, n], readable=True)
+    context.dispatch(cg.graph, {"A": t_a}, {"y": t_y})
+    got = np.asarray(context.read_tensor(t_y)).reshape(want.shape)
+    assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
+    names = [la.kernel.name for la in cg.graph._plan.launches]
+    assert any(x.startswith("gemv_q4") for x in names) == (rows == 1 and bits == 4), names
+
+
+@pytest.mark.parametrize("attrs,inputs,message", [
+    ({"bits": 2}, 3, "bits 2 is not supported"),
+    ({}, 5, "g_idx"),
+    ({}, 4, "float32 zero points are not supported"),
+])
+def test_matmul_nbits_refusals_are_one_line(context, attrs, inputs, message):
+    model = _nbits_model(64, 8, 32, False, False, 1)
+    node = model.graph.node[0]
+    for key, v in attrs.items():
+        next(a for a in node.attribute if a.name == key).i = v
+    if inputs == 4:  # zero points of the scales' type (ORT allows them; WebNN's are codes)
+        model.graph.initializer.append(numpy_helper.from_array(f32(16), "Zf"))
+        node.input.append("Zf")
+    if inputs == 5:
+        model.graph.initializer.append(numpy_helper.from_array(np.zeros(64, np.int32), "G"))
+        node.input.extend(["", "G"])
+    with pytest.raises(ConversionError, match=message):
+        convert(model, context)
+
+
+@pytest.mark.parametrize("data_type,zero_points", [("uint8", False), ("uint8", True),
+                                                   ("int4", True), ("uint4", False)])
+def test_gather_block_quantized_against_ort(context, data_type, zero_points):
+    """A 4-bit table's rows (genai's tied int4 embedding) against ORT's CPU kernel, fresh
+    random codes, scales and zero points; ids as a runtime input."""
+    import onnxruntime as ort
+
+    vocab, hidden, block = 37, 64, 16
+    blocks = hidden // block
+    lo = -8 if data_type == "int4" else 0
+    q = rng.integers(lo, lo + 16, size=(vocab, hidden))
+    packed = ((q[:, 0::2] & 0xF) | ((q[:, 1::2] & 0xF) << 4)).astype(np.uint8)
+    if data_type == "uint8":
+        data = numpy_helper.from_array(packed, "D")
+    else:
+        data = TensorProto(name="D", data_type=getattr(TensorProto, data_type.upper()),
+                           dims=[vocab, hidden], raw_data=packed.tobytes())
+    scales = rng.uniform(0.01, 0.2, size=(vocab, blocks)).astype(np.float32)
+    inits, ins = [data, numpy_helper.from_array(scales, "S")], ["D", "ids", "S"]
+    if zero_points:
+        z = rng.integers(lo, lo + 16, size=(vocab, blocks))
+        zp = ((z[:, 0::2] & 0xF) | ((z[:, 1::2] & 0xF) << 4)).astype(np.uint8)
+        inits.append(numpy_helper.from_array(zp, "Z") if data_type == "uint8" else
+                     TensorProto(name="Z", data_type=data.data_type, dims=[vocab, blocks],
+                                 raw_data=zp.tobytes()))
+        ins.append("Z")
+    node = helper.make_node("GatherBlockQuantized", ins, ["y"], domain="com.microsoft",
+                            bits=4, block_size=block, gather_axis=0, quantize_axis=1)
+    g = helper.make_graph([node], "gbq",
+                          [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, hidden])],
+                          inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21),
+                                                helper.make_opsetid("com.microsoft", 1)])
+    ids = rng.integers(0, vocab, size=(1, 3)).astype(np.int64)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    want = sess.run(None, {"ids": ids})[0]
+    got = run_graph(context, model, {"ids": ids})["y"]
+    assert np.max(np.abs(got - want)) <= 1e-6 * np.max(np.abs(want))
+
+
+def test_gather_block_quantized_refuses_other_axes_in_one_line(context):
+    node = helper.make_node("GatherBlockQuantized", ["D", "ids", "S"], ["y"],
+                            domain="com.microsoft", bits=4, block_size=16, gather_axis=1,
+                            quantize_axis=0)
+    g = helper.make_graph([node], "gbq",
+                          [helper.make_tensor_value_info("ids", TensorProto.INT64, [1])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [32, 1])],
+                          [numpy_helper.from_array(np.zeros((32, 8), np.uint8), "D"),
+                           numpy_helper.from_array(np.ones((2, 16), np.float32), "S")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21),
+                                                helper.make_opsetid("com.microsoft", 1)])
+    with pytest.raises(ConversionError, match="gather_axis 1, quantize_axis 0 on rank 2 is not"):
+        convert(model, context)

@@ -2,8 +2,8 @@
 onnxruntime-genai builder, optimum-cli and transformers' OnnxExporter from tiny seeded
 Hugging Face models): `inspect` lists exactly the pairs each exporter wrote, every dim a
 decode step needs is pinned to what the source model says, and `generate` on the ORT
-backends gives the source PyTorch model's greedy tokens. No torch: the manifest carries
-what the source computed."""
+backends and the three WebNN pages gives the source PyTorch model's greedy tokens. No
+torch: the manifest carries what the source computed."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 import onnx
 import pytest
 
+from backends.pages import StatelessCopy
 from backends.webnn.dims import default_dims, past_head_sizes
 from harness.commands.generate import generate
 from harness.model_info import inspect_model, model_file
@@ -100,6 +101,21 @@ def test_dims_of_a_decode_step_are_the_source_models(name):
 @pytest.mark.parametrize("backend", ["ort-cpu:copy", "ort-cpu:iobinding"])
 @pytest.mark.parametrize("name", NAMES)
 def test_generate_gives_the_source_models_tokens(name, backend):
+    e = _entry(name)
+    got = generate(MODELS / e["path"], e["prompt"], NEW_TOKENS, backend)
+    assert got == e["greedy_tokens"][:NEW_TOKENS]
+
+
+_WGPU_OK, _WGPU_WHY = StatelessCopy.available()
+
+
+@pytest.mark.skipif(not _WGPU_OK, reason=_WGPU_WHY)
+@pytest.mark.parametrize("backend", ["wgpu:stateless", "wgpu:reuse", "wgpu:stateful"])
+@pytest.mark.parametrize("name", NAMES)
+def test_generate_on_the_webnn_pages_gives_the_source_models_tokens(name, backend):
+    """Growing caches made fixed-capacity, ORT's contrib ops (GroupQueryAttention, the
+    linear-attention ops, MatMulNBits as 4-bit dequantizeLinear + matmul) decomposed: every
+    export on every page, greedy, as the source model."""
     e = _entry(name)
     got = generate(MODELS / e["path"], e["prompt"], NEW_TOKENS, backend)
     assert got == e["greedy_tokens"][:NEW_TOKENS]

@@ -850,6 +850,7 @@ def _dequantize_linear(c: _Converter, node, attrs):
 
 from . import convert_ops  # noqa: E402,F401,I001  (registers its handlers)
 from . import convert_linear  # noqa: E402,F401,I001  (registers its handlers)
-from . import convert_attention  # noqa: E402,F401  (registers its handlers)
+from . import convert_attention  # noqa: E402,F401,I001  (registers its handlers)
+from . import convert_quant  # noqa: E402,F401  (registers its handlers)
 
 SUPPORTED_OPS = frozenset(_HANDLERS) | frozenset({"Range", "ConstantOfShape"})
