@@ -12,7 +12,6 @@ warm-up and timed steps are what every backend's logits are compared with.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import re
@@ -32,8 +31,6 @@ from model.errors import UserError
 REFERENCE = "ort-cpu (float32, growing cache)"
 #: the backend the reference is (`backends.ort`)
 REFERENCE_BACKEND = "ort-cpu:copy"
-#: the inputs the WebNN pages feed besides the caches (``backends.pages``)
-PAGE_FEEDS = frozenset({"input_ids", "position_ids"})
 
 
 def sha256(path: Path) -> str:
@@ -135,10 +132,6 @@ class UserModel:
         stem = self.path.parent.name if self.path.stem in ("model", "decode") else self.path.stem
         return re.sub(r"[^A-Za-z0-9._-]+", "_", stem) or "model"
 
-    @property
-    def growing(self) -> list[CachePair]:
-        return [p for p in self.pairs if p.kind == "append"]
-
     def check_positions(self, last: int) -> None:
         """Refuse, in one line, a sweep whose last position (0-based) the model cannot reach."""
         limit, why = position_limit(self.proto, self.path)
@@ -164,24 +157,12 @@ class UserModel:
     def refusal(self, cls: type[Backend]) -> str:
         """Why backend ``cls`` cannot run this model ("" where it may), before any worker: an
         ORT mode that needs statebench's own graph, or a graph ORT cannot share a buffer in,
-        says why (``model_refusal``); a WebNN page without the fixed-capacity rewrite
-        (``backends.webnn.fixed_capacity``, where it is built) needs same-shape pairs and
-        feeds only PAGE_FEEDS. A backend whose prepare fails on the model is unavailable
-        too, with its reason (``harness.worker``)."""
+        says why (``model_refusal``). The WebNN pages rewrite growing caches
+        (``backends.webnn.fixed_capacity``) and say in prepare what they cannot run; a
+        backend whose prepare fails on the model is unavailable with its reason
+        (``harness.worker``)."""
         if cls.name.startswith("ort-"):
             return backend_for(cls, self.path, self.hand_pairs).model_refusal(self.proto)
-        if importlib.util.find_spec("backends.webnn.fixed_capacity") is not None:
-            return ""  # the pages rewrite growing caches and say in prepare what they cannot run
-        if self.growing:
-            p = self.growing[0]
-            return (f"its cache grows ({p.input} -> {p.output}, append on axis {p.axis}) and "
-                    "the fixed-capacity rewrite is not built yet")
-        paired = {p.input for p in self.pairs}
-        inits = {t.name for t in self.proto.graph.initializer}
-        other = [i.name for i in self.proto.graph.input
-                 if i.name not in paired | PAGE_FEEDS | inits]
-        if other:
-            return f"the WebNN pages feed only {', '.join(sorted(PAGE_FEEDS))}, not {other[0]!r}"
         return ""
 
 

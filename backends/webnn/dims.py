@@ -108,8 +108,6 @@ def default_dims(model: onnx.ModelProto, capacity: int,
                 out[s] = PinnedDim(v, "expression")
     if any(s not in out for s in names):
         out.update(_attention_widths(model, {k: p.value for k, p in out.items()}, names))
-    if any(s not in out for s in names):
-        out.update(_conv_windows(model, names, out))
     return out
 
 
@@ -150,37 +148,6 @@ def _from_graph(model: onnx.ModelProto, capacity: int) -> dict[str, PinnedDim]:
                 for i in n.input:
                     if kernel and (s := last_symbol(i)):
                         out.setdefault(s, PinnedDim(kernel[-1], "conv window (Conv kernel)"))
-    return out
-
-
-def _conv_windows(model: onnx.ModelProto, names: list[str],
-                  known: Mapping[str, PinnedDim]) -> dict[str, PinnedDim]:
-    """A symbol on the last axis of a conv state (transformers' Qwen3.5 ``s84``): the state
-    is concatenated with the new column and read by a Conv, whose kernel is the window
-    the state keeps."""
-    g = model.graph
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for n in g.node:
-        for i in n.input:
-            readers.setdefault(i, []).append(n)
-    inits = {t.name: t for t in g.initializer}
-    out: dict[str, PinnedDim] = {}
-    for vi in g.input:
-        dims = vi.type.tensor_type.shape.dim
-        if not dims or dims[-1].dim_param not in names or dims[-1].dim_param in known:
-            continue
-        for cat in readers.get(vi.name, []):
-            axis = next((a.i for a in cat.attribute if a.name == "axis"), None)
-            if cat.op_type != "Concat" or cat.input[0] != vi.name or axis not in (-1, len(dims) - 1):
-                continue
-            for conv in readers.get(cat.output[0], []):
-                if conv.op_type != "Conv" or conv.input[0] != cat.output[0]:
-                    continue
-                kernel = next((list(a.ints) for a in conv.attribute if a.name == "kernel_shape"),
-                              list(inits[conv.input[1]].dims[2:]) if conv.input[1] in inits else [])
-                if kernel:
-                    out[dims[-1].dim_param] = PinnedDim(int(kernel[-1]), "a conv state's window "
-                                                        "(the kernel of the Conv reading it)")
     return out
 
 
