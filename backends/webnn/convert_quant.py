@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .dtypes import pack_nibbles, unpack_nibbles
 from .onnx_converter import ConversionError, Packed4, _Converter, _op
 
 
@@ -22,7 +23,7 @@ def _values(packed: np.ndarray, rows: int, count: int, bits: int) -> np.ndarray:
     """(rows, count) uint8 values from ``rows`` runs of packed bytes: two 4-bit values a
     byte, low nibble first, or one 8-bit value a byte."""
     raw = np.ascontiguousarray(packed, dtype=np.uint8).reshape(rows, -1)
-    both = raw if bits == 8 else np.stack([raw & 0xF, raw >> 4], axis=-1).reshape(rows, -1)
+    both = raw if bits == 8 else unpack_nibbles(raw)
     if both.shape[1] < count:
         raise ConversionError(f"{rows} rows of {raw.shape[1]} bytes hold fewer than {count} "
                               f"{bits}-bit values a row")
@@ -36,7 +37,7 @@ def _weights(values: np.ndarray, bits: int) -> np.ndarray | Packed4:
     flat = values.reshape(-1).astype(np.uint8)
     if flat.size % 2:
         flat = np.append(flat, np.uint8(0))
-    return Packed4("uint4", tuple(values.shape), (flat[0::2] | (flat[1::2] << 4)).astype(np.uint8))
+    return Packed4("uint4", tuple(values.shape), pack_nibbles(flat))
 
 
 @_op("MatMulNBits")

@@ -65,6 +65,20 @@ def packed_bytes(dt: DType, count: int) -> int:
     return -(-count * dt.bits // 8)
 
 
+def unpack_nibbles(raw: np.ndarray) -> np.ndarray:
+    """The 4-bit values of packed bytes (two a byte, the low nibble first: WebNN's and
+    ONNX's int4/uint4 layout), as uint8 along the last axis, twice as long."""
+    raw = np.asarray(raw, np.uint8)
+    return np.stack([raw & 0xF, raw >> 4], axis=-1).reshape(*raw.shape[:-1], -1)
+
+
+def pack_nibbles(values: np.ndarray) -> np.ndarray:
+    """``unpack_nibbles`` undone: 4-bit values (an even count along the last axis) as
+    bytes, two a byte, the low nibble first."""
+    v = np.asarray(values).astype(np.uint8) & 0xF
+    return (v[..., 0::2] | (v[..., 1::2] << 4)).astype(np.uint8)
+
+
 def packed_words(value, dt: DType, count: int) -> np.ndarray:
     """A packed constant's bytes as the device's u32 words (zero-padded); TypeError when the
     buffer is not the ``packed_bytes`` the descriptor says."""

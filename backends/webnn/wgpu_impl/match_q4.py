@@ -17,6 +17,7 @@ import numpy as np
 
 from .. import shapes as S
 from .._classes import MLOperand, blocks
+from ..dtypes import pack_nibbles, unpack_nibbles
 from ..stateful import root
 
 
@@ -89,9 +90,8 @@ def widened(o: MLOperand) -> MLOperand:
 
 def _nibbles(o: MLOperand, signed: bool) -> np.ndarray:
     """A packed constant's elements (int8), in its shape."""
-    raw = np.ascontiguousarray(o._value).view(np.uint8)
-    n = S.size(o._shape)
-    nib = np.stack([raw & 0xF, raw >> 4], axis=1).reshape(-1)[:n]
+    raw = np.ascontiguousarray(o._value).view(np.uint8).reshape(-1)
+    nib = unpack_nibbles(raw)[:S.size(o._shape)]
     vals = (nib.astype(np.int8) ^ 8) - 8 if signed else nib.astype(np.int8)
     return vals.reshape(o._shape)
 
@@ -99,8 +99,7 @@ def _nibbles(o: MLOperand, signed: bool) -> np.ndarray:
 def repack_codes(w: Q4Weight, n0: int, nc: int) -> np.ndarray:
     """Codes of columns [n0, n0 + nc) as (nc, K), eight a u32 word (made at upload)."""
     codes = _nibbles(w.codes, False)[:, n0:n0 + nc]  # raw nibbles, (K, nc)
-    t = np.ascontiguousarray(codes.T).astype(np.uint8).reshape(nc, w.K // 2, 2)
-    packed = (t[..., 0] | (t[..., 1] << 4)).astype(np.uint8)
+    packed = pack_nibbles(np.ascontiguousarray(codes.T))  # (nc, K/2)
     return np.ascontiguousarray(packed).reshape(-1).view(np.uint32)
 
 
