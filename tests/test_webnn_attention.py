@@ -429,3 +429,50 @@ def test_one_launch_query_chain_and_layouts(ctx_with):
     assert _one_names(gr) == ["attention_flash1"]
     feeds, want = rope_feeds_and_oracle()
     np.testing.assert_allclose(run(ctx, gr, outs, feeds)["y"], want, rtol=2e-5, atol=2e-6)
+
+
+# -- lane-groups and an online softmax (KernelOptions.attention = "lanes", "lanes1") ----------
+
+
+#: (heads, q rows, capacity, head dim): 16-byte words a row of a float32 cache 4, 1, 16
+LANE_SHAPES = [(2, 4, 300, 16), (1, 1, 37, 4), (2, 4, 517, 64)]
+
+
+def _lanes_ctx(ctx_with, how, sub, monkeypatch):
+    """A context for ``how`` whose kernels shuffle across ``sub`` lanes (the adapter's own
+    fixed width) or, with None, sum partial dots through workgroup memory."""
+    import dataclasses
+
+    ctx = ctx_with(attention=how)
+    monkeypatch.setattr(ctx, "_target", dataclasses.replace(ctx._target, subgroup=sub))
+    return ctx
+
+
+def _lane_subgroups(subgroup_size):
+    return [None] + ([subgroup_size] if subgroup_size in (8, 16, 32, 64) else [])
+
+
+@pytest.mark.parametrize("how", ["lanes", "lanes1"])
+@pytest.mark.parametrize("shape", LANE_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_lanes_match_oracle_float32_cache(ctx_with, subgroup_size, monkeypatch, how, shape):
+    """Float32 caches, masks with a finite and an infinite fill leaving whole splits empty,
+    several dispatches (the one-launch counters come back to zero), with the adapter's
+    subgroup shuffles where it has them and through workgroup memory."""
+    heads, g, cap, d = shape
+    for sub in _lane_subgroups(subgroup_size):
+        ctx = _lanes_ctx(ctx_with, how, sub, monkeypatch)
+        for fill in (-np.inf, float(np.finfo(np.float32).min)):
+            gr, outs = graph(ctx, heads, g, cap, d, fill)
+            names = _one_names(gr)
+            assert names == (["attention_lanes", "attention_combine"] if how == "lanes"
+                             else ["attention_lanes1"]), names
+            shuffles = sub is not None and d // 4 <= sub
+            assert ("subgroupShuffleXor" in gr._plan.launches[0].kernel.wgsl) == shuffles
+            for depth in (int(RNG.integers(1, cap)), 2, cap - 1):
+                feeds = {"q": RNG.standard_normal((1, heads, g, d)),
+                         "k": RNG.standard_normal((1, heads, cap, d)),
+                         "v": RNG.standard_normal((1, heads, cap, d)),
+                         "valid": ((np.arange(cap) < depth) & (RNG.random(cap) < 0.8)
+                                   | (np.arange(cap) == 0)).astype(np.float64).reshape(1, 1, 1, cap)}
+                np.testing.assert_allclose(run(ctx, gr, outs, feeds)["y"], oracle(**feeds),
+                                           rtol=2e-5, atol=2e-6)

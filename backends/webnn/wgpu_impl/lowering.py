@@ -93,12 +93,20 @@ def _weights(count: int, rows: Callable[[], np.ndarray], half: bool) -> Deferred
 
 def _attention_one(plan: Plan, o: MLOperand) -> tuple[Any, int, int] | None:
     """The one-launch decode attention where ``KernelOptions.attention`` asks for it
-    ("flash1") and it applies, else None (the two-launch kernels)."""
-    if plan.options.attention != "flash1":
-        return None
-    return plan.attention[o._id].one_launch(plan.target.shared_bytes,
-                                            plan.options.attention_splits,
-                                            plan.target.max_storage)
+    ("flash1", "lanes1") and it applies, else None."""
+    how, m = plan.options.attention, plan.attention[o._id]
+    if how == "flash1":
+        return m.one_launch(plan.target.shared_bytes, plan.options.attention_splits,
+                            plan.target.max_storage)
+    if how == "lanes1" and (got := _attention_lanes(plan, o, True)) is not None:
+        return got[0][0], got[1], got[2]
+    return None
+
+
+def _attention_lanes(plan: Plan, o: MLOperand, fold: bool) -> tuple[list, int, int] | None:
+    """The lane-group decode attention (``attention_lanes``) where it applies, else None."""
+    return plan.attention[o._id].lanes(plan.target.shared_bytes, plan.options.attention_splits,
+                                       plan.target.subgroup, fold, plan.target.max_storage)
 
 
 def _gemv_input(plan: Plan, o: MLOperand, ins: list[Slot],
@@ -152,9 +160,13 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
         plan.consts.setdefault(cnt, np.zeros(counters, np.uint32))  # zero; left zero
         add(KernelLaunch(k1, ins + [part, out_slot, cnt]))
     elif o._id in plan.attention:
-        k1, k2, parts = plan.attention[o._id].kernels(plan.target.shared_bytes,
-                                                      plan.options.attention_splits,
-                                                      plan.options.f16_loads)
+        two = _attention_lanes(plan, o, False) if plan.options.attention == "lanes" else None
+        if two is not None:
+            (k1, k2), parts, _ = two
+        else:
+            k1, k2, parts = plan.attention[o._id].kernels(plan.target.shared_bytes,
+                                                          plan.options.attention_splits,
+                                                          plan.options.f16_loads)
         part = ("temp", ("flash", o._id))
         plan.temps[part] = parts
         add(KernelLaunch(k1, ins + [part]))

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from .. import shapes as S
 from .._classes import MLOperand
 from ..kernels import attention as AT
+from ..kernels import attention_lanes as AL
 from ..stateful import root
 from . import fusion
 
@@ -61,15 +62,20 @@ class Attention:
         q = list(self.q_chain.leaves) if self.q_chain is not None else [self.q]
         return [*q, self.k, self.v, *extra]
 
-    def kernels(self, shared_bytes: int, splits: int | None = None,
-                f16_loads: str | None = None) -> tuple[AT.Kernel, AT.Kernel, int]:
-        """(pass 1, pass 2, partial 4-byte words); ``splits``: per head (None: the default);
-        ``f16_loads``: how a float16 cache is loaded (``flash_decode``; None: "wide")."""
+    def _dims(self) -> tuple[int, int, int, int, tuple | None, tuple | None]:
+        """(heads, q rows, capacity, head dim, score chain, q chain) as the kernels take them."""
         G, D = self.out._shape[-2], self.out._shape[-1]  # roots may be flat: use the views
         C = self.qk._shape[-1]
         heads = S.size(self.out._shape[:-2])
         score = self.score.fused_ops(param=self.qk) if self.score is not None else None
         q_chain = self.q_chain.fused_ops() if self.q_chain is not None else None
+        return heads, G, C, D, score, q_chain
+
+    def kernels(self, shared_bytes: int, splits: int | None = None,
+                f16_loads: str | None = None) -> tuple[AT.Kernel, AT.Kernel, int]:
+        """(pass 1, pass 2, partial 4-byte words); ``splits``: per head (None: the default);
+        ``f16_loads``: how a float16 cache is loaded (``flash_decode``; None: "wide")."""
+        heads, G, C, D, score, q_chain = self._dims()
         return AT.flash_decode(heads, G, C, D, score, shared_bytes // 4, q_chain,
                                splits or AT.SPLITS, kv=self.k._dtype.wgsl,
                                f16_loads=f16_loads or "wide")
@@ -79,14 +85,24 @@ class Attention:
         """(kernel, partial 4-byte words, counter words) of the one-launch variant
         (``flash_decode_one``), or None where it does not apply or binds more storage
         buffers than ``max_storage`` (the caller then lowers ``kernels``)."""
-        G, D = self.out._shape[-2], self.out._shape[-1]
-        C = self.qk._shape[-1]
-        heads = S.size(self.out._shape[:-2])
-        score = self.score.fused_ops(param=self.qk) if self.score is not None else None
-        q_chain = self.q_chain.fused_ops() if self.q_chain is not None else None
+        heads, G, C, D, score, q_chain = self._dims()
         got = AT.flash_decode_one(heads, G, C, D, score, shared_bytes // 4, q_chain,
                                   splits or AT.SPLITS1, kv=self.k._dtype.wgsl)
         if got is None or len(got[0].bindings) > max_storage:
+            return None
+        return got
+
+    def lanes(self, shared_bytes: int, splits: int | None, subgroup: int | None, fold: bool,
+              max_storage: int = 8) -> tuple[list[AT.Kernel], int, int] | None:
+        """(kernels, partial 4-byte words, counter words) of the lane-group variants
+        (``attention_lanes.flash_lanes``; ``fold``: one launch), or None where they do not
+        apply or bind more storage buffers than ``max_storage`` (the caller then lowers
+        ``kernels``)."""
+        heads, G, C, D, score, q_chain = self._dims()
+        got = AL.flash_lanes(heads, G, C, D, score, shared_bytes // 4, q_chain,
+                             splits or AL.SPLITS_L, kv=self.k._dtype.wgsl, subgroup=subgroup,
+                             fold=fold)
+        if got is None or len(got[0][0].bindings) > max_storage:
             return None
         return got
 

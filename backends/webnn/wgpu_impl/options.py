@@ -36,7 +36,7 @@ Q4_VARIANT = re.compile(r"multi(\d+)?(?:_l(\d+))?(?:_g(\d+))?(?:_u(\d+))?")
 #: the accepted string values of each knob (None is always accepted: chosen per adapter);
 #: gemv, gdn and attention_splits are checked by their own rules in ``_check``
 CHOICES: dict[str, tuple[str, ...]] = {
-    "attention": ("flash", "flash1", "unfused", "generic"),
+    "attention": ("flash", "flash1", "lanes", "lanes1", "unfused", "generic"),
     "gemv_prologue": ("launch", "off", "full", "vector"),
     "row_writes": ("separate",),
     "record_ahead": ("on", "pieces", "off"),
@@ -64,7 +64,10 @@ class KernelOptions:
     gemv: str | None = None
     #: decode attention: None/"flash" (two launches where the pattern matches), "flash1" (one
     #: launch, the combine folded into each head's last split: ``flash_decode_one``; else as
-    #: "flash"), "unfused" (QK, chain, softmax, split-K probs·V), "generic" (plain matmuls)
+    #: "flash"), "lanes" (two launches: lane-groups over whole cache rows, an online softmax
+    #: in registers: ``attention_lanes.flash_lanes``; else as "flash"), "lanes1" (the same,
+    #: the combine folded in as "flash1" does), "unfused" (QK, chain, softmax, split-K
+    #: probs·V), "generic" (plain matmuls)
     attention: str | None = None
     #: a gemv's input vector reading a one-element reduction (RMSNorm): None/"launch" (both in
     #: one launch of their own), "off" (each its own launch), "full" (both computed by each
@@ -73,7 +76,7 @@ class KernelOptions:
     #: scatters of one index tensor into same-shaped caches: None (one launch), "separate"
     row_writes: str | None = None
     #: splits per head flash-decoding aims at on long caches: None (``kernels/attention.SPLITS``;
-    #: "flash1": ``SPLITS1``)
+    #: "flash1": ``SPLITS1``; "lanes", "lanes1": ``attention_lanes.SPLITS_L``)
     attention_splits: int | None = None
     #: encode each dispatch's successor while the device runs it (``dispatch._record_ahead``):
     #: None (GPUs on, CPU adapters off), "on" (its command buffers in one submit), "pieces"

@@ -1,0 +1,329 @@
+"""Decode attention with lane-groups and an online softmax (``KernelOptions.attention``
+"lanes", two launches, and "lanes1", the combine folded in): the same result and the
+same partials as ``attention.flash_decode``, with fewer fixed costs per workgroup.
+
+Where ``flash_decode``'s pass 1 gives each invocation whole K rows (a warp's loads 128
+bytes apart), keeps the split's scores in workgroup memory and reduces their maximum and
+sum with two workgroup trees, here:
+
+* a lane-group of ``LW`` adjacent invocations reads one cache row (``LW`` 16-byte words:
+  8 halves of a float16 cache, 4 floats of a float32 one), so a warp's K and V loads are
+  whole contiguous rows; each invocation issues the K and the V words of ``U`` rows
+  before using any (``2U`` 16-byte loads in flight);
+* each invocation holds its columns of the head's q rows in registers (q, or q's RoPE
+  chain, computed by each invocation for its own columns: no workgroup memory, no
+  barrier), and the partial dots are summed across the lane-group with
+  ``subgroupShuffleXor`` (where the subgroup is a fixed power of two at least ``LW``
+  wide; else through workgroup memory, two barriers a round);
+* the softmax is online (FlashAttention's running maximum ``m``, sum ``l`` and ``acc``
+  rescaled per round of ``U`` rows) in registers: no score buffer, no trees per chunk;
+* the row-groups of a workgroup are merged once at the end (within a subgroup by
+  shuffles, across subgroups through workgroup memory) into the split's partial
+  ``(m, l, acc[d])`` per q row, in ``flash_decode``'s layout.
+
+"lanes": ``attention._combine`` merges the splits in a second launch. "lanes1": each
+workgroup then bumps its head's counter (``storageBarrier()``, ``atomicAdd``) and the
+head's last workgroup merges the head's splits itself, as ``flash_decode_one`` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .attention import _combine, _kv_and_score, _q_source, _split_entry
+from .common import Kernel, decl, neg_inf
+from .fused import FusedOp, Leaf
+
+WGL = 128  # workgroup
+SPLITS_L = 64  # splits per head a long cache aims at
+UNROLL = 4  # cache rows a lane-group loads before using any
+
+
+@dataclass(frozen=True)
+class LanesPlan:
+    """``lw``: invocations (16-byte words) a cache row; ``unroll``: rows a lane-group loads
+    at once; ``rows``: cache rows a split; ``splits``: splits per head; ``sub``: the
+    subgroup width the shuffles use, None where partial dots go through workgroup memory;
+    ``rb``: q rows merged per round at the end (workgroup memory)."""
+
+    lw: int
+    unroll: int
+    rows: int
+    splits: int
+    sub: int | None
+    rb: int
+
+
+def lanes_plan(q_rows: int, capacity: int, d: int, kv: str, shared_floats: int,
+               splits: int = SPLITS_L, subgroup: int | None = None) -> LanesPlan | None:
+    """How ``flash_lanes`` lays out, or None where it does not apply (the head dimension is
+    not a power-of-two count of 16-byte words at most 32, or workgroup memory is short):
+    the caller keeps ``flash_decode``."""
+    per = 8 if kv == "f16" else 4
+    if kv not in ("f16", "f32") or d % per:
+        return None
+    lw = d // per
+    if lw > 32 or lw & (lw - 1):
+        return None
+    sub = subgroup if (subgroup and subgroup & (subgroup - 1) == 0 and lw <= subgroup
+                       and WGL % subgroup == 0) else None
+    rg = WGL // lw
+    writers = WGL // sub if sub else rg  # who holds a share of the workgroup's sums
+    d4 = d // 4
+    for unroll in (UNROLL, 2, 1):
+        dots = 0 if sub else WGL * q_rows * unroll  # partial dots of a round
+        fixed = dots + 2 * writers * q_rows
+        rb = next((b for b in range(q_rows, 0, -1)
+                   if fixed + writers * b * d4 * 4 <= shared_floats), 0)
+        if rb:
+            break
+    else:
+        return None
+    step = rg * unroll  # rows a workgroup reads a round
+    per_split = -(-capacity // max(1, splits))
+    rows = -(-per_split // step) * step
+    return LanesPlan(lw, unroll, rows, -(-capacity // rows), sub, rb)
+
+
+def flash_lanes(heads: int, q_rows: int, capacity: int, d: int,
+                score: tuple[Sequence[FusedOp], Sequence[Leaf]] | None,
+                shared_floats: int,
+                q_chain: tuple[Sequence[FusedOp], Sequence[Leaf]] | None = None,
+                splits: int = SPLITS_L, kv: str = "f32", subgroup: int | None = None,
+                fold: bool = False) -> tuple[list[Kernel], int, int] | None:
+    """(kernels, partial-buffer 4-byte words, counter words) for q (heads, q_rows, d), K
+    and V (heads, capacity, d), output (heads, q_rows, d); None where ``lanes_plan``
+    says it does not apply. ``score``, ``q_chain``, ``kv``: as ``flash_decode``'s.
+
+    Bindings of the first kernel: as ``flash_decode``'s pass 1 (q or its chain's leaves,
+    K, V, the score chain's leaves, the partials); ``fold``: then the output and
+    ``heads`` u32 counters, zero before the first launch and left zero (one kernel).
+    Else the second kernel is ``attention._combine`` (partials, output); no counters.
+    """
+    plan = lanes_plan(q_rows, capacity, d, kv, shared_floats, splits, subgroup)
+    if plan is None:
+        return None
+    G, D, C = q_rows, d, capacity
+    LW, U, T, ns, sub, RB = plan.lw, plan.unroll, plan.rows, plan.splits, plan.sub, plan.rb
+    RG = WGL // LW
+    D4 = D // 4
+    PW = D4 + 1  # partial words per (q row, split): (m, l, 0, 0), acc
+    wide = kv == "f16"
+    NW = WGL // sub if sub else RG
+    src, bindings, q_load = _q_source(q_chain, G * D4, True)
+    src, bindings, fn_call = _kv_and_score(src, bindings, "vec4<u32>" if wide else "vec4<f32>",
+                                           wide, score)
+    nb = len(bindings)
+    src += decl(nb, "part", "vec4<f32>", "rw")
+    bindings.append("rw")
+    if fold:
+        src += decl(nb + 1, "out", "vec4<f32>", "rw") + decl(nb + 2, "cnt", "atomic<u32>", "rw")
+        bindings += ["rw", "rw"]
+    low = neg_inf()
+    halves = ("a", "b") if wide else ("a",)  # the invocation's q/acc words: 2e, 2e + 1 or e
+    word = {"a": "2u * e", "b": "2u * e + 1u"} if wide else {"a": "e"}
+    rs, us = range(G), range(U)
+    body = "".join(f"  let q{x}{r} = q_word(h, {r * D4}u + {word[x]});\n" for r in rs for x in halves)
+    body += "".join(f"  var m{r} = {low};\n  var l{r} = 0.0;\n" for r in rs)
+    body += "".join(f"  var {x}{r} = vec4<f32>(0.0);\n" for r in rs for x in halves)
+    it = f"""  for (var it = 0u; it < (n + {RG * U - 1}u) / {RG * U}u; it = it + 1u) {{
+    let cb = it * {RG * U}u + rg;
+"""
+    for u in us:
+        it += f"    let cr{u} = min(cb + {u * RG}u, n - 1u);\n"
+    for u in us:
+        it += f"    let kw{u} = k[(h * {C}u + c0 + cr{u}) * {LW}u + e];\n"
+    for u in us:
+        it += f"    let vw{u} = v[(h * {C}u + c0 + cr{u}) * {LW}u + e];\n"
+    if wide:
+        it += "".join(f"    let k{u}a = unpack_lo(kw{u});\n    let k{u}b = unpack_hi(kw{u});\n"
+                      for u in us)
+        it += "".join(f"    let v{u}a = unpack_lo(vw{u});\n    let v{u}b = unpack_hi(vw{u});\n"
+                      for u in us)
+    else:
+        it += "".join(f"    let k{u}a = kw{u};\n    let v{u}a = vw{u};\n" for u in us)
+    for r in rs:
+        for u in us:
+            pd = " + ".join(f"dot(q{x}{r}, k{u}{x})" for x in halves)
+            it += f"    var d{r}_{u} = {pd};\n"
+    if sub:
+        st = LW // 2
+        while st >= 1:
+            it += "".join(f"    d{r}_{u} = d{r}_{u} + subgroupShuffleXor(d{r}_{u}, {st}u);\n"
+                          for r in rs for u in us)
+            st //= 2
+    else:
+        it += "".join(f"    pd[({r * U + u}u * {WGL}u) + lid] = d{r}_{u};\n" for r in rs for u in us)
+        it += "    workgroupBarrier();\n"
+        for r in rs:
+            for u in us:
+                it += (f"    d{r}_{u} = 0.0;\n    for (var x = 0u; x < {LW}u; x = x + 1u) {{ "
+                       f"d{r}_{u} = d{r}_{u} + pd[{(r * U + u) * WGL}u + rg * {LW}u + x]; }}\n")
+        it += "    workgroupBarrier();\n"
+    for r in rs:
+        for u in us:
+            it += (f"    var s{r}_{u} = {low};\n    {{\n      let raw = d{r}_{u};\n"
+                   f"      let si = {r * C}u + h * {G * C}u + c0 + cr{u};\n"
+                   f"      s{r}_{u} = select({low}, {fn_call}, cb + {u * RG}u < n);\n    }}\n")
+        smax = f"s{r}_0"
+        for u in us[1:]:
+            smax = f"max({smax}, s{r}_{u})"
+        it += f"    {{\n      let mx = max(m{r}, {smax});\n"
+        it += f"      let al = select(exp(m{r} - mx), 1.0, m{r} == mx);\n"
+        it += "".join(f"      let p{u} = select(0.0, exp(s{r}_{u} - mx), s{r}_{u} > {low});\n"
+                      for u in us)
+        it += f"      l{r} = l{r} * al + {' + '.join(f'p{u}' for u in us)};\n"
+        for x in halves:
+            it += f"      {x}{r} = {x}{r} * al + {' + '.join(f'p{u} * v{u}{x}' for u in us)};\n"
+        it += f"      m{r} = mx;\n    }}\n"
+    body += it + "  }\n"
+    # merge the row-groups: the workgroup's maximum per q row, then everyone's share scaled
+    lanes = [LW * 2 ** i for i in range(20) if LW * 2 ** i < (sub or 0)]  # in-subgroup steps
+    merge = "".join(f"  var mw{r} = m{r};\n" for r in rs)
+    merge += "".join(f"  mw{r} = max(mw{r}, subgroupShuffleXor(mw{r}, {st}u));\n"
+                     for st in lanes for r in rs)
+    wi, writer = ("lid / " + f"{sub}u", f"lid % {sub}u == 0u") if sub else ("rg", "e == 0u")
+    merge += f"  let wi = {wi};\n  if ({writer}) {{\n"
+    merge += "".join(f"    ms[wi * {G}u + {r}u] = mw{r};\n" for r in rs) + "  }\n"
+    merge += "  workgroupBarrier();\n"
+    for r in rs:
+        merge += (f"  var M{r} = {low};\n  for (var w = 0u; w < {NW}u; w = w + 1u) "
+                  f"{{ M{r} = max(M{r}, ms[w * {G}u + {r}u]); }}\n"
+                  f"  let wt{r} = select(exp(m{r} - M{r}), 1.0, m{r} == M{r});\n"
+                  f"  l{r} = l{r} * wt{r};\n")
+        merge += "".join(f"  {x}{r} = {x}{r} * wt{r};\n" for x in halves)
+    for st in lanes:
+        for r in rs:
+            merge += f"  l{r} = l{r} + subgroupShuffleXor(l{r}, {st}u);\n"
+            merge += "".join(f"  {x}{r} = {x}{r} + subgroupShuffleXor({x}{r}, {st}u);\n"
+                             for x in halves)
+    holder = f"lid % {sub}u < {LW}u" if sub else "true"  # lanes holding the sums
+    merge += f"  if ({writer}) {{\n"
+    merge += "".join(f"    ls[wi * {G}u + {r}u] = l{r};\n" for r in rs) + "  }\n"
+    for r0 in range(0, G, RB):
+        rr = range(r0, min(G, r0 + RB))
+        merge += f"  if ({holder}) {{\n"
+        merge += "".join(f"    pvs[(wi * {RB}u + {r - r0}u) * {D4}u + {word[x]}] = {x}{r};\n"
+                         for r in rr for x in halves)
+        merge += "  }\n  workgroupBarrier();\n"
+        if r0 == 0:
+            merge += "  if (lid == 0u) {\n"
+            for r in rs:
+                merge += (f"    var L{r} = 0.0;\n    for (var w = 0u; w < {NW}u; w = w + 1u) "
+                          f"{{ L{r} = L{r} + ls[w * {G}u + {r}u]; }}\n"
+                          f"    part[{r * ns * PW}u + h * {G * ns * PW}u + sp * {PW}u] = "
+                          f"vec4<f32>(M{r}, L{r}, 0.0, 0.0);\n")
+            merge += "  }\n"
+        merge += f"""  for (var j = lid; j < {len(rr) * D4}u; j = j + {WGL}u) {{
+    var t = vec4<f32>(0.0);
+    for (var w = 0u; w < {NW}u; w = w + 1u) {{ t = t + pvs[w * {RB * D4}u + j]; }}
+    part[((h * {G}u + {r0}u + j / {D4}u) * {ns}u + sp) * {PW}u + 1u + j % {D4}u] = t;
+  }}
+  workgroupBarrier();
+"""
+    pd_decl = "" if sub else f"var<workgroup> pd: array<f32, {G * U * WGL}>;\n"
+    nout = G * D4
+    pv_len = max(NW * RB * D4, nout * max(1, WGL // nout) if fold else 0)
+    src += f"""
+fn q_word(h: u32, j: u32) -> vec4<f32> {{
+  return {q_load};
+}}
+
+{pd_decl}var<workgroup> ms: array<f32, {NW * G}>;
+var<workgroup> ls: array<f32, {NW * G}>;
+var<workgroup> pvs: array<vec4<f32>, {pv_len}>;
+"""
+    src += _folded_decls(G, ns) if fold else ""
+    src += _split_entry(WGL, T, C) + f"  let e = lid % {LW}u;\n  let rg = lid / {LW}u;\n"
+    src += body + merge
+    src += _folded_combine(G, D4, ns, PW) if fold else ""
+    src += "}\n"
+    parts = 4 * heads * G * ns * PW  # 4-byte words
+    extra = 0 if score is None else sum(4 * min(leaf.size, heads * G * C)
+                                        for leaf in score[1] if not leaf.param)
+    kv_bytes = 2 * heads * C * D * (2 if wide else 4)
+    name = "attention_lanes1" if fold else "attention_lanes"
+    k1 = Kernel(name, src, bindings, (ns, heads, 1),
+                4 * (heads * G * D + parts) + kv_bytes + extra
+                + (4 * (heads * G * D + parts) if fold else 0))
+    if fold:
+        return [k1], parts, heads
+    return [k1, _combine(heads * G, ns, D, True)], parts, 0
+
+
+def _folded_decls(g: int, ns: int) -> str:
+    """Workgroup memory of the folded combine: each split's maximum (then weight) and sum
+    per q row, partial maxima and sums, each row's total, the flag."""
+    return (f"var<workgroup> cw: array<f32, {ns * g}>;\nvar<workgroup> cl: array<f32, {ns * g}>;\n"
+            f"var<workgroup> cr: array<f32, {WGL}>;\nvar<workgroup> cs: array<f32, {g}>;\n"
+            "var<workgroup> flag: u32;\n\n")
+
+
+def _folded_combine(g: int, d4: int, ns: int, pw: int) -> str:
+    """The tail of "lanes1": the head's last workgroup to finish merges its ``ns`` splits
+    (``Σ_s acc_s e^{m_s - M} / Σ_s l_s e^{m_s - M}``) into the output and resets the
+    counter. The partials are read after the counter says all are written (a device-scope
+    barrier before the count and after it). ``WGL / g`` invocations a q row reduce its
+    split maxima and sums (no invocation walks all splits alone)."""
+    nout = g * d4
+    sgs = max(1, WGL // nout)  # split-groups summing one output word
+    tp = WGL // g  # invocations a q row
+    low = neg_inf()
+    return f"""  storageBarrier();
+  if (lid == 0u) {{
+    let done = atomicAdd(&cnt[h], 1u);
+    flag = select(0u, 1u, done == {ns - 1}u);
+  }}
+  if (workgroupUniformLoad(&flag) == 0u) {{ return; }}
+  storageBarrier();
+  if (lid == 0u) {{ atomicStore(&cnt[h], 0u); }}
+  for (var j = lid; j < {ns * g}u; j = j + {WGL}u) {{
+    let st = part[(h * {g * ns}u + j) * {pw}u];
+    cw[j] = st.x;
+    cl[j] = st.y;
+  }}
+  workgroupBarrier();
+  let cr_r = lid / {tp}u;
+  let cr_t = lid % {tp}u;
+  var cmx = {low};
+  if (cr_r < {g}u) {{
+    for (var s = cr_t; s < {ns}u; s = s + {tp}u) {{ cmx = max(cmx, cw[cr_r * {ns}u + s]); }}
+  }}
+  cr[lid] = cmx;
+  workgroupBarrier();
+  var ctot = 0.0;
+  if (cr_r < {g}u) {{
+    for (var t = 0u; t < {tp}u; t = t + 1u) {{ cmx = max(cmx, cr[cr_r * {tp}u + t]); }}
+    for (var s = cr_t; s < {ns}u; s = s + {tp}u) {{
+      let mv = cw[cr_r * {ns}u + s];
+      let w = select(exp(mv - cmx), 1.0, mv == cmx);
+      cw[cr_r * {ns}u + s] = w;
+      ctot = ctot + cl[cr_r * {ns}u + s] * w;
+    }}
+  }}
+  workgroupBarrier();
+  cr[lid] = ctot;
+  workgroupBarrier();
+  if (cr_r < {g}u && cr_t == 0u) {{
+    var t = 0.0;
+    for (var x = 0u; x < {tp}u; x = x + 1u) {{ t = t + cr[lid + x]; }}
+    cs[cr_r] = t;
+  }}
+  for (var j = lid; j < {nout * sgs}u; j = j + {WGL}u) {{
+    let o = j % {nout}u;
+    let r = o / {d4}u;
+    let base = (h * {g}u + r) * {ns}u;
+    var t = vec4<f32>(0.0);
+    for (var s = j / {nout}u; s < {ns}u; s = s + {sgs}u) {{
+      t = t + part[(base + s) * {pw}u + 1u + o % {d4}u] * cw[r * {ns}u + s];
+    }}
+    pvs[j] = t;
+  }}
+  workgroupBarrier();
+  for (var o = lid; o < {nout}u; o = o + {WGL}u) {{
+    var t = vec4<f32>(0.0);
+    for (var x = 0u; x < {sgs}u; x = x + 1u) {{ t = t + pvs[x * {nout}u + o]; }}
+    out[h * {nout}u + o] = t / cs[o / {d4}u];
+  }}
+"""
