@@ -346,10 +346,15 @@ def test_one_launch_float16_cache_512_to_16384_rows(ctx_with, cap):
     row write and one-launch read, three positions that are no multiple of any tile,
     against float64 NumPy with the rows rounded to float16."""
     ctx = ctx_with(attention="flash1")
-    heads, g, d = 2, 4, 64
-    gr, outs = f16_cache_graph(ctx, heads, g, cap, d, True)
-    names = _one_names(gr)
+    names = _check_f16_stateful(ctx, 2, 4, cap, 64)
     assert names.count("attention_flash1") == 1 and "attention_combine" not in names, names
+
+
+def _check_f16_stateful(ctx, heads, g, cap, d) -> list[str]:
+    """The stateful float16-cache graph over its hidden caches (seeded random) at three
+    positions that are no multiple of any tile (the last row, a random one, the second),
+    against float64 NumPy with the rows rounded to float16; its launches' names."""
+    gr, outs = f16_cache_graph(ctx, heads, g, cap, d, True)
     kc, vc = RNG.standard_normal((2, 1, heads, cap, d)).astype(np.float16)
     _seed_state(ctx, gr, "kc", kc)
     _seed_state(ctx, gr, "vc", vc)
@@ -369,6 +374,7 @@ def test_one_launch_float16_cache_512_to_16384_rows(ctx_with, cap):
         want_v[:, :, depth] = vn[:, :, 0].astype(np.float16)
         np.testing.assert_allclose(ctx.read_tensor(res["y"]), oracle(q, want_k, want_v, valid),
                                    rtol=2e-5, atol=2e-6)
+    return _one_names(gr)
 
 
 @pytest.mark.adapter_feature("shader-f16")
@@ -434,45 +440,101 @@ def test_one_launch_query_chain_and_layouts(ctx_with):
 # -- lane-groups and an online softmax (KernelOptions.attention = "lanes", "lanes1") ----------
 
 
-#: (heads, q rows, capacity, head dim): 16-byte words a row of a float32 cache 4, 1, 16
-LANE_SHAPES = [(2, 4, 300, 16), (1, 1, 37, 4), (2, 4, 517, 64)]
+#: (heads, q rows, capacity, head dim), variant, with the adapter's subgroup shuffles, the
+#: mask's fill: 16-byte words a row of a float32 cache 4, 1 and 16 (more than a lavapipe
+#: subgroup: through workgroup memory either way)
+LANE_F32 = [
+    ((2, 4, 300, 16), "lanes", True, -np.inf),
+    ((2, 4, 300, 16), "lanes1", False, float(np.finfo(np.float32).min)),
+    ((1, 1, 37, 4), "lanes1", True, float(np.finfo(np.float32).min)),
+    ((2, 4, 517, 64), "lanes", False, -np.inf),
+]
 
 
-def _lanes_ctx(ctx_with, how, sub, monkeypatch):
-    """A context for ``how`` whose kernels shuffle across ``sub`` lanes (the adapter's own
-    fixed width) or, with None, sum partial dots through workgroup memory."""
+def _lanes_ctx(ctx_with, how, shuffle, subgroup_size, monkeypatch):
+    """A context for ``how`` whose kernels shuffle across the adapter's own fixed subgroup
+    width where ``shuffle`` (and it has one), else sum partial dots in workgroup memory."""
     import dataclasses
 
+    sub = subgroup_size if shuffle and subgroup_size in (8, 16, 32, 64) else None
     ctx = ctx_with(attention=how)
     monkeypatch.setattr(ctx, "_target", dataclasses.replace(ctx._target, subgroup=sub))
-    return ctx
+    return ctx, sub
 
 
-def _lane_subgroups(subgroup_size):
-    return [None] + ([subgroup_size] if subgroup_size in (8, 16, 32, 64) else [])
+def _lanes_ids(x):
+    return "x".join(map(str, x)) if isinstance(x, tuple) else str(x)
 
 
-@pytest.mark.parametrize("how", ["lanes", "lanes1"])
-@pytest.mark.parametrize("shape", LANE_SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_lanes_match_oracle_float32_cache(ctx_with, subgroup_size, monkeypatch, how, shape):
-    """Float32 caches, masks with a finite and an infinite fill leaving whole splits empty,
-    several dispatches (the one-launch counters come back to zero), with the adapter's
-    subgroup shuffles where it has them and through workgroup memory."""
+@pytest.mark.parametrize("shape,how,shuffle,fill", LANE_F32, ids=_lanes_ids)
+def test_lanes_match_oracle_float32_cache(ctx_with, subgroup_size, monkeypatch, shape, how,
+                                          shuffle, fill):
+    """Float32 caches, masks leaving whole splits empty, three dispatches of fresh random
+    inputs (the one-launch counters come back to zero)."""
     heads, g, cap, d = shape
-    for sub in _lane_subgroups(subgroup_size):
-        ctx = _lanes_ctx(ctx_with, how, sub, monkeypatch)
-        for fill in (-np.inf, float(np.finfo(np.float32).min)):
-            gr, outs = graph(ctx, heads, g, cap, d, fill)
-            names = _one_names(gr)
-            assert names == (["attention_lanes", "attention_combine"] if how == "lanes"
-                             else ["attention_lanes1"]), names
-            shuffles = sub is not None and d // 4 <= sub
-            assert ("subgroupShuffleXor" in gr._plan.launches[0].kernel.wgsl) == shuffles
-            for depth in (int(RNG.integers(1, cap)), 2, cap - 1):
-                feeds = {"q": RNG.standard_normal((1, heads, g, d)),
-                         "k": RNG.standard_normal((1, heads, cap, d)),
-                         "v": RNG.standard_normal((1, heads, cap, d)),
-                         "valid": ((np.arange(cap) < depth) & (RNG.random(cap) < 0.8)
-                                   | (np.arange(cap) == 0)).astype(np.float64).reshape(1, 1, 1, cap)}
-                np.testing.assert_allclose(run(ctx, gr, outs, feeds)["y"], oracle(**feeds),
-                                           rtol=2e-5, atol=2e-6)
+    ctx, sub = _lanes_ctx(ctx_with, how, shuffle, subgroup_size, monkeypatch)
+    gr, outs = graph(ctx, heads, g, cap, d, fill)
+    names = _one_names(gr)
+    assert names == (["attention_lanes", "attention_combine"] if how == "lanes"
+                     else ["attention_lanes1"]), names
+    shuffles = sub is not None and d // 4 <= sub
+    assert ("subgroupShuffleXor" in gr._plan.launches[0].kernel.wgsl) == shuffles
+    for depth in (int(RNG.integers(1, cap)), 2, cap - 1):
+        feeds = {"q": RNG.standard_normal((1, heads, g, d)),
+                 "k": RNG.standard_normal((1, heads, cap, d)),
+                 "v": RNG.standard_normal((1, heads, cap, d)),
+                 "valid": ((np.arange(cap) < depth) & (RNG.random(cap) < 0.8)
+                           | (np.arange(cap) == 0)).astype(np.float64).reshape(1, 1, 1, cap)}
+        np.testing.assert_allclose(run(ctx, gr, outs, feeds)["y"], oracle(**feeds), rtol=2e-5,
+                                   atol=2e-6)
+
+
+#: (heads, q rows, capacity, head dim), variant, with the adapter's subgroup shuffles
+LANE_F16 = [
+    ((2, 4, 8192 - 5, 64), "lanes", True),  # llama-1b's head: 8 lanes a row, shuffles
+    ((2, 4, 8192 - 5, 64), "lanes1", True),
+    ((1, 1, 300, 64), "lanes1", False),  # one q row a kv head, through workgroup memory
+]
+
+
+@pytest.mark.adapter_feature("shader-f16")
+@pytest.mark.parametrize("shape,how,shuffle", LANE_F16, ids=_lanes_ids)
+def test_lanes_float16_cache(ctx_with, subgroup_size, monkeypatch, shape, how, shuffle):
+    """Float16 caches read as 16-byte words of 8 halves by the lane-group kernels, in the
+    stateful graph, against float64 NumPy."""
+    ctx, _ = _lanes_ctx(ctx_with, how, shuffle, subgroup_size, monkeypatch)
+    heads, g, cap, d = shape
+    names = _check_f16_stateful(ctx, heads, g, cap, d)
+    assert names.count(f"attention_{how}") == 1, names
+    assert ("attention_combine" in names) == (how == "lanes"), names
+
+
+@pytest.mark.adapter_feature("shader-f16")
+def test_lanes_not_applicable_keeps_flash(ctx_with):
+    """3 words a row (d = 24 over a float16 cache): the "flash" kernels."""
+    gr, _ = f16_cache_graph(ctx_with(attention="lanes"), 1, 3, 70, 24, True)
+    assert _one_names(gr).count("attention_flash") == 1, _one_names(gr)
+
+
+def test_lanes_query_chain(ctx_with):
+    """q computed by each invocation for its own columns (a RoPE-like chain)."""
+    ctx = ctx_with(attention="lanes")
+    gr, outs = rope_graph(ctx)
+    assert _one_names(gr) == ["attention_lanes", "attention_combine"]
+    feeds, want = rope_feeds_and_oracle()
+    np.testing.assert_allclose(run(ctx, gr, outs, feeds)["y"], want, rtol=2e-5, atol=2e-6)
+
+
+def test_lanes_plan_and_knob():
+    """llama-1b's head on a GPU: 8 lanes a row, 4 rows loaded at once, 128 rows a split
+    at 8192 (64 splits), shuffles within a 32-wide subgroup; a bad knob value is refused."""
+    from backends.webnn.kernels import attention_lanes as AL
+    from backends.webnn.wgpu_impl.options import KernelOptions
+
+    plan = AL.lanes_plan(4, 8192, 64, "f16", 12288, subgroup=32)
+    assert (plan.lw, plan.unroll, plan.rows, plan.splits, plan.sub) == (8, 4, 128, 64, 32)
+    assert AL.lanes_plan(4, 8192, 64, "f16", 12288, splits=32, subgroup=32).rows == 256
+    assert AL.lanes_plan(4, 300, 24, "f16", 12288) is None
+    assert AL.lanes_plan(4, 300, 64, "f32", 12288, subgroup=8).sub is None  # 16 lanes a row
+    with pytest.raises(ValueError, match="attention.*'lanes1'"):
+        KernelOptions(attention="lanes2")

@@ -72,7 +72,7 @@ def lanes_plan(q_rows: int, capacity: int, d: int, kv: str, shared_floats: int,
     writers = WGL // sub if sub else rg  # who holds a share of the workgroup's sums
     d4 = d // 4
     for unroll in (UNROLL, 2, 1):
-        dots = 0 if sub else WGL * q_rows * unroll  # partial dots of a round
+        dots = 0 if sub else WGL * unroll  # partial dots of a round
         fixed = dots + 2 * writers * q_rows
         rb = next((b for b in range(q_rows, 0, -1)
                    if fixed + writers * b * d4 * 4 <= shared_floats), 0)
@@ -123,19 +123,24 @@ def flash_lanes(heads: int, q_rows: int, capacity: int, d: int,
     low = neg_inf()
     halves = ("a", "b") if wide else ("a",)  # the invocation's q/acc words: 2e, 2e + 1 or e
     word = {"a": "2u * e", "b": "2u * e + 1u"} if wide else {"a": "e"}
-    rs, us = range(G), range(U)
-    body = "".join(f"  let q{x}{r} = q_word(h, {r * D4}u + {word[x]});\n" for r in rs for x in halves)
-    body += "".join(f"  var m{r} = {low};\n  var l{r} = 0.0;\n" for r in rs)
-    body += "".join(f"  var {x}{r} = vec4<f32>(0.0);\n" for r in rs for x in halves)
-    it = f"""  for (var it = 0u; it < (n + {RG * U - 1}u) / {RG * U}u; it = it + 1u) {{
+    us = range(U)
+    nl = "\n"
+    lanes = [LW * 2 ** i for i in range(6) if LW * 2 ** i < (sub or 0)]  # row-groups a subgroup
+    regs = "".join(f"  var q{x}: array<vec4<f32>, {G}>;\n  var {x}: array<vec4<f32>, {G}>;\n"
+                   for x in halves)
+    body = regs + f"""  var m: array<f32, {G}>;
+  var l: array<f32, {G}>;
+  for (var r = 0u; r < {G}u; r = r + 1u) {{
+{"".join(f"    q{x}[r] = q_word(h, r * {D4}u + {word[x]});{nl}    {x}[r] = vec4<f32>(0.0);{nl}"
+         for x in halves)}    m[r] = {low};
+    l[r] = 0.0;
+  }}
+  for (var it = 0u; it < (n + {RG * U - 1}u) / {RG * U}u; it = it + 1u) {{
     let cb = it * {RG * U}u + rg;
 """
-    for u in us:
-        it += f"    let cr{u} = min(cb + {u * RG}u, n - 1u);\n"
-    for u in us:
-        it += f"    let kw{u} = k[(h * {C}u + c0 + cr{u}) * {LW}u + e];\n"
-    for u in us:
-        it += f"    let vw{u} = v[(h * {C}u + c0 + cr{u}) * {LW}u + e];\n"
+    it = "".join(f"    let cr{u} = min(cb + {u * RG}u, n - 1u);\n" for u in us)
+    it += "".join(f"    let kw{u} = k[(h * {C}u + c0 + cr{u}) * {LW}u + e];\n" for u in us)
+    it += "".join(f"    let vw{u} = v[(h * {C}u + c0 + cr{u}) * {LW}u + e];\n" for u in us)
     if wide:
         it += "".join(f"    let k{u}a = unpack_lo(kw{u});\n    let k{u}b = unpack_hi(kw{u});\n"
                       for u in us)
@@ -143,86 +148,88 @@ def flash_lanes(heads: int, q_rows: int, capacity: int, d: int,
                       for u in us)
     else:
         it += "".join(f"    let k{u}a = kw{u};\n    let v{u}a = vw{u};\n" for u in us)
-    for r in rs:
-        for u in us:
-            pd = " + ".join(f"dot(q{x}{r}, k{u}{x})" for x in halves)
-            it += f"    var d{r}_{u} = {pd};\n"
+    it += f"    for (var r = 0u; r < {G}u; r = r + 1u) {{\n"
+    it += "".join(f"      let q{x}r = q{x}[r];\n" for x in halves)
+    for u in us:
+        it += f"      var d{u} = {' + '.join(f'dot(q{x}r, k{u}{x})' for x in halves)};\n"
     if sub:
         st = LW // 2
         while st >= 1:
-            it += "".join(f"    d{r}_{u} = d{r}_{u} + subgroupShuffleXor(d{r}_{u}, {st}u);\n"
-                          for r in rs for u in us)
+            it += "".join(f"      d{u} = d{u} + subgroupShuffleXor(d{u}, {st}u);\n" for u in us)
             st //= 2
     else:
-        it += "".join(f"    pd[({r * U + u}u * {WGL}u) + lid] = d{r}_{u};\n" for r in rs for u in us)
-        it += "    workgroupBarrier();\n"
-        for r in rs:
-            for u in us:
-                it += (f"    d{r}_{u} = 0.0;\n    for (var x = 0u; x < {LW}u; x = x + 1u) {{ "
-                       f"d{r}_{u} = d{r}_{u} + pd[{(r * U + u) * WGL}u + rg * {LW}u + x]; }}\n")
-        it += "    workgroupBarrier();\n"
-    for r in rs:
-        for u in us:
-            it += (f"    var s{r}_{u} = {low};\n    {{\n      let raw = d{r}_{u};\n"
-                   f"      let si = {r * C}u + h * {G * C}u + c0 + cr{u};\n"
-                   f"      s{r}_{u} = select({low}, {fn_call}, cb + {u * RG}u < n);\n    }}\n")
-        smax = f"s{r}_0"
-        for u in us[1:]:
-            smax = f"max({smax}, s{r}_{u})"
-        it += f"    {{\n      let mx = max(m{r}, {smax});\n"
-        it += f"      let al = select(exp(m{r} - mx), 1.0, m{r} == mx);\n"
-        it += "".join(f"      let p{u} = select(0.0, exp(s{r}_{u} - mx), s{r}_{u} > {low});\n"
-                      for u in us)
-        it += f"      l{r} = l{r} * al + {' + '.join(f'p{u}' for u in us)};\n"
-        for x in halves:
-            it += f"      {x}{r} = {x}{r} * al + {' + '.join(f'p{u} * v{u}{x}' for u in us)};\n"
-        it += f"      m{r} = mx;\n    }}\n"
+        it += "".join(f"      pd[{u * WGL}u + lid] = d{u};\n" for u in us)
+        it += "      workgroupBarrier();\n"
+        it += "".join(f"      d{u} = 0.0;\n      for (var x = 0u; x < {LW}u; x = x + 1u) {{ "
+                      f"d{u} = d{u} + pd[{u * WGL}u + rg * {LW}u + x]; }}\n" for u in us)
+        it += "      workgroupBarrier();\n"
+    for u in us:
+        it += (f"      var s{u} = {low};\n      {{\n        let raw = d{u};\n"
+               f"        let si = (h * {G}u + r) * {C}u + c0 + cr{u};\n"
+               f"        s{u} = select({low}, {fn_call}, cb + {u * RG}u < n);\n      }}\n")
+    smax = "s0"
+    for u in us[1:]:
+        smax = f"max({smax}, s{u})"
+    it += f"      let mx = max(m[r], {smax});\n"
+    it += "      let al = select(exp(m[r] - mx), 1.0, m[r] == mx);\n"
+    it += "".join(f"      let p{u} = select(0.0, exp(s{u} - mx), s{u} > {low});\n" for u in us)
+    it += f"      l[r] = l[r] * al + {' + '.join(f'p{u}' for u in us)};\n"
+    for x in halves:
+        it += f"      {x}[r] = {x}[r] * al + {' + '.join(f'p{u} * v{u}{x}' for u in us)};\n"
+    it += "      m[r] = mx;\n    }\n"
     body += it + "  }\n"
     # merge the row-groups: the workgroup's maximum per q row, then everyone's share scaled
-    lanes = [LW * 2 ** i for i in range(20) if LW * 2 ** i < (sub or 0)]  # in-subgroup steps
-    merge = "".join(f"  var mw{r} = m{r};\n" for r in rs)
-    merge += "".join(f"  mw{r} = max(mw{r}, subgroupShuffleXor(mw{r}, {st}u));\n"
-                     for st in lanes for r in rs)
-    wi, writer = ("lid / " + f"{sub}u", f"lid % {sub}u == 0u") if sub else ("rg", "e == 0u")
-    merge += f"  let wi = {wi};\n  if ({writer}) {{\n"
-    merge += "".join(f"    ms[wi * {G}u + {r}u] = mw{r};\n" for r in rs) + "  }\n"
-    merge += "  workgroupBarrier();\n"
-    for r in rs:
-        merge += (f"  var M{r} = {low};\n  for (var w = 0u; w < {NW}u; w = w + 1u) "
-                  f"{{ M{r} = max(M{r}, ms[w * {G}u + {r}u]); }}\n"
-                  f"  let wt{r} = select(exp(m{r} - M{r}), 1.0, m{r} == M{r});\n"
-                  f"  l{r} = l{r} * wt{r};\n")
-        merge += "".join(f"  {x}{r} = {x}{r} * wt{r};\n" for x in halves)
-    for st in lanes:
-        for r in rs:
-            merge += f"  l{r} = l{r} + subgroupShuffleXor(l{r}, {st}u);\n"
-            merge += "".join(f"  {x}{r} = {x}{r} + subgroupShuffleXor({x}{r}, {st}u);\n"
-                             for x in halves)
+    # and summed (within a subgroup by shuffles, across writers through workgroup memory)
+    wi, writer = (f"lid / {sub}u", f"lid % {sub}u == 0u") if sub else ("rg", "e == 0u")
     holder = f"lid % {sub}u < {LW}u" if sub else "true"  # lanes holding the sums
-    merge += f"  if ({writer}) {{\n"
-    merge += "".join(f"    ls[wi * {G}u + {r}u] = l{r};\n" for r in rs) + "  }\n"
+    def shuf(x: str, how: str = "add") -> str:
+        """``x`` combined over the row-groups of a subgroup (sum or maximum), by shuffles."""
+        f = "max({x}, {y})" if how == "max" else "{x} + {y}"
+        return "".join(f"    {x} = {f.format(x=x, y=f'subgroupShuffleXor({x}, {st}u)')};\n"
+                       for st in lanes)
+
+
+    merge = f"""  let wi = {wi};
+  for (var r = 0u; r < {G}u; r = r + 1u) {{
+    var mw = m[r];
+{shuf("mw", "max")}    if ({writer}) {{ ms[wi * {G}u + r] = mw; }}
+  }}
+  workgroupBarrier();
+  for (var r = 0u; r < {G}u; r = r + 1u) {{
+    var mx = {low};
+    for (var w = 0u; w < {NW}u; w = w + 1u) {{ mx = max(mx, ms[w * {G}u + r]); }}
+    let wt = select(exp(m[r] - mx), 1.0, m[r] == mx);
+    var lr = l[r] * wt;
+{shuf("lr")}    if ({writer}) {{ ls[wi * {G}u + r] = lr; }}
+{"".join(f"    var {x}r = {x}[r] * wt;{nl}{shuf(f'{x}r')}    {x}[r] = {x}r;{nl}" for x in halves)}  }}
+"""
     for r0 in range(0, G, RB):
-        rr = range(r0, min(G, r0 + RB))
-        merge += f"  if ({holder}) {{\n"
-        merge += "".join(f"    pvs[(wi * {RB}u + {r - r0}u) * {D4}u + {word[x]}] = {x}{r};\n"
-                         for r in rr for x in halves)
-        merge += "  }\n  workgroupBarrier();\n"
+        r1 = min(G, r0 + RB)
+        merge += f"""  if ({holder}) {{
+    for (var r = {r0}u; r < {r1}u; r = r + 1u) {{
+{"".join(f"      pvs[(wi * {RB}u + r - {r0}u) * {D4}u + {word[x]}] = {x}[r];{nl}" for x in halves)}    }}
+  }}
+  workgroupBarrier();
+"""
         if r0 == 0:
-            merge += "  if (lid == 0u) {\n"
-            for r in rs:
-                merge += (f"    var L{r} = 0.0;\n    for (var w = 0u; w < {NW}u; w = w + 1u) "
-                          f"{{ L{r} = L{r} + ls[w * {G}u + {r}u]; }}\n"
-                          f"    part[{r * ns * PW}u + h * {G * ns * PW}u + sp * {PW}u] = "
-                          f"vec4<f32>(M{r}, L{r}, 0.0, 0.0);\n")
-            merge += "  }\n"
-        merge += f"""  for (var j = lid; j < {len(rr) * D4}u; j = j + {WGL}u) {{
+            merge += f"""  if (lid < {G}u) {{
+    var mx = {low};
+    var lt = 0.0;
+    for (var w = 0u; w < {NW}u; w = w + 1u) {{
+      mx = max(mx, ms[w * {G}u + lid]);
+      lt = lt + ls[w * {G}u + lid];
+    }}
+    part[((h * {G}u + lid) * {ns}u + sp) * {PW}u] = vec4<f32>(mx, lt, 0.0, 0.0);
+  }}
+"""
+        merge += f"""  for (var j = lid; j < {(r1 - r0) * D4}u; j = j + {WGL}u) {{
     var t = vec4<f32>(0.0);
     for (var w = 0u; w < {NW}u; w = w + 1u) {{ t = t + pvs[w * {RB * D4}u + j]; }}
     part[((h * {G}u + {r0}u + j / {D4}u) * {ns}u + sp) * {PW}u + 1u + j % {D4}u] = t;
   }}
   workgroupBarrier();
 """
-    pd_decl = "" if sub else f"var<workgroup> pd: array<f32, {G * U * WGL}>;\n"
+    pd_decl = "" if sub else f"var<workgroup> pd: array<f32, {U * WGL}>;\n"
     nout = G * D4
     pv_len = max(NW * RB * D4, nout * max(1, WGL // nout) if fold else 0)
     src += f"""
