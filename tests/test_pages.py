@@ -580,21 +580,25 @@ def test_q4f16_matches_the_reference_under_the_float16_tolerance(mode):
 
 
 @pytest.mark.adapter_feature("shader-f16")
-@pytest.mark.parametrize("mode", ["wgpu:stateful", "wgpu:stateless"])
-@pytest.mark.parametrize("name", ["tiny+f16kv", "tiny+q4f16"])
-def test_one_launch_attention_pages_match_the_reference(name, mode):
+@pytest.mark.parametrize("name,mode,how", [
+    *((n, m, "flash1") for n in ("tiny+f16kv", "tiny+q4f16")
+      for m in ("wgpu:stateful", "wgpu:stateless")),
+    ("tiny+q4f16", "wgpu:stateful", "lanes")])
+def test_one_launch_attention_pages_match_the_reference(name, mode, how):
     """KernelOptions.attention = "flash1" (decode attention in one launch, the combine
-    folded in) on float16 caches: the pages compute the reference's logits within the
-    preset's tolerance, every attention layer in one launch and no combine launch."""
+    folded in), "lanes" (lane-groups, an online softmax) on float16 caches:
+    the pages compute the reference's logits within the preset's tolerance, every
+    attention layer in the variant's launches."""
     wl, cap = f16kv(name), 24
-    b = MODES[mode](options=KernelOptions(attention="flash1"))
+    b = MODES[mode](options=KernelOptions(attention=how))
     b.prepare(wl, cap)
     try:
         tol = F16KV_TOL if name == "tiny+f16kv" else logits_tolerance(wl.config)
-        _three_steps_match(b, wl, cap, tol, f"{name} {mode} attention=flash1")
+        _three_steps_match(b, wl, cap, tol, f"{name} {mode} attention={how}")
         names = [la.kernel.name for la in b.converted.graph._plan.launches
                  if hasattr(la, "kernel")]
-        assert "attention_flash1" in names and "attention_combine" not in names, names
+        assert f"attention_{how}" in names, names
+        assert ("attention_combine" in names) == (how == "lanes"), names
     finally:
         b.close()
 

@@ -444,8 +444,8 @@ def test_one_launch_query_chain_and_layouts(ctx_with):
 #: mask's fill: 16-byte words a row of a float32 cache 4, 1 and 16 (more than a lavapipe
 #: subgroup: through workgroup memory either way)
 LANE_F32 = [
-    ((2, 4, 300, 16), "lanes", True, -np.inf),
-    ((2, 4, 300, 16), "lanes1", False, float(np.finfo(np.float32).min)),
+    ((2, 4, 300, 16), "lanes", False, float(np.finfo(np.float32).min)),
+    ((2, 4, 300, 16), "lanes1", True, -np.inf),
     ((1, 1, 37, 4), "lanes1", True, float(np.finfo(np.float32).min)),
     ((2, 4, 517, 64), "lanes", False, -np.inf),
 ]

@@ -14,7 +14,7 @@ from backends.webnn.wgpu_impl.options import KernelOptions
 ACCEPTED = {
     "gemv": ["legacy", "cols", "cols2", "cols4g8", "rows", "rows_sh", "rows16", "rows_u8",
              "rows16_sh_u2"],
-    "attention": ["flash", "unfused", "generic"],
+    "attention": ["flash", "flash1", "lanes", "lanes1", "unfused", "generic"],
     "gemv_prologue": ["launch", "off", "full", "vector"],
     "row_writes": ["separate"],
     "attention_splits": [1, 8, 64],
