@@ -456,9 +456,9 @@ def main() -> None:
                     help="q4_gemv values to time them with, comma list ('auto': as --option)")
     ap.add_argument("--attn", default="512,2048,8192,16384")
     ap.add_argument("--attn-variants", default="auto",
-                    help="auto, or an attention knob value (flash, flash1, unfused, generic), "
-                         "or sN (flash-decoding aiming at N splits per head); flash1:sN and "
-                         "flash:sN combine both")
+                    help="auto, or an attention knob value (flash, flash1, lanes, lanes1, "
+                         "unfused, generic), or sN (flash-decoding aiming at N splits per "
+                         "head); VALUE:sN combines both (flash:s16, lanes:s32, lanes1:s128)")
     ap.add_argument("--attn-cache", default="float32",
                     help="the attention benchmark's cache types, comma list: float32, float16")
     ap.add_argument("--step", default="small:512", help="preset:capacity,... or none")

@@ -21,7 +21,7 @@ sum with two workgroup trees, here:
   shuffles, across subgroups through workgroup memory) into the split's partial
   ``(m, l, acc[d])`` per q row, in ``flash_decode``'s layout.
 
-"lanes": ``attention._combine`` merges the splits in a second launch. "lanes1": each
+"lanes": ``combine_heads`` merges the splits in a second launch, one workgroup per kv head. "lanes1": each
 workgroup then bumps its head's counter (``storageBarrier()``, ``atomicAdd``) and the
 head's last workgroup merges the head's splits itself, as ``flash_decode_one`` does.
 """
@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .attention import _combine, _kv_and_score, _q_source, _split_entry
+from .attention import _kv_and_score, _q_source, _split_entry
 from .common import Kernel, decl, neg_inf
 from .fused import FusedOp, Leaf
 
@@ -99,7 +99,7 @@ def flash_lanes(heads: int, q_rows: int, capacity: int, d: int,
     Bindings of the first kernel: as ``flash_decode``'s pass 1 (q or its chain's leaves,
     K, V, the score chain's leaves, the partials); ``fold``: then the output and
     ``heads`` u32 counters, zero before the first launch and left zero (one kernel).
-    Else the second kernel is ``attention._combine`` (partials, output); no counters.
+    Else the second kernel is ``combine_heads`` (partials, output); no counters.
     """
     plan = lanes_plan(q_rows, capacity, d, kv, shared_floats, splits, subgroup)
     if plan is None:
@@ -256,27 +256,21 @@ var<workgroup> pvs: array<vec4<f32>, {pv_len}>;
                 + (4 * (heads * G * D + parts) if fold else 0))
     if fold:
         return [k1], parts, heads
-    return [k1, _combine(heads * G, ns, D, True)], parts, 0
+    return [k1, combine_heads(heads, G, D, ns)], parts, 0
 
 
-def _folded_decls(g: int, ns: int) -> str:
-    """Workgroup memory of the folded combine: each split's maximum (then weight) and sum
-    per q row, partial maxima and sums, each row's total, the flag."""
+def _folded_decls(g: int, ns: int, flag: bool = True) -> str:
+    """Workgroup memory of ``_merge_splits``: each split's maximum (then weight) and sum
+    per q row, partial maxima and sums, each row's total; and the folded combine's flag."""
     return (f"var<workgroup> cw: array<f32, {ns * g}>;\nvar<workgroup> cl: array<f32, {ns * g}>;\n"
             f"var<workgroup> cr: array<f32, {WGL}>;\nvar<workgroup> cs: array<f32, {g}>;\n"
-            "var<workgroup> flag: u32;\n\n")
+            + ("var<workgroup> flag: u32;\n\n" if flag else "\n"))
 
 
 def _folded_combine(g: int, d4: int, ns: int, pw: int) -> str:
     """The tail of "lanes1": the head's last workgroup to finish merges its ``ns`` splits
-    (``Σ_s acc_s e^{m_s - M} / Σ_s l_s e^{m_s - M}``) into the output and resets the
-    counter. The partials are read after the counter says all are written (a device-scope
-    barrier before the count and after it). ``WGL / g`` invocations a q row reduce its
-    split maxima and sums (no invocation walks all splits alone)."""
-    nout = g * d4
-    sgs = max(1, WGL // nout)  # split-groups summing one output word
-    tp = WGL // g  # invocations a q row
-    low = neg_inf()
+    into the output and resets the counter. The partials are read after the counter says
+    all are written (a device-scope barrier before the count and after it)."""
     return f"""  storageBarrier();
   if (lid == 0u) {{
     let done = atomicAdd(&cnt[h], 1u);
@@ -285,7 +279,42 @@ def _folded_combine(g: int, d4: int, ns: int, pw: int) -> str:
   if (workgroupUniformLoad(&flag) == 0u) {{ return; }}
   storageBarrier();
   if (lid == 0u) {{ atomicStore(&cnt[h], 0u); }}
-  for (var j = lid; j < {ns * g}u; j = j + {WGL}u) {{
+""" + _merge_splits(g, d4, ns, pw)
+
+
+def combine_heads(heads: int, g: int, d: int, ns: int) -> Kernel:
+    """"lanes"' second launch: one workgroup per kv head merges the head's ``ns`` splits of
+    its ``g`` q rows (``_merge_splits``) from the partials into the output."""
+    d4 = d // 4
+    pw = d4 + 1
+    nout = g * d4
+    src = decl(0, "part", "vec4<f32>", "read") + decl(1, "out", "vec4<f32>", "rw")
+    src += _folded_decls(g, ns, flag=False)
+    src += f"var<workgroup> pvs: array<vec4<f32>, {nout * max(1, WGL // nout)}>;\n"
+    src += f"""
+@compute @workgroup_size({WGL})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
+  let h = wid.x;
+{_merge_splits(g, d4, ns, pw)}}}
+"""
+    return Kernel("attention_combine_heads", src, ["read", "rw"], (heads, 1, 1),
+                  4 * heads * g * (ns * (d + 4) + d))
+
+
+def _merge_splits(g: int, d4: int, ns: int, pw: int) -> str:
+    """Head ``h``'s splits merged into its output rows: ``Σ_s acc_s e^{m_s - M} / Σ_s l_s
+    e^{m_s - M}``. The splits' maxima and sums are read at once (one load each, spread
+    over the workgroup) and reduced by ``WGL / g`` invocations a q row; each output word is
+    summed by ``WGL / (g · d4)`` invocations, each with 8 partial loads in flight."""
+    nout = g * d4
+    sgs = max(1, WGL // nout)  # split-groups summing one output word
+    tp = WGL // g  # invocations a q row
+    low = neg_inf()
+    uc = 8
+    xs = range(uc)
+    loads = "".join(f"      let x{i} = part[(base + s + {i * sgs}u) * {pw}u + w];\n" for i in xs)
+    fma = " + ".join(f"x{i} * cw[r * {ns}u + s + {i * sgs}u]" for i in xs)
+    return f"""  for (var j = lid; j < {ns * g}u; j = j + {WGL}u) {{
     let st = part[(h * {g * ns}u + j) * {pw}u];
     cw[j] = st.x;
     cl[j] = st.y;
@@ -321,9 +350,16 @@ def _folded_combine(g: int, d4: int, ns: int, pw: int) -> str:
     let o = j % {nout}u;
     let r = o / {d4}u;
     let base = (h * {g}u + r) * {ns}u;
+    let w = 1u + o % {d4}u;
     var t = vec4<f32>(0.0);
-    for (var s = j / {nout}u; s < {ns}u; s = s + {sgs}u) {{
-      t = t + part[(base + s) * {pw}u + 1u + o % {d4}u] * cw[r * {ns}u + s];
+    var s = j / {nout}u;
+    while (s + {(uc - 1) * sgs}u < {ns}u) {{
+{loads}      t = t + {fma};
+      s = s + {uc * sgs}u;
+    }}
+    while (s < {ns}u) {{
+      t = t + part[(base + s) * {pw}u + w] * cw[r * {ns}u + s];
+      s = s + {sgs}u;
     }}
     pvs[j] = t;
   }}
