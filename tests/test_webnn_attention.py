@@ -444,10 +444,9 @@ def test_one_launch_query_chain_and_layouts(ctx_with):
 #: mask's fill: 16-byte words a row of a float32 cache 4, 1 and 16 (more than a lavapipe
 #: subgroup: through workgroup memory either way)
 LANE_F32 = [
-    ((2, 4, 300, 16), "lanes", False, float(np.finfo(np.float32).min)),
     ((2, 4, 300, 16), "lanes1", True, -np.inf),
-    ((1, 1, 37, 4), "lanes1", True, float(np.finfo(np.float32).min)),
-    ((2, 4, 517, 64), "lanes", False, -np.inf),
+    ((1, 1, 37, 4), "lanes1_u2", True, float(np.finfo(np.float32).min)),
+    ((2, 4, 517, 64), "lanes_u8", False, float(np.finfo(np.float32).min)),
 ]
 
 
@@ -475,8 +474,8 @@ def test_lanes_match_oracle_float32_cache(ctx_with, subgroup_size, monkeypatch, 
     ctx, sub = _lanes_ctx(ctx_with, how, shuffle, subgroup_size, monkeypatch)
     gr, outs = graph(ctx, heads, g, cap, d, fill)
     names = _one_names(gr)
-    assert names == (["attention_lanes", "attention_combine_heads"] if how == "lanes"
-                     else ["attention_lanes1"]), names
+    assert names == (["attention_lanes", "attention_combine_heads"] if how.startswith("lanes_")
+                     or how == "lanes" else ["attention_lanes1"]), names
     shuffles = sub is not None and d // 4 <= sub
     assert ("subgroupShuffleXor" in gr._plan.launches[0].kernel.wgsl) == shuffles
     for depth in (int(RNG.integers(1, cap)), 2, cap - 1):
@@ -536,5 +535,10 @@ def test_lanes_plan_and_knob():
     assert AL.lanes_plan(4, 8192, 64, "f16", 12288, splits=32, subgroup=32).rows == 256
     assert AL.lanes_plan(4, 300, 24, "f16", 12288) is None
     assert AL.lanes_plan(4, 300, 64, "f32", 12288, subgroup=8).sub is None  # 16 lanes a row
-    with pytest.raises(ValueError, match="attention.*'lanes1'"):
-        KernelOptions(attention="lanes2")
+    assert AL.lanes_plan(4, 8192, 64, "f16", 12288, subgroup=32, unroll=8).rows == 128
+    assert AL.lanes_plan(4, 300, 64, "f16", 12288, unroll=8).unroll == 8
+    assert KernelOptions(attention="lanes1_u8").attention_lanes() == (True, 8)
+    assert KernelOptions(attention="flash").attention_lanes() is None
+    for bad in ("lanes2", "lanes_u3", "lanes_8"):
+        with pytest.raises(ValueError, match=r"KernelOptions.attention = .*lanes"):
+            KernelOptions(attention=bad)

@@ -14,7 +14,8 @@ from backends.webnn.wgpu_impl.options import KernelOptions
 ACCEPTED = {
     "gemv": ["legacy", "cols", "cols2", "cols4g8", "rows", "rows_sh", "rows16", "rows_u8",
              "rows16_sh_u2"],
-    "attention": ["flash", "flash1", "lanes", "lanes1", "unfused", "generic"],
+    "attention": ["flash", "flash1", "lanes", "lanes1", "lanes_u8", "lanes1_u2", "unfused",
+                  "generic"],
     "gemv_prologue": ["launch", "off", "full", "vector"],
     "row_writes": ["separate"],
     "attention_splits": [1, 8, 64],
@@ -30,7 +31,7 @@ ACCEPTED = {
     "queue_calls": ["direct", "direct_maps", "wgpu-py"],
 }
 REFUSED = {
-    "gemv": ["fastest", "col", "rows_x"], "attention": ["flash2", ""],
+    "gemv": ["fastest", "col", "rows_x"], "attention": ["flash2", "", "lanes_u3", "lanes2"],
     "gemv_prologue": ["on"], "row_writes": ["one"], "attention_splits": [0, -2, "4", 2.0, True],
     "record_ahead": ["yes"], "cache_copy": ["copy"], "gemv_weights": ["f64"],
     "gdn": ["fastest", "fused12", "fused0", "fused512"], "f16_loads": ["u32"],

@@ -56,10 +56,12 @@ class LanesPlan:
 
 
 def lanes_plan(q_rows: int, capacity: int, d: int, kv: str, shared_floats: int,
-               splits: int = SPLITS_L, subgroup: int | None = None) -> LanesPlan | None:
+               splits: int = SPLITS_L, subgroup: int | None = None,
+               unroll: int = UNROLL) -> LanesPlan | None:
     """How ``flash_lanes`` lays out, or None where it does not apply (the head dimension is
     not a power-of-two count of 16-byte words at most 32, or workgroup memory is short):
-    the caller keeps ``flash_decode``."""
+    the caller keeps ``flash_decode``. ``unroll``: the rows a lane-group loads at once it
+    aims at (fewer where the partial dots' workgroup memory is short)."""
     per = 8 if kv == "f16" else 4
     if kv not in ("f16", "f32") or d % per:
         return None
@@ -71,7 +73,7 @@ def lanes_plan(q_rows: int, capacity: int, d: int, kv: str, shared_floats: int,
     rg = WGL // lw
     writers = WGL // sub if sub else rg  # who holds a share of the workgroup's sums
     d4 = d // 4
-    for unroll in (UNROLL, 2, 1):
+    for unroll in (u for u in (8, 4, 2, 1) if u <= unroll):
         dots = 0 if sub else WGL * unroll  # partial dots of a round
         fixed = dots + 2 * writers * q_rows
         rb = next((b for b in range(q_rows, 0, -1)
@@ -91,17 +93,19 @@ def flash_lanes(heads: int, q_rows: int, capacity: int, d: int,
                 shared_floats: int,
                 q_chain: tuple[Sequence[FusedOp], Sequence[Leaf]] | None = None,
                 splits: int = SPLITS_L, kv: str = "f32", subgroup: int | None = None,
-                fold: bool = False) -> tuple[list[Kernel], int, int] | None:
+                fold: bool = False, unroll: int = UNROLL) -> tuple[list[Kernel], int, int] | None:
     """(kernels, partial-buffer 4-byte words, counter words) for q (heads, q_rows, d), K
     and V (heads, capacity, d), output (heads, q_rows, d); None where ``lanes_plan``
-    says it does not apply. ``score``, ``q_chain``, ``kv``: as ``flash_decode``'s.
+    says it does not apply. ``score``, ``q_chain``, ``kv``: as ``flash_decode``'s;
+    ``subgroup``: the adapter's fixed subgroup width (None: no shuffles); ``unroll``: cache
+    rows a lane-group loads before using any.
 
     Bindings of the first kernel: as ``flash_decode``'s pass 1 (q or its chain's leaves,
     K, V, the score chain's leaves, the partials); ``fold``: then the output and
     ``heads`` u32 counters, zero before the first launch and left zero (one kernel).
     Else the second kernel is ``combine_heads`` (partials, output); no counters.
     """
-    plan = lanes_plan(q_rows, capacity, d, kv, shared_floats, splits, subgroup)
+    plan = lanes_plan(q_rows, capacity, d, kv, shared_floats, splits, subgroup, unroll)
     if plan is None:
         return None
     G, D, C = q_rows, d, capacity

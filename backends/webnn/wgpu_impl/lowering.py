@@ -93,20 +93,25 @@ def _weights(count: int, rows: Callable[[], np.ndarray], half: bool) -> Deferred
 
 def _attention_one(plan: Plan, o: MLOperand) -> tuple[Any, int, int] | None:
     """The one-launch decode attention where ``KernelOptions.attention`` asks for it
-    ("flash1", "lanes1") and it applies, else None."""
-    how, m = plan.options.attention, plan.attention[o._id]
-    if how == "flash1":
-        return m.one_launch(plan.target.shared_bytes, plan.options.attention_splits,
-                            plan.target.max_storage)
-    if how == "lanes1" and (got := _attention_lanes(plan, o, True)) is not None:
+    ("flash1", "lanes1[_uN]") and it applies, else None."""
+    if plan.options.attention == "flash1":
+        return plan.attention[o._id].one_launch(plan.target.shared_bytes,
+                                                plan.options.attention_splits,
+                                                plan.target.max_storage)
+    if (got := _attention_lanes(plan, o, True)) is not None:
         return got[0][0], got[1], got[2]
     return None
 
 
 def _attention_lanes(plan: Plan, o: MLOperand, fold: bool) -> tuple[list, int, int] | None:
-    """The lane-group decode attention (``attention_lanes``) where it applies, else None."""
+    """The lane-group decode attention (``attention_lanes``) where ``KernelOptions.attention``
+    asks for it with (``fold``) or without the combine folded in and it applies, else None."""
+    how = plan.options.attention_lanes()
+    if how is None or how[0] != fold:
+        return None
     return plan.attention[o._id].lanes(plan.target.shared_bytes, plan.options.attention_splits,
-                                       plan.target.subgroup, fold, plan.target.max_storage)
+                                       plan.target.subgroup, fold, how[1],
+                                       plan.target.max_storage)
 
 
 def _gemv_input(plan: Plan, o: MLOperand, ins: list[Slot],
@@ -160,8 +165,7 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
         plan.consts.setdefault(cnt, np.zeros(counters, np.uint32))  # zero; left zero
         add(KernelLaunch(k1, ins + [part, out_slot, cnt]))
     elif o._id in plan.attention:
-        two = _attention_lanes(plan, o, False) if plan.options.attention == "lanes" else None
-        if two is not None:
+        if (two := _attention_lanes(plan, o, False)) is not None:
             (k1, k2), parts, _ = two
         else:
             k1, k2, parts = plan.attention[o._id].kernels(plan.target.shared_bytes,

@@ -93,15 +93,16 @@ class Attention:
         return got
 
     def lanes(self, shared_bytes: int, splits: int | None, subgroup: int | None, fold: bool,
+              unroll: int | None = None,
               max_storage: int = 8) -> tuple[list[AT.Kernel], int, int] | None:
         """(kernels, partial 4-byte words, counter words) of the lane-group variants
-        (``attention_lanes.flash_lanes``; ``fold``: one launch), or None where they do not
-        apply or bind more storage buffers than ``max_storage`` (the caller then lowers
-        ``kernels``)."""
+        (``attention_lanes.flash_lanes``; ``fold``: one launch; ``unroll``: rows a lane-group
+        loads at once, None: the default), or None where they do not apply or bind more
+        storage buffers than ``max_storage`` (the caller then lowers ``kernels``)."""
         heads, G, C, D, score, q_chain = self._dims()
         got = AL.flash_lanes(heads, G, C, D, score, shared_bytes // 4, q_chain,
                              splits or AL.SPLITS_L, kv=self.k._dtype.wgsl, subgroup=subgroup,
-                             fold=fold)
+                             fold=fold, unroll=unroll or AL.UNROLL)
         if got is None or len(got[0][0].bindings) > max_storage:
             return None
         return got

@@ -33,10 +33,14 @@ GDN_VARIANT = re.compile(r"fused(\d+)?(_sh)?(_norms)?")
 #: workgroup, default ``kernels/quant.multi_groups``; code loads a row an iteration, default 1)
 Q4_VARIANT = re.compile(r"multi(\d+)?(?:_l(\d+))?(?:_g(\d+))?(?:_u(\d+))?")
 
+#: decode attention's lane-group variants: ``lanes[1][_uUNROLL]`` ("1": the combine folded in;
+#: cache rows a lane-group loads before using any, default ``attention_lanes.UNROLL``)
+LANES_VARIANT = re.compile(r"lanes(1)?(?:_u(\d+))?")
+
 #: the accepted string values of each knob (None is always accepted: chosen per adapter);
 #: gemv, gdn and attention_splits are checked by their own rules in ``_check``
 CHOICES: dict[str, tuple[str, ...]] = {
-    "attention": ("flash", "flash1", "lanes", "lanes1", "unfused", "generic"),
+    "attention": ("flash", "flash1", "unfused", "generic"),
     "gemv_prologue": ("launch", "off", "full", "vector"),
     "row_writes": ("separate",),
     "record_ahead": ("on", "pieces", "off"),
@@ -64,10 +68,10 @@ class KernelOptions:
     gemv: str | None = None
     #: decode attention: None/"flash" (two launches where the pattern matches), "flash1" (one
     #: launch, the combine folded into each head's last split: ``flash_decode_one``; else as
-    #: "flash"), "lanes" (two launches: lane-groups over whole cache rows, an online softmax
-    #: in registers: ``attention_lanes.flash_lanes``; else as "flash"), "lanes1" (the same,
-    #: the combine folded in as "flash1" does), "unfused" (QK, chain, softmax, split-K
-    #: probs·V), "generic" (plain matmuls)
+    #: "flash"), "lanes[1][_uUNROLL]" (``LANES_VARIANT``: lane-groups over whole cache rows, an
+    #: online softmax in registers, ``attention_lanes.flash_lanes``; two launches, "lanes1" one
+    #: with the combine folded in as "flash1" does; else as "flash"), "unfused" (QK, chain,
+    #: softmax, split-K probs·V), "generic" (plain matmuls)
     attention: str | None = None
     #: a gemv's input vector reading a one-element reduction (RMSNorm): None/"launch" (both in
     #: one launch of their own), "off" (each its own launch), "full" (both computed by each
@@ -174,6 +178,14 @@ class KernelOptions:
         return (int(m.group(1) or 4), int(m.group(2) or 32),
                 int(m.group(3)) if m.group(3) else None, int(m.group(4) or 1))
 
+    def attention_lanes(self) -> tuple[bool, int | None] | None:
+        """(combine folded in, rows a lane-group loads at once or None: the default) of the
+        lane-group attention, or None where ``attention`` is not a "lanes" variant."""
+        m = LANES_VARIANT.fullmatch(self.attention or "")
+        if m is None:
+            return None
+        return bool(m.group(1)), int(m.group(2)) if m.group(2) else None
+
     def gdn_variant(self, t: Target) -> tuple[int, bool, bool] | None:
         """(lanes per state row, sums through workgroup memory, fold q's and k's L2 norms) of
         the gated delta kernel, or None for the generic ops (by default the kernel on GPU
@@ -232,7 +244,13 @@ def _check(name: str, value: object) -> None:
             raise ValueError(f"KernelOptions.q4_gemv = {value!r}: lanes a power of two to "
                              "256, rows 1 to min(lanes, 16), groups · lanes at most 256, "
                              "unroll 1 to 4")
+    elif name == "attention" and LANES_VARIANT.fullmatch(value):
+        unroll = LANES_VARIANT.fullmatch(value).group(2)
+        if unroll is not None and int(unroll) not in (1, 2, 4, 8):
+            raise ValueError(f"KernelOptions.attention = {value!r}: rows loaded at once "
+                             "(_uUNROLL) must be 1, 2, 4 or 8")
     elif value not in CHOICES[name]:
-        extra = ", 'multi[ROWS][_lLANES][_gGROUPS][_uUNROLL]'" if name == "q4_gemv" else ""
+        extra = {"q4_gemv": ", 'multi[ROWS][_lLANES][_gGROUPS][_uUNROLL]'",
+                 "attention": ", 'lanes[1][_uUNROLL]'"}.get(name, "")
         raise ValueError(f"KernelOptions.{name} = {value!r}; accepted: None, "
                          f"{', '.join(map(repr, CHOICES[name]))}{extra}")

@@ -86,7 +86,7 @@ def fuse_loops(plan: Plan, st: PassState) -> None:
 
 def decode_attention(plan: Plan, st: PassState) -> None:
     """QK, the score chain, softmax and probs·V in two launches."""
-    if plan.options.attention in (None, "flash", "flash1", "lanes", "lanes1"):
+    if plan.options.attention in (None, "flash", "flash1") or plan.options.attention_lanes():
         plan.attention = match_attention(st.nodes, st.inlined, plan.groups, st.pinned,
                                          plan.target.shared_bytes)
     st.absorbed |= {x._id for m in plan.attention.values() for x in m.absorbed}
