@@ -466,6 +466,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                   4 * (rows * ns * (d + 4) + rows * d))
 
 
+def last_of_head(ns: int) -> str:
+    """WGSL that returns from every workgroup but the last of head ``h``'s ``ns`` to bump
+    the head's counter ``cnt[h]`` after writing its partials, and resets the counter; the
+    partials are read after it (a device-scope barrier before the count and after it)."""
+    return f"""  storageBarrier();
+  if (lid == 0u) {{
+    let done = atomicAdd(&cnt[h], 1u);
+    flag = select(0u, 1u, done == {ns - 1}u);
+  }}
+  if (workgroupUniformLoad(&flag) == 0u) {{ return; }}
+  storageBarrier();
+  if (lid == 0u) {{ atomicStore(&cnt[h], 0u); }}
+"""
+
+
 WG1 = 128  # one-launch kernel's workgroup
 SPLITS1 = 64  # splits per head the one-launch kernel aims at (its combine reads them all)
 ROWS1 = 8  # most cache rows (of K and of V) an invocation holds in registers
@@ -684,15 +699,7 @@ var<workgroup> flag: u32;
 {stores}      if (e == 0u) {{ part[pb] = vec4<f32>(m[r], l[r], 0.0, 0.0); }}
     }}
   }}
-  storageBarrier();
-  if (lid == 0u) {{
-    let done = atomicAdd(&cnt[h], 1u);
-    flag = select(0u, 1u, done == {ns - 1}u);
-  }}
-  if (workgroupUniformLoad(&flag) == 0u) {{ return; }}
-  storageBarrier();
-  if (lid == 0u) {{ atomicStore(&cnt[h], 0u); }}
-  for (var j = lid; j < {ns * G}u; j = j + {WG1}u) {{
+{last_of_head(ns)}  for (var j = lid; j < {ns * G}u; j = j + {WG1}u) {{
     let w = part[(h * {ns * G}u + j) * {PW}u];
     cm[j] = w.x;
     cl[j] = w.y;

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .attention import _kv_and_score, _q_source, _split_entry
+from .attention import _kv_and_score, _q_source, _split_entry, last_of_head
 from .common import Kernel, decl, neg_inf
 from .fused import FusedOp, Leaf
 
@@ -273,17 +273,8 @@ def _folded_decls(g: int, ns: int, flag: bool = True) -> str:
 
 def _folded_combine(g: int, d4: int, ns: int, pw: int) -> str:
     """The tail of "lanes1": the head's last workgroup to finish merges its ``ns`` splits
-    into the output and resets the counter. The partials are read after the counter says
-    all are written (a device-scope barrier before the count and after it)."""
-    return f"""  storageBarrier();
-  if (lid == 0u) {{
-    let done = atomicAdd(&cnt[h], 1u);
-    flag = select(0u, 1u, done == {ns - 1}u);
-  }}
-  if (workgroupUniformLoad(&flag) == 0u) {{ return; }}
-  storageBarrier();
-  if (lid == 0u) {{ atomicStore(&cnt[h], 0u); }}
-""" + _merge_splits(g, d4, ns, pw)
+    into the output (``attention.last_of_head``)."""
+    return last_of_head(ns) + _merge_splits(g, d4, ns, pw)
 
 
 def combine_heads(heads: int, g: int, d: int, ns: int) -> Kernel:
