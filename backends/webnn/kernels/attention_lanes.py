@@ -10,9 +10,9 @@ sum with two workgroup trees, here:
   8 halves of a float16 cache, 4 floats of a float32 one), so a warp's K and V loads are
   whole contiguous rows; each invocation issues the K and the V words of ``U`` rows
   before using any (``2U`` 16-byte loads in flight);
-* each invocation holds its columns of the head's q rows in registers (q, or q's RoPE
-  chain, computed by each invocation for its own columns: no workgroup memory, no
-  barrier), and the partial dots are summed across the lane-group with
+* the head's q rows (q, or q's RoPE chain, each element computed once a workgroup) pass
+  through workgroup memory once (one barrier); each invocation then holds its columns in
+  registers, and the partial dots are summed across the lane-group with
   ``subgroupShuffleXor`` (where the subgroup is a fixed power of two at least ``LW``
   wide; else through workgroup memory, two barriers a round);
 * the softmax is online (FlashAttention's running maximum ``m``, sum ``l`` and ``acc``
@@ -75,7 +75,7 @@ def lanes_plan(q_rows: int, capacity: int, d: int, kv: str, shared_floats: int,
     d4 = d // 4
     for unroll in (u for u in (8, 4, 2, 1) if u <= unroll):
         dots = 0 if sub else WGL * unroll  # partial dots of a round
-        fixed = dots + 2 * writers * q_rows
+        fixed = dots + 2 * writers * q_rows + q_rows * d
         rb = next((b for b in range(q_rows, 0, -1)
                    if fixed + writers * b * d4 * 4 <= shared_floats), 0)
         if rb:
@@ -134,8 +134,10 @@ def flash_lanes(heads: int, q_rows: int, capacity: int, d: int,
                    for x in halves)
     body = regs + f"""  var m: array<f32, {G}>;
   var l: array<f32, {G}>;
+  for (var j = lid; j < {G * D4}u; j = j + {WGL}u) {{ qs[j] = q_word(h, j); }}
+  workgroupBarrier();
   for (var r = 0u; r < {G}u; r = r + 1u) {{
-{"".join(f"    q{x}[r] = q_word(h, r * {D4}u + {word[x]});{nl}    {x}[r] = vec4<f32>(0.0);{nl}"
+{"".join(f"    q{x}[r] = qs[r * {D4}u + {word[x]}];{nl}    {x}[r] = vec4<f32>(0.0);{nl}"
          for x in halves)}    m[r] = {low};
     l[r] = 0.0;
   }}
@@ -241,7 +243,8 @@ fn q_word(h: u32, j: u32) -> vec4<f32> {{
   return {q_load};
 }}
 
-{pd_decl}var<workgroup> ms: array<f32, {NW * G}>;
+{pd_decl}var<workgroup> qs: array<vec4<f32>, {G * D4}>;
+var<workgroup> ms: array<f32, {NW * G}>;
 var<workgroup> ls: array<f32, {NW * G}>;
 var<workgroup> pvs: array<vec4<f32>, {pv_len}>;
 """
