@@ -598,7 +598,7 @@ def test_one_launch_attention_pages_match_the_reference(name, mode, how):
         names = [la.kernel.name for la in b.converted.graph._plan.launches
                  if hasattr(la, "kernel")]
         assert f"attention_{how}" in names, names
-        assert ("attention_combine_heads" in names) == (how == "lanes"), names
+        assert ("attention_combine_rows" in names) == (how == "lanes"), names
         assert "attention_combine" not in names, names
     finally:
         b.close()

@@ -482,7 +482,7 @@ def test_lanes_match_oracle_float32_cache(ctx_with, subgroup_size, monkeypatch, 
     ctx, sub = _lanes_ctx(ctx_with, how, shuffle, subgroup_size, monkeypatch)
     gr, outs = graph(ctx, heads, g, cap, d, fill)
     names = _one_names(gr)
-    assert names == (["attention_lanes", "attention_combine_heads"] if how.startswith("lanes_")
+    assert names == (["attention_lanes", "attention_combine_rows"] if how.startswith("lanes_")
                      or how == "lanes" else ["attention_lanes1"]), names
     shuffles = sub is not None and d // 4 <= sub
     assert ("subgroupShuffleXor" in gr._plan.launches[0].kernel.wgsl) == shuffles
@@ -506,7 +506,7 @@ def test_lanes_float16_cache(ctx_with, subgroup_size, monkeypatch, shape, how, s
     heads, g, cap, d = shape
     names = _check_f16_stateful(ctx, heads, g, cap, d)
     assert names.count(f"attention_{how}") == 1, names
-    assert ("attention_combine_heads" in names) == (how == "lanes"), names
+    assert ("attention_combine_rows" in names) == (how == "lanes"), names
 
 
 @pytest.mark.adapter_feature("shader-f16")
@@ -520,7 +520,7 @@ def test_lanes_query_chain(ctx_with):
     """q computed by each invocation for its own columns (a RoPE-like chain)."""
     ctx = ctx_with(attention="lanes")
     gr, outs = rope_graph(ctx)
-    assert _one_names(gr) == ["attention_lanes", "attention_combine_heads"]
+    assert _one_names(gr) == ["attention_lanes", "attention_combine_rows"]
     feeds, want = rope_feeds_and_oracle()
     np.testing.assert_allclose(run(ctx, gr, outs, feeds)["y"], want, rtol=2e-5, atol=2e-6)
 

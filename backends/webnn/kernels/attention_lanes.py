@@ -21,7 +21,7 @@ sum with two workgroup trees, here:
   shuffles, across subgroups through workgroup memory) into the split's partial
   ``(m, l, acc[d])`` per q row, in ``flash_decode``'s layout.
 
-"lanes": ``combine_heads`` merges the splits in a second launch, one workgroup per kv head. "lanes1": each
+"lanes": ``combine_rows`` merges the splits in a second launch, one workgroup per q row. "lanes1": each
 workgroup then bumps its head's counter (``storageBarrier()``, ``atomicAdd``) and the
 head's last workgroup merges the head's splits itself, as ``flash_decode_one`` does.
 """
@@ -103,7 +103,7 @@ def flash_lanes(heads: int, q_rows: int, capacity: int, d: int,
     Bindings of the first kernel: as ``flash_decode``'s pass 1 (q or its chain's leaves,
     K, V, the score chain's leaves, the partials); ``fold``: then the output and
     ``heads`` u32 counters, zero before the first launch and left zero (one kernel).
-    Else the second kernel is ``combine_heads`` (partials, output); no counters.
+    Else the second kernel is ``combine_rows`` (partials, output); no counters.
     """
     plan = lanes_plan(q_rows, capacity, d, kv, shared_floats, splits, subgroup, unroll)
     if plan is None:
@@ -263,7 +263,7 @@ var<workgroup> pvs: array<vec4<f32>, {pv_len}>;
                 + (4 * (heads * G * D + parts) if fold else 0))
     if fold:
         return [k1], parts, heads
-    return [k1, combine_heads(heads, G, D, ns)], parts, 0
+    return [k1, combine_rows(heads * G, D, ns)], parts, 0
 
 
 def _folded_decls(g: int, ns: int, flag: bool = True) -> str:
@@ -277,30 +277,31 @@ def _folded_decls(g: int, ns: int, flag: bool = True) -> str:
 def _folded_combine(g: int, d4: int, ns: int, pw: int) -> str:
     """The tail of "lanes1": the head's last workgroup to finish merges its ``ns`` splits
     into the output (``attention.last_of_head``)."""
-    return last_of_head(ns) + _merge_splits(g, d4, ns, pw)
+    return last_of_head(ns) + f"  let row0 = h * {g}u;\n" + _merge_splits(g, d4, ns, pw)
 
 
-def combine_heads(heads: int, g: int, d: int, ns: int) -> Kernel:
-    """"lanes"' second launch: one workgroup per kv head merges the head's ``ns`` splits of
-    its ``g`` q rows (``_merge_splits``) from the partials into the output."""
+def combine_rows(rows: int, d: int, ns: int) -> Kernel:
+    """"lanes"' second launch: one workgroup per q row merges the row's ``ns`` splits
+    (``_merge_splits``) from the partials into the output."""
     d4 = d // 4
-    pw = d4 + 1
-    nout = g * d4
     src = decl(0, "part", "vec4<f32>", "read") + decl(1, "out", "vec4<f32>", "rw")
-    src += _folded_decls(g, ns, flag=False)
-    src += f"var<workgroup> pvs: array<vec4<f32>, {nout * max(1, WGL // nout)}>;\n"
+    src += _folded_decls(1, ns, flag=False)
+    src += f"var<workgroup> pvs: array<vec4<f32>, {d4 * max(1, WGL // d4)}>;\n"
+    gx = min(rows, 65535)
     src += f"""
 @compute @workgroup_size({WGL})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
-  let h = wid.x;
-{_merge_splits(g, d4, ns, pw)}}}
+  let row0 = wid.y * {gx}u + wid.x;
+  if (row0 >= {rows}u) {{ return; }}
+{_merge_splits(1, d4, ns, d4 + 1)}}}
 """
-    return Kernel("attention_combine_heads", src, ["read", "rw"], (heads, 1, 1),
-                  4 * heads * g * (ns * (d + 4) + d))
+    return Kernel("attention_combine_rows", src, ["read", "rw"], (gx, -(-rows // gx), 1),
+                  4 * rows * (ns * (d + 4) + d))
 
 
 def _merge_splits(g: int, d4: int, ns: int, pw: int) -> str:
-    """Head ``h``'s splits merged into its output rows: ``Σ_s acc_s e^{m_s - M} / Σ_s l_s
+    """The splits of q rows ``row0 .. row0 + g`` (flat over heads) merged into their
+    output rows: ``Σ_s acc_s e^{m_s - M} / Σ_s l_s
     e^{m_s - M}``. The splits' maxima and sums are read at once (one load each, spread
     over the workgroup) and reduced by ``WGL / g`` invocations a q row; each output word is
     summed by ``WGL / (g · d4)`` invocations, each with 8 partial loads in flight."""
@@ -313,7 +314,7 @@ def _merge_splits(g: int, d4: int, ns: int, pw: int) -> str:
     loads = "".join(f"      let x{i} = part[(base + s + {i * sgs}u) * {pw}u + w];\n" for i in xs)
     fma = " + ".join(f"x{i} * cw[r * {ns}u + s + {i * sgs}u]" for i in xs)
     return f"""  for (var j = lid; j < {ns * g}u; j = j + {WGL}u) {{
-    let st = part[(h * {g * ns}u + j) * {pw}u];
+    let st = part[(row0 * {ns}u + j) * {pw}u];
     cw[j] = st.x;
     cl[j] = st.y;
   }}
@@ -347,7 +348,7 @@ def _merge_splits(g: int, d4: int, ns: int, pw: int) -> str:
   for (var j = lid; j < {nout * sgs}u; j = j + {WGL}u) {{
     let o = j % {nout}u;
     let r = o / {d4}u;
-    let base = (h * {g}u + r) * {ns}u;
+    let base = (row0 + r) * {ns}u;
     let w = 1u + o % {d4}u;
     var t = vec4<f32>(0.0);
     var s = j / {nout}u;
@@ -365,6 +366,6 @@ def _merge_splits(g: int, d4: int, ns: int, pw: int) -> str:
   for (var o = lid; o < {nout}u; o = o + {WGL}u) {{
     var t = vec4<f32>(0.0);
     for (var x = 0u; x < {sgs}u; x = x + 1u) {{ t = t + pvs[x * {nout}u + o]; }}
-    out[h * {nout}u + o] = t / cs[o / {d4}u];
+    out[row0 * {d4}u + o] = t / cs[o / {d4}u];
   }}
 """
