@@ -538,6 +538,7 @@ def test_lanes_plan_and_knob():
     assert AL.lanes_plan(4, 300, 64, "f32", 12288, subgroup=8).sub is None  # 16 lanes a row
     assert AL.lanes_plan(4, 8192, 64, "f16", 12288, subgroup=32, unroll=8).rows == 128
     assert AL.lanes_plan(4, 300, 64, "f16", 12288, unroll=8).unroll == 8
+    assert AL.lanes_plan(4, 1 << 20, 64, "f16", 12288, splits=1 << 12, fold=True) is None
     assert KernelOptions(attention="lanes1_u8").attention_lanes() == (True, 8)
     assert KernelOptions(attention="flash").attention_lanes() is None
     for bad in ("lanes2", "lanes_u3", "lanes_8"):

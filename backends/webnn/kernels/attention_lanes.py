@@ -21,9 +21,10 @@ sum with two workgroup trees, here:
   shuffles, across subgroups through workgroup memory) into the split's partial
   ``(m, l, acc[d])`` per q row, in ``flash_decode``'s layout.
 
-"lanes": ``combine_rows`` merges the splits in a second launch, one workgroup per q row. "lanes1": each
-workgroup then bumps its head's counter (``storageBarrier()``, ``atomicAdd``) and the
-head's last workgroup merges the head's splits itself, as ``flash_decode_one`` does.
+"lanes": ``combine_rows`` merges the splits in a second launch, one workgroup per q row.
+"lanes1": each workgroup then bumps its head's counter (``storageBarrier()``,
+``atomicAdd``) and the head's last workgroup merges the head's splits itself, as
+``flash_decode_one`` does.
 """
 
 from __future__ import annotations
@@ -57,11 +58,12 @@ class LanesPlan:
 
 def lanes_plan(q_rows: int, capacity: int, d: int, kv: str, shared_floats: int,
                splits: int = SPLITS_L, subgroup: int | None = None,
-               unroll: int = UNROLL) -> LanesPlan | None:
+               unroll: int = UNROLL, fold: bool = False) -> LanesPlan | None:
     """How ``flash_lanes`` lays out, or None where it does not apply (the head dimension is
     not a power-of-two count of 16-byte words at most 32, or workgroup memory is short):
     the caller keeps ``flash_decode``. ``unroll``: the rows a lane-group loads at once it
-    aims at (fewer where the partial dots' workgroup memory is short)."""
+    aims at (fewer where the partial dots' workgroup memory is short); ``fold``: room for
+    the folded combine's split weights too."""
     per = 8 if kv == "f16" else 4
     if kv not in ("f16", "f32") or d % per:
         return None
@@ -85,7 +87,11 @@ def lanes_plan(q_rows: int, capacity: int, d: int, kv: str, shared_floats: int,
     step = rg * unroll  # rows a workgroup reads a round
     per_split = -(-capacity // max(1, splits))
     rows = -(-per_split // step) * step
-    return LanesPlan(lw, unroll, rows, -(-capacity // rows), sub, rb)
+    ns = -(-capacity // rows)
+    folded = 2 * ns * q_rows + WGL + q_rows + 4 * max(q_rows * d4, WGL)  # _merge_splits
+    if fold and fixed + writers * rb * d4 * 4 + folded > shared_floats:
+        return None
+    return LanesPlan(lw, unroll, rows, ns, sub, rb)
 
 
 def flash_lanes(heads: int, q_rows: int, capacity: int, d: int,
@@ -105,7 +111,7 @@ def flash_lanes(heads: int, q_rows: int, capacity: int, d: int,
     ``heads`` u32 counters, zero before the first launch and left zero (one kernel).
     Else the second kernel is ``combine_rows`` (partials, output); no counters.
     """
-    plan = lanes_plan(q_rows, capacity, d, kv, shared_floats, splits, subgroup, unroll)
+    plan = lanes_plan(q_rows, capacity, d, kv, shared_floats, splits, subgroup, unroll, fold)
     if plan is None:
         return None
     G, D, C = q_rows, d, capacity
