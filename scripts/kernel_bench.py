@@ -232,13 +232,18 @@ def profile_launches(ctx, g, bound: dict) -> dict:
             items.append((la, ctx._resolve(g, la.src, bound, g._parity),
                           ctx._resolve(g, la.dst, bound, g._parity)))
     by: dict[str, list] = {}
+    by_grid: dict[str, list] = {}  # name and workgroup grid: one kernel's launch shapes apart
 
     def add(la, ms: float) -> None:
         copy = isinstance(la, CopyLaunch)
-        e = by.setdefault(COPY_NAME if copy else la.kernel.name, [0, 0.0, 0])
-        e[0] += 1
-        e[1] += ms
-        e[2] += 2 * la.nbytes if copy else la.kernel.bytes  # a copy reads and writes
+        name = COPY_NAME if copy else la.kernel.name
+        nbytes = 2 * la.nbytes if copy else la.kernel.bytes  # a copy reads and writes
+        keys = ((by, name), (by_grid, name if copy else f"{name} {la.kernel.groups}"))
+        for table, key in keys:
+            e = table.setdefault(key, [0, 0.0, 0])
+            e[0] += 1
+            e[1] += ms
+            e[2] += nbytes
 
     in_pass = "timestamp-query-inside-passes" in dev.features
     if in_pass:
@@ -297,9 +302,13 @@ def profile_launches(ctx, g, bound: dict) -> dict:
                 dt = int(t[1] - t[0]) / 1e6
                 best = dt if best is None else min(best, dt)
             add(la, best)
-    out = {k: {"n": v[0], "ms": round(v[1], 3), "bytes": v[2],
-               "GBps": round(v[2] / (v[1] * 1e-3) / 1e9, 2) if v[1] else None}
-           for k, v in sorted(by.items(), key=lambda kv: -kv[1][1])}
+    def table(t: dict[str, list]) -> dict:
+        return {k: {"n": v[0], "ms": round(v[1], 3), "bytes": v[2],
+                    "GBps": round(v[2] / (v[1] * 1e-3) / 1e9, 2) if v[1] else None}
+                for k, v in sorted(t.items(), key=lambda kv: -kv[1][1])}
+
+    out = table(by)
+    out["_by_grid"] = table(by_grid)
     out["_method"] = "in-pass timestamps" if in_pass else "one pass per launch"
     return out
 

@@ -37,6 +37,7 @@ def test_kernel_bench_runs_with_an_option():
     assert 0 < step["warm_steps"] <= 32 - 2 - 1
     assert sum(k["n"] for name, k in step["profile"].items() if not name.startswith("_")) \
         == step["launches"]
+    assert sum(k["n"] for k in step["profile"]["_by_grid"].values()) == step["launches"]
 
 
 def test_kernel_bench_profiles_another_page():
