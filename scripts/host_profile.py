@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from backends.base import registry  # noqa: E402
 from backends.webnn.wgpu_impl.options import KernelOptions  # noqa: E402
+from harness.calibrate import provenance  # noqa: E402
 from harness.worker import host_breakdown  # noqa: E402
 from model.errors import UserError  # noqa: E402
 from model.workload import Workload, preset  # noqa: E402
@@ -154,6 +155,7 @@ def main() -> None:
         print(f"host_profile: {exc}", file=sys.stderr)
         sys.exit(2)
     out: list[dict] = []
+    prov = {**provenance(), "argv": sys.argv[1:]}
     for name, cap in points:
         for page in pages:
             for options in variants:
@@ -169,7 +171,7 @@ def main() -> None:
                 out.append(r)
                 if a.out:  # a timeout keeps the points done
                     with open(a.out, "w") as f:
-                        json.dump({"points": out}, f, indent=1)
+                        json.dump({"points": out, "provenance": prov}, f, indent=1)
     for r in out:  # one line a point, last, for a reader of the log's tail
         h = r.get("host_breakdown_ms", {})
         knobs = ",".join(f"{k}={v}" for k, v in r.get("options", {}).items() if v is not None)
@@ -181,7 +183,7 @@ def main() -> None:
                  f"wall {r['wall_ms']:.3f} GPU {r.get('gpu_ms', float('nan')):.3f} "
                  f"wall-GPU {h.get('wall_minus_gpu', float('nan')):.3f} | {parts} | encode "
                  f"{r['encode_ms']['min_per_launch_us']:.2f} us/launch"), file=sys.stderr)
-    print(json.dumps({"points": out}, indent=1))
+    print(json.dumps({"points": out, "provenance": prov}, indent=1))
 
 
 if __name__ == "__main__":

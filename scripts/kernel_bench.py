@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from backends.webnn import MLGraphBuilder, ml  # noqa: E402
 from backends.webnn.wgpu_impl.options import KernelOptions  # noqa: E402
+from harness.calibrate import provenance  # noqa: E402
 
 GEMV_SHAPES = [(2048, 2048), (2048, 512), (2048, 8192), (8192, 2048), (2048, 128256)]
 #: llama-1b's 4-bit launches (K, N): q/k/v stacked, o, gate/up stacked, down, the head
@@ -493,7 +494,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--budget", type=float, default=3.0, help="seconds per measurement")
     a = ap.parse_args()
-    out: dict = {"gemv": [], "gemv_q4": [], "attention": [], "step": []}
+    out: dict = {"gemv": [], "gemv_q4": [], "attention": [], "step": [],
+                 "provenance": {**provenance(), "argv": sys.argv[1:]}}
     try:  # every variant's options checked before anything runs
         chosen = KernelOptions.parse(a.option)
         gemv_runs = [(var, chosen if var == "auto" else chosen.replace(gemv=var))

@@ -38,6 +38,7 @@ def test_kernel_bench_runs_with_an_option():
     assert sum(k["n"] for name, k in step["profile"].items() if not name.startswith("_")) \
         == step["launches"]
     assert sum(k["n"] for k in step["profile"]["_by_grid"].values()) == step["launches"]
+    assert out["provenance"]["source_digest"] and out["provenance"]["argv"][0] == "--gemv"
 
 
 def test_kernel_bench_profiles_another_page():
@@ -165,3 +166,20 @@ def test_kernel_bench_times_4bit_variants():
     step = out["step"][0]
     assert "error" not in step, step.get("trace")
     assert step["options"]["q4_gemv"] == "multi" and step["profile"]["gemv_q4_multi"]["n"] > 0
+
+
+def test_host_profile_breaks_down_a_page_step():
+    """scripts/host_profile.py times a page's steps and splits the host's share into its
+    parts (write, submit, wait, copy, ...), whose sum is the step; the output names the code
+    that ran."""
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "host_profile.py"), "--points",
+                           "tiny:32", "--pages", "wgpu:stateful", "--steps", "4",
+                           "--warm-steps", "2", "--encode-reps", "3"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    point = out["points"][0]
+    assert "error" not in point, point.get("trace")
+    parts = point["host_breakdown_ms"]
+    assert point["wall_ms"] > 0 and parts["wait"] >= 0 and parts["total"] > 0
+    assert out["provenance"]["source_digest"]
