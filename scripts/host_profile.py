@@ -20,6 +20,7 @@ import argparse
 import cProfile
 import json
 import os
+import resource
 import sys
 import time
 import traceback
@@ -83,10 +84,15 @@ def profile_point(name: str, capacity: int, page: str, steps: int, warm_steps: i
         queue = be.context.queue_counts
         submits, maps = queue.submits, queue.maps
         wall, gpu, host = [], [], []
+        kept = []  # each step's logits copied and kept, as the sweep's worker keeps them
+        faults = 0
         for _ in range(steps):
+            f1 = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
             t1 = time.perf_counter_ns()
             logits = be.step(tok % 100 + 1)
             wall.append((time.perf_counter_ns() - t1) / 1e6)
+            faults += resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - f1
+            kept.append(np.array(logits, np.float32, copy=True))
             tok += 1
             g = be.gpu_time_ms()
             if g is not None:
@@ -98,6 +104,9 @@ def profile_point(name: str, capacity: int, page: str, steps: int, warm_steps: i
             "launches": len(be.converted.graph._plan.launches),
             "submits_per_step": (queue.submits - submits) / steps,
             "maps_per_step": (queue.maps - maps) / steps,
+            # minor page faults of the stepping thread inside step() (fresh host memory
+            # touched on the step's path): docs/measuring.md "Host time"
+            "minor_faults_per_step": faults / steps,
             "wall_ms": round(float(np.median(wall)), 4),
             "host_breakdown_ms": host_breakdown(host, wall, gpu),
             "logits_finite": bool(np.isfinite(logits).all()),

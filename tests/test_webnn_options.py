@@ -16,6 +16,7 @@ ACCEPTED = {
              "rows16_sh_u2"],
     "attention": ["flash", "unfused", "generic"],
     "gemv_prologue": ["launch", "off", "full", "vector"],
+    "row_vector": ["unrolled", "loop"],
     "row_writes": ["separate"],
     "attention_splits": [1, 8, 64],
     "record_ahead": ["on", "pieces", "off"],
@@ -31,7 +32,8 @@ ACCEPTED = {
 }
 REFUSED = {
     "gemv": ["fastest", "col", "rows_x"], "attention": ["flash2", ""],
-    "gemv_prologue": ["on"], "row_writes": ["one"], "attention_splits": [0, -2, "4", 2.0, True],
+    "gemv_prologue": ["on"], "row_vector": ["unroll", ""], "row_writes": ["one"],
+    "attention_splits": [0, -2, "4", 2.0, True],
     "record_ahead": ["yes"], "cache_copy": ["copy"], "gemv_weights": ["f64"],
     "gdn": ["fastest", "fused12", "fused0", "fused512"], "f16_loads": ["u32"],
     "read_copy": ["sync"],

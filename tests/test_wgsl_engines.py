@@ -29,6 +29,7 @@ OPTION_VALUES: dict[str, list[str | int | None]] = {
              "cols4", "cols4g8", "cols8g8", "cols2g4", "cols2g16", "cols4g4", "cols1g8"],
     "attention": [None, "flash", "flash1", "unfused", "generic"],
     "gemv_prologue": [None, "launch", "off", "full", "vector"],
+    "row_vector": [None, "unrolled", "loop"],
     "row_writes": [None, "separate"],
     "attention_splits": [None, 1, 64],
     "cache_copy": [None, "vec4", "identity", "buffer"],

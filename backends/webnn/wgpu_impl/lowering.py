@@ -163,7 +163,9 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
         vec = plan.vectors[o._id]
         count = S.size(shp)
         traffic = 4 * (sum(S.size(x._shape) for x in vec.leaves) + count)
-        add(KernelLaunch(MM.computed_vector(vec.source(), count, traffic, count // shp[-1]),
+        add(KernelLaunch(MM.computed_vector(vec.source(), count, traffic, count // shp[-1],
+                                            subgroup=plan.target.subgroup,
+                                            unrolled=plan.options.row_vector != "loop"),
                          ins + [out_slot]))
     elif o._id in plan.groups and not fusion.is_host(o):  # hosts: below, per op
         group = plan.groups[o._id]

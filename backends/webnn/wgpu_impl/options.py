@@ -38,6 +38,7 @@ Q4_VARIANT = re.compile(r"multi(\d+)?(?:_l(\d+))?(?:_g(\d+))?(?:_u(\d+))?")
 CHOICES: dict[str, tuple[str, ...]] = {
     "attention": ("flash", "flash1", "unfused", "generic"),
     "gemv_prologue": ("launch", "off", "full", "vector"),
+    "row_vector": ("unrolled", "loop"),
     "row_writes": ("separate",),
     "record_ahead": ("on", "pieces", "off"),
     "cache_copy": ("vec4", "identity", "buffer"),
@@ -70,6 +71,12 @@ class KernelOptions:
     #: one launch of their own), "off" (each its own launch), "full" (both computed by each
     #: gemv workgroup), "vector" (the vector by each gemv workgroup, the reduction launched)
     gemv_prologue: str | None = None
+    #: a vector and its row reduction in one launch (``kernels/matmul.computed_vector``, the
+    #: launch of "launch" above; RMSNorm, L2 norms per head): None/"unrolled" (a workgroup no
+    #: wider than the row, each invocation's loads straight-line, subgroup sums where the
+    #: subgroup is one fixed width), "loop" (256 invocations striding in loops, a tree of
+    #: barriers)
+    row_vector: str | None = None
     #: scatters of one index tensor into same-shaped caches: None (one launch), "separate"
     row_writes: str | None = None
     #: splits per head flash-decoding aims at on long caches: None (``kernels/attention.SPLITS``;
