@@ -7,8 +7,14 @@ import numpy as np
 import pytest
 
 from backends.webnn import MLGraphBuilder
+from backends.webnn.kernels import quant as QK
+from backends.webnn.wgpu_impl.options import WIDE_VARIANT
 
 RNG = np.random.default_rng(4242)
+#: float16 products (the ``_h`` variants, where the adapter has 'shader-f16'): the error
+#: bound on random data, relative to the largest output (``quant._unpack_half_fns``'s worst
+#: case is 2.5e-3 of each word's sum of magnitudes; q4f16's tolerance is 2.2e-2)
+_F16_PRODUCTS = 4e-3
 _names = iter(range(10**6))  # fresh input names
 
 
@@ -130,19 +136,27 @@ def _q4_matmul(ctx, kind, k, n, zero_points, residual=False, block=32, dt="float
 @pytest.mark.parametrize("kind,k,n,zero_points,block", [
     ("int4", 64, 40, False, 32), ("int4", 96, 7, True, 32), ("uint4", 320, 130, True, 32),
     ("uint4", 128, 33, False, 32), ("int4", 40, 9, True, 8), ("uint4", 48, 11, False, 16)])
-@pytest.mark.parametrize("how", ["fused", "generic", "multi", "multi3_l8_u2", "multi8_l16_g2", "multi_u3"])
+@pytest.mark.parametrize("how", ["fused", "generic", "multi", "multi3_l8_u2", "multi8_l16_g2",
+                                 "multi_u3", "multi2_u2_h", "wide", "wide2_k2", "wide4_h",
+                                 "wide3_k2_h"])
 def test_4bit_matmul_one_row(ctx_with, how, kind, k, n, zero_points, block):
     """matmul(vector, dequantizeLinear(4-bit weights)): fused, the codes are read and no
     float weights are written (no dequantize launch; 16-byte loads where the block is a
     multiple of 32, words otherwise); multi, the same several rows an invocation (rows
     and lanes not dividing N, sums through subgroups or workgroup memory); generic, they
     are."""
-    got, want, names = _q4_matmul(ctx_with(q4_gemv=how), kind, k, n, zero_points, block=block)
-    assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
+    ctx = ctx_with(q4_gemv=how)
+    got, want, names = _q4_matmul(ctx, kind, k, n, zero_points, block=block)
+    half = how.endswith("_h") and block % 32 == 0 and ctx._target.f16
+    assert np.max(np.abs(got - want)) <= (_F16_PRODUCTS if half else 1e-5) * np.max(np.abs(want))
     if how == "fused":
         assert names == ["gemv_q4"]
-    elif how.startswith("multi"):  # 16-byte loads only: the word-wide blocks stay fused
-        assert names == ["gemv_q4_multi" if block % 32 == 0 else "gemv_q4"]
+    elif how.startswith(("multi", "wide")):  # 16-byte loads only: word-wide blocks stay fused
+        m = WIDE_VARIANT.fullmatch(how)  # (wide) at most a row an invocation
+        fits = block % 32 == 0 and (m is None or int(m.group(1) or 1) <= QK.wide_lanes(
+            k, int(m.group(2) or 1)))
+        kernel = "gemv_q4_multi" if how.startswith("multi") else "gemv_q4_wide"
+        assert names == [kernel if fits else "gemv_q4"], names
     else:
         assert "dequantize_linear" in names and not any("gemv_q4" in x for x in names)
 

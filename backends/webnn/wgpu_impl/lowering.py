@@ -352,6 +352,10 @@ def _lower_q4(plan: Plan, members: list[MLOperand], a_slot: Slot, slot_of: Any) 
     multi = plan.options.q4_multi(plan.target)  # the several-rows kernel, where the block allows it
     if multi is not None and (w0.block % 32 or multi[0] > multi[1]):
         multi = None
+    wide = plan.options.q4_wide(plan.target)  # all loads in flight, where the block allows it
+    if wide is not None and (w0.block % 32 or wide[0] > QK.wide_lanes(K, wide[1])):
+        wide = None
+    half = bool(multi and multi[4]) or bool(wide and wide[2])  # float16 products
     dst, res = plan.epilogue.get(members[0]._id, (members[0], None))  # (the add, residual)
     outs = [slot_of(m) for m in members] if len(ws) > 1 else [slot_of(dst)]
     for c, n0 in enumerate(range(0, N, per)):
@@ -360,9 +364,9 @@ def _lower_q4(plan: Plan, members: list[MLOperand], a_slot: Slot, slot_of: Any) 
         key = (members[0]._id, c)
         slots = [("const", ("Q4", *key)), ("const", ("Q4S", *key))]
         plan.consts.setdefault(slots[0], Deferred(nc * K // 8, partial(
-            _stacked, [partial(MQ.repack_codes, *p) for p in parts])))
+            _stacked, [partial(MQ.repack_codes, *p, pairs=half) for p in parts])))
         blocks_n = nc * (K // w0.block)
-        half_scales = multi is not None and all(w.f16_scales for w in ws)
+        half_scales = (multi or wide) is not None and all(w.f16_scales for w in ws)
         scales = partial(_stacked, [partial(MQ.repack_scales, *p, False) for p in parts])
         plan.consts.setdefault(slots[1], Deferred((blocks_n + 1) // 2, partial(
             MQ.packed_half, scales)) if half_scales else Deferred(blocks_n, scales))
@@ -375,10 +379,13 @@ def _lower_q4(plan: Plan, members: list[MLOperand], a_slot: Slot, slot_of: Any) 
                       n_off=n0 if len(ws) == 1 else 0,
                       splits=[w.N for w in ws] if len(ws) > 1 else None,
                       half_out=dst._dtype.wgsl == "f16")
-        if multi is not None:
-            rows, lanes_m, groups, unroll = multi
+        if wide is not None:
+            k = QK.gemv_q4_wide(K, nc, w0.block, rows=wide[0], loads=wide[1],
+                                half_scales=half_scales, half=half, **common)
+        elif multi is not None:
+            rows, lanes_m, groups, unroll, _ = multi
             k = QK.gemv_q4_multi(K, nc, w0.block, rows=rows, lanes=lanes_m, groups=groups,
-                                 unroll=unroll, half_scales=half_scales, **common)
+                                 unroll=unroll, half_scales=half_scales, half=half, **common)
         else:
             k = QK.gemv_q4(K, nc, w0.block, lanes=lanes, wg=256, **common)
         plan.launches.append(KernelLaunch(k, [a_slot] + slots + (
