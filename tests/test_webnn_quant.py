@@ -160,7 +160,8 @@ def test_4bit_matmul_one_row(ctx_with, how, kind, k, n, zero_points, block):
         assert "dequantize_linear" in names and not any("gemv_q4" in x for x in names)
 
 
-def test_4bit_matmul_in_chunks_and_with_a_residual(ctx, monkeypatch):
+@pytest.mark.parametrize("how,kernel", [(None, "gemv_q4"), ("wide2_h", "gemv_q4_wide")])
+def test_4bit_matmul_in_chunks_and_with_a_residual(ctx_with, monkeypatch, how, kernel):
     """Columns beyond the binding limit run as chunks, each at its offset."""
     from backends.webnn.wgpu_impl import lowering
 
@@ -171,9 +172,11 @@ def test_4bit_matmul_in_chunks_and_with_a_residual(ctx, monkeypatch):
         return real(plan, *args)
 
     monkeypatch.setattr(lowering, "_lower_q4", small)
+    ctx = ctx_with(q4_gemv=how)
     got, want, names = _q4_matmul(ctx, "int4", 128, 50, True, residual=True)
-    assert names.count("gemv_q4") == 4
-    assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
+    assert names.count(kernel) == 4
+    tol = _F16_PRODUCTS if how and ctx._target.f16 else 1e-5
+    assert np.max(np.abs(got - want)) <= tol * np.max(np.abs(want))
 
 
 def _onnx_dq_matmul(k: int, n: int, zero_point: bool):
@@ -221,7 +224,7 @@ def test_converter_maps_blocked_dequantizelinear(ctx, zero_point):
     assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
 
 
-@pytest.mark.parametrize("q4", [None, "multi", "multi3_l8"])
+@pytest.mark.parametrize("q4", [None, "multi", "multi3_l8", "wide2_h"])
 @pytest.mark.parametrize("gemv,gemvs", [("rows", 2), ("cols", 4)])
 def test_4bit_projections_stack_and_take_the_residual(ctx_with, gemv, gemvs, q4):
     """A layer's shape in small: with the GPU gemv passes (rows), q, k, v of one vector in
@@ -257,14 +260,16 @@ def test_4bit_projections_stack_and_take_the_residual(ctx_with, gemv, gemvs, q4)
     t_out = {n: ctx.create_tensor(data_type="float32", shape=o.shape, readable=True)
              for n, o in outs.items()}
     ctx.dispatch(g, {"x": t_in}, t_out)
+    tol = _F16_PRODUCTS if q4 and q4.endswith("_h") and ctx._target.f16 else 1e-5
     for n, t in t_out.items():
         got = ctx.read_tensor(t)
-        assert np.max(np.abs(got - wants[n])) <= 1e-5 * np.max(np.abs(wants[n])), n
+        assert np.max(np.abs(got - wants[n])) <= tol * np.max(np.abs(wants[n])), n
     names = [la.kernel.name for la in g._plan.launches]
     q4s = [x for x in names if x.startswith("gemv_q4")]
     assert len(q4s) == gemvs and len(names) == gemvs + 1, names
     if q4:  # the several-rows kernel where the block is 32 (not the block-8 o projection)
-        assert q4s.count("gemv_q4_multi") == gemvs - 1, names
+        kernel = "gemv_q4_wide" if q4.startswith("wide") else "gemv_q4_multi"
+        assert q4s.count(kernel) == gemvs - 1, names
 
 
 @pytest.mark.parametrize("gemv,q4", [(None, None), ("rows_sh", None), ("rows_sh", "multi"),
@@ -330,8 +335,8 @@ def test_dequantize_linear_validation_as_wpt(ctx):
 @pytest.mark.adapter_feature("shader-f16")
 @pytest.mark.parametrize("kind,k,n,residual", [("int4", 64, 40, False), ("int4", 320, 130, True),
                                                ("uint4", 96, 33, True)])
-@pytest.mark.parametrize("cpu", [True, False])
-@pytest.mark.parametrize("q4", [None, "multi"])
+@pytest.mark.parametrize("cpu,q4", [(True, None), (False, None), (True, "multi"),
+                                    (False, "multi"), (False, "wide2_h"), (True, "multi_h")])
 def test_4bit_matmul_on_float16_activations(ctx_with, monkeypatch, kind, k, n, residual, cpu,
                                             q4):
     """A float16 model's projection: float16 row, float16 scales, float16 result (+ a float16
@@ -339,18 +344,21 @@ def test_4bit_matmul_on_float16_activations(ctx_with, monkeypatch, kind, k, n, r
     fused kernel still reads the codes (no dequantize launch), on CPU and GPU targets (whose
     residual epilogue a decoder's plan checks: tests/test_pages.py). Against float64 NumPy
     on the same float16 values, within one float16 rounding of each add."""
-    from backends.webnn.wgpu_impl.target import Target
+    import dataclasses
 
     ctx = ctx_with(q4_gemv=q4)
-    monkeypatch.setattr(ctx, "_target", Target(cpu=cpu, subgroup=ctx._target.subgroup))
+    monkeypatch.setattr(ctx, "_target", dataclasses.replace(ctx._target, cpu=cpu))
     got, want, names = _q4_matmul(ctx, kind, k, n, False, residual and "input", dt="float16")
     assert got.dtype == np.float16
-    multi = q4 == "multi" or (q4 is None and not cpu)  # unset: "multi" on GPU targets
-    assert ("gemv_q4_multi" if multi else "gemv_q4") in names, names
+    multi = (q4 or "").startswith("multi") or (q4 is None and not cpu)  # unset: GPU "multi"
+    wide = (q4 or "").startswith("wide")
+    assert ("gemv_q4_wide" if wide else "gemv_q4_multi" if multi else "gemv_q4") in names, names
     assert not any("dequantize" in x for x in names), names
-    # the product rounded to float16 (half a ULP), then the add's rounding (half a ULP)
+    # the product rounded to float16 (half a ULP), then the add's rounding (half a ULP);
+    # float16 products (``_h``) their own error on top (``_F16_PRODUCTS``)
     ulp = np.spacing(np.abs(want).astype(np.float16)).astype(np.float64)
-    assert np.all(np.abs(got - want) <= (1.0 + residual) * ulp + 1e-5 * np.abs(want).max())
+    rel = _F16_PRODUCTS if (q4 or "").endswith("_h") else 1e-5
+    assert np.all(np.abs(got - want) <= (1.0 + residual) * ulp + rel * np.abs(want).max())
 
 
 #: llama-1b's 4-bit launches (K, N): q/k/v stacked, o, gate/up stacked, down, the head
