@@ -427,10 +427,11 @@ def test_4bit_matmul_at_llama_shapes(ctx_with, how, K, N):
 def test_4bit_wide_and_half_at_llama_shapes(ctx_with, subgroup_size, monkeypatch, how, sub,
                                             K, N):
     """The wide variants (every code load in flight) and float16 products at llama-1b's
-    launch shapes but gate/up and the head (only N differs from q/k/v's: the head's chunks
-    ``test_4bit_matmul_in_chunks...`` covers) and odd ones (rows not dividing N, K = 1024: one subgroup a row group on a 32-wide GPU),
-    sums through workgroup memory or (``sub``) subgroupAdd at the adapter's own width.
-    Against float64 NumPy; with float16 products within the worst case
+    launch shapes but gate/up and the head (only N differs from q/k/v's: the head's
+    chunks ``test_4bit_matmul_in_chunks...`` covers) and odd ones (rows not dividing N,
+    K = 1024: one subgroup a row group on a 32-wide GPU), sums through workgroup memory
+    or (``sub``) subgroupAdd at the adapter's own width. Against float64 NumPy; with
+    float16 products within the worst case
     ``quant._unpack_half_fns`` states, per output (5 roundings of 2^-11 a product's
     magnitude), and the random-data bound ``_F16_PRODUCTS`` over all."""
     import dataclasses

@@ -214,20 +214,11 @@ def gemv_q4_multi(K: int, N: int, block: int, *, signed: bool, zero_points: bool
     per_wg = G * R
     gx, gy, _ = grid(N, per_wg)  # folded into y beyond the per-dimension limit
     use_sub = subgroup == lanes
-    src, binds = _q4_bindings("vec4<u32>", "u32" if half_scales else "f32", N, zero_points,
-                              residual, n_off, splits, half_out)
-    src += _unpack_half_fns(signed) if half else _unpack_biased_fns(signed)
-    src += _scale_fn(half_scales)
-    if not use_sub:
-        src += f"var<workgroup> sh: array<f32, {wg * R}>;\n"
-    src += (f"@compute @workgroup_size({wg})\n"
-            "fn main(@builtin(workgroup_id) wid: vec3<u32>, "
-            "@builtin(local_invocation_index) lid: u32) {\n"
-            f"  let g = lid / {lanes}u;\n  let t = lid % {lanes}u;\n"
-            f"  let n0 = (wid.y * {gx}u + wid.x) * {per_wg}u + g * {R}u;\n")
-    for j in range(R):
-        src += (f"  let r{j} = min(n0 + {j}u, {N - 1}u);\n  let wb{j} = r{j} * {units}u;\n"
-                f"  let sb{j} = r{j} * {nblocks}u;\n  var acc{j} = 0.0;\n")
+    src, binds = _rows_head(N, K, block, R, lanes, wg, gx, 0 if use_sub else wg * R,
+                            signed=signed, zero_points=zero_points, residual=residual,
+                            n_off=n_off, splits=splits, half_out=half_out,
+                            half_scales=half_scales, half=half)
+    src += "".join(f"  var acc{j} = 0.0;\n" for j in range(R))
     if unroll > 1:  # ``unroll`` steps an iteration, each its own loads, then the rest
         src += (f"  var k = t;\n  for (; k + {(unroll - 1) * lanes}u < {units}u; "
                 f"k = k + {unroll * lanes}u) {{\n")
@@ -250,10 +241,43 @@ def gemv_q4_multi(K: int, N: int, block: int, *, signed: bool, zero_points: bool
                 "  }\n")
     src += "  let n = n0 + t;\n"
     src += gemv_write(f"t < {R}u", f"{n_off}u + n", N, residual, splits, half_out)
-    traffic = 4 * K + N * K // 2 + N * nblocks * ((2 if half_scales else 4)
-                                                  + (4 if zero_points else 0)) \
+    return Kernel("gemv_q4_multi", src, binds, (gx, gy, 1),
+                  _q4_traffic(K, N, nblocks, zero_points, residual, half_out, half_scales))
+
+
+def _rows_head(N: int, K: int, block: int, R: int, lanes: int, wg: int, gx: int, shared: int,
+               *, signed: bool, zero_points: bool, residual: bool, n_off: int,
+               splits: Sequence[int] | None, half_out: bool, half_scales: bool,
+               half: bool) -> tuple[str, list[str]]:
+    """The start of ``gemv_q4_multi`` and ``gemv_q4_wide`` (bindings, unpack and scale
+    functions, ``shared`` floats of workgroup memory where non-zero, the entry point up to
+    each of the group's ``R`` rows' code and scale offsets ``wb{j}``, ``sb{j}``: groups of
+    ``lanes`` invocations, ``wg`` a workgroup, ``gx`` workgroups along x) and the
+    bindings' access."""
+    src, binds = _q4_bindings("vec4<u32>", "u32" if half_scales else "f32", N, zero_points,
+                              residual, n_off, splits, half_out)
+    src += _unpack_half_fns(signed) if half else _unpack_biased_fns(signed)
+    src += _scale_fn(half_scales)
+    if shared:
+        src += f"var<workgroup> sh: array<f32, {shared}>;\n"
+    src += (f"@compute @workgroup_size({wg})\n"
+            "fn main(@builtin(workgroup_id) wid: vec3<u32>, "
+            "@builtin(local_invocation_index) lid: u32) {\n"
+            f"  let g = lid / {lanes}u;\n  let t = lid % {lanes}u;\n"
+            f"  let n0 = (wid.y * {gx}u + wid.x) * {(wg // lanes) * R}u + g * {R}u;\n")
+    for j in range(R):
+        src += (f"  let r{j} = min(n0 + {j}u, {N - 1}u);\n  let wb{j} = r{j} * {K // 32}u;\n"
+                f"  let sb{j} = r{j} * {K // block}u;\n")
+    return src, binds
+
+
+def _q4_traffic(K: int, N: int, nblocks: int, zero_points: bool, residual: bool,
+                half_out: bool, half_scales: bool) -> int:
+    """Bytes a 16-byte-load 4-bit product moves: the row, codes, scales (and zero-point
+    terms), the residual and the result."""
+    return 4 * K + N * K // 2 + N * nblocks * ((2 if half_scales else 4)
+                                               + (4 if zero_points else 0)) \
         + (2 if half_out else 4) * N * (2 if residual else 1)
-    return Kernel("gemv_q4_multi", src, binds, (gx, gy, 1), traffic)
 
 
 def _multi_step(k: str, tag: str, rows: int, per: int, zero_points: bool,
@@ -370,22 +394,11 @@ def gemv_q4_wide(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
     gx, gy, _ = grid(N, per_wg)
     use_sub = subgroup is not None and lanes % subgroup == 0
     nsub = lanes // subgroup if use_sub else 0
-    src, binds = _q4_bindings("vec4<u32>", "u32" if half_scales else "f32", N, zero_points,
-                              residual, n_off, splits, half_out)
-    src += _unpack_half_fns(signed) if half else _unpack_biased_fns(signed)
-    src += _scale_fn(half_scales)
-    if use_sub and nsub > 1:
-        src += f"var<workgroup> sh: array<f32, {G * R * nsub}>;\n"
-    elif not use_sub:
-        src += f"var<workgroup> sh: array<f32, {wg * R}>;\n"
-    src += (f"@compute @workgroup_size({wg})\n"
-            "fn main(@builtin(workgroup_id) wid: vec3<u32>, "
-            "@builtin(local_invocation_index) lid: u32) {\n"
-            f"  let g = lid / {lanes}u;\n  let t = lid % {lanes}u;\n"
-            f"  let n0 = (wid.y * {gx}u + wid.x) * {per_wg}u + g * {R}u;\n")
-    for j in range(R):
-        src += (f"  let r{j} = min(n0 + {j}u, {N - 1}u);\n  let wb{j} = r{j} * {units}u;\n"
-                f"  let sb{j} = r{j} * {nblocks}u;\n")
+    shared = (G * R * nsub if nsub > 1 else 0) if use_sub else wg * R
+    src, binds = _rows_head(N, K, block, R, lanes, wg, gx, shared, signed=signed,
+                            zero_points=zero_points, residual=residual, n_off=n_off,
+                            splits=splits, half_out=half_out, half_scales=half_scales,
+                            half=half)
     ragged = units % lanes != 0  # the last iteration's loads run past K on some lanes
     flip = " ^ vec4<u32>(0x88888888u)" if signed else ""  # _unpack_biased_fns
     for i in range(iters):  # every code load first, then scales and inputs
@@ -443,7 +456,5 @@ def gemv_q4_wide(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
         src += (f"  var s = 0.0;\n  if (t < {R}u) {{ s = sh[t * {wg}u + g * {lanes}u]; }}\n")
     src += "  let n = n0 + t;\n"
     src += gemv_write(f"t < {R}u", f"{n_off}u + n", N, residual, splits, half_out)
-    traffic = 4 * K + N * K // 2 + N * nblocks * ((2 if half_scales else 4)
-                                                  + (4 if zero_points else 0)) \
-        + (2 if half_out else 4) * N * (2 if residual else 1)
-    return Kernel("gemv_q4_wide", src, binds, (gx, gy, 1), traffic)
+    return Kernel("gemv_q4_wide", src, binds, (gx, gy, 1),
+                  _q4_traffic(K, N, nblocks, zero_points, residual, half_out, half_scales))
