@@ -422,6 +422,7 @@ def test_4bit_matmul_at_llama_shapes(ctx_with, how, K, N):
     ("wide2_k2", True, 2048, 2048), ("wide2_k2", True, 8192, 1000),
     ("wide4", True, 2048, 3072), ("wide4", True, 8192, 2048),
     ("wide2_h", True, 2048, 3072), ("wide2_h", True, 8192, 2048), ("wide4_h", True, 1024, 77),
+    ("wide3_k2_h", True, 512, 45),
     ("wide_h", False, 2048, 2048), ("wide_h", False, 8192, 1000),
     ("multi_h", False, 2048, 3072), ("multi_h", False, 8192, 2048)])
 def test_4bit_wide_and_half_at_llama_shapes(ctx_with, subgroup_size, monkeypatch, how, sub,
@@ -429,8 +430,9 @@ def test_4bit_wide_and_half_at_llama_shapes(ctx_with, subgroup_size, monkeypatch
     """The wide variants (every code load in flight) and float16 products at llama-1b's
     launch shapes but gate/up and the head (only N differs from q/k/v's: the head's
     chunks ``test_4bit_matmul_in_chunks...`` covers) and odd ones (rows not dividing N,
-    K = 1024: one subgroup a row group on a 32-wide GPU), sums through workgroup memory
-    or (``sub``) subgroupAdd at the adapter's own width. Against float64 NumPy; with
+    K = 1024: one subgroup a row group on a 32-wide GPU; K = 512 over 2 loads: on
+    lavapipe's 8-wide subgroups), sums through workgroup memory or (``sub``) subgroupAdd
+    at the adapter's own width. Against float64 NumPy; with
     float16 products within the worst case
     ``quant._unpack_half_fns`` states, per output (5 roundings of 2^-11 a product's
     magnitude), and the random-data bound ``_F16_PRODUCTS`` over all."""
