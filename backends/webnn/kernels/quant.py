@@ -392,9 +392,8 @@ def gemv_q4_wide(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
     G = max(1, 256 // lanes)
     wg, per_wg = G * lanes, G * R
     gx, gy, _ = grid(N, per_wg)
-    use_sub = subgroup is not None and lanes % subgroup == 0
-    nsub = lanes // subgroup if use_sub else 0
-    shared = (G * R * nsub if nsub > 1 else 0) if use_sub else wg * R
+    sub = subgroup if subgroup is not None and lanes % subgroup == 0 else None
+    shared = wide_shared(R, lanes, wg, sub)
     src, binds = _rows_head(N, K, block, R, lanes, wg, gx, shared, signed=signed,
                             zero_points=zero_points, residual=residual, n_off=n_off,
                             splits=splits, half_out=half_out, half_scales=half_scales,
@@ -430,6 +429,22 @@ def gemv_q4_wide(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
             src += f" + z{j}_{i} * sa_{i};\n" if zero_points else ";\n"
         if last:
             src += "  }\n"
+    src += _group_sums(R, lanes, wg, sub)
+    src += "  let n = n0 + t;\n"
+    src += gemv_write(f"t < {R}u", f"{n_off}u + n", N, residual, splits, half_out)
+    return Kernel("gemv_q4_wide", src, binds, (gx, gy, 1),
+                  _q4_traffic(K, N, nblocks, zero_points, residual, half_out, half_scales))
+
+
+def _group_sums(R: int, lanes: int, wg: int, subgroup: int | None) -> str:
+    """WGSL: the ``R`` sums ``acc{j}`` of a group of ``lanes`` invocations (``wg`` a
+    workgroup) combined into ``s`` on lane j for row j: ``subgroupAdd`` where ``subgroup``
+    (dividing ``lanes``; then one value a subgroup through workgroup memory ``sh``, which
+    the kernel declares, G · R · lanes / subgroup floats), else a tree in ``sh``
+    (``wg · R`` floats)."""
+    src = ""
+    use_sub = subgroup is not None
+    nsub = lanes // subgroup if subgroup else 0
     if use_sub:
         src += "".join(f"  let s{j} = subgroupAdd(acc{j});\n" for j in range(R))
         if nsub == 1:
@@ -454,7 +469,12 @@ def gemv_q4_wide(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
             src += "  }\n  workgroupBarrier();\n"
             h //= 2
         src += (f"  var s = 0.0;\n  if (t < {R}u) {{ s = sh[t * {wg}u + g * {lanes}u]; }}\n")
-    src += "  let n = n0 + t;\n"
-    src += gemv_write(f"t < {R}u", f"{n_off}u + n", N, residual, splits, half_out)
-    return Kernel("gemv_q4_wide", src, binds, (gx, gy, 1),
-                  _q4_traffic(K, N, nblocks, zero_points, residual, half_out, half_scales))
+    return src
+
+
+def wide_shared(R: int, lanes: int, wg: int, subgroup: int | None) -> int:
+    """Floats of workgroup memory ``_group_sums`` needs (0: none)."""
+    if subgroup is None:
+        return wg * R
+    nsub = lanes // subgroup
+    return (wg // lanes) * R * nsub if nsub > 1 else 0
