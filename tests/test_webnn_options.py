@@ -25,7 +25,8 @@ ACCEPTED = {
     "f16_loads": ["wide", "vec4"],
     "read_copy": ["dispatch", "separate", "separate_sync"],
     "q4_gemv": ["fused", "generic", "multi", "multi8", "multi2_l8", "multi4_l16_g4_u2", "multi_u4",
-                "multi_h", "multi2_u2_h", "wide", "wide2", "wide4_k2", "wide_h", "wide2_k4_h"],
+                "multi_h", "multi2_u2_h", "wide", "wide2", "wide4_k2", "wide_h", "wide2_k4_h",
+                "quad", "quad_k2", "quad_h", "quad_k4_h"],
     "pass_calls": ["direct", "wgpu-py"],
     "map_wait": ["spin", "caller", "thread"],
     "queue_calls": ["direct", "direct_maps", "wgpu-py"],
@@ -38,7 +39,7 @@ REFUSED = {
     "read_copy": ["sync"],
     "q4_gemv": ["dequantize", "", "multi0", "multi_l3", "multi8_l4", "multi_l32_g16", "multi_u5",
                 "multi17_l32", "multi_hh", "wide0", "wide5", "wide_k0", "wide_k5", "wide_h2",
-                "widest"],
+                "widest", "quad2", "quad_k0", "quad_k5", "quad_l8"],
     "pass_calls": ["raw", ""],
     "map_wait": ["poll", ""],
     "queue_calls": ["raw", ""],
@@ -122,3 +123,6 @@ def test_float16_products_only_where_the_adapter_has_them():
     assert KernelOptions(q4_gemv="multi_h").q4_multi(without) == (4, 32, None, 1, False)
     assert KernelOptions(q4_gemv="multi").q4_wide(with_f16) is None
     assert KernelOptions(q4_gemv="wide").q4_multi(with_f16) is None
+    assert KernelOptions(q4_gemv="quad_k2_h").q4_quad(with_f16) == (2, True)
+    assert KernelOptions(q4_gemv="quad_k2_h").q4_quad(without) == (2, False)
+    assert KernelOptions(q4_gemv="quad").q4_wide(with_f16) is None

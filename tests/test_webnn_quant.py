@@ -137,7 +137,8 @@ def _q4_matmul(ctx, kind, k, n, zero_points, residual=False, block=32, dt="float
     ("int4", 64, 40, False, 32), ("int4", 96, 7, True, 32), ("uint4", 320, 130, True, 32),
     ("uint4", 128, 33, False, 32), ("int4", 40, 9, True, 8), ("uint4", 48, 11, False, 16)])
 @pytest.mark.parametrize("how", ["fused", "generic", "multi", "multi3_l8_u2", "multi8_l16_g2",
-                                 "multi_u3", "multi2_u2_h", "wide", "wide3_k2_h"])
+                                 "multi_u3", "multi2_u2_h", "wide", "wide3_k2_h", "quad_k2",
+                                 "quad_h"])
 def test_4bit_matmul_one_row(ctx_with, how, kind, k, n, zero_points, block):
     """matmul(vector, dequantizeLinear(4-bit weights)): fused, the codes are read and no
     float weights are written (no dequantize launch; 16-byte loads where the block is a
@@ -150,17 +151,18 @@ def test_4bit_matmul_one_row(ctx_with, how, kind, k, n, zero_points, block):
     assert np.max(np.abs(got - want)) <= (_F16_PRODUCTS if half else 1e-5) * np.max(np.abs(want))
     if how == "fused":
         assert names == ["gemv_q4"]
-    elif how.startswith(("multi", "wide")):  # 16-byte loads only: word-wide blocks stay fused
+    elif how.startswith(("multi", "wide", "quad")):  # 16-byte loads: word blocks stay fused
         m = WIDE_VARIANT.fullmatch(how)  # (wide) at most a row an invocation
         fits = block % 32 == 0 and (m is None or int(m.group(1) or 1) <= QK.wide_lanes(
             k, int(m.group(2) or 1)))
-        kernel = "gemv_q4_multi" if how.startswith("multi") else "gemv_q4_wide"
+        kernel = "gemv_q4_" + how[:5].rstrip("0123456789_")
         assert names == [kernel if fits else "gemv_q4"], names
     else:
         assert "dequantize_linear" in names and not any("gemv_q4" in x for x in names)
 
 
-@pytest.mark.parametrize("how,kernel", [(None, "gemv_q4"), ("wide2_h", "gemv_q4_wide")])
+@pytest.mark.parametrize("how,kernel", [(None, "gemv_q4"), ("wide2_h", "gemv_q4_wide"),
+                                        ("quad", "gemv_q4_quad")])
 def test_4bit_matmul_in_chunks_and_with_a_residual(ctx_with, monkeypatch, how, kernel):
     """Columns beyond the binding limit run as chunks, each at its offset."""
     from backends.webnn.wgpu_impl import lowering
@@ -175,7 +177,7 @@ def test_4bit_matmul_in_chunks_and_with_a_residual(ctx_with, monkeypatch, how, k
     ctx = ctx_with(q4_gemv=how)
     got, want, names = _q4_matmul(ctx, "int4", 128, 50, True, residual=True)
     assert names.count(kernel) == 4
-    tol = _F16_PRODUCTS if how and ctx._target.f16 else 1e-5
+    tol = _F16_PRODUCTS if how and how.endswith("_h") and ctx._target.f16 else 1e-5
     assert np.max(np.abs(got - want)) <= tol * np.max(np.abs(want))
 
 
@@ -224,7 +226,7 @@ def test_converter_maps_blocked_dequantizelinear(ctx, zero_point):
     assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
 
 
-@pytest.mark.parametrize("q4", [None, "multi", "multi3_l8", "wide2_h"])
+@pytest.mark.parametrize("q4", [None, "multi", "multi3_l8", "wide2_h", "quad_h"])
 @pytest.mark.parametrize("gemv,gemvs", [("rows", 2), ("cols", 4)])
 def test_4bit_projections_stack_and_take_the_residual(ctx_with, gemv, gemvs, q4):
     """A layer's shape in small: with the GPU gemv passes (rows), q, k, v of one vector in
@@ -268,13 +270,12 @@ def test_4bit_projections_stack_and_take_the_residual(ctx_with, gemv, gemvs, q4)
     q4s = [x for x in names if x.startswith("gemv_q4")]
     assert len(q4s) == gemvs and len(names) == gemvs + 1, names
     if q4:  # the several-rows kernel where the block is 32 (not the block-8 o projection)
-        kernel = "gemv_q4_wide" if q4.startswith("wide") else "gemv_q4_multi"
-        assert q4s.count(kernel) == gemvs - 1, names
+        assert q4s.count("gemv_q4_" + q4[:5].rstrip("0123456789_")) == gemvs - 1, names
 
 
 @pytest.mark.parametrize("gemv,q4", [(None, None), ("rows_sh", None), ("rows_sh", "multi"),
                                      (None, "multi2_l8"), ("rows_sh", "wide2"),
-                                     ("rows_sh", "wide_h")])
+                                     ("rows_sh", "wide_h"), ("rows_sh", "quad")])
 @pytest.mark.parametrize("page", ["wgpu:stateful", "wgpu:stateless"])
 def test_q4_pages_match_the_reference(page, gemv, q4):
     """tiny+q4's standard graph on the pages, the adapter's gemv kernels and the GPU ones
@@ -296,8 +297,7 @@ def test_q4_pages_match_the_reference(page, gemv, q4):
         plan = b.converted.graph._plan
         names = [la.kernel.name for la in plan.launches if hasattr(la, "kernel")]
         assert "dequantize_linear" not in names
-        assert {"multi": "gemv_q4_multi", "wide": "gemv_q4_wide"}.get(
-            (q4 or "")[:5].rstrip("0123456789_"), "gemv_q4") in names, names
+        assert ("gemv_q4_" + q4[:5].rstrip("0123456789_") if q4 else "gemv_q4") in names
         if gemv:
             assert max(len(g) for g in plan.stacked.values()) >= 3
             assert len([g for g in plan.epilogue if g in plan.q4]) >= 2 * len(wl.config.layers)
@@ -341,7 +341,8 @@ def test_dequantize_linear_validation_as_wpt(ctx):
 @pytest.mark.parametrize("kind,k,n,residual", [("int4", 64, 40, False), ("int4", 320, 130, True),
                                                ("uint4", 96, 33, True)])
 @pytest.mark.parametrize("cpu,q4", [(True, None), (False, None), (True, "multi"),
-                                    (False, "multi"), (False, "wide2_h"), (True, "multi_h")])
+                                    (False, "multi"), (False, "wide2_h"), (True, "multi_h"),
+                                    (False, "quad_h")])
 def test_4bit_matmul_on_float16_activations(ctx_with, monkeypatch, kind, k, n, residual, cpu,
                                             q4):
     """A float16 model's projection: float16 row, float16 scales, float16 result (+ a float16
@@ -355,9 +356,9 @@ def test_4bit_matmul_on_float16_activations(ctx_with, monkeypatch, kind, k, n, r
     monkeypatch.setattr(ctx, "_target", dataclasses.replace(ctx._target, cpu=cpu))
     got, want, names = _q4_matmul(ctx, kind, k, n, False, residual and "input", dt="float16")
     assert got.dtype == np.float16
-    multi = (q4 or "").startswith("multi") or (q4 is None and not cpu)  # unset: GPU "multi"
-    wide = (q4 or "").startswith("wide")
-    assert ("gemv_q4_wide" if wide else "gemv_q4_multi" if multi else "gemv_q4") in names, names
+    chosen = q4 or ("fused" if cpu else "multi")  # unset: "multi" on GPU targets
+    assert ("gemv_q4" if chosen == "fused" else "gemv_q4_" + chosen[:5].rstrip("0123456789_")
+            ) in names, names
     assert not any("dequantize" in x for x in names), names
     # the product rounded to float16 (half a ULP), then the add's rounding (half a ULP);
     # float16 products (``_h``) their own error on top (``_F16_PRODUCTS``)
@@ -424,7 +425,9 @@ def test_4bit_matmul_at_llama_shapes(ctx_with, how, K, N):
     ("wide2_h", True, 2048, 3072), ("wide2_h", True, 8192, 2048), ("wide4_h", True, 1024, 77),
     ("wide3_k2_h", True, 512, 45),
     ("wide_h", False, 2048, 2048), ("wide_h", False, 8192, 1000),
-    ("multi_h", False, 2048, 3072), ("multi_h", False, 8192, 2048)])
+    ("multi_h", False, 2048, 3072), ("multi_h", False, 8192, 2048),
+    ("quad", True, 2048, 3072), ("quad_k2", False, 8192, 1000), ("quad_h", True, 8192, 2048),
+    ("quad_k4_h", False, 1024, 77), ("quad_k2", True, 512, 45)])
 def test_4bit_wide_and_half_at_llama_shapes(ctx_with, subgroup_size, monkeypatch, how, sub,
                                             K, N):
     """The wide variants (every code load in flight) and float16 products at llama-1b's
@@ -445,8 +448,7 @@ def test_4bit_wide_and_half_at_llama_shapes(ctx_with, subgroup_size, monkeypatch
         monkeypatch.setattr(ctx, "_target", dataclasses.replace(ctx._target, cpu=False,
                                                                 subgroup=subgroup_size))
     got, kernels, x, codes, scale = _q4_llama(ctx, K, N)
-    assert [k.name for k in kernels] == ["gemv_q4_wide" if how.startswith("wide")
-                                         else "gemv_q4_multi"]
+    assert [k.name for k in kernels] == ["gemv_q4_" + how[:5].rstrip("0123456789_")]
     assert ("subgroupAdd" in kernels[0].wgsl) == sub
     w = codes * np.repeat(scale.astype(np.float64), 32, axis=0)
     x64 = x.astype(np.float64)

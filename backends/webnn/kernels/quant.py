@@ -248,12 +248,12 @@ def gemv_q4_multi(K: int, N: int, block: int, *, signed: bool, zero_points: bool
 def _rows_head(N: int, K: int, block: int, R: int, lanes: int, wg: int, gx: int, shared: int,
                *, signed: bool, zero_points: bool, residual: bool, n_off: int,
                splits: Sequence[int] | None, half_out: bool, half_scales: bool,
-               half: bool) -> tuple[str, list[str]]:
+               half: bool, row_offsets: bool = True) -> tuple[str, list[str]]:
     """The start of ``gemv_q4_multi`` and ``gemv_q4_wide`` (bindings, unpack and scale
     functions, ``shared`` floats of workgroup memory where non-zero, the entry point up to
     each of the group's ``R`` rows' code and scale offsets ``wb{j}``, ``sb{j}``: groups of
-    ``lanes`` invocations, ``wg`` a workgroup, ``gx`` workgroups along x) and the
-    bindings' access."""
+    ``lanes`` invocations, ``wg`` a workgroup, ``gx`` workgroups along x; without
+    ``row_offsets``, up to the group's first row ``n0``) and the bindings' access."""
     src, binds = _q4_bindings("vec4<u32>", "u32" if half_scales else "f32", N, zero_points,
                               residual, n_off, splits, half_out)
     src += _unpack_half_fns(signed) if half else _unpack_biased_fns(signed)
@@ -265,7 +265,7 @@ def _rows_head(N: int, K: int, block: int, R: int, lanes: int, wg: int, gx: int,
             "@builtin(local_invocation_index) lid: u32) {\n"
             f"  let g = lid / {lanes}u;\n  let t = lid % {lanes}u;\n"
             f"  let n0 = (wid.y * {gx}u + wid.x) * {(wg // lanes) * R}u + g * {R}u;\n")
-    for j in range(R):
+    for j in range(R if row_offsets else 0):
         src += (f"  let r{j} = min(n0 + {j}u, {N - 1}u);\n  let wb{j} = r{j} * {K // 32}u;\n"
                 f"  let sb{j} = r{j} * {K // block}u;\n")
     return src, binds
@@ -478,3 +478,86 @@ def wide_shared(R: int, lanes: int, wg: int, subgroup: int | None) -> int:
         return wg * R
     nsub = lanes // subgroup
     return (wg // lanes) * R * nsub if nsub > 1 else 0
+
+
+#: rows whose code words ``gemv_q4_quad`` reads in one 16-byte load
+QUAD = 4
+
+
+def quad_lanes(K: int, loads: int = 1) -> int:
+    """Invocations sharing a group of ``QUAD`` rows in ``gemv_q4_quad``: enough that each
+    makes ``loads`` 16-byte loads (a power of two, at most 256; beyond, each loads more)."""
+    words = -(-(K // 8) // loads)
+    lanes = 1
+    while lanes < min(words, 256):
+        lanes *= 2
+    return lanes
+
+
+def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
+                 loads: int = 1, subgroup: int | None = None, residual: bool = False,
+                 n_off: int = 0, splits: Sequence[int] | None = None,
+                 half_out: bool = False, half_scales: bool = False,
+                 half: bool = False) -> Kernel:
+    """The product ``gemv_q4`` computes, the codes of ``QUAD`` rows interleaved by word
+    (``match_q4.interleave_rows``): one 16-byte load is 8 codes of each of 4 rows at the
+    same 8 inputs, so an invocation's input is 2 ``vec4`` (32 bytes, adjacent
+    invocations' adjacent: coalesced), not the 8 scattered ones (128 bytes at a 128-byte
+    stride across a warp: a cache line per invocation) that a 32-code load of one row
+    needs in ``multi`` and ``wide``. Bindings as ``gemv_q4_multi``'s but ``b`` (N/4, K/8)
+    ``vec4<u32>`` (row 4g + r's word j in component r of element g·K/8 + j) and ``sc``
+    (and ``zc``) (N/4, K/block, 4) (N padded to a multiple of 4 with zero codes). Each
+    invocation scales its 8 codes a row (the block spans 4 invocations). ``loads`` and
+    the group's width as ``gemv_q4_wide`` (all loads issued first, loop unrolled at build
+    time; ``quad_lanes``: 256 at K = 2048), sums as there (``_group_sums``); ``half``:
+    float16 pair products (``_unpack_half_fns``)."""
+    assert K % 32 == 0 and block % 32 == 0 and K % block == 0
+    words, nblocks, per = K // 8, K // block, block // 8
+    lanes = quad_lanes(K, loads)
+    iters = -(-words // lanes)
+    R, groups = QUAD, -(-N // QUAD)
+    G = max(1, 256 // lanes)
+    wg = G * lanes
+    gx, gy, _ = grid(N, G * R)
+    sub = subgroup if subgroup is not None and lanes % subgroup == 0 else None
+    src, binds = _rows_head(N, K, block, R, lanes, wg, gx, wide_shared(R, lanes, wg, sub),
+                            signed=signed, zero_points=zero_points, residual=residual,
+                            n_off=n_off, splits=splits, half_out=half_out,
+                            half_scales=half_scales, half=half, row_offsets=False)
+    src += f"  let q = min(n0 / {R}u, {groups - 1}u);\n"
+    ragged = words % lanes != 0
+    flip = " ^ vec4<u32>(0x88888888u)" if signed else ""  # _unpack_biased_fns
+    for i in range(iters):  # every code load first, then scales and inputs
+        last = ragged and i == iters - 1
+        src += (f"  let j_{i} = min(t + {i * lanes}u, {words - 1}u);\n" if last
+                else f"  let j_{i} = t + {i * lanes}u;\n")
+        src += f"  let w_{i} = b[q * {words}u + j_{i}]{flip};\n"
+    for i in range(iters):
+        src += f"  let sb_{i} = (q * {nblocks}u + j_{i} / {per}u) * {R}u;\n"
+        src += "".join(f"  let s{r}_{i} = scale(sb_{i} + {r}u);\n" for r in range(R))
+        if zero_points:
+            src += "".join(f"  let z{r}_{i} = zc[sb_{i} + {r}u];\n" for r in range(R))
+        src += f"  let lo_{i} = a[2u * j_{i}];\n  let hi_{i} = a[2u * j_{i} + 1u];\n"
+        if half:
+            src += (f"  let hlo_{i} = vec4<f16>(lo_{i});\n"
+                    f"  let hhi_{i} = vec4<f16>(hi_{i});\n")
+    src += "".join(f"  var acc{r} = 0.0;\n" for r in range(R))
+    for i in range(iters):
+        last = ragged and i == iters - 1
+        ind = "    " if last else "  "
+        if last:
+            src += f"  if (t + {i * lanes}u < {words}u) {{\n"
+        if zero_points:
+            src += f"{ind}let sa_{i} = dot(lo_{i} + hi_{i}, vec4<f32>(1.0));\n"
+        for r, c in enumerate("xyzw"):
+            dot = (f"hword(w_{i}.{c}, hlo_{i}, hhi_{i})" if half else
+                   f"dot(lo_{i}, lo(w_{i}.{c})) + dot(hi_{i}, hi(w_{i}.{c}))")
+            src += f"{ind}acc{r} = acc{r} + s{r}_{i} * ({dot})"
+            src += f" + z{r}_{i} * sa_{i};\n" if zero_points else ";\n"
+        if last:
+            src += "  }\n"
+    src += _group_sums(R, lanes, wg, sub)
+    src += "  let n = n0 + t;\n"
+    src += gemv_write(f"t < {R}u", f"{n_off}u + n", N, residual, splits, half_out)
+    return Kernel("gemv_q4_quad", src, binds, (gx, gy, 1),
+                  _q4_traffic(K, N, nblocks, zero_points, residual, half_out, half_scales))

@@ -121,6 +121,17 @@ def repack_scales(w: Q4Weight, n0: int, nc: int, zero_terms: bool) -> np.ndarray
     return np.ascontiguousarray(s.T).reshape(-1)
 
 
+def interleave_rows(values: Any, rows: int, width: int = 4) -> np.ndarray:
+    """The (rows, per-row) 32-bit values made by ``values()`` (codes, scales) with ``width``
+    rows interleaved element by element, rows padded with zeros to a multiple of ``width``
+    (``quant.gemv_q4_quad``: one 16-byte load is a code word of each of 4 rows)."""
+    v = values().reshape(rows, -1)
+    pad = -rows % width
+    if pad:
+        v = np.concatenate([v, np.zeros((pad, v.shape[1]), v.dtype)])
+    return np.ascontiguousarray(v.reshape(-1, width, v.shape[1]).transpose(0, 2, 1)).reshape(-1)
+
+
 def packed_half(values: Any) -> np.ndarray:
     """Float32 values made by ``values()`` (float16 ones) as float16, two to a u32 word, the
     count padded to even (``gemv_q4_multi`` half_scales)."""

@@ -39,9 +39,14 @@ Q4_VARIANT = re.compile(r"multi(\d+)?(?:_l(\d+))?(?:_g(\d+))?(?:_u(\d+))?(_h)?")
 #: default 1; ``_h`` as for multi): ``kernels/quant.gemv_q4_wide``
 WIDE_VARIANT = re.compile(r"wide(\d+)?(?:_k(\d+))?(_h)?")
 
+#: q4_gemv's four-rows-a-load variants: ``quad[_kLOADS][_h]`` (16-byte loads, each a code
+#: word of 4 rows, an invocation makes, 1 to 4, default 1; ``_h`` as for multi):
+#: ``kernels/quant.gemv_q4_quad``
+QUAD_VARIANT = re.compile(r"quad(?:_k(\d+))?(_h)?")
+
 #: what a bad q4_gemv value is told it may be
 Q4_FORMS = ("'multi[ROWS][_lLANES][_gGROUPS][_uUNROLL][_h]' (e.g. 'multi', 'multi2_u2_h'), "
-            "'wide[ROWS][_kLOADS][_h]' (e.g. 'wide', 'wide2_h')")
+            "'wide[ROWS][_kLOADS][_h]' (e.g. 'wide', 'wide2_h'), 'quad[_kLOADS][_h]'")
 
 #: the accepted string values of each knob (None is always accepted: chosen per adapter);
 #: gemv, gdn and attention_splits are checked by their own rules in ``_check``
@@ -117,8 +122,9 @@ class KernelOptions:
     #: "multi[ROWS][_lLANES][_gGROUPS][_uUNROLL][_h]" (``Q4_VARIANT``: the same, ROWS rows an
     #: invocation, float16 scales read as pairs where exact; ``_h``: float16 products where the
     #: adapter has 'shader-f16', else without), "wide[ROWS][_kLOADS][_h]" (``WIDE_VARIANT``:
-    #: every code load of an invocation in flight at once), "generic" (dequantizeLinear writes
-    #: float weights, then matmul)
+    #: every code load of an invocation in flight at once), "quad[_kLOADS][_h]"
+    #: (``QUAD_VARIANT``: 4 rows' codes a load, coalesced inputs), "generic"
+    #: (dequantizeLinear writes float weights, then matmul)
     q4_gemv: str | None = None
     #: how a compute pass's launches are encoded (``engines.Engine.pass_calls``): None/"direct"
     #: (the engine's C functions called directly), "wgpu-py" (wgpu-py's pass methods)
@@ -197,6 +203,15 @@ class KernelOptions:
         return (int(m.group(1) or 1), int(m.group(2) or 1),
                 bool(m.group(3)) and t is not None and t.f16)
 
+    def q4_quad(self, t: Target | None = None) -> tuple[int, bool] | None:
+        """(16-byte loads an invocation, float16 products: only where the target has
+        'shader-f16') of ``kernels/quant.gemv_q4_quad``, or None where q4_gemv is not a
+        "quad" variant."""
+        m = QUAD_VARIANT.fullmatch(self.q4_gemv or "")
+        if m is None:
+            return None
+        return int(m.group(1) or 1), bool(m.group(2)) and t is not None and t.f16
+
     def gdn_variant(self, t: Target) -> tuple[int, bool, bool] | None:
         """(lanes per state row, sums through workgroup memory, fold q's and k's L2 norms) of
         the gated delta kernel, or None for the generic ops (by default the kernel on GPU
@@ -255,6 +270,9 @@ def _check(name: str, value: object) -> None:
             raise ValueError(f"KernelOptions.q4_gemv = {value!r}: lanes a power of two to "
                              "256, rows 1 to min(lanes, 16), groups · lanes at most 256, "
                              "unroll 1 to 4")
+    elif name == "q4_gemv" and QUAD_VARIANT.fullmatch(value):
+        if not 1 <= int(QUAD_VARIANT.fullmatch(value).group(1) or 1) <= 4:
+            raise ValueError(f"KernelOptions.q4_gemv = {value!r}: loads 1 to 4")
     elif name == "q4_gemv" and WIDE_VARIANT.fullmatch(value):
         m = WIDE_VARIANT.fullmatch(value)
         if not (1 <= int(m.group(1) or 1) <= 4 and 1 <= int(m.group(2) or 1) <= 4):
