@@ -534,7 +534,13 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
         src += f"  let w_{i} = b[q * {words}u + j_{i}]{flip};\n"
     for i in range(iters):
         src += f"  let sb_{i} = (q * {nblocks}u + j_{i} / {per}u) * {R}u;\n"
-        src += "".join(f"  let s{r}_{i} = scale(sb_{i} + {r}u);\n" for r in range(R))
+        if half_scales:  # the 4 rows' float16 scales: two words
+            src += (f"  let p01_{i} = unpack2x16float(sc[sb_{i} / 2u]);\n"
+                    f"  let p23_{i} = unpack2x16float(sc[sb_{i} / 2u + 1u]);\n"
+                    f"  let s0_{i} = p01_{i}.x;\n  let s1_{i} = p01_{i}.y;\n"
+                    f"  let s2_{i} = p23_{i}.x;\n  let s3_{i} = p23_{i}.y;\n")
+        else:
+            src += "".join(f"  let s{r}_{i} = scale(sb_{i} + {r}u);\n" for r in range(R))
         if zero_points:
             src += "".join(f"  let z{r}_{i} = zc[sb_{i} + {r}u];\n" for r in range(R))
         src += f"  let lo_{i} = a[2u * j_{i}];\n  let hi_{i} = a[2u * j_{i} + 1u];\n"
