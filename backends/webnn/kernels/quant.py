@@ -7,7 +7,7 @@ i / 8 (dtypes.py); ``uint8`` is one element a word.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .. import shapes as S
 from ..dtypes import dtype, packed_bytes
@@ -356,7 +356,11 @@ def wide_lanes(K: int, loads: int = 1) -> int:
     """Invocations sharing a row group in ``gemv_q4_wide``: enough that each makes
     ``loads`` 16-byte code loads a row (a power of two, at most 256; beyond, each loads
     more)."""
-    units = -(-(K // 32) // loads)
+    return _lanes_for(-(-(K // 32) // loads))
+
+
+def _lanes_for(units: int) -> int:
+    """The power of two at least ``units``, at most 256 (a workgroup)."""
     lanes = 1
     while lanes < min(units, 256):
         lanes *= 2
@@ -414,26 +418,49 @@ def gemv_q4_wide(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
         src += "".join(f"  let a{m}_{i} = a[8u * k_{i} + {m}u];\n" for m in range(8))
         if half:
             src += "".join(f"  let h{m}_{i} = vec4<f16>(a{m}_{i});\n" for m in range(8))
-    src += "".join(f"  var acc{j} = 0.0;\n" for j in range(R))
+
+    def step(i: int, ind: str) -> str:
+        out = (f"{ind}let sa_{i} = dot(" + " + ".join(f"a{m}_{i}" for m in range(8))
+               + ", vec4<f32>(1.0));\n") if zero_points else ""
+        return out + "".join(_acc(ind, j, i, _load_dot(f"w{j}_{i}", "h" if half else "a",
+                                                       f"_{i}", half), zero_points)
+                             for j in range(R))
+
+    src += _accumulate(R, iters, lanes, units, step)
+    return _group_kernel("gemv_q4_wide", src, binds, (gx, gy, 1), R, lanes, wg, sub, K, N,
+                         nblocks, zero_points=zero_points, residual=residual, n_off=n_off,
+                         splits=splits, half_out=half_out, half_scales=half_scales)
+
+
+def _accumulate(R: int, iters: int, lanes: int, units: int,
+                step: Callable[[int, str], str]) -> str:
+    """WGSL: ``R`` sums ``acc{j}`` over ``iters`` unrolled steps (``step(i, indent)``), the
+    last guarded where ``units`` loads do not fill every lane's (``lanes`` a group)."""
+    src = "".join(f"  var acc{j} = 0.0;\n" for j in range(R))
     for i in range(iters):
-        last = ragged and i == iters - 1
-        ind = "    " if last else "  "
-        if last:
-            src += f"  if (t + {i * lanes}u < {units}u) {{\n"
-        if zero_points:
-            src += (f"{ind}let sa_{i} = dot(" + " + ".join(f"a{m}_{i}" for m in range(8))
-                    + ", vec4<f32>(1.0));\n")
-        for j in range(R):
-            dots = _load_dot(f"w{j}_{i}", "h" if half else "a", f"_{i}", half)
-            src += f"{ind}acc{j} = acc{j} + s{j}_{i} * ({dots})"
-            src += f" + z{j}_{i} * sa_{i};\n" if zero_points else ";\n"
-        if last:
-            src += "  }\n"
-    src += _group_sums(R, lanes, wg, sub)
-    src += "  let n = n0 + t;\n"
-    src += gemv_write(f"t < {R}u", f"{n_off}u + n", N, residual, splits, half_out)
-    return Kernel("gemv_q4_wide", src, binds, (gx, gy, 1),
-                  _q4_traffic(K, N, nblocks, zero_points, residual, half_out, half_scales))
+        if units % lanes and i == iters - 1:
+            src += f"  if (t + {i * lanes}u < {units}u) {{\n{step(i, '    ')}  }}\n"
+        else:
+            src += step(i, "  ")
+    return src
+
+
+def _acc(ind: str, j: int, i: int, dots: str, zero_points: bool) -> str:
+    """WGSL: row j's sum plus step i's scaled dot (and zero-point term)."""
+    return (f"{ind}acc{j} = acc{j} + s{j}_{i} * ({dots})"
+            + (f" + z{j}_{i} * sa_{i};\n" if zero_points else ";\n"))
+
+
+def _group_kernel(name: str, src: str, binds: list[str], groups: tuple[int, int, int], R: int,
+                  lanes: int, wg: int, subgroup: int | None, K: int, N: int, nblocks: int, *,
+                  zero_points: bool, residual: bool, n_off: int,
+                  splits: Sequence[int] | None, half_out: bool, half_scales: bool) -> Kernel:
+    """``gemv_q4_wide``'s or ``gemv_q4_quad``'s kernel: ``src`` up to the sums, then the
+    group's sums (``_group_sums``) and lane j's write of row n0 + j (``gemv_write``)."""
+    src += (_group_sums(R, lanes, wg, subgroup) + "  let n = n0 + t;\n"
+            + gemv_write(f"t < {R}u", f"{n_off}u + n", N, residual, splits, half_out))
+    return Kernel(name, src, binds, groups, _q4_traffic(
+        K, N, nblocks, zero_points, residual, half_out, half_scales))
 
 
 def _group_sums(R: int, lanes: int, wg: int, subgroup: int | None) -> str:
@@ -487,11 +514,7 @@ QUAD = 4
 def quad_lanes(K: int, loads: int = 1) -> int:
     """Invocations sharing a group of ``QUAD`` rows in ``gemv_q4_quad``: enough that each
     makes ``loads`` 16-byte loads (a power of two, at most 256; beyond, each loads more)."""
-    words = -(-(K // 8) // loads)
-    lanes = 1
-    while lanes < min(words, 256):
-        lanes *= 2
-    return lanes
+    return _lanes_for(-(-(K // 8) // loads))
 
 
 def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
@@ -547,23 +570,14 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
         if half:
             src += (f"  let hlo_{i} = vec4<f16>(lo_{i});\n"
                     f"  let hhi_{i} = vec4<f16>(hi_{i});\n")
-    src += "".join(f"  var acc{r} = 0.0;\n" for r in range(R))
-    for i in range(iters):
-        last = ragged and i == iters - 1
-        ind = "    " if last else "  "
-        if last:
-            src += f"  if (t + {i * lanes}u < {words}u) {{\n"
-        if zero_points:
-            src += f"{ind}let sa_{i} = dot(lo_{i} + hi_{i}, vec4<f32>(1.0));\n"
-        for r, c in enumerate("xyzw"):
-            dot = (f"hword(w_{i}.{c}, hlo_{i}, hhi_{i})" if half else
-                   f"dot(lo_{i}, lo(w_{i}.{c})) + dot(hi_{i}, hi(w_{i}.{c}))")
-            src += f"{ind}acc{r} = acc{r} + s{r}_{i} * ({dot})"
-            src += f" + z{r}_{i} * sa_{i};\n" if zero_points else ";\n"
-        if last:
-            src += "  }\n"
-    src += _group_sums(R, lanes, wg, sub)
-    src += "  let n = n0 + t;\n"
-    src += gemv_write(f"t < {R}u", f"{n_off}u + n", N, residual, splits, half_out)
-    return Kernel("gemv_q4_quad", src, binds, (gx, gy, 1),
-                  _q4_traffic(K, N, nblocks, zero_points, residual, half_out, half_scales))
+    def step(i: int, ind: str) -> str:
+        out = (f"{ind}let sa_{i} = dot(lo_{i} + hi_{i}, vec4<f32>(1.0));\n"
+               if zero_points else "")
+        return out + "".join(_acc(ind, r, i, f"hword(w_{i}.{c}, hlo_{i}, hhi_{i})" if half else
+                                  f"dot(lo_{i}, lo(w_{i}.{c})) + dot(hi_{i}, hi(w_{i}.{c}))",
+                                  zero_points) for r, c in enumerate("xyzw"))
+
+    src += _accumulate(R, iters, lanes, words, step)
+    return _group_kernel("gemv_q4_quad", src, binds, (gx, gy, 1), R, lanes, wg, sub, K, N,
+                         nblocks, zero_points=zero_points, residual=residual, n_off=n_off,
+                         splits=splits, half_out=half_out, half_scales=half_scales)
