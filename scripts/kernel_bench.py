@@ -10,7 +10,7 @@ of a preset through the wgpu:stateful backend.
     .venv/bin/python scripts/kernel_bench.py --gemv-variants auto,legacy,cols,rows \
         --attn 512,2048,8192,16384 --step small,llama-1b:8192
     .venv/bin/python scripts/kernel_bench.py --gemv none --attn none --gemv-q4 all \
-        --q4-variants fused,multi,multi8 --step none          # the 4-bit kernels' A/B
+        --q4-variants multi,multi_h,wide2,wide2_h,quad,quad_h --step none  # 4-bit A/B
 """
 
 from __future__ import annotations
@@ -463,7 +463,9 @@ def main() -> None:
     ap.add_argument("--gemv-q4", default="none",
                     help="4-bit one-row products: 'all' (llama-1b's launches), 'none' or KxN,...")
     ap.add_argument("--q4-variants", default="fused,multi",
-                    help="q4_gemv values to time them with, comma list ('auto': as --option)")
+                    help="q4_gemv values to time them with, comma list ('auto': as --option): "
+                         "fused, multi[ROWS][_lLANES][_gGROUPS][_uUNROLL][_h], "
+                         "wide[ROWS][_kLOADS][_h], quad[_kLOADS][_h], generic")
     ap.add_argument("--attn", default="512,2048,8192,16384")
     ap.add_argument("--attn-variants", default="auto",
                     help="auto, or an attention knob value (flash, flash1, unfused, generic), "

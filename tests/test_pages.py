@@ -634,21 +634,22 @@ def test_one_launch_attention_pages_match_the_reference(name, mode):
 
 
 @pytest.mark.adapter_feature("shader-f16")
-@pytest.mark.parametrize("q4", [None, "fused"])
+@pytest.mark.parametrize("q4", [None, "fused", "wide2_h", "quad_h"])
 def test_q4f16_gpu_plan_launches_as_q4(monkeypatch, q4):
     """On a GPU target tiny+q4f16 plans as tiny+q4 but for one launch: q/k/v and gate/up
     stack, the norms are one launch each, the residual adds are the 4-bit kernel's float16
     epilogue (no launch rounds a product or adds), attention is the flash kernel, and the
-    steps still match the reference under the float16 tolerance; with either 4-bit kernel
-    (``q4``: the q4_gemv knob; unset: "multi" on a GPU target)."""
+    steps still match the reference under the float16 tolerance; with each 4-bit kernel
+    (``q4``: the q4_gemv knob; unset: "multi" on a GPU target; "wide2_h", "quad_h":
+    float16 products, within the same tolerance)."""
     import dataclasses
 
     from backends.webnn.wgpu_impl import context
     from backends.webnn.wgpu_impl.options import KernelOptions
 
     real = context.target_of
-    monkeypatch.setattr(context, "target_of", lambda a, s: dataclasses.replace(
-        real(a, s), cpu=False, max_storage=10, shared_bytes=32768))
+    monkeypatch.setattr(context, "target_of", lambda *args: dataclasses.replace(
+        real(*args), cpu=False, max_storage=10, shared_bytes=32768))
     launches = {}
     for name in ("tiny+q4", "tiny+q4f16"):
         wl = f16kv(name)
@@ -662,7 +663,8 @@ def test_q4f16_gpu_plan_launches_as_q4(monkeypatch, q4):
             b.close()
     half = launches["tiny+q4f16"]
     assert len(half) <= len(launches["tiny+q4"]) + 1, half
-    kernel = "gemv_q4" if q4 == "fused" else "gemv_q4_multi"
+    kernel = {"fused": "gemv_q4", "wide2_h": "gemv_q4_wide", "quad_h": "gemv_q4_quad"}.get(
+        q4 or "", "gemv_q4_multi")
     assert half.count(kernel) == launches["tiny+q4"].count(kernel) > 0
     assert "attention_flash" in half and not any("add" in n and "cast" in n for n in half)
 

@@ -36,7 +36,8 @@ OPTION_VALUES: dict[str, list[str | int | None]] = {
     "gemv_weights": [None, "f32", "f16"],
     "gdn": [None, "generic", "fused", "fused8", "fused64_sh", "fused_norms", "fused16_sh_norms"],
     "f16_loads": [None, "wide", "vec4"],
-    "q4_gemv": [None, "fused", "generic", "multi", "multi2_l8_u2", "multi8_l16_g2", "multi_u2"],
+    "q4_gemv": [None, "fused", "generic", "multi", "multi2_l8_u2", "multi8_l16_g2", "multi_u2",
+                "multi_h", "wide2_k2_h", "wide4", "quad_k2_h"],
 }
 
 
@@ -47,7 +48,7 @@ def _targets():
         "cpu": Target(cpu=True, shared_bytes=32768),
         "gpu": Target(cpu=False, subgroup=None, max_storage=8, shared_bytes=16384),
         "gpu-subgroup32": Target(cpu=False, subgroup=32, vendor="NVIDIA", max_storage=16,
-                                 shared_bytes=49152),
+                                 shared_bytes=49152, f16=True),
     }
 
 
