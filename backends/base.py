@@ -86,7 +86,9 @@ class Backend(ABC):
 
     @abstractmethod
     def step(self, token: int) -> np.ndarray:
-        """Feed one token at the current position; return float32 logits (vocab,) on the host."""
+        """Feed one token at the current position; return float32 logits (vocab,) on the host.
+        The array may be the backend's own, overwritten by its next step (a page reading
+        with ``readTensor(tensor, outputData)``): copy it to keep it."""
 
     @abstractmethod
     def reset(self) -> None:

@@ -475,6 +475,33 @@ class _OrtBackend(Backend):
     def _count_kernel(self) -> None:
         self.counters.kernel += self.kernel.at(self.position)
 
+    def _logits_array(self) -> tuple[np.ndarray, ort.OrtValue]:
+        """One host array for the logits, reused every step, and a CPU OrtValue over its
+        memory: as the WebNN pages read theirs (``readTensor(tensor, outputData)``), since a
+        fresh array a step is fresh heap the copy faults in (docs/measuring.md, "Host
+        time")."""
+        if getattr(self, "_logits_host", None) is None:
+            declared = {o.name: o.type for o in self.session.get_outputs()}.get("logits")
+            dtype = np.float16 if declared == "tensor(float16)" else np.float32
+            self._logits_host = np.empty((1, 1, self.vocab), dtype)
+            self._logits_host_value = ort.OrtValue.ortvalue_from_numpy(self._logits_host)
+        return self._logits_host, self._logits_host_value
+
+    def _read_logits(self, value: ort.OrtValue) -> np.ndarray:
+        """A device value's logits copied into the page's own host array
+        (``onnxruntime.copy_tensors``); where ORT has no such copy for the device,
+        ``numpy()`` (a fresh array a step). Which one ran: details["logits_read"]."""
+        if self.details.get("logits_read") != "numpy()":
+            host, host_value = self._logits_array()
+            try:
+                ort.copy_tensors([value], [host_value])
+                self.details["logits_read"] = "copy_tensors into one host array"
+                return host.reshape(-1).astype(np.float32, copy=False)
+            except (AttributeError, RuntimeError) as exc:
+                self.details["logits_read"] = "numpy()"
+                self.details["logits_read_reason"] = str(exc).splitlines()[0][:200]
+        return value.numpy().reshape(-1).astype(np.float32, copy=False)
+
     def close(self) -> None:
         self.session = None
 
@@ -554,11 +581,17 @@ class _IOBinding(_OrtBackend):
         for s in self.specs:
             io.bind_ortvalue_input(s.input, self.values[s.input])
         bound = ["logits"] + [self.present_of[s.input] for s in self.specs]
-        for name in bound:
+        # the CPU EP writes the logits into the page's array, where their width is known
+        on_host = self.provider != "webgpu" and self.vocab >= 1
+        if on_host:
+            host, host_value = self._logits_array()
+            io.bind_ortvalue_output("logits", host_value)
+        for name in bound[on_host:]:
             io.bind_output(name, self._device)
         self.session.run_with_iobinding(io)
         by_name = dict(zip(bound, io.get_outputs(), strict=True))  # in binding order
-        logits = by_name["logits"].numpy().reshape(-1)
+        logits = (host.reshape(-1).astype(np.float32, copy=False) if on_host
+                  else self._read_logits(by_name["logits"]))
         self.counters.d2h += logits.nbytes
         self._count_kernel()
         self.values = {s.input: by_name[self.present_of[s.input]] for s in self.specs}
@@ -614,9 +647,8 @@ class _Shared(_OrtBackend):
         if self.provider == "webgpu":
             self.logits = self.session.create_ortvalue_from_shape_and_type(
                 [1, 1, vocab], np.float32, "webgpu", 0)
-        else:
-            self.logits = ort.OrtValue.ortvalue_from_shape_and_type([1, 1, vocab], np.float32,
-                                                                     "cpu", 0)
+        else:  # the CPU EP writes the logits straight into the page's host array
+            self.logits = self._logits_array()[1]
         self.io = self.session.io_binding()
         for s in self.specs:
             self.io.bind_ortvalue_input(s.input, self.values[s.input])
@@ -651,7 +683,8 @@ class _Shared(_OrtBackend):
             self._feed(name, arr)
             self.counters.h2d += arr.nbytes
         self.session.run_with_iobinding(self.io)
-        logits = self.logits.numpy().reshape(-1)
+        logits = (self._read_logits(self.logits) if self.provider == "webgpu"
+                  else self._logits_host.reshape(-1).astype(np.float32, copy=False))
         self.counters.d2h += logits.nbytes
         self._count_kernel()
         self.position += 1

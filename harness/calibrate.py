@@ -71,6 +71,13 @@ def _git_commit() -> str | None:
         return None
 
 
+def provenance() -> dict:
+    """The code a measurement ran: the git commit (may read stale on a copied checkout) and
+    the source digest (always the code that ran). For scripts whose output is not a
+    results file."""
+    return {"git_commit": _git_commit(), "source_digest": source_digest()}
+
+
 def _ort_devices() -> list[str] | str:
     try:
         import onnxruntime as ort

@@ -20,6 +20,7 @@ import argparse
 import cProfile
 import json
 import os
+import resource
 import sys
 import time
 import traceback
@@ -31,6 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from backends.base import registry  # noqa: E402
 from backends.webnn.wgpu_impl.options import KernelOptions  # noqa: E402
+from harness.calibrate import provenance  # noqa: E402
 from harness.worker import host_breakdown  # noqa: E402
 from model.errors import UserError  # noqa: E402
 from model.workload import Workload, preset  # noqa: E402
@@ -82,10 +84,15 @@ def profile_point(name: str, capacity: int, page: str, steps: int, warm_steps: i
         queue = be.context.queue_counts
         submits, maps = queue.submits, queue.maps
         wall, gpu, host = [], [], []
+        kept = []  # each step's logits copied and kept, as the sweep's worker keeps them
+        faults = 0
         for _ in range(steps):
+            f1 = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
             t1 = time.perf_counter_ns()
             logits = be.step(tok % 100 + 1)
             wall.append((time.perf_counter_ns() - t1) / 1e6)
+            faults += resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - f1
+            kept.append(np.array(logits, np.float32, copy=True))
             tok += 1
             g = be.gpu_time_ms()
             if g is not None:
@@ -97,6 +104,9 @@ def profile_point(name: str, capacity: int, page: str, steps: int, warm_steps: i
             "launches": len(be.converted.graph._plan.launches),
             "submits_per_step": (queue.submits - submits) / steps,
             "maps_per_step": (queue.maps - maps) / steps,
+            # minor page faults of the stepping thread inside step() (fresh host memory
+            # touched on the step's path): docs/measuring.md "Host time"
+            "minor_faults_per_step": faults / steps,
             "wall_ms": round(float(np.median(wall)), 4),
             "host_breakdown_ms": host_breakdown(host, wall, gpu),
             "logits_finite": bool(np.isfinite(logits).all()),
@@ -154,6 +164,7 @@ def main() -> None:
         print(f"host_profile: {exc}", file=sys.stderr)
         sys.exit(2)
     out: list[dict] = []
+    prov = {**provenance(), "argv": sys.argv[1:]}
     for name, cap in points:
         for page in pages:
             for options in variants:
@@ -169,7 +180,7 @@ def main() -> None:
                 out.append(r)
                 if a.out:  # a timeout keeps the points done
                     with open(a.out, "w") as f:
-                        json.dump({"points": out}, f, indent=1)
+                        json.dump({"points": out, "provenance": prov}, f, indent=1)
     for r in out:  # one line a point, last, for a reader of the log's tail
         h = r.get("host_breakdown_ms", {})
         knobs = ",".join(f"{k}={v}" for k, v in r.get("options", {}).items() if v is not None)
@@ -181,7 +192,7 @@ def main() -> None:
                  f"wall {r['wall_ms']:.3f} GPU {r.get('gpu_ms', float('nan')):.3f} "
                  f"wall-GPU {h.get('wall_minus_gpu', float('nan')):.3f} | {parts} | encode "
                  f"{r['encode_ms']['min_per_launch_us']:.2f} us/launch"), file=sys.stderr)
-    print(json.dumps({"points": out}, indent=1))
+    print(json.dumps({"points": out, "provenance": prov}, indent=1))
 
 
 if __name__ == "__main__":

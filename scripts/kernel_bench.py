@@ -10,7 +10,7 @@ of a preset through the wgpu:stateful backend.
     .venv/bin/python scripts/kernel_bench.py --gemv-variants auto,legacy,cols,rows \
         --attn 512,2048,8192,16384 --step small,llama-1b:8192
     .venv/bin/python scripts/kernel_bench.py --gemv none --attn none --gemv-q4 all \
-        --q4-variants fused,multi,multi8 --step none          # the 4-bit kernels' A/B
+        --q4-variants multi,multi_h,wide2,wide2_h,quad,quad_h --step none  # 4-bit A/B
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from backends.webnn import MLGraphBuilder, ml  # noqa: E402
 from backends.webnn.wgpu_impl.options import KernelOptions  # noqa: E402
+from harness.calibrate import provenance  # noqa: E402
 
 GEMV_SHAPES = [(2048, 2048), (2048, 512), (2048, 8192), (8192, 2048), (2048, 128256)]
 #: llama-1b's 4-bit launches (K, N): q/k/v stacked, o, gate/up stacked, down, the head
@@ -232,13 +233,18 @@ def profile_launches(ctx, g, bound: dict) -> dict:
             items.append((la, ctx._resolve(g, la.src, bound, g._parity),
                           ctx._resolve(g, la.dst, bound, g._parity)))
     by: dict[str, list] = {}
+    by_grid: dict[str, list] = {}  # name and workgroup grid: one kernel's launch shapes apart
 
     def add(la, ms: float) -> None:
         copy = isinstance(la, CopyLaunch)
-        e = by.setdefault(COPY_NAME if copy else la.kernel.name, [0, 0.0, 0])
-        e[0] += 1
-        e[1] += ms
-        e[2] += 2 * la.nbytes if copy else la.kernel.bytes  # a copy reads and writes
+        name = COPY_NAME if copy else la.kernel.name
+        nbytes = 2 * la.nbytes if copy else la.kernel.bytes  # a copy reads and writes
+        keys = ((by, name), (by_grid, name if copy else f"{name} {la.kernel.groups}"))
+        for table, key in keys:
+            e = table.setdefault(key, [0, 0.0, 0])
+            e[0] += 1
+            e[1] += ms
+            e[2] += nbytes
 
     in_pass = "timestamp-query-inside-passes" in dev.features
     if in_pass:
@@ -297,9 +303,13 @@ def profile_launches(ctx, g, bound: dict) -> dict:
                 dt = int(t[1] - t[0]) / 1e6
                 best = dt if best is None else min(best, dt)
             add(la, best)
-    out = {k: {"n": v[0], "ms": round(v[1], 3), "bytes": v[2],
-               "GBps": round(v[2] / (v[1] * 1e-3) / 1e9, 2) if v[1] else None}
-           for k, v in sorted(by.items(), key=lambda kv: -kv[1][1])}
+    def table(t: dict[str, list]) -> dict:
+        return {k: {"n": v[0], "ms": round(v[1], 3), "bytes": v[2],
+                    "GBps": round(v[2] / (v[1] * 1e-3) / 1e9, 2) if v[1] else None}
+                for k, v in sorted(t.items(), key=lambda kv: -kv[1][1])}
+
+    out = table(by)
+    out["_by_grid"] = table(by_grid)
     out["_method"] = "in-pass timestamps" if in_pass else "one pass per launch"
     return out
 
@@ -453,7 +463,9 @@ def main() -> None:
     ap.add_argument("--gemv-q4", default="none",
                     help="4-bit one-row products: 'all' (llama-1b's launches), 'none' or KxN,...")
     ap.add_argument("--q4-variants", default="fused,multi",
-                    help="q4_gemv values to time them with, comma list ('auto': as --option)")
+                    help="q4_gemv values to time them with, comma list ('auto': as --option): "
+                         "fused, multi[ROWS][_lLANES][_gGROUPS][_uUNROLL][_h], "
+                         "wide[ROWS][_kLOADS][_h], quad[_kLOADS][_h], generic")
     ap.add_argument("--attn", default="512,2048,8192,16384")
     ap.add_argument("--attn-variants", default="auto",
                     help="auto, or an attention knob value (flash, flash1, lanes, lanes1, "
@@ -484,7 +496,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--budget", type=float, default=3.0, help="seconds per measurement")
     a = ap.parse_args()
-    out: dict = {"gemv": [], "gemv_q4": [], "attention": [], "step": []}
+    out: dict = {"gemv": [], "gemv_q4": [], "attention": [], "step": [],
+                 "provenance": {**provenance(), "argv": sys.argv[1:]}}
     try:  # every variant's options checked before anything runs
         chosen = KernelOptions.parse(a.option)
         gemv_runs = [(var, chosen if var == "auto" else chosen.replace(gemv=var))

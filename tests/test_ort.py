@@ -159,6 +159,22 @@ def test_device_resident_modes_move_only_ids_and_logits(name, tiny, cache_dir):
         assert b.device_bytes() >= _cache_bytes(tiny.config, n + 1)
 
 
+@pytest.mark.parametrize("name", ["ort-cpu:shared", "ort-cpu:iobinding"])
+def test_device_resident_modes_read_logits_into_one_array(name, tiny, cache_dir):
+    """The logits land in one host array of the page's, reused every step, as the WebNN
+    pages read theirs (a fresh array a step is fresh heap the copy faults in); each step's
+    values are still the reference's."""
+    b = _backend(name, tiny, cache_dir)
+    depth, ref = _depth(tiny, 3)
+    b.reach_depth(depth)
+    outs = []
+    for tok in token_stream(tiny.config, 4, seed=5):
+        out = b.step(int(tok))
+        _check(np.array(out, copy=True), ref.step(int(tok)))
+        outs.append(out)
+    assert all(np.shares_memory(o, outs[0]) for o in outs[1:])
+
+
 def test_kernel_bytes_shared_writes_rows_copy_writes_caches(tiny, cache_dir):
     cfg = tiny.config
     copy = _backend("ort-cpu:copy", tiny, cache_dir).kernel

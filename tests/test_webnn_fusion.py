@@ -175,6 +175,75 @@ def test_gemv_prologue_and_stacking_with_gpu_kernel(ctx_with, k, norm, mode, lau
     np.testing.assert_allclose(out["y2"], vv @ w2, rtol=1e-5, atol=1e-5)
 
 
+def _row_norms(ctx, rows: int, d: int, kind: str):
+    """One fused_vector launch over (1, rows, d) on fresh inputs; its output and the float64
+    oracle's. ``kind``: "rms" (RMSNorm: mean of squares, times a weight), "l2" (sum of
+    squares per row), "max" (x minus the row's max)."""
+    b = MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=[1, rows, d])
+    xv = RNG.standard_normal((1, rows, d)).astype(np.float32)
+    x64 = xv.astype(np.float64)
+    eps = b.constant(data_type="float32", shape=[1], value=np.float32([1e-6]))
+    if kind == "max":
+        y = b.sub(x, b.reduce_max(x, axes=[2], keep_dimensions=True))
+        want = x64 - x64.max(axis=2, keepdims=True)
+    else:
+        red = (b.reduce_mean if kind == "rms" else b.reduce_sum)(
+            b.mul(x, x), axes=[2], keep_dimensions=True)
+        y = b.div(x, b.sqrt(b.add(red, eps)))
+        stat = (x64 * x64).mean(2, keepdims=True) if kind == "rms" else (x64 * x64).sum(
+            2, keepdims=True)
+        want = x64 / np.sqrt(stat + 1e-6)
+        if kind == "rms":
+            g = RNG.standard_normal((d,)).astype(np.float32)
+            y = b.mul(y, const(b, g))
+            want = want * g
+    gr, out = run(ctx, b, {"y": y}, {"x": xv})
+    return gr, out["y"], want
+
+
+ROW_SHAPES = [(1, 2048), (1, 2000), (16, 128), (3, 37), (2, 5000), (2, 3)]
+
+
+@pytest.mark.parametrize("variant", [None, "loop"])
+@pytest.mark.parametrize("rows,d", ROW_SHAPES)
+@pytest.mark.parametrize("kind", ["rms", "l2", "max"])
+def test_row_vector_variants_match_oracle(ctx_with, variant, rows, d, kind):
+    """``KernelOptions.row_vector``: the unrolled kernel (the default: a workgroup no wider
+    than the row, straight-line loads; rows of 2048 as llama-1b's RMSNorm, 128 as a GDN
+    head's L2 norm, odd widths, one beyond the unrolled size that falls back to loops)
+    and the loop one compute the float64 oracle's rows, in one launch."""
+    ctx = ctx_with(gemv="rows_sh", row_vector=variant)
+    gr, got, want = _row_norms(ctx, rows, d, kind)
+    assert names(gr) == ["fused_vector"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.adapter_feature("subgroup")
+@pytest.mark.parametrize("rows,d", ROW_SHAPES)
+@pytest.mark.parametrize("kind", ["rms", "l2", "max"])
+def test_row_vector_subgroup_sums_match_oracle(ctx_with, subgroup_size, rows, d, kind):
+    """The unrolled kernel's subgroup path (taken where the target reports one fixed
+    subgroup width; lavapipe's probed width forced here): the row's partial results
+    combined by subgroupAdd/Max and one barrier, against the float64 oracle."""
+    from backends.webnn.wgpu_impl.target import Target
+
+    if not subgroup_size:
+        pytest.skip("no fixed subgroup width")
+    ctx = ctx_with(gemv="rows_sh")
+    saved = ctx._target
+    ctx._target = Target(cpu=False, subgroup=subgroup_size)
+    try:
+        gr, got, want = _row_norms(ctx, rows, d, kind)
+        src = gr._plan.launches[0].kernel.wgsl
+    finally:
+        ctx._target = saved
+    assert names(gr) == ["fused_vector"]
+    if d <= 16 * 256:  # unrolled; the longest row keeps the loops
+        assert "subgroupAdd" in src or "subgroupMax" in src, src
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_row_write_computes_its_updates(ctx):
     """scatter_nd writes rows computed inline (a RoPE-like chain of the new key); the
     unchanged rows are still copied (stateless graph)."""

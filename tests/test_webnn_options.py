@@ -17,6 +17,7 @@ ACCEPTED = {
     "attention": ["flash", "flash1", "lanes", "lanes1", "lanes_u8", "lanes1_u2", "unfused",
                   "generic"],
     "gemv_prologue": ["launch", "off", "full", "vector"],
+    "row_vector": ["unrolled", "loop"],
     "row_writes": ["separate"],
     "attention_splits": [1, 8, 64],
     "record_ahead": ["on", "pieces", "off"],
@@ -25,19 +26,23 @@ ACCEPTED = {
     "gdn": ["generic", "fused", "fused8", "fused1_sh", "fused_norms", "fused256_sh_norms"],
     "f16_loads": ["wide", "vec4"],
     "read_copy": ["dispatch", "separate", "separate_sync"],
-    "q4_gemv": ["fused", "generic", "multi", "multi8", "multi2_l8", "multi4_l16_g4_u2", "multi_u4"],
+    "q4_gemv": ["fused", "generic", "multi", "multi8", "multi2_l8", "multi4_l16_g4_u2", "multi_u4",
+                "multi_h", "multi2_u2_h", "wide", "wide2", "wide4_k2", "wide_h", "wide2_k4_h",
+                "quad", "quad_k2", "quad_h", "quad_k4_h"],
     "pass_calls": ["direct", "wgpu-py"],
     "map_wait": ["spin", "caller", "thread"],
     "queue_calls": ["direct", "direct_maps", "wgpu-py"],
 }
 REFUSED = {
     "gemv": ["fastest", "col", "rows_x"], "attention": ["flash2", "", "lanes_u3", "lanes2"],
-    "gemv_prologue": ["on"], "row_writes": ["one"], "attention_splits": [0, -2, "4", 2.0, True],
+    "gemv_prologue": ["on"], "row_vector": ["unroll", ""], "row_writes": ["one"],
+    "attention_splits": [0, -2, "4", 2.0, True],
     "record_ahead": ["yes"], "cache_copy": ["copy"], "gemv_weights": ["f64"],
     "gdn": ["fastest", "fused12", "fused0", "fused512"], "f16_loads": ["u32"],
     "read_copy": ["sync"],
     "q4_gemv": ["dequantize", "", "multi0", "multi_l3", "multi8_l4", "multi_l32_g16", "multi_u5",
-                "multi17_l32"],
+                "multi17_l32", "multi_hh", "wide0", "wide5", "wide_k0", "wide_k5", "wide_h2",
+                "widest", "quad2", "quad_k0", "quad_k5", "quad_l8"],
     "pass_calls": ["raw", ""],
     "map_wait": ["poll", ""],
     "queue_calls": ["raw", ""],
@@ -107,3 +112,20 @@ def test_a_context_compiles_with_the_options_it_was_created_with(ctx_with):
     g.destroy()
     with pytest.raises(TypeError, match="KernelOptions"):
         ml.create_context(options={"gemv": "rows"})
+
+
+def test_float16_products_only_where_the_adapter_has_them():
+    """``_h`` variants: float16 products with 'shader-f16', else the same kernel without."""
+    from backends.webnn.wgpu_impl.target import Target
+
+    with_f16, without = Target(f16=True), Target()
+    assert KernelOptions(q4_gemv="wide2_k2_h").q4_wide(with_f16) == (2, 2, True)
+    assert KernelOptions(q4_gemv="wide2_k2_h").q4_wide(without) == (2, 2, False)
+    assert KernelOptions(q4_gemv="wide").q4_wide(with_f16) == (1, 1, False)
+    assert KernelOptions(q4_gemv="multi_h").q4_multi(with_f16) == (4, 32, None, 1, True)
+    assert KernelOptions(q4_gemv="multi_h").q4_multi(without) == (4, 32, None, 1, False)
+    assert KernelOptions(q4_gemv="multi").q4_wide(with_f16) is None
+    assert KernelOptions(q4_gemv="wide").q4_multi(with_f16) is None
+    assert KernelOptions(q4_gemv="quad_k2_h").q4_quad(with_f16) == (2, True)
+    assert KernelOptions(q4_gemv="quad_k2_h").q4_quad(without) == (2, False)
+    assert KernelOptions(q4_gemv="quad").q4_wide(with_f16) is None

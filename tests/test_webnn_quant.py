@@ -7,8 +7,14 @@ import numpy as np
 import pytest
 
 from backends.webnn import MLGraphBuilder
+from backends.webnn.kernels import quant as QK
+from backends.webnn.wgpu_impl.options import WIDE_VARIANT
 
 RNG = np.random.default_rng(4242)
+#: float16 products (the ``_h`` variants, where the adapter has 'shader-f16'): the error
+#: bound on random data, relative to the largest output (``quant._unpack_half_fns``'s worst
+#: case is 2.5e-3 of each word's sum of magnitudes; q4f16's tolerance is 2.2e-2)
+_F16_PRODUCTS = 2e-3
 _names = iter(range(10**6))  # fresh input names
 
 
@@ -130,24 +136,34 @@ def _q4_matmul(ctx, kind, k, n, zero_points, residual=False, block=32, dt="float
 @pytest.mark.parametrize("kind,k,n,zero_points,block", [
     ("int4", 64, 40, False, 32), ("int4", 96, 7, True, 32), ("uint4", 320, 130, True, 32),
     ("uint4", 128, 33, False, 32), ("int4", 40, 9, True, 8), ("uint4", 48, 11, False, 16)])
-@pytest.mark.parametrize("how", ["fused", "generic", "multi", "multi3_l8_u2", "multi8_l16_g2", "multi_u3"])
+@pytest.mark.parametrize("how", ["fused", "generic", "multi", "multi3_l8_u2", "multi8_l16_g2",
+                                 "multi_u3", "multi2_u2_h", "wide", "wide3_k2_h", "quad_k2",
+                                 "quad_h"])
 def test_4bit_matmul_one_row(ctx_with, how, kind, k, n, zero_points, block):
     """matmul(vector, dequantizeLinear(4-bit weights)): fused, the codes are read and no
     float weights are written (no dequantize launch; 16-byte loads where the block is a
     multiple of 32, words otherwise); multi, the same several rows an invocation (rows
     and lanes not dividing N, sums through subgroups or workgroup memory); generic, they
     are."""
-    got, want, names = _q4_matmul(ctx_with(q4_gemv=how), kind, k, n, zero_points, block=block)
-    assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
+    ctx = ctx_with(q4_gemv=how)
+    got, want, names = _q4_matmul(ctx, kind, k, n, zero_points, block=block)
+    half = how.endswith("_h") and block % 32 == 0 and ctx._target.f16
+    assert np.max(np.abs(got - want)) <= (_F16_PRODUCTS if half else 1e-5) * np.max(np.abs(want))
     if how == "fused":
         assert names == ["gemv_q4"]
-    elif how.startswith("multi"):  # 16-byte loads only: the word-wide blocks stay fused
-        assert names == ["gemv_q4_multi" if block % 32 == 0 else "gemv_q4"]
+    elif how.startswith(("multi", "wide", "quad")):  # 16-byte loads: word blocks stay fused
+        m = WIDE_VARIANT.fullmatch(how)  # (wide) at most a row an invocation
+        fits = block % 32 == 0 and (m is None or int(m.group(1) or 1) <= QK.wide_lanes(
+            k, int(m.group(2) or 1)))
+        kernel = "gemv_q4_" + how[:5].rstrip("0123456789_")
+        assert names == [kernel if fits else "gemv_q4"], names
     else:
         assert "dequantize_linear" in names and not any("gemv_q4" in x for x in names)
 
 
-def test_4bit_matmul_in_chunks_and_with_a_residual(ctx, monkeypatch):
+@pytest.mark.parametrize("how,kernel", [(None, "gemv_q4"), ("wide2_h", "gemv_q4_wide"),
+                                        ("quad", "gemv_q4_quad")])
+def test_4bit_matmul_in_chunks_and_with_a_residual(ctx_with, monkeypatch, how, kernel):
     """Columns beyond the binding limit run as chunks, each at its offset."""
     from backends.webnn.wgpu_impl import lowering
 
@@ -158,9 +174,11 @@ def test_4bit_matmul_in_chunks_and_with_a_residual(ctx, monkeypatch):
         return real(plan, *args)
 
     monkeypatch.setattr(lowering, "_lower_q4", small)
+    ctx = ctx_with(q4_gemv=how)
     got, want, names = _q4_matmul(ctx, "int4", 128, 50, True, residual=True)
-    assert names.count("gemv_q4") == 4
-    assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
+    assert names.count(kernel) == 4
+    tol = _F16_PRODUCTS if how and how.endswith("_h") and ctx._target.f16 else 1e-5
+    assert np.max(np.abs(got - want)) <= tol * np.max(np.abs(want))
 
 
 def _onnx_dq_matmul(k: int, n: int, zero_point: bool):
@@ -208,7 +226,7 @@ def test_converter_maps_blocked_dequantizelinear(ctx, zero_point):
     assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
 
 
-@pytest.mark.parametrize("q4", [None, "multi", "multi3_l8"])
+@pytest.mark.parametrize("q4", [None, "multi", "multi3_l8", "wide2_h", "quad_h"])
 @pytest.mark.parametrize("gemv,gemvs", [("rows", 2), ("cols", 4)])
 def test_4bit_projections_stack_and_take_the_residual(ctx_with, gemv, gemvs, q4):
     """A layer's shape in small: with the GPU gemv passes (rows), q, k, v of one vector in
@@ -244,23 +262,26 @@ def test_4bit_projections_stack_and_take_the_residual(ctx_with, gemv, gemvs, q4)
     t_out = {n: ctx.create_tensor(data_type="float32", shape=o.shape, readable=True)
              for n, o in outs.items()}
     ctx.dispatch(g, {"x": t_in}, t_out)
+    tol = _F16_PRODUCTS if q4 and q4.endswith("_h") and ctx._target.f16 else 1e-5
     for n, t in t_out.items():
         got = ctx.read_tensor(t)
-        assert np.max(np.abs(got - wants[n])) <= 1e-5 * np.max(np.abs(wants[n])), n
+        assert np.max(np.abs(got - wants[n])) <= tol * np.max(np.abs(wants[n])), n
     names = [la.kernel.name for la in g._plan.launches]
     q4s = [x for x in names if x.startswith("gemv_q4")]
     assert len(q4s) == gemvs and len(names) == gemvs + 1, names
     if q4:  # the several-rows kernel where the block is 32 (not the block-8 o projection)
-        assert q4s.count("gemv_q4_multi") == gemvs - 1, names
+        assert q4s.count("gemv_q4_" + q4[:5].rstrip("0123456789_")) == gemvs - 1, names
 
 
 @pytest.mark.parametrize("gemv,q4", [(None, None), ("rows_sh", None), ("rows_sh", "multi"),
-                                     (None, "multi2_l8")])
+                                     (None, "multi2_l8"), ("rows_sh", "wide2"),
+                                     ("rows_sh", "wide_h"), ("rows_sh", "quad")])
 @pytest.mark.parametrize("page", ["wgpu:stateful", "wgpu:stateless"])
 def test_q4_pages_match_the_reference(page, gemv, q4):
     """tiny+q4's standard graph on the pages, the adapter's gemv kernels and the GPU ones
     (forced: 4-bit q/k/v and gate/up stacked, residuals written by the o and down
-    projections); no dequantizeLinear is launched, the logits are the reference's."""
+    projections); no dequantizeLinear is launched, the logits are the reference's (within
+    float16 rounding where the products are float16)."""
     from backends.pages import StatefulInPlace, StatelessCopy
     from backends.webnn.wgpu_impl.options import KernelOptions
     from model.reference import Reference
@@ -270,11 +291,13 @@ def test_q4_pages_match_the_reference(page, gemv, q4):
     cls = {"wgpu:stateful": StatefulInPlace, "wgpu:stateless": StatelessCopy}[page]
     b = cls(options=KernelOptions(gemv=gemv, q4_gemv=q4))
     b.prepare(wl, 24)
+    # float16 products (``_h``) round each product: the step's logits within _F16_PRODUCTS
+    tol = _F16_PRODUCTS if q4 and q4.endswith("_h") and b.context._target.f16 else 1e-4
     try:
         plan = b.converted.graph._plan
         names = [la.kernel.name for la in plan.launches if hasattr(la, "kernel")]
         assert "dequantize_linear" not in names
-        assert ("gemv_q4_multi" if q4 else "gemv_q4") in names
+        assert ("gemv_q4_" + q4[:5].rstrip("0123456789_") if q4 else "gemv_q4") in names
         if gemv:
             assert max(len(g) for g in plan.stacked.values()) >= 3
             assert len([g for g in plan.epilogue if g in plan.q4]) >= 2 * len(wl.config.layers)
@@ -283,7 +306,7 @@ def test_q4_pages_match_the_reference(page, gemv, q4):
         for tok in token_stream(wl.config, 4, seed=9):
             want = ref.step(int(tok))
             got = np.asarray(b.step(int(tok)), np.float64)
-            assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+            assert np.abs(got - want).max() <= tol * np.abs(want).max()
     finally:
         b.close()
 
@@ -317,8 +340,9 @@ def test_dequantize_linear_validation_as_wpt(ctx):
 @pytest.mark.adapter_feature("shader-f16")
 @pytest.mark.parametrize("kind,k,n,residual", [("int4", 64, 40, False), ("int4", 320, 130, True),
                                                ("uint4", 96, 33, True)])
-@pytest.mark.parametrize("cpu", [True, False])
-@pytest.mark.parametrize("q4", [None, "multi"])
+@pytest.mark.parametrize("cpu,q4", [(True, None), (False, None), (True, "multi"),
+                                    (False, "multi"), (False, "wide2_h"), (True, "multi_h"),
+                                    (False, "quad_h")])
 def test_4bit_matmul_on_float16_activations(ctx_with, monkeypatch, kind, k, n, residual, cpu,
                                             q4):
     """A float16 model's projection: float16 row, float16 scales, float16 result (+ a float16
@@ -326,31 +350,31 @@ def test_4bit_matmul_on_float16_activations(ctx_with, monkeypatch, kind, k, n, r
     fused kernel still reads the codes (no dequantize launch), on CPU and GPU targets (whose
     residual epilogue a decoder's plan checks: tests/test_pages.py). Against float64 NumPy
     on the same float16 values, within one float16 rounding of each add."""
-    from backends.webnn.wgpu_impl.target import Target
+    import dataclasses
 
     ctx = ctx_with(q4_gemv=q4)
-    monkeypatch.setattr(ctx, "_target", Target(cpu=cpu, subgroup=ctx._target.subgroup))
+    monkeypatch.setattr(ctx, "_target", dataclasses.replace(ctx._target, cpu=cpu))
     got, want, names = _q4_matmul(ctx, kind, k, n, False, residual and "input", dt="float16")
     assert got.dtype == np.float16
-    multi = q4 == "multi" or (q4 is None and not cpu)  # unset: "multi" on GPU targets
-    assert ("gemv_q4_multi" if multi else "gemv_q4") in names, names
+    chosen = q4 or ("fused" if cpu else "multi")  # unset: "multi" on GPU targets
+    assert ("gemv_q4" if chosen == "fused" else "gemv_q4_" + chosen[:5].rstrip("0123456789_")
+            ) in names, names
     assert not any("dequantize" in x for x in names), names
-    # the product rounded to float16 (half a ULP), then the add's rounding (half a ULP)
+    # the product rounded to float16 (half a ULP), then the add's rounding (half a ULP);
+    # float16 products (``_h``) their own error on top (``_F16_PRODUCTS``)
     ulp = np.spacing(np.abs(want).astype(np.float16)).astype(np.float64)
-    assert np.all(np.abs(got - want) <= (1.0 + residual) * ulp + 1e-5 * np.abs(want).max())
+    rel = _F16_PRODUCTS if (q4 or "").endswith("_h") else 1e-5
+    assert np.all(np.abs(got - want) <= (1.0 + residual) * ulp + rel * np.abs(want).max())
 
 
 #: llama-1b's 4-bit launches (K, N): q/k/v stacked, o, gate/up stacked, down, the head
 LLAMA_Q4 = [(2048, 3072), (2048, 2048), (2048, 16384), (8192, 2048), (2048, 128256)]
 
 
-@pytest.mark.parametrize("K,N", LLAMA_Q4)
-@pytest.mark.parametrize("how", ["fused", "multi", "multi8_l16", "multi2_l8_u2"])
-def test_4bit_matmul_at_llama_shapes(ctx_with, how, K, N):
-    """Every llama-1b 4-bit launch shape (the head in chunks beyond the binding limit) with
-    random codes (int4) and float16-valued scales (the several-rows kernel then reads them
-    as float16 pairs): against float64 NumPy, a column chunk at a time."""
-    ctx = ctx_with(q4_gemv=how)
+def _q4_llama(ctx, K: int, N: int):
+    """y = x @ dequantizeLinear(random int4 (K, N), float16-valued block-32 scales) through
+    the context's 4-bit kernel: (y, launched kernels, x, codes (K, N), scales), the
+    codes and scales unpacked here without the library."""
     rng = np.random.default_rng(K + N)
     packed = rng.integers(0, 256, size=K * N // 2, dtype=np.uint8)
     scale = rng.uniform(0.5, 1.5, size=(K // 32, N)).astype(np.float16).astype(np.float32)
@@ -369,15 +393,69 @@ def test_4bit_matmul_at_llama_shapes(ctx_with, how, K, N):
     ty = ctx.create_tensor(data_type="float32", shape=[1, N], readable=True)
     ctx.dispatch(g, {"x": tx}, {"y": ty})
     got = ctx.read_tensor(ty)[0]
-    names = {la.kernel.name for la in g._plan.launches}
-    assert names == {"gemv_q4_multi" if how.startswith("multi") else "gemv_q4"}, names
+    kernels = [la.kernel for la in g._plan.launches]
     g.destroy()
     codes = (np.stack([packed & 0xF, packed >> 4], axis=1).reshape(K, N).astype(np.int8)
              ^ 8) - 8  # row-major (K, N), low nibble first, sign-extended
-    x64 = x[0].astype(np.float64)
+    return got, kernels, x[0], codes, scale
+
+
+@pytest.mark.parametrize("K,N", LLAMA_Q4)
+@pytest.mark.parametrize("how", ["fused", "multi", "multi8_l16", "multi2_l8_u2"])
+def test_4bit_matmul_at_llama_shapes(ctx_with, how, K, N):
+    """Every llama-1b 4-bit launch shape (the head in chunks beyond the binding limit) with
+    random codes (int4) and float16-valued scales (the several-rows kernel then reads them
+    as float16 pairs): against float64 NumPy, a column chunk at a time."""
+    got, kernels, x, codes, scale = _q4_llama(ctx_with(q4_gemv=how), K, N)
+    names = {k.name for k in kernels}
+    assert names == {"gemv_q4_multi" if how.startswith("multi") else "gemv_q4"}, names
+    x64 = x.astype(np.float64)
     for c in range(0, N, 8192):
         wc = codes[:, c:c + 8192] * np.repeat(scale[:, c:c + 8192].astype(np.float64), 32,
                                               axis=0)
         want = x64 @ wc
         err = np.max(np.abs(got[c:c + 8192] - want))
         assert err <= 1e-5 * np.max(np.abs(want)), (c, err)
+
+
+@pytest.mark.parametrize("how,sub,K,N", [
+    ("wide", False, 2048, 3072), ("wide", False, 8192, 2048), ("wide", False, 1024, 77),
+    ("wide2_k2", True, 2048, 2048), ("wide2_k2", True, 8192, 1000),
+    ("wide4", True, 2048, 3072), ("wide4", True, 8192, 2048),
+    ("wide2_h", True, 2048, 3072), ("wide2_h", True, 8192, 2048), ("wide4_h", True, 1024, 77),
+    ("wide3_k2_h", True, 512, 45),
+    ("wide_h", False, 2048, 2048), ("wide_h", False, 8192, 1000),
+    ("multi_h", False, 2048, 3072), ("multi_h", False, 8192, 2048),
+    ("quad", True, 2048, 3072), ("quad_k2", False, 8192, 1000), ("quad_h", True, 8192, 2048),
+    ("quad_k4_h", False, 1024, 77), ("quad_k2", True, 512, 45)])
+def test_4bit_wide_and_half_at_llama_shapes(ctx_with, subgroup_size, monkeypatch, how, sub,
+                                            K, N):
+    """The wide variants (every code load in flight) and float16 products at llama-1b's
+    launch shapes but gate/up and the head (only N differs from q/k/v's: the head's
+    chunks ``test_4bit_matmul_in_chunks...`` covers) and odd ones (rows not dividing N,
+    K = 1024: one subgroup a row group on a 32-wide GPU; K = 512 over 2 loads: on
+    lavapipe's 8-wide subgroups), sums through workgroup memory or (``sub``) subgroupAdd
+    at the adapter's own width. Against float64 NumPy; with
+    float16 products within the worst case
+    ``quant._unpack_half_fns`` states, per output (5 roundings of 2^-11 a product's
+    magnitude), and the random-data bound ``_F16_PRODUCTS`` over all."""
+    import dataclasses
+
+    ctx = ctx_with(q4_gemv=how)
+    if sub:
+        if not subgroup_size or subgroup_size & (subgroup_size - 1):
+            pytest.skip(f"no fixed power-of-two subgroup width ({subgroup_size})")
+        monkeypatch.setattr(ctx, "_target", dataclasses.replace(ctx._target, cpu=False,
+                                                                subgroup=subgroup_size))
+    got, kernels, x, codes, scale = _q4_llama(ctx, K, N)
+    assert [k.name for k in kernels] == ["gemv_q4_" + how[:5].rstrip("0123456789_")]
+    assert ("subgroupAdd" in kernels[0].wgsl) == sub
+    w = codes * np.repeat(scale.astype(np.float64), 32, axis=0)
+    x64 = x.astype(np.float64)
+    want, mags = x64 @ w, np.abs(x64) @ np.abs(w)
+    err = np.abs(got - want)
+    if how.endswith("_h") and ctx._target.f16:
+        assert np.all(err <= 5 * 2.0**-11 * mags + 1e-6 * np.max(np.abs(want)))
+        assert np.max(err) <= _F16_PRODUCTS * np.max(np.abs(want))
+    else:
+        assert np.max(err) <= 1e-5 * np.max(np.abs(want))

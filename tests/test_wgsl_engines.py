@@ -29,13 +29,15 @@ OPTION_VALUES: dict[str, list[str | int | None]] = {
              "cols4", "cols4g8", "cols8g8", "cols2g4", "cols2g16", "cols4g4", "cols1g8"],
     "attention": [None, "flash", "flash1", "lanes", "lanes1", "lanes_u8", "unfused", "generic"],
     "gemv_prologue": [None, "launch", "off", "full", "vector"],
+    "row_vector": [None, "unrolled", "loop"],
     "row_writes": [None, "separate"],
     "attention_splits": [None, 1, 64],
     "cache_copy": [None, "vec4", "identity", "buffer"],
     "gemv_weights": [None, "f32", "f16"],
     "gdn": [None, "generic", "fused", "fused8", "fused64_sh", "fused_norms", "fused16_sh_norms"],
     "f16_loads": [None, "wide", "vec4"],
-    "q4_gemv": [None, "fused", "generic", "multi", "multi2_l8_u2", "multi8_l16_g2", "multi_u2"],
+    "q4_gemv": [None, "fused", "generic", "multi", "multi2_l8_u2", "multi8_l16_g2", "multi_u2",
+                "multi_h", "wide2_k2_h", "wide4", "quad_k2_h"],
 }
 
 
@@ -46,7 +48,7 @@ def _targets():
         "cpu": Target(cpu=True, shared_bytes=32768),
         "gpu": Target(cpu=False, subgroup=None, max_storage=8, shared_bytes=16384),
         "gpu-subgroup32": Target(cpu=False, subgroup=32, vendor="NVIDIA", max_storage=16,
-                                 shared_bytes=49152),
+                                 shared_bytes=49152, f16=True),
     }
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from .. import shapes as S
 from .common import WG, Kernel, contiguous, decl, grid, main_1d, offset_fn
-from .reduce import inline_reduction
+from .reduce import UNROLL_MAX, inline_reduction, unrolled_reduction
 
 
 def _batch_fn(fname: str, batch: Sequence[int], src_batch: Sequence[int], unit: int) -> str:
@@ -151,26 +151,57 @@ class VectorSource:
 
 
 def computed_vector(vec: VectorSource, count: int, traffic: int, rows: int = 1,
-                    wg: int = 256) -> Kernel:
+                    wg: int = 256, subgroup: int | None = None, unrolled: bool = True) -> Kernel:
     """A workgroup per row writes the row's elements of ``vec`` (``count`` in all), after the
     row's reduction if it reads one (RMSNorm: the mean of squares, then ``x / rms * w``; an
     L2 norm per head): two ops that are two launches elsewhere, in one. A decode step's
-    rows are a few thousand elements, so one workgroup each is enough."""
+    rows are a few thousand elements, so one workgroup each is enough.
+
+    ``unrolled`` (``KernelOptions.row_vector``): the workgroup is no wider than the row
+    (a power of two, at least ``subgroup`` or 32), and each invocation's elements, when
+    at most ``reduce.UNROLL_MAX``, are loaded and written as straight-line code with
+    constant offsets, the reduction's partial results combined by subgroup builtins
+    where the subgroup is ``subgroup`` wide (``reduce.unrolled_reduction``): a
+    one-workgroup launch costs the latency of its chains of loads and barriers, which
+    these shorten. Else (or beyond the unrolled size) loops strided by ``wg`` and a tree of
+    barriers."""
     n = count // rows
+    if unrolled:
+        floor = subgroup or 32
+        wg = max(floor, min(wg, 1 << max(0, n - 1).bit_length()))
+    per = -(-n // wg)
     src = vec.src
     body = f"  let base = wid.x * {n}u;\n"
+    red_src = None
     if vec.reduction is not None:
         op, load, _ = vec.reduction
-        red_decls, red_body = inline_reduction(op, n, load.format("base + {}"), wg=wg)
-        src += red_decls
-        body += red_body
+        at = load.format("base + {}")
+        if unrolled:
+            red_src = unrolled_reduction(op, n, at, wg, subgroup)
+        if red_src is None:
+            red_src = inline_reduction(op, n, at, wg=wg)
+        src += red_src[0]
+        body += red_src[1]
     out = len(vec.bindings)
     src += decl(out, "out", "f32", "rw")
+    if unrolled and per <= UNROLL_MAX:
+        # every value computed before any store: a load after a store to another binding
+        # may not pass it (the buffers could alias), which would chain the loads again
+        tail = ""
+        for k in range(per):
+            whole = (k + 1) * wg <= n
+            at = f"lid + {k * wg}u" if whole else f"min(lid + {k * wg}u, {n - 1}u)"
+            tail += f"  let y{k} = {vec.element.format(f'base + {at}')};\n"
+        for k in range(per):
+            w = f"out[base + lid + {k * wg}u] = y{k};"
+            tail += (f"  {w}\n" if (k + 1) * wg <= n
+                     else f"  if (lid + {k * wg}u < {n}u) {{ {w} }}\n")
+    else:
+        tail = (f"  for (var j = lid; j < {n}u; j = j + {wg}u) {{ out[base + j] = "
+                + vec.element.format("base + j") + "; }\n")
     src += (f"@compute @workgroup_size({wg})\n"
             "fn main(@builtin(workgroup_id) wid: vec3<u32>, "
-            "@builtin(local_invocation_index) lid: u32) {\n" + body
-            + f"  for (var j = lid; j < {n}u; j = j + {wg}u) {{ out[base + j] = "
-            + vec.element.format("base + j") + "; }\n}\n")
+            "@builtin(local_invocation_index) lid: u32) {\n" + body + tail + "}\n")
     return Kernel("fused_vector", src, list(vec.bindings) + ["rw"], (rows, 1, 1), traffic)
 
 

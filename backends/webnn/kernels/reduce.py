@@ -44,6 +44,58 @@ def inline_reduction(op: str, count: int, load: str, wg: int, var: str = "red") 
     return decls, body
 
 
+#: the subgroup builtin of each combine, for reductions across a subgroup
+_SUBGROUP = {"reduce_sum": "subgroupAdd", "reduce_mean": "subgroupAdd",
+             "reduce_max": "subgroupMax", "reduce_min": "subgroupMin"}
+
+#: the most elements an invocation of ``unrolled_reduction`` loads as straight-line code
+UNROLL_MAX = 16
+
+
+def unrolled_reduction(op: str, count: int, load: str, wg: int, subgroup: int | None = None,
+                       var: str = "red") -> tuple[str, str] | None:
+    """``inline_reduction`` for a row of at most ``UNROLL_MAX * wg`` elements (None beyond):
+    each invocation's elements loaded as straight-line code with constant offsets, not a
+    loop whose trip count depends on the invocation, so its loads are in flight together
+    rather than one after another (a one-workgroup launch is the latency of its chain of
+    loads); and where the subgroup is ``subgroup`` wide (dividing ``wg``), the workgroup's
+    partial results combined by a subgroup builtin and one barrier instead of a tree of
+    ``log2(wg)`` barriers."""
+    per = -(-count // wg)
+    if per > UNROLL_MAX:
+        return None
+    comb = _COMBINE[op]
+    init = load.format("0u") if op in _FROM_FIRST else "0.0"
+    body = f"  var {var}_acc: f32 = {init};\n"
+    for k in range(per):
+        idx = f"lid + {k * wg}u"
+        step = f"  {var}_acc = {comb.format(a=f'{var}_acc', b=load.format(idx))};"
+        body += (step + "\n" if (k + 1) * wg <= count
+                 else f"  if ({idx} < {count}u) {{\n  {step}\n  }}\n")
+    sub = _SUBGROUP.get(op)
+    if subgroup and sub and wg % subgroup == 0 and wg > subgroup:
+        parts = wg // subgroup
+        decls = f"var<workgroup> {var}_sh: array<f32, {parts}>;\n"
+        body += (f"  let {var}_sg = {sub}({var}_acc);\n"
+                 f"  if (lid % {subgroup}u == 0u) {{ {var}_sh[lid / {subgroup}u] = {var}_sg; }}\n"
+                 "  workgroupBarrier();\n"
+                 f"  var {var}_all = {var}_sh[0];\n")
+        body += "".join(f"  {var}_all = {comb.format(a=f'{var}_all', b=f'{var}_sh[{i}]')};\n"
+                        for i in range(1, parts))
+        total = f"{var}_all"
+    elif subgroup and sub and wg == subgroup:
+        decls = ""
+        body += f"  let {var}_all = {sub}({var}_acc);\n"
+        total = f"{var}_all"
+    else:
+        decls = f"var<workgroup> {var}_sh: array<f32, {wg}>;\n"
+        body += f"  {var}_sh[lid] = {var}_acc;\n" + _tree(comb, f"{var}_sh", wg)
+        total = f"{var}_sh[0]"
+    scale = f" / f32({count})" if op == "reduce_mean" else ""
+    body += f"  let {var} = {total}{scale};\n"
+    return decls, body
+
+
 def _header(gx: int, wg: int = WG) -> str:
     return (f"@compute @workgroup_size({wg})\n"
             "fn main(@builtin(workgroup_id) wid: vec3<u32>, "

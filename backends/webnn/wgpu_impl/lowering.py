@@ -179,7 +179,9 @@ def _lower(plan: Plan, o: MLOperand, reads: list[MLOperand], slot_of: Any,
         vec = plan.vectors[o._id]
         count = S.size(shp)
         traffic = 4 * (sum(S.size(x._shape) for x in vec.leaves) + count)
-        add(KernelLaunch(MM.computed_vector(vec.source(), count, traffic, count // shp[-1]),
+        add(KernelLaunch(MM.computed_vector(vec.source(), count, traffic, count // shp[-1],
+                                            subgroup=plan.target.subgroup,
+                                            unrolled=plan.options.row_vector != "loop"),
                          ins + [out_slot]))
     elif o._id in plan.groups and not fusion.is_host(o):  # hosts: below, per op
         group = plan.groups[o._id]
@@ -368,6 +370,13 @@ def _lower_q4(plan: Plan, members: list[MLOperand], a_slot: Slot, slot_of: Any) 
     multi = plan.options.q4_multi(plan.target)  # the several-rows kernel, where the block allows it
     if multi is not None and (w0.block % 32 or multi[0] > multi[1]):
         multi = None
+    wide = plan.options.q4_wide(plan.target)  # all loads in flight, where the block allows it
+    if wide is not None and (w0.block % 32 or wide[0] > QK.wide_lanes(K, wide[1])):
+        wide = None
+    quad = plan.options.q4_quad(plan.target)  # 4 rows' codes a load, where the block allows
+    if quad is not None and (w0.block % 32 or K % 32):
+        quad = None
+    half = any(v is not None and v[-1] for v in (multi, wide, quad))  # float16 products
     dst, res = plan.epilogue.get(members[0]._id, (members[0], None))  # (the add, residual)
     outs = [slot_of(m) for m in members] if len(ws) > 1 else [slot_of(dst)]
     for c, n0 in enumerate(range(0, N, per)):
@@ -375,26 +384,38 @@ def _lower_q4(plan: Plan, members: list[MLOperand], a_slot: Slot, slot_of: Any) 
         parts = [(w, 0, w.N) for w in ws] if len(ws) > 1 else [(w0, n0, nc)]
         key = (members[0]._id, c)
         slots = [("const", ("Q4", *key)), ("const", ("Q4S", *key))]
-        plan.consts.setdefault(slots[0], Deferred(nc * K // 8, partial(
-            _stacked, [partial(MQ.repack_codes, *p) for p in parts])))
-        blocks_n = nc * (K // w0.block)
-        half_scales = multi is not None and all(w.f16_scales for w in ws)
-        scales = partial(_stacked, [partial(MQ.repack_scales, *p, False) for p in parts])
+        # quad: 4 rows interleaved (padded to a multiple of 4)
+        rows_n = -(-nc // QK.QUAD) * QK.QUAD if quad is not None else nc
+
+        def laid(make: Callable[[], np.ndarray], nc: int = nc) -> Callable[[], np.ndarray]:
+            return partial(MQ.interleave_rows, make, nc) if quad is not None else make
+
+        plan.consts.setdefault(slots[0], Deferred(rows_n * K // 8, laid(partial(
+            _stacked, [partial(MQ.repack_codes, *p, pairs=half) for p in parts]))))
+        blocks_n = rows_n * (K // w0.block)
+        half_scales = (multi or wide or quad) is not None and all(w.f16_scales for w in ws)
+        scales = laid(partial(_stacked, [partial(MQ.repack_scales, *p, False) for p in parts]))
         plan.consts.setdefault(slots[1], Deferred((blocks_n + 1) // 2, partial(
             MQ.packed_half, scales)) if half_scales else Deferred(blocks_n, scales))
         if w0.zero_points:
             slots.append(("const", ("Q4Z", *key)))
-            plan.consts.setdefault(slots[2], Deferred(blocks_n, partial(
-                _stacked, [partial(MQ.repack_scales, *p, True) for p in parts])))
+            plan.consts.setdefault(slots[2], Deferred(blocks_n, laid(partial(
+                _stacked, [partial(MQ.repack_scales, *p, True) for p in parts]))))
         common = dict(signed=w0.signed, zero_points=w0.zero_points,
                       subgroup=plan.target.subgroup, residual=res is not None,
                       n_off=n0 if len(ws) == 1 else 0,
                       splits=[w.N for w in ws] if len(ws) > 1 else None,
                       half_out=dst._dtype.wgsl == "f16")
-        if multi is not None:
-            rows, lanes_m, groups, unroll = multi
+        if quad is not None:
+            k = QK.gemv_q4_quad(K, nc, w0.block, loads=quad[0], half_scales=half_scales,
+                                half=half, **common)
+        elif wide is not None:
+            k = QK.gemv_q4_wide(K, nc, w0.block, rows=wide[0], loads=wide[1],
+                                half_scales=half_scales, half=half, **common)
+        elif multi is not None:
+            rows, lanes_m, groups, unroll, _ = multi
             k = QK.gemv_q4_multi(K, nc, w0.block, rows=rows, lanes=lanes_m, groups=groups,
-                                 unroll=unroll, half_scales=half_scales, **common)
+                                 unroll=unroll, half_scales=half_scales, half=half, **common)
         else:
             k = QK.gemv_q4(K, nc, w0.block, lanes=lanes, wg=256, **common)
         plan.launches.append(KernelLaunch(k, [a_slot] + slots + (

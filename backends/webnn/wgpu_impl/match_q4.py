@@ -96,10 +96,19 @@ def _nibbles(o: MLOperand, signed: bool) -> np.ndarray:
     return vals.reshape(o._shape)
 
 
-def repack_codes(w: Q4Weight, n0: int, nc: int) -> np.ndarray:
-    """Codes of columns [n0, n0 + nc) as (nc, K), eight a u32 word (made at upload)."""
+#: ``repack_codes(pairs=True)``: the element of its word each nibble holds (elements 2m and
+#: 2m + 1 in nibbles m and m + 4: one shift and mask yields the pair, ``quant._unpack_half_fns``)
+PAIR_ORDER = np.array([0, 2, 4, 6, 1, 3, 5, 7])
+
+
+def repack_codes(w: Q4Weight, n0: int, nc: int, pairs: bool = False) -> np.ndarray:
+    """Codes of columns [n0, n0 + nc) as (nc, K), eight a u32 word (made at upload): element
+    k in nibble k % 8 of word k / 8, or with ``pairs`` in ``PAIR_ORDER`` within the word."""
     codes = _nibbles(w.codes, False)[:, n0:n0 + nc]  # raw nibbles, (K, nc)
-    packed = pack_nibbles(np.ascontiguousarray(codes.T))  # (nc, K/2)
+    rows = np.ascontiguousarray(codes.T)  # (nc, K)
+    if pairs:
+        rows = np.ascontiguousarray(rows.reshape(nc, -1, 8)[:, :, PAIR_ORDER].reshape(nc, -1))
+    packed = pack_nibbles(rows)  # (nc, K/2)
     return np.ascontiguousarray(packed).reshape(-1).view(np.uint32)
 
 
@@ -110,6 +119,17 @@ def repack_scales(w: Q4Weight, n0: int, nc: int, zero_terms: bool) -> np.ndarray
         zp = _nibbles(w.dq._inputs[2], w.signed).reshape(-1, w.N)[:, n0:n0 + nc]
         s = -zp.astype(np.float32) * s
     return np.ascontiguousarray(s.T).reshape(-1)
+
+
+def interleave_rows(values: Any, rows: int, width: int = 4) -> np.ndarray:
+    """The (rows, per-row) 32-bit values made by ``values()`` (codes, scales) with ``width``
+    rows interleaved element by element, rows padded with zeros to a multiple of ``width``
+    (``quant.gemv_q4_quad``: one 16-byte load is a code word of each of 4 rows)."""
+    v = values().reshape(rows, -1)
+    pad = -rows % width
+    if pad:
+        v = np.concatenate([v, np.zeros((pad, v.shape[1]), v.dtype)])
+    return np.ascontiguousarray(v.reshape(-1, width, v.shape[1]).transpose(0, 2, 1)).reshape(-1)
 
 
 def packed_half(values: Any) -> np.ndarray:

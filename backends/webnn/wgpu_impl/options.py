@@ -28,10 +28,25 @@ ROWS_VARIANT = re.compile(r"rows(\d+)?(_sh)?(?:_u(\d+))?")
 
 GDN_VARIANT = re.compile(r"fused(\d+)?(_sh)?(_norms)?")
 
-#: q4_gemv's several-rows variants: ``multi[ROWS][_lLANES][_gGROUPS][_uUNROLL]`` (output rows
-#: an invocation computes, default 4; invocations sharing them, default 32; groups of them a
-#: workgroup, default ``kernels/quant.multi_groups``; code loads a row an iteration, default 1)
-Q4_VARIANT = re.compile(r"multi(\d+)?(?:_l(\d+))?(?:_g(\d+))?(?:_u(\d+))?")
+#: q4_gemv's several-rows variants: ``multi[ROWS][_lLANES][_gGROUPS][_uUNROLL][_h]`` (output
+#: rows an invocation computes, default 4; invocations sharing them, default 32; groups of
+#: them a workgroup, default ``kernels/quant.multi_groups``; code loads a row an iteration,
+#: default 1; ``_h``: products in float16 pairs where the adapter has 'shader-f16')
+Q4_VARIANT = re.compile(r"multi(\d+)?(?:_l(\d+))?(?:_g(\d+))?(?:_u(\d+))?(_h)?")
+
+#: q4_gemv's all-loads-in-flight variants: ``wide[ROWS][_kLOADS][_h]`` (output rows an
+#: invocation computes, 1 to 4, default 1; 16-byte code loads a row an invocation, 1 to 4,
+#: default 1; ``_h`` as for multi): ``kernels/quant.gemv_q4_wide``
+WIDE_VARIANT = re.compile(r"wide(\d+)?(?:_k(\d+))?(_h)?")
+
+#: q4_gemv's four-rows-a-load variants: ``quad[_kLOADS][_h]`` (16-byte loads, each a code
+#: word of 4 rows, an invocation makes, 1 to 4, default 1; ``_h`` as for multi):
+#: ``kernels/quant.gemv_q4_quad``
+QUAD_VARIANT = re.compile(r"quad(?:_k(\d+))?(_h)?")
+
+#: what a bad q4_gemv value is told it may be
+Q4_FORMS = ("'multi[ROWS][_lLANES][_gGROUPS][_uUNROLL][_h]' (e.g. 'multi', 'multi2_u2_h'), "
+            "'wide[ROWS][_kLOADS][_h]' (e.g. 'wide', 'wide2_h'), 'quad[_kLOADS][_h]'")
 
 #: decode attention's lane-group variants: ``lanes[1][_uUNROLL]`` ("1": the combine folded in;
 #: cache rows a lane-group loads before using any, default ``attention_lanes.UNROLL``)
@@ -42,6 +57,7 @@ LANES_VARIANT = re.compile(r"lanes(1)?(?:_u(\d+))?")
 CHOICES: dict[str, tuple[str, ...]] = {
     "attention": ("flash", "flash1", "unfused", "generic"),
     "gemv_prologue": ("launch", "off", "full", "vector"),
+    "row_vector": ("unrolled", "loop"),
     "row_writes": ("separate",),
     "record_ahead": ("on", "pieces", "off"),
     "cache_copy": ("vec4", "identity", "buffer"),
@@ -77,6 +93,12 @@ class KernelOptions:
     #: one launch of their own), "off" (each its own launch), "full" (both computed by each
     #: gemv workgroup), "vector" (the vector by each gemv workgroup, the reduction launched)
     gemv_prologue: str | None = None
+    #: a vector and its row reduction in one launch (``kernels/matmul.computed_vector``, the
+    #: launch of "launch" above; RMSNorm, L2 norms per head): None/"unrolled" (a workgroup no
+    #: wider than the row, each invocation's loads straight-line, subgroup sums where the
+    #: subgroup is one fixed width), "loop" (256 invocations striding in loops, a tree of
+    #: barriers)
+    row_vector: str | None = None
     #: scatters of one index tensor into same-shaped caches: None (one launch), "separate"
     row_writes: str | None = None
     #: splits per head flash-decoding aims at on long caches: None (``kernels/attention.SPLITS``;
@@ -110,9 +132,13 @@ class KernelOptions:
     read_copy: str | None = None
     #: one-row products with 4-bit weights (``match_q4``): None (GPU adapters "multi", CPU
     #: adapters "fused"), "fused" (the codes read and
-    #: dequantised in registers, 32 invocations a row), "multi[ROWS][_lLANES][_gGROUPS][_uUNROLL]"
-    #: (``Q4_VARIANT``: the same, ROWS rows an invocation, float16 scales read as pairs where
-    #: exact), "generic" (dequantizeLinear writes float weights, then matmul)
+    #: dequantised in registers, 32 invocations a row),
+    #: "multi[ROWS][_lLANES][_gGROUPS][_uUNROLL][_h]" (``Q4_VARIANT``: the same, ROWS rows an
+    #: invocation, float16 scales read as pairs where exact; ``_h``: float16 products where the
+    #: adapter has 'shader-f16', else without), "wide[ROWS][_kLOADS][_h]" (``WIDE_VARIANT``:
+    #: every code load of an invocation in flight at once), "quad[_kLOADS][_h]"
+    #: (``QUAD_VARIANT``: 4 rows' codes a load, coalesced inputs), "generic"
+    #: (dequantizeLinear writes float weights, then matmul)
     q4_gemv: str | None = None
     #: how a compute pass's launches are encoded (``engines.Engine.pass_calls``): None/"direct"
     #: (the engine's C functions called directly), "wgpu-py" (wgpu-py's pass methods)
@@ -166,17 +192,39 @@ class KernelOptions:
             v = "rows"
         return v
 
-    def q4_multi(self, t: Target | None = None) -> tuple[int, int, int | None, int] | None:
+    def q4_multi(self, t: Target | None = None
+                 ) -> tuple[int, int, int | None, int, bool] | None:
         """(rows an invocation, lanes sharing them, row groups a workgroup or None: chosen
-        per shape, unroll) of ``kernels/quant.gemv_q4_multi``, or None where q4_gemv is not
-        a "multi" variant. Unset: "multi" on GPU adapters (measured faster on the H200:
-        PERFORMANCE.md "4-bit gemv"), "fused" on CPU adapters and without a target."""
+        per shape, unroll, float16 products) of ``kernels/quant.gemv_q4_multi``, or None
+        where q4_gemv is not a "multi" variant. Unset: "multi" on GPU adapters (measured
+        faster on the H200: PERFORMANCE.md "4-bit gemv"), "fused" on CPU adapters and
+        without a target. ``_h`` holds only where the target has 'shader-f16'."""
         default = "multi" if t is not None and not t.cpu else ""
         m = Q4_VARIANT.fullmatch(self.q4_gemv or default)
         if m is None:
             return None
         return (int(m.group(1) or 4), int(m.group(2) or 32),
-                int(m.group(3)) if m.group(3) else None, int(m.group(4) or 1))
+                int(m.group(3)) if m.group(3) else None, int(m.group(4) or 1),
+                bool(m.group(5)) and t is not None and t.f16)
+
+    def q4_wide(self, t: Target | None = None) -> tuple[int, int, bool] | None:
+        """(rows an invocation, code loads a row an invocation, float16 products: only
+        where the target has 'shader-f16') of ``kernels/quant.gemv_q4_wide``, or None where
+        q4_gemv is not a "wide" variant."""
+        m = WIDE_VARIANT.fullmatch(self.q4_gemv or "")
+        if m is None:
+            return None
+        return (int(m.group(1) or 1), int(m.group(2) or 1),
+                bool(m.group(3)) and t is not None and t.f16)
+
+    def q4_quad(self, t: Target | None = None) -> tuple[int, bool] | None:
+        """(16-byte loads an invocation, float16 products: only where the target has
+        'shader-f16') of ``kernels/quant.gemv_q4_quad``, or None where q4_gemv is not a
+        "quad" variant."""
+        m = QUAD_VARIANT.fullmatch(self.q4_gemv or "")
+        if m is None:
+            return None
+        return int(m.group(1) or 1), bool(m.group(2)) and t is not None and t.f16
 
     def attention_lanes(self) -> tuple[bool, int | None] | None:
         """(combine folded in, rows a lane-group loads at once or None: the default) of the
@@ -244,13 +292,19 @@ def _check(name: str, value: object) -> None:
             raise ValueError(f"KernelOptions.q4_gemv = {value!r}: lanes a power of two to "
                              "256, rows 1 to min(lanes, 16), groups · lanes at most 256, "
                              "unroll 1 to 4")
+    elif name == "q4_gemv" and QUAD_VARIANT.fullmatch(value):
+        if not 1 <= int(QUAD_VARIANT.fullmatch(value).group(1) or 1) <= 4:
+            raise ValueError(f"KernelOptions.q4_gemv = {value!r}: loads 1 to 4")
+    elif name == "q4_gemv" and WIDE_VARIANT.fullmatch(value):
+        m = WIDE_VARIANT.fullmatch(value)
+        if not (1 <= int(m.group(1) or 1) <= 4 and 1 <= int(m.group(2) or 1) <= 4):
+            raise ValueError(f"KernelOptions.q4_gemv = {value!r}: rows 1 to 4, loads 1 to 4")
     elif name == "attention" and LANES_VARIANT.fullmatch(value):
         unroll = LANES_VARIANT.fullmatch(value).group(2)
         if unroll is not None and int(unroll) not in (1, 2, 4, 8):
             raise ValueError(f"KernelOptions.attention = {value!r}: rows loaded at once "
                              "(_uUNROLL) must be 1, 2, 4 or 8")
     elif value not in CHOICES[name]:
-        extra = {"q4_gemv": ", 'multi[ROWS][_lLANES][_gGROUPS][_uUNROLL]'",
-                 "attention": ", 'lanes[1][_uUNROLL]'"}.get(name, "")
+        extra = {"q4_gemv": f", {Q4_FORMS}", "attention": ", 'lanes[1][_uUNROLL]'"}.get(name, "")
         raise ValueError(f"KernelOptions.{name} = {value!r}; accepted: None, "
                          f"{', '.join(map(repr, CHOICES[name]))}{extra}")

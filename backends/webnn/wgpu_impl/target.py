@@ -14,17 +14,20 @@ class Target:
     """``cpu``: a software adapter (llvmpipe, SwiftShader, WARP): invocations are SIMD lanes
     of a CPU thread, barriers are costly, one invocation per output column wins.
     ``subgroup``: the subgroup size when the device has the 'subgroup' feature enabled and
-    the adapter reports one fixed size (NVIDIA: 32), else None (no subgroup ops)."""
+    the adapter reports one fixed size (NVIDIA: 32), else None (no subgroup ops).
+    ``f16``: the device has 'shader-f16' enabled (float16 arithmetic in any kernel)."""
 
     cpu: bool = False
     subgroup: int | None = None
     vendor: str = ""
     max_storage: int = 8  # storage buffers per shader stage (WebGPU's default limit)
     shared_bytes: int = 16384  # workgroup memory per workgroup (WebGPU's default limit)
+    f16: bool = False
 
 
-def target_of(adapter: Any, subgroups: bool) -> Target:
-    """``subgroups``: the device has the engine's subgroup feature enabled."""
+def target_of(adapter: Any, subgroups: bool, f16: bool = False) -> Target:
+    """``subgroups``: the device has the engine's subgroup feature enabled; ``f16``:
+    'shader-f16'."""
     info = dict(adapter.info)
     cpu = is_cpu_adapter(adapter)
     sub = None
@@ -39,4 +42,5 @@ def target_of(adapter: Any, subgroups: bool) -> Target:
     lim = adapter.limits
     return Target(cpu=cpu, subgroup=sub, vendor=str(info.get("vendor", "")),
                   max_storage=int(lim.get("max-storage-buffers-per-shader-stage", 8)),
-                  shared_bytes=int(lim.get("max-compute-workgroup-storage-size", 16384)))
+                  shared_bytes=int(lim.get("max-compute-workgroup-storage-size", 16384)),
+                  f16=f16)
