@@ -427,7 +427,8 @@ def test_4bit_matmul_at_llama_shapes(ctx_with, how, K, N):
     ("wide_h", False, 2048, 2048), ("wide_h", False, 8192, 1000),
     ("multi_h", False, 2048, 3072), ("multi_h", False, 8192, 2048),
     ("quad", True, 2048, 3072), ("quad_k2", False, 8192, 1000), ("quad_h", True, 8192, 2048),
-    ("quad_k4_h", False, 1024, 77), ("quad_k2", True, 512, 45)])
+    ("quad_k4_h", False, 1024, 77), ("quad_k2", True, 512, 45),
+    ("quad_k4_h", False, 64, 256), ("quad_k4", False, 64, 130)])
 def test_4bit_wide_and_half_at_llama_shapes(ctx_with, subgroup_size, monkeypatch, how, sub,
                                             K, N):
     """The wide variants (every code load in flight) and float16 products at llama-1b's

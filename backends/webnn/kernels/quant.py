@@ -513,8 +513,9 @@ QUAD = 4
 
 def quad_lanes(K: int, loads: int = 1) -> int:
     """Invocations sharing a group of ``QUAD`` rows in ``gemv_q4_quad``: enough that each
-    makes ``loads`` 16-byte loads (a power of two, at most 256; beyond, each loads more)."""
-    return _lanes_for(-(-(K // 8) // loads))
+    makes ``loads`` 16-byte loads (a power of two, at most 256; beyond, each loads more),
+    and at least ``QUAD``: lane j writes the group's row j."""
+    return max(QUAD, _lanes_for(-(-(K // 8) // loads)))
 
 
 def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
