@@ -371,33 +371,44 @@ def test_4bit_matmul_on_float16_activations(ctx_with, monkeypatch, kind, k, n, r
 LLAMA_Q4 = [(2048, 3072), (2048, 2048), (2048, 16384), (8192, 2048), (2048, 128256)]
 
 
-def _q4_llama(ctx, K: int, N: int):
+def _q4_llama(ctx, K: int, N: int, dtype: str = "float32"):
     """y = x @ dequantizeLinear(random int4 (K, N), float16-valued block-32 scales) through
-    the context's 4-bit kernel: (y, launched kernels, x, codes (K, N), scales), the
-    codes and scales unpacked here without the library."""
+    the context's 4-bit kernel, in a ``dtype`` graph: (y as float32, launched kernels, x as
+    the graph holds it, codes (K, N), scales), the codes and scales unpacked here without
+    the library."""
     rng = np.random.default_rng(K + N)
     packed = rng.integers(0, 256, size=K * N // 2, dtype=np.uint8)
     scale = rng.uniform(0.5, 1.5, size=(K // 32, N)).astype(np.float16).astype(np.float32)
     scale /= np.float32(64.0)
-    x = rng.standard_normal((1, K)).astype(np.float32)
+    x = rng.standard_normal((1, K)).astype(dtype).astype(np.float32)
     b = MLGraphBuilder(ctx)
     w = b.dequantize_linear(
         b.constant(data_type="int4", shape=[K, N], value=packed),
-        b.constant(data_type="float32", shape=[K // 32, N], value=scale),
+        b.constant(data_type=dtype, shape=[K // 32, N], value=scale.astype(dtype)),
         b.constant(data_type="int4", shape=[K // 32, N],
                    value=np.zeros(-(-(K // 32) * N // 2), np.uint8)))
-    xi = b.input("x", data_type="float32", shape=[1, K])
+    xi = b.input("x", data_type=dtype, shape=[1, K])
     g = b.build({"y": b.matmul(xi, w)})
-    tx = ctx.create_tensor(data_type="float32", shape=[1, K], writable=True)
-    ctx.write_tensor(tx, x)
-    ty = ctx.create_tensor(data_type="float32", shape=[1, N], readable=True)
+    tx = ctx.create_tensor(data_type=dtype, shape=[1, K], writable=True)
+    ctx.write_tensor(tx, x.astype(dtype))
+    ty = ctx.create_tensor(data_type=dtype, shape=[1, N], readable=True)
     ctx.dispatch(g, {"x": tx}, {"y": ty})
-    got = ctx.read_tensor(ty)[0]
+    got = np.asarray(ctx.read_tensor(ty)[0], np.float32)
     kernels = [la.kernel for la in g._plan.launches]
     g.destroy()
     codes = (np.stack([packed & 0xF, packed >> 4], axis=1).reshape(K, N).astype(np.int8)
              ^ 8) - 8  # row-major (K, N), low nibble first, sign-extended
     return got, kernels, x[0], codes, scale
+
+
+@pytest.mark.parametrize("how", ["quad_k4_h", "wide2_h", "multi_h"])
+def test_4bit_half_products_only_in_a_float16_graph(ctx_with, how):
+    """``_h`` asks for float16 products; a float32 graph keeps float32's precision (its
+    tolerance is 1e-3, not float16's), so its kernel multiplies in float32."""
+    got, kernels, x, codes, scale = _q4_llama(ctx_with(q4_gemv=how), 2048, 64)
+    assert all("hword(" not in k.wgsl for k in kernels)
+    want = x.astype(np.float64) @ (codes * np.repeat(scale.astype(np.float64), 32, axis=0))
+    assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
 
 
 @pytest.mark.parametrize("K,N", LLAMA_Q4)
@@ -448,15 +459,20 @@ def test_4bit_wide_and_half_at_llama_shapes(ctx_with, subgroup_size, monkeypatch
             pytest.skip(f"no fixed power-of-two subgroup width ({subgroup_size})")
         monkeypatch.setattr(ctx, "_target", dataclasses.replace(ctx._target, cpu=False,
                                                                 subgroup=subgroup_size))
-    got, kernels, x, codes, scale = _q4_llama(ctx, K, N)
-    assert [k.name for k in kernels] == ["gemv_q4_" + how[:5].rstrip("0123456789_")]
+    half = how.endswith("_h") and ctx._target.f16  # float16 products: a float16 graph's
+    got, kernels, x, codes, scale = _q4_llama(ctx, K, N, "float16" if half else "float32")
+    assert [k.name for k in kernels if k.name.startswith("gemv")] == [
+        "gemv_q4_" + how[:5].rstrip("0123456789_")]
+    kernels = [k for k in kernels if k.name.startswith("gemv")]
     assert ("subgroupAdd" in kernels[0].wgsl) == sub
+    assert ("hword(" in kernels[0].wgsl) == half
     w = codes * np.repeat(scale.astype(np.float64), 32, axis=0)
     x64 = x.astype(np.float64)
     want, mags = x64 @ w, np.abs(x64) @ np.abs(w)
     err = np.abs(got - want)
-    if how.endswith("_h") and ctx._target.f16:
-        assert np.all(err <= 5 * 2.0**-11 * mags + 1e-6 * np.max(np.abs(want)))
+    if half:  # the products' worst case, and the float16 output's rounding
+        assert np.all(err <= 5 * 2.0**-11 * mags + 2.0**-11 * np.abs(want)
+                      + 1e-6 * np.max(np.abs(want)))
         assert np.max(err) <= _F16_PRODUCTS * np.max(np.abs(want))
     else:
         assert np.max(err) <= 1e-5 * np.max(np.abs(want))

@@ -376,8 +376,11 @@ def _lower_q4(plan: Plan, members: list[MLOperand], a_slot: Slot, slot_of: Any) 
     quad = plan.options.q4_quad(plan.target)  # 4 rows' codes a load, where the block allows
     if quad is not None and (w0.block % 32 or K % 32):
         quad = None
-    half = any(v is not None and v[-1] for v in (multi, wide, quad))  # float16 products
     dst, res = plan.epilogue.get(members[0]._id, (members[0], None))  # (the add, residual)
+    # float16 products (``_h``) only on float16 weights: a float32 graph's product keeps
+    # float32's precision (its tolerance is 1e-3, not the float16 one)
+    half = all(w.f16_weights for w in ws) and any(v is not None and v[-1]
+                                                  for v in (multi, wide, quad))
     outs = [slot_of(m) for m in members] if len(ws) > 1 else [slot_of(dst)]
     for c, n0 in enumerate(range(0, N, per)):
         nc = min(per, N - n0)

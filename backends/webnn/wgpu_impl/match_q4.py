@@ -37,6 +37,13 @@ class Q4Weight:
         return (self.block, self.signed, self.zero_points)
 
     @property
+    def f16_weights(self) -> bool:
+        """The dequantised weights are float16 (float16 scales): a float16 graph's product,
+        which may multiply in float16 (``_h`` kernels); a float32 one keeps float32's
+        precision."""
+        return self.dq._inputs[1]._value.dtype == np.float16
+
+    @property
     def f16_scales(self) -> bool:
         """Every scale is a float16 value (a float16 model's, or float32 ones that are):
         the several-rows kernel may read them as float16 pairs, losing nothing."""

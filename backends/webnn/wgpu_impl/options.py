@@ -31,7 +31,7 @@ GDN_VARIANT = re.compile(r"fused(\d+)?(_sh)?(_norms)?")
 #: q4_gemv's several-rows variants: ``multi[ROWS][_lLANES][_gGROUPS][_uUNROLL][_h]`` (output
 #: rows an invocation computes, default 4; invocations sharing them, default 32; groups of
 #: them a workgroup, default ``kernels/quant.multi_groups``; code loads a row an iteration,
-#: default 1; ``_h``: products in float16 pairs where the adapter has 'shader-f16')
+#: default 1; ``_h``: products in float16 pairs where the adapter has 'shader-f16' and the graph is float16)
 Q4_VARIANT = re.compile(r"multi(\d+)?(?:_l(\d+))?(?:_g(\d+))?(?:_u(\d+))?(_h)?")
 
 #: q4_gemv's all-loads-in-flight variants: ``wide[ROWS][_kLOADS][_h]`` (output rows an
