@@ -645,7 +645,7 @@ def test_q4f16_gpu_plan_launches_as_q4(monkeypatch, q4):
     stack, the norms are one launch each, the residual adds are the 4-bit kernel's float16
     epilogue (no launch rounds a product or adds), attention is the flash kernel, and the
     steps still match the reference under the float16 tolerance; with each 4-bit kernel
-    (``q4``: the q4_gemv knob; unset: "multi" on a GPU target; "wide2_h", "quad_h":
+    (``q4``: the q4_gemv knob; unset: "quad_k4_h" on a GPU target; "wide2_h", "quad_h":
     float16 products, within the same tolerance)."""
     import dataclasses
 
@@ -668,8 +668,9 @@ def test_q4f16_gpu_plan_launches_as_q4(monkeypatch, q4):
             b.close()
     half = launches["tiny+q4f16"]
     assert len(half) <= len(launches["tiny+q4"]) + 1, half
-    kernel = {"fused": "gemv_q4", "wide2_h": "gemv_q4_wide", "quad_h": "gemv_q4_quad"}.get(
-        q4 or "", "gemv_q4_multi")
+    kernel = {"fused": "gemv_q4", "wide2_h": "gemv_q4_wide", "quad_h": "gemv_q4_quad",
+              "quad": "gemv_q4_quad"}.get(
+        q4 or "quad", "gemv_q4_multi")
     assert half.count(kernel) == launches["tiny+q4"].count(kernel) > 0
     assert "attention_flash" in half and not any("add" in n and "cast" in n for n in half)
 

@@ -356,14 +356,14 @@ def test_4bit_matmul_on_float16_activations(ctx_with, monkeypatch, kind, k, n, r
     monkeypatch.setattr(ctx, "_target", dataclasses.replace(ctx._target, cpu=cpu))
     got, want, names = _q4_matmul(ctx, kind, k, n, False, residual and "input", dt="float16")
     assert got.dtype == np.float16
-    chosen = q4 or ("fused" if cpu else "multi")  # unset: "multi" on GPU targets
+    chosen = q4 or ("fused" if cpu else "quad_k4_h")  # unset: "quad_k4_h" on GPU targets
     assert ("gemv_q4" if chosen == "fused" else "gemv_q4_" + chosen[:5].rstrip("0123456789_")
             ) in names, names
     assert not any("dequantize" in x for x in names), names
     # the product rounded to float16 (half a ULP), then the add's rounding (half a ULP);
     # float16 products (``_h``) their own error on top (``_F16_PRODUCTS``)
     ulp = np.spacing(np.abs(want).astype(np.float16)).astype(np.float64)
-    rel = _F16_PRODUCTS if (q4 or "").endswith("_h") else 1e-5
+    rel = _F16_PRODUCTS if chosen.endswith("_h") else 1e-5
     assert np.all(np.abs(got - want) <= (1.0 + residual) * ulp + rel * np.abs(want).max())
 
 

@@ -130,12 +130,12 @@ class KernelOptions:
     #: right after only maps: ``readback._read_copy_for``), "separate" (each read copies in a
     #: submit of its own), "separate_sync" (the same, each map after wgpu-py's empty submit)
     read_copy: str | None = None
-    #: one-row products with 4-bit weights (``match_q4``): None (GPU adapters "multi", CPU
-    #: adapters "fused"), "fused" (the codes read and
+    #: one-row products with 4-bit weights (``match_q4``): None (GPU adapters "quad_k4_h",
+    #: CPU adapters "fused": ``q4_variant``), "fused" (the codes read and
     #: dequantised in registers, 32 invocations a row),
     #: "multi[ROWS][_lLANES][_gGROUPS][_uUNROLL][_h]" (``Q4_VARIANT``: the same, ROWS rows an
     #: invocation, float16 scales read as pairs where exact; ``_h``: float16 products where the
-    #: adapter has 'shader-f16', else without), "wide[ROWS][_kLOADS][_h]" (``WIDE_VARIANT``:
+    #: adapter has 'shader-f16' and the weights are float16, else without), "wide[ROWS][_kLOADS][_h]" (``WIDE_VARIANT``:
     #: every code load of an invocation in flight at once), "quad[_kLOADS][_h]"
     #: (``QUAD_VARIANT``: 4 rows' codes a load, coalesced inputs), "generic"
     #: (dequantizeLinear writes float weights, then matmul)
@@ -192,15 +192,19 @@ class KernelOptions:
             v = "rows"
         return v
 
+    def q4_variant(self, t: Target | None = None) -> str:
+        """The 4-bit product's variant: ``q4_gemv``, or unset "quad_k4_h" on GPU adapters
+        (the fastest in the H200's decode step: PERFORMANCE.md "4-bit gemv"; its float16
+        products only in float16 graphs) and "fused" on CPU adapters and without a target."""
+        return self.q4_gemv or ("quad_k4_h" if t is not None and not t.cpu else "fused")
+
     def q4_multi(self, t: Target | None = None
                  ) -> tuple[int, int, int | None, int, bool] | None:
         """(rows an invocation, lanes sharing them, row groups a workgroup or None: chosen
         per shape, unroll, float16 products) of ``kernels/quant.gemv_q4_multi``, or None
-        where q4_gemv is not a "multi" variant. Unset: "multi" on GPU adapters (measured
-        faster on the H200: PERFORMANCE.md "4-bit gemv"), "fused" on CPU adapters and
-        without a target. ``_h`` holds only where the target has 'shader-f16'."""
-        default = "multi" if t is not None and not t.cpu else ""
-        m = Q4_VARIANT.fullmatch(self.q4_gemv or default)
+        where the variant (``q4_variant``) is not a "multi" one. ``_h`` holds only where
+        the target has 'shader-f16'."""
+        m = Q4_VARIANT.fullmatch(self.q4_variant(t))
         if m is None:
             return None
         return (int(m.group(1) or 4), int(m.group(2) or 32),
@@ -210,8 +214,8 @@ class KernelOptions:
     def q4_wide(self, t: Target | None = None) -> tuple[int, int, bool] | None:
         """(rows an invocation, code loads a row an invocation, float16 products: only
         where the target has 'shader-f16') of ``kernels/quant.gemv_q4_wide``, or None where
-        q4_gemv is not a "wide" variant."""
-        m = WIDE_VARIANT.fullmatch(self.q4_gemv or "")
+        the variant (``q4_variant``) is not a "wide" one."""
+        m = WIDE_VARIANT.fullmatch(self.q4_variant(t))
         if m is None:
             return None
         return (int(m.group(1) or 1), int(m.group(2) or 1),
@@ -219,9 +223,9 @@ class KernelOptions:
 
     def q4_quad(self, t: Target | None = None) -> tuple[int, bool] | None:
         """(16-byte loads an invocation, float16 products: only where the target has
-        'shader-f16') of ``kernels/quant.gemv_q4_quad``, or None where q4_gemv is not a
-        "quad" variant."""
-        m = QUAD_VARIANT.fullmatch(self.q4_gemv or "")
+        'shader-f16') of ``kernels/quant.gemv_q4_quad``, or None where the variant
+        (``q4_variant``) is not a "quad" one."""
+        m = QUAD_VARIANT.fullmatch(self.q4_variant(t))
         if m is None:
             return None
         return int(m.group(1) or 1), bool(m.group(2)) and t is not None and t.f16
