@@ -31,7 +31,8 @@ GDN_VARIANT = re.compile(r"fused(\d+)?(_sh)?(_norms)?")
 #: q4_gemv's several-rows variants: ``multi[ROWS][_lLANES][_gGROUPS][_uUNROLL][_h]`` (output
 #: rows an invocation computes, default 4; invocations sharing them, default 32; groups of
 #: them a workgroup, default ``kernels/quant.multi_groups``; code loads a row an iteration,
-#: default 1; ``_h``: products in float16 pairs where the adapter has 'shader-f16' and the graph is float16)
+#: default 1; ``_h``: products in float16 pairs where the adapter has 'shader-f16' and the
+#: weights are float16)
 Q4_VARIANT = re.compile(r"multi(\d+)?(?:_l(\d+))?(?:_g(\d+))?(?:_u(\d+))?(_h)?")
 
 #: q4_gemv's all-loads-in-flight variants: ``wide[ROWS][_kLOADS][_h]`` (output rows an
@@ -135,8 +136,9 @@ class KernelOptions:
     #: dequantised in registers, 32 invocations a row),
     #: "multi[ROWS][_lLANES][_gGROUPS][_uUNROLL][_h]" (``Q4_VARIANT``: the same, ROWS rows an
     #: invocation, float16 scales read as pairs where exact; ``_h``: float16 products where the
-    #: adapter has 'shader-f16' and the weights are float16, else without), "wide[ROWS][_kLOADS][_h]" (``WIDE_VARIANT``:
-    #: every code load of an invocation in flight at once), "quad[_kLOADS][_h]"
+    #: adapter has 'shader-f16' and the weights are float16, else without),
+    #: "wide[ROWS][_kLOADS][_h]" (``WIDE_VARIANT``: every code load of an invocation in flight
+    #: at once), "quad[_kLOADS][_h]"
     #: (``QUAD_VARIANT``: 4 rows' codes a load, coalesced inputs), "generic"
     #: (dequantizeLinear writes float weights, then matmul)
     q4_gemv: str | None = None
