@@ -96,6 +96,9 @@ class WgpuGraph(MLGraph):
         self._parity = 0
         self._items: list[Any] = []  # per launch: (pipeline, static bind group | None)
         self._bind_cache: list[dict[tuple, Any]] = []
+        #: per (bound tensors, parity) key, per pass range: the pass's launches as the C
+        #: calls take them (``dispatch._pass_commands``)
+        self._commands: dict[tuple, dict[tuple[int, int], list[tuple]]] = {}
         self._kernel_bytes = 0
         self._copy_bytes = 0
         self._passes: list[tuple[int, int]] = []
@@ -124,6 +127,7 @@ class WgpuGraph(MLGraph):
                 for b in bufs:
                     b.destroy()
             self._bind_cache.clear()
+            self._commands.clear()
             self._recorded = self._last_bound = None
         super().destroy()
 

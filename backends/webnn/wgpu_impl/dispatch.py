@@ -153,22 +153,11 @@ class Dispatch:
                     tw["end_of_pass_write_index"] = 1
             cp = enc.begin_compute_pass(timestamp_writes=tw)
             h = handle(cp)
-            last = None
-            for i in range(a, b):
-                pipe, layout, bg = g._items[i]
-                if bg is None:
-                    cache = g._bind_cache[i]
-                    bg = cache.get(key)
-                    if bg is None:
-                        if len(cache) >= BIND_CACHE_MAX:
-                            cache.pop(next(iter(cache)))
-                        bg = cache[key] = self._bind_group(g, layout, launches[i].slots,
-                                                           bound, parity)
-                if pipe is not last:  # a pass keeps its pipeline from launch to launch
-                    set_pipeline(h, handle(pipe))
-                    last = pipe
-                set_bind_group(h, 0, handle(bg), 0, null)
-                dispatch(h, *launches[i].kernel.groups)
+            for ph, bh, x, y, z, _ in self._pass_commands(g, bound, key, a, b):
+                if ph is not None:
+                    set_pipeline(h, ph)
+                set_bind_group(h, 0, bh, 0, null)
+                dispatch(h, x, y, z)
             cp.end()  # through wgpu-py: a command's error surfaces here
             if pi in cuts:
                 emit(enc.finish())
@@ -182,6 +171,40 @@ class Dispatch:
         if copy is not None:
             copy.staging.encode(enc)
         emit(enc.finish())
+
+    def _pass_commands(self, g: WgpuGraph, bound: dict[str, dict[str, MLTensor]], key: tuple,
+                       a: int, b: int) -> list[tuple]:
+        """Launches ``a:b`` of one pass as its encoding loop calls them: (the pipeline's
+        handle, or None where the previous launch's stays; the bind group's handle; the
+        grid; the bind group, held so its handle stays valid), made once per key and pass,
+        so a step's ~170 launches cost three C calls each and no Python lookups (the
+        recorded-ahead encode is on a fast step's critical path: docs/measuring.md)."""
+        per_key = g._commands.get(key)
+        if per_key is None:
+            if len(g._commands) >= BIND_CACHE_MAX:
+                g._commands.pop(next(iter(g._commands)))
+            per_key = g._commands[key] = {}
+        cmds = per_key.get((a, b))
+        if cmds is not None:
+            return cmds
+        handle, parity, launches = self._pass_calls[4], key[1], g._plan.launches
+        cmds, last = [], None
+        for i in range(a, b):
+            pipe, layout, bg = g._items[i]
+            if bg is None:
+                cache = g._bind_cache[i]
+                bg = cache.get(key)
+                if bg is None:
+                    if len(cache) >= BIND_CACHE_MAX:
+                        cache.pop(next(iter(cache)))
+                    bg = cache[key] = self._bind_group(g, layout, launches[i].slots, bound,
+                                                       parity)
+            # a pass keeps its pipeline from launch to launch
+            cmds.append((handle(pipe) if pipe is not last else None, handle(bg),
+                         *launches[i].kernel.groups, bg))
+            last = pipe
+        per_key[(a, b)] = cmds
+        return cmds
 
     def _copies(self, enc: Any, g: WgpuGraph, items: list[Any],
                 bound: dict[str, dict[str, MLTensor]], parity: int) -> None:
