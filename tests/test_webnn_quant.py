@@ -411,15 +411,19 @@ def test_4bit_half_products_only_in_a_float16_graph(ctx_with, how):
     assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
 
 
-@pytest.mark.parametrize("K,N", LLAMA_Q4)
-@pytest.mark.parametrize("how", ["fused", "multi", "multi8_l16", "multi2_l8_u2"])
+@pytest.mark.parametrize("how,K,N", [
+    (how, K, N) for how in ("fused", "multi", "multi8_l16", "multi2_l8_u2", "quad_k4")
+    for K, N in LLAMA_Q4
+    # the head (chunked beyond the binding limit) once per kernel family
+    if N != 128256 or how in ("fused", "multi", "quad_k4")])
 def test_4bit_matmul_at_llama_shapes(ctx_with, how, K, N):
     """Every llama-1b 4-bit launch shape (the head in chunks beyond the binding limit) with
     random codes (int4) and float16-valued scales (the several-rows kernel then reads them
     as float16 pairs): against float64 NumPy, a column chunk at a time."""
     got, kernels, x, codes, scale = _q4_llama(ctx_with(q4_gemv=how), K, N)
     names = {k.name for k in kernels}
-    assert names == {"gemv_q4_multi" if how.startswith("multi") else "gemv_q4"}, names
+    assert names == {"gemv_q4" if how == "fused"
+                     else "gemv_q4_" + how[:5].rstrip("0123456789_")}, names
     x64 = x.astype(np.float64)
     for c in range(0, N, 8192):
         wc = codes[:, c:c + 8192] * np.repeat(scale[:, c:c + 8192].astype(np.float64), 32,
