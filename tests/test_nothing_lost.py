@@ -364,10 +364,36 @@ def test_a_forced_run_stopped_before_its_first_point_leaves_the_old_file(tmp_pat
     assert out.read_text() == "an earlier sweep"
 
 
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def _worker_running(proc: subprocess.Popen, tmp_path: Path) -> list[int]:
+    """After the first point is saved: wait until a live worker has run for a moment with a
+    depth file on disk (its context's, which the second point reads; the first point's
+    worker may still be exiting, or
+    already gone with the next not yet started, when the point is saved, and a runner
+    killed then has no worker to clean its directory up: a later run's
+    ``remove_stale_depth_dirs`` does). Its pids."""
+    deadline = time.monotonic() + 120
+    seen: set[int] = set()
+    while time.monotonic() < deadline:
+        kids = [k for k in _worker_in_flight(proc, tmp_path / "run.json", saved=1) if _alive(k)]
+        second = [f for d in _depth_dirs(tmp_path) for f in d.glob("depth-*.npz")]
+        if kids and second and seen & set(kids):
+            return kids
+        seen = set(kids) if second else set()
+        time.sleep(0.3)
+    raise AssertionError("no worker running")
+
+
 @needs_proc
 def test_a_killed_runner_takes_its_worker_and_depth_file_with_it(tmp_path):
     proc = _start(tmp_path)
-    workers = _worker_in_flight(proc, tmp_path / "run.json", saved=1)
+    workers = _worker_running(proc, tmp_path)
     assert _depth_dirs(tmp_path)
     proc.kill()
     proc.communicate(timeout=60)
