@@ -234,6 +234,7 @@ class _OrtBackend(Backend):
         self.hand_pairs = pairs  # past -> present named by hand (--pairs), for a user's model
         self.session = None
         self.position = 0
+        self._logits_host: np.ndarray | None = None  # the page's logits array (_logits_array)
 
     #: why a mode cannot run a model statebench did not export ("" where it can)
     model_unavailable = ""
@@ -480,27 +481,30 @@ class _OrtBackend(Backend):
         memory: as the WebNN pages read theirs (``readTensor(tensor, outputData)``), since a
         fresh array a step is fresh heap the copy faults in (docs/measuring.md, "Host
         time")."""
-        if getattr(self, "_logits_host", None) is None:
+        if self._logits_host is None:
             declared = {o.name: o.type for o in self.session.get_outputs()}.get("logits")
             dtype = np.float16 if declared == "tensor(float16)" else np.float32
             self._logits_host = np.empty((1, 1, self.vocab), dtype)
             self._logits_host_value = ort.OrtValue.ortvalue_from_numpy(self._logits_host)
         return self._logits_host, self._logits_host_value
 
-    def _read_logits(self, value: ort.OrtValue) -> np.ndarray:
-        """A device value's logits copied into the page's own host array
+    def _read_logits(self, value: ort.OrtValue | None = None) -> np.ndarray:
+        """The step's logits, flat, in the graph's type: the page's host array, which the
+        EP wrote (``value`` None) or a device ``value`` is copied into
         (``onnxruntime.copy_tensors``); where ORT has no such copy for the device,
         ``numpy()`` (a fresh array a step). Which one ran: details["logits_read"]."""
+        host, host_value = self._logits_array()
+        if value is None:
+            return host.reshape(-1)
         if self.details.get("logits_read") != "numpy()":
-            host, host_value = self._logits_array()
             try:
                 ort.copy_tensors([value], [host_value])
                 self.details["logits_read"] = "copy_tensors into one host array"
-                return host.reshape(-1).astype(np.float32, copy=False)
+                return host.reshape(-1)
             except (AttributeError, RuntimeError) as exc:
                 self.details["logits_read"] = "numpy()"
                 self.details["logits_read_reason"] = str(exc).splitlines()[0][:200]
-        return value.numpy().reshape(-1).astype(np.float32, copy=False)
+        return value.numpy().reshape(-1)
 
     def close(self) -> None:
         self.session = None
@@ -584,14 +588,12 @@ class _IOBinding(_OrtBackend):
         # the CPU EP writes the logits into the page's array, where their width is known
         on_host = self.provider != "webgpu" and self.vocab >= 1
         if on_host:
-            host, host_value = self._logits_array()
-            io.bind_ortvalue_output("logits", host_value)
+            io.bind_ortvalue_output("logits", self._logits_array()[1])
         for name in bound[on_host:]:
             io.bind_output(name, self._device)
         self.session.run_with_iobinding(io)
         by_name = dict(zip(bound, io.get_outputs(), strict=True))  # in binding order
-        logits = (host.reshape(-1).astype(np.float32, copy=False) if on_host
-                  else self._read_logits(by_name["logits"]))
+        logits = self._read_logits(None if on_host else by_name["logits"])
         self.counters.d2h += logits.nbytes
         self._count_kernel()
         self.values = {s.input: by_name[self.present_of[s.input]] for s in self.specs}
@@ -683,8 +685,7 @@ class _Shared(_OrtBackend):
             self._feed(name, arr)
             self.counters.h2d += arr.nbytes
         self.session.run_with_iobinding(self.io)
-        logits = (self._read_logits(self.logits) if self.provider == "webgpu"
-                  else self._logits_host.reshape(-1).astype(np.float32, copy=False))
+        logits = self._read_logits(self.logits if self.provider == "webgpu" else None)
         self.counters.d2h += logits.nbytes
         self._count_kernel()
         self.position += 1
