@@ -13,6 +13,7 @@ cores, and recording during the run made the run itself slower for no wall-time 
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from .._classes import MLGraph, MLTensor
@@ -23,6 +24,17 @@ if TYPE_CHECKING:
     from .context import WgpuGraph
 
 BIND_CACHE_MAX = 16  # per launch; bounds memory for pages that bind fresh tensors
+
+
+def _cached(cache: dict, key: tuple, make: Any) -> Any:
+    """``cache[key]``, made by ``make()`` where absent; the oldest entry dropped first
+    beyond ``BIND_CACHE_MAX`` (what a page binding fresh tensors each step would grow)."""
+    got = cache.get(key)
+    if got is None:
+        if len(cache) >= BIND_CACHE_MAX:
+            cache.pop(next(iter(cache)))
+        got = cache[key] = make()
+    return got
 
 
 def _bound_key(bound: dict[str, dict[str, MLTensor]]) -> tuple:
@@ -179,11 +191,7 @@ class Dispatch:
         grid; the bind group, held so its handle stays valid), made once per key and pass,
         so a step's ~170 launches cost three C calls each and no Python lookups (the
         recorded-ahead encode is on a fast step's critical path: docs/measuring.md)."""
-        per_key = g._commands.get(key)
-        if per_key is None:
-            if len(g._commands) >= BIND_CACHE_MAX:
-                g._commands.pop(next(iter(g._commands)))
-            per_key = g._commands[key] = {}
+        per_key = _cached(g._commands, key, dict)
         cmds = per_key.get((a, b))
         if cmds is not None:
             return cmds
@@ -192,13 +200,8 @@ class Dispatch:
         for i in range(a, b):
             pipe, layout, bg = g._items[i]
             if bg is None:
-                cache = g._bind_cache[i]
-                bg = cache.get(key)
-                if bg is None:
-                    if len(cache) >= BIND_CACHE_MAX:
-                        cache.pop(next(iter(cache)))
-                    bg = cache[key] = self._bind_group(g, layout, launches[i].slots, bound,
-                                                       parity)
+                bg = _cached(g._bind_cache[i], key, partial(
+                    self._bind_group, g, layout, launches[i].slots, bound, parity))
             # a pass keeps its pipeline from launch to launch
             cmds.append((handle(pipe) if pipe is not last else None, handle(bg),
                          *launches[i].kernel.groups, bg))
