@@ -101,8 +101,7 @@ def environment(calibration: dict | None = None, wgpu: dict | None = None) -> di
         "packages": {p: package_version(p) for p in ("numpy", "onnx", "onnxruntime", "wgpu",
                                                      "rich", "onnxruntime-ep-webgpu")},
         "ort_ep_devices": _ort_devices(),
-        "git_commit": _git_commit(),
-        "source_digest": source_digest(),
+        **provenance(),
         "calibration": calibration or {},
     }
     env["wgpu"] = wgpu if wgpu is not None else {"adapter": None, "reason": "not queried"}
