@@ -639,14 +639,16 @@ def test_one_launch_attention_pages_match_the_reference(name, mode, how):
 
 
 @pytest.mark.adapter_feature("shader-f16")
-@pytest.mark.parametrize("q4", [None, "fused", "wide2_h", "quad_h"])
-def test_q4f16_gpu_plan_launches_as_q4(monkeypatch, q4):
+@pytest.mark.parametrize("q4,pro", [(None, None), ("fused", None), ("wide2_h", None),
+                                    ("quad_h", None), (None, "full")])
+def test_q4f16_gpu_plan_launches_as_q4(monkeypatch, q4, pro):
     """On a GPU target tiny+q4f16 plans as tiny+q4 but for one launch: q/k/v and gate/up
     stack, the norms are one launch each, the residual adds are the 4-bit kernel's float16
     epilogue (no launch rounds a product or adds), attention is the flash kernel, and the
     steps still match the reference under the float16 tolerance; with each 4-bit kernel
     (``q4``: the q4_gemv knob; unset: "quad_k4_h" on a GPU target; "wide2_h", "quad_h":
-    float16 products, within the same tolerance)."""
+    float16 products, within the same tolerance; ``pro``: the q4_prologue knob, the norms
+    and SwiGLU computed by the 4-bit kernel where it reads them)."""
     import dataclasses
 
     from backends.webnn.wgpu_impl import context
@@ -658,7 +660,7 @@ def test_q4f16_gpu_plan_launches_as_q4(monkeypatch, q4):
     launches = {}
     for name in ("tiny+q4", "tiny+q4f16"):
         wl = f16kv(name)
-        b = StatefulInPlace(options=KernelOptions(q4_gemv=q4))
+        b = StatefulInPlace(options=KernelOptions(q4_gemv=q4, q4_prologue=pro))
         b.prepare(wl, 24)
         try:
             launches[name] = [la.kernel.name for la in b.converted.graph._plan.launches
@@ -673,6 +675,9 @@ def test_q4f16_gpu_plan_launches_as_q4(monkeypatch, q4):
         q4 or "quad", "gemv_q4_multi")
     assert half.count(kernel) == launches["tiny+q4"].count(kernel) > 0
     assert "attention_flash" in half and not any("add" in n and "cast" in n for n in half)
+    if pro == "full":  # SwiGLU and the layers' norms: no launch of their own
+        assert "fused:sigmoid+mul+mul" not in half, half
+        assert half.count("fused_vector") == launches["tiny+q4"].count("fused_vector") <= 3, half
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ ACCEPTED = {
     "attention": ["flash", "flash1", "lanes", "lanes1", "lanes_u8", "lanes1_u2", "unfused",
                   "generic"],
     "gemv_prologue": ["launch", "off", "full", "vector"],
+    "q4_prologue": ["off", "vector", "full"],
     "row_vector": ["unrolled", "loop"],
     "row_writes": ["separate"],
     "attention_splits": [1, 8, 64],
@@ -35,7 +36,8 @@ ACCEPTED = {
 }
 REFUSED = {
     "gemv": ["fastest", "col", "rows_x"], "attention": ["flash2", "", "lanes_u3", "lanes2"],
-    "gemv_prologue": ["on"], "row_vector": ["unroll", ""], "row_writes": ["one"],
+    "gemv_prologue": ["on"], "q4_prologue": ["launch", ""], "row_vector": ["unroll", ""],
+    "row_writes": ["one"],
     "attention_splits": [0, -2, "4", 2.0, True],
     "record_ahead": ["yes"], "cache_copy": ["copy"], "gemv_weights": ["f64"],
     "gdn": ["fastest", "fused12", "fused0", "fused512"], "f16_loads": ["u32"],

@@ -311,6 +311,47 @@ def test_q4_pages_match_the_reference(page, gemv, q4):
         b.close()
 
 
+@pytest.mark.parametrize("page", ["wgpu:stateful", "wgpu:stateless"])
+@pytest.mark.parametrize("pro", ["vector", "full"])
+def test_q4_prologue_computes_the_input_where_it_is_read(page, pro):
+    """tiny+q4 with the 4-bit "quad" kernel computing its input vector (``q4_prologue``):
+    "vector" drops SwiGLU's launch (the down projection computes silu(g)·u), "full" the
+    RMSNorms read only by 4-bit products too (each workgroup takes the mean of squares);
+    the logits stay the float64 reference's, with fresh tokens each step."""
+    from collections import Counter
+
+    from backends.pages import StatefulInPlace, StatelessCopy
+    from backends.webnn.wgpu_impl.options import KernelOptions
+    from model.reference import Reference
+    from model.workload import Workload, preset, token_stream
+
+    wl = Workload.build(preset("tiny+q4"), seed=3)
+    cls = {"wgpu:stateful": StatefulInPlace, "wgpu:stateless": StatelessCopy}[page]
+    counts = {}
+    for how in ("off", pro):
+        b = cls(options=KernelOptions(gemv="rows_sh", q4_gemv="quad", q4_prologue=how))
+        b.prepare(wl, 24)
+        try:
+            plan = b.converted.graph._plan
+            counts[how] = Counter(la.kernel.name for la in plan.launches if hasattr(la, "kernel"))
+            ref = Reference(wl.config, wl.weights, 24)
+            b.reset()
+            for tok in token_stream(wl.config, 3, seed=11):
+                want = ref.step(int(tok))
+                got = np.asarray(b.step(int(tok)), np.float64)
+                assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max(), how
+        finally:
+            b.close()
+    off, on = counts["off"], counts[pro]
+    assert on["gemv_q4_quad"] == off["gemv_q4_quad"] > 0
+    assert off["fused:sigmoid+mul+mul"] > 0 and on["fused:sigmoid+mul+mul"] == 0, on
+    layers = len(wl.config.layers)
+    if pro == "full":  # both norms of every layer and the final one are computed in place
+        assert off["fused_vector"] - on["fused_vector"] >= 2 * layers + 1, (off, on)
+    else:
+        assert on["fused_vector"] == off["fused_vector"], (off, on)
+
+
 def test_dequantize_linear_validation_as_wpt(ctx):
     """WPT's validation cases: a scale of lower rank broadcasts (right-aligned), a scale
     dimension must divide the input's, zeroPoint has the scale's shape and the input's

@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 from .. import shapes as S
 from ..dtypes import dtype, packed_bytes
 from .common import Kernel, decl, esize, grid, main_1d
-from .matmul import gemv_tail, gemv_write
+from .matmul import VectorSource, gemv_tail, gemv_write
+from .reduce import inline_reduction, unrolled_reduction
 
 
 def load_fn(name: str, array: str, kind: str) -> str:
@@ -57,12 +58,18 @@ def dequantize_linear(kind: str, shape: Sequence[int], block: Sequence[int], out
 
 
 def _q4_bindings(b_t: str, sc_t: str, N: int, zero_points: bool, residual: bool, n_off: int,
-                 splits: Sequence[int] | None, half_out: bool) -> tuple[str, list[str]]:
+                 splits: Sequence[int] | None, half_out: bool,
+                 prologue: VectorSource | None = None) -> tuple[str, list[str]]:
     """The 4-bit products' bindings (``gemv_q4`` documents them; ``b_t``: the codes' load
-    type, ``sc_t``: the scales') and each one's access."""
-    src = decl(0, "a", "vec4<f32>", "read") + decl(1, "b", b_t, "read")
-    src += decl(2, "sc", sc_t, "read")
-    nxt = 3
+    type, ``sc_t``: the scales') and each one's access; with a ``prologue``, its bindings
+    (and its module-scope source) instead of ``a``, the others after them."""
+    if prologue is None:
+        src, first = decl(0, "a", "vec4<f32>", "read"), ["read"]
+    else:
+        src, first = prologue.src, list(prologue.bindings)
+    nb = len(first)
+    src += decl(nb, "b", b_t, "read") + decl(nb + 1, "sc", sc_t, "read")
+    nxt = nb + 2
     if zero_points:
         src += decl(nxt, "zc", "f32", "read")
         nxt += 1
@@ -74,7 +81,7 @@ def _q4_bindings(b_t: str, sc_t: str, N: int, zero_points: bool, residual: bool,
     assert not (splits and (residual or n_off or half_out)) and sum(outs) == N
     for j in range(len(outs)):
         src += decl(nxt + j, f"out{j}" if splits else "out", io, "rw")
-    return src, ["read"] * nxt + ["rw"] * len(outs)
+    return src, first + ["read"] * (nxt - nb) + ["rw"] * len(outs)
 
 
 def gemv_q4(K: int, N: int, block: int, *, signed: bool, zero_points: bool, lanes: int = 32,
@@ -248,14 +255,16 @@ def gemv_q4_multi(K: int, N: int, block: int, *, signed: bool, zero_points: bool
 def _rows_head(N: int, K: int, block: int, R: int, lanes: int, wg: int, gx: int, shared: int,
                *, signed: bool, zero_points: bool, residual: bool, n_off: int,
                splits: Sequence[int] | None, half_out: bool, half_scales: bool,
-               half: bool, row_offsets: bool = True) -> tuple[str, list[str]]:
+               half: bool, row_offsets: bool = True,
+               prologue: VectorSource | None = None) -> tuple[str, list[str]]:
     """The start of ``gemv_q4_multi`` and ``gemv_q4_wide`` (bindings, unpack and scale
     functions, ``shared`` floats of workgroup memory where non-zero, the entry point up to
     each of the group's ``R`` rows' code and scale offsets ``wb{j}``, ``sb{j}``: groups of
     ``lanes`` invocations, ``wg`` a workgroup, ``gx`` workgroups along x; without
-    ``row_offsets``, up to the group's first row ``n0``) and the bindings' access."""
+    ``row_offsets``, up to the group's first row ``n0``) and the bindings' access
+    (``prologue``: ``_q4_bindings``)."""
     src, binds = _q4_bindings("vec4<u32>", "u32" if half_scales else "f32", N, zero_points,
-                              residual, n_off, splits, half_out)
+                              residual, n_off, splits, half_out, prologue)
     src += _unpack_half_fns(signed) if half else _unpack_biased_fns(signed)
     src += _scale_fn(half_scales)
     if shared:
@@ -522,7 +531,7 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
                  loads: int = 1, subgroup: int | None = None, residual: bool = False,
                  n_off: int = 0, splits: Sequence[int] | None = None,
                  half_out: bool = False, half_scales: bool = False,
-                 half: bool = False) -> Kernel:
+                 half: bool = False, prologue: VectorSource | None = None) -> Kernel:
     """The product ``gemv_q4`` computes, the codes of ``QUAD`` rows interleaved by word
     (``match_q4.interleave_rows``): one 16-byte load is 8 codes of each of 4 rows at the
     same 8 inputs, so an invocation's input is 2 ``vec4`` (32 bytes, adjacent
@@ -534,7 +543,11 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
     invocation scales its 8 codes a row (the block spans 4 invocations). ``loads`` and
     the group's width as ``gemv_q4_wide`` (all loads issued first, loop unrolled at build
     time; ``quad_lanes``: 256 at K = 2048), sums as there (``_group_sums``); ``half``:
-    float16 pair products (``_unpack_half_fns``)."""
+    float16 pair products (``_unpack_half_fns``).
+
+    ``prologue``: the input is not a buffer but computed where it is read (``_prologue``:
+    RMSNorm's tail after its mean of squares, SwiGLU's product), after every code load
+    is issued, so the vector's loads and its reduction wait beside the codes' loads."""
     assert K % 32 == 0 and block % 32 == 0 and K % block == 0
     words, nblocks, per = K // 8, K // block, block // 8
     lanes = quad_lanes(K, loads)
@@ -544,10 +557,15 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
     wg = G * lanes
     gx, gy, _ = grid(N, G * R)
     sub = subgroup if subgroup is not None and lanes % subgroup == 0 else None
+    red = _prologue_reduction(prologue, wg, subgroup)
+    if red is not None:
+        prologue = VectorSource(prologue.src + red[0], prologue.bindings, prologue.element,
+                                prologue.reduction)
     src, binds = _rows_head(N, K, block, R, lanes, wg, gx, wide_shared(R, lanes, wg, sub),
                             signed=signed, zero_points=zero_points, residual=residual,
                             n_off=n_off, splits=splits, half_out=half_out,
-                            half_scales=half_scales, half=half, row_offsets=False)
+                            half_scales=half_scales, half=half, row_offsets=False,
+                            prologue=prologue)
     src += f"  let q = min(n0 / {R}u, {groups - 1}u);\n"
     ragged = words % lanes != 0
     flip = " ^ vec4<u32>(0x88888888u)" if signed else ""  # _unpack_biased_fns
@@ -556,6 +574,8 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
         src += (f"  let j_{i} = min(t + {i * lanes}u, {words - 1}u);\n" if last
                 else f"  let j_{i} = t + {i * lanes}u;\n")
         src += f"  let w_{i} = b[q * {words}u + j_{i}]{flip};\n"
+    if red is not None:  # uniform control flow: every invocation, no return before
+        src += red[1]
     for i in range(iters):
         src += f"  let sb_{i} = (q * {nblocks}u + j_{i} / {per}u) * {R}u;\n"
         if half_scales:  # the 4 rows' float16 scales: two words
@@ -567,7 +587,8 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
             src += "".join(f"  let s{r}_{i} = scale(sb_{i} + {r}u);\n" for r in range(R))
         if zero_points:
             src += "".join(f"  let z{r}_{i} = zc[sb_{i} + {r}u];\n" for r in range(R))
-        src += f"  let lo_{i} = a[2u * j_{i}];\n  let hi_{i} = a[2u * j_{i} + 1u];\n"
+        src += (f"  let lo_{i} = {_input_vec4(prologue, f'j_{i}', 0)};\n"
+                f"  let hi_{i} = {_input_vec4(prologue, f'j_{i}', 1)};\n")
         if half:
             src += (f"  let hlo_{i} = vec4<f16>(lo_{i});\n"
                     f"  let hhi_{i} = vec4<f16>(hi_{i});\n")
@@ -582,3 +603,23 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
     return _group_kernel("gemv_q4_quad", src, binds, (gx, gy, 1), R, lanes, wg, sub, K, N,
                          nblocks, zero_points=zero_points, residual=residual, n_off=n_off,
                          splits=splits, half_out=half_out, half_scales=half_scales)
+
+
+def _prologue_reduction(prologue: VectorSource | None, wg: int,
+                        subgroup: int | None) -> tuple[str, str] | None:
+    """(module declarations, body) of the whole-vector reduction a ``prologue`` reads
+    (RMSNorm's mean of squares, into ``red``), each workgroup computing it; None without."""
+    if prologue is None or prologue.reduction is None:
+        return None
+    op, load, count = prologue.reduction
+    return (unrolled_reduction(op, count, load, wg, subgroup)
+            or inline_reduction(op, count, load, wg))
+
+
+def _input_vec4(prologue: VectorSource | None, word: str, half: int) -> str:
+    """WGSL: the 4 inputs of code word ``word``'s low (``half`` 0) or high (1) 4 codes:
+    one ``vec4`` of the buffer ``a``, or the ``prologue``'s elements computed."""
+    if prologue is None:
+        return f"a[2u * {word}{' + 1u' if half else ''}]"
+    return "vec4<f32>(" + ", ".join(prologue.element.format(f"8u * {word} + {4 * half + c}u")
+                                    for c in range(4)) + ")"

@@ -178,13 +178,19 @@ class Prologue:
 
 def gemv_prologues(nodes: list[MLOperand], fold: dict[int, MLOperand], inlined: set[int],
                    groups: dict[int, Any], taken: set[int], target: Target,
-                   reductions: bool = True) -> dict[int, Prologue]:
+                   reductions: bool = True,
+                   q4: dict[int, int] | None = None) -> dict[int, Prologue]:
     """gemv id -> the element-wise group computing its input vector, where every reader of
     that vector is a single-row matmul with constant weights (RMSNorm's tail read by the
     q/k/v projections, SwiGLU's product read by the down projection). Each gemv workgroup
     then computes the vector into workgroup memory; the group needs no launch. A
     one-element reduction the group reads, read by nothing else (RMSNorm's mean of
-    squares), is computed by the gemv's workgroups too (``reductions``)."""
+    squares), is computed by the gemv's workgroups too (``reductions``).
+
+    ``q4``: the 4-bit products (``match_q4``) whose kernel computes such a vector where it
+    reads it (``quant.gemv_q4_quad``, no workgroup copy), each with the count of its other
+    bindings: every reader must be one of them, within the binding limit,
+    and without ``reductions`` a vector reading a reduction is left to its own launch."""
     consumers = fusion.consumers_of(nodes)
     out: dict[int, Prologue] = {}
     for a in _vector_roots(nodes, inlined, taken):
@@ -192,15 +198,22 @@ def gemv_prologues(nodes: list[MLOperand], fold: dict[int, MLOperand], inlined: 
         readers = consumers.get(a._id, [])
         if not readers or not all(
                 c._op == "matmul" and root(c._inputs[0]) is a and c._inputs[0]._shape[-1] == K
-                and S.size(c._shape[:-1]) == 1 and const_weight(c, fold) is not None
+                and S.size(c._shape[:-1]) == 1
+                and (c._id in q4 if q4 is not None else const_weight(c, fold) is not None)
                 for c in readers):
             continue
-        if 4 * K + 4 * 512 > target.shared_bytes:
+        if q4 is None and 4 * K + 4 * 512 > target.shared_bytes:
             continue  # the vector must fit in workgroup memory beside the reduction scratch
         group = _group(a, groups, inlined)
         red = _reduction_of(group, consumers, groups, inlined, taken) if reductions else None
+        if q4 is not None and red is None and _reduction_of(group, consumers, groups, inlined,
+                                                            taken) is not None:
+            continue  # RMSNorm's tail without its reduction: as many launches, more work
         pro = Prologue(group, red)
-        if len(pro.leaves) + 5 > target.max_storage:  # + weights, residual, 3 outputs
+        if q4 is not None:  # its other bindings: codes, scales, zero points, residual, outputs
+            if len(pro.leaves) + max(q4[c._id] for c in readers) > target.max_storage:
+                continue
+        elif len(pro.leaves) + 5 > target.max_storage:  # + weights, residual, 3 outputs
             pro = Prologue(group)
             if len(pro.leaves) + 5 > target.max_storage:
                 continue

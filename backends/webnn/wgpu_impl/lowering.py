@@ -377,6 +377,8 @@ def _lower_q4(plan: Plan, members: list[MLOperand], a_slot: Slot, slot_of: Any) 
     if quad is not None and (w0.block % 32 or K % 32):
         quad = None
     dst, res = plan.epilogue.get(members[0]._id, (members[0], None))  # (the add, residual)
+    a_slots, source = _gemv_input(plan, members[0], [a_slot], slot_of)
+    assert source is None or quad is not None, "a 4-bit prologue needs the quad kernel"
     # float16 products (``_h``) only on float16 weights: a float32 graph's product keeps
     # float32's precision (its tolerance is 1e-3, not the float16 one)
     half = all(w.f16_weights for w in ws) and any(v is not None and v[-1]
@@ -411,7 +413,7 @@ def _lower_q4(plan: Plan, members: list[MLOperand], a_slot: Slot, slot_of: Any) 
                       half_out=dst._dtype.wgsl == "f16")
         if quad is not None:
             k = QK.gemv_q4_quad(K, nc, w0.block, loads=quad[0], half_scales=half_scales,
-                                half=half, **common)
+                                half=half, prologue=source, **common)
         elif wide is not None:
             k = QK.gemv_q4_wide(K, nc, w0.block, rows=wide[0], loads=wide[1],
                                 half_scales=half_scales, half=half, **common)
@@ -421,7 +423,7 @@ def _lower_q4(plan: Plan, members: list[MLOperand], a_slot: Slot, slot_of: Any) 
                                  unroll=unroll, half_scales=half_scales, half=half, **common)
         else:
             k = QK.gemv_q4(K, nc, w0.block, lanes=lanes, wg=256, **common)
-        plan.launches.append(KernelLaunch(k, [a_slot] + slots + (
+        plan.launches.append(KernelLaunch(k, a_slots + slots + (
             [slot_of(res)] if res is not None else []) + outs))
 
 

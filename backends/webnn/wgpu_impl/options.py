@@ -58,6 +58,7 @@ LANES_VARIANT = re.compile(r"lanes(1)?(?:_u(\d+))?")
 CHOICES: dict[str, tuple[str, ...]] = {
     "attention": ("flash", "flash1", "unfused", "generic"),
     "gemv_prologue": ("launch", "off", "full", "vector"),
+    "q4_prologue": ("off", "vector", "full"),
     "row_vector": ("unrolled", "loop"),
     "row_writes": ("separate",),
     "record_ahead": ("on", "pieces", "off"),
@@ -94,6 +95,11 @@ class KernelOptions:
     #: one launch of their own), "off" (each its own launch), "full" (both computed by each
     #: gemv workgroup), "vector" (the vector by each gemv workgroup, the reduction launched)
     gemv_prologue: str | None = None
+    #: a 4-bit product's input vector (``q4_gemv`` "quad" variants): None/"off" (as
+    #: ``gemv_prologue`` decides), "vector" (a vector reading no reduction, SwiGLU's product,
+    #: computed by the product's workgroups where they read it), "full" (RMSNorm too, each
+    #: workgroup computing the mean of squares while its code loads are in flight)
+    q4_prologue: str | None = None
     #: a vector and its row reduction in one launch (``kernels/matmul.computed_vector``, the
     #: launch of "launch" above; RMSNorm, L2 norms per head): None/"unrolled" (a workgroup no
     #: wider than the row, each invocation's loads straight-line, subgroup sums where the

@@ -118,10 +118,17 @@ def gemv_prologues(plan: Plan, st: PassState) -> None:
     with its reduction."""
     mode = plan.options.gemv_prologue or "launch"
     gpu_gemv = _gpu_gemv(plan)
-    if gpu_gemv and mode in ("full", "vector"):
+    q4_mode = plan.options.q4_prologue or "off"
+    if q4_mode != "off" and plan.q4 and plan.options.q4_quad(plan.target) is not None:
+        quad = _q4_other_bindings(plan)
         plan.prologue = GV.gemv_prologues(st.nodes, plan.fold, st.inlined, plan.groups,
                                           st.pinned | st.absorbed, plan.target,
-                                          reductions=mode == "full")
+                                          reductions=q4_mode == "full", q4=quad)
+        st.absorbed |= {x._id for pro in plan.prologue.values() for x in pro.absorbed}
+    if gpu_gemv and mode in ("full", "vector"):
+        plan.prologue |= GV.gemv_prologues(st.nodes, plan.fold, st.inlined, plan.groups,
+                                           st.pinned | st.absorbed, plan.target,
+                                           reductions=mode == "full")
     elif gpu_gemv and mode == "launch":
         # a graph output may be such a vector (it is written anyway); a state writer not
         plan.vectors = GV.row_reductions(st.nodes, st.inlined, plan.groups,
@@ -129,6 +136,14 @@ def gemv_prologues(plan: Plan, st: PassState) -> None:
                                          st.pinned | st.absorbed, plan.target)
     st.absorbed |= {x._id for pro in plan.prologue.values() for x in pro.absorbed}
     st.absorbed |= {pro.reduce_op._id for pro in plan.vectors.values()}
+
+
+def _q4_other_bindings(plan: Plan) -> dict[int, int]:
+    """4-bit product id -> the bindings its launch has besides the input vector (codes,
+    scales, zero-point terms, residual, outputs), for the products the "quad" kernel runs."""
+    outs = {m._id: len(ms) for ms in plan.stacked.values() for m in ms}
+    return {i: 2 + w.zero_points + (i in plan.epilogue) + outs.get(i, 1)
+            for i, w in plan.q4.items() if w.block % 32 == 0 and w.K % 32 == 0}
 
 
 def group_row_writes(plan: Plan, st: PassState) -> None:
