@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from backends.webnn import MLGraphBuilder
-from backends.webnn.kernels import quant as QK
+from backends.webnn.kernels import quant_rows as QR
 from backends.webnn.wgpu_impl.options import WIDE_VARIANT
 
 RNG = np.random.default_rng(4242)
 #: float16 products (the ``_h`` variants, where the adapter has 'shader-f16'): the error
-#: bound on random data, relative to the largest output (``quant._unpack_half_fns``'s worst
+#: bound on random data, relative to the largest output (``quant_rows._unpack_half_fns``'s worst
 #: case is 2.5e-3 of each word's sum of magnitudes; q4f16's tolerance is 2.2e-2)
 _F16_PRODUCTS = 2e-3
 _names = iter(range(10**6))  # fresh input names
@@ -153,7 +153,7 @@ def test_4bit_matmul_one_row(ctx_with, how, kind, k, n, zero_points, block):
         assert names == ["gemv_q4"]
     elif how.startswith(("multi", "wide", "quad")):  # 16-byte loads: word blocks stay fused
         m = WIDE_VARIANT.fullmatch(how)  # (wide) at most a row an invocation
-        fits = block % 32 == 0 and (m is None or int(m.group(1) or 1) <= QK.wide_lanes(
+        fits = block % 32 == 0 and (m is None or int(m.group(1) or 1) <= QR.wide_lanes(
             k, int(m.group(2) or 1)))
         kernel = "gemv_q4_" + how[:5].rstrip("0123456789_")
         assert names == [kernel if fits else "gemv_q4"], names
@@ -494,7 +494,7 @@ def test_4bit_wide_and_half_at_llama_shapes(ctx_with, subgroup_size, monkeypatch
     lavapipe's 8-wide subgroups), sums through workgroup memory or (``sub``) subgroupAdd
     at the adapter's own width. Against float64 NumPy; with
     float16 products within the worst case
-    ``quant._unpack_half_fns`` states, per output (5 roundings of 2^-11 a product's
+    ``quant_rows._unpack_half_fns`` states, per output (5 roundings of 2^-11 a product's
     magnitude), and the random-data bound ``_F16_PRODUCTS`` over all."""
     import dataclasses
 

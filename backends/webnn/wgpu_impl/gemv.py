@@ -188,7 +188,7 @@ def gemv_prologues(nodes: list[MLOperand], fold: dict[int, MLOperand], inlined: 
     squares), is computed by the gemv's workgroups too (``reductions``).
 
     ``q4``: the 4-bit products (``match_q4``) whose kernel computes such a vector where it
-    reads it (``quant.gemv_q4_quad``, no workgroup copy), each with the count of its other
+    reads it (``quant_rows.gemv_q4_quad``, no workgroup copy), each with the count of its other
     bindings: every reader must be one of them, within the binding limit,
     and without ``reductions`` a vector reading a reduction is left to its own launch."""
     consumers = fusion.consumers_of(nodes)

@@ -16,6 +16,7 @@ from ..kernels import elementwise as EW
 from ..kernels import matmul as MM
 from ..kernels import movement as MV
 from ..kernels import quant as QK
+from ..kernels import quant_rows as QR
 from ..kernels import reduce as RD
 from ..stateful import PairPlan, root
 from . import fusion
@@ -371,7 +372,7 @@ def _lower_q4(plan: Plan, members: list[MLOperand], a_slot: Slot, slot_of: Any) 
     if multi is not None and (w0.block % 32 or multi[0] > multi[1]):
         multi = None
     wide = plan.options.q4_wide(plan.target)  # all loads in flight, where the block allows it
-    if wide is not None and (w0.block % 32 or wide[0] > QK.wide_lanes(K, wide[1])):
+    if wide is not None and (w0.block % 32 or wide[0] > QR.wide_lanes(K, wide[1])):
         wide = None
     quad = plan.options.q4_quad(plan.target)  # 4 rows' codes a load, where the block allows
     if quad is not None and (w0.block % 32 or K % 32):
@@ -390,7 +391,7 @@ def _lower_q4(plan: Plan, members: list[MLOperand], a_slot: Slot, slot_of: Any) 
         key = (members[0]._id, c)
         slots = [("const", ("Q4", *key)), ("const", ("Q4S", *key))]
         # quad: 4 rows interleaved (padded to a multiple of 4)
-        rows_n = -(-nc // QK.QUAD) * QK.QUAD if quad is not None else nc
+        rows_n = -(-nc // QR.QUAD) * QR.QUAD if quad is not None else nc
 
         def laid(make: Callable[[], np.ndarray], nc: int = nc) -> Callable[[], np.ndarray]:
             return partial(MQ.interleave_rows, make, nc) if quad is not None else make
@@ -412,14 +413,14 @@ def _lower_q4(plan: Plan, members: list[MLOperand], a_slot: Slot, slot_of: Any) 
                       splits=[w.N for w in ws] if len(ws) > 1 else None,
                       half_out=dst._dtype.wgsl == "f16")
         if quad is not None:
-            k = QK.gemv_q4_quad(K, nc, w0.block, loads=quad[0], half_scales=half_scales,
+            k = QR.gemv_q4_quad(K, nc, w0.block, loads=quad[0], half_scales=half_scales,
                                 half=half, prologue=source, **common)
         elif wide is not None:
-            k = QK.gemv_q4_wide(K, nc, w0.block, rows=wide[0], loads=wide[1],
+            k = QR.gemv_q4_wide(K, nc, w0.block, rows=wide[0], loads=wide[1],
                                 half_scales=half_scales, half=half, **common)
         elif multi is not None:
             rows, lanes_m, groups, unroll, _ = multi
-            k = QK.gemv_q4_multi(K, nc, w0.block, rows=rows, lanes=lanes_m, groups=groups,
+            k = QR.gemv_q4_multi(K, nc, w0.block, rows=rows, lanes=lanes_m, groups=groups,
                                  unroll=unroll, half_scales=half_scales, half=half, **common)
         else:
             k = QK.gemv_q4(K, nc, w0.block, lanes=lanes, wg=256, **common)

@@ -104,7 +104,7 @@ def _nibbles(o: MLOperand, signed: bool) -> np.ndarray:
 
 
 #: ``repack_codes(pairs=True)``: the element of its word each nibble holds (elements 2m and
-#: 2m + 1 in nibbles m and m + 4: one shift and mask yields the pair, ``quant._unpack_half_fns``)
+#: 2m + 1 in nibbles m and m + 4: one shift and mask yields the pair, ``quant_rows._unpack_half_fns``)
 PAIR_ORDER = np.array([0, 2, 4, 6, 1, 3, 5, 7])
 
 
@@ -131,7 +131,7 @@ def repack_scales(w: Q4Weight, n0: int, nc: int, zero_terms: bool) -> np.ndarray
 def interleave_rows(values: Any, rows: int, width: int = 4) -> np.ndarray:
     """The (rows, per-row) 32-bit values made by ``values()`` (codes, scales) with ``width``
     rows interleaved element by element, rows padded with zeros to a multiple of ``width``
-    (``quant.gemv_q4_quad``: one 16-byte load is a code word of each of 4 rows)."""
+    (``quant_rows.gemv_q4_quad``: one 16-byte load is a code word of each of 4 rows)."""
     v = values().reshape(rows, -1)
     pad = -rows % width
     if pad:

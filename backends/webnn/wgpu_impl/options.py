@@ -30,19 +30,19 @@ GDN_VARIANT = re.compile(r"fused(\d+)?(_sh)?(_norms)?")
 
 #: q4_gemv's several-rows variants: ``multi[ROWS][_lLANES][_gGROUPS][_uUNROLL][_h]`` (output
 #: rows an invocation computes, default 4; invocations sharing them, default 32; groups of
-#: them a workgroup, default ``kernels/quant.multi_groups``; code loads a row an iteration,
+#: them a workgroup, default ``kernels/quant_rows.multi_groups``; code loads a row an iteration,
 #: default 1; ``_h``: products in float16 pairs where the adapter has 'shader-f16' and the
 #: weights are float16)
 Q4_VARIANT = re.compile(r"multi(\d+)?(?:_l(\d+))?(?:_g(\d+))?(?:_u(\d+))?(_h)?")
 
 #: q4_gemv's all-loads-in-flight variants: ``wide[ROWS][_kLOADS][_h]`` (output rows an
 #: invocation computes, 1 to 4, default 1; 16-byte code loads a row an invocation, 1 to 4,
-#: default 1; ``_h`` as for multi): ``kernels/quant.gemv_q4_wide``
+#: default 1; ``_h`` as for multi): ``kernels/quant_rows.gemv_q4_wide``
 WIDE_VARIANT = re.compile(r"wide(\d+)?(?:_k(\d+))?(_h)?")
 
 #: q4_gemv's four-rows-a-load variants: ``quad[_kLOADS][_h]`` (16-byte loads, each a code
 #: word of 4 rows, an invocation makes, 1 to 4, default 1; ``_h`` as for multi):
-#: ``kernels/quant.gemv_q4_quad``
+#: ``kernels/quant_rows.gemv_q4_quad``
 QUAD_VARIANT = re.compile(r"quad(?:_k(\d+))?(_h)?")
 
 #: what a bad q4_gemv value is told it may be
@@ -209,7 +209,7 @@ class KernelOptions:
     def q4_multi(self, t: Target | None = None
                  ) -> tuple[int, int, int | None, int, bool] | None:
         """(rows an invocation, lanes sharing them, row groups a workgroup or None: chosen
-        per shape, unroll, float16 products) of ``kernels/quant.gemv_q4_multi``, or None
+        per shape, unroll, float16 products) of ``kernels/quant_rows.gemv_q4_multi``, or None
         where the variant (``q4_variant``) is not a "multi" one. ``_h`` holds only where
         the target has 'shader-f16'."""
         m = Q4_VARIANT.fullmatch(self.q4_variant(t))
@@ -221,7 +221,7 @@ class KernelOptions:
 
     def q4_wide(self, t: Target | None = None) -> tuple[int, int, bool] | None:
         """(rows an invocation, code loads a row an invocation, float16 products: only
-        where the target has 'shader-f16') of ``kernels/quant.gemv_q4_wide``, or None where
+        where the target has 'shader-f16') of ``kernels/quant_rows.gemv_q4_wide``, or None where
         the variant (``q4_variant``) is not a "wide" one."""
         m = WIDE_VARIANT.fullmatch(self.q4_variant(t))
         if m is None:
@@ -231,7 +231,7 @@ class KernelOptions:
 
     def q4_quad(self, t: Target | None = None) -> tuple[int, bool] | None:
         """(16-byte loads an invocation, float16 products: only where the target has
-        'shader-f16') of ``kernels/quant.gemv_q4_quad``, or None where the variant
+        'shader-f16') of ``kernels/quant_rows.gemv_q4_quad``, or None where the variant
         (``q4_variant``) is not a "quad" one."""
         m = QUAD_VARIANT.fullmatch(self.q4_variant(t))
         if m is None:

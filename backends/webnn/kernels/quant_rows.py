@@ -1,0 +1,473 @@
+"""The 4-bit matrix-vector products the GPU runs: several rows an invocation (``multi``), every
+code load in flight at once (``wide``), and four rows' codes a 16-byte load (``quad``, the
+default), each dequantising in registers the format ``quant.gemv_q4`` documents.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from .common import Kernel, grid
+from .matmul import VectorSource, gemv_write
+from .quant import q4_bindings
+from .reduce import inline_reduction, unrolled_reduction
+
+
+def _unpack_biased_fns(signed: bool) -> str:
+    """WGSL ``lo(w)``/``hi(w)`` of ``gemv_q4_multi``: nibbles 0-3 and 4-7 of a u32 word as
+    floats without an integer-to-float conversion (a quarter-rate instruction on NVIDIA
+    GPUs): each nibble is or-ed into the mantissa of 2^23, whose float is then 2^23 + the
+    nibble exactly, and 2^23 is subtracted. Signed codes arrive xor-ed with 0x88888888 (each
+    nibble's sign bit flipped: the nibble + 8, unsigned), so 2^23 + 8 is subtracted."""
+    bias = "8388616.0" if signed else "8388608.0"
+    out = ""
+    for name, shifts in (("lo", "0u, 4u, 8u, 12u"), ("hi", "16u, 20u, 24u, 28u")):
+        out += (f"fn {name}(w: u32) -> vec4<f32> {{\n  return bitcast<vec4<f32>>(((vec4<u32>(w)"
+                f" >> vec4<u32>({shifts})) & vec4<u32>(15u)) | vec4<u32>(0x4b000000u))"
+                f" - vec4<f32>({bias});\n}}\n")
+    return out
+
+
+def multi_groups(N: int, rows: int, lanes: int, target_groups: int = 256) -> int:
+    """Row groups (``lanes`` invocations each) a workgroup of ``gemv_q4_multi`` holds: a
+    power of two, at most 256 invocations and at least 32, as large as still leaves about
+    ``target_groups`` workgroups over ``N`` rows (every multiprocessor of a large GPU busy on
+    a 2048-row projection, without workgroups of a few invocations on the LM head)."""
+    g = 1
+    while 2 * g * lanes <= 256 and N // (2 * g * rows) >= target_groups:
+        g *= 2
+    while g * lanes < 32:
+        g *= 2
+    return g
+
+
+def gemv_q4_multi(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
+                  rows: int = 4, lanes: int = 32, groups: int | None = None, unroll: int = 1,
+                  subgroup: int | None = None, residual: bool = False, n_off: int = 0,
+                  splits: Sequence[int] | None = None, half_out: bool = False,
+                  half_scales: bool = False, half: bool = False) -> Kernel:
+    """The product ``gemv_q4`` computes (same bindings and layouts), each invocation
+    computing ``rows`` output rows: the 32 inputs a 16-byte code load multiplies are
+    loaded once (8 vec4) and used for ``rows`` code loads, one a row, so the input row
+    passes through the cache ``rows`` times less, and each invocation has ``rows`` code
+    loads in flight an iteration. ``lanes`` invocations share ``rows`` rows, striding
+    along K a load at a time (each row's loads of an iteration are ``16 · lanes``
+    contiguous bytes); a workgroup holds ``groups`` such groups (default
+    ``multi_groups``); ``unroll`` such loads an iteration, each with its own input values
+    (more loads in flight where K is short). ``half_scales``: ``sc`` is float16, two to a
+    u32 word in row-major (N, K/block) order (half the scale traffic; exact where the
+    model's scales are float16).
+    Codes become floats without a conversion instruction (``_unpack_biased_fns``).
+    Sums: ``subgroupAdd`` where the subgroup is exactly ``lanes`` wide, else workgroup
+    memory; lane j of a group writes its j-th row. Needs the block a multiple of 32 and
+    ``rows <= lanes``. ``half``: the products in float16 pairs (``_unpack_half_fns``; the
+    codes repacked in pair order, ``match_q4.repack_codes``; needs 'shader-f16')."""
+    assert K % 32 == 0 and block % 32 == 0 and K % block == 0 and 1 <= rows <= lanes
+    units, nblocks, per = K // 32, K // block, block // 32
+    G = groups or multi_groups(N, rows, lanes)
+    wg, R = G * lanes, rows
+    per_wg = G * R
+    gx, gy, _ = grid(N, per_wg)  # folded into y beyond the per-dimension limit
+    use_sub = subgroup == lanes
+    src, binds = _rows_head(N, K, block, R, lanes, wg, gx, 0 if use_sub else wg * R,
+                            signed=signed, zero_points=zero_points, residual=residual,
+                            n_off=n_off, splits=splits, half_out=half_out,
+                            half_scales=half_scales, half=half)
+    src += "".join(f"  var acc{j} = 0.0;\n" for j in range(R))
+    if unroll > 1:  # ``unroll`` steps an iteration, each its own loads, then the rest
+        src += (f"  var k = t;\n  for (; k + {(unroll - 1) * lanes}u < {units}u; "
+                f"k = k + {unroll * lanes}u) {{\n")
+        src += "".join(_multi_step(f"k + {u * lanes}u", f"_{u}", R, per, zero_points, signed,
+                                   half) for u in range(unroll))
+        src += f"  }}\n  for (; k < {units}u; k = k + {lanes}u) {{\n"
+    else:
+        src += f"  for (var k = t; k < {units}u; k = k + {lanes}u) {{\n"
+    src += _multi_step("k", "", R, per, zero_points, signed, half) + "  }\n"
+    if use_sub:
+        src += "".join(f"  let s{j} = subgroupAdd(acc{j});\n" for j in range(R))
+        src += "  var s = s0;\n" + "".join(
+            f"  if (t == {j}u) {{ s = s{j}; }}\n" for j in range(1, R))
+    else:
+        src += "".join(f"  sh[{j * wg}u + lid] = acc{j};\n" for j in range(R))
+        src += ("  workgroupBarrier();\n  var s = 0.0;\n"
+                f"  if (t < {R}u) {{\n"
+                f"    let base = t * {wg}u + g * {lanes}u;\n"
+                f"    for (var i = 0u; i < {lanes}u; i = i + 1u) {{ s = s + sh[base + i]; }}\n"
+                "  }\n")
+    src += "  let n = n0 + t;\n"
+    src += gemv_write(f"t < {R}u", f"{n_off}u + n", N, residual, splits, half_out)
+    return Kernel("gemv_q4_multi", src, binds, (gx, gy, 1),
+                  _q4_traffic(K, N, nblocks, zero_points, residual, half_out, half_scales))
+
+
+def _rows_head(N: int, K: int, block: int, R: int, lanes: int, wg: int, gx: int, shared: int,
+               *, signed: bool, zero_points: bool, residual: bool, n_off: int,
+               splits: Sequence[int] | None, half_out: bool, half_scales: bool,
+               half: bool, row_offsets: bool = True,
+               prologue: VectorSource | None = None) -> tuple[str, list[str]]:
+    """The start of ``gemv_q4_multi`` and ``gemv_q4_wide`` (bindings, unpack and scale
+    functions, ``shared`` floats of workgroup memory where non-zero, the entry point up to
+    each of the group's ``R`` rows' code and scale offsets ``wb{j}``, ``sb{j}``: groups of
+    ``lanes`` invocations, ``wg`` a workgroup, ``gx`` workgroups along x; without
+    ``row_offsets``, up to the group's first row ``n0``) and the bindings' access
+    (``prologue``: ``q4_bindings``)."""
+    src, binds = q4_bindings("vec4<u32>", "u32" if half_scales else "f32", N, zero_points,
+                              residual, n_off, splits, half_out, prologue)
+    src += _unpack_half_fns(signed) if half else _unpack_biased_fns(signed)
+    src += _scale_fn(half_scales)
+    if shared:
+        src += f"var<workgroup> sh: array<f32, {shared}>;\n"
+    src += (f"@compute @workgroup_size({wg})\n"
+            "fn main(@builtin(workgroup_id) wid: vec3<u32>, "
+            "@builtin(local_invocation_index) lid: u32) {\n"
+            f"  let g = lid / {lanes}u;\n  let t = lid % {lanes}u;\n"
+            f"  let n0 = (wid.y * {gx}u + wid.x) * {(wg // lanes) * R}u + g * {R}u;\n")
+    for j in range(R if row_offsets else 0):
+        src += (f"  let r{j} = min(n0 + {j}u, {N - 1}u);\n  let wb{j} = r{j} * {K // 32}u;\n"
+                f"  let sb{j} = r{j} * {K // block}u;\n")
+    return src, binds
+
+
+def _q4_traffic(K: int, N: int, nblocks: int, zero_points: bool, residual: bool,
+                half_out: bool, half_scales: bool) -> int:
+    """Bytes a 16-byte-load 4-bit product moves: the row, codes, scales (and zero-point
+    terms), the residual and the result."""
+    return 4 * K + N * K // 2 + N * nblocks * ((2 if half_scales else 4)
+                                               + (4 if zero_points else 0)) \
+        + (2 if half_out else 4) * N * (2 if residual else 1)
+
+
+def _multi_step(k: str, tag: str, rows: int, per: int, zero_points: bool,
+                signed: bool, half: bool = False) -> str:
+    """One step of ``gemv_q4_multi``'s loop at code load ``k`` of each row: the 8 vec4 of
+    the input its 32 codes multiply, loaded once, against each of ``rows`` rows' codes
+    (``tag`` names its values apart from another step's in the same iteration)."""
+    src = f"    let x{tag} = 8u * ({k});\n"
+    src += "".join(f"    let a{i}{tag} = a[x{tag} + {i}u];\n" for i in range(8))
+    src += f"    let blk{tag} = ({k}) / {per}u;\n" if per > 1 else f"    let blk{tag} = {k};\n"
+    if zero_points:
+        src += (f"    let sa{tag} = dot(" + " + ".join(f"a{i}{tag}" for i in range(8))
+                + ", vec4<f32>(1.0));\n")
+    if half:
+        src += "".join(f"    let h{i}{tag} = vec4<f16>(a{i}{tag});\n" for i in range(8))
+    for j in range(rows):
+        dots = _load_dot(f"w{j}{tag}", "h" if half else "a", tag, half)
+        flip = " ^ vec4<u32>(0x88888888u)" if signed else ""  # _unpack_biased_fns
+        src += (f"    let w{j}{tag} = b[wb{j} + {k}]{flip};\n"
+                f"    acc{j} = acc{j} + scale(sb{j} + blk{tag}) * ({dots})")
+        src += f" + zc[sb{j} + blk{tag}] * sa{tag};\n" if zero_points else ";\n"
+    return src
+
+
+def _load_dot(w: str, x: str, tag: str, half: bool) -> str:
+    """WGSL: the dot product of one 16-byte code load ``w`` (32 codes, flipped where signed)
+    with its 32 inputs ``{x}0{tag}`` .. ``{x}7{tag}`` (8 vec4: float32, or float16 where
+    ``half``), unscaled, as an f32."""
+    if half:
+        return " + ".join(f"hword({w}.{c}, {x}{2 * i}{tag}, {x}{2 * i + 1}{tag})"
+                          for i, c in enumerate("xyzw"))
+    return " + ".join(f"dot({x}{2 * i}{tag}, lo({w}.{c})) + dot({x}{2 * i + 1}{tag}, hi({w}.{c}))"
+                      for i, c in enumerate("xyzw"))
+
+
+def _scale_fn(half_scales: bool) -> str:
+    """WGSL ``scale(i)``: block scale i, from float32 scales or float16 pairs."""
+    if half_scales:
+        return ("fn scale(i: u32) -> f32 {\n  let p = unpack2x16float(sc[i / 2u]);\n"
+                "  return select(p.y, p.x, (i & 1u) == 0u);\n}\n")
+    return "fn scale(i: u32) -> f32 {\n  return sc[i];\n}\n"
+
+
+def _unpack_half_fns(signed: bool) -> str:
+    """WGSL ``hword(w, lo, hi)``: one u32 word of 8 codes against its 8 inputs (``lo``,
+    ``hi``: float16 vec4s), in float16 pairs. The codes are repacked in pair order
+    (``match_q4.repack_codes``: inputs 2m and 2m+1 in nibbles m and m+4), so
+    ``(w >> 4m) & 0x000F000F | 0x64006400`` is the float16 pair (1024 + c, 1024 + c'),
+    exact; minus 1024 (signed codes, xor-ed with 0x88888888 as for
+    ``_unpack_biased_fns``: 1032) it is the code pair, exact, multiplied by the input pair
+    and summed with three more pairs in float16: 8 products, then widened to float32.
+    (The pair is spelled ``vec2<f16>(unpack2x16float(bits))``: naga has no
+    ``bitcast<vec2<f16>>(u32)``, gfx-rs/wgpu#8896; the value is exact either way, and a
+    compiler may fold the round trip into a reinterpretation.)
+
+    Worst case against exact arithmetic on the float32 inputs x: each input rounded to
+    float16 (relative u = 2^-11), each product and each of the three float16 additions per
+    half rounded once more: |error of a word| <= 5u · sum |c · x| (first order) over its 8
+    products, i.e. 2.5e-3 of the sum of the magnitudes, and the float32 sums after that
+    add ~2^-24 each. Random-signed errors over K inputs grow as sqrt(K), not K: typically
+    ~1e-3 of the result. Inputs below 2^-14 in magnitude are float16 subnormals (absolute
+    error 2^-25); a product pair's half sum overflows float16 beyond |x| = 65504 / 32 ~
+    2047 (four products of codes up to 8), so the variant is for normalised rows (the
+    RMSNorm's output the projections read)."""
+    bias = "1032.0h" if signed else "1024.0h"
+    return ("fn hq(w: u32, s: u32) -> vec2<f16> {\n"
+            "  return vec2<f16>(unpack2x16float(((w >> s) & 0x000F000Fu) | 0x64006400u))"
+            f" - vec2<f16>({bias});\n}}\n"
+            "fn hword(w: u32, lo: vec4<f16>, hi: vec4<f16>) -> f32 {\n"
+            "  let p = vec2<f32>(fma(hq(w, 0u), lo.xy, fma(hq(w, 4u), lo.zw, "
+            "fma(hq(w, 8u), hi.xy, hq(w, 12u) * hi.zw))));\n"
+            "  return p.x + p.y;\n}\n")
+
+
+def wide_lanes(K: int, loads: int = 1) -> int:
+    """Invocations sharing a row group in ``gemv_q4_wide``: enough that each makes
+    ``loads`` 16-byte code loads a row (a power of two, at most 256; beyond, each loads
+    more)."""
+    return _lanes_for(-(-(K // 32) // loads))
+
+
+def _lanes_for(units: int) -> int:
+    """The power of two at least ``units``, at most 256 (a workgroup)."""
+    lanes = 1
+    while lanes < min(units, 256):
+        lanes *= 2
+    return lanes
+
+
+def gemv_q4_wide(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
+                 rows: int = 1, loads: int = 1, subgroup: int | None = None,
+                 residual: bool = False, n_off: int = 0,
+                 splits: Sequence[int] | None = None, half_out: bool = False,
+                 half_scales: bool = False, half: bool = False) -> Kernel:
+    """The product ``gemv_q4`` computes (same bindings and layouts as ``gemv_q4_multi``),
+    shaped for memory-level parallelism: a row group (``rows`` rows) is shared by as many
+    invocations as its K/32 code loads need (``wide_lanes``: 64 at K = 2048, 256 at
+    8192), so each invocation makes ``loads`` 16-byte code loads a row (more beyond 256
+    invocations), all of them issued before any arithmetic: the loop is unrolled at build
+    time (K is known), nothing a load waits on but its address. At 1 row and K = 2048 a
+    2048-row projection is 131072 invocations (~31 warps a multiprocessor of a 132-SM
+    GPU) instead of ``gemv_q4_multi``'s 16384, each with its loads in flight at once.
+    The input values a code load multiplies are loaded once for the ``rows`` rows
+    (``gemv_q4_multi``'s reuse). The workgroup is 256 invocations (or one group where a
+    row group is wider). Sums: ``subgroupAdd`` where the subgroup divides the group
+    (then one value a subgroup through workgroup memory), else a tree in workgroup memory;
+    lane j writes the group's row j. ``half``: products in float16 pairs
+    (``_unpack_half_fns``). Needs the block a multiple of 32 and ``rows`` at most the
+    group's invocations."""
+    assert K % 32 == 0 and block % 32 == 0 and K % block == 0
+    units, nblocks, per = K // 32, K // block, block // 32
+    lanes = wide_lanes(K, loads)
+    iters = -(-units // lanes)
+    R = rows
+    assert 1 <= R <= lanes
+    G = max(1, 256 // lanes)
+    wg, per_wg = G * lanes, G * R
+    gx, gy, _ = grid(N, per_wg)
+    sub = subgroup if subgroup is not None and lanes % subgroup == 0 else None
+    shared = wide_shared(R, lanes, wg, sub)
+    src, binds = _rows_head(N, K, block, R, lanes, wg, gx, shared, signed=signed,
+                            zero_points=zero_points, residual=residual, n_off=n_off,
+                            splits=splits, half_out=half_out, half_scales=half_scales,
+                            half=half)
+    ragged = units % lanes != 0  # the last iteration's loads run past K on some lanes
+    flip = " ^ vec4<u32>(0x88888888u)" if signed else ""  # _unpack_biased_fns
+    for i in range(iters):  # every code load first, then scales and inputs
+        last = ragged and i == iters - 1
+        src += (f"  let k_{i} = min(t + {i * lanes}u, {units - 1}u);\n" if last
+                else f"  let k_{i} = t + {i * lanes}u;\n")
+        src += "".join(f"  let w{j}_{i} = b[wb{j} + k_{i}]{flip};\n" for j in range(R))
+    for i in range(iters):
+        blk = f"k_{i} / {per}u" if per > 1 else f"k_{i}"
+        src += "".join(f"  let s{j}_{i} = scale(sb{j} + {blk});\n" for j in range(R))
+        if zero_points:
+            src += "".join(f"  let z{j}_{i} = zc[sb{j} + {blk}];\n" for j in range(R))
+    for i in range(iters):
+        src += "".join(f"  let a{m}_{i} = a[8u * k_{i} + {m}u];\n" for m in range(8))
+        if half:
+            src += "".join(f"  let h{m}_{i} = vec4<f16>(a{m}_{i});\n" for m in range(8))
+
+    def step(i: int, ind: str) -> str:
+        out = (f"{ind}let sa_{i} = dot(" + " + ".join(f"a{m}_{i}" for m in range(8))
+               + ", vec4<f32>(1.0));\n") if zero_points else ""
+        return out + "".join(_acc(ind, j, i, _load_dot(f"w{j}_{i}", "h" if half else "a",
+                                                       f"_{i}", half), zero_points)
+                             for j in range(R))
+
+    src += _accumulate(R, iters, lanes, units, step)
+    return _group_kernel("gemv_q4_wide", src, binds, (gx, gy, 1), R, lanes, wg, sub, K, N,
+                         nblocks, zero_points=zero_points, residual=residual, n_off=n_off,
+                         splits=splits, half_out=half_out, half_scales=half_scales)
+
+
+def _accumulate(R: int, iters: int, lanes: int, units: int,
+                step: Callable[[int, str], str]) -> str:
+    """WGSL: ``R`` sums ``acc{j}`` over ``iters`` unrolled steps (``step(i, indent)``), the
+    last guarded where ``units`` loads do not fill every lane's (``lanes`` a group)."""
+    src = "".join(f"  var acc{j} = 0.0;\n" for j in range(R))
+    for i in range(iters):
+        if units % lanes and i == iters - 1:
+            src += f"  if (t + {i * lanes}u < {units}u) {{\n{step(i, '    ')}  }}\n"
+        else:
+            src += step(i, "  ")
+    return src
+
+
+def _acc(ind: str, j: int, i: int, dots: str, zero_points: bool) -> str:
+    """WGSL: row j's sum plus step i's scaled dot (and zero-point term)."""
+    return (f"{ind}acc{j} = acc{j} + s{j}_{i} * ({dots})"
+            + (f" + z{j}_{i} * sa_{i};\n" if zero_points else ";\n"))
+
+
+def _group_kernel(name: str, src: str, binds: list[str], groups: tuple[int, int, int], R: int,
+                  lanes: int, wg: int, subgroup: int | None, K: int, N: int, nblocks: int, *,
+                  zero_points: bool, residual: bool, n_off: int,
+                  splits: Sequence[int] | None, half_out: bool, half_scales: bool) -> Kernel:
+    """``gemv_q4_wide``'s or ``gemv_q4_quad``'s kernel: ``src`` up to the sums, then the
+    group's sums (``_group_sums``) and lane j's write of row n0 + j (``gemv_write``)."""
+    src += (_group_sums(R, lanes, wg, subgroup) + "  let n = n0 + t;\n"
+            + gemv_write(f"t < {R}u", f"{n_off}u + n", N, residual, splits, half_out))
+    return Kernel(name, src, binds, groups, _q4_traffic(
+        K, N, nblocks, zero_points, residual, half_out, half_scales))
+
+
+def _group_sums(R: int, lanes: int, wg: int, subgroup: int | None) -> str:
+    """WGSL: the ``R`` sums ``acc{j}`` of a group of ``lanes`` invocations (``wg`` a
+    workgroup) combined into ``s`` on lane j for row j: ``subgroupAdd`` where ``subgroup``
+    (dividing ``lanes``; then one value a subgroup through workgroup memory ``sh``, which
+    the kernel declares, G · R · lanes / subgroup floats), else a tree in ``sh``
+    (``wg · R`` floats)."""
+    src = ""
+    use_sub = subgroup is not None
+    nsub = lanes // subgroup if subgroup else 0
+    if use_sub:
+        src += "".join(f"  let s{j} = subgroupAdd(acc{j});\n" for j in range(R))
+        if nsub == 1:
+            src += "  var s = s0;\n" + "".join(
+                f"  if (t == {j}u) {{ s = s{j}; }}\n" for j in range(1, R))
+        else:  # one value a subgroup a row, summed by lane j of the group for its row j
+            src += f"  if (t % {subgroup}u == 0u) {{\n"
+            src += "".join(f"    sh[(g * {R}u + {j}u) * {nsub}u + t / {subgroup}u] = s{j};\n"
+                           for j in range(R))
+            src += ("  }\n  workgroupBarrier();\n  var s = 0.0;\n"
+                    f"  if (t < {R}u) {{\n"
+                    f"    for (var i = 0u; i < {nsub}u; i = i + 1u) "
+                    f"{{ s = s + sh[(g * {R}u + t) * {nsub}u + i]; }}\n  }}\n")
+    else:  # a tree in workgroup memory, row j's values at j * wg + lid
+        src += "".join(f"  sh[{j * wg}u + lid] = acc{j};\n" for j in range(R))
+        src += "  workgroupBarrier();\n"
+        h = lanes // 2
+        while h >= 1:
+            src += f"  if (t < {h}u) {{\n"
+            src += "".join(f"    sh[{j * wg}u + lid] = sh[{j * wg}u + lid] + "
+                           f"sh[{j * wg}u + lid + {h}u];\n" for j in range(R))
+            src += "  }\n  workgroupBarrier();\n"
+            h //= 2
+        src += (f"  var s = 0.0;\n  if (t < {R}u) {{ s = sh[t * {wg}u + g * {lanes}u]; }}\n")
+    return src
+
+
+def wide_shared(R: int, lanes: int, wg: int, subgroup: int | None) -> int:
+    """Floats of workgroup memory ``_group_sums`` needs (0: none)."""
+    if subgroup is None:
+        return wg * R
+    nsub = lanes // subgroup
+    return (wg // lanes) * R * nsub if nsub > 1 else 0
+
+
+#: rows whose code words ``gemv_q4_quad`` reads in one 16-byte load
+QUAD = 4
+
+
+def quad_lanes(K: int, loads: int = 1) -> int:
+    """Invocations sharing a group of ``QUAD`` rows in ``gemv_q4_quad``: enough that each
+    makes ``loads`` 16-byte loads (a power of two, at most 256; beyond, each loads more),
+    and at least ``QUAD``: lane j writes the group's row j."""
+    return max(QUAD, _lanes_for(-(-(K // 8) // loads)))
+
+
+def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
+                 loads: int = 1, subgroup: int | None = None, residual: bool = False,
+                 n_off: int = 0, splits: Sequence[int] | None = None,
+                 half_out: bool = False, half_scales: bool = False,
+                 half: bool = False, prologue: VectorSource | None = None) -> Kernel:
+    """The product ``gemv_q4`` computes, the codes of ``QUAD`` rows interleaved by word
+    (``match_q4.interleave_rows``): one 16-byte load is 8 codes of each of 4 rows at the
+    same 8 inputs, so an invocation's input is 2 ``vec4`` (32 bytes, adjacent
+    invocations' adjacent: coalesced), not the 8 scattered ones (128 bytes at a 128-byte
+    stride across a warp: a cache line per invocation) that a 32-code load of one row
+    needs in ``multi`` and ``wide``. Bindings as ``gemv_q4_multi``'s but ``b`` (N/4, K/8)
+    ``vec4<u32>`` (row 4g + r's word j in component r of element g·K/8 + j) and ``sc``
+    (and ``zc``) (N/4, K/block, 4) (N padded to a multiple of 4 with zero codes). Each
+    invocation scales its 8 codes a row (the block spans 4 invocations). ``loads`` and
+    the group's width as ``gemv_q4_wide`` (all loads issued first, loop unrolled at build
+    time; ``quad_lanes``: 256 at K = 2048), sums as there (``_group_sums``); ``half``:
+    float16 pair products (``_unpack_half_fns``).
+
+    ``prologue``: the input is not a buffer but computed where it is read (``_input_vec4``:
+    RMSNorm's tail after its mean of squares, SwiGLU's product), after every code load
+    is issued, so the vector's loads and its reduction wait beside the codes' loads."""
+    assert K % 32 == 0 and block % 32 == 0 and K % block == 0
+    words, nblocks, per = K // 8, K // block, block // 8
+    lanes = quad_lanes(K, loads)
+    iters = -(-words // lanes)
+    R, groups = QUAD, -(-N // QUAD)
+    G = max(1, 256 // lanes)
+    wg = G * lanes
+    gx, gy, _ = grid(N, G * R)
+    sub = subgroup if subgroup is not None and lanes % subgroup == 0 else None
+    red = _prologue_reduction(prologue, wg, subgroup)
+    if red is not None:
+        prologue = VectorSource(prologue.src + red[0], prologue.bindings, prologue.element,
+                                prologue.reduction)
+    src, binds = _rows_head(N, K, block, R, lanes, wg, gx, wide_shared(R, lanes, wg, sub),
+                            signed=signed, zero_points=zero_points, residual=residual,
+                            n_off=n_off, splits=splits, half_out=half_out,
+                            half_scales=half_scales, half=half, row_offsets=False,
+                            prologue=prologue)
+    src += f"  let q = min(n0 / {R}u, {groups - 1}u);\n"
+    ragged = words % lanes != 0
+    flip = " ^ vec4<u32>(0x88888888u)" if signed else ""  # _unpack_biased_fns
+    for i in range(iters):  # every code load first, then scales and inputs
+        last = ragged and i == iters - 1
+        src += (f"  let j_{i} = min(t + {i * lanes}u, {words - 1}u);\n" if last
+                else f"  let j_{i} = t + {i * lanes}u;\n")
+        src += f"  let w_{i} = b[q * {words}u + j_{i}]{flip};\n"
+    if red is not None:  # uniform control flow: every invocation, no return before
+        src += red[1]
+    for i in range(iters):
+        src += f"  let sb_{i} = (q * {nblocks}u + j_{i} / {per}u) * {R}u;\n"
+        if half_scales:  # the 4 rows' float16 scales: two words
+            src += (f"  let p01_{i} = unpack2x16float(sc[sb_{i} / 2u]);\n"
+                    f"  let p23_{i} = unpack2x16float(sc[sb_{i} / 2u + 1u]);\n"
+                    f"  let s0_{i} = p01_{i}.x;\n  let s1_{i} = p01_{i}.y;\n"
+                    f"  let s2_{i} = p23_{i}.x;\n  let s3_{i} = p23_{i}.y;\n")
+        else:
+            src += "".join(f"  let s{r}_{i} = scale(sb_{i} + {r}u);\n" for r in range(R))
+        if zero_points:
+            src += "".join(f"  let z{r}_{i} = zc[sb_{i} + {r}u];\n" for r in range(R))
+        src += (f"  let lo_{i} = {_input_vec4(prologue, f'j_{i}', 0)};\n"
+                f"  let hi_{i} = {_input_vec4(prologue, f'j_{i}', 1)};\n")
+        if half:
+            src += (f"  let hlo_{i} = vec4<f16>(lo_{i});\n"
+                    f"  let hhi_{i} = vec4<f16>(hi_{i});\n")
+    def step(i: int, ind: str) -> str:
+        out = (f"{ind}let sa_{i} = dot(lo_{i} + hi_{i}, vec4<f32>(1.0));\n"
+               if zero_points else "")
+        return out + "".join(_acc(ind, r, i, f"hword(w_{i}.{c}, hlo_{i}, hhi_{i})" if half else
+                                  f"dot(lo_{i}, lo(w_{i}.{c})) + dot(hi_{i}, hi(w_{i}.{c}))",
+                                  zero_points) for r, c in enumerate("xyzw"))
+
+    src += _accumulate(R, iters, lanes, words, step)
+    return _group_kernel("gemv_q4_quad", src, binds, (gx, gy, 1), R, lanes, wg, sub, K, N,
+                         nblocks, zero_points=zero_points, residual=residual, n_off=n_off,
+                         splits=splits, half_out=half_out, half_scales=half_scales)
+
+
+def _prologue_reduction(prologue: VectorSource | None, wg: int,
+                        subgroup: int | None) -> tuple[str, str] | None:
+    """(module declarations, body) of the whole-vector reduction a ``prologue`` reads
+    (RMSNorm's mean of squares, into ``red``), each workgroup computing it; None without."""
+    if prologue is None or prologue.reduction is None:
+        return None
+    op, load, count = prologue.reduction
+    return (unrolled_reduction(op, count, load, wg, subgroup)
+            or inline_reduction(op, count, load, wg))
+
+
+def _input_vec4(prologue: VectorSource | None, word: str, half: int) -> str:
+    """WGSL: the 4 inputs of code word ``word``'s low (``half`` 0) or high (1) 4 codes:
+    one ``vec4`` of the buffer ``a``, or the ``prologue``'s elements computed."""
+    if prologue is None:
+        return f"a[2u * {word}{' + 1u' if half else ''}]"
+    return "vec4<f32>(" + ", ".join(prologue.element.format(f"8u * {word} + {4 * half + c}u")
+                                    for c in range(4)) + ")"
