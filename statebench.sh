@@ -104,7 +104,8 @@ case "$cmd" in
     setup_venv
     setup_vulkan
     setup_dawn
-    exec "$VENV/bin/python" -m pytest -q "$@"
+    # one worker a core, at most 4 (pytest-xdist; "-n 0" after it runs them in this process)
+    exec "$VENV/bin/python" -m pytest -q -n auto --maxprocesses 4 "$@"
     ;;
   *)
     echo "usage: ./statebench.sh run [statebench run flags...] | ./statebench.sh test [pytest flags...]" >&2

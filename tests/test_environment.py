@@ -119,7 +119,7 @@ def _crashing_driver_or_skip(monkeypatch) -> None:
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=cwd,
                           capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "240"})
 
 
 def test_a_driver_that_aborts_only_loses_the_wgpu_points(tmp_path, monkeypatch):
