@@ -41,7 +41,12 @@ def logits_tolerance(cfg: ModelConfig) -> float:
     layers): 2.2e-2; tiny (2 layers): 8.3e-3."""
     if cfg.dtype != "float16":
         return FLOAT32_TOLERANCE
-    budget = F16_LAYER_ULPS * len(cfg.layers) + F16_HEAD_ULPS
+    return float16_tolerance(len(cfg.layers))
+
+
+def float16_tolerance(layers: int) -> float:
+    """``logits_tolerance`` of a decoder of ``layers`` layers with float16 activations."""
+    budget = F16_LAYER_ULPS * layers + F16_HEAD_ULPS
     return max(FLOAT32_TOLERANCE, float(np.sqrt(budget)) * F16_ULP)
 
 NONFINITE = 1e300
@@ -83,10 +88,11 @@ def compare_logits(got: list[np.ndarray], ref: np.ndarray,
     return Match(ok, max_abs, max_rel, agree / len(ref), tol)
 
 
-def mismatch_reason(got: list[np.ndarray], ref: np.ndarray,
-                    tol: float = FLOAT32_TOLERANCE) -> str:
+def mismatch_reason(got: list[np.ndarray], ref: np.ndarray, tol: float = FLOAT32_TOLERANCE,
+                    reference: str = "the float64 reference") -> str:
     """Why `compare_logits` said no, in one line: the worst error, where it is, and the first
-    step whose clear argmax differs (steps count from the first warm-up step)."""
+    step whose clear argmax differs (steps count from the first warm-up step); ``reference``
+    names what the logits were compared with."""
     gap_tol = tol
     worst: tuple[float, float, int, int] | None = None  # rel, abs, step, vocab index
     argmax = ""
@@ -108,7 +114,7 @@ def mismatch_reason(got: list[np.ndarray], ref: np.ndarray,
     if worst is None:
         return "no logits to compare"
     rel, d, s, i = worst
-    return (f"logits differ from the float64 reference: max abs {d:.3g}, max rel {rel:.2e} "
+    return (f"logits differ from {reference}: max abs {d:.3g}, max rel {rel:.2e} "
             f"(tolerance {tol:.1e}) at step {s}, vocab index {i}{argmax}")
 
 

@@ -2,11 +2,17 @@
 record of it, how far its positions reach, its reference, and which backends can run it.
 
 The reference is ONNX Runtime's CPU EP on the same graph, its cache growing as the model
-gives it, in float32 (`ort-cpu:copy` with the model as given): there is no float64 NumPy
-decoder of a graph statebench does not know. It walks a random token prefix of the seed up
-to each context; the state it holds there is the depth every backend starts from (a page
-writes it, a hidden cache is reached by dispatching the prefix), and its logits for the
-warm-up and timed steps are what every backend's logits are compared with.
+gives it (`ort-cpu:copy`): there is no float64 NumPy decoder of a graph statebench does not
+know. One hint of the graph is set aside: a `MatMulNBits` whose `accuracy_level` lets ORT
+compute in lower precision (2 float16, 3 bfloat16, 4 int8 activations: the default of
+onnxruntime-genai's int4 exports, whose int8 activations put the CPU EP's logits percents
+off the dequantised weights' product) runs at level 1, float32 products, in the
+reference's copy of the graph (``reference_graph``). It walks a random token prefix of the
+seed up to each context; the state it holds there is the depth every backend starts from (a
+page writes it, a hidden cache is reached by dispatching the prefix), and its logits for the
+warm-up and timed steps are what every backend's logits are compared with, within the
+float32 tolerance, or the float16 one where the graph's logits are float16
+(``UserModel.tolerance``).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import hashlib
 import json
 import os
 import re
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,11 +31,14 @@ import onnx
 from backends.base import Backend
 from backends.webnn.dims import default_dims
 from backends.webnn.onnx_converter import CachePair, ConversionError, list_kv_pairs
+from harness.metrics import FLOAT32_TOLERANCE, float16_tolerance
 from harness.model_info import load_model, model_file
 from model.errors import UserError
 
 #: what the results record as the reference of a model sweep
-REFERENCE = "ort-cpu (float32, growing cache)"
+REFERENCE = "ort-cpu (float32 products, growing cache)"
+#: ``MatMulNBits`` accuracy levels above float32 products (2 float16, 3 bfloat16, 4 int8)
+LOW_PRECISION_LEVELS = (2, 3, 4)
 #: the backend the reference is (`backends.ort`)
 REFERENCE_BACKEND = "ort-cpu:copy"
 
@@ -132,6 +142,27 @@ class UserModel:
         stem = self.path.parent.name if self.path.stem in ("model", "decode") else self.path.stem
         return re.sub(r"[^A-Za-z0-9._-]+", "_", stem) or "model"
 
+    @property
+    def tolerance(self) -> float:
+        """The logits tolerance: float16's for a graph whose logits (every output that is not
+        a pair's present) are float16, by its layer count (the distinct layer numbers of
+        its pairs' names, else half its pairs), else float32's (``metrics``)."""
+        presents = {p.output for p in self.pairs}
+        outs = [o for o in self.proto.graph.output if o.name not in presents]
+        if not outs or any(o.type.tensor_type.elem_type != onnx.TensorProto.FLOAT16
+                           for o in outs):
+            return FLOAT32_TOLERANCE
+        numbers = {m.group(1) for p in self.pairs if (m := re.search(r"\.(\d+)\.", p.input))}
+        return float16_tolerance(len(numbers) or -(-len(self.pairs) // 2))
+
+    @property
+    def low_precision_products(self) -> list[str]:
+        """The ``MatMulNBits`` nodes whose ``accuracy_level`` allows lower-precision products."""
+        return [n.name or n.output[0] for n in self.proto.graph.node
+                if n.op_type == "MatMulNBits" and any(
+                    a.name == "accuracy_level" and a.i in LOW_PRECISION_LEVELS
+                    for a in n.attribute)]
+
     def check_positions(self, last: int) -> None:
         """Refuse, in one line, a sweep whose last position (0-based) the model cannot reach."""
         limit, why = position_limit(self.proto, self.path)
@@ -152,6 +183,8 @@ class UserModel:
             "dims": {k: {"value": d.value, "how": d.how}
                      for k, d in default_dims(self.proto, capacity).items()},
             "reference": REFERENCE,
+            "reference_graph": reference_changes(self),
+            "tolerance": self.tolerance,
         }
 
     def refusal(self, cls: type[Backend]) -> str:
@@ -175,6 +208,34 @@ def backend_for(cls: type[Backend], path: str | os.PathLike, pairs: dict[str, st
     return cls(onnx_path=path, pairs=pairs or None, **page)
 
 
+def reference_changes(model: UserModel) -> str:
+    """What the reference's copy of the graph changes, in words ("" for nothing)."""
+    low = model.low_precision_products
+    return (f"MatMulNBits accuracy_level 1 (float32 products) in place of the graph's lower "
+            f"precision on {len(low)} nodes" if low else "")
+
+
+def reference_graph(model: UserModel, folder: Path) -> Path:
+    """The graph the reference runs: ``model.path`` itself, or where its ``MatMulNBits``
+    may compute in lower precision, a copy in ``folder`` with those at accuracy_level 1
+    and links to its external data files (the weights are not copied)."""
+    low = set(model.low_precision_products)
+    if not low:
+        return model.path
+    proto = onnx.ModelProto()
+    proto.CopyFrom(model.proto)
+    for n in proto.graph.node:
+        if n.op_type == "MatMulNBits" and (n.name or n.output[0]) in low:
+            for a in n.attribute:
+                if a.name == "accuracy_level":
+                    a.i = 1
+    for f in model.files[1:]:
+        (folder / f.name).symlink_to(f.resolve())
+    out = folder / model.path.name
+    onnx.save(proto, str(out))
+    return out
+
+
 class OrtReferenceWalk:
     """The reference (module docstring) walked up the contexts in ascending order, as
     `runner.ReferenceWalk` walks the float64 one: the look-ahead's state is rolled back."""
@@ -182,7 +243,9 @@ class OrtReferenceWalk:
     def __init__(self, model: UserModel, seed: int, length: int, capacity: int) -> None:
         from backends.ort import BACKENDS
 
-        self.ref = backend_for(BACKENDS[REFERENCE_BACKEND], model.path, model.hand_pairs)
+        self._folder = tempfile.TemporaryDirectory(prefix="statebench-reference-")
+        graph = reference_graph(model, Path(self._folder.name))
+        self.ref = backend_for(BACKENDS[REFERENCE_BACKEND], graph, model.hand_pairs)
         try:
             self.ref.prepare(None, capacity)
             self.vocab = int(self.ref.step(0).size)  # the logits' width, then back to empty
@@ -211,3 +274,4 @@ class OrtReferenceWalk:
 
     def close(self) -> None:
         self.ref.close()
+        self._folder.cleanup()

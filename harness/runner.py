@@ -333,7 +333,7 @@ def _measure_sweep(rc: RunConfig, sink: ResultsFile, console: Console | None,
                              refusal=user.refusal if user is not None else None,
                              model_req={} if user is None else {
                                  "preset": None, "model": str(user.path), "pairs": rc.pairs,
-                                 "model_bytes": user.size},
+                                 "model_bytes": user.size, "tolerance": user.tolerance},
                              probe=probe, cfg=cfg, calib=calib, on_point=on_point)
     finally:
         if user is not None:

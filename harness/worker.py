@@ -163,10 +163,14 @@ def _measure(req: dict, cls: type[Backend]) -> Point:
         if clocks is not None:
             clocks.stop(after=timed_to)
             sm_clock = clocks.during(timed_from, timed_to)
-        # a user's model: its reference is ORT's CPU EP on the same graph (float32 tolerance)
-        tol = FLOAT32_TOLERANCE if wl is None else logits_tolerance(wl.config)
+        # a user's model: its reference is ORT's CPU EP on the same graph, its tolerance the
+        # parent's (``model_run.UserModel.tolerance``)
+        tol = (float(req.get("tolerance") or FLOAT32_TOLERANCE) if wl is None
+               else logits_tolerance(wl.config))
         match = compare_logits(logits, ref_logits[: warmup + steps], tol)
-        reason = "" if match.ok else mismatch_reason(logits, ref_logits[: warmup + steps], tol)
+        reason = "" if match.ok else mismatch_reason(
+            logits, ref_logits[: warmup + steps], tol,
+            "the float64 reference" if wl is not None else "the reference (ORT's CPU EP)")
         details = dict(backend.details)
         if sm_clock is not None:
             details["sm_clock_mhz"] = sm_clock

@@ -213,13 +213,17 @@ def _single_file(path: Path) -> None:
 INT4_OPTIONS = ["--extra_options", "accuracy_level=1"]
 
 
-def export_genai(name: str, src: Path, precision: str, out: Path, work: Path) -> Path:
+def export_genai(name: str, src: Path, precision: str, out: Path, work: Path,
+                 ep: str = "cpu") -> Path:
+    """The builder's export for execution provider ``ep``: "cpu" (float32 activations;
+    int4 at accuracy_level 1), or "webgpu" (int4: float16 activations and caches,
+    MatMulNBits at the builder's accuracy_level 4, what web pages ship as q4f16)."""
     cache = work / "genai-cache"
     if out.exists():
         shutil.rmtree(out)
     _run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(src),
-          "-o", str(out), "-p", precision, "-e", "cpu", "-c", str(cache),
-          *(INT4_OPTIONS if precision == "int4" else [])])
+          "-o", str(out), "-p", precision, "-e", ep, "-c", str(cache),
+          *(INT4_OPTIONS if precision == "int4" and ep == "cpu" else [])])
     for f in out.iterdir():
         if f.name not in ("model.onnx", "model.onnx.data", "genai_config.json"):
             f.unlink() if f.is_file() else shutil.rmtree(f)
@@ -320,7 +324,7 @@ def _merge(entries: list[dict]) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--exporters", default="genai,transformers",
-                    help="comma list of genai, genai-int4, transformers, transformers-mm "
+                    help="comma list of genai, genai-int4, genai-q4f16, transformers, transformers-mm "
                     "(Qwen3.5's whole ConditionalGeneration model), optimum")
     ap.add_argument("--models", default="llama,qwen35")
     ap.add_argument("--work", type=Path, default=Path("/tmp/statebench-test-models"))
@@ -351,6 +355,11 @@ def main() -> int:
                     file = export_genai(model_name, src, "int4", MODELS / name, args.work)
                     entries.append(_entry(name, "onnxruntime-genai builder -p int4 -e cpu "
                                           + " ".join(INT4_OPTIONS),
+                                          "onnxruntime-genai", model_name, file, config, tokens))
+                elif exporter == "genai-q4f16":
+                    file = export_genai(model_name, src, "int4", MODELS / name, args.work,
+                                        ep="webgpu")
+                    entries.append(_entry(name, "onnxruntime-genai builder -p int4 -e webgpu",
                                           "onnxruntime-genai", model_name, file, config, tokens))
                 elif exporter == "optimum":
                     file = export_optimum(model_name, src, MODELS / name, args.work)

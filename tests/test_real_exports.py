@@ -152,3 +152,54 @@ def test_shared_runs_where_gqa_owns_the_cache(name):
     else:
         with pytest.raises(UserError, match=r"ort-cpu:shared cannot run .*not GroupQueryAttention"):
             generate(MODELS / e["path"], e["prompt"], NEW_TOKENS, "ort-cpu:shared")
+
+
+Q4F16 = "genai-q4f16-llama"  # onnxruntime-genai's int4 export for WebGPU: what pages ship
+
+
+def test_a_float16_export_gets_the_float16_tolerance_and_exact_products_in_its_reference(
+        tmp_path):
+    """genai's WebGPU int4 export (float16 logits, MatMulNBits at accuracy_level 4): its
+    sweep tolerance is float16's for its 2 layers, and the reference runs a copy of the graph
+    whose products are float32 (accuracy_level 1; int8 activations put ORT's CPU logits
+    percents off the dequantised weights' product), the weights linked, not copied; the
+    float32 int4 export (level 1 already) keeps float32's tolerance and its own graph."""
+    from harness.metrics import FLOAT32_TOLERANCE, float16_tolerance
+    from harness.model_run import UserModel, reference_graph
+
+    half = UserModel.load(MODELS / Q4F16)
+    assert half.tolerance == float16_tolerance(2) and 8e-3 < half.tolerance < 9e-3
+    low = half.low_precision_products
+    assert len(low) == sum(n.op_type == "MatMulNBits" for n in half.proto.graph.node) > 0
+    copy = reference_graph(half, tmp_path)
+    assert copy.parent == tmp_path
+    proto = onnx.load(str(copy), load_external_data=False)
+    levels = {a.i for n in proto.graph.node if n.op_type == "MatMulNBits"
+              for a in n.attribute if a.name == "accuracy_level"}
+    assert levels == {1}
+    for f in half.files[1:]:
+        assert (tmp_path / f.name).resolve() == f.resolve()
+    # the model as given is untouched
+    assert half.low_precision_products == low
+    single = UserModel.load(MODELS / "genai-int4-llama")
+    assert single.tolerance == FLOAT32_TOLERANCE and not single.low_precision_products
+    assert reference_graph(single, tmp_path / "none") == single.path
+
+
+@pytest.mark.skipif(not _WGPU_OK, reason=_WGPU_WHY)
+def test_a_float16_export_sweeps_on_the_webnn_pages(tmp_path):
+    """The WebGPU int4 export through `statebench run --model` on the pages: every point
+    matches the reference (float32 products) within the float16 tolerance, and the results
+    say what the reference changed and which tolerance was used."""
+    out = tmp_path / "run.json"
+    proc = statebench("run", "--model", MODELS / Q4F16, "--backends",
+                      "wgpu:stateful,wgpu:stateless", "--contexts", "6", "--steps", "3",
+                      "--warmup", "1", "--warm-s", "0", "--no-calibrate", "--inprocess",
+                      "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads(out.read_text())
+    model = results["workload"]["model"]
+    assert "accuracy_level 1" in model["reference_graph"]
+    for p in results["points"]:
+        assert p["status"] == "ok" and p["match"]["ok"], (p["backend"], p["reason"])
+        assert p["match"]["tolerance"] == model["tolerance"]

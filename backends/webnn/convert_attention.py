@@ -185,7 +185,9 @@ def _skip_simplified_layer_norm(c, node, attrs):
 
 def _scores(c, q, k, attrs, head_size: int):
     """q·kᵀ scaled (``scale``, else 1/sqrt(head size)) and soft-capped (``softcap``), as
-    the attention ops define them, and the score a masked row takes (float32's lowest)."""
+    the attention ops define them, and the score a masked row takes (the lowest finite
+    value of the scores' type: float16's where the graph attends in float16, not float32's
+    rounded to -inf)."""
     b = c.builder
     scores = b.matmul(q, b.transpose(k, permutation=[0, 1, 3, 2]))
     scale = attrs.get("scale", 0.0) or 1.0 / np.sqrt(head_size)
@@ -193,7 +195,8 @@ def _scores(c, q, k, attrs, head_size: int):
     cap = attrs.get("softcap", 0.0)
     if cap:
         scores = b.mul(b.tanh(b.div(scores, c.scalar_like(cap, scores))), c.scalar_like(cap, scores))
-    return scores, c.scalar_like(float(np.finfo(np.float32).min), scores)
+    lowest = float(np.finfo(HOST_DTYPES[c._dtype(scores)]).min)
+    return scores, c.scalar_like(lowest, scores)
 
 
 @_op("GroupQueryAttention")
