@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -218,7 +219,9 @@ def reference_changes(model: UserModel) -> str:
 def reference_graph(model: UserModel, folder: Path) -> Path:
     """The graph the reference runs: ``model.path`` itself, or where its ``MatMulNBits``
     may compute in lower precision, a copy in ``folder`` with those at accuracy_level 1
-    and links to its external data files (the weights are not copied)."""
+    beside its external data files, hard-linked (copied where a link cannot be made: another
+    file system). Not symbolic links: ORT refuses external data whose resolved path leaves
+    the model's folder."""
     low = set(model.low_precision_products)
     if not low:
         return model.path
@@ -230,7 +233,12 @@ def reference_graph(model: UserModel, folder: Path) -> Path:
                 if a.name == "accuracy_level":
                     a.i = 1
     for f in model.files[1:]:
-        (folder / f.name).symlink_to(f.resolve())
+        dst = folder / f.relative_to(model.path.parent)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(f, dst)
+        except OSError:
+            shutil.copyfile(f, dst)
     out = folder / model.path.name
     onnx.save(proto, str(out))
     return out
