@@ -258,6 +258,7 @@ class OrtReferenceWalk:
             self.ref.prepare(None, capacity)
             self.vocab = int(self.ref.step(0).size)  # the logits' width, then back to empty
         except Exception as exc:  # noqa: BLE001 - ORT's own reason is the answer
+            self._folder.cleanup()
             raise UserError(f"the reference ({REFERENCE}) cannot run {model.path}: "
                             f"{' '.join(str(exc).split())}") from None
         self.ref.reset()

@@ -85,6 +85,22 @@ def test_bad_input_is_one_line_exit_2(models, tmp_path):
         assert says in one_line_error(statebench(*args)), args
 
 
+@pytest.mark.parametrize("backend", ["ort-cpu:copy", "wgpu:stateful"])
+def test_a_graph_whose_types_disagree_is_one_line_exit_2(models, tmp_path, backend):
+    """A graph that parses but is not valid (an add of a float32 and a float16 tensor, as a
+    careless float16 conversion leaves one): ORT will not load it and the WebNN builder
+    refuses the add; either way one line naming the backend and the model, exit 2."""
+    proto = onnx.load(str(models["optimum"]))
+    add = next(n for n in proto.graph.node if n.op_type == "Add")
+    half = onnx.helper.make_tensor("half_one", onnx.TensorProto.FLOAT16, [], [1.0])
+    proto.graph.initializer.append(half)
+    add.input[1] = "half_one"
+    path = tmp_path / "mixed.onnx"
+    onnx.save(proto, str(path))
+    line = one_line_error(statebench("generate", path, "--prompt", "1,2", "--backend", backend))
+    assert f"{backend} cannot run {path}" in line or "data type" in line, line
+
+
 @pytest.mark.parametrize("name", ["ort-cpu:copy", "ort-cpu:iobinding"])
 def test_a_grouped_query_attention_graph_as_a_users_model(name, tmp_path):
     """statebench's own ORT-flavour export (GroupQueryAttention fed seqlens_k and

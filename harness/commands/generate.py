@@ -67,6 +67,10 @@ def generate(model, prompt: list[int], max_new_tokens: int, backend: str) -> lis
         b.prepare(None, len(prompt) + max_new_tokens)
     except (RuntimeError, ConversionError, UserError) as exc:
         raise UserError(" ".join(str(exc).split())) from None
+    except Exception as exc:  # noqa: BLE001 - a graph ORT will not load, or the builder refuses
+        b.close()
+        raise UserError(f"{backend} cannot run {path}: {type(exc).__name__}: "
+                        f"{' '.join(str(exc).split())}") from None
     try:
         logits = None
         for t in prompt:
