@@ -7,7 +7,9 @@
 # run `../shared/gpu/prepare.sh` on a connected machine and send `.whl/` and `.gl/` with the
 # checkout: this script installs them into /tmp/site. Writes one results JSON per preset into
 # OUTDIR with its charts and HTML report in OUTDIR/PRESET-report/, and prints a short summary
-# last; `statebench report` remakes the charts anywhere.
+# last; `statebench report` remakes the charts anywhere. STATEBENCH_GPU_TARBALL=FILE: OUTDIR
+# packed into FILE (tar.gz) after each preset and at the end, for a machine that returns only a
+# few files a call (OUTDIR elsewhere, FILE in $OUT).
 set -euo pipefail
 out=${1:?usage: scripts/gpu_sweep.sh OUTDIR [PRESET...]}
 shift || true
@@ -35,10 +37,12 @@ safe() { printf '%s' "$1" | tr -c 'A-Za-z0-9._-' '_'; }
 # steps, so nine slow steps on either side (a cold first step, a stall) cannot move it, where
 # 8 steps give the full range; 3 fresh processes a point, so the interval takes in the spread
 # between processes (README "Intervals and orderings")
+pack() { if [ -n "${STATEBENCH_GPU_TARBALL:-}" ]; then tar czf "$STATEBENCH_GPU_TARBALL" -C "$out" .; fi; }
 for p in "${presets[@]}"; do
   "$py" -m harness.cli run --preset "$p" --backends "$backends" --contexts "$contexts" \
     --steps "${STATEBENCH_GPU_STEPS:-32}" --repeat "${STATEBENCH_GPU_REPEAT:-3}" --warmup 2 \
     --out "$out/$(safe "$p").json" || echo "run $p exited $?"
+  pack
 done
 for p in "${presets[@]}"; do
   f="$out/$(safe "$p").json"
@@ -50,3 +54,4 @@ for p in "${presets[@]}"; do
   fi
   "$py" -m harness.cli report "$f" --format md || true
 done
+pack
