@@ -160,9 +160,7 @@ class UserModel:
     def low_precision_products(self) -> list[str]:
         """The ``MatMulNBits`` nodes whose ``accuracy_level`` allows lower-precision products."""
         return [n.name or n.output[0] for n in self.proto.graph.node
-                if n.op_type == "MatMulNBits" and any(
-                    a.name == "accuracy_level" and a.i in LOW_PRECISION_LEVELS
-                    for a in n.attribute)]
+                if _low_precision_level(n) is not None]
 
     def check_positions(self, last: int) -> None:
         """Refuse, in one line, a sweep whose last position (0-based) the model cannot reach."""
@@ -209,6 +207,14 @@ def backend_for(cls: type[Backend], path: str | os.PathLike, pairs: dict[str, st
     return cls(onnx_path=path, pairs=pairs or None, **page)
 
 
+def _low_precision_level(node: onnx.NodeProto) -> onnx.AttributeProto | None:
+    """A ``MatMulNBits`` node's ``accuracy_level`` where it allows lower-precision products."""
+    if node.op_type != "MatMulNBits":
+        return None
+    return next((a for a in node.attribute
+                 if a.name == "accuracy_level" and a.i in LOW_PRECISION_LEVELS), None)
+
+
 def reference_changes(model: UserModel) -> str:
     """What the reference's copy of the graph changes, in words ("" for nothing)."""
     low = model.low_precision_products
@@ -222,16 +228,13 @@ def reference_graph(model: UserModel, folder: Path) -> Path:
     beside its external data files, hard-linked (copied where a link cannot be made: another
     file system). Not symbolic links: ORT refuses external data whose resolved path leaves
     the model's folder."""
-    low = set(model.low_precision_products)
-    if not low:
+    if not model.low_precision_products:
         return model.path
     proto = onnx.ModelProto()
     proto.CopyFrom(model.proto)
     for n in proto.graph.node:
-        if n.op_type == "MatMulNBits" and (n.name or n.output[0]) in low:
-            for a in n.attribute:
-                if a.name == "accuracy_level":
-                    a.i = 1
+        if (level := _low_precision_level(n)) is not None:
+            level.i = 1
     for f in model.files[1:]:
         dst = folder / f.relative_to(model.path.parent)
         dst.parent.mkdir(parents=True, exist_ok=True)

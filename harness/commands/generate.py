@@ -65,12 +65,12 @@ def generate(model, prompt: list[int], max_new_tokens: int, backend: str) -> lis
     b = backend_for(cls, path, user.hand_pairs)
     try:
         b.prepare(None, len(prompt) + max_new_tokens)
-    except (RuntimeError, ConversionError, UserError) as exc:
-        raise UserError(" ".join(str(exc).split())) from None
     except Exception as exc:  # noqa: BLE001 - a graph ORT will not load, or the builder refuses
         b.close()
-        raise UserError(f"{backend} cannot run {path}: {type(exc).__name__}: "
-                        f"{' '.join(str(exc).split())}") from None
+        why = " ".join(str(exc).split())
+        if not isinstance(exc, (RuntimeError, ConversionError, UserError)):  # not our words
+            why = f"{backend} cannot run {path}: {type(exc).__name__}: {why}"
+        raise UserError(why) from None
     try:
         logits = None
         for t in prompt:

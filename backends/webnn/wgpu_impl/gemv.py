@@ -205,9 +205,9 @@ def gemv_prologues(nodes: list[MLOperand], fold: dict[int, MLOperand], inlined: 
         if q4 is None and 4 * K + 4 * 512 > target.shared_bytes:
             continue  # the vector must fit in workgroup memory beside the reduction scratch
         group = _group(a, groups, inlined)
-        red = _reduction_of(group, consumers, groups, inlined, taken) if reductions else None
-        if q4 is not None and red is None and _reduction_of(group, consumers, groups, inlined,
-                                                            taken) is not None:
+        found = _reduction_of(group, consumers, groups, inlined, taken)
+        red = found if reductions else None
+        if q4 is not None and red is None and found is not None:
             continue  # RMSNorm's tail without its reduction: as many launches, more work
         pro = Prologue(group, red)
         if q4 is not None:  # its other bindings: codes, scales, zero points, residual, outputs

@@ -375,7 +375,7 @@ def _lower_q4(plan: Plan, members: list[MLOperand], a_slot: Slot, slot_of: Any) 
     if wide is not None and (w0.block % 32 or wide[0] > QR.wide_lanes(K, wide[1])):
         wide = None
     quad = plan.options.q4_quad(plan.target)  # 4 rows' codes a load, where the block allows
-    if quad is not None and (w0.block % 32 or K % 32):
+    if quad is not None and not w0.quad_fits:
         quad = None
     dst, res = plan.epilogue.get(members[0]._id, (members[0], None))  # (the add, residual)
     a_slots, source = _gemv_input(plan, members[0], [a_slot], slot_of)

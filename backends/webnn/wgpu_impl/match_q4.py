@@ -52,6 +52,12 @@ class Q4Weight:
             s.astype(np.float16).astype(s.dtype), s))
 
     @property
+    def quad_fits(self) -> bool:
+        """The four-rows-a-load kernel (``quant_rows.gemv_q4_quad``) takes these weights: a
+        16-byte load of 32 codes never straddles a block or the row's end."""
+        return self.block % 32 == 0 and self.K % 32 == 0
+
+    @property
     def codes(self) -> MLOperand:
         return self.dq._inputs[0]
 

@@ -143,7 +143,7 @@ def _q4_other_bindings(plan: Plan) -> dict[int, int]:
     scales, zero-point terms, residual, outputs), for the products the "quad" kernel runs."""
     outs = {m._id: len(ms) for ms in plan.stacked.values() for m in ms}
     return {i: 2 + w.zero_points + (i in plan.epilogue) + outs.get(i, 1)
-            for i, w in plan.q4.items() if w.block % 32 == 0 and w.K % 32 == 0}
+            for i, w in plan.q4.items() if w.quad_fits}
 
 
 def group_row_writes(plan: Plan, st: PassState) -> None:
