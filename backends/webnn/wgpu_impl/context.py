@@ -291,12 +291,9 @@ class WgpuContext(Dispatch, Readback, MLContext):
         return WgpuTensor(self, dt, shape, readable, writable)
 
     def _write_tensor(self, tensor: MLTensor, data: np.ndarray) -> None:
-        """Small writes through ``queue.write_buffer``; large ones staged
-        (``staging.StagedWrites``: one map and one submit of copies for all the writes
-        between two dispatches). A small write submits the staged batch first only where
-        the batch writes the same tensor: order matters only there, and a page writing
-        small and large state tensors in turn (a hybrid's convolution and recurrent
-        states) would otherwise pay a submit and an arena map per large tensor."""
+        """Small writes through ``queue.write_buffer`` (after any staged ones, keeping the
+        queue's order); large ones staged (``staging.StagedWrites``: one map and one submit
+        of copies for all the writes between two dispatches)."""
         n = data.nbytes
         copied = self._copied
         if copied is not None and tensor._serial in copied.index:
@@ -305,8 +302,7 @@ class WgpuContext(Dispatch, Readback, MLContext):
             data = np.concatenate([data.reshape(-1).view(np.uint8), np.zeros(4 - n % 4, np.uint8)])
         t0 = time.perf_counter_ns()
         if n < STAGED_WRITE_MIN:
-            if self._staged.holds(tensor._buffer):
-                self._staged.flush()
+            self._staged.flush()
             self._queue_calls.write(self._queue, tensor._buffer, np.ascontiguousarray(data))
         else:
             self._staged.write(tensor._buffer, data)

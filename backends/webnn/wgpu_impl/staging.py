@@ -253,11 +253,6 @@ class StagedWrites:
         self._used = 0
         self._cur ^= 1
 
-    def holds(self, dst: Any) -> bool:
-        """Whether a pending write goes to ``dst`` (a write to it through the queue must
-        follow that copy, so the batch is submitted first)."""
-        return any(p[0] is dst for p in self._pending)
-
     def drop(self, dst: Any) -> None:
         """Forget pending writes to ``dst`` (being destroyed: a copy into it may not run)."""
         self._pending = [p for p in self._pending if p[0] is not dst]
