@@ -1,7 +1,7 @@
 """Raise the GPU's clocks before a point is timed (FINDINGS 16).
 
 A GPU's clock governor raises the clock only under sustained load. On the H200
-(`results/h200/2026-11-29-6d7dec3/nvidia-smi-call3.csv`, sampled every 250 ms) the SM clock idles at
+(`results/h200/2026-11-29-6d7dec3/nvidia-smi-call3.csv.gz`, sampled every 250 ms) the SM clock idles at
 345 MHz and reaches 1980 MHz within half a second of continuous work. Under bursty work it
 crawls: a reuse page stepping in bursts, with its 1 GB cache rewritten from the host
 between them, reached only 1095 MHz, and its graph took 7.2 ms of GPU time where the kernel

@@ -7,7 +7,10 @@ samples say (`summarise`): pooled median and p10/p90, the interval of the median
 Everything but the samples is deterministic or per-process: bytes per step are counted, so
 repeats agree (where they do not, the point's figure is their mean and `details.bytes_differ`
 says so, rather than a GPU run losing the point), the logits' match is the worst repeat's,
-build and time to depth are the median repeat's, peak RSS and device bytes the largest.
+build and time to depth are the median repeat's, peak RSS and device bytes the largest. A
+WebNN page's host-time breakdown and the host CPUs it ran on are per process too: each repeat
+keeps its own, and the point's breakdown is the median of each part over the repeats (the
+part one slow process spends its extra time in shows in that repeat, not in the point).
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from harness import stats
 from harness.results import Match, Point, Stats
 
 #: per-process facts a repeat keeps besides its samples
-_PER_REPEAT = ("wall_s", "build_s", "time_to_depth_s", "sm_clock_mhz")
+_PER_REPEAT = ("wall_s", "build_s", "time_to_depth_s", "sm_clock_mhz", "host_breakdown_ms",
+               "host_cpus")
 
 
 def _repeat_of(p: Point) -> dict:
@@ -28,13 +32,13 @@ def _repeat_of(p: Point) -> dict:
             "gpu_ms": list(d["gpu_ms_samples"]) if d.get("gpu_ms_samples") else None,
             "wall_s": d.get("wall_s"), "build_s": p.build_s,
             "time_to_depth_s": p.time_to_depth_s, "bytes_per_step": dict(p.bytes_per_step or {}),
-            **({"sm_clock_mhz": d["sm_clock_mhz"]} if "sm_clock_mhz" in d else {})}
+            **{k: d[k] for k in ("sm_clock_mhz", "host_breakdown_ms", "host_cpus") if k in d}}
 
 
 def _moved(details: dict) -> dict:
     """Details without what the repeats now hold."""
     return {k: v for k, v in details.items()
-            if k not in ("step_ms_samples", "gpu_ms_samples", "warning", "wall_s")}
+            if k not in ("step_ms_samples", "gpu_ms_samples", "warning", "wall_s", "host_cpus")}
 
 
 def first(p: Point) -> Point:
@@ -63,11 +67,20 @@ def add(prev: Point, new: Point, index: int, total: int) -> Point:
     clocks = [r["sm_clock_mhz"] for r in reps if isinstance(r.get("sm_clock_mhz"), dict)]
     if clocks:  # the lowest-clocked repeat, so a low clock is noted (metrics.low_clock)
         details["sm_clock_mhz"] = min(clocks, key=lambda c: c.get("median") or 0)
+    host = [r["host_breakdown_ms"] for r in reps if isinstance(r.get("host_breakdown_ms"), dict)]
+    if host:
+        details["host_breakdown_ms"] = _median_parts(host)
     return summarise(replace(
         prev, repeats=reps, match=match, details=details, bytes_per_step=bytes_per_step,
         build_s=_median_of(reps, "build_s"), time_to_depth_s=_median_of(reps, "time_to_depth_s"),
         peak_rss_bytes=_largest(prev.peak_rss_bytes, new.peak_rss_bytes),
         device_bytes=_largest(prev.device_bytes, new.device_bytes)))
+
+
+def _median_parts(parts: list[dict[str, float]]) -> dict[str, float]:
+    """Each key's median over the dicts that have it (the repeats' host-time breakdowns)."""
+    keys = [k for k in parts[0] if all(k in p for p in parts)]
+    return {k: round(stats.median([p[k] for p in parts]), 4) for k in keys}
 
 
 def _median_of(reps: list[dict], key: str) -> float | None:

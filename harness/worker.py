@@ -182,6 +182,9 @@ def _measure(req: dict, cls: type[Backend]) -> Point:
         details["step_ms_samples"] = [round(x, 6) for x in step_ms]
         if host:
             details["host_breakdown_ms"] = host_breakdown(host, step_ms, gpu_ms)
+        cpus = host_cpus()
+        if cpus:
+            details["host_cpus"] = cpus
         if gpu_ms:
             details["gpu_ms_samples"] = [round(x, 6) for x in gpu_ms]
         if gpu_ms and len(gpu_ms) == steps:
@@ -215,6 +218,22 @@ def host_breakdown(host: list[dict[str, float]], step_ms: list[float],
     out = {k: round(float(np.median([h[k] for h in host])), 4) for k in host[0]}
     if len(gpu_ms) == len(step_ms):
         out["wall_minus_gpu"] = round(float(np.median(np.subtract(step_ms, gpu_ms))), 4)
+    return out
+
+
+def host_cpus() -> dict[str, int]:
+    """The host CPUs this process may run on, the one its main thread ran on last and its
+    threads (the driver's included), where Linux tells: per process, so that a repeat
+    whose host time is slower than its siblings' can be told apart by where it ran."""
+    out: dict[str, int] = {}
+    with contextlib.suppress(AttributeError, OSError):
+        out["allowed"] = len(os.sched_getaffinity(0))
+    with contextlib.suppress(OSError, IndexError, ValueError):
+        with open("/proc/thread-self/stat") as f:  # field 39, after the ")" ending comm
+            out["last"] = int(f.read().rsplit(")", 1)[1].split()[36])
+    with contextlib.suppress(OSError, StopIteration, ValueError):
+        with open("/proc/self/status") as f:
+            out["threads"] = int(next(ln for ln in f if ln.startswith("Threads:")).split()[1])
     return out
 
 

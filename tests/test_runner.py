@@ -219,6 +219,39 @@ def test_repeats_fold_worst_match_and_mean_bytes():
     assert p.step_ms.median == 1.2  # pooled over the nine steps
 
 
+def test_repeats_keep_each_process_host_time_and_cpus():
+    """repeats.add: each repeat keeps its own host-time breakdown and CPUs; the point's
+    breakdown is each part's median over the repeats, not the first process's."""
+    from harness import repeats
+
+    def one(ms, record, cpu):
+        return results.Point(
+            "wgpu:stateful", 4, 8, 2, step_ms=results.Stats.of(ms), build_s=1.0,
+            time_to_depth_s=0.0, bytes_per_step={"h2d": 8.0}, match=results.Match(True, 0, 0, 1),
+            details={"step_ms_samples": ms, "wall_s": 1.0,
+                     "host_breakdown_ms": {"record_ahead": record, "wait": 1.0},
+                     "host_cpus": {"allowed": 16, "last": cpu, "threads": 9}})
+
+    p = repeats.first(one([1.5, 1.6], 0.7, 3))
+    assert "host_cpus" not in p.details and p.repeats[0]["host_cpus"]["last"] == 3
+    p = repeats.add(p, one([2.0, 2.1], 1.4, 5), 2, 3)
+    p = repeats.add(p, one([1.5, 1.5], 0.8, 3), 3, 3)
+    assert [r["host_breakdown_ms"]["record_ahead"] for r in p.repeats] == [0.7, 1.4, 0.8]
+    assert [r["host_cpus"]["last"] for r in p.repeats] == [3, 5, 3]
+    assert p.details["host_breakdown_ms"] == {"record_ahead": 0.8, "wait": 1.0}
+
+
+def test_worker_host_cpus_read_from_linux():
+    """The worker's own CPUs: at least one allowed, the last one among the machine's."""
+    from harness.worker import host_cpus
+
+    got = host_cpus()
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("no CPU affinity on this platform")
+    assert 1 <= got["allowed"] <= os.cpu_count()
+    assert 0 <= got["last"] < os.cpu_count() and got["threads"] >= 1
+
+
 def test_repeat_two_real_workers(tmp_path):
     """A real tiny sweep, two fresh worker processes per point (ORT's CPU EP)."""
     pytest.importorskip("onnxruntime")
