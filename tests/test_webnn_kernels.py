@@ -119,6 +119,57 @@ def test_split_k_matmul(ctx, M, K, N, bb, cpu):
     np.testing.assert_allclose(got, a.astype(np.float64) @ b_, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("variant", ["rows_w", "rows_u8_w", "rows16_sh_u2_w"])
+@pytest.mark.parametrize("K", [264, 260, 8])
+def test_gemv_float16_weights_sixteen_byte_loads(ctx_with, variant, K):
+    """``_w``: float16 weights loaded 8 to a ``vec4<u32>`` (K % 8 == 0; else the 8-byte
+    loads), each against two vec4 of the input; the float64 product of the weights as
+    stored, with loads left over after the unrolled loop."""
+    rng = np.random.default_rng()
+    ctx = ctx_with(gemv=variant, gemv_weights="f16")
+    N, m = 129, 1
+    w, x = rand(rng, K, N), rand(rng, m, K)
+    kernels, got = _gemv_plan_and_result(ctx, w, x)
+    (k,) = [k for k in kernels if k.name == "matmul_gemv"]
+    wide = K % 8 == 0
+    assert ("array<vec4<u32>>" in k.wgsl) == wide and ("fn wv(" in k.wgsl) != wide
+    assert k.bytes == 4 * (m * K + m * N) + 2 * K * N
+    stored = w.astype(np.float16).astype(np.float64)
+    np.testing.assert_allclose(got, x.astype(np.float64) @ stored, rtol=1e-4, atol=1e-4)
+
+
+def test_gemv_sixteen_byte_loads_with_a_computed_input(ctx_with):
+    """``_w`` where the gemv computes its input (RMSNorm's tail, ``gemv_prologue`` "full"),
+    two stacked products: the input vector's words are read two a weight load."""
+    rng = np.random.default_rng()
+    ctx = ctx_with(gemv="rows_sh_w", gemv_prologue="full", gemv_weights="f16")
+    K = 48
+    b = MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=[1, K])
+    w1, w2, gm = rand(rng, K, 5), rand(rng, K, 3), rand(rng, 1, K)
+    ms = b.reduce_mean(b.mul(x, x), axes=[1], keep_dimensions=True)
+    v = b.mul(b.div(x, b.sqrt(b.add(ms, b.constant(data_type="float32", shape=[1, 1],
+                                                     value=np.float32([[1e-5]]))))),
+              b.constant(data_type="float32", shape=[1, K], value=gm))
+    ys = {f"y{i}": b.matmul(v, b.constant(data_type="float32", shape=[K, w.shape[1]], value=w))
+          for i, w in ((1, w1), (2, w2))}
+    g = b.build(ys)
+    kernels = [la.kernel for la in g._plan.launches if hasattr(la, "kernel")]
+    assert [k.name for k in kernels] == ["matmul_gemv"] and "fn whi(" in kernels[0].wgsl
+    xv = rand(rng, 1, K)
+    tx = ctx.create_tensor(data_type="float32", shape=[1, K], writable=True)
+    outs = {n: ctx.create_tensor(data_type="float32", shape=[1, w.shape[1]], readable=True)
+            for n, w in (("y1", w1), ("y2", w2))}
+    ctx.write_tensor(tx, xv)
+    ctx.dispatch(g, {"x": tx}, outs)
+    x64 = xv.astype(np.float64)
+    vv = x64 / np.sqrt((x64 * x64).mean() + 1e-5) * gm
+    for n, w in (("y1", w1), ("y2", w2)):
+        want = vv @ w.astype(np.float16).astype(np.float64)
+        np.testing.assert_allclose(ctx.read_tensor(outs[n]), want, rtol=1e-4, atol=1e-4)
+    g.destroy()
+
+
 @pytest.mark.parametrize("rows,n", [(3, 1500), (32, 1024), (1, 4099)])
 def test_wide_softmax(ctx, rows, n):
     rng = np.random.default_rng()

@@ -13,7 +13,7 @@ from backends.webnn.wgpu_impl.options import KernelOptions
 #: every knob and the values its documentation names (None: per adapter)
 ACCEPTED = {
     "gemv": ["legacy", "cols", "cols2", "cols4g8", "rows", "rows_sh", "rows16", "rows_u8",
-             "rows16_sh_u2"],
+             "rows16_sh_u2", "rows_u8_w"],
     "attention": ["flash", "flash1", "lanes", "lanes1", "lanes_u8", "lanes1_u2", "unfused",
                   "generic"],
     "gemv_prologue": ["launch", "off", "full", "vector"],

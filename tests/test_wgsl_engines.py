@@ -25,7 +25,7 @@ from backends.webnn.engines import ENGINES
 CONTEXT_MODES = {"record_ahead", "read_copy", "pass_calls", "map_wait", "queue_calls"}
 #: values of each kernel-choosing knob (wgpu_impl/options.py documents them)
 OPTION_VALUES: dict[str, list[str | int | None]] = {
-    "gemv": [None, "legacy", "rows", "rows8", "rows_sh", "rows16_sh_u2", "cols", "cols2",
+    "gemv": [None, "legacy", "rows", "rows8", "rows_sh", "rows16_sh_u2", "rows_u8_w", "cols", "cols2",
              "cols4", "cols4g8", "cols8g8", "cols2g4", "cols2g16", "cols4g4", "cols1g8"],
     "attention": [None, "flash", "flash1", "lanes", "lanes1", "lanes_u8", "unfused", "generic"],
     "gemv_prologue": [None, "launch", "off", "full", "vector"],

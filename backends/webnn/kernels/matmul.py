@@ -210,12 +210,15 @@ def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequenc
               subgroup: int | None = None, splits: Sequence[int] | None = None,
               residual: bool = False,
               prologue: VectorSource | None = None, depth: int = 4,
-              f16_weights: bool = False) -> Kernel:
+              f16_weights: bool = False, f16_wide: bool = False) -> Kernel:
     """out[r, n] = sum_k A[r, k] * Bt[n, k] for M == 1 on a GPU: B stored (N, K).
 
     ``f16_weights``: B holds float16 values, two to a u32 (K a multiple of 4): each vec4 of
     weights is one ``vec2<u32>`` load unpacked with ``unpack2x16float`` (core WGSL, no
     'shader-f16' needed), half the bytes streamed; products and sums stay float32.
+    ``f16_wide`` (with ``f16_weights``, K a multiple of 8; else ignored): each load is a
+    ``vec4<u32>`` of 8 weights against two vec4 of the input, so an invocation has as many
+    bytes in flight as with float32 weights (a 8-byte load carries half of them).
 
     ``lanes`` invocations share one output column (a weight row): they stride along K with
     vec4 loads, so a row is read as ``lanes`` x 16 contiguous bytes per step (coalesced),
@@ -257,7 +260,14 @@ def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequenc
             src += red_decls
     nb = len(a_bindings)
     assert not f16_weights or vw == 4, "float16 weights need K % 4 == 0"
-    if f16_weights:
+    wide = f16_weights and f16_wide and K % 8 == 0
+    if wide:
+        src += decl(nb, "b", "vec4<u32>", "read")
+        src += ("fn wlo(p: vec4<u32>) -> vec4<f32> {\n"
+                "  return vec4<f32>(unpack2x16float(p.x), unpack2x16float(p.y));\n}\n"
+                "fn whi(p: vec4<u32>) -> vec4<f32> {\n"
+                "  return vec4<f32>(unpack2x16float(p.z), unpack2x16float(p.w));\n}\n")
+    elif f16_weights:
         src += decl(nb, "b", "vec2<u32>", "read")
         src += ("fn wv(p: vec2<u32>) -> vec4<f32> {\n"
                 "  return vec4<f32>(unpack2x16float(p.x), unpack2x16float(p.y));\n}\n")
@@ -284,26 +294,34 @@ def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequenc
             item = el.format("j")
         src += (f"  for (var j = lid; j < {kv}u; j = j + {wg}u) {{ xa[j] = {item}; }}\n"
                 "  workgroupBarrier();\n")
+    per = 2 if wide else 1  # input vec4 words a weight load covers
+    kl = kv // per  # weight loads a row
     src += (f"  let r = lid / {lanes}u;\n  let t = lid % {lanes}u;\n"
             f"  let n = wid.x * {R}u + r;\n  let nn = min(n, {nc - 1}u);\n"
             f"  let ab = (aoff(bi) + m * {K}u) / {vw}u;\n"
-            f"  let wb = boff(bi) / {vw}u + nn * {kv}u;\n"
+            f"  let wb = boff(bi) / {vw * per}u + nn * {kl}u;\n"
             + "".join(f"  var acc{j} = 0.0;\n" for j in range(depth)))
-    mul = "dot({x}, {w})" if vw == 4 else "{x} * {w}"
 
-    def x_at(off: str) -> str:
-        return f"xa[k{off}]" if prologue is not None else f"a[ab + k{off}]"
-    src += f"  var k = t;\n  for (; k + {(depth - 1) * lanes}u < {kv}u; k = k + {depth * lanes}u) {{\n"
+    def x_at(i: str) -> str:
+        return f"xa[{i}]" if prologue is not None else f"a[ab + {i}]"
+
+    def product(i: str, w: str) -> str:
+        """The products of weight load ``w`` (load index ``i`` along the row)."""
+        if wide:
+            return (f"dot({x_at(f'2u * ({i})')}, wlo({w})) + "
+                    f"dot({x_at(f'2u * ({i}) + 1u')}, whi({w}))")
+        return f"dot({x_at(i)}, {w})" if vw == 4 else f"{x_at(i)} * {w}"
+    src += f"  var k = t;\n  for (; k + {(depth - 1) * lanes}u < {kl}u; k = k + {depth * lanes}u) {{\n"
     offs = [f" + {j * lanes}u" if j else "" for j in range(depth)]
-    load = "wv(b[{i}])" if f16_weights else "b[{i}]"
+    load = "wv(b[{i}])" if f16_weights and not wide else "b[{i}]"
     for j in range(depth):  # every load issued before the first product
         src += f"    let w{j} = {load.format(i=f'wb + k{offs[j]}')};\n"
     for j in range(depth):
-        src += f"    acc{j} = acc{j} + {mul.format(x=x_at(offs[j]), w=f'w{j}')};\n"
+        src += f"    acc{j} = acc{j} + {product(f'k{offs[j]}', f'w{j}')};\n"
     total = " + ".join(f"acc{j}" for j in range(depth))
     src += ("  }\n"
-            f"  for (; k < {kv}u; k = k + {lanes}u) {{ "
-            f"acc0 = acc0 + {mul.format(x=x_at(''), w=load.format(i='wb + k'))}; }}\n"
+            f"  for (; k < {kl}u; k = k + {lanes}u) {{ "
+            f"acc0 = acc0 + {product('k', load.format(i='wb + k'))}; }}\n"
             f"  let acc = {total};\n")
     src += gemv_tail(use_sub, lanes, f"row * {N}u + {n_off}u + n", nc, residual,
                      outs if splits else None)

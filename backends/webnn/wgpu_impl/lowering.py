@@ -76,7 +76,8 @@ def _gemv_rows(t: Target, variant: str, a_shape: Any, b_shape: Any, shp: Any, n0
     sub = None if m and m.group(2) else t.subgroup
     return MM.gemv_rows(a_shape, b_shape, shp, n_off=n0, n_chunk=chunk, lanes=lanes,
                         wg=max(256, lanes), subgroup=sub, residual=residual, splits=splits,
-                        prologue=prologue, depth=depth, f16_weights=f16_weights)
+                        prologue=prologue, depth=depth, f16_weights=f16_weights,
+                        f16_wide=bool(m and m.group(4)))
 
 
 def _f16_weights(how: str | None, variant: str, K: int, values: list[np.ndarray]) -> bool:

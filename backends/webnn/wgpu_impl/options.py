@@ -21,9 +21,10 @@ COLS = {"cols": (8, 32, 8), "cols2": (2, 64, 0), "cols4": (4, 64, 0), "cols4g8":
         "cols4g4": (4, 32, 4), "cols1g8": (1, 64, 8)}
 
 
-#: gemv_rows variants: ``rows[LANES][_sh][_uDEPTH]`` (invocations per weight row, default 32;
-#: ``_sh``: sums through workgroup memory, not subgroupAdd; vec4 loads in flight, default 4)
-ROWS_VARIANT = re.compile(r"rows(\d+)?(_sh)?(?:_u(\d+))?")
+#: gemv_rows variants: ``rows[LANES][_sh][_uDEPTH][_w]`` (invocations per weight row, default
+#: 32; ``_sh``: sums through workgroup memory, not subgroupAdd; vec4 loads in flight, default 4;
+#: ``_w``: float16 weights loaded 8 to a 16-byte load, not 4 to an 8-byte one)
+ROWS_VARIANT = re.compile(r"rows(\d+)?(_sh)?(?:_u(\d+))?(_w)?")
 
 
 GDN_VARIANT = re.compile(r"fused(\d+)?(_sh)?(_norms)?")
@@ -82,7 +83,7 @@ class KernelOptions:
     """
 
     #: matrix-vector kernel: None (CPU adapters "cols", GPUs "rows"), "legacy", a ``COLS`` key,
-    #: "rows[LANES][_sh][_uDEPTH]" (``ROWS_VARIANT``)
+    #: "rows[LANES][_sh][_uDEPTH][_w]" (``ROWS_VARIANT``)
     gemv: str | None = None
     #: decode attention: None/"flash" (two launches where the pattern matches), "flash1" (one
     #: launch, the combine folded into each head's last split: ``flash_decode_one``; else as
@@ -282,8 +283,8 @@ def _check(name: str, value: object) -> None:
     if name == "gemv":
         if value != "legacy" and value not in COLS and not ROWS_VARIANT.fullmatch(value):
             raise ValueError(f"KernelOptions.gemv = {value!r}; accepted: None, 'legacy', "
-                             f"{', '.join(map(repr, COLS))}, 'rows[LANES][_sh][_uDEPTH]' "
-                             "(e.g. 'rows', 'rows16_sh_u2')")
+                             f"{', '.join(map(repr, COLS))}, 'rows[LANES][_sh][_uDEPTH][_w]' "
+                             "(e.g. 'rows', 'rows16_sh_u2', 'rows_u8_w')")
     elif name == "gdn":
         if value == "generic":
             return
