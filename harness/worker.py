@@ -35,6 +35,7 @@ import numpy as np
 from backends.base import Backend, ByteCounters, DepthState, registry
 from harness.clocks import ClockSampler
 from harness.heater import heat
+from harness.host_facts import TimedWindow
 from harness.metrics import FLOAT32_TOLERANCE, compare_logits, is_cpu, logits_tolerance, mismatch_reason
 from harness.model_run import backend_for
 from harness.results import BYTE_CATEGORIES, Point, Stats
@@ -142,6 +143,7 @@ def _measure(req: dict, cls: type[Backend]) -> Point:
         host: list[dict[str, float]] = []  # per step, where the backend can tell
         total = ByteCounters()
         timed_from = time.perf_counter()
+        window = TimedWindow.start()
         for i in range(steps):
             backend.counters.reset()
             token = int(tokens[ctx + warmup + i])
@@ -159,6 +161,7 @@ def _measure(req: dict, cls: type[Backend]) -> Point:
                 host.append(hb)
 
         timed_to = time.perf_counter()
+        host_facts = window.facts()
         sm_clock = None
         if clocks is not None:
             clocks.stop(after=timed_to)
@@ -182,9 +185,8 @@ def _measure(req: dict, cls: type[Backend]) -> Point:
         details["step_ms_samples"] = [round(x, 6) for x in step_ms]
         if host:
             details["host_breakdown_ms"] = host_breakdown(host, step_ms, gpu_ms)
-        cpus = host_cpus()
-        if cpus:
-            details["host_cpus"] = cpus
+        if host_facts:
+            details["host_cpus"] = host_facts
         if gpu_ms:
             details["gpu_ms_samples"] = [round(x, 6) for x in gpu_ms]
         if gpu_ms and len(gpu_ms) == steps:
@@ -218,22 +220,6 @@ def host_breakdown(host: list[dict[str, float]], step_ms: list[float],
     out = {k: round(float(np.median([h[k] for h in host])), 4) for k in host[0]}
     if len(gpu_ms) == len(step_ms):
         out["wall_minus_gpu"] = round(float(np.median(np.subtract(step_ms, gpu_ms))), 4)
-    return out
-
-
-def host_cpus() -> dict[str, int]:
-    """The host CPUs this process may run on, the one its main thread ran on last and its
-    threads (the driver's included), where Linux tells: per process, so that a repeat
-    whose host time is slower than its siblings' can be told apart by where it ran."""
-    out: dict[str, int] = {}
-    with contextlib.suppress(AttributeError, OSError):
-        out["allowed"] = len(os.sched_getaffinity(0))
-    with contextlib.suppress(OSError, IndexError, ValueError):
-        with open("/proc/thread-self/stat") as f:  # field 39, after the ")" ending comm
-            out["last"] = int(f.read().rsplit(")", 1)[1].split()[36])
-    with contextlib.suppress(OSError, StopIteration, ValueError):
-        with open("/proc/self/status") as f:
-            out["threads"] = int(next(ln for ln in f if ln.startswith("Threads:")).split()[1])
     return out
 
 
