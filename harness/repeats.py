@@ -20,9 +20,9 @@ from dataclasses import replace
 from harness import stats
 from harness.results import Match, Point, Stats
 
-#: per-process facts a repeat keeps besides its samples
-_PER_REPEAT = ("wall_s", "build_s", "time_to_depth_s", "sm_clock_mhz", "host_breakdown_ms",
-               "host_cpus")
+#: per-process details a repeat keeps where the worker recorded them (besides its samples,
+#: wall, build and time to depth, and bytes, which every repeat has)
+_PER_REPEAT = ("sm_clock_mhz", "host_breakdown_ms", "host_cpus")
 
 
 def _repeat_of(p: Point) -> dict:
@@ -32,7 +32,7 @@ def _repeat_of(p: Point) -> dict:
             "gpu_ms": list(d["gpu_ms_samples"]) if d.get("gpu_ms_samples") else None,
             "wall_s": d.get("wall_s"), "build_s": p.build_s,
             "time_to_depth_s": p.time_to_depth_s, "bytes_per_step": dict(p.bytes_per_step or {}),
-            **{k: d[k] for k in ("sm_clock_mhz", "host_breakdown_ms", "host_cpus") if k in d}}
+            **{k: d[k] for k in _PER_REPEAT if k in d}}
 
 
 def _moved(details: dict) -> dict:
