@@ -1,8 +1,8 @@
 """What the host was doing while a point's steps were timed (``details.host_cpus``).
 
-On the H200 machine one process in two or three spent 30–60 % more host time a step than its
-siblings at the same GPU time, and some changed speed mid-run; where it ran did not explain
-it (results/h200/2026-12-01-bb91805/). These facts tell the remaining causes apart per
+On the H200 machine some processes spent more host time a step than others at the same GPU
+time, and some changed speed mid-run; where they ran did not explain it
+(results/h200/2026-12-01-bb91805/). These facts tell the remaining causes apart per
 process: a stepping thread that lost its CPU (``on_cpu`` below 1: preempted, or waiting in the
 kernel rather than spinning), a hypervisor that gave the machine's CPUs to others
 (``steal_ms``), or neither (the same work simply ran slower: the clock, the caches).
