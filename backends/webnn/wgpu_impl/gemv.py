@@ -205,7 +205,10 @@ def gemv_prologues(nodes: list[MLOperand], fold: dict[int, MLOperand], inlined: 
         if q4 is None and 4 * K + 4 * 512 > target.shared_bytes:
             continue  # the vector must fit in workgroup memory beside the reduction scratch
         group = _group(a, groups, inlined)
-        found = _reduction_of(group, consumers, groups, inlined, taken)
+        # the reduction is looked for where it would be taken, or where its absence (a 4-bit
+        # product without ``reductions``) leaves the vector to its own launch
+        found = (_reduction_of(group, consumers, groups, inlined, taken)
+                 if reductions or q4 is not None else None)
         red = found if reductions else None
         if q4 is not None and red is None and found is not None:
             continue  # RMSNorm's tail without its reduction: as many launches, more work
