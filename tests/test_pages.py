@@ -259,7 +259,7 @@ def test_gpu_gemv_norms_in_one_launch_each():
         knobs = ("gemv", "attention", "gemv_prologue", "row_vector", "row_writes",
                  "attention_splits",
                  "record_ahead", "cache_copy", "gemv_weights", "gdn", "f16_loads", "read_copy",
-                 "q4_gemv", "pass_calls", "map_wait", "queue_calls", "q4_prologue")
+                 "q4_gemv", "pass_calls", "map_wait", "queue_calls", "q4_prologue", "q4_epilogue")
         assert b.details["kernel_options"] == {**dict.fromkeys(knobs), "gemv": "rows_sh",
                                                "gdn": "generic"}
         plan = b.converted.graph._plan
@@ -639,16 +639,19 @@ def test_one_launch_attention_pages_match_the_reference(name, mode, how):
 
 
 @pytest.mark.adapter_feature("shader-f16")
-@pytest.mark.parametrize("q4,pro", [(None, None), ("fused", None), ("wide2_h", None),
-                                    ("quad_h", None), (None, "full")])
-def test_q4f16_gpu_plan_launches_as_q4(monkeypatch, q4, pro):
+@pytest.mark.parametrize("q4,pro,epi", [(None, None, None), ("fused", None, None),
+                                        ("wide2_h", None, None), ("quad_h", None, None),
+                                        (None, "full", None), (None, None, "gated"),
+                                        ("quad_h", "full", "gated")])
+def test_q4f16_gpu_plan_launches_as_q4(monkeypatch, q4, pro, epi):
     """On a GPU target tiny+q4f16 plans as tiny+q4 but for one launch: q/k/v and gate/up
     stack, the norms are one launch each, the residual adds are the 4-bit kernel's float16
     epilogue (no launch rounds a product or adds), attention is the flash kernel, and the
     steps still match the reference under the float16 tolerance; with each 4-bit kernel
     (``q4``: the q4_gemv knob; unset: "quad_k4_h" on a GPU target; "wide2_h", "quad_h":
     float16 products, within the same tolerance; ``pro``: the q4_prologue knob, the norms
-    and SwiGLU computed by the 4-bit kernel where it reads them)."""
+    and SwiGLU computed by the 4-bit kernel where it reads them; ``epi``: the q4_epilogue
+    knob, SwiGLU written by the gate/up launch)."""
     import dataclasses
 
     from backends.webnn.wgpu_impl import context
@@ -660,7 +663,8 @@ def test_q4f16_gpu_plan_launches_as_q4(monkeypatch, q4, pro):
     launches = {}
     for name in ("tiny+q4", "tiny+q4f16"):
         wl = f16kv(name)
-        b = StatefulInPlace(options=KernelOptions(q4_gemv=q4, q4_prologue=pro))
+        b = StatefulInPlace(options=KernelOptions(q4_gemv=q4, q4_prologue=pro,
+                                                  q4_epilogue=epi))
         b.prepare(wl, 24)
         try:
             launches[name] = [la.kernel.name for la in b.converted.graph._plan.launches
@@ -675,8 +679,9 @@ def test_q4f16_gpu_plan_launches_as_q4(monkeypatch, q4, pro):
         q4 or "quad", "gemv_q4_multi")
     assert half.count(kernel) == launches["tiny+q4"].count(kernel) > 0
     assert "attention_flash" in half and not any("add" in n and "cast" in n for n in half)
-    if pro == "full":  # SwiGLU and the layers' norms: no launch of their own
+    if pro == "full" or epi == "gated":  # SwiGLU: no launch of its own
         assert "fused:sigmoid+mul+mul" not in half, half
+    if pro == "full":  # nor the layers' norms
         assert half.count("fused_vector") == launches["tiny+q4"].count("fused_vector") <= 3, half
 
 

@@ -273,15 +273,17 @@ def test_4bit_projections_stack_and_take_the_residual(ctx_with, gemv, gemvs, q4)
         assert q4s.count("gemv_q4_" + q4[:5].rstrip("0123456789_")) == gemvs - 1, names
 
 
-@pytest.mark.parametrize("gemv,q4", [(None, None), ("rows_sh", None), ("rows_sh", "multi"),
-                                     (None, "multi2_l8"), ("rows_sh", "wide2"),
-                                     ("rows_sh", "wide_h"), ("rows_sh", "quad")])
+@pytest.mark.parametrize("gemv,q4,epi", [(None, None, None), ("rows_sh", None, None),
+                                         ("rows_sh", "multi", None), (None, "multi2_l8", None),
+                                         ("rows_sh", "wide2", None), ("rows_sh", "wide_h", None),
+                                         ("rows_sh", "quad", None), ("rows_sh", "quad", "gated")])
 @pytest.mark.parametrize("page", ["wgpu:stateful", "wgpu:stateless"])
-def test_q4_pages_match_the_reference(page, gemv, q4):
+def test_q4_pages_match_the_reference(page, gemv, q4, epi):
     """tiny+q4's standard graph on the pages, the adapter's gemv kernels and the GPU ones
     (forced: 4-bit q/k/v and gate/up stacked, residuals written by the o and down
     projections); no dequantizeLinear is launched, the logits are the reference's (within
-    float16 rounding where the products are float16)."""
+    float16 rounding where the products are float16); ``epi``: the q4_epilogue knob, SwiGLU
+    written by the gate/up launch, no launch of its own."""
     from backends.pages import StatefulInPlace, StatelessCopy
     from backends.webnn.wgpu_impl.options import KernelOptions
     from model.reference import Reference
@@ -289,7 +291,7 @@ def test_q4_pages_match_the_reference(page, gemv, q4):
 
     wl = Workload.build(preset("tiny+q4"), seed=2)
     cls = {"wgpu:stateful": StatefulInPlace, "wgpu:stateless": StatelessCopy}[page]
-    b = cls(options=KernelOptions(gemv=gemv, q4_gemv=q4))
+    b = cls(options=KernelOptions(gemv=gemv, q4_gemv=q4, q4_epilogue=epi))
     b.prepare(wl, 24)
     # float16 products (``_h``) round each product: the step's logits within _F16_PRODUCTS
     tol = _F16_PRODUCTS if q4 and q4.endswith("_h") and b.context._target.f16 else 1e-4
@@ -298,6 +300,8 @@ def test_q4_pages_match_the_reference(page, gemv, q4):
         names = [la.kernel.name for la in plan.launches if hasattr(la, "kernel")]
         assert "dequantize_linear" not in names
         assert ("gemv_q4_" + q4[:5].rstrip("0123456789_") if q4 else "gemv_q4") in names
+        assert bool(plan.gated) == (epi == "gated")
+        assert ("fused:sigmoid+mul+mul" in names) == (epi is None)
         if gemv:
             assert max(len(g) for g in plan.stacked.values()) >= 3
             assert len([g for g in plan.epilogue if g in plan.q4]) >= 2 * len(wl.config.layers)
@@ -521,3 +525,81 @@ def test_4bit_wide_and_half_at_llama_shapes(ctx_with, subgroup_size, monkeypatch
         assert np.max(err) <= _F16_PRODUCTS * np.max(np.abs(want))
     else:
         assert np.max(err) <= 1e-5 * np.max(np.abs(want))
+
+
+def _gated_mlp(ctx, act, F, dt="float32", also_out=False):
+    """A gated MLP in small: gate and up 4-bit products of one input row (``F`` columns
+    each), ``act(b, g, u)`` of the two, read by a float down projection; returns (each
+    output, its float64 oracle, the plan)."""
+    k = 64
+    x = RNG.standard_normal((1, k)).astype(dt)
+    b = MLGraphBuilder(ctx)
+    xi = b.input("x", data_type=dt, shape=[1, k])
+    vals = []
+    for _ in range(2):
+        codes = _codes("int4", (k, F))
+        scale = RNG.uniform(0.02, 0.1, size=(k // 32, F)).astype(dt)
+        zp = _codes("int4", scale.shape)
+        w = b.dequantize_linear(_const(b, "int4", codes),
+                                b.constant(data_type=dt, shape=list(scale.shape), value=scale),
+                                _const(b, "int4", zp))
+        vals.append((b.matmul(xi, w), x.astype(np.float64) @ _want(codes, scale, zp)))
+    (g, gw), (u, uw) = vals
+    down = RNG.standard_normal((F, 8)).astype(dt)
+    outs = {"y": b.matmul(act(b, g, u), b.constant(data_type=dt, shape=[F, 8], value=down))}
+    a = {"swiglu": gw / (1 + np.exp(-gw)) * uw, "relu_first": uw * np.maximum(gw, 0),
+         "tanh_sum": np.tanh(gw + uw) * gw}[act.__name__]
+    wants = {"y": a @ down.astype(np.float64)}
+    if also_out:  # the gate also read outside the activation
+        outs["g"], wants["g"] = g, gw
+    graph = b.build(outs)
+    t_in = ctx.create_tensor(data_type=dt, shape=[1, k], writable=True)
+    ctx.write_tensor(t_in, x)
+    t_out = {n: ctx.create_tensor(data_type=dt, shape=o.shape, readable=True)
+             for n, o in outs.items()}
+    ctx.dispatch(graph, {"x": t_in}, t_out)
+    return ({n: ctx.read_tensor(t).astype(np.float64) for n, t in t_out.items()}, wants,
+            graph._plan)
+
+
+def swiglu(b, g, u):
+    return b.mul(b.mul(g, b.sigmoid(g)), u)
+
+
+def relu_first(b, g, u):  # the up product first, another activation
+    return b.mul(u, b.relu(g))
+
+
+def tanh_sum(b, g, u):
+    return b.mul(b.tanh(b.add(g, u)), g)
+
+
+@pytest.mark.parametrize("q4", ["quad", "quad_k2_h"])
+@pytest.mark.parametrize("dt", ["float32", "float16"])
+@pytest.mark.parametrize("act", [swiglu, relu_first, tanh_sum])
+def test_gated_pair_writes_its_activation(ctx_with, act, dt, q4):
+    """``q4_epilogue=gated``: a stacked gate/up pair of 4-bit products read only by one
+    element-wise group (however spelled) writes the group's result: no launch for it, the
+    down projection's input as float64 computes it (float16 graphs: within their
+    rounding)."""
+    ctx = ctx_with(gemv="rows", q4_gemv=q4, q4_epilogue="gated")
+    if dt == "float16" and not ctx._target.f16:
+        pytest.skip("no shader-f16 on this adapter")
+    got, want, plan = _gated_mlp(ctx, act, 48, dt)
+    assert len(plan.gated) == 1
+    names = [la.kernel.name for la in plan.launches]
+    assert names.count("gemv_q4_quad") == 1 and not [n for n in names if "fused" in n], names
+    tol = 2e-2 if dt == "float16" else _F16_PRODUCTS if q4.endswith("_h") else 1e-5
+    assert np.abs(got["y"] - want["y"]).max() <= tol * np.abs(want["y"]).max()
+
+
+@pytest.mark.parametrize("F,also_out", [(47, False), (48, True)])
+def test_gated_pair_left_alone(ctx_with, F, also_out):
+    """No gated write where the pair's rows cannot pair up (an odd length) or a product is
+    read outside the activation (a graph output): both products written, the result
+    the same."""
+    ctx = ctx_with(gemv="rows", q4_gemv="quad", q4_epilogue="gated")
+    got, want, plan = _gated_mlp(ctx, swiglu, F, also_out=also_out)
+    assert not plan.gated
+    for n in want:
+        assert np.abs(got[n] - want[n]).max() <= 1e-5 * np.abs(want[n]).max(), n

@@ -39,6 +39,7 @@ OPTION_VALUES: dict[str, list[str | int | None]] = {
     "q4_gemv": [None, "fused", "generic", "multi", "multi2_l8_u2", "multi8_l16_g2", "multi_u2",
                 "multi_h", "wide2_k2_h", "wide4", "quad_k2_h"],
     "q4_prologue": [None, "off", "vector", "full"],
+    "q4_epilogue": [None, "off", "gated"],
 }
 
 

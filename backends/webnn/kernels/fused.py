@@ -47,25 +47,26 @@ class Leaf:
 
     wgsl_type: str
     size: int  # elements
-    param: bool = False  # not bound: its element is the ``s`` argument (see ``functions``)
+    param: bool = False  # not bound: its element is an argument (see ``functions``)
+    name: str = "s"  # that argument's name (several params: one name each)
 
 
-def _read_ref(ref: Ref, index: str, leaves: Sequence[Leaf], takes_s: Sequence[bool],
+def _read_ref(ref: Ref, index: str, leaves: Sequence[Leaf], takes: Sequence[list[Leaf]],
               p: str = "") -> str:
     kind, k = ref
     if kind == "op":
-        return f"{p}v{k}({index}, s)" if takes_s[k] else f"{p}v{k}({index})"
-    return "s" if leaves[k].param else f"{p}in{k}[{index}]"
+        return f"{p}v{k}({', '.join([index] + [x.name for x in takes[k]])})"
+    return leaves[k].name if leaves[k].param else f"{p}in{k}[{index}]"
 
 
-def _function(n: int, op: FusedOp, leaves: Sequence[Leaf], takes_s: Sequence[bool],
+def _function(n: int, op: FusedOp, leaves: Sequence[Leaf], takes: Sequence[list[Leaf]],
               p: str = "") -> str:
-    """WGSL ``fn v<n>(i: u32[, s: f32]) -> T`` for one op."""
-    arg = ", s: f32" if takes_s[n] else ""
+    """WGSL ``fn v<n>(i: u32[, s: f32 ...]) -> T`` for one op."""
+    arg = "".join(f", {x.name}: {x.wgsl_type}" for x in takes[n])
     head = f"fn {p}v{n}(i: u32{arg}) -> {op.out_type} {{\n"
 
     def _read(ref: Ref, index: str) -> str:
-        return _read_ref(ref, index, leaves, takes_s, p)
+        return _read_ref(ref, index, leaves, takes, p)
 
     shp = op.out_shape
     if op.op == "slice":
@@ -105,20 +106,23 @@ def _function(n: int, op: FusedOp, leaves: Sequence[Leaf], takes_s: Sequence[boo
     return src + head + body + "}\n"
 
 
-def functions(ops: Sequence[FusedOp], leaves: Sequence[Leaf], prefix: str = "") -> tuple[str, bool]:
-    """The WGSL functions of a group (``v<n>`` per op; the root is the last) and whether
-    the root takes the ``s`` argument. A *param* leaf is a value the caller computes
-    (decode attention's q·k score, ``kernels/attention.py``): it must be read at the
+def functions(ops: Sequence[FusedOp], leaves: Sequence[Leaf],
+              prefix: str = "") -> tuple[str, list[str]]:
+    """The WGSL functions of a group (``v<n>`` per op; the root is the last) and the
+    arguments the root takes after the index, by name (empty: none). A *param* leaf is a
+    value the caller computes (decode attention's q·k score, ``kernels/attention.py``; a
+    gated activation's two products, ``kernels/quant_rows``): it must be read at the
     index its consumer is evaluated at, so the ops reading it (transitively) are only
     element-wise ops of the root's shape (checked by the compiler), and they take its
-    value as ``s`` instead of loading it. ``prefix``: prepended to every generated name
-    (two groups in one kernel)."""
-    takes_s: list[bool] = []
+    value as an argument (``Leaf.name``, in leaf order) instead of loading it. ``prefix``:
+    prepended to every generated name (two groups in one kernel)."""
+    takes: list[list[Leaf]] = []
     for op in ops:
-        takes_s.append(any((kind == "leaf" and leaves[k].param) or (kind == "op" and takes_s[k])
-                           for kind, k in op.inputs))
-    src = "".join(_function(j, op, leaves, takes_s, prefix) for j, op in enumerate(ops))
-    return src, takes_s[-1]
+        need = {id(leaves[k]) for kind, k in op.inputs if kind == "leaf" and leaves[k].param}
+        need |= {id(x) for kind, k in op.inputs if kind == "op" for x in takes[k]}
+        takes.append([x for x in leaves if id(x) in need])
+    src = "".join(_function(j, op, leaves, takes, prefix) for j, op in enumerate(ops))
+    return src, [x.name for x in takes[-1]]
 
 
 def leaf_decls(leaves: Sequence[Leaf], first: int, prefix: str = "") -> tuple[str, list[str]]:

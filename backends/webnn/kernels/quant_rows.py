@@ -6,11 +6,24 @@ default), each dequantising in registers the format ``quant.gemv_q4`` documents.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
-from .common import Kernel, grid
+from .common import Kernel, esize, grid
 from .matmul import VectorSource, gemv_write
 from .quant import q4_bindings
 from .reduce import inline_reduction, unrolled_reduction
+
+
+@dataclass
+class GatedOutput:
+    """What a stacked pair of products writes instead of their two outputs: an element-wise
+    function of both at each index (SwiGLU's ``silu(gate) · up``), from ``src`` (WGSL
+    functions) and ``call`` (the element at index ``{}``, given the pair's values as
+    ``g0`` and ``g1``), of WGSL type ``out_type``."""
+
+    src: str
+    call: str
+    out_type: str
 
 
 def _unpack_biased_fns(signed: bool) -> str:
@@ -104,15 +117,22 @@ def _rows_head(N: int, K: int, block: int, R: int, lanes: int, wg: int, gx: int,
                *, signed: bool, zero_points: bool, residual: bool, n_off: int,
                splits: Sequence[int] | None, half_out: bool, half_scales: bool,
                half: bool, row_offsets: bool = True,
-               prologue: VectorSource | None = None) -> tuple[str, list[str]]:
+               prologue: VectorSource | None = None,
+               gated: GatedOutput | None = None) -> tuple[str, list[str]]:
     """The start of ``gemv_q4_multi`` and ``gemv_q4_wide`` (bindings, unpack and scale
     functions, ``shared`` floats of workgroup memory where non-zero, the entry point up to
     each of the group's ``R`` rows' code and scale offsets ``wb{j}``, ``sb{j}``: groups of
     ``lanes`` invocations, ``wg`` a workgroup, ``gx`` workgroups along x; without
     ``row_offsets``, up to the group's first row ``n0``) and the bindings' access
-    (``prologue``: ``q4_bindings``)."""
+    (``prologue``: ``q4_bindings``; ``gated``: its functions and workgroup memory, and
+    ``out`` of its type, half as long)."""
+    if gated is not None:
+        assert not (residual or splits or n_off or half_out)
+        half_out = gated.out_type == "f16"
     src, binds = q4_bindings("vec4<u32>", "u32" if half_scales else "f32", N, zero_points,
                               residual, n_off, splits, half_out, prologue)
+    if gated is not None:
+        src += gated.src + f"var<workgroup> pair_sh: array<f32, {(wg // lanes) * R}>;\n"
     src += _unpack_half_fns(signed) if half else _unpack_biased_fns(signed)
     src += _scale_fn(half_scales)
     if shared:
@@ -311,13 +331,32 @@ def _acc(ind: str, j: int, i: int, dots: str, zero_points: bool) -> str:
 def _group_kernel(name: str, src: str, binds: list[str], groups: tuple[int, int, int], R: int,
                   lanes: int, wg: int, subgroup: int | None, K: int, N: int, nblocks: int, *,
                   zero_points: bool, residual: bool, n_off: int,
-                  splits: Sequence[int] | None, half_out: bool, half_scales: bool) -> Kernel:
+                  splits: Sequence[int] | None, half_out: bool, half_scales: bool,
+                  gated: GatedOutput | None = None) -> Kernel:
     """``gemv_q4_wide``'s or ``gemv_q4_quad``'s kernel: ``src`` up to the sums, then the
-    group's sums (``_group_sums``) and lane j's write of row n0 + j (``gemv_write``)."""
-    src += (_group_sums(R, lanes, wg, subgroup) + "  let n = n0 + t;\n"
-            + gemv_write(f"t < {R}u", f"{n_off}u + n", N, residual, splits, half_out))
-    return Kernel(name, src, binds, groups, _q4_traffic(
-        K, N, nblocks, zero_points, residual, half_out, half_scales))
+    group's sums (``_group_sums``) and lane j's write of row n0 + j (``gemv_write``), or
+    with ``gated`` the pair's element (``_gated_write``)."""
+    src += _group_sums(R, lanes, wg, subgroup)
+    traffic = _q4_traffic(K, N, nblocks, zero_points, residual, half_out, half_scales)
+    if gated is None:
+        src += "  let n = n0 + t;\n" + gemv_write(f"t < {R}u", f"{n_off}u + n", N, residual,
+                                                  splits, half_out)
+    else:
+        src += _gated_write(gated, R, N // 2)
+        traffic += esize(gated.out_type) * (N // 2) - 4 * N
+    return Kernel(name, src, binds, groups, traffic)
+
+
+def _gated_write(gated: GatedOutput, R: int, count: int) -> str:
+    """WGSL closing a ``QUAD``-row kernel whose group's rows are two of each of a pair of
+    products (``match_q4.paired_rows``: rows 2m, 2m + 1 of the first, then of the second):
+    the 4 sums meet in workgroup memory, and lanes 0 and 1 write the pair's elements
+    n0 / 2 and n0 / 2 + 1 of ``count``. Every invocation reaches the barrier."""
+    half = R // 2
+    return (f"  if (t < {R}u) {{ pair_sh[g * {R}u + t] = s; }}\n  workgroupBarrier();\n"
+            f"  let n = n0 / 2u + t;\n  if (t < {half}u && n < {count}u) {{\n"
+            f"    let g0 = pair_sh[g * {R}u + t];\n    let g1 = pair_sh[g * {R}u + t + {half}u];\n"
+            f"    out[n] = {gated.call.format('n')};\n  }}\n}}\n")
 
 
 def _group_sums(R: int, lanes: int, wg: int, subgroup: int | None) -> str:
@@ -379,7 +418,8 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
                  loads: int = 1, subgroup: int | None = None, residual: bool = False,
                  n_off: int = 0, splits: Sequence[int] | None = None,
                  half_out: bool = False, half_scales: bool = False,
-                 half: bool = False, prologue: VectorSource | None = None) -> Kernel:
+                 half: bool = False, prologue: VectorSource | None = None,
+                 gated: GatedOutput | None = None) -> Kernel:
     """The product ``gemv_q4`` computes, the codes of ``QUAD`` rows interleaved by word
     (``match_q4.interleave_rows``): one 16-byte load is 8 codes of each of 4 rows at the
     same 8 inputs, so an invocation's input is 2 ``vec4`` (32 bytes, adjacent
@@ -395,8 +435,14 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
 
     ``prologue``: the input is not a buffer but computed where it is read (``_input_vec4``:
     RMSNorm's tail after its mean of squares, SwiGLU's product), after every code load
-    is issued, so the vector's loads and its reduction wait beside the codes' loads."""
+    is issued, so the vector's loads and its reduction wait beside the codes' loads.
+
+    ``gated``: the rows are a pair of stacked products', two of each a group
+    (``match_q4.paired_rows``), and the kernel writes ``gated``'s element of the two at
+    each of the N / 2 indices (SwiGLU's ``silu(gate) · up``) instead of N sums: the
+    activation needs no launch, and neither product's output is written."""
     assert K % 32 == 0 and block % 32 == 0 and K % block == 0
+    assert gated is None or N % QUAD == 0
     words, nblocks, per = K // 8, K // block, block // 8
     lanes = quad_lanes(K, loads)
     iters = -(-words // lanes)
@@ -413,7 +459,7 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
                             signed=signed, zero_points=zero_points, residual=residual,
                             n_off=n_off, splits=splits, half_out=half_out,
                             half_scales=half_scales, half=half, row_offsets=False,
-                            prologue=prologue)
+                            prologue=prologue, gated=gated)
     src += f"  let q = min(n0 / {R}u, {groups - 1}u);\n"
     ragged = words % lanes != 0
     flip = " ^ vec4<u32>(0x88888888u)" if signed else ""  # _unpack_biased_fns
@@ -450,7 +496,8 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
     src += _accumulate(R, iters, lanes, words, step)
     return _group_kernel("gemv_q4_quad", src, binds, (gx, gy, 1), R, lanes, wg, sub, K, N,
                          nblocks, zero_points=zero_points, residual=residual, n_off=n_off,
-                         splits=splits, half_out=half_out, half_scales=half_scales)
+                         splits=splits, half_out=half_out, half_scales=half_scales,
+                         gated=gated)
 
 
 def _prologue_reduction(prologue: VectorSource | None, wg: int,

@@ -34,9 +34,11 @@ class Group:
     ops: list[MLOperand]
     leaves: list[MLOperand]
 
-    def fused_ops(self, param: MLOperand | None = None) -> tuple[list[FU.FusedOp], list[FU.Leaf]]:
+    def fused_ops(self, param: MLOperand | None = None, named: dict[int, str] | None = None
+                  ) -> tuple[list[FU.FusedOp], list[FU.Leaf]]:
         """The group for the kernel generators; ``param``: the leaf whose element the
-        kernel computes itself and passes in (``kernels/attention.py``)."""
+        kernel computes itself and passes in as ``s`` (``kernels/attention.py``); ``named``:
+        leaf id -> argument name, several such leaves (a gated activation's two products)."""
         pos = {o._id: j for j, o in enumerate(self.ops)}
         lpos = {o._id: j for j, o in enumerate(self.leaves)}
         fops = []
@@ -46,8 +48,9 @@ class Group:
             fops.append(FU.FusedOp(o._op, o._attrs, o._dtype.wgsl, o._shape, refs,
                                    [x._dtype.wgsl for x in o._inputs],
                                    [x._shape for x in o._inputs]))
-        leaves = [FU.Leaf(x._dtype.wgsl, S.size(x._shape), param is not None and x is param)
-                  for x in self.leaves]
+        names = dict(named or {}) | ({param._id: "s"} if param is not None else {})
+        leaves = [FU.Leaf(x._dtype.wgsl, S.size(x._shape), x._id in names,
+                          names.get(x._id, "s")) for x in self.leaves]
         return fops, leaves
 
     def kernel(self, guarded: bool = False) -> FU.Kernel:

@@ -21,7 +21,8 @@ from .. import shapes as S
 from .._classes import MLOperand
 from ..kernels import fused as FU
 from ..kernels import matmul as MM
-from ..stateful import root
+from ..kernels.quant_rows import GatedOutput
+from ..stateful import SAME_INDEX_OPS, root
 from . import fusion
 from .target import Target
 
@@ -122,6 +123,56 @@ def _narrowed_add(a: MLOperand, groups: dict[int, Any], consumers: dict[int, lis
             or [x._id for x in consumers.get(c._id, [])] != [a._id]):
         return None
     return c
+
+
+@dataclass
+class Gated:
+    """A stacked pair of 4-bit products read only by one element-wise ``group`` of the
+    products' shape (SwiGLU's ``silu(gate) · up``): the pair's launch writes the group's
+    root, so the group has no launch and neither product is written."""
+
+    pair: tuple[MLOperand, MLOperand]
+    group: fusion.Group
+
+    @property
+    def root(self) -> MLOperand:
+        return self.group.ops[-1]
+
+    def output(self) -> GatedOutput:
+        fops, leaves = self.group.fused_ops(named={self.pair[0]._id: "g0",
+                                                   self.pair[1]._id: "g1"})
+        fsrc, args = FU.functions(fops, leaves, "gt_")  # apart from a prologue's names
+        call = f"gt_v{len(fops) - 1}({', '.join(['{}'] + args)})"
+        return GatedOutput(fsrc, call, self.root._dtype.wgsl)
+
+
+def gated_epilogues(nodes: list[MLOperand], stacked: dict[int, list[MLOperand]],
+                    groups: dict[int, fusion.Group], taken: set[int],
+                    pinned: set[int]) -> dict[int, Gated]:
+    """First product id -> ``Gated``, for each stacked pair of products (the caller passes
+    those its kernel takes) of one even length read by nothing but one fused group
+    whose ops are element-wise at the same index (no broadcast, no data movement) and
+    whose leaves are the two products: a gated MLP's activation (SwiGLU, GeGLU), however
+    the exporter spelled it. ``taken``: roots that must keep their launch; ``pinned``: roots
+    that must be written (a graph output)."""
+    consumers = fusion.consumers_of(nodes)
+    group_of = {o._id: g for g in groups.values() for o in g.ops}
+    out: dict[int, Gated] = {}
+    for first, ms in stacked.items():
+        if len(ms) != 2:
+            continue
+        F = ms[0]._shape[-1]
+        grp = group_of.get(next(iter(consumers.get(ms[0]._id, [])), ms[0])._id)
+        if (grp is None or F % 2 or ms[1]._shape[-1] != F
+                or grp.ops[-1]._id in taken or any(m._id in pinned for m in ms)
+                or sorted(x._id for x in grp.leaves) != sorted(m._id for m in ms)):
+            continue
+        ops = {o._id for o in grp.ops}
+        if all(c._id in ops for m in ms for c in consumers.get(m._id, [])) and all(
+                o._op in SAME_INDEX_OPS and S.size(o._shape) == F
+                and all(S.size(x._shape) == F for x in o._inputs) for o in grp.ops):
+            out[first] = Gated((ms[0], ms[1]), grp)
+    return out
 
 
 @dataclass

@@ -381,11 +381,14 @@ def _lower_q4(plan: Plan, members: list[MLOperand], a_slot: Slot, slot_of: Any) 
     dst, res = plan.epilogue.get(members[0]._id, (members[0], None))  # (the add, residual)
     a_slots, source = _gemv_input(plan, members[0], [a_slot], slot_of)
     assert source is None or quad is not None, "a 4-bit prologue needs the quad kernel"
+    gated = plan.gated.get(members[0]._id)  # the pair writes its activation, rows paired
+    assert gated is None or (quad is not None and len(ws) == 2), "a gated pair needs quad"
     # float16 products (``_h``) only on float16 weights: a float32 graph's product keeps
     # float32's precision (its tolerance is 1e-3, not the float16 one)
     half = all(w.f16_weights for w in ws) and any(v is not None and v[-1]
                                                   for v in (multi, wide, quad))
-    outs = [slot_of(m) for m in members] if len(ws) > 1 else [slot_of(dst)]
+    outs = ([slot_of(gated.root)] if gated is not None
+            else [slot_of(m) for m in members] if len(ws) > 1 else [slot_of(dst)])
     for c, n0 in enumerate(range(0, N, per)):
         nc = min(per, N - n0)
         parts = [(w, 0, w.N) for w in ws] if len(ws) > 1 else [(w0, n0, nc)]
@@ -395,6 +398,8 @@ def _lower_q4(plan: Plan, members: list[MLOperand], a_slot: Slot, slot_of: Any) 
         rows_n = -(-nc // QR.QUAD) * QR.QUAD if quad is not None else nc
 
         def laid(make: Callable[[], np.ndarray], nc: int = nc) -> Callable[[], np.ndarray]:
+            if gated is not None:
+                make = partial(MQ.paired_rows, make, nc // 2)
             return partial(MQ.interleave_rows, make, nc) if quad is not None else make
 
         plan.consts.setdefault(slots[0], Deferred(rows_n * K // 8, laid(partial(
@@ -411,11 +416,12 @@ def _lower_q4(plan: Plan, members: list[MLOperand], a_slot: Slot, slot_of: Any) 
         common = dict(signed=w0.signed, zero_points=w0.zero_points,
                       subgroup=plan.target.subgroup, residual=res is not None,
                       n_off=n0 if len(ws) == 1 else 0,
-                      splits=[w.N for w in ws] if len(ws) > 1 else None,
-                      half_out=dst._dtype.wgsl == "f16")
+                      splits=[w.N for w in ws] if len(ws) > 1 and gated is None else None,
+                      half_out=dst._dtype.wgsl == "f16" and gated is None)
         if quad is not None:
             k = QR.gemv_q4_quad(K, nc, w0.block, loads=quad[0], half_scales=half_scales,
-                                half=half, prologue=source, **common)
+                                half=half, prologue=source,
+                                gated=gated.output() if gated is not None else None, **common)
         elif wide is not None:
             k = QR.gemv_q4_wide(K, nc, w0.block, rows=wide[0], loads=wide[1],
                                 half_scales=half_scales, half=half, **common)

@@ -145,6 +145,15 @@ def interleave_rows(values: Any, rows: int, width: int = 4) -> np.ndarray:
     return np.ascontiguousarray(v.reshape(-1, width, v.shape[1]).transpose(0, 2, 1)).reshape(-1)
 
 
+def paired_rows(values: Any, half: int) -> np.ndarray:
+    """The (2 · half, per-row) 32-bit values made by ``values()`` for two stacked
+    products of ``half`` rows each (``half`` even), reordered two rows of each at a time:
+    rows 2m and 2m + 1 of the first, then of the second (``quant_rows.gemv_q4_quad`` with
+    ``gated``: one group of 4 rows holds both products' values at two indices)."""
+    v = values().reshape(2, half // 2, 2, -1)
+    return np.ascontiguousarray(v.transpose(1, 0, 2, 3)).reshape(-1)
+
+
 def packed_half(values: Any) -> np.ndarray:
     """Float32 values made by ``values()`` (float16 ones) as float16, two to a u32 word, the
     count padded to even (``gemv_q4_multi`` half_scales)."""

@@ -60,6 +60,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "attention": ("flash", "flash1", "unfused", "generic"),
     "gemv_prologue": ("launch", "off", "full", "vector"),
     "q4_prologue": ("off", "vector", "full"),
+    "q4_epilogue": ("off", "gated"),
     "row_vector": ("unrolled", "loop"),
     "row_writes": ("separate",),
     "record_ahead": ("on", "pieces", "off"),
@@ -101,6 +102,10 @@ class KernelOptions:
     #: computed by the product's workgroups where they read it), "full" (RMSNorm too, each
     #: workgroup computing the mean of squares while its code loads are in flight)
     q4_prologue: str | None = None
+    #: what a stacked pair of 4-bit products (``q4_gemv`` "quad" variants) writes: None/"off"
+    #: (both products), "gated" (the element-wise group reading only the two, SwiGLU's
+    #: ``silu(gate) · up``, computed as the sums are written: no launch of its own)
+    q4_epilogue: str | None = None
     #: a vector and its row reduction in one launch (``kernels/matmul.computed_vector``, the
     #: launch of "launch" above; RMSNorm, L2 norms per head): None/"unrolled" (a workgroup no
     #: wider than the row, each invocation's loads straight-line, subgroup sums where the

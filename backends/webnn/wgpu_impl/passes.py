@@ -113,6 +113,17 @@ def residual_epilogues(plan: Plan, st: PassState) -> None:
     st.absorbed |= {add._id for add, _ in plan.epilogue.values()}
 
 
+def gated_epilogues(plan: Plan, st: PassState) -> None:
+    """A gated MLP's activation (SwiGLU) written by the launch of its stacked 4-bit gate and
+    up products (``q4_epilogue``), where the "quad" kernel runs them."""
+    if plan.options.q4_epilogue == "gated" and plan.options.q4_quad(plan.target) is not None:
+        pairs = {k: ms for k, ms in plan.stacked.items()
+                 if all(m._id in plan.q4 and plan.q4[m._id].quad_fits for m in ms)}
+        plan.gated = GV.gated_epilogues(st.nodes, pairs, plan.groups, st.pinned | st.absorbed,
+                                          st.pinned)
+    st.absorbed |= {g.root._id for g in plan.gated.values()}
+
+
 def gemv_prologues(plan: Plan, st: PassState) -> None:
     """A gemv's input vector computed by the gemv (RMSNorm's tail, SwiGLU), or in one launch
     with its reduction."""
@@ -141,7 +152,8 @@ def gemv_prologues(plan: Plan, st: PassState) -> None:
 def _q4_other_bindings(plan: Plan) -> dict[int, int]:
     """4-bit product id -> the bindings its launch has besides the input vector (codes,
     scales, zero-point terms, residual, outputs), for the products the "quad" kernel runs."""
-    outs = {m._id: len(ms) for ms in plan.stacked.values() for m in ms}
+    outs = {m._id: 1 if k in plan.gated else len(ms)
+            for k, ms in plan.stacked.items() for m in ms}
     return {i: 2 + w.zero_points + (i in plan.epilogue) + outs.get(i, 1)
             for i, w in plan.q4.items() if w.quad_fits}
 
@@ -178,7 +190,7 @@ def q4_gemvs(plan: Plan, st: PassState) -> None:
 
 #: the passes after ``place_results``, in order: each sees what the earlier ones absorbed
 PASSES = (fold_transposes, q4_gemvs, fuse_loops, decode_attention, stack_gemvs, residual_epilogues,
-          gemv_prologues, group_row_writes, gated_delta)
+          gated_epilogues, gemv_prologues, group_row_writes, gated_delta)
 
 
 #: ops the wgpu kernels run on float16 operands (WGSL f16 storage): casts, element-wise

@@ -68,6 +68,8 @@ def op_steps(plan: Plan, st: PassState) -> tuple[list[Step], Step | None]:
             reads += [r for r in reads_of(m) if r not in reads]
         if o._id in plan.gdn:
             more.append(plan.gdn[o._id].state_out)  # the new state, written by the launch
+        if o._id in plan.gated:
+            more.append(plan.gated[o._id].root)  # written by the pair's launch
         if o._id in plan.epilogue:
             add_node, res = plan.epilogue[o._id]
             reads.append(res)
