@@ -102,9 +102,10 @@ class KernelOptions:
     #: computed by the product's workgroups where they read it), "full" (RMSNorm too, each
     #: workgroup computing the mean of squares while its code loads are in flight)
     q4_prologue: str | None = None
-    #: what a stacked pair of 4-bit products (``q4_gemv`` "quad" variants) writes: None/"off"
-    #: (both products), "gated" (the element-wise group reading only the two, SwiGLU's
-    #: ``silu(gate) · up``, computed as the sums are written: no launch of its own)
+    #: what a stacked pair of 4-bit products (``q4_gemv`` "quad" variants) writes: None (GPU
+    #: adapters "gated", CPU adapters "off"), "off" (both products), "gated" (the element-wise
+    #: group reading only the two, SwiGLU's ``silu(gate) · up``, computed as the sums are
+    #: written: no launch of its own)
     q4_epilogue: str | None = None
     #: a vector and its row reduction in one launch (``kernels/matmul.computed_vector``, the
     #: launch of "launch" above; RMSNorm, L2 norms per head): None/"unrolled" (a workgroup no
@@ -243,6 +244,13 @@ class KernelOptions:
         if m is None:
             return None
         return int(m.group(1) or 1), bool(m.group(2)) and t is not None and t.f16
+
+    def q4_gated(self, t: Target) -> bool:
+        """Whether a stacked gate/up pair of 4-bit products writes its activation
+        (``q4_epilogue``): by default on GPU adapters, where the "quad" kernel runs it
+        (PERFORMANCE.md, "Knobs")."""
+        how = self.q4_epilogue
+        return (how == "gated" or (how is None and not t.cpu)) and self.q4_quad(t) is not None
 
     def attention_lanes(self) -> tuple[bool, int | None] | None:
         """(combine folded in, rows a lane-group loads at once or None: the default) of the

@@ -116,7 +116,7 @@ def residual_epilogues(plan: Plan, st: PassState) -> None:
 def gated_epilogues(plan: Plan, st: PassState) -> None:
     """A gated MLP's activation (SwiGLU) written by the launch of its stacked 4-bit gate and
     up products (``q4_epilogue``), where the "quad" kernel runs them."""
-    if plan.options.q4_epilogue == "gated" and plan.options.q4_quad(plan.target) is not None:
+    if plan.options.q4_gated(plan.target):
         pairs = {k: ms for k, ms in plan.stacked.items()
                  if all(m._id in plan.q4 and plan.q4[m._id].quad_fits for m in ms)}
         plan.gated = GV.gated_epilogues(st.nodes, pairs, plan.groups, st.pinned | st.absorbed,
