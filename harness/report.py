@@ -349,7 +349,7 @@ HOST_NOTE = ("Where a WebNN page's step spends host time (details.host_breakdown
 
 def host_rows(runs: list[Run]) -> list[list[str]]:
     """Per point with a host-time breakdown: the step, its GPU time, wall − GPU and the
-    parts (the first process's, with ``--repeat``)."""
+    parts (with ``--repeat``, each part's median over the processes: ``harness/repeats``)."""
     out = []
     for run in runs:
         for p in sorted(run.results.points, key=lambda p: (p.context, p.backend)):
