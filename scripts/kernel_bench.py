@@ -61,10 +61,16 @@ def _timed(ctx, run, reps: int, budget_s: float) -> dict:
     return out
 
 
+def _sig(rate: float) -> float:
+    """A rate to 4 significant figures: a slow adapter's tiny kernel moves a few MB/s, which
+    two decimals of GB/s would round to a rate of zero."""
+    return float(f"{rate:.4g}")
+
+
 def _rate(res: dict, nbytes: int) -> dict:
     res["bytes"] = nbytes
     t = res.get("gpu_ms_min", res["wall_ms"])
-    res["GBps"] = round(nbytes / (t * 1e-3) / 1e9, 2)
+    res["GBps"] = _sig(nbytes / (t * 1e-3) / 1e9)
     return res
 
 
@@ -305,7 +311,7 @@ def profile_launches(ctx, g, bound: dict) -> dict:
             add(la, best)
     def table(t: dict[str, list]) -> dict:
         return {k: {"n": v[0], "ms": round(v[1], 3), "bytes": v[2],
-                    "GBps": round(v[2] / (v[1] * 1e-3) / 1e9, 2) if v[1] else None}
+                    "GBps": _sig(v[2] / (v[1] * 1e-3) / 1e9) if v[1] else None}
                 for k, v in sorted(t.items(), key=lambda kv: -kv[1][1])}
 
     out = table(by)
@@ -424,7 +430,7 @@ def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
     if gpu:
         res["gpu_ms"] = float(np.median(gpu[1:] or gpu))
         res["gpu_ms_min"] = float(np.min(gpu))
-        res["GBps_weights_cache"] = round((weights + cache) / (res["gpu_ms_min"] * 1e-3) / 1e9, 2)
+        res["GBps_weights_cache"] = _sig((weights + cache) / (res["gpu_ms_min"] * 1e-3) / 1e9)
     return res
 
 
