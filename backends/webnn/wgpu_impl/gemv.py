@@ -162,7 +162,8 @@ def gated_epilogues(nodes: list[MLOperand], stacked: dict[int, list[MLOperand]],
         if len(ms) != 2:
             continue
         F = ms[0]._shape[-1]
-        grp = group_of.get(next(iter(consumers.get(ms[0]._id, [])), ms[0])._id)
+        readers = consumers.get(ms[0]._id, [])
+        grp = group_of.get(readers[0]._id) if readers else None  # checked against all below
         if (grp is None or F % 2 or ms[1]._shape[-1] != F
                 or grp.ops[-1]._id in taken or any(m._id in pinned for m in ms)
                 or sorted(x._id for x in grp.leaves) != sorted(m._id for m in ms)):
