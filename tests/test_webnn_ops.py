@@ -254,8 +254,25 @@ def test_reshape_transpose_concat_slice(ctx):
     np.testing.assert_array_equal(got, np.concatenate([x, y, x], 1))
     got = run(ctx, lambda bl, x: bl.slice(x, [1, 1, 0], [1, 2, 3]), {"x": x})
     np.testing.assert_array_equal(got, x[1:2, 1:3, 0:3])
-    got = run(ctx, lambda bl, x: bl.slice(x, [0, 0, 1], [2, 2, 2], strides=[1, 2, 2]), {"x": x})
+    # the spec's sizes is the window read: ceil(window / stride) elements come out
+    got = run(ctx, lambda bl, x: bl.slice(x, [0, 0, 1], [2, 3, 3], strides=[1, 2, 2]), {"x": x})
     np.testing.assert_array_equal(got, x[0:2, 0:3:2, 1:4:2])
+
+
+def test_strided_slice_window_is_sizes_long(ctx):
+    """Issue 29: input 12, starts 2, sizes 3, strides 4 reads x[2:5:4] (one element); a
+    window past the end is a TypeError even where its strided elements would fit."""
+    x = rand([12])
+    b = MLGraphBuilder(ctx)
+    xi = b.input("x", data_type="float32", shape=[12])
+    assert b.slice(xi, [2], [3], strides=[4]).shape == [1]
+    assert b.slice(xi, [0], [12], strides=[5]).shape == [3]
+    with pytest.raises(TypeError):
+        b.slice(xi, [10], [3], strides=[2])  # the window [10, 13) leaves the axis
+    with pytest.raises(TypeError):
+        b.slice(xi, [0], [4], strides=[0])
+    got = run(ctx, lambda bl, x: bl.slice(x, [1], [11], strides=[3]), {"x": x})
+    np.testing.assert_array_equal(got, x[1:12:3])
 
 
 def test_reshape_of_reshape_chain_is_shared(ctx):
@@ -506,3 +523,13 @@ def test_float16_ops_accumulate_in_float32(ctx, op):
             "reduce_mean": lambda: x64.mean(1), "reduce_sum": lambda: x64.sum(1)}[op]()
     ulp = np.spacing(np.abs(want).astype(np.float16)).astype(np.float64)
     assert np.all(np.abs(got - want.reshape(got.shape)) <= ulp.reshape(got.shape))
+
+
+@pytest.mark.adapter_feature("shader-f16")
+def test_float16_output_of_odd_length_copied_out(ctx):
+    """Issue 29: a float16 output that is a reshape of an input ([3] -> [3, 1], [5] ->
+    [1, 5]) is copied buffer to buffer; 2n bytes for odd n is not a whole word."""
+    for shp, new in (([3], [3, 1]), ([5], [1, 5])):
+        x = rand(shp).astype(np.float16)
+        got = run(ctx, lambda bl, x, new=new: bl.reshape(x, new), {"x": x})
+        np.testing.assert_array_equal(got, x.reshape(new))

@@ -522,17 +522,13 @@ class MLGraphBuilder:
     # IDL: MLOperand slice(MLOperand input, sequence<[EnforceRange] unsigned long> starts, sequence<[EnforceRange] unsigned long> sizes, optional MLSliceOptions options = {});
     def slice(self, x: MLOperand, starts: Sequence[int], sizes: Sequence[int],
               strides: Sequence[int] | None = None) -> MLOperand:
+        """``sizes`` is the window read on each axis; with ``strides`` the output has
+        ``ceil(sizes / strides)`` elements there (``shapes.slice_shape``)."""
         self._own(x)
-        r = len(x._shape)
-        st = tuple(int(s) for s in starts)
-        sz = S.check_shape(sizes)
-        sd = tuple(int(s) for s in strides) if strides is not None else (1,) * r
-        if not len(st) == len(sz) == len(sd) == r:
-            raise TypeError("slice starts/sizes/strides must have the input's rank")
-        for i in range(r):
-            if sd[i] < 1 or st[i] < 0 or st[i] + (sz[i] - 1) * sd[i] >= x._shape[i]:
-                raise TypeError(f"slice out of bounds on axis {i}")
-        return self._node("slice", (x,), x._dtype, sz, starts=st, strides=sd)
+        shp = S.slice_shape(x._shape, starts, sizes, strides)
+        sd = tuple(int(s) for s in strides) if strides is not None else (1,) * len(shp)
+        return self._node("slice", (x,), x._dtype, shp, starts=tuple(int(s) for s in starts),
+                          strides=sd)
 
     # IDL: MLOperand gather(MLOperand input, MLOperand indices, optional MLGatherOptions options = {});
     def gather(self, x: MLOperand, indices: MLOperand, axis: int = 0) -> MLOperand:

@@ -120,7 +120,8 @@ def conv2d(b: MLGraphBuilder, x: MLOperand, w: MLOperand, padding: Sequence[int]
     acc = None
     for i in range(kh):
         for j in range(kw):
-            tap = b.slice(xp, [0, 0, i * dh, j * dw], [n, c, ho, wo], strides=[1, 1, sh, sw])
+            tap = b.slice(xp, [0, 0, i * dh, j * dw], [n, c, (ho - 1) * sh + 1, (wo - 1) * sw + 1],
+                          strides=[1, 1, sh, sw])
             wt = b.reshape(b.slice(w, [0, 0, i, j], [c, 1, 1, 1]), [1, c, 1, 1])
             term = b.mul(tap, wt)
             acc = term if acc is None else b.add(acc, term)

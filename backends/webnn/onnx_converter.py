@@ -748,7 +748,8 @@ def _slice(c: _Converter, node, attrs):
         if en <= st:
             raise ConversionError(f"Slice node {node.output[0]!r} is empty on axis {ax}; WebNN has "
                                   "no 0-sized tensors")
-        begin[ax], sizes[ax], strides[ax] = int(st), int(-(-(en - st) // step)), int(step)
+        # WebNN's sizes is the window (its output ceil(window / step) long), as ONNX's end - start
+        begin[ax], sizes[ax], strides[ax] = int(st), int(en - st), int(step)
     if any(d != 1 for d in strides):
         return c.builder.slice(x, begin, sizes, strides=strides)
     return c.builder.slice(x, begin, sizes)

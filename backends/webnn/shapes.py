@@ -86,3 +86,29 @@ def matmul(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
     if a[-1] != b[-2]:
         raise TypeError(f"matmul inner dimensions differ: {list(a)} @ {list(b)}")
     return broadcast(a[:-2], b[:-2]) + (a[-2], b[-1])
+
+
+def slice_shape(shape: Sequence[int], starts: Sequence[int], sizes: Sequence[int],
+                steps: Sequence[int] | None) -> tuple[int, ...]:
+    """The spec's slice: on each axis a window of ``sizes[d]`` input elements from
+    ``starts[d]``, read every ``steps[d]``-th, so ``ceil(sizes[d] / steps[d])`` outputs."""
+    r = len(shape)
+    try:
+        st = [int(s) for s in starts]
+        sz = [int(s) for s in sizes]
+        sd = [int(s) for s in steps] if steps is not None else [1] * r
+    except (TypeError, ValueError):
+        raise TypeError("slice starts, sizes and strides must be integers") from None
+    if not len(st) == len(sz) == len(sd) == r:
+        raise TypeError(f"slice starts/sizes/strides must each have the input's rank {r}")
+    out = []
+    for d in range(r):
+        if sz[d] < 1:
+            raise TypeError(f"slice size on axis {d} must be > 0, got {sz[d]}")
+        if sd[d] < 1:
+            raise TypeError(f"slice stride on axis {d} must be > 0, got {sd[d]}")
+        if st[d] < 0 or st[d] + sz[d] > shape[d]:
+            raise TypeError(f"slice window [{st[d]}, {st[d] + sz[d]}) is outside axis {d} of "
+                            f"size {shape[d]}")
+        out.append(-(-sz[d] // sd[d]))
+    return tuple(out)

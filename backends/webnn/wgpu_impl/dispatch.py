@@ -213,8 +213,11 @@ class Dispatch:
                 bound: dict[str, dict[str, MLTensor]], parity: int) -> None:
         for la in items:
             if isinstance(la, CopyLaunch):
+                # whole 4-byte words (an odd count of float16 is 2n bytes); buffers are
+                # sized in 16-byte units, so the word's padding is in bounds
                 enc.copy_buffer_to_buffer(self._resolve(g, la.src, bound, parity), 0,
-                                          self._resolve(g, la.dst, bound, parity), 0, la.nbytes)
+                                          self._resolve(g, la.dst, bound, parity), 0,
+                                          -(-la.nbytes // 4) * 4)
 
     def _reset(self, graph: MLGraph) -> None:
         g: WgpuGraph = graph  # type: ignore[assignment]
