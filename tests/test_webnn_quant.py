@@ -165,15 +165,15 @@ def test_4bit_matmul_one_row(ctx_with, how, kind, k, n, zero_points, block):
                                         ("quad", "gemv_q4_quad")])
 def test_4bit_matmul_in_chunks_and_with_a_residual(ctx_with, monkeypatch, how, kernel):
     """Columns beyond the binding limit run as chunks, each at its offset."""
-    from backends.webnn.wgpu_impl import lowering
+    from backends.webnn.wgpu_impl import match_q4
 
-    real = lowering._lower_q4
+    real = match_q4.lower_q4
 
     def small(plan, *args):
         plan.max_binding = 64 * 16  # 64 bytes a row of K = 128: chunks of 16 columns
         return real(plan, *args)
 
-    monkeypatch.setattr(lowering, "_lower_q4", small)
+    monkeypatch.setattr(match_q4, "lower_q4", small)
     ctx = ctx_with(q4_gemv=how)
     got, want, names = _q4_matmul(ctx, "int4", 128, 50, True, residual=True)
     assert names.count(kernel) == 4

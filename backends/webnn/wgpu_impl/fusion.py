@@ -20,6 +20,8 @@ from .. import shapes as S
 from .._classes import MLOperand
 from ..kernels import fused as FU
 from ..stateful import SAME_INDEX_OPS, root
+from .launches import KernelLaunch
+from .lowerings import Site, claims
 
 #: ops lowered by the element-wise kernel (broadcasting included)
 ELEMENTWISE = SAME_INDEX_OPS | {"expand"}
@@ -195,3 +197,11 @@ def collect(r: MLOperand, inlined: set[int]) -> tuple[Group, dict[int, int]]:
     for o in order:  # producers before consumers
         calls[o._id] = 1 + sum(calls[root(x)._id] for x in o._inputs if root(x)._id in calls)
     return Group(order, list(leaves.values())), calls
+
+
+@claims(50, lambda plan, o: o._id in plan.groups and not is_host(o))  # hosts: per op
+def _lower_group(n: Site) -> None:
+    """A fused group: one launch reading its leaves."""
+    group = n.plan.groups[n.node._id]
+    n.add(KernelLaunch(group.kernel(n.guarded),
+                       [n.slot_of(x) for x in group.leaves] + [n.out] + n.status()))

@@ -6,24 +6,29 @@ These are what make the wgpu lowering launch-light on GPUs (PERFORMANCE.md): a l
 projections become one launch reading the stacked weights; the residual add is written by
 the projection feeding it; the element-wise vector a projection reads (RMSNorm's tail,
 SwiGLU) is computed by the projection's workgroups. Each decision is pure planning over the
-graph; ``lowering._lower`` emits the kernels.
+graph; the lowerings at the end (registered in ``lowerings``) emit the kernels.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from .. import shapes as S
 from .._classes import MLOperand
+from ..kernels import Kernel
 from ..kernels import fused as FU
 from ..kernels import matmul as MM
 from ..kernels.quant_rows import GatedOutput
 from ..stateful import SAME_INDEX_OPS, root
 from . import fusion
+from .launches import Deferred, KernelLaunch, Slot
+from .lowerings import Site, claims
+from .options import COLS, ROWS_VARIANT
 from .target import Target
 
 
@@ -370,3 +375,116 @@ def f16_exact(values: np.ndarray) -> bool:
 def packed_f16(rows: Any) -> np.ndarray:
     """(N, K) rows as float16, two to a u32 (kernels/matmul.py gemv_rows f16_weights)."""
     return rows().astype(np.float16).view(np.uint32)
+
+
+# -- lowering: the launches of the products planned above --------------------------------
+def gemv_rows(t: Target, variant: str, a_shape: Any, b_shape: Any, shp: Any, n0: int,
+              chunk: int | None, residual: bool = False,
+              splits: list[int] | None = None,
+              prologue: MM.VectorSource | None = None, f16_weights: bool = False) -> Kernel:
+    """The matrix-vector kernel of ``variant`` (``KernelOptions.gemv_variant``)."""
+    if variant == "legacy":
+        return MM.gemv(a_shape, b_shape, shp, b_t=True, n_off=n0, n_chunk=chunk)
+    m = ROWS_VARIANT.fullmatch(variant)
+    lanes = int(m.group(1) or 32) if m else 32
+    depth = int(m.group(3) or 4) if m else 4
+    if t.cpu and variant == "cols":
+        lanes = 8
+    sub = None if m and m.group(2) else t.subgroup
+    return MM.gemv_rows(a_shape, b_shape, shp, n_off=n0, n_chunk=chunk, lanes=lanes,
+                        wg=max(256, lanes), subgroup=sub, residual=residual, splits=splits,
+                        prologue=prologue, depth=depth, f16_weights=f16_weights,
+                        f16_wide=bool(m and m.group(4)))
+
+
+def _f16_weights(how: str | None, variant: str, K: int, values: list[np.ndarray]) -> bool:
+    """Whether a constant-weight gemv streams float16 weights (``how``: the gemv_weights
+    option): the rows kernels only, K a multiple of 4."""
+    if how == "f32" or not variant.startswith("rows") or K % 4:
+        return False
+    return how == "f16" or all(f16_exact(v) for v in values)
+
+
+def _weights(count: int, rows: Callable[[], np.ndarray], half: bool) -> Deferred:
+    """``count`` weights of (N, K) rows as uploaded: float32, or float16 two to a u32."""
+    return Deferred(count // 2, partial(packed_f16, rows)) if half else Deferred(count, rows)
+
+
+def gemv_input(plan: Any, o: MLOperand, ins: list[Slot],
+               slot_of: Any) -> tuple[list[Slot], MM.VectorSource | None]:
+    """(slots bound for a gemv's input vector, its prologue source or None): the vector's
+    own slot, or the leaves the gemv computes it from."""
+    pro = plan.prologue.get(o._id)
+    if pro is None:
+        return [ins[0]], None
+    return [slot_of(x) for x in pro.leaves], pro.source()
+
+
+@claims(10, lambda plan, o: o._id in plan.stacked and o._id not in plan.q4)
+def _lower_stacked(n: Site) -> None:
+    """Products of one input against stacked weights (``stacked_gemvs``): one launch
+    writing each output (4-bit ones: ``match_q4``)."""
+    plan, o = n.plan, n.node
+    group = plan.stacked[o._id]
+    parts = [const_weight(m, plan.fold) for m in group]
+    sizes = [m._shape[-1] for m in group]
+    K = o._inputs[0]._shape[-1]
+    variant = plan.options.gemv_variant(plan.target)
+    half = _f16_weights(plan.options.gemv_weights, variant, K, [src._value for src, _, _ in parts])
+    slot = ("const", ("S", o._id))
+    plan.consts.setdefault(slot, _weights(sum(sizes) * K, partial(stacked_rows, parts), half))
+    a_slots, source = gemv_input(plan, o, n.ins, n.slot_of)
+    k = gemv_rows(plan.target, variant, o._inputs[0]._shape, (sum(sizes), K), (1, sum(sizes)),
+                  0, None, splits=sizes, prologue=source, f16_weights=half)
+    n.add(KernelLaunch(k, a_slots + [slot] + [n.slot_of(m) for m in group]))
+
+
+@claims(40, lambda plan, o: o._id in plan.vectors)
+def _lower_vector(n: Site) -> None:
+    """A vector computed in one launch with its reduction (``row_reductions``)."""
+    vec, shp = n.plan.vectors[n.node._id], n.shape
+    count = S.size(shp)
+    traffic = 4 * (sum(S.size(x._shape) for x in vec.leaves) + count)
+    n.add(KernelLaunch(MM.computed_vector(vec.source(), count, traffic, count // shp[-1],
+                                          subgroup=n.plan.target.subgroup,
+                                          unrolled=n.plan.options.row_vector != "loop"),
+                       n.ins + [n.out]))
+
+
+def lower_const_gemv(n: Site, src: MLOperand, b_shape: Any, b_t: bool) -> None:
+    """One row times constant weights: the weights repacked (N, K), each chunk within the
+    binding limit at upload time (Deferred), so the host never holds a second model."""
+    plan, o = n.plan, n.node
+    a = o._inputs[0]
+    N, K = (b_shape[0], b_shape[1]) if b_t else (b_shape[1], b_shape[0])
+    variant = plan.options.gemv_variant(plan.target)
+    half = _f16_weights(plan.options.gemv_weights, variant, K, [src._value])
+    per = max(8, (plan.max_binding // (4 * K)) // 8 * 8)
+    for c, n0 in enumerate(range(0, N, per)):
+        nc = min(per, N - n0)
+        chunk = None if nc == N else nc
+        rows = partial(weight_rows, src, b_shape, b_t, n0, nc)
+        if variant.startswith("cols"):
+            # k-major, interleaved by column (kernels/matmul.py gemv_cols)
+            slot = ("const", ("C", src._id, c))
+            plan.consts.setdefault(slot, Deferred(nc * K, partial(interleave, rows, nc, K)))
+            ncols, wg, ng = COLS.get(variant, COLS["cols"])
+            k = MM.gemv_cols(a._shape, K, n.shape, n_off=n0, n_chunk=chunk, cols=ncols,
+                             wg=wg, groups=ng)
+            n.add(KernelLaunch(k, [n.ins[0], slot, n.out]))
+            continue
+        if b_t and nc == N and not half:
+            slot = n.slot_of(src)  # already (N, K) and whole: the constant itself
+        else:
+            slot = ("const", ("H" if half else "T", src._id, c))
+            plan.consts.setdefault(slot, _weights(nc * K, rows, half))
+        if variant == "legacy":
+            k = MM.gemv(a._shape, (N, K), n.shape, b_t=True, n_off=n0, n_chunk=chunk)
+            n.add(KernelLaunch(k, [n.ins[0], slot, n.out]))
+            continue
+        a_slots, source = gemv_input(plan, o, n.ins, n.slot_of)
+        dst, res = plan.epilogue.get(o._id, (o, None))  # (the add, residual)
+        k = gemv_rows(plan.target, variant, a._shape, (N, K), n.shape, n0, chunk,
+                      residual=res is not None, prologue=source, f16_weights=half)
+        n.add(KernelLaunch(k, a_slots + [slot] + ([n.slot_of(res)] if res is not None else [])
+                           + [n.slot_of(dst)]))

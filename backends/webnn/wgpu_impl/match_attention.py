@@ -23,6 +23,9 @@ read its float32 copy of the cache, is dropped.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from .. import shapes as S
 from .._classes import MLOperand
@@ -30,6 +33,8 @@ from ..kernels import attention as AT
 from ..kernels import attention_lanes as AL
 from ..stateful import root
 from . import fusion
+from .launches import KernelLaunch
+from .lowerings import Site, claims
 
 _INDEX_OPS = {"slice", "transpose", "concat", "expand"}
 MAX_Q_ROWS = 16
@@ -203,3 +208,51 @@ def _reads_at_own_index(g: fusion.Group, qk: MLOperand) -> bool:
             return False
         dep.add(op._id)
     return g.ops[-1]._id in dep
+
+
+# -- lowering ------------------------------------------------------------------------------
+def _attention_one(plan: Any, o: MLOperand) -> tuple[Any, int, int] | None:
+    """The one-launch decode attention where ``KernelOptions.attention`` asks for it
+    ("flash1", "lanes1[_uN]") and it applies, else None."""
+    if plan.options.attention == "flash1":
+        return plan.attention[o._id].one_launch(plan.target.shared_bytes,
+                                                plan.options.attention_splits,
+                                                plan.target.max_storage)
+    if (got := _attention_lanes(plan, o, True)) is not None:
+        return got[0][0], got[1], got[2]
+    return None
+
+
+def _attention_lanes(plan: Any, o: MLOperand, fold: bool) -> tuple[list, int, int] | None:
+    """The lane-group decode attention (``attention_lanes``) where ``KernelOptions.attention``
+    asks for it with (``fold``) or without the combine folded in and it applies, else None."""
+    how = plan.options.attention_lanes()
+    if how is None or how[0] != fold:
+        return None
+    return plan.attention[o._id].lanes(plan.target.shared_bytes, plan.options.attention_splits,
+                                       plan.target.subgroup, fold, how[1],
+                                       plan.target.max_storage)
+
+
+@claims(30, lambda plan, o: o._id in plan.attention)
+def _lower_attention(n: Site) -> None:
+    """Decode attention in one launch (the combine folded in) where the options ask for it
+    and it applies, else in two: the partials, then their combine."""
+    plan, o = n.plan, n.node
+    part = ("temp", ("flash", o._id))
+    if (one := _attention_one(plan, o)) is not None:
+        k1, parts, counters = one  # one launch: the combine folded in (``flash_decode_one``)
+        cnt = ("const", ("flash_count", o._id))
+        plan.temps[part] = parts
+        plan.consts.setdefault(cnt, np.zeros(counters, np.uint32))  # zero; left zero
+        n.add(KernelLaunch(k1, n.ins + [part, n.out, cnt]))
+        return
+    if (two := _attention_lanes(plan, o, False)) is not None:
+        (k1, k2), parts, _ = two
+    else:
+        k1, k2, parts = plan.attention[o._id].kernels(plan.target.shared_bytes,
+                                                      plan.options.attention_splits,
+                                                      plan.options.f16_loads)
+    plan.temps[part] = parts
+    n.add(KernelLaunch(k1, n.ins + [part]))
+    n.add(KernelLaunch(k2, [part, n.out]))

@@ -44,6 +44,8 @@ from ..kernels import fused as FU
 from ..kernels import gdn as GD
 from ..stateful import root
 from . import fusion
+from .launches import KernelLaunch
+from .lowerings import Site, claims
 from .match_attention import _reads_at_own_index
 
 
@@ -387,3 +389,16 @@ def _covered(m: GatedDelta, inlined: set[int], groups: dict[int, fusion.Group],
         if x._id in groups and not {y._id for y in groups[x._id].ops} <= ids:
             return False
     return True
+
+
+@claims(20, lambda plan, o: o._id in plan.gdn)
+def _lower_gated_delta(n: Site) -> None:
+    """A gated delta net's decode step: one launch, the paired state updated where it lies
+    when the graph keeps it in place (each row by its lanes)."""
+    plan, m = n.plan, n.plan.gdn[n.node._id]
+    lanes, shared, _ = plan.options.gdn_variant(plan.target) or (32, False, True)
+    old, new = n.slot_of(m.state_in), n.slot_of(m.state_out)
+    in_place = old == new
+    guarded = n.has_check and m.state_out._id in plan.in_place
+    k = m.kernel(in_place, guarded, lanes, None if shared else plan.target.subgroup)
+    n.add(KernelLaunch(k, n.ins[in_place:] + [new, n.out] + n.status(guarded)))

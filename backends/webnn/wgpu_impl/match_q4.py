@@ -10,7 +10,9 @@ never straddles two blocks), and the product's input is a single row.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -18,7 +20,12 @@ import numpy as np
 from .. import shapes as S
 from .._classes import MLOperand, blocks
 from ..dtypes import pack_nibbles, unpack_nibbles
+from ..kernels import quant as QK
+from ..kernels import quant_rows as QR
 from ..stateful import root
+from . import gemv as GV
+from .launches import Deferred, KernelLaunch, Slot
+from .lowerings import Site, claims
 
 
 @dataclass
@@ -161,3 +168,91 @@ def packed_half(values: Any) -> np.ndarray:
     if v.size % 2:
         v = np.append(v, np.float16(0))
     return v.view(np.uint32)
+
+
+# -- lowering ------------------------------------------------------------------------------
+def lower_q4(plan: Any, members: list[MLOperand], a_slot: Slot, slot_of: Any) -> None:
+    """One-row products with 4-bit weights: codes, scales (and zero-point terms) repacked
+    by column at upload. One product: a launch per chunk of columns within the binding
+    limit, a residual add written by it (``plan.epilogue``). Several (``plan.stacked``):
+    their columns stacked, one launch writing each output."""
+    ws = [plan.q4[m._id] for m in members]
+    w0 = ws[0]
+    K, N = w0.K, sum(w.N for w in ws)
+    per = N if len(ws) > 1 else max(8, (plan.max_binding // (K // 2)) // 8 * 8)
+    lanes = 8 if plan.target.cpu else 32
+    multi = plan.options.q4_multi(plan.target)  # the several-rows kernel, where the block allows it
+    if multi is not None and (w0.block % 32 or multi[0] > multi[1]):
+        multi = None
+    wide = plan.options.q4_wide(plan.target)  # all loads in flight, where the block allows it
+    if wide is not None and (w0.block % 32 or wide[0] > QR.wide_lanes(K, wide[1])):
+        wide = None
+    quad = plan.options.q4_quad(plan.target)  # 4 rows' codes a load, where the block allows
+    if quad is not None and not w0.quad_fits:
+        quad = None
+    dst, res = plan.epilogue.get(members[0]._id, (members[0], None))  # (the add, residual)
+    a_slots, source = GV.gemv_input(plan, members[0], [a_slot], slot_of)
+    assert source is None or quad is not None, "a 4-bit prologue needs the quad kernel"
+    gated = plan.gated.get(members[0]._id)  # the pair writes its activation, rows paired
+    assert gated is None or (quad is not None and len(ws) == 2), "a gated pair needs quad"
+    # float16 products (``_h``) only on float16 weights: a float32 graph's product keeps
+    # float32's precision (its tolerance is 1e-3, not the float16 one)
+    half = all(w.f16_weights for w in ws) and any(v is not None and v[-1]
+                                                  for v in (multi, wide, quad))
+    outs = ([slot_of(gated.root)] if gated is not None
+            else [slot_of(m) for m in members] if len(ws) > 1 else [slot_of(dst)])
+    for c, n0 in enumerate(range(0, N, per)):
+        nc = min(per, N - n0)
+        parts = [(w, 0, w.N) for w in ws] if len(ws) > 1 else [(w0, n0, nc)]
+        key = (members[0]._id, c)
+        slots = [("const", ("Q4", *key)), ("const", ("Q4S", *key))]
+        # quad: 4 rows interleaved (padded to a multiple of 4)
+        rows_n = -(-nc // QR.QUAD) * QR.QUAD if quad is not None else nc
+
+        def laid(make: Callable[[], np.ndarray], nc: int = nc) -> Callable[[], np.ndarray]:
+            if gated is not None:
+                make = partial(paired_rows, make, nc // 2)
+            return partial(interleave_rows, make, nc) if quad is not None else make
+
+        plan.consts.setdefault(slots[0], Deferred(rows_n * K // 8, laid(partial(
+            _stacked, [partial(repack_codes, *p, pairs=half) for p in parts]))))
+        blocks_n = rows_n * (K // w0.block)
+        half_scales = (multi or wide or quad) is not None and all(w.f16_scales for w in ws)
+        scales = laid(partial(_stacked, [partial(repack_scales, *p, False) for p in parts]))
+        plan.consts.setdefault(slots[1], Deferred((blocks_n + 1) // 2, partial(
+            packed_half, scales)) if half_scales else Deferred(blocks_n, scales))
+        if w0.zero_points:
+            slots.append(("const", ("Q4Z", *key)))
+            plan.consts.setdefault(slots[2], Deferred(blocks_n, laid(partial(
+                _stacked, [partial(repack_scales, *p, True) for p in parts]))))
+        common = dict(signed=w0.signed, zero_points=w0.zero_points,
+                      subgroup=plan.target.subgroup, residual=res is not None,
+                      n_off=n0 if len(ws) == 1 else 0,
+                      splits=[w.N for w in ws] if len(ws) > 1 and gated is None else None,
+                      half_out=dst._dtype.wgsl == "f16" and gated is None)
+        if quad is not None:
+            k = QR.gemv_q4_quad(K, nc, w0.block, loads=quad[0], half_scales=half_scales,
+                                half=half, prologue=source,
+                                gated=gated.output() if gated is not None else None, **common)
+        elif wide is not None:
+            k = QR.gemv_q4_wide(K, nc, w0.block, rows=wide[0], loads=wide[1],
+                                half_scales=half_scales, half=half, **common)
+        elif multi is not None:
+            rows, lanes_m, groups, unroll, _ = multi
+            k = QR.gemv_q4_multi(K, nc, w0.block, rows=rows, lanes=lanes_m, groups=groups,
+                                 unroll=unroll, half_scales=half_scales, half=half, **common)
+        else:
+            k = QK.gemv_q4(K, nc, w0.block, lanes=lanes, wg=256, **common)
+        plan.launches.append(KernelLaunch(k, a_slots + slots + (
+            [slot_of(res)] if res is not None else []) + outs))
+
+
+def _stacked(parts: list[Callable[[], np.ndarray]]) -> np.ndarray:
+    """The stacked contents of several repacked constants (made at upload)."""
+    return np.concatenate([p() for p in parts])
+
+
+@claims(60, lambda plan, o: o._id in plan.q4)
+def _lower_q4_site(n: Site) -> None:
+    """A 4-bit product, alone or with the products stacked on its input."""
+    lower_q4(n.plan, n.plan.stacked.get(n.node._id, [n.node]), n.ins[0], n.slot_of)

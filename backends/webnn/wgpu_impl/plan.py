@@ -1,5 +1,5 @@
-"""What the compiler hands the context: launches (kernels and buffer copies) and the storage
-slots they bind.
+"""What the compiler hands the context: launches (kernels and buffer copies, defined in
+``launches``) and the storage slots they bind.
 
 Slots (where an operand's elements live):
 ``("input", name)`` / ``("output", name)``: the page's MLTensor, resolved at dispatch;
@@ -10,49 +10,25 @@ Slots (where an operand's elements live):
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .._classes import MLOperand
-from ..kernels import Kernel
 from ..stateful import PairPlan
 from . import fusion
 from . import gemv as GV
+from .launches import CopyLaunch, Deferred, KernelLaunch, Slot
 from .match_attention import Attention
 from .match_gdn import GatedDelta
 from .options import KernelOptions
 from .target import Target
 
+__all__ = ["CopyLaunch", "Deferred", "KernelLaunch", "Plan", "Slot"]
+
 if TYPE_CHECKING:
     from .match_q4 import Q4Weight
-
-Slot = tuple
-
-
-@dataclass
-class Deferred:
-    """A constant buffer's contents, made when the context uploads it (then dropped)."""
-
-    size: int  # 4-byte words (float32 or packed float16 pairs)
-    make: Callable[[], np.ndarray]
-
-
-@dataclass
-class KernelLaunch:
-    kernel: Kernel
-    slots: list[Slot]
-
-
-@dataclass
-class CopyLaunch:
-    """A device buffer-to-buffer copy (counted d2d)."""
-
-    src: Slot
-    dst: Slot
-    nbytes: int
 
 
 @dataclass
