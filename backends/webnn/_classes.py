@@ -21,9 +21,9 @@ import numpy as np
 
 from backends.webnn.counters import ByteCounters
 
-from . import composites
+from . import composites, op_limits
 from . import shapes as S
-from .dtypes import DType, dtype, packed_words, to_device
+from .dtypes import DTYPES, DType, dtype, packed_words, to_device
 from .errors import InvalidStateError
 
 _serial = itertools.count(1)
@@ -33,7 +33,7 @@ ELEMENTWISE_UNARY = (
     "sqrt", "exp", "log", "neg", "abs", "sigmoid", "softplus", "tanh", "relu",
     "reciprocal", "cos", "sin", "floor", "ceil", "erf", "gelu", "identity",
 )
-COMPARISON = ("equal", "greater", "lesser", "lesser_or_equal", "greater_or_equal")
+COMPARISON = ("equal", "not_equal", "greater", "lesser", "lesser_or_equal", "greater_or_equal")
 LOGICAL = ("logical_and", "logical_or", "logical_not", "is_nan")
 FLOAT_ONLY = ("sqrt", "exp", "log", "sigmoid", "softplus", "tanh", "cos", "sin", "erf",
               "gelu", "reciprocal", "floor", "ceil", "softmax")
@@ -116,6 +116,7 @@ class MLGraphBuilder:
             # the spec's opSupportLimits() may leave a type out of an op's list
             raise TypeError(f"{op} does not take {packed[0]._dtype.name} operands here; "
                             "only dequantizeLinear does")
+        op_limits.check(op, inputs)  # what opSupportLimits() reports
         if any(x._dtype.name == "float16" for x in inputs) and (
                 self._context._widens(op) or self._stays_wide(op, inputs)):
             return self._widened(op, inputs, dt, shape, attrs)
@@ -263,6 +264,10 @@ class MLGraphBuilder:
     def equal(self, a: MLOperand, b: MLOperand) -> MLOperand:
         return self._compare("equal", a, b)
 
+    # IDL: MLOperand notEqual(MLOperand a, MLOperand b, optional MLOperatorOptions options = {});
+    def not_equal(self, a: MLOperand, b: MLOperand) -> MLOperand:
+        return self._compare("not_equal", a, b)
+
     # IDL: MLOperand greater(MLOperand a, MLOperand b, optional MLOperatorOptions options = {});
     def greater(self, a: MLOperand, b: MLOperand) -> MLOperand:
         return self._compare("greater", a, b)
@@ -387,8 +392,23 @@ class MLGraphBuilder:
 
     # IDL: MLOperand cast(MLOperand input, MLOperandDataType type, optional MLOperatorOptions options = {});
     def cast(self, x: MLOperand, data_type: str) -> MLOperand:
+        """A cast to int8 or uint8 keeps the lowest 8 bits (``wrap``: their words are 32-bit
+        on the device, ``dtypes``)."""
         self._own(x)
-        return self._node("cast", (x,), self._dtype(data_type), x._shape)
+        dt = self._dtype(data_type)
+        wrap = {"wrap": dt.name} if dt.name in ("int8", "uint8") and dt != x._dtype else {}
+        return self._node("cast", (x,), dt, x._shape, **wrap)
+
+    # IDL: MLOperand clamp(MLOperand input, optional MLClampOptions options = {});
+    def clamp(self, x: MLOperand, *, min_value: float | None = None,
+              max_value: float | None = None) -> MLOperand:
+        """DEVIATION: lowered to max and min with constants (the spec's emulation)."""
+        return composites.clamp(self, x, min_value, max_value)
+
+    # IDL: MLOperand leakyRelu(MLOperand input, optional MLLeakyReluOptions options = {});
+    def leaky_relu(self, x: MLOperand, *, alpha: float = 0.01) -> MLOperand:
+        """DEVIATION: lowered to ``max(x, 0) + alpha * min(x, 0)`` (the spec's emulation)."""
+        return composites.leaky_relu(self, x, alpha)
 
     # -- matrix products -------------------------------------------------------------
     # IDL: MLOperand matmul(MLOperand a, MLOperand b, optional MLOperatorOptions options = {});
@@ -454,6 +474,13 @@ class MLGraphBuilder:
         return self._node("softmax", (x,), x._dtype, x._shape,
                           axis=S.axis(axis, len(x._shape)))
 
+    # IDL: MLOperand layerNormalization(MLOperand input, optional MLLayerNormalizationOptions options = {});
+    def layer_normalization(self, x: MLOperand, *, scale: MLOperand | None = None,
+                            bias: MLOperand | None = None, axes: Sequence[int] | None = None,
+                            epsilon: float = 1e-5) -> MLOperand:
+        """DEVIATION: lowered to reductions and element-wise ops (the spec's emulation)."""
+        return composites.layer_normalization(self, x, scale, bias, axes, epsilon)
+
     def _reduce(self, op: str, x: MLOperand, axes: Sequence[int] | None,
                 keep_dimensions: bool) -> MLOperand:
         self._own(x)
@@ -473,6 +500,30 @@ class MLGraphBuilder:
     def reduce_sum(self, x: MLOperand, axes: Sequence[int] | None = None,
                    keep_dimensions: bool = False) -> MLOperand:
         return self._reduce("reduce_sum", x, axes, keep_dimensions)
+
+    # IDL: MLOperand reduceProduct(MLOperand input, optional MLReduceOptions options = {});
+    def reduce_product(self, x: MLOperand, axes: Sequence[int] | None = None,
+                       keep_dimensions: bool = False) -> MLOperand:
+        return self._reduce("reduce_product", x, axes, keep_dimensions)
+
+    # IDL: MLOperand reduceSumSquare(MLOperand input, optional MLReduceOptions options = {});
+    def reduce_sum_square(self, x: MLOperand, axes: Sequence[int] | None = None,
+                          keep_dimensions: bool = False) -> MLOperand:
+        """DEVIATION: lowered to reduceSum(x * x), the square computed by the reduction."""
+        return composites.reduce_sum_square(self, x, axes, keep_dimensions)
+
+    # IDL: MLOperand reduceL2(MLOperand input, optional MLReduceOptions options = {});
+    def reduce_l2(self, x: MLOperand, axes: Sequence[int] | None = None,
+                  keep_dimensions: bool = False) -> MLOperand:
+        """DEVIATION: lowered to sqrt(reduceSumSquare(x)) (the spec's emulation)."""
+        return composites.reduce_l2(self, x, axes, keep_dimensions)
+
+    # IDL: MLOperand reduceLogSumExp(MLOperand input, optional MLReduceOptions options = {});
+    def reduce_log_sum_exp(self, x: MLOperand, axes: Sequence[int] | None = None,
+                           keep_dimensions: bool = False) -> MLOperand:
+        """DEVIATION: lowered to max + log(reduceSum(exp(x - max))), the spec's emulation
+        made safe from overflow."""
+        return composites.reduce_log_sum_exp(self, x, axes, keep_dimensions)
 
     # IDL: MLOperand reduceMax(MLOperand input, optional MLReduceOptions options = {});
     def reduce_max(self, x: MLOperand, axes: Sequence[int] | None = None,
@@ -601,7 +652,8 @@ class MLGraphBuilder:
     # IDL: MLOperand pad(MLOperand input, sequence<[EnforceRange] unsigned long> beginningPadding, sequence<[EnforceRange] unsigned long> endingPadding, optional MLPadOptions options = {});
     def pad(self, x: MLOperand, beginning_padding: Sequence[int], ending_padding: Sequence[int],
             *, mode: str = "constant", value: float = 0) -> MLOperand:
-        """DEVIATION: lowered to concat with constant blocks; "constant" mode only."""
+        """DEVIATION: "constant" lowered to concat with constant blocks; "edge" and
+        "reflection" are one kernel each."""
         return composites.pad(self, x, beginning_padding, ending_padding, mode, value)
 
     # IDL: sequence<MLOperand> split(MLOperand input, (unsigned long or sequence<unsigned long>) splits, optional MLSplitOptions options = {});
@@ -778,6 +830,15 @@ class MLContext:
             raise TypeError(f"{what} is destroyed")
         return t
 
+    # IDL: MLOpSupportLimits opSupportLimits();
+    def op_support_limits(self) -> dict:
+        """The spec's ``MLOpSupportLimits`` with snake_case members: what the builder checks
+        (``op_limits.TABLE``), for the data types this context has."""
+        self._check_alive()
+        have = frozenset(n for n, dt in DTYPES.items() if not self._unsupported(dt))
+        return op_limits.support_limits(have, self._max_tensor_bytes(),
+                                        frozenset(n for n in have if not DTYPES[n].packed))
+
     # IDL: Promise<MLTensor> createTensor(MLTensorDescriptor descriptor);
     def create_tensor(self, *, data_type: str, shape: Sequence[int], readable: bool = False,
                       writable: bool = False) -> MLTensor:
@@ -787,7 +848,11 @@ class MLContext:
                                         "implementation" if dt.packed else "")
         if why:
             raise TypeError(why)
-        return self._create_tensor(dt, S.check_shape(shape), bool(readable), bool(writable))
+        shp = S.check_shape(shape)
+        if S.size(shp) * dt.itemsize > self._max_tensor_bytes():
+            raise TypeError(f"a {dt.name}{list(shp)} tensor exceeds this context's "
+                            f"maxTensorByteLength of {self._max_tensor_bytes()} bytes")
+        return self._create_tensor(dt, shp, bool(readable), bool(writable))
 
     # IDL: undefined writeTensor(MLTensor tensor, AllowSharedBufferSource sourceData);
     def write_tensor(self, tensor: MLTensor, data: Any) -> None:
@@ -885,6 +950,10 @@ class MLContext:
     def _unsupported(self, dt: DType) -> str:
         """Why this context cannot hold tensors of ``dt`` ("" if it can)."""
         return ""
+
+    def _max_tensor_bytes(self) -> int:
+        """The most bytes one tensor may hold (``opSupportLimits().maxTensorByteLength``)."""
+        return 1 << 31
 
     def _widens(self, op: str) -> bool:
         """Whether this context runs ``op`` on float16 operands in float32 between casts

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from . import op_limits
 from . import shapes as S
 
 if TYPE_CHECKING:
@@ -47,13 +48,26 @@ def tile(b: MLGraphBuilder, x: MLOperand, repetitions: Sequence[int]) -> MLOpera
 
 def pad(b: MLGraphBuilder, x: MLOperand, begin: Sequence[int], end: Sequence[int], mode: str,
         value: float) -> MLOperand:
-    """Constant padding: per axis, ``concat([value block, x, value block])``."""
+    """Constant padding: per axis, ``concat([value block, x, value block])``; "edge" and
+    "reflection": one ``pad`` node (``kernels/movement.pad``)."""
     b._own(x)
+    op_limits.check("pad", [x])
     r = len(x._shape)
     if len(begin) != r or len(end) != r or any(int(p) < 0 for p in (*begin, *end)):
         raise TypeError("pad needs one non-negative beginning and ending padding per axis")
+    if mode not in ("constant", "edge", "reflection"):
+        raise TypeError(f"pad mode {mode!r} is not one of 'constant', 'edge', 'reflection'")
+    if mode == "reflection" and any(int(p) >= d for p, d in zip((*begin, *end), x._shape * 2,
+                                                                 strict=True)):
+        raise TypeError(f"reflection padding {list(begin)}, {list(end)} must be shorter than "
+                        f"each axis of {list(x._shape)}")
     if mode != "constant":
-        raise TypeError(f"pad mode {mode!r} is not implemented here (constant only)")
+        if not any(int(p) for p in (*begin, *end)):
+            return b.identity(x)
+        shp = tuple(d + int(p) + int(q) for d, p, q in zip(x._shape, begin, end, strict=True))
+        return b._node("pad", (x,), x._dtype, shp, beginning=tuple(int(p) for p in begin),
+                       mode=mode)
+    value = _scalar(x, value, "pad value")
     out = x
     for ax in range(r):
         parts = []
@@ -131,3 +145,115 @@ def conv2d(b: MLGraphBuilder, x: MLOperand, w: MLOperand, padding: Sequence[int]
             raise TypeError(f"conv2d bias must have shape [{c}]")
         acc = b.add(acc, b.reshape(bias, [1, c, 1, 1]))
     return acc
+
+
+def _scalar(like: MLOperand, value: float, what: str) -> np.ndarray:
+    """An MLNumber cast to ``like``'s data type (the spec's "casting" of an option): integer
+    types take it truncated and clipped to their range."""
+    host = np.dtype(like._dtype.host)
+    if host.kind in "iu":
+        info = np.iinfo(host)
+        if not np.isfinite(value):
+            raise TypeError(f"{what} {value} is not a {like._dtype.name} value")
+        return np.array(min(max(int(value), info.min), info.max), host)
+    return np.array(value, host)
+
+
+def clamp(b: MLGraphBuilder, x: MLOperand, min_value: float | None,
+          max_value: float | None) -> MLOperand:
+    """``min(max(x, minValue), maxValue)``, each bound only where given (the spec's
+    emulation); TypeError where minValue > maxValue once cast to x's type."""
+    b._own(x)
+    op_limits.check("clamp", [x])
+    lo = None if min_value is None else _scalar(x, min_value, "clamp minValue")
+    hi = None if max_value is None else _scalar(x, max_value, "clamp maxValue")
+    if lo is not None and hi is not None and lo > hi:
+        raise TypeError(f"clamp minValue {min_value} is greater than maxValue {max_value}")
+    out = x if lo is not None or hi is not None else b.identity(x)
+    if lo is not None:
+        out = b.max(out, _filled(b, x, [1], lo))
+    if hi is not None:
+        out = b.min(out, _filled(b, x, [1], hi))
+    return out
+
+
+def leaky_relu(b: MLGraphBuilder, x: MLOperand, alpha: float) -> MLOperand:
+    """``max(x, 0) + alpha * min(x, 0)`` (the spec's emulation: exact but for the one
+    product's rounding; the fusion makes one kernel of it)."""
+    b._own(x)
+    op_limits.check("leaky_relu", [x])
+    zero = _filled(b, x, [1], 0)
+    return b.add(b.max(x, zero), b.mul(b.min(x, zero), _filled(b, x, [1], _scalar(x, alpha, "alpha"))))
+
+
+def layer_normalization(b: MLGraphBuilder, x: MLOperand, scale: MLOperand | None,
+                        bias: MLOperand | None, axes: Sequence[int] | None,
+                        epsilon: float) -> MLOperand:
+    """``(x - mean) / sqrt(variance + epsilon) * scale + bias`` over ``axes`` (default: all
+    but the first), the spec's emulation; ``scale`` and ``bias`` have the input's sizes at
+    ``axes``, in the order ``axes`` lists them."""
+    given = [o for o in (scale, bias) if o is not None]
+    b._own(x, *given)
+    op_limits.check("layer_normalization", [x, scale, bias])
+    r = len(x._shape)
+    if axes is None:
+        axs = tuple(range(1, r))
+    else:
+        axs = tuple(axes)
+        if (any(not isinstance(a, int) or not 0 <= a < r for a in axs)
+                or len(set(axs)) != len(axs)):
+            raise TypeError(f"layerNormalization axes {list(axs)} must be distinct, in [0, {r})")
+    for name, o in (("scale", scale), ("bias", bias)):
+        if o is None:
+            continue
+        if o._dtype != x._dtype:
+            raise TypeError(f"layerNormalization {name} is {o.data_type}, the input "
+                            f"{x.data_type}")
+        if o._shape != tuple(x._shape[a] for a in axs):
+            raise TypeError(f"layerNormalization {name} shape {list(o._shape)} is not the "
+                            f"input's sizes at axes {list(axs)}")
+    mean = b.reduce_mean(x, list(axs), keep_dimensions=True)
+    d = b.sub(x, mean)
+    var = b.reduce_mean(b.mul(d, d), list(axs), keep_dimensions=True)
+    eps = _filled(b, x, [1], _scalar(x, epsilon, "epsilon"))
+    y = b.div(d, b.sqrt(b.add(var, eps)))
+    view = [x._shape[i] if i in axs else 1 for i in range(r)]
+    for o, combine in ((scale, b.mul), (bias, b.add)):
+        if o is None:
+            continue
+        order = sorted(range(len(axs)), key=lambda k: axs[k])  # to the input's axis order
+        if order != list(range(len(axs))):
+            o = b.transpose(o, order)
+        y = combine(y, b.reshape(o, view) if r else o)
+    return y
+
+
+def reduce_sum_square(b: MLGraphBuilder, x: MLOperand, axes: Sequence[int] | None,
+                      keep: bool) -> MLOperand:
+    """``reduceSum(x * x)``: the square is computed inside the reduction (a host)."""
+    b._own(x)
+    op_limits.check("reduce_sum_square", [x])
+    return b.reduce_sum(b.mul(x, x), axes, keep)
+
+
+def reduce_l2(b: MLGraphBuilder, x: MLOperand, axes: Sequence[int] | None,
+              keep: bool) -> MLOperand:
+    """``sqrt(reduceSumSquare(x))`` (the spec's emulation)."""
+    b._own(x)
+    op_limits.check("reduce_l2", [x])
+    return b.sqrt(reduce_sum_square(b, x, axes, keep))
+
+
+def reduce_log_sum_exp(b: MLGraphBuilder, x: MLOperand, axes: Sequence[int] | None,
+                       keep: bool) -> MLOperand:
+    """``log(reduceSum(exp(x)))`` computed as ``m + log(reduceSum(exp(x - m)))`` with
+    ``m = reduceMax(x)``: the same value, without exp overflowing beyond x ~ 88."""
+    b._own(x)
+    op_limits.check("reduce_log_sum_exp", [x])
+    m = b.reduce_max(x, axes, keep_dimensions=True)
+    s = b.reduce_sum(b.exp(b.sub(x, m)), axes, keep_dimensions=True)
+    out = b.add(b.log(s), m)
+    if keep:
+        return out
+    axs = S.axes(axes, len(x._shape))
+    return b.reshape(out, [d for i, d in enumerate(x._shape) if i not in axs])

@@ -12,7 +12,10 @@ the lower index in the low nibble; on the device the same bytes are read as ``u3
 (eight elements a word, element i in nibble i % 8). DEVIATION: this implementation takes
 them as constants only, and only ``dequantizeLinear`` reads them (``MLGraphBuilder``).
 DEVIATION: ``uint8`` (the output of comparison ops, the condition of ``where``) is stored as
-``u32`` on the device; the host sees ``uint8``.
+``u32`` on the device, ``int8`` as ``i32``; the host sees ``uint8`` / ``int8``. A cast to
+either keeps the value's lowest 8 bits (``kernels/elementwise``), so the word always holds
+the 8-bit value; ``op_limits`` lists where int8 is taken (casts and data movement, not
+arithmetic, whose results would not wrap at 8 bits).
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ DTYPES: dict[str, DType] = {
     "int32": DType("int32", np.int32, "i32", np.int32),
     "int64": DType("int64", np.int64, "i32", np.int32),
     "uint32": DType("uint32", np.uint32, "u32", np.uint32),
+    "int8": DType("int8", np.int8, "i32", np.int32),
     "uint8": DType("uint8", np.uint8, "u32", np.uint32),
     "int4": DType("int4", np.uint8, "u32", np.uint32, bits=4),
     "uint4": DType("uint4", np.uint8, "u32", np.uint32, bits=4),

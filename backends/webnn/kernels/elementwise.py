@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from .. import shapes as S
 from .common import Kernel, decl, esize, grid, main_1d, offset_fn
@@ -13,7 +14,7 @@ _BINARY = {
     "max": "max(a0, a1)", "min": "min(a0, a1)",
 }
 _COMPARE = {
-    "equal": "==", "greater": ">", "lesser": "<", "lesser_or_equal": "<=",
+    "equal": "==", "not_equal": "!=", "greater": ">", "lesser": "<", "lesser_or_equal": "<=",
     "greater_or_equal": ">=",
 }
 _UNARY_F = {
@@ -26,8 +27,10 @@ _UNARY_F = {
 }
 
 
-def expression(op: str, in_types: Sequence[str], out_type: str) -> str:
-    """WGSL expression of one element, inputs named a0, a1, a2."""
+def expression(op: str, in_types: Sequence[str], out_type: str,
+               attrs: Mapping[str, Any] | None = None) -> str:
+    """WGSL expression of one element, inputs named a0, a1, a2. ``attrs``: the node's
+    (a cast's ``wrap``: the 8-bit type it narrows to, ``dtypes``)."""
     if out_type == "f16" and (op in _BINARY or op in _UNARY_F or op == "pow"):
         # float16 arithmetic is computed in float32 and rounded once (WGSL's f16 builtins
         # may be several ulp off, and the float32 helpers have no f16 overloads)
@@ -64,6 +67,9 @@ def expression(op: str, in_types: Sequence[str], out_type: str) -> str:
         return "select(a2, a1, a0 != 0u)"
     if op == "cast":
         src = in_types[0]
+        wrap = (attrs or {}).get("wrap")
+        if wrap:
+            return _narrowed(wrap, src)
         if src == out_type:
             return "a0"
         if out_type == "u32" and src in ("f32", "f16"):
@@ -72,9 +78,22 @@ def expression(op: str, in_types: Sequence[str], out_type: str) -> str:
     raise NotImplementedError(op)
 
 
+def _narrowed(wrap: str, src: str) -> str:
+    """A cast to int8 or uint8, held in a 32-bit word: the value's lowest 8 bits, read as
+    the target type (the spec's rule between integer types; a float is truncated toward
+    zero first, and one out of range, which the spec leaves implementation-defined, is
+    saturated to 32 bits by WGSL's conversion first)."""
+    if wrap == "int8":
+        x = "a0" if src == "i32" else "i32(a0)"
+        return f"(({x} << 24u) >> 24u)"
+    x = "a0" if src == "u32" else ("u32(max(a0, 0.0))" if src in ("f32", "f16") else "u32(a0)")
+    return f"({x} & 0xffu)"
+
+
 def elementwise(op: str, in_types: Sequence[str], in_shapes: Sequence[Sequence[int]],
                 out_type: str, out_shape: Sequence[int], *, alias: int | None = None,
-                guarded: bool = False, out_dtype_name: str = "") -> Kernel:
+                guarded: bool = False, out_dtype_name: str = "",
+                attrs: Mapping[str, Any] | None = None) -> Kernel:
     """One thread per output element; broadcast inputs read with 0 strides.
 
     ``alias``: index of an input that is the output buffer itself (an in-place state
@@ -107,7 +126,7 @@ def elementwise(op: str, in_types: Sequence[str], in_shapes: Sequence[Sequence[i
         src += "  if (status[0] != 0u) { return; }\n"
     for k, nm in enumerate(names):
         src += f"  let a{k} = {nm}[off{k}(i)];\n"
-    src += f"  out[i] = {expression(op, in_types, out_type)};\n}}\n"
+    src += f"  out[i] = {expression(op, in_types, out_type, attrs)};\n}}\n"
     traffic = (sum(esize(t) * S.size(s) for k, (t, s) in enumerate(zip(in_types, in_shapes,
                                                                         strict=True))
                    if k != alias) + esize(out_type) * n)

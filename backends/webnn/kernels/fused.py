@@ -102,7 +102,7 @@ def _function(n: int, op: FusedOp, leaves: Sequence[Leaf], takes: Sequence[list[
     for k, (ref, ishp) in enumerate(zip(op.inputs, op.in_shapes, strict=True)):
         src += offset_fn(f"{p}o{n}_{k}", shp, S.broadcast_strides(ishp, shp))
         body += f"  let a{k} = {_read(ref, f'{p}o{n}_{k}(i)')};\n"
-    body += f"  return {expression(op.op, op.in_types, op.out_type)};\n"
+    body += f"  return {expression(op.op, op.in_types, op.out_type, op.attrs)};\n"
     return src + head + body + "}\n"
 
 

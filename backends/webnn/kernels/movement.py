@@ -187,3 +187,27 @@ def scatter_elements(t: str, it: str, in_shape: Sequence[int], idx_shape: Sequen
     src += "  out[o] = upd[i];\n}\n"
     return Kernel("scatter_elements", src, ["read", "read", "rw"], (gx, gy, gz),
                   esize(it) * n + 2 * esize(t) * n)
+
+
+def pad(t: str, in_shape: Sequence[int], begin: Sequence[int], out_shape: Sequence[int],
+        mode: str) -> Kernel:
+    """out = x padded by ``begin`` elements before each axis (``out_shape`` fixes the end):
+    "edge" repeats the axis' first and last elements, "reflection" mirrors the axis about
+    them, leaving them out (x[1], x[0] | x[0] .. x[n-1] | x[n-2]; each padding shorter than
+    the axis, as the builder checks). One invocation per output element."""
+    n = S.size(out_shape)
+    gx, gy, gz = grid(n)
+    ist = S.strides(in_shape)
+    src = decl(0, "x", t, "read") + decl(1, "out", t, "rw") + main_1d(gx)
+    src += f"  if (i >= {n}u) {{ return; }}\n  var r = i;\n  var o = 0u;\n"
+    for ax in range(len(out_shape) - 1, -1, -1):
+        d, e = in_shape[ax], out_shape[ax]
+        src += f"  var c{ax} = i32(r % {e}u) - {begin[ax]};\n  r = r / {e}u;\n"
+        if mode == "edge":
+            src += f"  c{ax} = clamp(c{ax}, 0, {d - 1});\n"
+        else:  # reflection
+            src += (f"  if (c{ax} < 0) {{ c{ax} = -c{ax}; }}\n"
+                    f"  if (c{ax} > {d - 1}) {{ c{ax} = {2 * (d - 1)} - c{ax}; }}\n")
+        src += f"  o = o + u32(c{ax}) * {ist[ax]}u;\n"
+    src += "  out[i] = x[o];\n}\n"
+    return Kernel(f"pad_{mode}", src, ["read", "rw"], (gx, gy, gz), 2 * esize(t) * n)

@@ -15,7 +15,15 @@ _FROM_FIRST = ("reduce_max", "reduce_min")
 _COMBINE = {
     "reduce_sum": "{a} + {b}", "reduce_mean": "{a} + {b}",
     "reduce_max": "max({a}, {b})", "reduce_min": "min({a}, {b})",
+    "reduce_product": "{a} * {b}",
 }
+
+
+def _start(op: str, t: str) -> str:
+    """The accumulator's start of a reduction that does not start from the first element:
+    the combine's identity (1 for a product, else 0)."""
+    return {"f32": "1.0", "f16": "f16(1.0)", "i32": "1", "u32": "1u"}[t] \
+        if op == "reduce_product" else zero(t)
 
 
 def _tree(combine: str, var: str = "sh", wg: int = WG) -> str:
@@ -33,7 +41,7 @@ def inline_reduction(op: str, count: int, load: str, wg: int, var: str = "red") 
     string of the index) across one workgroup into ``let {var}`` (f32): for kernels that
     need a whole-vector statistic before their own work (RMSNorm inside a gemv)."""
     comb = _COMBINE[op]
-    init = load.format("0u") if op in _FROM_FIRST else "0.0"
+    init = load.format("0u") if op in _FROM_FIRST else _start(op, "f32")
     decls = f"var<workgroup> {var}_sh: array<f32, {wg}>;\n"
     body = (f"  var {var}_acc: f32 = {init};\n"
             f"  for (var j = lid; j < {count}u; j = j + {wg}u) {{\n"
@@ -65,7 +73,7 @@ def unrolled_reduction(op: str, count: int, load: str, wg: int, subgroup: int | 
     if per > UNROLL_MAX:
         return None
     comb = _COMBINE[op]
-    init = load.format("0u") if op in _FROM_FIRST else "0.0"
+    init = load.format("0u") if op in _FROM_FIRST else _start(op, "f32")
     body = f"  var {var}_acc: f32 = {init};\n"
     for k in range(per):
         idx = f"lid + {k * wg}u"
@@ -125,7 +133,7 @@ def reduce(op: str, t: str, in_shape: Sequence[int], axes: Sequence[int],
         src, bindings, name = source
         bindings = list(bindings)
         load = name + ("({})" if name.startswith("v") else "[{}]")
-    init = load.format("base") if op in _FROM_FIRST else zero(t)  # element 0 is at base
+    init = load.format("base") if op in _FROM_FIRST else _start(op, t)  # element 0 is at base
     src += decl(len(bindings), "out", t, "rw")
     bindings.append("rw")
     src += offset_fn("rowoff", [in_shape[i] for i in kept] or [1], [st[i] for i in kept] or [0])

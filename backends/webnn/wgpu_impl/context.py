@@ -263,6 +263,9 @@ class WgpuContext(Dispatch, Readback, MLContext):
                     + (f": {why}" if why else ""))
         return ""
 
+    def _max_tensor_bytes(self) -> int:
+        return self._max_buffer  # a tensor is one buffer
+
     def _widens(self, op: str) -> bool:
         # ops without float16 kernels (matmul, softmax, reductions, ...) accumulate in
         # float32: the builder casts their float16 operands in and the result back

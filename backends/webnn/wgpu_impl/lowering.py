@@ -24,7 +24,7 @@ from .lowerings import Site, lowering_of, lowers
 from .plan import Plan
 from .planning import Step
 
-REDUCE_OPS = ("reduce_mean", "reduce_sum", "reduce_max", "reduce_min")
+REDUCE_OPS = ("reduce_mean", "reduce_sum", "reduce_max", "reduce_min", "reduce_product")
 
 
 def lower_steps(plan: Plan, order: list[Step], dest: dict[int, Slot]) -> None:
@@ -69,7 +69,7 @@ def _elementwise(n: Site) -> None:
     o = n.node
     alias = n.pair.alias_input if n.pair is not None else None
     k = EW.elementwise(o._op, [x._dtype.wgsl for x in o._inputs], [x._shape for x in o._inputs],
-                       n.dtype, n.shape, alias=alias, guarded=n.guarded)
+                       n.dtype, n.shape, alias=alias, guarded=n.guarded, attrs=o._attrs)
     slots = [s for j, s in enumerate(n.ins) if j != alias] + [n.out]
     n.add(KernelLaunch(k, slots + n.status()))
 
@@ -245,3 +245,11 @@ def _scatter_elements(n: Site) -> None:
                        [n.ins[0], n.out]))
     n.add(KernelLaunch(MV.scatter_elements(t, idx._dtype.wgsl, shp, idx._shape,
                                            n.node._attrs["axis"]), [n.ins[1], n.ins[2], n.out]))
+
+
+@lowers("pad")
+def _pad(n: Site) -> None:
+    """Edge or reflection padding, one launch (constant padding is a concat at build)."""
+    a = n.node._attrs
+    n.add(KernelLaunch(MV.pad(n.dtype, n.node._inputs[0]._shape, a["beginning"], n.shape,
+                              a["mode"]), [n.ins[0], n.out]))
