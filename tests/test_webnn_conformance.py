@@ -1,0 +1,287 @@
+"""The ops issue 29 adds, each against a float64 NumPy oracle on fresh random inputs (never
+zeros), with the web-platform-tests WebNN tolerance for that op (``webnn/resources/utils.js``,
+``PrecisionMetrics``, and the conformance test files): a ULP distance measured as WPT does, on
+the bit patterns of the output's type. One graph per data type computes every case (one
+build, one dispatch), so the module stays fast on lavapipe.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from backends.webnn import MLGraphBuilder
+from backends.webnn.op_limits import TABLE
+
+RNG = np.random.default_rng(29)
+
+SHAPE = (3, 4, 5)
+#: (min, max) of the uniform inputs, away from 0 (``_draw``)
+LO, HI = 0.25, 2.0
+
+
+def _draw(shape, dt, lo=LO, hi=HI):
+    """Uniform magnitudes in [lo, hi) with random signs: never zero, as the house rules ask."""
+    mag = RNG.uniform(lo, hi, size=shape)
+    return (mag * RNG.choice([-1.0, 1.0], size=shape)).astype(dt)
+
+
+def _ordered(a: np.ndarray) -> np.ndarray:
+    """Float bit patterns mapped to integers that count ULPs monotonically across zero."""
+    bits = a.view(np.int32 if a.dtype == np.float32 else np.int16).astype(np.int64)
+    mag = bits & (0x7FFFFFFF if a.dtype == np.float32 else 0x7FFF)
+    return np.where(bits < 0, -mag, mag)
+
+
+def ulp_distance(got: np.ndarray, want64: np.ndarray) -> np.ndarray:
+    """WPT's ULP distance: |bits(got) - bits(expected rounded to got's type)|."""
+    want = want64.astype(got.dtype)
+    return np.abs(_ordered(np.ascontiguousarray(got)) - _ordered(np.ascontiguousarray(want)))
+
+
+def _layer_norm(x, scale, axes, bias=None, eps=1e-5):
+    ax = tuple(axes)
+    m = x.mean(axis=ax, keepdims=True)
+    v = ((x - m) ** 2).mean(axis=ax, keepdims=True)
+    order = np.argsort(axes)
+    view = [x.shape[i] if i in ax else 1 for i in range(x.ndim)]
+    y = (x - m) / np.sqrt(v + eps) * np.transpose(scale, order).reshape(view)
+    return y if bias is None else y + np.transpose(bias, order).reshape(view)
+
+
+def _cases(b: MLGraphBuilder, x, scale, dt: str):
+    """name -> (operand, float64 oracle of x, ULP tolerance (None: exact equality))."""
+    n = {1: 4, 2: 5, 0: 3}  # reduced element counts per axis of SHAPE
+    c = {}
+    c["clamp"] = (b.clamp(x, min_value=-0.75, max_value=1.25), lambda v: np.clip(v, -0.75, 1.25), 0)
+    c["clamp_min_only"] = (b.clamp(x, min_value=-0.5), lambda v: np.maximum(v, -0.5), 0)
+    c["leaky_relu"] = (b.leaky_relu(x), lambda v: np.where(v > 0, v, 0.01 * v), 1)
+    c["leaky_relu_alpha"] = (b.leaky_relu(x, alpha=0.3), lambda v: np.where(v > 0, v, 0.3 * v), 1)
+    c["reduce_l2"] = (b.reduce_l2(x, [1]), lambda v: np.sqrt((v * v).sum(1)), 2 * n[1] + 1)
+    c["reduce_sum_square"] = (b.reduce_sum_square(x, [0, 2], keep_dimensions=True),
+                              lambda v: (v * v).sum((0, 2), keepdims=True), 2 * n[0] * n[2])
+    c["reduce_product"] = (b.reduce_product(x, [2]), lambda v: v.prod(2), n[2])
+    c["reduce_product_all"] = (b.reduce_product(b.slice(x, [0, 0, 0], [1, 2, 5])),
+                               lambda v: v[:1, :2, :].prod(), 10)
+    c["reduce_log_sum_exp"] = (b.reduce_log_sum_exp(x, [1, 2]),
+                               lambda v: np.log(np.exp(v).sum((1, 2))), 2 * n[1] * n[2] + 18)
+    c["reduce_log_sum_exp_keep"] = (b.reduce_log_sum_exp(x, [0], keep_dimensions=True),
+                                    lambda v: np.log(np.exp(v).sum(0, keepdims=True)), 2 * n[0] + 18)
+    # WPT's layer_normalization tolerance: 840 ULP (float32), 8400 (float16)
+    ln_ulp = 840 if dt == "float32" else 8400
+    c["layer_normalization"] = (b.layer_normalization(x), lambda v: _layer_norm(
+        v, np.ones(SHAPE[1:]), [1, 2]), ln_ulp)
+    sv = scale._value.astype(np.float64)
+    c["layer_normalization_axes"] = (  # scale and bias in the axes' order ([5, 4] for [2, 1])
+        b.layer_normalization(x, scale=scale, bias=scale, axes=[2, 1], epsilon=1e-3),
+        lambda v: _layer_norm(v, sv, [2, 1], sv, 1e-3), ln_ulp)
+    c["pad_edge"] = (b.pad(x, [1, 0, 2], [0, 2, 1], mode="edge"),
+                     lambda v: np.pad(v, [(1, 0), (0, 2), (2, 1)], mode="edge"), 0)
+    c["pad_reflection"] = (b.pad(x, [2, 1, 0], [1, 3, 4], mode="reflection"),
+                           lambda v: np.pad(v, [(2, 1), (1, 3), (0, 4)], mode="reflect"), 0)
+    c["pad_constant"] = (b.pad(x, [0, 1, 1], [1, 0, 2], value=1.5),
+                         lambda v: np.pad(v, [(0, 1), (1, 0), (1, 2)], constant_values=1.5), 0)
+    return c
+
+
+def _run(ctx, b, outputs, feeds):
+    g = b.build(outputs)
+    tin = {}
+    for name, a in feeds.items():
+        t = ctx.create_tensor(data_type=str(a.dtype), shape=list(a.shape), writable=True)
+        ctx.write_tensor(t, a)
+        tin[name] = t
+    tout = {k: ctx.create_tensor(data_type=v.data_type, shape=v.shape, readable=True)
+            for k, v in outputs.items()}
+    ctx.dispatch(g, tin, tout)
+    got = dict(zip(tout, ctx.read_tensors(list(tout.values())), strict=True))
+    g.destroy()
+    return got
+
+
+def _graph(ctx, dt: str):
+    x = _draw(SHAPE, dt)
+    b = MLGraphBuilder(ctx)
+    xi = b.input("x", data_type=dt, shape=list(SHAPE))
+    scale = b.constant(data_type=dt, shape=[5, 4], value=_draw((5, 4), dt))
+    cases = _cases(b, xi, scale, dt)
+    y = _draw(SHAPE, dt)
+    y[0] = x[0]  # some equal elements for notEqual
+    yi = b.input("y", data_type=dt, shape=list(SHAPE))
+    outputs = {k: v[0] for k, v in cases.items()} | {"not_equal": b.not_equal(xi, yi)}
+    got = _run(ctx, b, outputs, {"x": x, "y": y})
+    want = {k: (f(x.astype(np.float64)), tol) for k, (_, f, tol) in cases.items()}
+    want["not_equal"] = ((x != y).astype(np.uint8), None)
+    return got, want
+
+
+@pytest.fixture(scope="module")
+def float32_results(ctx):
+    return _graph(ctx, "float32")
+
+
+@pytest.fixture(scope="module")
+def float16_results(ctx):
+    from conftest import missing_adapter_features
+
+    why = missing_adapter_features("shader-f16")
+    if why:
+        pytest.skip(why)
+    return _graph(ctx, "float16")
+
+
+CASES = ["clamp", "clamp_min_only", "leaky_relu", "leaky_relu_alpha", "reduce_l2",
+         "reduce_sum_square", "reduce_product", "reduce_product_all", "reduce_log_sum_exp",
+         "reduce_log_sum_exp_keep", "layer_normalization", "layer_normalization_axes",
+         "pad_edge", "pad_reflection", "pad_constant", "not_equal"]
+
+
+@pytest.mark.parametrize("dt", ["float32", "float16"])
+@pytest.mark.parametrize("case", CASES)
+def test_op_within_wpt_tolerance(request, dt, case):
+    got, want = request.getfixturevalue(f"{dt}_results")
+    w, tol = want[case]
+    g = got[case]
+    assert g.shape == w.shape, (g.shape, w.shape)
+    if tol is None:
+        np.testing.assert_array_equal(g, w)
+        return
+    assert g.dtype == np.dtype(dt)
+    d = ulp_distance(g, w)
+    assert d.max() <= tol, f"{case} {dt}: {d.max()} ULP > {tol} (worst got {g.flat[d.argmax()]}, " \
+                           f"want {w.flat[d.argmax()]})"
+
+
+def test_the_ulp_measure_can_fail():
+    """The oracle check is not vacuous: one float32 ULP off is 1, a sign flip is far."""
+    w = np.array([1.0, -2.0, 0.5])
+    g = w.astype(np.float32).copy()
+    assert ulp_distance(g, w).max() == 0
+    g[0] = np.nextafter(g[0], np.float32(2))
+    g[2] = -g[2]
+    d = ulp_distance(g, w)
+    assert d[0] == 1 and d[2] > 1 << 29
+
+
+def test_int8_casts_keep_the_low_8_bits(ctx):
+    """The spec's cast table: between integer types the lowest 8 bits, read as int8 or uint8
+    (int8 -1 -> uint8 255); a float in range truncated toward zero."""
+    ints = RNG.integers(-300, 300, size=24).astype(np.int32)
+    ints[ints == 0] = 7
+    floats = _draw((24,), "float32", 1.0, 127.0)
+    b = MLGraphBuilder(ctx)
+    i = b.input("i", data_type="int32", shape=[24])
+    f = b.input("f", data_type="float32", shape=[24])
+    i8 = b.cast(i, "int8")
+    out = {"i8": i8, "f8": b.cast(f, "int8"), "u8": b.cast(i8, "uint8"),
+           "back": b.cast(b.cast(i8, "uint8"), "int8"), "wide": b.cast(i8, "int32"),
+           "float": b.cast(b.cast(f, "int8"), "float32"), "u8i": b.cast(i, "uint8")}
+    got = _run(ctx, b, out, {"i": ints, "f": floats})
+    low = ints.astype(np.int8)  # NumPy keeps the low 8 bits too, two's complement
+    np.testing.assert_array_equal(got["i8"], low)
+    assert got["i8"].dtype == np.int8
+    np.testing.assert_array_equal(got["f8"], np.trunc(floats).astype(np.int8))
+    np.testing.assert_array_equal(got["u8"], low.view(np.uint8))
+    np.testing.assert_array_equal(got["back"], low)
+    np.testing.assert_array_equal(got["wide"], low.astype(np.int32))
+    np.testing.assert_array_equal(got["float"], np.trunc(floats).astype(np.float32))
+    np.testing.assert_array_equal(got["u8i"], ints.astype(np.uint8))
+
+
+def test_int8_tensors_round_trip(ctx):
+    a = RNG.integers(-128, 128, size=(2, 7)).astype(np.int8)
+    a[a == 0] = -1
+    b = MLGraphBuilder(ctx)
+    x = b.input("x", data_type="int8", shape=[2, 7])
+    got = _run(ctx, b, {"t": b.transpose(x), "s": b.slice(x, [0, 1], [2, 5], strides=[1, 2])},
+               {"x": a})
+    np.testing.assert_array_equal(got["t"], a.T)
+    np.testing.assert_array_equal(got["s"], a[:, 1:6:2])
+
+
+def test_builder_throws_type_error_where_the_spec_does(ctx):
+    b = MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=[2, 3, 4])
+    i = b.input("i", data_type="int32", shape=[2, 3])
+    i8 = b.input("b", data_type="int8", shape=[2, 3])
+    bad = [
+        lambda: b.clamp(x, min_value=2.0, max_value=1.0),
+        lambda: b.leaky_relu(i),
+        lambda: b.layer_normalization(x, axes=[1, 1]),
+        lambda: b.layer_normalization(x, axes=[3]),
+        lambda: b.layer_normalization(x, axes=[1, 2], scale=b.constant(
+            data_type="float32", shape=[4, 3], value=np.ones(12, np.float32))),
+        lambda: b.layer_normalization(i),
+        lambda: b.reduce_l2(i),
+        lambda: b.reduce_log_sum_exp(x, [0, 0]),
+        lambda: b.reduce_product(x, [3]),
+        lambda: b.not_equal(x, i),
+        lambda: b.pad(x, [2, 0, 0], [0, 0, 0], mode="reflection"),  # 2 >= axis 0's size
+        lambda: b.pad(x, [0, 0, 0], [0, 0, 0], mode="symmetric"),
+        lambda: b.pad(x, [1, 0], [0, 0], mode="edge"),
+        lambda: b.add(i8, i8),  # int8 moves and casts here, no arithmetic
+    ]
+    for k, f in enumerate(bad):
+        with pytest.raises(TypeError):
+            f()
+            pytest.fail(f"case {k} did not raise")
+
+
+def test_op_support_limits_is_what_the_builder_checks(ctx):
+    """Every op the limits list is checked by the builder against the same table: a data
+    type listed for an op's first operand is accepted, one left out is a TypeError."""
+    limits = ctx.op_support_limits()
+    assert limits["preferred_input_layout"] == "nchw"
+    assert limits["max_tensor_byte_length"] == ctx._max_tensor_bytes() > 0
+    assert "int8" in limits["input"]["data_types"]
+    assert "int4" in limits["constant"]["data_types"] and "int4" not in limits["input"]["data_types"]
+    for key in ("layer_normalization", "clamp", "leaky_relu", "not_equal", "reduce_l2",
+                "reduce_sum_square", "reduce_product", "reduce_log_sum_exp", "pad", "cast"):
+        assert key in limits, key
+    assert limits["not_equal"]["output"]["data_types"] == ["uint8"]
+    assert "int8" in limits["cast"]["output"]["data_types"]
+    assert limits["matmul"]["a"]["rank_range"]["min"] == 2
+    unary = {"sqrt": "sqrt", "leaky_relu": "leaky_relu", "reduce_product": "reduce_product",
+             "reduce_l2": "reduce_l2", "clamp": "clamp", "relu": "relu", "neg": "neg",
+             "reduce_mean": "reduce_mean", "identity": "identity"}
+    for op, method in unary.items():
+        member = limits[op]
+        allowed = set(member["input"]["data_types"])
+        for dt in limits["input"]["data_types"]:
+            b = MLGraphBuilder(ctx)
+            x = b.input("x", data_type=dt, shape=[2, 3])
+            if dt in allowed:
+                y = getattr(b, method)(x)
+                assert y.data_type in member["output"]["data_types"]
+            else:
+                with pytest.raises(TypeError):
+                    getattr(b, method)(x)
+    assert set(TABLE) >= set(unary)
+
+
+def test_elementwise_split_past_the_binding_limit(ctx_with):
+    """Issue 29: an element-wise op on tensors larger than the device's max storage binding
+    (a float32 [6000, 6000] add is 144 MB against 128 MiB) is split into launches that each
+    bind ranges within the limit. Here the limit is lowered to 4 KiB so tiny tensors take
+    the same path; broadcast inputs are read whole."""
+    from backends.webnn import ml
+
+    c = ml.create_context()
+    try:
+        c._max_binding = 4096
+        a = _draw((24, 100), "float32")
+        r = _draw((1, 100), "float32")
+        s = _draw((24, 1), "float32")
+        b = MLGraphBuilder(c)
+        ai = b.input("a", data_type="float32", shape=[24, 100])
+        ri = b.input("r", data_type="float32", shape=[1, 100])
+        si = b.input("s", data_type="float32", shape=[24, 1])
+        out = {"sum": b.add(ai, ai), "chain": b.mul(b.sub(ai, ri), si),
+               "cmp": b.greater(ai, ri)}
+        got = _run(c, b, out, {"a": a, "r": r, "s": s})
+        np.testing.assert_array_equal(got["sum"], a + a)
+        want = (a.astype(np.float64) - r) * s
+        assert ulp_distance(got["chain"], want).max() <= 2
+        np.testing.assert_array_equal(got["cmp"], (a > r).astype(np.uint8))
+    finally:
+        c.destroy()
