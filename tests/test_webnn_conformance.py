@@ -259,7 +259,7 @@ def test_op_support_limits_is_what_the_builder_checks(ctx):
     assert set(TABLE) >= set(unary)
 
 
-def test_elementwise_split_past_the_binding_limit(ctx_with):
+def test_elementwise_split_past_the_binding_limit():
     """Issue 29: an element-wise op on tensors larger than the device's max storage binding
     (a float32 [6000, 6000] add is 144 MB against 128 MiB) is split into launches that each
     bind ranges within the limit. Here the limit is lowered to 4 KiB so tiny tensors take
@@ -278,6 +278,11 @@ def test_elementwise_split_past_the_binding_limit(ctx_with):
         si = b.input("s", data_type="float32", shape=[24, 1])
         out = {"sum": b.add(ai, ai), "chain": b.mul(b.sub(ai, ri), si),
                "cmp": b.greater(ai, ri)}
+        g = b.build(out)
+        ranges = [sl for la in g._plan.launches for sl in getattr(la, "slots", [])
+                  if sl[0] == "range"]
+        assert len(ranges) > 6 and all(sl[3] <= 4096 and sl[2] % 256 == 0 for sl in ranges)
+        g.destroy()
         got = _run(c, b, out, {"a": a, "r": r, "s": s})
         np.testing.assert_array_equal(got["sum"], a + a)
         want = (a.astype(np.float64) - r) * s

@@ -93,14 +93,18 @@ def _narrowed(wrap: str, src: str) -> str:
 def elementwise(op: str, in_types: Sequence[str], in_shapes: Sequence[Sequence[int]],
                 out_type: str, out_shape: Sequence[int], *, alias: int | None = None,
                 guarded: bool = False, out_dtype_name: str = "",
-                attrs: Mapping[str, Any] | None = None) -> Kernel:
+                attrs: Mapping[str, Any] | None = None,
+                bases: Sequence[int] | None = None) -> Kernel:
     """One thread per output element; broadcast inputs read with 0 strides.
 
     ``alias``: index of an input that is the output buffer itself (an in-place state
     update); it is read through the output binding, since WebGPU forbids one buffer bound
     read-only and writable in the same dispatch. ``guarded``: the kernel writes nothing
-    when the stateful capacity check failed (status binding last).
+    when the stateful capacity check failed (status binding last). ``bases``: per input and
+    then the output, the element its binding's index 0 is at (a split launch's ranges start
+    at aligned offsets: ``row_chunks``).
     """
+    bases = list(bases) if bases is not None else [0] * (len(in_types) + 1)
     n = S.size(out_shape)
     gx, gy, gz = grid(n)
     src = ""
@@ -108,7 +112,7 @@ def elementwise(op: str, in_types: Sequence[str], in_shapes: Sequence[Sequence[i
     names = []
     for k, (t, shp) in enumerate(zip(in_types, in_shapes, strict=False)):
         src += offset_fn(f"off{k}", out_shape,
-                         S.broadcast_strides(shp, out_shape))
+                         S.broadcast_strides(shp, out_shape), bases[k])
         if k == alias:
             names.append("out")
             continue
@@ -126,10 +130,50 @@ def elementwise(op: str, in_types: Sequence[str], in_shapes: Sequence[Sequence[i
         src += "  if (status[0] != 0u) { return; }\n"
     for k, nm in enumerate(names):
         src += f"  let a{k} = {nm}[off{k}(i)];\n"
-    src += f"  out[i] = {expression(op, in_types, out_type, attrs)};\n}}\n"
+    at = f"i + {bases[-1]}u" if bases[-1] else "i"
+    src += f"  out[{at}] = {expression(op, in_types, out_type, attrs)};\n}}\n"
     traffic = (sum(esize(t) * S.size(s) for k, (t, s) in enumerate(zip(in_types, in_shapes,
                                                                         strict=True))
                    if k != alias) + esize(out_type) * n)
     if alias is not None:
         traffic += esize(out_type) * n  # the aliased state is still read
     return Kernel(op, src, bindings, (gx, gy, gz), traffic)
+
+
+#: storage-binding offsets are multiples of this (WebGPU's largest
+#: minStorageBufferOffsetAlignment, so it holds on every adapter)
+OFFSET_ALIGN = 256
+
+
+def row_chunks(out_shape: Sequence[int], in_shapes: Sequence[Sequence[int]],
+               itemsizes: Sequence[int], limit: int) -> tuple[list[tuple[int, int]], list[bool]]:
+    """How an element-wise op too large for one storage binding is split: ranges of rows of
+    the output's first axis, each operand's bytes of a range within ``limit`` less
+    ``OFFSET_ALIGN`` (a range is bound from the aligned offset below it, the rest reached by
+    the kernel's ``bases``); and per input whether it is read by rows (its first axis is the
+    output's) or whole (broadcast along it: bound whole in every launch). ``itemsizes``: the
+    inputs' and then the output's. ValueError where no split fits (a row, or a broadcast
+    input, beyond the limit)."""
+    rows = out_shape[0]
+    by_rows = [len(s) == len(out_shape) and s[0] == rows and rows > 1 for s in in_shapes]
+    ranged = [(S.size(s[1:]) * e) for s, e, r in zip(in_shapes, itemsizes, by_rows, strict=False)
+              if r] + [S.size(out_shape[1:]) * itemsizes[-1]]
+    for s, e, r in zip(in_shapes, itemsizes, by_rows, strict=False):
+        if not r and S.size(s) * e > limit:
+            raise ValueError(f"a broadcast input of {S.size(s) * e} bytes exceeds the "
+                             f"{limit}-byte storage binding limit")
+    per = (limit - OFFSET_ALIGN) // max(ranged)
+    if per < 1:
+        raise ValueError(f"rows of {max(ranged)} bytes cannot be split within the {limit}-byte "
+                         "storage binding limit")
+    return [(r0, min(r0 + per, rows)) for r0 in range(0, rows, per)], by_rows
+
+
+def flat_view(out_shape: Sequence[int], in_shapes: Sequence[Sequence[int]]
+              ) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+    """The shapes an element-wise op is split on: all 1-D where each input is the output's
+    shape or a single element (every row then as short as can be), else as given."""
+    n = S.size(out_shape)
+    if all(tuple(s) == tuple(out_shape) or S.size(s) == 1 for s in in_shapes):
+        return (n,), [(n,) if S.size(s) == n else (1,) for s in in_shapes]
+    return tuple(out_shape), [tuple(s) for s in in_shapes]

@@ -379,7 +379,7 @@ class WgpuContext(Dispatch, Readback, MLContext):
         last: dict[tuple, int] = {}
         for i, la in enumerate(plan.launches):
             slots = la.slots if isinstance(la, KernelLaunch) else [la.src, la.dst]
-            for sl in slots:
+            for sl in (s[1] if s[0] == "range" else s for s in slots):
                 if sl in plan.temps:
                     first.setdefault(sl, i)
                     last[sl] = i

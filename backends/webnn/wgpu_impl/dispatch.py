@@ -47,6 +47,8 @@ class Dispatch:
     """WgpuContext's dispatch path (a mixin: the device, queue and graph are the context's)."""
 
     def _static(self, g: WgpuGraph, slot: tuple) -> bool:
+        if slot[0] == "range":  # part of a buffer (``lowering._split_elementwise``)
+            return self._static(g, slot[1])
         if slot[0] in ("input", "output"):
             return False
         if slot[0] == "state":
@@ -56,6 +58,8 @@ class Dispatch:
     def _resolve(self, g: WgpuGraph, slot: tuple, bound: dict[str, dict[str, MLTensor]],
                  parity: int) -> Any:
         kind = slot[0]
+        if kind == "range":
+            return self._resolve(g, slot[1], bound, parity)
         if kind in ("input", "output"):
             return bound[kind][slot[1]]._buffer
         if kind == "state":
@@ -70,8 +74,9 @@ class Dispatch:
         entries = []
         for i, s in enumerate(slots):
             buf = self._resolve(g, s, bound, parity)
-            entries.append({"binding": i, "resource": {"buffer": buf, "offset": 0,
-                                                       "size": buf.size}})
+            offset, size = (s[2], s[3]) if s[0] == "range" else (0, buf.size)
+            entries.append({"binding": i, "resource": {"buffer": buf, "offset": offset,
+                                                       "size": size}})
         return self._device.create_bind_group(layout=layout, entries=entries)
 
     def _dispatch(self, graph: MLGraph, inputs: dict[str, MLTensor],

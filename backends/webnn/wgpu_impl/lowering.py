@@ -20,7 +20,7 @@ from ..stateful import root
 from . import fusion, match_attention, match_gdn, match_q4  # noqa: F401  (registers)
 from . import gemv as GV  # registers
 from .launches import CopyLaunch, KernelLaunch, Slot
-from .lowerings import Site, lowering_of, lowers
+from .lowerings import Site, claims, lowering_of, lowers
 from .plan import Plan
 from .planning import Step
 
@@ -253,3 +253,49 @@ def _pad(n: Site) -> None:
     a = n.node._attrs
     n.add(KernelLaunch(MV.pad(n.dtype, n.node._inputs[0]._shape, a["beginning"], n.shape,
                               a["mode"]), [n.ins[0], n.out]))
+
+
+def _too_large(plan: Plan, o: MLOperand) -> bool:
+    """An element-wise op (or fused group of them) binding more than one storage binding
+    holds (a float32 [6000, 6000] add is 144 MB against 128 MiB)."""
+    if o._op not in fusion.ELEMENTWISE or o._id in plan.in_place:
+        return False
+    ops = plan.groups[o._id].ops if o._id in plan.groups else [o]
+    return any(S.size(x._shape) * x._dtype.itemsize > plan.max_binding
+               for m in ops for x in (m, *m._inputs))
+
+
+@claims(45, _too_large)  # before the fused group's one launch
+def _split_elementwise(n: Site) -> None:
+    """Each op of the group (intermediates written out) in launches of row ranges within
+    the binding limit (``EW.row_chunks``), as gemv and gather split their constants; a
+    range is bound at its offset (a ``("range", slot, offset, bytes)`` slot)."""
+    plan = n.plan
+    ops = plan.groups[n.node._id].ops if n.node._id in plan.groups else [n.node]
+    for o in ops:
+        if o._op not in fusion.ELEMENTWISE:
+            raise NotImplementedError(f"a fused {o._op} in an element-wise group beyond the "
+                                      f"{plan.max_binding}-byte storage binding limit")
+        out_shape, in_shapes = EW.flat_view(o._shape, [x._shape for x in o._inputs])
+        sizes = [x._dtype.itemsize for x in o._inputs] + [o._dtype.itemsize]
+        chunks, by_rows = EW.row_chunks(out_shape, in_shapes, sizes, plan.max_binding)
+        slots = [n.slot_of(root(x)) for x in o._inputs] + [n.slot_of(o)]
+        shapes = [*in_shapes, out_shape]
+        ranged = [*by_rows, True]
+        for r0, r1 in chunks:
+            binds, bases, part = [], [], []
+            for sl, shp, e, r in zip(slots, shapes, sizes, ranged, strict=True):
+                if not r:
+                    binds.append(sl)
+                    bases.append(0)
+                    part.append(shp)
+                    continue
+                row = S.size(shp[1:]) * e
+                start = r0 * row
+                off = start // EW.OFFSET_ALIGN * EW.OFFSET_ALIGN
+                binds.append(("range", sl, off, -(-(start + (r1 - r0) * row - off) // 4) * 4))
+                bases.append((start - off) // e)
+                part.append((r1 - r0, *shp[1:]))
+            k = EW.elementwise(o._op, [x._dtype.wgsl for x in o._inputs], part[:-1],
+                               o._dtype.wgsl, part[-1], attrs=o._attrs, bases=bases)
+            n.add(KernelLaunch(k, binds))
