@@ -7,9 +7,11 @@ only talks to this protocol; backends count their own bytes where the bytes move
 from __future__ import annotations
 
 import fnmatch
+import inspect
+import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -47,10 +49,26 @@ def into_capacity(rows: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return full
 
 
+class BuildSource(Protocol):
+    """What a backend reads of the workload it is built for (``harness.sources`` implements
+    it): the model file it runs as given, or None for statebench's own export of a preset
+    (the ``Workload`` that ``prepare`` is then handed), and the cache pairs named by hand."""
+
+    @property
+    def model_path(self) -> str | os.PathLike | None: ...
+
+    @property
+    def hand_pairs(self) -> dict[str, str]: ...
+
+
 class Backend(ABC):
     """Prepare for a workload and capacity, reach depth, step one token, reset.
 
-    Subclasses set `name` ("family:mode") and count bytes into `self.counters`.
+    Subclasses set `name` ("family:mode") and count bytes into `self.counters`. What the
+    harness asks of a backend it asks here, never of its name: how to build one for a
+    workload (`create`), the options it takes (`options_type`), whether it computes on the
+    host's CPU (`on_cpu`) and whether its cache crosses the host link every step
+    (`host_cache`). `register` checks all of it.
     """
 
     name: str = ""
@@ -60,10 +78,39 @@ class Backend(ABC):
     #: process (a driver can abort the process that enumerates adapters), and marks the
     #: backend unavailable with that probe's reason where it found none
     uses_wgpu_adapter: bool = False
+    #: True when it computes on the host's CPU: its floor is the host's memory bandwidth, and
+    #: no GPU is heated or its clock sampled for its points
+    on_cpu: bool = False
+    #: True when the cache lives on the host and crosses the host link both ways every step
+    #: (its floor counts the link; speedups are taken over such a backend)
+    host_cache: bool = False
 
     def __init__(self) -> None:
         self.counters = ByteCounters()
         self.details: dict[str, object] = {}  # per-point facts for the results (e.g. in_place per pair)
+
+    @classmethod
+    def create(cls, source: BuildSource, options: object | None = None) -> Backend:
+        """One built for ``source``, with ``options`` (an instance of ``options_type()``, or
+        None: the backend's defaults). The default builds a backend that takes no
+        arguments: it runs presets only (``runs_models``)."""
+        return cls()
+
+    #: True when `create` builds it for a model file as given (``source.model_path``)
+    runs_models: bool = False
+
+    @classmethod
+    def options_type(cls) -> type | None:
+        """The options record `create` takes (the WebNN pages: ``KernelOptions``); None where
+        it takes none (``--kernel-option`` is then not for it)."""
+        return None
+
+    @classmethod
+    def model_refusal(cls, proto: object, hand_pairs: dict[str, str] | None = None) -> str:
+        """Why it cannot run the model ``proto`` (an ``onnx.ModelProto``) as given, before
+        any worker ("" where it may try: a backend that cannot build it says so in
+        ``prepare``)."""
+        return ""
 
     @classmethod
     @abstractmethod
@@ -111,17 +158,40 @@ class Backend(ABC):
         """Release devices and sessions."""
 
 
-BackendFactory = Callable[[], Backend]
 _REGISTRY: dict[str, type[Backend]] = {}
+#: the traits the harness asks of a backend class, each a bool
+TRAITS = ("hidden_state", "uses_wgpu_adapter", "on_cpu", "host_cache", "runs_models")
+#: what must be a classmethod of a registered backend
+CLASS_METHODS = ("available", "runs_on", "create", "options_type", "model_refusal")
 
 
-def register(cls: type[Backend]) -> type[Backend]:
-    """Class decorator; checks the backend is complete before anyone can pick it."""
-    if not cls.name or ":" not in cls.name:
-        raise TypeError(f"{cls.__name__}.name must be 'family:mode'")
+def check_complete(cls: type[Backend]) -> None:
+    """TypeError naming what is missing unless ``cls`` is a complete backend: a 'family:mode'
+    name, every abstract method implemented, each trait a bool, the class methods class
+    methods, and a backend that runs models building one for them (its own `create`).
+    ``options_type()`` is not called here: it may import what only the backend needs."""
+    if not isinstance(cls.name, str) or cls.name.count(":") != 1 or not all(cls.name.split(":")):
+        raise TypeError(f"{cls.__name__}.name must be 'family:mode', not {cls.name!r}")
     missing = getattr(cls, "__abstractmethods__", frozenset())
     if missing:
         raise TypeError(f"{cls.__name__} does not implement {', '.join(sorted(missing))}")
+    for trait in TRAITS:
+        if not isinstance(getattr(cls, trait), bool):
+            raise TypeError(f"{cls.__name__}.{trait} must be a bool, not {getattr(cls, trait)!r}")
+    for meth in CLASS_METHODS:
+        if not isinstance(inspect.getattr_static(cls, meth), classmethod):
+            raise TypeError(f"{cls.__name__}.{meth} must be a classmethod")
+    if cls.runs_models and cls.create.__func__ is Backend.create.__func__:
+        raise TypeError(f"{cls.__name__} runs models but does not say how to build one (create)")
+
+
+def register(cls: type[Backend]) -> type[Backend]:
+    """Class decorator; checks the backend is complete (``check_complete``) before anyone
+    can pick it, and that no other class has its name."""
+    check_complete(cls)
+    other = _REGISTRY.get(cls.name)
+    if other is not None and other.__qualname__ != cls.__qualname__:
+        raise TypeError(f"{cls.__name__}: the name {cls.name!r} is {other.__name__}'s")
     _REGISTRY[cls.name] = cls
     return cls
 

@@ -45,12 +45,14 @@ session interface (copied into or out of ORT's tensors), not bytes crossing a bu
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import onnx
 
-from backends.base import Backend, DepthState, into_capacity, register
+from backends.base import Backend, BuildSource, DepthState, into_capacity, register
 from backends.webnn.dims import default_dims, past_head_sizes, pin
 from backends.webnn.onnx_converter import list_kv_pairs
 from model.export import (
@@ -101,6 +103,54 @@ def _webgpu_devices() -> tuple[list, str]:
         listed = ", ".join(sorted({d.ep_name for d in devices})) or "nothing"
         return [], f"the WebGPU plugin EP found no device (ort.get_ep_devices lists only {listed})"
     return gpu, ""
+
+
+def _cpu_devices() -> tuple[list, str]:
+    """The CPU EP needs no device of its own: one placeholder, where onnxruntime is installed."""
+    return (["cpu"], "") if ort is not None else ([], "onnxruntime is not installed")
+
+
+@dataclass(frozen=True)
+class Provider:
+    """What differs between ORT's execution providers, as data: the backends ask this record,
+    never the provider's name."""
+
+    #: the backend names' ``ort-<key>``
+    key: str
+    #: what `statebench backends` says runs it
+    ep: str
+    #: the device name of its OrtValues
+    device: str
+    #: the EP's devices where a plugin library provides it (``add_provider_for_devices``),
+    #: (devices, why not); the CPU EP's is a placeholder
+    devices: Callable[[], tuple[list, str]]
+    #: the EP as ``providers=[...]`` names it, where it is built in (None: a plugin's devices)
+    builtin: str | None
+    #: it computes on the host's CPU (``Backend.on_cpu``)
+    on_cpu: bool
+    #: MatMulNBits accuracy level of the graph it reads (module docstring; None: as exported)
+    accuracy_level: int | None
+    #: session config entries it runs with
+    session_config: dict[str, str] = field(default_factory=dict)
+    #: the EP writes the logits straight into the page's host array (no device copy to read)
+    logits_on_host: bool = False
+    #: record which nodes the EP did not take (``_assignment``)
+    records_assignment: bool = False
+    #: it can replay a captured graph (the `captured` mode)
+    graph_capture: bool = False
+
+
+PROVIDERS = {
+    "cpu": Provider("cpu", "CPU EP", "cpu", _cpu_devices, "CPUExecutionProvider", on_cpu=True,
+                    accuracy_level=FLOAT_ACCURACY_LEVEL,
+                    session_config={"session.qdq_matmulnbits_accuracy_level":
+                                    str(FLOAT_ACCURACY_LEVEL)},
+                    logits_on_host=True),
+    "webgpu": Provider("webgpu", "WebGPU EP (on Dawn, built into the plugin)", "webgpu",
+                       _webgpu_devices, None, on_cpu=False, accuracy_level=None,
+                       session_config={"session.record_ep_graph_assignment_info": "1"},
+                       records_assignment=True, graph_capture=True),
+}
 
 
 class _KernelBytes:
@@ -204,28 +254,33 @@ def _np_type(elem: int) -> np.dtype:
 class _OrtBackend(Backend):
     """Shared machinery: session, feeds of ids, logits, counters. Subclasses carry the cache."""
 
-    provider = "cpu"
+    ep: Provider = PROVIDERS["cpu"]
+    provider = "cpu"  # ep.key
     mode = ""
     flavour = ORT
     host_cache = False  # whether the cache crosses the host link every step
     shared_buffer = False  # whether each cache is one buffer bound as past and present
+    runs_models = True
+    #: the mode replays a captured graph: registered only for EPs that can (``Provider``)
+    needs_capture = False
     cache_dir: str | os.PathLike | None = None  # None: model.workload.default_cache_dir()
+
+    @classmethod
+    def create(cls, source: BuildSource, options: None = None) -> _OrtBackend:
+        return cls(model=source.model_path, pairs=source.hand_pairs or None)
 
     @classmethod
     def available(cls) -> tuple[bool, str]:
         if ort is None:
             return False, "onnxruntime is not installed"
-        if cls.provider == "webgpu":
-            devices, why = _webgpu_devices()
-            return bool(devices), why
-        return True, ""
+        devices, why = cls.ep.devices()
+        return bool(devices), why
 
     @classmethod
     def runs_on(cls) -> str:
         if ort is None:
             return ""
-        ep = {"cpu": "CPU EP", "webgpu": "WebGPU EP (on Dawn, built into the plugin)"}
-        return f"ONNX Runtime {ort.__version__}, {ep[cls.provider]}"
+        return f"ONNX Runtime {ort.__version__}, {cls.ep.ep}"
 
     def __init__(self, model: str | os.PathLike | None = None,
                  pairs: dict[str, str] | None = None) -> None:
@@ -239,10 +294,11 @@ class _OrtBackend(Backend):
     #: why a mode cannot run a model statebench did not export ("" where it can)
     model_unavailable = ""
 
-    def model_refusal(self, proto: onnx.ModelProto) -> str:
+    @classmethod
+    def model_refusal(cls, proto: onnx.ModelProto, hand_pairs: dict[str, str] | None = None) -> str:
         """Why this mode cannot run ``proto`` ("" where it may): ``model_unavailable`` here;
         `shared` looks at the graph."""
-        return self.model_unavailable
+        return cls.model_unavailable
 
     # --- preparation -------------------------------------------------------------------
     def prepare(self, workload: Workload, capacity: int) -> None:
@@ -258,16 +314,15 @@ class _OrtBackend(Backend):
         # layout) is converted as it is handed in (``in_layout``)
         self.specs = cache_specs(self.cfg, capacity, state_layout(self.flavour))
         # the CPU EP's graph computes MatMulNBits on float32 activations (module docstring)
-        level = FLOAT_ACCURACY_LEVEL if self.provider == "cpu" else None
         self.path = export(workload, self.flavour, capacity, self.cache_dir,
-                           accuracy_level=level)
+                           accuracy_level=self.ep.accuracy_level)
         self._open(self.path)
         self.kernel = _KernelBytes(self.path, shared=self.shared_buffer)
         self.details.update(provider=self.session.get_providers()[0], flavour=self.flavour,
                             mode=self.mode, model=str(self.path), host_cache=self.host_cache,
                             kernel_bytes_base=self.kernel.base,
                             kernel_bytes_per_token=self.kernel.per_token)
-        if self.provider == "webgpu":
+        if self.ep.records_assignment:
             self.details.update(self._assignment())
         self._allocate()
         self.reset()
@@ -277,7 +332,7 @@ class _OrtBackend(Backend):
         dims pinned from the model's own shapes (batch 1; a growing axis starts empty), the
         other inputs fed from their names (``_model_feeds``)."""
         proto = onnx.load(str(self.model), load_external_data=False)
-        why = self.model_refusal(proto)
+        why = self.model_refusal(proto, self.hand_pairs)
         if why:
             raise RuntimeError(f"{self.name} is unavailable for {self.model}: {why}")
         self.capacity = capacity
@@ -385,17 +440,15 @@ class _OrtBackend(Backend):
     def _session(self, path: Path):
         so = ort.SessionOptions()
         so.log_severity_level = 3
-        if self.provider == "webgpu":
-            devices, why = _webgpu_devices()
-            if not devices:
-                raise RuntimeError(why)
-            so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
-            so.add_provider_for_devices(devices[:1], dict(self.ep_options))
-            return ort.InferenceSession(str(path), sess_options=so)
-        so.add_session_config_entry("session.qdq_matmulnbits_accuracy_level",
-                                     str(FLOAT_ACCURACY_LEVEL))
-        return ort.InferenceSession(str(path), sess_options=so,
-                                    providers=["CPUExecutionProvider"])
+        for key, value in self.ep.session_config.items():
+            so.add_session_config_entry(key, value)
+        if self.ep.builtin is not None:
+            return ort.InferenceSession(str(path), sess_options=so, providers=[self.ep.builtin])
+        devices, why = self.ep.devices()
+        if not devices:
+            raise RuntimeError(why)
+        so.add_provider_for_devices(devices[:1], dict(self.ep_options))
+        return ort.InferenceSession(str(path), sess_options=so)
 
     def _assignment(self) -> dict[str, object]:
         """Which nodes the WebGPU EP did not take (they fell back to the CPU EP)."""
@@ -409,18 +462,20 @@ class _OrtBackend(Backend):
 
     @property
     def _device(self) -> str:
-        return "webgpu" if self.provider == "webgpu" else "cpu"
+        return self.ep.device
+
+    def _new_value(self, shape: list[int], dtype: np.dtype):
+        """An uninitialised OrtValue on the EP's device: a plugin EP's from its session (its
+        allocator), a built-in one's from ORT's."""
+        if self.ep.builtin is None:
+            return self.session.create_ortvalue_from_shape_and_type(shape, dtype, self.ep.device, 0)
+        return ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, self.ep.device, 0)
 
     def _device_value(self, host: np.ndarray):
         """A device OrtValue holding a copy of `host` (counted as h2d)."""
         if not host.size:  # an empty past holds no bytes anywhere; keep it off the device
             return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(host))
-        if self.provider == "webgpu":
-            value = self.session.create_ortvalue_from_shape_and_type(
-                list(host.shape), host.dtype, "webgpu", 0)
-        else:
-            value = ort.OrtValue.ortvalue_from_shape_and_type(list(host.shape), host.dtype,
-                                                               "cpu", 0)
+        value = self._new_value(list(host.shape), host.dtype)
         value.update_inplace(np.ascontiguousarray(host))
         self.counters.h2d += host.nbytes
         return value
@@ -529,9 +584,9 @@ _MODEL_FEEDS = {
 class _HostArrays(_OrtBackend):
     """`copy` and `standard`: every cache is a host array handed to `run()` and returned."""
 
-    @property
-    def model_unavailable(self) -> str:
-        return ("" if self.flavour == ORT else "the standard mode runs statebench's own "
+    @classmethod
+    def model_refusal(cls, proto: onnx.ModelProto, hand_pairs: dict[str, str] | None = None) -> str:
+        return ("" if cls.flavour == ORT else "the standard mode runs statebench's own "
                 "standard-flavour export at a fixed capacity, not a model as given")
 
     host_cache = True  # its floor includes the cache both ways over the host link
@@ -586,7 +641,7 @@ class _IOBinding(_OrtBackend):
             io.bind_ortvalue_input(s.input, self.values[s.input])
         bound = ["logits"] + [self.present_of[s.input] for s in self.specs]
         # the CPU EP writes the logits into the page's array, where their width is known
-        on_host = self.provider != "webgpu" and self.vocab >= 1
+        on_host = self.ep.logits_on_host and self.vocab >= 1
         if on_host:
             io.bind_ortvalue_output("logits", self._logits_array()[1])
         for name in bound[on_host:]:
@@ -611,7 +666,8 @@ class _Shared(_OrtBackend):
     mode = "shared"
     shared_buffer = True
 
-    def model_refusal(self, proto: onnx.ModelProto) -> str:
+    @classmethod
+    def model_refusal(cls, proto: onnx.ModelProto, hand_pairs: dict[str, str] | None = None) -> str:
         """A growing cache can share one buffer with its present only as GroupQueryAttention's
         past_key/past_value, its length from an attention_mask (ORT's shared-buffer GQA, as
         genai's past_present_share_buffer) or from seqlens_k and total_sequence_length fed as
@@ -619,7 +675,7 @@ class _Shared(_OrtBackend):
         gqa = {n.input[j] for n in proto.graph.node if n.op_type == "GroupQueryAttention"
                for j in (3, 4) if j < len(n.input)}
         feeds = {i.name for i in proto.graph.input}
-        for p in list_kv_pairs(proto, self.hand_pairs):
+        for p in list_kv_pairs(proto, hand_pairs):
             if p.kind != "append":
                 continue
             if p.input not in gqa:
@@ -636,21 +692,11 @@ class _Shared(_OrtBackend):
         if self.vocab < 1:
             raise RuntimeError(f"{self.model}: the width of its logits is not known from its "
                                "shapes, which a bound logits buffer needs")
-        self.values = {}
-        for s in self.specs:
-            if self.provider == "webgpu":
-                v = self.session.create_ortvalue_from_shape_and_type(
-                    list(s.shape), np.dtype(s.dtype), "webgpu", 0)
-            else:
-                v = ort.OrtValue.ortvalue_from_shape_and_type(list(s.shape), np.dtype(s.dtype),
-                                                               "cpu", 0)
-            self.values[s.input] = v
-        vocab = self.vocab
-        if self.provider == "webgpu":
-            self.logits = self.session.create_ortvalue_from_shape_and_type(
-                [1, 1, vocab], np.float32, "webgpu", 0)
-        else:  # the CPU EP writes the logits straight into the page's host array
-            self.logits = self._logits_array()[1]
+        self.values = {s.input: self._new_value(list(s.shape), np.dtype(s.dtype))
+                       for s in self.specs}
+        # an EP that writes the logits straight into the page's host array binds that
+        self.logits = (self._logits_array()[1] if self.ep.logits_on_host
+                       else self._new_value([1, 1, self.vocab], np.float32))
         self.io = self.session.io_binding()
         for s in self.specs:
             self.io.bind_ortvalue_input(s.input, self.values[s.input])
@@ -685,7 +731,7 @@ class _Shared(_OrtBackend):
             self._feed(name, arr)
             self.counters.h2d += arr.nbytes
         self.session.run_with_iobinding(self.io)
-        logits = self._read_logits(self.logits if self.provider == "webgpu" else None)
+        logits = self._read_logits(None if self.ep.logits_on_host else self.logits)
         self.counters.d2h += logits.nbytes
         self._count_kernel()
         self.position += 1
@@ -700,11 +746,15 @@ class _Captured(_Shared):
     mode = "captured"
     ep_options = {"enableGraphCapture": "1"}
 
-    def model_refusal(self, proto: onnx.ModelProto) -> str:
+    #: the EP must replay a captured graph (``Provider.graph_capture``)
+    needs_capture = True
+
+    @classmethod
+    def model_refusal(cls, proto: onnx.ModelProto, hand_pairs: dict[str, str] | None = None) -> str:
         if any(i.name == "attention_mask" for i in proto.graph.input):
             return ("graph capture replays every input at its captured shape, and a model's "
                     "attention_mask grows one column a step")
-        return super().model_refusal(proto)
+        return super().model_refusal(proto, hand_pairs)
 
     def _allocate(self) -> None:
         super()._allocate()
@@ -727,18 +777,18 @@ _MODES: dict[str, tuple[type[_OrtBackend], str]] = {
     "standard": (_HostArrays, STANDARD),
     "captured": (_Captured, ORT),
 }
-_WEBGPU_ONLY = {"captured"}  # the CPU EP has no graph capture
 
-#: the registered classes, by name (one per provider x mode)
+#: the registered classes, by name (one per provider x mode the provider can run)
 BACKENDS: dict[str, type[_OrtBackend]] = {}
-for _provider in ("cpu", "webgpu"):
+for _ep in PROVIDERS.values():
     for _mode, (_base, _flavour) in _MODES.items():
-        if _provider == "cpu" and _mode in _WEBGPU_ONLY:
+        if _base.needs_capture and not _ep.graph_capture:
             continue
-        _cls = type(f"Ort{_provider.capitalize()}{_mode.capitalize()}", (_base,), {
-            "name": f"ort-{_provider}:{_mode}", "provider": _provider, "mode": _mode,
-            "flavour": _flavour, "__module__": __name__,
-            "__doc__": f"ONNX Runtime, {_provider} EP, {_mode} mode ({_flavour} flavour).",
+        _key = _ep.key
+        _cls = type(f"Ort{_key.capitalize()}{_mode.capitalize()}", (_base,), {
+            "name": f"ort-{_key}:{_mode}", "ep": _ep, "provider": _key, "mode": _mode,
+            "flavour": _flavour, "on_cpu": _ep.on_cpu, "__module__": __name__,
+            "__doc__": f"ONNX Runtime, {_key} EP, {_mode} mode ({_flavour} flavour).",
         })
         BACKENDS[_cls.name] = register(_cls)
 

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from backends.base import Backend, DepthState, into_capacity, register
+from backends.base import Backend, BuildSource, DepthState, into_capacity, register
 from backends.webnn.adapter import wgpu_adapter
 from model.errors import UserError
 from model.workload import Workload
@@ -67,6 +67,18 @@ class _Page(Backend):
     uses_wgpu_adapter = True
     #: the WebGPU engine of the context (backends.webnn.engines: "wgpu", "dawn")
     engine = "wgpu"
+    #: a model file as given runs too, its growing caches made fixed-capacity
+    runs_models = True
+
+    @classmethod
+    def create(cls, source: BuildSource, options: KernelOptions | None = None) -> _Page:
+        return cls(onnx_path=source.model_path, pairs=source.hand_pairs or None, options=options)
+
+    @classmethod
+    def options_type(cls) -> type:
+        from backends.webnn.wgpu_impl.options import KernelOptions
+
+        return KernelOptions
 
     def __init__(self, onnx_path: str | os.PathLike | None = None, timing: bool = True,
                  options: KernelOptions | None = None, pairs: dict[str, str] | None = None

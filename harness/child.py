@@ -15,16 +15,18 @@ import sys
 from pathlib import Path
 
 
-def run_module(module: str, request: dict, timeout_s: float,
+def run_module(module: str, request: dict | str, timeout_s: float,
                env: dict[str, str] | None = None,
                pass_fds: tuple[int, ...] = ()) -> subprocess.CompletedProcess:
-    """Run `python -m module` with `request` as JSON on stdin, this checkout on its path,
+    """Run `python -m module` with `request` on stdin (a dict as JSON, a string as it is:
+    one JSON message, e.g. ``wire.WorkerRequest.to_json``), this checkout on its path,
     `env` added to this process's environment and `pass_fds` left open in it. Raises
     subprocess.TimeoutExpired after `timeout_s`."""
     env = {**os.environ, **(env or {})}
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-    return subprocess.run([sys.executable, "-m", module], input=json.dumps(request),
+    text = request if isinstance(request, str) else json.dumps(request)
+    return subprocess.run([sys.executable, "-m", module], input=text,
                           capture_output=True, text=True, timeout=timeout_s, env=env,
                           pass_fds=pass_fds)
 

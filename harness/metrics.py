@@ -134,14 +134,25 @@ def floor_bytes(cfg: ModelConfig, weights_bytes: int, depth: int) -> int:
     return weights_bytes + valid_cache_bytes(cfg, depth) + written_state_bytes(cfg)
 
 
+def _registered(backend: str) -> type | None:
+    """The class registered as ``backend`` (None: a name no backend has, e.g. a test's double
+    or a backend since removed, read from a results file)."""
+    from backends.base import registry
+
+    return registry().get(backend)
+
+
 def is_stateless(backend: str, details: dict | None = None) -> bool:
-    """Backends whose cache lives on the host and crosses the link both ways every step."""
-    return (backend.endswith(":stateless") or backend.endswith(":copy")
+    """Backends whose cache lives on the host and crosses the link both ways every step: the
+    registered class says so (``Backend.host_cache``), or the point's details do."""
+    return (bool(getattr(_registered(backend), "host_cache", False))
             or bool((details or {}).get("host_cache")))
 
 
 def is_cpu(backend: str) -> bool:
-    return backend.startswith("ort-cpu")
+    """Whether the backend registered as ``backend`` computes on the host's CPU
+    (``Backend.on_cpu``)."""
+    return bool(getattr(_registered(backend), "on_cpu", False))
 
 
 def _gbps(cal: dict, name: str) -> float | None:

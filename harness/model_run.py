@@ -22,11 +22,9 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import onnx
 
 from backends.base import Backend
@@ -187,24 +185,30 @@ class UserModel:
         }
 
     def refusal(self, cls: type[Backend]) -> str:
-        """Why backend ``cls`` cannot run this model ("" where it may), before any worker: an
-        ORT mode that needs statebench's own graph, or a graph ORT cannot share a buffer in,
-        says why (``model_refusal``). The WebNN pages rewrite growing caches
-        (``backends.webnn.fixed_capacity``) and say in prepare what they cannot run; a
-        backend whose prepare fails on the model is unavailable with its reason
-        (``harness.worker``)."""
-        if cls.name.startswith("ort-"):
-            return backend_for(cls, self.path, self.hand_pairs).model_refusal(self.proto)
-        return ""
+        """Why backend ``cls`` cannot run this model ("" where it may), before any worker: one
+        that runs presets only, or its own ``model_refusal`` (an ORT mode that needs
+        statebench's own graph, or a graph ORT cannot share a buffer in). The WebNN pages
+        rewrite growing caches (``backends.webnn.fixed_capacity``) and say in prepare what
+        they cannot run; a backend whose prepare fails on the model is unavailable with its
+        reason (``harness.worker``)."""
+        if not cls.runs_models:
+            return f"{cls.name} runs statebench's presets only"
+        return cls.model_refusal(self.proto, self.hand_pairs)
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """A model file as a backend is built for it (``backends.base.BuildSource``)."""
+
+    model_path: Path
+    hand_pairs: dict[str, str] = field(default_factory=dict)
 
 
 def backend_for(cls: type[Backend], path: str | os.PathLike, pairs: dict[str, str] | None,
-                **page: object) -> Backend:
-    """An instance of ``cls`` on the model at ``path`` (ORT: ``model=``; pages: ``onnx_path=``
-    and ``page``'s arguments, e.g. ``options``)."""
-    if cls.name.startswith("ort-"):
-        return cls(model=path, pairs=pairs or None)
-    return cls(onnx_path=path, pairs=pairs or None, **page)
+                options: object | None = None) -> Backend:
+    """An instance of ``cls`` on the model at ``path`` (``Backend.create``), with ``options``
+    (``Backend.options_type``) where given."""
+    return cls.create(ModelFile(Path(path), dict(pairs or {})), options)
 
 
 def _low_precision_level(node: onnx.NodeProto) -> onnx.AttributeProto | None:
@@ -245,45 +249,3 @@ def reference_graph(model: UserModel, folder: Path) -> Path:
     out = folder / model.path.name
     onnx.save(proto, str(out))
     return out
-
-
-class OrtReferenceWalk:
-    """The reference (module docstring) walked up the contexts in ascending order, as
-    `runner.ReferenceWalk` walks the float64 one: the look-ahead's state is rolled back."""
-
-    def __init__(self, model: UserModel, seed: int, length: int, capacity: int) -> None:
-        from backends.ort import BACKENDS
-
-        self._folder = tempfile.TemporaryDirectory(prefix="statebench-reference-")
-        graph = reference_graph(model, Path(self._folder.name))
-        self.ref = backend_for(BACKENDS[REFERENCE_BACKEND], graph, model.hand_pairs)
-        try:
-            self.ref.prepare(None, capacity)
-            self.vocab = int(self.ref.step(0).size)  # the logits' width, then back to empty
-        except Exception as exc:  # noqa: BLE001 - ORT's own reason is the answer
-            self._folder.cleanup()
-            raise UserError(f"the reference ({REFERENCE}) cannot run {model.path}: "
-                            f"{' '.join(str(exc).split())}") from None
-        self.ref.reset()
-        self.tokens = np.random.default_rng(seed).integers(0, self.vocab, size=length,
-                                                           dtype=np.int64)
-
-    def arrays_at(self, context: int, capacity: int, ahead: int) -> dict[str, np.ndarray]:
-        """State after ``context`` tokens (each cache's valid rows) and the next ``ahead``
-        logits; ``capacity`` is the point's, for the interface `runner.ReferenceWalk` has."""
-        ref = self.ref
-        if context < ref.position:
-            raise ValueError("contexts must be visited in ascending order")
-        while ref.position < context:
-            ref.step(int(self.tokens[ref.position]))
-        saved = dict(ref.past)
-        arrays = {"tokens": self.tokens[:context + ahead]}
-        arrays.update({f"cache:{k}": v for k, v in saved.items()})
-        arrays["ref_logits"] = np.stack([ref.step(int(t))
-                                         for t in self.tokens[context:context + ahead]])
-        ref.past, ref.position = saved, context
-        return arrays
-
-    def close(self) -> None:
-        self.ref.close()
-        self._folder.cleanup()

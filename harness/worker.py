@@ -1,26 +1,17 @@
 """Measure one backend × context point (DESIGN §5, §7); the runner only orchestrates.
 
-Run as `python -m harness.worker`: reads one JSON request on stdin, writes on stdout the cache
-files it found whole (`checksum.HANDBACK_PREFIX`, for the runner's next workers), then one
-JSON point as its last line. A process per point keeps peak RSS per backend honest and lets
-a crashed device take down only its own point. `measure()` is the same thing in-process
-(tests, `--inprocess`).
-
-Request: {"backend": name, "backend_path": optional "module:Class" (tests' doubles),
-"preset", "seed", "context", "capacity", "steps", "warmup", "warm_s" (optional, seconds of
-GPU load before the warm-up steps: `heater.heat`), "depth_file": .npz written by the
-runner with `tokens` (context+warmup+steps), `ref_logits` (warmup+steps, vocab) and
-`cache:<past name>` arrays (the reference's state at depth `context`), "parent_fd": optional,
-a pipe the runner holds open while it lives (`exit_with_parent`)}; for a model statebench
-did not write, "model" (its .onnx path, in place of "preset"), "pairs" (hand-named, may be
-empty) and "model_bytes" (its files' size), the depth file's caches then holding each
-cache's valid rows (`harness.model_run`).
+Run as `python -m harness.worker`: reads one `WorkerRequest` (JSON) on stdin and writes one
+`WorkerReply` (JSON: the point and the cache files found whole here, for the runner's next
+workers) as the last line of stdout (``harness.wire``). A process per point keeps peak RSS per
+backend honest and lets a crashed device take down only its own point. `measure()` is the
+same thing in-process (tests, `--inprocess`). What differs between a preset and a model file
+the request's source says (``harness.sources``); what differs between backends, the backend
+class (``backends.base.Backend``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib
 import json
 import os
@@ -36,16 +27,10 @@ from backends.base import Backend, ByteCounters, DepthState, registry
 from harness.clocks import ClockSampler
 from harness.heater import heat
 from harness.host_facts import TimedWindow
-from harness.metrics import FLOAT32_TOLERANCE, compare_logits, is_cpu, logits_tolerance, mismatch_reason
-from harness.model_run import backend_for
+from harness.metrics import compare_logits, mismatch_reason
 from harness.results import BYTE_CATEGORIES, Point, Stats
+from harness.wire import WorkerReply, WorkerRequest
 from model import checksum
-from model.workload import Workload, preset, valid_cache_bytes
-
-
-@functools.lru_cache(maxsize=1)
-def workload(preset_name: str, seed: int) -> Workload:
-    return Workload.build(preset(preset_name), seed)
 
 
 def load_depth(path: str) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
@@ -54,27 +39,22 @@ def load_depth(path: str) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]
         return z["tokens"], z["ref_logits"], cache
 
 
-def backend_class(req: dict) -> type[Backend]:
-    path = req.get("backend_path")
-    if path:
-        mod, _, qual = path.partition(":")
+def backend_class(req: WorkerRequest) -> type[Backend]:
+    if req.backend_path:
+        mod, _, qual = req.backend_path.partition(":")
         obj = importlib.import_module(mod)
         for part in qual.split("."):
             obj = getattr(obj, part)
         return obj
-    return registry()[req["backend"]]
+    return registry()[req.backend]
 
 
-def page_options(cls: type[Backend], pairs: list[str] | None) -> dict:
-    """The constructor argument carrying ``--kernel-option``'s knobs to a WebNN page (each
-    point records what it ran with: details.kernel_options); nothing for other backends."""
-    from backends.pages import _Page
-
-    if not pairs or not issubclass(cls, _Page):
-        return {}
-    from backends.webnn.wgpu_impl.options import KernelOptions
-
-    return {"options": KernelOptions.parse(pairs)}
+def backend_options(cls: type[Backend], options: dict | None) -> object | None:
+    """The backend's options record (``Backend.options_type``) from the request's data
+    (``--kernel-option``: each point records what it ran with, details.kernel_options);
+    None where none were given or the backend takes none."""
+    kind = cls.options_type() if options is not None else None
+    return None if kind is None else kind(**options)
 
 
 def peak_rss_bytes() -> int:
@@ -83,12 +63,12 @@ def peak_rss_bytes() -> int:
     return int(rss if sys.platform == "darwin" else rss * 1024)
 
 
-def measure(req: dict, cls: type[Backend] | None = None) -> Point:
+def measure(req: WorkerRequest, cls: type[Backend] | None = None) -> Point:
     """Prepare, reach depth, warm up, time `steps` single-token steps; never raises Exception.
 
     Any exception becomes a `failed` point with a one-line reason; KeyboardInterrupt passes.
     """
-    name, ctx, cap, steps = req["backend"], int(req["context"]), int(req["capacity"]), int(req["steps"])
+    name, ctx, cap, steps = req.backend, req.context, req.capacity, req.steps
     try:
         cls = cls or backend_class(req)
         ok, why = cls.available()
@@ -101,28 +81,23 @@ def measure(req: dict, cls: type[Backend] | None = None) -> Point:
         return Point.failed(name, ctx, cap, steps, f"{type(exc).__name__}: {exc}")
 
 
-def _measure(req: dict, cls: type[Backend]) -> Point:
-    name, ctx, cap = req["backend"], int(req["context"]), int(req["capacity"])
-    steps, warmup = int(req["steps"]), int(req["warmup"])
-    tokens, ref_logits, cache = load_depth(req["depth_file"])
-    kw = page_options(cls, req.get("kernel_options"))
-    if req.get("model"):  # a model statebench did not write (harness.model_run)
-        wl = None
-        backend = backend_for(cls, req["model"], req.get("pairs"), **kw)
-        cache_bytes, weights_bytes = sum(a.nbytes for a in cache.values()), int(req["model_bytes"])
-    else:
-        wl = workload(req["preset"], int(req.get("seed", 0)))
-        backend = cls(**kw)
-        cache_bytes, weights_bytes = valid_cache_bytes(wl.config, ctx), wl.weights_bytes
+def _measure(req: WorkerRequest, cls: type[Backend]) -> Point:
+    name, ctx, cap, steps, warmup = req.backend, req.context, req.capacity, req.steps, req.warmup
+    source = req.source
+    tokens, ref_logits, cache = load_depth(req.depth_file)
+    wl = source.workload()
+    backend = source.backend(cls, backend_options(cls, req.options))
+    cache_bytes, weights_bytes = source.cache_bytes(ctx, cache), source.weights_bytes
     clocks: ClockSampler | None = None
     try:
         t0 = time.perf_counter_ns()
         try:
             backend.prepare(wl, cap)
         except Exception as exc:  # noqa: BLE001 - a backend that cannot build a user's model
-            if wl is not None:
+            why = source.prepare_refusal(exc)
+            if why is None:
                 raise
-            return Point.unavailable(name, ctx, cap, steps, " ".join(str(exc).split()))
+            return Point.unavailable(name, ctx, cap, steps, why)
         build_s = (time.perf_counter_ns() - t0) / 1e9
 
         t0 = time.perf_counter_ns()
@@ -130,9 +105,9 @@ def _measure(req: dict, cls: type[Backend]) -> Point:
         time_to_depth_s = (time.perf_counter_ns() - t0) / 1e9
         # the GPU's clocks up before the warm-up steps, the same for every backend on a GPU,
         # and sampled (where nvidia-smi can) until the timed steps end
-        clocks = None if is_cpu(name) else ClockSampler()
+        clocks = None if cls.on_cpu else ClockSampler()
         heated_s, not_heated = ((0.0, "a CPU backend") if clocks is None
-                                else heat(float(req.get("warm_s", 0.0))))
+                                else heat(float(req.warm_s)))
 
         logits: list[np.ndarray] = []
         for i in range(warmup):
@@ -166,14 +141,10 @@ def _measure(req: dict, cls: type[Backend]) -> Point:
         if clocks is not None:
             clocks.stop(after=timed_to)
             sm_clock = clocks.during(timed_from, timed_to)
-        # a user's model: its reference is ORT's CPU EP on the same graph, its tolerance the
-        # parent's (``model_run.UserModel.tolerance``)
-        tol = (float(req.get("tolerance") or FLOAT32_TOLERANCE) if wl is None
-               else logits_tolerance(wl.config))
+        tol = source.tolerance
         match = compare_logits(logits, ref_logits[: warmup + steps], tol)
         reason = "" if match.ok else mismatch_reason(
-            logits, ref_logits[: warmup + steps], tol,
-            "the float64 reference" if wl is not None else "the reference (ORT's CPU EP)")
+            logits, ref_logits[: warmup + steps], tol, source.reference_name)
         details = dict(backend.details)
         if sm_clock is not None:
             details["sm_clock_mhz"] = sm_clock
@@ -249,17 +220,17 @@ def exit_with_parent(fd: int, depth_file: str | None) -> None:
 
 
 def main() -> int:
-    # Backends and drivers may print; keep stdout for the hand-back and the JSON point.
+    # Backends and drivers may print; keep stdout for the reply.
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    req = json.loads(sys.stdin.read())
-    if req.get("parent_fd") is not None:
-        exit_with_parent(int(req["parent_fd"]), req.get("depth_file"))
+    req = WorkerRequest.from_json(sys.stdin.read())
+    if req.parent_fd is not None:
+        exit_with_parent(req.parent_fd, req.depth_file)
+    checksum.adopt(req.whole_files)  # the runner's verdicts: its files are not hashed again
     point = measure(req)
-    # the cache files found whole here, for the runner's next workers (`checksum.adopt`)
-    out.write(checksum.HANDBACK_PREFIX + checksum.handoff() + "\n")
-    out.write(json.dumps(point.to_dict(), allow_nan=False) + "\n")
+    # the cache files found whole here, for the runner's next workers
+    out.write(WorkerReply(point, checksum.whole_files()).to_json() + "\n")
     out.flush()
     return 0
 

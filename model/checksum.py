@@ -7,10 +7,11 @@ would otherwise "match" everywhere). The hash is SHA-256 over 64 MiB chunks, has
 (hashlib releases the GIL), then SHA-256 over the chunk digests: the CPUs' SHA extensions make
 it the fastest hashlib offers, and the threads scale it with the cores. Each process hashes a
 file at most once (the verdict is kept per path, inode, size and times of the file and of its
-checksum), and a worker starts with its runner's verdicts (`handoff`) and hands its own back
-(`HANDBACK_PREFIX`), so neither the `.f32` weights the runner checked for the reference nor
-the `weights.bin` the first worker checked are hashed again per point; the cost per GB is in
-docs/measuring.md's "The model cache" section.
+checksum), and a worker starts with its runner's verdicts (`whole_files`, carried in its
+request: ``harness.wire``) and hands its own back in its reply (`adopt`), so neither the
+`.f32` weights the runner checked for the reference nor the `weights.bin` the first worker
+checked are hashed again per point; the cost per GB is in docs/measuring.md's "The model
+cache" section.
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ import json
 import mmap
 import os
 import sys
+import tempfile
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from model.atomic import atomic_file
 from model.cpus import USABLE_CPUS
+from model.errors import UserError
 
 ALGORITHM = "sha256-tree-64MiB"
 CHUNK = 64 << 20
@@ -36,11 +39,25 @@ NOTICE_PREFIX = "statebench: cache "
 #: how many times this process hashed each file (tests count re-hashing with it)
 hash_counts: Counter[str] = Counter()
 _whole: dict[tuple, str] = {}  # stat key -> digest of a file found whole in this process
-#: set by the runner for its workers: the files it has just found whole (`handoff`)
-HANDOFF_ENV = "STATEBENCH_CACHE_WHOLE"
-#: how a worker's line of the files it found whole starts (on its stdout, before its point):
-#: the runner adopts them, so the next point's worker does not hash `weights.bin` again
-HANDBACK_PREFIX = "statebench-cache-whole: "
+
+
+def check_cache_dir(directory: str | os.PathLike) -> Path:
+    """The model cache `directory`, made where missing; a UserError in one line, before any
+    point, where it is not a folder or no file can be made in it (else every point of a
+    sweep fails on its first cached file, and the run still exits 0). The probe makes and
+    removes a file, as a cache write does: it holds for root, ACLs and read-only mounts."""
+    root = Path(directory)
+    named = (f"STATEBENCH_CACHE={root}" if os.environ.get("STATEBENCH_CACHE")
+             else f"{root} (set STATEBENCH_CACHE to move it)")
+    if root.exists() and not root.is_dir():
+        raise UserError(f"the model cache {named} is a file, not a folder")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=root).close()
+    except OSError as exc:
+        raise UserError(f"the model cache {named}: cannot write there "
+                        f"({exc.strerror or exc})") from None
+    return root
 
 
 def sum_path(path: str | os.PathLike) -> Path:
@@ -82,17 +99,17 @@ def _key(path: Path) -> tuple:
             st.st_ctime_ns, summed)
 
 
-def handoff() -> str:
-    """The files this process found whole, for a worker it starts (`HANDOFF_ENV`): the worker
-    then skips hashing them while they stay the same file (size, times, inode, checksum)."""
-    return json.dumps(sorted(_whole))
+def whole_files() -> list[list]:
+    """The files this process found whole, as JSON-ready data, for another process (a
+    worker's request, its reply): that process then skips hashing them while they stay the
+    same file (size, times, inode, checksum)."""
+    return [list(k[:-1]) + [list(k[-1]) if k[-1] else None] for k in sorted(_whole, key=repr)]
 
 
-def adopt(text: str) -> None:
-    """Take the files another process found whole (its `handoff()`) as whole here too, while
-    they stay the same file: the runner's for a worker, and a worker's for its runner."""
+def adopt(keys: list) -> None:
+    """Take the files another process found whole (its `whole_files()`) as whole here too,
+    while they stay the same file: the runner's for a worker, and a worker's for its runner."""
     try:
-        keys = json.loads(text)
         _whole.update({(*k[:-1], tuple(k[-1]) if k[-1] else None): "" for k in keys})
     except (ValueError, TypeError, IndexError):
         pass  # a malformed hand-off only costs the hashes it would have saved
@@ -151,7 +168,3 @@ def reusable(path: str | os.PathLike, what: str, size: int | None = None) -> boo
         return True
     print(f"{NOTICE_PREFIX}{what} {path} {why}; rebuilding it", file=sys.stderr, flush=True)
     return False
-
-
-if os.environ.get(HANDOFF_ENV):
-    adopt(os.environ[HANDOFF_ENV])

@@ -182,6 +182,7 @@ WORKER = """
 import json, pathlib, sys
 from model import checksum
 from model.workload import cached_weights, preset
+checksum.adopt(json.loads(sys.argv[2]))  # as a worker takes its request's whole_files
 cached_weights(preset("tiny"), 0, pathlib.Path(sys.argv[1]))
 print(json.dumps(checksum.hash_counts))
 """
@@ -193,10 +194,10 @@ def test_a_worker_trusts_its_runners_verdict_only_for_the_same_file(tmp_path):
     cfg = preset("tiny")
     cached_weights(cfg, 0, tmp_path)
     path = tmp_path / "weights" / f"{config_key(cfg, 0)}.f32"
-    env = dict(os.environ, **{checksum.HANDOFF_ENV: checksum.handoff()})
+    whole = json.dumps(checksum.whole_files())
 
     def worker() -> tuple[dict, str]:
-        proc = subprocess.run([sys.executable, "-c", WORKER, str(tmp_path)], cwd=ROOT, env=env,
+        proc = subprocess.run([sys.executable, "-c", WORKER, str(tmp_path), whole], cwd=ROOT,
                               capture_output=True, text=True, timeout=300, check=True)
         return json.loads(proc.stdout), proc.stderr
 

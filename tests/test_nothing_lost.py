@@ -10,6 +10,7 @@ import json
 import os
 import resource
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ from rich.console import Console
 from harness import calibrate, runner
 from harness.cli import main
 from harness.results import load
+from model import atomic
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ["--preset", "tiny", "--backends", "ort-cpu:copy", "--contexts", "8", "--steps", "2",
@@ -149,6 +151,131 @@ def test_an_unsavable_point_is_rescued_to_the_temp_directory(tmp_path, monkeypat
     assert points_in(rescued[0]) == 2
 
 
+# -- --force replaces only a regular file; one run writes one file at a time ------------------
+
+def _char_device(path: Path) -> None:
+    """A character device like /dev/full's (made in the test's folder, so a regression
+    replaces nothing of the machine's); only root may make one."""
+    try:
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 7))
+    except PermissionError:
+        pytest.skip("making a device node needs root")
+
+
+@pytest.mark.parametrize("make, kind", [
+    (lambda out: os.mkfifo(out), "a named pipe"),
+    (_char_device, "a character device"),
+    (lambda out: (out.with_name("real.json").write_text("kept"), out.symlink_to("real.json")),
+     "a symbolic link (to real.json)"),
+])
+@pytest.mark.parametrize("force", [True, False], ids=["force", "no-force"])
+def test_force_replaces_only_a_regular_file(tmp_path, monkeypatch, no_calibration, make, kind,
+                                            force):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "run.json"
+    make(out)
+    before = os.lstat(out)
+    args = [a for a in FAST if a != "--no-calibrate"]
+    line = one_line(cli("run", *args, "--out", out, *(["--force"] if force else [])))
+    assert line == (f"statebench: error: --out {out}: {kind}, not a regular file; statebench "
+                    "writes results only to a new or a regular file (--force replaces only a "
+                    "regular file; name the file itself)")
+    after = os.lstat(out)
+    assert (after.st_ino, after.st_mode) == (before.st_ino, before.st_mode)
+    assert sorted(f.name for f in tmp_path.iterdir()) == sorted(
+        ["run.json"] + (["real.json"] if "link" in kind else []))
+    if "link" in kind:
+        assert (tmp_path / "real.json").read_text() == "kept"
+
+
+def test_a_pipe_put_in_place_before_the_first_save_is_left_and_the_point_rescued(
+        tmp_path, monkeypatch):
+    """The up-front check cannot see a path change during the sweep: model/atomic.py checks
+    again before it writes and before its rename."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr("tempfile.tempdir", None)
+    out = tmp_path / "run.json"
+    out.write_text("an earlier sweep")
+
+    def pipe():
+        out.unlink()
+        os.mkfifo(out)
+
+    _fail_saves_at(monkeypatch, 1, pipe)
+    line = one_line(cli("run", *FAST, "--out", out, "--force"))
+    assert line.startswith(f"statebench: error: cannot save results to {out} (a named pipe, not "
+                           "a regular file; left as it is); the sweep stopped: no point was "
+                           "saved there"), line
+    assert stat.S_ISFIFO(os.lstat(out).st_mode)
+    rescued = list((tmp_path / "tmp").glob("run-rescued-*.json"))
+    assert len(rescued) == 1 and str(rescued[0]) in line and points_in(rescued[0]) == 1
+
+
+@pytest.mark.parametrize("swap, kind", [(os.mkfifo, "a named pipe"), (os.mkdir, "a directory"),
+                                        (lambda p: p.symlink_to("elsewhere"), "a symbolic link")])
+def test_atomic_file_checks_again_at_the_rename(tmp_path, swap, kind):
+    target = tmp_path / "file.json"
+    target.write_text("old")
+    with pytest.raises(atomic.NotRegularFile, match=f"{kind}, not a regular file"):
+        with atomic.atomic_file(target, "w") as f:
+            f.write("new")
+            target.unlink()
+            swap(target)  # the path changes while the file is written
+    assert not stat.S_ISREG(os.lstat(target).st_mode)
+    assert [p.name for p in tmp_path.iterdir()] == ["file.json"]  # no temporary file left
+
+
+def test_one_lock_holder_at_a_time(tmp_path):
+    target = tmp_path / "run.json"
+    lock = tmp_path / ".run.json.lock"
+    with atomic.exclusive_lock(target):
+        assert lock.read_text().strip() == str(os.getpid())
+        with pytest.raises(BlockingIOError) as caught:  # a second open file description
+            with atomic.exclusive_lock(target):
+                pass
+        assert caught.value.holder == str(os.getpid())
+    assert not lock.exists()
+    with atomic.exclusive_lock(target):  # released: taken again
+        pass
+
+
+# -- a sweep with no end, a cache that cannot take files ---------------------------------------
+
+@pytest.mark.parametrize("flags, says", [
+    (["--repeat", "100000000000"], "argument --repeat: 100000000000 is more than 100, the most a "
+                                   "sweep takes"),
+    (["--repeat", "100", "--contexts", ",".join(map(str, range(8, 109)))],
+     "1 backend × 101 contexts × --repeat 100 is 10,100 worker processes, more than the 10,000 "
+     "a sweep may start"),
+])
+def test_an_endless_sweep_is_refused(tmp_path, monkeypatch, no_calibration, flags, says):
+    monkeypatch.chdir(tmp_path)
+    args = [a for a in FAST if a != "--no-calibrate"]
+    assert says in one_line(cli("run", *args, *flags))
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("where, says", [
+    ("file", "is a file, not a folder"),
+    ("file/cache", "cannot write there (Not a directory)"),
+    ("/proc/statebench-cache", "cannot write there"),  # no one makes a folder there, root either
+])
+def test_a_cache_that_cannot_take_files_is_refused_before_the_run(tmp_path, monkeypatch,
+                                                                  no_calibration, where, says):
+    if where.startswith("/proc") and not Path("/proc/self").exists():
+        pytest.skip("needs Linux /proc")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "file").write_text("not a folder")
+    cache = Path(where) if where.startswith("/") else tmp_path / where
+    monkeypatch.setenv("STATEBENCH_CACHE", str(cache))
+    args = [a for a in FAST if a != "--no-calibrate"]
+    line = one_line(cli("run", *args, "--out", tmp_path / "run.json"))
+    assert line.startswith(f"statebench: error: the model cache STATEBENCH_CACHE={cache}")
+    assert says in line
+    assert not (tmp_path / "run.json").exists()
+
+
 # -- sizes that cannot fit ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("flag", [["--contexts", "99999999"], ["--capacity", str(10**12)],
@@ -173,7 +300,9 @@ def test_memory_estimate_counts_the_state_the_reference_holds():
     f16 = preset("tiny+f16kv")
     assert memory.state_bytes(f16, 40) == sum(a.nbytes for a in Reference(
         f16, wl.weights, 40).cache_arrays().values())
-    assert runner.sweep_memory_bytes(wl.config, 10**12, 10**12, 1) > 10**15
+    from harness.sources import sweep_memory_bytes
+
+    assert sweep_memory_bytes(wl.config, 10**12, 10**12, 1) > 10**15
 
 
 # -- bad files: one line, never a traceback ----------------------------------------------------
@@ -417,3 +546,60 @@ def test_stale_depth_directories_of_dead_runs_are_removed(tmp_path, monkeypatch)
         (d / "depth.npz").write_bytes(b"x")
     runner.remove_stale_depth_dirs()
     assert not stale.exists() and live.exists() and other.exists()
+
+
+# -- two runs given one --out: the second refused, in real processes ---------------------------
+
+def _holds_lock(proc: subprocess.Popen, lock: Path) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if lock.read_text().strip() == str(proc.pid):
+                return
+        except OSError:
+            pass
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.02)
+    raise AssertionError("the run never took its lock")
+
+
+def _statebench(cwd: Path, *args) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "harness.cli", *map(str, args)], cwd=cwd,
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+@needs_proc
+def test_a_second_forced_run_on_one_file_is_refused(tmp_path):
+    """Two real processes, both given --force: the second is refused while the first runs,
+    and the first keeps its points."""
+    out = tmp_path / "run.json"
+    out.write_text("an earlier sweep")
+    first = _start(tmp_path, "--force")
+    _holds_lock(first, tmp_path / ".run.json.lock")
+    second = _statebench(tmp_path, "run", *FAST, "--out", out, "--force")
+    assert second.returncode == 2, second.stderr
+    assert second.stderr.strip() == (f"statebench: error: --out {out}: another statebench run "
+                                     f"(pid {first.pid}) is writing it; wait for it to end or "
+                                     "name another file")
+    _worker_in_flight(first, out, saved=1)  # the first goes on: its first point is saved
+    first.send_signal(signal.SIGTERM)
+    _, err = first.communicate(timeout=60)
+    assert first.returncode == 143, err
+    assert points_in(out) == 1 and load(out).points[0].backend == "ort-cpu:copy"
+    assert not (tmp_path / ".run.json.lock").exists()  # released on the way out
+
+
+@needs_proc
+def test_a_killed_runs_lock_holds_no_one_back(tmp_path):
+    """SIGKILL leaves the lock file behind, but the kernel released the lock: the next run
+    takes it."""
+    first = _start(tmp_path)
+    _holds_lock(first, tmp_path / ".run.json.lock")
+    first.kill()
+    first.communicate(timeout=60)
+    assert (tmp_path / ".run.json.lock").exists()
+    second = _statebench(tmp_path, "run", *FAST, "--out", tmp_path / "run.json", "--force")
+    assert second.returncode == 0, second.stderr
+    assert points_in(tmp_path / "run.json") == 1
+    assert not (tmp_path / ".run.json.lock").exists()

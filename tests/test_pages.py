@@ -114,7 +114,7 @@ def test_gpu_gemv_variant_with_stacked_projections(name):
         sizes = sorted(len(g) for g in plan.stacked.values())
         assert sizes and sizes[-1] >= 3, sizes  # at least one q/k/v group
         assert len(plan.epilogue) >= 2 * len(TINY.config.layers)  # after mixer and MLP
-        assert {p.group.ops[-1]._op for p in plan.prologue.values()} >= {"mul"}  # norm, SwiGLU
+        assert {p.group.ops[-1].op for p in plan.prologue.values()} >= {"mul"}  # norm, SwiGLU
         # RMSNorm's mean of squares computed by the projections' workgroups too
         assert any(p.reduce_op is not None for p in plan.prologue.values())
         names = [la.kernel.name for la in plan.launches if hasattr(la, "kernel")]

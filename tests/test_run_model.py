@@ -16,7 +16,8 @@ import pytest
 
 from backends.webnn.dims import default_dims, past_head_sizes
 from harness.model_info import inspect_model
-from harness.model_run import REFERENCE, OrtReferenceWalk, UserModel
+from harness.model_run import REFERENCE
+from harness.sources import ModelSource
 from tests.decoder_graphs import (
     GDH,
     MAX_POS,
@@ -50,7 +51,7 @@ def oracle(name: str, tokens: list[int]) -> np.ndarray:
 def test_the_reference_follows_the_float64_decoder(name, models):
     """The reference's state at a depth and its logits after it, against NumPy over the
     whole sequence (no cache): the oracle of every point of a model sweep."""
-    walk = OrtReferenceWalk(UserModel.load(models[name]), seed=3, length=12, capacity=12)
+    walk = ModelSource.load(models[name], seed=3).reference_walk(length=12, capacity=12)
     for ctx in (2, 6):  # ascending, the look-ahead rolled back in between
         arrays = walk.arrays_at(ctx, 12, 4)
         tokens = [int(t) for t in arrays["tokens"]]

@@ -14,6 +14,8 @@ import pytest
 
 from backends.base import Backend, DepthState
 from harness import results, runner, worker
+from harness.sources import NumpyReferenceWalk, PresetSource
+from harness.wire import WorkerReply, WorkerRequest
 from model import checksum
 from model.errors import UserError
 from model.reference import Reference
@@ -306,19 +308,23 @@ def test_the_runner_keeps_what_its_workers_found_whole(tmp_path, monkeypatch):
 
 
 def test_worker_main_protocol(tmp_path):
+    """One WorkerRequest in, one WorkerReply out (a JSON line each): the point, and the cache
+    files the worker found whole."""
     cfg = config(["test:numpy"])
-    wl = Workload.build(preset("tiny"))
-    arrays = runner.depth_arrays(wl.config, wl.weights, 0, 4, 8, cfg.warmup, cfg.steps)
+    source = PresetSource("tiny", 0)
+    wl = source.workload()
+    arrays = source.depth_arrays(4, 8, cfg.warmup + cfg.steps)
     np.savez(tmp_path / "d.npz", **arrays)
-    req = {"backend": "test:numpy", "backend_path": "test_runner:NumpyF32", "preset": "tiny",
-           "seed": 0, "context": 4, "capacity": 8, "steps": 3, "warmup": 1,
-           "depth_file": str(tmp_path / "d.npz")}
+    req = WorkerRequest(backend="test:numpy", backend_path="test_runner:NumpyF32",
+                        source=source, context=4, capacity=8, steps=3, warmup=1,
+                        depth_file=str(tmp_path / "d.npz"))
+    assert WorkerRequest.from_json(req.to_json()) == req
     env = dict(os.environ, PYTHONPATH=TESTS + os.pathsep + os.getcwd())
-    proc = subprocess.run([sys.executable, "-m", "harness.worker"], input=json.dumps(req),
+    proc = subprocess.run([sys.executable, "-m", "harness.worker"], input=req.to_json(),
                           capture_output=True, text=True, env=env, check=True)
-    handback, line = proc.stdout.splitlines()  # the files found whole, then the point
-    assert handback.startswith(checksum.HANDBACK_PREFIX)
-    point = results.Point.from_dict(json.loads(line))
+    (line,) = proc.stdout.splitlines()
+    reply = WorkerReply.from_json(line)
+    point = reply.point
     assert point.matches and point.context == 4
     # cache_bytes is the valid cache at depth 4 (4 KV rows + whole GDN states), not capacity 8
     assert point.cache_bytes == valid_cache_bytes(wl.config, 4)
@@ -327,7 +333,7 @@ def test_worker_main_protocol(tmp_path):
 
 def test_depth_state_continues_the_reference():
     wl = Workload.build(preset("tiny"))
-    a = runner.depth_arrays(wl.config, wl.weights, 0, 5, 9, 1, 3)
+    a = PresetSource("tiny", 0).depth_arrays(5, 9, 4)
     ref = Reference(wl.config, wl.weights, 9)
     full = ref.prefill(a["tokens"])
     np.testing.assert_allclose(a["ref_logits"], full[5:], rtol=1e-9, atol=1e-9)
@@ -344,18 +350,19 @@ def test_capacity_and_contexts_checked():
 
 
 def test_worker_reports_unknown_backend_as_failed(tmp_path):
-    p = worker.measure({"backend": "nope:nope", "context": 1, "capacity": 4, "steps": 1,
-                        "warmup": 0, "depth_file": str(tmp_path / "x.npz"), "preset": "tiny"})
+    p = worker.measure(WorkerRequest(backend="nope:nope", source=PresetSource("tiny"), context=1,
+                                     capacity=4, steps=1, warmup=0,
+                                     depth_file=str(tmp_path / "x.npz")))
     assert p.status == "failed" and "nope:nope" in p.reason
 
 
 def test_reference_walk_equals_fresh_reference_at_each_depth():
     """Walking up contexts (one prefill, look-ahead rolled back) == a fresh reference per point."""
     wl = Workload.build(preset("tiny"))
-    walk = runner.ReferenceWalk(wl.config, wl.weights, 0, 20 + 4, 24)
+    walk = NumpyReferenceWalk(wl.config, wl.weights, 0, 20 + 4, 24)
     for ctx, cap in ((5, 9), (12, 16), (20, 24)):
         a = walk.arrays_at(ctx, cap, 4)
-        b = runner.depth_arrays(wl.config, wl.weights, 0, ctx, cap, 1, 3)
+        b = PresetSource("tiny", 0).depth_arrays(ctx, cap, 4)
         assert set(a) == set(b)
         for k in a:
             assert a[k].shape == b[k].shape, k

@@ -112,13 +112,13 @@ def test_plan_respects_leaf_limit(ctx, max_leaves):
     y = xs[0]
     for x in xs[1:]:
         y = b.mul(b.add(y, x), x)
-    from backends.webnn.wgpu_impl.passes import reachable as _reachable
+    from backends.webnn._classes import _frozen  # the build's hand-off (ir.Graph)
 
-    nodes = _reachable([y])
+    nodes = _frozen({"y": y}, {}, []).nodes
     inlined, groups = fusion.plan(nodes, {y._id}, set(), max_leaves)
     for grp in groups.values():
         assert len(grp.leaves) <= max_leaves
-        assert all(o._id in inlined for o in grp.ops[:-1])
+        assert all(o.id in inlined for o in grp.ops[:-1])
 
 
 @pytest.mark.parametrize("op", ["reduce_sum", "reduce_mean", "reduce_max"])
@@ -269,7 +269,7 @@ def test_row_write_computes_its_updates(ctx):
 
 def test_row_write_never_computes_updates_from_the_cache_it_writes(ctx):
     """Updates that read a paired cache stay a launch of their own (``no_read``)."""
-    from backends.webnn.wgpu_impl.passes import reachable as _reachable
+    from backends.webnn._classes import _frozen  # the build's hand-off (ir.Graph)
 
     b = MLGraphBuilder(ctx)
     past = b.input("past", data_type="float32", shape=[1, 1, 4, 2])
@@ -277,7 +277,7 @@ def test_row_write_never_computes_updates_from_the_cache_it_writes(ctx):
                      value=np.array([0, 0, 2], np.int32).reshape(1, 1, 1, 3))
     upd = b.mul(b.slice(past, [0, 0, 0, 0], [1, 1, 1, 2]), const(b, [2.0]))
     y = b.scatter_nd(past, idx, upd)
-    nodes = _reachable([y])
+    nodes = _frozen({"y": y}, {}, []).nodes
     _, free = fusion.plan(nodes, {y._id}, set(), 8)
     _, guarded = fusion.plan(nodes, {y._id}, set(), 8, no_read={past._id})
     assert y._id in free and y._id not in guarded

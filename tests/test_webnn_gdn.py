@@ -298,20 +298,18 @@ def test_generic_option_and_cpu_default_keep_the_ops(ctx, ctx_with):
 def test_gpu_targets_plan_the_kernel_by_default(ctx_with, subgroup, reduction, monkeypatch):
     """Planning only (no device): on a GPU target the default is the one launch, 32 lanes
     per state row of dk = 128, summed with subgroupAdd where the subgroup is 32 wide."""
-    from backends.webnn._classes import _graph_inputs
     from backends.webnn.wgpu_impl.target import Target
 
     captured = {}
     real = compiler.compile_graph
 
-    def keep(outputs, *args, **kw):
-        captured["outputs"] = outputs
-        return real(outputs, *args, **kw)
+    def keep(graph, *args, **kw):
+        captured["graph"] = graph
+        return real(graph, *args, **kw)
 
     monkeypatch.setattr("backends.webnn.wgpu_impl.context.compile_graph", keep)
     gdn_graph(ctx_with(gdn="generic"), 2, 2, 4, 128)
-    outputs = captured["outputs"]
-    plan = compiler.compile_graph(outputs, [], False, _graph_inputs(outputs.values()),
+    plan = compiler.compile_graph(captured["graph"], False,
                                   target=Target(cpu=False, subgroup=subgroup, max_storage=16),
                                   options=KernelOptions(gdn=None))
     kernels = [la.kernel for la in plan.launches]

@@ -57,8 +57,8 @@ def _targets():
 _UNARY = ["sqrt", "exp", "log", "neg", "abs", "sigmoid", "softplus", "tanh", "relu",
           "reciprocal", "cos", "sin", "floor", "ceil", "erf", "gelu", "identity"]
 _BINARY = ["add", "sub", "mul", "div", "pow", "max", "min"]
-_COMPARE = ["equal", "greater", "greater_or_equal", "lesser", "lesser_or_equal"]
-_REDUCE = ["reduce_mean", "reduce_sum", "reduce_max", "reduce_min"]
+_COMPARE = ["equal", "not_equal", "greater", "greater_or_equal", "lesser", "lesser_or_equal"]
+_REDUCE = ["reduce_mean", "reduce_sum", "reduce_max", "reduce_min", "reduce_product"]
 
 
 def _op_graphs(b, dt: str) -> dict[str, object]:
@@ -79,6 +79,10 @@ def _op_graphs(b, dt: str) -> dict[str, object]:
     out["triangular"] = b.triangular(x, upper=False, diagonal=1)
     out["tile"] = b.tile(x, [1, 2, 1])
     out["pad"] = b.pad(x, [0, 1, 2], [1, 0, 0], value=1)
+    out["pad_edge"] = b.pad(x, [0, 1, 2], [1, 0, 0], mode="edge")
+    out["pad_reflection"] = b.pad(x, [1, 2, 0], [0, 0, 3], mode="reflection")
+    out["clamp"] = b.clamp(x, min_value=-1, max_value=1)
+    out["cast_int8"] = b.cast(b.cast(x, "int8"), dt)
     out["split"] = b.split(x, [3, 5], 2)[1]
     out["scatter_elements"] = b.scatter_elements(x, b.input("ie", data_type="int32",
                                                             shape=[2, 3, 2]),
@@ -104,6 +108,10 @@ def _op_graphs(b, dt: str) -> dict[str, object]:
         for op in _UNARY:
             out[op] = getattr(b, op)(x)
         out["is_nan"] = b.cast(b.is_nan(x), dt)
+        out["leaky_relu"] = b.leaky_relu(x)
+        out["layer_normalization"] = b.layer_normalization(x)
+        out["reduce_l2"] = b.reduce_l2(x, axes=[2])
+        out["reduce_log_sum_exp"] = b.reduce_log_sum_exp(x, axes=[1, 2])
         out["conv2d"] = b.conv2d(b.reshape(x, [1, 6, 1, 8]), b.reshape(b.slice(
             w, [0, 0], [6, 3]), [6, 1, 1, 3]), padding=[0, 0, 2, 0], groups=6)
         out["softmax"] = b.softmax(x, 2)
@@ -149,11 +157,10 @@ class _Capture:
         self.builds: list[tuple] = []
         own = WgpuContext._build
 
-        def build(ctx, outputs, inputs, pairs, use_stateful):
-            graph = own(ctx, outputs, inputs, pairs, use_stateful)  # only builds that succeed
-            self.builds.append((dict(outputs), dict(inputs), list(pairs),
-                                use_stateful and ctx.state_support))
-            return graph
+        def build(ctx, graph, use_stateful):
+            built = own(ctx, graph, use_stateful)  # only builds that succeed
+            self.builds.append((graph, use_stateful and ctx.state_support))
+            return built
 
         monkeypatch.setattr(WgpuContext, "_build", build)
 
@@ -207,10 +214,9 @@ def kernels():
     settings = [(None, None)] + [(k, v) for k, vs in OPTION_VALUES.items() for v in vs if v]
     for (knob, value), (tname, target), (n, args) in itertools.product(
             settings, _targets().items(), enumerate(cap.builds)):
-        outputs, inputs, pairs, stateful = args
+        graph, stateful = args
         options = KernelOptions(**({knob: value} if knob else {}))
-        plan = compile_graph(outputs, pairs, stateful, inputs, 1 << 27, target=target,
-                             options=options)
+        plan = compile_graph(graph, stateful, 1 << 27, target=target, options=options)
         for la in plan.launches:
             if isinstance(la, KernelLaunch):
                 found.setdefault(la.kernel.wgsl, f"{la.kernel.name} (build {n}, {tname}, "

@@ -37,17 +37,17 @@ from ._classes import (
     ELEMENTWISE_UNARY,
     LOGICAL,
     MLKVCachePair,
-    MLOperand,
 )
+from .ir import Node
 
 SAME_INDEX_OPS = set(ELEMENTWISE_BINARY) | set(ELEMENTWISE_UNARY) | set(COMPARISON) | {
     "where", "cast"} | set(LOGICAL)
 
 
-def root(o: MLOperand) -> MLOperand:
+def root(o: Node) -> Node:
     """The operand whose storage ``o`` shares (reshape is a no-op view)."""
-    while o._kind == "op" and o._op == "reshape":
-        o = o._inputs[0]
+    while o.kind == "op" and o.op == "reshape":
+        o = o.inputs[0]
     return o
 
 
@@ -57,29 +57,29 @@ class PairPlan:
 
     index: int
     pair: MLKVCachePair
-    past: MLOperand  # the paired input operand
-    writer: MLOperand | None  # the op whose output becomes the state (root of output)
+    past: Node  # the paired input operand
+    writer: Node | None  # the op whose output becomes the state (root of output)
     append: bool  # writer is scatter_nd(past, ...)
     alias_input: int | None  # for an element-wise writer reading past in place
     in_place: bool = False
 
     @property
-    def indices(self) -> MLOperand | None:
-        return self.writer._inputs[1] if self.append and self.writer is not None else None
+    def indices(self) -> Node | None:
+        return self.writer.inputs[1] if self.append and self.writer is not None else None
 
 
-def analyse(index: int, pair: MLKVCachePair, past: MLOperand, present: MLOperand) -> PairPlan:
+def analyse(index: int, pair: MLKVCachePair, past: Node, present: Node) -> PairPlan:
     """Classify a pair (append / overwrite) and say which read of ``past`` by the writer
     is allowed in place."""
     w = root(present)
-    if w._kind != "op" or w is past:
+    if w.kind != "op" or w is past:
         # present is a view of an input or constant: materialised by a copy, two buffers
         return PairPlan(index, pair, past, None, False, None)
-    if w._op == "scatter_nd" and root(w._inputs[0]) is past:
+    if w.op == "scatter_nd" and root(w.inputs[0]) is past:
         return PairPlan(index, pair, past, w, True, None)
     alias = None
-    if w._op in SAME_INDEX_OPS:
-        for k, x in enumerate(w._inputs):
-            if root(x) is past and x._shape == w._shape and alias is None:
+    if w.op in SAME_INDEX_OPS:
+        for k, x in enumerate(w.inputs):
+            if root(x) is past and x.shape == w.shape and alias is None:
                 alias = k
     return PairPlan(index, pair, past, w, False, alias)

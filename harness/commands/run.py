@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from contextlib import nullcontext
 
 from backends.base import select
 from harness import report, runner
@@ -12,15 +13,17 @@ from harness.commands.generate import generate, parse_prompt, token_diff
 from harness.model_info import parse_pairs
 from harness.model_run import REFERENCE, REFERENCE_BACKEND, UserModel
 from harness.results import ResultsFile
+from model.checksum import check_cache_dir
 from model.errors import UserError
-from model.workload import preset
+from model.workload import default_cache_dir, preset
 
 
 def greedy_check(user: UserModel, args, err_console) -> bool:
     """--expect-tokens: the reference's greedy tokens after --prompt; True (and one line
     said) where they are not the expected ones."""
     want = parse_prompt(args.expect_tokens, "--expect-tokens")
-    got = generate(user, parse_prompt(args.prompt), len(want), REFERENCE_BACKEND)
+    got = generate(user, parse_prompt(args.prompt), len(want), REFERENCE_BACKEND,
+                   "--expect-tokens")
     diff = token_diff(got, want)
     if diff:
         err_console.print(f"statebench: the reference ({REFERENCE}): {diff}; nothing measured",
@@ -58,10 +61,11 @@ class Run(Command):
                             " GPU point's warm-up steps, so the GPU's clocks are up for every"
                             f" backend alike (default {runner.DEFAULT_WARM_S:g}; nothing runs on"
                             " a CPU adapter)")
-        p.add_argument("--repeat", type=common_args.positive_int, default=1,
+        p.add_argument("--repeat", type=common_args.repeat_count, default=1,
                        help="measure each point in N fresh worker processes, taken in turns"
                             " over the backends; the interval of the median then takes in the"
-                            " spread between processes (default 1; 3 or more for an ordering)")
+                            " spread between processes (default 1; 3 or more for an ordering;"
+                            f" at most {common_args.MAX_REPEAT})")
         p.add_argument("--capacity", type=common_args.positive_int, default=None,
                        help="fixed cache capacity (default: context + warmup + steps)")
         p.add_argument("--seed", type=int, default=0, help="weights and token seed (default 0)")
@@ -96,8 +100,8 @@ class Run(Command):
             raise UserError("--prompt and --expect-tokens go together")
         from backends.webnn.wgpu_impl.options import KernelOptions
 
-        try:  # every knob checked before anything slow
-            KernelOptions.parse(args.kernel_option)
+        try:  # every knob checked before anything slow, parsed once: the pages get this record
+            options = KernelOptions.parse(args.kernel_option) if args.kernel_option else None
         except ValueError as exc:
             raise UserError(f"--kernel-option: {exc}") from None
         name, user = args.preset or "small", None
@@ -113,16 +117,21 @@ class Run(Command):
             warm_s=args.warm_s, repeat=args.repeat,
             capacity=args.capacity, seed=args.seed, inprocess=args.inprocess,
             calibrate=args.calibrate, timeout_s=float(args.point_timeout),
-            command=cls.command_line(), kernel_options=list(args.kernel_option),
+            command=cls.command_line(), kernel_options=options,
         )
-        if user is not None and args.expect_tokens is not None:
-            # the sweep's positions first: a context beyond the model is refused before this
-            user.check_positions(max(rc.contexts) + rc.warmup + rc.steps - 1)
-            if greedy_check(user, args, err_console):
-                return 1
-        out = ResultsFile(args.out or runner.default_out(name), force=args.force,
-                          make_parent=not args.out)
-        return cls.run(rc, out, console, err_console)
+        common_args.check_sweep_size(len(rc.backends), len(rc.contexts), rc.repeat)
+        if user is None:  # a preset's weights and graphs live in the cache; a --model's do not
+            check_cache_dir(default_cache_dir())
+        # a given --out is held from here to the end (a default name is this run's own)
+        with common_args.claimed_out(args.out, args.force) if args.out else nullcontext():
+            if user is not None and args.expect_tokens is not None:
+                # the sweep's positions first: a context beyond the model is refused before this
+                user.check_positions(max(rc.contexts) + rc.warmup + rc.steps - 1)
+                if greedy_check(user, args, err_console):
+                    return 1
+            out = ResultsFile(args.out or runner.default_out(name), force=args.force,
+                              make_parent=not args.out)
+            return cls.run(rc, out, console, err_console)
 
     @classmethod
     def run(cls, rc: runner.RunConfig, sink: ResultsFile, console, err_console) -> int:

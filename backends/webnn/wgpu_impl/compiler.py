@@ -9,26 +9,25 @@ are described in ``plan``.
 
 from __future__ import annotations
 
-from .._classes import MLKVCachePair, MLOperand
+from ..ir import Graph
 from . import lowering, passes, planning
 from .options import KernelOptions
 from .plan import Plan
 from .target import Target
 
 
-def compile_graph(outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
-                  stateful: bool, inputs: dict[str, MLOperand],
-                  max_binding: int = 1 << 27, target: Target | None = None,
-                  options: KernelOptions | None = None) -> Plan:
-    """The plan of a built graph: its launches in order and the slots they bind, for
-    ``target`` under ``options`` (the context's; None: every knob per adapter)."""
+def compile_graph(graph: Graph, stateful: bool, max_binding: int = 1 << 27,
+                  target: Target | None = None, options: KernelOptions | None = None) -> Plan:
+    """The plan of a built graph (``ir.Graph``, as ``MLGraphBuilder.build`` hands it over):
+    its launches in order and the slots they bind, for ``target`` under ``options`` (the
+    context's; None: every knob per adapter); ``stateful``: the pairs' state is kept."""
     plan = Plan(max_binding=max_binding, target=target or Target(),
                 options=options or KernelOptions())
-    state = passes.place_results(plan, outputs, pairs, stateful, inputs)
+    state = passes.place_results(plan, graph, stateful)
     for run_pass in passes.PASSES:
         run_pass(plan, state)
     steps, check = planning.op_steps(plan, state)
-    order = planning.place_state(plan, state, steps, check, outputs)
+    order = planning.place_state(plan, state, steps, check, graph.outputs)
     planning.live_steps(order, state.dest)
     lowering.lower_steps(plan, order, state.dest)
     return plan

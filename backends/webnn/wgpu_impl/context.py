@@ -18,10 +18,11 @@ import numpy as np
 import wgpu
 
 from .. import shapes as S
-from .._classes import MLContext, MLGraph, MLKVCachePair, MLOperand, MLTensor
+from .._classes import MLContext, MLGraph, MLTensor
 from ..dtypes import DType
 from ..engines import engine as engine_named
 from ..errors import NotSupportedError
+from ..ir import Graph
 from ..kernels.common import module_source
 from .compiler import compile_graph
 from .dispatch import Dispatch
@@ -155,24 +156,10 @@ class WgpuContext(Dispatch, Readback, MLContext):
         if adapter is None:
             raise NotSupportedError(f"no WebGPU adapter ({self.engine.implementation})")
         self._adapter = adapter
-        feats = []
-        self._timing_reason = ""
-        if timing:
-            if "timestamp-query" in adapter.features:
-                feats.append("timestamp-query")
-                if self.engine.inside_passes_feature in adapter.features:
-                    feats.append(self.engine.inside_passes_feature)  # per-launch profiles
-            else:
-                self._timing_reason = "adapter has no 'timestamp-query'"
-        else:
-            self._timing_reason = "timing not requested (create_context(timing=True))"
-        if self.engine.subgroup_feature in adapter.features:
-            feats.append(self.engine.subgroup_feature)  # subgroup reductions in GPU kernels
+        feats = self._features(adapter, timing)
         #: float16 tensors (WGSL ``f16`` storage) need 'shader-f16'; without it the context
         #: turns float16 down (``_unsupported``), as a browser without it would
-        self._f16 = "shader-f16" in adapter.features
-        if self._f16:
-            feats.append("shader-f16")
+        self._f16 = "shader-f16" in feats
         lim = adapter.limits
         want = {k: lim[k] for k in ("max-storage-buffer-binding-size", "max-buffer-size",
                                     "max-storage-buffers-per-shader-stage",
@@ -194,27 +181,7 @@ class WgpuContext(Dispatch, Readback, MLContext):
         self._target = target_of(adapter, self.engine.subgroup_feature in feats, self._f16)
         self.state_support = state_support
         self.submit_every = SUBMIT_EVERY["cpu" if self._target.cpu else "gpu"]
-        #: encode the next dispatch's command buffers during this one (``_record_ahead``)
-        mode = self.options.record_ahead or ""
-        self.record_ahead = {"on": True, "pieces": True, "off": False}.get(
-            mode, not self._target.cpu)
-        self._piecewise = mode == "pieces"  # recorded command buffers submitted one by one
-        #: copy readable outputs at the end of each dispatch (``_read_copy_for``); maps
-        #: without wgpu-py's empty submit (``staging.map_read``) unless "separate_sync"
-        copy_mode = self.options.read_copy or "dispatch"
-        self.read_copy = copy_mode == "dispatch"
-        # (an engine whose map_sync submits nothing maps as "separate" does); where the
-        # engine's wait is a poll thread's, the caller polls (``staging.MapHow``)
-        wait = self.options.map_wait or ("caller" if self._target.cpu else "spin")
-        # (Dawn's own wait is in the caller already: only its spin polls)
-        poll = (self._queue_calls.poll(self._device)
-                if wait == "spin" or (wait == "caller" and self.engine.poll_thread) else None)
-        sync = copy_mode == "separate_sync" and self.engine.submits_before_map
-        # C maps where the caller spins (the other waits, and map_sync, are wgpu-py's)
-        c_maps = wait == "spin" and not sync and self._queue_calls.map_spin is not None
-        self._map_how = MapHow(sync, poll, wait == "spin", self._queue_calls.mapped,
-                               self._queue_calls.map_spin if c_maps else None,
-                               self._queue_calls.unmap if c_maps else None)
+        self._dispatch_modes()
         #: submits and maps of this context's queue (statebench extension: counted per step)
         self.queue_counts = QueueCounts()
         #: the last dispatch's read copy while its outputs are unchanged (``_read_tensors``)
@@ -236,6 +203,50 @@ class WgpuContext(Dispatch, Readback, MLContext):
                 size=16, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
             self._time_staging = self._device.create_buffer(
                 size=16, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+
+    def _features(self, adapter: Any, timing: bool) -> list[str]:
+        """The features to request of ``adapter`` (timestamps where ``timing`` asks for them,
+        subgroups, 'shader-f16'); sets why GPU time is not measured, if it is not."""
+        feats = []
+        self._timing_reason = ""
+        if timing:
+            if "timestamp-query" in adapter.features:
+                feats.append("timestamp-query")
+                if self.engine.inside_passes_feature in adapter.features:
+                    feats.append(self.engine.inside_passes_feature)  # per-launch profiles
+            else:
+                self._timing_reason = "adapter has no 'timestamp-query'"
+        else:
+            self._timing_reason = "timing not requested (create_context(timing=True))"
+        if self.engine.subgroup_feature in adapter.features:
+            feats.append(self.engine.subgroup_feature)  # subgroup reductions in GPU kernels
+        if "shader-f16" in adapter.features:
+            feats.append("shader-f16")
+        return feats
+
+    def _dispatch_modes(self) -> None:
+        """How dispatches record, submit, copy and map (``KernelOptions``, else per adapter)."""
+        #: encode the next dispatch's command buffers during this one (``_record_ahead``)
+        mode = self.options.record_ahead or ""
+        self.record_ahead = {"on": True, "pieces": True, "off": False}.get(
+            mode, not self._target.cpu)
+        self._piecewise = mode == "pieces"  # recorded command buffers submitted one by one
+        #: copy readable outputs at the end of each dispatch (``_read_copy_for``); maps
+        #: without wgpu-py's empty submit (``staging.map_read``) unless "separate_sync"
+        copy_mode = self.options.read_copy or "dispatch"
+        self.read_copy = copy_mode == "dispatch"
+        # (an engine whose map_sync submits nothing maps as "separate" does); where the
+        # engine's wait is a poll thread's, the caller polls (``staging.MapHow``)
+        wait = self.options.map_wait or ("caller" if self._target.cpu else "spin")
+        # (Dawn's own wait is in the caller already: only its spin polls)
+        poll = (self._queue_calls.poll(self._device)
+                if wait == "spin" or (wait == "caller" and self.engine.poll_thread) else None)
+        sync = copy_mode == "separate_sync" and self.engine.submits_before_map
+        # C maps where the caller spins (the other waits, and map_sync, are wgpu-py's)
+        c_maps = wait == "spin" and not sync and self._queue_calls.map_spin is not None
+        self._map_how = MapHow(sync, poll, wait == "spin", self._queue_calls.mapped,
+                               self._queue_calls.map_spin if c_maps else None,
+                               self._queue_calls.unmap if c_maps else None)
 
     # -- info ---------------------------------------------------------------------------
     @property
@@ -313,19 +324,19 @@ class WgpuContext(Dispatch, Readback, MLContext):
         self.queue_counts.write_ns += time.perf_counter_ns() - t0
 
     # -- build ------------------------------------------------------------------------
-    def _build(self, outputs: dict[str, MLOperand], inputs: dict[str, MLOperand],
-               pairs: list[MLKVCachePair], use_stateful: bool) -> MLGraph:
+    def _build(self, graph: Graph, use_stateful: bool) -> MLGraph:
         g = WgpuGraph(self)
         stateful = use_stateful and self.state_support
         g._is_stateful = stateful
-        g.pairs = list(pairs)
+        pairs = g.pairs = list(graph.pairs)
         hidden_in = {p.input for p in pairs} if stateful else set()
         hidden_out = {p.output for p in pairs} if stateful else set()
-        g.inputs = {n: (o.data_type, o._shape) for n, o in inputs.items() if n not in hidden_in}
-        g.outputs = {n: (o.data_type, o._shape) for n, o in outputs.items()
+        g.inputs = {n: (o.dtype.name, o.shape) for n, o in graph.inputs.items()
+                    if n not in hidden_in}
+        g.outputs = {n: (o.dtype.name, o.shape) for n, o in graph.outputs.items()
                      if n not in hidden_out}
-        plan = compile_graph(outputs, pairs, stateful, inputs, self._max_binding,
-                             target=self._target, options=self.options)
+        plan = compile_graph(graph, stateful, self._max_binding, target=self._target,
+                             options=self.options)
         g._plan = plan
         dev = self._device
         for slot, buf in self._temp_buffers(plan).items():
@@ -344,7 +355,7 @@ class WgpuContext(Dispatch, Readback, MLContext):
         if plan.has_check:
             g._buffers[("status",)] = dev.create_buffer(size=16, usage=_STORAGE)
         for pp in plan.pairs:
-            n = _nbytes(S.size(pp.past._shape) * pp.past._dtype.itemsize)
+            n = _nbytes(S.size(pp.past.shape) * pp.past.dtype.itemsize)
             g._state.append([dev.create_buffer(size=n, usage=_STORAGE)
                              for _ in range(1 if pp.in_place else 2)])
             g.in_place[pp.pair.input] = pp.in_place

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import shapes as S
-from .._classes import MLOperand
+from ..ir import Node
 from ..kernels import fused as FU
 from ..stateful import SAME_INDEX_OPS, root
 from .launches import KernelLaunch
@@ -33,26 +33,26 @@ MAX_CALLS = 48  # inlined op evaluations per output element, at most
 class Group:
     """A fused launch: ``ops`` in topological order (the root last) and its ``leaves``."""
 
-    ops: list[MLOperand]
-    leaves: list[MLOperand]
+    ops: list[Node]
+    leaves: list[Node]
 
-    def fused_ops(self, param: MLOperand | None = None, named: dict[int, str] | None = None
+    def fused_ops(self, param: Node | None = None, named: dict[int, str] | None = None
                   ) -> tuple[list[FU.FusedOp], list[FU.Leaf]]:
         """The group for the kernel generators; ``param``: the leaf whose element the
         kernel computes itself and passes in as ``s`` (``kernels/attention.py``); ``named``:
         leaf id -> argument name, several such leaves (a gated activation's two products)."""
-        pos = {o._id: j for j, o in enumerate(self.ops)}
-        lpos = {o._id: j for j, o in enumerate(self.leaves)}
+        pos = {o.id: j for j, o in enumerate(self.ops)}
+        lpos = {o.id: j for j, o in enumerate(self.leaves)}
         fops = []
         for o in self.ops:
-            refs = [("op", pos[root(x)._id]) if root(x)._id in pos else ("leaf", lpos[root(x)._id])
-                    for x in o._inputs]
-            fops.append(FU.FusedOp(o._op, o._attrs, o._dtype.wgsl, o._shape, refs,
-                                   [x._dtype.wgsl for x in o._inputs],
-                                   [x._shape for x in o._inputs]))
-        names = dict(named or {}) | ({param._id: "s"} if param is not None else {})
-        leaves = [FU.Leaf(x._dtype.wgsl, S.size(x._shape), x._id in names,
-                          names.get(x._id, "s")) for x in self.leaves]
+            refs = [("op", pos[root(x).id]) if root(x).id in pos else ("leaf", lpos[root(x).id])
+                    for x in o.inputs]
+            fops.append(FU.FusedOp(o.op, o.attrs, o.dtype.wgsl, o.shape, refs,
+                                   [x.dtype.wgsl for x in o.inputs],
+                                   [x.shape for x in o.inputs]))
+        names = dict(named or {}) | ({param.id: "s"} if param is not None else {})
+        leaves = [FU.Leaf(x.dtype.wgsl, S.size(x.shape), x.id in names,
+                          names.get(x.id, "s")) for x in self.leaves]
         return fops, leaves
 
     def kernel(self, guarded: bool = False) -> FU.Kernel:
@@ -63,8 +63,8 @@ class Group:
         """For a host: the inlined ops and the leaves they read (not the host's other
         inputs, e.g. the cache a row write writes: it must not be bound read-only too)."""
         ops = self.ops[:-1]
-        used = {root(x)._id for o in ops for x in o._inputs}
-        return Group(ops, [x for x in self.leaves if x._id in used])
+        used = {root(x).id for o in ops for x in o.inputs}
+        return Group(ops, [x for x in self.leaves if x.id in used])
 
     def input_source(self, first: int = 0, prefix: str = "") -> tuple[str, list[str], str]:
         """For a host (``is_host``): the inner leaves' declarations and the inlined ops'
@@ -74,58 +74,58 @@ class Group:
         inner = self.inner
         fops, leaves = inner.fused_ops()
         decls, bindings = FU.leaf_decls(leaves, first, prefix)
-        x = root(self.ops[-1]._inputs[host_input(self.ops[-1])])
-        pos = [o._id for o in inner.ops]
+        x = root(self.ops[-1].inputs[host_input(self.ops[-1])])
+        pos = [o.id for o in inner.ops]
         return (decls + FU.functions(fops, leaves, prefix)[0], bindings,
-                f"{prefix}v{pos.index(x._id)}")
+                f"{prefix}v{pos.index(x.id)}")
 
 
-def consumers_of(nodes: list[MLOperand]) -> dict[int, list[MLOperand]]:
+def consumers_of(nodes: list[Node]) -> dict[int, list[Node]]:
     """Op id -> the ops reading it (through reshape views)."""
-    out: dict[int, list[MLOperand]] = {}
+    out: dict[int, list[Node]] = {}
     for o in nodes:
-        if o._kind == "op" and o._op != "reshape":
-            for x in o._inputs:
-                out.setdefault(root(x)._id, []).append(o)
+        if o.kind == "op" and o.op != "reshape":
+            for x in o.inputs:
+                out.setdefault(root(x).id, []).append(o)
     return out
 
 
-def sole_reader(consumers: dict[int, list[MLOperand]], x: MLOperand, c: MLOperand) -> bool:
+def sole_reader(consumers: dict[int, list[Node]], x: Node, c: Node) -> bool:
     """Whether ``c`` is the one op reading ``x`` (``consumers`` from ``consumers_of``): what
     a pattern needs before it computes ``x`` inside ``c``'s kernel and never stores it."""
-    return [y._id for y in consumers.get(x._id, [])] == [c._id]
+    return [y.id for y in consumers.get(x.id, [])] == [c.id]
 
 
-def is_fusible(o: MLOperand) -> bool:
-    return o._kind == "op" and o._op in FUSIBLE
+def is_fusible(o: Node) -> bool:
+    return o.kind == "op" and o.op in FUSIBLE
 
 
-def host_input(o: MLOperand) -> int | None:
+def host_input(o: Node) -> int | None:
     """The input an op computes inline although it is not element-wise itself (a host):
     a reduction reads ``x * x`` without it being written first; a row write (scatter_nd)
     computes its updates (RoPE of the new key) as it writes them. None: not a host."""
-    if o._kind != "op":
+    if o.kind != "op":
         return None
-    if o._op.startswith("reduce_"):
+    if o.op.startswith("reduce_"):
         return 0
-    return 2 if o._op == "scatter_nd" else None
+    return 2 if o.op == "scatter_nd" else None
 
 
-def is_host(o: MLOperand) -> bool:
+def is_host(o: Node) -> bool:
     return host_input(o) is not None
 
 
-def _home(producer: MLOperand, consumer: MLOperand, group_of: dict) -> int | None:
+def _home(producer: Node, consumer: Node, group_of: dict) -> int | None:
     """The group that would compute ``producer`` for ``consumer`` (None: it must be
     written to memory for this reader)."""
     k = host_input(consumer)
     if k is None:
-        return group_of.get(consumer._id)
-    reads = [j for j, x in enumerate(consumer._inputs) if root(x) is producer]
-    return consumer._id if reads == [k] else None
+        return group_of.get(consumer.id)
+    reads = [j for j, x in enumerate(consumer.inputs) if root(x) is producer]
+    return consumer.id if reads == [k] else None
 
 
-def plan(nodes: list[MLOperand], pinned: set[int], no_fuse_into: set[int],
+def plan(nodes: list[Node], pinned: set[int], no_fuse_into: set[int],
          max_leaves: int, no_read: set[int] = frozenset()) -> tuple[set[int], dict[int, Group]]:
     """``(inlined ids, {root id: Group})`` for the op ``nodes`` (creation order).
 
@@ -140,68 +140,68 @@ def plan(nodes: list[MLOperand], pinned: set[int], no_fuse_into: set[int],
     group_of: dict[int, int | None] = {}  # op id -> root id of the group computing it
     for o in reversed(nodes):  # consumers before producers
         if is_host(o):
-            group_of[o._id] = o._id
+            group_of[o.id] = o.id
             continue
         if not is_fusible(o):
             continue
-        cs = consumers.get(o._id, [])
+        cs = consumers.get(o.id, [])
         homes = {_home(o, c, group_of) for c in cs}
-        if (o._id not in pinned and cs and len(homes) == 1 and None not in homes
-                and not any(c._id in no_fuse_into and not is_host(c) for c in cs)):
-            inlined.add(o._id)
-            group_of[o._id] = homes.pop()
+        if (o.id not in pinned and cs and len(homes) == 1 and None not in homes
+                and not any(c.id in no_fuse_into and not is_host(c) for c in cs)):
+            inlined.add(o.id)
+            group_of[o.id] = homes.pop()
         else:
-            group_of[o._id] = o._id
+            group_of[o.id] = o.id
     groups: dict[int, Group] = {}
     for o in reversed(nodes):  # consumers first: un-inlining only adds roots not yet seen
-        if not (is_fusible(o) or is_host(o)) or o._id in inlined:
+        if not (is_fusible(o) or is_host(o)) or o.id in inlined:
             continue
         while True:
             g, calls = collect(o, inlined)
-            if is_host(o) and len(g.ops) > 1 and any(x._id in no_read for x in g.inner.leaves):
+            if is_host(o) and len(g.ops) > 1 and any(x.id in no_read for x in g.inner.leaves):
                 # a row write computing its updates from the cache it writes: keep them apart
-                inlined.discard(root(o._inputs[host_input(o)])._id)
+                inlined.discard(root(o.inputs[host_input(o)]).id)
                 continue
-            if len(g.ops) == 1 or (len(g.leaves) <= max_leaves and calls[o._id] <= MAX_CALLS):
+            if len(g.ops) == 1 or (len(g.leaves) <= max_leaves and calls[o.id] <= MAX_CALLS):
                 break
             # give back the inlined op with the most evaluations (its own launch)
-            worst = max((x for x in g.ops[:-1]), key=lambda x: calls[x._id])
-            inlined.discard(worst._id)
+            worst = max((x for x in g.ops[:-1]), key=lambda x: calls[x.id])
+            inlined.discard(worst.id)
         if len(g.ops) > 1:
-            groups[o._id] = g
+            groups[o.id] = g
     return inlined, groups
 
 
-def collect(r: MLOperand, inlined: set[int]) -> tuple[Group, dict[int, int]]:
+def collect(r: Node, inlined: set[int]) -> tuple[Group, dict[int, int]]:
     """The group rooted at ``r`` and, per op, what evaluating it once costs in op
     evaluations (its inlined subtree, counted once per path: ``x * x`` evaluates ``x``
     twice). The root's figure is the cost of one output element."""
-    order: list[MLOperand] = []
-    leaves: dict[int, MLOperand] = {}
+    order: list[Node] = []
+    leaves: dict[int, Node] = {}
     seen: set[int] = set()
 
-    def visit(o: MLOperand) -> None:
-        if o._id in seen:
+    def visit(o: Node) -> None:
+        if o.id in seen:
             return
-        seen.add(o._id)
-        for x in o._inputs:
+        seen.add(o.id)
+        for x in o.inputs:
             x = root(x)
-            if x._id in inlined:
+            if x.id in inlined:
                 visit(x)
             else:
-                leaves.setdefault(x._id, x)
+                leaves.setdefault(x.id, x)
         order.append(o)
 
     visit(r)
     calls: dict[int, int] = {}
     for o in order:  # producers before consumers
-        calls[o._id] = 1 + sum(calls[root(x)._id] for x in o._inputs if root(x)._id in calls)
+        calls[o.id] = 1 + sum(calls[root(x).id] for x in o.inputs if root(x).id in calls)
     return Group(order, list(leaves.values())), calls
 
 
-@claims(50, lambda plan, o: o._id in plan.groups and not is_host(o))  # hosts: per op
+@claims(50, lambda plan, o: o.id in plan.groups and not is_host(o))  # hosts: per op
 def _lower_group(n: Site) -> None:
     """A fused group: one launch reading its leaves."""
-    group = n.plan.groups[n.node._id]
+    group = n.plan.groups[n.node.id]
     n.add(KernelLaunch(group.kernel(n.guarded),
                        [n.slot_of(x) for x in group.leaves] + [n.out] + n.status()))

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from .. import shapes as S
-from .._classes import MLOperand
+from ..ir import Node
 from ..kernels import Kernel
 from ..kernels import fused as FU
 from ..kernels import matmul as MM
@@ -32,100 +32,100 @@ from .options import COLS, ROWS_VARIANT
 from .target import Target
 
 
-def const_weight(o: MLOperand, fold: dict[int, MLOperand]) -> tuple[MLOperand, bool, Any] | None:
+def const_weight(o: Node, fold: dict[int, Node]) -> tuple[Node, bool, Any] | None:
     """(constant, stored transposed, logical (K, N) or (N, K) shape) of a matmul's B when
     it is a 2-D constant (possibly behind a folded transpose), else None."""
-    b = o._inputs[1]
-    src = fold.get(o._id, root(b))
-    b_t = o._id in fold
-    b_shape = root(b)._inputs[0]._shape if b_t else b._shape
-    if src._kind != "constant" or len(b_shape) != 2:
+    b = o.inputs[1]
+    src = fold.get(o.id, root(b))
+    b_t = o.id in fold
+    b_shape = root(b).inputs[0].shape if b_t else b.shape
+    if src.kind != "constant" or len(b_shape) != 2:
         return None
     return src, b_t, b_shape
 
 
-def stacked_gemvs(nodes: list[MLOperand], fold: dict[int, MLOperand],
-                   max_binding: int, q4: dict[int, Any] | None = None) -> dict[int, list[MLOperand]]:
+def stacked_gemvs(nodes: list[Node], fold: dict[int, Node],
+                   max_binding: int, q4: dict[int, Any] | None = None) -> dict[int, list[Node]]:
     """Single-row matmuls of one input against constant weights (a layer's q, k and v
     projections; its gate and up projections), grouped: first matmul id -> the group.
     Each group runs as one launch over the weight rows stacked (within the binding
     limit): fewer launches, and small projections no longer run alone. 4-bit products
     (``q4``: matmul id -> match_q4.Q4Weight) stack with those of the same format only."""
     q4 = q4 or {}
-    by_input: dict[tuple, list[MLOperand]] = {}
+    by_input: dict[tuple, list[Node]] = {}
     for o in nodes:
-        if o._kind != "op" or o._op != "matmul" or S.size(o._shape[:-1]) != 1:
+        if o.kind != "op" or o.op != "matmul" or S.size(o.shape[:-1]) != 1:
             continue
-        a = o._inputs[0]
-        w = q4.get(o._id)
-        if (w is None and const_weight(o, fold) is None) or S.size(a._shape[:-1]) != 1:
+        a = o.inputs[0]
+        w = q4.get(o.id)
+        if (w is None and const_weight(o, fold) is None) or S.size(a.shape[:-1]) != 1:
             continue
         fmt = None if w is None else w.format
-        by_input.setdefault((root(a)._id, a._shape[-1], fmt), []).append(o)
-    out: dict[int, list[MLOperand]] = {}
+        by_input.setdefault((root(a).id, a.shape[-1], fmt), []).append(o)
+    out: dict[int, list[Node]] = {}
     for (_, K, _), ms in by_input.items():
-        group: list[MLOperand] = []
+        group: list[Node] = []
         for o in ms:
-            if 4 * K * (sum(m._shape[-1] for m in group) + o._shape[-1]) > max_binding:
+            if 4 * K * (sum(m.shape[-1] for m in group) + o.shape[-1]) > max_binding:
                 break
             group.append(o)
         if len(group) > 1:
-            out[group[0]._id] = group
+            out[group[0].id] = group
     return out
 
 
-def residual_epilogues(nodes: list[MLOperand], fold: dict[int, MLOperand], inlined: set[int],
+def residual_epilogues(nodes: list[Node], fold: dict[int, Node], inlined: set[int],
                         groups: dict[int, Any], taken: set[int],
                         stacked: set[int],
-                        q4: set[int] = frozenset()) -> dict[int, tuple[MLOperand, MLOperand]]:
+                        q4: set[int] = frozenset()) -> dict[int, tuple[Node, Node]]:
     """Single-row matmuls with constant weights (or 4-bit ones: ``q4``) whose only reader
     is an ``add`` of a same-shaped tensor (a residual connection): gemv id -> (the add, the
     other operand). The gemv then writes the sum; the add has no launch. A float16 add of
     a 4-bit product's float16 rounding (``narrowed``: the cast fused into the add alone)
     is one too: the kernel sums in float32 and rounds once (``gemv_q4`` half_out)."""
     consumers = fusion.consumers_of(nodes)
-    out: dict[int, tuple[MLOperand, MLOperand]] = {}
+    out: dict[int, tuple[Node, Node]] = {}
     for a in nodes:
         half = _narrowed_add(a, groups, consumers, q4)
-        if (a._kind != "op" or a._op != "add" or a._id in inlined
-                or (a._id in groups and half is None) or a._id in taken
-                or a._dtype.wgsl != "f32" and half is None):
+        if (a.kind != "op" or a.op != "add" or a.id in inlined
+                or (a.id in groups and half is None) or a.id in taken
+                or a.dtype.wgsl != "f32" and half is None):
             continue
         for j in (0, 1):
-            g, res = root(a._inputs[j]), root(a._inputs[1 - j])
+            g, res = root(a.inputs[j]), root(a.inputs[1 - j])
             if half is not None:
-                if a._inputs[j] is not half:
+                if a.inputs[j] is not half:
                     continue
-                g = half._inputs[0]
-            if (g._kind == "op" and g._op == "matmul" and g._id not in taken
-                    and g._id not in stacked and g._id not in out and g is not res
-                    and [c._id for c in consumers.get(g._id, [])] == [(half or a)._id]
-                    and (const_weight(g, fold) is not None or g._id in q4)
-                    and S.size(g._shape[:-1]) == 1 and S.size(g._inputs[0]._shape[:-1]) == 1
-                    and tuple(a._inputs[j]._shape) == tuple(a._inputs[1 - j]._shape)
-                    == tuple(a._shape)):
-                out[g._id] = (a, res)
+                g = half.inputs[0]
+            if (g.kind == "op" and g.op == "matmul" and g.id not in taken
+                    and g.id not in stacked and g.id not in out and g is not res
+                    and [c.id for c in consumers.get(g.id, [])] == [(half or a).id]
+                    and (const_weight(g, fold) is not None or g.id in q4)
+                    and S.size(g.shape[:-1]) == 1 and S.size(g.inputs[0].shape[:-1]) == 1
+                    and tuple(a.inputs[j].shape) == tuple(a.inputs[1 - j].shape)
+                    == tuple(a.shape)):
+                out[g.id] = (a, res)
                 break
     return out
 
 
-def _narrowed_add(a: MLOperand, groups: dict[int, Any], consumers: dict[int, list[MLOperand]],
-                  q4: set[int]) -> MLOperand | None:
+def _narrowed_add(a: Node, groups: dict[int, Any], consumers: dict[int, list[Node]],
+                  q4: set[int]) -> Node | None:
     """The cast of ``add`` ``a`` (float16) that rounds a 4-bit product's float32 result,
     when the add's launch is that cast and the add only (its fused group), the product
     read by the cast alone and the cast by the add alone; else None."""
-    if a._kind != "op" or a._op != "add" or a._dtype.wgsl != "f16":
+    if a.kind != "op" or a.op != "add" or a.dtype.wgsl != "f16":
         return None
-    grp = groups.get(a._id)
+    grp = groups.get(a.id)
     if grp is None or len(grp.ops) != 2 or grp.ops[1] is not a:
         return None
     c = grp.ops[0]
-    if c._op != "cast" or c not in a._inputs:
+    if c.op != "cast" or c not in a.inputs:
         return None
-    g = c._inputs[0]
-    if (g._kind != "op" or g._id not in q4 or g._dtype.wgsl != "f32"
-            or [x._id for x in consumers.get(g._id, [])] != [c._id]
-            or [x._id for x in consumers.get(c._id, [])] != [a._id]):
+    g = c.inputs[0]
+    if (g.kind != "op" or g.id not in q4 or g.dtype.wgsl != "f32"
+            or [x.id for x in consumers.get(g.id, [])] != [c.id]
+            or [x.id for x in consumers.get(c.id, [])] != [a.id]):
         return None
     return c
 
@@ -136,22 +136,22 @@ class Gated:
     products' shape (SwiGLU's ``silu(gate) · up``): the pair's launch writes the group's
     root, so the group has no launch and neither product is written."""
 
-    pair: tuple[MLOperand, MLOperand]
+    pair: tuple[Node, Node]
     group: fusion.Group
 
     @property
-    def root(self) -> MLOperand:
+    def root(self) -> Node:
         return self.group.ops[-1]
 
     def output(self) -> GatedOutput:
-        fops, leaves = self.group.fused_ops(named={self.pair[0]._id: "g0",
-                                                   self.pair[1]._id: "g1"})
+        fops, leaves = self.group.fused_ops(named={self.pair[0].id: "g0",
+                                                   self.pair[1].id: "g1"})
         fsrc, args = FU.functions(fops, leaves, "gt_")  # apart from a prologue's names
         call = f"gt_v{len(fops) - 1}({', '.join(['{}'] + args)})"
-        return GatedOutput(fsrc, call, self.root._dtype.wgsl)
+        return GatedOutput(fsrc, call, self.root.dtype.wgsl)
 
 
-def gated_epilogues(nodes: list[MLOperand], stacked: dict[int, list[MLOperand]],
+def gated_epilogues(nodes: list[Node], stacked: dict[int, list[Node]],
                     groups: dict[int, fusion.Group], taken: set[int],
                     pinned: set[int]) -> dict[int, Gated]:
     """First product id -> ``Gated``, for each stacked pair of products (the caller passes
@@ -161,22 +161,22 @@ def gated_epilogues(nodes: list[MLOperand], stacked: dict[int, list[MLOperand]],
     the exporter spelled it. ``taken``: roots that must keep their launch; ``pinned``: roots
     that must be written (a graph output)."""
     consumers = fusion.consumers_of(nodes)
-    group_of = {o._id: g for g in groups.values() for o in g.ops}
+    group_of = {o.id: g for g in groups.values() for o in g.ops}
     out: dict[int, Gated] = {}
     for first, ms in stacked.items():
         if len(ms) != 2:
             continue
-        F = ms[0]._shape[-1]
-        readers = consumers.get(ms[0]._id, [])
-        grp = group_of.get(readers[0]._id) if readers else None  # checked against all below
-        if (grp is None or F % 2 or ms[1]._shape[-1] != F
-                or grp.ops[-1]._id in taken or any(m._id in pinned for m in ms)
-                or sorted(x._id for x in grp.leaves) != sorted(m._id for m in ms)):
+        F = ms[0].shape[-1]
+        readers = consumers.get(ms[0].id, [])
+        grp = group_of.get(readers[0].id) if readers else None  # checked against all below
+        if (grp is None or F % 2 or ms[1].shape[-1] != F
+                or grp.ops[-1].id in taken or any(m.id in pinned for m in ms)
+                or sorted(x.id for x in grp.leaves) != sorted(m.id for m in ms)):
             continue
-        ops = {o._id for o in grp.ops}
-        if all(c._id in ops for m in ms for c in consumers.get(m._id, [])) and all(
-                o._op in SAME_INDEX_OPS and S.size(o._shape) == F
-                and all(S.size(x._shape) == F for x in o._inputs) for o in grp.ops):
+        ops = {o.id for o in grp.ops}
+        if all(c.id in ops for m in ms for c in consumers.get(m.id, [])) and all(
+                o.op in SAME_INDEX_OPS and S.size(o.shape) == F
+                and all(S.size(x.shape) == F for x in o.inputs) for o in grp.ops):
             out[first] = Gated((ms[0], ms[1]), grp)
     return out
 
@@ -193,7 +193,7 @@ class Prologue:
     reduction: fusion.Group | None = None
 
     @property
-    def reduce_op(self) -> MLOperand | None:
+    def reduce_op(self) -> Node | None:
         return self.reduction.ops[-1] if self.reduction is not None else None
 
     @property
@@ -201,16 +201,16 @@ class Prologue:
         r = self.reduce_op
         assert r is not None
         return self.reduction.inner if len(self.reduction.ops) > 1 else fusion.Group(
-            [], [root(r._inputs[0])])
+            [], [root(r.inputs[0])])
 
     @property
-    def leaves(self) -> list[MLOperand]:
+    def leaves(self) -> list[Node]:
         """What the gemv reads for its vector, in binding order."""
         out = [x for x in self.group.leaves if x is not self.reduce_op]
         return out + (self._reduction_inner.leaves if self.reduction is not None else [])
 
     @property
-    def absorbed(self) -> list[MLOperand]:
+    def absorbed(self) -> list[Node]:
         """Ops with no launch of their own: the group's root and the reduction."""
         return [self.group.ops[-1]] + ([self.reduce_op] if self.reduction is not None else [])
 
@@ -225,15 +225,15 @@ class Prologue:
         inner = self._reduction_inner
         rops, rleaves = inner.fused_ops()
         rdecls, rbind = FU.leaf_decls(rleaves, len(bindings), "r_")
-        x = root(r._inputs[0])
-        pos = [o._id for o in inner.ops]
-        load = f"r_v{pos.index(x._id)}({{}})" if x._id in pos else "r_in0[{}]"
+        x = root(r.inputs[0])
+        pos = [o.id for o in inner.ops]
+        load = f"r_v{pos.index(x.id)}({{}})" if x.id in pos else "r_in0[{}]"
         rsrc = FU.functions(rops, rleaves, "r_")[0] if rops else ""
         return MM.VectorSource(decls + fsrc + rdecls + rsrc, bindings + rbind, element,
-                               (r._op, load, S.size(x._shape)))
+                               (r.op, load, S.size(x.shape)))
 
 
-def gemv_prologues(nodes: list[MLOperand], fold: dict[int, MLOperand], inlined: set[int],
+def gemv_prologues(nodes: list[Node], fold: dict[int, Node], inlined: set[int],
                    groups: dict[int, Any], taken: set[int], target: Target,
                    reductions: bool = True,
                    q4: dict[int, int] | None = None) -> dict[int, Prologue]:
@@ -251,12 +251,12 @@ def gemv_prologues(nodes: list[MLOperand], fold: dict[int, MLOperand], inlined: 
     consumers = fusion.consumers_of(nodes)
     out: dict[int, Prologue] = {}
     for a in _vector_roots(nodes, inlined, taken):
-        K = S.size(a._shape)
-        readers = consumers.get(a._id, [])
+        K = S.size(a.shape)
+        readers = consumers.get(a.id, [])
         if not readers or not all(
-                c._op == "matmul" and root(c._inputs[0]) is a and c._inputs[0]._shape[-1] == K
-                and S.size(c._shape[:-1]) == 1
-                and (c._id in q4 if q4 is not None else const_weight(c, fold) is not None)
+                c.op == "matmul" and root(c.inputs[0]) is a and c.inputs[0].shape[-1] == K
+                and S.size(c.shape[:-1]) == 1
+                and (c.id in q4 if q4 is not None else const_weight(c, fold) is not None)
                 for c in readers):
             continue
         if q4 is None and 4 * K + 4 * 512 > target.shared_bytes:
@@ -271,18 +271,18 @@ def gemv_prologues(nodes: list[MLOperand], fold: dict[int, MLOperand], inlined: 
             continue  # RMSNorm's tail without its reduction: as many launches, more work
         pro = Prologue(group, red)
         if q4 is not None:  # its other bindings: codes, scales, zero points, residual, outputs
-            if len(pro.leaves) + max(q4[c._id] for c in readers) > target.max_storage:
+            if len(pro.leaves) + max(q4[c.id] for c in readers) > target.max_storage:
                 continue
         elif len(pro.leaves) + 5 > target.max_storage:  # + weights, residual, 3 outputs
             pro = Prologue(group)
             if len(pro.leaves) + 5 > target.max_storage:
                 continue
         for c in readers:
-            out[c._id] = pro
+            out[c.id] = pro
     return out
 
 
-def row_reductions(nodes: list[MLOperand], inlined: set[int], groups: dict[int, Any],
+def row_reductions(nodes: list[Node], inlined: set[int], groups: dict[int, Any],
                    taken: set[int], reduce_taken: set[int],
                    target: Target) -> dict[int, Prologue]:
     """Group root id -> the element-wise group and the reduction it reads, where the
@@ -296,58 +296,58 @@ def row_reductions(nodes: list[MLOperand], inlined: set[int], groups: dict[int, 
     out: dict[int, Prologue] = {}
     for a in _vector_roots(nodes, inlined, taken):
         group = _group(a, groups, inlined)
-        red = _reduction_of(group, consumers, groups, inlined, reduce_taken, row_shape=a._shape)
-        if red is None or S.size(a._shape) // a._shape[-1] > 65535:
+        red = _reduction_of(group, consumers, groups, inlined, reduce_taken, row_shape=a.shape)
+        if red is None or S.size(a.shape) // a.shape[-1] > 65535:
             continue
         pro = Prologue(group, red)
         if len(pro.leaves) + 1 <= target.max_storage:
-            out[a._id] = pro
+            out[a.id] = pro
     return out
 
 
-def _vector_roots(nodes: list[MLOperand], inlined: set[int],
-                  taken: set[int]) -> Iterator[MLOperand]:
+def _vector_roots(nodes: list[Node], inlined: set[int],
+                  taken: set[int]) -> Iterator[Node]:
     """Ops that may root a computed float32 vector: fusible, launched, not taken."""
-    return (a for a in nodes if fusion.is_fusible(a) and a._id not in inlined
-            and a._id not in taken and a._dtype.wgsl == "f32")
+    return (a for a in nodes if fusion.is_fusible(a) and a.id not in inlined
+            and a.id not in taken and a.dtype.wgsl == "f32")
 
 
-def _group(o: MLOperand, groups: dict[int, Any], inlined: set[int]) -> fusion.Group:
+def _group(o: Node, groups: dict[int, Any], inlined: set[int]) -> fusion.Group:
     """The fused group rooted at ``o`` (a single-op group where fusion made none)."""
-    return groups.get(o._id) or fusion.collect(o, inlined)[0]
+    return groups.get(o.id) or fusion.collect(o, inlined)[0]
 
 
-def _reduction_of(group: fusion.Group, consumers: dict[int, list[MLOperand]],
+def _reduction_of(group: fusion.Group, consumers: dict[int, list[Node]],
                   groups: dict[int, Any], inlined: set[int], taken: set[int],
                   row_shape: tuple[int, ...] | None = None) -> fusion.Group | None:
     """The reduction among ``group``'s leaves that only ``group`` reads: one element, or
     with ``row_shape``, one per row of an input of that shape (last axis, kept as 1)."""
-    ops = {o._id for o in group.ops}
+    ops = {o.id for o in group.ops}
     for x in group.leaves:
-        if (x._kind != "op" or not x._op.startswith("reduce_") or x._dtype.wgsl != "f32"
-                or x._id in taken or not all(c._id in ops for c in consumers.get(x._id, []))):
+        if (x.kind != "op" or not x.op.startswith("reduce_") or x.dtype.wgsl != "f32"
+                or x.id in taken or not all(c.id in ops for c in consumers.get(x.id, []))):
             continue
-        v = tuple(x._inputs[0]._shape)
+        v = tuple(x.inputs[0].shape)
         if row_shape is None:
-            ok = S.size(x._shape) == 1
+            ok = S.size(x.shape) == 1
         else:
             ok = (v == tuple(row_shape) and len(v) >= 1 and v[-1] > 1
-                  and tuple(x._shape) == v[:-1] + (1,)
-                  and tuple(x._attrs["axes"]) == (len(v) - 1,))
+                  and tuple(x.shape) == v[:-1] + (1,)
+                  and tuple(x.attrs["axes"]) == (len(v) - 1,))
         if ok:
             return _group(x, groups, inlined)
     return None
 
 
-def stacked_rows(parts: list[tuple[MLOperand, bool, Any]]) -> np.ndarray:
+def stacked_rows(parts: list[tuple[Node, bool, Any]]) -> np.ndarray:
     """The stacked (sum N, K) weights of a stacked gemv, flat."""
     rows = [weight_rows(src, shp, b_t, 0, shp[0] if b_t else shp[1]) for src, b_t, shp in parts]
     return np.concatenate(rows)
 
 
-def weight_rows(src: MLOperand, b_shape: Any, b_t: bool, n0: int, nc: int) -> np.ndarray:
+def weight_rows(src: Node, b_shape: Any, b_t: bool, n0: int, nc: int) -> np.ndarray:
     """Rows [n0, n0 + nc) of a constant matmul operand in (N, K) layout, flat."""
-    w = src._value.astype(np.float32, copy=False).reshape(b_shape)
+    w = src.value.astype(np.float32, copy=False).reshape(b_shape)
     w = w[n0:n0 + nc] if b_t else w[:, n0:n0 + nc].T
     return np.ascontiguousarray(w).reshape(-1)
 
@@ -410,55 +410,55 @@ def _weights(count: int, rows: Callable[[], np.ndarray], half: bool) -> Deferred
     return Deferred(count // 2, partial(packed_f16, rows)) if half else Deferred(count, rows)
 
 
-def gemv_input(plan: Any, o: MLOperand, ins: list[Slot],
+def gemv_input(plan: Any, o: Node, ins: list[Slot],
                slot_of: Any) -> tuple[list[Slot], MM.VectorSource | None]:
     """(slots bound for a gemv's input vector, its prologue source or None): the vector's
     own slot, or the leaves the gemv computes it from."""
-    pro = plan.prologue.get(o._id)
+    pro = plan.prologue.get(o.id)
     if pro is None:
         return [ins[0]], None
     return [slot_of(x) for x in pro.leaves], pro.source()
 
 
-@claims(10, lambda plan, o: o._id in plan.stacked and o._id not in plan.q4)
+@claims(10, lambda plan, o: o.id in plan.stacked and o.id not in plan.q4)
 def _lower_stacked(n: Site) -> None:
     """Products of one input against stacked weights (``stacked_gemvs``): one launch
     writing each output (4-bit ones: ``match_q4``)."""
     plan, o = n.plan, n.node
-    group = plan.stacked[o._id]
+    group = plan.stacked[o.id]
     parts = [const_weight(m, plan.fold) for m in group]
-    sizes = [m._shape[-1] for m in group]
-    K = o._inputs[0]._shape[-1]
+    sizes = [m.shape[-1] for m in group]
+    K = o.inputs[0].shape[-1]
     variant = plan.options.gemv_variant(plan.target)
-    half = _f16_weights(plan.options.gemv_weights, variant, K, [src._value for src, _, _ in parts])
-    slot = ("const", ("S", o._id))
+    half = _f16_weights(plan.options.gemv_weights, variant, K, [src.value for src, _, _ in parts])
+    slot = ("const", ("S", o.id))
     plan.consts.setdefault(slot, _weights(sum(sizes) * K, partial(stacked_rows, parts), half))
     a_slots, source = gemv_input(plan, o, n.ins, n.slot_of)
-    k = gemv_rows(plan.target, variant, o._inputs[0]._shape, (sum(sizes), K), (1, sum(sizes)),
+    k = gemv_rows(plan.target, variant, o.inputs[0].shape, (sum(sizes), K), (1, sum(sizes)),
                   0, None, splits=sizes, prologue=source, f16_weights=half)
     n.add(KernelLaunch(k, a_slots + [slot] + [n.slot_of(m) for m in group]))
 
 
-@claims(40, lambda plan, o: o._id in plan.vectors)
+@claims(40, lambda plan, o: o.id in plan.vectors)
 def _lower_vector(n: Site) -> None:
     """A vector computed in one launch with its reduction (``row_reductions``)."""
-    vec, shp = n.plan.vectors[n.node._id], n.shape
+    vec, shp = n.plan.vectors[n.node.id], n.shape
     count = S.size(shp)
-    traffic = 4 * (sum(S.size(x._shape) for x in vec.leaves) + count)
+    traffic = 4 * (sum(S.size(x.shape) for x in vec.leaves) + count)
     n.add(KernelLaunch(MM.computed_vector(vec.source(), count, traffic, count // shp[-1],
                                           subgroup=n.plan.target.subgroup,
                                           unrolled=n.plan.options.row_vector != "loop"),
                        n.ins + [n.out]))
 
 
-def lower_const_gemv(n: Site, src: MLOperand, b_shape: Any, b_t: bool) -> None:
+def lower_const_gemv(n: Site, src: Node, b_shape: Any, b_t: bool) -> None:
     """One row times constant weights: the weights repacked (N, K), each chunk within the
     binding limit at upload time (Deferred), so the host never holds a second model."""
     plan, o = n.plan, n.node
-    a = o._inputs[0]
+    a = o.inputs[0]
     N, K = (b_shape[0], b_shape[1]) if b_t else (b_shape[1], b_shape[0])
     variant = plan.options.gemv_variant(plan.target)
-    half = _f16_weights(plan.options.gemv_weights, variant, K, [src._value])
+    half = _f16_weights(plan.options.gemv_weights, variant, K, [src.value])
     per = max(8, (plan.max_binding // (4 * K)) // 8 * 8)
     for c, n0 in enumerate(range(0, N, per)):
         nc = min(per, N - n0)
@@ -466,25 +466,25 @@ def lower_const_gemv(n: Site, src: MLOperand, b_shape: Any, b_t: bool) -> None:
         rows = partial(weight_rows, src, b_shape, b_t, n0, nc)
         if variant.startswith("cols"):
             # k-major, interleaved by column (kernels/matmul.py gemv_cols)
-            slot = ("const", ("C", src._id, c))
+            slot = ("const", ("C", src.id, c))
             plan.consts.setdefault(slot, Deferred(nc * K, partial(interleave, rows, nc, K)))
             ncols, wg, ng = COLS.get(variant, COLS["cols"])
-            k = MM.gemv_cols(a._shape, K, n.shape, n_off=n0, n_chunk=chunk, cols=ncols,
+            k = MM.gemv_cols(a.shape, K, n.shape, n_off=n0, n_chunk=chunk, cols=ncols,
                              wg=wg, groups=ng)
             n.add(KernelLaunch(k, [n.ins[0], slot, n.out]))
             continue
         if b_t and nc == N and not half:
             slot = n.slot_of(src)  # already (N, K) and whole: the constant itself
         else:
-            slot = ("const", ("H" if half else "T", src._id, c))
+            slot = ("const", ("H" if half else "T", src.id, c))
             plan.consts.setdefault(slot, _weights(nc * K, rows, half))
         if variant == "legacy":
-            k = MM.gemv(a._shape, (N, K), n.shape, b_t=True, n_off=n0, n_chunk=chunk)
+            k = MM.gemv(a.shape, (N, K), n.shape, b_t=True, n_off=n0, n_chunk=chunk)
             n.add(KernelLaunch(k, [n.ins[0], slot, n.out]))
             continue
         a_slots, source = gemv_input(plan, o, n.ins, n.slot_of)
-        dst, res = plan.epilogue.get(o._id, (o, None))  # (the add, residual)
-        k = gemv_rows(plan.target, variant, a._shape, (N, K), n.shape, n0, chunk,
+        dst, res = plan.epilogue.get(o.id, (o, None))  # (the add, residual)
+        k = gemv_rows(plan.target, variant, a.shape, (N, K), n.shape, n0, chunk,
                       residual=res is not None, prologue=source, f16_weights=half)
         n.add(KernelLaunch(k, a_slots + [slot] + ([n.slot_of(res)] if res is not None else [])
                            + [n.slot_of(dst)]))

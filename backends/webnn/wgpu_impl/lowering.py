@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from .. import shapes as S
-from .._classes import MLOperand, blocks
+from .._classes import blocks
+from ..ir import Node
 from ..kernels import elementwise as EW
 from ..kernels import matmul as MM
 from ..kernels import movement as MV
@@ -31,15 +32,15 @@ def lower_steps(plan: Plan, order: list[Step], dest: dict[int, Slot]) -> None:
     """Append the launches of every live step, in order; operands without a destination
     get a constant or an intermediate slot."""
 
-    def slot_of(r: MLOperand) -> Slot:
-        if r._id in dest:
-            return dest[r._id]
-        if r._kind == "constant":
-            sl = ("const", r._id)
-            plan.consts.setdefault(sl, r._value.astype(r._dtype.device_np, copy=False).reshape(-1))
+    def slot_of(r: Node) -> Slot:
+        if r.id in dest:
+            return dest[r.id]
+        if r.kind == "constant":
+            sl = ("const", r.id)
+            plan.consts.setdefault(sl, r.value.astype(r.dtype.device_np, copy=False).reshape(-1))
             return sl
-        sl = ("temp", r._id)
-        plan.temps[sl] = -(-S.size(r._shape) * r._dtype.itemsize // 4)
+        sl = ("temp", r.id)
+        plan.temps[sl] = -(-S.size(r.shape) * r.dtype.itemsize // 4)
         return sl
 
     appends = [pp for pp in plan.pairs if pp.append]
@@ -47,17 +48,17 @@ def lower_steps(plan: Plan, order: list[Step], dest: dict[int, Slot]) -> None:
         if not st.live:
             continue
         if st.kind == "check":
-            ids = [r._id for r in st.reads]
-            k = MV.capacity_check([(pp.indices._dtype.wgsl, pp.indices._shape,
-                                    pp.past._shape) for pp in appends],
-                                  [ids.index(root(pp.indices)._id) for pp in appends])
+            ids = [r.id for r in st.reads]
+            k = MV.capacity_check([(pp.indices.dtype.wgsl, pp.indices.shape,
+                                    pp.past.shape) for pp in appends],
+                                  [ids.index(root(pp.indices).id) for pp in appends])
             plan.launches.append(KernelLaunch(k, [("status",)] + [slot_of(r) for r in st.reads]))
         elif st.kind == "copy":
             r = st.reads[0]
             plan.launches.append(CopyLaunch(slot_of(r), st.copy_dst,
-                                            r._dtype.itemsize * S.size(r._shape)))
+                                            r.dtype.itemsize * S.size(r.shape)))
         else:
-            n = Site(plan, st.node, st.reads, slot_of, plan.in_place.get(st.node._id),
+            n = Site(plan, st.node, st.reads, slot_of, plan.in_place.get(st.node.id),
                      plan.has_check)
             lowering_of(plan, st.node)(n)
 
@@ -68,8 +69,8 @@ def _elementwise(n: Site) -> None:
     """One element-wise op (not fused): an input the pair aliases in place is not bound."""
     o = n.node
     alias = n.pair.alias_input if n.pair is not None else None
-    k = EW.elementwise(o._op, [x._dtype.wgsl for x in o._inputs], [x._shape for x in o._inputs],
-                       n.dtype, n.shape, alias=alias, guarded=n.guarded, attrs=o._attrs)
+    k = EW.elementwise(o.op, [x.dtype.wgsl for x in o.inputs], [x.shape for x in o.inputs],
+                       n.wgsl, n.shape, alias=alias, guarded=n.guarded, attrs=o.attrs)
     slots = [s for j, s in enumerate(n.ins) if j != alias] + [n.out]
     n.add(KernelLaunch(k, slots + n.status()))
 
@@ -79,52 +80,52 @@ def _matmul(n: Site) -> None:
     """A product: one row times constant weights (``gemv``), one row or a few against a
     transposed B, a few rows split along K, or the generic tiled kernel."""
     plan, o, ins, out, shp = n.plan, n.node, n.ins, n.out, n.shape
-    a, b = o._inputs
-    src = plan.fold.get(o._id, root(b))  # storage read for B (reshapes are views)
+    a, b = o.inputs
+    src = plan.fold.get(o.id, root(b))  # storage read for B (reshapes are views)
     b_t = src is not root(b)
     # B's logical shape: the transpose's input when the transpose is folded
-    b_shape = root(b)._inputs[0]._shape if b_t else b._shape
-    M = a._shape[-2]
-    if M == 1 and src._kind == "constant" and len(b_shape) == 2:
+    b_shape = root(b).inputs[0].shape if b_t else b.shape
+    M = a.shape[-2]
+    if M == 1 and src.kind == "constant" and len(b_shape) == 2:
         GV.lower_const_gemv(n, src, b_shape, b_t)
     elif b_t and M == 1:
         k = GV.gemv_rows(plan.target, plan.options.gemv_variant(plan.target, cols_ok=False),
-                         a._shape, b_shape, shp, 0, None)
+                         a.shape, b_shape, shp, 0, None)
         n.add(KernelLaunch(k, [ins[0], ins[1], out]))
     elif 1 < M <= 8 and b_t and plan.options.attention != "generic":
-        n.add(KernelLaunch(MM.matmul_bt_small_m(a._shape, b_shape, shp), [ins[0], ins[1], out]))
-    elif M <= 8 and not b_t and a._shape[-1] >= 256 and plan.options.attention != "generic":
+        n.add(KernelLaunch(MM.matmul_bt_small_m(a.shape, b_shape, shp), [ins[0], ins[1], out]))
+    elif M <= 8 and not b_t and a.shape[-1] >= 256 and plan.options.attention != "generic":
         chunk = 512 if plan.target.cpu else 64
-        k1, k2, parts = MM.matmul_splitk(a._shape, b_shape, shp, chunk)
-        part = ("temp", ("splitk", o._id))
+        k1, k2, parts = MM.matmul_splitk(a.shape, b_shape, shp, chunk)
+        part = ("temp", ("splitk", o.id))
         plan.temps[part] = parts
         n.add(KernelLaunch(k1, [ins[0], ins[1], part]))
         n.add(KernelLaunch(k2, [part, out]))
     else:
-        n.add(KernelLaunch(MM.matmul(a._shape, b_shape, shp, b_t=b_t), [ins[0], ins[1], out]))
+        n.add(KernelLaunch(MM.matmul(a.shape, b_shape, shp, b_t=b_t), [ins[0], ins[1], out]))
 
 
 @lowers("dequantize_linear")
 def _dequantize_linear(n: Site) -> None:
-    x, scale, _ = n.node._inputs
-    k = QK.dequantize_linear(x._dtype.name, x._shape, blocks(x._shape, scale._shape), n.dtype)
+    x, scale, _ = n.node.inputs
+    k = QK.dequantize_linear(x.dtype.name, x.shape, blocks(x.shape, scale.shape), n.wgsl)
     n.add(KernelLaunch(k, n.ins + [n.out]))
 
 
 @lowers("softmax")
 def _softmax(n: Site) -> None:
-    x, axis = n.node._inputs[0], n.node._attrs["axis"]
-    wg = 256 if not n.plan.target.cpu and x._shape[axis] >= 1024 else 64
-    n.add(KernelLaunch(RD.softmax(x._shape, axis, wg), [n.ins[0], n.out]))
+    x, axis = n.node.inputs[0], n.node.attrs["axis"]
+    wg = 256 if not n.plan.target.cpu and x.shape[axis] >= 1024 else 64
+    n.add(KernelLaunch(RD.softmax(x.shape, axis, wg), [n.ins[0], n.out]))
 
 
 @lowers(*REDUCE_OPS)
 def _reduce(n: Site) -> None:
     """A reduction, reading its input's fused group (if any) itself."""
     o = n.node
-    group = n.plan.groups.get(o._id)
+    group = n.plan.groups.get(o.id)
     wg = 64 if n.plan.target.cpu else 256
-    k = RD.reduce(o._op, n.dtype, o._inputs[0]._shape, o._attrs["axes"],
+    k = RD.reduce(o.op, n.wgsl, o.inputs[0].shape, o.attrs["axes"],
                   group.input_source() if group else None, wg=wg)
     reads = [n.slot_of(x) for x in group.inner.leaves] if group else [n.ins[0]]
     n.add(KernelLaunch(k, reads + [n.out]))
@@ -133,8 +134,8 @@ def _reduce(n: Site) -> None:
 @lowers("transpose")
 def _transpose(n: Site) -> None:
     o = n.node
-    st = S.strides(o._inputs[0]._shape)
-    k = MV.strided_copy(n.dtype, n.shape, 0, [st[p] for p in o._attrs["permutation"]], 0,
+    st = S.strides(o.inputs[0].shape)
+    k = MV.strided_copy(n.wgsl, n.shape, 0, [st[p] for p in o.attrs["permutation"]], 0,
                         S.strides(n.shape), "transpose", guarded=n.guarded)
     n.add(KernelLaunch(k, [n.ins[0], n.out] + n.status()))
 
@@ -142,10 +143,10 @@ def _transpose(n: Site) -> None:
 @lowers("slice")
 def _slice(n: Site) -> None:
     o = n.node
-    st = S.strides(o._inputs[0]._shape)
-    base = sum(s * d for s, d in zip(o._attrs["starts"], st, strict=False))
-    k = MV.strided_copy(n.dtype, n.shape, base,
-                        [d * s for d, s in zip(st, o._attrs["strides"], strict=False)],
+    st = S.strides(o.inputs[0].shape)
+    base = sum(s * d for s, d in zip(o.attrs["starts"], st, strict=False))
+    k = MV.strided_copy(n.wgsl, n.shape, base,
+                        [d * s for d, s in zip(st, o.attrs["strides"], strict=False)],
                         0, S.strides(n.shape), "slice", guarded=n.guarded)
     n.add(KernelLaunch(k, [n.ins[0], n.out] + n.status()))
 
@@ -154,51 +155,51 @@ def _slice(n: Site) -> None:
 def _concat(n: Site) -> None:
     """A strided copy an input, each at its offset along the axis."""
     o = n.node
-    ax = o._attrs["axis"]
+    ax = o.attrs["axis"]
     ost = S.strides(n.shape)
     off = 0
-    for x, sl in zip(o._inputs, n.ins, strict=False):
-        k = MV.strided_copy(n.dtype, x._shape, 0, S.strides(x._shape), off * ost[ax], ost,
+    for x, sl in zip(o.inputs, n.ins, strict=False):
+        k = MV.strided_copy(n.wgsl, x.shape, 0, S.strides(x.shape), off * ost[ax], ost,
                             "concat", guarded=n.guarded)
         n.add(KernelLaunch(k, [sl, n.out] + n.status()))
-        off += x._shape[ax]
+        off += x.shape[ax]
 
 
 @lowers("gather")
 def _gather(n: Site) -> None:
-    o, plan, t = n.node, n.plan, n.dtype
-    x, idx = o._inputs
-    ax = o._attrs["axis"]
+    o, plan, t = n.node, n.plan, n.wgsl
+    x, idx = o.inputs
+    ax = o.attrs["axis"]
     src = n.reads[0]
-    row = 4 * S.size(x._shape[1:])
-    if not (src._kind == "constant" and ax == 0 and row * x._shape[0] > plan.max_binding):
-        k = MV.gather(t, idx._dtype.wgsl, x._shape, idx._shape, ax)
+    row = 4 * S.size(x.shape[1:])
+    if not (src.kind == "constant" and ax == 0 and row * x.shape[0] > plan.max_binding):
+        k = MV.gather(t, idx.dtype.wgsl, x.shape, idx.shape, ax)
         n.add(KernelLaunch(k, [n.ins[0], n.ins[1], n.out]))
         return
     # a table beyond the storage-binding limit (a 128k-row embedding): one launch per
     # chunk of rows, each writing the outputs whose index falls in it
     per = max(1, plan.max_binding // row)
-    flat = src._value.astype(src._dtype.device_np, copy=False).reshape(x._shape[0], -1)
-    for c, r0 in enumerate(range(0, x._shape[0], per)):
-        slot = ("const", ("G", src._id, c))
+    flat = src.value.astype(src.dtype.device_np, copy=False).reshape(x.shape[0], -1)
+    for c, r0 in enumerate(range(0, x.shape[0], per)):
+        slot = ("const", ("G", src.id, c))
         plan.consts.setdefault(slot, np.ascontiguousarray(flat[r0:r0 + per]).reshape(-1))
-        k = MV.gather(t, idx._dtype.wgsl, x._shape, idx._shape, 0,
-                      rows=(r0, min(r0 + per, x._shape[0])))
+        k = MV.gather(t, idx.dtype.wgsl, x.shape, idx.shape, 0,
+                      rows=(r0, min(r0 + per, x.shape[0])))
         n.add(KernelLaunch(k, [slot, n.ins[1], n.out]))
 
 
-def _unchanged_rows(n: Site, m: MLOperand) -> None:
+def _unchanged_rows(n: Site, m: Node) -> None:
     """The rows a row write leaves unchanged, copied into its result by a kernel in the same
     compute pass: a copy_buffer_to_buffer would split the pass (a pipeline barrier per cache
     on NVIDIA; PERFORMANCE.md, "Knobs"), a cost of this implementation, not of the
     stateless API. Counted as kernel bytes."""
-    t, shp = n.dtype, n.shape
-    pair = [n.slot_of(root(m._inputs[0])), n.slot_of(m)]
+    t, shp = n.wgsl, n.shape
+    pair = [n.slot_of(root(m.inputs[0])), n.slot_of(m)]
     how = n.plan.options.cache_copy
     if how == "buffer":
-        n.add(CopyLaunch(*pair, n.node._dtype.itemsize * S.size(shp)))
+        n.add(CopyLaunch(*pair, n.node.dtype.itemsize * S.size(shp)))
     elif how in (None, "vec4") and t in ("f32", "f16"):
-        n.add(KernelLaunch(MV.copy_vec4(S.size(shp), itemsize=n.node._dtype.itemsize), pair))
+        n.add(KernelLaunch(MV.copy_vec4(S.size(shp), itemsize=n.node.dtype.itemsize), pair))
     else:
         n.add(KernelLaunch(EW.elementwise("identity", [t], [shp], t, shp), pair))
 
@@ -208,22 +209,22 @@ def _scatter_nd(n: Site) -> None:
     """Row writes at one index tensor (``plan.row_writes``: a layer's K and V), one launch;
     the rows of a write not in place copied first."""
     plan, o = n.plan, n.node
-    idx = o._inputs[1]
-    members = plan.row_writes.get(o._id, [o])
-    guarded = n.has_check and any(m._id in plan.in_place for m in members)
+    idx = o.inputs[1]
+    members = plan.row_writes.get(o.id, [o])
+    guarded = n.has_check and any(m.id in plan.in_place for m in members)
     updates, upd_slots = [], []
     for j, m in enumerate(members):
-        mp = plan.in_place.get(m._id)
+        mp = plan.in_place.get(m.id)
         if not (mp is not None and mp.append):
             _unchanged_rows(n, m)
-        group = plan.groups.get(m._id)  # updates computed by the row write (RoPE of k)
+        group = plan.groups.get(m.id)  # updates computed by the row write (RoPE of k)
         if group is None:
             updates.append(None)
-            upd_slots.append(n.slot_of(root(m._inputs[2])))
+            upd_slots.append(n.slot_of(root(m.inputs[2])))
         else:
             updates.append(group.input_source(first=1 + len(upd_slots), prefix=f"u{j}_"))
             upd_slots += [n.slot_of(leaf) for leaf in group.inner.leaves]
-    k = MV.scatter_nd(n.dtype, idx._dtype.wgsl, n.shape, idx._shape, guarded=guarded,
+    k = MV.scatter_nd(n.wgsl, idx.dtype.wgsl, n.shape, idx.shape, guarded=guarded,
                       updates=updates)
     n.add(KernelLaunch(k, [n.slot_of(root(idx))] + upd_slots + [n.slot_of(m) for m in members]
                        + n.status(guarded)))
@@ -231,38 +232,38 @@ def _scatter_nd(n: Site) -> None:
 
 @lowers("cumulative_sum")
 def _cumulative_sum(n: Site) -> None:
-    a = n.node._attrs
-    n.add(KernelLaunch(RD.cumulative_sum(n.dtype, n.shape, a["axis"], a["exclusive"],
+    a = n.node.attrs
+    n.add(KernelLaunch(RD.cumulative_sum(n.wgsl, n.shape, a["axis"], a["exclusive"],
                                          a["reversed"]), [n.ins[0], n.out]))
 
 
 @lowers("scatter_elements")
 def _scatter_elements(n: Site) -> None:
     """The input copied, then the updates written at their indices."""
-    t, shp = n.dtype, n.shape
-    idx = n.node._inputs[1]
+    t, shp = n.wgsl, n.shape
+    idx = n.node.inputs[1]
     n.add(KernelLaunch(MV.strided_copy(t, shp, 0, S.strides(shp), 0, S.strides(shp), "copy"),
                        [n.ins[0], n.out]))
-    n.add(KernelLaunch(MV.scatter_elements(t, idx._dtype.wgsl, shp, idx._shape,
-                                           n.node._attrs["axis"]), [n.ins[1], n.ins[2], n.out]))
+    n.add(KernelLaunch(MV.scatter_elements(t, idx.dtype.wgsl, shp, idx.shape,
+                                           n.node.attrs["axis"]), [n.ins[1], n.ins[2], n.out]))
 
 
 @lowers("pad")
 def _pad(n: Site) -> None:
     """Edge or reflection padding, one launch (constant padding is a concat at build)."""
-    a = n.node._attrs
-    n.add(KernelLaunch(MV.pad(n.dtype, n.node._inputs[0]._shape, a["beginning"], n.shape,
+    a = n.node.attrs
+    n.add(KernelLaunch(MV.pad(n.wgsl, n.node.inputs[0].shape, a["beginning"], n.shape,
                               a["mode"]), [n.ins[0], n.out]))
 
 
-def _too_large(plan: Plan, o: MLOperand) -> bool:
+def _too_large(plan: Plan, o: Node) -> bool:
     """An element-wise op (or fused group of them) binding more than one storage binding
     holds (a float32 [6000, 6000] add is 144 MB against 128 MiB)."""
-    if o._op not in fusion.ELEMENTWISE or o._id in plan.in_place:
+    if o.op not in fusion.ELEMENTWISE or o.id in plan.in_place:
         return False
-    ops = plan.groups[o._id].ops if o._id in plan.groups else [o]
-    return any(S.size(x._shape) * x._dtype.itemsize > plan.max_binding
-               for m in ops for x in (m, *m._inputs))
+    ops = plan.groups[o.id].ops if o.id in plan.groups else [o]
+    return any(S.size(x.shape) * x.dtype.itemsize > plan.max_binding
+               for m in ops for x in (m, *m.inputs))
 
 
 @claims(45, _too_large)  # before the fused group's one launch
@@ -271,15 +272,15 @@ def _split_elementwise(n: Site) -> None:
     the binding limit (``EW.row_chunks``), as gemv and gather split their constants; a
     range is bound at its offset (a ``("range", slot, offset, bytes)`` slot)."""
     plan = n.plan
-    ops = plan.groups[n.node._id].ops if n.node._id in plan.groups else [n.node]
+    ops = plan.groups[n.node.id].ops if n.node.id in plan.groups else [n.node]
     for o in ops:
-        if o._op not in fusion.ELEMENTWISE:
-            raise NotImplementedError(f"a fused {o._op} in an element-wise group beyond the "
+        if o.op not in fusion.ELEMENTWISE:
+            raise NotImplementedError(f"a fused {o.op} in an element-wise group beyond the "
                                       f"{plan.max_binding}-byte storage binding limit")
-        out_shape, in_shapes = EW.flat_view(o._shape, [x._shape for x in o._inputs])
-        sizes = [x._dtype.itemsize for x in o._inputs] + [o._dtype.itemsize]
+        out_shape, in_shapes = EW.flat_view(o.shape, [x.shape for x in o.inputs])
+        sizes = [x.dtype.itemsize for x in o.inputs] + [o.dtype.itemsize]
         chunks, by_rows = EW.row_chunks(out_shape, in_shapes, sizes, plan.max_binding)
-        slots = [n.slot_of(root(x)) for x in o._inputs] + [n.slot_of(o)]
+        slots = [n.slot_of(root(x)) for x in o.inputs] + [n.slot_of(o)]
         shapes = [*in_shapes, out_shape]
         ranged = [*by_rows, True]
         for r0, r1 in chunks:
@@ -296,6 +297,6 @@ def _split_elementwise(n: Site) -> None:
                 binds.append(("range", sl, off, -(-(start + (r1 - r0) * row - off) // 4) * 4))
                 bases.append((start - off) // e)
                 part.append((r1 - r0, *shp[1:]))
-            k = EW.elementwise(o._op, [x._dtype.wgsl for x in o._inputs], part[:-1],
-                               o._dtype.wgsl, part[-1], attrs=o._attrs, bases=bases)
+            k = EW.elementwise(o.op, [x.dtype.wgsl for x in o.inputs], part[:-1],
+                               o.dtype.wgsl, part[-1], attrs=o.attrs, bases=bases)
             n.add(KernelLaunch(k, binds))

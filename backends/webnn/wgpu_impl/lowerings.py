@@ -14,7 +14,7 @@ To add an op: in the module that owns its kernels (plain ops: ``lowering.py``), 
     @lowers("my_op")
     def _my_op(n: Site) -> None:
         \"\"\"Why it is launched this way.\"\"\"
-        k = MY.my_op(n.dtype, n.node.inputs[0].shape, n.shape, n.node.attrs["axis"])
+        k = MY.my_op(n.wgsl, n.node.inputs[0].shape, n.shape, n.node.attrs["axis"])
         n.add(KernelLaunch(k, n.ins + [n.out]))
 
 ``Site`` carries the node, its slots and the plan. A module that registers must be imported
@@ -56,13 +56,13 @@ class Site:
         self.ins = [self.slot_of(r) for r in self.reads]
 
     @property
-    def dtype(self) -> str:
+    def wgsl(self) -> str:
         """The result's WGSL element type."""
-        return self.node._dtype.wgsl
+        return self.node.dtype.wgsl
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return self.node._shape
+        return self.node.shape
 
     @property
     def guarded(self) -> bool:
@@ -117,7 +117,7 @@ def lowering_of(plan: Plan, node: Any) -> Lowering:
     for _, _, applies, fn in CLAIMS:
         if applies(plan, node):
             return fn
-    fn = LOWERINGS.get(node._op)
+    fn = LOWERINGS.get(node.op)
     if fn is None:
-        raise NotImplementedError(f"op {node._op!r}")
+        raise NotImplementedError(f"op {node.op!r}")
     return fn

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from .. import shapes as S
-from .._classes import MLOperand
+from ..ir import Node
 from ..kernels import attention as AT
 from ..kernels import attention_lanes as AL
 from ..stateful import root
@@ -44,24 +44,24 @@ MAX_Q_ROWS = 16
 class Attention:
     """One matched decode attention, lowered at ``out`` (the probs·V matmul)."""
 
-    out: MLOperand
-    q: MLOperand
-    k: MLOperand  # the cache the transpose was taken of (..., C, D)
-    v: MLOperand
-    qk: MLOperand
+    out: Node
+    q: Node
+    k: Node  # the cache the transpose was taken of (..., C, D)
+    v: Node
+    qk: Node
     score: fusion.Group | None  # the chain between QK and the softmax
     q_chain: fusion.Group | None = None  # q's element-wise group (RoPE), computed inside
 
     @property
-    def absorbed(self) -> list[MLOperand]:
+    def absorbed(self) -> list[Node]:
         """Ops computed inside the two kernels (no launch of their own)."""
-        softmax = root(self.out._inputs[0])
+        softmax = root(self.out.inputs[0])
         chain = self.score.ops if self.score is not None else []
         q_ops = self.q_chain.ops if self.q_chain is not None else []
         return [self.qk, softmax, *chain, *q_ops]
 
     @property
-    def leaves(self) -> list[MLOperand]:
+    def leaves(self) -> list[Node]:
         """What the kernels read, in binding order."""
         extra = [x for x in self.score.leaves if x is not self.qk] if self.score else []
         q = list(self.q_chain.leaves) if self.q_chain is not None else [self.q]
@@ -69,9 +69,9 @@ class Attention:
 
     def _dims(self) -> tuple[int, int, int, int, tuple | None, tuple | None]:
         """(heads, q rows, capacity, head dim, score chain, q chain) as the kernels take them."""
-        G, D = self.out._shape[-2], self.out._shape[-1]  # roots may be flat: use the views
-        C = self.qk._shape[-1]
-        heads = S.size(self.out._shape[:-2])
+        G, D = self.out.shape[-2], self.out.shape[-1]  # roots may be flat: use the views
+        C = self.qk.shape[-1]
+        heads = S.size(self.out.shape[:-2])
         score = self.score.fused_ops(param=self.qk) if self.score is not None else None
         q_chain = self.q_chain.fused_ops() if self.q_chain is not None else None
         return heads, G, C, D, score, q_chain
@@ -82,7 +82,7 @@ class Attention:
         ``f16_loads``: how a float16 cache is loaded (``flash_decode``; None: "wide")."""
         heads, G, C, D, score, q_chain = self._dims()
         return AT.flash_decode(heads, G, C, D, score, shared_bytes // 4, q_chain,
-                               splits or AT.SPLITS, kv=self.k._dtype.wgsl,
+                               splits or AT.SPLITS, kv=self.k.dtype.wgsl,
                                f16_loads=f16_loads or "wide")
 
     def one_launch(self, shared_bytes: int, splits: int | None = None,
@@ -92,7 +92,7 @@ class Attention:
         buffers than ``max_storage`` (the caller then lowers ``kernels``)."""
         heads, G, C, D, score, q_chain = self._dims()
         got = AT.flash_decode_one(heads, G, C, D, score, shared_bytes // 4, q_chain,
-                                  splits or AT.SPLITS1, kv=self.k._dtype.wgsl)
+                                  splits or AT.SPLITS1, kv=self.k.dtype.wgsl)
         if got is None or len(got[0].bindings) > max_storage:
             return None
         return got
@@ -106,116 +106,116 @@ class Attention:
         storage buffers than ``max_storage`` (the caller then lowers ``kernels``)."""
         heads, G, C, D, score, q_chain = self._dims()
         got = AL.flash_lanes(heads, G, C, D, score, shared_bytes // 4, q_chain,
-                             splits or AL.SPLITS_L, kv=self.k._dtype.wgsl, subgroup=subgroup,
+                             splits or AL.SPLITS_L, kv=self.k.dtype.wgsl, subgroup=subgroup,
                              fold=fold, unroll=unroll or AL.UNROLL)
         if got is None or len(got[0][0].bindings) > max_storage:
             return None
         return got
 
 
-def last2_transpose_input(o: MLOperand) -> MLOperand | None:
+def last2_transpose_input(o: Node) -> Node | None:
     """The input of ``o`` when ``o`` swaps its last two axes, else None."""
-    if o._kind != "op" or o._op != "transpose":
+    if o.kind != "op" or o.op != "transpose":
         return None
-    p = tuple(o._attrs["permutation"])
+    p = tuple(o.attrs["permutation"])
     r = len(p)
     if r >= 2 and p == tuple(range(r - 2)) + (r - 1, r - 2):
-        return root(o._inputs[0])
+        return root(o.inputs[0])
     return None
 
 
-def widened_f16(o: MLOperand) -> MLOperand:
+def widened_f16(o: Node) -> Node:
     """The float16 operand ``o`` is an exact float32 copy of (``cast(x, "float32")`` of a
     float16 ``x``), else ``o`` itself."""
-    if (o._kind == "op" and o._op == "cast" and o._dtype.wgsl == "f32"
-            and o._inputs[0]._dtype.wgsl == "f16"):
-        return root(o._inputs[0])
+    if (o.kind == "op" and o.op == "cast" and o.dtype.wgsl == "f32"
+            and o.inputs[0].dtype.wgsl == "f16"):
+        return root(o.inputs[0])
     return o
 
 
-def match_attention(nodes: list[MLOperand], inlined: set[int], groups: dict[int, fusion.Group],
+def match_attention(nodes: list[Node], inlined: set[int], groups: dict[int, fusion.Group],
           pinned: set[int], shared_bytes: int) -> dict[int, Attention]:
     """{probs·V matmul id: Attention} for every decode attention in ``nodes``."""
     consumers = fusion.consumers_of(nodes)
     only = lambda x, c: fusion.sole_reader(consumers, x, c)  # noqa: E731
     found: dict[int, Attention] = {}
     for o in nodes:
-        if o._kind != "op" or o._op != "matmul":
+        if o.kind != "op" or o.op != "matmul":
             continue
-        p = root(o._inputs[0])
-        v_view = o._inputs[1]
+        p = root(o.inputs[0])
+        v_view = o.inputs[1]
         v = root(v_view)
-        if (p._kind != "op" or p._op != "softmax" or p._id in pinned or not only(p, o)
-                or p._attrs["axis"] % len(p._shape) != len(p._shape) - 1
-                or last2_transpose_input(v) is not None or v._kind == "op" and v._op == "transpose"):
+        if (p.kind != "op" or p.op != "softmax" or p.id in pinned or not only(p, o)
+                or p.attrs["axis"] % len(p.shape) != len(p.shape) - 1
+                or last2_transpose_input(v) is not None or v.kind == "op" and v.op == "transpose"):
             continue
-        G, D = o._shape[-2], o._shape[-1]
-        batch = o._shape[:-2]
-        C = p._shape[-1]
-        if G > MAX_Q_ROWS or tuple(v_view._shape) != (*batch, C, D):
+        G, D = o.shape[-2], o.shape[-1]
+        batch = o.shape[:-2]
+        C = p.shape[-1]
+        if G > MAX_Q_ROWS or tuple(v_view.shape) != (*batch, C, D):
             continue
-        w = root(p._inputs[0])
-        if w._id in pinned or not only(w, p):
+        w = root(p.inputs[0])
+        if w.id in pinned or not only(w, p):
             continue
         score = None
-        if w._kind == "op" and w._op == "matmul":
+        if w.kind == "op" and w.op == "matmul":
             qk = w
-        elif fusion.is_fusible(w) and w._id not in inlined:
-            score = groups.get(w._id) or fusion.collect(w, inlined)[0]
-            qks = [x for x in score.leaves if x._kind == "op" and x._op == "matmul"]
+        elif fusion.is_fusible(w) and w.id not in inlined:
+            score = groups.get(w.id) or fusion.collect(w, inlined)[0]
+            qks = [x for x in score.leaves if x.kind == "op" and x.op == "matmul"]
             if len(qks) != 1:
                 continue
             qk = qks[0]
             if not _reads_at_own_index(score, qk):
                 continue
-            if not all(c in score.ops for c in consumers.get(qk._id, [])):
+            if not all(c in score.ops for c in consumers.get(qk.id, [])):
                 continue
         else:
             continue
-        if qk._id in pinned or tuple(qk._shape) != (*batch, G, C):
+        if qk.id in pinned or tuple(qk.shape) != (*batch, G, C):
             continue
-        k = last2_transpose_input(root(qk._inputs[1]))
-        q_view = qk._inputs[0]
-        if k is None or tuple(q_view._shape) != (*batch, G, D):
+        k = last2_transpose_input(root(qk.inputs[1]))
+        q_view = qk.inputs[0]
+        if k is None or tuple(q_view.shape) != (*batch, G, D):
             continue
         k, v = widened_f16(k), widened_f16(v)
-        if k._dtype.wgsl != v._dtype.wgsl:
+        if k.dtype.wgsl != v.dtype.wgsl:
             continue
-        if tuple(qk._inputs[1]._shape) != (*batch, D, C):
+        if tuple(qk.inputs[1].shape) != (*batch, D, C):
             continue
         if not AT.fits(G, D, shared_bytes // 4):
             continue
         q = root(q_view)
         q_chain = None
-        if (fusion.is_fusible(q) and q._id not in inlined and q._id not in pinned
-                and only(q, qk) and q._dtype.wgsl == "f32"):
-            q_chain = groups.get(q._id) or fusion.collect(q, inlined)[0]
-        found[o._id] = Attention(o, q, k, v, qk, score, q_chain)
+        if (fusion.is_fusible(q) and q.id not in inlined and q.id not in pinned
+                and only(q, qk) and q.dtype.wgsl == "f32"):
+            q_chain = groups.get(q.id) or fusion.collect(q, inlined)[0]
+        found[o.id] = Attention(o, q, k, v, qk, score, q_chain)
     return found
 
 
-def _reads_at_own_index(g: fusion.Group, qk: MLOperand) -> bool:
+def _reads_at_own_index(g: fusion.Group, qk: Node) -> bool:
     """Every op of the chain that depends on ``qk`` is element-wise on qk's shape and
     reads its dependent inputs without broadcasting."""
-    dep: set[int] = {qk._id}
+    dep: set[int] = {qk.id}
     for op in g.ops:
-        ins = [x for x in op._inputs if root(x)._id in dep]
+        ins = [x for x in op.inputs if root(x).id in dep]
         if not ins:
             continue
-        if op._op in _INDEX_OPS or tuple(op._shape) != tuple(qk._shape):
+        if op.op in _INDEX_OPS or tuple(op.shape) != tuple(qk.shape):
             return False
-        if any(tuple(x._shape) != tuple(qk._shape) for x in ins):
+        if any(tuple(x.shape) != tuple(qk.shape) for x in ins):
             return False
-        dep.add(op._id)
-    return g.ops[-1]._id in dep
+        dep.add(op.id)
+    return g.ops[-1].id in dep
 
 
 # -- lowering ------------------------------------------------------------------------------
-def _attention_one(plan: Any, o: MLOperand) -> tuple[Any, int, int] | None:
+def _attention_one(plan: Any, o: Node) -> tuple[Any, int, int] | None:
     """The one-launch decode attention where ``KernelOptions.attention`` asks for it
     ("flash1", "lanes1[_uN]") and it applies, else None."""
     if plan.options.attention == "flash1":
-        return plan.attention[o._id].one_launch(plan.target.shared_bytes,
+        return plan.attention[o.id].one_launch(plan.target.shared_bytes,
                                                 plan.options.attention_splits,
                                                 plan.target.max_storage)
     if (got := _attention_lanes(plan, o, True)) is not None:
@@ -223,26 +223,26 @@ def _attention_one(plan: Any, o: MLOperand) -> tuple[Any, int, int] | None:
     return None
 
 
-def _attention_lanes(plan: Any, o: MLOperand, fold: bool) -> tuple[list, int, int] | None:
+def _attention_lanes(plan: Any, o: Node, fold: bool) -> tuple[list, int, int] | None:
     """The lane-group decode attention (``attention_lanes``) where ``KernelOptions.attention``
     asks for it with (``fold``) or without the combine folded in and it applies, else None."""
     how = plan.options.attention_lanes()
     if how is None or how[0] != fold:
         return None
-    return plan.attention[o._id].lanes(plan.target.shared_bytes, plan.options.attention_splits,
+    return plan.attention[o.id].lanes(plan.target.shared_bytes, plan.options.attention_splits,
                                        plan.target.subgroup, fold, how[1],
                                        plan.target.max_storage)
 
 
-@claims(30, lambda plan, o: o._id in plan.attention)
+@claims(30, lambda plan, o: o.id in plan.attention)
 def _lower_attention(n: Site) -> None:
     """Decode attention in one launch (the combine folded in) where the options ask for it
     and it applies, else in two: the partials, then their combine."""
     plan, o = n.plan, n.node
-    part = ("temp", ("flash", o._id))
+    part = ("temp", ("flash", o.id))
     if (one := _attention_one(plan, o)) is not None:
         k1, parts, counters = one  # one launch: the combine folded in (``flash_decode_one``)
-        cnt = ("const", ("flash_count", o._id))
+        cnt = ("const", ("flash_count", o.id))
         plan.temps[part] = parts
         plan.consts.setdefault(cnt, np.zeros(counters, np.uint32))  # zero; left zero
         n.add(KernelLaunch(k1, n.ins + [part, n.out, cnt]))
@@ -250,7 +250,7 @@ def _lower_attention(n: Site) -> None:
     if (two := _attention_lanes(plan, o, False)) is not None:
         (k1, k2), parts, _ = two
     else:
-        k1, k2, parts = plan.attention[o._id].kernels(plan.target.shared_bytes,
+        k1, k2, parts = plan.attention[o.id].kernels(plan.target.shared_bytes,
                                                       plan.options.attention_splits,
                                                       plan.options.f16_loads)
     plan.temps[part] = parts

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from itertools import product
 
 from .. import shapes as S
-from .._classes import MLOperand
+from ..ir import Node
 from ..kernels import fused as FU
 from ..kernels import gdn as GD
 from ..stateful import root
@@ -53,33 +53,33 @@ from .match_attention import _reads_at_own_index
 class L2Norm:
     """``out = x / sqrt(reduce_sum(x * x, last axis) + eps)``, computed by the kernel."""
 
-    out: MLOperand
-    x: MLOperand  # the raw vector's storage
+    out: Node
+    x: Node  # the raw vector's storage
     eps: float
-    ops: list[MLOperand]  # mul, reduce_sum, add, sqrt, div
+    ops: list[Node]  # mul, reduce_sum, add, sqrt, div
 
 
 @dataclass
 class GatedDelta:
     """One matched decode step, lowered at ``out`` (Y, or O without an output chain)."""
 
-    out: MLOperand
-    state_in: MLOperand  # the old state's storage (P's root)
-    state_out: MLOperand  # N
-    k: MLOperand  # storage of kc and kr
-    q: MLOperand  # storage of qc
+    out: Node
+    state_in: Node  # the old state's storage (P's root)
+    state_out: Node  # N
+    k: Node  # storage of kc and kr
+    q: Node  # storage of qc
     batch: tuple[int, ...]
     dv: int
     dk: int
     k_strides: tuple[int, ...]
     q_strides: tuple[int, ...]
-    decay: fusion.Group | MLOperand  # a chain computed inside, or a buffer read per head
+    decay: fusion.Group | Node  # a chain computed inside, or a buffer read per head
     decay_strides: tuple[int, ...]
-    retrieval: MLOperand  # R, the delta chain's param
+    retrieval: Node  # R, the delta chain's param
     delta: fusion.Group
-    output: MLOperand  # O, the output chain's param
+    output: Node  # O, the output chain's param
     out_chain: fusion.Group | None
-    core: list[MLOperand]  # s, R, U, N, O
+    core: list[Node]  # s, R, U, N, O
     k_norm: L2Norm | None = None
     q_norm: L2Norm | None = None
     k_major: bool = False  # the state stored (*B, Dk, Dv)
@@ -90,31 +90,31 @@ class GatedDelta:
         return [x for x in (self.k_norm, self.q_norm) if x is not None]
 
     @property
-    def k_storage(self) -> MLOperand:
+    def k_storage(self) -> Node:
         return self.k_norm.x if self.k_norm is not None else self.k
 
     @property
-    def q_storage(self) -> MLOperand:
+    def q_storage(self) -> Node:
         return self.q_norm.x if self.q_norm is not None else self.q
 
     @property
-    def ops(self) -> list[MLOperand]:
+    def ops(self) -> list[Node]:
         """Every op the kernel computes (``out`` included)."""
         chains = [c for c in (self.decay, self.delta, self.out_chain)
                   if isinstance(c, fusion.Group)]
-        seen: dict[int, MLOperand] = {x._id: x for x in self.core}
+        seen: dict[int, Node] = {x.id: x for x in self.core}
         for c in chains:
-            seen.update((x._id, x) for x in c.ops)
+            seen.update((x.id, x) for x in c.ops)
         for nrm in self.norms:
-            seen.update((x._id, x) for x in nrm.ops)
+            seen.update((x.id, x) for x in nrm.ops)
         return list(seen.values())
 
     @property
-    def absorbed(self) -> list[MLOperand]:
+    def absorbed(self) -> list[Node]:
         """Ops computed inside the kernel other than ``out`` (no launch of their own)."""
         return [x for x in self.ops if x is not self.out]
 
-    def _chain_leaves(self) -> list[MLOperand]:
+    def _chain_leaves(self) -> list[Node]:
         out = list(self.decay.leaves) if isinstance(self.decay, fusion.Group) else [self.decay]
         out += [x for x in self.delta.leaves if x is not self.retrieval]
         if self.out_chain is not None:
@@ -122,7 +122,7 @@ class GatedDelta:
         return out
 
     @property
-    def leaves(self) -> list[MLOperand]:
+    def leaves(self) -> list[Node]:
         """What the kernel reads, in binding order (the old state first)."""
         return [self.state_in, self.k_storage, self.q_storage, *self._chain_leaves()]
 
@@ -131,12 +131,12 @@ class GatedDelta:
         if isinstance(self.decay, fusion.Group):
             decay = self.decay.fused_ops()
         else:  # a materialised decay: read through an identity op
-            shp = tuple(self.decay._shape)
+            shp = tuple(self.decay.shape)
             decay = ([FU.FusedOp("identity", {}, "f32", shp, [("leaf", 0)], ["f32"], [shp])],
                      [FU.Leaf("f32", S.size(shp))])
         return GD.gated_delta(
             self.batch, self.dv, self.dk, k_strides=self.k_strides, q_strides=self.q_strides,
-            k_size=S.size(self.k._shape), q_size=S.size(self.q._shape), decay=decay,
+            k_size=S.size(self.k.shape), q_size=S.size(self.q.shape), decay=decay,
             k_eps=self.k_norm.eps if self.k_norm is not None else None,
             q_eps=self.q_norm.eps if self.q_norm is not None else None,
             decay_strides=self.decay_strides, delta=self.delta.fused_ops(param=self.retrieval),
@@ -146,7 +146,7 @@ class GatedDelta:
             subgroup=subgroup, k_major=self.k_major, q_scale=self.q_scale)
 
 
-def match_gated_delta(nodes: list[MLOperand], inlined: set[int],
+def match_gated_delta(nodes: list[Node], inlined: set[int],
                       groups: dict[int, fusion.Group], pinned: set[int], taken: set[int],
                       max_storage: int, vectors: set[int] = frozenset(),
                       fold_norms: bool = True) -> dict[int, GatedDelta]:
@@ -158,7 +158,7 @@ def match_gated_delta(nodes: list[MLOperand], inlined: set[int],
     ``max_storage``: storage bindings a kernel may use; ``fold_norms``: fold q's and k's L2
     norms in where they match."""
     consumers = fusion.consumers_of(nodes)
-    owner = {x._id: r for r, g in groups.items() for x in g.ops}
+    owner = {x.id: r for r, g in groups.items() for x in g.ops}
     found: dict[int, GatedDelta] = {}
     for o in nodes:
         m = _match(o, consumers, inlined, groups, pinned, fold_norms)
@@ -166,12 +166,12 @@ def match_gated_delta(nodes: list[MLOperand], inlined: set[int],
             continue
         if len(m.leaves) + 3 > max_storage:  # + new state, output, status
             continue
-        found[m.out._id] = m
+        found[m.out.id] = m
     return found
 
 
-def _op(x: MLOperand, name: str) -> bool:
-    return x._kind == "op" and x._op == name
+def _op(x: Node, name: str) -> bool:
+    return x.kind == "op" and x.op == name
 
 
 def _batch_of(shape: tuple[int, ...], batch: tuple[int, ...]) -> tuple[int, ...] | None:
@@ -183,30 +183,30 @@ def _batch_of(shape: tuple[int, ...], batch: tuple[int, ...]) -> tuple[int, ...]
     return S.broadcast_strides(b, batch) if batch else ()
 
 
-def _match(o: MLOperand, consumers: dict[int, list[MLOperand]], inlined: set[int],
+def _match(o: Node, consumers: dict[int, list[Node]], inlined: set[int],
            groups: dict[int, fusion.Group], pinned: set[int],
            fold_norms: bool) -> GatedDelta | None:
     """The pattern ending at ``o`` (O = matmul(N, qc), or matmul(qr, N) over a K-major
     state), trying every operand order of the commutative ``add`` and ``mul`` ops (s and U
     are both muls of the state's shape)."""
-    if o._dtype.wgsl != "f32":
+    if o.dtype.wgsl != "f32":
         return None
     if _op(o, "matmul"):
-        forms = [(False, root(o._inputs[0]), None), (True, root(o._inputs[1]), None)]
-    elif _op(o, "reduce_sum") and _op(root(o._inputs[0]), "mul"):
-        x = root(o._inputs[0])
-        forms = [(True, root(v), x) for v in x._inputs]
+        forms = [(False, root(o.inputs[0]), None), (True, root(o.inputs[1]), None)]
+    elif _op(o, "reduce_sum") and _op(root(o.inputs[0]), "mul"):
+        x = root(o.inputs[0])
+        forms = [(True, root(v), x) for v in x.inputs]
     else:
         return None
     for k_major, n, x in forms:
-        if not _op(n, "add") or len(n._shape) < 3:
+        if not _op(n, "add") or len(n.shape) < 3:
             continue
-        for s_view, u_view in (n._inputs, n._inputs[::-1]):
+        for s_view, u_view in (n.inputs, n.inputs[::-1]):
             s, u = root(s_view), root(u_view)
             if not (_op(s, "mul") and _op(u, "mul")):
                 continue
-            for (d_view, k_u), (p_view, g_view) in product((u._inputs, u._inputs[::-1]),
-                                                           (s._inputs, s._inputs[::-1])):
+            for (d_view, k_u), (p_view, g_view) in product((u.inputs, u.inputs[::-1]),
+                                                           (s.inputs, s.inputs[::-1])):
                 m = _assemble(o, n, s_view, u_view, d_view, k_u, p_view, g_view, consumers,
                               inlined, groups, pinned, fold_norms, k_major, x)
                 if m is not None:
@@ -214,162 +214,196 @@ def _match(o: MLOperand, consumers: dict[int, list[MLOperand]], inlined: set[int
     return None
 
 
-def _assemble(o: MLOperand, n: MLOperand, s_view: MLOperand, u_view: MLOperand,
-              d_view: MLOperand, k_u: MLOperand, p_view: MLOperand, g_view: MLOperand,
-              consumers: dict[int, list[MLOperand]], inlined: set[int],
+def _assemble(o: Node, n: Node, s_view: Node, u_view: Node,
+              d_view: Node, k_u: Node, p_view: Node, g_view: Node,
+              consumers: dict[int, list[Node]], inlined: set[int],
               groups: dict[int, fusion.Group], pinned: set[int],
               fold_norms: bool, k_major: bool = False,
-              x: MLOperand | None = None) -> GatedDelta | None:
+              x: Node | None = None) -> GatedDelta | None:
     """The match for one assignment of the operands, or None if any condition fails.
     ``k_u``: U's k operand; ``k_major``: the transposed pattern; ``x``: O's mul(N, qc)
     in the sum form (module docstring)."""
     only = lambda a, c: fusion.sole_reader(consumers, a, c)  # noqa: E731
     s, u = root(s_view), root(u_view)
-    *batch_l, rows_, cols_ = n._shape
+    *batch_l, rows_, cols_ = n.shape
     batch = tuple(batch_l)
     dv, dk = (cols_, rows_) if k_major else (rows_, cols_)
-    full, col = tuple(n._shape), ((*batch, 1, dv) if k_major else (*batch, dv, 1))
+    full, col = tuple(n.shape), ((*batch, 1, dv) if k_major else (*batch, dv, 1))
     cols = {col, (*batch, dv)} if x is not None else {col}  # R's, d's and O's shapes
     k_row = (dk, 1) if k_major else (1, dk)  # U's k operand
     k_col = (dk, 1) if x is not None else (1, dk) if k_major else (dk, 1)  # R's (O's q)
     si = 1 if k_major else 0  # where the state sits in the matmuls
     if x is None:
-        n_view, qc = o._inputs[si], o._inputs[1 - si]
+        n_view, qc = o.inputs[si], o.inputs[1 - si]
         reader = o
     else:
-        n_view, qc = x._inputs if root(x._inputs[0]) is n else x._inputs[::-1]
+        n_view, qc = x.inputs if root(x.inputs[0]) is n else x.inputs[::-1]
         reader = x
-        if (x._id in pinned or not only(x, o) or tuple(x._shape) != full
-                or tuple(o._attrs["axes"]) != (len(full) - 2,)):
+        if (x.id in pinned or not only(x, o) or tuple(x.shape) != full
+                or tuple(o.attrs["axes"]) != (len(full) - 2,)):
             return None
-    if (tuple(n_view._shape) != full or tuple(o._shape) not in cols or not only(n, reader)
-            or any(tuple(v._shape) != full for v in (s_view, u_view, s, u, p_view))):
+    if (tuple(n_view.shape) != full or tuple(o.shape) not in cols or not only(n, reader)
+            or any(tuple(v.shape) != full for v in (s_view, u_view, s, u, p_view))):
         return None
-    if s._id in pinned or u._id in pinned or not only(u, n):
+    if s.id in pinned or u.id in pinned or not only(u, n):
         return None
-    # R: the other reader of s, matmul(s, kc) (matmul(kr, s) K-major; or the sum form's
-    # reduce_sum(mul(s, kc)))
-    rs = consumers.get(s._id, [])
-    others = [c for c in rs if c is not n]
-    if len(others) != 1 or len(rs) != 2:
+    got = _retrieval(s, n, x, consumers, pinned, full, col, cols, si)
+    if got is None:
         return None
-    r = others[0]
-    extra: list[MLOperand] = []  # the sum form's mul(s, kc)
-    if x is not None:
-        sk, sums = r, consumers.get(r._id, [])
-        if (not _op(sk, "mul") or sk._id in pinned or tuple(sk._shape) != full or len(sums) != 1
-                or not _op(sums[0], "reduce_sum")
-                or tuple(sums[0]._attrs["axes"]) != (len(full) - 2,)):
-            return None
-        r, extra = sums[0], [sk]
-        kc = next((v for v in sk._inputs if root(v) is not s), None)
-        if kc is None or r._id in pinned or tuple(r._shape) not in cols:
-            return None
-    else:
-        if (not _op(r, "matmul") or root(r._inputs[si]) is not s
-                or tuple(r._inputs[si]._shape) != full or tuple(r._shape) != col
-                or r._id in pinned):
-            return None
-        kc = r._inputs[1 - si]
+    r, extra, kc = got
     # U = mul(d, k_u), k_u and the retrieval's k views of one k
     k = root(kc)
-    if (tuple(d_view._shape) != col or tuple(k_u._shape)[-2:] != k_row or root(k_u) is not k
-            or tuple(kc._shape)[-2:] != k_col or tuple(kc._shape)[:-2] != tuple(k_u._shape)[:-2]):
+    if (tuple(d_view.shape) != col or tuple(k_u.shape)[-2:] != k_row or root(k_u) is not k
+            or tuple(kc.shape)[-2:] != k_col or tuple(kc.shape)[:-2] != tuple(k_u.shape)[:-2]):
         return None
-    q, q_scale, scaled = root(qc), 1.0, []
-    if (_op(q, "mul") or _op(q, "div")) and q._id not in pinned and only(q, reader):
-        c = root(q._inputs[1])  # q's constant factor, read by the kernel as a literal
-        if c._kind == "constant" and S.size(c._shape) == 1 and q._inputs[0]._shape == q._shape:
-            f = float(c._value.reshape(-1)[0])
-            q_scale, scaled, q = (f if _op(q, "mul") else 1.0 / f), [q], root(q._inputs[0])
-    k_st = _batch_of(tuple(kc._shape)[:-2], batch)
-    q_st = _batch_of(tuple(qc._shape)[:-2], batch) if tuple(qc._shape)[-2:] == k_col else None
+    q, q_scale, scaled = _scaled_q(qc, pinned, consumers, reader)
+    k_st = _batch_of(tuple(kc.shape)[:-2], batch)
+    q_st = _batch_of(tuple(qc.shape)[:-2], batch) if tuple(qc.shape)[-2:] == k_col else None
     if k_st is None or q_st is None:
         return None
     # d: the delta chain, R its param read at its own index, d read by U only
     d = root(d_view)
-    if (not fusion.is_fusible(d) or d._id in pinned or tuple(d._shape) not in cols
-            or tuple(d._shape) != tuple(r._shape) or not only(d, u)):
+    if (not fusion.is_fusible(d) or d.id in pinned or tuple(d.shape) not in cols
+            or tuple(d.shape) != tuple(r.shape) or not only(d, u)):
         return None
-    delta = groups.get(d._id) or fusion.collect(d, inlined)[0]
+    delta = groups.get(d.id) or fusion.collect(d, inlined)[0]
     if (r not in delta.leaves or not _reads_at_own_index(delta, r)
-            or not all(c in delta.ops for c in consumers.get(r._id, []))):
+            or not all(c in delta.ops for c in consumers.get(r.id, []))):
         return None
-    # s = mul(P, g): P the state's storage, g one value per head
-    gs = (1,) * (len(full) - len(g_view._shape)) + tuple(g_view._shape)
-    if len(gs) != len(full) or gs[-2:] != (1, 1):
+    got_decay = _decay(p_view, g_view, full, batch, inlined, pinned)
+    if got_decay is None:
         return None
-    p, g = root(p_view), root(g_view)
-    if p._kind == "op" and p._id in inlined:
-        return None  # the state computed inline: not a buffer the kernel can stream
-    g_st = S.broadcast_strides(tuple(g_view._shape), full)[:len(batch)]
-    decay: fusion.Group | MLOperand = g
-    if g._kind == "op" and g._id in inlined:
-        if g._id in pinned or not fusion.is_fusible(g):
-            return None
-        decay = fusion.collect(g, inlined)[0]
-    # Y: the output chain, when O's one reader is the root of an element-wise group
-    out_chain, anchor = None, o
-    cs = consumers.get(o._id, [])
-    if (len(cs) == 1 and fusion.is_fusible(cs[0]) and not fusion.is_host(cs[0])
-            and cs[0]._id not in inlined and o._id not in pinned):
-        c = cs[0]
-        gc = groups.get(c._id) or fusion.collect(c, inlined)[0]
-        if tuple(c._shape) in cols and o in gc.leaves and _reads_at_own_index(gc, o):
-            out_chain, anchor = gc, c
-    if any(x._dtype.wgsl != "f32" for x in (p, k, q, g, d, anchor)):
+    p, g, g_st, decay = got_decay
+    out_chain, anchor = _out_chain(o, consumers, inlined, groups, pinned, cols)
+    if any(x.dtype.wgsl != "f32" for x in (p, k, q, g, d, anchor)):
         return None
     m = GatedDelta(anchor, p, n, k, q, batch, dv, dk, tuple(x * dk for x in k_st),
                    tuple(x * dk for x in q_st), decay, tuple(g_st), r, delta, o, out_chain,
                    [s, *extra, r, u, n, *([x] if x is not None else []), *scaled, o],
                    k_major=k_major, q_scale=q_scale)
     if fold_norms:
-        m.k_norm = _l2_norm(k, consumers, inlined, pinned, {(extra or [r])[0]._id, u._id})
-        m.q_norm = (_l2_norm(q, consumers, inlined, pinned, {(scaled or [reader])[0]._id})
+        m.k_norm = _l2_norm(k, consumers, inlined, pinned, {(extra or [r])[0].id, u.id})
+        m.q_norm = (_l2_norm(q, consumers, inlined, pinned, {(scaled or [reader])[0].id})
                     if q is not k else None)
     # the chains read no value the kernel computes or rewrites (beyond their params)
-    inside = {x._id for x in m.ops} | {p._id}
-    if any(x._id in inside for x in m._chain_leaves() + [m.k_storage, m.q_storage]):
+    inside = {x.id for x in m.ops} | {p.id}
+    if any(x.id in inside for x in m._chain_leaves() + [m.k_storage, m.q_storage]):
         return None
     return m
 
 
-def _l2_norm(v: MLOperand, consumers: dict[int, list[MLOperand]], inlined: set[int],
+def _retrieval(s: Node, n: Node, x: Node | None, consumers: dict[int, list[Node]],
+               pinned: set[int], full: tuple, col: tuple, cols: set[tuple],
+               si: int) -> tuple[Node, list[Node], Node] | None:
+    """R, the other reader of s: matmul(s, kc) (matmul(kr, s) K-major; or the sum form's
+    reduce_sum(mul(s, kc))), as (R, [the sum form's mul(s, kc)], kc), or None."""
+    rs = consumers.get(s.id, [])
+    others = [c for c in rs if c is not n]
+    if len(others) != 1 or len(rs) != 2:
+        return None
+    r = others[0]
+    if x is None:
+        if (not _op(r, "matmul") or root(r.inputs[si]) is not s
+                or tuple(r.inputs[si].shape) != full or tuple(r.shape) != col
+                or r.id in pinned):
+            return None
+        return r, [], r.inputs[1 - si]
+    sk, sums = r, consumers.get(r.id, [])
+    if (not _op(sk, "mul") or sk.id in pinned or tuple(sk.shape) != full or len(sums) != 1
+            or not _op(sums[0], "reduce_sum")
+            or tuple(sums[0].attrs["axes"]) != (len(full) - 2,)):
+        return None
+    r = sums[0]
+    kc = next((v for v in sk.inputs if root(v) is not s), None)
+    if kc is None or r.id in pinned or tuple(r.shape) not in cols:
+        return None
+    return r, [sk], kc
+
+
+def _scaled_q(qc: Node, pinned: set[int], consumers: dict[int, list[Node]],
+              reader: Node) -> tuple[Node, float, list[Node]]:
+    """(q, its constant factor, [the scaling op]): q scaled by a one-value constant read by
+    nothing else is read unscaled, the kernel applying the factor as a literal."""
+    q = root(qc)
+    if (_op(q, "mul") or _op(q, "div")) and q.id not in pinned and fusion.sole_reader(
+            consumers, q, reader):
+        c = root(q.inputs[1])
+        if c.kind == "constant" and S.size(c.shape) == 1 and q.inputs[0].shape == q.shape:
+            f = float(c.value.reshape(-1)[0])
+            return root(q.inputs[0]), (f if _op(q, "mul") else 1.0 / f), [q]
+    return q, 1.0, []
+
+
+def _decay(p_view: Node, g_view: Node, full: tuple, batch: tuple, inlined: set[int],
+           pinned: set[int]) -> tuple[Node, Node, tuple, fusion.Group | Node] | None:
+    """s = mul(P, g): (P the state's storage, g one value per head, g's strides over the
+    batch, the decay as the kernel reads it: g or its inlined chain), or None."""
+    gs = (1,) * (len(full) - len(g_view.shape)) + tuple(g_view.shape)
+    if len(gs) != len(full) or gs[-2:] != (1, 1):
+        return None
+    p, g = root(p_view), root(g_view)
+    if p.kind == "op" and p.id in inlined:
+        return None  # the state computed inline: not a buffer the kernel can stream
+    g_st = S.broadcast_strides(tuple(g_view.shape), full)[:len(batch)]
+    decay: fusion.Group | Node = g
+    if g.kind == "op" and g.id in inlined:
+        if g.id in pinned or not fusion.is_fusible(g):
+            return None
+        decay = fusion.collect(g, inlined)[0]
+    return p, g, g_st, decay
+
+
+def _out_chain(o: Node, consumers: dict[int, list[Node]], inlined: set[int],
+               groups: dict[int, fusion.Group], pinned: set[int],
+               cols: set[tuple]) -> tuple[fusion.Group | None, Node]:
+    """Y, the output chain, when O's one reader is the root of an element-wise group that
+    reads O at its own index: (the chain, its root); else (None, O)."""
+    cs = consumers.get(o.id, [])
+    if (len(cs) == 1 and fusion.is_fusible(cs[0]) and not fusion.is_host(cs[0])
+            and cs[0].id not in inlined and o.id not in pinned):
+        c = cs[0]
+        gc = groups.get(c.id) or fusion.collect(c, inlined)[0]
+        if tuple(c.shape) in cols and o in gc.leaves and _reads_at_own_index(gc, o):
+            return gc, c
+    return None, o
+
+
+def _l2_norm(v: Node, consumers: dict[int, list[Node]], inlined: set[int],
              pinned: set[int], readers: set[int]) -> L2Norm | None:
     """``v = x / sqrt(reduce_sum(x * x, last axis, kept) + eps)`` (either operand order of
     the add, ``eps`` a one-value constant, or no add: eps 0), each op read only by the next
     and ``v`` only by ``readers``; None otherwise."""
-    if (not _op(v, "div") or v._id in pinned or not consumers.get(v._id)
-            or any(c._id not in readers for c in consumers[v._id])):
+    if (not _op(v, "div") or v.id in pinned or not consumers.get(v.id)
+            or any(c.id not in readers for c in consumers[v.id])):
         return None
-    x_view, den = v._inputs
+    x_view, den = v.inputs
     x, sq = root(x_view), root(den)
-    shape = tuple(v._shape)
+    shape = tuple(v.shape)
     row = (*shape[:-1], 1)
-    if tuple(x_view._shape) != shape or tuple(den._shape) != row or not _op(sq, "sqrt"):
+    if tuple(x_view.shape) != shape or tuple(den.shape) != row or not _op(sq, "sqrt"):
         return None
-    add = root(sq._inputs[0])
+    add = root(sq.inputs[0])
     if _op(add, "reduce_sum"):  # no epsilon (ONNX LpNormalization)
         ss, eps_value, ops = add, 0.0, []
     elif _op(add, "add"):
-        for ss_view, eps in (add._inputs, add._inputs[::-1]):
+        for ss_view, eps in (add.inputs, add.inputs[::-1]):
             ss = root(ss_view)
-            if _op(ss, "reduce_sum") and eps._kind == "constant" and S.size(eps._shape) == 1:
+            if _op(ss, "reduce_sum") and eps.kind == "constant" and S.size(eps.shape) == 1:
                 break
         else:
             return None
-        eps_value, ops = float(eps._value.reshape(-1)[0]), [add]
+        eps_value, ops = float(eps.value.reshape(-1)[0]), [add]
     else:
         return None
-    sqr = root(ss._inputs[0])
-    if (tuple(ss._attrs["axes"]) != (len(shape) - 1,) or tuple(ss._shape) != row
-            or tuple(ss._inputs[0]._shape) != shape or not _op(sqr, "mul")
-            or any(root(y) is not x or tuple(y._shape) != shape for y in sqr._inputs)):
+    sqr = root(ss.inputs[0])
+    if (tuple(ss.attrs["axes"]) != (len(shape) - 1,) or tuple(ss.shape) != row
+            or tuple(ss.inputs[0].shape) != shape or not _op(sqr, "mul")
+            or any(root(y) is not x or tuple(y.shape) != shape for y in sqr.inputs)):
         return None
     ops = [sqr, ss, *ops, sq]
     chain = zip(ops, ops[1:] + [v], strict=True)
-    if (any(y._id in pinned for y in ops) or not all(fusion.sole_reader(consumers, a, b) for a, b in chain)
-            or (x._kind == "op" and x._id in inlined) or x._dtype.wgsl != "f32"):
+    if (any(y.id in pinned for y in ops) or not all(fusion.sole_reader(consumers, a, b) for a, b in chain)
+            or (x.kind == "op" and x.id in inlined) or x.dtype.wgsl != "f32"):
         return None
     return L2Norm(v, x, eps_value, ops + [v])
 
@@ -379,26 +413,26 @@ def _covered(m: GatedDelta, inlined: set[int], groups: dict[int, fusion.Group],
     """Whether replacing the pattern's launches loses nothing: every op inlined into a
     group the kernel replaces is computed by the kernel, and no other fusion claimed
     one of its ops (a norm planned as a launch of its own only if the kernel folds it)."""
-    ids = {x._id for x in m.ops}
-    folded = {x._id for nrm in m.norms for x in nrm.ops}
+    ids = {x.id for x in m.ops}
+    folded = {x.id for nrm in m.norms for x in nrm.ops}
     if ids & taken or (ids - folded) & vectors:
         return False
     for x in m.ops:
-        if x._id in inlined and owner.get(x._id) not in ids:
+        if x.id in inlined and owner.get(x.id) not in ids:
             return False
-        if x._id in groups and not {y._id for y in groups[x._id].ops} <= ids:
+        if x.id in groups and not {y.id for y in groups[x.id].ops} <= ids:
             return False
     return True
 
 
-@claims(20, lambda plan, o: o._id in plan.gdn)
+@claims(20, lambda plan, o: o.id in plan.gdn)
 def _lower_gated_delta(n: Site) -> None:
     """A gated delta net's decode step: one launch, the paired state updated where it lies
     when the graph keeps it in place (each row by its lanes)."""
-    plan, m = n.plan, n.plan.gdn[n.node._id]
+    plan, m = n.plan, n.plan.gdn[n.node.id]
     lanes, shared, _ = plan.options.gdn_variant(plan.target) or (32, False, True)
     old, new = n.slot_of(m.state_in), n.slot_of(m.state_out)
     in_place = old == new
-    guarded = n.has_check and m.state_out._id in plan.in_place
+    guarded = n.has_check and m.state_out.id in plan.in_place
     k = m.kernel(in_place, guarded, lanes, None if shared else plan.target.subgroup)
     n.add(KernelLaunch(k, n.ins[in_place:] + [new, n.out] + n.status(guarded)))

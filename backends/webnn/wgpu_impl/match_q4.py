@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 
 from .. import shapes as S
-from .._classes import MLOperand, blocks
+from .._classes import blocks
 from ..dtypes import pack_nibbles, unpack_nibbles
+from ..ir import Node
 from ..kernels import quant as QK
 from ..kernels import quant_rows as QR
 from ..stateful import root
@@ -32,7 +33,7 @@ from .lowerings import Site, claims
 class Q4Weight:
     """A matched product's weights: the dequantizeLinear and its constant operands."""
 
-    dq: MLOperand
+    dq: Node
     K: int
     N: int
     block: int
@@ -48,13 +49,13 @@ class Q4Weight:
         """The dequantised weights are float16 (float16 scales): a float16 graph's product,
         which may multiply in float16 (``_h`` kernels); a float32 one keeps float32's
         precision."""
-        return self.dq._inputs[1]._value.dtype == np.float16
+        return self.dq.inputs[1].value.dtype == np.float16
 
     @property
     def f16_scales(self) -> bool:
         """Every scale is a float16 value (a float16 model's, or float32 ones that are):
         the several-rows kernel may read them as float16 pairs, losing nothing."""
-        s = self.dq._inputs[1]._value
+        s = self.dq.inputs[1].value
         return s.dtype == np.float16 or bool(np.array_equal(
             s.astype(np.float16).astype(s.dtype), s))
 
@@ -65,55 +66,55 @@ class Q4Weight:
         return self.block % 32 == 0 and self.K % 32 == 0
 
     @property
-    def codes(self) -> MLOperand:
-        return self.dq._inputs[0]
+    def codes(self) -> Node:
+        return self.dq.inputs[0]
 
     @property
     def signed(self) -> bool:
-        return self.codes._dtype.name == "int4"
+        return self.codes.dtype.name == "int4"
 
 
-def match_q4(nodes: list[MLOperand]) -> dict[int, Q4Weight]:
+def match_q4(nodes: list[Node]) -> dict[int, Q4Weight]:
     """matmul id -> its 4-bit weights, for every product the kernel can run."""
     out: dict[int, Q4Weight] = {}
     for o in nodes:
-        if o._kind != "op" or o._op != "matmul" or o._dtype.name != "float32":
+        if o.kind != "op" or o.op != "matmul" or o.dtype.name != "float32":
             continue
-        a, b = o._inputs
+        a, b = o.inputs
         dq = widened(root(b))
-        if (dq._kind != "op" or dq._op != "dequantize_linear" or len(dq._shape) != 2
-                or tuple(b._shape) != tuple(dq._shape) or S.size(a._shape[:-1]) != 1):
+        if (dq.kind != "op" or dq.op != "dequantize_linear" or len(dq.shape) != 2
+                or tuple(b.shape) != tuple(dq.shape) or S.size(a.shape[:-1]) != 1):
             continue
-        codes, scale, zp = dq._inputs
-        if (codes._dtype.name not in ("int4", "uint4")
-                or any(x._kind != "constant" for x in (codes, scale, zp))):
+        codes, scale, zp = dq.inputs
+        if (codes.dtype.name not in ("int4", "uint4")
+                or any(x.kind != "constant" for x in (codes, scale, zp))):
             continue
-        K, N = dq._shape
-        bk, bn = blocks(dq._shape, scale._shape)
+        K, N = dq.shape
+        bk, bn = blocks(dq.shape, scale.shape)
         if bn != 1 or K % 8 or bk % 8:
             continue
-        zero = bool(np.any(_nibbles(zp, zp._dtype.name == "int4")))
-        out[o._id] = Q4Weight(dq, K, N, bk, zero)
+        zero = bool(np.any(_nibbles(zp, zp.dtype.name == "int4")))
+        out[o.id] = Q4Weight(dq, K, N, bk, zero)
     return out
 
 
-def widened(o: MLOperand) -> MLOperand:
+def widened(o: Node) -> Node:
     """The float16 dequantizeLinear a float32 ``cast`` of it reads (a float16 model's
     product, widened by the builder: ``MLGraphBuilder._widened``), else ``o``: the kernel
     reads the codes and scales alike, the float16 scales widened exactly at upload."""
-    if o._kind == "op" and o._op == "cast" and o._inputs[0]._dtype.name == "float16":
-        src = root(o._inputs[0])
-        if src._kind == "op" and src._op == "dequantize_linear":
+    if o.kind == "op" and o.op == "cast" and o.inputs[0].dtype.name == "float16":
+        src = root(o.inputs[0])
+        if src.kind == "op" and src.op == "dequantize_linear":
             return src
     return o
 
 
-def _nibbles(o: MLOperand, signed: bool) -> np.ndarray:
+def _nibbles(o: Node, signed: bool) -> np.ndarray:
     """A packed constant's elements (int8), in its shape."""
-    raw = np.ascontiguousarray(o._value).view(np.uint8).reshape(-1)
-    nib = unpack_nibbles(raw)[:S.size(o._shape)]
+    raw = np.ascontiguousarray(o.value).view(np.uint8).reshape(-1)
+    nib = unpack_nibbles(raw)[:S.size(o.shape)]
     vals = (nib.astype(np.int8) ^ 8) - 8 if signed else nib.astype(np.int8)
-    return vals.reshape(o._shape)
+    return vals.reshape(o.shape)
 
 
 #: ``repack_codes(pairs=True)``: the element of its word each nibble holds (elements 2m and
@@ -134,9 +135,9 @@ def repack_codes(w: Q4Weight, n0: int, nc: int, pairs: bool = False) -> np.ndarr
 
 def repack_scales(w: Q4Weight, n0: int, nc: int, zero_terms: bool) -> np.ndarray:
     """Columns [n0, n0 + nc) as (nc, K/block) float32: the scales, or -zeroPoint · scale."""
-    s = w.dq._inputs[1]._value.astype(np.float32).reshape(-1, w.N)[:, n0:n0 + nc]
+    s = w.dq.inputs[1].value.astype(np.float32).reshape(-1, w.N)[:, n0:n0 + nc]
     if zero_terms:
-        zp = _nibbles(w.dq._inputs[2], w.signed).reshape(-1, w.N)[:, n0:n0 + nc]
+        zp = _nibbles(w.dq.inputs[2], w.signed).reshape(-1, w.N)[:, n0:n0 + nc]
         s = -zp.astype(np.float32) * s
     return np.ascontiguousarray(s.T).reshape(-1)
 
@@ -171,12 +172,12 @@ def packed_half(values: Any) -> np.ndarray:
 
 
 # -- lowering ------------------------------------------------------------------------------
-def lower_q4(plan: Any, members: list[MLOperand], a_slot: Slot, slot_of: Any) -> None:
+def lower_q4(plan: Any, members: list[Node], a_slot: Slot, slot_of: Any) -> None:
     """One-row products with 4-bit weights: codes, scales (and zero-point terms) repacked
     by column at upload. One product: a launch per chunk of columns within the binding
     limit, a residual add written by it (``plan.epilogue``). Several (``plan.stacked``):
     their columns stacked, one launch writing each output."""
-    ws = [plan.q4[m._id] for m in members]
+    ws = [plan.q4[m.id] for m in members]
     w0 = ws[0]
     K, N = w0.K, sum(w.N for w in ws)
     per = N if len(ws) > 1 else max(8, (plan.max_binding // (K // 2)) // 8 * 8)
@@ -190,10 +191,10 @@ def lower_q4(plan: Any, members: list[MLOperand], a_slot: Slot, slot_of: Any) ->
     quad = plan.options.q4_quad(plan.target)  # 4 rows' codes a load, where the block allows
     if quad is not None and not w0.quad_fits:
         quad = None
-    dst, res = plan.epilogue.get(members[0]._id, (members[0], None))  # (the add, residual)
+    dst, res = plan.epilogue.get(members[0].id, (members[0], None))  # (the add, residual)
     a_slots, source = GV.gemv_input(plan, members[0], [a_slot], slot_of)
     assert source is None or quad is not None, "a 4-bit prologue needs the quad kernel"
-    gated = plan.gated.get(members[0]._id)  # the pair writes its activation, rows paired
+    gated = plan.gated.get(members[0].id)  # the pair writes its activation, rows paired
     assert gated is None or (quad is not None and len(ws) == 2), "a gated pair needs quad"
     # float16 products (``_h``) only on float16 weights: a float32 graph's product keeps
     # float32's precision (its tolerance is 1e-3, not the float16 one)
@@ -204,7 +205,7 @@ def lower_q4(plan: Any, members: list[MLOperand], a_slot: Slot, slot_of: Any) ->
     for c, n0 in enumerate(range(0, N, per)):
         nc = min(per, N - n0)
         parts = [(w, 0, w.N) for w in ws] if len(ws) > 1 else [(w0, n0, nc)]
-        key = (members[0]._id, c)
+        key = (members[0].id, c)
         slots = [("const", ("Q4", *key)), ("const", ("Q4S", *key))]
         # quad: 4 rows interleaved (padded to a multiple of 4)
         rows_n = -(-nc // QR.QUAD) * QR.QUAD if quad is not None else nc
@@ -229,7 +230,7 @@ def lower_q4(plan: Any, members: list[MLOperand], a_slot: Slot, slot_of: Any) ->
                       subgroup=plan.target.subgroup, residual=res is not None,
                       n_off=n0 if len(ws) == 1 else 0,
                       splits=[w.N for w in ws] if len(ws) > 1 and gated is None else None,
-                      half_out=dst._dtype.wgsl == "f16" and gated is None)
+                      half_out=dst.dtype.wgsl == "f16" and gated is None)
         if quad is not None:
             k = QR.gemv_q4_quad(K, nc, w0.block, loads=quad[0], half_scales=half_scales,
                                 half=half, prologue=source,
@@ -252,7 +253,7 @@ def _stacked(parts: list[Callable[[], np.ndarray]]) -> np.ndarray:
     return np.concatenate([p() for p in parts])
 
 
-@claims(60, lambda plan, o: o._id in plan.q4)
+@claims(60, lambda plan, o: o.id in plan.q4)
 def _lower_q4_site(n: Site) -> None:
     """A 4-bit product, alone or with the products stacked on its input."""
-    lower_q4(n.plan, n.plan.stacked.get(n.node._id, [n.node]), n.ins[0], n.slot_of)
+    lower_q4(n.plan, n.plan.stacked.get(n.node.id, [n.node]), n.ins[0], n.slot_of)

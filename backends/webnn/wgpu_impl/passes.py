@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._classes import MLKVCachePair, MLOperand
+from ..ir import Graph, Node
 from ..stateful import analyse, root
 from . import fusion
 from . import gemv as GV
@@ -25,9 +25,9 @@ from .plan import Plan, Slot
 class PassState:
     """The graph as the passes see it, and what they decided about its nodes."""
 
-    nodes: list[MLOperand]  # every reachable operand, in creation (topological) order
+    nodes: list[Node]  # every reachable operand, in creation (topological) order
     dest: dict[int, Slot]  # root id -> the slot it must be computed into
-    extra_copies: list[tuple[MLOperand, Slot, str]]  # (root, output slot, name): copied out
+    extra_copies: list[tuple[Node, Slot, str]]  # (root, output slot, name): copied out
     pinned: set[int]  # roots that must be in memory (results, state, state writers)
     writers: set[int]  # ids of the ops writing a pair's present
     no_read: set[int]  # the pairs' past inputs (never read through a fused chain)
@@ -35,46 +35,46 @@ class PassState:
     absorbed: set[int] = field(default_factory=set)  # computed by another node's launch
 
 
-def place_results(plan: Plan, outputs: dict[str, MLOperand], pairs: list[MLKVCachePair],
-                  stateful: bool, inputs: dict[str, MLOperand]) -> PassState:
+def place_results(plan: Plan, graph: Graph, stateful: bool) -> PassState:
     """Where the results go (outputs, hidden state, the page's inputs) and the nodes to
     compile; a result that is not an op's own output is copied out."""
+    outputs, inputs, pairs = graph.outputs, graph.inputs, graph.pairs
     dest: dict[int, Slot] = {}
-    extra_copies: list[tuple[MLOperand, Slot, str]] = []
+    extra_copies: list[tuple[Node, Slot, str]] = []
     pair_outputs = {p.output for p in pairs} if stateful else set()
     if stateful:
         for i, p in enumerate(pairs):
             past = inputs[p.input]
-            dest[past._id] = ("state", i, "cur")
+            dest[past.id] = ("state", i, "cur")
             plan.pairs.append(analyse(i, p, past, outputs[p.output]))
     for name, o in outputs.items():
         if name in pair_outputs:
             continue
         r = root(o)
-        if r._kind == "op" and r._id not in dest:
-            dest[r._id] = ("output", name)
+        if r.kind == "op" and r.id not in dest:
+            dest[r.id] = ("output", name)
         else:
             extra_copies.append((r, ("output", name), name))
     for name, o in inputs.items():
-        if o._id not in dest:
-            dest[o._id] = ("input", name)
+        if o.id not in dest:
+            dest[o.id] = ("input", name)
     nodes = reachable(list(outputs.values()))
-    writers = {pp.writer._id for pp in plan.pairs if pp.writer is not None}
-    pinned = set(dest) | writers | {root(outputs[p.output])._id for p in pairs if stateful}
+    writers = {pp.writer.id for pp in plan.pairs if pp.writer is not None}
+    pinned = set(dest) | writers | {root(outputs[p.output]).id for p in pairs if stateful}
     return PassState(nodes, dest, extra_copies, pinned, writers,
-                     no_read={inputs[p.input]._id for p in pairs})
+                     no_read={inputs[p.input].id for p in pairs})
 
 
 def fold_transposes(plan: Plan, st: PassState) -> None:
     """A matmul whose B is a transpose of the last two axes reads the transpose's input."""
     for o in st.nodes:
-        if o._kind == "op" and o._op == "matmul":
-            src = last2_transpose_input(root(o._inputs[1]))
+        if o.kind == "op" and o.op == "matmul":
+            src = last2_transpose_input(root(o.inputs[1]))
             if src is not None:
-                plan.fold[o._id] = src
+                plan.fold[o.id] = src
     # a matmul reading a transpose's input directly needs that input in memory: a fusible
     # one (a float16 cache's widening cast) must not be computed only inside the transpose
-    st.pinned |= {src._id for src in plan.fold.values()}
+    st.pinned |= {src.id for src in plan.fold.values()}
 
 
 def fuse_loops(plan: Plan, st: PassState) -> None:
@@ -89,7 +89,7 @@ def decode_attention(plan: Plan, st: PassState) -> None:
     if plan.options.attention in (None, "flash", "flash1") or plan.options.attention_lanes():
         plan.attention = match_attention(st.nodes, st.inlined, plan.groups, st.pinned,
                                          plan.target.shared_bytes)
-    st.absorbed |= {x._id for m in plan.attention.values() for x in m.absorbed}
+    st.absorbed |= {x.id for m in plan.attention.values() for x in m.absorbed}
 
 
 def _gpu_gemv(plan: Plan) -> bool:
@@ -101,7 +101,7 @@ def stack_gemvs(plan: Plan, st: PassState) -> None:
     """Matrix-vector products of one input against stacked weights: one launch."""
     if _gpu_gemv(plan):
         plan.stacked = GV.stacked_gemvs(st.nodes, plan.fold, plan.max_binding, plan.q4)
-    st.absorbed |= {x._id for ms in plan.stacked.values() for x in ms[1:]}
+    st.absorbed |= {x.id for ms in plan.stacked.values() for x in ms[1:]}
 
 
 def residual_epilogues(plan: Plan, st: PassState) -> None:
@@ -110,7 +110,7 @@ def residual_epilogues(plan: Plan, st: PassState) -> None:
         plan.epilogue = GV.residual_epilogues(st.nodes, plan.fold, st.inlined, plan.groups,
                                               st.pinned | st.absorbed, set(plan.stacked),
                                               set(plan.q4))
-    st.absorbed |= {add._id for add, _ in plan.epilogue.values()}
+    st.absorbed |= {add.id for add, _ in plan.epilogue.values()}
 
 
 def gated_epilogues(plan: Plan, st: PassState) -> None:
@@ -118,10 +118,10 @@ def gated_epilogues(plan: Plan, st: PassState) -> None:
     up products (``q4_epilogue``), where the "quad" kernel runs them."""
     if plan.options.q4_gated(plan.target):
         pairs = {k: ms for k, ms in plan.stacked.items()
-                 if all(m._id in plan.q4 and plan.q4[m._id].quad_fits for m in ms)}
+                 if all(m.id in plan.q4 and plan.q4[m.id].quad_fits for m in ms)}
         plan.gated = GV.gated_epilogues(st.nodes, pairs, plan.groups, st.pinned | st.absorbed,
                                           st.pinned)
-    st.absorbed |= {g.root._id for g in plan.gated.values()}
+    st.absorbed |= {g.root.id for g in plan.gated.values()}
 
 
 def gemv_prologues(plan: Plan, st: PassState) -> None:
@@ -135,7 +135,7 @@ def gemv_prologues(plan: Plan, st: PassState) -> None:
         plan.prologue = GV.gemv_prologues(st.nodes, plan.fold, st.inlined, plan.groups,
                                           st.pinned | st.absorbed, plan.target,
                                           reductions=q4_mode == "full", q4=quad)
-        st.absorbed |= {x._id for pro in plan.prologue.values() for x in pro.absorbed}
+        st.absorbed |= {x.id for pro in plan.prologue.values() for x in pro.absorbed}
     if gpu_gemv and mode in ("full", "vector"):
         plan.prologue |= GV.gemv_prologues(st.nodes, plan.fold, st.inlined, plan.groups,
                                            st.pinned | st.absorbed, plan.target,
@@ -145,14 +145,14 @@ def gemv_prologues(plan: Plan, st: PassState) -> None:
         plan.vectors = GV.row_reductions(st.nodes, st.inlined, plan.groups,
                                          (st.pinned - set(st.dest)) | st.absorbed,
                                          st.pinned | st.absorbed, plan.target)
-    st.absorbed |= {x._id for pro in plan.prologue.values() for x in pro.absorbed}
-    st.absorbed |= {pro.reduce_op._id for pro in plan.vectors.values()}
+    st.absorbed |= {x.id for pro in plan.prologue.values() for x in pro.absorbed}
+    st.absorbed |= {pro.reduce_op.id for pro in plan.vectors.values()}
 
 
 def _q4_other_bindings(plan: Plan) -> dict[int, int]:
     """4-bit product id -> the bindings its launch has besides the input vector (codes,
     scales, zero-point terms, residual, outputs), for the products the "quad" kernel runs."""
-    outs = {m._id: 1 if k in plan.gated else len(ms)
+    outs = {m.id: 1 if k in plan.gated else len(ms)
             for k, ms in plan.stacked.items() for m in ms}
     return {i: 2 + w.zero_points + (i in plan.epilogue) + outs.get(i, 1)
             for i, w in plan.q4.items() if w.quad_fits}
@@ -163,22 +163,22 @@ def group_row_writes(plan: Plan, st: PassState) -> None:
     if plan.options.row_writes != "separate":
         plan.row_writes = _row_write_groups(st.nodes, st.absorbed, plan.groups,
                                             plan.target.max_storage)
-    st.absorbed |= {x._id for ms in plan.row_writes.values() for x in ms[1:]}
+    st.absorbed |= {x.id for ms in plan.row_writes.values() for x in ms[1:]}
 
 
 def gated_delta(plan: Plan, st: PassState) -> None:
     """A gated delta net's decode step: one launch."""
     gdn = plan.options.gdn_variant(plan.target)
     if gdn is not None:
-        vectors = set(plan.vectors) | {pro.reduce_op._id for pro in plan.vectors.values()}
+        vectors = set(plan.vectors) | {pro.reduce_op.id for pro in plan.vectors.values()}
         taken = (st.absorbed - vectors) | {*plan.attention, *plan.stacked, *plan.epilogue,
                                            *plan.prologue, *plan.row_writes}
         plan.gdn = match_gated_delta(st.nodes, st.inlined, plan.groups, st.pinned, taken,
                                      plan.target.max_storage, vectors, fold_norms=gdn[2])
         for m in plan.gdn.values():  # q's and k's norms folded in: no launch of their own
             for nrm in m.norms:
-                plan.vectors.pop(nrm.out._id, None)
-    st.absorbed |= {x._id for m in plan.gdn.values() for x in m.absorbed}
+                plan.vectors.pop(nrm.out.id, None)
+    st.absorbed |= {x.id for m in plan.gdn.values() for x in m.absorbed}
 
 
 def q4_gemvs(plan: Plan, st: PassState) -> None:
@@ -201,56 +201,56 @@ PASSES = (fold_transposes, q4_gemvs, fuse_loops, decode_attention, stack_gemvs, 
 F16_OPS = fusion.FUSIBLE | {"reshape", "gather", "scatter_nd", "dequantize_linear"}
 
 
-def _row_write_groups(nodes: list[MLOperand], absorbed: set[int], groups: dict[int, Any],
-                      max_storage: int) -> dict[int, list[MLOperand]]:
+def _row_write_groups(nodes: list[Node], absorbed: set[int], groups: dict[int, Any],
+                      max_storage: int) -> dict[int, list[Node]]:
     """scatter_nd ops writing same-shaped tensors at one index tensor (a layer's K and V
     rows), grouped: first id -> the group, within the storage-binding limit."""
-    by_key: dict[tuple, list[MLOperand]] = {}
+    by_key: dict[tuple, list[Node]] = {}
     for o in nodes:
-        if o._kind == "op" and o._op == "scatter_nd" and o._id not in absorbed:
-            key = (root(o._inputs[1])._id, tuple(o._shape), tuple(o._inputs[2]._shape),
-                   o._dtype.wgsl)
+        if o.kind == "op" and o.op == "scatter_nd" and o.id not in absorbed:
+            key = (root(o.inputs[1]).id, tuple(o.shape), tuple(o.inputs[2].shape),
+                   o.dtype.wgsl)
             by_key.setdefault(key, []).append(o)
-    out: dict[int, list[MLOperand]] = {}
+    out: dict[int, list[Node]] = {}
     for ms in by_key.values():
-        group: list[MLOperand] = []
+        group: list[Node] = []
         used = 2  # indices, status
         for m in ms:
-            need = 1 + (len(groups[m._id].inner.leaves) if m._id in groups else 1)
+            need = 1 + (len(groups[m.id].inner.leaves) if m.id in groups else 1)
             # members must not depend on each other (layer 1's K row needs layer 0's cache)
-            independent = not any(g._id in _ancestors(m) for g in group)
+            independent = not any(g.id in _ancestors(m) for g in group)
             if group and (used + need > max_storage or not independent):
                 if len(group) > 1:
-                    out[group[0]._id] = group
+                    out[group[0].id] = group
                 group, used = [], 2
             group.append(m)
             used += need
         if len(group) > 1:
-            out[group[0]._id] = group
+            out[group[0].id] = group
     return out
 
 
-def _ancestors(o: MLOperand) -> set[int]:
+def _ancestors(o: Node) -> set[int]:
     """Ids of every operand ``o`` depends on."""
     seen: set[int] = set()
-    stack = list(o._inputs)
+    stack = list(o.inputs)
     while stack:
         x = stack.pop()
-        if x._id not in seen:
-            seen.add(x._id)
-            stack.extend(x._inputs)
+        if x.id not in seen:
+            seen.add(x.id)
+            stack.extend(x.inputs)
     return seen
 
 
-def reachable(outs: list[MLOperand]) -> list[MLOperand]:
+def reachable(outs: list[Node]) -> list[Node]:
     """Every operand the outputs depend on, in creation (a topological) order."""
-    seen: dict[int, MLOperand] = {}
+    seen: dict[int, Node] = {}
     stack = list(outs)
     while stack:
         o = stack.pop()
-        if o._id not in seen:
-            seen[o._id] = o
-            stack.extend(o._inputs)
+        if o.id not in seen:
+            seen[o.id] = o
+            stack.extend(o.inputs)
     return [seen[k] for k in sorted(seen)]  # creation order is a topological order
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._classes import MLOperand
+from ..ir import Node
 from ..stateful import PairPlan
 from . import fusion
 from . import gemv as GV
@@ -45,12 +45,12 @@ class Plan:
     options: KernelOptions = field(default_factory=KernelOptions)  # the context's
     groups: dict[int, fusion.Group] = field(default_factory=dict)  # root id -> fused group
     attention: dict[int, Attention] = field(default_factory=dict)  # probs·V id ->
-    stacked: dict[int, list[MLOperand]] = field(default_factory=dict)  # first gemv -> all
-    fold: dict[int, MLOperand] = field(default_factory=dict)  # matmul id -> B read transposed
-    epilogue: dict[int, tuple[MLOperand, MLOperand]] = field(default_factory=dict)  # gemv -> (add, residual)
+    stacked: dict[int, list[Node]] = field(default_factory=dict)  # first gemv -> all
+    fold: dict[int, Node] = field(default_factory=dict)  # matmul id -> B read transposed
+    epilogue: dict[int, tuple[Node, Node]] = field(default_factory=dict)  # gemv -> (add, residual)
     prologue: dict[int, GV.Prologue] = field(default_factory=dict)  # gemv -> its input vector
     vectors: dict[int, GV.Prologue] = field(default_factory=dict)  # vector -> it + its reduction
-    row_writes: dict[int, list[MLOperand]] = field(default_factory=dict)  # first scatter -> all
+    row_writes: dict[int, list[Node]] = field(default_factory=dict)  # first scatter -> all
     in_place: dict[int, PairPlan] = field(default_factory=dict)  # writer id -> its pair
     gdn: dict[int, GatedDelta] = field(default_factory=dict)  # anchor id -> matched step
     q4: dict[int, Q4Weight] = field(default_factory=dict)  # matmul id -> its 4-bit weights

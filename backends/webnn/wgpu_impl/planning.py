@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
-from .._classes import MLOperand
+from ..ir import Node
 from ..stateful import PairPlan, root
 from .passes import PassState
 from .plan import Plan, Slot
@@ -23,15 +23,15 @@ class Step:
 
     key: float
     kind: str  # "op" | "copy" | "check"
-    node: MLOperand | None = None
-    reads: list[MLOperand] = field(default_factory=list)  # roots read
-    writes: MLOperand | None = None  # root written
+    node: Node | None = None
+    reads: list[Node] = field(default_factory=list)  # roots read
+    writes: Node | None = None  # root written
     copy_dst: Slot | None = None
-    more: list[MLOperand] = field(default_factory=list)  # also written (stacked gemvs)
+    more: list[Node] = field(default_factory=list)  # also written (stacked gemvs)
     live: bool = True  # something needs what it writes (``live_steps``)
 
     @property
-    def written(self) -> list[MLOperand]:
+    def written(self) -> list[Node]:
         return ([self.writes] if self.writes is not None else []) + self.more
 
 
@@ -40,48 +40,48 @@ def op_steps(plan: Plan, st: PassState) -> tuple[list[Step], Step | None]:
     capacity check (the check step, or None where no pair appends)."""
     steps: list[Step] = []
 
-    def reads_of(o: MLOperand) -> list[MLOperand]:
+    def reads_of(o: Node) -> list[Node]:
         """The roots one op's launch reads: its fused group's leaves or its inputs."""
-        if o._id in plan.attention:
-            return list(plan.attention[o._id].leaves)
-        if o._id in plan.gdn:
-            return list(plan.gdn[o._id].leaves)
-        if o._id in plan.vectors:
-            return list(plan.vectors[o._id].leaves)
-        if o._id in plan.groups:
-            return list(plan.groups[o._id].leaves)
-        return [root(x) for x in o._inputs]
+        if o.id in plan.attention:
+            return list(plan.attention[o.id].leaves)
+        if o.id in plan.gdn:
+            return list(plan.gdn[o.id].leaves)
+        if o.id in plan.vectors:
+            return list(plan.vectors[o.id].leaves)
+        if o.id in plan.groups:
+            return list(plan.groups[o.id].leaves)
+        return [root(x) for x in o.inputs]
 
     for o in st.nodes:
-        if o._kind != "op" or o._op == "reshape" or o._id in st.inlined or o._id in st.absorbed:
+        if o.kind != "op" or o.op == "reshape" or o.id in st.inlined or o.id in st.absorbed:
             continue
         reads = reads_of(o)
-        if o._id in plan.fold:
-            reads[1] = plan.fold[o._id]
-        if o._id in plan.q4:  # constants repacked at upload: not the float weights
+        if o.id in plan.fold:
+            reads[1] = plan.fold[o.id]
+        if o.id in plan.q4:  # constants repacked at upload: not the float weights
             del reads[1]
-        if o._id in plan.prologue:
-            reads = list(plan.prologue[o._id].leaves) + reads[1:]
-        more = plan.stacked.get(o._id, [o])[1:]
-        for m in plan.row_writes.get(o._id, [o])[1:]:
+        if o.id in plan.prologue:
+            reads = list(plan.prologue[o.id].leaves) + reads[1:]
+        more = plan.stacked.get(o.id, [o])[1:]
+        for m in plan.row_writes.get(o.id, [o])[1:]:
             more.append(m)
             reads += [r for r in reads_of(m) if r not in reads]
-        if o._id in plan.gdn:
-            more.append(plan.gdn[o._id].state_out)  # the new state, written by the launch
-        if o._id in plan.gated:
-            more.append(plan.gated[o._id].root)  # written by the pair's launch
-        if o._id in plan.epilogue:
-            add_node, res = plan.epilogue[o._id]
+        if o.id in plan.gdn:
+            more.append(plan.gdn[o.id].state_out)  # the new state, written by the launch
+        if o.id in plan.gated:
+            more.append(plan.gated[o.id].root)  # written by the pair's launch
+        if o.id in plan.epilogue:
+            add_node, res = plan.epilogue[o.id]
             reads.append(res)
             more.append(add_node)
-        steps.append(Step(o._id, "op", o, reads, o, more=more))
+        steps.append(Step(o.id, "op", o, reads, o, more=more))
     for r, slot, _name in st.extra_copies:
         steps.append(Step(1e18, "copy", None, [r], None, slot))
 
     check_step = None
     appends = [pp for pp in plan.pairs if pp.append]
     if appends:
-        unique = list({root(pp.indices)._id: root(pp.indices) for pp in appends}.values())
+        unique = list({root(pp.indices).id: root(pp.indices) for pp in appends}.values())
         check_step = Step(-1, "check", None, unique)
         steps.append(check_step)
         plan.has_check = True
@@ -89,7 +89,7 @@ def op_steps(plan: Plan, st: PassState) -> tuple[list[Step], Step | None]:
 
 
 def place_state(plan: Plan, st: PassState, steps: list[Step], check: Step | None,
-                outputs: dict[str, MLOperand]) -> list[Step]:
+                outputs: dict[str, Node]) -> list[Step]:
     """The in-place decision (greedy, pair order: a pair is in place where some order still
     exists with it), each pair's present slot, and that order."""
     chosen: list[PairPlan] = []
@@ -104,12 +104,12 @@ def place_state(plan: Plan, st: PassState, steps: list[Step], check: Step | None
         present = root(outputs[pp.pair.output])
         slot = ("state", pp.index, "cur" if pp.in_place else "next")
         if pp.writer is not None:
-            st.dest[pp.writer._id] = slot
+            st.dest[pp.writer.id] = slot
         else:
             steps.append(Step(1e18, "copy", None, [present], None, slot))
     order = schedule(steps, chosen, check)
     assert order is not None
-    plan.in_place = {pp.writer._id: pp for pp in chosen}
+    plan.in_place = {pp.writer.id: pp for pp in chosen}
     return order
 
 
@@ -119,9 +119,9 @@ def live_steps(order: list[Step], dest: dict[int, Slot]) -> None:
     live_roots: set[int] = set()
     for st in reversed(order):
         if st.kind in ("copy", "check") or any(
-                w._id in live_roots or dest.get(w._id) in needed for w in st.written):
+                w.id in live_roots or dest.get(w.id) in needed for w in st.written):
             st.live = True
-            live_roots.update(r._id for r in st.reads)
+            live_roots.update(r.id for r in st.reads)
         else:
             st.live = False
 
@@ -131,7 +131,7 @@ def schedule(steps: list[Step], in_place: list[PairPlan],
     """Topological order honouring data dependencies plus, for each in-place pair, 'every
     other reader of the state before its writer' and 'the capacity check before any
     in-place write'. None if those constraints form a cycle."""
-    producer = {w._id: st for st in steps for w in st.written}
+    producer = {w.id: st for st in steps for w in st.written}
     edges: dict[int, set[int]] = {id(st): set() for st in steps}  # step -> successors
     indeg = {id(st): 0 for st in steps}
     byid = {id(st): st for st in steps}
@@ -143,16 +143,16 @@ def schedule(steps: list[Step], in_place: list[PairPlan],
 
     for st in steps:
         for r in st.reads:
-            if r._id in producer:
-                edge(producer[r._id], st)
+            if r.id in producer:
+                edge(producer[r.id], st)
     for pp in in_place:
-        w = producer[pp.writer._id]
+        w = producer[pp.writer.id]
         for st in steps:
             if st is w or pp.past not in st.reads:
                 continue
             edge(st, w)
         if w.node is not None:
-            for k, x in enumerate(w.node._inputs):
+            for k, x in enumerate(w.node.inputs):
                 allowed = (pp.append and k == 0) or k == pp.alias_input
                 if root(x) is pp.past and not allowed:
                     return None  # the writer reads the old state elsewhere

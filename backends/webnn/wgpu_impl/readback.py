@@ -193,7 +193,7 @@ class Readback:
             p = [pp for pp in g._plan.pairs if pp.append][status - 1]
             raise OperationError(
                 f"KV-cache capacity exceeded for pair {p.pair.input!r} -> "
-                f"{p.pair.output!r} (capacity shape {list(p.past._shape)}); "
+                f"{p.pair.output!r} (capacity shape {list(p.past.shape)}); "
                 "the cache is unchanged")
 
     def _peek_state(self, graph: MLGraph, input_name: str) -> np.ndarray:
@@ -203,7 +203,7 @@ class Readback:
         pp = next(p for p in g._plan.pairs if p.pair.input == input_name)
         buf = self._resolve(g, ("state", pp.index, "cur"), {}, g._parity)
         saved = self.counters.snapshot()
-        fake = MLTensor(self, pp.past._dtype, pp.past._shape, True, False)
+        fake = MLTensor(self, pp.past.dtype, pp.past.shape, True, False)
         fake._buffer = buf  # type: ignore[attr-defined]
         out = self._read_tensors([fake])[0]
         self.counters.d2h = saved.d2h
