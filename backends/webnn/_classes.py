@@ -15,13 +15,14 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
 from backends.webnn.counters import ByteCounters
 
-from . import composites, op_limits
+from . import composites, ir, op_limits
 from . import shapes as S
 from .dtypes import DTYPES, DType, dtype, packed_words, to_device
 from .errors import InvalidStateError
@@ -714,7 +715,7 @@ class MLGraphBuilder:
                 raise TypeError(
                     f"KV pair {p.input!r} -> {p.output!r}: descriptors differ "
                     f"({i.data_type}{list(i._shape)} vs {o.data_type}{list(o._shape)})")
-        return self._context._build(dict(outputs), inputs, pairs, bool(use_stateful))
+        return self._context._build(_frozen(outputs, inputs, pairs), bool(use_stateful))
 
 
 def blocks(shape: Sequence[int], scale_shape: Sequence[int]) -> tuple[int, ...]:
@@ -725,6 +726,28 @@ def blocks(shape: Sequence[int], scale_shape: Sequence[int]) -> tuple[int, ...]:
         raise TypeError(f"scale shape {list(scale_shape)} does not divide the input shape "
                         f"{list(shape)} into blocks")
     return tuple(d // s for d, s in zip(shape, pad, strict=True))
+
+
+def _frozen(outputs: Mapping[str, MLOperand], inputs: dict[str, MLOperand],
+            pairs: list[MLKVCachePair]) -> ir.Graph:
+    """The graph as the context compiles it (``ir``): one frozen node an operand the
+    outputs reach, made in creation order (an operand's inputs are older), sharing the
+    constants' arrays."""
+    seen: dict[int, MLOperand] = {}
+    stack = list(outputs.values())
+    while stack:
+        o = stack.pop()
+        if o._id not in seen:
+            seen[o._id] = o
+            stack.extend(o._inputs)
+    nodes: dict[int, ir.Node] = {}
+    for i in sorted(seen):
+        o = seen[i]
+        nodes[i] = ir.node(i, o._kind, o._dtype, o._shape, o._op,
+                           tuple(nodes[x._id] for x in o._inputs), o._attrs, o._name, o._value)
+    return ir.Graph(MappingProxyType({n: nodes[o._id] for n, o in outputs.items()}),
+                    MappingProxyType({n: nodes[o._id] for n, o in inputs.items()}),
+                    tuple(pairs), tuple(nodes.values()))
 
 
 def _graph_inputs(outputs: Any) -> dict[str, MLOperand]:
@@ -978,7 +1001,7 @@ class MLContext:
     def _reset(self, graph: MLGraph) -> None:
         raise NotImplementedError
 
-    def _build(self, outputs: dict[str, MLOperand], inputs: dict[str, MLOperand],
-               pairs: list[MLKVCachePair], use_stateful: bool) -> MLGraph:
+    def _build(self, graph: ir.Graph, use_stateful: bool) -> MLGraph:
+        """Compile ``graph`` (``ir``: public and frozen, the backend reads no operand)."""
         raise NotImplementedError
 
