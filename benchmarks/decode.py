@@ -13,7 +13,8 @@ import os
 import numpy as np
 
 from backends.base import DepthState, registry
-from harness import calibrate, metrics, runner
+from harness import calibrate, metrics
+from harness.sources import NumpyReferenceWalk
 from model.workload import Workload, make_weights, preset
 
 PRESET = os.environ.get("STATEBENCH_ASV_PRESET", "tiny")
@@ -39,8 +40,8 @@ class DecodeSuite:
         cfg = preset(PRESET)
         ahead = WARMUP + SPARE
         contexts = sorted(CONTEXTS)
-        walk = runner.ReferenceWalk(cfg, make_weights(cfg), 0, contexts[-1] + ahead,
-                                    contexts[-1] + ahead)
+        walk = NumpyReferenceWalk(cfg, make_weights(cfg), 0, contexts[-1] + ahead,
+                                  contexts[-1] + ahead)
         depth = {c: walk.arrays_at(c, c + ahead, ahead) for c in contexts}
         need_gpu = any(not metrics.is_cpu(b) for b in BACKENDS)
         # the sweep's calibration size: the host link's figures are wall-clock slopes, and at
