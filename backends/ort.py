@@ -76,7 +76,7 @@ _VIEW_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze"})
 _webgpu_state: dict[str, object] = {}
 
 
-def _webgpu_devices() -> tuple[list, str]:
+def webgpu_devices() -> tuple[list, str]:
     """The WebGPU plugin EP's devices, registering the plugin library once; (devices, why not)."""
     if ort is None:
         return [], "onnxruntime is not installed"
@@ -147,7 +147,7 @@ PROVIDERS = {
                                     str(FLOAT_ACCURACY_LEVEL)},
                     logits_on_host=True),
     "webgpu": Provider("webgpu", "WebGPU EP (on Dawn, built into the plugin)", "webgpu",
-                       _webgpu_devices, None, on_cpu=False, accuracy_level=None,
+                       webgpu_devices, None, on_cpu=False, accuracy_level=None,
                        session_config={"session.record_ep_graph_assignment_info": "1"},
                        records_assignment=True, graph_capture=True),
 }

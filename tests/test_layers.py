@@ -101,3 +101,72 @@ def test_the_checker_sees_an_upward_import(tmp_path: Path) -> None:
         assert hits == ["harness", "harness.runner"]
     finally:
         bad.unlink()
+
+
+#: the packages whose private names (``_x``) stay their own
+PACKAGES = LAYERS
+
+
+def package_of(module: str) -> str | None:
+    i = layer_of(module)
+    return None if i is None else PACKAGES[i]
+
+
+def private_imports(path: Path) -> list[str]:
+    """'line: target.name' for each private name the file imports from another package: a
+    ``_name`` imported, or a module path through a ``_module``."""
+    own = package_of(module_name(path))
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            names = [target + "." + a.name for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        for full in names:
+            if package_of(full) in (None, own):
+                continue
+            inside = full[len(package_of(full)):].split(".")
+            if any(p.startswith("_") and not p.startswith("__") for p in inside):
+                found.append(f"{node.lineno}: {full}")
+    return found
+
+
+@pytest.mark.parametrize("path", layered_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_private_name_crosses_a_package(path: Path) -> None:
+    """A package's private names (``backends.pages._Page``) are its own: another package
+    asks the public surface (``backends.base.Backend``), so a private one can change."""
+    found = private_imports(path)
+    assert not found, f"{path.relative_to(ROOT)} imports private names of another package: {found}"
+
+
+def test_the_checker_sees_a_private_import() -> None:
+    bad = ROOT / "harness" / "_layer_probe_tmp.py"
+    bad.write_text("from backends.pages import _Page\nfrom backends.webnn import _classes\n"
+                   "from harness.results import _plain_copy\nimport backends.base\n")
+    try:
+        assert private_imports(bad) == ["1: backends.pages._Page", "2: backends.webnn._classes"]
+    finally:
+        bad.unlink()
+
+
+#: what would mean the harness picks code by a backend's name (``Backend`` says what it asks)
+BY_NAME = ('startswith("ort-', "startswith('ort-", 'startswith("wgpu', "startswith('wgpu", "_Page")
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "harness").rglob("*.py")),
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_harness_never_picks_code_by_backend_name(path: Path) -> None:
+    text = path.read_text()
+    hits = [f"{i}: {line.strip()}" for i, line in enumerate(text.splitlines(), 1)
+            if any(b in line for b in BY_NAME)]
+    assert not hits, f"{path.relative_to(ROOT)} picks code by a backend's name: {hits}"

@@ -120,8 +120,8 @@ def webgpu_devices() -> tuple[list, str]:
     """ORT's WebGPU plugin EP devices (registered once, by `backends.ort`), or why none."""
     if "result" not in _webgpu:
         try:
-            from backends.ort import _webgpu_devices
-            _webgpu["result"] = _webgpu_devices()
+            from backends.ort import PROVIDERS
+            _webgpu["result"] = PROVIDERS["webgpu"].devices()
         except Exception as exc:  # noqa: BLE001 - any failure is a reason, not a crash
             _webgpu["result"] = ([], f"WebGPU EP probe failed: {type(exc).__name__}: {exc}")
     return _webgpu["result"]  # type: ignore[return-value]
