@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from harness import metrics, stats, verdicts  # noqa: E402
-from harness.report import Run, point_speedup, series, series_name  # noqa: E402
+from harness.report import LabelledResults, point_speedup, series, series_name  # noqa: E402
 from harness.results import BYTE_CATEGORIES  # noqa: E402
 
 PALETTE = plt.get_cmap("tab10").colors
@@ -26,16 +26,16 @@ CATEGORY_LABELS = {"h2d": "host→device", "d2h": "device→host", "d2d": "devic
 FORMATS = ("png", "svg")
 
 
-def backend_colours(runs: list[Run]) -> dict[str, tuple]:
+def backend_colours(runs: list[LabelledResults]) -> dict[str, tuple]:
     names = sorted({b for run in runs for b in run.results.backends})
     return {b: PALETTE[i % len(PALETTE)] for i, b in enumerate(names)}
 
 
-def _title(runs: list[Run], what: str) -> str:
+def _title(runs: list[LabelledResults], what: str) -> str:
     return f"{what}\n" + " | ".join(dict.fromkeys(r.results.label for r in runs))
 
 
-def _lines(runs: list[Run], what: str, ylabel: str, value, logy: bool = True,
+def _lines(runs: list[LabelledResults], what: str, ylabel: str, value, logy: bool = True,
            hline: float | None = None, band=None, level=None) -> Figure:
     """One line per run × backend of value(run, point) against context. `band(run, point)`:
     (low, high) drawn as error bars; `level(run, point)`: True where the point is within the
@@ -82,23 +82,23 @@ def _lines(runs: list[Run], what: str, ylabel: str, value, logy: bool = True,
     return fig
 
 
-def _interval(run: Run, p) -> tuple[float, float] | None:
+def _interval(run: LabelledResults, p) -> tuple[float, float] | None:
     iv = verdicts.interval_of(p)
     return (iv.low, iv.high) if iv else None
 
 
-def _no_difference(run: Run, p) -> bool:
+def _no_difference(run: LabelledResults, p) -> bool:
     c = verdicts.over_baseline(run.results, p)
     return c is not None and c.verdict == stats.NO_DIFFERENCE
 
 
-def step_time(runs: list[Run]) -> Figure:
+def step_time(runs: list[LabelledResults]) -> Figure:
     return _lines(runs, "Decode step time vs context (bars: interval of the median)",
                   "step time, median (ms)",
                   lambda run, p: p.step_ms.median if p.measured else None, band=_interval)
 
 
-def speedup(runs: list[Run]) -> Figure:
+def speedup(runs: list[LabelledResults]) -> Figure:
     base = runs[0].baseline or "stateless"
     return _lines(runs, f"Speedup over {base} (matching points only; hollow: no difference, "
                   "the intervals overlap)", "speedup (×)",
@@ -106,14 +106,14 @@ def speedup(runs: list[Run]) -> Figure:
                   level=_no_difference)
 
 
-def mbu(runs: list[Run]) -> Figure:
+def mbu(runs: list[LabelledResults]) -> Figure:
     return _lines(runs, "Memory-bandwidth utilisation vs context", "MBU (floor time / step time)",
                   lambda run, p: (metrics.plausible_mbu(p.mbu)
                                   if p.measured and not run.calibration_problems else None),
                   logy=False)
 
 
-def bytes_per_step(runs: list[Run]) -> Figure:
+def bytes_per_step(runs: list[LabelledResults]) -> Figure:
     """Stacked bars by category, one panel per file × backend, shared log-free y axis."""
     cols = series(runs)
     n = max(len(cols), 1)
@@ -150,7 +150,7 @@ def bytes_per_step(runs: list[Run]) -> Figure:
 CHARTS = {"step_time": step_time, "bytes_per_step": bytes_per_step, "speedup": speedup, "mbu": mbu}
 
 
-def write_all(runs: list[Run], out_dir: Path) -> dict[str, dict[str, Path]]:
+def write_all(runs: list[LabelledResults], out_dir: Path) -> dict[str, dict[str, Path]]:
     """Every chart as PNG and SVG under `out_dir`; returns {chart: {format: path}}."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written: dict[str, dict[str, Path]] = {}

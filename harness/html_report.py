@@ -7,7 +7,7 @@ from pathlib import Path
 
 from harness import verdicts
 from harness.report import (
-    Run,
+    LabelledResults,
     environment_lines,
     floor_tables,
     notes,
@@ -25,7 +25,7 @@ td.na { color: #999; } .chart svg { max-width: 100%; height: auto; } code { back
 """
 
 
-def _cell(run: Run, p) -> str:
+def _cell(run: LabelledResults, p) -> str:
     if p is None:
         return '<td class="na">—</td>'
     if p.status != "ok":
@@ -35,7 +35,7 @@ def _cell(run: Run, p) -> str:
     return f'<td class="{"ok" if c.matches else "bad"}">{body}</td>'
 
 
-def table_html(runs: list[Run]) -> str:
+def table_html(runs: list[LabelledResults]) -> str:
     cols = series(runs)
     head = "".join(f"<th>{html.escape(series_name(r, b))}</th>" for r, b in cols)
     body = []
@@ -51,7 +51,7 @@ def _inline_svg(path: Path) -> str:
     return text[start:] if start >= 0 else text
 
 
-def render(runs: list[Run], charts: dict[str, dict[str, Path]]) -> str:
+def render(runs: list[LabelledResults], charts: dict[str, dict[str, Path]]) -> str:
     base = runs[0].baseline
     parts = ["<!doctype html><html><head><meta charset='utf-8'><title>statebench report</title>",
              f"<style>{CSS}</style></head><body><h1>statebench report</h1>"]

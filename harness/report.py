@@ -26,7 +26,7 @@ OK_MARK, BAD_MARK = "✓", "✗"
 
 
 @dataclass(frozen=True)
-class Run:
+class LabelledResults:
     """A results file with the label it is shown under."""
 
     label: str
@@ -57,30 +57,30 @@ def _under_load(wl: dict) -> str:
     return "no time under load, " if w is None else f"{w:g} s under load (GPU clocks), "
 
 
-def label_runs(results: list[Results], paths: list[str | Path] | None = None) -> list[Run]:
+def label_runs(results: list[Results], paths: list[str | Path] | None = None) -> list[LabelledResults]:
     """Label runs by file stem when there are several, else by nothing."""
     if len(results) == 1:
-        return [Run("", results[0])]
+        return [LabelledResults("", results[0])]
     names = [Path(p).stem for p in paths] if paths else [f"run{i + 1}" for i in range(len(results))]
     if len(set(names)) < len(names):
         names = [f"{i + 1}:{n}" for i, n in enumerate(names)]
-    return [Run(n, r) for n, r in zip(names, results, strict=True)]
+    return [LabelledResults(n, r) for n, r in zip(names, results, strict=True)]
 
 
-def series(runs: list[Run]) -> list[tuple[Run, str]]:
+def series(runs: list[LabelledResults]) -> list[tuple[LabelledResults, str]]:
     """Every (run, backend) pair, in file then backend order: a column or a chart line each."""
     return [(run, b) for run in runs for b in run.results.backends]
 
 
-def series_name(run: Run, backend: str) -> str:
+def series_name(run: LabelledResults, backend: str) -> str:
     return f"{run.label} · {backend}" if run.label else backend
 
 
-def point_speedup(run: Run, p: Point) -> float | None:
+def point_speedup(run: LabelledResults, p: Point) -> float | None:
     return metrics.speedup(p, verdicts.baseline_point(run.results, p))
 
 
-def _cell(run: Run, p: Point | None) -> Text:
+def _cell(run: LabelledResults, p: Point | None) -> Text:
     if p is None:
         return Text("—", style="dim")
     if p.status != "ok":
@@ -102,7 +102,7 @@ def _cell(run: Run, p: Point | None) -> Text:
     return t
 
 
-def summary_table(runs: list[Run], title: str | None = None) -> Table:
+def summary_table(runs: list[LabelledResults], title: str | None = None) -> Table:
     """Rows: context. A column per file × backend: step ms, bytes/step, match, speedup."""
     first = runs[0]
     if title is None:
@@ -122,9 +122,11 @@ def summary_table(runs: list[Run], title: str | None = None) -> Table:
     return table
 
 
-def notes(runs: list[Run]) -> list[str]:
+def notes(runs: list[LabelledResults], noise: bool = True, source: str = "RESULTS.json") -> list[str]:
     """One line per point that was not measured or did not match, per noisy point, and per
-    point timed at a low GPU clock."""
+    point timed at a low GPU clock. `noise` False: the noisy points (unstable, transient
+    steps) are one summary line (`noise_summary`) instead of a line or two each, as the
+    terminal shows them; the reports keep every point's."""
     lines = []
     for run in runs:
         bad = run.calibration_problems
@@ -140,9 +142,10 @@ def notes(runs: list[Run]) -> list[str]:
                 m = p.match
                 lines.append(f"{where}: {p.reason or 'logits do not match the reference'} "
                              f"(max rel {m.max_rel:.2e}, argmax agree {m.argmax_agree:.0%})")
-            elif verdicts.warning_of(p):
+            elif verdicts.warning_of(p) and noise:
                 lines.append(f"{where}: {verdicts.warning_of(p)}")
-            lines += [f"{where}: {t}" for t in verdicts.transient_notes(p)]
+            if noise:
+                lines += [f"{where}: {t}" for t in verdicts.transient_notes(p)]
             if p.details.get("bytes_differ"):
                 lines.append(f"{where}: {p.details['bytes_differ']}")
             clock = metrics.low_clock(p.details) if p.status == "ok" else ""
@@ -152,22 +155,44 @@ def notes(runs: list[Run]) -> list[str]:
                     and metrics.plausible_mbu(p.mbu) is None):
                 lines.append(f"{where}: MBU {p.mbu:.2f} > {metrics.MBU_PLAUSIBLE_MAX}: the floor's "
                              "bandwidth calibration is below what the step achieved; MBU not charted")
-    return lines
+    return lines if noise else lines + noise_summary(runs, source)
 
 
-def run_sentences(runs: list[Run]) -> list[str]:
+def noise_summary(runs: list[LabelledResults], source: str = "RESULTS.json") -> list[str]:
+    """How many points are unstable or had transient steps, and what to do, in one or two
+    lines ([] where none): the terminal's stand-in for their per-point notes, which the
+    reports (`source`'s report.md and report.html) keep."""
+    points = [p for run in runs for p in run.results.points if p.matches]
+    unstable = sum(1 for p in points if verdicts.warning_of(p))
+    transient = sum(1 for p in points if verdicts.transient_notes(p))
+    if not unstable and not transient:
+        return []
+    of = f" of {len(points)} points"
+    said = [f"{unstable}{of} unstable (⚠: stdev ≥ {stats.UNSTABLE_CV:.0%} of the mean, "
+            "transients left out)"] if unstable else []
+    if transient:
+        said.append(f"{transient}{'' if said else of} had transient steps (kept: the median is "
+                    "robust to them)")
+    todo = f"per point: statebench report {source} --out DIR (report.md, report.html)"
+    if unstable:
+        todo += "; steadier: more --steps, --repeat 3 or more, a quieter machine"
+    return [f"noise: {'; '.join(said)}.", f"  {todo}."]
+
+
+def run_sentences(runs: list[LabelledResults]) -> list[str]:
     """The plain sentences under the table (verdicts.sentences), per run."""
     return [f"{run.label}: {s}" if run.label else s
             for run in runs for s in verdicts.sentences(run.results)]
 
 
-def summary(runs: list[Run]) -> Group:
-    """The table, the sentences under it and its notes, as one renderable."""
+def summary(runs: list[LabelledResults], source: str = "RESULTS.json") -> Group:
+    """The table, the sentences under it and its notes, as one renderable; noisy points are
+    counted in one or two lines (`noise_summary`; `source`: the files, for its hint)."""
     parts: list = [summary_table(runs)]
     said = run_sentences(runs)
     if said:
         parts.append(Text("\n".join(said)))
-    ns = notes(runs)
+    ns = notes(runs, noise=False, source=source)
     if ns:
         parts.append(Text("\n".join(ns), style="dim"))
     return Group(*parts)
@@ -185,7 +210,7 @@ COLUMNS = ["run", "backend", "context", "capacity", "status", "step_ms_median", 
            "build_s", "time_to_depth_s", "peak_rss_bytes", "device_bytes", "reason"]
 
 
-def rows(runs: list[Run]) -> list[dict]:
+def rows(runs: list[LabelledResults]) -> list[dict]:
     out = []
     for run in runs:
         cfg = verdicts.model_config(run.results)
@@ -232,12 +257,12 @@ def _traffic_columns(p: Point, cfg) -> dict:
             "cache_in_place_bytes": t.in_place if t else None}
 
 
-def _verdict(run: Run, p: Point) -> str | None:
+def _verdict(run: LabelledResults, p: Point) -> str | None:
     c = verdicts.over_baseline(run.results, p)
     return (c.verdict or "no interval") if c else None
 
 
-def to_csv(runs: list[Run]) -> str:
+def to_csv(runs: list[LabelledResults]) -> str:
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
     w.writeheader()
@@ -246,7 +271,7 @@ def to_csv(runs: list[Run]) -> str:
     return buf.getvalue()
 
 
-def to_json(runs: list[Run]) -> str:
+def to_json(runs: list[LabelledResults]) -> str:
     return json.dumps({
         "runs": [{"label": r.label, "workload": r.results.workload,
                   "environment": r.results.environment, "baseline": r.baseline,
@@ -255,7 +280,7 @@ def to_json(runs: list[Run]) -> str:
     }, indent=1, allow_nan=False) + "\n"
 
 
-def _md_cell(run: Run, p: Point | None) -> str:
+def _md_cell(run: LabelledResults, p: Point | None) -> str:
     if p is None:
         return "—"
     if p.status != "ok":
@@ -264,7 +289,7 @@ def _md_cell(run: Run, p: Point | None) -> str:
     return "<br>".join(c.lines()) + (" ⚠" if c.noisy else "")
 
 
-def markdown_table(runs: list[Run]) -> str:
+def markdown_table(runs: list[LabelledResults]) -> str:
     cols = series(runs)
     lines = ["| context | " + " | ".join(series_name(r, b) for r, b in cols) + " |",
              "|---:|" + "---:|" * len(cols)]
@@ -289,7 +314,7 @@ LINK_NOTE = ("Backends whose cache crosses the host link every step: the floor i
              "the device floor: the link alone is what a stateless page must add to it.")
 
 
-def _floor_points(runs: list[Run]) -> Iterator[tuple[Run, Point]]:
+def _floor_points(runs: list[LabelledResults]) -> Iterator[tuple[LabelledResults, Point]]:
     """Every point of the runs whose calibration is plausible, by context then backend:
     the points a floor table may show."""
     for run in runs:
@@ -298,7 +323,7 @@ def _floor_points(runs: list[Run]) -> Iterator[tuple[Run, Point]]:
                 yield run, p
 
 
-def bandwidth_rows(runs: list[Run]) -> list[list[str]]:
+def bandwidth_rows(runs: list[LabelledResults]) -> list[list[str]]:
     """Per device-resident point with a GPU time: its floor, wall and GPU time, and MBU over
     each (the gap between the two is host time: encoding, submits, readbacks). Runs whose
     calibration is implausible are left out."""
@@ -312,7 +337,7 @@ def bandwidth_rows(runs: list[Run]) -> list[list[str]]:
     return out
 
 
-def link_rows(runs: list[Run]) -> list[list[str]]:
+def link_rows(runs: list[LabelledResults]) -> list[list[str]]:
     """Per host-cache point with a floor: the floor, the step and their ratio (the issue's
     'stateless within 1.5x of its floor'). Runs whose calibration is implausible, and points
     faster than their floor (a link figure that under-measured; ``notes`` says so), are left
@@ -328,7 +353,7 @@ def link_rows(runs: list[Run]) -> list[list[str]]:
     return out
 
 
-def _over_link_and_stateful(run: Run, p: Point) -> str:
+def _over_link_and_stateful(run: LabelledResults, p: Point) -> str:
     """The step over (its link time + the same family's stateful step at this context), the
     issue's floor for a stateless page; "—" where the run has no such stateful point. The
     link time is the point's floor less the device floor, which is the stateful point's
@@ -347,7 +372,7 @@ HOST_NOTE = ("Where a WebNN page's step spends host time (details.host_breakdown
              "the dispatch and the read, and after it. Record ahead and wait overlap the GPU.")
 
 
-def host_rows(runs: list[Run]) -> list[list[str]]:
+def host_rows(runs: list[LabelledResults]) -> list[list[str]]:
     """Per point with a host-time breakdown: the step, its GPU time, wall − GPU and the
     parts (with ``--repeat``, each part's median over the processes: ``harness/repeats``)."""
     out = []
@@ -367,7 +392,7 @@ def host_rows(runs: list[Run]) -> list[list[str]]:
     return out
 
 
-def floor_tables(runs: list[Run]) -> list[tuple[str, str, list[str], list[list[str]]]]:
+def floor_tables(runs: list[LabelledResults]) -> list[tuple[str, str, list[str], list[list[str]]]]:
     """(title, note, head, rows) of each per-point table that has rows: bandwidth use of
     device-resident backends, the link floors of host-cache ones, the host time of WebNN
     pages."""
@@ -377,7 +402,7 @@ def floor_tables(runs: list[Run]) -> list[tuple[str, str, list[str], list[list[s
     return [t for t in tables if t[3]]
 
 
-def environment_lines(run: Run) -> list[str]:
+def environment_lines(run: LabelledResults) -> list[str]:
     env, wl = run.results.environment, run.results.workload
     cal = env.get("calibration", {})
     cfgd, model = wl.get("config", {}), wl.get("model")
@@ -407,7 +432,7 @@ def environment_lines(run: Run) -> list[str]:
     return lines
 
 
-def _created_lines(run: Run) -> list[str]:
+def _created_lines(run: LabelledResults) -> list[str]:
     parts = run.results.environment.get("merged_from")
     if not parts:
         return [f"created {run.results.created} by `{run.results.command}`"]
@@ -438,7 +463,7 @@ def _bandwidth(cal: dict, key: str, label: str) -> str:
     return f"{label} {value} GB/s" + (f" ({method})" if method else "")
 
 
-def to_markdown(runs: list[Run], charts: list[str] | None = None) -> str:
+def to_markdown(runs: list[LabelledResults], charts: list[str] | None = None) -> str:
     """The sentences and the table first (as the terminal shows them), then the rest."""
     base = runs[0].baseline
     parts = ["# statebench report", "", *(f"- {s}" for s in run_sentences(runs)), "",

@@ -36,7 +36,7 @@ class Report(Command):
         if args.out:
             report.check_out_dir(Path(args.out), force=args.force)
         runs = cls.load(args.files, merged=args.merge)
-        printed = cls.render(runs, fmt)
+        printed = cls.render(runs, fmt, " ".join(args.files))
         if fmt == "table":
             console.print(printed)
         else:
@@ -50,7 +50,7 @@ class Report(Command):
         return 0
 
     @staticmethod
-    def load(files: list[str], merged: bool = False) -> list[report.Run]:
+    def load(files: list[str], merged: bool = False) -> list[report.LabelledResults]:
         loaded = [results.load(f) for f in files]
         if merged:
             from harness.merge import merge
@@ -59,9 +59,9 @@ class Report(Command):
         return report.label_runs(loaded, files)
 
     @staticmethod
-    def render(runs: list[report.Run], fmt: str):
+    def render(runs: list[report.LabelledResults], fmt: str, source: str = "RESULTS.json"):
         if fmt == "table":
-            return report.summary(runs)
+            return report.summary(runs, source)
         if fmt == "md":
             return report.to_markdown(runs)
         if fmt == "csv":
@@ -73,7 +73,7 @@ class Report(Command):
         return html_report.render(runs, {})
 
     @staticmethod
-    def write(runs: list[report.Run], out: Path) -> list[Path]:
+    def write(runs: list[report.LabelledResults], out: Path) -> list[Path]:
         from harness import charts, html_report
 
         out.mkdir(parents=True, exist_ok=True)
