@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import argparse
 import re
+import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from harness import results
 from harness.commands.base import Command
+from model.atomic import file_kind
 from model.errors import UserError
 
 BASELINE_DIR = Path("results") / "baselines"
@@ -50,11 +53,32 @@ class Baseline(Command):
             raise UserError(f"{paths[0]}: no measured points; nothing to keep as a baseline")
         if len(runs) > 1:
             median_of_runs(res, list(zip(paths[1:], runs[1:], strict=True)))
-        path = Path(directory) / f"{name}.json"
-        if path.exists() and not force:
+        path = writable_dir(Path(directory)) / f"{name}.json"
+        kind = file_kind(path)
+        if kind:
+            raise UserError(f"baseline {path} is {kind}, not a file; --force replaces only a "
+                            "regular file: remove it or give another --name or --dir")
+        if kind is not None and not force:
             raise UserError(f"baseline {path} exists; pass --force to overwrite it")
-        res.save(path)
+        try:  # atomic: a write that fails leaves no part of the file, and the old one whole
+            res.save(path)
+        except OSError as exc:
+            raise UserError(f"cannot write baseline {path} ({exc.strerror or exc}); nothing "
+                            "written" + (", the old one left as it was" if kind == "" else "")) from None
         return path
+
+
+def writable_dir(directory: Path) -> Path:
+    """--dir, made where missing; a UserError in one line where it is not a folder or no
+    file can be made in it (the probe makes and removes one: it holds for root too)."""
+    if directory.exists() and not directory.is_dir():
+        raise UserError(f"--dir {directory}: a file, not a folder")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=directory).close()
+    except OSError as exc:
+        raise UserError(f"--dir {directory}: cannot write there ({exc.strerror or exc})") from None
+    return directory
 
 
 def median_of_runs(first: results.Results, others: list[tuple[Path, results.Results]]) -> None:
@@ -65,7 +89,7 @@ def median_of_runs(first: results.Results, others: list[tuple[Path, results.Resu
     for path, other in others:
         if other.workload != first.workload:
             raise UserError(f"{path}: a different sweep (workload) from the first run")
-    for p in first.points:
+    for i, p in enumerate(first.points):
         if not p.measured:
             continue
         same = []
@@ -78,7 +102,8 @@ def median_of_runs(first: results.Results, others: list[tuple[Path, results.Resu
                                 "from the first run; not one sweep")
             same.append(q)
         stats = [p.step_ms] + [q.step_ms for q in same]
-        p.step_ms = results.Stats(*(float(np.median([getattr(s, k) for s in stats]))
-                                    for k in ("median", "p10", "p90")))
-        p.details["baseline_runs"] = len(stats)
-        p.details["baseline_run_medians_ms"] = [round(s.median, 4) for s in stats]
+        first.points[i] = replace(
+            p, step_ms=results.Stats(*(float(np.median([getattr(s, k) for s in stats]))
+                                       for k in ("median", "p10", "p90"))),
+            details={**p.details, "baseline_runs": len(stats),
+                     "baseline_run_medians_ms": [round(s.median, 4) for s in stats]})

@@ -3,10 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
 
+from model.atomic import exclusive_lock, file_kind
 from model.errors import UserError
 
 DEFAULT_BACKENDS = "ort-cpu:*,wgpu:*"
+#: the most --repeat takes: each repeat is a fresh worker process at every point, and the
+#: median's interval over n processes narrows only as 1/sqrt(n), so past 100 (a tenth of the
+#: spread between processes) more repeats cost time and buy almost nothing
+MAX_REPEAT = 100
+#: the most worker processes (points × repeats) one sweep starts: each loads its model
+#: afresh, so a sweep past this spends hours in start-up alone (docs/measuring.md)
+MAX_POINT_PROCESSES = 10_000
 
 
 def _integer(text: str, minimum: int, what: str) -> int:
@@ -25,6 +37,63 @@ def positive_int(text: str) -> int:
 
 def nonnegative_int(text: str) -> int:
     return _integer(text, 0, "≥ 0")
+
+
+def repeat_count(text: str) -> int:
+    """--repeat: 1 to MAX_REPEAT."""
+    n = positive_int(text)
+    if n > MAX_REPEAT:
+        raise argparse.ArgumentTypeError(
+            f"{n} is more than {MAX_REPEAT}, the most a sweep takes (each repeat is a fresh "
+            f"worker process at every point; past {MAX_REPEAT} the median's interval barely "
+            "narrows)")
+    return n
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def check_sweep_size(backends: int, contexts: int, repeat: int) -> None:
+    """Refuse a sweep that would start more than MAX_POINT_PROCESSES worker processes."""
+    processes = backends * contexts * repeat
+    if processes > MAX_POINT_PROCESSES:
+        raise UserError(
+            f"{_count(backends, 'backend')} × {_count(contexts, 'context')} × --repeat {repeat}"
+            f" is {processes:,} "
+            f"worker processes, more than the {MAX_POINT_PROCESSES:,} a sweep may start (each "
+            "loads its model afresh); use fewer repeats, backends or contexts, or several runs")
+
+
+@contextlib.contextmanager
+def claimed_out(path: str | os.PathLike, force: bool) -> Iterator[Path]:
+    """Hold a given --out for the life of a run: refused in one line where something other
+    than a regular file is there (a device, a named pipe, a socket or a symbolic link: --force
+    replaces only a regular file, and model/atomic.py checks again at the rename), or where
+    another run holds it (an exclusive lock beside it, released when this run ends however it
+    ends): two runs never write one file, forced or not."""
+    out = Path(path)
+    kind = file_kind(out)
+    if kind and kind != "a directory":  # a directory: the results check's own line says so
+        if kind == "a symbolic link":
+            kind = f"a symbolic link (to {os.readlink(out)})"
+        raise UserError(f"--out {out}: {kind}, not a regular file; statebench writes results "
+                        "only to a new or a regular file (--force replaces only a regular file; "
+                        "name the file itself)")
+    from harness.results import check_out_file  # the folder, an existing file, writable
+
+    check_out_file(out, force)
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(exclusive_lock(out))
+        except BlockingIOError as exc:
+            holder = f" (pid {exc.holder})" if getattr(exc, "holder", "") else ""
+            raise UserError(f"--out {out}: another statebench run{holder} is writing it; wait "
+                            "for it to end or name another file") from None
+        except OSError as exc:
+            raise UserError(f"--out {out}: cannot write in {out.parent}: "
+                            f"{exc.strerror or exc}") from None
+        yield out
 
 
 def _number(text: str) -> float:

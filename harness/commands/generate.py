@@ -13,7 +13,7 @@ from backends.webnn.onnx_converter import ConversionError
 from harness.commands.base import Command
 from harness.commands.common_args import add_model_argument
 from harness.model_info import model_file
-from harness.model_run import UserModel, backend_for
+from harness.model_run import UserModel, backend_for, position_limit
 from model.errors import UserError
 
 
@@ -45,8 +45,26 @@ def token_diff(got: list[int], want: list[int]) -> str:
             f"{','.join(map(str, got))}, expected {','.join(map(str, want))}")
 
 
-def generate(model, prompt: list[int], max_new_tokens: int, backend: str) -> list[int]:
-    """The greedy tokens ``backend`` gives after ``prompt`` (``max_new_tokens`` of them)."""
+def check_length(user: UserModel, prompt: int, new: int, new_flag: str = "--max-new-tokens") -> None:
+    """Refuse, in one line and before any session, a decoding the model's positions cannot
+    hold (its rotary cos/sin cache's rows, its position table, genai_config's
+    context_length): ORT would fail at that step with its own error on stderr. The prompt
+    takes positions 0..prompt-1 and every new token but the last one more step."""
+    limit, why = position_limit(user.proto, user.path)
+    last = prompt + new - 2
+    if limit is None or last < limit:
+        return
+    room = (f"at most {limit - prompt + 1} new tokens after this prompt" if prompt <= limit
+            else f"a prompt of at most {limit} tokens")
+    raise UserError(f"{user.path}: --prompt ({prompt} tokens) and {new_flag} ({new}) reach "
+                    f"position {last}, but the model has {limit} positions ({why}); ask for "
+                    f"{room}")
+
+
+def generate(model, prompt: list[int], max_new_tokens: int, backend: str,
+             new_flag: str = "--max-new-tokens") -> list[int]:
+    """The greedy tokens ``backend`` gives after ``prompt`` (``max_new_tokens`` of them);
+    ``new_flag`` is the flag that asked for them (the refusals name it)."""
     backends = registry()
     if backend not in backends:
         raise UserError(f"unknown backend {backend!r}; accepted: {', '.join(sorted(backends))}")
@@ -56,6 +74,7 @@ def generate(model, prompt: list[int], max_new_tokens: int, backend: str) -> lis
     if vocab is not None and max(prompt) >= vocab:
         raise UserError(f"--prompt: token id {max(prompt)} is beyond {path}'s vocabulary "
                         f"({vocab} logits)")
+    check_length(user, len(prompt), max_new_tokens, new_flag)
     why = user.refusal(cls)
     if why:
         raise UserError(f"{backend} cannot run {path}: {why}")
