@@ -5,6 +5,9 @@ file for 16384, one for 512 and 2048, ...). Side by side, such files make one co
 file and backend; merged, they read as the one sweep they are. Every point keeps the
 floor and MBU it was given against its own call's calibration, and the merged file lists
 each part's file, command and calibration.
+
+A point (backend, context: `Point.key`) in two parts is refused, not kept once: which copy is
+the right one is not the merge's to guess (a part holding one twice is refused as it loads).
 """
 
 from __future__ import annotations
@@ -52,4 +55,4 @@ def merge(parts: list[Results], names: list[str]) -> Results:
     return Results(created=min(r.created for r in parts),
                    command=" + ".join(r.command for r in parts), environment=env,
                    workload=dict(first.workload, contexts=sorted({p.context for p in points})),
-                   points=points, schema=first.schema)
+                   points=points)

@@ -1,23 +1,29 @@
 """The results file (DESIGN §9): pure data, versioned, validated on load, written atomically.
 
-Schema "statebench/1". A file holds one sweep: where it ran (`environment`), what it ran
-(`workload`) and one `Point` per backend × context. Units are in the field names
-(`step_ms`, `bytes_per_step`, `build_s`, `peak_rss_bytes`).
+Schema "statebench/2" (docs/results.md). A file holds one sweep: where it ran
+(`environment`), what it ran (`workload`) and one `Point` per backend × context, each
+once: (backend, context) is a point's identity (`Point.key`). Units are in the field names
+(`step_ms`, `bytes_per_step`, `build_s`, `peak_rss_bytes`); the keys of a point's `details`
+are registered in harness/details.py. Files of an older schema are upgraded in memory as
+they load (`UPGRADES`, as pyperf does), never rewritten.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
 import tempfile
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 
+from harness import details as details_registry
 from model.atomic import atomic_file
 from model.errors import UserError
 
-SCHEMA = "statebench/1"
+SCHEMA = "statebench/2"
 STATUSES = ("ok", "unavailable", "failed")
 BYTE_CATEGORIES = ("h2d", "d2h", "d2d", "kernel")
 
@@ -51,9 +57,35 @@ class Match:
     tolerance: float | None = None
 
 
-@dataclass
+class FrozenDetails(dict):
+    """A point's details, read-only: a Point is pure data (a changed one is a new Point,
+    `dataclasses.replace(point, details={**point.details, key: value})`). A dict still, so
+    JSON, `dict(...)` and `.get` read it as one; the values themselves are not frozen."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args, **kwargs):
+        raise TypeError("a point's details are read-only; make a new point with "
+                        "dataclasses.replace(point, details={...})")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _refuse
+
+    def __copy__(self) -> FrozenDetails:
+        return self
+
+    def __deepcopy__(self, memo: dict) -> FrozenDetails:
+        return FrozenDetails(copy.deepcopy(dict(self), memo))
+
+    def __reduce__(self):
+        return FrozenDetails, (dict(self),)
+
+
+@dataclass(frozen=True)
 class Point:
-    """One measurement: decode `steps` tokens at depth `context` with one backend."""
+    """One measurement: decode `steps` tokens at depth `context` with one backend.
+
+    Frozen: code that changes a point makes a new one (`dataclasses.replace`). Its details
+    are checked against harness/details.py as it is made: an unregistered key is a bug."""
 
     backend: str
     context: int
@@ -74,8 +106,8 @@ class Point:
     peak_rss_bytes: int | None = None
     device_bytes: int | None = None
     match: Match | None = None
-    details: dict = field(default_factory=dict)
-    # optional (absent from files made before repeats existed; harness/repeats.py fills them):
+    details: Mapping[str, object] = field(default_factory=FrozenDetails)
+    # filled by harness/repeats.py (null in schema-1 files made before repeats existed):
     # per fresh worker process {"step_ms": [...], "gpu_ms": [...] | None, "wall_s", "build_s",
     # "time_to_depth_s"}; the median's interval (stats.Interval); the slowest step
     # {"ms", "repeat", "step"}; the transients [{"ms", "repeat", "step"}]
@@ -84,8 +116,14 @@ class Point:
     step_ms_max: dict | None = None
     transients: list[dict] | None = None
 
+    def __post_init__(self) -> None:
+        details_registry.check(self.details, f"{self.backend} @ {self.context}")
+        if not isinstance(self.details, FrozenDetails):
+            object.__setattr__(self, "details", FrozenDetails(self.details))
+
     @property
     def key(self) -> tuple[str, int]:
+        """The point's identity in a file: one backend at one context (docs/results.md)."""
         return (self.backend, self.context)
 
     @property
@@ -109,7 +147,7 @@ class Point:
         return cls(backend, context, capacity, steps, status="failed", reason=one_line(reason))
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {f.name: _plain_copy(getattr(self, f.name)) for f in fields(self)}
 
     @classmethod
     def from_dict(cls, d: dict) -> Point:
@@ -122,6 +160,13 @@ class Point:
         return cls(**d)
 
 
+def _plain_copy(v: object) -> object:
+    """A field as plain JSON-ready data, sharing nothing with the point."""
+    if is_dataclass(v):
+        return asdict(v)
+    return copy.deepcopy(dict(v) if isinstance(v, FrozenDetails) else v)
+
+
 @dataclass
 class Results:
     """A whole sweep."""
@@ -131,21 +176,20 @@ class Results:
     environment: dict
     workload: dict
     points: list[Point] = field(default_factory=list)
-    schema: str = SCHEMA
 
     def to_dict(self) -> dict:
         return {
-            "schema": self.schema, "created": self.created, "command": self.command,
+            "schema": SCHEMA, "created": self.created, "command": self.command,
             "environment": self.environment, "workload": self.workload,
             "points": [p.to_dict() for p in self.points],
         }
 
     @classmethod
     def from_dict(cls, d: dict, source: str = "results") -> Results:
-        validate(d, source)
+        """A validated file's sweep, upgraded to the current schema where it is older."""
+        d = upgrade(d, source)
         return cls(created=d["created"], command=d["command"], environment=d["environment"],
-                   workload=d["workload"], points=[Point.from_dict(p) for p in d["points"]],
-                   schema=d["schema"])
+                   workload=d["workload"], points=[Point.from_dict(p) for p in d["points"]])
 
     def point(self, backend: str, context: int) -> Point | None:
         for p in self.points:
@@ -323,7 +367,8 @@ _POINT_FIELDS = {
     "peak_rss_bytes": (int, type(None)), "device_bytes": (int, type(None)),
     "match": (dict, type(None)), "details": (dict,),
 }
-#: point fields a file may lack (added after schema statebench/1 was first written)
+#: point fields a statebench/1 file may lack (added after it was first written, with no new
+#: schema then); statebench/2 files have them all, null where a point has none
 _OPTIONAL_POINT_FIELDS = {
     "repeats": (list, type(None)), "step_ms_ci": (dict, type(None)),
     "step_ms_max": (dict, type(None)), "transients": (list, type(None)),
@@ -388,13 +433,16 @@ def _check_workload(w: dict) -> None:
             raise _Bad(f"workload.contexts[{i}] is {c!r}, not a positive integer")
 
 
-def _check_point(p: object, where: str) -> None:
+def _check_point(p: object, where: str, current: bool = True) -> None:
+    """`current`: a statebench/2 point, which has every field (a statebench/1 point may lack
+    the optional ones)."""
     if not isinstance(p, dict):
         raise _Bad(f"{where} is not an object")
     unknown = set(p) - set(_POINT_FIELDS) - set(_OPTIONAL_POINT_FIELDS)
     if unknown:
         raise _Bad(f"{where} has unknown field {sorted(unknown)[0]!r}")
-    for k, types in _POINT_FIELDS.items():
+    required = {**_POINT_FIELDS, **_OPTIONAL_POINT_FIELDS} if current else _POINT_FIELDS
+    for k, types in required.items():
         if k not in p:
             raise _Bad(f"{where} lacks {k!r}")
         v = p[k]
@@ -415,7 +463,12 @@ def _check_point(p: object, where: str) -> None:
             raise _Bad(f"{where}.bytes_per_step must have {', '.join(BYTE_CATEGORIES)}")
         for k in BYTE_CATEGORIES:
             _figure(p["bytes_per_step"][k], f"{where}.bytes_per_step.{k}")
+    bad_details = details_registry.problem(p["details"])
+    if bad_details:
+        raise _Bad(f"{where}.details {bad_details}")
     if p["match"] is not None:
+        if current and "tolerance" not in p["match"]:
+            raise _Bad(f"{where}.match lacks 'tolerance'")
         if set(p["match"]) - {"tolerance"} != set(_MATCH):
             raise _Bad(f"{where}.match must have ok, max_abs, max_rel, argmax_agree "
                        "(and a tolerance)")
@@ -464,12 +517,16 @@ def _check_repeat_fields(p: dict, where: str) -> None:
 
 
 def validate(d: object, source: str = "results") -> None:
-    """A UserError naming `source` and the first field that cannot be right, if any."""
+    """A UserError naming `source` and the first field that cannot be right, if any, or the
+    first point that is in the file twice. A file of an older schema in `UPGRADES` is
+    checked by its own schema's rules."""
     try:
         if not isinstance(d, dict):
             raise _Bad("top level is not an object")
-        if d.get("schema") != SCHEMA:
-            raise _Bad(f"schema is {d.get('schema')!r}, expected {SCHEMA!r}")
+        schema = d.get("schema")
+        if schema != SCHEMA and schema not in UPGRADES:
+            raise _Bad(f"schema is {schema!r}, expected {SCHEMA!r} (or one this code upgrades: "
+                       f"{', '.join(UPGRADES)})")
         for k, t in _REQUIRED_TOP.items():
             if not isinstance(d.get(k), t):
                 raise _Bad(f"missing or wrong type: {k}")
@@ -480,9 +537,56 @@ def validate(d: object, source: str = "results") -> None:
         _check_config(d["workload"].get("config", {}))
         _check_environment(d["environment"])
         for i, p in enumerate(d["points"]):
-            _check_point(p, f"points[{i}]")
+            _check_point(p, f"points[{i}]", current=schema == SCHEMA)
     except _Bad as exc:
         raise UserError(f"{source}: not a statebench results file: {exc}") from None
+    twice = duplicate(d["points"])
+    if twice:
+        (backend, context), first, again = twice
+        raise UserError(f"{source}: {backend} at context {context} is in the file twice "
+                        f"(points[{first}] and points[{again}]); a results file holds each "
+                        "backend × context once: remove one, or measure the sweep again")
+
+
+def duplicate(points: list) -> tuple[tuple[str, int], int, int] | None:
+    """The first point identity (`Point.key`: backend, context) held twice in `points`
+    (dicts or Points), with the indices of its two copies; None where each is there once."""
+    seen: dict[tuple[str, int], int] = {}
+    for i, p in enumerate(points):
+        key = p.key if isinstance(p, Point) else (p["backend"], p["context"])
+        if key in seen:
+            return key, seen[key], i
+        seen[key] = i
+    return None
+
+
+# -- older schemas, upgraded in memory as they load ------------------------------------------
+
+def _from_1(d: dict) -> dict:
+    """statebench/1 → 2: the fields added to /1 after it was first written (the repeats'
+    four, the match's tolerance) become present, null where the file lacks them; the
+    details keys were all registered from /1's writers, so they stay as they are."""
+    points = []
+    for p in d["points"]:
+        p = {**p, **{k: p.get(k) for k in _OPTIONAL_POINT_FIELDS}}
+        if p["match"] is not None:
+            p["match"] = {"tolerance": None, **p["match"]}
+        points.append(p)
+    return {**d, "schema": "statebench/2", "points": points}
+
+
+#: schema → (the next schema, how a file of it becomes one of that); applied in turn
+UPGRADES: dict[str, tuple[str, Callable[[dict], dict]]] = {"statebench/1": ("statebench/2", _from_1)}
+
+
+def upgrade(d: object, source: str = "results") -> dict:
+    """`d` validated under its own schema, then upgraded step by step to SCHEMA (a new
+    dict: `d` is left as it was); a UserError naming `source` where it cannot be read."""
+    validate(d, source)
+    while d["schema"] != SCHEMA:
+        _, step = UPGRADES[d["schema"]]
+        d = step(d)
+    return d
 
 
 _NONE = type(None)

@@ -5,12 +5,20 @@ from __future__ import annotations
 import csv
 import io
 import json
+from dataclasses import replace
 
 import pytest
 from rich.console import Console
 from test_cli import TINY, statebench
 
 from harness import report, results
+
+
+def changed(res: results.Results, p: results.Point, **changes) -> results.Point:
+    """`p` with `changes`, in its place in `res` (a Point is frozen)."""
+    new = replace(p, **changes)
+    res.points[res.points.index(p)] = new
+    return new
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +93,7 @@ def test_repeat_two_through_the_cli_and_report(tmp_path):
 
 def test_mismatch_never_shown_faster(run_files):
     res = results.load(run_files[0])
-    p = res.point("ort-cpu:shared", 8)
-    p.match = results.Match(False, 1.0, 1.0, 0.0)
+    p = changed(res, res.point("ort-cpu:shared", 8), match=results.Match(False, 1.0, 1.0, 0.0))
     runs = report.label_runs([res])
     assert report.point_speedup(runs[0], p) is None
     console = Console(file=io.StringIO(), width=200)
@@ -114,9 +121,9 @@ def test_gpu_time_mbu_for_device_resident_points(run_files):
     res = results.load(run_files[0])
     ctx = res.contexts[0]
     dev, host = res.point("ort-cpu:shared", ctx), res.point("ort-cpu:copy", ctx)  # GPU time set below
-    for p, floor in ((dev, 2.0), (host, host.step_ms.median / 2)):
-        p.floor_ms, p.gpu_ms = floor, results.Stats.of([4.0, 4.0, 4.0])
-        p.mbu = p.floor_ms / p.step_ms.median
+    dev, host = (changed(res, p, floor_ms=floor, gpu_ms=results.Stats.of([4.0, 4.0, 4.0]),
+                         mbu=floor / p.step_ms.median)
+                 for p, floor in ((dev, 2.0), (host, host.step_ms.median / 2)))
     assert metrics.gpu_mbu(dev) == pytest.approx(0.5)
     assert metrics.gpu_mbu(host) is None
     res.environment["calibration"] = {}  # nothing implausible to hide behind
@@ -135,16 +142,15 @@ def test_gpu_time_mbu_for_device_resident_points(run_files):
     # with the family's stateful point: step / (floor - its device floor + its step)
     import copy
 
-    peer = copy.deepcopy(dev)
-    peer.backend, peer.floor_ms, peer.step_ms = "ort-cpu:stateful", 0.01, results.Stats.of([0.05] * 3)
+    peer = replace(copy.deepcopy(dev), backend="ort-cpu:stateful", floor_ms=0.01,
+                   step_ms=results.Stats.of([0.05] * 3))
     res.points.append(peer)
     want = host.step_ms.median / (host.floor_ms - 0.01 + 0.05)
     assert report._over_link_and_stateful(report.label_runs([res])[0], host) == f"{want:.2f}"
     res.points.remove(peer)
     assert "| ort-cpu:shared |" not in link
     assert "<h2>Host-link floors</h2>" in report_html.render(runs, {})
-    dev.gpu_ms = None
-    assert metrics.gpu_mbu(dev) is None
+    assert metrics.gpu_mbu(replace(dev, gpu_ms=None)) is None
 
 
 def test_host_time_table(run_files):
@@ -157,11 +163,10 @@ def test_host_time_table(run_files):
     ctx = res.contexts[0]
     p = res.point("ort-cpu:shared", ctx)
     assert "## Host time" not in report.to_markdown(report.label_runs([res]))
-    p.details["host_breakdown_ms"] = {
+    changed(res, p, gpu_ms=results.Stats.of([2.2, 2.2, 2.2]), details={**p.details, "host_breakdown_ms": {
         "write": 0.05, "write_device": 0.02, "encode": 0.0, "submit": 0.04,
         "record_ahead": 0.3, "dispatch_other": 0.02, "wait": 2.1, "copy": 0.06,
-        "read_other": 0.03, "after": 0.005, "total": 2.6, "wall_minus_gpu": 0.25}
-    p.gpu_ms = results.Stats.of([2.2, 2.2, 2.2])
+        "read_other": 0.03, "after": 0.005, "total": 2.6, "wall_minus_gpu": 0.25}})
     runs = report.label_runs([res])
     md = report.to_markdown(runs).split("## Host time")[1]
     row = next(line for line in md.splitlines() if line.startswith(f"| ort-cpu:shared | {ctx} |"))
@@ -173,7 +178,7 @@ def test_host_time_table(run_files):
 def test_points_timed_at_a_low_clock_are_noted(run_files):
     res = results.load(run_files[0])
     p = res.point("ort-cpu:shared", res.contexts[0])
-    p.details["sm_clock_mhz"] = {"min": 345.0, "median": 1095.0, "max": 1095.0, "samples": 4,
-                                 "peak_seen": 1980.0}
+    changed(res, p, details={**p.details, "sm_clock_mhz": {
+        "min": 345.0, "median": 1095.0, "max": 1095.0, "samples": 4, "peak_seen": 1980.0}})
     lines = report.notes(report.label_runs([res]))
     assert any("ort-cpu:shared" in ln and "SM clock 1095 MHz" in ln for ln in lines), lines

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -59,9 +60,10 @@ def test_cell_states_speedup_only_outside_the_noise(llama):
 
 def _with_samples(r: results.Results, backend: str, ctx: int, reps: list[list[float]]) -> None:
     p = r.point(backend, ctx)
-    p.repeats = [{"step_ms": s, "gpu_ms": None, "wall_s": 1.0} for s in reps]
-    p.step_ms = results.Stats.of([x for s in reps for x in s])
-    p.step_ms_ci = stats.interval(reps).to_dict()
+    r.points[r.points.index(p)] = replace(
+        p, repeats=[{"step_ms": s, "gpu_ms": None, "wall_s": 1.0} for s in reps],
+        step_ms=results.Stats.of([x for s in reps for x in s]),
+        step_ms_ci=stats.interval(reps).to_dict())
 
 
 def test_sentences_say_no_difference_where_intervals_overlap(llama):
