@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .onnx_converter import HOST_DTYPES, ConversionError, _op
+from .convert_core import HOST_DTYPES, ConversionError, handles
 
 
 def _inputs(node, n: int = 12) -> list[str]:
@@ -23,7 +23,7 @@ def _inputs(node, n: int = 12) -> list[str]:
 
 def _halves(c, x, rot: int, interleaved: bool):
     """x [..., rot] -> (x1, x2): the two halves, or the even and odd elements."""
-    b, s = c.builder, list(c._shape(x))
+    b, s = c.builder, list(c.shape(x))
     lead = s[:-1]
     if interleaved:
         pairs = b.reshape(x, [*lead, rot // 2, 2])
@@ -41,7 +41,7 @@ def rotate(c, x4, cos, sin, rot: int, interleaved: bool):
     """Rotary embedding of ``x4`` [B, S, N, H] (its first ``rot`` features) by ``cos`` and
     ``sin`` [B, S, 1, rot/2]."""
     b = c.builder
-    B, S, N, H = c._shape(x4)
+    B, S, N, H = c.shape(x4)
     xr = x4 if rot == H else b.slice(x4, [0, 0, 0, 0], [B, S, N, rot])
     x1, x2 = _halves(c, xr, rot, interleaved)
     real = b.sub(b.mul(x1, cos), b.mul(x2, sin))
@@ -59,14 +59,14 @@ def rotate(c, x4, cos, sin, rot: int, interleaved: bool):
 def _rows(c, cache: str, positions, B: int, S: int):
     """cos or sin rows at ``positions`` (B*S indices): [B, S, 1, rot/2]."""
     table = c.operand(cache)
-    half = c._shape(table)[-1]
+    half = c.shape(table)[-1]
     return c.builder.reshape(c.builder.gather(table, positions, axis=0), [B, S, 1, half])
 
 
 def _heads(c, x, attrs, cos_name: str):
     """x as [B, S, N, H] from 3-D [B, S, N*H] or 4-D [B, N, S, H], and (B, S, H, rot)."""
     b = c.builder
-    shape = list(c._shape(x))
+    shape = list(c.shape(x))
     if len(shape) == 4:
         B, N, S, H = shape
         x4 = b.transpose(x, permutation=[0, 2, 1, 3])
@@ -88,7 +88,7 @@ def _back(c, out, shape: list[int]):
     return c.builder.reshape(out, shape)
 
 
-@_op("RotaryEmbedding")
+@handles("RotaryEmbedding")
 def _rotary_embedding(c, node, attrs):
     """com.microsoft (input, position_ids, cos, sin) and ai.onnx 23 (input, cos, sin,
     position_ids): 3-D [B, S, N*H] or 4-D ([B, N, S, H]) input."""
@@ -101,16 +101,16 @@ def _rotary_embedding(c, node, attrs):
     x4, (B, S, H, rot) = _heads(c, x, attrs, cos_name)
     if pos_name:
         pos = c.operand(pos_name)
-        if list(c._shape(pos)) == [1] and contrib and S > 1:
+        if list(c.shape(pos)) == [1] and contrib and S > 1:
             raise ConversionError("RotaryEmbedding with a position offset and several tokens is "
                                   "not supported")
-        pos = b.reshape(pos, [int(np.prod(c._shape(pos)))])
+        pos = b.reshape(pos, [int(np.prod(c.shape(pos)))])
         cos, sin = _rows(c, cos_name, pos, B, S), _rows(c, sin_name, pos, B, S)
     else:  # ai.onnx without position_ids: the caches are already [B, S, rot/2]
         cos = b.reshape(c.operand(cos_name), [B, S, 1, rot // 2])
         sin = b.reshape(c.operand(sin_name), [B, S, 1, rot // 2])
     out = rotate(c, x4, cos, sin, rot, bool(attrs.get("interleaved", 0)))
-    return _back(c, out, list(c._shape(x)))
+    return _back(c, out, list(c.shape(x)))
 
 
 def mrope_rows(sections: list[int], layout: int) -> np.ndarray:
@@ -126,7 +126,7 @@ def mrope_rows(sections: list[int], layout: int) -> np.ndarray:
     return rows
 
 
-@_op("MRotaryEmbedding")
+@handles("MRotaryEmbedding")
 def _m_rotary_embedding(c, node, attrs):
     """Multimodal rotary (com.microsoft): positions [3, B, S]; frequency i takes its cos/sin
     at the position of row ``mrope_rows(...)[i]``, picked exactly by a one-hot sum."""
@@ -145,25 +145,25 @@ def _m_rotary_embedding(c, node, attrs):
     def pick(cache: str):
         table = c.operand(cache)
         every = b.reshape(b.gather(table, pos, axis=0), [3, B * S, half])
-        mask = c._constant(onehot.astype(HOST_DTYPES[c._dtype(table)]))
+        mask = c.constant(onehot.astype(HOST_DTYPES[c.dtype(table)]))
         chosen = b.reduce_sum(b.mul(every, mask), axes=[0], keep_dimensions=False)
         return b.reshape(chosen, [B, S, 1, half])
 
     out = rotate(c, x4, pick(ins[2]), pick(ins[3]), rot, bool(attrs.get("interleaved", 0)))
-    return _back(c, out, list(c._shape(x)))
+    return _back(c, out, list(c.shape(x)))
 
 
 def rms_norm(c, x, scale, axis: int, eps: float):
     """x / sqrt(mean(x², axes from ``axis``) + eps) * scale, and 1/sqrt(...) (keepdims)."""
     b = c.builder
-    rank = len(c._shape(x))
+    rank = len(c.shape(x))
     axes = list(range(axis % rank, rank))
     mean = b.reduce_mean(b.mul(x, x), axes=axes, keep_dimensions=True)
     inv = b.div(c.scalar_like(1.0, x), b.sqrt(b.add(mean, c.scalar_like(eps, x))))
     return b.mul(b.mul(x, inv), scale), inv
 
 
-@_op("SimplifiedLayerNormalization")
+@handles("SimplifiedLayerNormalization")
 def _simplified_layer_norm(c, node, attrs):
     x = c.operand(node.input[0])
     y, inv = rms_norm(c, x, c.operand(node.input[1]), attrs.get("axis", -1),
@@ -171,7 +171,7 @@ def _simplified_layer_norm(c, node, attrs):
     return [y, inv]
 
 
-@_op("SkipSimplifiedLayerNormalization")
+@handles("SkipSimplifiedLayerNormalization")
 def _skip_simplified_layer_norm(c, node, attrs):
     """Outputs: normalised, mean (none: RMSNorm has no mean), 1/std, input + skip (+ bias)."""
     b = c.builder
@@ -195,11 +195,11 @@ def _scores(c, q, k, attrs, head_size: int):
     cap = attrs.get("softcap", 0.0)
     if cap:
         scores = b.mul(b.tanh(b.div(scores, c.scalar_like(cap, scores))), c.scalar_like(cap, scores))
-    lowest = float(np.finfo(HOST_DTYPES[c._dtype(scores)]).min)
+    lowest = float(np.finfo(HOST_DTYPES[c.dtype(scores)]).min)
     return scores, c.scalar_like(lowest, scores)
 
 
-@_op("GroupQueryAttention")
+@handles("GroupQueryAttention")
 def _group_query_attention(c, node, attrs):
     """One new token: q/k/v (or packed), rotary at ``seqlens_k``, the new row written into
     the capacity-sized past at ``seqlens_k`` (shared buffer: present is the past's
@@ -217,7 +217,7 @@ def _group_query_attention(c, node, attrs):
     if not ins[3] or not ins[4]:
         raise ConversionError(f"{what}: without a past cache (prefill) is not supported")
     q = c.operand(ins[0])
-    B, S, width = c._shape(q)
+    B, S, width = c.shape(q)
     if S != 1:
         raise ConversionError(f"{what}: {S} new tokens; the pages feed one token a step")
     if ins[1]:
@@ -228,25 +228,25 @@ def _group_query_attention(c, node, attrs):
         q, k, v = (b.slice(q, [0, 0, o * D], [B, S, n * D])
                    for o, n in ((0, nq), (nq, nkv), (nq + nkv, nkv)))
     past_k, past_v = c.operand(ins[3]), c.operand(ins[4])
-    C = c._shape(past_k)[2]
+    C = c.shape(past_k)[2]
     pos = b.cast(c.operand(ins[5]), "int64")  # seqlens_k [B]: the new token's position
     q4, k4 = b.reshape(q, [B, S, nq, D]), b.reshape(k, [B, S, nkv, D])
     if attrs.get("do_rotary", 0):
         cos, sin = _rows(c, ins[7], pos, B, S), _rows(c, ins[8], pos, B, S)
-        rot = 2 * c._shape(c.operand(ins[7]))[-1]
+        rot = 2 * c.shape(c.operand(ins[7]))[-1]
         inter = bool(attrs.get("rotary_interleaved", 0))
         q4, k4 = rotate(c, q4, cos, sin, rot, inter), rotate(c, k4, cos, sin, rot, inter)
     kh = b.transpose(k4, permutation=[0, 2, 1, 3])  # [B, nkv, 1, D]
     vh = b.transpose(b.reshape(v, [B, S, nkv, D]), permutation=[0, 2, 1, 3])
     grid = np.stack(np.meshgrid(np.arange(B), np.arange(nkv), indexing="ij"), -1)
-    grid = c._constant(grid.reshape(B, nkv, 1, 2).astype(np.int64))
+    grid = c.constant(grid.reshape(B, nkv, 1, 2).astype(np.int64))
     at = b.expand(b.reshape(pos, [B, 1, 1, 1]), [B, nkv, 1, 1])
     idx = b.concat([grid, at], 3)
     present_k, present_v = b.scatter_nd(past_k, idx, kh), b.scatter_nd(past_v, idx, vh)
     g = nq // nkv
     qh = b.reshape(b.transpose(q4, permutation=[0, 2, 1, 3]), [B, nkv, g, D])
     scores, low = _scores(c, qh, present_k, attrs, D)  # [B, nkv, g, C]
-    rows = c._constant(np.arange(C, dtype=np.int64).reshape(1, 1, 1, C))
+    rows = c.constant(np.arange(C, dtype=np.int64).reshape(1, 1, 1, C))
     valid = b.lesser_or_equal(rows, b.reshape(pos, [B, 1, 1, 1]))
     probs = b.softmax(b.where(valid, scores, low), 3)
     out = b.matmul(probs, present_v)  # [B, nkv, g, D]
@@ -257,7 +257,7 @@ def _group_query_attention(c, node, attrs):
 
 def _to_heads(c, x, heads: int):
     """[B, S, heads*D] -> [B, heads, S, D]; 4-D is taken as it is."""
-    shape = c._shape(x)
+    shape = c.shape(x)
     if len(shape) == 4:
         return x
     B, S, width = shape
@@ -265,7 +265,7 @@ def _to_heads(c, x, heads: int):
                                permutation=[0, 2, 1, 3])
 
 
-@_op("Attention")
+@handles("Attention")
 def _attention(c, node, attrs):
     """ai.onnx Attention (opset 23/24): 3-D or 4-D q/k/v, past appended (present = past +
     new rows), fewer KV heads than query heads, bool or additive mask, is_causal aligned
@@ -281,27 +281,27 @@ def _attention(c, node, attrs):
         raise ConversionError(f"{what}: its qk_matmul_output is not supported")
     q3 = c.operand(ins[0])
     q = _to_heads(c, q3, int(attrs.get("q_num_heads", 0) or 1))
-    B, Hq, Sq, D = c._shape(q)
+    B, Hq, Sq, D = c.shape(q)
     kv_heads = int(attrs.get("kv_num_heads", 0) or 1)
     k, v = _to_heads(c, c.operand(ins[1]), kv_heads), _to_heads(c, c.operand(ins[2]), kv_heads)
-    Hkv = c._shape(k)[1]
+    Hkv = c.shape(k)[1]
     present_k, present_v = k, v
     past = 0
     if ins[4]:
-        past = c._shape(c.operand(ins[4]))[2]
+        past = c.shape(c.operand(ins[4]))[2]
         present_k = b.concat([c.operand(ins[4]), k], 2)
         present_v = b.concat([c.operand(ins[5]), v], 2)
-    T = c._shape(present_k)[2]
+    T = c.shape(present_k)[2]
     kk, vv = present_k, present_v
     if Hkv != Hq:  # each KV head repeated for its query heads
         g = Hq // Hkv
-        kk, vv = (b.reshape(b.expand(b.reshape(t, [B, Hkv, 1, T, c._shape(t)[3]]),
-                                     [B, Hkv, g, T, c._shape(t)[3]]), [B, Hq, T, c._shape(t)[3]])
+        kk, vv = (b.reshape(b.expand(b.reshape(t, [B, Hkv, 1, T, c.shape(t)[3]]),
+                                     [B, Hkv, g, T, c.shape(t)[3]]), [B, Hq, T, c.shape(t)[3]])
                   for t in (present_k, present_v))
     scores, low = _scores(c, q, kk, attrs, D)  # [B, Hq, Sq, T]
     if ins[3]:
         mask = c.operand(ins[3])
-        if c._dtype(mask) == "uint8":  # ONNX bool: True attends
+        if c.dtype(mask) == "uint8":  # ONNX bool: True attends
             scores = b.where(mask, scores, low)
         else:
             scores = b.add(scores, mask)
@@ -309,16 +309,16 @@ def _attention(c, node, attrs):
     nonpad = ins[6] if len(ins) > 6 else ""
     if nonpad:
         lens = b.reshape(b.cast(c.operand(nonpad), "int64"), [B, 1, 1, 1])
-        cols = c._constant(rows.reshape(1, 1, 1, T).astype(np.int64))
+        cols = c.constant(rows.reshape(1, 1, 1, T).astype(np.int64))
         scores = b.where(b.lesser(cols, lens), scores, low)
         if attrs.get("is_causal", 0):  # j <= i + nonpad - Sq
-            i = c._constant(np.arange(Sq, dtype=np.int64).reshape(1, 1, Sq, 1) - Sq)
+            i = c.constant(np.arange(Sq, dtype=np.int64).reshape(1, 1, Sq, 1) - Sq)
             scores = b.where(b.lesser_or_equal(cols, b.add(i, lens)), scores, low)
     elif attrs.get("is_causal", 0):
         allowed = rows <= np.arange(Sq).reshape(Sq, 1) + past
         if not allowed.all():
-            scores = b.where(c._constant(allowed.astype(np.uint8)), scores, low)
+            scores = b.where(c.constant(allowed.astype(np.uint8)), scores, low)
     out = b.matmul(b.softmax(scores, 3), vv)  # [B, Hq, Sq, Dv]
-    if len(c._shape(q3)) == 3:
-        out = b.reshape(b.transpose(out, permutation=[0, 2, 1, 3]), [B, Sq, Hq * c._shape(out)[3]])
+    if len(c.shape(q3)) == 3:
+        out = b.reshape(b.transpose(out, permutation=[0, 2, 1, 3]), [B, Sq, Hq * c.shape(out)[3]])
     return [out, present_k, present_v]

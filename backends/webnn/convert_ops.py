@@ -1,6 +1,6 @@
 """ONNX ops on runtime values that real exports carry (trig for rotary tables, masks as
 bool logic, Split, Trilu, Tile, Pad, CumSum, ScatterElements, depthwise Conv), each as the
-WebNN op it maps to, as ORT's WebNN EP maps them. Registered into ``onnx_converter``'s
+WebNN op it maps to, as ORT's WebNN EP maps them. Registered into ``convert_core``'s
 handler table on import; every op here also folds on the host when its inputs are known
 at conversion time."""
 
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .onnx_converter import _FOLDABLE, ConversionError, _Converter, _op
+from .convert_core import FOLDABLE, ConversionError, Converter, handles
 
-_FOLDABLE.update({"Cos", "Sin", "IsNaN", "Split", "Trilu", "Tile", "Pad", "CumSum",
+FOLDABLE.update({"Cos", "Sin", "IsNaN", "Split", "Trilu", "Tile", "Pad", "CumSum",
                   "ScatterElements", "LpNormalization"})
 
 
@@ -18,38 +18,38 @@ def _name(node) -> str:
     return node.name or node.output[0]
 
 
-def _optional_const(c: _Converter, node, i: int, what: str) -> np.ndarray | None:
+def _optional_const(c: Converter, node, i: int, what: str) -> np.ndarray | None:
     return c.const_input(node, i, what) if len(node.input) > i and node.input[i] else None
 
 
-@_op("Cos", "Sin")
-def _trig(c: _Converter, node, attrs):
+@handles("Cos", "Sin")
+def _trig(c: Converter, node, attrs):
     return getattr(c.builder, node.op_type.lower())(c.operand(node.input[0]))
 
 
-@_op("IsNaN")
-def _is_nan(c: _Converter, node, attrs):
+@handles("IsNaN")
+def _is_nan(c: Converter, node, attrs):
     return c.builder.is_nan(c.operand(node.input[0]))
 
 
-@_op("Not")
-def _not(c: _Converter, node, attrs):
+@handles("Not")
+def _not(c: Converter, node, attrs):
     return c.builder.logical_not(c.operand(node.input[0]))
 
 
-@_op("And", "Or")
-def _logical(c: _Converter, node, attrs):
+@handles("And", "Or")
+def _logical(c: Converter, node, attrs):
     fn = c.builder.logical_and if node.op_type == "And" else c.builder.logical_or
     return fn(c.operand(node.input[0]), c.operand(node.input[1]))
 
 
-@_op("LpNormalization")
-def _lp_normalization(c: _Converter, node, attrs):
+@handles("LpNormalization")
+def _lp_normalization(c: Converter, node, attrs):
     """x / ||x||_p along ``axis``: p = 2 as sqrt(reduce_sum(x * x)), p = 1 as
     reduce_sum(abs(x)) (ORT's WebNN EP decomposes it the same way)."""
     b = c.builder
     x = c.operand(node.input[0])
-    axis = attrs.get("axis", -1) % len(c._shape(x))
+    axis = attrs.get("axis", -1) % len(c.shape(x))
     p = attrs.get("p", 2)
     if p == 2:
         norm = b.sqrt(b.reduce_sum(b.mul(x, x), axes=[axis], keep_dimensions=True))
@@ -60,16 +60,16 @@ def _lp_normalization(c: _Converter, node, attrs):
     return b.div(x, norm)
 
 
-@_op("Split")
-def _split(c: _Converter, node, attrs):
+@handles("Split")
+def _split(c: Converter, node, attrs):
     x = c.operand(node.input[0])
-    axis = attrs.get("axis", 0) % len(c._shape(x))
+    axis = attrs.get("axis", 0) % len(c.shape(x))
     sizes = _optional_const(c, node, 1, "split") if c.opset >= 13 else attrs.get("split")
     outs = [o for o in node.output]
     if sizes is not None and len(sizes):
         splits: int | list[int] = [int(s) for s in np.asarray(sizes).tolist()]
     elif "num_outputs" in attrs:  # opset 18: the last part may be smaller
-        k, dim = int(attrs["num_outputs"]), c._shape(x)[axis]
+        k, dim = int(attrs["num_outputs"]), c.shape(x)[axis]
         per = -(-dim // k)
         splits = [per] * (dim // per) + ([dim % per] if dim % per else [])
     else:
@@ -80,26 +80,26 @@ def _split(c: _Converter, node, attrs):
         raise ConversionError(f"Split node {_name(node)!r}: {exc}") from None
 
 
-@_op("Trilu")
-def _trilu(c: _Converter, node, attrs):
+@handles("Trilu")
+def _trilu(c: Converter, node, attrs):
     k = _optional_const(c, node, 1, "k")
     return c.builder.triangular(c.operand(node.input[0]), upper=bool(attrs.get("upper", 1)),
                                 diagonal=int(k) if k is not None else 0)
 
 
-@_op("Tile")
-def _tile(c: _Converter, node, attrs):
+@handles("Tile")
+def _tile(c: Converter, node, attrs):
     reps = c.const_input(node, 1, "repeats")
     return c.builder.tile(c.operand(node.input[0]), [int(r) for r in reps.tolist()])
 
 
-@_op("Pad")
-def _pad(c: _Converter, node, attrs):
+@handles("Pad")
+def _pad(c: Converter, node, attrs):
     """Constant mode; negative pads (crops) become a slice first, since WebNN's padding is
     unsigned."""
     b = c.builder
     x = c.operand(node.input[0])
-    rank = len(c._shape(x))
+    rank = len(c.shape(x))
     mode = attrs.get("mode", b"constant")
     mode = mode.decode() if isinstance(mode, bytes) else mode
     if mode != "constant":
@@ -116,7 +116,7 @@ def _pad(c: _Converter, node, attrs):
     for j, ax in enumerate(axes):
         begin[ax], end[ax] = pads[j], pads[j + len(axes)]
     if any(p < 0 for p in begin + end):
-        shp = c._shape(x)
+        shp = c.shape(x)
         starts = [max(-p, 0) for p in begin]
         sizes = [d - max(-p, 0) - max(-q, 0) for d, p, q in zip(shp, begin, end, strict=True)]
         x = b.slice(x, starts, sizes)
@@ -125,32 +125,32 @@ def _pad(c: _Converter, node, attrs):
     return b.pad(x, begin, end, mode="constant", value=fill)
 
 
-@_op("CumSum")
-def _cumsum(c: _Converter, node, attrs):
+@handles("CumSum")
+def _cumsum(c: Converter, node, attrs):
     x = c.operand(node.input[0])
-    axis = int(np.asarray(c.const_input(node, 1, "axis")).reshape(-1)[0]) % len(c._shape(x))
+    axis = int(np.asarray(c.const_input(node, 1, "axis")).reshape(-1)[0]) % len(c.shape(x))
     return c.builder.cumulative_sum(x, axis, exclusive=bool(attrs.get("exclusive", 0)),
                                     reversed=bool(attrs.get("reverse", 0)))
 
 
-@_op("ScatterElements")
-def _scatter_elements(c: _Converter, node, attrs):
+@handles("ScatterElements")
+def _scatter_elements(c: Converter, node, attrs):
     red = attrs.get("reduction", b"none")
     if red not in (b"none", "none"):
         raise ConversionError(f"ScatterElements node {_name(node)!r}: reduction {red!r} is not "
                               "supported")
     x = c.operand(node.input[0])
     return c.builder.scatter_elements(x, c.operand(node.input[1]), c.operand(node.input[2]),
-                                      axis=attrs.get("axis", 0) % len(c._shape(x)))
+                                      axis=attrs.get("axis", 0) % len(c.shape(x)))
 
 
-@_op("Conv")
-def _conv(c: _Converter, node, attrs):
+@handles("Conv")
+def _conv(c: Converter, node, attrs):
     """Depthwise 1-D and 2-D convolutions (group = channels) as WebNN conv2d, 1-D ones
     viewed with a height of 1."""
     b = c.builder
     x, w = c.operand(node.input[0]), c.operand(node.input[1])
-    xs, ws = c._shape(x), c._shape(w)
+    xs, ws = c.shape(x), c.shape(w)
     spatial = len(xs) - 2
     auto = attrs.get("auto_pad", b"NOTSET")
     if auto not in (b"NOTSET", "NOTSET") or spatial not in (1, 2):
@@ -172,6 +172,6 @@ def _conv(c: _Converter, node, attrs):
     except TypeError as exc:
         raise ConversionError(f"Conv node {_name(node)!r}: {exc}") from None
     if spatial == 1:
-        ys = c._shape(y)
+        ys = c.shape(y)
         y = b.reshape(y, [ys[0], ys[1], ys[3]])
     return y

@@ -9,14 +9,14 @@ nibble; scales ``[N * blocks]`` (or ``[N, blocks]``); zero points uint8, each ro
 ``bits`` 8 is the same a byte a value (zero point 128 where absent): uint8 dequantizeLinear,
 which the 4-bit gemv does not take.
 The codes are transposed on the host once, at conversion. Registered into
-``onnx_converter``'s handler table on import."""
+``convert_core``'s handler table on import (``onnx_converter`` imports this module)."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from .convert_core import ConversionError, Converter, Packed4, handles
 from .dtypes import pack_nibbles, unpack_nibbles
-from .onnx_converter import ConversionError, Packed4, _Converter, _op
 
 
 def _values(packed: np.ndarray, rows: int, count: int, bits: int) -> np.ndarray:
@@ -40,8 +40,8 @@ def _weights(values: np.ndarray, bits: int) -> np.ndarray | Packed4:
     return Packed4("uint4", tuple(values.shape), pack_nibbles(flat))
 
 
-@_op("MatMulNBits")
-def _matmul_nbits(c: _Converter, node, attrs):
+@handles("MatMulNBits")
+def _matmul_nbits(c: Converter, node, attrs):
     """Y = A @ dequantize(B)ᵀ (+ bias); 4 or 8 bits, uint8 zero points or none (the middle
     code); no g_idx."""
     where = f"MatMulNBits node {node.name or node.output[0]!r}"
@@ -64,11 +64,11 @@ def _matmul_nbits(c: _Converter, node, attrs):
     else:
         zp = np.full((n, blocks), 1 << (bits - 1), np.uint8)
     b = c.builder
-    w = b.dequantize_linear(c._constant(_weights(codes.T, bits)),
-                            c._constant(np.ascontiguousarray(scale.T)),
-                            c._constant(_weights(zp.T, bits)))
+    w = b.dequantize_linear(c.constant(_weights(codes.T, bits)),
+                            c.constant(np.ascontiguousarray(scale.T)),
+                            c.constant(_weights(zp.T, bits)))
     a = c.operand(node.input[0])
-    shape = list(c._shape(a))
+    shape = list(c.shape(a))
     if shape[-1] != k:
         raise ConversionError(f"{where}: A's last axis is {shape[-1]}, K is {k}")
     if blocks * block != k:  # the last block's codes beyond K meet zeros
@@ -83,8 +83,8 @@ def _matmul_nbits(c: _Converter, node, attrs):
     return y
 
 
-@_op("GatherBlockQuantized")
-def _gather_block_quantized(c: _Converter, node, attrs):
+@handles("GatherBlockQuantized")
+def _gather_block_quantized(c: Converter, node, attrs):
     """Rows of a 4-bit table (the genai builder's tied int4 embedding), dequantised after
     the gather: the codes kept a byte a value, each block's scale and zero point · scale
     gathered beside them, so only the gathered rows are dequantised."""
@@ -124,10 +124,10 @@ def _gather_block_quantized(c: _Converter, node, attrs):
         codes, zp = codes ^ 8, zp + 8
     b = c.builder
     ind = c.operand(node.input[1])
-    lead = list(c._shape(ind))
-    q = b.gather(c._constant(codes), ind, axis=0)
+    lead = list(c.shape(ind))
+    q = b.gather(c.constant(codes), ind, axis=0)
     q = b.reshape(b.cast(q, scale.dtype.name), lead + [blocks, block])
-    s = b.reshape(b.gather(c._constant(scale), ind, axis=0), lead + [blocks, 1])
-    z = b.reshape(b.gather(c._constant((zp * scale).astype(scale.dtype)), ind, axis=0),
+    s = b.reshape(b.gather(c.constant(scale), ind, axis=0), lead + [blocks, 1])
+    z = b.reshape(b.gather(c.constant((zp * scale).astype(scale.dtype)), ind, axis=0),
                   lead + [blocks, 1])
     return b.reshape(b.sub(b.mul(q, s), z), lead + [cols])

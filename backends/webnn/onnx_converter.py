@@ -16,37 +16,30 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ._classes import MLGraphBuilder, MLKVCachePair
+from . import convert_attention, convert_linear, convert_ops, convert_quant  # noqa: F401  (register)
+from ._classes import MLKVCachePair
+from .convert_core import (
+    HOST_DTYPES,
+    ONNX_TO_WEBNN,
+    ConversionError,
+    Converter,
+    OperandDesc,
+    Packed4,
+    handles,
+    supported_ops,
+)
 from .dims import NEW_TOKENS, pin
 from .dtypes import dtype, packed_bytes
 
-# ONNX TensorProto element type -> WebNN data type (and the NumPy type of host data)
-_ONNX_TO_WEBNN: dict[int, str] = {
-    onnx.TensorProto.FLOAT: "float32",
-    onnx.TensorProto.FLOAT16: "float16",
-    onnx.TensorProto.INT32: "int32",
-    onnx.TensorProto.INT64: "int64",
-    onnx.TensorProto.UINT32: "uint32",
-    onnx.TensorProto.UINT8: "uint8",
-    onnx.TensorProto.INT8: "int8",
-    onnx.TensorProto.UINT64: "uint64",
-    onnx.TensorProto.BOOL: "uint8",
-}
-_NUMPY_TO_WEBNN: dict[str, str] = {
-    "float32": "float32", "float16": "float16", "int32": "int32", "int64": "int64",
-    "uint32": "uint32", "uint8": "uint8", "int8": "int8", "uint64": "uint64", "bool": "uint8",
-}
-HOST_DTYPES: dict[str, type] = {
-    "float32": np.float32, "float16": np.float16, "int32": np.int32, "int64": np.int64,
-    "uint32": np.uint32, "uint8": np.uint8, "int8": np.int8, "uint64": np.uint64,
-}
+__all__ = ["HOST_DTYPES", "NAMING_RULES", "SUPPORTED_OPS", "CachePair", "ConversionError",
+           "ConvertedGraph", "OperandDesc", "Packed4", "convert", "list_kv_pairs"]
 
 #: names of exported caches (DESIGN §2 rule 6), past -> present, one rule per exporter's
 #: scheme: (rule name, input pattern, output template)
@@ -64,28 +57,6 @@ NAMING_RULES: list[tuple[str, re.Pattern[str], str]] = [
 ]
 #: an input that looks like a cache (it must pair with something, or the conversion fails)
 _CACHE_LIKE = re.compile(r"^(past|input\.cache\.)", re.IGNORECASE)
-
-class ConversionError(ValueError):
-    """The ONNX file cannot become a WebNN graph (unsupported op, dynamic shape, bad pair).
-    The converter's own type, so the WebNN library depends on nothing above it; a page
-    turns it into the harness's one-line user error."""
-
-
-@dataclass(frozen=True)
-class OperandDesc:
-    """An MLOperandDescriptor: what a bound MLTensor must match exactly."""
-
-    data_type: str
-    shape: tuple[int, ...]
-
-    @property
-    def host_dtype(self) -> type:
-        return HOST_DTYPES[self.data_type]
-
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.host_dtype).itemsize
-
 
 @dataclass
 class ConvertedGraph:
@@ -251,7 +222,7 @@ def convert(model: onnx.ModelProto | str | os.PathLike, context, *, use_stateful
     model = _load(model, weights=False)
     if dims:  # a model loaded here is this call's own: pinned where it lies
         model = pin(model, dims, copy=given)
-    conv = _Converter(model, context, base)
+    conv = Converter(model, context, base)
     outputs = conv.run()
     pairs = list(kv_cache_pairs or [])
     graph = conv.builder.build(outputs, use_stateful=use_stateful, kv_cache_pairs=pairs)
@@ -271,252 +242,6 @@ def _load(model: onnx.ModelProto | str | os.PathLike, weights: bool = True) -> o
         raise ConversionError(f"{os.fspath(model)!r} is not an ONNX model: {exc}") from None
 
 
-#: ONNX's 4-bit element types -> WebNN's (packed two a byte in both, low nibble first)
-_PACKED4 = {onnx.TensorProto.INT4: "int4", onnx.TensorProto.UINT4: "uint4"}
-
-
-@dataclass(frozen=True)
-class Packed4:
-    """A 4-bit initializer as its packed bytes: what ``constant(int4|uint4)`` takes."""
-
-    data_type: str
-    shape: tuple[int, ...]
-    data: np.ndarray  # uint8, ceil(size / 2) bytes
-
-
-def _packed4(t: onnx.TensorProto, base: str | None) -> Packed4:
-    """A 4-bit initializer's bytes, unpacked nowhere (external data memory-mapped)."""
-    kind = _PACKED4[t.data_type]
-    shape = tuple(int(d) for d in t.dims)
-    nbytes = packed_bytes(dtype(kind), int(np.prod(shape, dtype=np.int64)))
-    if t.data_location == onnx.TensorProto.EXTERNAL and base is not None:
-        data = _external(t, base, np.dtype(np.uint8), (nbytes,))
-    elif t.raw_data:
-        data = np.frombuffer(t.raw_data, np.uint8)
-    else:  # int32_data holds the packed bytes, one a value
-        data = np.asarray(t.int32_data, np.int64).astype(np.uint8)
-    if data.size != nbytes:
-        raise ValueError(f"{data.size} bytes for {nbytes} packed ones")
-    return Packed4(kind, shape, data)
-
-
-def _external(t: onnx.TensorProto, base: str, dt: np.dtype,
-              shape: tuple[int, ...]) -> np.ndarray:
-    """An initializer's external data memory-mapped read-only as ``dt`` in ``shape``:
-    ValueError where its file lies outside the model's folder or its recorded length is
-    not the bytes ``shape`` needs."""
-    info = {e.key: e.value for e in t.external_data}
-    path = os.path.normpath(os.path.join(base, info["location"]))
-    if not path.startswith(os.path.normpath(base) + os.sep):
-        raise ValueError(f"external data {info['location']!r} lies outside the model's folder")
-    count = int(np.prod(shape, dtype=np.int64))
-    if "length" in info and int(info["length"]) != count * dt.itemsize:
-        raise ValueError(f"external data length {info['length']} != {count} x {dt.itemsize}")
-    if count == 0:
-        return np.zeros(shape, dt)
-    return np.memmap(path, dtype=dt, mode="r", offset=int(info.get("offset", 0)), shape=shape)
-
-
-def _initializer(t: onnx.TensorProto, base: str | None) -> np.ndarray | Packed4:
-    """An initializer's value. External data is memory-mapped read-only, not loaded: a
-    5 GB model's weights then pass through the builder and the compiler without host
-    copies until the compiler repacks them (MLGraphBuilder.constant keeps read-only
-    arrays by reference: nobody can change them after the call)."""
-    if t.data_type in _PACKED4:
-        return _packed4(t, base)
-    if t.data_location != onnx.TensorProto.EXTERNAL or base is None:
-        return numpy_helper.to_array(t)
-    dt = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).newbyteorder("<")
-    return _external(t, base, dt, tuple(int(d) for d in t.dims))
-
-
-def _value_desc(vi: onnx.ValueInfoProto) -> OperandDesc:
-    tt = vi.type.tensor_type
-    if tt.elem_type not in _ONNX_TO_WEBNN:
-        raise ConversionError(
-            f"{vi.name!r}: element type {onnx.TensorProto.DataType.Name(tt.elem_type)} "
-            "has no WebNN data type")
-    dims = []
-    for d in tt.shape.dim:
-        if not d.HasField("dim_value") or d.dim_value <= 0:
-            what = d.dim_param or "unknown"
-            raise ConversionError(
-                f"{vi.name!r} has a dynamic or empty dimension ({what}); WebNN needs static "
-                "shapes: export with fixed batch, sequence length and cache capacity")
-        dims.append(int(d.dim_value))
-    return OperandDesc(_ONNX_TO_WEBNN[tt.elem_type], tuple(dims))
-
-
-def _attrs(node: onnx.NodeProto) -> dict:
-    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-
-
-class _Converter:
-    """Walks the (topologically sorted) ONNX graph once, emitting builder calls."""
-
-    def __init__(self, model: onnx.ModelProto, context, base: str | None = None) -> None:
-        self.model = model
-        self.base = base  # directory of the .onnx file: where external data lives
-        self.builder = MLGraphBuilder(context)
-        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 21)
-        self.consts: dict[str, np.ndarray] = {}  # values known at conversion time
-        self.operands: dict[str, object] = {}  # MLOperands
-        self.input_descs: dict[str, OperandDesc] = {}
-        self.output_descs: dict[str, OperandDesc] = {}
-
-    # values ---------------------------------------------------------------------------------
-
-    def run(self) -> dict[str, object]:
-        g = self.model.graph
-        for t in g.initializer:
-            try:
-                self.consts[t.name] = _initializer(t, self.base)
-            except (OSError, ValueError, onnx.checker.ValidationError) as exc:  # external data not loaded
-                raise ConversionError(
-                    f"initializer {t.name!r} cannot be read ({exc}); pass the .onnx path so its "
-                    "external data is found beside it") from None
-        for vi in g.input:
-            if vi.name in self.consts:  # IR < 4 lists initializers among inputs
-                continue
-            desc = _value_desc(vi)
-            self.input_descs[vi.name] = desc
-            self.operands[vi.name] = self.builder.input(vi.name, data_type=desc.data_type,
-                                                         shape=list(desc.shape))
-        for node in g.node:
-            self._node(node)
-        outs: dict[str, object] = {}
-        for vo in g.output:
-            self.output_descs[vo.name] = _value_desc(vo)
-            if vo.name in self.input_descs or vo.name in self.consts:
-                raise ConversionError(f"output {vo.name!r} is a graph input or a constant; "
-                                      "WebNN outputs must be computed")
-            op = self.operand(vo.name)
-            got = OperandDesc(self._dtype(op), self._shape(op))
-            if got != self.output_descs[vo.name]:
-                raise ConversionError(f"output {vo.name!r} is declared {self.output_descs[vo.name]} "
-                                      f"but computes {got}")
-            outs[vo.name] = op
-        return outs
-
-    def operand(self, name: str):
-        op = self.operands.get(name)
-        if op is not None:
-            return op
-        if name in self.consts:
-            op = self._constant(self.consts[name])
-            self.operands[name] = op
-            return op
-        raise ConversionError(f"value {name!r} is used before it is produced (graph not sorted?)")
-
-    def _constant(self, arr: np.ndarray | Packed4):
-        if isinstance(arr, Packed4):
-            return self.builder.constant(data_type=arr.data_type, shape=list(arr.shape),
-                                         value=arr.data)
-        arr = np.asarray(arr)
-        kind = _NUMPY_TO_WEBNN.get(arr.dtype.name)
-        if kind is None:
-            raise ConversionError(f"constant of NumPy type {arr.dtype} has no WebNN data type")
-        if arr.dtype == np.bool_:
-            arr = arr.astype(np.uint8)
-        return self.builder.constant(data_type=kind, shape=list(arr.shape),
-                                     value=np.ascontiguousarray(arr))
-
-    def scalar_like(self, value: float, ref):
-        return self._constant(np.array(value, dtype=HOST_DTYPES[self._dtype(ref)]))
-
-    def const_input(self, node: onnx.NodeProto, i: int, what: str) -> np.ndarray:
-        name = node.input[i]
-        if name not in self.consts:
-            raise ConversionError(
-                f"{node.op_type} node {node.name or node.output[0]!r}: {what} (input {i}, {name!r}) "
-                "must be an initializer or computable at conversion time; WebNN takes it as an "
-                "argument, not a tensor")
-        return self.consts[name]
-
-    @staticmethod
-    def _shape(op) -> tuple[int, ...]:
-        return tuple(int(d) for d in op.shape)
-
-    @staticmethod
-    def _dtype(op) -> str:
-        return str(op.data_type)
-
-    def shape_of(self, name: str) -> tuple[int, ...]:
-        if name in self.consts:
-            return tuple(self.consts[name].shape)
-        return self._shape(self.operand(name))
-
-    # nodes ----------------------------------------------------------------------------------
-
-    def _node(self, node: onnx.NodeProto) -> None:
-        if node.domain not in ("", "ai.onnx") and not (
-                node.domain == "com.microsoft" and node.op_type in _HANDLERS):
-            raise ConversionError(
-                f"unsupported op {node.domain}::{node.op_type} (node {node.name or node.output[0]!r}); "
-                "the WebNN converter takes standard ONNX ops only: export the standard flavour")
-        present = [n for n in node.input if n]
-        if node.op_type in _FOLDABLE and all(n in self.consts for n in present):
-            self._fold(node)
-            return
-        handler = _HANDLERS.get(node.op_type)
-        if handler is None and node.op_type in _FOLDABLE:
-            raise ConversionError(
-                f"{node.op_type} node {node.name or node.output[0]!r} is supported only on values "
-                "known at conversion time (initializers, shapes); here an input is a runtime value")
-        if handler is None:
-            raise ConversionError(
-                f"unsupported op {node.op_type!r} (node {node.name or node.output[0]!r}); "
-                f"supported: {', '.join(sorted(SUPPORTED_OPS))}")
-        result = handler(self, node, _attrs(node))
-        if not isinstance(result, (list, tuple)):
-            result = [result]
-        for name, value in zip(node.output, result, strict=False):
-            if isinstance(value, np.ndarray):
-                self.consts[name] = value
-            else:
-                self.operands[name] = value
-
-    def _fold(self, node: onnx.NodeProto) -> None:
-        """Evaluate a node whose inputs are all known, on the host (onnx.reference)."""
-        from onnx.reference import ReferenceEvaluator
-
-        ins = [n for n in node.input if n]
-        feeds = {n: self.consts[n] for n in ins}
-        graph = onnx.helper.make_graph(
-            [node], "fold",
-            [onnx.helper.make_tensor_value_info(n, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
-             for n, a in feeds.items()],
-            [onnx.helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None)
-             for o in node.output if o])
-        m = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", self.opset)])
-        results = ReferenceEvaluator(m).run(None, feeds)
-        for name, value in zip([o for o in node.output if o], results, strict=True):
-            self.consts[name] = np.asarray(value)
-
-
-# --------------------------------------------------------------------------------------------
-# handlers: (converter, node, attributes) -> MLOperand | np.ndarray | list of them
-
-Handler = Callable[[_Converter, onnx.NodeProto, dict], object]
-_HANDLERS: dict[str, Handler] = {}
-#: ops folded on the host when all their inputs are known at conversion time
-_FOLDABLE = {
-    "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sqrt", "Exp", "Log", "Neg", "Abs",
-    "Reshape", "Transpose", "Concat", "Slice", "Expand", "Gather", "Cast", "Unsqueeze", "Squeeze",
-    "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Where", "Range",
-    "ConstantOfShape", "ReduceSum", "ReduceMean", "ReduceMax", "Identity", "Flatten", "Sigmoid",
-    "Tanh", "Reciprocal", "Softmax", "Not", "And", "Or", "Floor", "Ceil", "Mod",
-}
-
-
-def _op(*names: str):
-    def deco(fn: Handler) -> Handler:
-        for n in names:
-            _HANDLERS[n] = fn
-        return fn
-    return deco
-
-
 _BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow",
            "Equal": "equal", "Greater": "greater", "Less": "lesser",
            "LessOrEqual": "lesser_or_equal", "GreaterOrEqual": "greater_or_equal"}
@@ -524,13 +249,13 @@ _UNARY = {"Sqrt": "sqrt", "Exp": "exp", "Log": "log", "Neg": "neg", "Abs": "abs"
           "Sigmoid": "sigmoid", "Softplus": "softplus", "Tanh": "tanh"}
 
 
-@_op(*_BINARY)
-def _binary(c: _Converter, node, attrs):
+@handles(*_BINARY)
+def _binary(c: Converter, node, attrs):
     return getattr(c.builder, _BINARY[node.op_type])(c.operand(node.input[0]), c.operand(node.input[1]))
 
 
-@_op("Max", "Min")
-def _variadic(c: _Converter, node, attrs):
+@handles("Max", "Min")
+def _variadic(c: Converter, node, attrs):
     fn = getattr(c.builder, node.op_type.lower())
     ops = [c.operand(n) for n in node.input if n]
     out = ops[0]
@@ -541,31 +266,31 @@ def _variadic(c: _Converter, node, attrs):
     return out
 
 
-@_op(*_UNARY)
-def _unary(c: _Converter, node, attrs):
+@handles(*_UNARY)
+def _unary(c: Converter, node, attrs):
     return getattr(c.builder, _UNARY[node.op_type])(c.operand(node.input[0]))
 
 
-@_op("Reciprocal")
-def _reciprocal(c: _Converter, node, attrs):
+@handles("Reciprocal")
+def _reciprocal(c: Converter, node, attrs):
     x = c.operand(node.input[0])
     return c.builder.div(c.scalar_like(1.0, x), x)
 
 
-@_op("Relu")
-def _relu(c: _Converter, node, attrs):
+@handles("Relu")
+def _relu(c: Converter, node, attrs):
     x = c.operand(node.input[0])
     return c.builder.max(x, c.scalar_like(0, x))
 
 
-@_op("Identity")
-def _identity(c: _Converter, node, attrs):
+@handles("Identity")
+def _identity(c: Converter, node, attrs):
     name = node.input[0]
     return c.consts[name] if name in c.consts else c.operand(name)
 
 
-@_op("Constant")
-def _constant(c: _Converter, node, attrs):
+@handles("Constant")
+def _constant(c: Converter, node, attrs):
     if "value" in attrs:
         return numpy_helper.to_array(attrs["value"])
     for key, dt in (("value_float", np.float32), ("value_int", np.int64),
@@ -575,22 +300,22 @@ def _constant(c: _Converter, node, attrs):
     raise ConversionError(f"Constant node {node.output[0]!r}: unsupported attribute {list(attrs)}")
 
 
-@_op("Shape")
-def _shape_op(c: _Converter, node, attrs):
+@handles("Shape")
+def _shape_op(c: Converter, node, attrs):
     shape = np.asarray(c.shape_of(node.input[0]), dtype=np.int64)
     start, end = attrs.get("start", 0), attrs.get("end", None)
     return shape[start:end]
 
 
-@_op("Size")
-def _size_op(c: _Converter, node, attrs):
+@handles("Size")
+def _size_op(c: Converter, node, attrs):
     return np.asarray(int(np.prod(c.shape_of(node.input[0]))), dtype=np.int64)
 
 
-@_op("MatMul")
-def _matmul(c: _Converter, node, attrs):
+@handles("MatMul")
+def _matmul(c: Converter, node, attrs):
     a, b = c.operand(node.input[0]), c.operand(node.input[1])
-    sa, sb = c._shape(a), c._shape(b)
+    sa, sb = c.shape(a), c.shape(b)
     # WebNN matmul needs rank >= 2: ONNX (numpy) promotes a 1-D side and drops the dim after
     if len(sa) == 1:
         a = c.builder.reshape(a, [1, sa[0]])
@@ -598,7 +323,7 @@ def _matmul(c: _Converter, node, attrs):
         b = c.builder.reshape(b, [sb[0], 1])
     out = c.builder.matmul(a, b)
     if len(sa) == 1 or len(sb) == 1:
-        so = list(c._shape(out))
+        so = list(c.shape(out))
         if len(sb) == 1:
             so.pop(-1)
         if len(sa) == 1:
@@ -607,8 +332,8 @@ def _matmul(c: _Converter, node, attrs):
     return out
 
 
-@_op("Gemm")
-def _gemm(c: _Converter, node, attrs):
+@handles("Gemm")
+def _gemm(c: Converter, node, attrs):
     b = c.builder
     a, w = c.operand(node.input[0]), c.operand(node.input[1])
     if attrs.get("transA", 0):
@@ -627,10 +352,10 @@ def _gemm(c: _Converter, node, attrs):
     return out
 
 
-@_op("Softmax")
-def _softmax(c: _Converter, node, attrs):
+@handles("Softmax")
+def _softmax(c: Converter, node, attrs):
     x = c.operand(node.input[0])
-    rank = len(c._shape(x))
+    rank = len(c.shape(x))
     axis = attrs.get("axis", -1 if c.opset >= 13 else 1) % rank
     if c.opset < 13 and axis != rank - 1:
         raise ConversionError("Softmax before opset 13 (flattening semantics) is supported on the "
@@ -638,7 +363,7 @@ def _softmax(c: _Converter, node, attrs):
     return c.builder.softmax(x, axis)
 
 
-def _axes_of(c: _Converter, node, attrs, input_index: int, rank: int) -> list[int] | None:
+def _axes_of(c: Converter, node, attrs, input_index: int, rank: int) -> list[int] | None:
     if len(node.input) > input_index and node.input[input_index]:
         axes = c.const_input(node, input_index, "axes").tolist()
     else:
@@ -648,10 +373,10 @@ def _axes_of(c: _Converter, node, attrs, input_index: int, rank: int) -> list[in
     return sorted(int(a) % rank for a in axes)
 
 
-@_op("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin")
-def _reduce(c: _Converter, node, attrs):
+@handles("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin")
+def _reduce(c: Converter, node, attrs):
     x = c.operand(node.input[0])
-    rank = len(c._shape(x))
+    rank = len(c.shape(x))
     axes = _axes_of(c, node, attrs, 1, rank)
     if axes is None or axes == []:
         if attrs.get("noop_with_empty_axes", 0):
@@ -662,10 +387,10 @@ def _reduce(c: _Converter, node, attrs):
     return getattr(c.builder, fn)(x, axes=axes, keep_dimensions=bool(attrs.get("keepdims", 1)))
 
 
-@_op("Reshape")
-def _reshape(c: _Converter, node, attrs):
+@handles("Reshape")
+def _reshape(c: Converter, node, attrs):
     x = c.operand(node.input[0])
-    src = c._shape(x)
+    src = c.shape(x)
     spec = [int(d) for d in c.const_input(node, 1, "shape").tolist()]
     allowzero = attrs.get("allowzero", 0)
     out = [src[i] if (d == 0 and not allowzero) else d for i, d in enumerate(spec)]
@@ -675,18 +400,18 @@ def _reshape(c: _Converter, node, attrs):
     return c.builder.reshape(x, out)
 
 
-@_op("Flatten")
-def _flatten(c: _Converter, node, attrs):
+@handles("Flatten")
+def _flatten(c: Converter, node, attrs):
     x = c.operand(node.input[0])
-    s = c._shape(x)
+    s = c.shape(x)
     ax = attrs.get("axis", 1) % (len(s) + 1)
     return c.builder.reshape(x, [int(np.prod(s[:ax])), int(np.prod(s[ax:]))])
 
 
-@_op("Unsqueeze")
-def _unsqueeze(c: _Converter, node, attrs):
+@handles("Unsqueeze")
+def _unsqueeze(c: Converter, node, attrs):
     x = c.operand(node.input[0])
-    s = list(c._shape(x))
+    s = list(c.shape(x))
     axes = (c.const_input(node, 1, "axes").reshape(-1).tolist() if c.opset >= 13
             else attrs["axes"])  # ORT takes a scalar as one axis
     rank = len(s) + len(axes)
@@ -695,10 +420,10 @@ def _unsqueeze(c: _Converter, node, attrs):
     return c.builder.reshape(x, s)
 
 
-@_op("Squeeze")
-def _squeeze(c: _Converter, node, attrs):
+@handles("Squeeze")
+def _squeeze(c: Converter, node, attrs):
     x = c.operand(node.input[0])
-    s = c._shape(x)
+    s = c.shape(x)
     if c.opset >= 13:
         axes = (c.const_input(node, 1, "axes").reshape(-1).tolist()
                 if len(node.input) > 1 and node.input[1] else None)
@@ -708,24 +433,24 @@ def _squeeze(c: _Converter, node, attrs):
     return c.builder.reshape(x, [d for i, d in enumerate(s) if i not in drop])
 
 
-@_op("Transpose")
-def _transpose(c: _Converter, node, attrs):
+@handles("Transpose")
+def _transpose(c: Converter, node, attrs):
     x = c.operand(node.input[0])
-    perm = attrs.get("perm") or list(range(len(c._shape(x))))[::-1]
+    perm = attrs.get("perm") or list(range(len(c.shape(x))))[::-1]
     return c.builder.transpose(x, permutation=[int(p) for p in perm])
 
 
-@_op("Concat")
-def _concat(c: _Converter, node, attrs):
+@handles("Concat")
+def _concat(c: Converter, node, attrs):
     ops = [c.operand(n) for n in node.input if n]
-    rank = len(c._shape(ops[0]))
+    rank = len(c.shape(ops[0]))
     return c.builder.concat(ops, attrs["axis"] % rank)
 
 
-@_op("Slice")
-def _slice(c: _Converter, node, attrs):
+@handles("Slice")
+def _slice(c: Converter, node, attrs):
     x = c.operand(node.input[0])
-    s = c._shape(x)
+    s = c.shape(x)
     if c.opset >= 10:
         starts = c.const_input(node, 1, "starts").tolist()
         ends = c.const_input(node, 2, "ends").tolist()
@@ -755,11 +480,11 @@ def _slice(c: _Converter, node, attrs):
     return c.builder.slice(x, begin, sizes)
 
 
-@_op("Expand")
-def _expand(c: _Converter, node, attrs):
+@handles("Expand")
+def _expand(c: Converter, node, attrs):
     x = c.operand(node.input[0])
     target = [int(d) for d in c.const_input(node, 1, "shape").tolist()]
-    src = c._shape(x)
+    src = c.shape(x)
     # ONNX Expand broadcasts both ways; WebNN expand takes the final shape
     rank = max(len(src), len(target))
     a = [1] * (rank - len(src)) + list(src)
@@ -770,54 +495,54 @@ def _expand(c: _Converter, node, attrs):
     return c.builder.expand(x, out)
 
 
-@_op("Where")
-def _where(c: _Converter, node, attrs):
+@handles("Where")
+def _where(c: Converter, node, attrs):
     return c.builder.where(c.operand(node.input[0]), c.operand(node.input[1]), c.operand(node.input[2]))
 
 
-@_op("ScatterND")
-def _scatter_nd(c: _Converter, node, attrs):
+@handles("ScatterND")
+def _scatter_nd(c: Converter, node, attrs):
     if attrs.get("reduction", b"none") not in (b"none", "none"):
         raise ConversionError(f"ScatterND with reduction {attrs['reduction']!r} is not supported")
     return c.builder.scatter_nd(c.operand(node.input[0]), c.operand(node.input[1]),
                                 c.operand(node.input[2]))
 
 
-@_op("Gather")
-def _gather(c: _Converter, node, attrs):
+@handles("Gather")
+def _gather(c: Converter, node, attrs):
     x = c.operand(node.input[0])
-    axis = attrs.get("axis", 0) % len(c._shape(x))
+    axis = attrs.get("axis", 0) % len(c.shape(x))
     name = node.input[1]
     if name in c.consts:  # ONNX allows negative indices; WebNN clamps, so normalise them here
         idx = c.consts[name].astype(np.int64)
-        idx = np.where(idx < 0, idx + c._shape(x)[axis], idx)
-        ind = c._constant(idx)
+        idx = np.where(idx < 0, idx + c.shape(x)[axis], idx)
+        ind = c.constant(idx)
     else:
         ind = c.operand(name)
     return c.builder.gather(x, ind, axis=axis)
 
 
-@_op("Cast")
-def _cast(c: _Converter, node, attrs):
+@handles("Cast")
+def _cast(c: Converter, node, attrs):
     to = attrs["to"]
-    if to not in _ONNX_TO_WEBNN:
+    if to not in ONNX_TO_WEBNN:
         raise ConversionError(f"Cast to {onnx.TensorProto.DataType.Name(to)} is not supported")
     x = c.operand(node.input[0])
     if to == onnx.TensorProto.BOOL:  # bool is uint8 0 or 1: x != 0
         return c.builder.logical_not(c.builder.equal(x, c.scalar_like(0, x)))
-    if c._dtype(x) == _ONNX_TO_WEBNN[to]:
+    if c.dtype(x) == ONNX_TO_WEBNN[to]:
         return x
-    return c.builder.cast(x, _ONNX_TO_WEBNN[to])
+    return c.builder.cast(x, ONNX_TO_WEBNN[to])
 
 
-@_op("DequantizeLinear")
-def _dequantize_linear(c: _Converter, node, attrs):
+@handles("DequantizeLinear")
+def _dequantize_linear(c: Converter, node, attrs):
     """ONNX's per-tensor, per-axis (``axis``) and blocked (``block_size`` on ``axis``, opset
     21) forms as WebNN's one: a scale (and zero point) whose shape divides the input's."""
     x = c.operand(node.input[0])
-    shape = c._shape(x)
+    shape = c.shape(x)
     scale = c.operand(node.input[1])
-    sshape = c._shape(scale)
+    sshape = c.shape(scale)
     axis = attrs.get("axis", 1) % max(len(shape), 1)
     block = attrs.get("block_size", 0)
     if len(sshape) == 1 and not block and len(shape) > 1:  # per-axis: a 1-D scale on `axis`
@@ -835,23 +560,20 @@ def _dequantize_linear(c: _Converter, node, attrs):
         want = list(sshape)
     if list(sshape) != want:
         scale = c.builder.reshape(scale, want)
-    kind = c._dtype(x)
+    kind = c.dtype(x)
     if len(node.input) > 2 and node.input[2]:
         zp = c.operand(node.input[2])
-        if list(c._shape(zp)) != want:
+        if list(c.shape(zp)) != want:
             zp = c.builder.reshape(zp, want)
     elif kind in ("int4", "uint4"):
         count = int(np.prod(want, dtype=np.int64))
         zp = c.builder.constant(data_type=kind, shape=want,
                                 value=np.zeros(packed_bytes(dtype(kind), count), np.uint8))
     else:
-        zp = c._constant(np.zeros(want, HOST_DTYPES[kind]))
+        zp = c.constant(np.zeros(want, HOST_DTYPES[kind]))
     return c.builder.dequantize_linear(x, scale, zp)
 
 
-from . import convert_ops  # noqa: E402,F401,I001  (registers its handlers)
-from . import convert_linear  # noqa: E402,F401,I001  (registers its handlers)
-from . import convert_attention  # noqa: E402,F401,I001  (registers its handlers)
-from . import convert_quant  # noqa: E402,F401  (registers its handlers)
-
-SUPPORTED_OPS = frozenset(_HANDLERS) | frozenset({"Range", "ConstantOfShape"})
+#: every ONNX op the converter takes (its own handlers above, the handler modules' and two
+#: folded on the host only)
+SUPPORTED_OPS = supported_ops()
