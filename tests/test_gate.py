@@ -3,7 +3,9 @@ bad input → 2; and the baseline command's refusal to overwrite."""
 
 from __future__ import annotations
 
+import copy
 import json
+from pathlib import Path
 
 import pytest
 from test_cli import TINY, one_line_error, statebench
@@ -215,3 +217,46 @@ def test_gate_reads_an_older_baseline_without_the_newer_model_fields(run_file, t
     proc = statebench("gate", run_file, "--baseline", doctored(run_file, tmp_path, older),
                       "--bytes-exact")
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+CI_BASELINE = Path(__file__).resolve().parent.parent / "results" / "baselines" / "ci.json"
+
+
+@pytest.fixture(scope="module")
+def twice(tmp_path_factory) -> Path:
+    """The committed CI baseline with its wgpu:stateful point at 64 in it again, the second
+    copy a 99 ms mismatch (issue 29: the gate read the first and passed)."""
+    data = json.loads(CI_BASELINE.read_text())
+    again = copy.deepcopy(next(p for p in data["points"] if p["backend"] == "wgpu:stateful"
+                               and p["context"] == 64))
+    again["step_ms"] = {"median": 99.0, "p10": 99.0, "p90": 99.0}
+    again["match"]["ok"] = False
+    data["points"].append(again)
+    path = tmp_path_factory.mktemp("twice") / "twice.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize("command", [
+    ["gate", "{twice}", "--baseline", "{ci}"],
+    ["gate", "{ci}", "--baseline", "{twice}"],
+    ["baseline", "{twice}", "--name", "ci"],
+    ["baseline", "{ci}", "{twice}", "--name", "ci"],
+    ["report", "{twice}"],
+    ["report", "{ci}", "{twice}", "--merge"],
+])
+def test_a_file_holding_a_point_twice_is_refused(command, twice, tmp_path):
+    """report, baseline, gate and report --merge refuse it: one line naming the file, the
+    point and both copies; exit 2; no baseline written."""
+    args = [a.format(twice=twice, ci=CI_BASELINE) for a in command]
+    line = one_line_error(statebench(*args, cwd=tmp_path))
+    assert (f"{twice}: wgpu:stateful at context 64 is in the file twice (points[14] and "
+            "points[16])") in line
+    assert not (tmp_path / "results").exists()
+
+
+def test_the_committed_ci_baseline_still_gates(tmp_path):
+    """results/baselines/ci.json (statebench/1, as .ci/run reads it) loads and gates itself."""
+    proc = statebench("gate", CI_BASELINE, "--baseline", CI_BASELINE, "--bytes-exact", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "gate: passed — 16/16 points ok" in proc.stdout
