@@ -222,9 +222,9 @@ class WgpuBandwidthProbe:
         dev_size = min(dev_size, int(device.limits.get("max-storage-buffer-binding-size", dev_size)),
                        int(device.limits.get("max-buffer-size", dev_size)))
         self.dev_size = dev_size - dev_size % 16
-        # the host link at the device size on a GPU: a stateless page moves 34 MB to 1 GB each
-        # way a step, and 64 MB can sit in a server's last-level cache (the 6d7dec3-41286f1
-        # runs' hosts calibrated 9-14 GB/s up at 64 MB while their stateless steps ran alike)
+        # the host link at the device size on a GPU: transfers the size a stateless page makes,
+        # too large for a server's last-level cache (docs/measuring.md, "Bandwidths, floors
+        # and MBU", has what smaller ones measured)
         link = self.dev_size if self.kind == "gpu" else min(size, self.dev_size)
         self.link_bytes = link - link % 16
         self.host = np.ones(self.link_bytes // 4, np.float32)

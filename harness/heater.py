@@ -1,15 +1,11 @@
 """Raise the GPU's clocks before a point is timed (FINDINGS 16).
 
-A GPU's clock governor raises the clock only under sustained load. On the H200
-(`results/h200/2026-11-29-6d7dec3/nvidia-smi-call3.csv.gz`, sampled every 250 ms) the SM clock idles at
-345 MHz and reaches 1980 MHz within half a second of continuous work. Under bursty work it
-crawls: a reuse page stepping in bursts, with its 1 GB cache rewritten from the host
-between them, reached only 1095 MHz, and its graph took 7.2 ms of GPU time where the kernel
-bench, stepping continuously, measured 5.0 ms with the same copy kernel. A page-owned cache
-is written, not walked, so its timed steps would start on a cold GPU. Before its warm-up
-steps, every point that runs on a GPU therefore gets the same continuous load for the same
-time: a streaming kernel, back to back. The clock belongs to the chip, so this serves wgpu
-and ORT's WebGPU EP alike. A CPU adapter has no such clock, so nothing runs there.
+A GPU's clock governor raises the clock only under sustained load, and a page-owned cache is
+written, not walked, so without this its timed steps would start on a cold GPU (the clocks
+and times measured on the H200 are in FINDINGS 16 and docs/measuring.md, "A point"). Before
+its warm-up steps, every point that runs on a GPU therefore gets the same continuous load for
+the same time: a streaming kernel, back to back. The clock belongs to the chip, so this serves
+wgpu and ORT's WebGPU EP alike. A CPU adapter has no such clock, so nothing runs there.
 """
 
 from __future__ import annotations
@@ -22,7 +18,8 @@ from harness.stream_kernel import StreamKernel
 #: bytes read and written per dispatch on a GPU (past a 50 MB L2) and on a CPU adapter (tests)
 GPU_BYTES = 64 << 20
 CPU_BYTES = 64 << 10
-#: dispatches per submit: ~3 ms of work at 3 TB/s, so the wait between submits is a few %
+#: dispatches per submit: 64 × 128 MiB moved, milliseconds of work at HBM rates, so the wait
+#: between submits is a small share of the load
 PER_SUBMIT = 64
 
 

@@ -1,11 +1,11 @@
 """What the host was doing while a point's steps were timed (``details.host_cpus``).
 
-On the H200 machine some processes spent more host time a step than others at the same GPU
-time, and some changed speed mid-run; where they ran did not explain it
-(results/h200/2026-12-01-bb91805/). These facts tell the remaining causes apart per
-process: a stepping thread that lost its CPU (``on_cpu`` below 1: preempted, or waiting in the
-kernel rather than spinning), a hypervisor that gave the machine's CPUs to others
-(``steal_ms``), or neither (the same work simply ran slower: the clock, the caches).
+Processes of one point can spend different host time a step at the same GPU time, and where
+they run does not explain it (measured: FINDINGS 27 and 28, docs/measuring.md "Host time").
+These facts tell the remaining causes apart per process: a stepping thread that lost its CPU
+(``on_cpu`` below 1: preempted, or waiting in the kernel rather than spinning), a hypervisor
+that gave the machine's CPUs to others (``steal_ms``), or neither (the same work simply ran
+slower: the clock, the caches).
 """
 
 from __future__ import annotations
