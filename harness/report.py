@@ -122,7 +122,7 @@ def summary_table(runs: list[LabelledResults], title: str | None = None) -> Tabl
     return table
 
 
-def notes(runs: list[LabelledResults], noise: bool = True, source: str = "RESULTS.json") -> list[str]:
+def notes(runs: list[LabelledResults], noise: bool = True, source: str | None = None) -> list[str]:
     """One line per point that was not measured or did not match, per noisy point, and per
     point timed at a low GPU clock. `noise` False: the noisy points (unstable, transient
     steps) are one summary line (`noise_summary`) instead of a line or two each, as the
@@ -158,7 +158,7 @@ def notes(runs: list[LabelledResults], noise: bool = True, source: str = "RESULT
     return lines if noise else lines + noise_summary(runs, source)
 
 
-def noise_summary(runs: list[LabelledResults], source: str = "RESULTS.json") -> list[str]:
+def noise_summary(runs: list[LabelledResults], source: str | None = None) -> list[str]:
     """How many points are unstable or had transient steps, and what to do, in one or two
     lines ([] where none): the terminal's stand-in for their per-point notes, which the
     reports (`source`'s report.md and report.html) keep."""
@@ -173,7 +173,8 @@ def noise_summary(runs: list[LabelledResults], source: str = "RESULTS.json") -> 
     if transient:
         said.append(f"{transient}{'' if said else of} had transient steps (kept: the median is "
                     "robust to them)")
-    todo = f"per point: statebench report {source} --out DIR (report.md, report.html)"
+    todo = (f"per point in report.md and report.html: statebench report {source or 'FILE'} "
+            "--out DIR")
     if unstable:
         todo += "; steadier: more --steps, --repeat 3 or more, a quieter machine"
     return [f"noise: {'; '.join(said)}.", f"  {todo}."]
@@ -185,7 +186,7 @@ def run_sentences(runs: list[LabelledResults]) -> list[str]:
             for run in runs for s in verdicts.sentences(run.results)]
 
 
-def summary(runs: list[LabelledResults], source: str = "RESULTS.json") -> Group:
+def summary(runs: list[LabelledResults], source: str | None = None) -> Group:
     """The table, the sentences under it and its notes, as one renderable; noisy points are
     counted in one or two lines (`noise_summary`; `source`: the files, for its hint)."""
     parts: list = [summary_table(runs)]

@@ -182,3 +182,31 @@ def test_points_timed_at_a_low_clock_are_noted(run_files):
         "min": 345.0, "median": 1095.0, "max": 1095.0, "samples": 4, "peak_seen": 1980.0}})
     lines = report.notes(report.label_runs([res]))
     assert any("ort-cpu:shared" in ln and "SM clock 1095 MHz" in ln for ln in lines), lines
+
+
+def test_noise_is_one_summary_in_the_terminal_and_per_point_in_the_reports():
+    """The committed CI baseline has a note or two per point for noise (unstable, transient
+    steps): the table's summary counts them in two lines, the reports keep every one."""
+    import html
+    from pathlib import Path
+
+    from harness import html_report, verdicts
+
+    ci = Path(__file__).resolve().parent.parent / "results" / "baselines" / "ci.json"
+    runs = report.label_runs([results.load(ci)])
+    full = report.notes(runs)
+    noisy = [n for n in full if ": unstable: " in n or ": transient" in n]
+    assert len(noisy) >= 10
+    short = report.notes(runs, noise=False, source="ci.json")
+    assert not set(noisy) & set(short) and len(short) == len(full) - len(noisy) + 2
+    unstable = sum(1 for p in runs[0].results.points if p.matches and verdicts.warning_of(p))
+    transient = sum(1 for p in runs[0].results.points if p.matches and verdicts.transient_notes(p))
+    head, todo = short[-2:]
+    assert head.startswith(f"noise: {unstable} of 16 points unstable") and f"; {transient} had" in head
+    assert "statebench report ci.json --out DIR" in todo and "--repeat" in todo
+    console = Console(file=io.StringIO(), width=300)
+    console.print(report.summary(runs, "ci.json"))
+    shown = console.file.getvalue()
+    assert "noise: " in shown and ": unstable: " not in shown
+    md, page = report.to_markdown(runs), html_report.render(runs, {})
+    assert all(n in md and html.escape(n) in page for n in noisy)

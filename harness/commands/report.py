@@ -59,7 +59,7 @@ class Report(Command):
         return report.label_runs(loaded, files)
 
     @staticmethod
-    def render(runs: list[report.LabelledResults], fmt: str, source: str = "RESULTS.json"):
+    def render(runs: list[report.LabelledResults], fmt: str, source: str | None = None):
         if fmt == "table":
             return report.summary(runs, source)
         if fmt == "md":
