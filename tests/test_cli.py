@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -65,6 +66,19 @@ def test_a_binary_results_file_is_one_line(command, tmp_path):
     proc = statebench(command[0], "x.json", *command[1:], cwd=tmp_path)
     assert one_line_error(proc).endswith("x.json: not a results file (not UTF-8 text: "
                                          "byte 0xff at offset 0)")
+
+
+def test_the_readme_byom_example_expects_the_manifests_tokens():
+    """The README's bring-your-own-model line gives the prompt and greedy tokens that
+    tests/models/manifest.json records for the model it names (run, it passes the check)."""
+    readme = (ROOT / "README.md").read_text()
+    model = re.search(r"^M=(tests/models/\S+)", readme, re.M).group(1)
+    prompt, tokens = re.search(r"--prompt (\S+) --expect-tokens (\S+)", readme).groups()
+    entry = next(m for m in json.loads((ROOT / "tests/models/manifest.json").read_text())["models"]
+                 if m["path"] == Path(model).name)
+    assert prompt == ",".join(map(str, entry["prompt"]))
+    want = entry["greedy_tokens"][:len(tokens.split(","))]
+    assert tokens == ",".join(map(str, want))
 
 
 def test_backends_lists_availability():

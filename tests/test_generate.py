@@ -6,6 +6,7 @@ model's own inputs and pair caches by name; bad input is one line, exit 2."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -83,6 +84,34 @@ def test_bad_input_is_one_line_exit_2(models, tmp_path):
     ]
     for args, says in cases:
         assert says in one_line_error(statebench(*args)), args
+
+
+GENAI = Path(__file__).parent / "models" / "genai-llama"  # GroupQueryAttention, 256 cos rows
+
+
+@pytest.mark.parametrize("args, says", [
+    (["generate", GENAI, "--prompt", "1,2,3", "--max-new-tokens", "255"],
+     "--prompt (3 tokens) and --max-new-tokens (255) reach position 256, but the model has 256 "
+     "positions (cos_cache of GroupQueryAttention '/model/layers.0/attn/GroupQueryAttention' has "
+     "256 rows); ask for at most 254 new tokens after this prompt"),
+    (["generate", GENAI, "--prompt", ",".join(["1"] * 300), "--max-new-tokens", "1"],
+     "ask for a prompt of at most 256 tokens"),
+    # run's greedy check decodes --prompt then --expect-tokens: refused before the sweep too
+    (["run", "--model", GENAI, "--backends", "ort-cpu:copy", "--contexts", "16", "--steps", "2",
+      "--prompt", ",".join(["1"] * 256), "--expect-tokens", "1,2"],
+     "--prompt (256 tokens) and --expect-tokens (2) reach position 256"),
+])
+def test_past_the_rotary_cache_is_refused_before_ort_runs(args, says, tmp_path):
+    """One line of ours, without ORT's own error line before it, naming the limit."""
+    assert says in one_line_error(statebench(*args, cwd=tmp_path))
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_last_position_the_rotary_cache_holds_still_decodes():
+    proc = statebench("generate", GENAI, "--prompt", "1,2,3", "--max-new-tokens", "254",
+                      "--format", "json")
+    assert proc.returncode == 0 and not proc.stderr, proc.stderr
+    assert len(json.loads(proc.stdout)["tokens"]) == 254
 
 
 @pytest.mark.parametrize("backend", ["ort-cpu:copy", "wgpu:stateful"])

@@ -145,7 +145,8 @@ def test_an_unsavable_point_is_rescued_to_the_temp_directory(tmp_path, monkeypat
 
     _fail_saves_at(monkeypatch, 2, in_the_way)
     line = one_line(cli("run", *FAST, "--contexts", "8,16", "--out", out))
-    assert f"cannot save results to {out} (Is a directory); the sweep stopped: " in line
+    assert (f"cannot save results to {out} (a directory, not a regular file; left as it is); "
+            "the sweep stopped: ") in line
     rescued = list((tmp_path / "tmp").glob("run-rescued-*.json"))
     assert len(rescued) == 1 and f"all 2 points are in {rescued[0]}" in line
     assert points_in(rescued[0]) == 2
@@ -371,6 +372,48 @@ def test_a_malformed_model_config_is_one_line(tmp_path, run_file, doctor, says):
 
 
 # -- report --out --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("where, says", [
+    ("file", "--dir {d}: a file, not a folder"),
+    ("file/baselines", "--dir {d}: cannot write there (Not a directory)"),
+    # a folder no one can make, root included (root ignores permission bits)
+    ("/proc/statebench-baselines", "--dir {d}: cannot write there (No such file or directory)"),
+    ("target-a-folder", "baseline {d}/b.json is a directory, not a file; --force replaces only a "
+                        "regular file: remove it or give another --name or --dir"),
+])
+def test_a_baseline_dir_that_cannot_take_it_is_one_line(tmp_path, run_file, where, says):
+    """Exit 2, never the traceback and exit 1 (the gate's regression) CI would misread."""
+    if where.startswith("/proc") and not Path("/proc/self").exists():
+        pytest.skip("needs Linux /proc")
+    (tmp_path / "file").write_text("not a folder")
+    d = Path(where) if where.startswith("/") else tmp_path / where
+    if where == "target-a-folder":
+        (d / "b.json").mkdir(parents=True)
+    line = one_line(cli("baseline", run_file, "--name", "b", "--dir", d, "--force"))
+    assert line == "statebench: error: " + says.format(d=d)
+    assert (tmp_path / "file").read_text() == "not a folder"
+
+
+@pytest.mark.parametrize("old", [False, True], ids=["new", "over-an-old-one"])
+def test_a_baseline_on_a_full_disk_writes_nothing(tmp_path, run_file, old):
+    """RLIMIT_FSIZE fails the write as a full disk would (EFBIG for ENOSPC), for root too."""
+    d = tmp_path / "baselines"
+    d.mkdir()
+    if old:
+        (d / "b.json").write_text("the old baseline")
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64, limits[1]))
+    try:
+        result = cli("baseline", run_file, "--name", "b", "--dir", d, "--force")
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+    line = one_line(result)
+    assert line == (f"statebench: error: cannot write baseline {d}/b.json (File too large); "
+                    "nothing written" + (", the old one left as it was" if old else ""))
+    assert [f.name for f in d.iterdir()] == (["b.json"] if old else [])  # no temporary file
+    if old:
+        assert (d / "b.json").read_text() == "the old baseline"
+
 
 def test_report_out_never_over_other_files_unasked(tmp_path, run_file):
     a_file = tmp_path / "results.json"
