@@ -17,7 +17,7 @@ DEFAULT_BACKENDS = "ort-cpu:*,wgpu:*"
 #: spread between processes) more repeats cost time and buy almost nothing
 MAX_REPEAT = 100
 #: the most worker processes (points × repeats) one sweep starts: each loads its model
-#: afresh, so a sweep past this spends hours in start-up alone (docs/measuring.md)
+#: afresh, so a sweep past this spends hours in start-up alone (docs/results.md "Nothing lost")
 MAX_POINT_PROCESSES = 10_000
 
 
