@@ -19,6 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
+#: what flock says on a file system that has no locks
+_NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS}
+
 
 class NotRegularFile(OSError):
     """The target exists and is not a regular file; nothing was written over it."""
@@ -102,7 +105,8 @@ def exclusive_lock(path: str | os.PathLike) -> Iterator[None]:
     holder's pid in its `holder` attribute ("" unknown), where another process holds it. The
     kernel releases it when the holder exits, however it exits; the holder removes the lock
     file on the way out, and a taker that finds the file it locked unlinked meanwhile takes
-    the new one instead, so no two processes ever both hold it."""
+    the new one instead, so no two processes ever both hold it. Where the file system has
+    no locks, the block runs unlocked."""
     path = Path(path)
     lock = path.with_name(f".{path.name}.lock")
     while True:
@@ -113,6 +117,16 @@ def exclusive_lock(path: str | os.PathLike) -> Iterator[None]:
             exc.holder = os.read(fd, 32).decode(errors="replace").strip()
             os.close(fd)
             raise
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno not in _NO_LOCKS:
+                raise
+            # a file system without locks (some network mounts): the run goes on unlocked,
+            # and its first save still never takes a file another run made (`_create`)
+            with contextlib.suppress(OSError):
+                os.unlink(lock)
+            yield
+            return
         except BaseException:
             os.close(fd)
             raise

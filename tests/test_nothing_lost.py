@@ -5,6 +5,7 @@ signals end in one line, and an interrupted or killed run leaves no worker or de
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -592,6 +593,18 @@ def test_stale_depth_directories_of_dead_runs_are_removed(tmp_path, monkeypatch)
 
 
 # -- two runs given one --out: the second refused, in real processes ---------------------------
+
+def test_a_file_system_without_locks_runs_unlocked(tmp_path, monkeypatch):
+    """flock's ENOLCK (a network mount without locks, injected here) is no reason to refuse."""
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(atomic.fcntl, "flock", no_locks)
+    ran = []
+    with atomic.exclusive_lock(tmp_path / "run.json"):
+        ran.append(1)
+    assert ran and not list(tmp_path.iterdir())
+
 
 def _holds_lock(proc: subprocess.Popen, lock: Path) -> None:
     deadline = time.monotonic() + 120
