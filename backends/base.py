@@ -49,6 +49,15 @@ def into_capacity(rows: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return full
 
 
+def check_tokens(tokens: np.ndarray, k: int) -> np.ndarray:
+    """``tokens`` as a flat int64 array of ``k`` tokens (a K-token graph takes exactly its
+    K), else ValueError."""
+    arr = np.asarray(tokens, np.int64).reshape(-1)
+    if len(arr) != k:
+        raise ValueError(f"{len(arr)} tokens given to a step of {k}")
+    return arr
+
+
 class BuildSource(Protocol):
     """What a backend reads of the workload it is built for (``harness.sources`` implements
     it): the model file it runs as given, or None for statebench's own export of a preset
@@ -136,6 +145,20 @@ class Backend(ABC):
         """Feed one token at the current position; return float32 logits (vocab,) on the host.
         The array may be the backend's own, overwritten by its next step (a page reading
         with ``readTensor(tensor, outputData)``): copy it to keep it."""
+
+    #: K, the new tokens one dispatch of its graph takes (``step_tokens``; statebench's
+    #: export of K-token graphs, ``model.export``'s ``tokens``); set before ``prepare``
+    tokens_per_step: int = 1
+
+    def step_tokens(self, tokens: np.ndarray) -> np.ndarray:
+        """Feed K = ``tokens_per_step`` tokens at positions P .. P+K-1 in one dispatch (a
+        speculative verify, a chunk of a prefill); return float32 logits (K, vocab), the
+        backend's own array as ``step``'s. K = 1 is ``step``, the default here; a backend
+        that builds K-token graphs overrides it."""
+        tokens = check_tokens(tokens, self.tokens_per_step)
+        if self.tokens_per_step != 1:
+            raise NotImplementedError(f"{self.name} has no K-token step")
+        return self.step(int(tokens[0])).reshape(1, -1)
 
     @abstractmethod
     def reset(self) -> None:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from backends.base import Backend, BuildSource, DepthState, into_capacity, register
+from backends.base import Backend, BuildSource, DepthState, check_tokens, into_capacity, register
 from backends.webnn.adapter import wgpu_adapter
 from model.errors import UserError
 from model.workload import Workload
@@ -81,9 +81,10 @@ class _Page(Backend):
         return KernelOptions
 
     def __init__(self, onnx_path: str | os.PathLike | None = None, timing: bool = True,
-                 options: KernelOptions | None = None, pairs: dict[str, str] | None = None
-                 ) -> None:
+                 options: KernelOptions | None = None, pairs: dict[str, str] | None = None,
+                 tokens_per_step: int = 1) -> None:
         super().__init__()
+        self.tokens_per_step = tokens_per_step  # K: the export's new tokens a dispatch
         self.onnx_path = onnx_path  # a user's export instead of model.export's
         self.hand_pairs = pairs  # past -> present named by hand (--pairs), for a user's model
         self.timing = timing
@@ -141,17 +142,8 @@ class _Page(Backend):
         from backends.webnn.onnx_converter import ConversionError, convert, list_kv_pairs
 
         self.capacity = capacity
-        if self.onnx_path is None:
-            from model.export import export
-
-            path = export(workload, "standard", capacity)
-            dims = None
-        else:
-            import onnx
-
-            # a user's file: pinned for a decode step, its growing caches made fixed-capacity
-            proto = onnx.load(str(self.onnx_path), load_external_data=False)
-            path, dims = self._fixed_capacity(proto, capacity), None
+        path, base = self._graph(workload, capacity)
+        dims = None
         self.context = webnn.ml.create_context(state_support=self.state_support, timing=self.timing,
                                                options=self.options, engine=self.engine)
         self.details["engine"] = self.context.engine_info
@@ -160,7 +152,6 @@ class _Page(Backend):
         reason = getattr(self.context, "gpu_time_reason", "")
         if reason:
             self.details["gpu_time_reason"] = reason
-        base = None if self.onnx_path is None else os.path.dirname(os.fspath(self.onnx_path))
         with self._counted():
             try:
                 if self.request_state:
@@ -214,6 +205,24 @@ class _Page(Backend):
                     side[p.input] = ctx.create_tensor(data_type=d.data_type, shape=list(d.shape),
                                                       writable=True)
 
+    def _graph(self, workload: Workload | None, capacity: int) -> tuple[object, str | None]:
+        """The graph to convert and the folder its external data is read from (None: the
+        graph's own): statebench's standard-flavour export of ``workload``, or a user's file
+        pinned for a decode step, its growing caches made fixed-capacity."""
+        if self.onnx_path is None:
+            from model.export import export
+
+            k = self.tokens_per_step
+            return (export(workload, "standard", capacity, tokens=k) if k > 1
+                    else export(workload, "standard", capacity)), None
+        if self.tokens_per_step > 1:
+            raise RuntimeError(f"{self.name}: a K-token step runs statebench's own export, "
+                               "not a model as given")
+        import onnx
+
+        proto = onnx.load(str(self.onnx_path), load_external_data=False)
+        return self._fixed_capacity(proto, capacity), os.path.dirname(os.fspath(self.onnx_path))
+
     def _fixed_capacity(self, proto, capacity: int):
         """A user's model pinned and its growing caches made fixed-capacity
         (``backends.webnn.fixed_capacity``); what was done per pair goes in the details.
@@ -239,9 +248,18 @@ class _Page(Backend):
     def reach_depth(self, depth: DepthState) -> None:
         self.reset()
         if self._hidden:
-            # a hidden cache is reached only by dispatching (DESIGN §5); logits are not read
-            for tok in depth.tokens:
-                self._dispatch(int(tok))
+            # a hidden cache is reached only by dispatching (DESIGN §5); logits are not read.
+            # A K-token graph dispatches K at a time (a chunked prefill)
+            k = self.tokens_per_step
+            if k == 1:
+                for tok in depth.tokens:
+                    self._dispatch(int(tok))
+                return
+            if depth.depth % k:
+                raise ValueError(f"depth {depth.depth} is not a multiple of the {k} tokens "
+                                 "a step of this graph takes")
+            for j in range(0, depth.depth, k):
+                self._dispatch(np.asarray(depth.tokens[j:j + k], np.int64))
             return
         with self._counted():
             for p in self._pairs:
@@ -255,9 +273,21 @@ class _Page(Backend):
         self.position = depth.depth
 
     def step(self, token: int) -> np.ndarray:
+        if self.tokens_per_step != 1:
+            raise ValueError(f"{self.name} was built for {self.tokens_per_step} tokens a step "
+                             "(step_tokens)")
+        return self._step(token)
+
+    def step_tokens(self, tokens: np.ndarray) -> np.ndarray:
+        tokens = check_tokens(tokens, self.tokens_per_step)
+        k = len(tokens)
+        return self._step(int(tokens[0]) if k == 1 else tokens).reshape(k, -1)
+
+    def _step(self, tokens: int | np.ndarray) -> np.ndarray:
+        """One dispatch of the graph's K tokens (an int where K = 1) and its logits, flat."""
         t0 = time.perf_counter_ns()
         times0 = self.context.queue_counts.times_ns()
-        self._dispatch(token)
+        self._dispatch(tokens)
         t_dispatched = time.perf_counter_ns()
         out = self._bound[self._logits_name]
         with self._counted():
@@ -290,14 +320,14 @@ class _Page(Backend):
               "after": t_end - t_read, "total": t_end - t0}
         return {k: v / 1e6 for k, v in ns.items()}
 
-    def _dispatch(self, token: int) -> None:
+    def _dispatch(self, tokens: int | np.ndarray) -> None:
         ctx = self.context
         with self._counted():
             ins = {}
             for name in self.converted.inputs:
                 if name in self._bound:
                     ins[name] = self._bound[name]
-                    ctx.write_tensor(ins[name], self._feed(name, token))
+                    ctx.write_tensor(ins[name], self._feed(name, tokens))
             outs = {self._logits_name: self._bound[self._logits_name]}
             if not self._hidden:
                 for p in self._pairs:
@@ -309,21 +339,27 @@ class _Page(Backend):
             ctx.dispatch(self.converted.graph, ins, outs)
             if not (self.host_cache or self._hidden):
                 self._cur, self._nxt = self._nxt, self._cur
-        self.position += 1
+        self.position += self.tokens_per_step
 
-    def _feed(self, name: str, token: int) -> np.ndarray:
-        """What the page writes to a non-cache input this step (``_FEEDS``), in its own
-        array for that input (``_written``)."""
+    def _feed(self, name: str, tokens: int | np.ndarray) -> np.ndarray:
+        """What the page writes to a non-cache input this step (``_FEEDS``) for its K
+        tokens (an int where K = 1) at positions P .. P+K-1, in its own array for that
+        input (``_written``)."""
         arr = self._written(name)
+        k = self.tokens_per_step
         if name == "input_ids":
-            arr.fill(token)
-        elif name == "attention_mask":  # ones up to and including the position, zeros beyond
+            arr[...] = tokens
+        elif name == "attention_mask":  # ones up to and including the last position
             arr.fill(0)
-            arr[..., :self.position + 1] = 1
+            arr[..., :self.position + k] = 1
         elif name == "total_sequence_length":
-            arr.fill(self.position + 1)
-        else:  # position_ids ([1, 1], or Qwen's multimodal [3, 1, 1]) and GQA's seqlens_k
+            arr.fill(self.position + k)
+        elif name == "seqlens_k":
+            arr.fill(self.position + k - 1)
+        elif k == 1:  # position_ids: [1, 1], or Qwen's multimodal [3, 1, 1]
             arr.fill(self.position)
+        else:
+            arr[...] = np.arange(self.position, self.position + k)
         return arr
 
     def _written(self, name: str) -> np.ndarray:

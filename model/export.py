@@ -121,30 +121,46 @@ def _own_level(workload: Workload, flavour: str, accuracy_level: int | None) -> 
     return accuracy_level
 
 
+def _check_tokens(tokens: int) -> int:
+    """``tokens`` (new tokens a dispatch takes) as an int >= 1, else ValueError."""
+    if isinstance(tokens, bool) or not isinstance(tokens, (int, np.integer)) or tokens < 1:
+        raise ValueError(f"tokens {tokens!r}: the new tokens a step takes, an integer >= 1")
+    return int(tokens)
+
+
 def graph_path(workload: Workload, flavour: str, capacity: int,
                cache_dir: str | os.PathLike | None = None, *,
-               accuracy_level: int | None = None) -> Path:
-    """Where `export` puts (and finds) the graph of one flavour, capacity and MatMulNBits
-    accuracy level (`export`)."""
+               accuracy_level: int | None = None, tokens: int = 1) -> Path:
+    """Where `export` puts (and finds) the graph of one flavour, capacity, MatMulNBits
+    accuracy level and new tokens a step (`export`; ``-k<tokens>`` only where tokens > 1, so
+    the one-token graphs keep their names)."""
     if flavour not in FLAVOURS:
         raise ValueError(f"unknown flavour {flavour!r}; accepted: {', '.join(FLAVOURS)}")
+    tokens = _check_tokens(tokens)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     level = _own_level(workload, flavour, accuracy_level)
     suffix = "" if level is None else f"-acc{level}"
+    if tokens > 1:
+        suffix += f"-k{tokens}"
     return (root / config_key(workload.config, workload.seed)
             / f"{flavour}-c{capacity}{suffix}.onnx")
 
 
 def export(workload: Workload, flavour: str, capacity: int,
            cache_dir: str | os.PathLike | None = None, *, force: bool = False,
-           accuracy_level: int | None = None) -> Path:
+           accuracy_level: int | None = None, tokens: int = 1) -> Path:
     """The graph for (workload, flavour, capacity), exported unless already on disk.
 
     `accuracy_level` is the one its MatMulNBits nodes compute at (None: the exported
     Q4_ACCURACY_LEVEL); another level is a graph of its own (`-acc<level>` in its name),
     made and checked like every graph. A graph without MatMulNBits (the standard flavour,
-    float weights) is the same graph at every level, so it is that one file."""
-    path = graph_path(workload, flavour, capacity, cache_dir, accuracy_level=accuracy_level)
+    float weights) is the same graph at every level, so it is that one file.
+    `tokens` (K) is the new tokens one dispatch takes at positions P .. P+K-1 (a verify
+    step of speculative decoding, or a chunk of a prefill): K rows written to each KV
+    cache, causal inside the K, logits for all K ([1, K, vocab]); K = 1 is the decode step."""
+    path = graph_path(workload, flavour, capacity, cache_dir, accuracy_level=accuracy_level,
+                      tokens=tokens)
+    tokens = _check_tokens(tokens)
     level = _own_level(workload, flavour, accuracy_level)
     if not force:
         # the weights file the graph points to is checked (or rebuilt) on every reuse too:
@@ -155,24 +171,29 @@ def export(workload: Workload, flavour: str, capacity: int,
         if checksum.reusable(path, "graph"):
             return path
     if flavour == STANDARD:
-        return export_standard(workload, capacity, path)
+        return export_standard(workload, capacity, path, tokens=tokens)
     return export_ort(workload, path, capacity,
-                      accuracy_level=Q4_ACCURACY_LEVEL if level is None else level)
+                      accuracy_level=Q4_ACCURACY_LEVEL if level is None else level,
+                      tokens=tokens)
 
 
-def export_standard(workload: Workload, capacity: int, path: str | os.PathLike) -> Path:
-    """Write the standard-flavour decode step with a fixed cache capacity; returns the path."""
+def export_standard(workload: Workload, capacity: int, path: str | os.PathLike, *,
+                    tokens: int = 1) -> Path:
+    """Write the standard-flavour step of `tokens` new tokens with a fixed cache capacity;
+    returns the path."""
     b = _Builder(workload, Path(path))
+    b.tokens = _check_tokens(tokens)
     _build(b, STANDARD, capacity)
     return b.save()
 
 
 def export_ort(workload: Workload, path: str | os.PathLike, capacity: int | None = None, *,
-               accuracy_level: int = Q4_ACCURACY_LEVEL) -> Path:
-    """Write the ORT-flavour decode step; `capacity` sizes the RoPE caches (default 4096),
-    `accuracy_level` is its MatMulNBits nodes' (4-bit models)."""
+               accuracy_level: int = Q4_ACCURACY_LEVEL, tokens: int = 1) -> Path:
+    """Write the ORT-flavour step of `tokens` new tokens; `capacity` sizes the RoPE caches
+    (default 4096), `accuracy_level` is its MatMulNBits nodes' (4-bit models)."""
     b = _Builder(workload, Path(path))
     b.accuracy_level = accuracy_level
+    b.tokens = _check_tokens(tokens)
     _build(b, ORT, capacity or 4096)
     return b.save()
 
@@ -261,6 +282,7 @@ class _Builder:
         self._consts: dict[bytes, str] = {}
         self._n = 0
         self.flavour = STANDARD  # set by _build
+        self.tokens = 1  # K, the new tokens a step takes (``export``)
         self.accuracy_level = Q4_ACCURACY_LEVEL  # MatMulNBits' (ORT flavour, 4-bit weights)
         self.quantised = set(quantised_names(self.cfg))
         self.q4_manifest: dict[str, tuple[int, int]] | None = None  # written on first use
@@ -420,11 +442,11 @@ def state_layout(flavour: str) -> str:
 def _build(b: _Builder, flavour: str, capacity: int) -> None:
     cfg = b.cfg
     b.flavour = flavour
-    h = cfg.hidden
-    ids = b.input("input_ids", TensorProto.INT64, [1, 1])
+    h, t = cfg.hidden, b.tokens
+    ids = b.input("input_ids", TensorProto.INT64, [1, t])
     ctx: dict[str, str] = {}
     if flavour == STANDARD:
-        pos = b.input("position_ids", TensorProto.INT64, [1, 1])
+        pos = b.input("position_ids", TensorProto.INT64, [1, t])
         ctx["pos"] = pos
     else:
         ctx["seqlens_k"] = b.input("seqlens_k", TensorProto.INT32, [1])
@@ -447,7 +469,7 @@ def _build(b: _Builder, flavour: str, capacity: int) -> None:
         if flavour == STANDARD:
             _standard_position_constants(b, ctx, capacity)
 
-    x = b.op("Gather", [b.weight("embed_tokens"), ids], [1, 1, h], axis=0)
+    x = b.op("Gather", [b.weight("embed_tokens"), ids], [1, t, h], axis=0)
     residual: str | None = None  # ORT flavour: the pending add, fused into the next norm
     for i, kind in enumerate(cfg.layers):
         p = f"layers.{i}."
@@ -504,6 +526,9 @@ def _norm(b: _Builder, flavour: str, x: str, skip: str | None, weight: str) -> t
 
 def _standard_position_constants(b: _Builder, ctx: dict[str, str], capacity: int) -> None:
     """Shared by all attention layers: RoPE rows, the mask and the ScatterND indices."""
+    if b.tokens > 1:
+        _standard_positions_k(b, ctx, capacity)
+        return
     cfg = b.cfg
     half = cfg.head_dim // 2
     pos = ctx["pos"]
@@ -520,6 +545,33 @@ def _standard_position_constants(b: _Builder, ctx: dict[str, str], capacity: int
     pos_exp = b.op("Expand", [pos4, b.const([1, hk, 1, 1], np.int64)], [1, hk, 1, 1],
                    TensorProto.INT64)
     ctx["scatter_idx"] = b.op("Concat", [b.const(bh, np.int64), pos_exp], [1, hk, 1, 3],
+                              TensorProto.INT64, axis=-1)
+
+
+def _standard_positions_k(b: _Builder, ctx: dict[str, str], capacity: int) -> None:
+    """``_standard_position_constants`` for K > 1 new tokens at positions P .. P+K-1
+    (``position_ids`` [1, K]): RoPE rows for q as (1, K, Hkv, rep, D) and k as
+    (1, K, Hkv, D); the mask (1, 1, K*rep, C) of score row j*rep + r (query j of kv head
+    group r) seeing cache rows <= P+j, so causal inside the K; ScatterND indices
+    (0, head, P+j) as [1, Hkv, K, 3]."""
+    cfg, t = b.cfg, b.tokens
+    hk, rep, half = cfg.kv_heads, cfg.q_heads // cfg.kv_heads, cfg.head_dim // 2
+    pos = ctx["pos"]
+    for k in ("cos", "sin"):
+        row = b.op("Gather", [ctx[k], pos], [1, t, half], axis=0)
+        ctx[k + "_q"] = b.reshape(row, [1, t, 1, 1, half])
+        ctx[k + "_k"] = b.reshape(row, [1, t, 1, half])
+    arange = b.const(np.arange(capacity), np.int64, name="cache_positions")
+    pos4 = b.reshape(pos, [1, 1, t, 1])
+    rows = b.op("Expand", [pos4, b.const([1, 1, t, rep], np.int64)], [1, 1, t, rep],
+                TensorProto.INT64)
+    ctx["mask"] = b.op("LessOrEqual", [arange, b.reshape(rows, [1, 1, t * rep, 1])],
+                       [1, 1, t * rep, capacity], TensorProto.BOOL)
+    bh = np.zeros((1, hk, t, 2), np.int64)
+    bh[0, :, :, 1] = np.arange(hk)[:, None]
+    pos_exp = b.op("Expand", [pos4, b.const([1, hk, t, 1], np.int64)], [1, hk, t, 1],
+                   TensorProto.INT64)
+    ctx["scatter_idx"] = b.op("Concat", [b.const(bh, np.int64), pos_exp], [1, hk, t, 3],
                               TensorProto.INT64, axis=-1)
 
 
@@ -559,12 +611,14 @@ def _attention(b: _Builder, flavour: str, ctx: dict[str, str], i: int, xn: str,
         out = b.op("GroupQueryAttention",
                    [q, k, v, past_k, past_v, ctx["seqlens_k"], ctx["total"], ctx["cos"],
                     ctx["sin"]],
-                   [1, 1, hq * d], elem, domain=MS_DOMAIN,
+                   [1, b.tokens, hq * d], elem, domain=MS_DOMAIN,
                    outputs=[(pres_k, present, elem), (pres_v, present, elem)],
                    num_heads=hq, kv_num_heads=hk, do_rotary=1, rotary_interleaved=0)
         if half:
             out = b.cast(out, TensorProto.FLOAT)
         return b.project(out, p + "o_proj")
+    if b.tokens > 1:
+        return _attention_k(b, ctx, i, q, k, v, capacity)
     # S = 1, so BSNH -> BNSH is a reshape
     q = _rope(b, b.reshape(q, [1, hk, hq // hk, d]), ctx["cos_row"], ctx["sin_row"])
     k = _rope(b, b.reshape(k, [1, hk, 1, d]), ctx["cos_row"], ctx["sin_row"])
@@ -587,6 +641,43 @@ def _attention(b: _Builder, flavour: str, ctx: dict[str, str], i: int, xn: str,
     return b.project(out, p + "o_proj")
 
 
+def _attention_k(b: _Builder, ctx: dict[str, str], i: int, q: str, k: str, v: str,
+                 capacity: int) -> str:
+    """The standard flavour's attention of K > 1 new tokens (``_standard_positions_k``):
+    q (1, K, Hq*D) roped as (1, K, Hkv, rep, D) and laid out (1, Hkv, K*rep, D), so each kv
+    head's K*rep query rows are one block (the WebNN kernels' q rows, ``match_attention``);
+    the K new key and value rows (1, Hkv, K, D) written by one ScatterND each; the output
+    back to (1, K, Hq*D) by a transpose."""
+    cfg, p = b.cfg, f"layers.{i}."
+    hq, hk, d, t = cfg.q_heads, cfg.kv_heads, cfg.head_dim, b.tokens
+    rep = hq // hk
+    past_k, past_v = f"past_key_values.{i}.key", f"past_key_values.{i}.value"
+    half = cfg.kv_cache == "float16" and b.act == TensorProto.FLOAT
+    elem = _ELEM[cfg.kv_cache]
+    q = _rope(b, b.reshape(q, [1, t, hk, rep, d]), ctx["cos_q"], ctx["sin_q"])
+    q = b.reshape(b.op("Transpose", [q], [1, hk, t, rep, d], perm=[0, 2, 1, 3, 4]),
+                  [1, hk, t * rep, d])
+    k = _rope(b, b.reshape(k, [1, t, hk, d]), ctx["cos_k"], ctx["sin_k"])
+    k = b.op("Transpose", [k], [1, hk, t, d], perm=[0, 2, 1, 3])
+    v = b.op("Transpose", [b.reshape(v, [1, t, hk, d])], [1, hk, t, d], perm=[0, 2, 1, 3])
+    cache = [1, hk, capacity, d]
+    if half:
+        k, v = (b.cast(x, TensorProto.FLOAT16) for x in (k, v))
+    kc = b.op("ScatterND", [past_k, ctx["scatter_idx"], k], cache, elem, out=f"present.{i}.key")
+    vc = b.op("ScatterND", [past_v, ctx["scatter_idx"], v], cache, elem,
+              out=f"present.{i}.value")
+    if half:
+        kc, vc = (b.cast(x, TensorProto.FLOAT) for x in (kc, vc))
+    kt = b.op("Transpose", [kc], [1, hk, d, capacity], perm=[0, 1, 3, 2])
+    scores = b.binary("Mul", b.matmul(q, kt), b.const(1.0 / np.sqrt(d)))
+    neg = b.const(np.finfo(_NP_OF[b.act]).min)
+    scores = b.op("Where", [ctx["mask"], scores, neg], b.shape_of(scores))
+    probs = b.op("Softmax", [scores], b.shape_of(scores), axis=-1)
+    out = b.reshape(b.matmul(probs, vc), [1, hk, t, rep, d])
+    out = b.op("Transpose", [out], [1, t, hk, rep, d], perm=[0, 2, 1, 3, 4])
+    return b.project(b.reshape(out, [1, t, hq * d]), p + "o_proj")
+
+
 def _gdn_inputs(b: _Builder, flavour: str, i: int, xn: str) -> tuple[str, str, str]:
     """q, k, v of a GDN layer: the projections, through the layer's causal conv (SiLU
     after it) over their concatenation when the model has one (``_causal_conv``)."""
@@ -594,23 +685,28 @@ def _gdn_inputs(b: _Builder, flavour: str, i: int, xn: str) -> tuple[str, str, s
     q, k, v = (b.project(xn, p + n) for n in ("q_proj", "k_proj", "v_proj"))
     if not cfg.gdn_conv_kernel:
         return q, k, v
-    c = cfg.gdn_conv_dim
-    qkv = b.op("Concat", [q, k, v], [1, 1, c], axis=-1)
-    qkv = _causal_conv(b, flavour, i, b.reshape(qkv, [1, c, 1]))
-    qkv = b.reshape(qkv, [1, 1, c])
+    c, t = cfg.gdn_conv_dim, b.tokens
+    qkv = b.op("Concat", [q, k, v], [1, t, c], axis=-1)
+    if t == 1:
+        qkv = _causal_conv(b, flavour, i, b.reshape(qkv, [1, c, 1]))
+        qkv = b.reshape(qkv, [1, 1, c])
+    else:  # the conv's (1, C, K) columns, channels first, and back
+        cols = b.op("Transpose", [qkv], [1, c, t], perm=[0, 2, 1])
+        qkv = b.op("Transpose", [_causal_conv(b, flavour, i, cols)], [1, t, c], perm=[0, 2, 1])
     qk = cfg.gdn_qk_heads * cfg.gdn_qk_dim
     axis = b.const([-1], np.int64)
     return tuple(b.op("Slice", [qkv, b.const([lo], np.int64), b.const([hi], np.int64), axis],
-                      [1, 1, hi - lo])
+                      [1, t, hi - lo])
                  for lo, hi in ((0, qk), (qk, 2 * qk), (2 * qk, c)))
 
 
 def _causal_conv(b: _Builder, flavour: str, i: int, x: str) -> str:
-    """silu(depthwise causal conv) of one new column x (1, C, 1), its window the pair
-    ``past_conv_state.i`` -> ``present_conv_state.i`` (1, C, K-1). ORT flavour: one
-    CausalConvWithState, its taps the stored (C, K) rows read as (C, 1, K); standard: the
-    window with x appended (Concat), multiplied by the taps and summed over the window
-    (Mul, ReduceSum), SiLU as x * sigmoid(x), the next window a Slice of it."""
+    """silu(depthwise causal conv) of the new columns x (1, C, T) (T = 1: a decode step),
+    its window the pair ``past_conv_state.i`` -> ``present_conv_state.i`` (1, C, K-1).
+    ORT flavour: one CausalConvWithState, its taps the stored (C, K) rows read as (C, 1, K);
+    standard: the window with x appended (Concat), multiplied by the taps and summed over
+    the window (Mul, ReduceSum; T > 1: ``_causal_conv_columns``), SiLU as x * sigmoid(x),
+    the next window a Slice of it (shifted by T)."""
     cfg, taps = b.cfg, f"layers.{i}.conv1d"
     c, kernel = cfg.gdn_conv_dim, cfg.gdn_conv_kernel
     past, present = f"past_conv_state.{i}", f"present_conv_state.{i}"
@@ -621,13 +717,38 @@ def _causal_conv(b: _Builder, flavour: str, i: int, x: str) -> str:
             b.external(weight, b.store, [c, 1, kernel], "weights.bin", b.manifest[taps])
         if b.act != b.store:  # a float16 model's float32 gated delta part (in_float32)
             weight = b.cast(weight, b.act)
-        return b.op("CausalConvWithState", [x, weight, "", past], [1, c, 1], domain=MS_DOMAIN,
-                    outputs=[(present, window, TensorProto.FLOAT)], activation="silu")
+        return b.op("CausalConvWithState", [x, weight, "", past], b.shape_of(x),
+                    domain=MS_DOMAIN, outputs=[(present, window, TensorProto.FLOAT)],
+                    activation="silu")
+    if b.shape_of(x)[-1] > 1:
+        return _causal_conv_columns(b, taps, past, present, x)
     full = b.op("Concat", [past, x], [1, c, kernel], axis=2)
     b.op("Slice", [full, b.const([1], np.int64), b.const([kernel], np.int64),
                    b.const([2], np.int64)], window, out=present)
     y = b.op("ReduceSum", [b.binary("Mul", full, b.weight(taps)), b.const([-1], np.int64)],
              [1, c], keepdims=0)
+    return b.binary("Mul", y, b.unary("Sigmoid", y))
+
+
+def _causal_conv_columns(b: _Builder, taps: str, past: str, present: str, x: str) -> str:
+    """The standard flavour's causal conv of T > 1 columns x (1, C, T): the window with x
+    appended (1, C, K-1+T), output column t the taps' sum over its columns t .. t+K-1 (per
+    tap j, the window's columns j .. j+T-1 times tap j: Slice, Mul, Add), SiLU after it;
+    the next window the last K-1 columns."""
+    cfg = b.cfg
+    c, kernel, t = cfg.gdn_conv_dim, cfg.gdn_conv_kernel, b.shape_of(x)[-1]
+    full = b.op("Concat", [past, x], [1, c, kernel - 1 + t], axis=2)
+    last = b.const([2], np.int64)
+    b.op("Slice", [full, b.const([t], np.int64), b.const([t + kernel - 1], np.int64), last],
+         [1, c, kernel - 1], out=present)
+    y = None
+    for j in range(kernel):
+        tap = b.op("Slice", [b.weight(taps), b.const([j], np.int64), b.const([j + 1], np.int64),
+                             b.const([1], np.int64)], [c, 1])
+        cols = b.op("Slice", [full, b.const([j], np.int64), b.const([j + t], np.int64), last],
+                    [1, c, t])
+        term = b.binary("Mul", cols, tap)
+        y = term if y is None else b.binary("Add", y, term)
     return b.binary("Mul", y, b.unary("Sigmoid", y))
 
 
@@ -641,6 +762,8 @@ def _gdn(b: _Builder, flavour: str, i: int, xn: str) -> str:
     past, present = f"past_state.{i}", f"present_state.{i}"
     if flavour == ORT:
         return _linear_attention(b, i, q, k, v, a, bb)
+    if b.tokens > 1:
+        return _gdn_tokens(b, i, q, k, v, a, bb)
     state = [1, hv, dv, dk]
     eps = b.const(1e-6)
 
@@ -666,6 +789,48 @@ def _gdn(b: _Builder, flavour: str, i: int, xn: str) -> str:
     return b.project(b.reshape(o, [1, 1, hv * dv]), p + "o_proj")
 
 
+def _gdn_tokens(b: _Builder, i: int, q: str, k: str, v: str, a: str, bb: str) -> str:
+    """The standard flavour's gated delta rule over K > 1 tokens (1, K, ...), in order:
+    the L2 norms and gates of all K at once, then the K recurrence steps spelled out (each
+    ``_gdn``'s one-token step on the state the step before left), their outputs concatenated
+    (1, K, Hv*Dv); the last state is ``present_state.i``."""
+    cfg, p, t = b.cfg, f"layers.{i}.", b.tokens
+    hk, hv, dk, dv = cfg.gdn_qk_heads, cfg.gdn_v_heads, cfg.gdn_qk_dim, cfg.gdn_v_dim
+    rep = hv // hk
+    eps = b.const(1e-6)
+
+    def l2(x: str) -> str:
+        x = b.reshape(x, [1, t, hk, dk])
+        ss = b.op("ReduceSum", [b.binary("Mul", x, x), b.const([-1], np.int64)], [1, t, hk, 1],
+                  keepdims=1)
+        return b.binary("Div", x, b.unary("Sqrt", b.binary("Add", ss, eps)))
+
+    def token(x: str, j: int, shape: list[int]) -> str:
+        got = b.shape_of(x)
+        one = b.op("Slice", [x, b.const([j], np.int64), b.const([j + 1], np.int64),
+                             b.const([1], np.int64)], [got[0], 1, *got[2:]])
+        return b.reshape(one, shape)
+
+    qn, kn = l2(q), l2(k)
+    neg_a = b.unary("Neg", b.unary("Exp", b.weight(p + "A_log")))
+    g = b.binary("Mul", neg_a, b.unary("Softplus", b.binary("Add", a, b.weight(p + "dt_bias"))))
+    decay, beta = b.unary("Exp", g), b.unary("Sigmoid", bb)  # (1, K, Hv)
+    s = b.reshape(f"past_state.{i}", [1, hk, rep, dv, dk])
+    scale = b.const(1.0 / np.sqrt(dk))
+    outs = []
+    for j in range(t):
+        kj = token(kn, j, [1, hk, 1, dk, 1])
+        s = b.binary("Mul", s, token(decay, j, [1, hk, rep, 1, 1]))
+        retrieved = b.matmul(s, kj)  # (1, hk, rep, dv, 1)
+        delta = b.binary("Mul", b.binary("Sub", token(v, j, [1, hk, rep, dv, 1]), retrieved),
+                         token(beta, j, [1, hk, rep, 1, 1]))
+        s = b.binary("Add", s, b.binary("Mul", delta, b.reshape(kj, [1, hk, 1, 1, dk])))
+        o = b.binary("Mul", b.matmul(s, token(qn, j, [1, hk, 1, dk, 1])), scale)
+        outs.append(b.reshape(o, [1, 1, hv * dv]))
+    b.reshape(s, [1, hv, dv, dk], out=f"present_state.{i}")
+    return b.project(b.op("Concat", outs, [1, t, hv * dv], axis=1), p + "o_proj")
+
+
 def _linear_attention(b: _Builder, i: int, q: str, k: str, v: str, a: str, bb: str) -> str:
     """The ORT flavour's gated delta step as onnxruntime-genai exports Qwen3.5, from ops
     ORT's WebGPU EP runs: q and k L2-normalised per head (LpNormalization, no epsilon),
@@ -676,15 +841,18 @@ def _linear_attention(b: _Builder, i: int, q: str, k: str, v: str, a: str, bb: s
     cfg, p = b.cfg, f"layers.{i}."
     hk, hv, dk, dv = cfg.gdn_qk_heads, cfg.gdn_v_heads, cfg.gdn_qk_dim, cfg.gdn_v_dim
 
-    def l2(t: str) -> str:
-        n = b.op("LpNormalization", [b.reshape(t, [1, hk, dk])], [1, hk, dk], axis=-1, p=2)
-        return b.reshape(n, [1, 1, hk * dk])
+    t = b.tokens
+
+    def l2(x: str) -> str:
+        shape = [1, hk, dk] if t == 1 else [1, t, hk, dk]
+        n = b.op("LpNormalization", [b.reshape(x, shape)], shape, axis=-1, p=2)
+        return b.reshape(n, [1, t, hk * dk])
 
     scale = b.unary("Neg", b.unary("Exp", b.weight(p + "A_log")))  # folded by ORT at load
-    decay = b.op("LinearAttentionGate", [a, b.weight(p + "dt_bias"), scale, bb], [1, 1, hv],
-                 domain=MS_DOMAIN, outputs=[(f"beta_{i}", [1, 1, hv], TensorProto.FLOAT)])
+    decay = b.op("LinearAttentionGate", [a, b.weight(p + "dt_bias"), scale, bb], [1, t, hv],
+                 domain=MS_DOMAIN, outputs=[(f"beta_{i}", [1, t, hv], TensorProto.FLOAT)])
     out = b.op("LinearAttention", [l2(q), l2(k), v, f"past_state.{i}", decay, f"beta_{i}"],
-               [1, 1, hv * dv], domain=MS_DOMAIN,
+               [1, t, hv * dv], domain=MS_DOMAIN,
                outputs=[(f"present_state.{i}", [1, hv, dk, dv], TensorProto.FLOAT)],
                q_num_heads=hk, kv_num_heads=hv, update_rule="gated_delta",
                scale=float(1.0 / np.sqrt(dk)))
