@@ -52,7 +52,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from backends.base import Backend, BuildSource, DepthState, into_capacity, register
+from backends.base import Backend, BuildSource, DepthState, check_tokens, into_capacity, register
 from backends.webnn.dims import default_dims, past_head_sizes, pin
 from backends.webnn.onnx_converter import list_kv_pairs
 from model.export import (
@@ -251,6 +251,112 @@ def _np_type(elem: int) -> np.dtype:
     return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem))
 
 
+class _GraphFeeds:
+    """How the session's graph is fed: its pasts at a depth and its other inputs at a
+    position. statebench's own export (`_ExportFeeds`) and a model as given (`_ModelFeeds`)
+    differ here, and only here."""
+
+    def __init__(self, specs: list[CacheSpec]) -> None:
+        self.specs = specs
+
+    def check(self, depth: DepthState) -> None:
+        """ValueError where ``depth``'s cache does not fit the graph."""
+
+    def pasts(self, depth: DepthState | None, growing: bool) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def feeds(self, token: int, position: int) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+
+class _ExportFeeds(_GraphFeeds):
+    """statebench's export (``model.export``) in its flavour: the reference's cache layouts,
+    the ids and lengths its flavour names."""
+
+    def __init__(self, specs: list[CacheSpec], flavour: str) -> None:
+        super().__init__(specs)
+        self.flavour = flavour
+
+    def check(self, depth: DepthState) -> None:
+        for s in self.specs:
+            got = in_layout(s, depth.cache[s.input]).shape
+            if tuple(got) != tuple(s.shape):
+                raise ValueError(f"{s.input}: cache shape {got}, expected {s.shape}")
+
+    def pasts(self, depth: DepthState | None, growing: bool) -> dict[str, np.ndarray]:
+        """A growing past (ORT flavour, no buffer sharing) holds exactly the valid rows; a
+        fixed one the whole capacity."""
+        n = 0 if depth is None else depth.depth
+        out = {}
+        for s in self.specs:
+            rows = n if growing and s.kind == "append" else None
+            if depth is None:
+                shape = list(s.shape)
+                if rows is not None:
+                    shape[2] = rows
+                out[s.input] = np.zeros(shape, s.dtype)
+            else:
+                arr = in_layout(s, depth.cache[s.input])
+                out[s.input] = np.ascontiguousarray(arr if rows is None else arr[:, :, :rows],
+                                                    s.dtype)
+        return out
+
+    def feeds(self, token: int | np.ndarray, position: int) -> dict[str, np.ndarray]:
+        """The ids of the step's K tokens (an int where K = 1) at positions P .. P+K-1."""
+        ids = np.asarray(token, np.int64).reshape(1, -1)
+        k = ids.shape[1]
+        feeds = {"input_ids": ids}
+        if self.flavour == STANDARD:
+            feeds["position_ids"] = np.arange(position, position + k, dtype=np.int64)[None]
+        else:
+            feeds["seqlens_k"] = np.array([position + k - 1], np.int32)
+            feeds["total_sequence_length"] = np.array(position + k, np.int32)
+        return feeds
+
+
+class _ModelFeeds(_GraphFeeds):
+    """A model statebench did not export: its growing caches on their own axes, its other
+    inputs fed by name (``_MODEL_FEEDS``) in their declared types."""
+
+    def __init__(self, specs: list[CacheSpec], axes: dict[str, int | None],
+                 feed_inputs: dict[str, onnx.ValueInfoProto]) -> None:
+        super().__init__(specs)
+        self.axes, self.feed_inputs = axes, feed_inputs
+
+    def check(self, depth: DepthState) -> None:
+        """Its growing shapes are checked by `pasts`."""
+
+    def pasts(self, depth: DepthState | None, growing: bool) -> dict[str, np.ndarray]:
+        """A growing past holds the depth's rows on its axis, as the reference's presents
+        hold them (``harness.sources.OrtReferenceWalk``), whichever the mode."""
+        n = 0 if depth is None else depth.depth
+        out = {}
+        for s in self.specs:
+            shape = list(s.shape)
+            if self.axes[s.input] is not None:
+                shape[self.axes[s.input]] = n
+            if depth is None:
+                out[s.input] = np.zeros(shape, s.dtype)
+                continue
+            arr = depth.cache[s.input]
+            if tuple(arr.shape) != tuple(shape):
+                raise ValueError(f"{s.input}: cache shape {arr.shape} at depth {n}, "
+                                 f"expected {tuple(shape)}")
+            out[s.input] = np.ascontiguousarray(arr, s.dtype)
+        return out
+
+    def feeds(self, token: int, position: int) -> dict[str, np.ndarray]:
+        feeds = {}
+        for name, vi in self.feed_inputs.items():
+            tt = vi.type.tensor_type
+            declared = [d.dim_value if d.HasField("dim_value") else
+                        int(d.dim_param) if d.dim_param.strip().isdigit() else None
+                        for d in tt.shape.dim]  # transformers writes '4' for 4
+            feeds[name] = _MODEL_FEEDS[name](token, position, declared).astype(
+                _np_type(tt.elem_type))
+        return feeds
+
+
 class _OrtBackend(Backend):
     """Shared machinery: session, feeds of ids, logits, counters. Subclasses carry the cache."""
 
@@ -283,8 +389,9 @@ class _OrtBackend(Backend):
         return f"ONNX Runtime {ort.__version__}, {cls.ep.ep}"
 
     def __init__(self, model: str | os.PathLike | None = None,
-                 pairs: dict[str, str] | None = None) -> None:
+                 pairs: dict[str, str] | None = None, tokens_per_step: int = 1) -> None:
         super().__init__()
+        self.tokens_per_step = tokens_per_step  # K: the export's new tokens a run
         self.model = None if model is None else Path(model)  # a user's .onnx, not an export
         self.hand_pairs = pairs  # past -> present named by hand (--pairs), for a user's model
         self.session = None
@@ -306,6 +413,9 @@ class _OrtBackend(Backend):
         if not ok:
             raise RuntimeError(why)
         if self.model is not None:
+            if self.tokens_per_step > 1:
+                raise RuntimeError(f"{self.name}: a K-token step runs statebench's own export, "
+                                   "not a model as given")
             self._prepare_model(capacity)
             return
         self.workload, self.cfg, self.capacity = workload, workload.config, capacity
@@ -315,7 +425,7 @@ class _OrtBackend(Backend):
         self.specs = cache_specs(self.cfg, capacity, state_layout(self.flavour))
         # the CPU EP's graph computes MatMulNBits on float32 activations (module docstring)
         self.path = export(workload, self.flavour, capacity, self.cache_dir,
-                           accuracy_level=self.ep.accuracy_level)
+                           accuracy_level=self.ep.accuracy_level, tokens=self.tokens_per_step)
         self._open(self.path)
         self.kernel = _KernelBytes(self.path, shared=self.shared_buffer)
         self.details.update(provider=self.session.get_providers()[0], flavour=self.flavour,
@@ -324,6 +434,7 @@ class _OrtBackend(Backend):
                             kernel_bytes_per_token=self.kernel.per_token)
         if self.ep.records_assignment:
             self.details.update(self._assignment())
+        self.graph = _ExportFeeds(self.specs, self.flavour)
         self._allocate()
         self.reset()
 
@@ -384,43 +495,13 @@ class _OrtBackend(Backend):
                             kernel_bytes_base=self.kernel.base,
                             kernel_bytes_per_token=self.kernel.per_token,
                             kernel_bytes_unsized=sorted(self.kernel.unsized)[:50])
+        self.graph = _ModelFeeds(self.specs, self.axes, self.feed_inputs)
         self._allocate()
         self.reset()
 
     def _empty_pasts(self, growing: bool) -> dict[str, np.ndarray]:
         """Every cache at depth 0: zeros, a growing one with no rows on its axis."""
         return self._page_pasts(None, growing=growing)
-
-    def _model_pasts(self, depth: DepthState | None) -> dict[str, np.ndarray]:
-        """A user model's pasts at ``depth`` (None: empty): a growing one holds the depth's
-        rows on its axis, as the reference's presents hold them (``harness.model_run``)."""
-        n = 0 if depth is None else depth.depth
-        out = {}
-        for s in self.specs:
-            shape = list(s.shape)
-            if self.axes[s.input] is not None:
-                shape[self.axes[s.input]] = n
-            if depth is None:
-                out[s.input] = np.zeros(shape, s.dtype)
-                continue
-            arr = depth.cache[s.input]
-            if tuple(arr.shape) != tuple(shape):
-                raise ValueError(f"{s.input}: cache shape {arr.shape} at depth {n}, "
-                                 f"expected {tuple(shape)}")
-            out[s.input] = np.ascontiguousarray(arr, s.dtype)
-        return out
-
-    def _model_feeds(self, token: int) -> dict[str, np.ndarray]:
-        """The model's own inputs at this position, each in its declared type."""
-        feeds = {}
-        for name, vi in self.feed_inputs.items():
-            tt = vi.type.tensor_type
-            declared = [d.dim_value if d.HasField("dim_value") else
-                        int(d.dim_param) if d.dim_param.strip().isdigit() else None
-                        for d in tt.shape.dim]  # transformers writes '4' for 4
-            feeds[name] = _MODEL_FEEDS[name](token, self.position, declared).astype(
-                _np_type(tt.elem_type))
-        return feeds
 
     def _open(self, path: Path) -> None:
         """The session on ``path`` and, by name (``list_kv_pairs``' rules), the output each
@@ -487,46 +568,29 @@ class _OrtBackend(Backend):
     def _check_depth(self, depth: DepthState) -> None:
         if depth.depth >= self.capacity:
             raise ValueError(f"depth {depth.depth} leaves no room in capacity {self.capacity}")
-        if self.model is not None:
-            return  # its growing shapes are checked by `_model_pasts`
-        for s in self.specs:
-            got = in_layout(s, depth.cache[s.input]).shape
-            if tuple(got) != tuple(s.shape):
-                raise ValueError(f"{s.input}: cache shape {got}, expected {s.shape}")
+        self.graph.check(depth)
 
     def _page_pasts(self, depth: DepthState | None, growing: bool) -> dict[str, np.ndarray]:
-        """The pasts a page hands the session at `depth` (None: an empty cache). A growing
-        past (ORT flavour, no buffer sharing) holds exactly the valid rows; a fixed one the
-        whole capacity."""
-        if self.model is not None:
-            return self._model_pasts(depth)
-        n = 0 if depth is None else depth.depth
-        out = {}
-        for s in self.specs:
-            rows = n if growing and s.kind == "append" else None
-            if depth is None:
-                shape = list(s.shape)
-                if rows is not None:
-                    shape[2] = rows
-                out[s.input] = np.zeros(shape, s.dtype)
-            else:
-                arr = in_layout(s, depth.cache[s.input])
-                out[s.input] = np.ascontiguousarray(arr if rows is None else arr[:, :, :rows],
-                                                    s.dtype)
-        return out
+        """The pasts a page hands the session at `depth` (None: an empty cache)
+        (``_GraphFeeds.pasts``)."""
+        return self.graph.pasts(depth, growing)
 
-    def _id_feeds(self, token: int) -> dict[str, np.ndarray]:
-        if self.position >= self.capacity:
-            raise ValueError(f"capacity {self.capacity} exceeded at position {self.position}")
-        if self.model is not None:
-            return self._model_feeds(token)
-        feeds = {"input_ids": np.array([[token]], np.int64)}
-        if self.flavour == STANDARD:
-            feeds["position_ids"] = np.array([[self.position]], np.int64)
-        else:
-            feeds["seqlens_k"] = np.array([self.position], np.int32)
-            feeds["total_sequence_length"] = np.array(self.position + 1, np.int32)
-        return feeds
+    def _id_feeds(self, token: int | np.ndarray) -> dict[str, np.ndarray]:
+        last = self.position + self.tokens_per_step - 1  # a K-token step writes K rows
+        if last >= self.capacity:
+            raise ValueError(f"capacity {self.capacity} exceeded at position {last}")
+        return self.graph.feeds(token, self.position)
+
+    def step(self, token: int) -> np.ndarray:
+        if self.tokens_per_step != 1:
+            raise ValueError(f"{self.name} was built for {self.tokens_per_step} tokens a step "
+                             "(step_tokens)")
+        return self._step(token)
+
+    def step_tokens(self, tokens: np.ndarray) -> np.ndarray:
+        tokens = check_tokens(tokens, self.tokens_per_step)
+        k = len(tokens)
+        return self._step(int(tokens[0]) if k == 1 else tokens).reshape(k, -1)
 
     def _count_kernel(self) -> None:
         self.counters.kernel += self.kernel.at(self.position)
@@ -539,7 +603,7 @@ class _OrtBackend(Backend):
         if self._logits_host is None:
             declared = {o.name: o.type for o in self.session.get_outputs()}.get("logits")
             dtype = np.float16 if declared == "tensor(float16)" else np.float32
-            self._logits_host = np.empty((1, 1, self.vocab), dtype)
+            self._logits_host = np.empty((1, self.tokens_per_step, self.vocab), dtype)
             self._logits_host_value = ort.OrtValue.ortvalue_from_numpy(self._logits_host)
         return self._logits_host, self._logits_host_value
 
@@ -600,7 +664,7 @@ class _HostArrays(_OrtBackend):
         self.past = self._page_pasts(depth, growing=self.flavour == ORT)
         self.position = depth.depth
 
-    def step(self, token: int) -> np.ndarray:
+    def _step(self, token: int | np.ndarray) -> np.ndarray:
         feeds = self._id_feeds(token)
         feeds.update(self.past)
         self.counters.h2d += sum(a.nbytes for a in feeds.values())
@@ -609,7 +673,7 @@ class _HostArrays(_OrtBackend):
         self._count_kernel()
         by_name = dict(zip(self.output_names, outs, strict=True))
         self.past = {s.input: by_name[self.present_of[s.input]] for s in self.specs}
-        self.position += 1
+        self.position += self.tokens_per_step
         return by_name["logits"].reshape(-1).astype(np.float32, copy=False)
 
 
@@ -632,7 +696,7 @@ class _IOBinding(_OrtBackend):
                        for k, a in self._page_pasts(depth, growing=True).items()}
         self.position = depth.depth
 
-    def step(self, token: int) -> np.ndarray:
+    def _step(self, token: int | np.ndarray) -> np.ndarray:
         io = self.session.io_binding()
         for name, arr in self._id_feeds(token).items():
             io.bind_cpu_input(name, arr)
@@ -652,7 +716,7 @@ class _IOBinding(_OrtBackend):
         self.counters.d2h += logits.nbytes
         self._count_kernel()
         self.values = {s.input: by_name[self.present_of[s.input]] for s in self.specs}
-        self.position += 1
+        self.position += self.tokens_per_step
         return logits.astype(np.float32, copy=False)
 
 
@@ -696,7 +760,7 @@ class _Shared(_OrtBackend):
                        for s in self.specs}
         # an EP that writes the logits straight into the page's host array binds that
         self.logits = (self._logits_array()[1] if self.ep.logits_on_host
-                       else self._new_value([1, 1, self.vocab], np.float32))
+                       else self._new_value([1, self.tokens_per_step, self.vocab], np.float32))
         self.io = self.session.io_binding()
         for s in self.specs:
             self.io.bind_ortvalue_input(s.input, self.values[s.input])
@@ -726,7 +790,7 @@ class _Shared(_OrtBackend):
         """Hand one id/length input to the session (bound from the host each step)."""
         self.io.bind_cpu_input(name, arr)
 
-    def step(self, token: int) -> np.ndarray:
+    def _step(self, token: int | np.ndarray) -> np.ndarray:
         for name, arr in self._id_feeds(token).items():
             self._feed(name, arr)
             self.counters.h2d += arr.nbytes
@@ -734,7 +798,7 @@ class _Shared(_OrtBackend):
         logits = self._read_logits(None if self.ep.logits_on_host else self.logits)
         self.counters.d2h += logits.nbytes
         self._count_kernel()
-        self.position += 1
+        self.position += self.tokens_per_step
         return logits.astype(np.float32, copy=False)
 
 
@@ -759,7 +823,7 @@ class _Captured(_Shared):
     def _allocate(self) -> None:
         super()._allocate()
         self.feeds = {}
-        for name, arr in self._id_feeds(0).items():
+        for name, arr in self._id_feeds(np.zeros(self.tokens_per_step, np.int64)).items():
             v = self.session.create_ortvalue_from_shape_and_type(
                 list(arr.shape), arr.dtype, self._device, 0)
             self.io.bind_ortvalue_input(name, v)

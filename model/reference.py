@@ -258,6 +258,11 @@ class Reference:
         """Logits (vocab,) after feeding one token."""
         return self.prefill(np.array([token]))[-1]
 
+    def step_tokens(self, tokens: np.ndarray) -> np.ndarray:
+        """Logits (K, vocab) after feeding K tokens at positions P .. P+K-1 in one batch:
+        the oracle of a K-token graph (``model.export``'s tokens), causal inside the K."""
+        return self.prefill(np.asarray(tokens).reshape(-1))
+
     def prefill(self, tokens: np.ndarray, logits: bool = True) -> np.ndarray | None:
         """Feed tokens in one batch (causal); returns logits (T, vocab), or None when
         `logits` is False (reaching depth: the LM head is most of a long prefill's work)."""
