@@ -20,7 +20,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -166,7 +166,7 @@ def measure_once(req: WorkerRequest, cls: type[Backend], rc: RunConfig) -> Point
     else:
         point = run_worker_subprocess(req, rc.timeout_s)
     wall = {"wall_s": round(time.perf_counter() - t0, 3)}
-    return replace(point, details={**wall, **point.details}, reason=one_line(point.reason))
+    return replace(point, details=_with_default(point.details, wall), reason=one_line(point.reason))
 
 
 def record(results: Results, point: Point) -> None:
@@ -186,8 +186,15 @@ def finish_point(point: Point, source: WorkloadSource, calib: dict) -> Point:
     if floor is not None and point.step_ms.median > 0:
         return replace(point, floor_ms=floor, mbu=floor / point.step_ms.median)
     if why:
-        return replace(point, floor_ms=floor, details={"floor_reason": why, **point.details})
+        return replace(point, floor_ms=floor,
+                       details=_with_default(point.details, {"floor_reason": why}))
     return replace(point, floor_ms=floor)
+
+
+def _with_default(details: Mapping[str, object], defaults: dict[str, object]) -> dict:
+    """``details`` with each of ``defaults`` it lacks added at the end (``dict.setdefault``
+    on a copy: a point's details are read-only, and their order is the file's)."""
+    return {**details, **{k: v for k, v in defaults.items() if k not in details}}
 
 
 # -- the sweep ------------------------------------------------------------------------------

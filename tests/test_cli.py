@@ -93,7 +93,7 @@ def test_run_tiny_sweep(tmp_path):
     files = list((tmp_path / "results").glob("run-tiny-*.json"))
     assert len(files) == 1
     data = json.loads(files[0].read_text())
-    assert data["schema"] == "statebench/1" and len(data["points"]) == 4
+    assert data["schema"] == "statebench/2" and len(data["points"]) == 4
     assert all(p["status"] == "ok" and p["match"]["ok"] for p in data["points"]), data["points"]
     assert data["environment"]["calibration"]["host"]["copy_gbps"] > 0
     assert all(p["mbu"] and p["floor_ms"] for p in data["points"])

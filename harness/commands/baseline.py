@@ -38,7 +38,7 @@ class Baseline(Command):
     @classmethod
     def run_from_args(cls, args, console, err_console) -> int:
         path = cls.run(args.runs, args.name, Path(args.dir), args.force)
-        console.print(f"baseline: {path}")
+        console.print(f"baseline: {path}", markup=False, highlight=False, soft_wrap=True)
         return 0
 
     @staticmethod

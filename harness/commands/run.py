@@ -143,6 +143,8 @@ class Run(Command):
                               soft_wrap=True)
             return exc.status
         console.print(report.summary(report.label_runs([results])))
-        console.print(f"results: {out}")
-        console.print(f"report:  statebench report {out} --out {out.with_suffix('')}-report")
+        # paths are read back by scripts: never wrapped, whatever the terminal's width
+        console.print(f"results: {out}", markup=False, highlight=False, soft_wrap=True)
+        console.print(f"report:  statebench report {out} --out {out.with_suffix('')}-report",
+                      markup=False, highlight=False, soft_wrap=True)
         return 0

@@ -51,7 +51,7 @@ class Speculative(Command):
             except OSError as exc:
                 raise UserError(f"could not save {out}: {exc.strerror or exc}; the tables above "
                                 "are all that is kept of this run") from None
-            console.print(f"results: {out}")
+            console.print(f"results: {out}", markup=False, highlight=False, soft_wrap=True)
         return 0
 
     @classmethod
