@@ -1,0 +1,223 @@
+"""The verify pass of speculative decoding over a gated delta net, and the rollback's replay,
+each in one launch, with ONNX Runtime's contract (com.microsoft GatedDeltaNet with
+``state_update_capacity``, and GatedDeltaNetStateReplay).
+
+``capture``: T tokens of the recurrence over a V-major state (Hv, Dv, Dk), in order, in one
+launch. One group of ``lanes`` invocations owns a state row (head h, value row v) and keeps
+it in registers for all T tokens (rows are independent: only the row's own values and the
+token's k, q are read), so the state is read once and written once whatever T is. Per token::
+
+    s = exp(g) s;  r = s · k;  delta = beta (v - r);  s += delta k;  o = scale s · q
+
+with k and q L2-normalised in the kernel (their squares summed with the retrieval's dot).
+While it runs, the first ``n = min(capture_count, C, T)`` transitions go into the compact
+capsule (ORT's ``state_update`` row, struct-of-arrays): decay factors exp(g) [C, Hv], then
+the normalised keys [C, Hk, Dk] (written by the first value head of each key head), then
+the deltas [C, Hv, Dv]. Entries at t >= n are written as zeros (ORT leaves them unspecified;
+zeros make the buffer deterministic), and ``active == 0`` makes n = 0: a zero-filled capsule.
+``capture_count`` and ``active`` are read from a small buffer, so one compiled graph serves
+every acceptance.
+
+``replay``: ``S = decay S + outer(key, delta)`` for t < kept from the pre-verify state into
+a destination range; one invocation per state element, offsets and ``kept`` read at run
+time from ORT's metadata layout (FP32-element offsets; the unused capsule tail is never read,
+other destination elements are kept: the destination is bound read-write).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .common import WG, Kernel, decl, grid, main_1d
+
+#: ORT GatedDeltaNet's bound on ``state_update_capacity``
+MAX_CAPACITY = 8
+#: GatedDeltaNetStateReplay's metadata fields, in order
+META_FIELDS = ("source_offset", "destination_offset", "decay_offset", "key_offset",
+               "delta_offset", "hv", "dv", "dk", "hk", "capacity", "kept_count")
+
+
+def capsule_floats(hv: int, hk: int, dk: int, dv: int, capacity: int) -> int:
+    """Floats of one capsule row: C * (Hv + Hk Dk + Hv Dv) (scalar decay)."""
+    return capacity * (hv + hk * dk + hv * dv)
+
+
+def _lit(x: float) -> str:
+    """An f32 literal with the exact bits of ``x`` (as kernels/gdn.py writes constants)."""
+    return f"bitcast<f32>({int(np.float32(x).view(np.uint32))}u)"
+
+
+def capture(tokens: int, hk: int, hv: int, dk: int, dv: int, capacity: int, *,
+            scale: float, l2_eps: float | None, in_place: bool = False,
+            lanes: int = 32, wg: int = 256) -> Kernel:
+    """The verify kernel for ``tokens`` tokens (T >= 1), ``hv`` value heads sharing ``hk``
+    key/query heads (value head h reads key head h * Hk // Hv), capsule ``capacity`` C
+    (0: no capsule, no control buffer). ``l2_eps``: q and k normalised as
+    ``x / sqrt(sum(x²) + eps)`` (None: read as given).
+
+    Bindings, in order: q [T, Hk, Dk], k [T, Hk, Dk], v [T, Hv, Dv], g [T, Hv] (log-space
+    decay), beta [T, Hv], the old state [Hv, Dv, Dk] (absent when ``in_place``), the control
+    words [capture_count, active] (i32, when C > 0), the new state (rw), the output
+    [T, Hv, Dv] (rw), the capsule [C * row] (rw, when C > 0).
+    """
+    if tokens < 1 or hv % hk or not 0 <= capacity <= MAX_CAPACITY:
+        raise ValueError(f"capture: {tokens} tokens, {hk} key heads, {hv} value heads, "
+                         f"capacity {capacity}")
+    rep = hv // hk
+    rows = hv * dv
+    lanes = min(lanes, 1 << (dk.bit_length() - 1))  # a power of two, at most the row
+    per_lane = -(-dk // lanes)
+    rpw = wg // lanes
+    n_groups = -(-rows // rpw)
+    gx = min(n_groups, 65535)
+    gy = -(-n_groups // gx)
+    names = ["q", "k", "v", "g", "beta"] + ([] if in_place else ["p"])
+    src = "".join(decl(i, n, "f32", "read") for i, n in enumerate(names))
+    bindings = ["read"] * len(names)
+    if capacity:
+        src += decl(len(bindings), "ctrl", "i32", "read")
+        bindings.append("read")
+    outs = ["st", "y"] + (["cap"] if capacity else [])
+    src += "".join(decl(len(bindings) + i, n, "f32", "rw") for i, n in enumerate(outs))
+    bindings += ["rw"] * len(outs)
+    src += f"var<workgroup> sh: array<vec3<f32>, {wg}>;\n"
+    old = "st" if in_place else "p"
+    key0, delta0 = capacity * hv, capacity * (hv + hk * dk)
+    full = per_lane * lanes == dk
+    test = "" if full else f"if (i < {dk}u) "
+    ik = f"1.0 / sqrt(ks.y + {_lit(l2_eps)})" if l2_eps is not None else "1.0"
+    iq = f"1.0 / sqrt(ks.z + {_lit(l2_eps)})" if l2_eps is not None else "1.0"
+    if capacity:
+        count = (f"  var n = 0u;\n  if (ctrl[1] != 0) {{ n = u32(clamp(ctrl[0], 0, "
+                 f"{min(capacity, tokens)})); }}\n")
+        # zeros at t >= n (n <= min(C, T): every entry past the captured prefix)
+        tail = f"""
+  if (ok) {{
+    for (var t = 0u; t < {capacity}u; t = t + 1u) {{
+      if (t >= n) {{
+        if (vr == 0u && t_lane == 0u) {{ cap[t * {hv}u + h] = 0.0; }}
+        if (t_lane == 0u) {{ cap[{delta0}u + (t * {hv}u + h) * {dv}u + vr] = 0.0; }}
+        if (first && vr == 0u) {{
+          for (var j = 0u; j < {per_lane}u; j = j + 1u) {{
+            let i = t_lane + j * {lanes}u;
+            {test}{{ cap[{key0}u + (t * {hk}u + hq) * {dk}u + i] = 0.0; }}
+          }}
+        }}
+      }}
+    }}
+  }}
+"""
+    else:
+        count, tail = "", ""
+    store = ""
+    if capacity:
+        store = f"""
+    if (ok && t < n) {{
+      if (vr == 0u && t_lane == 0u) {{ cap[t * {hv}u + h] = a; }}
+      if (t_lane == 0u) {{ cap[{delta0}u + (t * {hv}u + h) * {dv}u + vr] = dl; }}
+      if (first && vr == 0u) {{
+        for (var j = 0u; j < {per_lane}u; j = j + 1u) {{
+          let i = t_lane + j * {lanes}u;
+          {test}{{ cap[{key0}u + (t * {hk}u + hq) * {dk}u + i] = k[kw + i] * ikv; }}
+        }}
+      }}
+    }}"""
+
+    def total(acc: str, out: str) -> str:
+        # every lane sums its row's partials in the same order: the same value in each
+        return (f"    sh[lid] = {acc};\n    workgroupBarrier();\n    var {out} = vec3<f32>(0.0);\n"
+                f"    for (var j = 0u; j < {lanes}u; j = j + 1u) {{\n"
+                f"      {out} = {out} + sh[r * {lanes}u + j];\n    }}\n    workgroupBarrier();\n")
+
+    src += f"""
+@compute @workgroup_size({wg})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
+  let r = lid / {lanes}u;
+  let t_lane = lid % {lanes}u;
+  let row0 = (wid.y * {gx}u + wid.x) * {rpw}u + r;
+  let row = min(row0, {rows - 1}u);
+  let ok = row0 < {rows}u;
+  let h = row / {dv}u;
+  let vr = row % {dv}u;
+  let hq = h / {rep}u;
+  let first = h % {rep}u == 0u;  // the first value head of its key head writes the key
+{count}  var sv: array<f32, {per_lane}>;
+  for (var j = 0u; j < {per_lane}u; j = j + 1u) {{
+    let i = t_lane + j * {lanes}u;
+    sv[j] = 0.0;
+    {test}{{ sv[j] = {old}[row * {dk}u + i]; }}
+  }}
+  for (var t = 0u; t < {tokens}u; t = t + 1u) {{
+    let kw = (t * {hk}u + hq) * {dk}u;
+    var acc = vec3<f32>(0.0);
+    for (var j = 0u; j < {per_lane}u; j = j + 1u) {{
+      let i = t_lane + j * {lanes}u;
+      {test}{{
+        let kv = k[kw + i];
+        let qv = q[kw + i];
+        acc = acc + vec3<f32>(sv[j] * kv, kv * kv, qv * qv);
+      }}
+    }}
+{total("acc", "ks")}    let ikv = {ik};
+    let iqv = {iq};
+    let a = exp(g[t * {hv}u + h]);
+    let dl = beta[t * {hv}u + h] * (v[(t * {hv}u + h) * {dv}u + vr] - a * ks.x * ikv);
+    let dk_ = dl * ikv;
+    var acc2 = vec3<f32>(0.0);
+    for (var j = 0u; j < {per_lane}u; j = j + 1u) {{
+      let i = t_lane + j * {lanes}u;
+      {test}{{
+        sv[j] = a * sv[j] + dk_ * k[kw + i];
+        acc2.x = acc2.x + sv[j] * q[kw + i];
+      }}
+    }}
+{total("acc2", "os")}    if (ok && t_lane == 0u) {{
+      y[(t * {hv}u + h) * {dv}u + vr] = os.x * iqv * {_lit(scale)};
+    }}{store}
+  }}
+  if (ok) {{
+    for (var j = 0u; j < {per_lane}u; j = j + 1u) {{
+      let i = t_lane + j * {lanes}u;
+      {test}{{ st[row * {dk}u + i] = sv[j]; }}
+    }}
+  }}{tail}}}
+"""
+    n_in = 2 * tokens * hk * dk + tokens * hv * dv + 2 * tokens * hv
+    traffic = 4 * (2 * rows * dk + n_in + tokens * rows + capsule_floats(hv, hk, dk, dv, capacity)
+                   + (2 if capacity else 0))
+    return Kernel("gdn_capture", src, bindings, (gx, gy, 1), traffic)
+
+
+def replay(hv: int, hk: int, dk: int, dv: int, capacity: int, wg: int = WG) -> Kernel:
+    """GatedDeltaNetStateReplay for one geometry: each state element (h, v, i) replayed
+    over the first ``kept`` capsule transitions (per-head decay, key head h * Hk // Hv).
+
+    Bindings: the source backing, the capsule backing (read), the metadata as 11 u32 words
+    (ORT's int64 fields, each < 2³²; ``META_FIELDS``), the destination backing (rw). The
+    geometry is compiled in; the offsets and ``kept_count`` are read at run time (the
+    caller checks ``1 <= kept <= capacity`` as ORT does: the kernel clamps to capacity)."""
+    if min(hv, hk, dk, dv, capacity) < 1 or capacity > MAX_CAPACITY:
+        raise ValueError(f"replay: Hv {hv}, Hk {hk}, Dk {dk}, Dv {dv}, capacity {capacity}")
+    n = hv * dv * dk
+    gx, gy, _ = grid(n, wg)
+    src = (decl(0, "src", "f32", "read") + decl(1, "cap", "f32", "read")
+           + decl(2, "md", "u32", "read") + decl(3, "dst", "f32", "rw"))
+    src += main_1d(gx, wg)
+    src += f"""  if (i >= {n}u) {{ return; }}
+  let h = i / {dv * dk}u;
+  let vr = (i / {dk}u) % {dv}u;
+  let e = i % {dk}u;
+  let hq = h * {hk}u / {hv}u;
+  let kept = min(md[10], {capacity}u);
+  var s = src[md[0] + i];
+  for (var t = 0u; t < kept; t = t + 1u) {{
+    let a = cap[md[2] + t * {hv}u + h];
+    let kk = cap[md[3] + (t * {hk}u + hq) * {dk}u + e];
+    let dl = cap[md[4] + (t * {hv}u + h) * {dv}u + vr];
+    s = fma(kk, dl, s * a);
+  }}
+  dst[md[1] + i] = s;
+}}
+"""
+    traffic = 4 * (2 * n + capacity * (hv + hk * dk + hv * dv) + 11)
+    return Kernel("gdn_replay", src, ["read", "read", "read", "rw"], (gx, gy, 1), traffic)
