@@ -345,3 +345,110 @@ def test_replay_equals_m_accepted_tokens(device, hybrid_draft, m):
     assert max_err(got, s_ort[0]) <= 2e-5 * scale
     if m == 4:  # all accepted: the replay is the verify pass's own final state
         assert max_err(got, final) <= 2e-5 * scale
+
+
+# ---------------------------------------------------------------- the converter's WebNN ops
+
+@pytest.fixture(scope="module")
+def context():
+    from backends.webnn import ml
+
+    ctx = ml.create_context(state_support=True)
+    yield ctx
+    ctx.destroy()
+
+
+_CONVERTED: dict[bytes, object] = {}
+
+
+def converted_run(context, model: bytes, feeds: dict) -> dict[str, np.ndarray]:
+    """Convert the ONNX model to a WebNN graph (once per model: the count and the active
+    flag are inputs of one graph), dispatch once, read every output."""
+    import onnx
+
+    from backends.webnn.onnx_converter import convert
+
+    if model not in _CONVERTED:
+        _CONVERTED[model] = convert(onnx.load_from_string(model), context)
+    cg = _CONVERTED[model]
+    ins, outs = {}, {}
+    for name, d in cg.inputs.items():
+        ins[name] = context.create_tensor(data_type=d.data_type, shape=list(d.shape), writable=True)
+        context.write_tensor(ins[name], feeds[name])
+    for name, d in cg.outputs.items():
+        outs[name] = context.create_tensor(data_type=d.data_type, shape=list(d.shape), readable=True)
+    context.dispatch(cg.graph, ins, outs)
+    return {n: np.asarray(context.read_tensor(t)).reshape(cg.outputs[n].shape) for n, t in outs.items()}
+
+
+@pytest.mark.parametrize("count", [0, 3, 7])
+def test_converted_capacity_7_zero_partial_full(context, count):
+    """The converted graph (standard WebNN ops) against ORT: 8 tokens, capacity 7."""
+    hk, hv, dk, dv, cap, t = 2, 4, 16, 8, 7, 8
+    x = inputs(t, hk, hv, dk, dv)
+    x["capture_count"] = np.array([count], np.int32)
+    model = gdn_model(t, hk, hv, dk, dv, cap)
+    y, s, c = ort_run(model, x)
+    got = converted_run(context, model, x)
+    check_request((got["output"], got["final_state"][0], got["state_update"][0]),
+                  (y, s[0], c[0]), count, (hk, hv, dk, dv, cap), 2e-5)
+
+
+def test_converted_inactive_and_qwen_gates(context):
+    """softplus gates and sigmoid beta (a_log, dt_bias), float16 inputs, the capture off."""
+    hk, hv, dk, dv, cap, t = 2, 6, 32, 16, 4, 3
+    x = inputs(t, hk, hv, dk, dv, f16=True)
+    x["decay"] = RNG.standard_normal((t, hv)).astype(np.float16)
+    x["beta"] = RNG.standard_normal((t, hv)).astype(np.float16)
+    x["a_log"] = RNG.uniform(-1, 0.5, hv).astype(np.float32)
+    x["dt_bias"] = RNG.uniform(-1, 1, hv).astype(np.float32)
+    x["capture_count"] = np.array([2], np.int32)
+    for active in (0, 1):
+        x["state_update_active"] = np.array([active], np.int32)
+        model = gdn_model(t, hk, hv, dk, dv, cap, f16=True, active=True, softplus=True)
+        y, s, c = ort_run(model, x)
+        got = converted_run(context, model, x)
+        errs = check_request((got["output"], got["final_state"][0], got["state_update"][0]),
+                             (y, s[0], c[0]), 2 * active, (hk, hv, dk, dv, cap), 2e-3)
+        assert errs["state"] <= 2e-5, errs
+
+
+def test_converter_refuses_ragged_packing(context):
+    import onnx
+
+    from backends.webnn.onnx_converter import ConversionError, convert
+
+    with pytest.raises(ConversionError, match="cu_seqlens"):
+        convert(onnx.load_from_string(gdn_model(6, 1, 2, 8, 4, 4, ragged=2)), context)
+
+
+def replay_model_const(sizes: tuple[int, int, int], md: np.ndarray) -> bytes:
+    f = TensorProto.FLOAT
+    node = helper.make_node("GatedDeltaNetStateReplay", ["src", "cap", "dst", "md"], ["out"],
+                            domain="com.microsoft")
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph([node], "replay", [vi("src", f, [sizes[0]]), vi("cap", f, [sizes[1]]),
+                                                 vi("dst", f, [sizes[2]])],
+                              [vi("out", f, [sizes[2]])],
+                              [helper.make_tensor("md", TensorProto.INT64, [11], md.tolist())])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 10
+    return model.SerializeToString()
+
+
+@pytest.mark.parametrize("kept", [1, 3])
+def test_converted_replay(context, kept):
+    """The converted replay against float64 NumPy (uneven heads, offsets in every backing,
+    the destination's other elements kept)."""
+    hv, dv, dk, hk, cap = 5, 3, 6, 3, 4
+    n, row = hv * dv * dk, GC.capsule_floats(hv, hk, dk, dv, cap)
+    src = RNG.standard_normal(n + 4).astype(np.float32)
+    capb = RNG.uniform(0.5, 1.0, row + 2).astype(np.float32)
+    dst = RNG.standard_normal(n + 9).astype(np.float32)
+    md = np.array([4, 2, 2, 2 + cap * hv, 2 + cap * (hv + hk * dk), hv, dv, dk, hk, cap, kept])
+    got = converted_run(context, replay_model_const((n + 4, row + 2, n + 9), md),
+                        {"src": src, "cap": capb, "dst": dst})["out"]
+    want = replay64(src[4:4 + n], capb[2:], hv, hk, dk, dv, cap, kept)
+    np.testing.assert_allclose(got[2:2 + n].reshape(hv, dv, dk), want, rtol=2e-5, atol=1e-5)
+    assert np.array_equal(got[:2], dst[:2]) and np.array_equal(got[2 + n:], dst[2 + n:])
