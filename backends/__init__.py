@@ -4,7 +4,7 @@ import importlib
 
 #: modules that register backends; a missing optional dependency only marks its backends
 #: unavailable (each backend's `available()` says why), so importing here must not fail.
-BACKEND_MODULES = ("backends.ort", "backends.pages")
+BACKEND_MODULES = ("backends.ort", "backends.pages", "backends.genai")
 
 
 def load_all() -> None:

@@ -115,6 +115,12 @@ class Backend(ABC):
         return None
 
     @classmethod
+    def preset_refusal(cls) -> str:
+        """Why it cannot run statebench's presets, before any worker ("" where it can; a
+        backend of models only, such as onnxruntime-genai's loop, says why not)."""
+        return ""
+
+    @classmethod
     def model_refusal(cls, proto: object, hand_pairs: dict[str, str] | None = None) -> str:
         """Why it cannot run the model ``proto`` (an ``onnx.ModelProto``) as given, before
         any worker ("" where it may try: a backend that cannot build it says so in
@@ -185,7 +191,8 @@ _REGISTRY: dict[str, type[Backend]] = {}
 #: the traits the harness asks of a backend class, each a bool
 TRAITS = ("hidden_state", "uses_wgpu_adapter", "on_cpu", "host_cache", "runs_models")
 #: what must be a classmethod of a registered backend
-CLASS_METHODS = ("available", "runs_on", "create", "options_type", "model_refusal")
+CLASS_METHODS = ("available", "runs_on", "create", "options_type", "model_refusal",
+                 "preset_refusal")
 
 
 def check_complete(cls: type[Backend]) -> None:

@@ -33,6 +33,7 @@ def _d(types: type | tuple[type, ...], meaning: str, writer: str, retired: str =
 
 _WORKER, _RUNNER, _REPEATS = "harness/worker.py", "harness/runner.py", "harness/repeats.py"
 _PAGES, _ORT, _BASELINE = "backends/pages.py", "backends/ort.py", "harness/commands/baseline.py"
+_GENAI = "backends/genai.py"
 
 DETAILS: dict[str, Detail] = {
     # the worker: how the timed steps ran
@@ -77,10 +78,10 @@ DETAILS: dict[str, Detail] = {
     "fixed_capacity": _d(dict, "per cache pair of a user's model: how its growing cache was "
                          "fixed at the capacity (backends/webnn/fixed_capacity.py)", _PAGES),
     # ONNX Runtime
-    "provider": _d(str, "the execution provider the session runs on", _ORT),
+    "provider": _d(str, "the execution provider the session runs on", f"{_ORT}, {_GENAI}"),
     "flavour": _d(str, "the exported graph's flavour (ort, standard)", _ORT),
     "mode": _d(str, "how the cache is carried between steps (copy, iobinding, shared, ...)", _ORT),
-    "model": _d(str, "the .onnx file the session runs", _ORT),
+    "model": _d(str, "the .onnx file the session runs", f"{_ORT}, {_GENAI}"),
     "host_cache": _d(bool, "the cache lives on the host between steps (a stateless mode)", _ORT),
     "kernel_bytes_base": _d(int, "bytes the graph's kernels move a step at depth 0", _ORT),
     "kernel_bytes_per_token": _d(int, "bytes they move per token of depth", _ORT),
@@ -95,6 +96,11 @@ DETAILS: dict[str, Detail] = {
                       _ORT),
     "logits_read_reason": _d(str, "why copy_tensors was not used", _ORT),
     "graph_capture": _d(dict, "the EP options a captured graph ran with", _ORT),
+    # onnxruntime-genai's loop
+    "genai": _d(dict, "onnxruntime-genai's loop as the export configures it {provider, "
+                "provider_options, graph_capture, past_present_share_buffer, model_type, version} "
+                "and how many warm-up and timed steps were its own greedy pick (greedy_steps) or "
+                "a token fed (forced_steps)", _GENAI),
     # retired
     "warm_clock_steps": _d(int, "steps stepped in bursts to warm the clock before the timed "
                            "ones", _WORKER, retired="6d7dec3 (heated_s took its place)"),

@@ -302,6 +302,9 @@ class PresetSource(WorkloadSource):
         cfg = self.config
         return {"preset": self.name, "dtype": cfg.dtype, "config": cfg.describe()}
 
+    def refusal(self, cls: type[Backend]) -> str:
+        return cls.preset_refusal()
+
     def floor(self, point: Point, calibration: dict) -> tuple[float | None, str]:
         return metrics.floor_ms(point.backend, self.config, point.weights_bytes, point.context,
                                 point.capacity, calibration, point.details)
