@@ -5,6 +5,8 @@ Pure functions over arrays, configs and `Point`s; nothing here measures or print
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from harness.bandwidth import WGPU_BOUNDS, checked_gbps
@@ -118,20 +120,96 @@ def mismatch_reason(got: list[np.ndarray], ref: np.ndarray, tol: float = FLOAT32
             f"(tolerance {tol:.1e}) at step {s}, vocab index {i}{argmax}")
 
 
-def full_cache_bytes(cfg: ModelConfig, capacity: int) -> int:
+@dataclass(frozen=True)
+class StateBytes:
+    """A workload's state as the floor and the cache cells count it (DESIGN §7), whatever
+    wrote the workload: a preset's cache specs (`of_config`) or a model file's pairs at
+    their pinned shapes (``harness.model_bytes``). ``rows``: each append pair's bytes per
+    row (one token); ``whole``: each overwrite pair's bytes (a recurrent state, a conv
+    window); ``new_rows``: rows an append pair gains a step; ``logits``: bytes of the
+    logits a step reads back; ``feeds`` + ``feeds_per_row`` × capacity: bytes of the other
+    inputs a page writes a step (a model's ``attention_mask`` is capacity + 1 long; a
+    preset's ids are not told apart: 0)."""
+
+    rows: tuple[int, ...]
+    whole: tuple[int, ...]
+    logits: int
+    new_rows: int = 1
+    feeds: int = 0
+    feeds_per_row: int = 0
+
+    @classmethod
+    def of_config(cls, cfg: ModelConfig) -> StateBytes:
+        specs = cache_specs(cfg, 1)  # capacity 1: an append spec is one row
+        return cls(tuple(s.nbytes for s in specs if s.kind == "append"),
+                   tuple(s.nbytes for s in specs if s.kind != "append"),
+                   cfg.vocab * LOGITS_ITEMSIZE)
+
+    def full(self, capacity: int) -> int:
+        """Every state tensor at ``capacity`` rows: what a stateless page moves each way."""
+        return sum(self.rows) * capacity + sum(self.whole)
+
+    def valid(self, depth: int) -> int:
+        """What a step at ``depth`` must read: the valid rows and every whole state."""
+        return sum(self.rows) * depth + sum(self.whole)
+
+    @property
+    def written(self) -> int:
+        """What a step must write: its new rows and every whole state."""
+        return sum(self.rows) * self.new_rows + sum(self.whole)
+
+    def appended(self, rows: int) -> int:
+        """The append pairs at ``rows`` rows: a present a graph writes out whole."""
+        return sum(self.rows) * rows
+
+    def fed(self, capacity: int) -> int:
+        """The inputs other than the state a step writes at ``capacity``."""
+        return self.feeds + self.feeds_per_row * capacity
+
+    def link_cache(self, h2d: float, d2h: float, capacity: int) -> tuple[float, float]:
+        """The cache bytes of a step's host-link traffic, up and down: the counted bytes less
+        the other inputs and the logits; what is left below the state one step writes is
+        not cache (ids, a status word)."""
+        up, down = h2d - self.fed(capacity), d2h - self.logits
+        return (up if up >= self.written else 0.0), (down if down >= self.written else 0.0)
+
+    def to_dict(self) -> dict:
+        return {"row_bytes": list(self.rows), "whole_bytes": list(self.whole),
+                "logits_bytes": self.logits, "new_rows": self.new_rows,
+                "feeds_bytes": self.feeds, "feeds_bytes_per_row": self.feeds_per_row}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> StateBytes:
+        return cls(tuple(int(x) for x in d["row_bytes"]), tuple(int(x) for x in d["whole_bytes"]),
+                   int(d["logits_bytes"]), int(d.get("new_rows", 1)), int(d.get("feeds_bytes", 0)),
+                   int(d.get("feeds_bytes_per_row", 0)))
+
+
+#: a logits element as a preset's backends return it
+LOGITS_ITEMSIZE = 4
+
+
+def state_bytes(state: ModelConfig | StateBytes) -> StateBytes:
+    """``state`` as `StateBytes` (a preset's config is made one)."""
+    return state if isinstance(state, StateBytes) else StateBytes.of_config(state)
+
+
+def full_cache_bytes(cfg: ModelConfig | StateBytes, capacity: int) -> int:
     """Bytes of every cache tensor at capacity: what a stateless page uploads and downloads."""
-    return sum(s.nbytes for s in cache_specs(cfg, capacity))
+    return state_bytes(cfg).full(capacity)
 
 
-def written_state_bytes(cfg: ModelConfig) -> int:
+def written_state_bytes(cfg: ModelConfig | StateBytes) -> int:
     """Bytes a step must write into the state: one new K and V row per attention layer,
     the whole recurrent state per GDN layer."""
-    return sum(s.nbytes for s in cache_specs(cfg, 1))  # capacity 1: an append spec is one row
+    return state_bytes(cfg).written
 
 
-def floor_bytes(cfg: ModelConfig, weights_bytes: int, depth: int) -> int:
+def floor_bytes(cfg: ModelConfig | StateBytes, weights_bytes: int, depth: int) -> int:
     """The fewest bytes a step at `depth` must move on the device (DESIGN §7)."""
-    return weights_bytes + valid_cache_bytes(cfg, depth) + written_state_bytes(cfg)
+    if isinstance(cfg, ModelConfig):
+        return weights_bytes + valid_cache_bytes(cfg, depth) + written_state_bytes(cfg)
+    return weights_bytes + cfg.valid(depth) + cfg.written
 
 
 def _registered(backend: str) -> type | None:
@@ -162,7 +240,7 @@ def _gbps(cal: dict, name: str) -> float | None:
     return float(v) if isinstance(v, (int, float)) and np.isfinite(v) and v > 0 else None
 
 
-def floor_ms(backend: str, cfg: ModelConfig, weights_bytes: int, depth: int, capacity: int,
+def floor_ms(backend: str, cfg: ModelConfig | StateBytes, weights_bytes: int, depth: int, capacity: int,
              calibration: dict, details: dict | None = None) -> tuple[float | None, str]:
     """(floor in ms, "") or (None, why not) from the calibrated bandwidths (GB/s = bytes/ns)."""
     host = calibration.get("host") or {}

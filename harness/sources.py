@@ -25,7 +25,7 @@ from typing import ClassVar
 import numpy as np
 
 from backends.base import Backend
-from harness import memory, metrics
+from harness import memory, metrics, model_bytes
 from harness.model_run import REFERENCE, REFERENCE_BACKEND, ModelFile, UserModel, reference_graph
 from harness.results import Point
 from model.errors import UserError
@@ -35,9 +35,8 @@ from model.workload import ModelConfig, Workload, preset, token_stream, valid_ca
 #: presets above this many parameters get a float32 reference (float64 would need 2× the memory)
 FLOAT64_REFERENCE_MAX_PARAMS = 200_000_000
 PREFILL_CHUNK = 256
-#: why a point of a model statebench did not write has no floor
-NO_MODEL_FLOOR = ("no floor for a model statebench did not write (the bytes a step must move "
-                  "are modelled for presets only)")
+#: why a point of a model statebench did not write has no floor: its state's bytes unknown
+NO_MODEL_FLOOR = "no floor: the bytes of the model's state are not known"
 
 
 # -- the reference, walked up the contexts ---------------------------------------------------
@@ -335,8 +334,9 @@ class PresetSource(WorkloadSource):
 @dataclass
 class ModelSource(WorkloadSource):
     """A model statebench did not write (``harness.model_run``): its own graph, ORT's CPU EP
-    as the reference, no floor. The runner's holds the loaded ``UserModel`` (`load`); a
-    worker's is the path and the figures the runner measured of it (`from_wire`)."""
+    as the reference, the floor and cache figures from its pairs' pinned shapes and its
+    initializers (``harness.model_bytes``). The runner's holds the loaded ``UserModel``
+    (`load`); a worker's is the path and the figures the runner measured of it (`from_wire`)."""
 
     kind: ClassVar[str] = "model"
     reference_name: ClassVar[str] = "the reference (ORT's CPU EP)"
@@ -346,6 +346,10 @@ class ModelSource(WorkloadSource):
     #: the model's files' bytes and its logits tolerance, as the runner found them
     size: int = 0
     model_tolerance: float = metrics.FLOAT32_TOLERANCE
+    #: the weights' bytes a step reads, and the state's bytes (None: why not, in state_reason)
+    weights: int = 0
+    state: metrics.StateBytes | None = None
+    state_reason: str = ""
     user: UserModel | None = field(default=None, repr=False, compare=False)
 
     @classmethod
@@ -354,7 +358,9 @@ class ModelSource(WorkloadSource):
         """The model at ``model`` checked and read (``UserModel.load``: a bad path, file or
         pair is a `UserError`)."""
         user = UserModel.load(model, hand_pairs)
-        return cls(user.path, dict(hand_pairs or {}), seed, user.size, user.tolerance, user)
+        state, why = model_state(user)
+        return cls(user.path, dict(hand_pairs or {}), seed, user.size, user.tolerance,
+                   model_bytes.weights_bytes(user.proto).total, state, why, user)
 
     @property
     def model_path(self) -> Path:
@@ -385,20 +391,32 @@ class ModelSource(WorkloadSource):
         return self.size
 
     def describe(self, capacity: int) -> dict:
-        return {"model": self.loaded.describe(capacity), "dtype": "float32"}
+        return {"model": {**self.loaded.describe(capacity), "bytes": self.bytes_record()},
+                "dtype": "float32"}
+
+    def bytes_record(self) -> dict:
+        """workload.model.bytes: the state per step (``StateBytes.to_dict``) or why it is
+        not known, and the weights a step reads (``model_bytes.weights_bytes``)."""
+        w = model_bytes.weights_bytes(self.loaded.proto)
+        state = self.state.to_dict() if self.state else {"reason": self.state_reason}
+        return {"state": state, "weights_bytes": w.total, "weights_stored_bytes": w.stored,
+                "gathered": list(w.gathered)}
 
     def refusal(self, cls: type[Backend]) -> str:
         return self.loaded.refusal(cls)
 
     def floor(self, point: Point, calibration: dict) -> tuple[float | None, str]:
-        return None, NO_MODEL_FLOOR
+        if self.state is None:
+            return None, f"{NO_MODEL_FLOOR} ({self.state_reason})"
+        return metrics.floor_ms(point.backend, self.state, point.weights_bytes, point.context,
+                                point.capacity, calibration, point.details)
 
     def cache_bytes(self, context: int, cache: dict[str, np.ndarray]) -> int:
         return sum(a.nbytes for a in cache.values())  # each cache's valid rows
 
     @property
     def weights_bytes(self) -> int:
-        return self.size
+        return self.weights
 
     @property
     def tolerance(self) -> float:
@@ -410,12 +428,27 @@ class ModelSource(WorkloadSource):
 
     def to_wire(self) -> dict:
         return {"kind": self.kind, "model": str(self.path), "pairs": self.pairs,
-                "seed": self.seed, "model_bytes": self.size, "tolerance": self.model_tolerance}
+                "seed": self.seed, "model_bytes": self.size, "tolerance": self.model_tolerance,
+                "weights_bytes": self.weights,
+                "state": self.state.to_dict() if self.state else None,
+                "state_reason": self.state_reason}
 
     @classmethod
     def from_wire(cls, d: dict) -> ModelSource:
+        state = d.get("state")
         return cls(Path(d["model"]), dict(d.get("pairs") or {}), int(d.get("seed", 0)),
-                   int(d["model_bytes"]), float(d.get("tolerance") or metrics.FLOAT32_TOLERANCE))
+                   int(d["model_bytes"]), float(d.get("tolerance") or metrics.FLOAT32_TOLERANCE),
+                   int(d.get("weights_bytes") or 0),
+                   metrics.StateBytes.from_dict(state) if state else None,
+                   str(d.get("state_reason") or ""))
+
+
+def model_state(user: UserModel) -> tuple[metrics.StateBytes | None, str]:
+    """The model's state bytes (``model_bytes.state_bytes``), or None and why not."""
+    try:
+        return model_bytes.state_bytes(user.proto, user.pairs), ""
+    except model_bytes.StateUnknown as exc:
+        return None, str(exc)
 
 
 def from_wire(d: dict) -> WorkloadSource:

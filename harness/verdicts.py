@@ -22,10 +22,7 @@ from dataclasses import dataclass
 
 from harness import metrics, stats
 from harness.results import Point, Results
-from model.workload import ModelConfig, cache_specs
-
-#: a logits element as every backend returns it
-LOGITS_ITEMSIZE = 4
+from model.workload import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -43,11 +40,12 @@ class CacheTraffic:
         return self.link + self.copied
 
 
-def model_config(results: Results) -> ModelConfig | None:
-    """The run's model, from the file's workload.config (None where it is not readable)."""
+def model_config(results: Results) -> ModelConfig | metrics.StateBytes | None:
+    """The run's model, from the file's workload.config, or a model run's state bytes
+    (None where neither is readable)."""
     d = results.workload.get("config")
     if not isinstance(d, dict):
-        return None
+        return model_state(results)
     names = {f.name for f in dataclasses.fields(ModelConfig)}
     try:
         kw = {k: v for k, v in d.items() if k in names}
@@ -63,19 +61,24 @@ def in_place(p: Point) -> bool:
     return isinstance(pairs, dict) and bool(pairs) and all(pairs.values())
 
 
-def cache_traffic(p: Point, cfg: ModelConfig | None) -> CacheTraffic | None:
+def cache_traffic(p: Point, cfg: ModelConfig | metrics.StateBytes | None) -> CacheTraffic | None:
     if cfg is None or not p.measured or p.bytes_per_step is None:
         return None
-    b = p.bytes_per_step
-    row = metrics.written_state_bytes(cfg)
-    up = b["h2d"] if b["h2d"] >= row else 0.0
-    down = b["d2h"] - cfg.vocab * LOGITS_ITEMSIZE
-    down = down if down >= row else 0.0
+    b, state = p.bytes_per_step, metrics.state_bytes(cfg)
+    up, down = state.link_cache(b["h2d"], b["d2h"], p.capacity)
     if in_place(p):
-        return CacheTraffic(up + down, b["d2d"], float(row))
+        return CacheTraffic(up + down, b["d2d"], float(state.written))
     rows = p.context if p.details.get("flavour") == "standard" else p.capacity
-    present = sum(s.nbytes for s in cache_specs(cfg, max(rows, 1)) if s.kind == "append")
-    return CacheTraffic(up + down, b["d2d"] + present, 0.0)
+    return CacheTraffic(up + down, b["d2d"] + state.appended(max(rows, 1)), 0.0)
+
+
+def model_state(results: Results) -> metrics.StateBytes | None:
+    """A model run's state bytes, from workload.model.bytes (harness/sources.py)."""
+    d = (results.workload.get("model") or {}).get("bytes", {}).get("state")
+    try:
+        return metrics.StateBytes.from_dict(d)
+    except (TypeError, KeyError, ValueError):  # an older file, or a state not known
+        return None
 
 
 def interval_of(p: Point) -> stats.Interval | None:
