@@ -1,0 +1,129 @@
+"""Full-size real exports for the GPU box (issue 30 item 1): a randomly initialised Hugging Face
+model with a published configuration, exported by onnxruntime-genai's builder, offline.
+
+    python scripts/real_export.py --model llama-3.2-1b --work /tmp/real \
+        --export nograph:int4:webgpu --export graph:int4:webgpu:enable_webgpu_graph=true
+
+writes WORK/src/MODEL (config.json, safetensors, a tokenizer) once and each export to
+WORK/MODEL-NAME/ (model.onnx, model.onnx.data, genai_config.json, ...); an export whose
+genai_config.json is already there is kept. Needs torch, transformers, onnx, onnx_ir and
+onnxruntime-genai (its builder); no network: the builder insists on a tokenizer
+(`AutoTokenizer.from_pretrained` on the source folder), so a word-level one over t0..t{V-1}
+is written beside the weights. The configurations are written here, not downloaded; the
+weights are drawn from a fixed seed, so two runs export the same model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SEED = 0
+#: Llama-3.2-1B's published configuration (its config.json), weights left to the seed
+LLAMA_3_2_1B = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+    "vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 8192,
+    "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "head_dim": 64, "hidden_act": "silu", "rms_norm_eps": 1e-5, "tie_word_embeddings": True,
+    "max_position_embeddings": 131072, "rope_theta": 500000.0,
+    "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+    "attention_bias": False, "mlp_bias": False, "initializer_range": 0.02,
+    "bos_token_id": 128000, "eos_token_id": 128001, "torch_dtype": "bfloat16",
+}
+#: the same architecture at test size (the script's own test on a CPU: llama3 rope kept)
+LLAMA_TINY = {**LLAMA_3_2_1B, "vocab_size": 1000, "hidden_size": 64, "intermediate_size": 176,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "head_dim": 16, "max_position_embeddings": 4096, "bos_token_id": 1,
+              "eos_token_id": 2,
+              "rope_scaling": {**LLAMA_3_2_1B["rope_scaling"],
+                               "original_max_position_embeddings": 256}}
+MODELS = {"llama-3.2-1b": LLAMA_3_2_1B, "llama-tiny": LLAMA_TINY}
+
+
+def log(msg: str) -> None:
+    print(f"[real_export {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def write_tokenizer(vocab: int, bos: int, eos: int, folder: Path) -> None:
+    """A word-level tokenizer over t0..t{vocab-1} (the builder loads one; nothing reads its
+    words)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel(vocab={f"t{i}": i for i in range(vocab)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", pad_token="t0",
+                                   bos_token=f"t{bos}", eos_token=f"t{eos}")
+    fast.save_pretrained(folder)
+
+
+def source_model(name: str, work: Path) -> Path:
+    """The randomly initialised model ``name`` saved under WORK/src/NAME (once)."""
+    import torch
+    import transformers
+
+    folder = work / "src" / name
+    if (folder / "config.json").is_file() and list(folder.glob("*.safetensors")):
+        log(f"source {folder} already there")
+        return folder
+    spec = dict(MODELS[name])
+    dtype = getattr(torch, spec.pop("torch_dtype"))
+    config = transformers.LlamaConfig(**spec)
+    torch.manual_seed(SEED)
+    t0 = time.time()
+    with torch.device("cpu"):
+        model = transformers.LlamaForCausalLM(config).to(dtype).eval()
+    log(f"built {name}: {sum(p.numel() for p in model.parameters()) / 1e9:.3f} B parameters "
+        f"({time.time() - t0:.0f} s)")
+    model.save_pretrained(folder, safe_serialization=True)
+    write_tokenizer(config.vocab_size, config.bos_token_id, config.eos_token_id, folder)
+    log(f"saved {folder} ({time.time() - t0:.0f} s)")
+    return folder
+
+
+def export(src: Path, out: Path, precision: str, ep: str, extra: list[str], cache: Path) -> None:
+    """onnxruntime-genai's builder on ``src`` into ``out`` (skipped where it is there)."""
+    if (out / "genai_config.json").is_file() and (out / "model.onnx").is_file():
+        log(f"export {out} already there")
+        return
+    cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(src),
+           "-o", str(out), "-p", precision, "-e", ep, "-c", str(cache)]
+    if extra:
+        cmd += ["--extra_options", *extra]
+    log("+ " + " ".join(cmd))
+    t0 = time.time()
+    subprocess.run(cmd, check=True)
+    size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
+    log(f"exported {out} in {time.time() - t0:.0f} s ({size / 1e6:.0f} MB)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", choices=sorted(MODELS), default="llama-3.2-1b")
+    p.add_argument("--work", type=Path, required=True)
+    p.add_argument("--export", action="append", default=[],
+                   help="NAME:PRECISION:EP[:KEY=VALUE,...] (builder -p, -e, --extra_options)")
+    args = p.parse_args(argv)
+    args.work.mkdir(parents=True, exist_ok=True)
+    src = source_model(args.model, args.work)
+    for spec in args.export:
+        parts = spec.split(":")
+        if len(parts) not in (3, 4):
+            p.error(f"--export {spec!r}: NAME:PRECISION:EP[:KEY=VALUE,...]")
+        name, precision, ep = parts[:3]
+        extra = parts[3].split(",") if len(parts) == 4 and parts[3] else []
+        export(src, args.work / f"{args.model}-{name}", precision, ep, extra,
+               args.work / "builder-cache")
+    manifest = {"model": args.model, "seed": SEED, "config": MODELS[args.model],
+                "exports": args.export}
+    (args.work / f"{args.model}.json").write_text(json.dumps(manifest, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
