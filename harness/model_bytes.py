@@ -164,14 +164,28 @@ def feeds_bytes(model: onnx.ModelProto, pairs: Sequence, dims: dict[str, int]) -
     return total
 
 
-def logits_bytes(model: onnx.ModelProto, pairs: Sequence, dims: dict[str, int]) -> int:
-    """Bytes of one step's logits: the output named ``logits``, else the one output that is
-    no pair's present, at its pinned shape."""
+def logits_output(model: onnx.ModelProto, pairs: Sequence) -> onnx.ValueInfoProto:
+    """The output named ``logits``, else the one output that is no pair's present."""
     presents = {p.output for p in pairs}
     outs = [o for o in model.graph.output if o.name not in presents]
     out = next((o for o in outs if o.name == "logits"), outs[0] if len(outs) == 1 else None)
     if out is None:
         raise StateUnknown(f"no logits output among {', '.join(o.name for o in outs) or 'none'}")
+    return out
+
+
+def logits_dtype(model: onnx.ModelProto, pairs: Sequence) -> str:
+    """The logits' data type (the results' workload dtype: a q4f16 export's is float16)."""
+    try:
+        elem = logits_output(model, pairs).type.tensor_type.elem_type
+        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem)).name
+    except (StateUnknown, KeyError, TypeError, ValueError):
+        return "float32"
+
+
+def logits_bytes(model: onnx.ModelProto, pairs: Sequence, dims: dict[str, int]) -> int:
+    """Bytes of one step's logits (``logits_output``) at its pinned shape."""
+    out = logits_output(model, pairs)
     n = _itemsize(out.type.tensor_type.elem_type)
     for d in _declared(out):
         v = _number(d, dims)

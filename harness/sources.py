@@ -391,8 +391,9 @@ class ModelSource(WorkloadSource):
         return self.size
 
     def describe(self, capacity: int) -> dict:
-        return {"model": {**self.loaded.describe(capacity), "bytes": self.bytes_record()},
-                "dtype": "float32"}
+        user = self.loaded
+        return {"model": {**user.describe(capacity), "bytes": self.bytes_record()},
+                "dtype": model_bytes.logits_dtype(user.proto, user.pairs)}
 
     def bytes_record(self) -> dict:
         """workload.model.bytes: the state per step (``StateBytes.to_dict``) or why it is
