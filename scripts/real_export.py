@@ -102,13 +102,49 @@ def export(src: Path, out: Path, precision: str, ep: str, extra: list[str], cach
     log(f"exported {out} in {time.time() - t0:.0f} s ({size / 1e6:.0f} MB)")
 
 
+def summary_lines(path: Path) -> list[str]:
+    """One line a point of the results file ``path``: median step (and GPU) time, the
+    match, and genai's loop where it ran (graph capture, its own greedy steps)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        return [f"{path.name}: not readable ({exc})"]
+    points = data.get("points", []) if isinstance(data, dict) else []  # a manifest: none
+    lines = []
+    for pt in points:
+        head = f"{path.stem:>16} {pt['backend']:<20} d{pt['context']:<6}"
+        if pt["status"] != "ok":
+            lines.append(f"{head} {pt['status']}: {(pt.get('reason') or '')[:110]}")
+            continue
+        gpu = (pt.get("gpu_ms") or {}).get("median")
+        match = pt.get("match") or {}
+        cell = f"{pt['step_ms']['median']:8.3f} ms" + (f" (GPU {gpu:.3f})" if gpu else "")
+        cell += f"  match {'ok' if match.get('ok') else 'NO'} {match.get('max_rel', 0):.1e}"
+        loop = (pt.get("details") or {}).get("genai")
+        if loop:
+            greedy, forced = loop.get("greedy_steps", 0), loop.get("forced_steps", 0)
+            cell += (f"  capture {'on' if loop.get('graph_capture') else 'off'}, greedy "
+                     f"{greedy}/{greedy + forced}")
+        lines.append(f"{head} {cell}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=sorted(MODELS), default="llama-3.2-1b")
-    p.add_argument("--work", type=Path, required=True)
+    p.add_argument("--work", type=Path)
     p.add_argument("--export", action="append", default=[],
                    help="NAME:PRECISION:EP[:KEY=VALUE,...] (builder -p, -e, --extra_options)")
+    p.add_argument("--summary", nargs="*", type=Path,
+                   help="print one line a point of these results files, and nothing else")
     args = p.parse_args(argv)
+    if args.summary is not None:
+        for f in args.summary:
+            if f.is_file() and (lines := summary_lines(f)):
+                print("\n".join(lines))
+        return 0
+    if args.work is None:
+        p.error("--work is required")
     args.work.mkdir(parents=True, exist_ok=True)
     src = source_model(args.model, args.work)
     for spec in args.export:

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Full-size real exports measured on the GPU box (issue 30 items 1 and 4), in one call:
+#
+#   STATEBENCH_GPU_TARBALL=$OUT/real.tgz scripts/gpu_real_exports.sh /tmp/real-out
+#
+# 1. builds a randomly initialised Llama-3.2-1B (its published configuration, written in
+#    scripts/real_export.py; seed 0) and exports it with onnxruntime-genai's builder twice,
+#    `-p int4 -e webgpu` (q4f16) without and with `--extra_options enable_webgpu_graph=true`
+#    (graph capture), offline, into $STATEBENCH_REAL_WORK (default /tmp/statebench-real;
+#    kept, so a second call on the same warm machine skips what is built);
+# 2. at each context, ascending: the `llama-1b+q4f16` preset on wgpu:stateful, then each
+#    export on wgpu:stateful, ort-webgpu:* and ort-genai:webgpu (`statebench run --model`),
+#    --steps 32 --repeat 2 --warmup 2, one results file per run in OUTDIR;
+# 3. packs OUTDIR into $STATEBENCH_GPU_TARBALL after every run, and prints a short summary
+#    last (one line a point).
+# Every run gets what is left of $STATEBENCH_GPU_BUDGET_S (default 540 s from the start; a run
+# stopped at the limit keeps its points, SIGTERM); runs that no longer fit are named as
+# skipped. A run that finished leaves NAME.json.done: a second call with the same OUTDIR
+# runs only the rest. Needs, besides what scripts/gpu_env.sh installs, torch, transformers,
+# onnx_ir and the onnxruntime-genai wheel (cp312) in .whl/:
+# EXTRA_WHEELS="wgpudawn==0.32.0.4 onnxruntime-genai==0.18.0" ../shared/gpu/prepare.sh
+set -uo pipefail
+out=${1:?usage: scripts/gpu_real_exports.sh OUTDIR}
+start=$(date +%s)
+budget=${STATEBENCH_GPU_BUDGET_S:-540}
+cd "$(dirname "$0")/.."
+. scripts/gpu_env.sh
+if ! "$py" -c "import onnxruntime_genai" 2>/dev/null && ls .whl/onnxruntime_genai-*.whl >/dev/null 2>&1; then
+  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/onnxruntime_genai-*.whl
+  export PYTHONPATH=/tmp/site:$PWD
+fi
+mkdir -p "$out"
+work=${STATEBENCH_REAL_WORK:-/tmp/statebench-real}
+model=${STATEBENCH_REAL_MODEL:-llama-3.2-1b}
+ep=${STATEBENCH_REAL_EP:-webgpu}
+backends=${STATEBENCH_REAL_BACKENDS:-'wgpu:stateful,ort-webgpu:*,ort-genai:webgpu'}
+preset=${STATEBENCH_REAL_PRESET:-llama-1b+q4f16}
+contexts=${STATEBENCH_GPU_CONTEXTS:-512,8192}
+sweep=(--steps "${STATEBENCH_GPU_STEPS:-32}" --repeat "${STATEBENCH_GPU_REPEAT:-2}" --warmup 2)
+[ "${STATEBENCH_GPU_CALIBRATE:-1}" = 0 ] && sweep+=(--no-calibrate)
+left() { echo $((budget - ($(date +%s) - start))); }
+pack() { if [ -n "${STATEBENCH_GPU_TARBALL:-}" ]; then tar czf "$STATEBENCH_GPU_TARBALL" -C "$out" .; fi; }
+say() { echo "[gpu_real_exports $(date +%H:%M:%S) +$(($(date +%s) - start))s] $*" | tee -a "$out/log.txt"; }
+if command -v nvidia-smi > /dev/null; then
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,utilization.gpu \
+    --format=csv -lms 250 > "$out/nvidia-smi.csv" 2>&1 &
+  smi=$!
+  trap 'kill $smi 2> /dev/null || true' EXIT
+fi
+missing=$("$py" -c "
+import importlib.util as u
+print(' '.join(m for m in ('torch', 'transformers', 'tokenizers', 'onnx', 'onnx_ir', 'tqdm',
+                           'onnxruntime', 'onnxruntime_genai', 'onnxruntime_ep_webgpu', 'wgpu')
+               if u.find_spec(m) is None))")
+[ -n "$missing" ] && say "missing Python modules: $missing (the builder or a backend will fail)"
+"$py" -m harness.cli backends > "$out/backends.txt" 2>&1
+grep -E "ort-genai|ort-webgpu:shared|wgpu:stateful" "$out/backends.txt" | tee -a "$out/log.txt"
+
+say "building and exporting $model ($ep, int4) into $work"
+timeout -s TERM "$(left)" "$py" scripts/real_export.py --model "$model" --work "$work" \
+  --export "nograph:int4:$ep" --export "graph:int4:$ep:enable_webgpu_graph=true" \
+  > "$out/export.log" 2>&1 || say "real_export.py exited $? (tail of export.log follows)"
+grep -v "matmul_nbits_quantizer" "$out/export.log" | tail -n 8 | tee -a "$out/log.txt"
+cp "$work/$model.json" "$out/" 2>/dev/null
+for x in nograph graph; do cp "$work/$model-$x/genai_config.json" "$out/genai_config-$x.json" 2>/dev/null; done
+pack
+
+# one run: NAME, then statebench run's own arguments (the context is the loop's)
+run() {
+  local name=$1 f="$out/$1.json" t
+  shift
+  if [ -f "$f.done" ]; then say "$name: done in an earlier call, kept"; return; fi
+  t=$(left)
+  if [ "$t" -lt 45 ]; then say "$name: skipped, ${t}s of the budget left"; return; fi
+  say "$name: statebench run $* (limit $((t - 10))s)"
+  timeout -s TERM $((t - 10)) "$py" -m harness.cli run "$@" "${sweep[@]}" --out "$f" --force \
+    > "$out/$name.log" 2>&1
+  local rc=$?
+  if [ $rc = 0 ]; then touch "$f.done"; else say "$name: exited $rc (log: $name.log)"; fi
+  pack
+}
+for ctx in ${contexts//,/ }; do
+  run "preset-d$ctx" --preset "$preset" --backends wgpu:stateful --contexts "$ctx"
+  for x in nograph graph; do
+    m="$work/$model-$x/model.onnx"
+    if [ -f "$m" ]; then
+      run "$x-d$ctx" --model "$m" --backends "$backends" --contexts "$ctx"
+    else
+      say "$x-d$ctx: no export at $m"
+    fi
+  done
+done
+say "done"
+"$py" scripts/real_export.py --summary "$out"/*.json | tee "$out/summary.txt"
+pack
