@@ -93,6 +93,13 @@ class _WebNN:
         return ""
 
 
+def pair_record(p) -> dict:
+    """A pair as `inspect` and the results list it: names, kind, axis, the rows it gains a
+    step (``new``: a number or the new-token dim's symbol, K) and the rule that matched."""
+    return {"input": p.input, "output": p.output, "kind": p.kind, "axis": p.axis,
+            "new": p.new, "how": p.how}
+
+
 def _verdict(why_not: str) -> dict:
     return {"runs": not why_not, "why_not": why_not}
 
@@ -105,9 +112,9 @@ def inspect_model(model: str | os.PathLike, capacity: int = 256,
     proto = load_model(path)
     inits = {t.name for t in proto.graph.initializer}
     try:  # a growing cache's own axis is its past, whatever its symbol is called
-        grown = {p.input: p.axis for p in list_kv_pairs(proto, pairs) if p.kind == "append"}
+        grown = list_kv_pairs(proto, pairs)
     except ConversionError:
-        grown = {}
+        grown = []
     dims = default_dims(proto, capacity, grown)
     report: dict = {
         "model": str(path),
@@ -123,8 +130,7 @@ def inspect_model(model: str | os.PathLike, capacity: int = 256,
         if str(exc).startswith("--pairs"):
             raise UserError(str(exc)) from None
         found, pairs_error = [], str(exc)
-    report["pairs"] = [{"input": p.input, "output": p.output, "kind": p.kind, "axis": p.axis}
-                       for p in found]
+    report["pairs"] = [pair_record(p) for p in found]
     report["naming_rules"] = list(dict.fromkeys(p.rule for p in found))
     report["pairs_error"] = pairs_error
     if backends:

@@ -70,7 +70,65 @@ SOURCES: dict[str, dict] = {
             tie_word_embeddings=False, image_token_id=990, video_token_id=991,
             vision_start_token_id=992, vision_end_token_id=993),
     },
+    # other seeds and sizes, for the pairing rules (a committed multi-token decode; the rest
+    # made into a held-out set with --out): widths no other source has, eight-wide heads
+    "llama-small": {
+        "prompt": [17, 401, 5, 423, 64],
+        "seed": 2027,
+        "family": "llama",
+        "architecture": "LlamaForCausalLM",
+        "config": dict(initializer_range=0.1, vocab_size=500, hidden_size=32,
+                       intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                       max_position_embeddings=128, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                       bos_token_id=1, eos_token_id=2, pad_token_id=0),
+    },
+    "llama-wide": {
+        "prompt": [17, 401, 5, 112, 64],
+        "seed": 99,
+        "family": "llama",
+        "architecture": "LlamaForCausalLM",
+        "config": dict(initializer_range=0.1, vocab_size=811, hidden_size=96,
+                       intermediate_size=160, num_hidden_layers=3,
+                       num_attention_heads=6, num_key_value_heads=3, head_dim=16,
+                       max_position_embeddings=192, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                       bos_token_id=1, eos_token_id=2, pad_token_id=0),
+    },
+    "qwen35-small": {
+        "prompt": [17, 401, 5, 310, 64],
+        "seed": 5150,
+        "family": "qwen35",
+        "architecture": "Qwen3_5ForConditionalGeneration",
+        "config": dict(
+            text_config=dict(
+                initializer_range=0.1, vocab_size=613, hidden_size=32, intermediate_size=96,
+                num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=1, head_dim=16,
+                layer_types=["linear_attention", "full_attention"],
+                linear_conv_kernel_dim=3, linear_key_head_dim=8, linear_value_head_dim=8,
+                linear_num_key_heads=2, linear_num_value_heads=6,
+                max_position_embeddings=128, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                                     partial_rotary_factor=0.25, mrope_section=[1, 1, 0],
+                                     mrope_interleaved=True),
+                bos_token_id=1, eos_token_id=2, pad_token_id=0),
+            vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                               out_hidden_size=32, num_position_embeddings=16, patch_size=4,
+                               temporal_patch_size=2, spatial_merge_size=2),
+            tie_word_embeddings=False, image_token_id=606, video_token_id=607,
+            vision_start_token_id=608, vision_end_token_id=609),
+    },
 }
+
+
+def prompt_for(name: str) -> list[int]:
+    """The fixed prompt, its ids inside the source's vocabulary."""
+    return SOURCES[name].get("prompt", PROMPT)
+
+
+def family(name: str) -> str:
+    """The source's architecture family ("llama" or "qwen35")."""
+    return SOURCES[name].get("family", name)
 
 
 def _run(cmd: list[str], cwd: Path | None = None) -> None:
@@ -123,7 +181,7 @@ def source_model(name: str, work: Path):
     cls = getattr(transformers, spec["architecture"])
     if not (folder / "config.json").is_file():
         cfg_cls = transformers.AutoConfig.for_model(
-            "llama" if name == "llama" else "qwen3_5").__class__
+            "llama" if family(name) == "llama" else "qwen3_5").__class__
         config = cfg_cls(**spec["config"], architectures=[spec["architecture"]])
         torch.manual_seed(spec["seed"])
         model = cls(config).float().eval()
@@ -267,22 +325,25 @@ def text_only(model):
 
 
 def export_transformers(name: str, model, out: Path, tokens: list[int],
-                        multimodal: bool = False) -> Path:
+                        multimodal: bool = False, multi_token: bool = False) -> Path:
     """decode.onnx of ``export_for_generation``: of the text decoder, or (``multimodal``) of
     the whole ConditionalGeneration model, whose decode takes position_ids [4, 1, 1] (a text
-    row and the three rotary sections); that export takes minutes longer."""
+    row and the three rotary sections); that export takes minutes longer. ``multi_token``:
+    ``multi_token_decode=True``, a decode of any number of new tokens (input_ids [1, s70],
+    the caches [.., s53, ..] -> [.., s53 + s70, ..]: what a K-token verify runs)."""
     import torch
     from transformers.exporters.exporter_onnx import OnnxConfig, OnnxExporter
 
     if not multimodal:
         model = text_only(model)
-        if greedy(model, PROMPT, NEW_TOKENS)[0] != tokens:
+        if greedy(model, prompt_for(name), NEW_TOKENS)[0] != tokens:
             raise SystemExit(f"{name}: the text-only model does not give the source's tokens")
     if out.exists():
         shutil.rmtree(out)
-    ids = torch.tensor([PROMPT])
+    ids = torch.tensor([prompt_for(name)])
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    exported = OnnxExporter().export_for_generation(model, inputs, OnnxConfig(dynamic=True))
+    exported = OnnxExporter().export_for_generation(model, inputs, OnnxConfig(dynamic=True),
+                                                    multi_token_decode=multi_token)
     exported.save_pretrained(out)
     for f in out.iterdir():
         if f.name not in ("decode.onnx", "decode.onnx.data"):
@@ -299,11 +360,12 @@ def _entry(name: str, exporter: str, pkg: str, model_name: str, file: Path, conf
         "exporter": exporter,
         "exporter_version": version(pkg),
         "transformers_version": version("transformers"),
-        "source": {"model": model_name, "architecture": SOURCES[model_name]["architecture"],
+        "source": {"model": family(model_name), "variant": model_name,
+                   "architecture": SOURCES[model_name]["architecture"],
                    "seed": SOURCES[model_name]["seed"], "config": config},
         "path": str(file.relative_to(MODELS)),
         "size_bytes": sum(f.stat().st_size for f in (file if file.is_dir() else file.parent).iterdir()),
-        "prompt": PROMPT,
+        "prompt": prompt_for(model_name),
         "greedy_tokens": tokens,
         "pairs": _pairs(file / "model.onnx" if file.is_dir() else file),
     }
@@ -325,8 +387,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--exporters", default="genai,transformers",
                     help="comma list of genai, genai-int4, genai-q4f16, transformers, transformers-mm "
-                    "(Qwen3.5's whole ConditionalGeneration model), optimum")
-    ap.add_argument("--models", default="llama,qwen35")
+                    "(Qwen3.5's whole ConditionalGeneration model), transformers-mtd "
+                    "(multi_token_decode=True), optimum")
+    ap.add_argument("--models", default="llama,qwen35", help=f"comma list of {', '.join(SOURCES)}")
     ap.add_argument("--work", type=Path, default=Path("/tmp/statebench-test-models"))
     ap.add_argument("--out", type=Path, default=MODELS,
                     help="where the exports and manifest.json go (a held-out set: elsewhere)")
@@ -341,7 +404,7 @@ def main() -> int:
         except (AttributeError, ImportError, ValueError) as exc:  # this venv's transformers lacks it
             failures.append(f"{model_name}: no source model here ({exc})")
             continue
-        tokens, gap = greedy(model, PROMPT, NEW_TOKENS)
+        tokens, gap = greedy(model, prompt_for(model_name), NEW_TOKENS)
         config = json.loads((src / "config.json").read_text())
         print(f"{model_name}: greedy {tokens}, smallest gap {gap:.4f}", flush=True)
         for exporter in args.exporters.split(","):
@@ -365,8 +428,14 @@ def main() -> int:
                     file = export_optimum(model_name, src, MODELS / name, args.work)
                     entries.append(_entry(name, "optimum-cli export onnx", "optimum-onnx",
                                           model_name, file, config, tokens))
+                elif exporter == "transformers-mtd":
+                    file = export_transformers(model_name, model, MODELS / name, tokens,
+                                               multi_token=True)
+                    entries.append(_entry(name, "transformers OnnxExporter "
+                                          "(multi_token_decode=True)", "transformers", model_name,
+                                          file, config, tokens))
                 elif exporter == "transformers-mm":
-                    if model_name != "qwen35":
+                    if family(model_name) != "qwen35":
                         continue  # only the hybrid's source is a multimodal model
                     file = export_transformers(model_name, model, MODELS / name, tokens,
                                                multimodal=True)

@@ -96,8 +96,10 @@ def scheme_model(scheme: str, key_major: bool = True) -> onnx.ModelProto:
 def expected(scheme: str, path: str, capacity: int, adapter: bool) -> dict:
     (pk, ok_, pv, ov), (past, total), states = SCHEMES[scheme]
     kv_in = {"type": "float", "shape": ["batch_size", H, past, DH]}
-    pairs = [{"input": pk, "output": ok_, "kind": "append", "axis": 2},
-             {"input": pv, "output": ov, "kind": "append", "axis": 2}]
+    grows = (f"past+new on axis 2 ({total}: past + one new token (by name))" if "total" in total
+             else f"past+new on axis 2 ({total}, new = 1 row)")
+    pairs = [{"input": pk, "output": ok_, "kind": "append", "axis": 2, "new": 1, "how": grows},
+             {"input": pv, "output": ov, "kind": "append", "axis": 2, "new": 1, "how": grows}]
     ins = [{"name": "x", "type": "float", "shape": ["batch_size", 1, D]},
            {"name": pk, **kv_in}, {"name": pv, **kv_in}]
     outs_kv = [{"name": ok_, "type": "float", "shape": ["batch_size", H, total, DH]},
@@ -109,7 +111,7 @@ def expected(scheme: str, path: str, capacity: int, adapter: bool) -> dict:
             ins.append({"name": states[kind][0], "type": "float", "shape": shape})
             outs_state.append({"name": states[kind][1], "type": "float", "shape": shape})
             pairs.append({"input": states[kind][0], "output": states[kind][1], "kind": "overwrite",
-                          "axis": None})
+                          "axis": None, "new": None, "how": "same shape: overwrite"})
     dims = {"batch_size": {"value": 1, "how": "batch 1"},
             past: {"value": capacity, "how": "past = capacity"},
             total: {"value": capacity + 1,
@@ -236,7 +238,7 @@ def test_a_cache_like_input_without_a_rule_is_named_and_hand_pairs_fix_it():
 def test_a_pair_differing_on_two_axes_is_refused():
     model = scheme_model("optimum")
     model.graph.output[1].type.tensor_type.shape.dim[1].dim_value = H + 1
-    with pytest.raises(ConversionError, match="differ only by one row along one axis"):
+    with pytest.raises(ConversionError, match="differ on axes 1, 2"):
         list_kv_pairs(model)
 
 

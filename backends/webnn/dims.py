@@ -1,28 +1,38 @@
 """Symbolic dimensions of an exported decoder pinned to numbers, so WebNN (static shapes
-only) can build it: batch 1, one new token, the past at a capacity, the total one more.
+only) can build it: batch 1, K new tokens (a decode step pins K = 1), the past at a
+capacity, the total ``capacity + K``.
 
 Real exporters name their dynamic dimensions (``batch_size``, ``sequence_length``,
 ``past_sequence_length``, ``total_sequence_length``), write numbers as strings (``"16"``)
-and expressions (``past_sequence_length + 1``); each is resolved from its name here. A
-name that says nothing (torch.export's ``s53``) is resolved from how the graph uses it
-(``_from_graph``); genai's ``kv_cache_dim`` names every layer's head size alike, so it is
-resolved per past (``past_head_sizes``); one no rule knows is left symbolic, for the
-converter to name.
+and expressions (``past_sequence_length + 1``, torch.export's ``s53 + s70``); expressions
+are parsed (``linear``), never matched as strings. A name that says nothing (torch.export's
+``s53``, ``s70``) is resolved from how the graph uses it: the second axis of ``input_ids``
+or ``position_ids`` is the new tokens' count (``new_token_dims``), a growing cache's axis is
+the past (the pairs of ``list_kv_pairs``), an output's ``X + new`` makes ``X`` a past, a
+conv window's width is its Conv's kernel (``_from_graph``); genai's ``kv_cache_dim`` names
+every layer's head size alike, so it is resolved per past (``past_head_sizes``); one no rule
+knows is left symbolic, for the converter to name. Each pinned dim says which rule gave it.
 """
 
 from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
 
-#: the name of the new tokens' count (one per decode step)
+#: the name of the new tokens' count (K per step; a decode step pins K = 1)
 NEW_TOKENS = re.compile(r"^(sequence_length|seq_len|sequence|seq|seqlen|query_length|"
-                         r"input_sequence_length|num_tokens|tokens)$", re.IGNORECASE)
+                         r"input_sequence_length|num_tokens|tokens|new_tokens)$", re.IGNORECASE)
+#: the new tokens a decode step feeds (K): later K-token verify graphs pin another K
+DECODE_TOKENS = 1
+#: inputs whose last axis counts the new tokens (input_ids [B, K]; position_ids [B, K] or
+#: Qwen's [3, B, K])
+NEW_TOKEN_INPUTS = ("input_ids", "position_ids")
+_NAME = re.compile(r"[A-Za-z_]\w*")
 
 
 @dataclass(frozen=True)
@@ -44,18 +54,85 @@ def symbols(model: onnx.ModelProto) -> list[str]:
     return list(out)
 
 
-def _by_name(name: str, capacity: int) -> PinnedDim | None:
+def linear(expr: str) -> tuple[dict[str, int], int] | None:
+    """``expr`` as a sum of integer multiples of symbols plus a constant (``"s53 + s70"`` ->
+    ({s53: 1, s70: 1}, 0), ``"16"`` -> ({}, 16), ``"past + 1"`` -> ({past: 1}, 1)); None for
+    anything else (a product of symbols, a division, not an expression)."""
+    try:
+        tree = ast.parse(expr.strip(), mode="eval").body
+    except SyntaxError:
+        return None
+
+    def walk(n: ast.AST) -> tuple[dict[str, int], int] | None:
+        if isinstance(n, ast.Constant) and isinstance(n.value, int) and not isinstance(n.value, bool):
+            return {}, n.value
+        if isinstance(n, ast.Name):
+            return {n.id: 1}, 0
+        if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub):
+            inner = walk(n.operand)
+            return None if inner is None else ({k: -v for k, v in inner[0].items()}, -inner[1])
+        if isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Add, ast.Sub, ast.Mult)):
+            a, b = walk(n.left), walk(n.right)
+            if a is None or b is None:
+                return None
+            if isinstance(n.op, ast.Mult):  # only a number times a form stays linear
+                (fa, ca), (fb, cb) = (a, b) if not a[0] else (b, a)
+                if fa:
+                    return None
+                return {k: ca * v for k, v in fb.items()}, ca * cb
+            sign = 1 if isinstance(n.op, ast.Add) else -1
+            coefs = dict(a[0])
+            for k, v in b[0].items():
+                coefs[k] = coefs.get(k, 0) + sign * v
+            return {k: v for k, v in coefs.items() if v}, a[1] + sign * b[1]
+        return None
+
+    return walk(tree)
+
+
+def new_token_dims(model: onnx.ModelProto) -> dict[int | str, str]:
+    """The new tokens' count as the graph writes it -> where it was read: the last axis of
+    ``input_ids`` / ``position_ids`` (a symbol such as ``s70`` or ``sequence_length``, or a
+    number), and any symbol whose name says so (``NEW_TOKENS``)."""
+    out: dict[int | str, str] = {}
+    inputs = {i.name: i for i in model.graph.input}
+    for name in NEW_TOKEN_INPUTS:
+        dims = inputs[name].type.tensor_type.shape.dim if name in inputs else []
+        if len(dims) >= 2:
+            d = dims[-1]
+            v = int(d.dim_value) if d.HasField("dim_value") else d.dim_param.strip()
+            if isinstance(v, str) and v.isdigit():
+                v = int(v)
+            if v != "":
+                out.setdefault(v, f"{name}[{len(dims) - 1}]")
+    for s in symbols(model):
+        if NEW_TOKENS.match(s):
+            out.setdefault(s, "its name")
+    return out
+
+
+def batch_dims(model: onnx.ModelProto) -> dict[str, str]:
+    """The batch as the graph writes it -> where it was read: the axis before the new
+    tokens' of ``input_ids`` / ``position_ids`` (``[B, K]``, Qwen's ``[3, B, K]``), where
+    it is a symbol (torch.export's ``s1``)."""
+    out: dict[str, str] = {}
+    inputs = {i.name: i for i in model.graph.input}
+    for name in NEW_TOKEN_INPUTS:
+        dims = inputs[name].type.tensor_type.shape.dim if name in inputs else []
+        if len(dims) >= 2 and _NAME.fullmatch(d := dims[-2].dim_param.strip()):
+            out.setdefault(d, f"{name}[{len(dims) - 2}]")
+    return out
+
+
+def _by_name(name: str, capacity: int, k: int) -> PinnedDim | None:
+    """What a symbol's own name says (batch, past, the total, the new tokens)."""
     low = name.lower()
-    if name.strip().isdigit():
-        return PinnedDim(int(name), "a number")
     if "batch" in low:
         return PinnedDim(1, "batch 1")
-    if "total" in low:
-        return PinnedDim(capacity + 1, "past + 1 new token")
     if ("past" in low or "cache" in low) and "dim" not in low:  # not genai's kv_cache_dim
         return PinnedDim(capacity, "past = capacity")
     if NEW_TOKENS.match(name):
-        return PinnedDim(1, "one new token")
+        return PinnedDim(k, f"new tokens K = {k} (by name)")
     return None
 
 
@@ -82,50 +159,113 @@ def _evaluate(expr: str, known: Mapping[str, int]) -> int | None:
     return ev(tree)
 
 
-def default_dims(model: onnx.ModelProto, capacity: int,
-                 grown: Mapping[str, int] | None = None) -> dict[str, PinnedDim]:
-    """symbol -> its value for a decode step at ``capacity`` past rows; symbols no rule
-    knows are absent. ``grown``: cache input -> the axis it grows on (``list_kv_pairs``'s
-    append pairs): a symbol there is the past whatever its name (transformers' ``s53``)."""
+def _pairs_of(model: onnx.ModelProto, pairs) -> list:
+    """The caller's pairs, else those the names give (none where the names give an error)."""
+    if pairs is not None:
+        return list(pairs)
+    from .onnx_converter import ConversionError, list_kv_pairs  # the converter imports this module
+
+    try:
+        return list_kv_pairs(model)
+    except ConversionError:
+        return []
+
+
+def default_dims(model: onnx.ModelProto, capacity: int, pairs: Sequence | None = None,
+                 new_tokens: int = DECODE_TOKENS) -> dict[str, PinnedDim]:
+    """symbol -> its value for a step of ``new_tokens`` (K) new tokens at ``capacity`` past
+    rows; symbols no rule knows are absent. ``pairs``: ``list_kv_pairs``' pairs (found from
+    the names where not given): a growing cache's past axis is the past whatever its symbol
+    is called (transformers' ``s53``), its present's the past plus its new rows."""
+    k = new_tokens
     names = symbols(model)
+    forms = {s: linear(s) for s in names}
     out: dict[str, PinnedDim] = {}
+    for s, form in forms.items():
+        if form is not None and not form[0] and form[1] > 0:
+            out[s] = PinnedDim(form[1], "a number")
+    for v, where in new_token_dims(model).items():
+        if isinstance(v, str) and v in forms and v not in out and _NAME.fullmatch(v):
+            out[v] = PinnedDim(k, f"new tokens K = {k} ({where})")
     for s in names:
-        if re.fullmatch(r"[A-Za-z_]\w*|\s*\d+\s*", s):
-            pinned = _by_name(s, capacity)
-            if pinned is not None:
-                out[s] = pinned
+        if s not in out and _NAME.fullmatch(s) and (pinned := _by_name(s, capacity, k)):
+            out[s] = pinned
+    for s in names:
+        if s not in out and "total" in s.lower() and _NAME.fullmatch(s):
+            out[s] = PinnedDim(capacity + k, f"past + {k} new token{'s' * (k > 1)}")
+    for b, where in batch_dims(model).items():
+        if b not in out:
+            out[b] = PinnedDim(1, f"batch 1 ({where})")
     inputs = {i.name: i for i in model.graph.input}
-    for name, axis in (grown or {}).items():
-        d = inputs[name].type.tensor_type.shape.dim[axis]
-        if d.dim_param not in out and re.fullmatch(r"[A-Za-z_]\w*", d.dim_param):
-            out[d.dim_param] = PinnedDim(capacity, "a growing cache's past = capacity")
-    for s, pinned in _from_graph(model, capacity).items():
+    outputs = {o.name: o for o in model.graph.output}
+    for p in _pairs_of(model, pairs):
+        if p.kind != "append" or p.input not in inputs:
+            continue
+        past = inputs[p.input].type.tensor_type.shape.dim[p.axis].dim_param
+        if _NAME.fullmatch(past.strip()) and past not in out:
+            out[past] = PinnedDim(capacity, f"past = capacity ({p.input} axis {p.axis} grows)")
+        present = outputs[p.output].type.tensor_type.shape.dim[p.axis].dim_param
+        rows = _rows(getattr(p, "new", None), out, k)
+        if _NAME.fullmatch(present.strip()) and present not in out and rows is not None:
+            out[present] = PinnedDim(capacity + rows,
+                                     f"past + new = capacity + {rows} ({p.output} axis {p.axis})")
+    for s, pinned in _from_graph(model, capacity, out).items():
         out.setdefault(s, pinned)
     for s in names:
         if s not in out:
-            v = _evaluate(s, {k: p.value for k, p in out.items()})
+            v = _evaluate(s, {x: p.value for x, p in out.items()})
             if v is not None and v > 0:
                 out[s] = PinnedDim(v, "expression")
     if any(s not in out for s in names):
-        out.update(_attention_widths(model, {k: p.value for k, p in out.items()}, names))
+        out.update(_attention_widths(model, {x: p.value for x, p in out.items()}, names))
     return out
 
 
-def _from_graph(model: onnx.ModelProto, capacity: int) -> dict[str, PinnedDim]:
+def _rows(new: int | str | None, known: Mapping[str, PinnedDim], k: int) -> int | None:
+    """A pair's new rows per step as a number: a number as it is, the new-token symbol as
+    pinned (K), unknown (None: the pair named no new-token dim) as K."""
+    if isinstance(new, int):
+        return new
+    if new is None:
+        return k
+    return known[new].value if new in known else None
+
+
+def rows_per_step(pair, dims: Mapping[str, int]) -> int | None:
+    """The rows an append pair gains a step with ``dims`` pinned (K for the new-token dim);
+    None for an overwrite pair or a new-token dim not pinned."""
+    if pair.kind != "append":
+        return None
+    new = getattr(pair, "new", None)
+    if isinstance(new, int):
+        return new
+    return dims.get(new) if new is not None else DECODE_TOKENS
+
+
+def _from_graph(model: onnx.ModelProto, capacity: int,
+                known: Mapping[str, PinnedDim]) -> dict[str, PinnedDim]:
     """Symbols whose names say nothing, resolved from the graph's structure:
 
-    - ``s + 1`` or ``s + <new tokens>`` written for an output: ``s`` is a past length (the
-      capacity); torch.export names it ``s53``;
+    - an output's axis written ``X + c`` or ``X + new`` (``new`` a pinned new-token symbol,
+      ``c`` a number; parsed, ``linear``): ``X`` is a past length (the capacity); torch.export
+      names it ``s53`` (``s53 + 1``, ``s53 + s70``);
     - the last axis of an input concatenated on that axis into a Conv's input (a causal-conv
       window, transformers' ``[B, conv_dim, s84]``): the Conv's kernel width.
     """
     g = model.graph
     out: dict[str, PinnedDim] = {}
+    news = {v for v, w in new_token_dims(model).items() if isinstance(v, str)}
     for vi in g.output:
         for d in vi.type.tensor_type.shape.dim:
-            head, plus, tail = d.dim_param.replace(" ", "").partition("+")
-            if plus and re.fullmatch(r"[A-Za-z_]\w*", head) and (tail == "1" or NEW_TOKENS.match(tail)):
-                out.setdefault(head, PinnedDim(capacity, "past = capacity (grows by one)"))
+            form = linear(d.dim_param) if d.dim_param else None
+            if form is None:
+                continue
+            unknown = [x for x in form[0] if x not in known and x not in news]
+            rest = {x: c for x, c in form[0].items() if x not in unknown}
+            if len(unknown) == 1 and form[0][unknown[0]] == 1 and (rest or form[1] > 0) \
+                    and all(c == 1 for c in rest.values()):
+                out.setdefault(unknown[0], PinnedDim(
+                    capacity, f"past = capacity ({vi.name} is {d.dim_param.strip()}: past + new)"))
     inputs = {i.name: i for i in g.input}
     consumers: dict[str, list[onnx.NodeProto]] = {}
     for n in g.node:

@@ -65,17 +65,29 @@ def fixed_model(model: onnx.ModelProto, capacity: int,
     from .dims import default_dims, pin
     from .onnx_converter import list_kv_pairs
 
-    grown = {p.input: p.axis for p in list_kv_pairs(model, pairs) if p.kind == "append"}
-    dims = {k: d.value for k, d in default_dims(model, capacity, grown).items()}
+    found = list_kv_pairs(model, pairs)
+    dims = {k: d.value for k, d in default_dims(model, capacity, found).items()}
     pin(model, dims, copy=False)
-    return dims, make_fixed_capacity(model, list_kv_pairs(model, pairs))
+    return dims, make_fixed_capacity(model, found, dims)
 
 
-def make_fixed_capacity(model: onnx.ModelProto, pairs) -> list[Rewrite]:
-    """Rewrite ``model`` (pinned, in place) so every ``append`` pair of ``pairs`` has the
-    past's shape; one ``Rewrite`` per growing pair. Raises FixedCapacityError naming the
-    first pair that cannot be rewritten (nothing is changed then)."""
+def make_fixed_capacity(model: onnx.ModelProto, pairs,
+                        dims: Mapping[str, int] | None = None) -> list[Rewrite]:
+    """Rewrite ``model`` (pinned with ``dims``, in place) so every ``append`` pair of
+    ``pairs`` has the past's shape; one ``Rewrite`` per growing pair, its ``how`` led by the
+    pair's own rule. The rewrite writes one row a step: a pair that gains K != 1 rows with
+    these dims (a K-token verify graph) is refused, never taken for one. Raises
+    FixedCapacityError naming the first pair that cannot be rewritten (nothing is changed
+    then)."""
+    from .dims import rows_per_step
+
     g = model.graph
+    for p in pairs:
+        rows = rows_per_step(p, dims or {})
+        if p.kind == "append" and rows != 1:
+            raise FixedCapacityError(
+                f"{p.input!r} -> {p.output!r} gains {rows if rows is not None else 'unknown'} rows "
+                f"a step ({p.how or 'past+new'}): the fixed-capacity rewrite writes one (K = 1)")
     _split_attention(model, [p for p in pairs if p.kind == "append"])
     producer = {o: (n, k) for n in g.node for k, o in enumerate(n.output)}
     inputs = {i.name: i for i in g.input}
@@ -113,21 +125,26 @@ def make_fixed_capacity(model: onnx.ModelProto, pairs) -> list[Rewrite]:
     for p, kind, node in plans:
         _set_dims(outputs[p.output], _dims(inputs[p.input]))
         if kind == "gqa":
-            done.append(Rewrite(p.input, p.output, True,
-                                "GroupQueryAttention's shared buffer: new row written at seqlens_k"))
+            done.append(Rewrite(p.input, p.output, True, _led(p, (
+                "GroupQueryAttention's shared buffer: new row written at seqlens_k"))))
             continue
         if position is None:
             position = _position_from_mask(g) if by_mask else _position_from_ids(g)
         _write_at_position(g, p, node, _dims(inputs[p.input]), position)
-        done.append(Rewrite(p.input, p.output, True, (
+        done.append(Rewrite(p.input, p.output, True, _led(p, (
             f"Concat on axis {p.axis} -> ScatterND at the position (sum({MASK_INPUT}) - 1); "
             "attention reads the written cache, the model's mask drops the rest") if by_mask
             else (f"Concat on axis {p.axis} -> ScatterND at position_ids; attention reads the "
                   f"written cache, rows beyond the position masked before {len(softmaxes)} "
-                  "softmax(es)")))
+                  "softmax(es)"))))
     if softmaxes:
         _mask_softmaxes(g, softmaxes, position, lengths.pop())
     return done
+
+
+def _led(pair, how: str) -> str:
+    """What was done, after the rule that paired it (``CachePair.how``)."""
+    return f"{pair.how}: {how}" if getattr(pair, "how", "") else how
 
 
 def _split_attention(model: onnx.ModelProto, growing) -> None:

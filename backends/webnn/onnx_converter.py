@@ -35,7 +35,7 @@ from .convert_core import (
     handles,
     supported_ops,
 )
-from .dims import NEW_TOKENS, pin
+from .dims import linear, new_token_dims, pin
 from .dtypes import dtype, packed_bytes
 
 __all__ = ["HOST_DTYPES", "NAMING_RULES", "SUPPORTED_OPS", "CachePair", "ConversionError",
@@ -99,12 +99,17 @@ class ConvertedGraph:
 class CachePair(MLKVCachePair):
     """A pair found by ``list_kv_pairs``, with how the present relates to the past:
     ``kind`` "overwrite" (same shape: the present replaces the past) or "append" (the
-    present is one row longer along ``axis``: a growing cache); ``rule``: the naming rule
-    that matched (``NAMING_RULES``), or "hand" for a pair named by the caller."""
+    present is ``new`` rows longer along ``axis``: a growing cache); ``new``: those rows
+    per step, a number or the new-token dim's symbol (``s70``, ``sequence_length``: K,
+    pinned to 1 for decode, ``dims.rows_per_step``); ``rule``: the naming rule that matched
+    (``NAMING_RULES``), or "hand" for a pair named by the caller; ``how``: the shape rule
+    that matched, in words."""
 
     kind: str = "overwrite"
     axis: int | None = None
     rule: str = ""
+    new: int | str | None = None
+    how: str = ""
 
 
 def list_kv_pairs(model: onnx.ModelProto | str | os.PathLike,
@@ -118,7 +123,9 @@ def list_kv_pairs(model: onnx.ModelProto | str | os.PathLike,
     skipped. The output must have the input's type and either its shape ("overwrite") or
     its shape one row longer on one axis ("append").
     """
-    graph = _load(model, weights=False).graph
+    proto = _load(model, weights=False)
+    graph = proto.graph
+    news = new_token_dims(proto)
     inits = {t.name for t in graph.initializer}
     inputs = {i.name: i for i in graph.input if i.name not in inits}
     outputs = {o.name: o for o in graph.output}
@@ -148,8 +155,9 @@ def list_kv_pairs(model: onnx.ModelProto | str | os.PathLike,
         if out in taken:
             raise ConversionError(f"output {out!r} is paired with both {taken[out]!r} and {name!r}")
         taken[out] = name
-        kind, axis = _pair_kind(name, vi, out, outputs[out])
-        found.append(CachePair(input=name, output=out, kind=kind, axis=axis, rule=rule))
+        kind, axis, new, how = _pair_kind(name, vi, out, outputs[out], news)
+        found.append(CachePair(input=name, output=out, kind=kind, axis=axis, rule=rule, new=new,
+                               how=how))
     return found
 
 
@@ -168,24 +176,59 @@ def _dim(d) -> int | str | None:
     return d.dim_param or None
 
 
-def _grows_by_one(past: int | str | None, present: int | str | None) -> bool:
-    """Whether ``present`` is ``past`` plus one row: numbers, ``X + 1``, ``X + N`` for the
-    new tokens' symbol N (optimum's ``past_sequence_length + sequence_length``), a
-    ``total...`` symbol, or an unnamed dynamic dimension on either side."""
-    if isinstance(past, int) and isinstance(present, int):
-        return present == past + 1
-    if isinstance(past, int) or isinstance(present, int):
-        return False
-    if past is None or present is None:
+def _same(x: int | str | None, y: int | str | None) -> bool:
+    """Whether two dims are one: equal, or sums that parse to the same form (``s53+s70``
+    and ``s53 + s70``)."""
+    if x == y:
         return True
-    head, plus, tail = present.replace(" ", "").partition("+")
-    return (bool(plus) and head == past.replace(" ", "")
-            and (tail == "1" or bool(NEW_TOKENS.match(tail)))) or "total" in present.lower()
+    if isinstance(x, str) and isinstance(y, str):
+        fx = linear(x)
+        return fx is not None and fx == linear(y)
+    return False
 
 
-def _pair_kind(name: str, past: onnx.ValueInfoProto, out: str,
-               present: onnx.ValueInfoProto) -> tuple[str, int | None]:
-    """("overwrite", None) for same shapes, ("append", axis) for a present one row longer."""
+def _growth(past: int | str | None, present: int | str | None,
+            news: Mapping[int | str, str]) -> tuple[int | str, str] | None:
+    """(new rows, the rule in words) where ``present`` is ``past`` plus new rows, else None.
+    Sums are parsed (``dims.linear``), not matched as strings: ``present - past`` is a
+    positive number (``s53 + 1``, ``17`` after ``16``), or one new-token dim (``news``: the
+    last axis of input_ids/position_ids, or a name such as ``sequence_length``: ``s53 + s70``,
+    ``past_sequence_length + sequence_length``); a bare symbol of its own (genai's
+    ``total_sequence_length``) or an unnamed dim is past + the new-token dim (one row where
+    the graph names none and the symbol says ``total``)."""
+    new = next((v for v, w in news.items() if isinstance(v, str) and w != "its name"),
+               next(iter(news), None))
+    where = f"new = {news[new]}" if new is not None else "new = one row"
+    if past is None or present is None:
+        return new if new is not None else 1, f"an unnamed dim, {where}"
+    a = linear(str(past))
+    b = linear(str(present))
+    if a is None or b is None:
+        return None
+    diff = dict(b[0])
+    for k, v in a[0].items():
+        diff[k] = diff.get(k, 0) - v
+    diff = {k: v for k, v in diff.items() if v}
+    const = b[1] - a[1]
+    if not diff and const > 0:
+        return const, f"{present}, new = {const} row{'s' * (const > 1)}"
+    if const == 0 and len(diff) == 1 and next(iter(diff.values())) == 1:
+        (sym,) = diff
+        if sym in news:
+            return sym, f"{present}, new = {news[sym]}"
+    bare = b[1] == 0 and len(b[0]) == 1 and next(iter(b[0].values())) == 1
+    if bare and a[0] and not set(b[0]) & (set(a[0]) | set(news)):  # total_sequence_length
+        if new is not None:
+            return new, f"{present}, a symbol of its own: past + new, {where}"
+        if "total" in str(present).lower():
+            return 1, f"{present}: past + one new token (by name)"
+    return None
+
+
+def _pair_kind(name: str, past: onnx.ValueInfoProto, out: str, present: onnx.ValueInfoProto,
+               news: Mapping[int | str, str]) -> tuple[str, int | None, int | str | None, str]:
+    """(kind, axis, new rows, how): ("overwrite", None, None, ...) for same shapes,
+    ("append", axis, rows, ...) for a present that is the past plus new rows on one axis."""
     a, b = past.type.tensor_type, present.type.tensor_type
 
     def show(t) -> str:
@@ -195,13 +238,23 @@ def _pair_kind(name: str, past: onnx.ValueInfoProto, out: str,
     if a.elem_type != b.elem_type or len(a.shape.dim) != len(b.shape.dim):
         raise ConversionError(f"cache pair {name!r} -> {out!r}: {show(a)} vs {show(b)}")
     differ = [k for k, (x, y) in enumerate(zip(a.shape.dim, b.shape.dim, strict=True))
-              if _dim(x) != _dim(y)]
+              if not _same(_dim(x), _dim(y))]
     if not differ:
-        return "overwrite", None
-    if len(differ) == 1 and _grows_by_one(_dim(a.shape.dim[differ[0]]), _dim(b.shape.dim[differ[0]])):
-        return "append", differ[0]
-    raise ConversionError(f"cache pair {name!r} -> {out!r}: {show(a)} vs {show(b)} (a pair may "
-                          "differ only by one row along one axis)")
+        return "overwrite", None, None, "same shape: overwrite"
+    said = ", ".join(f"{v} ({w})" for v, w in news.items()) or "none: no input_ids/position_ids"
+    if len(differ) > 1:
+        raise ConversionError(
+            f"cache pair {name!r} -> {out!r}: {show(a)} vs {show(b)} differ on axes "
+            f"{', '.join(map(str, differ))} (a pair may differ on one axis only)")
+    axis = differ[0]
+    x, y = _dim(a.shape.dim[axis]), _dim(b.shape.dim[axis])
+    grows = _growth(x, y, news)
+    if grows is None:
+        raise ConversionError(
+            f"cache pair {name!r} -> {out!r}: {show(a)} vs {show(b)}: axis {axis} goes from "
+            f"{x} to {y}, not the past plus a number of rows or plus the new-token dim "
+            f"(new-token dims: {said})")
+    return "append", axis, grows[0], f"past+new on axis {axis} ({grows[1]})"
 
 
 # --------------------------------------------------------------------------------------------
