@@ -31,7 +31,7 @@ from backends.base import Backend
 from backends.webnn.dims import default_dims
 from backends.webnn.onnx_converter import CachePair, ConversionError, list_kv_pairs
 from harness.metrics import FLOAT32_TOLERANCE, float16_tolerance
-from harness.model_info import load_model, model_file
+from harness.model_info import load_model, model_file, pair_record
 from model.errors import UserError
 
 #: what the results record as the reference of a model sweep
@@ -174,11 +174,10 @@ class UserModel:
             "path": str(self.path), "size": self.size, "sha256": sha256(self.path),
             "external_data": [{"file": f.name, "size": f.stat().st_size, "sha256": sha256(f)}
                               for f in self.files[1:]],
-            "pairs": [{"input": p.input, "output": p.output, "kind": p.kind, "axis": p.axis}
-                      for p in self.pairs],
+            "pairs": [pair_record(p) for p in self.pairs],
             "hand_pairs": self.hand_pairs,
             "dims": {k: {"value": d.value, "how": d.how}
-                     for k, d in default_dims(self.proto, capacity).items()},
+                     for k, d in default_dims(self.proto, capacity, self.pairs).items()},
             "reference": REFERENCE,
             "reference_graph": reference_changes(self),
             "tolerance": self.tolerance,

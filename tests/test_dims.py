@@ -320,3 +320,26 @@ def test_each_real_exports_appends_grow_by_its_input_ids_axis(name):
         assert rows_per_step(p, dims) == 1 and p.how.startswith(f"past+new on axis {p.axis}")
     if isinstance(axis, str) and not axis.isdigit():
         assert dims[axis] == 1
+
+
+MTD_EXPORTS = [m for m in MANIFEST if "multi_token_decode=True" in m["exporter"]]
+
+
+@pytest.mark.parametrize("name", [m["name"] for m in MTD_EXPORTS])
+def test_a_real_multi_token_decode_export_is_a_k_row_append_decoded_at_k_1(name):
+    """transformers' multi_token_decode=True export: every growing pair gains the new-token
+    dim its input_ids declare (a symbol, not 1), pinned to 1; it decodes the source's
+    greedy tokens one token a step (the WebNN pages on it: tests/test_real_exports.py)."""
+    e = next(m for m in MTD_EXPORTS if m["name"] == name)
+    proto = onnx.load(str(model_file(MODELS / e["path"])), load_external_data=False)
+    k = _ids_axis(proto)
+    assert isinstance(k, str) and not k.isdigit(), k
+    grows = [p for p in list_kv_pairs(proto) if p.kind == "append"]
+    assert grows and all(p.new == k and "input_ids[1]" in p.how for p in grows), grows
+    assert default_dims(proto, CAP)[k].value == 1
+    got = generate(MODELS / e["path"], e["prompt"], NEW, "ort-cpu:copy")
+    assert got == e["greedy_tokens"][:NEW]
+
+
+def test_a_multi_token_decode_export_is_committed():
+    assert MTD_EXPORTS, "tests/models has no multi_token_decode=True export"

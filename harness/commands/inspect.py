@@ -51,13 +51,13 @@ class Inspect(Command):
                 io.add_row(side[:-1], escape(v["name"]), v["type"], escape(str(v["shape"])))
         pairs = Table(title="cache pairs (rules: " + (", ".join(report["naming_rules"]) or "none")
                       + ")")
-        for col in ("input", "output", "kind", "axis"):
+        for col in ("input", "output", "kind", "axis", "how"):
             pairs.add_column(col)
         for p in report["pairs"]:
             pairs.add_row(escape(p["input"]), escape(p["output"]), p["kind"],
-                          "" if p["axis"] is None else str(p["axis"]))
+                          "" if p["axis"] is None else str(p["axis"]), escape(p.get("how", "")))
         if report["pairs_error"]:
-            pairs.add_row("[red]error[/]", escape(report["pairs_error"]), "", "")
+            pairs.add_row("[red]error[/]", escape(report["pairs_error"]), "", "", "")
         dims = Table(title=f"dims pinned (capacity {report['capacity']})")
         for col in ("symbol", "value", "how"):
             dims.add_column(col)
