@@ -49,7 +49,8 @@ def _lit(x: float) -> str:
 
 def capture(tokens: int, hk: int, hv: int, dk: int, dv: int, capacity: int, *,
             scale: float, l2_eps: float | None, in_place: bool = False,
-            lanes: int = 32, wg: int = 256) -> Kernel:
+            lanes: int = 32, wg: int = 256, split_control: bool = False,
+            guarded: bool = False) -> Kernel:
     """The verify kernel for ``tokens`` tokens (T >= 1), ``hv`` value heads sharing ``hk``
     key/query heads (value head h reads key head h * Hk // Hv), capsule ``capacity`` C
     (0: no capsule, no control buffer). ``l2_eps``: q and k normalised as
@@ -58,7 +59,10 @@ def capture(tokens: int, hk: int, hv: int, dk: int, dv: int, capacity: int, *,
     Bindings, in order: q [T, Hk, Dk], k [T, Hk, Dk], v [T, Hv, Dv], g [T, Hv] (log-space
     decay), beta [T, Hv], the old state [Hv, Dv, Dk] (absent when ``in_place``), the control
     words [capture_count, active] (i32, when C > 0), the new state (rw), the output
-    [T, Hv, Dv] (rw), the capsule [C * row] (rw, when C > 0).
+    [T, Hv, Dv] (rw), the capsule [C * row] (rw, when C > 0). ``split_control``: the count
+    and the active flag are two one-word bindings (graph inputs of their own, as the
+    compiler binds them); ``guarded``: the capacity status word last, nothing written when
+    it is set (an in-place state behind a stateful graph's capacity check).
     """
     if tokens < 1 or hv % hk or not 0 <= capacity <= MAX_CAPACITY:
         raise ValueError(f"capture: {tokens} tokens, {hk} key heads, {hv} value heads, "
@@ -75,11 +79,15 @@ def capture(tokens: int, hk: int, hv: int, dk: int, dv: int, capacity: int, *,
     src = "".join(decl(i, n, "f32", "read") for i, n in enumerate(names))
     bindings = ["read"] * len(names)
     if capacity:
-        src += decl(len(bindings), "ctrl", "i32", "read")
-        bindings.append("read")
+        for name in ("cnt", "act") if split_control else ("ctrl",):
+            src += decl(len(bindings), name, "i32", "read")
+            bindings.append("read")
     outs = ["st", "y"] + (["cap"] if capacity else [])
     src += "".join(decl(len(bindings) + i, n, "f32", "rw") for i, n in enumerate(outs))
     bindings += ["rw"] * len(outs)
+    if guarded:
+        src += decl(len(bindings), "status", "u32", "read")
+        bindings.append("read")
     src += f"var<workgroup> sh: array<vec3<f32>, {wg}>;\n"
     old = "st" if in_place else "p"
     key0, delta0 = capacity * hv, capacity * (hv + hk * dk)
@@ -88,7 +96,8 @@ def capture(tokens: int, hk: int, hv: int, dk: int, dv: int, capacity: int, *,
     ik = f"1.0 / sqrt(ks.y + {_lit(l2_eps)})" if l2_eps is not None else "1.0"
     iq = f"1.0 / sqrt(ks.z + {_lit(l2_eps)})" if l2_eps is not None else "1.0"
     if capacity:
-        count = (f"  var n = 0u;\n  if (ctrl[1] != 0) {{ n = u32(clamp(ctrl[0], 0, "
+        cnt, act = ("cnt[0]", "act[0]") if split_control else ("ctrl[0]", "ctrl[1]")
+        count = (f"  var n = 0u;\n  if ({act} != 0) {{ n = u32(clamp({cnt}, 0, "
                  f"{min(capacity, tokens)})); }}\n")
         # zeros at t >= n (n <= min(C, T): every entry past the captured prefix)
         tail = f"""
@@ -136,7 +145,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let t_lane = lid % {lanes}u;
   let row0 = (wid.y * {gx}u + wid.x) * {rpw}u + r;
   let row = min(row0, {rows - 1}u);
-  let ok = row0 < {rows}u;
+  let ok = row0 < {rows}u{" && status[0] == 0u" if guarded else ""};
   let h = row / {dv}u;
   let vr = row % {dv}u;
   let hq = h / {rep}u;
@@ -184,26 +193,31 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 """
     n_in = 2 * tokens * hk * dk + tokens * hv * dv + 2 * tokens * hv
     traffic = 4 * (2 * rows * dk + n_in + tokens * rows + capsule_floats(hv, hk, dk, dv, capacity)
-                   + (2 if capacity else 0))
+                   + (2 if capacity else 0) + guarded)
     return Kernel("gdn_capture", src, bindings, (gx, gy, 1), traffic)
 
 
-def replay(hv: int, hk: int, dk: int, dv: int, capacity: int, wg: int = WG) -> Kernel:
+def replay(hv: int, hk: int, dk: int, dv: int, capacity: int, wg: int = WG,
+           guarded: bool = False) -> Kernel:
     """GatedDeltaNetStateReplay for one geometry: each state element (h, v, i) replayed
     over the first ``kept`` capsule transitions (per-head decay, key head h * Hk // Hv).
 
     Bindings: the source backing, the capsule backing (read), the metadata as 11 u32 words
     (ORT's int64 fields, each < 2³²; ``META_FIELDS``), the destination backing (rw). The
     geometry is compiled in; the offsets and ``kept_count`` are read at run time (the
-    caller checks ``1 <= kept <= capacity`` as ORT does: the kernel clamps to capacity)."""
+    caller checks ``1 <= kept <= capacity`` as ORT does: the kernel clamps to capacity).
+    ``guarded``: the capacity status word last, nothing written when it is set."""
     if min(hv, hk, dk, dv, capacity) < 1 or capacity > MAX_CAPACITY:
         raise ValueError(f"replay: Hv {hv}, Hk {hk}, Dk {dk}, Dv {dv}, capacity {capacity}")
     n = hv * dv * dk
     gx, gy, _ = grid(n, wg)
     src = (decl(0, "src", "f32", "read") + decl(1, "cap", "f32", "read")
            + decl(2, "md", "u32", "read") + decl(3, "dst", "f32", "rw"))
+    if guarded:
+        src += decl(4, "status", "u32", "read")
     src += main_1d(gx, wg)
-    src += f"""  if (i >= {n}u) {{ return; }}
+    stop = " || status[0] != 0u" if guarded else ""
+    src += f"""  if (i >= {n}u{stop}) {{ return; }}
   let h = i / {dv * dk}u;
   let vr = (i / {dk}u) % {dv}u;
   let e = i % {dk}u;
@@ -219,5 +233,6 @@ def replay(hv: int, hk: int, dk: int, dv: int, capacity: int, wg: int = WG) -> K
   dst[md[1] + i] = s;
 }}
 """
-    traffic = 4 * (2 * n + capacity * (hv + hk * dk + hv * dv) + 11)
-    return Kernel("gdn_replay", src, ["read", "read", "read", "rw"], (gx, gy, 1), traffic)
+    traffic = 4 * (2 * n + capacity * (hv + hk * dk + hv * dv) + 11 + guarded)
+    return Kernel("gdn_replay", src, ["read", "read", "read", "rw"] + ["read"] * guarded,
+                  (gx, gy, 1), traffic)

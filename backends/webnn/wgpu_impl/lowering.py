@@ -18,7 +18,7 @@ from ..kernels import movement as MV
 from ..kernels import quant as QK
 from ..kernels import reduce as RD
 from ..stateful import root
-from . import fusion, match_attention, match_gdn, match_q4  # noqa: F401  (registers)
+from . import fusion, match_attention, match_gdn, match_gdn_capsule, match_q4  # noqa: F401  (registers)
 from . import gemv as GV  # registers
 from .launches import CopyLaunch, KernelLaunch, Slot
 from .lowerings import Site, claims, lowering_of, lowers

@@ -17,6 +17,7 @@ from . import fusion
 from . import gemv as GV
 from .match_attention import last2_transpose_input, match_attention
 from .match_gdn import match_gated_delta
+from .match_gdn_capsule import match_capsules
 from .match_q4 import match_q4
 from .plan import Plan, Slot
 
@@ -75,6 +76,16 @@ def fold_transposes(plan: Plan, st: PassState) -> None:
     # a matmul reading a transpose's input directly needs that input in memory: a fusible
     # one (a float16 cache's widening cast) must not be computed only inside the transpose
     st.pinned |= {src.id for src in plan.fold.values()}
+
+
+def gdn_capsules(plan: Plan, st: PassState) -> None:
+    """ORT's capture and replay as ``convert_gdn`` builds them: one launch each; what the
+    kernels read and write is pinned (never computed only inside a fused chain)."""
+    if plan.options.gdn != "generic":
+        plan.capsule = match_capsules(st.nodes, st.pinned, plan.target.max_storage)
+    for m in plan.capsule.values():
+        st.pinned |= {x.id for x in (*m.leaves, m.out, *m.written) if x.kind == "op"}
+        st.absorbed |= {x.id for x in m.ops if x is not m.out}
 
 
 def fuse_loops(plan: Plan, st: PassState) -> None:
@@ -189,8 +200,8 @@ def q4_gemvs(plan: Plan, st: PassState) -> None:
 
 
 #: the passes after ``place_results``, in order: each sees what the earlier ones absorbed
-PASSES = (fold_transposes, q4_gemvs, fuse_loops, decode_attention, stack_gemvs, residual_epilogues,
-          gated_epilogues, gemv_prologues, group_row_writes, gated_delta)
+PASSES = (fold_transposes, q4_gemvs, gdn_capsules, fuse_loops, decode_attention, stack_gemvs,
+          residual_epilogues, gated_epilogues, gemv_prologues, group_row_writes, gated_delta)
 
 
 #: ops the wgpu kernels run on float16 operands (WGSL f16 storage): casts, element-wise

@@ -42,6 +42,8 @@ def op_steps(plan: Plan, st: PassState) -> tuple[list[Step], Step | None]:
 
     def reads_of(o: Node) -> list[Node]:
         """The roots one op's launch reads: its fused group's leaves or its inputs."""
+        if o.id in plan.capsule:
+            return list(plan.capsule[o.id].leaves)
         if o.id in plan.attention:
             return list(plan.attention[o.id].leaves)
         if o.id in plan.gdn:
@@ -68,6 +70,8 @@ def op_steps(plan: Plan, st: PassState) -> tuple[list[Step], Step | None]:
             reads += [r for r in reads_of(m) if r not in reads]
         if o.id in plan.gdn:
             more.append(plan.gdn[o.id].state_out)  # the new state, written by the launch
+        if o.id in plan.capsule:
+            more += plan.capsule[o.id].written  # a capture's new state and capsule
         if o.id in plan.gated:
             more.append(plan.gated[o.id].root)  # written by the pair's launch
         if o.id in plan.epilogue:
