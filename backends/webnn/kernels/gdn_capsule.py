@@ -198,7 +198,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 
 
 def replay(hv: int, hk: int, dk: int, dv: int, capacity: int, wg: int = WG,
-           guarded: bool = False) -> Kernel:
+           guarded: bool = False, in_place: bool = False) -> Kernel:
     """GatedDeltaNetStateReplay for one geometry: each state element (h, v, i) replayed
     over the first ``kept`` capsule transitions (per-head decay, key head h * Hk // Hv).
 
@@ -206,15 +206,18 @@ def replay(hv: int, hk: int, dk: int, dv: int, capacity: int, wg: int = WG,
     (ORT's int64 fields, each < 2³²; ``META_FIELDS``), the destination backing (rw). The
     geometry is compiled in; the offsets and ``kept_count`` are read at run time (the
     caller checks ``1 <= kept <= capacity`` as ORT does: the kernel clamps to capacity).
-    ``guarded``: the capacity status word last, nothing written when it is set."""
+    ``guarded``: the capacity status word last, nothing written when it is set;
+    ``in_place``: the source is the destination backing (no source binding; each element
+    read and written by one invocation, as a stateful graph's state replayed where it lies)."""
     if min(hv, hk, dk, dv, capacity) < 1 or capacity > MAX_CAPACITY:
         raise ValueError(f"replay: Hv {hv}, Hk {hk}, Dk {dk}, Dv {dv}, capacity {capacity}")
     n = hv * dv * dk
     gx, gy, _ = grid(n, wg)
-    src = (decl(0, "src", "f32", "read") + decl(1, "cap", "f32", "read")
-           + decl(2, "md", "u32", "read") + decl(3, "dst", "f32", "rw"))
+    names = ([] if in_place else ["src"]) + ["cap", "md", "dst"]
+    types = {"src": "f32", "cap": "f32", "md": "u32", "dst": "f32"}
+    src = "".join(decl(j, x, types[x], "rw" if x == "dst" else "read") for j, x in enumerate(names))
     if guarded:
-        src += decl(4, "status", "u32", "read")
+        src += decl(len(names), "status", "u32", "read")
     src += main_1d(gx, wg)
     stop = " || status[0] != 0u" if guarded else ""
     src += f"""  if (i >= {n}u{stop}) {{ return; }}
@@ -223,7 +226,7 @@ def replay(hv: int, hk: int, dk: int, dv: int, capacity: int, wg: int = WG,
   let e = i % {dk}u;
   let hq = h * {hk}u / {hv}u;
   let kept = min(md[10], {capacity}u);
-  var s = src[md[0] + i];
+  var s = {"dst" if in_place else "src"}[md[0] + i];
   for (var t = 0u; t < kept; t = t + 1u) {{
     let a = cap[md[2] + t * {hv}u + h];
     let kk = cap[md[3] + (t * {hk}u + hq) * {dk}u + e];
@@ -234,5 +237,5 @@ def replay(hv: int, hk: int, dk: int, dv: int, capacity: int, wg: int = WG,
 }}
 """
     traffic = 4 * (2 * n + capacity * (hv + hk * dk + hv * dv) + 11 + guarded)
-    return Kernel("gdn_replay", src, ["read", "read", "read", "rw"] + ["read"] * guarded,
+    return Kernel("gdn_replay", src, ["read"] * (3 - in_place) + ["rw"] + ["read"] * guarded,
                   (gx, gy, 1), traffic)

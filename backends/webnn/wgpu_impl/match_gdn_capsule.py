@@ -500,7 +500,7 @@ def _lower_capsule(n: Site) -> None:
     t, hk, hv, dk, dv, cap = m.dims
     old, new = n.slot_of(m.state_in), n.slot_of(m.state_out)
     in_place = old == new
-    guarded = n.has_check and m.state_out.id in plan.in_place
+    guarded = n.has_check and any(x.id in plan.in_place for x in m.written)
     k = GC.capture(t, hk, hv, dk, dv, cap, scale=m.scale, l2_eps=m.l2_eps, in_place=in_place,
                    split_control=True, guarded=guarded)
     ins = [n.slot_of(x) for x in m.leaves[:6 - in_place]]
@@ -521,6 +521,8 @@ def _lower_replay(n: Site, m: Replay) -> None:
     guarded = n.has_check and m.out.id in plan.in_place
     if m.dst is not None and n.slot_of(m.dst) != n.out:
         n.add(CopyLaunch(n.slot_of(m.dst), n.out, 4 * S.size(m.dst.shape)))
-    k = GC.replay(hv, hk, dk, dv, cap, guarded=guarded)
-    n.add(KernelLaunch(k, [n.slot_of(m.src), n.slot_of(m.capsule), meta, n.out]
+    in_place = n.slot_of(m.src) == n.out  # a state replayed where it lies
+    assert not in_place or m.meta[0] == m.meta[1], "in place at another offset"
+    k = GC.replay(hv, hk, dk, dv, cap, guarded=guarded, in_place=in_place)
+    n.add(KernelLaunch(k, [n.slot_of(m.src)] * (not in_place) + [n.slot_of(m.capsule), meta, n.out]
                        + n.status(guarded)))
