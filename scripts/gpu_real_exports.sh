@@ -17,16 +17,23 @@
 # stopped at the limit keeps its points, SIGTERM); runs that no longer fit are named as
 # skipped. A run that finished leaves NAME.json.done: a second call with the same OUTDIR
 # runs only the rest. Needs, besides what scripts/gpu_env.sh installs, torch, transformers,
-# onnx_ir and the onnxruntime-genai wheel (cp312) in .whl/:
-# EXTRA_WHEELS="wgpudawn==0.32.0.4 onnxruntime-genai==0.18.0" ../shared/gpu/prepare.sh
+# onnx_ir and onnxruntime-genai (cp312) in .whl/, as a wheel
+# (EXTRA_WHEELS="wgpudawn==0.32.0.4 onnxruntime-genai==0.18.0" ../shared/gpu/prepare.sh) or
+# as onnxruntime_genai-*.tar.xz (the installed package tree, extracted into /tmp/site).
 set -uo pipefail
 out=${1:?usage: scripts/gpu_real_exports.sh OUTDIR}
 start=$(date +%s)
 budget=${STATEBENCH_GPU_BUDGET_S:-540}
 cd "$(dirname "$0")/.."
 . scripts/gpu_env.sh
-if ! "$py" -c "import onnxruntime_genai" 2>/dev/null && ls .whl/onnxruntime_genai-*.whl >/dev/null 2>&1; then
-  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/onnxruntime_genai-*.whl
+# onnxruntime-genai travels as its cp312 wheel or as that wheel's package tree packed with
+# tar (onnxruntime_genai-*.tar.xz, smaller for the 64 MiB carry); either goes into /tmp/site
+if ! "$py" -c "import onnxruntime_genai" 2>/dev/null; then
+  mkdir -p /tmp/site
+  for w in .whl/onnxruntime_genai-*.whl; do
+    [ -f "$w" ] && "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$w"
+  done
+  for t in .whl/onnxruntime_genai-*.tar.xz; do [ -f "$t" ] && tar xJf "$t" -C /tmp/site; done
   export PYTHONPATH=/tmp/site:$PWD
 fi
 mkdir -p "$out"
