@@ -104,8 +104,12 @@ case "$cmd" in
     setup_venv
     setup_vulkan
     setup_dawn
-    # one worker a core, at most 4 (pytest-xdist; "-n 0" after it runs them in this process)
-    exec "$VENV/bin/python" -m pytest -q -n auto --maxprocesses 4 "$@"
+    # one worker a core, at most 4 (pytest-xdist; "-n 0" after it runs them in this process);
+    # the slow tier (tests/conftest.py SLOW_MODULES) only when asked: -m slow, or -m "" for all
+    # (.ci/run runs both tiers)
+    marks=(-m "not slow")
+    for a in "$@"; do case "$a" in -m|-m*) marks=() ;; esac; done
+    exec "$VENV/bin/python" -m pytest -q -n auto --maxprocesses 4 "${marks[@]}" "$@"
     ;;
   *)
     echo "usage: ./statebench.sh run [statebench run flags...] | ./statebench.sh test [pytest flags...]" >&2

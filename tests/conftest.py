@@ -19,7 +19,24 @@ import pytest
 ENGINE = os.environ.get("STATEBENCH_ENGINE", "wgpu")
 
 
+#: modules of the slow tier (``-m slow``): the end-to-end sweeps in fresh processes (faults,
+#: signals, user models, genai, the GPU scripts) and the attention kernels at thousands of
+#: rows. ``./statebench.sh test`` leaves them out; ``.ci/run`` runs them after it
+#: (README, "The two commands")
+SLOW_MODULES = frozenset({
+    "test_nothing_lost", "test_kernel_bench", "test_gpu_sweep_script", "test_real_exports",
+    "test_run_model", "test_genai", "test_webnn_attention", "test_generate", "test_rollback",
+})
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        if item.module is not None and item.module.__name__.rsplit(".", 1)[-1] in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
+
+
 def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", "slow: the slow tier (SLOW_MODULES); run with -m slow")
     config.addinivalue_line(
         "markers", "adapter_feature(*names): needs these wgpu adapter features; skipped with "
                    "the reason on an adapter without them")
