@@ -1,7 +1,8 @@
 """Graph → ordered list of launches (kernels and buffer copies) with their storage slots.
 
 Pure planning, no device calls: the context turns slots into buffers and launches into
-pipelines and bind groups once, at build time. The work is done in passes
+pipelines and bind groups once, at build time. The graph is first
+simplified (``rewrite``: duplicate ops merged); the work is done in passes
 (``passes``: where results go, fusion and matching), planning (``planning``: the order and
 the in-place decision) and lowering (``lowering``: the launches); the launches and slots
 are described in ``plan``.
@@ -10,7 +11,7 @@ are described in ``plan``.
 from __future__ import annotations
 
 from ..ir import Graph
-from . import lowering, passes, planning
+from . import lowering, passes, planning, rewrite
 from .options import KernelOptions
 from .plan import Plan
 from .target import Target
@@ -21,6 +22,7 @@ def compile_graph(graph: Graph, stateful: bool, max_binding: int = 1 << 27,
     """The plan of a built graph (``ir.Graph``, as ``MLGraphBuilder.build`` hands it over):
     its launches in order and the slots they bind, for ``target`` under ``options`` (the
     context's; None: every knob per adapter); ``stateful``: the pairs' state is kept."""
+    graph = rewrite.simplified(graph)  # one op per value, no copy that moves nothing
     plan = Plan(max_binding=max_binding, target=target or Target(),
                 options=options or KernelOptions())
     state = passes.place_results(plan, graph, stateful)
