@@ -1,12 +1,8 @@
 """The graph rewrites before planning (wgpu_impl/rewrite.py): duplicate ops computed once and
 transposes that move no element read as views, each checked against float64 NumPy on fresh
-random inputs, with the launches they save counted; and the real q4f16 export's decode step
-on the GPU's plan (scripts/launch_census.py) down to the preset's launches a layer."""
+random inputs, with the launches they save counted."""
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import numpy as np
 
@@ -14,7 +10,6 @@ from backends.webnn import MLGraphBuilder
 from backends.webnn.wgpu_impl import rewrite
 
 RNG = np.random.default_rng()
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(ctx, b, outs: dict, feeds: dict[str, np.ndarray]):
@@ -91,38 +86,3 @@ def test_moves_nothing_reads_the_axes_longer_than_one():
         t = node(1, "op", f32, tuple(shape[p] for p in perm), "transpose", (x,),
                  {"permutation": perm}, "", None)
         assert rewrite.moves_nothing(t) is same, (shape, perm)
-
-
-def _census(*args: str) -> dict:
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import launch_census as LC
-
-    from backends.webnn.wgpu_impl.options import KernelOptions
-
-    options = KernelOptions()
-    graph, stateful = LC.capture("wgpu:stateful", None, 32, args[0], options)
-    launches = LC.census(graph, stateful, LC.targets()["nvidia"], options)
-    runs, rest = LC.layers(launches)
-    return {"runs": runs, "rest": rest, "launches": launches}
-
-
-def test_the_real_export_plans_the_presets_layer(tmp_path):
-    """genai's q4f16 export with its MLP 192 wide (its full-size path: no padded block) on
-    the H200's plan: each layer one norm, the packed q/k/v product, the row write,
-    attention and its combine, o with the residual, a norm, gate/up with SwiGLU, down with
-    the residual (the preset's layer: PERFORMANCE.md "Launches a layer"); the rotary rows
-    and the row-write index once a step, not once a layer."""
-    import onnx
-    from genai_shapes import widened_mlp
-
-    path = tmp_path / "model.onnx"
-    onnx.save(widened_mlp(), str(path))
-    got = _census(str(path))
-    per = [[la["kernel"] for la in r] for r in got["runs"]]
-    assert len(per) == 2 and all(len(r) == len(per[0]) for r in per), per
-    assert sorted(per[0]) == sorted(
-        ["fused_vector", "gemv_q4_quad", "scatter_nd", "attention_flash", "attention_combine",
-         "gemv_q4_quad", "fused_vector", "gemv_q4_quad", "gemv_q4_quad"]), per[0]
-    rest = [la["kernel"] for la in got["rest"]]
-    assert rest.count("gather") == 3, rest  # the embedding row, the cos and sin rows
-    assert "transpose" not in rest + per[0]

@@ -111,6 +111,12 @@ class WgpuGraph(MLGraph):
         self._last_bound: dict[str, dict[str, MLTensor]] | None = None
         self.device_bytes = 0  # statebench extension: bytes of buffers the graph owns
 
+    @property
+    def launches(self) -> int:
+        """statebench extension: the launches one dispatch runs (kernels and buffer copies;
+        a page's decode step is one dispatch: a point's ``details["launches"]``)."""
+        return len(self._plan.launches) if self._plan is not None else 0
+
     def destroy(self) -> None:
         if not self._destroyed:
             ctx = self._context
