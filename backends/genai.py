@@ -10,20 +10,26 @@ builder's `enable_webgpu_graph` writes); the provider is set on `og.Config`
 
 Depth is reached as a genai user reaches it: the prefix appended (`append_tokens`, in
 chunks) to a fresh generator; the cache stays inside genai (a hidden cache, DESIGN §5).
-A step is one token of genai's greedy loop, its logits read to the host:
+A step is one token of genai's greedy loop, its logits read to the host. A model sweep's
+steps are the reference's greedy tokens (``harness.sources.OrtReferenceWalk``), so genai's
+own pick (the argmax of the logits it gave last, which is what its greedy search takes) is
+checked against the reference's at every step:
 
-- where the token the sweep feeds is genai's own greedy pick (the argmax of the last
-  logits), `generate_next_token()` commits it and `get_logits()` runs the model on it: the
-  two halves of one `generate_next_token()` of a user's loop (the model run on the token
-  picked last, then the pick), in the other order;
-- otherwise (a prompt, or a sweep whose next token is not the greedy one) the token is
-  fed with `append_tokens([token])`, the same model run with the token given.
+- where they are the same token, `generate_next_token()` commits genai's pick and
+  `get_logits()` runs the model on it: the two halves of one `generate_next_token()` of a
+  user's loop (the model run on the token picked last, then the pick), in the other order;
+  genai's committed token (`get_next_tokens()`) is checked to be that pick;
+- where they differ (genai's float16 GPU logits and the reference's float32 CPU ones part at
+  a near-tie), the point records it as a fact (details `genai.diverged`: the step, genai's
+  token, the reference's, and genai's margin between the two in its own logits), and the
+  reference's token is fed (`append_tokens`): the same model run with the token given, so
+  every later step is still compared with the reference on the same prefix. Whether the
+  divergence is allowed is the logits check's call, as for every backend: the argmax must
+  agree wherever the reference's top-two gap is clear of the tolerance.
 
 Which path each step took is counted per point (`genai.greedy_steps`, `forced_steps`).
-Every step's logits go through the same check as every backend's: within tolerance of the
-reference, and the argmax (genai's greedy token) equal to the reference's wherever its
-top-two gap is clear. Bytes: genai's session is its own, so only what crosses its interface
-is counted (a token id up, the logits down); kernel traffic is not.
+Bytes: genai's session is its own, so only what crosses its interface is counted (a token
+id up, the logits down); kernel traffic is not.
 
 Presets are refused (``preset_refusal``): they are statebench's own graphs, with no
 `genai_config.json`; so is a model without one, at prepare, naming the file.
@@ -163,7 +169,8 @@ class _GenaiBackend(Backend):
         self.model = None if model is None else Path(model)
         self.og_model = self.params = self.generator = None
         self.position = 0
-        self._greedy: int | None = None  # genai's next greedy pick: the last logits' argmax
+        self._logits: np.ndarray | None = None  # the logits genai gave last (its next pick's)
+        self._steps = 0  # steps since the depth was reached
 
     def prepare(self, workload: Workload | None, capacity: int) -> None:
         if self.model is None or workload is not None:
@@ -191,7 +198,7 @@ class _GenaiBackend(Backend):
     def reset(self) -> None:
         self.generator = None  # the old one's buffers go before the new one's are made
         self.generator = og.Generator(self.og_model, self.params)
-        self.position, self._greedy = 0, None
+        self.position, self._logits, self._steps = 0, None, 0
 
     def reach_depth(self, depth: DepthState) -> None:
         if depth.depth >= self.capacity:
@@ -201,26 +208,47 @@ class _GenaiBackend(Backend):
         for start in range(0, len(tokens), PREFILL_CHUNK):
             self.generator.append_tokens(tokens[start:start + PREFILL_CHUNK])
         if len(tokens):
-            self._greedy = int(np.argmax(self.generator.get_logits()))
+            self._logits = self.generator.get_logits().reshape(-1)
         self.position = len(tokens)
 
     def step(self, token: int) -> np.ndarray:
         if self.position >= self.capacity:
             raise ValueError(f"capacity {self.capacity} exceeded at position {self.position}")
         gen = self.generator
-        if token == self._greedy:
+        if self._logits is not None and token == int(np.argmax(self._logits)):
             gen.generate_next_token()  # genai's own pick, which is the token
+            picked = int(gen.get_next_tokens()[0])
+            if picked != token:
+                raise RuntimeError(f"genai's greedy search picked {picked} where the argmax of "
+                                   f"its logits is {token}")
             kind = "greedy_steps"
         else:
+            if self._logits is not None:
+                self._diverged(token)
             gen.append_tokens(np.array([token], np.int32))
             kind = "forced_steps"
         logits = gen.get_logits().reshape(-1)  # the greedy pick's model run, logits to host
-        self._greedy = int(np.argmax(logits))
+        self._logits = logits
         self.position += 1
+        self._steps += 1
         self.loop[kind] += 1
         self.counters.h2d += 4  # the token id (int32)
         self.counters.d2h += logits.nbytes
         return logits
+
+    def _diverged(self, token: int) -> None:
+        """Record the first step whose fed token is not genai's own greedy pick: the step
+        (from the first after the depth), genai's pick, the token fed, and genai's margin
+        between them (its logit of its pick minus its logit of the token, also relative to
+        its largest |logit|): the near-tie, or not, that parted the two."""
+        if "diverged" in self.loop:
+            return
+        logits = self._logits
+        pick = int(np.argmax(logits))
+        margin = float(logits[pick]) - float(logits[token])
+        scale = float(np.max(np.abs(logits))) or 1.0
+        self.loop["diverged"] = {"step": self._steps, "token": pick, "reference_token": token,
+                                 "margin": round(margin, 6), "margin_rel": round(margin / scale, 8)}
 
     def close(self) -> None:
         self.generator = self.params = self.og_model = None

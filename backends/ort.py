@@ -316,12 +316,16 @@ class _ExportFeeds(_GraphFeeds):
 
 class _ModelFeeds(_GraphFeeds):
     """A model statebench did not export: its growing caches on their own axes, its other
-    inputs fed by name (``_MODEL_FEEDS``) in their declared types."""
+    inputs fed by name (``_MODEL_FEEDS``) in their declared types. ``mask_columns``: where
+    set, the attention_mask has that many columns every step (ones over the positions so
+    far, zeros after), as onnxruntime-genai's static mask under graph capture; else it grows
+    one column a step."""
 
     def __init__(self, specs: list[CacheSpec], axes: dict[str, int | None],
-                 feed_inputs: dict[str, onnx.ValueInfoProto]) -> None:
+                 feed_inputs: dict[str, onnx.ValueInfoProto],
+                 mask_columns: int | None = None) -> None:
         super().__init__(specs)
-        self.axes, self.feed_inputs = axes, feed_inputs
+        self.axes, self.feed_inputs, self.mask_columns = axes, feed_inputs, mask_columns
 
     def check(self, depth: DepthState) -> None:
         """Its growing shapes are checked by `pasts`."""
@@ -352,8 +356,12 @@ class _ModelFeeds(_GraphFeeds):
             declared = [d.dim_value if d.HasField("dim_value") else
                         int(d.dim_param) if d.dim_param.strip().isdigit() else None
                         for d in tt.shape.dim]  # transformers writes '4' for 4
-            feeds[name] = _MODEL_FEEDS[name](token, position, declared).astype(
-                _np_type(tt.elem_type))
+            if name == "attention_mask" and self.mask_columns is not None:
+                arr = np.zeros((1, self.mask_columns))
+                arr[:, :position + 1] = 1
+            else:
+                arr = _MODEL_FEEDS[name](token, position, declared)
+            feeds[name] = arr.astype(_np_type(tt.elem_type))
         return feeds
 
 
@@ -369,6 +377,9 @@ class _OrtBackend(Backend):
     runs_models = True
     #: the mode replays a captured graph: registered only for EPs that can (``Provider``)
     needs_capture = False
+    #: a model's attention_mask is fed capacity-sized, its shape the same every step
+    #: (``_ModelFeeds.mask_columns``)
+    static_mask = False
     cache_dir: str | os.PathLike | None = None  # None: model.workload.default_cache_dir()
 
     @classmethod
@@ -495,7 +506,8 @@ class _OrtBackend(Backend):
                             kernel_bytes_base=self.kernel.base,
                             kernel_bytes_per_token=self.kernel.per_token,
                             kernel_bytes_unsized=sorted(self.kernel.unsized)[:50])
-        self.graph = _ModelFeeds(self.specs, self.axes, self.feed_inputs)
+        self.graph = _ModelFeeds(self.specs, self.axes, self.feed_inputs,
+                                 capacity if self.static_mask else None)
         self._allocate()
         self.reset()
 
@@ -601,11 +613,16 @@ class _OrtBackend(Backend):
         fresh array a step is fresh heap the copy faults in (docs/measuring.md, "Host
         time")."""
         if self._logits_host is None:
-            declared = {o.name: o.type for o in self.session.get_outputs()}.get("logits")
-            dtype = np.float16 if declared == "tensor(float16)" else np.float32
-            self._logits_host = np.empty((1, self.tokens_per_step, self.vocab), dtype)
+            self._logits_host = np.empty((1, self.tokens_per_step, self.vocab),
+                                         self._logits_dtype())
             self._logits_host_value = ort.OrtValue.ortvalue_from_numpy(self._logits_host)
         return self._logits_host, self._logits_host_value
+
+    def _logits_dtype(self) -> np.dtype:
+        """The logits' type as the session declares it (a genai q4f16 export's are
+        float16): a bound output must be exactly that type, or ORT refuses the run."""
+        declared = {o.name: o.type for o in self.session.get_outputs()}.get("logits")
+        return np.dtype(np.float16 if declared == "tensor(float16)" else np.float32)
 
     def _read_logits(self, value: ort.OrtValue | None = None) -> np.ndarray:
         """The step's logits, flat, in the graph's type: the page's host array, which the
@@ -760,7 +777,8 @@ class _Shared(_OrtBackend):
                        for s in self.specs}
         # an EP that writes the logits straight into the page's host array binds that
         self.logits = (self._logits_array()[1] if self.ep.logits_on_host
-                       else self._new_value([1, self.tokens_per_step, self.vocab], np.float32))
+                       else self._new_value([1, self.tokens_per_step, self.vocab],
+                                            self._logits_dtype()))
         self.io = self.session.io_binding()
         for s in self.specs:
             self.io.bind_ortvalue_input(s.input, self.values[s.input])
@@ -769,7 +787,8 @@ class _Shared(_OrtBackend):
         self.details["in_place"] = {s.input: True for s in self.specs}
 
     def device_bytes(self) -> int | None:
-        return sum(s.nbytes for s in self.specs) + self.vocab * 4
+        return (sum(s.nbytes for s in self.specs)
+                + self.tokens_per_step * self.vocab * self._logits_dtype().itemsize)
 
     def _upload(self, cache: dict[str, np.ndarray]) -> None:
         for s in self.specs:
@@ -804,31 +823,30 @@ class _Shared(_OrtBackend):
 
 class _Captured(_Shared):
     """`captured`: `shared` under the WebGPU EP's graph capture. Replays need every input
-    at the address it was captured with, so the ids and GQA lengths are device values
-    too, written in place each step."""
+    at the address and shape it was captured with, so the ids, positions and GQA lengths are
+    device values too, written in place each step; a model's attention_mask is
+    capacity-sized (ones over the positions so far, zeros after), as onnxruntime-genai feeds
+    its static mask of max_length under graph capture (``DefaultPositionInputs``' static
+    mask handling). What the EP cannot capture, ORT refuses, in its own words, when the
+    session is made or run."""
 
     mode = "captured"
     ep_options = {"enableGraphCapture": "1"}
+    static_mask = True
 
     #: the EP must replay a captured graph (``Provider.graph_capture``)
     needs_capture = True
 
-    @classmethod
-    def model_refusal(cls, proto: onnx.ModelProto, hand_pairs: dict[str, str] | None = None) -> str:
-        if any(i.name == "attention_mask" for i in proto.graph.input):
-            return ("graph capture replays every input at its captured shape, and a model's "
-                    "attention_mask grows one column a step")
-        return super().model_refusal(proto, hand_pairs)
-
     def _allocate(self) -> None:
         super()._allocate()
         self.feeds = {}
-        for name, arr in self._id_feeds(np.zeros(self.tokens_per_step, np.int64)).items():
-            v = self.session.create_ortvalue_from_shape_and_type(
-                list(arr.shape), arr.dtype, self._device, 0)
+        k = self.tokens_per_step
+        for name, arr in self._id_feeds(0 if k == 1 else np.zeros(k, np.int64)).items():
+            v = self._new_value(list(arr.shape), arr.dtype)
             self.io.bind_ortvalue_input(name, v)
             self.feeds[name] = v
-        self.details["graph_capture"] = dict(self.ep_options)
+        self.details["graph_capture"] = dict(self.ep_options) if self.ep.graph_capture else {}
+        self.details["static_feeds"] = {name: list(v.shape()) for name, v in self.feeds.items()}
 
     def _feed(self, name: str, arr: np.ndarray) -> None:
         self.feeds[name].update_inplace(arr)  # the address the capture recorded stays
@@ -842,18 +860,28 @@ _MODES: dict[str, tuple[type[_OrtBackend], str]] = {
     "captured": (_Captured, ORT),
 }
 
+def backend_class(ep: Provider, mode: str) -> type[_OrtBackend]:
+    """The class of ``mode`` (``copy``, ``iobinding``, ``shared``, ``standard``,
+    ``captured``) on provider ``ep``, named ``ort-<ep.key>:<mode>``: what the registry holds
+    for each of ``PROVIDERS``. Tests build one for a provider record of their own (the CPU EP
+    with its logits in a device value, as the WebGPU EP's), so the code paths a GPU runs
+    are run here; on a provider without graph capture (``ep.graph_capture`` False)
+    `captured` runs its fixed-shape, fixed-address feeds with nothing captured."""
+    base, flavour = _MODES[mode]
+    return type(f"Ort{ep.key.capitalize()}{mode.capitalize()}", (base,), {
+        "name": f"ort-{ep.key}:{mode}", "ep": ep, "provider": ep.key, "mode": mode,
+        "flavour": flavour, "on_cpu": ep.on_cpu, "__module__": __name__,
+        "__doc__": f"ONNX Runtime, {ep.key} EP, {mode} mode ({flavour} flavour).",
+    })
+
+
 #: the registered classes, by name (one per provider x mode the provider can run)
 BACKENDS: dict[str, type[_OrtBackend]] = {}
 for _ep in PROVIDERS.values():
     for _mode, (_base, _flavour) in _MODES.items():
         if _base.needs_capture and not _ep.graph_capture:
             continue
-        _key = _ep.key
-        _cls = type(f"Ort{_key.capitalize()}{_mode.capitalize()}", (_base,), {
-            "name": f"ort-{_key}:{_mode}", "ep": _ep, "provider": _key, "mode": _mode,
-            "flavour": _flavour, "on_cpu": _ep.on_cpu, "__module__": __name__,
-            "__doc__": f"ONNX Runtime, {_key} EP, {_mode} mode ({_flavour} flavour).",
-        })
+        _cls = backend_class(_ep, _mode)
         BACKENDS[_cls.name] = register(_cls)
 
 

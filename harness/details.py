@@ -96,11 +96,16 @@ DETAILS: dict[str, Detail] = {
                       _ORT),
     "logits_read_reason": _d(str, "why copy_tensors was not used", _ORT),
     "graph_capture": _d(dict, "the EP options a captured graph ran with", _ORT),
+    "static_feeds": _d(dict, "`captured`: each input fed as a device value written in place, "
+                       "and its shape, the same every step (a model's attention_mask "
+                       "capacity-sized)", _ORT),
     # onnxruntime-genai's loop
     "genai": _d(dict, "onnxruntime-genai's loop as the export configures it {provider, "
-                "provider_options, graph_capture, past_present_share_buffer, model_type, version} "
-                "and how many warm-up and timed steps were its own greedy pick (greedy_steps) or "
-                "a token fed (forced_steps)", _GENAI),
+                "provider_options, graph_capture, past_present_share_buffer, model_type, version}, "
+                "how many warm-up and timed steps were its own greedy pick (greedy_steps) or "
+                "a token fed (forced_steps), and the first step where its pick was not the "
+                "reference's greedy token (diverged: {step, token, reference_token, margin, "
+                "margin_rel}, genai's logit margin between the two)", _GENAI),
     # retired
     "warm_clock_steps": _d(int, "steps stepped in bursts to warm the clock before the timed "
                            "ones", _WORKER, retired="6d7dec3 (heated_s took its place)"),

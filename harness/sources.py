@@ -87,8 +87,13 @@ class NumpyReferenceWalk(ReferenceWalk):
 
 class OrtReferenceWalk(ReferenceWalk):
     """A model file's reference (``harness.model_run``): ORT's CPU EP on the same graph, its
-    cache growing as the model gives it, on a random token prefix of the seed; each cache
-    holds its valid rows (``capacity`` is not needed to cut it)."""
+    cache growing as the model gives it. The prompt to each depth is a random token prefix
+    of the seed; the steps after it (warm-up and timed) are the reference's own greedy
+    tokens, each the argmax of the reference's logits before it, so the sweep decodes as a
+    user's greedy loop does and a backend that picks its own tokens (onnxruntime-genai's
+    loop, ``backends.genai``) is checked against the reference's picks (docs/byom.md,
+    "The look-ahead is the reference's greedy walk"). Each cache holds its valid rows
+    (``capacity`` is not needed to cut it)."""
 
     def __init__(self, model: UserModel, seed: int, length: int, capacity: int) -> None:
         from backends.ort import BACKENDS
@@ -106,18 +111,29 @@ class OrtReferenceWalk(ReferenceWalk):
         self.ref.reset()
         self.tokens = np.random.default_rng(seed).integers(0, self.vocab, size=length,
                                                            dtype=np.int64)
+        #: the reference's logits after the prefix it holds (None: no token fed yet)
+        self.last: np.ndarray | None = None
 
     def arrays_at(self, context: int, capacity: int, ahead: int) -> dict[str, np.ndarray]:
+        """The prefix ``tokens[:context]`` of the seed's stream, then ``ahead`` greedy
+        tokens: the first the argmax of the logits after the prefix, each next one the
+        argmax of the step before's (the first of the stream where the prefix is empty)."""
         ref = self.ref
         if context < ref.position:
             raise ValueError("contexts must be visited in ascending order")
         while ref.position < context:
-            ref.step(int(self.tokens[ref.position]))
-        saved = dict(ref.past)
-        arrays = {"tokens": self.tokens[:context + ahead]}
+            self.last = np.array(ref.step(int(self.tokens[ref.position])), copy=True)
+        saved, last = dict(ref.past), self.last
+        greedy: list[int] = []
+        logits: list[np.ndarray] = []
+        for i in range(ahead):
+            prev = last if i == 0 else logits[-1]
+            greedy.append(int(np.argmax(prev)) if prev is not None else int(self.tokens[context]))
+            logits.append(np.array(ref.step(greedy[-1]), copy=True))
+        arrays = {"tokens": np.concatenate([self.tokens[:context],
+                                            np.asarray(greedy, np.int64)])}
         arrays.update({f"cache:{k}": v for k, v in saved.items()})
-        arrays["ref_logits"] = np.stack([ref.step(int(t))
-                                         for t in self.tokens[context:context + ahead]])
+        arrays["ref_logits"] = np.stack(logits) if logits else np.zeros((0, self.vocab))
         ref.past, ref.position = saved, context
         return arrays
 

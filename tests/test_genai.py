@@ -91,7 +91,45 @@ def test_a_sweep_point_matches_and_records_the_loop(name, tmp_path):
     loop = point["details"]["genai"]
     assert loop["provider"] == "cpu" and loop["graph_capture"] is False
     assert loop["past_present_share_buffer"] == config["search"]["past_present_share_buffer"]
-    assert loop["greedy_steps"] + loop["forced_steps"] == 5
+    # the sweep's steps are the reference's greedy tokens: genai's own loop picks each one
+    assert (loop["greedy_steps"], loop["forced_steps"]) == (5, 0) and "diverged" not in loop
+
+
+def test_a_fed_token_that_is_not_its_pick_is_recorded_and_the_steps_stay_on_the_prefix():
+    """A step whose token is not genai's greedy pick: the first such step recorded (genai's
+    pick, the token, genai's margin between them in its own logits), the token fed, and the
+    later steps genai's own picks again, every step's logits ORT's CPU EP's on the same
+    tokens."""
+    name = "genai-llama"
+    prompt = MANIFEST[name]["prompt"]
+    genai = backend_for(registry()["ort-genai:cpu"], _model(name), None)
+    oracle = backend_for(registry()["ort-cpu:copy"], _model(name), None)
+    genai.prepare(None, len(prompt) + 4)
+    oracle.prepare(None, len(prompt) + 4)
+    try:
+        genai.reach_depth(DepthState(tokens=np.array(prompt), cache={}))
+        for t in prompt:
+            ref = np.array(oracle.step(t), np.float64)
+        first = ref  # the logits genai picks its first token from
+        pick = int(np.argmax(ref))
+        other = int(np.argsort(ref)[-2])  # the runner-up: a near-tie, as a GPU's logits give
+        fed = [other, None, None]
+        for i, t in enumerate(fed):
+            t = int(np.argmax(ref)) if t is None else t
+            logits = np.array(genai.step(t), np.float64)
+            ref = np.array(oracle.step(t), np.float64)
+            assert np.abs(logits - ref).max() <= _logits_tolerance(name) * np.abs(ref).max(), i
+        loop = genai.details["genai"]
+        assert (loop["greedy_steps"], loop["forced_steps"]) == (2, 1)
+        d = loop["diverged"]
+        assert (d["step"], d["token"], d["reference_token"]) == (0, pick, other)
+        scale = np.abs(first).max()
+        slack = 2 * _logits_tolerance(name) * scale
+        assert 0 < d["margin"] == pytest.approx(first[pick] - first[other], abs=slack)
+        assert d["margin_rel"] == pytest.approx(d["margin"] / scale, rel=1e-3)
+    finally:
+        genai.close()
+        oracle.close()
 
 
 def test_a_model_without_genai_config_and_a_preset_are_refused(tmp_path):
