@@ -39,7 +39,8 @@ DEVICE_MODES = {c.name: c for c in (backend_class(DEVICE_CPU, m)
 REGISTERED = ["ort-cpu:copy", "ort-cpu:iobinding", "ort-cpu:shared"]
 CONTEXTS, STEPS, WARMUP = [5, 20], 3, 1
 #: the exports whose every cache is a GroupQueryAttention past (shared and captured run)
-GQA = ["genai-llama", "genai-q4f16-llama", "genai-int4-llama", "genai-qwen35"]
+GQA = ["genai-llama", "genai-q4f16-llama", "genai-int4-llama", "genai-qwen35",
+       "genai-int4-qwen35"]
 #: the exports whose caches grow by plain ops (shared and captured refuse them)
 PLAIN = ["optimum-llama", "transformers-llama"]
 
@@ -55,8 +56,9 @@ def _model(name: str, tmp_path: Path) -> Path:
     return path
 
 
-def _sweep(model: Path, backends: list[str], tmp_path: Path) -> dict:
-    rc = runner.RunConfig(preset="model", model=str(model), pairs={}, backends=backends,
+def _sweep(model: Path | None, backends: list[str], tmp_path: Path,
+           preset: str = "model") -> dict:
+    rc = runner.RunConfig(preset=preset, model=model and str(model), pairs={}, backends=backends,
                           contexts=CONTEXTS, steps=STEPS, warmup=WARMUP, warm_s=0, repeat=1,
                           capacity=None, seed=0, inprocess=True, calibrate=False,
                           timeout_s=300.0)
@@ -80,6 +82,17 @@ def test_every_mode_matches_the_reference_on_a_gqa_export(name, tmp_path):
             assert p.details["static_feeds"]["input_ids"] == [1, 1]
             # the mask crosses whole each step (int64), beside the ids and positions
             assert p.bytes_per_step["h2d"] >= cap * 8
+
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny+q4f16"])
+def test_the_device_logits_modes_match_on_a_preset_too(preset, tmp_path):
+    """statebench's own export (seqlens_k and total_sequence_length fed, float16 logits on
+    +q4f16): the same modes against the float64 reference."""
+    points = _sweep(None, list(DEVICE_MODES), tmp_path, preset=preset)
+    for (backend, ctx), p in points.items():
+        assert p.status == "ok" and p.match.ok, (backend, ctx, p.reason)
+    assert set(points[("ort-cpu-device:captured", CONTEXTS[0])].details["static_feeds"]) == {
+        "input_ids", "seqlens_k", "total_sequence_length"}
 
 
 @pytest.mark.parametrize("name", PLAIN)
