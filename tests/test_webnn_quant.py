@@ -161,6 +161,48 @@ def test_4bit_matmul_one_row(ctx_with, how, kind, k, n, zero_points, block):
         assert "dequantize_linear" in names and not any("gemv_q4" in x for x in names)
 
 
+@pytest.mark.parametrize("how", ["fused", "multi", "wide2_h", "quad_k4_h", "quad"])
+@pytest.mark.parametrize("dt", ["float32", "float16"])
+def test_uint4_codes_centred_on_8_run_as_signed_codes(ctx_with, how, dt):
+    """uint4 codes whose zero points are all 8 (MatMulNBits without zero points, as genai
+    exports it): the product is (code - 8) · scale, computed as signed codes (their nibbles
+    flipped at upload) with no zero-point buffer bound and no zero-point bytes counted; a
+    zero point of 7 somewhere keeps the zero-point path."""
+    ctx = ctx_with(q4_gemv=how)
+    if dt == "float16" and not ctx._target.f16:
+        pytest.skip("no shader-f16 on this adapter")
+    k, n, block = 128, 36, 32
+    outs = {}
+    for fill in ("centred", "one off"):
+        codes = _codes("uint4", (k, n))
+        scale = RNG.uniform(0.005, 0.1, size=(k // block, n)).astype(dt)
+        zp = np.full(scale.shape, 8, np.int64)
+        if fill == "one off":
+            zp[1, 3] = 7
+        v = RNG.standard_normal((1, k)).astype(dt)
+        b = MLGraphBuilder(ctx)
+        w = b.dequantize_linear(_const(b, "uint4", codes),
+                                b.constant(data_type=dt, shape=list(scale.shape), value=scale),
+                                _const(b, "uint4", zp))
+        y = b.matmul(b.input("v", data_type=dt, shape=[1, k]), w)
+        g = b.build({"y": y})
+        t_in = ctx.create_tensor(data_type=dt, shape=[1, k], writable=True)
+        ctx.write_tensor(t_in, v)
+        t_out = ctx.create_tensor(data_type=dt, shape=[1, n], readable=True)
+        ctx.dispatch(g, {"v": t_in}, {"y": t_out})
+        want = v.astype(np.float64) @ _want(codes, scale.astype(np.float32), zp)
+        got = ctx.read_tensor(t_out).astype(np.float64)
+        tol = _F16_PRODUCTS if how.endswith("_h") and dt == "float16" else 1e-5
+        if dt == "float16":
+            tol += 2e-3  # the float16 result's rounding
+        assert np.max(np.abs(got - want)) <= tol * np.max(np.abs(want)), (how, fill)
+        (la,) = [la for la in g._plan.launches if "gemv_q4" in la.kernel.name]
+        outs[fill] = la
+    centred, off = outs["centred"], outs["one off"]
+    assert len(off.slots) == len(centred.slots) + 1  # the zero-point terms' buffer
+    assert off.kernel.bytes > centred.kernel.bytes
+
+
 @pytest.mark.parametrize("how,kernel", [(None, "gemv_q4"), ("wide2_h", "gemv_q4_wide"),
                                         ("quad", "gemv_q4_quad")])
 def test_4bit_matmul_in_chunks_and_with_a_residual(ctx_with, monkeypatch, how, kernel):

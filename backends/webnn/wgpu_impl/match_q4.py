@@ -38,6 +38,10 @@ class Q4Weight:
     N: int
     block: int
     zero_points: bool  # any zero point non-zero (else the kernel leaves its term out)
+    #: uint4 codes whose zero points are all 8 (MatMulNBits' default: genai's exports): the
+    #: codes minus 8 are int4 values, so they run as signed codes without zero points, their
+    #: nibbles flipped at upload (``repack_codes``): no zero-point term read a block
+    centred: bool = False
 
     @property
     def format(self) -> tuple[int, bool, bool]:
@@ -71,7 +75,7 @@ class Q4Weight:
 
     @property
     def signed(self) -> bool:
-        return self.codes.dtype.name == "int4"
+        return self.codes.dtype.name == "int4" or self.centred
 
 
 def match_q4(nodes: list[Node]) -> dict[int, Q4Weight]:
@@ -93,8 +97,9 @@ def match_q4(nodes: list[Node]) -> dict[int, Q4Weight]:
         bk, bn = blocks(dq.shape, scale.shape)
         if bn != 1 or K % 8 or bk % 8:
             continue
-        zero = bool(np.any(_nibbles(zp, zp.dtype.name == "int4")))
-        out[o.id] = Q4Weight(dq, K, N, bk, zero)
+        zps = _nibbles(zp, zp.dtype.name == "int4")
+        centred = codes.dtype.name == "uint4" and bool(np.all(zps == 8))
+        out[o.id] = Q4Weight(dq, K, N, bk, bool(np.any(zps)) and not centred, centred)
     return out
 
 
@@ -124,8 +129,11 @@ PAIR_ORDER = np.array([0, 2, 4, 6, 1, 3, 5, 7])
 
 def repack_codes(w: Q4Weight, n0: int, nc: int, pairs: bool = False) -> np.ndarray:
     """Codes of columns [n0, n0 + nc) as (nc, K), eight a u32 word (made at upload): element
-    k in nibble k % 8 of word k / 8, or with ``pairs`` in ``PAIR_ORDER`` within the word."""
+    k in nibble k % 8 of word k / 8, or with ``pairs`` in ``PAIR_ORDER`` within the word;
+    ``centred`` codes flipped (c ^ 8 is the int4 nibble of c - 8)."""
     codes = _nibbles(w.codes, False)[:, n0:n0 + nc]  # raw nibbles, (K, nc)
+    if w.centred:
+        codes = codes ^ 8
     rows = np.ascontiguousarray(codes.T)  # (nc, K)
     if pairs:
         rows = np.ascontiguousarray(rows.reshape(nc, -1, 8)[:, :, PAIR_ORDER].reshape(nc, -1))
