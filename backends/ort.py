@@ -760,7 +760,10 @@ class _Shared(_OrtBackend):
             if p.kind != "append":
                 continue
             if p.input not in gqa:
-                op = next((n.op_type for n in proto.graph.node if p.input in n.input), "nothing")
+                # the op that writes its present grows it (a Shape may read the past first)
+                op = next((n.op_type for n in proto.graph.node if p.output in n.output),
+                          next((n.op_type for n in proto.graph.node if p.input in n.input),
+                               "nothing"))
                 return (f"its cache {p.input} grows through {op}, not GroupQueryAttention: one "
                         "buffer bound as past and present needs GQA's shared-buffer mode")
             if "attention_mask" not in feeds and not feeds >= _GQA_LENGTHS:

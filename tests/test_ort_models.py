@@ -104,7 +104,7 @@ def test_shared_and_captured_refuse_a_cache_grown_by_plain_ops(name, tmp_path):
         for backend in ("ort-cpu:shared", "ort-cpu-device:captured"):
             p = points[(backend, ctx)]
             assert p.status == "unavailable"
-            assert "not GroupQueryAttention: one buffer bound as past and present" in p.reason
+            assert "grows through Concat, not GroupQueryAttention: one buffer" in p.reason
 
 
 def test_the_look_ahead_is_the_reference_greedy_walk():
