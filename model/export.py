@@ -53,8 +53,10 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from model import checksum
+from model import export_deferred as D
 from model import quantize as Q
 from model.atomic import atomic_file
+from model.rollback_feeds import MAX_TOKENS, cache_specs_deferred
 from model.workload import (
     ATTENTION,
     K_MAJOR,
@@ -121,6 +123,28 @@ def _own_level(workload: Workload, flavour: str, accuracy_level: int | None) -> 
     return accuracy_level
 
 
+#: ``export``'s rollback forms (None: the ordinary graph)
+ROLLBACKS = ("deferred",)
+
+
+def _check_rollback(workload: Workload, flavour: str, tokens: int, rollback: str | None
+                    ) -> str | None:
+    """``rollback`` as given where the graph can take it, else ValueError."""
+    if rollback is None:
+        return None
+    if rollback not in ROLLBACKS:
+        raise ValueError(f"rollback {rollback!r}; accepted: {', '.join(ROLLBACKS)} (or None)")
+    if flavour != STANDARD:
+        raise ValueError(f"rollback {rollback!r} is a form of the standard flavour's graph")
+    if not workload.config.gdn_layers:
+        raise ValueError(f"rollback {rollback!r}: {workload.config.name} has no GDN layers "
+                         "(its K-token graph's KV rows roll back by position as they are)")
+    if not 1 <= tokens <= MAX_TOKENS:
+        raise ValueError(f"rollback {rollback!r} takes 1..{MAX_TOKENS} tokens a step (the "
+                         f"capsule's capacity), not {tokens}")
+    return rollback
+
+
 def _check_tokens(tokens: int) -> int:
     """``tokens`` (new tokens a dispatch takes) as an int >= 1, else ValueError."""
     if isinstance(tokens, bool) or not isinstance(tokens, (int, np.integer)) or tokens < 1:
@@ -130,10 +154,11 @@ def _check_tokens(tokens: int) -> int:
 
 def graph_path(workload: Workload, flavour: str, capacity: int,
                cache_dir: str | os.PathLike | None = None, *,
-               accuracy_level: int | None = None, tokens: int = 1) -> Path:
+               accuracy_level: int | None = None, tokens: int = 1,
+               rollback: str | None = None) -> Path:
     """Where `export` puts (and finds) the graph of one flavour, capacity, MatMulNBits
-    accuracy level and new tokens a step (`export`; ``-k<tokens>`` only where tokens > 1, so
-    the one-token graphs keep their names)."""
+    accuracy level, new tokens a step and rollback form (`export`; ``-k<tokens>`` only where
+    tokens > 1, ``-<rollback>`` only where given, so the other graphs keep their names)."""
     if flavour not in FLAVOURS:
         raise ValueError(f"unknown flavour {flavour!r}; accepted: {', '.join(FLAVOURS)}")
     tokens = _check_tokens(tokens)
@@ -142,13 +167,16 @@ def graph_path(workload: Workload, flavour: str, capacity: int,
     suffix = "" if level is None else f"-acc{level}"
     if tokens > 1:
         suffix += f"-k{tokens}"
+    if _check_rollback(workload, flavour, tokens, rollback) is not None:
+        suffix += f"-{rollback}"
     return (root / config_key(workload.config, workload.seed)
             / f"{flavour}-c{capacity}{suffix}.onnx")
 
 
 def export(workload: Workload, flavour: str, capacity: int,
            cache_dir: str | os.PathLike | None = None, *, force: bool = False,
-           accuracy_level: int | None = None, tokens: int = 1) -> Path:
+           accuracy_level: int | None = None, tokens: int = 1,
+           rollback: str | None = None) -> Path:
     """The graph for (workload, flavour, capacity), exported unless already on disk.
 
     `accuracy_level` is the one its MatMulNBits nodes compute at (None: the exported
@@ -157,9 +185,13 @@ def export(workload: Workload, flavour: str, capacity: int,
     float weights) is the same graph at every level, so it is that one file.
     `tokens` (K) is the new tokens one dispatch takes at positions P .. P+K-1 (a verify
     step of speculative decoding, or a chunk of a prefill): K rows written to each KV
-    cache, causal inside the K, logits for all K ([1, K, vocab]); K = 1 is the decode step."""
+    cache, causal inside the K, logits for all K ([1, K, vocab]); K = 1 is the decode step.
+    `rollback` "deferred" (standard flavour, a model with GDN layers, K <= 8): every GDN
+    layer in deferred-commit form (``model.export_deferred``), so a speculative loop rolls
+    the graph back to any m of its K tokens with no new API: an int64 input
+    ``accepted_count`` [1] and each layer's capsule pair (``model.rollback_feeds``)."""
     path = graph_path(workload, flavour, capacity, cache_dir, accuracy_level=accuracy_level,
-                      tokens=tokens)
+                      tokens=tokens, rollback=rollback)
     tokens = _check_tokens(tokens)
     level = _own_level(workload, flavour, accuracy_level)
     if not force:
@@ -171,18 +203,19 @@ def export(workload: Workload, flavour: str, capacity: int,
         if checksum.reusable(path, "graph"):
             return path
     if flavour == STANDARD:
-        return export_standard(workload, capacity, path, tokens=tokens)
+        return export_standard(workload, capacity, path, tokens=tokens, rollback=rollback)
     return export_ort(workload, path, capacity,
                       accuracy_level=Q4_ACCURACY_LEVEL if level is None else level,
                       tokens=tokens)
 
 
 def export_standard(workload: Workload, capacity: int, path: str | os.PathLike, *,
-                    tokens: int = 1) -> Path:
-    """Write the standard-flavour step of `tokens` new tokens with a fixed cache capacity;
-    returns the path."""
+                    tokens: int = 1, rollback: str | None = None) -> Path:
+    """Write the standard-flavour step of `tokens` new tokens with a fixed cache capacity
+    (in the `rollback` form, ``export``); returns the path."""
     b = _Builder(workload, Path(path))
     b.tokens = _check_tokens(tokens)
+    b.rollback = _check_rollback(workload, STANDARD, b.tokens, rollback)
     _build(b, STANDARD, capacity)
     return b.save()
 
@@ -283,6 +316,9 @@ class _Builder:
         self._n = 0
         self.flavour = STANDARD  # set by _build
         self.tokens = 1  # K, the new tokens a step takes (``export``)
+        self.rollback: str | None = None  # the rollback form (``export``)
+        #: what the deferred form's GDN layers share (``export_deferred.declare``)
+        self.deferred: dict[str, str] | None = None
         self.accuracy_level = Q4_ACCURACY_LEVEL  # MatMulNBits' (ORT flavour, 4-bit weights)
         self.quantised = set(quantised_names(self.cfg))
         self.q4_manifest: dict[str, tuple[int, int]] | None = None  # written on first use
@@ -448,10 +484,13 @@ def _build(b: _Builder, flavour: str, capacity: int) -> None:
     if flavour == STANDARD:
         pos = b.input("position_ids", TensorProto.INT64, [1, t])
         ctx["pos"] = pos
+        if b.rollback is not None:
+            b.deferred = D.declare(b)
     else:
         ctx["seqlens_k"] = b.input("seqlens_k", TensorProto.INT32, [1])
         ctx["total"] = b.input("total_sequence_length", TensorProto.INT32, [])
-    specs = cache_specs(cfg, capacity, state_layout(flavour))
+    specs = (cache_specs(cfg, capacity, state_layout(flavour)) if b.rollback is None
+             else cache_specs_deferred(cfg, capacity, t))
     for s in specs:
         dims = list(s.shape)
         if flavour == ORT and s.kind == "append":
@@ -753,6 +792,8 @@ def _causal_conv_columns(b: _Builder, taps: str, past: str, present: str, x: str
 
 
 def _gdn(b: _Builder, flavour: str, i: int, xn: str) -> str:
+    if b.deferred is not None:  # the rollback form (``export``)
+        return D.gdn_layer(b, b.deferred, i, xn)
     cfg, p = b.cfg, f"layers.{i}."
     hk, hv, dk, dv = cfg.gdn_qk_heads, cfg.gdn_v_heads, cfg.gdn_qk_dim, cfg.gdn_v_dim
     rep = hv // hk

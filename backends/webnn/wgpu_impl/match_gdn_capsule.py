@@ -12,7 +12,9 @@ The capture, over the V-major state ``P`` viewed (Hk, rep, Dv, Dk), token by tok
     y_j = mul(matmul(n_j, q[j]), scale)
     y = concat(y_j) (T > 1), the new state n_T-1,
     capsule = concat(sections of a[:rows], k[:rows], concat(d_j)) masked by ``where`` from
-              greater(count [· (active != 0)], arange(rows)) and padded with zeros to C rows
+              greater(count [· (active != 0)], arange(rows)) and padded with zeros to C rows,
+              or (a full capture, C = T: the standard-op form ``model.export_deferred``
+              writes) the sections a, k and concat(d_j) as they are, the count then C
 
 each x[j] a one-token slice (views in between). The replay: from a slice of the source,
 ``s = add(mul(s, decay_t), mul(delta_t, gather(key_t, heads)))`` for t < kept over slices
@@ -233,8 +235,12 @@ def _count(w: _Walk, mask: Node, rows: int) -> tuple[Node, Node | None] | None:
     return None
 
 
-def _section(w: _Walk, x: Node, width: int, rows: int, cap: int) -> tuple[Node, Node] | None:
-    """(the masked data's view, the mask) of one capsule section [1, C * width]."""
+def _section(w: _Walk, x: Node, width: int, rows: int, cap: int
+             ) -> tuple[Node, Node | None] | None:
+    """(the masked data's view, the mask) of one capsule section [1, C * width]; the mask
+    None where the section is the data itself (a full capture: rows = C)."""
+    if rows == cap and not _op(root(x), "where"):
+        return x, None
     x = root(x)
     if rows < cap:
         if not (_op(x, "concat") and len(x.inputs) == 2 and x.attrs["axis"] == 0
@@ -263,18 +269,24 @@ def _capsule(w: _Walk, cap_node: Node, a: Node, k: Node, deltas: list[Node], dim
     w.take(cap_node)
     secs = [_section(w, x, wd, rows, cap) for x, wd in zip(cap_node.inputs, (hv, hk * dk, hv * dv),
                                                             strict=True)]
-    if any(s is None for s in secs) or len({m.id for _, m in secs}) != 1:
+    if any(s is None for s in secs) or len({None if m is None else m.id for _, m in secs}) != 1:
         return None
     (dec, mask), (key, _), (dl, _) = secs
-    if _prefix(root(dec), rows, (t, hv)) is not a or _prefix(root(key), rows, (t, hk, dk)) is not k:
+    if mask is None:  # the whole decays and keys, read where they lie
+        if root(dec) is not a or root(key) is not k:
+            return None
+    elif _prefix(root(dec), rows, (t, hv)) is not a or _prefix(root(key), rows, (t, hk, dk)) is not k:
         return None
-    w.take(root(dec), root(key))
+    else:
+        w.take(root(dec), root(key))
     dl = root(dl)
     parts = [root(x) for x in dl.inputs] if _op(dl, "concat") and dl.attrs["axis"] == 0 else [dl]
     if [p.id for p in parts] != [d.id for d in deltas[:rows]]:
         return None
     if len(parts) > 1:
         w.take(dl)
+    if mask is None:
+        return cap, None, None
     got = _count(w, mask, rows)
     return None if got is None else (cap, *got)
 
@@ -332,9 +344,10 @@ def _finish(a: Node, w: _Walk, pinned: set[int], p: Node, g: Node, state: Node,
     extra = [x for x in w.readers(a) if x.id not in w.ops]
     capsule = count = active = None
     cap = 0
-    if extra:  # slice -> where -> (the zero rows' concat) -> the sections' concat
+    if extra:  # slice -> where -> (the zero rows' concat) -> the sections' concat, or that
         x = extra[0] if len(extra) == 1 else None
-        for _ in range(3):
+        direct = x is not None and _op(x, "concat") and x.attrs["axis"] == 1
+        for _ in range(0 if direct else 3):
             rs = w.readers(x) if x is not None else []
             x = rs[0] if len(rs) == 1 else None
             if x is not None and _op(x, "concat") and x.attrs["axis"] == 1:
@@ -508,7 +521,11 @@ def _lower_capsule(n: Site) -> None:
         act = ("const", ("gdn_active", m.out.id))
         if m.active is None:
             plan.consts.setdefault(act, np.ones(1, np.int32))
-        ins += [n.slot_of(m.count), n.slot_of(m.active) if m.active is not None else act]
+        cnt = ("const", ("gdn_count", m.out.id))
+        if m.count is None:  # a full capture
+            plan.consts.setdefault(cnt, np.full(1, cap, np.int32))
+        ins += [n.slot_of(m.count) if m.count is not None else cnt,
+                n.slot_of(m.active) if m.active is not None else act]
     outs = [new, n.out] + ([n.slot_of(m.capsule)] if cap else [])
     n.add(KernelLaunch(k, ins + outs + n.status(guarded)))
 
