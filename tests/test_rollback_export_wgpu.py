@@ -82,9 +82,19 @@ def test_every_count_k_gives_the_ordinary_tokens(ctx, runs, cache):
         assert rel(got, want) < 1e-5, (j, rel(got, want))
 
 
-@pytest.mark.parametrize("name,k", [("tiny", 2), ("tiny", 4), ("small", 4)])
+def test_float16_model_full_partial_zero(ctx, cache):
+    """q4f16 (float16 activations, the gated delta in float32): within its tolerance."""
+    from harness.metrics import logits_tolerance
+
+    w = Workload.build(preset("tiny+q4f16"), seed=SEED)
+    run = WgpuRun(ctx, *deferred(w, 4, cache))
+    speculate(w, 4, run, None, seed=4, tol=logits_tolerance(w.config))
+
+
+@pytest.mark.parametrize("name,k", [("tiny", 1), ("tiny", 2), ("tiny", 4), ("small", 4),
+                                    ("tiny+q4f16", 4)])
 def test_capture_and_replay_one_launch_each(ctx, runs, cache, name, k):
-    if name == "tiny":
+    if name == "tiny" and k in runs:
         run, w = runs[k], TINY
     else:
         w = Workload.build(preset(name), seed=SEED)
