@@ -41,4 +41,5 @@ def widened_mlp(ffn: int = 192, seed: int = 0, path: Path = GENAI_Q4F16) -> onnx
         scales = (rng.uniform(0.5, 1.5, (n, blocks)) * np.abs(old).mean()).astype(old.dtype)
         for name, arr in ((node.input[1], codes), (node.input[2], scales)):
             inits[name].CopyFrom(numpy_helper.from_array(arr, name))
+    del model.graph.value_info[:]  # the exporter's shapes of the old width
     return model

@@ -7,6 +7,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -40,10 +42,11 @@ def _census(*args: str) -> dict:
 
 def test_the_real_export_plans_the_presets_layer(tmp_path):
     """genai's q4f16 export with its MLP 192 wide (its full-size path: no padded block) on
-    the H200's plan: each layer one norm, the packed q/k/v product, the row write,
-    attention and its combine, o with the residual, a norm, gate/up with SwiGLU, down with
-    the residual (the preset's layer: PERFORMANCE.md "Launches a layer"); the rotary rows
-    and the row-write index once a step, not once a layer."""
+    the H200's plan: each layer the packed q/k/v product (its norm computed where it reads
+    it), the row write, attention and its combine, o with the residual, gate/up with the
+    norm and SwiGLU, down with the residual (the preset's layer: PERFORMANCE.md "Launches a
+    layer"); the rotary rows and the row-write index once a step, not once a layer, and
+    one norm launch, the first layer's (it reads the embedding row)."""
     import onnx
     from genai_shapes import widened_mlp
 
@@ -53,8 +56,62 @@ def test_the_real_export_plans_the_presets_layer(tmp_path):
     per = [[la["kernel"] for la in r] for r in got["runs"]]
     assert len(per) == 2 and all(len(r) == len(per[0]) for r in per), per
     assert sorted(per[0]) == sorted(
-        ["fused_vector", "gemv_q4_quad", "scatter_nd", "attention_flash", "attention_combine",
-         "gemv_q4_quad", "fused_vector", "gemv_q4_quad", "gemv_q4_quad"]), per[0]
+        ["gemv_q4_quad", "scatter_nd", "attention_flash", "attention_combine",
+         "gemv_q4_quad", "gemv_q4_quad", "gemv_q4_quad"]), per[0]
     rest = [la["kernel"] for la in got["rest"]]
     assert rest.count("gather") == 3, rest  # the embedding row, the cos and sin rows
+    assert rest.count("fused_vector") == 1, rest
     assert "transpose" not in rest + per[0]
+
+
+@pytest.mark.parametrize("widened", [False, True])
+def test_the_real_export_on_the_gpu_plan_computes_orts_logits(monkeypatch, tmp_path, widened):
+    """genai's q4f16 export (and its 192-wide MLP: the full-size path, SwiGLU in gate/up)
+    on the stateful page with the GPU's plan forced on this adapter (rewrites, the 4-bit
+    "quad" kernel, norms from partial sums, residual and gated epilogues): each of 6 steps
+    from fresh random tokens within the export's float16 tolerance of ORT's CPU EP on the
+    reference's copy of the graph (float32 products), argmax included; fewer launches than
+    the CPU plan's."""
+    import dataclasses
+
+    import numpy as np
+    import onnx
+    from genai_shapes import GENAI_Q4F16, widened_mlp
+
+    from backends.base import registry
+    from backends.webnn.wgpu_impl import context
+    from harness.model_run import UserModel, backend_for, reference_graph
+
+    path = GENAI_Q4F16
+    if widened:
+        (tmp_path / "m").mkdir()
+        path = tmp_path / "m" / "model.onnx"
+        onnx.save(widened_mlp(), str(path))
+    model = UserModel.load(path)
+    (tmp_path / "ref").mkdir()
+    oracle = backend_for(registry()["ort-cpu:copy"], reference_graph(model, tmp_path / "ref"),
+                         None)
+    cpu_page = backend_for(registry()["wgpu:stateful"], path, None)
+    real = context.target_of
+    monkeypatch.setattr(context, "target_of", lambda *a: dataclasses.replace(
+        real(*a), cpu=False, max_storage=16, shared_bytes=32768))
+    page = backend_for(registry()["wgpu:stateful"], path, None)
+    cap = 16
+    rng = np.random.default_rng()
+    try:
+        for b in (oracle, page):
+            b.prepare(None, cap)
+        monkeypatch.setattr(context, "target_of", real)
+        cpu_page.prepare(None, cap)
+        names = [la.kernel.name for la in page.converted.graph._plan.launches]
+        assert "fused_vector" in names and names.count("fused_vector") == 1, names
+        assert page.converted.graph.launches < cpu_page.converted.graph.launches
+        for i, tok in enumerate(rng.integers(1, 1000, 6)):
+            want = np.asarray(oracle.step(int(tok)), np.float64).reshape(-1)
+            got = np.asarray(page.step(int(tok)), np.float64).reshape(-1)
+            rel = np.abs(got - want).max() / np.abs(want).max()
+            assert rel < model.tolerance, f"step {i}: {rel:.2e} (tolerance {model.tolerance})"
+            assert got.argmax() == want.argmax()
+    finally:
+        for b in (oracle, page, cpu_page):
+            b.close()

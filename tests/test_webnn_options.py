@@ -19,6 +19,7 @@ ACCEPTED = {
     "gemv_prologue": ["launch", "off", "full", "vector"],
     "q4_prologue": ["off", "vector", "full"],
     "q4_epilogue": ["off", "gated"],
+    "q4_norms": ["partials", "off"],
     "row_vector": ["unrolled", "loop"],
     "row_writes": ["separate"],
     "attention_splits": [1, 8, 64],
@@ -38,7 +39,8 @@ ACCEPTED = {
 REFUSED = {
     "gemv": ["fastest", "col", "rows_x"], "attention": ["flash2", "", "lanes_u3", "lanes2"],
     "gemv_prologue": ["on"], "q4_prologue": ["launch", ""],
-    "q4_epilogue": ["on", "swiglu", ""], "row_vector": ["unroll", ""],
+    "q4_epilogue": ["on", "swiglu", ""], "q4_norms": ["on", "launch", ""],
+    "row_vector": ["unroll", ""],
     "row_writes": ["one"],
     "attention_splits": [0, -2, "4", 2.0, True],
     "record_ahead": ["yes"], "cache_copy": ["copy"], "gemv_weights": ["f64"],

@@ -40,6 +40,7 @@ OPTION_VALUES: dict[str, list[str | int | None]] = {
                 "multi_h", "wide2_k2_h", "wide4", "quad_k2_h"],
     "q4_prologue": [None, "off", "vector", "full"],
     "q4_epilogue": [None, "off", "gated"],
+    "q4_norms": [None, "partials", "off"],
 }
 
 

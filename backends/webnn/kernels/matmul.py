@@ -148,6 +148,10 @@ class VectorSource:
     bindings: list[str]
     element: str  # format string: WGSL expression of element {} (may use ``red``)
     reduction: tuple[str, str, int] | None = None  # (reduce op, element {} of its input, count)
+    #: the reduction as partial sums another launch wrote (``quant_rows.gemv_q4_quad``'s
+    #: ``stats``): (element {} of the partials, their count, the divisor: a mean's element
+    #: count, 1 for a sum), summed by each workgroup instead of ``reduction``
+    partials: tuple[str, int, int] | None = None
 
 
 def computed_vector(vec: VectorSource, count: int, traffic: int, rows: int = 1,

@@ -59,10 +59,12 @@ def dequantize_linear(kind: str, shape: Sequence[int], block: Sequence[int], out
 
 def q4_bindings(b_t: str, sc_t: str, N: int, zero_points: bool, residual: bool, n_off: int,
                  splits: Sequence[int] | None, half_out: bool,
-                 prologue: VectorSource | None = None) -> tuple[str, list[str]]:
+                 prologue: VectorSource | None = None,
+                 stats: bool = False) -> tuple[str, list[str]]:
     """The 4-bit products' bindings (``gemv_q4`` documents them; ``b_t``: the codes' load
     type, ``sc_t``: the scales') and each one's access; with a ``prologue``, its bindings
-    (and its module-scope source) instead of ``a``, the others after them."""
+    (and its module-scope source) instead of ``a``, the others after them; ``stats``: the
+    partial sums ``pt`` (rw) last (``quant_rows.gemv_q4_quad``)."""
     if prologue is None:
         src, first = decl(0, "a", "vec4<f32>", "read"), ["read"]
     else:
@@ -81,7 +83,9 @@ def q4_bindings(b_t: str, sc_t: str, N: int, zero_points: bool, residual: bool, 
     assert not (splits and (residual or n_off or half_out)) and sum(outs) == N
     for j in range(len(outs)):
         src += decl(nxt + j, f"out{j}" if splits else "out", io, "rw")
-    return src, first + ["read"] * (nxt - nb) + ["rw"] * len(outs)
+    if stats:
+        src += decl(nxt + len(outs), "pt", "f32", "rw")
+    return src, first + ["read"] * (nxt - nb) + ["rw"] * (len(outs) + stats)
 
 
 def gemv_q4(K: int, N: int, block: int, *, signed: bool, zero_points: bool, lanes: int = 32,

@@ -26,6 +26,18 @@ class GatedOutput:
     out_type: str
 
 
+@dataclass
+class StatsOutput:
+    """What a residual product writes besides its rows: each workgroup's sum, over the rows
+    it wrote, of an element-wise function of each written value (RMSNorm's ``x · x``), into
+    ``pt`` at the workgroup's index: the partial sums a norm of the written row reads
+    instead of a reduction launch (``VectorSource.partials``). ``src``: WGSL declaring
+    ``norm_el(i: u32, xs: T) -> f32``, the function at element ``i`` of written value
+    ``xs`` (T: the row's type)."""
+
+    src: str
+
+
 def _unpack_biased_fns(signed: bool) -> str:
     """WGSL ``lo(w)``/``hi(w)`` of ``gemv_q4_multi``: nibbles 0-3 and 4-7 of a u32 word as
     floats without an integer-to-float conversion (a quarter-rate instruction on NVIDIA
@@ -118,21 +130,26 @@ def _rows_head(N: int, K: int, block: int, R: int, lanes: int, wg: int, gx: int,
                splits: Sequence[int] | None, half_out: bool, half_scales: bool,
                half: bool, row_offsets: bool = True,
                prologue: VectorSource | None = None,
-               gated: GatedOutput | None = None) -> tuple[str, list[str]]:
+               gated: GatedOutput | None = None,
+               stats: StatsOutput | None = None) -> tuple[str, list[str]]:
     """The start of ``gemv_q4_multi`` and ``gemv_q4_wide`` (bindings, unpack and scale
     functions, ``shared`` floats of workgroup memory where non-zero, the entry point up to
     each of the group's ``R`` rows' code and scale offsets ``wb{j}``, ``sb{j}``: groups of
     ``lanes`` invocations, ``wg`` a workgroup, ``gx`` workgroups along x; without
     ``row_offsets``, up to the group's first row ``n0``) and the bindings' access
     (``prologue``: ``q4_bindings``; ``gated``: its functions and workgroup memory, and
-    ``out`` of its type, half as long)."""
+    ``out`` of its type, half as long; ``stats``: its function, the partial sums ``pt``
+    bound last and workgroup memory for the rows' values)."""
     if gated is not None:
         assert not (residual or splits or n_off or half_out)
         half_out = gated.out_type == "f16"
     src, binds = q4_bindings("vec4<u32>", "u32" if half_scales else "f32", N, zero_points,
-                              residual, n_off, splits, half_out, prologue)
+                              residual, n_off, splits, half_out, prologue, stats is not None)
     if gated is not None:
         src += gated.src + f"var<workgroup> pair_sh: array<f32, {(wg // lanes) * R}>;\n"
+    if stats is not None:
+        assert gated is None and not splits
+        src += stats.src + f"var<workgroup> nrm_sh: array<f32, {(wg // lanes) * R}>;\n"
     src += _unpack_half_fns(signed) if half else _unpack_biased_fns(signed)
     src += _scale_fn(half_scales)
     if shared:
@@ -332,19 +349,42 @@ def _group_kernel(name: str, src: str, binds: list[str], groups: tuple[int, int,
                   lanes: int, wg: int, subgroup: int | None, K: int, N: int, nblocks: int, *,
                   zero_points: bool, residual: bool, n_off: int,
                   splits: Sequence[int] | None, half_out: bool, half_scales: bool,
-                  gated: GatedOutput | None = None) -> Kernel:
+                  gated: GatedOutput | None = None,
+                  stats: StatsOutput | None = None) -> Kernel:
     """``gemv_q4_wide``'s or ``gemv_q4_quad``'s kernel: ``src`` up to the sums, then the
     group's sums (``_group_sums``) and lane j's write of row n0 + j (``gemv_write``), or
-    with ``gated`` the pair's element (``_gated_write``)."""
+    with ``gated`` the pair's element (``_gated_write``), or with ``stats`` the row and the
+    workgroup's partial sum (``_stats_write``)."""
     src += _group_sums(R, lanes, wg, subgroup)
     traffic = _q4_traffic(K, N, nblocks, zero_points, residual, half_out, half_scales)
-    if gated is None:
+    if stats is not None:
+        src += _stats_write(R, wg // lanes, groups[0], f"{n_off}u + n", N, residual, half_out)
+        traffic += 4 * groups[0] * groups[1]
+    elif gated is None:
         src += "  let n = n0 + t;\n" + gemv_write(f"t < {R}u", f"{n_off}u + n", N, residual,
                                                   splits, half_out)
     else:
         src += _gated_write(gated, R, N // 2)
         traffic += esize(gated.out_type) * (N // 2) - 4 * N
     return Kernel(name, src, binds, groups, traffic)
+
+
+def _stats_write(R: int, G: int, gx: int, index: str, count: int, residual: bool,
+                 half: bool) -> str:
+    """WGSL closing a kernel of ``G`` groups of ``R`` rows a workgroup: lane j of each group
+    writes row n0 + j as ``gemv_write`` does (plus ``res`` when ``residual``; ``half``:
+    float16, rounded once), and ``norm_el`` of the value written goes into workgroup
+    memory; after one barrier invocation 0 writes the workgroup's sum of them to
+    ``pt[workgroup]`` (``StatsOutput``). Every invocation reaches the barrier."""
+    val = f"s + {'f32(res[{i}])' if half else 'res[{i}]'}" if residual else "s"
+    val = val.format(i=index)
+    val = f"f16({val})" if half else val
+    total = " + ".join(f"nrm_sh[{k}u]" for k in range(G * R))
+    return (f"  let n = n0 + t;\n  var nf = 0.0;\n"
+            f"  if (t < {R}u && n < {count}u) {{\n    let xs = {val};\n"
+            f"    out[{index}] = xs;\n    nf = norm_el({index}, xs);\n  }}\n"
+            f"  if (t < {R}u) {{ nrm_sh[g * {R}u + t] = nf; }}\n  workgroupBarrier();\n"
+            f"  if (lid == 0u) {{ pt[wid.y * {gx}u + wid.x] = {total}; }}\n}}\n")
 
 
 def _gated_write(gated: GatedOutput, R: int, count: int) -> str:
@@ -414,12 +454,21 @@ def quad_lanes(K: int, loads: int = 1) -> int:
     return max(QUAD, _lanes_for(-(-(K // 8) // loads)))
 
 
+def quad_workgroups(K: int, N: int, loads: int = 1) -> int:
+    """The workgroups of ``gemv_q4_quad`` over ``N`` rows: how many partial sums its
+    ``stats`` writes."""
+    lanes = quad_lanes(K, loads)
+    gx, gy, _ = grid(N, max(1, 256 // lanes) * QUAD)
+    return gx * gy
+
+
 def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
                  loads: int = 1, subgroup: int | None = None, residual: bool = False,
                  n_off: int = 0, splits: Sequence[int] | None = None,
                  half_out: bool = False, half_scales: bool = False,
                  half: bool = False, prologue: VectorSource | None = None,
-                 gated: GatedOutput | None = None) -> Kernel:
+                 gated: GatedOutput | None = None,
+                 stats: StatsOutput | None = None) -> Kernel:
     """The product ``gemv_q4`` computes, the codes of ``QUAD`` rows interleaved by word
     (``match_q4.interleave_rows``): one 16-byte load is 8 codes of each of 4 rows at the
     same 8 inputs, so an invocation's input is 2 ``vec4`` (32 bytes, adjacent
@@ -440,7 +489,13 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
     ``gated``: the rows are a pair of stacked products', two of each a group
     (``match_q4.paired_rows``), and the kernel writes ``gated``'s element of the two at
     each of the N / 2 indices (SwiGLU's ``silu(gate) · up``) instead of N sums: the
-    activation needs no launch, and neither product's output is written."""
+    activation needs no launch, and neither product's output is written.
+
+    ``stats``: each workgroup also writes a partial sum of a function of the rows it wrote
+    (``_stats_write``: RMSNorm's sum of squares of the residual stream), one float a
+    workgroup (``quad_workgroups``), which the next norm's readers sum (``prologue``'s
+    ``partials``): the norm needs no launch, and no workgroup repeats the row's reduction.
+    A prologue whose reduction is such partials sums them (``_prologue_reduction``)."""
     assert K % 32 == 0 and block % 32 == 0 and K % block == 0
     assert gated is None or N % QUAD == 0
     words, nblocks, per = K // 8, K // block, block // 8
@@ -459,7 +514,7 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
                             signed=signed, zero_points=zero_points, residual=residual,
                             n_off=n_off, splits=splits, half_out=half_out,
                             half_scales=half_scales, half=half, row_offsets=False,
-                            prologue=prologue, gated=gated)
+                            prologue=prologue, gated=gated, stats=stats)
     src += f"  let q = min(n0 / {R}u, {groups - 1}u);\n"
     ragged = words % lanes != 0
     flip = " ^ vec4<u32>(0x88888888u)" if signed else ""  # _unpack_biased_fns
@@ -497,13 +552,20 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
     return _group_kernel("gemv_q4_quad", src, binds, (gx, gy, 1), R, lanes, wg, sub, K, N,
                          nblocks, zero_points=zero_points, residual=residual, n_off=n_off,
                          splits=splits, half_out=half_out, half_scales=half_scales,
-                         gated=gated)
+                         gated=gated, stats=stats)
 
 
 def _prologue_reduction(prologue: VectorSource | None, wg: int,
                         subgroup: int | None) -> tuple[str, str] | None:
     """(module declarations, body) of the whole-vector reduction a ``prologue`` reads
-    (RMSNorm's mean of squares, into ``red``), each workgroup computing it; None without."""
+    (RMSNorm's mean of squares, into ``red``), each workgroup computing it, or summing the
+    partial sums another launch wrote (``VectorSource.partials``); None without."""
+    if prologue is not None and prologue.partials is not None:
+        load, count, div = prologue.partials
+        decls, body = (unrolled_reduction("reduce_sum", count, load, wg, subgroup, "red_p")
+                       or inline_reduction("reduce_sum", count, load, wg, "red_p"))
+        scale = f" / {float(div)!r}" if div != 1 else ""
+        return decls, body + f"  let red = red_p{scale};\n"
     if prologue is None or prologue.reduction is None:
         return None
     op, load, count = prologue.reduction

@@ -23,7 +23,8 @@ from ..ir import Node
 from ..kernels import Kernel
 from ..kernels import fused as FU
 from ..kernels import matmul as MM
-from ..kernels.quant_rows import GatedOutput
+from ..kernels.common import decl
+from ..kernels.quant_rows import GatedOutput, StatsOutput, quad_workgroups
 from ..stateful import SAME_INDEX_OPS, root
 from . import fusion
 from .launches import Deferred, KernelLaunch, Slot
@@ -182,15 +183,43 @@ def gated_epilogues(nodes: list[Node], stacked: dict[int, list[Node]],
 
 
 @dataclass
+class NormStats:
+    """What a 4-bit product with a residual epilogue writes besides its rows (``x``, the
+    residual stream): each workgroup's sum of the reduction's element function ``chain``
+    (RMSNorm's ``x · x``; ``x`` its one leaf) over the rows it wrote, ``count`` floats into
+    ``slot`` (``quant_rows.quad_workgroups``). The norm reading ``x`` then needs no launch:
+    its readers sum those partials (``Prologue.stats``) and compute its tail where they read
+    it (``norm_partials``)."""
+
+    chain: fusion.Group
+    x: Node
+    slot: Slot
+    count: int
+
+    def output(self) -> StatsOutput:
+        """The kernel's part: ``norm_el(i, xs)``, the chain at a written value."""
+        t = self.x.dtype.wgsl
+        if not self.chain.ops:
+            return StatsOutput(f"fn norm_el(i: u32, xs: {t}) -> f32 {{\n  return f32(xs);\n}}\n")
+        fops, leaves = self.chain.fused_ops(named={self.x.id: "xs"})
+        fsrc, args = FU.functions(fops, leaves, "ns_")
+        call = f"ns_v{len(fops) - 1}({', '.join(['i'] + args)})"
+        return StatsOutput(fsrc + f"fn norm_el(i: u32, xs: {t}) -> f32 {{\n"
+                                  f"  return f32({call});\n}}\n")
+
+
+@dataclass
 class Prologue:
     """A vector computed from an element-wise ``group`` and, if it reads one, a
     ``reduction`` (a reduce op and the group of its input chain, e.g. RMSNorm's mean of
     squares), computed first: by each workgroup of the gemv reading it (a prologue, one
     reduced element), or in a launch of its own with a workgroup per reduced row
-    (``row_reductions``)."""
+    (``row_reductions``), or (``stats``) summed by each workgroup of the gemv from the
+    partial sums the product writing the reduction's input left (``norm_partials``)."""
 
     group: fusion.Group
     reduction: fusion.Group | None = None
+    stats: NormStats | None = None
 
     @property
     def reduce_op(self) -> Node | None:
@@ -205,8 +234,11 @@ class Prologue:
 
     @property
     def leaves(self) -> list[Node]:
-        """What the gemv reads for its vector, in binding order."""
+        """What the gemv reads for its vector, in binding order (with ``stats``, the
+        partial sums' slot follows: ``gemv_input``)."""
         out = [x for x in self.group.leaves if x is not self.reduce_op]
+        if self.stats is not None:
+            return out
         return out + (self._reduction_inner.leaves if self.reduction is not None else [])
 
     @property
@@ -222,6 +254,11 @@ class Prologue:
         element = f"v{len(fops) - 1}({{}}{', red' if takes_red else ''})"
         if r is None:
             return MM.VectorSource(decls + fsrc, bindings, element)
+        if self.stats is not None:  # the partial sums, bound after the leaves
+            div = S.size(r.inputs[0].shape) if r.op == "reduce_mean" else 1
+            return MM.VectorSource(decls + fsrc + decl(len(bindings), "pt_in", "f32", "read"),
+                                   bindings + ["read"], element,
+                                   partials=("pt_in[{}]", self.stats.count, div))
         inner = self._reduction_inner
         rops, rleaves = inner.fused_ops()
         rdecls, rbind = FU.leaf_decls(rleaves, len(bindings), "r_")
@@ -280,6 +317,61 @@ def gemv_prologues(nodes: list[Node], fold: dict[int, Node], inlined: set[int],
         for c in readers:
             out[c.id] = pro
     return out
+
+
+def norm_partials(nodes: list[Node], inlined: set[int], groups: dict[int, Any],
+                  taken: set[int], epilogue: dict[int, tuple[Node, Node]],
+                  quad: dict[int, int], q4: dict[int, Any], loads: int, max_binding: int,
+                  target: Target) -> tuple[dict[int, Prologue], dict[int, NormStats]]:
+    """(gemv id -> its input vector's Prologue, producer gemv id -> NormStats): RMSNorm read
+    only by 4-bit products whose input it is (``quad``: the products the "quad" kernel runs,
+    each with its bindings besides the input vector), its mean of squares over a residual
+    stream that one 4-bit product's residual epilogue writes (``epilogue``; that product
+    runs in one launch of ``loads`` loads an invocation): the product writes the partial
+    sums of squares, and the readers compute the norm where they read it. No work is
+    repeated: each square is summed once, by the lane that wrote it, and each reader's
+    workgroup sums one float per producer workgroup (128 to 512 on llama-1b) instead of
+    the row. The reduction's element must be element-wise in the stream alone (``x · x``,
+    through casts); a norm of anything else (the embedding's row) keeps its launch."""
+    consumers = fusion.consumers_of(nodes)
+    by_id = {o.id: o for o in nodes}
+    writer = {add.id: by_id[g] for g, (add, _) in epilogue.items()}  # stream id -> product
+    pros: dict[int, Prologue] = {}
+    stats: dict[int, NormStats] = {}
+    for a in _vector_roots(nodes, inlined, taken):
+        readers = consumers.get(a.id, [])
+        if not readers or not all(
+                c.op == "matmul" and root(c.inputs[0]) is a and c.id in quad
+                and S.size(c.shape[:-1]) == 1 and c.inputs[0].shape[-1] == S.size(a.shape)
+                for c in readers):
+            continue
+        group = _group(a, groups, inlined)
+        red = _reduction_of(group, consumers, groups, inlined, taken)
+        if red is None or red.ops[-1].op not in ("reduce_sum", "reduce_mean"):
+            continue
+        r = red.ops[-1]
+        chain = red.inner if len(red.ops) > 1 else fusion.Group([], [root(r.inputs[0])])
+        if len(chain.leaves) != 1:
+            continue
+        x = chain.leaves[0]
+        p = writer.get(x.id)
+        n = S.size(x.shape)
+        if (p is None or p.id in stats or p.id not in quad or S.size(r.inputs[0].shape) != n
+                or any(o.op not in SAME_INDEX_OPS or S.size(o.shape) != n
+                       or any(S.size(i.shape) != n for i in o.inputs) for o in chain.ops)):
+            continue
+        w = q4[p.id]
+        if w.N * (w.K // 2) > max_binding:  # one launch, one set of partials
+            continue
+        pro = Prologue(group, red)
+        if (quad[p.id] + 2 > target.max_storage  # its input and the partials
+                or len(pro.leaves) + 1 + max(quad[c.id] for c in readers) > target.max_storage):
+            continue
+        st = NormStats(chain, x, ("temp", ("norm", p.id)), quad_workgroups(w.K, w.N, loads))
+        stats[p.id] = st
+        for c in readers:
+            pros[c.id] = Prologue(group, red, st)
+    return pros, stats
 
 
 def row_reductions(nodes: list[Node], inlined: set[int], groups: dict[int, Any],
@@ -417,7 +509,8 @@ def gemv_input(plan: Any, o: Node, ins: list[Slot],
     pro = plan.prologue.get(o.id)
     if pro is None:
         return [ins[0]], None
-    return [slot_of(x) for x in pro.leaves], pro.source()
+    extra = [pro.stats.slot] if pro.stats is not None else []
+    return [slot_of(x) for x in pro.leaves] + extra, pro.source()
 
 
 @claims(10, lambda plan, o: o.id in plan.stacked and o.id not in plan.q4)

@@ -204,6 +204,11 @@ def lower_q4(plan: Any, members: list[Node], a_slot: Slot, slot_of: Any) -> None
     assert source is None or quad is not None, "a 4-bit prologue needs the quad kernel"
     gated = plan.gated.get(members[0].id)  # the pair writes its activation, rows paired
     assert gated is None or (quad is not None and len(ws) == 2), "a gated pair needs quad"
+    stats = plan.norm_stats.get(members[0].id)  # partial sums for the next norm's readers
+    assert stats is None or (quad is not None and res is not None and per >= N), \
+        "norm partials need the quad kernel, a residual and one launch"
+    if stats is not None:
+        plan.temps[stats.slot] = stats.count
     # float16 products (``_h``) only on float16 weights: a float32 graph's product keeps
     # float32's precision (its tolerance is 1e-3, not the float16 one)
     half = all(w.f16_weights for w in ws) and any(v is not None and v[-1]
@@ -242,7 +247,9 @@ def lower_q4(plan: Any, members: list[Node], a_slot: Slot, slot_of: Any) -> None
         if quad is not None:
             k = QR.gemv_q4_quad(K, nc, w0.block, loads=quad[0], half_scales=half_scales,
                                 half=half, prologue=source,
-                                gated=gated.output() if gated is not None else None, **common)
+                                gated=gated.output() if gated is not None else None,
+                                stats=stats.output() if stats is not None else None,
+                                **common)
         elif wide is not None:
             k = QR.gemv_q4_wide(K, nc, w0.block, rows=wide[0], loads=wide[1],
                                 half_scales=half_scales, half=half, **common)
@@ -253,7 +260,8 @@ def lower_q4(plan: Any, members: list[Node], a_slot: Slot, slot_of: Any) -> None
         else:
             k = QK.gemv_q4(K, nc, w0.block, lanes=lanes, wg=256, **common)
         plan.launches.append(KernelLaunch(k, a_slots + slots + (
-            [slot_of(res)] if res is not None else []) + outs))
+            [slot_of(res)] if res is not None else []) + outs + (
+            [stats.slot] if stats is not None else [])))
 
 
 def _stacked(parts: list[Callable[[], np.ndarray]]) -> np.ndarray:

@@ -61,6 +61,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "gemv_prologue": ("launch", "off", "full", "vector"),
     "q4_prologue": ("off", "vector", "full"),
     "q4_epilogue": ("off", "gated"),
+    "q4_norms": ("partials", "off"),
     "row_vector": ("unrolled", "loop"),
     "row_writes": ("separate",),
     "record_ahead": ("on", "pieces", "off"),
@@ -107,6 +108,13 @@ class KernelOptions:
     #: group reading only the two, SwiGLU's ``silu(gate) · up``, computed as the sums are
     #: written: no launch of its own)
     q4_epilogue: str | None = None
+    #: RMSNorm between two 4-bit products (``q4_gemv`` "quad" variants), its mean of squares
+    #: over the residual stream the first writes (``gemv.norm_partials``): None (GPU adapters
+    #: "partials", CPU adapters "off"), "partials" (the writing product's workgroups each
+    #: sum the squares of the rows they write; the norm's readers sum those partial sums and
+    #: compute the norm where they read it: no launch of its own), "off" (as
+    #: ``gemv_prologue``/``q4_prologue`` decide: by default one launch a norm)
+    q4_norms: str | None = None
     #: a vector and its row reduction in one launch (``kernels/matmul.computed_vector``, the
     #: launch of "launch" above; RMSNorm, L2 norms per head): None/"unrolled" (a workgroup no
     #: wider than the row, each invocation's loads straight-line, subgroup sums where the
@@ -251,6 +259,13 @@ class KernelOptions:
         (PERFORMANCE.md, "Knobs")."""
         how = self.q4_epilogue
         return (how == "gated" or (how is None and not t.cpu)) and self.q4_quad(t) is not None
+
+    def q4_norm_partials(self, t: Target) -> bool:
+        """Whether a norm between two 4-bit products is computed from partial sums the first
+        writes (``q4_norms``): by default on GPU adapters, where the "quad" kernel runs
+        (PERFORMANCE.md, "Knobs")."""
+        how = self.q4_norms
+        return (how == "partials" or (how is None and not t.cpu)) and self.q4_quad(t) is not None
 
     def attention_lanes(self) -> tuple[bool, int | None] | None:
         """(combine folded in, rows a lane-group loads at once or None: the default) of the

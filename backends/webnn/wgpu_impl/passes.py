@@ -141,11 +141,17 @@ def gemv_prologues(plan: Plan, st: PassState) -> None:
     mode = plan.options.gemv_prologue or "launch"
     gpu_gemv = _gpu_gemv(plan)
     q4_mode = plan.options.q4_prologue or "off"
-    if q4_mode != "off" and plan.q4 and plan.options.q4_quad(plan.target) is not None:
-        quad = _q4_other_bindings(plan)
-        plan.prologue = GV.gemv_prologues(st.nodes, plan.fold, st.inlined, plan.groups,
-                                          st.pinned | st.absorbed, plan.target,
-                                          reductions=q4_mode == "full", q4=quad)
+    quad = plan.options.q4_quad(plan.target)
+    if plan.q4 and quad is not None and plan.options.q4_norm_partials(plan.target):
+        plan.prologue, plan.norm_stats = GV.norm_partials(
+            st.nodes, st.inlined, plan.groups, st.pinned | st.absorbed, plan.epilogue,
+            _q4_other_bindings(plan), plan.q4, quad[0], plan.max_binding, plan.target)
+        st.absorbed |= {x.id for pro in plan.prologue.values() for x in pro.absorbed}
+    if q4_mode != "off" and plan.q4 and quad is not None:
+        plan.prologue |= GV.gemv_prologues(st.nodes, plan.fold, st.inlined, plan.groups,
+                                           st.pinned | st.absorbed, plan.target,
+                                           reductions=q4_mode == "full",
+                                           q4=_q4_other_bindings(plan))
         st.absorbed |= {x.id for pro in plan.prologue.values() for x in pro.absorbed}
     if gpu_gemv and mode in ("full", "vector"):
         plan.prologue |= GV.gemv_prologues(st.nodes, plan.fold, st.inlined, plan.groups,
@@ -162,11 +168,12 @@ def gemv_prologues(plan: Plan, st: PassState) -> None:
 
 def _q4_other_bindings(plan: Plan) -> dict[int, int]:
     """4-bit product id -> the bindings its launch has besides the input vector (codes,
-    scales, zero-point terms, residual, outputs), for the products the "quad" kernel runs."""
+    scales, zero-point terms, residual, outputs, the partial sums it writes), for the
+    products the "quad" kernel runs."""
     outs = {m.id: 1 if k in plan.gated else len(ms)
             for k, ms in plan.stacked.items() for m in ms}
     return {i: 2 + w.zero_points + (i in plan.epilogue) + outs.get(i, 1)
-            for i, w in plan.q4.items() if w.quad_fits}
+            + (i in plan.norm_stats) for i, w in plan.q4.items() if w.quad_fits}
 
 
 def group_row_writes(plan: Plan, st: PassState) -> None:
