@@ -166,6 +166,18 @@ class Backend(ABC):
             raise NotImplementedError(f"{self.name} has no K-token step")
         return self.step(int(tokens[0])).reshape(1, -1)
 
+    def accept(self, kept: int) -> None:
+        """Keep the first ``kept`` (0 .. K) of the K tokens the last ``step_tokens`` fed and
+        drop the rest: the state ends as if only those had been fed, the next step at
+        P + ``kept`` (a speculative verify's rollback, docs/speculative.md). Keeping all K
+        changes nothing, the default here; a backend that can roll back overrides it, one
+        that cannot refuses (NotImplementedError, its reason)."""
+        k = self.tokens_per_step
+        if isinstance(kept, bool) or not 0 <= int(kept) <= k:
+            raise ValueError(f"kept {kept!r}: the tokens kept of a step of {k}, 0 .. {k}")
+        if int(kept) != k:
+            raise NotImplementedError(f"{self.name} cannot roll back a step (keep {kept} of {k})")
+
     @abstractmethod
     def reset(self) -> None:
         """Empty the cache and return to position 0."""

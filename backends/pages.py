@@ -41,6 +41,12 @@ if TYPE_CHECKING:
     from backends.webnn.wgpu_impl.options import KernelOptions
 
 
+#: the input of a deferred-commit K-token graph (a hybrid's GDN and conv state roll back
+#: inside the next dispatch, backends/webnn/rollback.py): int64 [1], the tokens kept of
+#: the previous dispatch (``_Page.accept``; 0 after a reset, K after a step not rolled back)
+ACCEPTED_COUNT = "accepted_count"
+
+
 def _webnn():
     """The WebNN module, imported late so a missing wgpu only marks these backends unavailable."""
     import backends.webnn as webnn
@@ -49,9 +55,9 @@ def _webnn():
 
 
 #: the inputs a page feeds besides the caches: the token, its position, the mask of the
-#: rows written so far (``_Page._feed``)
+#: rows written so far, and the tokens kept of the last dispatch (``_Page._feed``)
 _FEEDS = frozenset({"input_ids", "position_ids", "attention_mask", "seqlens_k",
-                    "total_sequence_length"})
+                    "total_sequence_length", ACCEPTED_COUNT})
 
 
 class _Page(Backend):
@@ -101,6 +107,9 @@ class _Page(Backend):
         self._pairs: list = []  # MLKVCachePair, past -> present
         self._t_written = 0  # perf_counter_ns when the last step's writes were done
         self._last_times: tuple | None = None  # the last step's boundaries (host_breakdown_ms)
+        self._accepted = 0  # tokens kept of the last dispatch: the next one's accepted_count
+        self._unsettled = False  # a dispatch `accept` may still roll back
+        self._overwritten: list[str] | None = []  # pairs a token overwrites (None: unknown)
 
     # -- availability -----------------------------------------------------------------------
 
@@ -142,6 +151,13 @@ class _Page(Backend):
         from backends.webnn.onnx_converter import ConversionError, convert, list_kv_pairs
 
         self.capacity = capacity
+        from model.workload import cache_specs
+
+        # the pairs that do not roll back by position (a GDN layer's conv window and state);
+        # a model as given: not known
+        self._overwritten = (None if workload is None or self.onnx_path is not None else
+                             [s.input for s in cache_specs(workload.config, 1)
+                              if s.kind != "append"])
         path, base = self._graph(workload, capacity)
         dims = None
         self.context = webnn.ml.create_context(state_support=self.state_support, timing=self.timing,
@@ -246,7 +262,7 @@ class _Page(Backend):
         return bool(self.converted is not None and self.converted.graph.is_stateful)
 
     def reach_depth(self, depth: DepthState) -> None:
-        self.reset()
+        self.reset()  # accepted_count 0: what the page writes at depth is committed state
         if self._hidden:
             # a hidden cache is reached only by dispatching (DESIGN §5); logits are not read.
             # A K-token graph dispatches K at a time (a chunked prefill)
@@ -340,6 +356,68 @@ class _Page(Backend):
             if not (self.host_cache or self._hidden):
                 self._cur, self._nxt = self._nxt, self._cur
         self.position += self.tokens_per_step
+        self._accepted, self._unsettled = self.tokens_per_step, True
+
+    # -- speculative decoding -----------------------------------------------------------------
+
+    def rollback_refusal(self) -> str:
+        """Why ``accept`` cannot keep fewer than K tokens of a step here ("" where it
+        can): every pair rolls back by position (KV rows), or the graph commits the rest
+        itself from ``accepted_count`` (a deferred commit)."""
+        if self.converted is not None and ACCEPTED_COUNT in self.converted.inputs:
+            return ""
+        if self._overwritten is None:
+            return ("a model as given: its pairs' kinds (positional KV rows or overwritten "
+                    "state) are not known")
+        if self._overwritten:
+            return (f"{len(self._overwritten)} pairs ({', '.join(self._overwritten[:2])}"
+                    f"{', ...' if len(self._overwritten) > 2 else ''}) are overwritten by every token "
+                    f"(GDN conv window and recurrent state), not positional rows: they cannot roll "
+                    f"back by position, and this K-token graph has no {ACCEPTED_COUNT!r} input "
+                    "(the deferred-commit export, issue 31 item 3)")
+        return ""
+
+    def accept(self, kept: int) -> None:
+        """Keep the first ``kept`` of the last dispatch's K tokens (``Backend.accept``), by
+        position, the proposal's way with no new API: the next dispatch writes its rows
+        at P + ``kept`` and its queries see rows up to their own position only
+        (``position_ids``, ``attention_mask``), so the dropped rows are never read and are
+        overwritten; a deferred-commit graph is told ``kept`` as its ``accepted_count``.
+        No bytes move. Every page mode alike: the rows the page holds (stateless), the
+        tensors it ping-pongs (reuse) and the graph's hidden state (stateful)."""
+        k = self.tokens_per_step
+        if isinstance(kept, bool) or not 0 <= int(kept) <= k:
+            raise ValueError(f"kept {kept!r}: the tokens kept of a step of {k}, 0 .. {k}")
+        if not self._unsettled:
+            raise ValueError(f"{self.name}: no step to keep tokens of (accept follows one "
+                             "step_tokens, once)")
+        kept = int(kept)
+        if kept < k:
+            why = self.rollback_refusal()
+            if why:
+                raise NotImplementedError(f"{self.name} cannot roll back: {why}")
+        self.position -= k - kept
+        self._accepted, self._unsettled = kept, False
+
+    def state_snapshot(self) -> dict[str, np.ndarray]:
+        """Every pair's current contents by past name, host copies in the cache's type
+        (checks and tests: a page never reads the state back; a stateful page's hidden
+        state through the context's test peek). Counts no bytes."""
+        ctx = self.context
+        before = ctx.counters.snapshot()
+        try:
+            if self._hidden:
+                return {p.input: np.array(ctx._peek_state(self.converted.graph, p.input))
+                        for p in self._pairs}
+            if self.host_cache:
+                return {name: arr.copy() for name, arr in self._host.items()}
+            names = [p.input for p in self._pairs]
+            got = ctx._read_tensors([self._cur[n] for n in names], None)
+            return {n: np.array(a).reshape(self.converted.inputs[n].shape)
+                    for n, a in zip(names, got, strict=True)}
+        finally:
+            for field in ("h2d", "d2h", "d2d", "kernel"):
+                setattr(ctx.counters, field, getattr(before, field))
 
     def _feed(self, name: str, tokens: int | np.ndarray) -> np.ndarray:
         """What the page writes to a non-cache input this step (``_FEEDS``) for its K
@@ -349,6 +427,8 @@ class _Page(Backend):
         k = self.tokens_per_step
         if name == "input_ids":
             arr[...] = tokens
+        elif name == ACCEPTED_COUNT:
+            arr.fill(self._accepted)
         elif name == "attention_mask":  # ones up to and including the last position
             arr.fill(0)
             arr[..., :self.position + k] = 1
@@ -385,6 +465,7 @@ class _Page(Backend):
                         self.context.write_tensor(self._cur[p.input], np.zeros(
                             self.converted.inputs[p.input].shape, np.float32))
         self.position = 0
+        self._accepted, self._unsettled = 0, False
 
     def gpu_time_ms(self) -> float | None:
         if self.context is None or not self.timing:

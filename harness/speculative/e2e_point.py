@@ -1,0 +1,326 @@
+"""One backend at one depth, every K and acceptance asked: the end-to-end speculative
+points (docs/speculative.md), measured in a worker process of their own.
+
+Run as `python -m harness.speculative.e2e_point`: one `GroupRequest` (JSON) on stdin, the
+points (a JSON list) as the last line of stdout. `measure_group` is the same in-process
+(tests, `--inprocess`). Per group: the backend with a one-token graph decodes greedily from
+the depth (the tokens the loop must reproduce, and the plain step's time); then per K a
+K-token backend runs the loop once per acceptance, and replays it for the state check.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from backends.base import Backend, ByteCounters, DepthState, registry
+from harness.heater import heat
+from harness.metrics import logits_tolerance
+from harness.results import BYTE_CATEGORIES, Stats
+from harness.sources import PresetSource
+from harness.speculative import loop, state_check
+from harness.speculative.acceptance import Acceptance, ScriptedDrafts
+from harness.speculative.spec_results import finite, point_failed, point_unavailable
+from model.workload import Workload, cache_specs
+
+
+@dataclass(frozen=True)
+class GroupRequest:
+    """What a worker measures: ``backend`` at ``depth``, the K's and acceptances, ``tokens``
+    (N) generated per point from the depth file's prompt (``depth_arrays``)."""
+
+    backend: str
+    preset: str
+    depth: int
+    capacity: int
+    tokens: int
+    ks: list[int]
+    acceptances: list[str]
+    depth_file: str
+    seed: int = 0
+    warmup: int = 2
+    warm_s: float = 0.0
+    options: dict | None = None
+    #: "module:Class" of a backend outside the registry (tests), imported by path
+    backend_path: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> GroupRequest:
+        return cls(**json.loads(text))
+
+    @property
+    def greedy_tokens(self) -> int:
+        """Tokens the one-token decode generates: the loop's n, plus what its last verify
+        may overshoot and its drafts read ahead (K-1)."""
+        return self.tokens + max(self.ks) - 1
+
+    def keys(self) -> list[tuple[int, str]]:
+        return [(k, a) for k in self.ks for a in self.acceptances]
+
+
+@dataclass
+class Built:
+    """A backend built and warm, with what its point records of the building."""
+
+    backend: Backend
+    build_s: float
+    details: dict = field(default_factory=dict)
+
+
+def backend_class(req: GroupRequest) -> type[Backend]:
+    if req.backend_path:
+        import importlib
+
+        mod, _, qual = req.backend_path.partition(":")
+        obj = importlib.import_module(mod)
+        for part in qual.split("."):
+            obj = getattr(obj, part)
+        return obj
+    return registry()[req.backend]
+
+
+def load_depth(path: str) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
+    """(prompt tokens: the depth's and the first one fed, the state at depth, the
+    reference's greedy tokens after the prompt)."""
+    with np.load(path) as z:
+        cache = {k.split(":", 1)[1]: z[k] for k in z.files if k.startswith("cache:")}
+        return z["tokens"], cache, z["ref_greedy"]
+
+
+def build(cls: type[Backend], source: PresetSource, workload: Workload, req: GroupRequest,
+          k: int, prompt: np.ndarray) -> Built:
+    """``cls`` with a K-token graph, prepared at the request's capacity and warmed up with
+    ``req.warmup`` steps from position 0 (the pipelines made), then reset."""
+    from harness.worker import backend_options
+
+    b = source.backend(cls, backend_options(cls, req.options))
+    b.tokens_per_step = k
+    t0 = time.perf_counter()
+    b.prepare(workload, req.capacity)
+    build_s = time.perf_counter() - t0
+    warm = np.resize(np.asarray(prompt, np.int64), max(req.warmup, 1) * k).reshape(-1, k)
+    for ids in warm[:min(req.warmup, req.capacity // k)]:
+        b.step_tokens(ids)
+        b.accept(k)
+    b.reset()
+    return Built(b, build_s)
+
+
+def rollback_refusal(b: Backend) -> str:
+    """Why ``b`` cannot keep fewer than K tokens of a step ("" where it can)."""
+    ask = getattr(b, "rollback_refusal", None)
+    if ask is not None:
+        return ask()
+    if type(b).accept is Backend.accept:
+        return f"{b.name} has no rollback (Backend.accept keeps all K only)"
+    return ""
+
+
+def reach(built: Built, depth: DepthState) -> float:
+    t0 = time.perf_counter()
+    built.backend.reach_depth(depth)
+    return time.perf_counter() - t0
+
+
+def measure_group(req: GroupRequest, workload: Workload | None = None,
+                  cls: type[Backend] | None = None) -> list[dict]:
+    """Every (K, acceptance) point of the request; never raises Exception (a failure is
+    its points', with one line of reason)."""
+    try:
+        cls = cls or backend_class(req)
+        ok, why = cls.available()
+        if not ok:
+            return [point_unavailable(req, k, a, why or "not available") for k, a in req.keys()]
+        return _measure(req, cls, workload)
+    except Exception as exc:  # noqa: BLE001 - a backend's failure is a result
+        if os.environ.get("STATEBENCH_DEBUG"):
+            traceback.print_exc()
+        return [point_failed(req, k, a, f"{type(exc).__name__}: {exc}") for k, a in req.keys()]
+
+
+def _measure(req: GroupRequest, cls: type[Backend], workload: Workload | None) -> list[dict]:
+    source = PresetSource(req.preset, req.seed)
+    workload = workload or source.workload()
+    tokens, cache, ref_greedy = load_depth(req.depth_file)
+    depth = DepthState(tokens=tokens[:req.depth].copy(), cache=cache)
+    first = int(tokens[req.depth])
+    on_gpu = not cls.on_cpu
+    plain = build(cls, source, workload, req, 1, tokens)
+    try:
+        plain_depth_s = reach(plain, depth)
+        if on_gpu:
+            heat(float(req.warm_s))
+        greedy = loop.greedy_decode(plain.backend, first, req.greedy_tokens, keep_logits=True)
+        plain_state = _snapshot(plain.backend)
+    finally:
+        plain.backend.close()
+    base = {"plain_step_ms": Stats.of(greedy.step_ms).__dict__,
+            "plain_ms_per_token": greedy.wall_ms / len(greedy.tokens),
+            "plain_gpu_ms": _median(greedy.gpu_ms, len(greedy.step_ms)),
+            "plain_time_to_depth_s": plain_depth_s,
+            "greedy_matches_reference": bool(np.array_equal(greedy.tokens,
+                                                            ref_greedy[:len(greedy.tokens)])),
+            "reference_agree": _agree(greedy.tokens, ref_greedy)}
+    specs = cache_specs(workload.config, req.capacity)
+    tol = logits_tolerance(workload.config)  # the preset's (PresetSource.tolerance)
+    points = []
+    for k in req.ks:
+        points += _measure_k(req, cls, source, workload, k, depth, first, greedy, plain_state,
+                             specs, tol, base)
+    return points
+
+
+def _measure_k(req: GroupRequest, cls: type[Backend], source: PresetSource, workload: Workload,
+               k: int, depth: DepthState, first: int, greedy: loop.GreedyRun,
+               plain_state: dict | None, specs: list, tol: float, base: dict) -> list[dict]:
+    if cls.hidden_state and depth.depth % k:
+        why = (f"depth {depth.depth} is not a multiple of K={k}: a hidden state is reached "
+               "by dispatching the prompt K tokens at a time")
+        return [point_unavailable(req, k, a, why) for a in req.acceptances]
+    try:
+        built = build(cls, source, workload, req, k, depth.tokens)
+    except Exception as exc:  # noqa: BLE001 - this K's points fail, the others go on
+        return [point_failed(req, k, a, f"{type(exc).__name__}: {exc}") for a in req.acceptances]
+    b, points = built.backend, []
+    try:
+        refusal = rollback_refusal(b)
+        for label in req.acceptances:
+            acc = Acceptance.parse(label)
+            if refusal and acc.kind != "full":
+                points.append(point_unavailable(req, k, label, f"rollback: {refusal}"))
+                continue
+            try:
+                points.append(_point(req, built, acc, depth, first, greedy, plain_state, specs,
+                                     tol, base, workload.config.vocab, not cls.on_cpu))
+            except Exception as exc:  # noqa: BLE001
+                if os.environ.get("STATEBENCH_DEBUG"):
+                    traceback.print_exc()
+                points.append(point_failed(req, k, label, f"{type(exc).__name__}: {exc}"))
+    finally:
+        b.close()
+    return points
+
+
+def _point(req: GroupRequest, built: Built, acc: Acceptance, depth: DepthState, first: int,
+           greedy: loop.GreedyRun, plain_state: dict | None, specs: list, tol: float,
+           base: dict, vocab: int, on_gpu: bool) -> dict:
+    b, k = built.backend, built.backend.tokens_per_step
+    drafts = ScriptedDrafts(np.asarray(greedy.tokens), acc, k, vocab, req.seed)
+    depth_s = reach(built, depth)
+    if on_gpu:
+        heat(float(req.warm_s))
+    run = loop.speculate(b, first, drafts, req.tokens, keep_logits=True)
+    got = _snapshot(b)
+    b.reach_depth(depth)
+    loop.replay(b, run.verifies, vocab)
+    twin = _snapshot(b)
+    # the tokens fed: the prompt's, then x and the accepted drafts of every verify, so
+    # the valid rows (and the next write) end at depth + the tokens generated
+    rows = req.depth + len(run.tokens)
+    checks: dict = {"position": {"ok": run.position == rows, "position": run.position,
+                                 "expected": rows}}
+    if got is not None and twin is not None:
+        checks["vs_replay"] = state_check.compare(got, twin, specs, rows, tol, True).to_dict()
+    if got is not None and plain_state is not None:
+        fed = req.depth + len(greedy.tokens)  # the one-token decode's position
+        checks["vs_plain"] = state_check.compare(got, plain_state, specs, min(rows, fed), tol,
+                                                 False, same_count=rows == fed).to_dict()
+    worst, compared = loop.logits_against(run, greedy)
+    logits = {"rows": compared, "max_rel": worst, "tolerance": tol,
+              "ok": compared > 0 and worst <= tol}
+    return _record(req, built, acc, run, greedy, checks, logits, depth_s, base)
+
+
+def _record(req: GroupRequest, built: Built, acc: Acceptance, run: loop.LoopRun,
+            greedy: loop.GreedyRun, checks: dict, logits: dict, depth_s: float,
+            base: dict) -> dict:
+    b, k, n = built.backend, built.backend.tokens_per_step, len(run.tokens)
+    want = greedy.tokens[:n]
+    mismatch = next((i for i, (x, y) in enumerate(zip(run.tokens, want, strict=True))
+                     if x != y), None)
+    vs = run.verifies
+    ms = [v.verify_ms for v in vs]
+    dropped = [v for v in vs if v.kept < k]
+    hist: dict[str, int] = {}
+    for v in vs:
+        hist[str(v.kept - 1)] = hist.get(str(v.kept - 1), 0) + 1
+    verify_med = float(np.median(ms))
+    rollback_ms = [v.rollback_ms for v in (dropped or vs)]
+    strategy = ("position + accepted_count" if "accepted_count" in
+                getattr(getattr(b, "converted", None), "inputs", {}) else "position")
+    return {
+        "backend": req.backend, "k": k, "acceptance": acc.label, "depth": req.depth,
+        "capacity": req.capacity, "tokens": req.tokens, "status": "ok", "reason": "",
+        "generated": n,
+        "tokens_match_greedy": mismatch is None,
+        "first_mismatch": mismatch,
+        "greedy_margin_at_mismatch": None if mismatch is None else greedy.margins[mismatch],
+        "logits_match_plain": logits["ok"],
+        "logits_check": logits,
+        "state_ok": bool(checks) and all(c["ok"] for c in checks.values()),
+        "state": checks,
+        "verifies": len(vs),
+        "accepted_hist": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
+        "mean_accepted": float(np.mean([v.kept - 1 for v in vs])),
+        "scripted_as_run": all(v.kept - 1 == v.scripted for v in vs),
+        "ms_per_token": run.wall_ms / n,
+        "verify_ms": Stats.of(ms).__dict__,
+        "verify_gpu_ms": _median([v.gpu_ms for v in vs if v.gpu_ms is not None], len(vs)),
+        "verify_over_plain": verify_med / base["plain_step_ms"]["median"],
+        "speedup": base["plain_ms_per_token"] / (run.wall_ms / n),
+        "rollback": {"strategy": strategy, "rollbacks": len(dropped),
+                     "ms": Stats.of(rollback_ms).__dict__, "ms_max": float(max(rollback_ms)),
+                     "of_verify": float(np.median(rollback_ms)) / verify_med,
+                     "bytes": _mean_bytes([v.rollback_bytes for v in (dropped or vs)])},
+        "bytes_per_verify": _mean_bytes([v.verify_bytes for v in vs]),
+        "build_s": built.build_s, "time_to_depth_s": depth_s,
+        **base,
+        "details": _plain(dict(b.details)),
+    }
+
+
+def _snapshot(b: Backend) -> dict[str, np.ndarray] | None:
+    snap = getattr(b, "state_snapshot", None)
+    return None if snap is None else snap()
+
+
+def _median(samples: list[float], want: int) -> float | None:
+    return float(np.median(samples)) if samples and len(samples) == want else None
+
+
+def _agree(got: list[int], ref: np.ndarray) -> int:
+    n = 0
+    while n < min(len(got), len(ref)) and int(got[n]) == int(ref[n]):
+        n += 1
+    return n
+
+
+def _mean_bytes(counters: list[ByteCounters]) -> dict[str, float]:
+    return {c: float(np.mean([getattr(x, c) for x in counters])) for c in BYTE_CATEGORIES}
+
+
+def _plain(d: dict) -> dict:
+    return json.loads(json.dumps(d, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
+
+
+def main() -> int:
+    out = os.fdopen(os.dup(1), "w")  # backends and drivers may print: stdout is the reply's
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    req = GroupRequest.from_json(sys.stdin.read())
+    out.write(json.dumps(finite(measure_group(req)), allow_nan=False) + "\n")
+    out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""The end-to-end speculative results as a rich table and note lines (renderables, never
+printed here): a row per depth × K × acceptance, a column per backend, as `run`'s table."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from harness.speculative.spec_results import SpecResults
+
+CAPTION = ("ms per generated token · speedup over the same page's one-token decode\n"
+           "verify ms (× one-token step) · mean drafts accepted · rollback ms\n"
+           "✓ tokens = greedy, logits and state as feeding only the accepted tokens")
+
+
+def passed(p: dict) -> bool:
+    return bool(p.get("tokens_match_greedy") and p.get("logits_match_plain") and p.get("state_ok"))
+
+
+def _cell(p: dict | None) -> str:
+    if p is None:
+        return ""
+    if p["status"] != "ok":
+        return f"[dim]{p['status']}[/]"
+    mark = "[green]✓[/]" if passed(p) else "[red]✗[/]"
+    rb = p["rollback"]["ms"]["median"]
+    return (f"{p['ms_per_token']:.3f} · {p['speedup']:.2f}×\n"
+            f"{p['verify_ms']['median']:.3f} ({p['verify_over_plain']:.2f}×) · "
+            f"{p['mean_accepted']:.2f} · {rb:.4f}\n{mark}")
+
+
+def table(results: SpecResults) -> Table:
+    w = results.workload
+    t = Table(title=f"statebench speculative · {w.get('preset')} · {w.get('tokens')} tokens",
+              show_lines=True, caption=CAPTION)
+    for col in ("depth", "K", "accept"):
+        t.add_column(col, justify="right", style="bold", no_wrap=True)
+    backends = list(dict.fromkeys(p["backend"] for p in results.points))
+    for b in backends:
+        t.add_column(b, justify="right", no_wrap=True)
+    rows = list(dict.fromkeys((p["depth"], p["k"], p["acceptance"]) for p in results.points))
+    by = {(p["backend"], p["depth"], p["k"], p["acceptance"]): p for p in results.points}
+    for depth, k, acc in rows:
+        t.add_row(str(depth), str(k), acc, *[_cell(by.get((b, depth, k, acc))) for b in backends])
+    return t
+
+
+def notes(results: SpecResults) -> list[str]:
+    """One line per point not measured (the reason, once per backend and reason) and per
+    point that failed a check."""
+    lines, seen = [], set()
+    for p in results.points:
+        where = f"{p['backend']} @ d{p['depth']} K={p['k']} {p['acceptance']}"
+        if p["status"] != "ok":
+            if (p["backend"], p["reason"]) not in seen:
+                seen.add((p["backend"], p["reason"]))
+                lines.append(f"{where}: {p['status']}: {p['reason']}")
+            continue
+        if not p["tokens_match_greedy"]:
+            margin = p.get("greedy_margin_at_mismatch")
+            lines.append(f"✗ {where}: tokens differ from the one-token decode's at token "
+                         f"{p['first_mismatch']} (its top-2 logit margin there "
+                         f"{'?' if margin is None else f'{margin:.3g}'})")
+        if not p["logits_match_plain"]:
+            c = p["logits_check"]
+            lines.append(f"✗ {where}: verify logits vs the one-token decode's: max rel "
+                         f"{c['max_rel']} > {c['tolerance']} ({c['rows']} rows)")
+        for name, c in p["state"].items():
+            if name == "position" and not c["ok"]:
+                lines.append(f"✗ {where}: the next write at {c['position']}, not at "
+                             f"{c['expected']} (the depth + the tokens generated)")
+            elif not c["ok"]:
+                lines.append(f"✗ {where}: state {name}: {', '.join(c['differs'] + c['missing'])}"
+                             f" differ (max rel {c['max_rel']}, rows {c['rows']})")
+        if not p.get("greedy_matches_reference", True) and (p["backend"], p["depth"]) not in seen:
+            seen.add((p["backend"], p["depth"]))
+            lines.append(f"{where}: the one-token decode leaves the reference's greedy tokens "
+                         f"after {p.get('reference_agree')} (float rounding at a near-tie)")
+    return lines

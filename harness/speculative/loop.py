@@ -1,0 +1,164 @@
+"""The speculative loop on a backend: verify K tokens in one dispatch, accept m drafts,
+roll back, continue (docs/speculative.md); the greedy decode it must reproduce; and the
+replay that checks the rolled-back state.
+
+A verify feeds x (the newest token, not yet in the state, at position P) and K-1 drafts at
+P .. P+K-1; y_j = argmax of logits row j is the target's token for position P+j+1. m is the
+number of leading drafts equal to the y before them (0 .. K-1); the verify generates the m
+drafts and y_m (the correction, or the bonus where m = K-1) and keeps m+1 of its K tokens
+(``Backend.accept``): P grows by m+1 and y_m is the next x.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from backends.base import Backend, ByteCounters
+from harness.speculative.acceptance import ScriptedDrafts, wrong_token
+
+
+@dataclass(frozen=True)
+class Verify:
+    """One verify as the loop ran it."""
+
+    fed: np.ndarray  # the K tokens: x, then the K-1 drafts
+    kept: int  # m + 1
+    scripted: int  # the m the drafts were made for
+    verify_ms: float  # step_tokens: the dispatch and the K logits rows read back
+    rollback_ms: float  # accept(kept)
+    gpu_ms: float | None
+    verify_bytes: ByteCounters
+    rollback_bytes: ByteCounters
+
+
+@dataclass
+class LoopRun:
+    """A speculative decode: the tokens generated (at least the n asked for: the last
+    verify may overshoot), every verify, the loop's wall time and the final position."""
+
+    tokens: list[int] = field(default_factory=list)
+    verifies: list[Verify] = field(default_factory=list)
+    wall_ms: float = 0.0
+    position: int = 0
+    #: with ``keep_logits``: each verify's kept rows of logits (kept, vocab), the rows its
+    #: generated tokens came from (copied outside ``wall_ms``)
+    logits: list[np.ndarray] = field(default_factory=list)
+
+
+@dataclass
+class GreedyRun:
+    """A non-speculative greedy decode, one token a step: the tokens, each step's wall and
+    GPU ms, and each step's margin (top logit minus the second: a near-tie where small)."""
+
+    tokens: list[int] = field(default_factory=list)
+    step_ms: list[float] = field(default_factory=list)
+    gpu_ms: list[float] = field(default_factory=list)
+    margins: list[float] = field(default_factory=list)
+    position: int = 0
+    #: the decode's wall time, argmax included, copies of the logits excluded
+    wall_ms: float = 0.0
+    #: with ``keep_logits``: every step's logits (n, vocab)
+    logits: list[np.ndarray] = field(default_factory=list)
+
+
+def margin(logits: np.ndarray) -> float:
+    top2 = np.partition(np.asarray(logits, np.float64).reshape(-1), -2)[-2:]
+    return float(top2[1] - top2[0])
+
+
+def greedy_decode(backend: Backend, first: int, n: int, keep_logits: bool = False) -> GreedyRun:
+    """``n`` tokens from a backend of one-token steps at its depth, ``first`` fed first."""
+    run, x, aside = GreedyRun(), int(first), 0
+    t_start = time.perf_counter_ns()
+    for _ in range(n):
+        t0 = time.perf_counter_ns()
+        logits = backend.step(x)
+        run.step_ms.append((time.perf_counter_ns() - t0) / 1e6)
+        g = backend.gpu_time_ms()
+        if g is not None:
+            run.gpu_ms.append(float(g))
+        x = int(np.argmax(logits))
+        run.tokens.append(x)
+        t1 = time.perf_counter_ns()
+        run.margins.append(margin(logits))
+        if keep_logits:
+            run.logits.append(np.array(logits, np.float32).reshape(-1))
+        aside += time.perf_counter_ns() - t1
+    run.wall_ms = (time.perf_counter_ns() - t_start - aside) / 1e6
+    run.position = int(getattr(backend, "position", 0))
+    return run
+
+
+def accepted(drafts: np.ndarray, targets: np.ndarray) -> int:
+    """m: the leading drafts equal to the target's token before each (``targets`` the
+    argmax of the verify's rows)."""
+    m = 0
+    while m < len(drafts) and int(drafts[m]) == int(targets[m]):
+        m += 1
+    return m
+
+
+def speculate(backend: Backend, first: int, drafts: ScriptedDrafts, n: int,
+              keep_logits: bool = False) -> LoopRun:
+    """At least ``n`` tokens from a K-token backend at its depth, ``first`` the newest token
+    (not yet fed); every verify one ``step_tokens`` and one ``accept``."""
+    run, x, aside = LoopRun(), int(first), 0
+    t_start = time.perf_counter_ns()
+    while len(run.tokens) < n:
+        proposed, scripted = drafts.propose(len(run.tokens))
+        fed = np.concatenate([[x], proposed]).astype(np.int64)
+        backend.counters.reset()
+        t0 = time.perf_counter_ns()
+        logits = backend.step_tokens(fed)
+        t1 = time.perf_counter_ns()
+        gpu = backend.gpu_time_ms()
+        verify_bytes = backend.counters.snapshot()
+        targets = np.argmax(logits, axis=-1)
+        m = accepted(proposed, targets)
+        run.tokens += [int(t) for t in proposed[:m]] + [int(targets[m])]
+        backend.counters.reset()
+        t2 = time.perf_counter_ns()
+        backend.accept(m + 1)
+        t3 = time.perf_counter_ns()
+        run.verifies.append(Verify(fed, m + 1, scripted, (t1 - t0) / 1e6, (t3 - t2) / 1e6,
+                                   None if gpu is None else float(gpu), verify_bytes,
+                                   backend.counters.snapshot()))
+        x = int(targets[m])
+        if keep_logits:
+            t4 = time.perf_counter_ns()
+            run.logits.append(np.array(logits[:m + 1], np.float32))
+            aside += time.perf_counter_ns() - t4
+    run.wall_ms = (time.perf_counter_ns() - t_start - aside) / 1e6
+    run.position = int(getattr(backend, "position", 0))
+    return run
+
+
+def logits_against(run: LoopRun, plain: GreedyRun) -> tuple[float, int]:
+    """(the largest max|Δ|/max|plain| of the loop's kept logits rows against the one-token
+    decode's at the same positions, the rows compared): row j of a verify after n tokens
+    is the plain decode's step n+j (both predict token n+j+1). Rows past the plain
+    decode, or after the loop's tokens left the plain ones, are not compared."""
+    from harness.speculative.state_check import rel
+
+    worst, rows, n = 0.0, 0, 0
+    for v, kept_rows in zip(run.verifies, run.logits, strict=True):
+        for j, row in enumerate(kept_rows):
+            if n + j >= len(plain.logits) or run.tokens[:n + j] != plain.tokens[:n + j]:
+                return worst, rows
+            worst, rows = max(worst, rel(row, plain.logits[n + j])), rows + 1
+        n += v.kept
+    return worst, rows
+
+
+def replay(backend: Backend, verifies: list[Verify], vocab: int) -> None:
+    """The same verifies on a backend at the same depth, every dropped token (past each
+    verify's kept ones) replaced by another: a correct rollback leaves no trace of the
+    dropped tokens, so the rows kept end bitwise as the loop's (``state_check``)."""
+    for v in verifies:
+        fed = v.fed.copy()
+        fed[v.kept:] = [wrong_token(t, vocab) for t in fed[v.kept:]]
+        backend.step_tokens(fed)
+        backend.accept(v.kept)

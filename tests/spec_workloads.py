@@ -1,0 +1,45 @@
+"""What the end-to-end speculative tests share: tiny's shapes with attention layers only
+(every preset small enough for lavapipe is a hybrid, refused until a deferred-commit graph
+exists), the page classes, and a sweep config over them."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from harness.speculative.acceptance import parse_acceptances
+from harness.speculative.e2e_sweep import SpecConfig
+from model.workload import ATTENTION, PRESETS, Workload
+
+#: tiny's head shapes, both layers attention: a real model (seeded weights, exported by
+#: model.export, checked against the float64 reference), attention-only as llama-1b is
+TINY_ATTENTION = replace(PRESETS["tiny"], name="tiny-attention", layers=(ATTENTION, ATTENTION))
+WORKLOAD = Workload.build(TINY_ATTENTION)
+PAGES = ("wgpu:stateless", "wgpu:reuse", "wgpu:stateful")
+
+
+def page_ok() -> tuple[bool, str]:
+    try:
+        from backends.pages import StatelessCopy
+    except ImportError as exc:
+        return False, str(exc)
+    return StatelessCopy.available()
+
+
+PAGE_OK, PAGE_WHY = page_ok()
+needs_page = pytest.mark.skipif(not PAGE_OK, reason=PAGE_WHY)
+
+
+def config(backends: tuple[str, ...] = PAGES, ks: tuple[int, ...] = (4,),
+           accept: str = "full,partial,zero", contexts: tuple[int, ...] = (8,),
+           tokens: int = 12) -> SpecConfig:
+    return SpecConfig(preset=TINY_ATTENTION.name, backends=list(backends), ks=list(ks),
+                      acceptances=parse_acceptances(accept), contexts=list(contexts),
+                      tokens=tokens, warmup=1, inprocess=True)
+
+
+def pages() -> dict[str, type]:
+    from backends.base import registry
+
+    return {n: c for n, c in registry().items() if n in PAGES or n == "wgpu:fallback"}

@@ -1,0 +1,183 @@
+"""The end-to-end speculative loop (issue 31 item 4, docs/speculative.md), the quick part:
+acceptance schedules and scripted drafts, the rollback contract (``Backend.accept``), the
+flags refused in one line, and the loop on the stateful page for every m with its checks,
+which a wrong rollback fails. Every page at every acceptance: tests/test_spec_e2e.py (slow)."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from harness.speculative import e2e_sweep, loop
+from harness.speculative.acceptance import Acceptance, ScriptedDrafts, parse_acceptances
+from harness.speculative.e2e_sweep import Sweep, header
+from harness.speculative.spec_results import SpecResults, load, validate
+from model.errors import UserError
+from tests.spec_workloads import WORKLOAD, config, needs_page, pages
+
+# -- acceptance and drafts -------------------------------------------------------------------
+
+
+def test_acceptance_words_and_rates():
+    assert [a.label for a in parse_acceptances("full, partial,zero,0.7,full")] == [
+        "full", "partial", "zero", "0.7"]
+    for bad in ("most", "1.5", "-0.1", "nan", ""):
+        with pytest.raises(UserError, match="--accept"):
+            parse_acceptances(bad)
+
+
+def test_targets_cover_every_m():
+    rng = np.random.default_rng(0)
+    k = 4
+    assert [Acceptance("partial").target(i, k, rng) for i in range(6)] == [0, 1, 2, 3, 0, 1]
+    assert {Acceptance("full").target(i, k, rng) for i in range(5)} == {3}
+    assert {Acceptance("zero").target(i, k, rng) for i in range(5)} == {0}
+    assert {Acceptance("rate", 1.0).target(i, k, rng) for i in range(5)} == {3}
+    assert {Acceptance("rate", 0.0).target(i, k, rng) for i in range(5)} == {0}
+    # m = drafts before the first wrong one: E[m] = r + r^2 + r^3
+    draws = [Acceptance("rate", 0.7).target(i, k, rng) for i in range(4000)]
+    assert set(draws) == {0, 1, 2, 3}
+    assert abs(np.mean(draws) - (0.7 + 0.49 + 0.343)) < 0.06
+
+
+@pytest.mark.parametrize("label", ["full", "partial", "zero", "0.5"])
+def test_scripted_drafts_are_accepted_exactly_m(label):
+    """Against the greedy continuation's own tokens (the targets a correct backend gives),
+    the loop's rule accepts exactly the m the drafts were made for."""
+    greedy = np.random.default_rng(1).integers(0, 256, 64)
+    k, n = 5, 0
+    drafts = ScriptedDrafts(greedy, Acceptance.parse(label), k, 256, seed=3)
+    while n < 40:
+        proposed, m = drafts.propose(n)
+        assert len(proposed) == k - 1
+        assert loop.accepted(proposed, greedy[n:n + k]) == m
+        n += m + 1
+
+
+# -- the rollback contract --------------------------------------------------------------------
+
+def test_a_backend_without_rollback_keeps_all_k_only():
+    pytest.importorskip("onnxruntime")
+    from backends.ort import BACKENDS
+
+    b = BACKENDS["ort-cpu:copy"](tokens_per_step=2)
+    b.prepare(WORKLOAD, 16)
+    try:
+        b.step_tokens(np.array([1, 2]))
+        b.accept(2)
+        with pytest.raises(NotImplementedError, match="cannot roll back"):
+            b.accept(1)
+        for bad in (3, -1, True):
+            with pytest.raises(ValueError, match="kept"):
+                b.accept(bad)
+    finally:
+        b.close()
+
+
+# -- bad flags: one line, exit 2 ---------------------------------------------------------------
+
+@pytest.mark.parametrize("args, says", [
+    (["--backends", "wgpu:stateful", "--k", "1"], "--k 1: a verify takes the newest token"),
+    (["--backends", "wgpu:stateful", "--k", "4,99"], "--k 99"),
+    (["--backends", "wgpu:stateful", "--accept", "most"], "--accept 'most'"),
+    (["--backends", "wgpu:stateful", "--reps", "2"], "--reps is for the per-layer simulation"),
+    (["--backends", "nosuch:page"], "unknown backend 'nosuch:page'"),
+    (["--backends", "wgpu:stateful", "--contexts", "0"], "bad context 0"),
+    (["--backends", "wgpu:stateful", "--preset", "huge"], "unknown preset 'huge'"),
+    (["--accept", "full"], "--accept needs --backends"),
+    (["--tokens", "8"], "--tokens needs --backends"),
+    (["--k", "4,8"], "--k 4,8: without --backends one draft length"),
+])
+def test_bad_flags_are_one_line(args, says):
+    from harness.cli import main
+
+    err = io.StringIO()
+    rc = main(["speculative", *args], Console(file=io.StringIO()), Console(file=err, width=400))
+    lines = err.getvalue().strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and says in lines[0], err.getvalue()
+
+
+# -- the loop on a page ------------------------------------------------------------------------
+
+def sweep(cfg, classes, tmp_path) -> SpecResults:
+    out = tmp_path / "spec.json"
+    results = header(cfg, WORKLOAD, {})
+    e2e_sweep.run(cfg, Sweep(classes, workload=WORKLOAD, out=out), results)
+    assert load(out).points == results.points  # saved, and valid statebench-spec/2
+    return results
+
+
+@needs_page
+def test_every_m_on_the_stateful_page(tmp_path):
+    """Partial acceptance (m = 0, 1, 2, 3 in turn) on the stateful page: the tokens are the
+    one-token decode's, every kept logits row within float32 rounding of its step, the KV
+    rows bitwise those of a replay whose dropped drafts were other tokens."""
+    cfg = config(backends=("wgpu:stateful",), accept="partial")
+    (p,) = sweep(cfg, {"wgpu:stateful": pages()["wgpu:stateful"]}, tmp_path).points
+    assert p["status"] == "ok", p["reason"]
+    assert p["tokens_match_greedy"] and p["logits_match_plain"] and p["state_ok"], p
+    assert set(p["accepted_hist"]) == {"0", "1", "2", "3"} and p["scripted_as_run"]
+    assert p["state"]["vs_replay"]["bitwise"] and p["state"]["vs_replay"]["max_rel"] == 0
+    assert p["generated"] >= 12 and p["logits_check"]["rows"] == p["generated"]
+    assert p["rollback"]["rollbacks"] > 0 and p["rollback"]["bytes"]["h2d"] == 0
+
+
+def wrong_rollbacks() -> dict[str, type]:
+    """Stateful pages whose rollback is wrong: one keeps a token too many (the dropped
+    draft's row left among the valid rows), one a token too few."""
+    base = pages()["wgpu:stateful"]
+
+    class KeepsOneMore(base):
+        name = "wgpu:keeps-one-more"
+
+        def accept(self, kept: int) -> None:
+            super().accept(min(kept + 1, self.tokens_per_step))
+
+    class KeepsOneLess(base):
+        name = "wgpu:keeps-one-less"
+
+        def accept(self, kept: int) -> None:
+            super().accept(max(kept - 1, 0))
+
+    return {c.name: c for c in (KeepsOneMore, KeepsOneLess)}
+
+
+def assert_wrong_rollback_fails(tmp_path, cls: type, accept: str) -> None:
+    """The loop on ``cls`` fails the logits and the state checks (the tiny random model's
+    greedy tokens repeat one token whatever the context, so the tokens alone would not
+    tell)."""
+    from harness.sources import NumpyReferenceWalk
+    from harness.speculative.e2e_point import GroupRequest, measure_group
+
+    depth, tokens, k = 8, 8, 4
+    cap = depth + tokens + k - 1 + 2 * tokens  # room for the rows kept too many
+    walk = NumpyReferenceWalk(WORKLOAD.config, WORKLOAD.weights, 0, depth + 1, cap)
+    path = tmp_path / "depth.npz"
+    np.savez(path, **e2e_sweep.depth_arrays(walk, depth, cap, tokens + k - 1))
+    req = GroupRequest(backend=cls.name, preset=WORKLOAD.config.name, depth=depth,
+                       capacity=cap, tokens=tokens, ks=[k], acceptances=[accept],
+                       depth_file=str(path), warmup=0)
+    (p,) = measure_group(req, WORKLOAD, cls)
+    assert p["status"] == "ok", p["reason"]
+    assert not p["logits_match_plain"] and not p["state_ok"], cls.name
+    assert p["logits_check"]["max_rel"] > 100 * p["logits_check"]["tolerance"], cls.name
+
+
+@needs_page
+def test_a_rollback_that_keeps_a_dropped_draft_fails_the_checks(tmp_path):
+    """The checks can fail: a page that keeps one token more than it was told (the others
+    in tests/test_spec_e2e.py)."""
+    assert_wrong_rollback_fails(tmp_path, wrong_rollbacks()["wgpu:keeps-one-more"], "partial")
+
+
+def test_a_spec_1_file_is_not_taken_for_an_end_to_end_one():
+    with pytest.raises(UserError, match="per-layer simulation file"):
+        validate({"schema": "statebench-spec/1"})
+    good = header(config(), WORKLOAD, {}).to_dict()
+    validate(good)
+    bad = {**good, "points": [{"backend": "wgpu:stateful", "k": "4"}]}
+    with pytest.raises(UserError, match="points\\[0\\]"):
+        validate(bad)
