@@ -7,10 +7,9 @@ device (as ``scripts/snapshot_kernels.py`` does) and the captured graph is compi
 target as a real adapter reports it (``--target nvidia``: the H200's plan), so the list is
 the one the GPU would run.
 
-A layer is a run of launches as long as the distance between two layers' attention launches
-(a decoder whose layers all attend), starting where the launches before each attention
-launch stop matching; the launches outside those runs (the embedding, the positions, the final
-norm, the head) are listed apart. Usage::
+A layer is the run of launches between two layers' attention launches (a decoder whose
+layers all attend, each the same launches); the launches left when every layer's are taken
+out (the embedding, the positions, the first norm, the head) are counted apart. Usage::
 
     .venv/bin/python scripts/launch_census.py --preset tiny+q4f16 --attention-layers 2
     .venv/bin/python scripts/launch_census.py --model tests/models/genai-q4f16-llama/model.onnx
@@ -133,23 +132,24 @@ def census(graph: Any, stateful: bool, target: Any, options: Any) -> list[dict]:
     return out
 
 
-def layers(launches: list[dict]) -> tuple[list[list[dict]], list[dict]]:
-    """(the layer runs, the launches outside them). The layers' attention launches are
-    ``period`` apart; a layer starts the ``k`` launches before its attention launch that
-    precede every layer's alike (its norm, its projections, its row write)."""
+def layers(launches: list[dict]) -> tuple[list[dict], int, Counter]:
+    """(one layer's launches, the layers, the launches outside them by kernel): the layers'
+    attention launches are one period apart, so a layer is the period between the last two
+    (listed from its attention launch on); what is left over when every layer's multiset of
+    kernels is taken out of the step's (the embedding, positions, first norm, head) is
+    outside them. No two attention launches: no layers, everything outside."""
     starts = [la["i"] for la in launches if la["kernel"].startswith(LAYER_START)
               and not la["kernel"].startswith("attention_combine")]
+    every = Counter(la["kernel"] for la in launches)
     if len(starts) < 2:
-        return [], launches
-    period = starts[1] - starts[0]
-    names = [la["kernel"] for la in launches]
-    k = 0
-    while (k < period and starts[0] - k - 1 >= 0
-           and names[starts[0] - k - 1] == names[starts[1] - k - 1]):
-        k += 1
-    runs = [launches[s - k:s - k + period] for s in starts]
-    inside = {la["i"] for r in runs for la in r}
-    return runs, [la for la in launches if la["i"] not in inside]
+        return [], 0, every
+    gaps = {b - a for a, b in zip(starts, starts[1:], strict=False)}
+    if len(gaps) != 1:
+        raise SystemExit(f"launch_census: layers of {sorted(gaps)} launches: not one period")
+    one = launches[starts[-2]:starts[-1]]
+    per = Counter(la["kernel"] for la in one)
+    rest = every - Counter({k: v * len(starts) for k, v in per.items()})
+    return one, len(starts), rest
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,21 +184,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     graph, stateful = capture(args.mode, workload, args.capacity, args.model, options)
     launches = census(graph, stateful, targets()[args.target], options)
-    runs, rest = layers(launches)
-    per_layer = [dict(Counter(la["kernel"] for la in r)) for r in runs]
+    one, count, rest = layers(launches)
     if args.json:
-        print(json.dumps({"launches": launches, "per_layer": per_layer,
-                          "outside_layers": [la["kernel"] for la in rest],
+        print(json.dumps({"launches": launches, "layer": [la["kernel"] for la in one],
+                          "layers": count, "outside_layers": dict(rest),
                           "total": len(launches)}, indent=1))
         return 0
     for la in launches:
         print(f"{la['i']:4d} {la['kernel']:32s} {str(la['groups']):16s} {la['bytes']:>10d}  "
               f"{la['op']}")
-    print(f"total {len(launches)} launches; {len(runs)} layers of "
-          f"{sorted({len(r) for r in runs})}; outside the layers {len(rest)}: "
-          + ", ".join(la["kernel"] for la in rest))
-    if runs:
-        print("one layer: " + ", ".join(la["kernel"] for la in runs[-1]))
+    print(f"total {len(launches)} launches: {count} layers of {len(one)}, "
+          f"{sum(rest.values())} outside them ({', '.join(f'{k} {v}' for k, v in rest.items())})")
+    if one:
+        print("one layer: " + ", ".join(la["kernel"] for la in one))
     return 0
 
 

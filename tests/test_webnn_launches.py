@@ -27,17 +27,18 @@ def test_a_graph_counts_the_launches_of_its_dispatch(ctx):
     assert g.launches == len(g._plan.launches) == 3
 
 
-def _census(*args: str) -> dict:
+def _census(model: str) -> tuple[list[str], int, dict[str, int]]:
+    """(one layer's kernels, the layers, the kernels outside them) of the model's stateful
+    step on the H200's plan."""
     sys.path.insert(0, str(ROOT / "scripts"))
     import launch_census as LC
 
     from backends.webnn.wgpu_impl.options import KernelOptions
 
     options = KernelOptions()
-    graph, stateful = LC.capture("wgpu:stateful", None, 32, args[0], options)
-    launches = LC.census(graph, stateful, LC.targets()["nvidia"], options)
-    runs, rest = LC.layers(launches)
-    return {"runs": runs, "rest": rest, "launches": launches}
+    graph, stateful = LC.capture("wgpu:stateful", None, 32, model, options)
+    one, count, rest = LC.layers(LC.census(graph, stateful, LC.targets()["nvidia"], options))
+    return [la["kernel"] for la in one], count, dict(rest)
 
 
 def test_the_real_export_plans_the_presets_layer(tmp_path):
@@ -45,23 +46,22 @@ def test_the_real_export_plans_the_presets_layer(tmp_path):
     the H200's plan: each layer the packed q/k/v product (its norm computed where it reads
     it), the row write, attention and its combine, o with the residual, gate/up with the
     norm and SwiGLU, down with the residual (the preset's layer: PERFORMANCE.md "Launches a
-    layer"); the rotary rows and the row-write index once a step, not once a layer, and
-    one norm launch, the first layer's (it reads the embedding row)."""
+    layer"); the rotary rows and the row-write index once a step, not once a layer, one norm
+    launch (the first layer's: it reads the embedding row), and the head writing the
+    float16 logits itself."""
     import onnx
     from genai_shapes import widened_mlp
 
     path = tmp_path / "model.onnx"
     onnx.save(widened_mlp(), str(path))
-    got = _census(str(path))
-    per = [[la["kernel"] for la in r] for r in got["runs"]]
-    assert len(per) == 2 and all(len(r) == len(per[0]) for r in per), per
-    assert sorted(per[0]) == sorted(
+    one, count, rest = _census(str(path))
+    assert count == 2 and sorted(one) == sorted(
         ["gemv_q4_quad", "scatter_nd", "attention_flash", "attention_combine",
-         "gemv_q4_quad", "gemv_q4_quad", "gemv_q4_quad"]), per[0]
-    rest = [la["kernel"] for la in got["rest"]]
-    assert rest.count("gather") == 3, rest  # the embedding row, the cos and sin rows
-    assert rest.count("fused_vector") == 1, rest
-    assert "transpose" not in rest + per[0]
+         "gemv_q4_quad", "gemv_q4_quad", "gemv_q4_quad"]), one
+    # the embedding row, the cos and sin rows; the first norm; the head
+    assert rest["gather"] == 3 and rest["fused_vector"] == 1 and rest["gemv_q4_quad"] == 1, rest
+    assert "transpose" not in rest and "cast" not in rest, rest
+    assert sum(rest.values()) == 10, rest
 
 
 @pytest.mark.parametrize("widened", [False, True])

@@ -131,7 +131,8 @@ def _rows_head(N: int, K: int, block: int, R: int, lanes: int, wg: int, gx: int,
                half: bool, row_offsets: bool = True,
                prologue: VectorSource | None = None,
                gated: GatedOutput | None = None,
-               stats: StatsOutput | None = None) -> tuple[str, list[str]]:
+               stats: StatsOutput | None = None,
+               mapped: GatedOutput | None = None) -> tuple[str, list[str]]:
     """The start of ``gemv_q4_multi`` and ``gemv_q4_wide`` (bindings, unpack and scale
     functions, ``shared`` floats of workgroup memory where non-zero, the entry point up to
     each of the group's ``R`` rows' code and scale offsets ``wb{j}``, ``sb{j}``: groups of
@@ -143,6 +144,9 @@ def _rows_head(N: int, K: int, block: int, R: int, lanes: int, wg: int, gx: int,
     if gated is not None:
         assert not (residual or splits or n_off or half_out)
         half_out = gated.out_type == "f16"
+    if mapped is not None:
+        assert gated is None and stats is None and not (residual or splits or half_out)
+        half_out = mapped.out_type == "f16"
     src, binds = q4_bindings("vec4<u32>", "u32" if half_scales else "f32", N, zero_points,
                               residual, n_off, splits, half_out, prologue, stats is not None)
     if gated is not None:
@@ -150,6 +154,8 @@ def _rows_head(N: int, K: int, block: int, R: int, lanes: int, wg: int, gx: int,
     if stats is not None:
         assert gated is None and not splits
         src += stats.src + f"var<workgroup> nrm_sh: array<f32, {(wg // lanes) * R}>;\n"
+    if mapped is not None:
+        src += mapped.src
     src += _unpack_half_fns(signed) if half else _unpack_biased_fns(signed)
     src += _scale_fn(half_scales)
     if shared:
@@ -350,14 +356,21 @@ def _group_kernel(name: str, src: str, binds: list[str], groups: tuple[int, int,
                   zero_points: bool, residual: bool, n_off: int,
                   splits: Sequence[int] | None, half_out: bool, half_scales: bool,
                   gated: GatedOutput | None = None,
-                  stats: StatsOutput | None = None) -> Kernel:
+                  stats: StatsOutput | None = None,
+                  mapped: GatedOutput | None = None) -> Kernel:
     """``gemv_q4_wide``'s or ``gemv_q4_quad``'s kernel: ``src`` up to the sums, then the
     group's sums (``_group_sums``) and lane j's write of row n0 + j (``gemv_write``), or
     with ``gated`` the pair's element (``_gated_write``), or with ``stats`` the row and the
-    workgroup's partial sum (``_stats_write``)."""
+    workgroup's partial sum (``_stats_write``), or with ``mapped`` its function of each
+    row's sum."""
     src += _group_sums(R, lanes, wg, subgroup)
     traffic = _q4_traffic(K, N, nblocks, zero_points, residual, half_out, half_scales)
-    if stats is not None:
+    if mapped is not None:
+        idx = f"{n_off}u + n"
+        src += (f"  let n = n0 + t;\n  if (t < {R}u && n < {N}u) {{\n"
+                f"    let g0 = s;\n    out[{idx}] = {mapped.call.format(idx)};\n  }}\n}}\n")
+        traffic += (esize(mapped.out_type) - (2 if half_out else 4)) * N
+    elif stats is not None:
         src += _stats_write(R, wg // lanes, groups[0], f"{n_off}u + n", N, residual, half_out)
         traffic += 4 * groups[0] * groups[1]
     elif gated is None:
@@ -468,7 +481,8 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
                  half_out: bool = False, half_scales: bool = False,
                  half: bool = False, prologue: VectorSource | None = None,
                  gated: GatedOutput | None = None,
-                 stats: StatsOutput | None = None) -> Kernel:
+                 stats: StatsOutput | None = None,
+                 mapped: GatedOutput | None = None) -> Kernel:
     """The product ``gemv_q4`` computes, the codes of ``QUAD`` rows interleaved by word
     (``match_q4.interleave_rows``): one 16-byte load is 8 codes of each of 4 rows at the
     same 8 inputs, so an invocation's input is 2 ``vec4`` (32 bytes, adjacent
@@ -489,7 +503,9 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
     ``gated``: the rows are a pair of stacked products', two of each a group
     (``match_q4.paired_rows``), and the kernel writes ``gated``'s element of the two at
     each of the N / 2 indices (SwiGLU's ``silu(gate) · up``) instead of N sums: the
-    activation needs no launch, and neither product's output is written.
+    activation needs no launch, and neither product's output is written. ``mapped``: the
+    same for one product, its element-wise function of each row's sum (the logits'
+    float16 rounding) written in place of the sum.
 
     ``stats``: each workgroup also writes a partial sum of a function of the rows it wrote
     (``_stats_write``: RMSNorm's sum of squares of the residual stream), one float a
@@ -514,7 +530,7 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
                             signed=signed, zero_points=zero_points, residual=residual,
                             n_off=n_off, splits=splits, half_out=half_out,
                             half_scales=half_scales, half=half, row_offsets=False,
-                            prologue=prologue, gated=gated, stats=stats)
+                            prologue=prologue, gated=gated, stats=stats, mapped=mapped)
     src += f"  let q = min(n0 / {R}u, {groups - 1}u);\n"
     ragged = words % lanes != 0
     flip = " ^ vec4<u32>(0x88888888u)" if signed else ""  # _unpack_biased_fns
@@ -552,7 +568,7 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
     return _group_kernel("gemv_q4_quad", src, binds, (gx, gy, 1), R, lanes, wg, sub, K, N,
                          nblocks, zero_points=zero_points, residual=residual, n_off=n_off,
                          splits=splits, half_out=half_out, half_scales=half_scales,
-                         gated=gated, stats=stats)
+                         gated=gated, stats=stats, mapped=mapped)
 
 
 def _prologue_reduction(prologue: VectorSource | None, wg: int,

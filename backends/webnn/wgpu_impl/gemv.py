@@ -134,10 +134,11 @@ def _narrowed_add(a: Node, groups: dict[int, Any], consumers: dict[int, list[Nod
 @dataclass
 class Gated:
     """A stacked pair of 4-bit products read only by one element-wise ``group`` of the
-    products' shape (SwiGLU's ``silu(gate) · up``): the pair's launch writes the group's
-    root, so the group has no launch and neither product is written."""
+    products' shape (SwiGLU's ``silu(gate) · up``), or one product so read (the LM head's
+    float16 rounding of the logits): the launch writes the group's root, so the group has
+    no launch and no product is written."""
 
-    pair: tuple[Node, Node]
+    pair: tuple[Node, ...]
     group: fusion.Group
 
     @property
@@ -145,8 +146,8 @@ class Gated:
         return self.group.ops[-1]
 
     def output(self) -> GatedOutput:
-        fops, leaves = self.group.fused_ops(named={self.pair[0].id: "g0",
-                                                   self.pair[1].id: "g1"})
+        fops, leaves = self.group.fused_ops(named={m.id: f"g{j}"
+                                                   for j, m in enumerate(self.pair)})
         fsrc, args = FU.functions(fops, leaves, "gt_")  # apart from a prologue's names
         call = f"gt_v{len(fops) - 1}({', '.join(['{}'] + args)})"
         return GatedOutput(fsrc, call, self.root.dtype.wgsl)
@@ -179,6 +180,36 @@ def gated_epilogues(nodes: list[Node], stacked: dict[int, list[Node]],
                 o.op in SAME_INDEX_OPS and S.size(o.shape) == F
                 and all(S.size(x.shape) == F for x in o.inputs) for o in grp.ops):
             out[first] = Gated((ms[0], ms[1]), grp)
+    return out
+
+
+def mapped_epilogues(nodes: list[Node], products: set[int], groups: dict[int, fusion.Group],
+                     inlined: set[int], taken: set[int],
+                     pinned: set[int]) -> dict[int, Gated]:
+    """Product id -> ``Gated`` (one product), for each of ``products`` (the caller passes
+    those its kernel takes, each launched alone) read by nothing but one fused group of
+    element-wise ops at the same index whose one leaf is the product: the LM head's logits
+    rounded to float16 (``cast``), or any such tail. ``taken``: roots that must keep their
+    launch; ``pinned``: products that must be written."""
+    consumers = fusion.consumers_of(nodes)
+    group_of = {o.id: g for g in groups.values() for o in g.ops}
+    by_id = {o.id: o for o in nodes}
+    out: dict[int, Gated] = {}
+    for pid in sorted(products):
+        p = by_id.get(pid)
+        readers = consumers.get(pid, [])
+        grp = group_of.get(readers[0].id) if readers else None
+        if grp is None and len(readers) == 1 and fusion.is_fusible(readers[0]) \
+                and readers[0].id not in inlined:  # one op: a group of its own
+            grp = fusion.collect(readers[0], inlined)[0]
+        if p is None or grp is None or pid in pinned or grp.ops[-1].id in taken:
+            continue
+        n = S.size(p.shape)
+        ops = {o.id for o in grp.ops}
+        if ([x.id for x in grp.leaves] == [pid] and all(c.id in ops for c in readers)
+                and all(o.op in SAME_INDEX_OPS and S.size(o.shape) == n
+                        and all(S.size(x.shape) == n for x in o.inputs) for o in grp.ops)):
+            out[pid] = Gated((p,), grp)
     return out
 
 

@@ -203,7 +203,9 @@ def lower_q4(plan: Any, members: list[Node], a_slot: Slot, slot_of: Any) -> None
     a_slots, source = GV.gemv_input(plan, members[0], [a_slot], slot_of)
     assert source is None or quad is not None, "a 4-bit prologue needs the quad kernel"
     gated = plan.gated.get(members[0].id)  # the pair writes its activation, rows paired
-    assert gated is None or (quad is not None and len(ws) == 2), "a gated pair needs quad"
+    assert gated is None or (quad is not None and len(ws) == len(gated.pair)), \
+        "a gated product needs quad"
+    paired = gated is not None and len(ws) == 2  # else one product: its group, row by row
     stats = plan.norm_stats.get(members[0].id)  # partial sums for the next norm's readers
     assert stats is None or (quad is not None and res is not None and per >= N), \
         "norm partials need the quad kernel, a residual and one launch"
@@ -224,7 +226,7 @@ def lower_q4(plan: Any, members: list[Node], a_slot: Slot, slot_of: Any) -> None
         rows_n = -(-nc // QR.QUAD) * QR.QUAD if quad is not None else nc
 
         def laid(make: Callable[[], np.ndarray], nc: int = nc) -> Callable[[], np.ndarray]:
-            if gated is not None:
+            if paired:
                 make = partial(paired_rows, make, nc // 2)
             return partial(interleave_rows, make, nc) if quad is not None else make
 
@@ -247,7 +249,8 @@ def lower_q4(plan: Any, members: list[Node], a_slot: Slot, slot_of: Any) -> None
         if quad is not None:
             k = QR.gemv_q4_quad(K, nc, w0.block, loads=quad[0], half_scales=half_scales,
                                 half=half, prologue=source,
-                                gated=gated.output() if gated is not None else None,
+                                gated=gated.output() if paired else None,
+                                mapped=gated.output() if gated and not paired else None,
                                 stats=stats.output() if stats is not None else None,
                                 **common)
         elif wide is not None:

@@ -126,12 +126,19 @@ def residual_epilogues(plan: Plan, st: PassState) -> None:
 
 def gated_epilogues(plan: Plan, st: PassState) -> None:
     """A gated MLP's activation (SwiGLU) written by the launch of its stacked 4-bit gate and
-    up products (``q4_epilogue``), where the "quad" kernel runs them."""
+    up products (``q4_epilogue``), where the "quad" kernel runs them; so is an element-wise
+    tail read only by one 4-bit product (the logits' float16 rounding)."""
     if plan.options.q4_gated(plan.target):
         pairs = {k: ms for k, ms in plan.stacked.items()
                  if all(m.id in plan.q4 and plan.q4[m.id].quad_fits for m in ms)}
         plan.gated = GV.gated_epilogues(st.nodes, pairs, plan.groups, st.pinned | st.absorbed,
                                           st.pinned)
+        # one product read only by an element-wise tail (the head's float16 logits)
+        stacked = {m.id for ms in plan.stacked.values() for m in ms}
+        alone = {i for i, w in plan.q4.items() if w.quad_fits and i not in stacked
+                 and i not in plan.epilogue}
+        plan.gated |= GV.mapped_epilogues(st.nodes, alone, plan.groups, st.inlined,
+                                          st.absorbed, st.pinned)
     st.absorbed |= {g.root.id for g in plan.gated.values()}
 
 
