@@ -110,6 +110,11 @@ class _Page(Backend):
         self._accepted = 0  # tokens kept of the last dispatch: the next one's accepted_count
         self._unsettled = False  # a dispatch `accept` may still roll back
         self._overwritten: list[str] | None = []  # pairs a token overwrites (None: unknown)
+        #: set before ``prepare``: build the graph a speculative loop rolls back to any kept
+        #: count (a hybrid's K-token graph: the deferred-commit export, ``model.export``'s
+        #: rollback "deferred"; an attention-only graph rolls back by position as it is)
+        self.speculative = False
+        self._config = None  # the preset's ModelConfig (None: a model as given)
 
     # -- availability -----------------------------------------------------------------------
 
@@ -155,8 +160,9 @@ class _Page(Backend):
 
         # the pairs that do not roll back by position (a GDN layer's conv window and state);
         # a model as given: not known
-        self._overwritten = (None if workload is None or self.onnx_path is not None else
-                             [s.input for s in cache_specs(workload.config, 1)
+        self._config = None if workload is None or self.onnx_path is not None else workload.config
+        self._overwritten = (None if self._config is None else
+                             [s.input for s in cache_specs(self._config, 1)
                               if s.kind != "append"])
         path, base = self._graph(workload, capacity)
         dims = None
@@ -229,6 +235,8 @@ class _Page(Backend):
             from model.export import export
 
             k = self.tokens_per_step
+            if self._deferred(k):
+                return export(workload, "standard", capacity, tokens=k, rollback="deferred"), None
             return (export(workload, "standard", capacity, tokens=k) if k > 1
                     else export(workload, "standard", capacity)), None
         if self.tokens_per_step > 1:
@@ -238,6 +246,13 @@ class _Page(Backend):
 
         proto = onnx.load(str(self.onnx_path), load_external_data=False)
         return self._fixed_capacity(proto, capacity), os.path.dirname(os.fspath(self.onnx_path))
+
+    def _deferred(self, k: int) -> bool:
+        """Whether to build the deferred-commit export: asked for (``speculative``), a
+        K-token graph of a model with GDN layers, K within the capsule's capacity."""
+        from model.rollback_feeds import MAX_TOKENS
+
+        return bool(self.speculative and k > 1 and self._overwritten and k <= MAX_TOKENS)
 
     def _fixed_capacity(self, proto, capacity: int):
         """A user's model pinned and its growing caches made fixed-capacity
@@ -277,11 +292,16 @@ class _Page(Backend):
             for j in range(0, depth.depth, k):
                 self._dispatch(np.asarray(depth.tokens[j:j + k], np.int64))
             return
+        cache = depth.cache
+        if self._committing:  # the deferred pairs' layout: conv rows, an empty capsule
+            from model.rollback_feeds import load
+
+            cache = load(self._config, cache, self.tokens_per_step)
         with self._counted():
             for p in self._pairs:
                 # in the cache's own type (a float16 cache: float16 rows, as the page holds them)
                 d = self.converted.inputs[p.input]
-                arr = into_capacity(np.asarray(depth.cache[p.input], d.host_dtype), tuple(d.shape))
+                arr = into_capacity(np.asarray(cache[p.input], d.host_dtype), tuple(d.shape))
                 if self.host_cache:
                     self._host[p.input][...] = arr
                 else:
@@ -360,11 +380,16 @@ class _Page(Backend):
 
     # -- speculative decoding -----------------------------------------------------------------
 
+    @property
+    def _committing(self) -> bool:
+        """The graph commits its last dispatch's kept tokens itself (``accepted_count``)."""
+        return self.converted is not None and ACCEPTED_COUNT in self.converted.inputs
+
     def rollback_refusal(self) -> str:
         """Why ``accept`` cannot keep fewer than K tokens of a step here ("" where it
         can): every pair rolls back by position (KV rows), or the graph commits the rest
         itself from ``accepted_count`` (a deferred commit)."""
-        if self.converted is not None and ACCEPTED_COUNT in self.converted.inputs:
+        if self._committing:
             return ""
         if self._overwritten is None:
             return ("a model as given: its pairs' kinds (positional KV rows or overwritten "
@@ -374,7 +399,8 @@ class _Page(Backend):
                     f"{', ...' if len(self._overwritten) > 2 else ''}) are overwritten by every token "
                     f"(GDN conv window and recurrent state), not positional rows: they cannot roll "
                     f"back by position, and this K-token graph has no {ACCEPTED_COUNT!r} input "
-                    "(the deferred-commit export, issue 31 item 3)")
+                    "(the deferred-commit export, built where `speculative` is set and K <= "
+                    "8)")
         return ""
 
     def accept(self, kept: int) -> None:
@@ -399,19 +425,33 @@ class _Page(Backend):
         self.position -= k - kept
         self._accepted, self._unsettled = kept, False
 
-    def state_snapshot(self) -> dict[str, np.ndarray]:
-        """Every pair's current contents by past name, host copies in the cache's type
-        (checks and tests: a page never reads the state back; a stateful page's hidden
-        state through the context's test peek). Counts no bytes."""
+    def state_snapshot(self, names: list[str] | None = None) -> dict[str, np.ndarray]:
+        """The state the next dispatch starts from, by past name (``names``: those pairs
+        only), host copies (checks and tests: a page never reads the state back; a
+        stateful page's hidden state through the context's test peek). A deferred-commit
+        graph's pairs with their commit made (``model.rollback_feeds.committed``: the
+        reference's layout, float64); any other's as they are, in the cache's type.
+        Counts no bytes."""
+        if not self._committing:
+            return self._read_pairs(names)
+        from model.rollback_feeds import committed
+
+        pairs = committed(self._config, self._read_pairs(None), self._accepted,
+                          self.tokens_per_step)
+        return {n: a for n, a in pairs.items() if names is None or n in names}
+
+    def _read_pairs(self, only: list[str] | None) -> dict[str, np.ndarray]:
+        """The pairs' contents as they are (``only``: those)."""
         ctx = self.context
+        names = [p.input for p in self._pairs if only is None or p.input in only]
+        if not names:
+            return {}
         before = ctx.counters.snapshot()
         try:
             if self._hidden:
-                return {p.input: np.array(ctx._peek_state(self.converted.graph, p.input))
-                        for p in self._pairs}
+                return {n: np.array(ctx._peek_state(self.converted.graph, n)) for n in names}
             if self.host_cache:
-                return {name: arr.copy() for name, arr in self._host.items()}
-            names = [p.input for p in self._pairs]
+                return {n: self._host[n].copy() for n in names}
             got = ctx._read_tensors([self._cur[n] for n in names], None)
             return {n: np.array(a).reshape(self.converted.inputs[n].shape)
                     for n, a in zip(names, got, strict=True)}

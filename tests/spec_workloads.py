@@ -1,6 +1,6 @@
 """What the end-to-end speculative tests share: tiny's shapes with attention layers only
-(every preset small enough for lavapipe is a hybrid, refused until a deferred-commit graph
-exists), the page classes, and a sweep config over them."""
+(the KV rows' rollback by position alone, as llama-1b's; the presets small enough for
+lavapipe are hybrids, run by tests/test_spec_e2e.py), the page classes, and a sweep config."""
 
 from __future__ import annotations
 

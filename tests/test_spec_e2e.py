@@ -77,18 +77,41 @@ def statebench(*args) -> subprocess.CompletedProcess:
 
 
 @needs_page
-def test_the_command_on_a_hybrid_refuses_its_rollback(tmp_path):
-    """tiny (a GDN layer and an attention layer), through the worker processes: a verify
-    that keeps all K runs and passes (the GDN state checked where both fed the same
-    tokens); a rollback is refused per point, naming the pairs and the missing input."""
+def test_a_hybrid_on_every_page_through_the_command(tmp_path):
+    """tiny (a GDN layer and an attention layer) through the command and its worker
+    processes: the K-token graph is the deferred-commit export, so every acceptance rolls
+    back (the KV rows by position, the GDN state and conv window by ``accepted_count``),
+    the GDN state checked against the one-token decode's at the same count of tokens."""
     out = tmp_path / "spec.json"
-    proc = statebench("speculative", "--preset", "tiny", "--backends", "wgpu:stateful", "--k", "2",
-                      "--accept", "full,zero", "--contexts", "4", "--tokens", "4", "--warm-s", "0",
-                      "--out", out)
+    proc = statebench("speculative", "--preset", "tiny", "--backends", ",".join(EVERY_PAGE),
+                      "--k", "2,4", "--accept", "full,partial,zero,0.6", "--contexts", "8",
+                      "--tokens", "10", "--warm-s", "0", "--out", out)
     assert proc.returncode == 0, proc.stderr
-    full, zero = sorted(load(out).points, key=lambda p: p["acceptance"])
-    assert full["status"] == "ok" and e2e_render.passed(full), full
-    assert zero["status"] == "unavailable"
-    assert "past_state.0" in zero["reason"] and "accepted_count" in zero["reason"]
-    assert "statebench speculative · tiny" in proc.stdout and "✓" in proc.stdout
+    points = load(out).points
+    assert len(points) == len(EVERY_PAGE) * 2 * 4
+    for p in points:
+        where = (p["backend"], p["k"], p["acceptance"])
+        assert p["status"] == "ok" and e2e_render.passed(p), (where, p["reason"], p.get("state"))
+        assert p["rollback"]["strategy"] == "position + accepted_count", where
+        assert not p["state"]["vs_plain"]["skipped"], where  # the GDN state was compared
+    assert "statebench speculative · tiny" in proc.stdout and "✗" not in proc.stdout
     assert json.loads(out.read_text())["schema"] == "statebench-spec/2"
+
+
+@needs_page
+def test_a_hybrid_graph_without_the_deferred_commit_refuses_to_roll_back():
+    """The ordinary K-token graph of a hybrid (``speculative`` not set): its GDN pairs are
+    overwritten by every token, so keeping fewer than K is refused, naming them."""
+    from model.workload import Workload, preset
+
+    b = pages()["wgpu:stateful"](tokens_per_step=2)
+    b.prepare(Workload.build(preset("tiny")), 16)
+    try:
+        why = b.rollback_refusal()
+        assert "past_state.0" in why and "accepted_count" in why
+        b.step_tokens(np.arange(2))
+        with pytest.raises(NotImplementedError, match="cannot roll back"):
+            b.accept(1)
+        b.accept(2)
+    finally:
+        b.close()

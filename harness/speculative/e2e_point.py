@@ -104,6 +104,8 @@ def build(cls: type[Backend], source: PresetSource, workload: Workload, req: Gro
 
     b = source.backend(cls, backend_options(cls, req.options))
     b.tokens_per_step = k
+    if hasattr(b, "speculative"):  # a graph it can roll back (a hybrid's: deferred commit)
+        b.speculative = True
     t0 = time.perf_counter()
     b.prepare(workload, req.capacity)
     build_s = time.perf_counter() - t0
@@ -154,12 +156,22 @@ def _measure(req: GroupRequest, cls: type[Backend], workload: Workload | None) -
     depth = DepthState(tokens=tokens[:req.depth].copy(), cache=cache)
     first = int(tokens[req.depth])
     on_gpu = not cls.on_cpu
+    specs = cache_specs(workload.config, req.capacity)
+    overwritten = [s.input for s in specs if s.kind != "append"]
     plain = build(cls, source, workload, req, 1, tokens)
+    # an overwritten pair holds every token fed: kept at each count a loop may end at
+    recurrent: dict[int, dict] = {}
+
+    def keep_recurrent(fed: int) -> None:
+        if overwritten and fed >= req.tokens:
+            recurrent[req.depth + fed] = _snapshot(plain.backend, overwritten) or {}
+
     try:
         plain_depth_s = reach(plain, depth)
         if on_gpu:
             heat(float(req.warm_s))
-        greedy = loop.greedy_decode(plain.backend, first, req.greedy_tokens, keep_logits=True)
+        greedy = loop.greedy_decode(plain.backend, first, req.greedy_tokens, keep_logits=True,
+                                    after_step=keep_recurrent)
         plain_state = _snapshot(plain.backend)
     finally:
         plain.backend.close()
@@ -170,18 +182,17 @@ def _measure(req: GroupRequest, cls: type[Backend], workload: Workload | None) -
             "greedy_matches_reference": bool(np.array_equal(greedy.tokens,
                                                             ref_greedy[:len(greedy.tokens)])),
             "reference_agree": _agree(greedy.tokens, ref_greedy)}
-    specs = cache_specs(workload.config, req.capacity)
     tol = logits_tolerance(workload.config)  # the preset's (PresetSource.tolerance)
     points = []
     for k in req.ks:
-        points += _measure_k(req, cls, source, workload, k, depth, first, greedy, plain_state,
-                             specs, tol, base)
+        points += _measure_k(req, cls, source, workload, k, depth, first, greedy,
+                             Plain(plain_state, recurrent), specs, tol, base)
     return points
 
 
 def _measure_k(req: GroupRequest, cls: type[Backend], source: PresetSource, workload: Workload,
                k: int, depth: DepthState, first: int, greedy: loop.GreedyRun,
-               plain_state: dict | None, specs: list, tol: float, base: dict) -> list[dict]:
+               plain: Plain, specs: list, tol: float, base: dict) -> list[dict]:
     if cls.hidden_state and depth.depth % k:
         why = (f"depth {depth.depth} is not a multiple of K={k}: a hidden state is reached "
                "by dispatching the prompt K tokens at a time")
@@ -199,7 +210,7 @@ def _measure_k(req: GroupRequest, cls: type[Backend], source: PresetSource, work
                 points.append(point_unavailable(req, k, label, f"rollback: {refusal}"))
                 continue
             try:
-                points.append(_point(req, built, acc, depth, first, greedy, plain_state, specs,
+                points.append(_point(req, built, acc, depth, first, greedy, plain, specs,
                                      tol, base, workload.config.vocab, not cls.on_cpu))
             except Exception as exc:  # noqa: BLE001
                 if os.environ.get("STATEBENCH_DEBUG"):
@@ -211,7 +222,7 @@ def _measure_k(req: GroupRequest, cls: type[Backend], source: PresetSource, work
 
 
 def _point(req: GroupRequest, built: Built, acc: Acceptance, depth: DepthState, first: int,
-           greedy: loop.GreedyRun, plain_state: dict | None, specs: list, tol: float,
+           greedy: loop.GreedyRun, plain: Plain, specs: list, tol: float,
            base: dict, vocab: int, on_gpu: bool) -> dict:
     b, k = built.backend, built.backend.tokens_per_step
     drafts = ScriptedDrafts(np.asarray(greedy.tokens), acc, k, vocab, req.seed)
@@ -230,10 +241,12 @@ def _point(req: GroupRequest, built: Built, acc: Acceptance, depth: DepthState, 
                                  "expected": rows}}
     if got is not None and twin is not None:
         checks["vs_replay"] = state_check.compare(got, twin, specs, rows, tol, True).to_dict()
-    if got is not None and plain_state is not None:
+    if got is not None and plain.state is not None:
         fed = req.depth + len(greedy.tokens)  # the one-token decode's position
-        checks["vs_plain"] = state_check.compare(got, plain_state, specs, min(rows, fed), tol,
-                                                 False, same_count=rows == fed).to_dict()
+        want = {**plain.state, **plain.recurrent.get(rows, {})}
+        same = rows == fed or rows in plain.recurrent
+        checks["vs_plain"] = state_check.compare(got, want, specs, min(rows, fed), tol,
+                                                 False, same_count=same).to_dict()
     worst, compared = loop.logits_against(run, greedy)
     logits = {"rows": compared, "max_rel": worst, "tolerance": tol,
               "ok": compared > 0 and worst <= tol}
@@ -288,9 +301,18 @@ def _record(req: GroupRequest, built: Built, acc: Acceptance, run: loop.LoopRun,
     }
 
 
-def _snapshot(b: Backend) -> dict[str, np.ndarray] | None:
+@dataclass
+class Plain:
+    """The one-token decode's state at its end, and its overwritten pairs at each
+    position a loop may end at (position -> past name -> array)."""
+
+    state: dict[str, np.ndarray] | None
+    recurrent: dict[int, dict[str, np.ndarray]]
+
+
+def _snapshot(b: Backend, names: list[str] | None = None) -> dict[str, np.ndarray] | None:
     snap = getattr(b, "state_snapshot", None)
-    return None if snap is None else snap()
+    return None if snap is None else snap(names)
 
 
 def _median(samples: list[float], want: int) -> float | None:

@@ -12,6 +12,7 @@ drafts and y_m (the correction, or the bonus where m = K-1) and keeps m+1 of its
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -69,8 +70,10 @@ def margin(logits: np.ndarray) -> float:
     return float(top2[1] - top2[0])
 
 
-def greedy_decode(backend: Backend, first: int, n: int, keep_logits: bool = False) -> GreedyRun:
-    """``n`` tokens from a backend of one-token steps at its depth, ``first`` fed first."""
+def greedy_decode(backend: Backend, first: int, n: int, keep_logits: bool = False,
+                  after_step: Callable[[int], None] | None = None) -> GreedyRun:
+    """``n`` tokens from a backend of one-token steps at its depth, ``first`` fed first;
+    ``after_step(fed)`` after each step (``fed`` tokens fed so far), outside the timing."""
     run, x, aside = GreedyRun(), int(first), 0
     t_start = time.perf_counter_ns()
     for _ in range(n):
@@ -86,6 +89,8 @@ def greedy_decode(backend: Backend, first: int, n: int, keep_logits: bool = Fals
         run.margins.append(margin(logits))
         if keep_logits:
             run.logits.append(np.array(logits, np.float32).reshape(-1))
+        if after_step is not None:
+            after_step(len(run.tokens))
         aside += time.perf_counter_ns() - t1
     run.wall_ms = (time.perf_counter_ns() - t_start - aside) / 1e6
     run.position = int(getattr(backend, "position", 0))
