@@ -831,45 +831,52 @@ def _gdn(b: _Builder, flavour: str, i: int, xn: str) -> str:
 
 
 def _gdn_tokens(b: _Builder, i: int, q: str, k: str, v: str, a: str, bb: str) -> str:
-    """The standard flavour's gated delta rule over K > 1 tokens (1, K, ...), in order:
-    the L2 norms and gates of all K at once, then the K recurrence steps spelled out (each
-    ``_gdn``'s one-token step on the state the step before left), their outputs concatenated
-    (1, K, Hv*Dv); the last state is ``present_state.i``."""
+    """The standard flavour's gated delta rule over K > 1 tokens, in order, in the op shape
+    ``backends/webnn/convert_gdn`` builds ORT's GatedDeltaNet (and ``export_deferred`` its
+    verify), so a WebNN page runs the K tokens in one launch (``match_gdn_capsule``'s
+    capture, no capsule): q and k (K, Hk, Dk) L2-normalised (eps inside the square root),
+    v (K, Hv, Dv), the decay exp(g) and beta (K, Hv); the state viewed (Hk, rep, Dv, Dk) so
+    value head j * rep + r reads key head j, and token by token ``s = decay s; r = s k;
+    d = beta (v - r); s += d k^T; o = scale s q``; the outputs concatenated (K, Hv, Dv),
+    the last state ``present_state.i``."""
     cfg, p, t = b.cfg, f"layers.{i}.", b.tokens
     hk, hv, dk, dv = cfg.gdn_qk_heads, cfg.gdn_v_heads, cfg.gdn_qk_dim, cfg.gdn_v_dim
     rep = hv // hk
     eps = b.const(1e-6)
+    first = b.const([0], np.int64)
 
     def l2(x: str) -> str:
-        x = b.reshape(x, [1, t, hk, dk])
-        ss = b.op("ReduceSum", [b.binary("Mul", x, x), b.const([-1], np.int64)], [1, t, hk, 1],
+        x = b.reshape(x, [t, hk, dk])
+        ss = b.op("ReduceSum", [b.binary("Mul", x, x), b.const([-1], np.int64)], [t, hk, 1],
                   keepdims=1)
         return b.binary("Div", x, b.unary("Sqrt", b.binary("Add", ss, eps)))
 
     def token(x: str, j: int, shape: list[int]) -> str:
-        got = b.shape_of(x)
-        one = b.op("Slice", [x, b.const([j], np.int64), b.const([j + 1], np.int64),
-                             b.const([1], np.int64)], [got[0], 1, *got[2:]])
+        one = b.op("Slice", [x, b.const([j], np.int64), b.const([j + 1], np.int64), first],
+                   [1, *b.shape_of(x)[1:]], b.shapes[x][1])
         return b.reshape(one, shape)
 
     qn, kn = l2(q), l2(k)
+    v = b.reshape(v, [t, hv, dv])
     neg_a = b.unary("Neg", b.unary("Exp", b.weight(p + "A_log")))
     g = b.binary("Mul", neg_a, b.unary("Softplus", b.binary("Add", a, b.weight(p + "dt_bias"))))
-    decay, beta = b.unary("Exp", g), b.unary("Sigmoid", bb)  # (1, K, Hv)
-    s = b.reshape(f"past_state.{i}", [1, hk, rep, dv, dk])
+    decay = b.unary("Exp", b.reshape(g, [t, hv]))
+    beta = b.reshape(b.unary("Sigmoid", bb), [t, hv])
+    s = b.reshape(f"past_state.{i}", [hk, rep, dv, dk])
     scale = b.const(1.0 / np.sqrt(dk))
     outs = []
     for j in range(t):
-        kj = token(kn, j, [1, hk, 1, dk, 1])
-        s = b.binary("Mul", s, token(decay, j, [1, hk, rep, 1, 1]))
-        retrieved = b.matmul(s, kj)  # (1, hk, rep, dv, 1)
-        delta = b.binary("Mul", b.binary("Sub", token(v, j, [1, hk, rep, dv, 1]), retrieved),
-                         token(beta, j, [1, hk, rep, 1, 1]))
-        s = b.binary("Add", s, b.binary("Mul", delta, b.reshape(kj, [1, hk, 1, 1, dk])))
-        o = b.binary("Mul", b.matmul(s, token(qn, j, [1, hk, 1, dk, 1])), scale)
-        outs.append(b.reshape(o, [1, 1, hv * dv]))
+        kj = token(kn, j, [hk, 1, 1, dk])
+        s = b.binary("Mul", s, token(decay, j, [hk, rep, 1, 1]))
+        retrieved = b.matmul(s, b.reshape(kj, [hk, 1, dk, 1]))  # (Hk, rep, Dv, 1)
+        delta = b.binary("Mul", b.binary("Sub", token(v, j, [hk, rep, dv, 1]), retrieved),
+                         token(beta, j, [hk, rep, 1, 1]))
+        s = b.binary("Add", s, b.binary("Mul", delta, kj))
+        o = b.binary("Mul", b.matmul(s, token(qn, j, [hk, 1, dk, 1])), scale)
+        outs.append(b.reshape(o, [1, hv, dv]))
     b.reshape(s, [1, hv, dv, dk], out=f"present_state.{i}")
-    return b.project(b.op("Concat", outs, [1, t, hv * dv], axis=1), p + "o_proj")
+    y = b.op("Concat", outs, [t, hv, dv], axis=0)
+    return b.project(b.reshape(y, [1, t, hv * dv]), p + "o_proj")
 
 
 def _linear_attention(b: _Builder, i: int, q: str, k: str, v: str, a: str, bb: str) -> str:
