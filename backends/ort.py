@@ -693,6 +693,36 @@ class _HostArrays(_OrtBackend):
         self.position += self.tokens_per_step
         return by_name["logits"].reshape(-1).astype(np.float32, copy=False)
 
+    # -- speculative decoding (issue 31 item 4, docs/speculative.md) ---------------------
+    def rollback_refusal(self) -> str:
+        """Why ``accept`` cannot keep fewer than K tokens here ("" where it can): KV rows
+        roll back, an overwritten pair (a GDN state) does not."""
+        if self.model is not None:
+            return "a model as given: its pairs' kinds are not known"
+        kept = [s.input for s in self.specs if s.kind != "append"]
+        return f"{', '.join(kept[:2])} are overwritten by every token" if kept else ""
+
+    def accept(self, kept: int) -> None:
+        """Keep the first ``kept`` of the last step's K tokens: the next step at P + kept,
+        a growing past (copy mode) cut to its P + kept valid rows, a fixed one (standard)
+        masked past them by position."""
+        k = self.tokens_per_step
+        if isinstance(kept, bool) or not 0 <= int(kept) <= k:
+            raise ValueError(f"kept {kept!r}: the tokens kept of a step of {k}, 0 .. {k}")
+        if int(kept) == k:
+            return
+        why = self.rollback_refusal()
+        if why:
+            raise NotImplementedError(f"{self.name} cannot roll back: {why}")
+        self.position -= k - int(kept)
+        if self.flavour == ORT:
+            self.past = {n: np.ascontiguousarray(a[:, :, :self.position])
+                         for n, a in self.past.items()}
+
+    def state_snapshot(self, names: list[str] | None = None) -> dict[str, np.ndarray]:
+        """The pasts the next step is fed, copies (checks and tests)."""
+        return {n: a.copy() for n, a in self.past.items() if names is None or n in names}
+
 
 class _IOBinding(_OrtBackend):
     """`iobinding`: presents stay in ORT-allocated device values and are fed back."""
