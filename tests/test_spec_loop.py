@@ -63,7 +63,7 @@ def test_a_backend_without_rollback_keeps_all_k_only():
     pytest.importorskip("onnxruntime")
     from backends.ort import BACKENDS
 
-    b = BACKENDS["ort-cpu:copy"](tokens_per_step=2)
+    b = BACKENDS["ort-cpu:iobinding"](tokens_per_step=2)
     b.prepare(WORKLOAD, 16)
     try:
         b.step_tokens(np.array([1, 2]))
@@ -171,6 +171,20 @@ def test_a_rollback_that_keeps_a_dropped_draft_fails_the_checks(tmp_path):
     """The checks can fail: a page that keeps one token more than it was told (the others
     in tests/test_spec_e2e.py)."""
     assert_wrong_rollback_fails(tmp_path, wrong_rollbacks()["wgpu:keeps-one-more"], "partial")
+
+
+@pytest.mark.parametrize("name", ["ort-cpu:copy", "ort-cpu:standard"])
+def test_every_m_on_ort_host_arrays(tmp_path, name):
+    """ORT's CPU EP on the same K-token graphs: the growing past (copy, the ORT flavour's
+    GroupQueryAttention) cut to its kept rows, the fixed one (standard) by position."""
+    pytest.importorskip("onnxruntime")
+    from backends.ort import BACKENDS
+
+    cfg = config(backends=(name,), ks=(4,), accept="partial,0.7")
+    for p in sweep(cfg, {name: BACKENDS[name]}, tmp_path).points:
+        assert p["status"] == "ok", p["reason"]
+        assert p["tokens_match_greedy"] and p["logits_match_plain"] and p["state_ok"], p
+        assert p["state_compared"] and p["state"]["vs_replay"]["bitwise"]
 
 
 def test_a_spec_1_file_is_not_taken_for_an_end_to_end_one():

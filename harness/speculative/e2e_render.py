@@ -9,7 +9,8 @@ from harness.speculative.spec_results import SpecResults
 
 CAPTION = ("ms per generated token · speedup over the same page's one-token decode\n"
            "verify ms (× one-token step) · mean drafts accepted · rollback ms\n"
-           "✓ tokens = greedy, logits and state as feeding only the accepted tokens")
+           "✓ tokens = greedy, logits and state as feeding only the accepted tokens "
+           "(*: the state not read back)")
 
 
 def passed(p: dict) -> bool:
@@ -21,7 +22,8 @@ def _cell(p: dict | None) -> str:
         return ""
     if p["status"] != "ok":
         return f"[dim]{p['status']}[/]"
-    mark = "[green]✓[/]" if passed(p) else "[red]✗[/]"
+    mark = ("[red]✗[/]" if not passed(p) else "[green]✓[/]" if p.get("state_compared")
+            else "[green]✓[/]*")
     rb = p["rollback"]["ms"]["median"]
     return (f"{p['ms_per_token']:.3f} · {p['speedup']:.2f}×\n"
             f"{p['verify_ms']['median']:.3f} ({p['verify_over_plain']:.2f}×) · "
@@ -71,6 +73,10 @@ def notes(results: SpecResults) -> list[str]:
             elif not c["ok"]:
                 lines.append(f"✗ {where}: state {name}: {', '.join(c['differs'] + c['missing'])}"
                              f" differ (max rel {c['max_rel']}, rows {c['rows']})")
+        if not p.get("state_compared", True) and (p["backend"], "state") not in seen:
+            seen.add((p["backend"], "state"))
+            lines.append(f"{where}: the state not compared (the backend has no state_snapshot);"
+                         " the tokens, the logits and the next write's position were")
         if not p.get("greedy_matches_reference", True) and (p["backend"], p["depth"]) not in seen:
             seen.add((p["backend"], p["depth"]))
             lines.append(f"{where}: the one-token decode leaves the reference's greedy tokens "
