@@ -290,6 +290,8 @@ def _record(req: GroupRequest, built: Built, acc: Acceptance, run: loop.LoopRun,
         "verify_ms": Stats.of(ms).__dict__,
         "verify_gpu_ms": _median([v.gpu_ms for v in vs if v.gpu_ms is not None], len(vs)),
         "verify_over_plain": verify_med / base["plain_step_ms"]["median"],
+        "verify_over_plain_gpu": _ratio(_median([v.gpu_ms for v in vs if v.gpu_ms is not None],
+                                                len(vs)), base["plain_gpu_ms"]),
         "speedup": base["plain_ms_per_token"] / (run.wall_ms / n),
         "rollback": {"strategy": strategy, "rollbacks": len(dropped),
                      "ms": Stats.of(rollback_ms).__dict__, "ms_max": float(max(rollback_ms)),
@@ -318,6 +320,10 @@ def _snapshot(b: Backend, names: list[str] | None = None) -> dict[str, np.ndarra
 
 def _median(samples: list[float], want: int) -> float | None:
     return float(np.median(samples)) if samples and len(samples) == want else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else a / b
 
 
 def _agree(got: list[int], ref: np.ndarray) -> int:
