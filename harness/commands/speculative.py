@@ -42,8 +42,7 @@ def draft_lengths(text: str) -> int | list[int]:
 class Speculative(Command):
     name = "speculative"
     aliases = ("spec",)
-    help = ("speculative decoding: the loop end to end on --backends, or the per-layer "
-            "rollback strategies (bytes and time per m)")
+    help = "speculative decoding end to end (--backends), or rollback per layer"
 
     @classmethod
     def setup_arguments(cls, p: argparse.ArgumentParser) -> None:
