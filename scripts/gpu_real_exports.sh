@@ -20,6 +20,8 @@
 # onnx_ir and onnxruntime-genai (cp312) in .whl/, as a wheel
 # (EXTRA_WHEELS="wgpudawn==0.32.0.4 onnxruntime-genai==0.18.0" ../shared/gpu/prepare.sh) or
 # as onnxruntime_genai-*.tar.xz (the installed package tree, extracted into /tmp/site).
+# STATEBENCH_REAL_EXPORTS (default "nograph graph") picks the exports built and run;
+# STATEBENCH_REAL_PRESET= (empty) leaves the preset's runs out.
 set -uo pipefail
 out=${1:?usage: scripts/gpu_real_exports.sh OUTDIR}
 start=$(date +%s)
@@ -41,7 +43,8 @@ work=${STATEBENCH_REAL_WORK:-/tmp/statebench-real}
 model=${STATEBENCH_REAL_MODEL:-llama-3.2-1b}
 ep=${STATEBENCH_REAL_EP:-webgpu}
 backends=${STATEBENCH_REAL_BACKENDS:-'wgpu:stateful,ort-webgpu:*,ort-genai:webgpu'}
-preset=${STATEBENCH_REAL_PRESET:-llama-1b+q4f16}
+preset=${STATEBENCH_REAL_PRESET-llama-1b+q4f16}
+exports=${STATEBENCH_REAL_EXPORTS:-nograph graph}
 contexts=${STATEBENCH_GPU_CONTEXTS:-512,8192}
 sweep=(--steps "${STATEBENCH_GPU_STEPS:-32}" --repeat "${STATEBENCH_GPU_REPEAT:-2}" --warmup 2)
 [ "${STATEBENCH_GPU_CALIBRATE:-1}" = 0 ] && sweep+=(--no-calibrate)
@@ -64,12 +67,19 @@ print(' '.join(m for m in ('torch', 'transformers', 'tokenizers', 'onnx', 'onnx_
 grep -E "ort-genai|ort-webgpu:shared|wgpu:stateful" "$out/backends.txt" | tee -a "$out/log.txt"
 
 say "building and exporting $model ($ep, int4) into $work"
-timeout -s TERM "$(left)" "$py" scripts/real_export.py --model "$model" --work "$work" \
-  --export "nograph:int4:$ep" --export "graph:int4:$ep:enable_webgpu_graph=true" \
+specs=()
+for x in $exports; do
+  case $x in
+    nograph) specs+=(--export "nograph:int4:$ep") ;;
+    graph) specs+=(--export "graph:int4:$ep:enable_webgpu_graph=true") ;;
+    *) say "STATEBENCH_REAL_EXPORTS: unknown export $x (nograph, graph)"; exit 2 ;;
+  esac
+done
+timeout -s TERM "$(left)" "$py" scripts/real_export.py --model "$model" --work "$work" "${specs[@]}" \
   > "$out/export.log" 2>&1 || say "real_export.py exited $? (tail of export.log follows)"
 grep -v "matmul_nbits_quantizer" "$out/export.log" | tail -n 8 | tee -a "$out/log.txt"
 cp "$work/$model.json" "$out/" 2>/dev/null
-for x in nograph graph; do cp "$work/$model-$x/genai_config.json" "$out/genai_config-$x.json" 2>/dev/null; done
+for x in $exports; do cp "$work/$model-$x/genai_config.json" "$out/genai_config-$x.json" 2>/dev/null; done
 pack
 
 # one run: NAME, then statebench run's own arguments (the context is the loop's)
@@ -87,8 +97,8 @@ run() {
   pack
 }
 for ctx in ${contexts//,/ }; do
-  run "preset-d$ctx" --preset "$preset" --backends wgpu:stateful --contexts "$ctx"
-  for x in nograph graph; do
+  [ -n "$preset" ] && run "preset-d$ctx" --preset "$preset" --backends wgpu:stateful --contexts "$ctx"
+  for x in $exports; do
     m="$work/$model-$x/model.onnx"
     if [ -f "$m" ]; then
       run "$x-d$ctx" --model "$m" --backends "$backends" --contexts "$ctx"
