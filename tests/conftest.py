@@ -26,7 +26,8 @@ ENGINE = os.environ.get("STATEBENCH_ENGINE", "wgpu")
 SLOW_MODULES = frozenset({
     "test_nothing_lost", "test_kernel_bench", "test_gpu_sweep_script", "test_real_exports",
     "test_run_model", "test_genai", "test_webnn_attention", "test_generate", "test_rollback",
-    "test_rollback_export_wgpu", "test_spec_e2e",
+    "test_rollback_export_wgpu", "test_spec_e2e", "test_ktoken_gdn_variants",
+    "test_prefill_command",
 })
 
 
