@@ -41,6 +41,7 @@ OPTION_VALUES: dict[str, list[str | int | None]] = {
     "q4_prologue": [None, "off", "vector", "full"],
     "q4_epilogue": [None, "off", "gated"],
     "q4_norms": [None, "partials", "off"],
+    "attention_writes": [None, "fold", "off"],
 }
 
 

@@ -22,6 +22,7 @@ are all masked contributes nothing to the combine.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from .common import Kernel, decl, neg_inf
 from .fused import FusedOp, Leaf, functions, leaf_decls
@@ -78,13 +79,15 @@ def _q_source(q_chain: tuple[Sequence[FusedOp], Sequence[Leaf]] | None, head_wor
 
 
 def _kv_and_score(src: str, bindings: list[str], kvt: str, wide: bool,
-                  score: tuple[Sequence[FusedOp], Sequence[Leaf]] | None
-                  ) -> tuple[str, list[str], str]:
+                  score: tuple[Sequence[FusedOp], Sequence[Leaf]] | None,
+                  written: bool = False) -> tuple[str, list[str], str]:
     """``src`` and ``bindings`` (q's) followed by K and V as ``kvt`` arrays (with the
-    unpacking functions of 8-half words where ``wide``) and the score chain's leaves;
-    and the score expression (``_score_source``)."""
-    src += decl(len(bindings), "k", kvt, "read") + decl(len(bindings) + 1, "v", kvt, "read")
-    bindings = [*bindings, "read", "read"]
+    unpacking functions of 8-half words where ``wide``; read-write where ``written``: the
+    row write folded in) and the score chain's leaves; and the score expression
+    (``_score_source``)."""
+    acc = "rw" if written else "read"
+    src += decl(len(bindings), "k", kvt, acc) + decl(len(bindings) + 1, "v", kvt, acc)
+    bindings = [*bindings, acc, acc]
     if wide:
         src += UNPACK
     ssrc, sb, fn_call = _score_source(score, len(bindings))
@@ -102,6 +105,73 @@ def _score_source(score: tuple[Sequence[FusedOp], Sequence[Leaf]] | None,
     fsrc, takes_s = functions(ops, leaves)
     last = len(ops) - 1
     return lsrc + fsrc, lb, f"v{last}(si, raw)" if takes_s else f"v{last}(si)"
+
+
+@dataclass
+class RowWrites:
+    """The new K and V rows a pass-1 workgroup writes before it reads its split (the row
+    write folded into attention: ``match_attention.fold_row_writes``): scatter_nd's index
+    tuples (``tuples`` of ``rank`` int32 into the caches' (B, H, C, D) ``shape``, negative
+    ones from the end, out-of-range ones skipped) and each cache's update source: None
+    (a bound buffer of the updates) or (declarations from its first binding, bindings, the
+    function giving update element ``i``: ``fusion.Group.input_source``); ``guarded``:
+    nothing is written where the capacity check failed (the status bound last)."""
+
+    idx_type: str
+    tuples: int
+    shape: tuple[int, ...]
+    updates: tuple[tuple[str, list[str], str] | None, tuple[str, list[str], str] | None]
+    guarded: bool
+
+
+def _row_writes(w: RowWrites, first: int, kvt: str, words: int, per: int, kv: str,
+                wg: int) -> tuple[str, list[str], str]:
+    """(declarations from binding ``first``, their access, the body at the kernel's start):
+    every tuple that addresses head ``h`` at a row of this split has its K and V rows
+    written (``words`` words of ``per`` elements a row, as ``kvt``, the caches' type ``kv``),
+    then a ``storageBarrier()``, so the split's loads read the new rows; every invocation
+    reaches it. Only this workgroup reads those rows: a row lies in one split of one head."""
+    src = decl(first, "widx", w.idx_type, "read")
+    binds = ["read"]
+    loads = []
+    for j, u in enumerate(w.updates):
+        if u is None:
+            src += decl(first + len(binds), f"wupd{j}", kv, "read")
+            binds.append("read")
+            loads.append(f"wupd{j}[{{}}]")
+        else:
+            usrc, ub, fn = u
+            src += usrc
+            binds += list(ub)
+            loads.append(f"{fn}({{}})")
+    if w.guarded:
+        src += decl(first + len(binds), "wstatus", "u32", "read")
+        binds.append("read")
+    B, H, C, D = w.shape
+    rank = len(w.shape) - 1
+    body = f"  for (var tu = 0u; tu < {w.tuples}u; tu = tu + 1u) {{\n    var ok = true;\n"
+    for j, dim in enumerate(w.shape[:rank]):
+        body += (f"    var t{j} = i32(widx[tu * {rank}u + {j}u]);\n"
+                 f"    if (t{j} < 0) {{ t{j} = t{j} + {dim}; }}\n"
+                 f"    ok = ok && t{j} >= 0 && t{j} < {dim};\n")
+    guard = " && wstatus[0] == 0u" if w.guarded else ""
+    body += (f"    let row = u32(max(t2, 0));\n"
+             f"    if (ok && u32(t0) * {H}u + u32(t1) == h && row >= c0 && row < c0 + n{guard}) {{\n"
+             f"      for (var e = lid; e < {words}u; e = e + {wg}u) {{\n"
+             f"        let ub = tu * {D}u + e * {per}u;\n")
+    for buf, load in zip(("k", "v"), loads, strict=True):
+        el = [load.format(f"ub + {i}u") for i in range(per)]
+        if kvt == "vec4<u32>":  # 8 halves a word, packed as the loads unpack them
+            val = "vec4<u32>(" + ", ".join(
+                f"pack2x16float(vec2<f32>(f32({el[2 * i]}), f32({el[2 * i + 1]})))"
+                for i in range(4)) + ")"
+        elif per == 4:
+            val = f"{kvt}({', '.join(el)})"
+        else:
+            val = el[0]
+        body += f"        {buf}[(h * {C}u + row) * {words}u + e] = {val};\n"
+    body += "      }\n    }\n  }\n  storageBarrier();\n"
+    return src, binds, body
 
 
 def _split_entry(wg: int, rows: int, capacity: int) -> str:
@@ -161,9 +231,14 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
                  shared_floats: int,
                  q_chain: tuple[Sequence[FusedOp], Sequence[Leaf]] | None = None,
                  splits: int = SPLITS, kv: str = "f32",
-                 f16_loads: str = "wide") -> tuple[Kernel, Kernel, int]:
+                 f16_loads: str = "wide",
+                 writes: RowWrites | None = None) -> tuple[Kernel, Kernel, int]:
     """(pass 1, pass 2, partial-buffer elements) for q (heads, q_rows, d), K and V
     (heads, capacity, d), output (heads, q_rows, d).
+
+    ``writes``: the row write folded in (``RowWrites``): K and V are bound read-write and
+    each workgroup first writes the new rows of its head that fall in its split, its
+    bindings after the partials'.
 
     ``score``: the element-wise chain applied to each raw score, as fused ops over the
     (heads, q_rows, capacity) score layout whose one *param* leaf is the raw score;
@@ -204,9 +279,16 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
     kvt = "vec4<u32>" if wide else vt.replace("f32", kv)  # K and V as loaded
     # a load of K or V as float32 (exact for float16)
     ld = (lambda x: x) if kv == "f32" else (lambda x: f"{vt}({x})")
-    src, bindings, fn_call = _kv_and_score(src, bindings, kvt, wide, score)
+    src, bindings, fn_call = _kv_and_score(src, bindings, kvt, wide, score,
+                                           writes is not None)
     src += decl(len(bindings), "part", vt, "rw")
     bindings.append("rw")
+    write_body = ""
+    if writes is not None:
+        wsrc, wb, write_body = _row_writes(writes, len(bindings), kvt, LW,
+                                           8 if wide else 4 if vec else 1, kv, WG)
+        src += wsrc
+        bindings += wb
     low = neg_inf()
     pw = P // 4 if vec else P  # partial words per (row, split)
     # K row loads issued U at a time before use: enough bytes in flight per invocation
@@ -349,7 +431,7 @@ var<workgroup> sc: array<f32, {G * T}>;
 var<workgroup> red: array<f32, {G * WG}>;
 {pv_decl}
 {_trees(G, WG)}
-{_split_entry(WG, T, C)}  for (var j = lid; j < {G * D4}u; j = j + {WG}u) {{ qs[j] = {q_load}; }}
+{_split_entry(WG, T, C)}{write_body}  for (var j = lid; j < {G * D4}u; j = j + {WG}u) {{ qs[j] = {q_load}; }}
   workgroupBarrier();
   var mloc: array<f32, {G}>;
   var acc: array<f32, {G}>;
@@ -397,6 +479,8 @@ var<workgroup> red: array<f32, {G * WG}>;
     parts = heads * G * ns * P
     extra = 0 if score is None else sum(4 * min(leaf.size, heads * G * C)
                                         for leaf in score[1] if not leaf.param)
+    if writes is not None:  # the tuples, the updates read and the rows written
+        extra += 4 * writes.tuples * 3 + 2 * 2 * writes.tuples * D * (2 if kv == "f16" else 4)
     k1 = Kernel("attention_flash", src, bindings, (ns, heads, 1),
                 4 * (heads * G * D + parts) + 2 * heads * C * D * (2 if kv == "f16" else 4)
                 + extra)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from ..ir import Graph
 from . import lowering, passes, planning, rewrite
+from .match_attention import NotInPlace
 from .options import KernelOptions
 from .plan import Plan
 from .target import Target
@@ -23,13 +24,17 @@ def compile_graph(graph: Graph, stateful: bool, max_binding: int = 1 << 27,
     its launches in order and the slots they bind, for ``target`` under ``options`` (the
     context's; None: every knob per adapter); ``stateful``: the pairs' state is kept."""
     graph = rewrite.simplified(graph)  # one op per value, no copy that moves nothing
-    plan = Plan(max_binding=max_binding, target=target or Target(),
-                options=options or KernelOptions())
+    options = options or KernelOptions()
+    plan = Plan(max_binding=max_binding, target=target or Target(), options=options)
     state = passes.place_results(plan, graph, stateful)
     for run_pass in passes.PASSES:
         run_pass(plan, state)
     steps, check = planning.op_steps(plan, state)
     order = planning.place_state(plan, state, steps, check, graph.outputs)
     planning.live_steps(order, state.dest)
-    lowering.lower_steps(plan, order, state.dest)
+    try:
+        lowering.lower_steps(plan, order, state.dest)
+    except NotInPlace:  # a row write folded into attention needs its pair in place
+        return compile_graph(graph, stateful, max_binding, target,
+                             options.replace(attention_writes="off"))
     return plan

@@ -77,13 +77,15 @@ class Attention:
         return heads, G, C, D, score, q_chain
 
     def kernels(self, shared_bytes: int, splits: int | None = None,
-                f16_loads: str | None = None) -> tuple[AT.Kernel, AT.Kernel, int]:
+                f16_loads: str | None = None,
+                writes: AT.RowWrites | None = None) -> tuple[AT.Kernel, AT.Kernel, int]:
         """(pass 1, pass 2, partial 4-byte words); ``splits``: per head (None: the default);
-        ``f16_loads``: how a float16 cache is loaded (``flash_decode``; None: "wide")."""
+        ``f16_loads``: how a float16 cache is loaded (``flash_decode``; None: "wide");
+        ``writes``: the layer's row write folded into pass 1."""
         heads, G, C, D, score, q_chain = self._dims()
         return AT.flash_decode(heads, G, C, D, score, shared_bytes // 4, q_chain,
                                splits or AT.SPLITS, kv=self.k.dtype.wgsl,
-                               f16_loads=f16_loads or "wide")
+                               f16_loads=f16_loads or "wide", writes=writes)
 
     def one_launch(self, shared_bytes: int, splits: int | None = None,
                    max_storage: int = 8) -> tuple[AT.Kernel, int, int] | None:
@@ -194,6 +196,59 @@ def match_attention(nodes: list[Node], inlined: set[int], groups: dict[int, fusi
     return found
 
 
+class NotInPlace(Exception):
+    """A row write folded into attention whose pair the planner left two buffers (it must
+    be written in place: the kernel writes the state it reads): compile again without."""
+
+
+def fold_row_writes(attention: dict[int, Attention], nodes: list[Node], writers: set[int],
+                    row_writes: dict[int, list[Node]], groups: dict[int, fusion.Group],
+                    max_storage: int) -> dict[int, tuple[Node, Node]]:
+    """probs·V id -> (K row write, V row write), for each decode attention whose K and V
+    are in-place pair writers (``writers``: the stateful graph's) of one index tensor of
+    tuples (batch, head, row) into (B, H, C, D) caches, read by nothing but this
+    attention: pass 1 writes the new rows (``kernels/attention.RowWrites``), so the row
+    write has no launch of its own. A row-write launch shared with scatters not folded
+    here (``row_writes``) is left as it is, as is a launch beyond ``max_storage``."""
+    consumers = fusion.consumers_of(nodes)
+    out: dict[int, tuple[Node, Node]] = {}
+    for oid, m in attention.items():
+        k, v = m.k, m.v
+        if not all(x.kind == "op" and x.op == "scatter_nd" and x.id in writers
+                   for x in (k, v)):
+            continue
+        idx = root(k.inputs[1])
+        shape = tuple(k.shape)
+        if (root(v.inputs[1]) is not idx or tuple(v.shape) != shape or len(shape) != 4
+                or tuple(idx.shape)[-1] != 3 or S.size(m.out.shape[:-2]) != shape[0] * shape[1]
+                or m.qk.shape[-1] != shape[2]):
+            continue
+        readers = [_only_attention(k, m, consumers), _only_attention(v, m, consumers)]
+        if not all(readers):
+            continue
+        upd = sum(len(groups[x.id].inner.leaves) if x.id in groups else 1 for x in (k, v))
+        if len(m.leaves) + 1 + 1 + upd + 1 > max_storage:  # + partials, index, status
+            continue
+        out[oid] = (k, v)
+    folded = {x.id for ks in out.values() for x in ks}
+    for ms in row_writes.values():  # a shared launch is folded whole or not at all
+        if any(x.id in folded for x in ms) and not all(x.id in folded for x in ms):
+            out = {o: ks for o, ks in out.items() if not any(x in ms for x in ks)}
+    return out
+
+
+def _only_attention(x: Node, m: Attention, consumers: dict[int, list[Node]]) -> bool:
+    """Whether the cache ``x`` is read only by attention ``m``: through K's transpose (a
+    float16 cache: its widening cast first) or as V."""
+    ends = {m.out.id, root(m.qk.inputs[1]).id}
+    for c in consumers.get(x.id, []):
+        if c.id in ends:
+            continue
+        if not (c.op == "cast" and all(r.id in ends for r in consumers.get(c.id, []))):
+            return False
+    return True
+
+
 def _reads_at_own_index(g: fusion.Group, qk: Node) -> bool:
     """Every op of the chain that depends on ``qk`` is element-wise on qk's shape and
     reads its dependent inputs without broadcasting."""
@@ -247,12 +302,42 @@ def _lower_attention(n: Site) -> None:
         plan.consts.setdefault(cnt, np.zeros(counters, np.uint32))  # zero; left zero
         n.add(KernelLaunch(k1, n.ins + [part, n.out, cnt]))
         return
+    m = plan.attention[o.id]
+    ins = n.ins[:len(m.leaves)]  # the step's reads go on with a folded row write's
+    writes, w_slots = _row_writes(n, m, plan.attention_writes.get(o.id))
     if (two := _attention_lanes(plan, o, False)) is not None:
+        assert writes is None, "the row writes fold into the flash kernel only"
         (k1, k2), parts, _ = two
     else:
-        k1, k2, parts = plan.attention[o.id].kernels(plan.target.shared_bytes,
-                                                      plan.options.attention_splits,
-                                                      plan.options.f16_loads)
+        k1, k2, parts = m.kernels(plan.target.shared_bytes, plan.options.attention_splits,
+                                  plan.options.f16_loads, writes)
     plan.temps[part] = parts
-    n.add(KernelLaunch(k1, n.ins + [part]))
+    n.add(KernelLaunch(k1, ins + [part] + w_slots))
     n.add(KernelLaunch(k2, [part, n.out]))
+
+
+def _row_writes(n: Site, m: Attention, ws: tuple[Node, Node] | None
+                ) -> tuple[AT.RowWrites | None, list]:
+    """The folded K and V row writes of attention ``m`` (``fold_row_writes``) as pass 1
+    takes them, and the slots they bind after its partials (the index tuples, each
+    cache's updates or the leaves it computes them from, the status)."""
+    if ws is None:
+        return None, []
+    plan = n.plan
+    if any(w.id not in plan.in_place for w in ws):
+        raise NotInPlace
+    first = len(m.leaves) + 2  # after the leaves, the partials and the index tuples
+    idx = root(ws[0].inputs[1])
+    updates, slots = [], [n.slot_of(idx)]
+    for j, w in enumerate(ws):
+        group = plan.groups.get(w.id)  # updates computed by the write (RoPE of k)
+        if group is None:
+            updates.append(None)
+            slots.append(n.slot_of(root(w.inputs[2])))
+        else:
+            updates.append(group.input_source(first=first + len(slots) - 1, prefix=f"w{j}_"))
+            slots += [n.slot_of(leaf) for leaf in group.inner.leaves]
+    guarded = n.has_check
+    rw = AT.RowWrites(idx.dtype.wgsl, S.size(idx.shape[:-1]), tuple(ws[0].shape),
+                      (updates[0], updates[1]), guarded)
+    return rw, slots + n.status(guarded)

@@ -62,6 +62,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "q4_prologue": ("off", "vector", "full"),
     "q4_epilogue": ("off", "gated"),
     "q4_norms": ("partials", "off"),
+    "attention_writes": ("fold", "off"),
     "row_vector": ("unrolled", "loop"),
     "row_writes": ("separate",),
     "record_ahead": ("on", "pieces", "off"),
@@ -123,6 +124,11 @@ class KernelOptions:
     row_vector: str | None = None
     #: scatters of one index tensor into same-shaped caches: None (one launch), "separate"
     row_writes: str | None = None
+    #: a layer's K and V row writes in the stateful graph (``match_attention.fold_row_writes``):
+    #: None (GPU adapters "fold", CPU adapters "off"), "fold" (written by the two-launch
+    #: flash attention's first launch, each workgroup the new rows of its split: no launch of
+    #: their own), "off" (as ``row_writes`` decides)
+    attention_writes: str | None = None
     #: splits per head flash-decoding aims at on long caches: None (``kernels/attention.SPLITS``;
     #: "flash1": ``SPLITS1``; "lanes", "lanes1": ``attention_lanes.SPLITS_L``)
     attention_splits: int | None = None
@@ -266,6 +272,12 @@ class KernelOptions:
         (PERFORMANCE.md, "Knobs")."""
         how = self.q4_norms
         return (how == "partials" or (how is None and not t.cpu)) and self.q4_quad(t) is not None
+
+    def attention_writes_fold(self, t: Target) -> bool:
+        """Whether a layer's row writes are folded into its attention (``attention_writes``):
+        by default on GPU adapters (PERFORMANCE.md, "Knobs")."""
+        how = self.attention_writes
+        return how == "fold" or (how is None and not t.cpu)
 
     def attention_lanes(self) -> tuple[bool, int | None] | None:
         """(combine folded in, rows a lane-group loads at once or None: the default) of the

@@ -15,7 +15,7 @@ from ..ir import Graph, Node
 from ..stateful import analyse, root
 from . import fusion
 from . import gemv as GV
-from .match_attention import last2_transpose_input, match_attention
+from .match_attention import fold_row_writes, last2_transpose_input, match_attention
 from .match_gdn import match_gated_delta
 from .match_gdn_capsule import match_capsules
 from .match_q4 import match_q4
@@ -191,6 +191,21 @@ def group_row_writes(plan: Plan, st: PassState) -> None:
     st.absorbed |= {x.id for ms in plan.row_writes.values() for x in ms[1:]}
 
 
+def attention_row_writes(plan: Plan, st: PassState) -> None:
+    """A layer's K and V row writes (RoPE of k inside) written by its attention's first
+    launch (``KernelOptions.attention_writes``), where the two-launch flash kernel runs it
+    and the pairs are the stateful graph's."""
+    if (plan.attention and plan.options.attention_writes_fold(plan.target)
+            and plan.options.attention in (None, "flash")):
+        plan.attention_writes = fold_row_writes(plan.attention, st.nodes, st.writers,
+                                                plan.row_writes, plan.groups,
+                                                plan.target.max_storage)
+        folded = {x.id for ks in plan.attention_writes.values() for x in ks}
+        plan.row_writes = {k: ms for k, ms in plan.row_writes.items()
+                           if not any(x.id in folded for x in ms)}
+    st.absorbed |= {x.id for ks in plan.attention_writes.values() for x in ks}
+
+
 def gated_delta(plan: Plan, st: PassState) -> None:
     """A gated delta net's decode step: one launch."""
     gdn = plan.options.gdn_variant(plan.target)
@@ -215,7 +230,8 @@ def q4_gemvs(plan: Plan, st: PassState) -> None:
 
 #: the passes after ``place_results``, in order: each sees what the earlier ones absorbed
 PASSES = (fold_transposes, q4_gemvs, gdn_capsules, fuse_loops, decode_attention, stack_gemvs,
-          residual_epilogues, gated_epilogues, gemv_prologues, group_row_writes, gated_delta)
+          residual_epilogues, gated_epilogues, gemv_prologues, group_row_writes,
+          attention_row_writes, gated_delta)
 
 
 #: ops the wgpu kernels run on float16 operands (WGSL f16 storage): casts, element-wise

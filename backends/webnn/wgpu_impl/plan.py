@@ -45,6 +45,8 @@ class Plan:
     options: KernelOptions = field(default_factory=KernelOptions)  # the context's
     groups: dict[int, fusion.Group] = field(default_factory=dict)  # root id -> fused group
     attention: dict[int, Attention] = field(default_factory=dict)  # probs·V id ->
+    #: probs·V id -> its layer's K and V row writes, written by attention's pass 1
+    attention_writes: dict[int, tuple[Node, Node]] = field(default_factory=dict)
     stacked: dict[int, list[Node]] = field(default_factory=dict)  # first gemv -> all
     fold: dict[int, Node] = field(default_factory=dict)  # matmul id -> B read transposed
     epilogue: dict[int, tuple[Node, Node]] = field(default_factory=dict)  # gemv -> (add, residual)

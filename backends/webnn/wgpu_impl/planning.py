@@ -68,6 +68,9 @@ def op_steps(plan: Plan, st: PassState) -> tuple[list[Step], Step | None]:
         for m in plan.row_writes.get(o.id, [o])[1:]:
             more.append(m)
             reads += [r for r in reads_of(m) if r not in reads]
+        for w in plan.attention_writes.get(o.id, ()):  # the row writes folded in
+            more.append(w)
+            reads += [r for r in reads_of(w) if r not in reads]
         if o.id in plan.gdn:
             more.append(plan.gdn[o.id].state_out)  # the new state, written by the launch
         if o.id in plan.capsule:

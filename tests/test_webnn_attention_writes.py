@@ -1,0 +1,153 @@
+"""A layer's K and V row writes folded into its attention's first launch
+(``KernelOptions.attention_writes``, ``match_attention.fold_row_writes``): on the GPU's plan
+(forced on this adapter) the stateful page has no ``scatter_nd`` launch and still computes
+the float64 reference's logits (presets: float32 and float16 caches, every load path of
+``flash_decode``: 16-byte words of 8 halves, ``vec4``, scalars) and ORT's (the exporters'
+own spellings of attention); the other pages, which write the rows into a copy, keep the
+row-write launch."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from backends.base import DepthState, registry
+from backends.pages import StatefulInPlace, StatelessCopy
+from backends.webnn.wgpu_impl import context
+from backends.webnn.wgpu_impl.options import KernelOptions
+from harness.metrics import FLOAT32_TOLERANCE, logits_tolerance
+from model.reference import Reference
+from model.workload import ATTENTION, Workload, preset, token_stream
+
+ok, why = StatelessCopy.available()
+pytestmark = pytest.mark.skipif(not ok, reason=why)
+
+
+@pytest.fixture
+def gpu_plan(monkeypatch):
+    """This adapter's contexts plan as a GPU's (the passes and kernels the H200 runs)."""
+    real = context.target_of
+    monkeypatch.setattr(context, "target_of", lambda *a: dataclasses.replace(
+        real(*a), cpu=False, max_storage=16, shared_bytes=32768))
+
+
+def _names(page) -> list[str]:
+    return [la.kernel.name for la in page.converted.graph._plan.launches
+            if hasattr(la, "kernel")]
+
+
+@pytest.mark.adapter_feature("shader-f16")
+@pytest.mark.parametrize("name,head_dim,loads", [
+    ("tiny", 16, None),  # float32 cache: vec4 words
+    ("tiny+f16kv", 16, None),  # float16 cache: 16-byte words of 8 halves
+    ("tiny+f16kv", 16, "vec4"),  # float16 cache: vec4<f16>
+    ("tiny+q4f16", 16, None),
+    ("tiny", 6, None),  # a row of 6: scalars
+    ("tiny+f16kv", 6, None)])
+def test_folded_row_writes_compute_the_reference(gpu_plan, name, head_dim, loads):
+    """Two attention layers (q 4 heads, kv 2, the row written at the new position in each
+    layer's float32 or float16 cache): the walk to depth 16 and 3 more steps, each within the
+    preset's tolerance of the float64 reference, argmax included; the same with the fold
+    off, which keeps one row-write launch a layer."""
+    cfg = replace(preset(name), layers=(ATTENTION,) * 2, head_dim=head_dim)
+    wl = Workload.build(cfg)
+    tol = logits_tolerance(cfg) if "q4f16" in name else (
+        1e-5 if "f16kv" in name else FLOAT32_TOLERANCE)
+    cap, depth = 24, 16
+    counts = {}
+    for fold in (None, "off"):
+        b = StatefulInPlace(options=KernelOptions(attention_writes=fold, f16_loads=loads,
+                                                  gemv="rows"))
+        b.prepare(wl, cap)
+        try:
+            counts[fold] = _names(b).count("scatter_nd")
+            tokens = token_stream(cfg, cap)
+            ref = Reference(cfg, wl.weights, cap)
+            ref.prefill(tokens[:depth])
+            b.reach_depth(DepthState(tokens=tokens[:depth].copy(), cache=ref.cache_arrays()))
+            for i in range(3):
+                tok = int(tokens[depth + i])
+                got, want = np.asarray(b.step(tok), np.float64), ref.step(tok)
+                rel = np.abs(got - want).max() / np.abs(want).max()
+                assert rel < tol, f"{name} d{head_dim} fold={fold} step {i}: {rel:.2e}"
+                assert got.argmax() == want.argmax()
+        finally:
+            b.close()
+    assert counts == {None: 0, "off": 2}, counts
+
+
+def test_pages_that_write_a_copy_keep_the_row_write(gpu_plan):
+    """The stateless page's caches are its inputs and outputs (each row write copies the
+    cache first): nothing to fold, the row writes keep their launch."""
+    cfg = replace(preset("tiny"), layers=(ATTENTION,) * 2)
+    b = StatelessCopy(options=KernelOptions(gemv="rows"))
+    b.prepare(Workload.build(cfg), 24)
+    try:
+        assert "scatter_nd" in _names(b)
+    finally:
+        b.close()
+
+
+@pytest.mark.parametrize("maker,folded", [("genai_model", True), ("optimum_model", False),
+                                          ("onnx_attention_model", False)])
+def test_folded_row_writes_in_exported_graphs_compute_orts_logits(gpu_plan, tmp_path, maker,
+                                                                  folded):
+    """The exporters' spellings of attention (GroupQueryAttention with its rotary caches,
+    optimum's concatenated cache and rotate-half, ai.onnx Attention), float32: on the GPU's
+    plan the stateful page computes ORT's CPU logits for 6 fresh random tokens, writing
+    GroupQueryAttention's rows from its attention launch. The growing caches made
+    fixed-capacity (optimum's, ai.onnx Attention's) attend over ``concat(past, new)``, not
+    over the written cache, so their row writes keep their launch."""
+    import attention_graphs as AG
+    import onnx
+
+    from harness.model_run import backend_for
+
+    path = tmp_path / "model.onnx"
+    onnx.save(getattr(AG, maker)(), str(path))
+    tokens = [int(t) for t in np.random.default_rng().integers(1, AG.VOCAB, 6)]
+    want = AG.ort_oracle(path, tokens)
+    page = backend_for(registry()["wgpu:stateful"], path, None,
+                       KernelOptions(gemv="rows"))
+    page.prepare(None, 16)
+    try:
+        assert ("scatter_nd" not in _names(page)) == folded and "attention_flash" in _names(page)
+        for i, tok in enumerate(tokens):
+            got = np.asarray(page.step(tok), np.float64).reshape(-1)
+            rel = np.abs(got - want[i]).max() / np.abs(want[i]).max()
+            assert rel < 1e-4, f"{maker} step {i}: {rel:.2e}"
+    finally:
+        page.close()
+
+
+def test_a_pair_left_two_buffers_keeps_its_row_write(gpu_plan, monkeypatch):
+    """Where the planner cannot write a pair in place (forced here: no in-place order), the
+    attention cannot write the state it reads: the graph is compiled again without the
+    fold, its row writes copy into the other buffer, and the steps still compute the
+    reference's logits."""
+    from backends.webnn.wgpu_impl import planning
+
+    real = planning.schedule
+    monkeypatch.setattr(planning, "schedule", lambda steps, in_place, check: (
+        None if in_place else real(steps, in_place, check)))
+    cfg = replace(preset("tiny"), layers=(ATTENTION,) * 2)
+    wl = Workload.build(cfg)
+    b = StatefulInPlace(options=KernelOptions(gemv="rows"))
+    b.prepare(wl, 24)
+    try:
+        plan = b.converted.graph._plan
+        assert not plan.in_place and _names(b).count("scatter_nd") == 2, _names(b)
+        assert plan.options.attention_writes == "off"
+        tokens = token_stream(cfg, 24)
+        ref = Reference(cfg, wl.weights, 24)
+        ref.prefill(tokens[:8])
+        b.reach_depth(DepthState(tokens=tokens[:8].copy(), cache=ref.cache_arrays()))
+        for i in range(2):
+            tok = int(tokens[8 + i])
+            got, want = np.asarray(b.step(tok), np.float64), ref.step(tok)
+            assert np.abs(got - want).max() / np.abs(want).max() < FLOAT32_TOLERANCE
+    finally:
+        b.close()
