@@ -200,13 +200,41 @@ def export(workload: Workload, flavour: str, capacity: int,
         write_weights(workload, path.parent)
         if quantised_names(workload.config):
             write_q4_weights(workload, path.parent, flavour)
-        if checksum.reusable(path, "graph"):
+        if checksum.reusable(path, "graph") and _stamp_path(path).is_file() and \
+                _stamp_path(path).read_text() == exporter_digest():
             return path
     if flavour == STANDARD:
-        return export_standard(workload, capacity, path, tokens=tokens, rollback=rollback)
-    return export_ort(workload, path, capacity,
-                      accuracy_level=Q4_ACCURACY_LEVEL if level is None else level,
-                      tokens=tokens)
+        done = export_standard(workload, capacity, path, tokens=tokens, rollback=rollback)
+    else:
+        done = export_ort(workload, path, capacity,
+                          accuracy_level=Q4_ACCURACY_LEVEL if level is None else level,
+                          tokens=tokens)
+    _atomic_write(_stamp_path(done), exporter_digest().encode())
+    return done
+
+
+#: the modules whose code decides a graph's bytes (``exporter_digest``)
+_EXPORTER_MODULES = ("export.py", "export_deferred.py", "quantize.py", "rollback_feeds.py",
+                     "workload.py")
+_DIGEST: list[str] = []
+
+
+def exporter_digest() -> str:
+    """A digest of the exporter's own source: a cached graph is reused only when the code
+    that wrote it is the code that would write it now (a graph is found by its name, which
+    says the workload, not the exporter's version). The weights files are keyed by the
+    workload alone and kept."""
+    if not _DIGEST:
+        h = hashlib.sha256()
+        for name in _EXPORTER_MODULES:
+            h.update((Path(__file__).parent / name).read_bytes())
+        _DIGEST.append(h.hexdigest()[:16])
+    return _DIGEST[0]
+
+
+def _stamp_path(graph: Path) -> Path:
+    """The file beside a cached graph naming the exporter digest that wrote it."""
+    return graph.with_name(graph.name + ".exporter")
 
 
 def export_standard(workload: Workload, capacity: int, path: str | os.PathLike, *,

@@ -358,3 +358,26 @@ def test_ort_causal_conv_with_state_matches_reference():
         out, want = causal_conv(want, x[j:j + 1].astype(np.float64), taps.astype(np.float64))
         np.testing.assert_allclose(y.reshape(c), out[0], rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(window[0], want, rtol=1e-6)
+
+
+def test_a_graph_cached_by_another_exporter_is_written_again(tiny, tmp_path):
+    """A cached graph is found by its name (the workload's), so the exporter's digest beside
+    it decides reuse: one written by other exporter code is exported again, the weights kept."""
+    path = E.export(tiny, E.STANDARD, 16, tmp_path)
+    stamp = path.with_name(path.name + ".exporter")
+    assert stamp.read_text() == E.exporter_digest()
+    weights = sorted(p for p in path.parent.iterdir() if p.suffix in (".bin", ".f32"))
+    assert weights
+    mtimes = [p.stat().st_mtime_ns for p in weights]
+    onnx.save(helper.make_model(helper.make_graph([], "stale", [], [])), str(path))
+    stamp.write_text("0" * 16)  # the stale graph, sealed as another exporter's
+    from model import checksum
+    checksum.seal(path)
+    again = E.export(tiny, E.STANDARD, 16, tmp_path)
+    assert again == path and len(onnx.load(str(path), load_external_data=False).graph.node) > 0
+    assert stamp.read_text() == E.exporter_digest()
+    assert [p.stat().st_mtime_ns for p in weights] == mtimes
+    # the same exporter's graph is reused as it is
+    before = path.stat().st_mtime_ns
+    E.export(tiny, E.STANDARD, 16, tmp_path)
+    assert path.stat().st_mtime_ns == before
