@@ -34,7 +34,8 @@ Deviations (each marked DEVIATION in the code):
   scatter_elements indices are skipped (implementation-defined in the spec); negative ones
   count from the end.
 - statebench extensions: MLGraph.inputs/outputs (the bound interface), MLGraph.in_place,
-  MLGraph.device_bytes, MLContext.counters (bytes moved, ByteCounters with snapshot() and
+  MLGraph.device_bytes, MLGraph.launches (the wgpu graph's launches a dispatch),
+  MLContext.counters (bytes moved, ByteCounters with snapshot() and
   reset()), MLContext.gpu_time_ns / gpu_time_reason, and create_context(options=...): the
   wgpu implementation's kernel variants and modes (``wgpu_impl.options.KernelOptions``),
   kept by the context as MLContext.options; create_context(engine=...): the WebGPU engine
