@@ -151,3 +151,18 @@ def test_a_pair_left_two_buffers_keeps_its_row_write(gpu_plan, monkeypatch):
             assert np.abs(got - want).max() / np.abs(want).max() < FLOAT32_TOLERANCE
     finally:
         b.close()
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_k_token_rows_written_by_attention(gpu_plan, k):
+    """The K-token decode graph (issue 31: K new rows a head a dispatch, possibly in two
+    splits): every row written by the workgroup whose split holds it, and the steps the
+    reference's (``test_ktoken.assert_steps``)."""
+    from tests.test_ktoken import assert_steps, page
+
+    b = page("wgpu:stateful", k)
+    try:
+        assert "scatter_nd" not in _names(b) and "attention_flash" in _names(b)
+        assert_steps(b, k, where=f"K = {k}, rows written by attention")
+    finally:
+        b.close()
