@@ -373,6 +373,8 @@ class _Page(Backend):
                     outs[p.output] = self._nxt[p.input]
             self._t_written = time.perf_counter_ns()
             ctx.dispatch(self.converted.graph, ins, outs)
+            # after a dispatch: the plan is the one that ran (a graph may replan at its first)
+            self.details["launches"] = int(getattr(self.converted.graph, "launches", 0))
             if not (self.host_cache or self._hidden):
                 self._cur, self._nxt = self._nxt, self._cur
         self.position += self.tokens_per_step

@@ -75,6 +75,8 @@ DETAILS: dict[str, Detail] = {
                       _PAGES),
     "in_place": _d(dict, "per cache pair (its input): whether the step writes it in place",
                    f"{_PAGES}, {_ORT}"),
+    "launches": _d(int, "the launches (kernels and buffer copies) one dispatch of the page's "
+                   "graph runs (MLGraph.launches)", _PAGES),
     "fixed_capacity": _d(dict, "per cache pair of a user's model: how its growing cache was "
                          "fixed at the capacity (backends/webnn/fixed_capacity.py)", _PAGES),
     # ONNX Runtime
