@@ -13,6 +13,7 @@ from backends.base import DepthState
 from harness import metrics
 from model.reference import Reference
 from model.workload import ATTENTION, GDN, Workload, preset, token_stream
+from tests.page_marks import PAGE_OK, PAGE_WHY, needs_page  # noqa: F401
 
 #: two GDN layers (their captures counted apart) and one attention layer, tiny's shapes
 HYBRID = Workload.build(replace(preset("tiny"), name="tiny-gdn2", layers=(GDN, GDN, ATTENTION)))
@@ -54,16 +55,6 @@ def check_k_steps(b, w: Workload, k: int, steps: int = 2) -> None:
         assert m.max_rel < 1e-5, f"{b.name} K={k}: max rel {m.max_rel:.2e}"
 
 
-def _page_ok() -> tuple[bool, str]:
-    try:
-        from backends.pages import StatelessCopy
-    except ImportError as exc:
-        return False, str(exc)
-    return StatelessCopy.available()
-
-
-PAGE_OK, PAGE_WHY = _page_ok()
-needs_page = pytest.mark.skipif(not PAGE_OK, reason=PAGE_WHY)
 
 
 def page(name: str, w: Workload, k: int):

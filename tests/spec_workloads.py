@@ -6,11 +6,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import pytest
-
 from harness.speculative.acceptance import parse_acceptances
 from harness.speculative.e2e_sweep import SpecConfig
 from model.workload import ATTENTION, PRESETS, Workload
+from tests.page_marks import PAGE_OK, PAGE_WHY, needs_page  # noqa: F401
 
 #: tiny's head shapes, both layers attention: a real model (seeded weights, exported by
 #: model.export, checked against the float64 reference), attention-only as llama-1b is
@@ -19,16 +18,6 @@ WORKLOAD = Workload.build(TINY_ATTENTION)
 PAGES = ("wgpu:stateless", "wgpu:reuse", "wgpu:stateful")
 
 
-def page_ok() -> tuple[bool, str]:
-    try:
-        from backends.pages import StatelessCopy
-    except ImportError as exc:
-        return False, str(exc)
-    return StatelessCopy.available()
-
-
-PAGE_OK, PAGE_WHY = page_ok()
-needs_page = pytest.mark.skipif(not PAGE_OK, reason=PAGE_WHY)
 
 
 def config(backends: tuple[str, ...] = PAGES, ks: tuple[int, ...] = (4,),

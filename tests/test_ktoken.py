@@ -16,6 +16,7 @@ from backends.base import DepthState
 from model import export as E
 from model.reference import Reference
 from model.workload import Workload, preset, token_stream
+from tests.page_marks import PAGE_OK, PAGE_WHY, needs_page  # noqa: F401
 
 TINY = Workload.build(preset("tiny"))
 CAPACITY = 24
@@ -132,16 +133,6 @@ def _pages():
     return {c.name: c for c in (StatelessCopy, TensorReuse, StatefulInPlace, StatefulFallback)}
 
 
-def _page_ok() -> tuple[bool, str]:
-    try:
-        from backends.pages import StatelessCopy
-    except ImportError as exc:
-        return False, str(exc)
-    return StatelessCopy.available()
-
-
-PAGE_OK, PAGE_WHY = _page_ok()
-needs_page = pytest.mark.skipif(not PAGE_OK, reason=PAGE_WHY)
 
 
 def page(name: str, k: int, capacity: int = CAPACITY):

@@ -15,6 +15,7 @@ from rich.console import Console
 from harness import prefill
 from harness.cli import main
 from harness.sources import PresetSource
+from tests.page_marks import PAGE_OK, PAGE_WHY, needs_page  # noqa: F401
 
 
 def cli(*args) -> tuple[int, str, str]:
@@ -52,15 +53,6 @@ def test_out_refused_before_anything_runs(tmp_path):
     assert taken.read_text() == "{}"
 
 
-def _page_ok() -> tuple[bool, str]:
-    try:
-        from backends.pages import StatefulInPlace
-    except ImportError as exc:
-        return False, str(exc)
-    return StatefulInPlace.available()
-
-
-PAGE_OK, PAGE_WHY = _page_ok()
 
 
 #: depth 20, K = 4: capacity 24, test_ktoken's (the same kernels, compiled once in a run)
