@@ -13,7 +13,7 @@ output), and see that ``onnx_converter`` imports that module.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -187,6 +187,8 @@ class Converter:
                 raise ConversionError(f"output {vo.name!r} is a graph input or a constant; "
                                       "WebNN outputs must be computed")
             op = self.operand(vo.name)
+            if op._kind != "op":  # the same value as an input (a Concat with an empty one)
+                op = self.builder.identity(op)
             got = OperandDesc(self.dtype(op), self.shape(op))
             if got != self.output_descs[vo.name]:
                 raise ConversionError(f"output {vo.name!r} is declared {self.output_descs[vo.name]} "
@@ -254,6 +256,9 @@ class Converter:
         if node.op_type in FOLDABLE and all(n in self.consts for n in present):
             self._fold(node)
             return
+        if node.op_type not in TAKES_EMPTY and any(self.is_empty(n) for n in present):
+            self._fold_empty(node)
+            return
         handler = HANDLERS.get(node.op_type)
         if handler is None and node.op_type in FOLDABLE:
             raise ConversionError(
@@ -271,6 +276,47 @@ class Converter:
                 self.consts[name] = value
             else:
                 self.operands[name] = value
+
+    def is_empty(self, name: str) -> bool:
+        """Whether ``name`` is a 0-sized tensor. WebNN has none (webmachinelearning/webnn
+        #391: a dimension must be positive), so every empty value is kept on the host as
+        an array: its value is its shape and type alone, known at conversion time."""
+        value = self.consts.get(name)
+        return isinstance(value, np.ndarray) and value.size == 0
+
+    def empty_like(self, op, shape: Sequence[int]) -> np.ndarray:
+        """The empty value of ``shape`` (a 0 in it) in ``op``'s data type, kept on the host."""
+        return np.zeros(tuple(int(d) for d in shape), HOST_DTYPES[self.dtype(op)])
+
+    def _fold_empty(self, node: onnx.NodeProto) -> None:
+        """A node reading an empty value that is not one of ``TAKES_EMPTY``: its outputs are
+        computed on the host with zeros standing in for its runtime inputs, and taken only
+        where every one is empty too (then its value is its shape and type, whatever the
+        runtime inputs hold: exact). An output with elements would depend on what the zeros
+        stand in for, so that is refused."""
+        stand_in = {}
+        for n in (n for n in node.input if n and n not in self.consts):
+            op = self.operand(n)
+            stand_in[n] = np.zeros(self.shape(op), HOST_DTYPES[self.dtype(op)])
+        saved = dict(self.consts)
+        self.consts.update(stand_in)
+        try:
+            self._fold(node)
+        except Exception as exc:  # onnx.reference lacks the op (a contrib op), or it fails
+            self.consts = saved
+            raise ConversionError(
+                f"{node.op_type} node {node.name or node.output[0]!r} reads an empty tensor "
+                f"and cannot be evaluated on the host ({exc}); WebNN has no 0-sized "
+                "tensors") from None
+        outs = {o: self.consts[o] for o in node.output if o}
+        self.consts = saved
+        full = [o for o, v in outs.items() if v.size]
+        if full:
+            raise ConversionError(
+                f"{node.op_type} node {node.name or node.output[0]!r} reads an empty tensor but "
+                f"its output {full[0]!r} has {outs[full[0]].size} elements; WebNN has no "
+                "0-sized tensors, and only an empty result can be folded exactly")
+        self.consts.update(outs)
 
     def _fold(self, node: onnx.NodeProto) -> None:
         """Evaluate a node whose inputs are all known, on the host (onnx.reference)."""
@@ -303,6 +349,12 @@ FOLDABLE = {
     "ConstantOfShape", "ReduceSum", "ReduceMean", "ReduceMax", "Identity", "Flatten", "Sigmoid",
     "Tanh", "Reciprocal", "Softmax", "Not", "And", "Or", "Floor", "Ceil", "Mod",
 }
+
+
+#: ops whose handlers take an empty input themselves (the value its shape alone: Shape,
+#: Size; the identity of its other inputs: Concat, the scatters with no updates); every
+#: other op reading one is folded on the host (``Converter._fold_empty``)
+TAKES_EMPTY = {"Shape", "Size", "Concat", "ScatterND", "ScatterElements"}
 
 
 def handles(*names: str) -> Callable[[Handler], Handler]:

@@ -74,6 +74,12 @@ def _split(c: Converter, node, attrs):
         splits = [per] * (dim // per) + ([dim % per] if dim % per else [])
     else:
         splits = len(outs)
+    if isinstance(splits, list) and 0 in splits:  # an empty part is its shape alone
+        shape = list(c.shape(x))
+        parts = iter(c.builder.split(x, [s for s in splits if s], axis)
+                     if len([s for s in splits if s]) > 1 else [x])
+        return [c.empty_like(x, shape[:axis] + [0] + shape[axis + 1:]) if not s else next(parts)
+                for s in splits]
     try:
         return c.builder.split(x, splits, axis)
     except TypeError as exc:
@@ -139,6 +145,9 @@ def _scatter_elements(c: Converter, node, attrs):
     if red not in (b"none", "none"):
         raise ConversionError(f"ScatterElements node {_name(node)!r}: reduction {red!r} is not "
                               "supported")
+    if c.is_empty(node.input[1]) or c.is_empty(node.input[2]):  # no update: the data as it is
+        name = node.input[0]
+        return c.consts[name] if name in c.consts else c.operand(name)
     x = c.operand(node.input[0])
     return c.builder.scatter_elements(x, c.operand(node.input[1]), c.operand(node.input[2]),
                                       axis=attrs.get("axis", 0) % len(c.shape(x)))

@@ -495,7 +495,12 @@ def _transpose(c: Converter, node, attrs):
 
 @handles("Concat")
 def _concat(c: Converter, node, attrs):
-    ops = [c.operand(n) for n in node.input if n]
+    """An empty input adds nothing: the Concat of the others (one left: itself), exactly."""
+    names = [n for n in node.input if n]
+    kept = [n for n in names if not c.is_empty(n)]
+    if len(kept) == 1:
+        return c.consts[kept[0]] if kept[0] in c.consts else c.operand(kept[0])
+    ops = [c.operand(n) for n in kept]
     rank = len(c.shape(ops[0]))
     return c.builder.concat(ops, attrs["axis"] % rank)
 
@@ -523,11 +528,10 @@ def _slice(c: Converter, node, attrs):
         dim = s[ax]
         st = min(max(st + dim if st < 0 else st, 0), dim)
         en = min(max(en + dim if en < 0 else en, 0), dim)
-        if en <= st:
-            raise ConversionError(f"Slice node {node.output[0]!r} is empty on axis {ax}; WebNN has "
-                                  "no 0-sized tensors")
         # WebNN's sizes is the window (its output ceil(window / step) long), as ONNX's end - start
-        begin[ax], sizes[ax], strides[ax] = int(st), int(en - st), int(step)
+        begin[ax], sizes[ax], strides[ax] = int(st), max(int(en - st), 0), int(step)
+    if 0 in sizes:  # WebNN has no 0-sized tensors: the empty value is its shape alone
+        return c.empty_like(x, [-(-n // k) for n, k in zip(sizes, strides, strict=True)])
     if any(d != 1 for d in strides):
         return c.builder.slice(x, begin, sizes, strides=strides)
     return c.builder.slice(x, begin, sizes)
@@ -557,8 +561,15 @@ def _where(c: Converter, node, attrs):
 def _scatter_nd(c: Converter, node, attrs):
     if attrs.get("reduction", b"none") not in (b"none", "none"):
         raise ConversionError(f"ScatterND with reduction {attrs['reduction']!r} is not supported")
+    if c.is_empty(node.input[1]) or c.is_empty(node.input[2]):  # no update: the data as it is
+        return _same_value(c, node.input[0])
     return c.builder.scatter_nd(c.operand(node.input[0]), c.operand(node.input[1]),
                                 c.operand(node.input[2]))
+
+
+def _same_value(c: Converter, name: str):
+    """``name`` unchanged (a value known at conversion time stays one)."""
+    return c.consts[name] if name in c.consts else c.operand(name)
 
 
 @handles("Gather")
