@@ -239,7 +239,7 @@ def run_sweep(rc: RunConfig, out: str | Path | ResultsFile, console: Console | N
     disabled when it is not a terminal.
     """
     sink = out if isinstance(out, ResultsFile) else ResultsFile(out)
-    with _terminate_as_interrupt() as caught:
+    with terminate_as_interrupt() as caught:
         try:
             return _measure_sweep(rc, sink, console, extra_backends, on_point)
         except Interrupted:
@@ -358,7 +358,7 @@ class Interrupted(KeyboardInterrupt):
 
 
 @contextlib.contextmanager
-def _terminate_as_interrupt() -> Iterator[list[int]]:
+def terminate_as_interrupt() -> Iterator[list[int]]:
     """SIGTERM (`kill`, a scheduler's stop) raises KeyboardInterrupt as Ctrl-C does, so a
     terminated sweep keeps its points and stops its worker; yields [the signal caught]."""
     caught = [int(signal.SIGINT)]

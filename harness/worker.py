@@ -40,13 +40,19 @@ def load_depth(path: str) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]
 
 
 def backend_class(req: WorkerRequest) -> type[Backend]:
-    if req.backend_path:
-        mod, _, qual = req.backend_path.partition(":")
+    return class_for(req.backend, req.backend_path)
+
+
+def class_for(backend: str, backend_path: str | None) -> type[Backend]:
+    """The registry's class of that name, or the class at ``module:qualname`` (a test's
+    backend, outside the registry)."""
+    if backend_path:
+        mod, _, qual = backend_path.partition(":")
         obj = importlib.import_module(mod)
         for part in qual.split("."):
             obj = getattr(obj, part)
         return obj
-    return registry()[req.backend]
+    return registry()[backend]
 
 
 def backend_options(cls: type[Backend], options: dict | None) -> object | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 from contextlib import nullcontext
 from datetime import datetime
 from pathlib import Path
@@ -78,7 +79,7 @@ def refusals(classes: dict[str, type[Backend]]) -> tuple[dict[str, str], dict | 
 
 def run_e2e(args: argparse.Namespace, command: str, console, err_console) -> int:
     from harness.calibrate import environment
-    from harness.runner import resolve_backends
+    from harness.runner import resolve_backends, terminate_as_interrupt
     from harness.sources import PresetSource
     from model.checksum import check_cache_dir
     from model.workload import default_cache_dir
@@ -101,12 +102,18 @@ def run_e2e(args: argparse.Namespace, command: str, console, err_console) -> int
             err_console.print(f"{name} @ d{depth}: {ok}/{len(points)} points measured",
                               markup=False, highlight=False)
 
-        try:
-            run(cfg, Sweep(classes, refused, out=out, on_group=said), results)
-        except KeyboardInterrupt:
-            err_console.print(f"statebench: interrupted; {len(results.points)} points kept in "
-                              f"{out}", markup=False, highlight=False, soft_wrap=True)
-            return 130
+        def progress(line: str) -> None:
+            err_console.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
+
+        with terminate_as_interrupt() as caught:
+            try:
+                run(cfg, Sweep(classes, refused, out=out, on_group=said, say=progress),
+                    results)
+            except KeyboardInterrupt:
+                how = "terminated" if caught[0] == signal.SIGTERM else "interrupted"
+                err_console.print(f"statebench: {how}; {len(results.points)} points kept in "
+                                  f"{out}", markup=False, highlight=False, soft_wrap=True)
+                return 128 + int(caught[0])
     console.print(e2e_render.table(results))
     for line in e2e_render.notes(results):
         console.print(line, style="red" if line.startswith("✗") else "yellow",

@@ -1,11 +1,13 @@
 """One backend at one depth, every K and acceptance asked: the end-to-end speculative
 points (docs/speculative.md), measured in a worker process of their own.
 
-Run as `python -m harness.speculative.e2e_point`: one `GroupRequest` (JSON) on stdin, the
-points (a JSON list) as the last line of stdout. `measure_group` is the same in-process
-(tests, `--inprocess`). Per group: the backend with a one-token graph decodes greedily from
-the depth (the tokens the loop must reproduce, and the plain step's time); then per K a
-K-token backend runs the loop once per acceptance, and replays it for the state check.
+Run as `python -m harness.speculative.e2e_point`: one `GroupRequest` (JSON) on stdin, each
+point a line of stdout (``{"point": ...}``) as it is done, progress lines on stderr
+(``PROGRESS_PREFIX``), so a sweep stopped at a time limit keeps the points finished.
+`measure_group` is the same in-process (tests, `--inprocess`). Per group: the backend
+with a one-token graph decodes greedily from the depth (the tokens the loop must
+reproduce, and the plain step's time); then per K a K-token backend runs the loop once per
+acceptance, and replays it for the state check.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from backends.base import Backend, ByteCounters, DepthState, registry
+from backends.base import Backend, ByteCounters, DepthState
 from harness.heater import heat
 from harness.metrics import logits_tolerance
 from harness.results import BYTE_CATEGORIES, Stats
@@ -27,7 +30,11 @@ from harness.sources import PresetSource
 from harness.speculative import loop, state_check
 from harness.speculative.acceptance import Acceptance, ScriptedDrafts
 from harness.speculative.spec_results import finite, point_failed, point_unavailable
+from harness.worker import class_for
 from model.workload import Workload, cache_specs
+
+#: a worker's stderr line that is progress (said by the sweep), not a reason
+PROGRESS_PREFIX = "statebench-spec: "
 
 
 @dataclass(frozen=True)
@@ -77,15 +84,7 @@ class Built:
 
 
 def backend_class(req: GroupRequest) -> type[Backend]:
-    if req.backend_path:
-        import importlib
-
-        mod, _, qual = req.backend_path.partition(":")
-        obj = importlib.import_module(mod)
-        for part in qual.split("."):
-            obj = getattr(obj, part)
-        return obj
-    return registry()[req.backend]
+    return class_for(req.backend, req.backend_path)
 
 
 def load_depth(path: str) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
@@ -133,23 +132,64 @@ def reach(built: Built, depth: DepthState) -> float:
     return time.perf_counter() - t0
 
 
+@dataclass
+class Emit:
+    """Where a group's points go as each is done (``on_point``: the worker's stdout line,
+    the sweep's file) and its slow phases are said (``say``), so a run stopped at a time
+    limit keeps what it finished."""
+
+    on_point: Callable[[dict], None] | None = None
+    say: Callable[[str], None] | None = None
+    points: list[dict] = field(default_factory=list)
+
+    def point(self, p: dict) -> None:
+        self.points.append(p)
+        if self.on_point:
+            self.on_point(p)
+
+    def progress(self, line: str) -> None:
+        if self.say:
+            self.say(line)
+
+    def done(self) -> set[tuple[int, str]]:
+        return {(int(p["k"]), str(p["acceptance"])) for p in self.points}
+
+
 def measure_group(req: GroupRequest, workload: Workload | None = None,
-                  cls: type[Backend] | None = None) -> list[dict]:
-    """Every (K, acceptance) point of the request; never raises Exception (a failure is
-    its points', with one line of reason)."""
+                  cls: type[Backend] | None = None, emit: Emit | None = None) -> list[dict]:
+    """Every (K, acceptance) point of the request, each handed to ``emit`` as it is done;
+    never raises Exception (a failure is its points' not yet done, with one line of
+    reason)."""
+    emit = emit or Emit()
     try:
         cls = cls or backend_class(req)
         ok, why = cls.available()
         if not ok:
-            return [point_unavailable(req, k, a, why or "not available") for k, a in req.keys()]
-        return _measure(req, cls, workload)
+            for k, a in req.keys():
+                emit.point(point_unavailable(req, k, a, why or "not available"))
+            return emit.points
+        _measure(req, cls, workload, emit)
     except Exception as exc:  # noqa: BLE001 - a backend's failure is a result
         if os.environ.get("STATEBENCH_DEBUG"):
             traceback.print_exc()
-        return [point_failed(req, k, a, f"{type(exc).__name__}: {exc}") for k, a in req.keys()]
+        done = emit.done()
+        for k, a in req.keys():
+            if (k, a) not in done:
+                emit.point(point_failed(req, k, a, f"{type(exc).__name__}: {exc}"))
+    return emit.points
 
 
-def _measure(req: GroupRequest, cls: type[Backend], workload: Workload | None) -> list[dict]:
+def _timed(emit: Emit, what: str, fn: Callable[[], object]) -> object:
+    """``fn()``, said before (``what`` ...) and after (done in s)."""
+    emit.progress(f"{what} ...")
+    t0 = time.perf_counter()
+    out = fn()
+    emit.progress(f"{what}: {time.perf_counter() - t0:.1f} s")
+    return out
+
+
+def _measure(req: GroupRequest, cls: type[Backend], workload: Workload | None,
+             emit: Emit) -> None:
     source = PresetSource(req.preset, req.seed)
     workload = workload or source.workload()
     tokens, cache, ref_greedy = load_depth(req.depth_file)
@@ -158,7 +198,9 @@ def _measure(req: GroupRequest, cls: type[Backend], workload: Workload | None) -
     on_gpu = not cls.on_cpu
     specs = cache_specs(workload.config, req.capacity)
     overwritten = [s.input for s in specs if s.kind != "append"]
-    plain = build(cls, source, workload, req, 1, tokens)
+    where = f"{req.backend} @ d{req.depth}"
+    plain = _timed(emit, f"{where}: building the one-token graph",
+                   lambda: build(cls, source, workload, req, 1, tokens))
     # an overwritten pair holds every token fed: kept at each count a loop may end at
     recurrent: dict[int, dict] = {}
 
@@ -167,11 +209,15 @@ def _measure(req: GroupRequest, cls: type[Backend], workload: Workload | None) -
             recurrent[req.depth + fed] = _snapshot(plain.backend, overwritten) or {}
 
     try:
-        plain_depth_s = reach(plain, depth)
+        how = "one token a dispatch" if cls.hidden_state else "by writing the state"
+        plain_depth_s = _timed(emit, f"{where}: reaching depth {req.depth} {how}",
+                               lambda: reach(plain, depth))
         if on_gpu:
             heat(float(req.warm_s))
-        greedy = loop.greedy_decode(plain.backend, first, req.greedy_tokens, keep_logits=True,
-                                    after_step=keep_recurrent)
+        greedy = _timed(emit, f"{where}: the one-token greedy decode of "
+                        f"{req.greedy_tokens} tokens (the drafts)",
+                        lambda: loop.greedy_decode(plain.backend, first, req.greedy_tokens,
+                                                   keep_logits=True, after_step=keep_recurrent))
         plain_state = _snapshot(plain.backend)
     finally:
         plain.backend.close()
@@ -183,56 +229,64 @@ def _measure(req: GroupRequest, cls: type[Backend], workload: Workload | None) -
                                                             ref_greedy[:len(greedy.tokens)])),
             "reference_agree": _agree(greedy.tokens, ref_greedy)}
     tol = logits_tolerance(workload.config)  # the preset's (PresetSource.tolerance)
-    points = []
     for k in req.ks:
-        points += _measure_k(req, cls, source, workload, k, depth, first, greedy,
-                             Plain(plain_state, recurrent), specs, tol, base)
-    return points
+        _measure_k(req, cls, source, workload, k, depth, first, greedy,
+                   Plain(plain_state, recurrent), specs, tol, base, emit)
 
 
 def _measure_k(req: GroupRequest, cls: type[Backend], source: PresetSource, workload: Workload,
                k: int, depth: DepthState, first: int, greedy: loop.GreedyRun,
-               plain: Plain, specs: list, tol: float, base: dict) -> list[dict]:
+               plain: Plain, specs: list, tol: float, base: dict, emit: Emit) -> None:
     if cls.hidden_state and depth.depth % k:
         why = (f"depth {depth.depth} is not a multiple of K={k}: a hidden state is reached "
                "by dispatching the prompt K tokens at a time")
-        return [point_unavailable(req, k, a, why) for a in req.acceptances]
+        for a in req.acceptances:
+            emit.point(point_unavailable(req, k, a, why))
+        return
     try:
-        built = build(cls, source, workload, req, k, depth.tokens)
+        built = _timed(emit, f"{req.backend} @ d{req.depth}: building the K={k} graph",
+                       lambda: build(cls, source, workload, req, k, depth.tokens))
     except Exception as exc:  # noqa: BLE001 - this K's points fail, the others go on
-        return [point_failed(req, k, a, f"{type(exc).__name__}: {exc}") for a in req.acceptances]
-    b, points = built.backend, []
+        for a in req.acceptances:
+            emit.point(point_failed(req, k, a, f"{type(exc).__name__}: {exc}"))
+        return
+    b = built.backend
     try:
         refusal = rollback_refusal(b)
         for label in req.acceptances:
             acc = Acceptance.parse(label)
             if refusal and acc.kind != "full":
-                points.append(point_unavailable(req, k, label, f"rollback: {refusal}"))
+                emit.point(point_unavailable(req, k, label, f"rollback: {refusal}"))
                 continue
             try:
-                points.append(_point(req, built, acc, depth, first, greedy, plain, specs,
-                                     tol, base, workload.config.vocab, not cls.on_cpu))
+                emit.point(_point(req, built, acc, depth, first, greedy, plain, specs,
+                                  tol, base, workload.config.vocab, not cls.on_cpu, emit))
             except Exception as exc:  # noqa: BLE001
                 if os.environ.get("STATEBENCH_DEBUG"):
                     traceback.print_exc()
-                points.append(point_failed(req, k, label, f"{type(exc).__name__}: {exc}"))
+                emit.point(point_failed(req, k, label, f"{type(exc).__name__}: {exc}"))
     finally:
         b.close()
-    return points
 
 
 def _point(req: GroupRequest, built: Built, acc: Acceptance, depth: DepthState, first: int,
            greedy: loop.GreedyRun, plain: Plain, specs: list, tol: float,
-           base: dict, vocab: int, on_gpu: bool) -> dict:
+           base: dict, vocab: int, on_gpu: bool, emit: Emit) -> dict:
     b, k = built.backend, built.backend.tokens_per_step
     drafts = ScriptedDrafts(np.asarray(greedy.tokens), acc, k, vocab, req.seed)
-    depth_s = reach(built, depth)
+    where = f"{req.backend} @ d{req.depth} K={k} {acc.label}"
+    # a hidden state is reached K tokens a dispatch here (the K-token graph: a chunked
+    # prefill), a bound one by writing the depth's state
+    how = f"{k} tokens a dispatch" if type(b).hidden_state else "by writing the state"
+    depth_s = _timed(emit, f"{where}: reaching depth {req.depth} {how}",
+                     lambda: reach(built, depth))
     if on_gpu:
         heat(float(req.warm_s))
     run = loop.speculate(b, first, drafts, req.tokens, keep_logits=True)
     got = _snapshot(b)
-    b.reach_depth(depth)
-    loop.replay(b, run.verifies, vocab)
+    _timed(emit, f"{where}: reaching depth {req.depth} again and replaying the "
+           f"{len(run.verifies)} verifies (the state check)",
+           lambda: (b.reach_depth(depth), loop.replay(b, run.verifies, vocab)))
     twin = _snapshot(b)
     # the tokens fed: the prompt's, then x and the accepted drafts of every verify, so
     # the valid rows (and the next write) end at depth + the tokens generated
@@ -346,8 +400,16 @@ def main() -> int:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     req = GroupRequest.from_json(sys.stdin.read())
-    out.write(json.dumps(finite(measure_group(req)), allow_nan=False) + "\n")
-    out.flush()
+
+    def send(p: dict) -> None:  # one point a line, as it is done
+        out.write(json.dumps({"point": finite(p)}, allow_nan=False) + "\n")
+        out.flush()
+
+    def say(line: str) -> None:
+        sys.stderr.write(PROGRESS_PREFIX + line + "\n")
+        sys.stderr.flush()
+
+    measure_group(req, emit=Emit(send, say))
     return 0
 
 

@@ -1,7 +1,7 @@
 """Sweep the end-to-end speculative points: backends × depths, every K and acceptance at
 each (docs/speculative.md). The reference's state at each depth and its greedy tokens are
 computed here once, handed to one worker process per backend and depth
-(``e2e_point``) by file, and the results saved after every worker.
+(``e2e_point``) by file, and the results saved after every point the worker sends.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from backends.base import Backend
 from harness import child
 from harness.sources import NumpyReferenceWalk, PresetSource
 from harness.speculative.acceptance import Acceptance
-from harness.speculative.e2e_point import GroupRequest, measure_group
+from harness.speculative.e2e_point import PROGRESS_PREFIX, Emit, GroupRequest, measure_group
 from harness.speculative.spec_results import SpecResults, point_failed, point_unavailable
 from model.workload import Workload
 
@@ -86,24 +86,37 @@ def header(cfg: SpecConfig, workload: Workload, environment: dict) -> SpecResult
                   "contexts": cfg.contexts, "warmup": cfg.warmup, "warm_s": cfg.warm_s})
 
 
-def run_worker(req: GroupRequest, timeout_s: float) -> list[dict]:
-    """``python -m harness.speculative.e2e_point`` for one group; a crash or a hang fails
-    its points with the reason."""
-    try:
-        proc = child.run_module("harness.speculative.e2e_point", req.to_json(), timeout_s)
-    except subprocess.TimeoutExpired:
-        return [point_failed(req, k, a, f"worker timed out after {timeout_s:.0f} s")
-                for k, a in req.keys()]
-    lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
-    if proc.returncode == 0 and lines:
+def run_worker(req: GroupRequest, timeout_s: float, on_point: Callable[[dict], None],
+               say: Callable[[str], None] | None = None) -> None:
+    """``python -m harness.speculative.e2e_point`` for one group, each point handed to
+    ``on_point`` as the worker sends it (its line ``{"point": ...}``) and its progress lines
+    to ``say``; a crash or a hang fails the points it had not sent, with the reason."""
+    done: set[tuple[int, str]] = set()
+
+    def line(text: str) -> None:
+        if not text.strip():
+            return
         try:
-            points = json.loads(lines[-1])
-            if isinstance(points, list):
-                return points
-        except ValueError:
-            pass
-    why = child.exit_reason("worker", proc)
-    return [point_failed(req, k, a, why) for k, a in req.keys()]
+            point = json.loads(text)["point"]
+        except (ValueError, TypeError, KeyError):
+            return  # not a point (a library's print): the exit status says what went wrong
+        done.add((int(point["k"]), str(point["acceptance"])))
+        on_point(point)
+
+    def stderr(text: str) -> None:
+        if say and text.startswith(PROGRESS_PREFIX):
+            say(text[len(PROGRESS_PREFIX):])
+
+    try:
+        status, err = child.stream_module("harness.speculative.e2e_point", req.to_json(),
+                                          timeout_s, line, stderr)
+        why = "" if status == 0 else child.exit_reason(
+            "worker", subprocess.CompletedProcess([], status, "", err))
+    except subprocess.TimeoutExpired:
+        why = f"worker timed out after {timeout_s:.0f} s"
+    left = [(k, a) for k, a in req.keys() if (k, a) not in done]
+    for k, a in left:
+        on_point(point_failed(req, k, a, why or "the worker sent no point for it"))
 
 
 @dataclass
@@ -116,6 +129,21 @@ class Sweep:
     workload: Workload | None = None
     out: Path | None = None
     on_group: Callable[[str, int, list[dict]], None] | None = None
+    #: a worker's progress lines (its slow phases), as they come
+    say: Callable[[str], None] | None = None
+
+
+def _keeper(points: list[dict], results: SpecResults,
+            out: Path | None) -> Callable[[dict], None]:
+    """Where a group's points go: ``points``, ``results``, and ``out`` saved after each."""
+
+    def keep(p: dict) -> None:
+        points.append(p)
+        results.record(p)
+        if out is not None:
+            results.save(out)
+
+    return keep
 
 
 def run(cfg: SpecConfig, sweep: Sweep, results: SpecResults) -> SpecResults:
@@ -136,17 +164,17 @@ def run(cfg: SpecConfig, sweep: Sweep, results: SpecResults) -> SpecResults:
                                    tokens=cfg.tokens, ks=cfg.ks, acceptances=cfg.labels(),
                                    depth_file=str(path), seed=cfg.seed, warmup=cfg.warmup,
                                    warm_s=cfg.warm_s, options=cfg.options)
+                points: list[dict] = []
+                keep = _keeper(points, results, sweep.out)
+
                 refused = sweep.refusals.get(name, "")
                 if refused:
-                    points = [point_unavailable(req, k, a, refused) for k, a in req.keys()]
+                    for k, a in req.keys():
+                        keep(point_unavailable(req, k, a, refused))
                 elif cfg.inprocess or sweep.workload is not None:
-                    points = measure_group(req, sweep.workload, cls)
+                    measure_group(req, sweep.workload, cls, Emit(keep, sweep.say))
                 else:
-                    points = run_worker(req, cfg.timeout_s)
-                for p in points:
-                    results.record(p)
-                if sweep.out is not None:
-                    results.save(sweep.out)
+                    run_worker(req, cfg.timeout_s, keep, sweep.say)
                 if sweep.on_group:
                     sweep.on_group(name, depth, points)
             path.unlink(missing_ok=True)
