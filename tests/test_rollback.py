@@ -1,16 +1,17 @@
-"""Rollback on the proposal's stateful graph, three ways (issue 31 item 3,
+"""Rollback on the proposal's stateful graph, four ways (issue 31 items 3 and 5,
 ``backends/webnn/rollback.py``), at one hybrid layer on the WebNN library: after verifies
 accepting all, some and none of K = 2, 4 drafted tokens, the recurrent state, the conv rows
 and the attention over the KV rows equal float64 NumPy feeding only the accepted tokens
-(written here, sharing no code with the library); and the capture and replay run as one
-launch each."""
+(written here, sharing no code with the library); the capture and replay run as one
+launch each; and ``cpu_replay`` (genai's ``ReplayStateUpdates``) moves the state and the
+capsule down and the state up at a rollback, nothing else."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from backends.webnn.rollback import WAYS, Layer, Session
+from backends.webnn.rollback import WAYS, Layer, Session, replay_host
 
 pytest.importorskip("wgpu")
 pytest.importorskip("onnx")
@@ -71,8 +72,7 @@ def sessions(ctx):
 @pytest.mark.parametrize("k", [2, 4])
 def test_state_after_full_partial_zero_acceptance(sessions, ctx, k, way):
     s = sessions[(k, way)]
-    ctx.reset_kv_cache(s.graph)
-    s.position, s.accepted, s._acc = 0, k, None
+    s.reset()
     rng = np.random.default_rng(100 + k)
     accepted: list[dict] = []
     for m in (k, 1, 0, k - 1):  # full, partial, zero, partial
@@ -83,7 +83,7 @@ def test_state_after_full_partial_zero_acceptance(sessions, ctx, k, way):
         np.testing.assert_allclose(got["attn_out"].reshape(k, -1), want, rtol=1e-4, atol=1e-5)
         s.accept(m)
         accepted += [token(x, j) for j in range(m)]
-    if way != "snapshot":  # the commit is made by the next dispatch
+    if way in ("deferred", "extension"):  # the commit is made by the next dispatch
         s.verify(draft(rng, k))
     peek = s.peek()
     want = gdn64(accepted)
@@ -98,7 +98,7 @@ def test_capture_and_replay_one_launch_each(sessions):
     for (_k, way), s in sessions.items():
         names = [la.kernel.name for la in s.graph._plan.launches if hasattr(la, "kernel")]
         assert names.count("gdn_capture") == 1, names
-        assert names.count("gdn_replay") == (way != "snapshot"), names
+        assert names.count("gdn_replay") == (way in ("deferred", "extension")), names
         assert all(s.graph.in_place.values()), s.graph.in_place
 
 
@@ -106,3 +106,45 @@ def test_bad_acceptance_refused(sessions):
     s = sessions[(2, "deferred")]
     with pytest.raises(ValueError, match="accept"):
         s.accept(3)
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_cpu_replay_moves_state_and_capsule_down_state_up(sessions, ctx, k):
+    """Per accept: a rollback to 0 < m < K reads the pre-verify state and the capsule back
+    and writes the state once (no kernel, no device copy); m = K and m = 0 pick a bank."""
+    s = sessions[(k, "cpu_replay")]
+    s.reset()
+    rng = np.random.default_rng(200 + k)
+    state, capsule = 4 * SH.hv * SH.dv * SH.dk, 4 * k * SH.row
+    assert (s.state_bytes, s.capsule_bytes) == (state, capsule)
+    for m in (k, 1, 0, k - 1):
+        s.verify(draft(rng, k))
+        before = ctx.counters.snapshot()
+        s.accept(m)
+        got = ctx.counters.since(before).as_dict()
+        rolled = 0 < m < k
+        assert got == {"h2d": state * rolled, "d2h": (state + capsule) * rolled, "d2d": 0,
+                       "kernel": 0}, (m, got)
+        assert (s.split is not None) or not rolled
+
+
+def test_replay_host_layout_and_valid_count():
+    """``replay_host`` reads ORT's capsule row (decays, keys, deltas; C rows each) and
+    refuses transitions past min(count, capacity, tokens)."""
+    rng = np.random.default_rng(7)
+    c, sh = 3, Layer(hk=1, hv=2, dk=4, dv=3, conv_dim=1, kernel=2, kv_width=1, capacity=1)
+    decay = rng.uniform(0.5, 1.0, (c, sh.hv))
+    key = rng.standard_normal((c, sh.hk, sh.dk))
+    delta = rng.standard_normal((c, sh.hv, sh.dv))
+    cap = np.concatenate([decay.ravel(), key.ravel(), delta.ravel()]).astype(np.float32)
+    s0 = rng.standard_normal((sh.hv, sh.dv, sh.dk))
+    want = s0.copy()
+    for t in range(2):
+        for h in range(sh.hv):
+            want[h] = decay[t, h] * want[h] + np.outer(delta[t, h], key[t, h * sh.hk // sh.hv])
+    got = replay_host(s0.astype(np.float32), cap, 2, sh, c)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="valid"):
+        replay_host(s0, cap, 2, sh, c, count=1)
+    with pytest.raises(ValueError, match="valid"):
+        replay_host(s0, cap, 3, sh, c, tokens=2)

@@ -18,12 +18,26 @@ rows of its inputs at ``position mod R`` (R = kernel - 1 + K), read back through
 indices, so the next write at P + m leaves the rows beyond unread. The ways this module
 runs (``Way``): ``deferred`` (no new API), ``extension`` (``rollback_state``: the commit
 at the next dispatch made by the implementation, the capsule its own: beyond the proposal)
-and ``snapshot`` (copy the recurrent state before the verify, copy it back and re-feed the
-m accepted tokens padded with identity tokens: the naive baseline).
+``snapshot`` (copy the recurrent state before the verify, copy it back and re-feed the
+m accepted tokens padded with identity tokens: the naive baseline) and ``cpu_replay``
+(onnxruntime-genai's ``ReplayStateUpdates`` on WebGPU today: the state to the host, NumPy
+replay, the state back).
+
+``cpu_replay`` runs a third graph, ``capture``: the verify with GatedDeltaNet's capture
+(capacity and count K) and the recurrent state the page's own, as genai's fixed-state pool
+binds its direct banks: two MLTensors, the verify reading the active bank and writing the
+inactive one, the capsule an ordinary output (KV and conv stay pairs, by position). At
+``accept(m)``: m = K publishes the written bank (genai's commit flips banks); m = 0 keeps
+the active one (nothing to replay); 0 < m < K is genai's ``ReplayStateUpdates``
+(``ReplayStateUpdatesOnCpu`` on the staged views): the pre-verify state and the capsule read
+back (``read_tensors``: one round trip, buffer copy and map), ``replay_host`` (float32,
+genai's order of operations), the result written into the inactive bank (``write_tensor``:
+the library stages it, its copy submitted before the next dispatch) and the banks flipped.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,7 +47,9 @@ from onnx import TensorProto, helper
 from .kernels.gdn_capsule import capsule_floats
 
 F = TensorProto.FLOAT
-WAYS = ("deferred", "extension", "snapshot")
+WAYS = ("deferred", "extension", "snapshot", "cpu_replay")
+#: the graph each way runs (``model``'s ``form``)
+FORM = {"deferred": "deferred", "extension": "deferred", "snapshot": "plain", "cpu_replay": "capture"}
 
 
 @dataclass(frozen=True)
@@ -61,8 +77,20 @@ def _vi(name: str, dtype: int, shape: list[int]):
     return helper.make_tensor_value_info(name, dtype, shape)
 
 
-def model(sh: Layer, k: int, deferred: bool) -> onnx.ModelProto:
-    """The K-token verify graph of one hybrid layer (module docstring)."""
+def _form(form: bool | str) -> str:
+    """``model``'s form: "plain", "deferred" or "capture" (True: deferred, False: plain)."""
+    if isinstance(form, bool):
+        return "deferred" if form else "plain"
+    if form not in ("plain", "deferred", "capture"):
+        raise ValueError(f"form {form!r}: plain, deferred or capture")
+    return form
+
+
+def model(sh: Layer, k: int, form: bool | str) -> onnx.ModelProto:
+    """The K-token verify graph of one hybrid layer (module docstring). ``capture``: the
+    recurrent state an ordinary input and output (the page's banks), GatedDeltaNet writing
+    the capsule (capacity and count K) as an ordinary output, no replay."""
+    form = _form(form)
     n = sh.hv * sh.dv * sh.dk
     r = sh.ring(k)
     ins = [_vi("query", F, [k, sh.hk, sh.dk]), _vi("key", F, [k, sh.hk, sh.dk]),
@@ -97,9 +125,15 @@ def model(sh: Layer, k: int, deferred: bool) -> onnx.ModelProto:
     inits = [helper.make_tensor("attn_scale", F, [], [1.0 / np.sqrt(sh.kv_width)])]
     gdn_ins = ["query", "key", "value", "", "decay", "beta"]
     attrs = {"qk_l2_norm": 1}
-    if not deferred:
+    if form == "plain":
         nodes.append(helper.make_node("GatedDeltaNet", gdn_ins + ["past_state.0"],
                                       ["output", "present_state.0"], domain="com.microsoft", **attrs))
+    elif form == "capture":
+        outs.append(_vi("present_capsule.0", F, [1, k * sh.row]))
+        inits.append(helper.make_tensor("count", TensorProto.INT32, [1], [k]))
+        nodes.append(helper.make_node("GatedDeltaNet", gdn_ins + ["past_state.0", "", "", "count"],
+                                      ["output", "present_state.0", "present_capsule.0"],
+                                      domain="com.microsoft", state_update_capacity=k, **attrs))
     else:
         row = sh.row
         ins += [_vi("accepted", TensorProto.INT32, [1]), _vi("past_capsule.0", F, [1, k * row])]
@@ -133,13 +167,17 @@ def model(sh: Layer, k: int, deferred: bool) -> onnx.ModelProto:
     return m
 
 
-def pairs(deferred: bool) -> list:
-    """The graph's KV pairs (input, output)."""
+def pairs(form: bool | str) -> list:
+    """The graph's KV pairs (input, output); ``capture`` leaves the recurrent state (and its
+    capsule) to the page."""
     from . import MLKVCachePair
 
+    form = _form(form)
     names = [("past_key_values.0.key", "present.0.key"), ("past_key_values.0.value", "present.0.value"),
-             ("past_conv_state.0", "present_conv_state.0"), ("past_state.0", "present_state.0")]
-    if deferred:
+             ("past_conv_state.0", "present_conv_state.0")]
+    if form != "capture":
+        names.append(("past_state.0", "present_state.0"))
+    if form == "deferred":
         names.append(("past_capsule.0", "present_capsule.0"))
     return [MLKVCachePair(input=a, output=b) for a, b in names]
 
@@ -153,6 +191,35 @@ def identity_tokens(x: dict[str, np.ndarray], m: int) -> dict[str, np.ndarray]:
     return out
 
 
+def replay_host(state: np.ndarray, capsule: np.ndarray, kept: int, sh: Layer, capacity: int,
+                count: int | None = None, tokens: int | None = None) -> np.ndarray:
+    """genai's ``ReplayStateUpdatesOnCpu`` for a GatedDeltaNet state, in NumPy: from the
+    pre-verify ``state`` (V-major [Hv, Dv, Dk], any shape of that size), ``kept``
+    transitions of the compact capsule row (ORT's ``state_update`` layout: decays [C, Hv],
+    then keys [C, Hk, Dk], then deltas [C, Hv, Dv], C = ``capacity``; value head h reads key
+    head h Hk / Hv), each ``S = decay S + outer(delta, key)`` in float32 in genai's order
+    (scale, then add). Only the first min(``count``, C, ``tokens``) transitions are valid
+    (each None: C); ``kept`` past them is refused. Returns a new float32 [Hv, Dv, Dk]."""
+    hv, hk, dk, dv, c = sh.hv, sh.hk, sh.dk, sh.dv, capacity
+    valid = min(c if count is None else count, c, c if tokens is None else tokens)
+    if not 0 <= kept <= valid:
+        raise ValueError(f"replay of {kept} transitions: {valid} valid in the capsule")
+    cap = np.asarray(capsule, np.float32).reshape(-1)
+    if cap.size != capsule_floats(hv, hk, dk, dv, c):
+        raise ValueError(f"capsule of {cap.size} floats: {capsule_floats(hv, hk, dk, dv, c)} at C = {c}")
+    decay = cap[:c * hv].reshape(c, hv)
+    key = cap[c * hv:c * (hv + hk * dk)].reshape(c, hk, dk)
+    delta = cap[c * (hv + hk * dk):].reshape(c, hv, dv)
+    heads = np.arange(hv) * hk // hv
+    s = np.array(state, np.float32).reshape(hv, dv, dk)  # a copy: genai's destination
+    step = np.empty_like(s)
+    for t in range(kept):
+        s *= decay[t][:, None, None]
+        np.multiply(delta[t][:, :, None], key[t][heads][:, None, :], out=step)
+        s += step
+    return s
+
+
 class Session:
     """One way of speculative decoding over one hybrid layer on a WebNN context: ``verify``
     K drafted tokens at the position, ``accept`` m of them. The state is hidden (PROPOSAL);
@@ -164,18 +231,42 @@ class Session:
         if way not in WAYS:
             raise ValueError(f"way {way!r}: one of {', '.join(WAYS)}")
         self.ctx, self.sh, self.k, self.way = ctx, sh, k, way
-        deferred = way != "snapshot"
-        self.cg = convert(model(sh, k, deferred), ctx, use_stateful=True, kv_cache_pairs=pairs(deferred))
+        form = FORM[way]
+        self.cg = convert(model(sh, k, form), ctx, use_stateful=True, kv_cache_pairs=pairs(form))
         self.graph = self.cg.graph
         self.position = 0
         self.accepted = k  # the first verify commits nothing: its capsule is zeros
         self._last: dict[str, np.ndarray] | None = None
         self._snapshot = None
         self._acc = None
+        self.split: dict[str, float] | None = None  # cpu_replay: the last host replay's parts, ms
         self.tensors = {n: ctx.create_tensor(data_type=d, shape=list(s), writable=True)
-                        for n, (d, s) in self.graph.inputs.items()}
+                        for n, (d, s) in self.graph.inputs.items() if n != "past_state.0"}
         self.outs = {n: ctx.create_tensor(data_type=d, shape=list(s), readable=True)
-                     for n, (d, s) in self.graph.outputs.items()}
+                     for n, (d, s) in self.graph.outputs.items() if n != "present_state.0"}
+        self.banks: list = []
+        self._active = 0
+        if form == "capture":  # the page's two banks: the verify reads one, writes the other
+            d, shape = self.graph.inputs["past_state.0"]
+            self.banks = [ctx.create_tensor(data_type=d, shape=list(shape), readable=True,
+                                            writable=True) for _ in range(2)]
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of the recurrent state (float32 [Hv, Dv, Dk])."""
+        return 4 * self.sh.hv * self.sh.dv * self.sh.dk
+
+    @property
+    def capsule_bytes(self) -> int:
+        """Bytes of one verify's capsule (capacity K)."""
+        return 4 * self.k * self.sh.row
+
+    def reset(self) -> None:
+        """Back to position 0 with a zero state (KV, conv and the recurrent state)."""
+        self.ctx.reset_kv_cache(self.graph)
+        self.position, self.accepted, self._acc, self._last = 0, self.k, None, None
+        if self.banks:
+            self.ctx.write_tensor(self.banks[self._active], np.zeros(self.state_bytes // 4, np.float32))
 
     # -- the page's inputs at a position
     def _feeds(self, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -200,7 +291,11 @@ class Session:
             if n == "accepted" and self.way == "extension":
                 continue  # the implementation's own word (rollback_state)
             ctx.write_tensor(self.tensors[n], a)
-        ctx.dispatch(self.graph, self.tensors, self.outs)
+        ins, outs = self.tensors, self.outs
+        if self.banks:
+            ins = {**ins, "past_state.0": self.banks[self._active]}
+            outs = {**outs, "present_state.0": self.banks[self._active ^ 1]}
+        ctx.dispatch(self.graph, ins, outs)
         return {n: np.asarray(ctx.read_tensor(self.outs[n])) for n in ("output", "attn_out")}
 
     def verify(self, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -220,6 +315,12 @@ class Session:
             self.accepted = m  # an ordinary input of the next dispatch
         elif self.way == "extension":
             self.rollback_state(m)
+        elif self.way == "cpu_replay":
+            if m == self.k:
+                self._active ^= 1  # the verify's bank: genai's commit flips banks
+            elif m:
+                self.replay_state_updates(m)
+            # m = 0: the pre-verify bank stays active (nothing to replay)
         elif m < self.k:  # snapshot: restore, then re-feed the m accepted tokens
             self._copy_state(self._snapshot)
             if m:
@@ -237,6 +338,25 @@ class Session:
         if self._acc is None:
             self._acc = self.tensors["accepted"]
         ctx.write_tensor(self._acc, np.array([kept], np.int32))
+
+    # -- cpu_replay: genai's ReplayStateUpdates, staged through the host
+    def replay_state_updates(self, kept: int) -> None:
+        """The pre-verify state (the active bank) and the verify's capsule read back in one
+        round trip (``read_tensors``: copies into mapped staging, one map), ``kept``
+        transitions replayed in NumPy (``replay_host``), the state written into the inactive
+        bank (``write_tensor``) and the banks flipped: what genai's WebGPU
+        ``ReplayStateUpdates`` does (stage the views to the CPU, ``ReplayStateUpdatesOnCpu``,
+        copy the destination back). ``split``: the three parts' wall times, ms."""
+        ctx, src, dst = self.ctx, self.banks[self._active], self.banks[self._active ^ 1]
+        t0 = time.perf_counter()
+        state, capsule = ctx.read_tensors([src, self.outs["present_capsule.0"]])
+        t1 = time.perf_counter()
+        new = replay_host(state, capsule, kept, self.sh, self.k, count=self.k, tokens=self.k)
+        t2 = time.perf_counter()
+        ctx.write_tensor(dst, new)
+        t3 = time.perf_counter()
+        self._active ^= 1
+        self.split = {"read": (t1 - t0) * 1e3, "replay": (t2 - t1) * 1e3, "write": (t3 - t2) * 1e3}
 
     # -- snapshot / restore: an opaque copy of the recurrent state, device to device
     def _copy_state(self, handle):
@@ -257,5 +377,11 @@ class Session:
 
     def peek(self) -> dict[str, np.ndarray]:
         """Tests only: the committed recurrent state and the conv rows (hidden)."""
-        return {"state": self.ctx._peek_state(self.graph, "past_state.0"),
-                "conv": self.ctx._peek_state(self.graph, "past_conv_state.0")}
+        ctx = self.ctx
+        if self.banks:  # the page's own bank, read without counting
+            saved = ctx.counters.snapshot()
+            state = ctx.read_tensor(self.banks[self._active])
+            ctx.counters.d2h = saved.d2h
+        else:
+            state = ctx._peek_state(self.graph, "past_state.0")
+        return {"state": state, "conv": ctx._peek_state(self.graph, "past_conv_state.0")}
