@@ -1,8 +1,15 @@
-"""Rollback on the proposal's stateful graph on the WebNN library (issue 31 item 3): per way
-(``backends.webnn.rollback.WAYS``), K and acceptance m, what one speculative step (verify
-of K tokens, then accepting m) moves, counted by the library's byte counters, the launches
-it issues, and its median wall time. Bytes and launches are the evidence; times only as
-ratios between ways on one machine.
+"""Rollback on the proposal's stateful graph on the WebNN library (issue 31 items 3 and 5):
+per way (``backends.webnn.rollback.WAYS``), K and acceptance m, what one speculative step
+(verify of K tokens, then accepting m) moves, counted by the library's byte counters
+(kernel bytes, device copies, host to device written, device to host read back), the
+launches it issues, and its median wall time. Bytes and launches are the evidence; times
+only as ratios between ways on one machine. ``cpu_replay`` (genai's ``ReplayStateUpdates``)
+is timed with its read back, its NumPy replay and its write (each part's median also in
+``host_ms``; the write's device copy is submitted before the next dispatch, so each step
+carries the previous step's); ``device replay speedup`` = cpu_replay time / deferred time
+at the same K and m (issue 31 item 5's target: >= 10 at hybrid-1b's shapes, at 0 < m < K);
+``replay_only`` the same for the replays alone, each step less cpu_replay's m = K step (the
+same capture verify with nothing to replay): the host round trip over the device replay.
 
 ``python -m harness.speculative.webnn_rollback --preset hybrid-1b --k 4 [--out FILE]``
 """
@@ -43,7 +50,9 @@ def _draft(rng, sh, k: int) -> dict[str, np.ndarray]:
 
 
 def measure(ctx, sh, k: int, reps: int = 5, seed: int = 0) -> list[dict]:
-    """Rows {way, k, m, bytes (h2d, d2h, d2d, kernel), launches, ms}."""
+    """Rows {way, k, m, bytes (h2d, d2h, d2d, kernel), launches, copies, ms}; cpu_replay's
+    rows add ``host_ms`` (median read / replay / write of a host replay, or None) and
+    ``device_replay_speedup`` (its ms / deferred's ms at the same K and m)."""
     from backends.webnn.rollback import WAYS, Session
 
     rng = np.random.default_rng(seed)
@@ -52,24 +61,41 @@ def measure(ctx, sh, k: int, reps: int = 5, seed: int = 0) -> list[dict]:
         s = Session(ctx, sh, k, way)
         per = sum(1 for la in s.graph._plan.launches if hasattr(la, "kernel"))
         for m in sorted({0, k // 2, k}):
-            times, spent = [], None
-            for _ in range(reps + 1):  # the first warms the pipelines
+            times, spent, splits = [], None, []
+            for i in range(reps + 1):  # the first warms the pipelines
                 if s.position + 2 * k >= sh.capacity:
-                    ctx.reset_kv_cache(s.graph)
-                    s.position = 0
+                    s.reset()
                 x = _draft(rng, sh, k)
+                s.split = None
                 before = ctx.counters.snapshot()
                 t0 = time.perf_counter()
                 s.verify(x)
                 s.accept(m)
                 times.append((time.perf_counter() - t0) * 1e3)
                 spent = ctx.counters.since(before)
+                if i and s.split is not None:
+                    splits.append(s.split)
             dispatches = 1 + (way == "snapshot" and 0 < m < k)
             copies = int(way == "snapshot") * (2 if m < k else 1)  # snapshot (+ restore)
-            rows.append({"way": way, "k": k, "m": m, "bytes": spent.as_dict(),
-                         "launches": per * dispatches, "copies": copies,
-                         "ms": float(np.median(times[1:]))})
+            row = {"way": way, "k": k, "m": m, "bytes": spent.as_dict(),
+                   "launches": per * dispatches, "copies": copies,
+                   "ms": float(np.median(times[1:]))}
+            if way == "cpu_replay":
+                row["host_ms"] = ({p: float(np.median([d[p] for d in splits])) for p in splits[0]}
+                                  if splits else None)
+            rows.append(row)
         s.graph.destroy()
+    ms = {(r["way"], r["m"]): r["ms"] for r in rows}
+    for r in rows:
+        if r["way"] != "cpu_replay" or ("deferred", r["m"]) not in ms:
+            continue
+        r["device_replay_speedup"] = r["ms"] / ms[("deferred", r["m"])]
+        if 0 < r["m"] < k:  # the replays alone, over cpu_replay's m = K step (the same
+            # capture verify, no replay): a ratio of differences of medians
+            base = ms[("cpu_replay", k)]
+            dev = ms[("deferred", r["m"])] - base
+            r["replay_only"] = {"host_round_trip_ms": r["ms"] - base, "device_replay_ms": dev,
+                                "speedup": (r["ms"] - base) / dev if dev > 0 else None}
     return rows
 
 
@@ -89,11 +115,24 @@ def main(argv: list[str] | None = None) -> int:
     ctx = ml.create_context(state_support=True)
     sh = layer_of(a.preset, a.capacity)
     rows = [r for k in a.k for r in measure(ctx, sh, k, a.reps)]
+    print(f"{'way':10} {'K':>2} {'m':>2}  {'kernel B':>10}  {'d2d B':>9}  {'h2d B':>8}  "
+          f"{'d2h B':>8}  launches  {'ms':>8}  device replay speedup (cpu_replay ms / deferred ms)")
     for r in rows:
         b = r["bytes"]
-        print(f"{r['way']:10} K={r['k']} m={r['m']}  kernel {b['kernel']:>10}  d2d {b['d2d']:>9}  "
-              f"h2d {b['h2d']:>8}  d2h {b['d2h']:>7}  launches {r['launches']:>3}+{r['copies']} copies"
-              f"  {r['ms']:.3f} ms")
+        sp = r.get("device_replay_speedup")
+        host = r.get("host_ms")
+        tail = "" if sp is None else f"  {sp:.2f}x"
+        if host:
+            tail += (f"  (host: read {host['read']:.3f} replay {host['replay']:.3f} "
+                     f"write {host['write']:.3f} ms)")
+        print(f"{r['way']:10} {r['k']:>2} {r['m']:>2}  {b['kernel']:>10}  {b['d2d']:>9}  {b['h2d']:>8}  "
+              f"{b['d2h']:>8}  {r['launches']:>3}+{r['copies']} cp  {r['ms']:8.3f}{tail}")
+    for r in rows:
+        ro = r.get("replay_only")
+        if ro:
+            sp = "n/a" if ro["speedup"] is None else f"{ro['speedup']:.2f}x"
+            print(f"replays alone, K={r['k']} m={r['m']}: host round trip {ro['host_round_trip_ms']:.3f} ms, "
+                  f"device replay {ro['device_replay_ms']:.3f} ms: device replay speedup {sp}")
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"preset": a.preset, "layer": sh.__dict__, "adapter": str(ctx._target),
