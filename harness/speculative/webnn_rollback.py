@@ -49,7 +49,7 @@ def _draft(rng, sh, k: int) -> dict[str, np.ndarray]:
             "attn_q": rng.standard_normal((k, sh.kv_width)).astype(f)}
 
 
-def measure(ctx, sh, k: int, reps: int = 5, seed: int = 0) -> list[dict]:
+def measure(ctx, sh, k: int, reps: int = 5, seed: int = 0, warm: int = 2) -> list[dict]:
     """Rows {way, k, m, bytes (h2d, d2h, d2d, kernel), launches, copies, ms}; cpu_replay's
     rows add ``host_ms`` (median read / replay / write of a host replay, or None) and
     ``device_replay_speedup`` (its ms / deferred's ms at the same K and m)."""
@@ -60,6 +60,11 @@ def measure(ctx, sh, k: int, reps: int = 5, seed: int = 0) -> list[dict]:
     for way in WAYS:
         s = Session(ctx, sh, k, way)
         per = sum(1 for la in s.graph._plan.launches if hasattr(la, "kernel"))
+        for _ in range(warm):  # untimed: every path of the way once (a CPU adapter's first
+            for m in sorted({0, k // 2, k}):  # steps run ~2-5x slow)
+                s.verify(_draft(rng, sh, k))
+                s.accept(m)
+            s.reset()
         for m in sorted({0, k // 2, k}):
             times, spent, splits = [], None, []
             for i in range(reps + 1):  # the first warms the pipelines
