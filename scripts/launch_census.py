@@ -52,9 +52,9 @@ class _Captured(Exception):
 
 
 def capture(mode: str, workload: Any, capacity: int, onnx_path: str | None,
-            options: Any) -> tuple[Any, bool]:
+            options: Any, tokens: int = 1) -> tuple[Any, bool]:
     """(the ir.Graph the page builds, whether stateful): its ``prepare`` on a context that
-    compiles nothing."""
+    compiles nothing; ``tokens``: the K-token graph (a verify's)."""
     from backends import pages, webnn
     from backends.webnn._classes import MLContext
     from backends.webnn.engines import engine as engine_named
@@ -89,6 +89,7 @@ def capture(mode: str, workload: Any, capacity: int, onnx_path: str | None,
     webnn.ml.create_context = lambda **kw: Bare(**kw)
     try:
         page = cls(onnx_path=onnx_path, options=options)
+        page.tokens_per_step = tokens
         page.prepare(workload, capacity)
     except _Captured as c:
         return c.graph, c.stateful
@@ -162,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
                          "(llama-1b's layer on a tiny preset's shapes)")
     ap.add_argument("--mode", default="wgpu:stateful")
     ap.add_argument("--capacity", type=int, default=64)
+    ap.add_argument("--tokens", type=int, default=1,
+                    help="new tokens a step: the K-token graph of a speculative verify")
     ap.add_argument("--target", default="nvidia", choices=sorted(targets()))
     ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--json", action="store_true", help="the list and counts as JSON")
@@ -182,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"launch_census: {exc}", file=sys.stderr)
         return 2
-    graph, stateful = capture(args.mode, workload, args.capacity, args.model, options)
+    graph, stateful = capture(args.mode, workload, args.capacity, args.model, options,
+                              args.tokens)
     launches = census(graph, stateful, targets()[args.target], options)
     one, count, rest = layers(launches)
     if args.json:

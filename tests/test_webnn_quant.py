@@ -816,3 +816,41 @@ def test_a_product_read_by_one_elementwise_tail_writes_the_tail(ctx_with, monkey
     per = 3 if chunks else 1  # 96 columns in chunks of 32
     assert names["gated"] == ["gemv_q4_quad"] * per, names
     assert len(names["off"]) == per + 1, names
+
+
+@pytest.mark.parametrize("dt", ["float32", pytest.param(
+    "float16", marks=pytest.mark.adapter_feature("shader-f16"))])
+@pytest.mark.parametrize("kind,k,n,m,zero_points,block", [
+    ("int4", 64, 40, 4, False, 32), ("uint4", 96, 7, 3, True, 32),
+    ("uint4", 320, 130, 8, True, 32), ("int4", 40, 9, 11, True, 8),
+    ("uint4", 48, 11, 2, False, 16), ("int4", 128, 33, 17, False, 32)])
+def test_4bit_matmul_of_several_rows(ctx, monkeypatch, dt, kind, k, n, m, zero_points, block):
+    """A K-token verify's (or a prefill chunk's) projection: M rows against 4-bit weights
+    in one launch that reads the codes (``gemm_q4_rows``, rows a tile of 8 at a time: M
+    of 2 to 17, tiles not dividing M), no dequantize launch, no float weights written;
+    chunked by columns past the binding limit. Against float64 NumPy on the same values."""
+    codes = _codes(kind, (k, n))
+    scale = RNG.uniform(0.005, 0.1, size=(k // block, n)).astype(dt)
+    zp = _codes(kind, scale.shape) if zero_points else np.zeros(scale.shape, np.int64)
+    v = RNG.standard_normal((1, m, k)).astype(dt)
+    # odd M (float32: a float16 graph's casts need the binding whole): columns in chunks
+    # of 8 (a binding limit of 8 columns' codes)
+    if m % 2 and dt == "float32":
+        monkeypatch.setattr(ctx, "_max_binding", 8 * k // 2, raising=False)
+    b = MLGraphBuilder(ctx)
+    w = b.dequantize_linear(_const(b, kind, codes),
+                            b.constant(data_type=dt, shape=list(scale.shape), value=scale),
+                            _const(b, kind, zp))
+    g = b.build({"y": b.matmul(b.input("v", data_type=dt, shape=[1, m, k]), w)})
+    t = ctx.create_tensor(data_type=dt, shape=[1, m, k], writable=True)
+    ctx.write_tensor(t, v)
+    out = ctx.create_tensor(data_type=dt, shape=[1, m, n], readable=True)
+    ctx.dispatch(g, {"v": t}, {"y": out})
+    want = v.astype(np.float64) @ _want(codes, scale.astype(np.float32), zp)
+    got = ctx.read_tensor(out).astype(np.float64)
+    names = [la.kernel.name for la in g._plan.launches]
+    assert "gemm_q4_rows" in names and not any("dequantize" in x for x in names), names
+    bound = 1e-5 * np.max(np.abs(want))
+    if dt == "float16":  # the product rounded to float16 once
+        bound += np.spacing(np.abs(want).astype(np.float16)).astype(np.float64).max()
+    assert np.max(np.abs(got - want)) <= bound

@@ -167,3 +167,73 @@ def _unpack_fns(signed: bool) -> str:
             "vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u));\n}\n"
             "fn hi(w: u32) -> vec4<f32> {\n  return vec4<f32>((vec4<u32>(w) >> "
             "vec4<u32>(16u, 20u, 24u, 28u)) & vec4<u32>(15u));\n}\n")
+
+
+def gemm_q4_rows(K: int, N: int, block: int, M: int, *, signed: bool, zero_points: bool,
+                 lanes: int = 32, wg: int = 256, subgroup: int | None = None, n_off: int = 0,
+                 width: int | None = None, tile: int = 8) -> Kernel:
+    """out[m, n_off + n] = sum_k a[m, k] · W[k, n] for M input rows (a K-token verify's or
+    a prefill chunk's projections): ``gemv_q4``'s layout and loads, each code word
+    dequantised once in registers and multiplied into ``tile`` rows at a time (the grid's
+    y: ceil(M / tile) row tiles), so the weights stream once a tile, not once a row, and
+    no float weights are ever written. ``width``: the output's row length (the whole
+    matrix's N where this launch is a chunk of its columns from ``n_off``).
+
+    Bindings: ``a`` (M·K floats, as vec4), ``b``, ``sc`` (and ``zc`` with
+    ``zero_points``) as ``gemv_q4``'s, ``out`` (M rows of ``width``)."""
+    assert K % 8 == 0 and block % 8 == 0 and K % block == 0 and M >= 1
+    wide = block % 32 == 0
+    unit = 4 if wide else 1
+    units, nblocks, per = K // (8 * unit), K // block, block // (8 * unit)
+    R, MT, K4, width = wg // lanes, min(M, tile), K // 4, width or N
+    use_sub = subgroup == lanes
+    src = decl(0, "a", "vec4<f32>", "read") + decl(1, "b", "vec4<u32>" if wide else "u32",
+                                                    "read") + decl(2, "sc", "f32", "read")
+    binds = ["read"] * 3
+    if zero_points:
+        src += decl(3, "zc", "f32", "read")
+        binds.append("read")
+    src += decl(len(binds), "out", "f32", "rw") + _unpack_fns(signed)
+    binds.append("rw")
+    if not use_sub:
+        src += f"var<workgroup> sh: array<f32, {wg}>;\n"
+    words = [f"w.{c}" for c in "xyzw"] if wide else ["w"]
+    qs = "".join(f"    let q{2 * i} = lo({w});\n    let q{2 * i + 1} = hi({w});\n"
+                 for i, w in enumerate(words))
+    body = ""
+    for j in range(MT):
+        dots = " + ".join(f"dot(a[x{j} + x + {i}u], q{i})" for i in range(2 * unit))
+        term = f"s * ({dots})"
+        if zero_points:
+            sums = " + ".join(f"a[x{j} + x + {i}u]" for i in range(2 * unit))
+            term += f" + z * dot({sums}, vec4<f32>(1.0))"
+        body += f"    acc{j} = acc{j} + {term};\n"
+    src += (f"@compute @workgroup_size({wg})\n"
+            "fn main(@builtin(workgroup_id) wid: vec3<u32>, "
+            "@builtin(local_invocation_index) lid: u32) {\n"
+            f"  let r = lid / {lanes}u;\n  let t = lid % {lanes}u;\n"
+            f"  let n = wid.x * {R}u + r;\n  let nn = min(n, {N - 1}u);\n"
+            f"  let m0 = wid.y * {MT}u;\n"
+            f"  let wb = nn * {units}u;\n  let sb = nn * {nblocks}u;\n"
+            # a tile's rows past M read row M - 1 and are never written
+            + "".join(f"  let x{j} = min(m0 + {j}u, {M - 1}u) * {K4}u;\n  var acc{j} = 0.0;\n"
+                      for j in range(MT))
+            + f"  for (var k = t; k < {units}u; k = k + {lanes}u) {{\n"
+            "    let w = b[wb + k];\n"
+            f"    let s = sc[sb + k / {per}u];\n"
+            + (f"    let z = zc[sb + k / {per}u];\n" if zero_points else "")
+            + f"    let x = {2 * unit}u * k;\n" + qs + body + "  }\n")
+    for j in range(MT):
+        if use_sub:
+            src += f"  let s{j} = subgroupAdd(acc{j});\n"
+        else:
+            src += (f"  sh[lid] = acc{j};\n  workgroupBarrier();\n  var s{j} = 0.0;\n"
+                    f"  if (t == 0u) {{\n    for (var j = 0u; j < {lanes}u; j = j + 1u) "
+                    f"{{ s{j} = s{j} + sh[lid + j]; }}\n  }}\n  workgroupBarrier();\n")
+        src += (f"  if (t == 0u && n < {N}u && m0 + {j}u < {M}u) "
+                f"{{ out[(m0 + {j}u) * {width}u + {n_off}u + n] = s{j}; }}\n")
+    src += "}\n"
+    tiles = -(-M // MT)
+    traffic = (4 * K * M + tiles * (N * K // 2 + 4 * N * nblocks * (2 if zero_points else 1))
+               + 4 * M * N)
+    return Kernel("gemm_q4_rows", src, binds, (-(-N // R), tiles, 1), traffic)

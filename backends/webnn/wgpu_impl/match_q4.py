@@ -5,7 +5,9 @@ weights are written: a q4 decode step streams half a byte a weight plus its bloc
 
 Matched where W is a 2-D int4/uint4 constant (K, N) with K a multiple of 8, its scale and
 zero point are constants of shape (K / block, N) with the block a multiple of 8 (a code word
-never straddles two blocks), and the product's input is a single row.
+never straddles two blocks), and the product's input is a single row; a product of several
+rows (a K-token verify, a prefill chunk) runs ``kernels/quant.gemm_q4_rows`` the same way,
+its rows a tile at a time (``plan.q4_rows``).
 """
 
 from __future__ import annotations
@@ -78,16 +80,18 @@ class Q4Weight:
         return self.codes.dtype.name == "int4" or self.centred
 
 
-def match_q4(nodes: list[Node]) -> dict[int, Q4Weight]:
-    """matmul id -> its 4-bit weights, for every product the kernel can run."""
+def match_q4(nodes: list[Node], rows: bool = False) -> dict[int, Q4Weight]:
+    """matmul id -> its 4-bit weights, for every product the kernel can run: of one input
+    row, or with ``rows`` of several (a K-token graph's, ``gemm_q4_rows``)."""
     out: dict[int, Q4Weight] = {}
     for o in nodes:
         if o.kind != "op" or o.op != "matmul" or o.dtype.name != "float32":
             continue
         a, b = o.inputs
         dq = widened(root(b))
+        m = S.size(a.shape[:-1])
         if (dq.kind != "op" or dq.op != "dequantize_linear" or len(dq.shape) != 2
-                or tuple(b.shape) != tuple(dq.shape) or S.size(a.shape[:-1]) != 1):
+                or tuple(b.shape) != tuple(dq.shape) or (m < 2 if rows else m != 1)):
             continue
         codes, scale, zp = dq.inputs
         if (codes.dtype.name not in ("int4", "uint4")
@@ -265,6 +269,36 @@ def lower_q4(plan: Any, members: list[Node], a_slot: Slot, slot_of: Any) -> None
         plan.launches.append(KernelLaunch(k, a_slots + slots + (
             [slot_of(res)] if res is not None else []) + outs + (
             [stats.slot] if stats is not None else [])))
+
+
+def lower_q4_rows(plan: Any, o: Node, a_slot: Slot, out: Slot) -> None:
+    """A product of several rows with 4-bit weights (``gemm_q4_rows``): the codes and
+    scales repacked by column at upload as for one row, a launch per chunk of columns
+    within the binding limit; the rows' products in one launch a chunk."""
+    w = plan.q4_rows[o.id]
+    K, N, M = w.K, w.N, S.size(o.inputs[0].shape[:-1])
+    per = max(8, (plan.max_binding // (K // 2)) // 8 * 8)
+    lanes = 8 if plan.target.cpu else 32
+    for c, n0 in enumerate(range(0, N, per)):
+        nc = min(per, N - n0)
+        key = ("Q4R", o.id, c)
+        slots = [("const", (*key, "codes")), ("const", (*key, "scales"))]
+        plan.consts.setdefault(slots[0], Deferred(nc * K // 8, partial(repack_codes, w, n0, nc)))
+        plan.consts.setdefault(slots[1], Deferred(nc * (K // w.block), partial(
+            repack_scales, w, n0, nc, False)))
+        if w.zero_points:
+            slots.append(("const", (*key, "zero")))
+            plan.consts.setdefault(slots[2], Deferred(nc * (K // w.block), partial(
+                repack_scales, w, n0, nc, True)))
+        k = QK.gemm_q4_rows(K, nc, w.block, M, signed=w.signed, zero_points=w.zero_points,
+                            lanes=lanes, subgroup=plan.target.subgroup, n_off=n0, width=N)
+        plan.launches.append(KernelLaunch(k, [a_slot, *slots, out]))
+
+
+@claims(61, lambda plan, o: o.id in plan.q4_rows)
+def _lower_q4_rows_site(n: Site) -> None:
+    """A 4-bit product of several rows."""
+    lower_q4_rows(n.plan, n.node, n.ins[0], n.out)
 
 
 def _stacked(parts: list[Callable[[], np.ndarray]]) -> np.ndarray:

@@ -222,10 +222,12 @@ def gated_delta(plan: Plan, st: PassState) -> None:
 
 
 def q4_gemvs(plan: Plan, st: PassState) -> None:
-    """One-row products with 4-bit constant weights read the codes (``match_q4``): their
-    dequantizeLinear is then read by nothing and never launched (``planning.live_steps``)."""
+    """Products with 4-bit constant weights read the codes (``match_q4``; of several rows:
+    ``plan.q4_rows``): their dequantizeLinear is then read by nothing and never launched
+    (``planning.live_steps``)."""
     if plan.options.q4_gemv != "generic":
         plan.q4 = match_q4(st.nodes)
+        plan.q4_rows = match_q4(st.nodes, rows=True)
 
 
 #: the passes after ``place_results``, in order: each sees what the earlier ones absorbed

@@ -60,7 +60,7 @@ def op_steps(plan: Plan, st: PassState) -> tuple[list[Step], Step | None]:
         reads = reads_of(o)
         if o.id in plan.fold:
             reads[1] = plan.fold[o.id]
-        if o.id in plan.q4:  # constants repacked at upload: not the float weights
+        if o.id in plan.q4 or o.id in plan.q4_rows:  # repacked at upload: not the float weights
             del reads[1]
         if o.id in plan.prologue:
             reads = list(plan.prologue[o.id].leaves) + reads[1:]
