@@ -90,6 +90,8 @@ def capture(mode: str, workload: Any, capacity: int, onnx_path: str | None,
     try:
         page = cls(onnx_path=onnx_path, options=options)
         page.tokens_per_step = tokens
+        if tokens > 1 and hasattr(page, "speculative"):  # the graph a verify runs (deferred)
+            page.speculative = True
         page.prepare(workload, capacity)
     except _Captured as c:
         return c.graph, c.stateful

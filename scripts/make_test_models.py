@@ -511,8 +511,8 @@ def main() -> int:
                 else:
                     raise SystemExit(f"unknown exporter {exporter!r}")
                 _merge(entries[-1:])
-            except subprocess.CalledProcessError as exc:
-                failures.append(f"{name}: {exc}")
+            except Exception as exc:  # noqa: BLE001 - one exporter's failure, the rest go on
+                failures.append(f"{name}: {type(exc).__name__}: {exc}")
                 print(f"FAILED {name}: {exc}", flush=True)
     for f in failures:
         print("failed:", f)
