@@ -854,3 +854,39 @@ def test_4bit_matmul_of_several_rows(ctx, monkeypatch, dt, kind, k, n, m, zero_p
     if dt == "float16":  # the product rounded to float16 once
         bound += np.spacing(np.abs(want).astype(np.float16)).astype(np.float64).max()
     assert np.max(np.abs(got - want)) <= bound
+
+
+def test_4bit_products_of_several_rows_stack_on_their_input(ctx):
+    """A K-token layer's q, k and v (three 4-bit products of one input of M rows): one
+    ``gemm_q4_rows`` launch over their stacked columns writing each output, against
+    float64 NumPy; a product of another input stays apart."""
+    k, m, ns = 64, 5, (48, 16, 24)
+    v = RNG.standard_normal((1, m, k)).astype("float32")
+    u = RNG.standard_normal((1, m, k)).astype("float32")
+    b = MLGraphBuilder(ctx)
+    vi = b.input("v", data_type="float32", shape=[1, m, k])
+    ui = b.input("u", data_type="float32", shape=[1, m, k])
+    wants, outs = {}, {}
+    for i, n in enumerate((*ns, 8)):
+        codes = _codes("uint4", (k, n))
+        scale = RNG.uniform(0.005, 0.1, size=(k // 32, n)).astype("float32")
+        zp = np.full(scale.shape, 8, np.int64)
+        w = b.dequantize_linear(_const(b, "uint4", codes),
+                                b.constant(data_type="float32", shape=list(scale.shape),
+                                           value=scale), _const(b, "uint4", zp))
+        x, xv = (vi, v) if i < len(ns) else (ui, u)
+        outs[f"y{i}"] = b.matmul(x, w)
+        wants[f"y{i}"] = xv.astype(np.float64) @ _want(codes, scale, zp)
+    g = b.build(outs)
+    tensors = {}
+    for name, x in (("v", v), ("u", u)):
+        tensors[name] = ctx.create_tensor(data_type="float32", shape=[1, m, k], writable=True)
+        ctx.write_tensor(tensors[name], x)
+    res = {name: ctx.create_tensor(data_type="float32", shape=list(wants[name].shape),
+                                   readable=True) for name in outs}
+    ctx.dispatch(g, tensors, res)
+    names = [la.kernel.name for la in g._plan.launches]
+    assert names.count("gemm_q4_rows") == 2, names
+    for name, want in wants.items():
+        got = ctx.read_tensor(res[name])
+        assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want)), name

@@ -171,17 +171,22 @@ def _unpack_fns(signed: bool) -> str:
 
 def gemm_q4_rows(K: int, N: int, block: int, M: int, *, signed: bool, zero_points: bool,
                  lanes: int = 32, wg: int = 256, subgroup: int | None = None, n_off: int = 0,
-                 width: int | None = None, tile: int = 8) -> Kernel:
+                 width: int | None = None, tile: int = 8,
+                 splits: Sequence[int] | None = None) -> Kernel:
     """out[m, n_off + n] = sum_k a[m, k] · W[k, n] for M input rows (a K-token verify's or
     a prefill chunk's projections): ``gemv_q4``'s layout and loads, each code word
     dequantised once in registers and multiplied into ``tile`` rows at a time (the grid's
     y: ceil(M / tile) row tiles), so the weights stream once a tile, not once a row, and
     no float weights are ever written. ``width``: the output's row length (the whole
-    matrix's N where this launch is a chunk of its columns from ``n_off``).
+    matrix's N where this launch is a chunk of its columns from ``n_off``). ``splits``:
+    the columns are several matrices' stacked (a layer's q, k and v projections of one
+    input), column counts in order, each written to its own output (``out0``, ``out1``,
+    ..., M rows of its count).
 
     Bindings: ``a`` (M·K floats, as vec4), ``b``, ``sc`` (and ``zc`` with
-    ``zero_points``) as ``gemv_q4``'s, ``out`` (M rows of ``width``)."""
+    ``zero_points``) as ``gemv_q4``'s, ``out`` (M rows of ``width``) or the splits'."""
     assert K % 8 == 0 and block % 8 == 0 and K % block == 0 and M >= 1
+    assert not splits or (sum(splits) == N and not n_off)
     wide = block % 32 == 0
     unit = 4 if wide else 1
     units, nblocks, per = K // (8 * unit), K // block, block // (8 * unit)
@@ -193,8 +198,11 @@ def gemm_q4_rows(K: int, N: int, block: int, M: int, *, signed: bool, zero_point
     if zero_points:
         src += decl(3, "zc", "f32", "read")
         binds.append("read")
-    src += decl(len(binds), "out", "f32", "rw") + _unpack_fns(signed)
-    binds.append("rw")
+    outs = list(splits) if splits else [N]
+    for j in range(len(outs)):
+        src += decl(len(binds), f"out{j}" if splits else "out", "f32", "rw")
+        binds.append("rw")
+    src += _unpack_fns(signed)
     if not use_sub:
         src += f"var<workgroup> sh: array<f32, {wg}>;\n"
     words = [f"w.{c}" for c in "xyzw"] if wide else ["w"]
@@ -230,8 +238,17 @@ def gemm_q4_rows(K: int, N: int, block: int, M: int, *, signed: bool, zero_point
             src += (f"  sh[lid] = acc{j};\n  workgroupBarrier();\n  var s{j} = 0.0;\n"
                     f"  if (t == 0u) {{\n    for (var j = 0u; j < {lanes}u; j = j + 1u) "
                     f"{{ s{j} = s{j} + sh[lid + j]; }}\n  }}\n  workgroupBarrier();\n")
-        src += (f"  if (t == 0u && n < {N}u && m0 + {j}u < {M}u) "
-                f"{{ out[(m0 + {j}u) * {width}u + {n_off}u + n] = s{j}; }}\n")
+        src += f"  if (t == 0u && n < {N}u && m0 + {j}u < {M}u) {{\n"
+        if not splits:
+            src += f"    out[(m0 + {j}u) * {width}u + {n_off}u + n] = s{j};\n  }}\n"
+            continue
+        start = 0
+        for i, ni in enumerate(splits):
+            kw = "if" if i == 0 else "} else if"
+            src += (f"    {kw} (n < {start + ni}u) "
+                    f"{{ out{i}[(m0 + {j}u) * {ni}u + n - {start}u] = s{j};\n")
+            start += ni
+        src += "    }\n  }\n"
     src += "}\n"
     tiles = -(-M // MT)
     traffic = (4 * K * M + tiles * (N * K // 2 + 4 * N * nblocks * (2 if zero_points else 1))

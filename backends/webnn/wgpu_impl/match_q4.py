@@ -107,6 +107,31 @@ def match_q4(nodes: list[Node], rows: bool = False) -> dict[int, Q4Weight]:
     return out
 
 
+def stacked_rows(nodes: list[Node], q4_rows: dict[int, Q4Weight],
+                 max_binding: int) -> dict[int, list[Node]]:
+    """Several-row 4-bit products of one input (a K-token graph's q, k and v; its gate and
+    up), grouped as ``gemv.stacked_gemvs`` groups one-row ones: first matmul id -> the
+    group, of one format and within the binding limit (the stacked codes)."""
+    by_input: dict[tuple, list[Node]] = {}
+    for o in nodes:
+        w = q4_rows.get(o.id)
+        if w is None:
+            continue
+        a = o.inputs[0]
+        by_input.setdefault((root(a).id, tuple(a.shape), w.format), []).append(o)
+    out: dict[int, list[Node]] = {}
+    for ms in by_input.values():
+        group: list[Node] = []
+        for o in ms:
+            w = q4_rows[o.id]
+            if (w.K // 2) * (sum(q4_rows[m.id].N for m in group) + w.N) > max_binding:
+                break
+            group.append(o)
+        if len(group) > 1:
+            out[group[0].id] = group
+    return out
+
+
 def widened(o: Node) -> Node:
     """The float16 dequantizeLinear a float32 ``cast`` of it reads (a float16 model's
     product, widened by the builder: ``MLGraphBuilder._widened``), else ``o``: the kernel
@@ -271,34 +296,42 @@ def lower_q4(plan: Any, members: list[Node], a_slot: Slot, slot_of: Any) -> None
             [stats.slot] if stats is not None else [])))
 
 
-def lower_q4_rows(plan: Any, o: Node, a_slot: Slot, out: Slot) -> None:
-    """A product of several rows with 4-bit weights (``gemm_q4_rows``): the codes and
-    scales repacked by column at upload as for one row, a launch per chunk of columns
-    within the binding limit; the rows' products in one launch a chunk."""
-    w = plan.q4_rows[o.id]
-    K, N, M = w.K, w.N, S.size(o.inputs[0].shape[:-1])
-    per = max(8, (plan.max_binding // (K // 2)) // 8 * 8)
+def lower_q4_rows(plan: Any, members: list[Node], a_slot: Slot, slot_of: Any) -> None:
+    """Products of several rows with 4-bit weights (``gemm_q4_rows``): the codes and
+    scales repacked by column at upload as for one row. One product: a launch per chunk of
+    columns within the binding limit; several of one input (``plan.stacked_rows``): their
+    columns stacked, one launch writing each output."""
+    ws = [plan.q4_rows[m.id] for m in members]
+    w0, M = ws[0], S.size(members[0].inputs[0].shape[:-1])
+    K, N = w0.K, sum(w.N for w in ws)
+    per = N if len(ws) > 1 else max(8, (plan.max_binding // (K // 2)) // 8 * 8)
     lanes = 8 if plan.target.cpu else 32
+    outs = [slot_of(m) for m in members]
     for c, n0 in enumerate(range(0, N, per)):
         nc = min(per, N - n0)
-        key = ("Q4R", o.id, c)
+        parts = [(w, 0, w.N) for w in ws] if len(ws) > 1 else [(w0, n0, nc)]
+        key = ("Q4R", members[0].id, c)
         slots = [("const", (*key, "codes")), ("const", (*key, "scales"))]
-        plan.consts.setdefault(slots[0], Deferred(nc * K // 8, partial(repack_codes, w, n0, nc)))
-        plan.consts.setdefault(slots[1], Deferred(nc * (K // w.block), partial(
-            repack_scales, w, n0, nc, False)))
-        if w.zero_points:
+        plan.consts.setdefault(slots[0], Deferred(nc * K // 8, partial(
+            _stacked, [partial(repack_codes, *p) for p in parts])))
+        plan.consts.setdefault(slots[1], Deferred(nc * (K // w0.block), partial(
+            _stacked, [partial(repack_scales, *p, False) for p in parts])))
+        if w0.zero_points:
             slots.append(("const", (*key, "zero")))
-            plan.consts.setdefault(slots[2], Deferred(nc * (K // w.block), partial(
-                repack_scales, w, n0, nc, True)))
-        k = QK.gemm_q4_rows(K, nc, w.block, M, signed=w.signed, zero_points=w.zero_points,
-                            lanes=lanes, subgroup=plan.target.subgroup, n_off=n0, width=N)
-        plan.launches.append(KernelLaunch(k, [a_slot, *slots, out]))
+            plan.consts.setdefault(slots[2], Deferred(nc * (K // w0.block), partial(
+                _stacked, [partial(repack_scales, *p, True) for p in parts])))
+        k = QK.gemm_q4_rows(K, nc, w0.block, M, signed=w0.signed, zero_points=w0.zero_points,
+                            lanes=lanes, subgroup=plan.target.subgroup,
+                            n_off=n0 if len(ws) == 1 else 0, width=N,
+                            splits=[w.N for w in ws] if len(ws) > 1 else None)
+        plan.launches.append(KernelLaunch(k, [a_slot, *slots, *outs]))
 
 
 @claims(61, lambda plan, o: o.id in plan.q4_rows)
 def _lower_q4_rows_site(n: Site) -> None:
     """A 4-bit product of several rows."""
-    lower_q4_rows(n.plan, n.node, n.ins[0], n.out)
+    lower_q4_rows(n.plan, n.plan.stacked_rows.get(n.node.id, [n.node]), n.ins[0],
+                  n.slot_of)
 
 
 def _stacked(parts: list[Callable[[], np.ndarray]]) -> np.ndarray:

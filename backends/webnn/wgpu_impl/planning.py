@@ -64,7 +64,7 @@ def op_steps(plan: Plan, st: PassState) -> tuple[list[Step], Step | None]:
             del reads[1]
         if o.id in plan.prologue:
             reads = list(plan.prologue[o.id].leaves) + reads[1:]
-        more = plan.stacked.get(o.id, [o])[1:]
+        more = (plan.stacked.get(o.id) or plan.stacked_rows.get(o.id) or [o])[1:]
         for m in plan.row_writes.get(o.id, [o])[1:]:
             more.append(m)
             reads += [r for r in reads_of(m) if r not in reads]
