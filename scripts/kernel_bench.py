@@ -110,7 +110,7 @@ def q4_floor_bytes(K: int, N: int) -> int:
 
 
 @functools.lru_cache(maxsize=1)
-def q4_case(K: int, N: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def q4_case(K: int, N: int, M: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(packed int4 codes (K, N) row-major, low nibble first; float16-valued scales of blocks
     of 32; the row; its float64 product), made once a shape for every variant. The oracle
     is computed a column chunk at a time: the head's dequantised weights whole would be
@@ -119,9 +119,9 @@ def q4_case(K: int, N: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndar
     packed = rng.integers(0, 256, size=K * N // 2, dtype=np.uint8)
     scale = (rng.uniform(0.5, 1.5, size=(K // 32, N)) / np.sqrt(K) / 4).astype(
         np.float16).astype(np.float32)
-    x = rng.standard_normal((1, K), dtype=np.float32)
+    x = rng.standard_normal((M, K), dtype=np.float32)
     rows = packed.reshape(K, N // 2) if N % 2 == 0 else None
-    want = np.empty(N)
+    want = np.empty((M, N))
     for c in range(0, N, 8192):
         hi = min(N, c + 8192)
         if rows is not None and c % 2 == 0 and hi % 2 == 0:
@@ -131,34 +131,38 @@ def q4_case(K: int, N: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndar
             flat = np.stack([packed & 0xF, packed >> 4], axis=1).reshape(K, N)
             nib = flat[:, c:hi]
         codes = (nib.astype(np.int8) ^ 8) - 8
-        want[c:hi] = x[0].astype(np.float64) @ (
+        want[:, c:hi] = x.astype(np.float64) @ (
             codes * np.repeat(scale[:, c:hi].astype(np.float64), 32, axis=0))
     return packed, scale, x, want
 
 
-def bench_gemv_q4(ctx, K: int, N: int, reps: int, budget: float) -> dict:
+def bench_gemv_q4(ctx, K: int, N: int, reps: int, budget: float, M: int = 1) -> dict:
     """One-row product with int4 weights (block 32, symmetric, float16-valued scales as a
-    +q4f16 model has them) through the context's 4-bit kernel; checked against float64."""
-    packed, scale, x, want = q4_case(K, N)
+    +q4f16 model has them) through the context's 4-bit kernel, or ``M`` rows (a K-token
+    verify's: ``gemm_q4_rows``); checked against float64. GB/s over the one-row floor:
+    the weights streamed once, whatever M."""
+    packed, scale, x, want = q4_case(K, N, M)
     b = MLGraphBuilder(ctx)
-    xi = b.input("x", data_type="float32", shape=[1, K])
+    xi = b.input("x", data_type="float32", shape=[1, M, K] if M > 1 else [1, K])
     w = b.dequantize_linear(
         b.constant(data_type="int4", shape=[K, N], value=packed),
         b.constant(data_type="float32", shape=[K // 32, N], value=scale),
         b.constant(data_type="int4", shape=[K // 32, N],
                    value=np.zeros(-(-(K // 32) * N // 2), np.uint8)))
     g = b.build({"y": b.matmul(xi, w)})
-    tx = ctx.create_tensor(data_type="float32", shape=[1, K], writable=True)
-    ty = ctx.create_tensor(data_type="float32", shape=[1, N], readable=True)
-    ctx.write_tensor(tx, x)
+    lead = [1, M] if M > 1 else [1]
+    tx = ctx.create_tensor(data_type="float32", shape=[*lead, K], writable=True)
+    ty = ctx.create_tensor(data_type="float32", shape=[*lead, N], readable=True)
+    ctx.write_tensor(tx, x.reshape(*lead, K))
     ctx.dispatch(g, {"x": tx}, {"y": ty})
-    got = ctx.read_tensor(ty)[0]
+    got = ctx.read_tensor(ty).reshape(M, N)
     res = _timed(ctx, lambda: ctx.dispatch(g, {"x": tx}, {"y": ty}), reps, budget)
     res["max_rel_err"] = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
     kernels = [la.kernel for la in g._plan.launches if hasattr(la, "kernel")]
     res["launches"] = len(g._plan.launches)
     res["kernel"] = sorted({k.name for k in kernels})
     res["groups"] = [k.groups[0] for k in kernels]
+    res["rows"] = M
     res["kernel_bytes"] = sum(k.bytes for k in kernels)
     g.destroy()
     tx.destroy()
@@ -356,7 +360,7 @@ def reach_random_depth(be: Any, wl: Any, capacity: int, depth: int, warm_s: floa
 
 def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
                warm_s: float = 0.0, mode: str = "wgpu:stateful", host: bool = False,
-               depth: int = 0, options: KernelOptions | None = None) -> dict:
+               depth: int = 0, options: KernelOptions | None = None, tokens: int = 1) -> dict:
     from backends.base import registry
     from model.workload import Workload, preset
 
@@ -365,7 +369,18 @@ def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
     t0 = time.perf_counter()
     wl = Workload.build(preset(name))
     be = registry()[mode](options=options)
+    be.tokens_per_step = tokens  # K > 1: a speculative verify's graph, stepped K tokens a time
+    if tokens > 1 and hasattr(be, "speculative"):
+        be.speculative = True
     be.prepare(wl, capacity)
+
+    def step(t: int) -> np.ndarray:
+        if tokens == 1:
+            return be.step(t % 100 + 1)
+        out = be.step_tokens(np.arange(t, t + tokens, dtype=np.int64) % 100 + 1)
+        be.accept(tokens)
+        return out
+
     prep = time.perf_counter() - t0
     plan = be.converted.graph._plan
     names: dict[str, int] = {}
@@ -380,9 +395,9 @@ def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
         # capacity: the timed steps must still fit); the caches stay zeros past the rows
         # written
         t_warm, warm = time.perf_counter() + warm_s, 0
-        while time.perf_counter() < t_warm and warm < capacity - steps - 1:
-            be.step(warm % 100 + 1)
-            warm += 1
+        while time.perf_counter() < t_warm and warm + tokens < capacity - tokens * steps - 1:
+            step(warm)
+            warm += tokens
     wall, gpu = [], []
     hprof = cProfile.Profile() if host else None
     queue = be.context.queue_counts
@@ -391,7 +406,7 @@ def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
         t1 = time.perf_counter()
         if hprof is not None:
             hprof.enable()
-        logits = be.step(t % 100 + 1)
+        logits = step(t)
         if hprof is not None:
             hprof.disable()
         wall.append(time.perf_counter() - t1)
@@ -417,7 +432,7 @@ def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
                 bound["output"][p.output] = be._nxt[p.input]
         prof = profile_launches(be.context, g, bound)
     be.close()
-    res = {"preset": name, "mode": mode, "capacity": capacity, "depth": depth,
+    res = {"preset": name, "mode": mode, "capacity": capacity, "depth": depth, "tokens": tokens,
            "prepare_s": round(prep, 2), "warm_steps": warm,
            "wall_ms": 1e3 * float(np.median(wall[1:] or wall)),
            "launches": len(plan.launches), "kernels": names, **per_step,
@@ -481,6 +496,10 @@ def main() -> None:
                     help="the attention benchmark's cache types, comma list: float32, float16")
     ap.add_argument("--step", default="small:512", help="preset:capacity,... or none")
     ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=1,
+                    help="new tokens a step (--step): a speculative verify's K-token graph")
+    ap.add_argument("--q4-rows", type=int, default=1,
+                    help="rows of the --gemv-q4 products (a K-token verify's: gemm_q4_rows)")
     ap.add_argument("--depth", type=int, default=0,
                     help="time the steps at this depth, reached as a sweep does with random "
                          "cache values (a stateful page walks), after --warm seconds of GPU "
@@ -536,7 +555,8 @@ def main() -> None:
     for K, N in q4_shapes:  # a shape's weights made once for its variants (q4_case)
         for var, options in q4_runs:
             out["gemv_q4"].append(_attempt(bench_gemv_q4, (context(options), K, N, a.reps,
-                                                           a.budget), shape=f"{K}x{N}", variant=var))
+                                                           a.budget, a.q4_rows),
+                                           shape=f"{K}x{N}", variant=var))
     if a.attn != "none":
         for var, options in attn_runs:
             for cache in a.attn_cache.split(","):
@@ -558,7 +578,7 @@ def main() -> None:
                     wctx.SUBMIT_EVERY.update(cpu=int(every), gpu=int(every))
                 out["step"].append(_attempt(
                     bench_step, (name, int(cap or 512), a.steps, a.profile, a.warm, a.mode,
-                                 a.host_profile, a.depth, chosen),
+                                 a.host_profile, a.depth, chosen, a.tokens),
                     preset=name, submit_every=every, options=chosen.as_dict()))
     print(json.dumps(out, indent=1))
 
