@@ -27,16 +27,17 @@ def test_a_graph_counts_the_launches_of_its_dispatch(ctx):
     assert g.launches == len(g._plan.launches) == 3
 
 
-def _census(model: str) -> tuple[list[str], int, dict[str, int]]:
-    """(one layer's kernels, the layers, the kernels outside them) of the model's stateful
-    step on the H200's plan."""
+def _census(model: str | None, workload=None, tokens: int = 1
+            ) -> tuple[list[str], int, dict[str, int]]:
+    """(one layer's kernels, the layers, the kernels outside them) of the model's (or the
+    workload's) stateful step of ``tokens`` new tokens on the H200's plan."""
     sys.path.insert(0, str(ROOT / "scripts"))
     import launch_census as LC
 
     from backends.webnn.wgpu_impl.options import KernelOptions
 
     options = KernelOptions()
-    graph, stateful = LC.capture("wgpu:stateful", None, 32, model, options)
+    graph, stateful = LC.capture("wgpu:stateful", workload, 32, model, options, tokens)
     one, count, rest = LC.layers(LC.census(graph, stateful, LC.targets()["nvidia"], options))
     return [la["kernel"] for la in one], count, dict(rest)
 
@@ -117,3 +118,20 @@ def test_the_real_export_on_the_gpu_plan_computes_orts_logits(monkeypatch, tmp_p
     finally:
         for b in (oracle, page, cpu_page):
             b.close()
+
+
+def test_a_verify_step_reads_the_codes_and_adds_in_its_products():
+    """A K = 4 verify step of a q4f16 preset with llama-1b's layer (attention layers only)
+    on the H200's plan: every 4-bit product reads the codes (``gemm_q4_rows``; nothing
+    dequantised a dispatch, the 17 GB a verify of llama-1b+q4f16 moved on the H200 before),
+    q/k/v and gate/up each one launch over their stacked columns, o and down with the
+    residual add in their launch (float16, rounded once): 10 launches a layer."""
+    from dataclasses import replace
+
+    from model.workload import ATTENTION, Workload, preset
+
+    workload = Workload.build(replace(preset("tiny+q4f16"), layers=(ATTENTION,) * 2))
+    one, count, rest = _census(None, workload, tokens=4)
+    assert count == 2, (one, rest)
+    assert one.count("gemm_q4_rows") == 4 and len(one) == 10, one
+    assert not any("dequantize" in k or "add" in k for k in one + list(rest)), (one, rest)

@@ -890,3 +890,46 @@ def test_4bit_products_of_several_rows_stack_on_their_input(ctx):
     for name, want in wants.items():
         got = ctx.read_tensor(res[name])
         assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want)), name
+
+
+@pytest.mark.parametrize("dt", ["float32", pytest.param(
+    "float16", marks=pytest.mark.adapter_feature("shader-f16"))])
+def test_4bit_product_of_several_rows_takes_its_residual_add(ctx, dt):
+    """A K-token layer's output projection plus the residual stream (a graph input, M rows),
+    the sum read on: the add folded into the product's launch (float16: summed in float32, rounded once),
+    against float64 NumPy within one float16 rounding of the sum."""
+    k, n, m = 96, 40, 6
+    codes = _codes("uint4", (k, n))
+    scale = RNG.uniform(0.005, 0.1, size=(k // 32, n)).astype(dt)
+    zp = np.full(scale.shape, 8, np.int64)
+    v = RNG.standard_normal((1, m, k)).astype(dt)
+    r = RNG.standard_normal((1, m, n)).astype(dt)
+    b = MLGraphBuilder(ctx)
+    w = b.dequantize_linear(_const(b, "uint4", codes),
+                            b.constant(data_type=dt, shape=list(scale.shape), value=scale),
+                            _const(b, "uint4", zp))
+    y = b.add(b.matmul(b.input("v", data_type=dt, shape=[1, m, k]), w),
+              b.input("r", data_type=dt, shape=[1, m, n]))
+    # the sum read on by a reduction, as the next norm reads it, and by a matmul
+    g = b.build({"y": b.reduce_sum(y, axes=[2]), "z": b.matmul(y, b.constant(
+        data_type=dt, shape=[n, 1], value=np.ones((n, 1), dt)))})
+    feeds = {}
+    for name, x in (("v", v), ("r", r)):
+        feeds[name] = ctx.create_tensor(data_type=dt, shape=list(x.shape), writable=True)
+        ctx.write_tensor(feeds[name], x)
+    out = ctx.create_tensor(data_type=dt, shape=[1, m], readable=True)
+    out_z = ctx.create_tensor(data_type=dt, shape=[1, m, 1], readable=True)
+    ctx.dispatch(g, feeds, {"y": out, "z": out_z})
+    names = [la.kernel.name for la in g._plan.launches]
+    assert names.count("gemm_q4_rows") == 1, names
+    if dt == "float32":  # (a float16 sum read by float32 ops keeps its cast group; a
+        # decoder's is read by the next norm's vector: tests/test_webnn_launches.py)
+        assert not any("add" in x for x in names), names
+    s = (v.astype(np.float64) @ _want(codes, scale.astype(np.float32), zp)
+         + r.astype(np.float64))
+    if dt == "float16":  # the sum as the kernel writes it: rounded once
+        s = s.astype(np.float16).astype(np.float64)
+    want = s.sum(axis=2)
+    got = ctx.read_tensor(out).astype(np.float64)
+    ulp = np.spacing(np.abs(want).astype(np.float16)).astype(np.float64) if dt == "float16" else 0
+    assert np.all(np.abs(got - want) <= 2 * ulp + 1e-5 * np.abs(s).sum(axis=2))

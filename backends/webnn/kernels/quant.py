@@ -172,7 +172,8 @@ def _unpack_fns(signed: bool) -> str:
 def gemm_q4_rows(K: int, N: int, block: int, M: int, *, signed: bool, zero_points: bool,
                  lanes: int = 32, wg: int = 256, subgroup: int | None = None, n_off: int = 0,
                  width: int | None = None, tile: int = 8,
-                 splits: Sequence[int] | None = None) -> Kernel:
+                 splits: Sequence[int] | None = None, residual: bool = False,
+                 half_out: bool = False) -> Kernel:
     """out[m, n_off + n] = sum_k a[m, k] · W[k, n] for M input rows (a K-token verify's or
     a prefill chunk's projections): ``gemv_q4``'s layout and loads, each code word
     dequantised once in registers and multiplied into ``tile`` rows at a time (the grid's
@@ -181,12 +182,13 @@ def gemm_q4_rows(K: int, N: int, block: int, M: int, *, signed: bool, zero_point
     matrix's N where this launch is a chunk of its columns from ``n_off``). ``splits``:
     the columns are several matrices' stacked (a layer's q, k and v projections of one
     input), column counts in order, each written to its own output (``out0``, ``out1``,
-    ..., M rows of its count).
+    ..., M rows of its count). ``residual``: ``res`` (the output's shape) added;
+    ``half_out``: ``res`` and ``out`` float16, summed in float32 and rounded once.
 
     Bindings: ``a`` (M·K floats, as vec4), ``b``, ``sc`` (and ``zc`` with
     ``zero_points``) as ``gemv_q4``'s, ``out`` (M rows of ``width``) or the splits'."""
     assert K % 8 == 0 and block % 8 == 0 and K % block == 0 and M >= 1
-    assert not splits or (sum(splits) == N and not n_off)
+    assert not splits or (sum(splits) == N and not n_off and not residual and not half_out)
     wide = block % 32 == 0
     unit = 4 if wide else 1
     units, nblocks, per = K // (8 * unit), K // block, block // (8 * unit)
@@ -198,9 +200,13 @@ def gemm_q4_rows(K: int, N: int, block: int, M: int, *, signed: bool, zero_point
     if zero_points:
         src += decl(3, "zc", "f32", "read")
         binds.append("read")
+    io = "f16" if half_out else "f32"
+    if residual:
+        src += decl(len(binds), "res", io, "read")
+        binds.append("read")
     outs = list(splits) if splits else [N]
     for j in range(len(outs)):
-        src += decl(len(binds), f"out{j}" if splits else "out", "f32", "rw")
+        src += decl(len(binds), f"out{j}" if splits else "out", io, "rw")
         binds.append("rw")
     src += _unpack_fns(signed)
     if not use_sub:
@@ -240,7 +246,9 @@ def gemm_q4_rows(K: int, N: int, block: int, M: int, *, signed: bool, zero_point
                     f"{{ s{j} = s{j} + sh[lid + j]; }}\n  }}\n  workgroupBarrier();\n")
         src += f"  if (t == 0u && n < {N}u && m0 + {j}u < {M}u) {{\n"
         if not splits:
-            src += f"    out[(m0 + {j}u) * {width}u + {n_off}u + n] = s{j};\n  }}\n"
+            idx = f"(m0 + {j}u) * {width}u + {n_off}u + n"
+            val = f"s{j} + f32(res[{idx}])" if residual else f"s{j}"
+            src += f"    out[{idx}] = {'f16' if half_out else ''}({val});\n  }}\n"
             continue
         start = 0
         for i, ni in enumerate(splits):
@@ -252,5 +260,5 @@ def gemm_q4_rows(K: int, N: int, block: int, M: int, *, signed: bool, zero_point
     src += "}\n"
     tiles = -(-M // MT)
     traffic = (4 * K * M + tiles * (N * K // 2 + 4 * N * nblocks * (2 if zero_points else 1))
-               + 4 * M * N)
+               + (2 if half_out else 4) * M * N * (2 if residual else 1))
     return Kernel("gemm_q4_rows", src, binds, (-(-N // R), tiles, 1), traffic)

@@ -78,16 +78,19 @@ def stacked_gemvs(nodes: list[Node], fold: dict[int, Node],
 def residual_epilogues(nodes: list[Node], fold: dict[int, Node], inlined: set[int],
                         groups: dict[int, Any], taken: set[int],
                         stacked: set[int],
-                        q4: set[int] = frozenset()) -> dict[int, tuple[Node, Node]]:
+                        q4: set[int] = frozenset(), rows: set[int] = frozenset(),
+                        one_row: bool = True) -> dict[int, tuple[Node, Node]]:
     """Single-row matmuls with constant weights (or 4-bit ones: ``q4``) whose only reader
     is an ``add`` of a same-shaped tensor (a residual connection): gemv id -> (the add, the
     other operand). The gemv then writes the sum; the add has no launch. A float16 add of
     a 4-bit product's float16 rounding (``narrowed``: the cast fused into the add alone)
-    is one too: the kernel sums in float32 and rounds once (``gemv_q4`` half_out)."""
+    is one too: the kernel sums in float32 and rounds once (``gemv_q4`` half_out).
+    ``rows``: 4-bit products of several rows (``match_q4`` rows) that take an add alike
+    (``gemm_q4_rows``); ``one_row`` False: only those."""
     consumers = fusion.consumers_of(nodes)
     out: dict[int, tuple[Node, Node]] = {}
     for a in nodes:
-        half = _narrowed_add(a, groups, consumers, q4)
+        half = _narrowed_add(a, groups, consumers, q4 | rows)
         if (a.kind != "op" or a.op != "add" or a.id in inlined
                 or (a.id in groups and half is None) or a.id in taken
                 or a.dtype.wgsl != "f32" and half is None):
@@ -101,8 +104,9 @@ def residual_epilogues(nodes: list[Node], fold: dict[int, Node], inlined: set[in
             if (g.kind == "op" and g.op == "matmul" and g.id not in taken
                     and g.id not in stacked and g.id not in out and g is not res
                     and [c.id for c in consumers.get(g.id, [])] == [(half or a).id]
-                    and (const_weight(g, fold) is not None or g.id in q4)
-                    and S.size(g.shape[:-1]) == 1 and S.size(g.inputs[0].shape[:-1]) == 1
+                    and (g.id in rows or one_row and (const_weight(g, fold) is not None
+                                                      or g.id in q4)
+                         and S.size(g.shape[:-1]) == 1 and S.size(g.inputs[0].shape[:-1]) == 1)
                     and tuple(a.inputs[j].shape) == tuple(a.inputs[1 - j].shape)
                     == tuple(a.shape)):
                 out[g.id] = (a, res)

@@ -306,7 +306,8 @@ def lower_q4_rows(plan: Any, members: list[Node], a_slot: Slot, slot_of: Any) ->
     K, N = w0.K, sum(w.N for w in ws)
     per = N if len(ws) > 1 else max(8, (plan.max_binding // (K // 2)) // 8 * 8)
     lanes = 8 if plan.target.cpu else 32
-    outs = [slot_of(m) for m in members]
+    dst, res = plan.epilogue.get(members[0].id, (members[0], None))  # (the add, residual)
+    outs = [slot_of(m) for m in members] if len(ws) > 1 else [slot_of(dst)]
     for c, n0 in enumerate(range(0, N, per)):
         nc = min(per, N - n0)
         parts = [(w, 0, w.N) for w in ws] if len(ws) > 1 else [(w0, n0, nc)]
@@ -323,8 +324,10 @@ def lower_q4_rows(plan: Any, members: list[Node], a_slot: Slot, slot_of: Any) ->
         k = QK.gemm_q4_rows(K, nc, w0.block, M, signed=w0.signed, zero_points=w0.zero_points,
                             lanes=lanes, subgroup=plan.target.subgroup,
                             n_off=n0 if len(ws) == 1 else 0, width=N,
-                            splits=[w.N for w in ws] if len(ws) > 1 else None)
-        plan.launches.append(KernelLaunch(k, [a_slot, *slots, *outs]))
+                            splits=[w.N for w in ws] if len(ws) > 1 else None,
+                            residual=res is not None, half_out=dst.dtype.wgsl == "f16")
+        plan.launches.append(KernelLaunch(k, [a_slot, *slots, *(
+            [slot_of(res)] if res is not None else []), *outs]))
 
 
 @claims(61, lambda plan, o: o.id in plan.q4_rows)

@@ -119,10 +119,12 @@ def stack_gemvs(plan: Plan, st: PassState) -> None:
 
 def residual_epilogues(plan: Plan, st: PassState) -> None:
     """Residual adds folded into the matrix-vector product feeding them."""
-    if _gpu_gemv(plan):
+    rows = set(plan.q4_rows) - set(plan.stacked_rows)  # several rows: every target
+    gpu = _gpu_gemv(plan)
+    if gpu or rows:
         plan.epilogue = GV.residual_epilogues(st.nodes, plan.fold, st.inlined, plan.groups,
                                               st.pinned | st.absorbed, set(plan.stacked),
-                                              set(plan.q4))
+                                              set(plan.q4) if gpu else set(), rows, gpu)
     st.absorbed |= {add.id for add, _ in plan.epilogue.values()}
 
 
