@@ -933,3 +933,40 @@ def test_4bit_product_of_several_rows_takes_its_residual_add(ctx, dt):
     got = ctx.read_tensor(out).astype(np.float64)
     ulp = np.spacing(np.abs(want).astype(np.float16)).astype(np.float64) if dt == "float16" else 0
     assert np.all(np.abs(got - want) <= 2 * ulp + 1e-5 * np.abs(s).sum(axis=2))
+
+
+@pytest.mark.parametrize("shape,axis", [((1, 3, 5, 16), 2), ((1, 2, 4, 2, 16), 2),
+                                        ((1, 2, 6, 32), 2), ((1, 2, 3, 5, 8), 3)])
+def test_4bit_product_of_several_rows_reads_through_the_heads_transpose(ctx, shape, axis):
+    """o's rows in a K-token layer: attention's output (1, heads.., M, rest..) transposed
+    to put the M tokens first, reshaped to (1, M, K): the product reads the output as it
+    lies (its rows gathered head by head; a head narrower than a load: vec4 by vec4) and
+    the transpose has no launch. Against float64 NumPy."""
+    n = len(shape)
+    perm = (0, axis, *range(1, axis), *range(axis + 1, n))
+    M = shape[axis]
+    k = int(np.prod(shape)) // M
+    codes = _codes("uint4", (k, 24))
+    scale = RNG.uniform(0.005, 0.1, size=(k // 32 if k % 32 == 0 else k // 8, 24)).astype(
+        "float32")
+    zp = np.full(scale.shape, 8, np.int64)
+    x = RNG.standard_normal(shape).astype("float32")
+    b = MLGraphBuilder(ctx)
+    w = b.dequantize_linear(_const(b, "uint4", codes),
+                            b.constant(data_type="float32", shape=list(scale.shape),
+                                       value=scale), _const(b, "uint4", zp))
+    xi = b.input("x", data_type="float32", shape=list(shape))
+    e = b.exp(xi)  # in memory (a result too), as attention's combine writes its output
+    rows = b.reshape(b.transpose(e, permutation=list(perm)), [1, M, k])
+    g = b.build({"y": b.matmul(rows, w), "e": e})
+    t = ctx.create_tensor(data_type="float32", shape=list(shape), writable=True)
+    ctx.write_tensor(t, x)
+    out = ctx.create_tensor(data_type="float32", shape=[1, M, 24], readable=True)
+    out_e = ctx.create_tensor(data_type="float32", shape=list(shape), readable=True)
+    ctx.dispatch(g, {"x": t}, {"y": out, "e": out_e})
+    names = [la.kernel.name for la in g._plan.launches]
+    assert names == ["exp", "gemm_q4_rows"], names
+    a = np.exp(x.astype(np.float64)).transpose(perm).reshape(1, M, k)
+    want = a @ _want(codes, scale, zp)
+    got = ctx.read_tensor(out)
+    assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))

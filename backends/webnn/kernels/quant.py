@@ -153,6 +153,21 @@ def gemv_q4(K: int, N: int, block: int, *, signed: bool, zero_points: bool, lane
     return Kernel("gemv_q4", src, binds, (gx, 1, 1), traffic)
 
 
+def _row_base(j: int, head_d: int | None, M: int) -> str:
+    """WGSL: where row ``r{j}``'s vec4s from ``x`` start in ``a``: its row (``x{j} + x``),
+    or within attention's (heads, M, head_d) output, the head ``x`` falls in."""
+    if head_d is None:
+        return f"x{j} + x"
+    d4 = head_d // 4
+    return f"(x / {d4}u) * {M * d4}u + r{j} * {d4}u + x % {d4}u"
+
+
+def _row_vec(j: int, i: int, head_d: int, M: int) -> str:
+    """WGSL: row ``r{j}``'s vec4 ``x + i`` in attention's (heads, M, head_d) output."""
+    d4 = head_d // 4
+    return f"a[((x + {i}u) / {d4}u) * {M * d4}u + r{j} * {d4}u + (x + {i}u) % {d4}u]"
+
+
 def _unpack_fns(signed: bool) -> str:
     """WGSL ``lo(w)``/``hi(w)``: a u32 word's nibbles 0-3 and 4-7 as floats (sign-extended
     where ``signed``: each nibble moved to the top of an i32, shifted back arithmetically)."""
@@ -173,7 +188,7 @@ def gemm_q4_rows(K: int, N: int, block: int, M: int, *, signed: bool, zero_point
                  lanes: int = 32, wg: int = 256, subgroup: int | None = None, n_off: int = 0,
                  width: int | None = None, tile: int = 8,
                  splits: Sequence[int] | None = None, residual: bool = False,
-                 half_out: bool = False) -> Kernel:
+                 half_out: bool = False, head_d: int | None = None) -> Kernel:
     """out[m, n_off + n] = sum_k a[m, k] · W[k, n] for M input rows (a K-token verify's or
     a prefill chunk's projections): ``gemv_q4``'s layout and loads, each code word
     dequantised once in registers and multiplied into ``tile`` rows at a time (the grid's
@@ -184,13 +199,18 @@ def gemm_q4_rows(K: int, N: int, block: int, M: int, *, signed: bool, zero_point
     input), column counts in order, each written to its own output (``out0``, ``out1``,
     ..., M rows of its count). ``residual``: ``res`` (the output's shape) added;
     ``half_out``: ``res`` and ``out`` float16, summed in float32 and rounded once.
+    ``head_d``: ``a`` is attention's output as it lies, (heads, M, head_d), read as the rows
+    (M, heads · head_d) its transpose would make (no transpose launched).
 
     Bindings: ``a`` (M·K floats, as vec4), ``b``, ``sc`` (and ``zc`` with
     ``zero_points``) as ``gemv_q4``'s, ``out`` (M rows of ``width``) or the splits'."""
     assert K % 8 == 0 and block % 8 == 0 and K % block == 0 and M >= 1
     assert not splits or (sum(splits) == N and not n_off and not residual and not half_out)
+    assert head_d is None or (head_d % 4 == 0 and K % head_d == 0)
     wide = block % 32 == 0
     unit = 4 if wide else 1
+    # a load's 2 · unit vec4s within one head: their base once, else each its own
+    spread = head_d is not None and (head_d // 4) % (2 * unit) != 0
     units, nblocks, per = K // (8 * unit), K // block, block // (8 * unit)
     R, MT, K4, width = wg // lanes, min(M, tile), K // 4, width or N
     use_sub = subgroup == lanes
@@ -216,10 +236,12 @@ def gemm_q4_rows(K: int, N: int, block: int, M: int, *, signed: bool, zero_point
                  for i, w in enumerate(words))
     body = ""
     for j in range(MT):
-        dots = " + ".join(f"dot(a[x{j} + x + {i}u], q{i})" for i in range(2 * unit))
+        at = [_row_vec(j, i, head_d, M) if spread else f"a[xb{j} + {i}u]"
+              for i in range(2 * unit)]
+        dots = " + ".join(f"dot({at[i]}, q{i})" for i in range(2 * unit))
         term = f"s * ({dots})"
         if zero_points:
-            sums = " + ".join(f"a[x{j} + x + {i}u]" for i in range(2 * unit))
+            sums = " + ".join(at)
             term += f" + z * dot({sums}, vec4<f32>(1.0))"
         body += f"    acc{j} = acc{j} + {term};\n"
     src += (f"@compute @workgroup_size({wg})\n"
@@ -230,13 +252,15 @@ def gemm_q4_rows(K: int, N: int, block: int, M: int, *, signed: bool, zero_point
             f"  let m0 = wid.y * {MT}u;\n"
             f"  let wb = nn * {units}u;\n  let sb = nn * {nblocks}u;\n"
             # a tile's rows past M read row M - 1 and are never written
-            + "".join(f"  let x{j} = min(m0 + {j}u, {M - 1}u) * {K4}u;\n  var acc{j} = 0.0;\n"
-                      for j in range(MT))
+            + "".join(f"  let r{j} = min(m0 + {j}u, {M - 1}u);\n  let x{j} = r{j} * {K4}u;\n"
+                      f"  var acc{j} = 0.0;\n" for j in range(MT))
             + f"  for (var k = t; k < {units}u; k = k + {lanes}u) {{\n"
             "    let w = b[wb + k];\n"
             f"    let s = sc[sb + k / {per}u];\n"
             + (f"    let z = zc[sb + k / {per}u];\n" if zero_points else "")
-            + f"    let x = {2 * unit}u * k;\n" + qs + body + "  }\n")
+            + f"    let x = {2 * unit}u * k;\n" + "".join(
+                f"    let xb{j} = {_row_base(j, head_d, M)};\n" for j in range(MT) if not spread)
+            + qs + body + "  }\n")
     for j in range(MT):
         if use_sub:
             src += f"  let s{j} = subgroupAdd(acc{j});\n"

@@ -107,6 +107,34 @@ def match_q4(nodes: list[Node], rows: bool = False) -> dict[int, Q4Weight]:
     return out
 
 
+def head_rows(q4_rows: dict[int, Q4Weight], nodes: list[Node],
+              inlined: set[int]) -> dict[int, tuple[Node, int]]:
+    """Several-row products whose rows are attention's output through a transpose (the
+    token axis moved before the heads: (1, *heads, M, *rest) -> (1, M, *heads, *rest),
+    reshaped to (1, M, heads · D), D the rest's size): matmul id -> (the attention
+    output, D). ``gemm_q4_rows`` reads it
+    as it lies (``head_d``), so the transpose has no launch where nothing else reads it;
+    an output computed only inside a fused chain (``inlined``) is not in memory to read."""
+    by_id = {o.id: o for o in nodes}
+    out: dict[int, tuple[Node, int]] = {}
+    for i in q4_rows:
+        o = by_id[i]
+        t = root(o.inputs[0])
+        if t.kind != "op" or t.op != "transpose":
+            continue
+        src, perm = t.inputs[0], tuple(t.attrs["permutation"])
+        n, p = len(src.shape), perm[1] if len(perm) > 2 else 0
+        if (p < 2 or src.shape[0] != 1 or src.dtype.name != "float32" or root(src).id in inlined
+                or perm != (0, p, *range(1, p), *range(p + 1, n))):
+            continue
+        M, D = src.shape[p], S.size(src.shape[p + 1:])
+        if D % 4 or M != S.size(o.inputs[0].shape[:-1]) or S.size(src.shape[1:p]) * D != \
+                o.inputs[0].shape[-1]:
+            continue
+        out[i] = (root(src), D)
+    return out
+
+
 def stacked_rows(nodes: list[Node], q4_rows: dict[int, Q4Weight],
                  max_binding: int) -> dict[int, list[Node]]:
     """Several-row 4-bit products of one input (a K-token graph's q, k and v; its gate and
@@ -307,6 +335,7 @@ def lower_q4_rows(plan: Any, members: list[Node], a_slot: Slot, slot_of: Any) ->
     per = N if len(ws) > 1 else max(8, (plan.max_binding // (K // 2)) // 8 * 8)
     lanes = 8 if plan.target.cpu else 32
     dst, res = plan.epilogue.get(members[0].id, (members[0], None))  # (the add, residual)
+    heads = plan.head_rows.get(members[0].id)  # the rows read through a transpose
     outs = [slot_of(m) for m in members] if len(ws) > 1 else [slot_of(dst)]
     for c, n0 in enumerate(range(0, N, per)):
         nc = min(per, N - n0)
@@ -325,7 +354,8 @@ def lower_q4_rows(plan: Any, members: list[Node], a_slot: Slot, slot_of: Any) ->
                             lanes=lanes, subgroup=plan.target.subgroup,
                             n_off=n0 if len(ws) == 1 else 0, width=N,
                             splits=[w.N for w in ws] if len(ws) > 1 else None,
-                            residual=res is not None, half_out=dst.dtype.wgsl == "f16")
+                            residual=res is not None, half_out=dst.dtype.wgsl == "f16",
+                            head_d=heads[1] if heads is not None else None)
         plan.launches.append(KernelLaunch(k, [a_slot, *slots, *(
             [slot_of(res)] if res is not None else []), *outs]))
 

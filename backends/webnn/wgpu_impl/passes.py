@@ -18,7 +18,7 @@ from . import gemv as GV
 from .match_attention import fold_row_writes, last2_transpose_input, match_attention
 from .match_gdn import match_gated_delta
 from .match_gdn_capsule import match_capsules
-from .match_q4 import match_q4, stacked_rows
+from .match_q4 import head_rows, match_q4, stacked_rows
 from .plan import Plan, Slot
 
 
@@ -113,6 +113,8 @@ def stack_gemvs(plan: Plan, st: PassState) -> None:
     if _gpu_gemv(plan):
         plan.stacked = GV.stacked_gemvs(st.nodes, plan.fold, plan.max_binding, plan.q4)
     plan.stacked_rows = stacked_rows(st.nodes, plan.q4_rows, plan.max_binding)
+    # (after fusion: the output read as it lies must be in memory, not inlined)
+    plan.head_rows = head_rows(plan.q4_rows, st.nodes, st.inlined)
     st.absorbed |= {x.id for g in (plan.stacked, plan.stacked_rows)
                     for ms in g.values() for x in ms[1:]}
 

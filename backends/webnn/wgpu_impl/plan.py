@@ -58,6 +58,7 @@ class Plan:
     q4: dict[int, Q4Weight] = field(default_factory=dict)  # matmul id -> its 4-bit weights
     q4_rows: dict[int, Q4Weight] = field(default_factory=dict)  # the same, several rows
     stacked_rows: dict[int, list[Node]] = field(default_factory=dict)  # q4_rows of one input
+    head_rows: dict[int, tuple[Node, int]] = field(default_factory=dict)  # q4_rows -> (attention out, D)
     gated: dict[int, GV.Gated] = field(default_factory=dict)  # first gemv -> what it writes
     norm_stats: dict[int, GV.NormStats] = field(default_factory=dict)  # gemv -> its partials
     capsule: dict[int, Any] = field(default_factory=dict)  # anchor -> GDN capture / replay

@@ -60,6 +60,8 @@ def op_steps(plan: Plan, st: PassState) -> tuple[list[Step], Step | None]:
         reads = reads_of(o)
         if o.id in plan.fold:
             reads[1] = plan.fold[o.id]
+        if o.id in plan.head_rows:  # attention's output as it lies, not its transpose
+            reads[0] = plan.head_rows[o.id][0]
         if o.id in plan.q4 or o.id in plan.q4_rows:  # repacked at upload: not the float weights
             del reads[1]
         if o.id in plan.prologue:
