@@ -36,6 +36,7 @@ ACCEPTED = {
     "pass_calls": ["direct", "wgpu-py"],
     "map_wait": ["spin", "caller", "thread"],
     "queue_calls": ["direct", "direct_maps", "wgpu-py"],
+    "q4_rows": ["rows", "cols"],
 }
 REFUSED = {
     "gemv": ["fastest", "col", "rows_x"], "attention": ["flash2", "", "lanes_u3", "lanes2"],
@@ -53,6 +54,7 @@ REFUSED = {
     "pass_calls": ["raw", ""],
     "map_wait": ["poll", ""],
     "queue_calls": ["raw", ""],
+    "q4_rows": ["quad", ""],
 }
 
 

@@ -824,11 +824,15 @@ def test_a_product_read_by_one_elementwise_tail_writes_the_tail(ctx_with, monkey
     ("int4", 64, 40, 4, False, 32), ("uint4", 96, 7, 3, True, 32),
     ("uint4", 320, 130, 8, True, 32), ("int4", 40, 9, 11, True, 8),
     ("uint4", 48, 11, 2, False, 16), ("int4", 128, 33, 17, False, 32)])
-def test_4bit_matmul_of_several_rows(ctx, monkeypatch, dt, kind, k, n, m, zero_points, block):
+@pytest.mark.parametrize("variant", ["rows", "cols"])
+def test_4bit_matmul_of_several_rows(ctx_with, monkeypatch, variant, dt, kind, k, n, m,
+                                     zero_points, block):
     """A K-token verify's (or a prefill chunk's) projection: M rows against 4-bit weights
     in one launch that reads the codes (``gemm_q4_rows``, rows a tile of 8 at a time: M
     of 2 to 17, tiles not dividing M), no dequantize launch, no float weights written;
-    chunked by columns past the binding limit. Against float64 NumPy on the same values."""
+    chunked by columns past the binding limit; lanes sharing a column ("rows") or an
+    invocation a column over codes laid out by load ("cols"). Against float64 NumPy."""
+    ctx = ctx_with(q4_rows=variant)
     codes = _codes(kind, (k, n))
     scale = RNG.uniform(0.005, 0.1, size=(k // block, n)).astype(dt)
     zp = _codes(kind, scale.shape) if zero_points else np.zeros(scale.shape, np.int64)
@@ -849,17 +853,19 @@ def test_4bit_matmul_of_several_rows(ctx, monkeypatch, dt, kind, k, n, m, zero_p
     want = v.astype(np.float64) @ _want(codes, scale.astype(np.float32), zp)
     got = ctx.read_tensor(out).astype(np.float64)
     names = [la.kernel.name for la in g._plan.launches]
-    assert "gemm_q4_rows" in names and not any("dequantize" in x for x in names), names
+    assert "gemm_q4_" + variant in names and not any("dequantize" in x for x in names), names
     bound = 1e-5 * np.max(np.abs(want))
     if dt == "float16":  # the product rounded to float16 once
         bound += np.spacing(np.abs(want).astype(np.float16)).astype(np.float64).max()
     assert np.max(np.abs(got - want)) <= bound
 
 
-def test_4bit_products_of_several_rows_stack_on_their_input(ctx):
+@pytest.mark.parametrize("variant", ["rows", "cols"])
+def test_4bit_products_of_several_rows_stack_on_their_input(ctx_with, variant):
     """A K-token layer's q, k and v (three 4-bit products of one input of M rows): one
     ``gemm_q4_rows`` launch over their stacked columns writing each output, against
     float64 NumPy; a product of another input stays apart."""
+    ctx = ctx_with(q4_rows=variant)
     k, m, ns = 64, 5, (48, 16, 24)
     v = RNG.standard_normal((1, m, k)).astype("float32")
     u = RNG.standard_normal((1, m, k)).astype("float32")
@@ -886,7 +892,7 @@ def test_4bit_products_of_several_rows_stack_on_their_input(ctx):
                                    readable=True) for name in outs}
     ctx.dispatch(g, tensors, res)
     names = [la.kernel.name for la in g._plan.launches]
-    assert names.count("gemm_q4_rows") == 2, names
+    assert names.count("gemm_q4_" + variant) == 2, names
     for name, want in wants.items():
         got = ctx.read_tensor(res[name])
         assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want)), name
@@ -894,10 +900,12 @@ def test_4bit_products_of_several_rows_stack_on_their_input(ctx):
 
 @pytest.mark.parametrize("dt", ["float32", pytest.param(
     "float16", marks=pytest.mark.adapter_feature("shader-f16"))])
-def test_4bit_product_of_several_rows_takes_its_residual_add(ctx, dt):
+@pytest.mark.parametrize("variant", ["rows", "cols"])
+def test_4bit_product_of_several_rows_takes_its_residual_add(ctx_with, variant, dt):
     """A K-token layer's output projection plus the residual stream (a graph input, M rows),
     the sum read on: the add folded into the product's launch (float16: summed in float32, rounded once),
     against float64 NumPy within one float16 rounding of the sum."""
+    ctx = ctx_with(q4_rows=variant)
     k, n, m = 96, 40, 6
     codes = _codes("uint4", (k, n))
     scale = RNG.uniform(0.005, 0.1, size=(k // 32, n)).astype(dt)
@@ -921,7 +929,7 @@ def test_4bit_product_of_several_rows_takes_its_residual_add(ctx, dt):
     out_z = ctx.create_tensor(data_type=dt, shape=[1, m, 1], readable=True)
     ctx.dispatch(g, feeds, {"y": out, "z": out_z})
     names = [la.kernel.name for la in g._plan.launches]
-    assert names.count("gemm_q4_rows") == 1, names
+    assert names.count("gemm_q4_" + variant) == 1, names
     if dt == "float32":  # (a float16 sum read by float32 ops keeps its cast group; a
         # decoder's is read by the next norm's vector: tests/test_webnn_launches.py)
         assert not any("add" in x for x in names), names
@@ -931,17 +939,23 @@ def test_4bit_product_of_several_rows_takes_its_residual_add(ctx, dt):
         s = s.astype(np.float16).astype(np.float64)
     want = s.sum(axis=2)
     got = ctx.read_tensor(out).astype(np.float64)
-    ulp = np.spacing(np.abs(want).astype(np.float16)).astype(np.float64) if dt == "float16" else 0
-    assert np.all(np.abs(got - want) <= 2 * ulp + 1e-5 * np.abs(s).sum(axis=2))
+    ulp = 0.0
+    if dt == "float16":  # each sum may round to either neighbour, then the reduction's
+        ulp = (np.spacing(np.abs(s).astype(np.float16)).astype(np.float64).sum(axis=2)
+               + np.spacing(np.abs(want).astype(np.float16)).astype(np.float64))
+    assert np.all(np.abs(got - want) <= ulp + 1e-5 * np.abs(s).sum(axis=2))
 
 
 @pytest.mark.parametrize("shape,axis", [((1, 3, 5, 16), 2), ((1, 2, 4, 2, 16), 2),
                                         ((1, 2, 6, 32), 2), ((1, 2, 3, 5, 8), 3)])
-def test_4bit_product_of_several_rows_reads_through_the_heads_transpose(ctx, shape, axis):
+@pytest.mark.parametrize("variant", ["rows", "cols"])
+def test_4bit_product_of_several_rows_reads_through_the_heads_transpose(ctx_with, variant,
+                                                                        shape, axis):
     """o's rows in a K-token layer: attention's output (1, heads.., M, rest..) transposed
     to put the M tokens first, reshaped to (1, M, K): the product reads the output as it
     lies (its rows gathered head by head; a head narrower than a load: vec4 by vec4) and
     the transpose has no launch. Against float64 NumPy."""
+    ctx = ctx_with(q4_rows=variant)
     n = len(shape)
     perm = (0, axis, *range(1, axis), *range(axis + 1, n))
     M = shape[axis]
@@ -965,7 +979,7 @@ def test_4bit_product_of_several_rows_reads_through_the_heads_transpose(ctx, sha
     out_e = ctx.create_tensor(data_type="float32", shape=list(shape), readable=True)
     ctx.dispatch(g, {"x": t}, {"y": out, "e": out_e})
     names = [la.kernel.name for la in g._plan.launches]
-    assert names == ["exp", "gemm_q4_rows"], names
+    assert names == ["exp", "gemm_q4_" + variant], names
     a = np.exp(x.astype(np.float64)).transpose(perm).reshape(1, M, k)
     want = a @ _want(codes, scale, zp)
     got = ctx.read_tensor(out)

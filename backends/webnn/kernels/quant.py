@@ -286,3 +286,96 @@ def gemm_q4_rows(K: int, N: int, block: int, M: int, *, signed: bool, zero_point
     traffic = (4 * K * M + tiles * (N * K // 2 + 4 * N * nblocks * (2 if zero_points else 1))
                + (2 if half_out else 4) * M * N * (2 if residual else 1))
     return Kernel("gemm_q4_rows", src, binds, (-(-N // R), tiles, 1), traffic)
+
+
+def gemm_q4_cols(K: int, N: int, block: int, M: int, *, signed: bool, zero_points: bool,
+                 cols: int = 32, slices: int = 8, tile: int = 8, n_off: int = 0,
+                 width: int | None = None, splits: Sequence[int] | None = None,
+                 residual: bool = False, half_out: bool = False,
+                 head_d: int | None = None) -> Kernel:
+    """``gemm_q4_rows``' product with the codes laid out by load, then column (made at
+    upload: ``match_q4.by_load``): an invocation per column and slice of K, so a warp's
+    code loads are consecutive columns' (coalesced), its input loads the same row vector
+    for every lane (one broadcast), and each invocation keeps its loads in flight along K
+    with no cross-lane sum; the ``slices`` of a column's K are summed in workgroup memory.
+    Where ``gemm_q4_rows``' lanes share a column, their input loads stride a load apart
+    (32 lines an instruction), which bounded the H200's 128256-column head at 24 GB/s.
+
+    Bindings as ``gemm_q4_rows``'; ``b`` (units, N) of vec4<u32> (u32 where the block is
+    not a multiple of 32), ``sc`` (and ``zc``) (K / block, N)."""
+    assert K % 8 == 0 and block % 8 == 0 and K % block == 0 and M >= 1
+    assert not splits or (sum(splits) == N and not n_off and not residual and not half_out)
+    assert head_d is None or (head_d % 4 == 0 and K % head_d == 0)
+    wide = block % 32 == 0
+    unit = 4 if wide else 1
+    units, per = K // (8 * unit), block // (8 * unit)
+    MT, K4, width, wg = min(M, tile), K // 4, width or N, cols * slices
+    src = decl(0, "a", "vec4<f32>", "read") + decl(1, "b", "vec4<u32>" if wide else "u32",
+                                                    "read") + decl(2, "sc", "f32", "read")
+    binds = ["read"] * 3
+    if zero_points:
+        src += decl(3, "zc", "f32", "read")
+        binds.append("read")
+    io = "f16" if half_out else "f32"
+    if residual:
+        src += decl(len(binds), "res", io, "read")
+        binds.append("read")
+    outs = list(splits) if splits else [N]
+    for j in range(len(outs)):
+        src += decl(len(binds), f"out{j}" if splits else "out", io, "rw")
+        binds.append("rw")
+    src += _unpack_fns(signed)
+    if slices > 1:
+        src += f"var<workgroup> sh: array<f32, {wg * MT}>;\n"
+    words = [f"w.{c}" for c in "xyzw"] if wide else ["w"]
+    qs = "".join(f"    let q{2 * i} = lo({w});\n    let q{2 * i + 1} = hi({w});\n"
+                 for i, w in enumerate(words))
+    body = ""
+    for j in range(MT):
+        at = [(f"a[{_row_base(j, head_d, M)} + {i}u]" if head_d is None
+               or (head_d // 4) % (2 * unit) == 0 else _row_vec(j, i, head_d, M))
+              for i in range(2 * unit)]
+        term = "s * (" + " + ".join(f"dot({at[i]}, q{i})" for i in range(2 * unit)) + ")"
+        if zero_points:
+            term += f" + z * dot({' + '.join(at)}, vec4<f32>(1.0))"
+        body += f"    acc{j} = acc{j} + {term};\n"
+    src += (f"@compute @workgroup_size({wg})\n"
+            "fn main(@builtin(workgroup_id) wid: vec3<u32>, "
+            "@builtin(local_invocation_index) lid: u32) {\n"
+            f"  let c = lid % {cols}u;\n  let sl = lid / {cols}u;\n"
+            f"  let n = wid.x * {cols}u + c;\n  let nn = min(n, {N - 1}u);\n"
+            f"  let m0 = wid.y * {MT}u;\n"
+            + "".join(f"  let r{j} = min(m0 + {j}u, {M - 1}u);\n  let x{j} = r{j} * {K4}u;\n"
+                      f"  var acc{j} = 0.0;\n" for j in range(MT))
+            + f"  for (var k = sl; k < {units}u; k = k + {slices}u) {{\n"
+            f"    let w = b[k * {N}u + nn];\n"
+            f"    let s = sc[(k / {per}u) * {N}u + nn];\n"
+            + (f"    let z = zc[(k / {per}u) * {N}u + nn];\n" if zero_points else "")
+            + f"    let x = {2 * unit}u * k;\n" + qs + body + "  }\n")
+    if slices > 1:
+        src += "".join(f"  sh[{j}u * {wg}u + lid] = acc{j};\n" for j in range(MT))
+        src += "  workgroupBarrier();\n"
+        src += ("  if (sl == 0u) {\n" + "".join(
+            f"    for (var q = 1u; q < {slices}u; q = q + 1u) "
+            f"{{ acc{j} = acc{j} + sh[{j}u * {wg}u + q * {cols}u + c]; }}\n" for j in range(MT))
+            + "  }\n")
+    for j in range(MT):
+        src += f"  if (sl == 0u && n < {N}u && m0 + {j}u < {M}u) {{\n"
+        if not splits:
+            idx = f"(m0 + {j}u) * {width}u + {n_off}u + n"
+            val = f"acc{j} + f32(res[{idx}])" if residual else f"acc{j}"
+            src += f"    out[{idx}] = {'f16' if half_out else ''}({val});\n  }}\n"
+            continue
+        start = 0
+        for i, ni in enumerate(splits):
+            kw = "if" if i == 0 else "} else if"
+            src += (f"    {kw} (n < {start + ni}u) "
+                    f"{{ out{i}[(m0 + {j}u) * {ni}u + n - {start}u] = acc{j};\n")
+            start += ni
+        src += "    }\n  }\n"
+    src += "}\n"
+    tiles = -(-M // MT)
+    nblocks = K // block
+    traffic = (4 * K * M + tiles * (N * K // 2 + 4 * N * nblocks * (2 if zero_points else 1))
+               + (2 if half_out else 4) * M * N * (2 if residual else 1))
+    return Kernel("gemm_q4_cols", src, binds, (-(-N // cols), tiles, 1), traffic)

@@ -207,6 +207,13 @@ def repack_scales(w: Q4Weight, n0: int, nc: int, zero_terms: bool) -> np.ndarray
     return np.ascontiguousarray(s.T).reshape(-1)
 
 
+def by_load(values: Any, cols: int, word: int) -> np.ndarray:
+    """The (cols, per-column) 32-bit values made by ``values()`` laid out load by load,
+    then column (``word`` values a load): ``quant.gemm_q4_cols``' coalesced layout."""
+    v = values().reshape(cols, -1, word)
+    return np.ascontiguousarray(v.transpose(1, 0, 2)).reshape(-1)
+
+
 def interleave_rows(values: Any, rows: int, width: int = 4) -> np.ndarray:
     """The (rows, per-row) 32-bit values made by ``values()`` (codes, scales) with ``width``
     rows interleaved element by element, rows padded with zeros to a multiple of ``width``
@@ -334,28 +341,37 @@ def lower_q4_rows(plan: Any, members: list[Node], a_slot: Slot, slot_of: Any) ->
     K, N = w0.K, sum(w.N for w in ws)
     per = N if len(ws) > 1 else max(8, (plan.max_binding // (K // 2)) // 8 * 8)
     lanes = 8 if plan.target.cpu else 32
+    by_col = plan.options.q4_rows_variant(plan.target) == "cols"
     dst, res = plan.epilogue.get(members[0].id, (members[0], None))  # (the add, residual)
     heads = plan.head_rows.get(members[0].id)  # the rows read through a transpose
     outs = [slot_of(m) for m in members] if len(ws) > 1 else [slot_of(dst)]
     for c, n0 in enumerate(range(0, N, per)):
         nc = min(per, N - n0)
         parts = [(w, 0, w.N) for w in ws] if len(ws) > 1 else [(w0, n0, nc)]
-        key = ("Q4R", members[0].id, c)
+        key = ("Q4C" if by_col else "Q4R", members[0].id, c)
         slots = [("const", (*key, "codes")), ("const", (*key, "scales"))]
-        plan.consts.setdefault(slots[0], Deferred(nc * K // 8, partial(
-            _stacked, [partial(repack_codes, *p) for p in parts])))
-        plan.consts.setdefault(slots[1], Deferred(nc * (K // w0.block), partial(
-            _stacked, [partial(repack_scales, *p, False) for p in parts])))
+        word = 4 if w0.block % 32 == 0 else 1  # u32 words a code load
+
+        def laid(make: Callable[[], np.ndarray], per_col: int,
+                 nc: int = nc) -> Callable[[], np.ndarray]:
+            return partial(by_load, make, nc, per_col) if by_col else make
+
+        plan.consts.setdefault(slots[0], Deferred(nc * K // 8, laid(partial(
+            _stacked, [partial(repack_codes, *p) for p in parts]), word)))
+        plan.consts.setdefault(slots[1], Deferred(nc * (K // w0.block), laid(partial(
+            _stacked, [partial(repack_scales, *p, False) for p in parts]), 1)))
         if w0.zero_points:
             slots.append(("const", (*key, "zero")))
-            plan.consts.setdefault(slots[2], Deferred(nc * (K // w0.block), partial(
-                _stacked, [partial(repack_scales, *p, True) for p in parts])))
-        k = QK.gemm_q4_rows(K, nc, w0.block, M, signed=w0.signed, zero_points=w0.zero_points,
-                            lanes=lanes, subgroup=plan.target.subgroup,
-                            n_off=n0 if len(ws) == 1 else 0, width=N,
-                            splits=[w.N for w in ws] if len(ws) > 1 else None,
-                            residual=res is not None, half_out=dst.dtype.wgsl == "f16",
-                            head_d=heads[1] if heads is not None else None)
+            plan.consts.setdefault(slots[2], Deferred(nc * (K // w0.block), laid(partial(
+                _stacked, [partial(repack_scales, *p, True) for p in parts]), 1)))
+        common = dict(signed=w0.signed, zero_points=w0.zero_points,
+                      n_off=n0 if len(ws) == 1 else 0, width=N,
+                      splits=[w.N for w in ws] if len(ws) > 1 else None,
+                      residual=res is not None, half_out=dst.dtype.wgsl == "f16",
+                      head_d=heads[1] if heads is not None else None)
+        k = (QK.gemm_q4_cols(K, nc, w0.block, M, **common) if by_col else
+             QK.gemm_q4_rows(K, nc, w0.block, M, lanes=lanes, subgroup=plan.target.subgroup,
+                             **common))
         plan.launches.append(KernelLaunch(k, [a_slot, *slots, *(
             [slot_of(res)] if res is not None else []), *outs]))
 

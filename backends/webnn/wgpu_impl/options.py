@@ -74,6 +74,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "pass_calls": ("direct", "wgpu-py"),
     "map_wait": ("spin", "caller", "thread"),
     "queue_calls": ("direct", "direct_maps", "wgpu-py"),
+    "q4_rows": ("rows", "cols"),
 }
 
 
@@ -183,6 +184,13 @@ class KernelOptions:
     #: functions), "direct_maps" (the same, and where the read map spins, the map itself, its
     #: read and unmap through C: no wgpu-py promise or poll thread), "wgpu-py" (wgpu-py's methods)
     queue_calls: str | None = None
+    #: the several-row 4-bit products (a K-token verify's, ``match_q4`` rows): None (GPU
+    #: adapters "cols", CPU adapters "rows"), "rows" (``quant.gemm_q4_rows``: lanes share a
+    #: column), "cols" (``quant.gemm_q4_cols``: an invocation a column, codes laid out by load)
+    q4_rows: str | None = None
+
+    def q4_rows_variant(self, t: Target) -> str:
+        return self.q4_rows or ("rows" if t.cpu else "cols")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
