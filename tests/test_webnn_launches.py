@@ -122,7 +122,7 @@ def test_the_real_export_on_the_gpu_plan_computes_orts_logits(monkeypatch, tmp_p
 
 def test_a_verify_step_reads_the_codes_and_adds_in_its_products():
     """A K = 4 verify step of a q4f16 preset with llama-1b's layer (attention layers only)
-    on the H200's plan: every 4-bit product reads the codes (``gemm_q4_rows``; nothing
+    on the H200's plan: every 4-bit product reads the codes (``gemm_q4_cols``; nothing
     dequantised a dispatch, the 17 GB a verify of llama-1b+q4f16 moved on the H200 before),
     q/k/v and gate/up each one launch over their stacked columns, o and down with the
     residual add in their launch (float16, rounded once), o reading attention's output as it
@@ -134,6 +134,6 @@ def test_a_verify_step_reads_the_codes_and_adds_in_its_products():
     workload = Workload.build(replace(preset("tiny+q4f16"), layers=(ATTENTION,) * 2))
     one, count, rest = _census(None, workload, tokens=4)
     assert count == 2, (one, rest)
-    assert one.count("gemm_q4_rows") == 4 and len(one) == 9, one
+    assert one.count("gemm_q4_cols") == 4 and len(one) == 9, one  # the GPU's variant
     assert not any(x in k for k in one + list(rest) for x in ("dequantize", "add", "transpose")), (
         one, rest)

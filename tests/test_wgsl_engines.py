@@ -42,6 +42,7 @@ OPTION_VALUES: dict[str, list[str | int | None]] = {
     "q4_epilogue": [None, "off", "gated"],
     "q4_norms": [None, "partials", "off"],
     "attention_writes": [None, "fold", "off"],
+    "q4_rows": [None, "rows", "cols"],
 }
 
 
@@ -203,6 +204,9 @@ def kernels():
             pairs = list_kv_pairs(path)
             convert(path, ctx)
             convert(path, ctx, use_stateful=True, kv_cache_pairs=pairs)
+        # a K-token verify's graph (several-row 4-bit products, K-query attention)
+        path = export(Workload.build(preset("tiny+q4f16")), "standard", 24, tokens=4)
+        convert(path, ctx, use_stateful=True, kv_cache_pairs=list_kv_pairs(path))
         # ORT's linear-attention contrib ops and transformers' plain-ops recurrence (the
         # K-major gated delta kernel, q scaled in the sum form)
         for graph in (ort_model(*_hybrid_step(), STEP_OUT)[0],
