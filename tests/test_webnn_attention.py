@@ -45,6 +45,8 @@ def oracle(q, k, v, valid):
     (2, 4, 300, 16, -np.inf, 5),  # splits whose rows are all masked with -inf
     (2, 4, 300, 16, float(np.finfo(np.float32).min), 5),  # ... with a finite fill
     (3, 8, 4000, 32, -1e9, None),  # 32 splits of 128 rows
+    (2, 32, 1000, 64, -np.inf, None),  # 32 q rows a head: a K = 8 verify of 4 q heads a KV head
+    (1, 24, 300, 16, float(np.finfo(np.float32).min), 7),
 ])
 def test_flash_matches_oracle(ctx, heads, g, cap, d, fill, depth):
     gr, outs = graph(ctx, heads, g, cap, d, fill)

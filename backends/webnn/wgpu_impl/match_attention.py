@@ -4,7 +4,7 @@
 The pattern, as the ONNX converter (and any page spelling attention with WebNN ops)
 builds it, with ``P`` the softmax::
 
-    QK = matmul(q, transpose(K))            q (..., G, D), K (..., C, D), G <= 16
+    QK = matmul(q, transpose(K))            q (..., G, D), K (..., C, D), G <= 32
     W  = element-wise chain over QK          (scale, mask: a fusion group or one op)
     P  = softmax(W, axis=-1)
     O  = matmul(P, V)                        V (..., C, D)
@@ -37,7 +37,7 @@ from .launches import KernelLaunch
 from .lowerings import Site, claims
 
 _INDEX_OPS = {"slice", "transpose", "concat", "expand"}
-MAX_Q_ROWS = 16
+MAX_Q_ROWS = 32
 
 
 @dataclass
