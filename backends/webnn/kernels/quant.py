@@ -153,6 +153,54 @@ def gemv_q4(K: int, N: int, block: int, *, signed: bool, zero_points: bool, lane
     return Kernel("gemv_q4", src, binds, (gx, 1, 1), traffic)
 
 
+def _rows_bindings(wide: bool, signed: bool, zero_points: bool, residual: bool,
+                   half_out: bool, N: int, splits: Sequence[int] | None) -> tuple[str, list[str]]:
+    """The several-row products' bindings (``gemm_q4_rows`` documents them) and unpacking
+    functions, and each binding's access."""
+    src = decl(0, "a", "vec4<f32>", "read") + decl(1, "b", "vec4<u32>" if wide else "u32",
+                                                    "read") + decl(2, "sc", "f32", "read")
+    binds = ["read"] * 3
+    if zero_points:
+        src += decl(3, "zc", "f32", "read")
+        binds.append("read")
+    io = "f16" if half_out else "f32"
+    if residual:
+        src += decl(len(binds), "res", io, "read")
+        binds.append("read")
+    outs = list(splits) if splits else [N]
+    for j in range(len(outs)):
+        src += decl(len(binds), f"out{j}" if splits else "out", io, "rw")
+        binds.append("rw")
+    return src + _unpack_fns(signed), binds
+
+
+def _rows_write(value: str, writer: str, j: int, N: int, M: int, width: int, n_off: int,
+                residual: bool, half_out: bool, splits: Sequence[int] | None) -> str:
+    """WGSL: where ``writer`` holds, row m0 + j's sum ``value`` of column n written (plus
+    its residual; rounded to float16 once), or with ``splits`` to the output its column
+    falls in."""
+    src = f"  if ({writer} && n < {N}u && m0 + {j}u < {M}u) {{\n"
+    if not splits:
+        idx = f"(m0 + {j}u) * {width}u + {n_off}u + n"
+        val = f"{value} + f32(res[{idx}])" if residual else value
+        return src + f"    out[{idx}] = {'f16' if half_out else ''}({val});\n  }}\n"
+    start = 0
+    for i, ni in enumerate(splits):
+        kw = "if" if i == 0 else "} else if"
+        src += (f"    {kw} (n < {start + ni}u) "
+                f"{{ out{i}[(m0 + {j}u) * {ni}u + n - {start}u] = {value};\n")
+        start += ni
+    return src + "    }\n  }\n"
+
+
+def _rows_traffic(K: int, N: int, M: int, block: int, tiles: int, zero_points: bool,
+                  residual: bool, half_out: bool) -> int:
+    """Bytes a several-row product moves: the rows, the codes and scales once a row tile,
+    the outputs (and residuals)."""
+    return (4 * K * M + tiles * (N * K // 2 + 4 * N * (K // block) * (2 if zero_points else 1))
+            + (2 if half_out else 4) * M * N * (2 if residual else 1))
+
+
 def _row_base(j: int, head_d: int | None, M: int) -> str:
     """WGSL: where row ``r{j}``'s vec4s from ``x`` start in ``a``: its row (``x{j} + x``),
     or within attention's (heads, M, head_d) output, the head ``x`` falls in."""
@@ -214,21 +262,7 @@ def gemm_q4_rows(K: int, N: int, block: int, M: int, *, signed: bool, zero_point
     units, nblocks, per = K // (8 * unit), K // block, block // (8 * unit)
     R, MT, K4, width = wg // lanes, min(M, tile), K // 4, width or N
     use_sub = subgroup == lanes
-    src = decl(0, "a", "vec4<f32>", "read") + decl(1, "b", "vec4<u32>" if wide else "u32",
-                                                    "read") + decl(2, "sc", "f32", "read")
-    binds = ["read"] * 3
-    if zero_points:
-        src += decl(3, "zc", "f32", "read")
-        binds.append("read")
-    io = "f16" if half_out else "f32"
-    if residual:
-        src += decl(len(binds), "res", io, "read")
-        binds.append("read")
-    outs = list(splits) if splits else [N]
-    for j in range(len(outs)):
-        src += decl(len(binds), f"out{j}" if splits else "out", io, "rw")
-        binds.append("rw")
-    src += _unpack_fns(signed)
+    src, binds = _rows_bindings(wide, signed, zero_points, residual, half_out, N, splits)
     if not use_sub:
         src += f"var<workgroup> sh: array<f32, {wg}>;\n"
     words = [f"w.{c}" for c in "xyzw"] if wide else ["w"]
@@ -268,24 +302,12 @@ def gemm_q4_rows(K: int, N: int, block: int, M: int, *, signed: bool, zero_point
             src += (f"  sh[lid] = acc{j};\n  workgroupBarrier();\n  var s{j} = 0.0;\n"
                     f"  if (t == 0u) {{\n    for (var j = 0u; j < {lanes}u; j = j + 1u) "
                     f"{{ s{j} = s{j} + sh[lid + j]; }}\n  }}\n  workgroupBarrier();\n")
-        src += f"  if (t == 0u && n < {N}u && m0 + {j}u < {M}u) {{\n"
-        if not splits:
-            idx = f"(m0 + {j}u) * {width}u + {n_off}u + n"
-            val = f"s{j} + f32(res[{idx}])" if residual else f"s{j}"
-            src += f"    out[{idx}] = {'f16' if half_out else ''}({val});\n  }}\n"
-            continue
-        start = 0
-        for i, ni in enumerate(splits):
-            kw = "if" if i == 0 else "} else if"
-            src += (f"    {kw} (n < {start + ni}u) "
-                    f"{{ out{i}[(m0 + {j}u) * {ni}u + n - {start}u] = s{j};\n")
-            start += ni
-        src += "    }\n  }\n"
+        src += _rows_write(f"s{j}", "t == 0u", j, N, M, width, n_off, residual, half_out,
+                           splits)
     src += "}\n"
     tiles = -(-M // MT)
-    traffic = (4 * K * M + tiles * (N * K // 2 + 4 * N * nblocks * (2 if zero_points else 1))
-               + (2 if half_out else 4) * M * N * (2 if residual else 1))
-    return Kernel("gemm_q4_rows", src, binds, (-(-N // R), tiles, 1), traffic)
+    return Kernel("gemm_q4_rows", src, binds, (-(-N // R), tiles, 1),
+                  _rows_traffic(K, N, M, block, tiles, zero_points, residual, half_out))
 
 
 def gemm_q4_cols(K: int, N: int, block: int, M: int, *, signed: bool, zero_points: bool,
@@ -310,21 +332,7 @@ def gemm_q4_cols(K: int, N: int, block: int, M: int, *, signed: bool, zero_point
     unit = 4 if wide else 1
     units, per = K // (8 * unit), block // (8 * unit)
     MT, K4, width, wg = min(M, tile), K // 4, width or N, cols * slices
-    src = decl(0, "a", "vec4<f32>", "read") + decl(1, "b", "vec4<u32>" if wide else "u32",
-                                                    "read") + decl(2, "sc", "f32", "read")
-    binds = ["read"] * 3
-    if zero_points:
-        src += decl(3, "zc", "f32", "read")
-        binds.append("read")
-    io = "f16" if half_out else "f32"
-    if residual:
-        src += decl(len(binds), "res", io, "read")
-        binds.append("read")
-    outs = list(splits) if splits else [N]
-    for j in range(len(outs)):
-        src += decl(len(binds), f"out{j}" if splits else "out", io, "rw")
-        binds.append("rw")
-    src += _unpack_fns(signed)
+    src, binds = _rows_bindings(wide, signed, zero_points, residual, half_out, N, splits)
     if slices > 1:
         src += f"var<workgroup> sh: array<f32, {wg * MT}>;\n"
     words = [f"w.{c}" for c in "xyzw"] if wide else ["w"]
@@ -360,22 +368,9 @@ def gemm_q4_cols(K: int, N: int, block: int, M: int, *, signed: bool, zero_point
             f"{{ acc{j} = acc{j} + sh[{j}u * {wg}u + q * {cols}u + c]; }}\n" for j in range(MT))
             + "  }\n")
     for j in range(MT):
-        src += f"  if (sl == 0u && n < {N}u && m0 + {j}u < {M}u) {{\n"
-        if not splits:
-            idx = f"(m0 + {j}u) * {width}u + {n_off}u + n"
-            val = f"acc{j} + f32(res[{idx}])" if residual else f"acc{j}"
-            src += f"    out[{idx}] = {'f16' if half_out else ''}({val});\n  }}\n"
-            continue
-        start = 0
-        for i, ni in enumerate(splits):
-            kw = "if" if i == 0 else "} else if"
-            src += (f"    {kw} (n < {start + ni}u) "
-                    f"{{ out{i}[(m0 + {j}u) * {ni}u + n - {start}u] = acc{j};\n")
-            start += ni
-        src += "    }\n  }\n"
+        src += _rows_write(f"acc{j}", "sl == 0u", j, N, M, width, n_off, residual, half_out,
+                           splits)
     src += "}\n"
     tiles = -(-M // MT)
-    nblocks = K // block
-    traffic = (4 * K * M + tiles * (N * K // 2 + 4 * N * nblocks * (2 if zero_points else 1))
-               + (2 if half_out else 4) * M * N * (2 if residual else 1))
-    return Kernel("gemm_q4_cols", src, binds, (-(-N // cols), tiles, 1), traffic)
+    return Kernel("gemm_q4_cols", src, binds, (-(-N // cols), tiles, 1),
+                  _rows_traffic(K, N, M, block, tiles, zero_points, residual, half_out))
