@@ -23,6 +23,9 @@ from tests.test_cli import statebench
 
 #: the committed exports, or a held-out set made the same way (scripts/make_test_models.py --out)
 MODELS = Path(os.environ.get("STATEBENCH_REAL_EXPORTS") or Path(__file__).parent / "models")
+#: a held-out set (docs/byom.md): the tests about the committed set's own files skip
+HELD_OUT = bool(os.environ.get("STATEBENCH_REAL_EXPORTS"))
+committed_only = pytest.mark.skipif(HELD_OUT, reason="about the committed set's own files")
 MANIFEST = json.loads((MODELS / "manifest.json").read_text())["models"]
 NAMES = [m["name"] for m in MANIFEST]
 NEW_TOKENS = 8
@@ -37,6 +40,7 @@ def _text_config(entry: dict) -> dict:
     return config.get("text_config", config)
 
 
+@committed_only
 def test_the_exports_are_small_and_each_exporter_is_there():
     sizes = {m["name"]: sum(f.stat().st_size for f in (MODELS / m["name"]).iterdir())
              for m in MANIFEST}
@@ -100,10 +104,34 @@ def test_dims_of_a_decode_step_are_the_source_models(name):
 
 @pytest.mark.parametrize("backend", ["ort-cpu:copy", "ort-cpu:iobinding"])
 @pytest.mark.parametrize("name", NAMES)
-def test_generate_gives_the_source_models_tokens(name, backend):
+def test_generate_gives_the_source_models_tokens(name, backend, tmp_path):
     e = _entry(name)
-    got = generate(MODELS / e["path"], e["prompt"], NEW_TOKENS, backend)
-    assert got == e["greedy_tokens"][:NEW_TOKENS]
+    assert _ort_tokens(e, backend, tmp_path) == e["greedy_tokens"][:NEW_TOKENS]
+
+
+def _ort_tokens(e: dict, backend: str, tmp_path: Path) -> list[int]:
+    """``generate`` on an ORT backend; xfails with ORT's own reason where ORT refuses the
+    graph (its GroupQueryAttention wants a head size that is a multiple of 16), or where
+    its CPU products at the export's accuracy_level 4 (int8 activations) pick other tokens
+    and the same graph at level 1 (the reference's copy, ``reference_graph``) gives the
+    source's: ORT's CPU kernels differ, not the export or the harness."""
+    from harness.model_run import UserModel, reference_graph
+
+    path = MODELS / e["path"]
+    want = e["greedy_tokens"][:NEW_TOKENS]
+    try:
+        got = generate(path, e["prompt"], NEW_TOKENS, backend)
+    except UserError as exc:
+        if "head_size shall be a multiple of 16" in str(exc):
+            pytest.xfail(f"ORT refuses it: {str(exc).split('Status Message: ')[-1]}")
+        raise
+    model = UserModel.load(path)
+    if got != want and backend.startswith("ort-cpu") and model.low_precision_products:
+        exact = generate(reference_graph(model, tmp_path), e["prompt"], NEW_TOKENS, backend)
+        if exact == want:
+            pytest.xfail(f"ORT's CPU MatMulNBits at accuracy_level 4 (int8 activations) gives "
+                         f"{got}; at level 1 the source's {want}")
+    return got
 
 
 _WGPU_OK, _WGPU_WHY = StatelessCopy.available()
@@ -140,15 +168,14 @@ def test_a_prompt_beyond_the_vocabulary_is_one_line(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_shared_runs_where_gqa_owns_the_cache(name):
+def test_shared_runs_where_gqa_owns_the_cache(name, tmp_path):
     """One buffer bound as past and present needs GroupQueryAttention's shared-buffer mode:
     genai's exports have it and give the source's tokens; optimum's and transformers' grow
     their caches with plain ops and are refused in one line."""
     e = _entry(name)
     proto = onnx.load(str(model_file(MODELS / e["path"])), load_external_data=False)
     if any(n.op_type == "GroupQueryAttention" for n in proto.graph.node):
-        got = generate(MODELS / e["path"], e["prompt"], NEW_TOKENS, "ort-cpu:shared")
-        assert got == e["greedy_tokens"][:NEW_TOKENS]
+        assert _ort_tokens(e, "ort-cpu:shared", tmp_path) == e["greedy_tokens"][:NEW_TOKENS]
     else:
         with pytest.raises(UserError, match=r"ort-cpu:shared cannot run .*not GroupQueryAttention"):
             generate(MODELS / e["path"], e["prompt"], NEW_TOKENS, "ort-cpu:shared")
@@ -157,6 +184,7 @@ def test_shared_runs_where_gqa_owns_the_cache(name):
 Q4F16 = "genai-q4f16-llama"  # onnxruntime-genai's int4 export for WebGPU: what pages ship
 
 
+@committed_only
 def test_a_float16_export_gets_the_float16_tolerance_and_exact_products_in_its_reference(
         tmp_path):
     """genai's WebGPU int4 export (float16 logits, MatMulNBits at accuracy_level 4): its
@@ -201,6 +229,7 @@ def test_a_float16_export_gets_the_float16_tolerance_and_exact_products_in_its_r
 
 
 @pytest.mark.skipif(not _WGPU_OK, reason=_WGPU_WHY)
+@committed_only
 def test_a_float16_export_sweeps_on_the_webnn_pages(tmp_path):
     """The WebGPU int4 export through `statebench run --model` on the pages: every point
     matches the reference (float32 products) within the float16 tolerance, and the results
