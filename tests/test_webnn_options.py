@@ -36,7 +36,7 @@ ACCEPTED = {
     "pass_calls": ["direct", "wgpu-py"],
     "map_wait": ["spin", "caller", "thread"],
     "queue_calls": ["direct", "direct_maps", "wgpu-py"],
-    "q4_rows": ["rows", "cols"],
+    "q4_rows": ["rows", "cols", "cols2", "cols4"],
 }
 REFUSED = {
     "gemv": ["fastest", "col", "rows_x"], "attention": ["flash2", "", "lanes_u3", "lanes2"],

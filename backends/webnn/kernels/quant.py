@@ -311,10 +311,10 @@ def gemm_q4_rows(K: int, N: int, block: int, M: int, *, signed: bool, zero_point
 
 
 def gemm_q4_cols(K: int, N: int, block: int, M: int, *, signed: bool, zero_points: bool,
-                 cols: int = 32, slices: int = 8, tile: int = 8, n_off: int = 0,
-                 width: int | None = None, splits: Sequence[int] | None = None,
-                 residual: bool = False, half_out: bool = False,
-                 head_d: int | None = None) -> Kernel:
+                 cols: int = 32, slices: int = 8, tile: int = 8, per_thread: int = 1,
+                 n_off: int = 0, width: int | None = None,
+                 splits: Sequence[int] | None = None, residual: bool = False,
+                 half_out: bool = False, head_d: int | None = None) -> Kernel:
     """``gemm_q4_rows``' product with the codes laid out by load, then column (made at
     upload: ``match_q4.by_load``): an invocation per column and slice of K, so a warp's
     code loads are consecutive columns' (coalesced), its input loads the same row vector
@@ -322,55 +322,78 @@ def gemm_q4_cols(K: int, N: int, block: int, M: int, *, signed: bool, zero_point
     with no cross-lane sum; the ``slices`` of a column's K are summed in workgroup memory.
     Where ``gemm_q4_rows``' lanes share a column, their input loads stride a load apart
     (32 lines an instruction), which bounded the H200's 128256-column head at 24 GB/s.
+    ``per_thread``: columns an invocation (``cols`` apart, so a warp's code loads stay
+    coalesced), each input vec4 loaded once for all of them: ``per_thread`` times fewer
+    input loads a code byte (the M-row products' bound on the H200 at ``per_thread`` 1).
 
     Bindings as ``gemm_q4_rows``'; ``b`` (units, N) of vec4<u32> (u32 where the block is
     not a multiple of 32), ``sc`` (and ``zc``) (K / block, N)."""
-    assert K % 8 == 0 and block % 8 == 0 and K % block == 0 and M >= 1
+    assert K % 8 == 0 and block % 8 == 0 and K % block == 0 and M >= 1 and per_thread >= 1
     assert not splits or (sum(splits) == N and not n_off and not residual and not half_out)
     assert head_d is None or (head_d % 4 == 0 and K % head_d == 0)
     wide = block % 32 == 0
     unit = 4 if wide else 1
     units, per = K // (8 * unit), block // (8 * unit)
-    MT, K4, width, wg = min(M, tile), K // 4, width or N, cols * slices
+    MT, CT, K4, width, wg = min(M, tile), per_thread, K // 4, width or N, cols * slices
+    span = cols * CT  # columns a workgroup
     src, binds = _rows_bindings(wide, signed, zero_points, residual, half_out, N, splits)
     if slices > 1:
-        src += f"var<workgroup> sh: array<f32, {wg * MT}>;\n"
-    words = [f"w.{c}" for c in "xyzw"] if wide else ["w"]
-    qs = "".join(f"    let q{2 * i} = lo({w});\n    let q{2 * i + 1} = hi({w});\n"
-                 for i, w in enumerate(words))
+        src += f"var<workgroup> sh: array<f32, {wg * MT * CT}>;\n"
+    comps = [".x", ".y", ".z", ".w"] if wide else [""]
     body = ""
-    for j in range(MT):
-        at = [(f"a[{_row_base(j, head_d, M)} + {i}u]" if head_d is None
-               or (head_d // 4) % (2 * unit) == 0 else _row_vec(j, i, head_d, M))
-              for i in range(2 * unit)]
-        term = "s * (" + " + ".join(f"dot({at[i]}, q{i})" for i in range(2 * unit)) + ")"
-        if zero_points:
-            term += f" + z * dot({' + '.join(at)}, vec4<f32>(1.0))"
-        body += f"    acc{j} = acc{j} + {term};\n"
+    for i in range(2 * unit):  # the load's vec4s of input, each once for every column
+        for j in range(MT):
+            at = (f"a[{_row_base(j, head_d, M)} + {i}u]" if head_d is None
+                  or (head_d // 4) % (2 * unit) == 0 else _row_vec(j, i, head_d, M))
+            body += f"    let v{i}_{j} = {at};\n"
+            if zero_points:
+                body += f"    t{j} = t{j} + v{i}_{j};\n"
+        for c in range(CT):
+            half_fn = "lo" if i % 2 == 0 else "hi"
+            body += f"    let q{i}_{c} = {half_fn}(w{c}{comps[i // 2]});\n"
+            body += "".join(f"    p{c}_{j} = p{c}_{j} + dot(v{i}_{j}, q{i}_{c});\n"
+                            for j in range(MT))
+    tail = ""
+    for c in range(CT):
+        for j in range(MT):
+            tail += f"    acc{c}_{j} = acc{c}_{j} + s{c} * p{c}_{j}"
+            tail += f" + z{c} * dot(t{j}, vec4<f32>(1.0));\n" if zero_points else ";\n"
     src += (f"@compute @workgroup_size({wg})\n"
             "fn main(@builtin(workgroup_id) wid: vec3<u32>, "
             "@builtin(local_invocation_index) lid: u32) {\n"
             f"  let c = lid % {cols}u;\n  let sl = lid / {cols}u;\n"
-            f"  let n = wid.x * {cols}u + c;\n  let nn = min(n, {N - 1}u);\n"
             f"  let m0 = wid.y * {MT}u;\n"
+            + "".join(f"  let n{c} = wid.x * {span}u + {c * cols}u + c;\n"
+                      f"  let nn{c} = min(n{c}, {N - 1}u);\n" for c in range(CT))
             + "".join(f"  let r{j} = min(m0 + {j}u, {M - 1}u);\n  let x{j} = r{j} * {K4}u;\n"
-                      f"  var acc{j} = 0.0;\n" for j in range(MT))
+                      for j in range(MT))
+            + "".join(f"  var acc{c}_{j} = 0.0;\n" for c in range(CT) for j in range(MT))
             + f"  for (var k = sl; k < {units}u; k = k + {slices}u) {{\n"
-            f"    let w = b[k * {N}u + nn];\n"
-            f"    let s = sc[(k / {per}u) * {N}u + nn];\n"
-            + (f"    let z = zc[(k / {per}u) * {N}u + nn];\n" if zero_points else "")
-            + f"    let x = {2 * unit}u * k;\n" + qs + body + "  }\n")
+            + "".join(f"    let w{c} = b[k * {N}u + nn{c}];\n"
+                      f"    let s{c} = sc[(k / {per}u) * {N}u + nn{c}];\n"
+                      + (f"    let z{c} = zc[(k / {per}u) * {N}u + nn{c}];\n"
+                         if zero_points else "") for c in range(CT))
+            + f"    let x = {2 * unit}u * k;\n"
+            + "".join(f"    var p{c}_{j} = 0.0;\n" for c in range(CT) for j in range(MT))
+            + ("".join(f"    var t{j} = vec4<f32>(0.0);\n" for j in range(MT))
+               if zero_points else "")
+            + body + tail + "  }\n")
+    accs = [(c, j) for c in range(CT) for j in range(MT)]
     if slices > 1:
-        src += "".join(f"  sh[{j}u * {wg}u + lid] = acc{j};\n" for j in range(MT))
+        src += "".join(f"  sh[{q}u * {wg}u + lid] = acc{c}_{j};\n"
+                       for q, (c, j) in enumerate(accs))
         src += "  workgroupBarrier();\n"
         src += ("  if (sl == 0u) {\n" + "".join(
             f"    for (var q = 1u; q < {slices}u; q = q + 1u) "
-            f"{{ acc{j} = acc{j} + sh[{j}u * {wg}u + q * {cols}u + c]; }}\n" for j in range(MT))
-            + "  }\n")
-    for j in range(MT):
-        src += _rows_write(f"acc{j}", "sl == 0u", j, N, M, width, n_off, residual, half_out,
-                           splits)
+            f"{{ acc{c}_{j} = acc{c}_{j} + sh[{i}u * {wg}u + q * {cols}u + c]; }}\n"
+            for i, (c, j) in enumerate(accs)) + "  }\n")
+    for c in range(CT):
+        src += f"  {{\n  let n = n{c};\n"
+        for j in range(MT):
+            src += _rows_write(f"acc{c}_{j}", "sl == 0u", j, N, M, width, n_off, residual,
+                               half_out, splits)
+        src += "  }\n"
     src += "}\n"
     tiles = -(-M // MT)
-    return Kernel("gemm_q4_cols", src, binds, (-(-N // cols), tiles, 1),
+    return Kernel("gemm_q4_cols", src, binds, (-(-N // span), tiles, 1),
                   _rows_traffic(K, N, M, block, tiles, zero_points, residual, half_out))

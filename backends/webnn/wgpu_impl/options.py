@@ -74,7 +74,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "pass_calls": ("direct", "wgpu-py"),
     "map_wait": ("spin", "caller", "thread"),
     "queue_calls": ("direct", "direct_maps", "wgpu-py"),
-    "q4_rows": ("rows", "cols"),
+    "q4_rows": ("rows", "cols", "cols2", "cols4"),
 }
 
 
@@ -186,7 +186,8 @@ class KernelOptions:
     queue_calls: str | None = None
     #: the several-row 4-bit products (a K-token verify's, ``match_q4`` rows): None (GPU
     #: adapters "cols", CPU adapters "rows"), "rows" (``quant.gemm_q4_rows``: lanes share a
-    #: column), "cols" (``quant.gemm_q4_cols``: an invocation a column, codes laid out by load)
+    #: column), "cols" (``quant.gemm_q4_cols``: an invocation a column, codes laid out by
+    #: load), "cols2"/"cols4" (2 or 4 columns an invocation, each input load used for all)
     q4_rows: str | None = None
 
     def q4_rows_variant(self, t: Target) -> str:
