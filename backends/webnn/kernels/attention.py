@@ -186,6 +186,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 """
 
 
+#: score rows a split must keep room for when probs·V reduces in workgroup memory
+PV_MIN_ROWS = 128
+
+
 def _fixed_floats(q_rows: int, d: int) -> int:
     """Workgroup memory (floats) pass 1 always needs: the q rows and reduction scratch."""
     return q_rows * d + q_rows * WG + 16
@@ -201,8 +205,12 @@ def _layout(q_rows: int, d: int, shared_floats: int,
     words = d // 8 if wide and d % 8 == 0 else d // 4 if vec else d
     groups = WG // words if words <= WG and WG % words == 0 else 1
     lanes = 4 if vec else 1
-    shared_pv = groups > 1 and (_fixed_floats(q_rows, d) + q_rows * WG * lanes + q_rows * 32
-                                <= shared_floats)
+    # (the reduction's scratch only where it leaves room for PV_MIN_ROWS score rows a split:
+    # else it would cut the splits to a few dozen rows, 172 splits a head for 16 q rows
+    # over 8227 rows on the H200's 48 KB, where the plain sum's G · d/4 invocations are
+    # enough work)
+    shared_pv = groups > 1 and (_fixed_floats(q_rows, d) + q_rows * WG * lanes
+                                + q_rows * PV_MIN_ROWS <= shared_floats)
     return vec, words, groups if shared_pv else 1, shared_pv
 
 
