@@ -144,3 +144,22 @@ def test_a_terminated_run_keeps_the_points_its_worker_sent(tmp_path):
     assert all(p["status"] == "ok" for p in points), [p["reason"] for p in points]
     assert "terminated" in stderr
     assert "building the one-token graph" in stderr  # the worker's phases are said
+
+
+@needs_page
+@pytest.mark.parametrize("variant", ["cols", "cols4"])
+def test_the_gpus_verify_kernels_roll_back_as_the_cpus(tmp_path, variant):
+    """The GPU's several-row 4-bit kernels (``q4_rows`` cols, cols4: the H200's verify
+    products) in the whole loop on a q4f16 hybrid: every acceptance on the stateful and
+    reuse pages as greedy, its logits and state as feeding only the accepted tokens."""
+    out = tmp_path / "spec.json"
+    proc = statebench("speculative", "--preset", "tiny+q4f16", "--backends",
+                      "wgpu:stateful,wgpu:reuse", "--k", "4,8", "--accept", "full,partial,zero",
+                      "--contexts", "16", "--tokens", "10", "--warm-s", "0",
+                      "--kernel-option", f"q4_rows={variant}", "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    points = load(out).points
+    assert len(points) == 12
+    for p in points:
+        assert p["details"]["kernel_options"]["q4_rows"] == variant
+        assert p["status"] == "ok" and e2e_render.passed(p), (p["backend"], p["k"], p["reason"])
