@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Issue 31's verify kernels on a GPU, in one call (the same host for every variant):
+#
+#   scripts/gpu_verify_ab.sh OUTDIR [PRESET:CAPACITY] [K]
+#
+# 1. the K-row 4-bit products alone (llama-1b's shapes) per `q4_rows` variant (rows, cols,
+#    cols2, cols4): OUTDIR/products-<variant>.json;
+# 2. one K-token verify step of PRESET (default llama-1b+q4f16:8200, K 4) launch by launch
+#    (`kernel_bench.py --step ... --tokens K --profile`) with the default variant and with
+#    cols4: OUTDIR/verify-<variant>.json.
+# Each measurement runs under a timeout within STATEBENCH_GPU_BUDGET_S (540 s in all).
+set -uo pipefail
+out=${1:?usage: scripts/gpu_verify_ab.sh OUTDIR [PRESET:CAPACITY] [K]}
+step=${2:-llama-1b+q4f16:8200}
+k=${3:-4}
+start=$(date +%s)
+budget=${STATEBENCH_GPU_BUDGET_S:-540}
+cd "$(dirname "$0")/.."
+. scripts/gpu_env.sh
+mkdir -p "$out"
+left() { echo $((budget - ($(date +%s) - start))); }
+say() { echo "[gpu_verify_ab $(date +%H:%M:%S) +$(($(date +%s) - start))s] $*" | tee -a "$out/log.txt"; }
+for v in rows cols cols2 cols4; do
+  say "products, q4_rows=$v, $k rows"
+  timeout "$(( $(left) < 60 ? $(left) : 60 ))" "$py" scripts/kernel_bench.py --gemv none --attn none \
+    --gemv-q4 all --q4-rows "$k" --q4-variants auto --option "q4_rows=$v" --step none \
+    --budget 0.5 --reps 10 > "$out/products-$v.json" 2>> "$out/log.txt" || say "products $v: exit $?"
+done
+for v in cols cols4; do
+  [ "$(left)" -gt 30 ] || { say "verify $v: skipped, budget spent"; continue; }
+  say "verify step $step, K=$k, q4_rows=$v"
+  timeout "$(left)" "$py" scripts/kernel_bench.py --gemv none --attn none --step "$step" \
+    --tokens "$k" --steps 8 --warm 2 --profile --option "q4_rows=$v" \
+    > "$out/verify-$v.json" 2>> "$out/log.txt" || say "verify $v: exit $?"
+done
+say done
