@@ -151,8 +151,12 @@ class Emit:
         if self.say:
             self.say(line)
 
-    def done(self) -> set[tuple[int, str]]:
-        return {(int(p["k"]), str(p["acceptance"])) for p in self.points}
+    def fail_rest(self, req: GroupRequest, why: str) -> None:
+        """The request's points not yet handed on, failed with ``why``."""
+        done = {(int(p["k"]), str(p["acceptance"])) for p in self.points}
+        for k, a in req.keys():
+            if (k, a) not in done:
+                self.point(point_failed(req, k, a, why))
 
 
 def measure_group(req: GroupRequest, workload: Workload | None = None,
@@ -172,10 +176,7 @@ def measure_group(req: GroupRequest, workload: Workload | None = None,
     except Exception as exc:  # noqa: BLE001 - a backend's failure is a result
         if os.environ.get("STATEBENCH_DEBUG"):
             traceback.print_exc()
-        done = emit.done()
-        for k, a in req.keys():
-            if (k, a) not in done:
-                emit.point(point_failed(req, k, a, f"{type(exc).__name__}: {exc}"))
+        emit.fail_rest(req, f"{type(exc).__name__}: {exc}")
     return emit.points
 
 

@@ -21,7 +21,7 @@ from harness import child
 from harness.sources import NumpyReferenceWalk, PresetSource
 from harness.speculative.acceptance import Acceptance
 from harness.speculative.e2e_point import PROGRESS_PREFIX, Emit, GroupRequest, measure_group
-from harness.speculative.spec_results import SpecResults, point_failed, point_unavailable
+from harness.speculative.spec_results import SpecResults, point_unavailable
 from model.workload import Workload
 
 #: the most tokens a K-token graph takes here (a verify's K; the issue's cells are 4 and 8)
@@ -91,7 +91,7 @@ def run_worker(req: GroupRequest, timeout_s: float, on_point: Callable[[dict], N
     """``python -m harness.speculative.e2e_point`` for one group, each point handed to
     ``on_point`` as the worker sends it (its line ``{"point": ...}``) and its progress lines
     to ``say``; a crash or a hang fails the points it had not sent, with the reason."""
-    done: set[tuple[int, str]] = set()
+    emit = Emit(on_point)
 
     def line(text: str) -> None:
         if not text.strip():
@@ -100,8 +100,7 @@ def run_worker(req: GroupRequest, timeout_s: float, on_point: Callable[[dict], N
             point = json.loads(text)["point"]
         except (ValueError, TypeError, KeyError):
             return  # not a point (a library's print): the exit status says what went wrong
-        done.add((int(point["k"]), str(point["acceptance"])))
-        on_point(point)
+        emit.point(point)
 
     def stderr(text: str) -> None:
         if say and text.startswith(PROGRESS_PREFIX):
@@ -114,9 +113,7 @@ def run_worker(req: GroupRequest, timeout_s: float, on_point: Callable[[dict], N
             "worker", subprocess.CompletedProcess([], status, "", err))
     except subprocess.TimeoutExpired:
         why = f"worker timed out after {timeout_s:.0f} s"
-    left = [(k, a) for k, a in req.keys() if (k, a) not in done]
-    for k, a in left:
-        on_point(point_failed(req, k, a, why or "the worker sent no point for it"))
+    emit.fail_rest(req, why or "the worker sent no point for it")
 
 
 @dataclass

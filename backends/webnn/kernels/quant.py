@@ -210,8 +210,12 @@ def _row_base(j: int, head_d: int | None, M: int) -> str:
     return f"(x / {d4}u) * {M * d4}u + r{j} * {d4}u + x % {d4}u"
 
 
-def _row_vec(j: int, i: int, head_d: int, M: int) -> str:
-    """WGSL: row ``r{j}``'s vec4 ``x + i`` in attention's (heads, M, head_d) output."""
+def _row_vec(j: int, i: int, head_d: int | None, M: int, unit: int) -> str:
+    """WGSL: row ``r{j}``'s vec4 ``x + i`` of input: in its row, or in attention's (heads,
+    M, head_d) output, from the load's base where a load's 2 · ``unit`` vec4s lie in one
+    head, else each from its own head."""
+    if head_d is None or (head_d // 4) % (2 * unit) == 0:
+        return f"a[{_row_base(j, head_d, M)} + {i}u]"
     d4 = head_d // 4
     return f"a[((x + {i}u) / {d4}u) * {M * d4}u + r{j} * {d4}u + (x + {i}u) % {d4}u]"
 
@@ -257,8 +261,6 @@ def gemm_q4_rows(K: int, N: int, block: int, M: int, *, signed: bool, zero_point
     assert head_d is None or (head_d % 4 == 0 and K % head_d == 0)
     wide = block % 32 == 0
     unit = 4 if wide else 1
-    # a load's 2 · unit vec4s within one head: their base once, else each its own
-    spread = head_d is not None and (head_d // 4) % (2 * unit) != 0
     units, nblocks, per = K // (8 * unit), K // block, block // (8 * unit)
     R, MT, K4, width = wg // lanes, min(M, tile), K // 4, width or N
     use_sub = subgroup == lanes
@@ -270,8 +272,7 @@ def gemm_q4_rows(K: int, N: int, block: int, M: int, *, signed: bool, zero_point
                  for i, w in enumerate(words))
     body = ""
     for j in range(MT):
-        at = [_row_vec(j, i, head_d, M) if spread else f"a[xb{j} + {i}u]"
-              for i in range(2 * unit)]
+        at = [_row_vec(j, i, head_d, M, unit) for i in range(2 * unit)]
         dots = " + ".join(f"dot({at[i]}, q{i})" for i in range(2 * unit))
         term = f"s * ({dots})"
         if zero_points:
@@ -292,9 +293,7 @@ def gemm_q4_rows(K: int, N: int, block: int, M: int, *, signed: bool, zero_point
             "    let w = b[wb + k];\n"
             f"    let s = sc[sb + k / {per}u];\n"
             + (f"    let z = zc[sb + k / {per}u];\n" if zero_points else "")
-            + f"    let x = {2 * unit}u * k;\n" + "".join(
-                f"    let xb{j} = {_row_base(j, head_d, M)};\n" for j in range(MT) if not spread)
-            + qs + body + "  }\n")
+            + f"    let x = {2 * unit}u * k;\n" + qs + body + "  }\n")
     for j in range(MT):
         if use_sub:
             src += f"  let s{j} = subgroupAdd(acc{j});\n"
@@ -343,9 +342,7 @@ def gemm_q4_cols(K: int, N: int, block: int, M: int, *, signed: bool, zero_point
     body = ""
     for i in range(2 * unit):  # the load's vec4s of input, each once for every column
         for j in range(MT):
-            at = (f"a[{_row_base(j, head_d, M)} + {i}u]" if head_d is None
-                  or (head_d // 4) % (2 * unit) == 0 else _row_vec(j, i, head_d, M))
-            body += f"    let v{i}_{j} = {at};\n"
+            body += f"    let v{i}_{j} = {_row_vec(j, i, head_d, M, unit)};\n"
             if zero_points:
                 body += f"    t{j} = t{j} + v{i}_{j};\n"
         for c in range(CT):
