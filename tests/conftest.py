@@ -15,6 +15,14 @@ import os
 
 import pytest
 
+#: lavapipe's JIT for the suite (set before any Vulkan driver loads, inherited by the
+#: workers and the CLI children): 4-wide vectors and no LLVM optimisation passes. With a cold
+#: Mesa shader cache (a fresh box) LLVM's time on the wide unrolled kernels dominated the
+#: suite; these leave what a kernel computes to the WGSL, not to the JIT (docs/measuring.md).
+#: Benchmarks do not set them. Set either variable to keep your own value.
+for _name, _value in (("LP_NATIVE_VECTOR_WIDTH", "128"), ("GALLIVM_PERF", "nopt")):
+    os.environ.setdefault(_name, _value)
+
 #: the engine of the WebNN tests' contexts ("wgpu" or "dawn")
 ENGINE = os.environ.get("STATEBENCH_ENGINE", "wgpu")
 

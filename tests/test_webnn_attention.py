@@ -264,12 +264,19 @@ def test_f16_cache_row_write_and_flash_read_float16(ctx, ctx_with, stateful, sha
             # the rest of the cache is untouched, byte for byte
             others = np.arange(cap) != depth
             np.testing.assert_array_equal(got[:, :, others], want[:, :, others].astype(np.float16))
-            # the row is the float32 input rounded to a float16 neighbour (WGSL leaves the
-            # rounding mode to the implementation: either neighbour is conformant)
-            _assert_f16_rounding(got[0, :, depth], row[0, :, 0].astype(np.float32))
-            want[:, :, depth] = got[:, :, depth]
+            _take_written_row(want, got, row, depth)
         np.testing.assert_allclose(out["y"], oracle(q, want_k, want_v, valid), rtol=2e-5,
                                    atol=2e-6)
+
+
+def _take_written_row(want: np.ndarray, got: np.ndarray, row: np.ndarray, depth: int) -> None:
+    """The cache row the graph wrote at ``depth`` is the float32 input ``row`` rounded to a
+    float16 neighbour (WGSL leaves the rounding mode to the implementation: either neighbour
+    is conformant); the oracle's cache ``want`` takes that row. Rounding the float64 source
+    straight to float16 instead differs from float64 -> float32 -> float16 in about 6 of
+    100000 elements, enough to fail a seeded run now and then."""
+    _assert_f16_rounding(got[0, :, depth], row[0, :, 0].astype(np.float32))
+    want[:, :, depth] = got[:, :, depth]
 
 
 def _assert_f16_rounding(got: np.ndarray, x32: np.ndarray) -> None:
@@ -395,8 +402,8 @@ def _check_f16_stateful(ctx, heads, g, cap, d) -> list[str]:
             ("vn", "float32", vn), ("valid", "float32", valid))}
         res = {"y": ctx.create_tensor(data_type="float32", shape=[1, heads, g, d], readable=True)}
         ctx.dispatch(gr, ins, res)
-        want_k[:, :, depth] = kn[:, :, 0].astype(np.float16)
-        want_v[:, :, depth] = vn[:, :, 0].astype(np.float16)
+        _take_written_row(want_k, ctx._peek_state(gr, "kc"), kn, depth)
+        _take_written_row(want_v, ctx._peek_state(gr, "vc"), vn, depth)
         np.testing.assert_allclose(ctx.read_tensor(res["y"]), oracle(q, want_k, want_v, valid),
                                    rtol=2e-5, atol=2e-6)
     return _one_names(gr)
@@ -438,8 +445,8 @@ def test_one_launch_rounds_and_fallback_by_workgroup_memory(ctx_with, shared_flo
         res[n] = ctx.create_tensor(data_type="float16", shape=[1, heads, cap, d], readable=True)
     ctx.dispatch(gr, ins, res)
     want_k, want_v = kc.astype(np.float64), vc.astype(np.float64)
-    want_k[:, :, depth] = kn[:, :, 0].astype(np.float16)
-    want_v[:, :, depth] = vn[:, :, 0].astype(np.float16)
+    _take_written_row(want_k, ctx.read_tensor(res["pk"]), kn, depth)
+    _take_written_row(want_v, ctx.read_tensor(res["pv"]), vn, depth)
     np.testing.assert_allclose(ctx.read_tensor(res["y"]), oracle(q, want_k, want_v, valid),
                                rtol=2e-5, atol=2e-6)
 
