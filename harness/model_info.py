@@ -44,17 +44,6 @@ def load_model(path: Path) -> onnx.ModelProto:
     return proto
 
 
-def parse_pairs(text: str | None) -> dict[str, str]:
-    """``in=out,in=out`` -> {in: out} (the --pairs flag)."""
-    out: dict[str, str] = {}
-    for item in filter(None, (text or "").split(",")):
-        name, eq, present = item.partition("=")
-        if not eq or not name.strip() or not present.strip():
-            raise UserError(f"--pairs: {item!r} is not INPUT=OUTPUT")
-        out[name.strip()] = present.strip()
-    return out
-
-
 def _value(vi: onnx.ValueInfoProto) -> dict:
     tt = vi.type.tensor_type
     shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)

@@ -21,7 +21,7 @@ from backends.pages import StatelessCopy
 from backends.webnn.dims import default_dims, linear, new_token_dims, rows_per_step
 from backends.webnn.fixed_capacity import FixedCapacityError, fixed_model, make_fixed_capacity
 from backends.webnn.onnx_converter import ConversionError, list_kv_pairs
-from harness.commands.generate import generate
+from harness.greedy import generate
 from harness.model_info import inspect_model, model_file
 from tests.decoder_graphs import oracle_greedy
 from tests.test_cli import one_line_error, statebench

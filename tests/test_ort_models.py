@@ -26,7 +26,7 @@ import pytest
 
 from backends.ort import PROVIDERS, backend_class, webgpu_devices
 from harness import runner
-from harness.commands.generate import generate
+from harness.greedy import generate
 from harness.model_run import UserModel, reference_graph
 from harness.sources import ModelSource
 

@@ -16,7 +16,7 @@ import pytest
 
 from backends.pages import StatelessCopy
 from backends.webnn.dims import default_dims, past_head_sizes
-from harness.commands.generate import generate
+from harness.greedy import generate
 from harness.model_info import inspect_model, model_file
 from model.errors import UserError
 from tests.test_cli import statebench

@@ -140,6 +140,17 @@ def check_format(fmt: str, accepted: tuple[str, ...]) -> str:
     return fmt
 
 
+def parse_pairs(text: str | None) -> dict[str, str]:
+    """``in=out,in=out`` -> {in: out} (the --pairs flag)."""
+    out: dict[str, str] = {}
+    for item in filter(None, (text or "").split(",")):
+        name, eq, present = item.partition("=")
+        if not eq or not name.strip() or not present.strip():
+            raise UserError(f"--pairs: {item!r} is not INPUT=OUTPUT")
+        out[name.strip()] = present.strip()
+    return out
+
+
 def add_model_argument(p: argparse.ArgumentParser) -> None:
     """MODEL, the positional argument of the commands on a model statebench did not write."""
     p.add_argument("model", help="an .onnx file, or a folder holding model.onnx or decode.onnx")
