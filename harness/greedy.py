@@ -1,6 +1,6 @@
 """Greedy decoding of a model statebench did not write on one backend, the prompt fed one
 token per dispatch (the stateful way): what `statebench generate` prints and `run
---expect-tokens` checks. Apart from the command so that its parser loads without ONNX."""
+--expect-tokens` checks; the command modules only parse their flags."""
 
 from __future__ import annotations
 

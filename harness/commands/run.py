@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 from contextlib import nullcontext
-from typing import TYPE_CHECKING
 
 from backends.base import select
 from harness import report, runner
@@ -12,21 +11,17 @@ from harness.commands import common_args
 from harness.commands.base import Command
 from harness.commands.common_args import parse_pairs
 from harness.commands.generate import parse_prompt, token_diff
+from harness.greedy import generate
+from harness.model_run import REFERENCE, REFERENCE_BACKEND, UserModel
 from harness.results import ResultsFile
 from model.checksum import check_cache_dir
 from model.errors import UserError
 from model.workload import default_cache_dir, preset
 
-if TYPE_CHECKING:
-    from harness.model_run import UserModel
-
 
 def greedy_check(user: UserModel, args, err_console) -> bool:
     """--expect-tokens: the reference's greedy tokens after --prompt; True (and one line
     said) where they are not the expected ones."""
-    from harness.greedy import generate
-    from harness.model_run import REFERENCE, REFERENCE_BACKEND
-
     want = parse_prompt(args.expect_tokens, "--expect-tokens")
     got = generate(user, parse_prompt(args.prompt), len(want), REFERENCE_BACKEND,
                    "--expect-tokens")
@@ -114,8 +109,6 @@ class Run(Command):
         if args.model is None:
             preset(name)  # validate before anything slow
         else:
-            from harness.model_run import UserModel  # ONNX, for --model runs only
-
             user = UserModel.load(args.model, parse_pairs(args.pairs))
             name = f"model-{user.name}"
         rc = runner.RunConfig(
