@@ -19,7 +19,9 @@ import pytest
 #: workers and the CLI children): 4-wide vectors and no LLVM optimisation passes. With a cold
 #: Mesa shader cache (a fresh box) LLVM's time on the wide unrolled kernels dominated the
 #: suite; these leave what a kernel computes to the WGSL, not to the JIT (docs/measuring.md).
-#: Benchmarks do not set them. Set either variable to keep your own value.
+#: Benchmarks do not set them. Set either variable to keep your own value. 4-wide vectors
+#: make lavapipe's subgroups 4 lanes wide, so the subgroup paths that need 8 or more run
+#: in .ci/run's pass at LP_NATIVE_VECTOR_WIDTH=256.
 for _name, _value in (("LP_NATIVE_VECTOR_WIDTH", "128"), ("GALLIVM_PERF", "nopt")):
     os.environ.setdefault(_name, _value)
 
