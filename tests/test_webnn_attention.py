@@ -100,10 +100,58 @@ def run(ctx, gr, outs, feeds):
     return {n: ctx.read_tensor(t) for n, t in res.items()}
 
 
+def verify_graph(ctx, heads: int, g: int, k: int, cap: int, d: int):
+    """A K-token verify's attention: ``g`` q rows a head, token i's ``g // k`` rows each
+    with its own mask row (the positions it may see: causal inside the K), as a real
+    K-token decode graph's mask is."""
+    b = MLGraphBuilder(ctx)
+    q = b.input("q", data_type="float32", shape=[1, heads, g, d])
+    kc = b.input("k", data_type="float32", shape=[1, heads, cap, d])
+    v = b.input("v", data_type="float32", shape=[1, heads, cap, d])
+    valid = b.input("valid", data_type="float32", shape=[1, 1, g, cap])
+    scale = b.constant(data_type="float32", shape=[1], value=np.float32([1 / np.sqrt(d)]))
+    zero = b.constant(data_type="float32", shape=[1], value=np.float32([0.0]))
+    neg = b.constant(data_type="float32", shape=[1], value=np.float32([-np.inf]))
+    s = b.mul(b.matmul(q, b.transpose(kc, [0, 1, 3, 2])), scale)
+    s = b.softmax(b.where(b.greater(valid, zero), s, neg), 3)
+    outs = {"y": b.matmul(s, v)}
+    return b.build(outs), outs
+
+
+@pytest.mark.parametrize("q_rows,per_group", [(None, 4), (1, 1), (5, 4), (16, 12)])
+def test_verify_rows_split_into_groups(ctx_with, q_rows, per_group):
+    """KernelOptions.attention_q_rows: a K = 3 verify's 12 q rows a head scored 4, 1 or
+    all 12 a workgroup (5 is taken as 4, the largest divisor); each row under its own
+    causal mask row, so a group reading another's mask or q rows, or writing another's
+    partials, fails against the oracle."""
+    from backends.webnn.kernels import attention as AT
+
+    assert AT.q_row_groups(12, q_rows) == per_group
+    heads, g, k, cap, d, depth = 2, 12, 3, 700, 16, 650
+    ctx = ctx_with(attention_q_rows=q_rows)
+    gr, outs = verify_graph(ctx, heads, g, k, cap, d)
+    flash = next(la.kernel for la in gr._plan.launches if la.kernel.name == "attention_flash")
+    assert flash.groups[2] == g // per_group
+    token = np.arange(g) // (g // k)  # the new token each q row belongs to
+    valid = (np.arange(cap)[None, :] < depth + token[:, None] + 1).astype(np.float64)
+    feeds = {"q": RNG.standard_normal((1, heads, g, d)), "k": RNG.standard_normal((1, heads, cap, d)),
+             "v": RNG.standard_normal((1, heads, cap, d)), "valid": valid.reshape(1, 1, g, cap)}
+    np.testing.assert_allclose(run(ctx, gr, outs, feeds)["y"], oracle(**feeds), rtol=2e-5,
+                               atol=2e-6)
+
+
+def test_attention_q_rows_option_is_checked():
+    from backends.webnn.wgpu_impl.options import KernelOptions
+
+    with pytest.raises(ValueError, match="attention_q_rows = 0; accepted: None or a positive int"):
+        KernelOptions(attention_q_rows=0)
+    assert KernelOptions.parse(["attention_q_rows=8"]).attention_q_rows == 8
+
+
 @pytest.mark.parametrize("shared_floats", [1 << 12, 1 << 14])
-def test_kernel_layouts_without_and_with_shared_pv(ctx, shared_floats, monkeypatch):
+def test_kernel_layouts_without_and_with_shared_pv(ctx_with, shared_floats, monkeypatch):
     """probs·V summed in workgroup memory (room for it) or by one invocation per
-    (row, columns) pair (no room): both match the oracle."""
+    (row, columns) pair (no room): both match the oracle (8 q rows a workgroup)."""
     from backends.webnn.kernels import attention as AT
     from backends.webnn.wgpu_impl import match_attention as match
 
@@ -111,6 +159,7 @@ def test_kernel_layouts_without_and_with_shared_pv(ctx, shared_floats, monkeypat
     real = AT.flash_decode
     monkeypatch.setattr(match.AT, "flash_decode",
                         lambda *a, **kw: real(*a[:5], shared_floats, *a[6:], **kw))
+    ctx = ctx_with(attention_q_rows=8)
     gr, outs = graph(ctx, 2, 8, 300, 64, -1e9)
     feeds = {"q": RNG.standard_normal((1, 2, 8, 64)), "k": RNG.standard_normal((1, 2, 300, 64)),
              "v": RNG.standard_normal((1, 2, 300, 64)),
@@ -319,7 +368,8 @@ def test_f16_cache_loads_as_the_option_says(ctx_with, shape, how, f16_loads):
                     for x in AT.F16_LOADS)
     assert wide.bytes == narrow.bytes
     f32 = AT.flash_decode(heads, g, cap, d, None, shared)[0]
-    assert f32.bytes - wide.bytes == 2 * heads * cap * d * 2  # K and V: 2 bytes less each
+    # K and V: 2 bytes less each, read once a q-row group
+    assert f32.bytes - wide.bytes == 2 * heads * cap * d * 2 * (g // AT.q_row_groups(g))
 
 
 def test_f16_loads_option_is_checked():

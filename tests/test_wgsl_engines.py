@@ -32,6 +32,7 @@ OPTION_VALUES: dict[str, list[str | int | None]] = {
     "row_vector": [None, "unrolled", "loop"],
     "row_writes": [None, "separate"],
     "attention_splits": [None, 1, 64],
+    "attention_q_rows": [None, 1, 16],
     "cache_copy": [None, "vec4", "identity", "buffer"],
     "gemv_weights": [None, "f32", "f16"],
     "gdn": [None, "generic", "fused", "fused8", "fused64_sh", "fused_norms", "fused16_sh_norms"],

@@ -30,6 +30,7 @@ from .fused import FusedOp, Leaf, functions, leaf_decls
 WG = 128  # pass 1 workgroup
 WG2 = 256  # combine workgroup
 SPLITS = 32  # splits per head a long cache aims at
+GROUP_ROWS = 4  # q rows a flash_decode workgroup scores at most, by default
 F16_LOADS = ("wide", "vec4")  # how flash_decode loads a float16 cache (its f16_loads)
 
 
@@ -228,6 +229,14 @@ def split_rows(capacity: int, q_rows: int, d: int, shared_floats: int,
     return max(1, min(t, capacity))
 
 
+def q_row_groups(q_rows: int, group_rows: int | None = None) -> int:
+    """q rows a ``flash_decode`` workgroup scores: the largest divisor of ``q_rows`` no
+    larger than ``group_rows`` (None: ``GROUP_ROWS``), so every group is as wide (a K-token
+    verify's head: K groups of one token's GQA rows where they are 4)."""
+    cap = max(1, min(q_rows, group_rows or GROUP_ROWS))
+    return next(g for g in range(cap, 0, -1) if q_rows % g == 0)
+
+
 def fits(q_rows: int, d: int, shared_floats: int) -> bool:
     """Whether one head's q rows, the reduction scratch and 32 score rows fit in
     workgroup memory (else the compiler keeps the generic kernels)."""
@@ -240,7 +249,8 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
                  q_chain: tuple[Sequence[FusedOp], Sequence[Leaf]] | None = None,
                  splits: int = SPLITS, kv: str = "f32",
                  f16_loads: str = "wide",
-                 writes: RowWrites | None = None) -> tuple[Kernel, Kernel, int]:
+                 writes: RowWrites | None = None,
+                 group_rows: int | None = None) -> tuple[Kernel, Kernel, int]:
     """(pass 1, pass 2, partial-buffer elements) for q (heads, q_rows, d), K and V
     (heads, capacity, d), output (heads, q_rows, d).
 
@@ -271,15 +281,24 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
     wide float16 loads) for all q rows (V read once, coalesced),
     the row-groups summed in workgroup memory: short loops, no long serial chains.
     Partials per (q row, split): ``m, l, 0, 0, acc[d]`` (acc 16-byte aligned).
+
+    ``group_rows``: q rows a workgroup scores (``q_row_groups``; None: ``GROUP_ROWS``). A
+    K-token verify's head has K times a step's q rows; in one workgroup they outgrow the
+    workgroup memory the probs·V row-groups need and multiply each invocation's serial work
+    (FINDINGS: 16 rows over 8227 took 0.36 ms a layer on the H200), so the rows are split
+    into groups along the grid's z, each workgroup exactly a one-token step's, every group
+    reading the split's K and V (from L2 after the first: the byte count says so).
     """
     if f16_loads not in F16_LOADS:
         raise ValueError(f"f16_loads = {f16_loads!r}; accepted: {', '.join(F16_LOADS)}")
     wide = kv == "f16" and f16_loads == "wide" and d % 8 == 0
-    T = split_rows(capacity, q_rows, d, shared_floats, splits, wide)
+    GL = q_row_groups(q_rows, group_rows)  # q rows a workgroup
+    GS = q_rows // GL  # workgroups a split (grid z)
+    T = split_rows(capacity, GL, d, shared_floats, splits, wide)
     ns = -(-capacity // T)
     G, D, C = q_rows, d, capacity
     # LW: K/V load words per cache row (d/8 wide, d/4 vec4, d scalar); D4: q words per row
-    vec, LW, R, shared_pv = _layout(G, D, shared_floats, wide)
+    vec, LW, R, shared_pv = _layout(GL, D, shared_floats, wide)
     D4 = D // 4 if vec else D
     P = D + 4
     vt = "vec4<f32>" if vec else "f32"
@@ -321,8 +340,9 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
         stats = ("  part[pb] = m[r];\n  part[pb + 1u] = red[r * {WG}u];\n"
                  "  part[pb + 2u] = 0.0;\n  part[pb + 3u] = 0.0;\n")
     stats = stats.format(WG=WG)
+    hr = f"h * {G}u + q0 + r"  # the workgroup's q row r among the head's
     v_at = ld(f"v[(h * {C}u + c0 + c) * {D4}u + e]")  # V row c, column (word) e
-    part_at = f"part[((h * {G}u + r) * {ns}u + sp) * {pw}u + {head_words}u"  # + word, ]
+    part_at = f"part[(({hr}) * {ns}u + sp) * {pw}u + {head_words}u"  # + word, ]
     if wide and shared_pv:
         # each invocation 8 columns (one word of V) of R-th rows; the row-groups' sums pass
         # through pvs in two rounds (columns 0-3 of each word, then 4-7)
@@ -333,9 +353,9 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
         sums = {x: " + ".join(f"p{j} * v{j}{x}" for j in range(4)) for x in "lh"}
         rounds = ""
         for x, arr in (("0u", "a"), ("1u", "ah")):
-            rounds += f"""  for (var r = 0u; r < {G}u; r = r + 1u) {{ pvs[r * {WG}u + lid] = {arr}[r]; }}
+            rounds += f"""  for (var r = 0u; r < {GL}u; r = r + 1u) {{ pvs[r * {WG}u + lid] = {arr}[r]; }}
   workgroupBarrier();
-  for (var j = lid; j < {G * LW}u; j = j + {WG}u) {{
+  for (var j = lid; j < {GL * LW}u; j = j + {WG}u) {{
     let r = j / {LW}u;
     let e2 = j % {LW}u;
     var t = vec4<f32>(0.0);
@@ -346,13 +366,13 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
 """
         pv = f"""  let rg = lid / {LW}u;
   let e = lid % {LW}u;
-  var a: array<vec4<f32>, {G}>;
-  var ah: array<vec4<f32>, {G}>;
-  for (var r = 0u; r < {G}u; r = r + 1u) {{ a[r] = vec4<f32>(0.0); ah[r] = vec4<f32>(0.0); }}
+  var a: array<vec4<f32>, {GL}>;
+  var ah: array<vec4<f32>, {GL}>;
+  for (var r = 0u; r < {GL}u; r = r + 1u) {{ a[r] = vec4<f32>(0.0); ah[r] = vec4<f32>(0.0); }}
   var c = rg;
   while (c + {3 * R}u < n) {{
     let vb = (h * {C}u + c0 + c) * {LW}u + e;
-{loads}    for (var r = 0u; r < {G}u; r = r + 1u) {{
+{loads}    for (var r = 0u; r < {GL}u; r = r + 1u) {{
       let sb = r * {T}u + c;
 {probs}      a[r] = a[r] + {sums["l"]};
       ah[r] = ah[r] + {sums["h"]};
@@ -363,7 +383,7 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
     let vw = v[(h * {C}u + c0 + c) * {LW}u + e];
     let vl = unpack_lo(vw);
     let vh = unpack_hi(vw);
-    for (var r = 0u; r < {G}u; r = r + 1u) {{
+    for (var r = 0u; r < {GL}u; r = r + 1u) {{
       let p = sc[r * {T}u + c];
       a[r] = a[r] + p * vl;
       ah[r] = ah[r] + p * vh;
@@ -371,9 +391,9 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
     c = c + {R}u;
   }}
 {rounds}"""
-        pv_decl = f"var<workgroup> pvs: array<vec4<f32>, {G * WG}>;\n"
+        pv_decl = f"var<workgroup> pvs: array<vec4<f32>, {GL * WG}>;\n"
     elif wide:
-        pv = f"""  for (var j = lid; j < {G * LW}u; j = j + {WG}u) {{
+        pv = f"""  for (var j = lid; j < {GL * LW}u; j = j + {WG}u) {{
     let r = j / {LW}u;
     let e = j % {LW}u;
     var tl = vec4<f32>(0.0);
@@ -392,8 +412,8 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
     elif shared_pv:
         pv = f"""  let rg = lid / {D4}u;
   let e = lid % {D4}u;
-  var a: array<{vt}, {G}>;
-  for (var r = 0u; r < {G}u; r = r + 1u) {{ a[r] = {vt}(0.0); }}
+  var a: array<{vt}, {GL}>;
+  for (var r = 0u; r < {GL}u; r = r + 1u) {{ a[r] = {vt}(0.0); }}
   var c = rg;
   while (c + {3 * R}u < n) {{
     let vb = (h * {C}u + c0 + c) * {D4}u + e;
@@ -401,7 +421,7 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
     let v1 = {ld(f"v[vb + {R * D4}u]")};
     let v2 = {ld(f"v[vb + {2 * R * D4}u]")};
     let v3 = {ld(f"v[vb + {3 * R * D4}u]")};
-    for (var r = 0u; r < {G}u; r = r + 1u) {{
+    for (var r = 0u; r < {GL}u; r = r + 1u) {{
       let sb = r * {T}u + c;
       a[r] = a[r] + sc[sb] * v0 + sc[sb + {R}u] * v1 + sc[sb + {2 * R}u] * v2 + sc[sb + {3 * R}u] * v3;
     }}
@@ -409,65 +429,69 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
   }}
   while (c < n) {{
     let vv = {v_at};
-    for (var r = 0u; r < {G}u; r = r + 1u) {{ a[r] = a[r] + sc[r * {T}u + c] * vv; }}
+    for (var r = 0u; r < {GL}u; r = r + 1u) {{ a[r] = a[r] + sc[r * {T}u + c] * vv; }}
     c = c + {R}u;
   }}
-  for (var r = 0u; r < {G}u; r = r + 1u) {{ pvs[r * {WG}u + lid] = a[r]; }}
+  for (var r = 0u; r < {GL}u; r = r + 1u) {{ pvs[r * {WG}u + lid] = a[r]; }}
   workgroupBarrier();
-  for (var j = lid; j < {G * D4}u; j = j + {WG}u) {{
+  for (var j = lid; j < {GL * D4}u; j = j + {WG}u) {{
     let r = j / {D4}u;
     let e2 = j % {D4}u;
     var t = {vt}(0.0);
     for (var g = 0u; g < {R}u; g = g + 1u) {{ t = t + pvs[r * {WG}u + g * {D4}u + e2]; }}
-    part[((h * {G}u + r) * {ns}u + sp) * {pw}u + {head_words}u + e2] = t;
+    part[(({hr}) * {ns}u + sp) * {pw}u + {head_words}u + e2] = t;
   }}
 """
-        pv_decl = f"var<workgroup> pvs: array<{vt}, {G * WG}>;\n"
+        pv_decl = f"var<workgroup> pvs: array<{vt}, {GL * WG}>;\n"
     else:
-        pv = f"""  for (var j = lid; j < {G * D4}u; j = j + {WG}u) {{
+        pv = f"""  for (var j = lid; j < {GL * D4}u; j = j + {WG}u) {{
     let r = j / {D4}u;
     let e = j % {D4}u;
     var t = {vt}(0.0);
     for (var c = 0u; c < n; c = c + 1u) {{ t = t + sc[r * {T}u + c] * {v_at}; }}
-    part[((h * {G}u + r) * {ns}u + sp) * {pw}u + {head_words}u + e] = t;
+    part[(({hr}) * {ns}u + sp) * {pw}u + {head_words}u + e] = t;
   }}
 """
         pv_decl = ""
     src += f"""
-var<workgroup> qs: array<{vt}, {G * D4}>;
-var<workgroup> sc: array<f32, {G * T}>;
-var<workgroup> red: array<f32, {G * WG}>;
+var<workgroup> qs: array<{vt}, {GL * D4}>;
+var<workgroup> sc: array<f32, {GL * T}>;
+var<workgroup> red: array<f32, {GL * WG}>;
 {pv_decl}
-{_trees(G, WG)}
-{_split_entry(WG, T, C)}{write_body}  for (var j = lid; j < {G * D4}u; j = j + {WG}u) {{ qs[j] = {q_load}; }}
+{_trees(GL, WG)}
+{_split_entry(WG, T, C)}  let q0 = wid.z * {GL}u;
+{write_body}  for (var jj = lid; jj < {GL * D4}u; jj = jj + {WG}u) {{
+    let j = q0 * {D4}u + jj;
+    qs[jj] = {q_load};
+  }}
   workgroupBarrier();
-  var mloc: array<f32, {G}>;
-  var acc: array<f32, {G}>;
-  for (var r = 0u; r < {G}u; r = r + 1u) {{ mloc[r] = {low}; }}
+  var mloc: array<f32, {GL}>;
+  var acc: array<f32, {GL}>;
+  for (var r = 0u; r < {GL}u; r = r + 1u) {{ mloc[r] = {low}; }}
   for (var c = lid; c < n; c = c + {WG}u) {{
-    for (var r = 0u; r < {G}u; r = r + 1u) {{ acc[r] = 0.0; }}
+    for (var r = 0u; r < {GL}u; r = r + 1u) {{ acc[r] = 0.0; }}
     let kb = (h * {C}u + c0 + c) * {LW}u;
     for (var e0 = 0u; e0 < {LW}u; e0 = e0 + {U}u) {{
-{k_loads}      for (var r = 0u; r < {G}u; r = r + 1u) {{
+{k_loads}      for (var r = 0u; r < {GL}u; r = r + 1u) {{
 {q_at}        acc[r] = acc[r] + {k_dots};
       }}
     }}
-    for (var r = 0u; r < {G}u; r = r + 1u) {{
+    for (var r = 0u; r < {GL}u; r = r + 1u) {{
       let raw = acc[r];
-      let si = (h * {G}u + r) * {C}u + c0 + c;
+      let si = ({hr}) * {C}u + c0 + c;
       let val = {fn_call};
       sc[r * {T}u + c] = val;
       mloc[r] = max(mloc[r], val);
     }}
   }}
-  for (var r = 0u; r < {G}u; r = r + 1u) {{ red[r * {WG}u + lid] = mloc[r]; }}
+  for (var r = 0u; r < {GL}u; r = r + 1u) {{ red[r * {WG}u + lid] = mloc[r]; }}
   workgroupBarrier();
   tree_max(lid);
-  var m: array<f32, {G}>;
-  for (var r = 0u; r < {G}u; r = r + 1u) {{ m[r] = red[r * {WG}u]; mloc[r] = 0.0; }}
+  var m: array<f32, {GL}>;
+  for (var r = 0u; r < {GL}u; r = r + 1u) {{ m[r] = red[r * {WG}u]; mloc[r] = 0.0; }}
   workgroupBarrier();
   for (var c = lid; c < n; c = c + {WG}u) {{
-    for (var r = 0u; r < {G}u; r = r + 1u) {{
+    for (var r = 0u; r < {GL}u; r = r + 1u) {{
       let sv = sc[r * {T}u + c];
       // a row masked with -inf weighs 0 (even in a split where every row is masked)
       let pv = select(0.0, exp(sv - m[r]), sv > {low});
@@ -475,12 +499,12 @@ var<workgroup> red: array<f32, {G * WG}>;
       mloc[r] = mloc[r] + pv;
     }}
   }}
-  for (var r = 0u; r < {G}u; r = r + 1u) {{ red[r * {WG}u + lid] = mloc[r]; }}
+  for (var r = 0u; r < {GL}u; r = r + 1u) {{ red[r * {WG}u + lid] = mloc[r]; }}
   workgroupBarrier();
   tree_sum(lid);
-{pv}  if (lid < {G}u) {{
+{pv}  if (lid < {GL}u) {{
     let r = lid;
-    let pb = ((h * {G}u + r) * {ns}u + sp) * {pw}u;
+    let pb = (({hr}) * {ns}u + sp) * {pw}u;
 {stats}  }}
 }}
 """
@@ -489,8 +513,8 @@ var<workgroup> red: array<f32, {G * WG}>;
                                         for leaf in score[1] if not leaf.param)
     if writes is not None:  # the tuples, the updates read and the rows written
         extra += 4 * writes.tuples * 3 + 2 * 2 * writes.tuples * D * (2 if kv == "f16" else 4)
-    k1 = Kernel("attention_flash", src, bindings, (ns, heads, 1),
-                4 * (heads * G * D + parts) + 2 * heads * C * D * (2 if kv == "f16" else 4)
+    k1 = Kernel("attention_flash", src, bindings, (ns, heads, GS),
+                4 * (heads * G * D + parts) + GS * 2 * heads * C * D * (2 if kv == "f16" else 4)
                 + extra)
     k2 = _combine(heads * G, ns, D, vec)
     return k1, k2, parts

@@ -78,14 +78,17 @@ class Attention:
 
     def kernels(self, shared_bytes: int, splits: int | None = None,
                 f16_loads: str | None = None,
-                writes: AT.RowWrites | None = None) -> tuple[AT.Kernel, AT.Kernel, int]:
+                writes: AT.RowWrites | None = None,
+                group_rows: int | None = None) -> tuple[AT.Kernel, AT.Kernel, int]:
         """(pass 1, pass 2, partial 4-byte words); ``splits``: per head (None: the default);
         ``f16_loads``: how a float16 cache is loaded (``flash_decode``; None: "wide");
-        ``writes``: the layer's row write folded into pass 1."""
+        ``writes``: the layer's row write folded into pass 1; ``group_rows``: q rows a
+        workgroup (``flash_decode``; None: the default)."""
         heads, G, C, D, score, q_chain = self._dims()
         return AT.flash_decode(heads, G, C, D, score, shared_bytes // 4, q_chain,
                                splits or AT.SPLITS, kv=self.k.dtype.wgsl,
-                               f16_loads=f16_loads or "wide", writes=writes)
+                               f16_loads=f16_loads or "wide", writes=writes,
+                               group_rows=group_rows)
 
     def one_launch(self, shared_bytes: int, splits: int | None = None,
                    max_storage: int = 8) -> tuple[AT.Kernel, int, int] | None:
@@ -310,7 +313,8 @@ def _lower_attention(n: Site) -> None:
         (k1, k2), parts, _ = two
     else:
         k1, k2, parts = m.kernels(plan.target.shared_bytes, plan.options.attention_splits,
-                                  plan.options.f16_loads, writes)
+                                  plan.options.f16_loads, writes,
+                                  plan.options.attention_q_rows)
     plan.temps[part] = parts
     n.add(KernelLaunch(k1, ins + [part] + w_slots))
     n.add(KernelLaunch(k2, [part, n.out]))

@@ -54,8 +54,12 @@ Q4_FORMS = ("'multi[ROWS][_lLANES][_gGROUPS][_uUNROLL][_h]' (e.g. 'multi', 'mult
 #: cache rows a lane-group loads before using any, default ``attention_lanes.UNROLL``)
 LANES_VARIANT = re.compile(r"lanes(1)?(?:_u(\d+))?")
 
+#: the knobs that are counts, and what they count
+COUNTS = {"attention_splits": "the splits per head",
+          "attention_q_rows": "the q rows a workgroup scores"}
+
 #: the accepted string values of each knob (None is always accepted: chosen per adapter);
-#: gemv, gdn and attention_splits are checked by their own rules in ``_check``
+#: gemv, gdn and the COUNTS are checked by their own rules in ``_check``
 CHOICES: dict[str, tuple[str, ...]] = {
     "attention": ("flash", "flash1", "unfused", "generic"),
     "gemv_prologue": ("launch", "off", "full", "vector"),
@@ -133,6 +137,10 @@ class KernelOptions:
     #: splits per head flash-decoding aims at on long caches: None (``kernels/attention.SPLITS``;
     #: "flash1": ``SPLITS1``; "lanes", "lanes1": ``attention_lanes.SPLITS_L``)
     attention_splits: int | None = None
+    #: q rows a two-launch flash attention workgroup scores (``kernels/attention.q_row_groups``):
+    #: None (``GROUP_ROWS``, 4: a K-token verify's rows split along the grid's z), a count
+    #: (at least one; a head's rows or more: one workgroup a split for all of them)
+    attention_q_rows: int | None = None
     #: encode each dispatch's successor while the device runs it (``dispatch._record_ahead``):
     #: None (GPUs on, CPU adapters off), "on" (its command buffers in one submit), "pieces"
     #: (submitted one by one), "off" (every dispatch encodes its own)
@@ -309,23 +317,24 @@ class KernelOptions:
 
 
 def _parse_value(key: str, value: str) -> str | int | None:
-    """A knob's value from its text: "" is None; attention_splits is a count."""
+    """A knob's value from its text: "" is None; attention_splits and attention_q_rows are
+    counts."""
     if not value:
         return None
-    if key == "attention_splits":
+    if key in COUNTS:
         try:
             return int(value)
         except ValueError:
-            raise ValueError(f"attention_splits = {value!r}: not a whole number") from None
+            raise ValueError(f"{key} = {value!r}: not a whole number") from None
     return value
 
 
 def _check(name: str, value: object) -> None:
     """ValueError unless ``value`` is one the knob ``name`` accepts."""
-    if name == "attention_splits":
+    if name in COUNTS:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"KernelOptions.attention_splits = {value!r}; accepted: None or a "
-                             "positive int (the splits per head)")
+            raise ValueError(f"KernelOptions.{name} = {value!r}; accepted: None or a "
+                             f"positive int ({COUNTS[name]})")
         return
     if not isinstance(value, str):
         raise ValueError(f"KernelOptions.{name} = {value!r}; accepted: None or a string")
