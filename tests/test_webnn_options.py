@@ -24,6 +24,7 @@ ACCEPTED = {
     "row_writes": ["separate"],
     "attention_writes": ["fold", "off"],
     "attention_splits": [1, 8, 64],
+    "attention_q_rows": [1, 4, 16],
     "record_ahead": ["on", "pieces", "off"],
     "cache_copy": ["vec4", "identity", "buffer"],
     "gemv_weights": ["f32", "f16"],
@@ -36,7 +37,7 @@ ACCEPTED = {
     "pass_calls": ["direct", "wgpu-py"],
     "map_wait": ["spin", "caller", "thread"],
     "queue_calls": ["direct", "direct_maps", "wgpu-py"],
-    "q4_rows": ["rows", "cols", "cols2", "cols4"],
+    "q4_rows": ["rows", "cols", "cols2", "cols4", "cols_c8", "cols4_c32"],
 }
 REFUSED = {
     "gemv": ["fastest", "col", "rows_x"], "attention": ["flash2", "", "lanes_u3", "lanes2"],
@@ -45,6 +46,7 @@ REFUSED = {
     "row_vector": ["unroll", ""],
     "row_writes": ["one"], "attention_writes": ["on", "attention", ""],
     "attention_splits": [0, -2, "4", 2.0, True],
+    "attention_q_rows": [0, -1, "4", 4.0, False],
     "record_ahead": ["yes"], "cache_copy": ["copy"], "gemv_weights": ["f64"],
     "gdn": ["fastest", "fused12", "fused0", "fused512"], "f16_loads": ["u32"],
     "read_copy": ["sync"],
@@ -54,7 +56,7 @@ REFUSED = {
     "pass_calls": ["raw", ""],
     "map_wait": ["poll", ""],
     "queue_calls": ["raw", ""],
-    "q4_rows": ["quad", ""],
+    "q4_rows": ["quad", "", "cols3", "cols_c4", "cols_c64", "rows2"],
 }
 
 

@@ -822,8 +822,10 @@ def test_a_product_read_by_one_elementwise_tail_writes_the_tail(ctx_with, monkey
     "float16", marks=pytest.mark.adapter_feature("shader-f16"))])
 @pytest.mark.parametrize("kind,k,n,m,zero_points,block", [
     ("int4", 64, 40, 4, False, 32), ("uint4", 96, 7, 3, True, 32),
-    ("uint4", 320, 130, 8, True, 32), ("int4", 40, 9, 11, True, 8),
-    ("uint4", 48, 11, 2, False, 16), ("int4", 128, 33, 17, False, 32)])
+    pytest.param("uint4", 320, 130, 8, True, 32, marks=pytest.mark.slow),
+    ("int4", 40, 9, 11, True, 8),
+    pytest.param("uint4", 48, 11, 2, False, 16, marks=pytest.mark.slow),
+    pytest.param("int4", 128, 33, 17, False, 32, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("variant", ["rows", "cols", "cols4"])
 def test_4bit_matmul_of_several_rows(ctx_with, monkeypatch, variant, dt, kind, k, n, m,
                                      zero_points, block):
@@ -859,6 +861,42 @@ def test_4bit_matmul_of_several_rows(ctx_with, monkeypatch, variant, dt, kind, k
     if dt == "float16":  # the product rounded to float16 once
         bound += np.spacing(np.abs(want).astype(np.float16)).astype(np.float64).max()
     assert np.max(np.abs(got - want)) <= bound
+
+
+@pytest.mark.parametrize("variant,cols", [("cols", 8), ("cols_c16", 16), ("cols_c32", 32),
+                                          ("cols2", 8), ("cols4_c8", 8)])
+def test_4bit_products_by_column_in_narrow_column_groups(ctx_with, variant, cols):
+    """A narrow product (the H200's o and down projections: 2048 columns) by column
+    (``gemm_q4_cols``): ``cols_shape`` gives fewer columns a workgroup and more slices of K
+    (8 columns, 32 slices) so the grid fills the device; the "_cCOLS" variants fix the
+    width. Each width, ragged columns (a last group past N) and slices summed in workgroup
+    memory, against float64 NumPy."""
+    from backends.webnn.kernels import quant as QK
+
+    k, n, m = 1024, 76, 5
+    per = int(variant[4] if variant[4:5].isdigit() else 1)
+    assert QK.cols_shape(k, n, 32, per, None if variant in ("cols", "cols2") else cols) == {
+        "cols": cols, "slices": 256 // cols}
+    ctx = ctx_with(q4_rows=variant)
+    codes = _codes("int4", (k, n))
+    scale = RNG.uniform(0.005, 0.1, size=(k // 32, n)).astype("float32")
+    zp = np.zeros(scale.shape, np.int64)
+    v = RNG.standard_normal((1, m, k)).astype("float32")
+    b = MLGraphBuilder(ctx)
+    w = b.dequantize_linear(_const(b, "int4", codes),
+                            b.constant(data_type="float32", shape=list(scale.shape), value=scale),
+                            _const(b, "int4", zp))
+    g = b.build({"y": b.matmul(b.input("v", data_type="float32", shape=[1, m, k]), w)})
+    (kern,) = [la.kernel for la in g._plan.launches]
+    assert kern.name == "gemm_q4_cols" and "@workgroup_size(256)" in kern.wgsl
+    assert f"let c = lid % {cols}u;" in kern.wgsl
+    t = ctx.create_tensor(data_type="float32", shape=[1, m, k], writable=True)
+    ctx.write_tensor(t, v)
+    out = ctx.create_tensor(data_type="float32", shape=[1, m, n], readable=True)
+    ctx.dispatch(g, {"v": t}, {"y": out})
+    want = v.astype(np.float64) @ _want(codes, scale, zp)
+    got = ctx.read_tensor(out).astype(np.float64)
+    assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
 
 
 @pytest.mark.parametrize("variant", ["rows", "cols", "cols4"])

@@ -309,6 +309,26 @@ def gemm_q4_rows(K: int, N: int, block: int, M: int, *, signed: bool, zero_point
                   _rows_traffic(K, N, M, block, tiles, zero_points, residual, half_out))
 
 
+#: workgroups a several-row product by column aims at at least (two a multiprocessor of the
+#: H200's 132): fewer left most of it idle (PERFORMANCE.md, "The verify's products")
+COLS_TARGET_GROUPS = 264
+
+
+def cols_shape(K: int, N: int, block: int, per_thread: int = 1,
+               cols: int | None = None) -> dict[str, int]:
+    """``gemm_q4_cols``' ``cols`` and ``slices`` for a K×N product: 256 invocations a
+    workgroup, 32 columns of 8 slices of K where that gives ``COLS_TARGET_GROUPS``
+    workgroups, else narrower column groups of more slices (16 × 16, 8 × 32) while each
+    slice keeps a load, so a 2048-column product runs 256 workgroups, not 64; ``cols``
+    fixes the width (a ``q4_rows`` "_cCOLS" variant)."""
+    units = K // (32 if block % 32 == 0 else 8)
+    c = cols or 32
+    while (cols is None and c > 8 and -(-N // (c * per_thread)) < COLS_TARGET_GROUPS
+           and 256 // (c // 2) <= units):
+        c //= 2
+    return {"cols": c, "slices": 256 // c}
+
+
 def gemm_q4_cols(K: int, N: int, block: int, M: int, *, signed: bool, zero_points: bool,
                  cols: int = 32, slices: int = 8, tile: int = 8, per_thread: int = 1,
                  n_off: int = 0, width: int | None = None,

@@ -341,9 +341,9 @@ def lower_q4_rows(plan: Any, members: list[Node], a_slot: Slot, slot_of: Any) ->
     K, N = w0.K, sum(w.N for w in ws)
     per = N if len(ws) > 1 else max(8, (plan.max_binding // (K // 2)) // 8 * 8)
     lanes = 8 if plan.target.cpu else 32
-    variant = plan.options.q4_rows_variant(plan.target)
-    by_col = variant.startswith("cols")
-    per_thread = int(variant[4:] or 1) if by_col else 1
+    by_cols = plan.options.q4_cols(plan.target)
+    by_col = by_cols is not None
+    per_thread, cols = by_cols or (1, None)
     dst, res = plan.epilogue.get(members[0].id, (members[0], None))  # (the add, residual)
     heads = plan.head_rows.get(members[0].id)  # the rows read through a transpose
     outs = [slot_of(m) for m in members] if len(ws) > 1 else [slot_of(dst)]
@@ -371,7 +371,9 @@ def lower_q4_rows(plan: Any, members: list[Node], a_slot: Slot, slot_of: Any) ->
                       splits=[w.N for w in ws] if len(ws) > 1 else None,
                       residual=res is not None, half_out=dst.dtype.wgsl == "f16",
                       head_d=heads[1] if heads is not None else None)
-        k = (QK.gemm_q4_cols(K, nc, w0.block, M, per_thread=per_thread, **common) if by_col else
+        k = (QK.gemm_q4_cols(K, nc, w0.block, M, per_thread=per_thread,
+                             **QK.cols_shape(K, nc, w0.block, per_thread, cols), **common)
+             if by_col else
              QK.gemm_q4_rows(K, nc, w0.block, M, lanes=lanes, subgroup=plan.target.subgroup,
                              **common))
         plan.launches.append(KernelLaunch(k, [a_slot, *slots, *(

@@ -50,6 +50,11 @@ QUAD_VARIANT = re.compile(r"quad(?:_k(\d+))?(_h)?")
 Q4_FORMS = ("'multi[ROWS][_lLANES][_gGROUPS][_uUNROLL][_h]' (e.g. 'multi', 'multi2_u2_h'), "
             "'wide[ROWS][_kLOADS][_h]' (e.g. 'wide', 'wide2_h'), 'quad[_kLOADS][_h]'")
 
+#: the several-row 4-bit products by column: ``cols[PER][_cCOLS]`` (PER columns an invocation,
+#: 1, 2 or 4, default 1; COLS columns a slice-group of a workgroup, 8, 16 or 32, default
+#: ``quant.cols_shape``'s choice): ``kernels/quant.gemm_q4_cols``
+Q4_COLS_VARIANT = re.compile(r"cols([124])?(?:_c(8|16|32))?")
+
 #: decode attention's lane-group variants: ``lanes[1][_uUNROLL]`` ("1": the combine folded in;
 #: cache rows a lane-group loads before using any, default ``attention_lanes.UNROLL``)
 LANES_VARIANT = re.compile(r"lanes(1)?(?:_u(\d+))?")
@@ -78,7 +83,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "pass_calls": ("direct", "wgpu-py"),
     "map_wait": ("spin", "caller", "thread"),
     "queue_calls": ("direct", "direct_maps", "wgpu-py"),
-    "q4_rows": ("rows", "cols", "cols2", "cols4"),
 }
 
 
@@ -195,11 +199,21 @@ class KernelOptions:
     #: the several-row 4-bit products (a K-token verify's, ``match_q4`` rows): None (GPU
     #: adapters "cols", CPU adapters "rows"), "rows" (``quant.gemm_q4_rows``: lanes share a
     #: column), "cols" (``quant.gemm_q4_cols``: an invocation a column, codes laid out by
-    #: load), "cols2"/"cols4" (2 or 4 columns an invocation, each input load used for all)
+    #: load), "cols2"/"cols4" (2 or 4 columns an invocation, each input load used for all),
+    #: "_cCOLS" after either (``Q4_COLS_VARIANT``: columns a workgroup's slice-group, else
+    #: ``quant.cols_shape`` widens K's slices on narrow products to fill the device)
     q4_rows: str | None = None
 
     def q4_rows_variant(self, t: Target) -> str:
         return self.q4_rows or ("rows" if t.cpu else "cols")
+
+    def q4_cols(self, t: Target) -> tuple[int, int | None] | None:
+        """(columns an invocation, columns a slice-group or None: ``cols_shape``'s) of the
+        several-row products by column, or None where they run ``gemm_q4_rows``."""
+        m = Q4_COLS_VARIANT.fullmatch(self.q4_rows_variant(t))
+        if m is None:
+            return None
+        return int(m.group(1) or 1), int(m.group(2)) if m.group(2) else None
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -370,6 +384,11 @@ def _check(name: str, value: object) -> None:
         m = WIDE_VARIANT.fullmatch(value)
         if not (1 <= int(m.group(1) or 1) <= 4 and 1 <= int(m.group(2) or 1) <= 4):
             raise ValueError(f"KernelOptions.q4_gemv = {value!r}: rows 1 to 4, loads 1 to 4")
+    elif name == "q4_rows":
+        if value != "rows" and not Q4_COLS_VARIANT.fullmatch(value):
+            raise ValueError(f"KernelOptions.q4_rows = {value!r}; accepted: None, 'rows', "
+                             "'cols[PER][_cCOLS]' (PER 1, 2 or 4; COLS 8, 16 or 32; e.g. "
+                             "'cols', 'cols4', 'cols_c32')")
     elif name == "attention" and LANES_VARIANT.fullmatch(value):
         unroll = LANES_VARIANT.fullmatch(value).group(2)
         if unroll is not None and int(unroll) not in (1, 2, 4, 8):
