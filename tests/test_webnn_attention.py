@@ -118,10 +118,10 @@ def verify_graph(ctx, heads: int, g: int, k: int, cap: int, d: int):
     return b.build(outs), outs
 
 
-@pytest.mark.parametrize("q_rows,per_group", [(None, 4), (1, 1), (5, 4), (16, 12)])
+@pytest.mark.parametrize("q_rows,per_group", [(None, 2), (1, 1), (5, 4), (16, 12)])
 def test_verify_rows_split_into_groups(ctx_with, q_rows, per_group):
-    """KernelOptions.attention_q_rows: a K = 3 verify's 12 q rows a head scored 4, 1 or
-    all 12 a workgroup (5 is taken as 4, the largest divisor); each row under its own
+    """KernelOptions.attention_q_rows: a K = 3 verify's 12 q rows a head scored 2 (the
+    default), 1, 4 or all 12 a workgroup (5 is taken as 4, the largest divisor); each row under its own
     causal mask row, so a group reading another's mask or q rows, or writing another's
     partials, fails against the oracle."""
     from backends.webnn.kernels import attention as AT

@@ -30,7 +30,7 @@ from .fused import FusedOp, Leaf, functions, leaf_decls
 WG = 128  # pass 1 workgroup
 WG2 = 256  # combine workgroup
 SPLITS = 32  # splits per head a long cache aims at
-GROUP_ROWS = 4  # q rows a flash_decode workgroup scores at most, by default
+GROUP_ROWS = 2  # q rows a flash_decode workgroup scores at most, by default (PERFORMANCE.md)
 F16_LOADS = ("wide", "vec4")  # how flash_decode loads a float16 cache (its f16_loads)
 
 
@@ -232,7 +232,7 @@ def split_rows(capacity: int, q_rows: int, d: int, shared_floats: int,
 def q_row_groups(q_rows: int, group_rows: int | None = None) -> int:
     """q rows a ``flash_decode`` workgroup scores: the largest divisor of ``q_rows`` no
     larger than ``group_rows`` (None: ``GROUP_ROWS``), so every group is as wide (a K-token
-    verify's head: K groups of one token's GQA rows where they are 4)."""
+    verify's head: 2K groups where a token has 4 GQA rows)."""
     cap = max(1, min(q_rows, group_rows or GROUP_ROWS))
     return next(g for g in range(cap, 0, -1) if q_rows % g == 0)
 

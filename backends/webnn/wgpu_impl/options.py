@@ -142,7 +142,7 @@ class KernelOptions:
     #: "flash1": ``SPLITS1``; "lanes", "lanes1": ``attention_lanes.SPLITS_L``)
     attention_splits: int | None = None
     #: q rows a two-launch flash attention workgroup scores (``kernels/attention.q_row_groups``):
-    #: None (``GROUP_ROWS``, 4: a K-token verify's rows split along the grid's z), a count
+    #: None (``GROUP_ROWS``, 2: a head's rows split along the grid's z), a count
     #: (at least one; a head's rows or more: one workgroup a split for all of them)
     attention_q_rows: int | None = None
     #: encode each dispatch's successor while the device runs it (``dispatch._record_ahead``):
