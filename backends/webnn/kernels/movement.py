@@ -132,9 +132,13 @@ def scatter_nd(t: str, it: str, in_shape: Sequence[int], idx_shape: Sequence[int
                   4 * tuples * k + 2 * esize(t) * n * len(updates))
 
 
+#: invocations of the capacity check (its tuples strided over them)
+CHECK_WG = 64
+
+
 def capacity_check(checks: Sequence[tuple[str, Sequence[int], Sequence[int]]],
                    sources: Sequence[int] | None = None) -> Kernel:
-    """PROPOSAL behaviour 4: one thread validates every append pair's index tuples before
+    """PROPOSAL behaviour 4: one workgroup validates every append pair's index tuples before
     any state is written; ``status[0]`` = 0 if all are within capacity, else 1 + the
     index of the first pair that would overflow. Each entry: (index type, index shape,
     cache shape). A tuple is within capacity iff 0 <= i_j < cache_shape[j] for every
@@ -142,6 +146,11 @@ def capacity_check(checks: Sequence[tuple[str, Sequence[int], Sequence[int]]],
 
     ``sources[p]``: which index binding pair ``p`` reads (pairs of one model usually share
     one index tensor: 32 pairs would otherwise need 33 storage bindings); default one each.
+    Pairs reading one binding into same-shaped caches pass or fail together, so each such
+    group is checked once and reports its first pair; the group's tuples are strided over
+    ``CHECK_WG`` invocations and the first failing pair is their ``atomicMin`` (one thread
+    walking 32 pairs' tuples took 25 µs of the H200's one-token step, 77 µs of a K = 4
+    verify: PERFORMANCE.md).
     """
     sources = list(sources) if sources is not None else list(range(len(checks)))
     nbuf = max(sources) + 1 if sources else 0
@@ -149,18 +158,27 @@ def capacity_check(checks: Sequence[tuple[str, Sequence[int], Sequence[int]]],
     for u in range(nbuf):
         it = checks[sources.index(u)][0]
         src += decl(u + 1, f"idx{u}", it, "read")
-    src += "@compute @workgroup_size(1)\nfn main() {\n  var bad = 0u;\n"
-    reads = 4
+    groups: dict[tuple, int] = {}  # (binding, index shape, cache shape) -> its first pair
     for p, (_, ishape, cshape) in enumerate(checks):
+        groups.setdefault((sources[p], tuple(ishape), tuple(cshape)), p)
+    none = 0xFFFFFFFF  # no failing pair
+    src += (f"var<workgroup> first: atomic<u32>;\n@compute @workgroup_size({CHECK_WG})\n"
+            "fn main(@builtin(local_invocation_index) lid: u32) {\n"
+            f"  if (lid == 0u) {{ atomicStore(&first, {none}u); }}\n  workgroupBarrier();\n"
+            f"  var bad = {none}u;\n")
+    reads = 4
+    for (u, ishape, cshape), p in groups.items():
         k = ishape[-1]
         tuples = S.size(ishape[:-1])
         reads += 4 * tuples * k
-        src += f"  for (var t = 0u; t < {tuples}u; t = t + 1u) {{\n"
+        src += f"  for (var t = lid; t < {tuples}u; t = t + {CHECK_WG}u) {{\n"
         for j in range(k):
-            src += (f"    let c{j} = i32(idx{sources[p]}[t * {k}u + {j}u]);\n"
-                    f"    if (bad == 0u && (c{j} < 0 || c{j} >= {cshape[j]})) {{ bad = {p + 1}u; }}\n")
+            src += (f"    let c{j} = i32(idx{u}[t * {k}u + {j}u]);\n"
+                    f"    if (c{j} < 0 || c{j} >= {cshape[j]}) {{ bad = min(bad, {p + 1}u); }}\n")
         src += "  }\n"
-    src += "  status[0] = bad;\n}\n"
+    src += (f"  if (bad != {none}u) {{ atomicMin(&first, bad); }}\n  workgroupBarrier();\n"
+            "  if (lid == 0u) {\n    let f = atomicLoad(&first);\n"
+            f"    status[0] = select(f, 0u, f == {none}u);\n  }}\n}}\n")
     return Kernel("capacity_check", src, ["rw"] + ["read"] * nbuf, (1, 1, 1), reads)
 
 
