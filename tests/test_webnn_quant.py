@@ -899,6 +899,52 @@ def test_4bit_products_by_column_in_narrow_column_groups(ctx_with, variant, cols
     assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
 
 
+@pytest.mark.parametrize("dt", ["float32", pytest.param(
+    "float16", marks=pytest.mark.adapter_feature("shader-f16"))])
+@pytest.mark.parametrize("variant", ["cols", "cols2_c8", "rows"])
+def test_several_rows_gate_and_up_write_their_swiglu(ctx_with, variant, dt):
+    """A K-token layer's gate and up (stacked 4-bit products of one input of M rows) read
+    only by SwiGLU: by column (``q4_epilogue=gated``), one ``gemm_q4_cols`` launch over the
+    pair's interleaved columns writes ``silu(gate) · up`` (no activation launch, no product
+    written); by rows the activation keeps its launch. Against float64 NumPy (float16: the
+    activation rounded once, the products' float16 roundings bounded)."""
+    ctx = ctx_with(q4_rows=variant, q4_epilogue="gated")
+    k, f, m = 1024, 44, 5
+    v = RNG.standard_normal((1, m, k)).astype(dt)
+    b = MLGraphBuilder(ctx)
+    x = b.input("v", data_type=dt, shape=[1, m, k])
+    lin = []
+    prods = []
+    for _ in range(2):
+        codes = _codes("int4", (k, f))
+        scale = RNG.uniform(0.005, 0.05, size=(k // 32, f)).astype(dt)
+        zp = np.zeros(scale.shape, np.int64)
+        w = b.dequantize_linear(_const(b, "int4", codes),
+                                b.constant(data_type=dt, shape=list(scale.shape), value=scale),
+                                _const(b, "int4", zp))
+        prods.append(b.matmul(x, w))
+        lin.append(v.astype(np.float64) @ _want(codes, scale.astype(np.float32), zp))
+    g, u = prods
+    y = b.mul(b.mul(g, b.sigmoid(g)), u)
+    down = RNG.standard_normal((f, 8)).astype(dt)  # the activation read on, as down reads it
+    gr = b.build({"z": b.matmul(y, b.constant(data_type=dt, shape=[f, 8], value=down))})
+    names = [la.kernel.name for la in gr._plan.launches]
+    q4 = [x for x in names if x.startswith("gemm_q4")]
+    acts = [x for x in names if "sigmoid" in x]
+    assert q4 == ["gemm_q4_" + variant[:4]] and len(acts) == (variant == "rows"), names
+    t = ctx.create_tensor(data_type=dt, shape=[1, m, k], writable=True)
+    ctx.write_tensor(t, v)
+    out = ctx.create_tensor(data_type=dt, shape=[1, m, 8], readable=True)
+    ctx.dispatch(gr, {"v": t}, {"z": out})
+    got = ctx.read_tensor(out).astype(np.float64)
+    gs, us = lin
+    act = gs / (1 + np.exp(-gs)) * us
+    want = act @ down.astype(np.float64)
+    scale = np.abs(act) @ np.abs(down.astype(np.float64))
+    tol = 1e-5 if dt == "float32" else 2.0**-8  # float16: the products and the activation rounded
+    assert np.all(np.abs(got - want) <= tol * scale + 1e-6)
+
+
 @pytest.mark.parametrize("variant", ["rows", "cols", "cols4"])
 def test_4bit_products_of_several_rows_stack_on_their_input(ctx_with, variant):
     """A K-token layer's q, k and v (three 4-bit products of one input of M rows): one

@@ -9,11 +9,15 @@ i / 8 (dtypes.py); ``uint8`` is one element a word.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from .. import shapes as S
 from ..dtypes import dtype, packed_bytes
 from .common import Kernel, decl, esize, grid, main_1d
 from .matmul import VectorSource, gemv_tail
+
+if TYPE_CHECKING:
+    from .quant_rows import GatedOutput
 
 
 def load_fn(name: str, array: str, kind: str) -> str:
@@ -333,7 +337,8 @@ def gemm_q4_cols(K: int, N: int, block: int, M: int, *, signed: bool, zero_point
                  cols: int = 32, slices: int = 8, tile: int = 8, per_thread: int = 1,
                  n_off: int = 0, width: int | None = None,
                  splits: Sequence[int] | None = None, residual: bool = False,
-                 half_out: bool = False, head_d: int | None = None) -> Kernel:
+                 half_out: bool = False, head_d: int | None = None,
+                 gated: GatedOutput | None = None) -> Kernel:
     """``gemm_q4_rows``' product with the codes laid out by load, then column (made at
     upload: ``match_q4.by_load``): an invocation per column and slice of K, so a warp's
     code loads are consecutive columns' (coalesced), its input loads the same row vector
@@ -345,10 +350,19 @@ def gemm_q4_cols(K: int, N: int, block: int, M: int, *, signed: bool, zero_point
     coalesced), each input vec4 loaded once for all of them: ``per_thread`` times fewer
     input loads a code byte (the M-row products' bound on the H200 at ``per_thread`` 1).
 
+    ``gated``: the N columns are a stacked pair's (a K-token SwiGLU's gate and up),
+    interleaved column by column at upload (``match_q4.paired_columns``); the two sums of a
+    pair meet in workgroup memory and the even column's invocation writes the element-wise
+    function of both (``out``: M rows of N / 2, its type), so neither product is written
+    and the activation has no launch.
+
     Bindings as ``gemm_q4_rows``'; ``b`` (units, N) of vec4<u32> (u32 where the block is
     not a multiple of 32), ``sc`` (and ``zc``) (K / block, N)."""
     assert K % 8 == 0 and block % 8 == 0 and K % block == 0 and M >= 1 and per_thread >= 1
     assert not splits or (sum(splits) == N and not n_off and not residual and not half_out)
+    assert gated is None or (N % 2 == 0 and cols % 2 == 0 and not (splits or n_off or residual))
+    if gated is not None:
+        half_out = gated.out_type == "f16"
     assert head_d is None or (head_d % 4 == 0 and K % head_d == 0)
     wide = block % 32 == 0
     unit = 4 if wide else 1
@@ -404,13 +418,39 @@ def gemm_q4_cols(K: int, N: int, block: int, M: int, *, signed: bool, zero_point
             f"    for (var q = 1u; q < {slices}u; q = q + 1u) "
             f"{{ acc{c}_{j} = acc{c}_{j} + sh[{i}u * {wg}u + q * {cols}u + c]; }}\n"
             for i, (c, j) in enumerate(accs)) + "  }\n")
-    for c in range(CT):
-        src += f"  {{\n  let n = n{c};\n"
-        for j in range(MT):
-            src += _rows_write(f"acc{c}_{j}", "sl == 0u", j, N, M, width, n_off, residual,
-                               half_out, splits)
-        src += "  }\n"
+    traffic = _rows_traffic(K, N, M, block, tiles := -(-M // MT), zero_points, residual,
+                            half_out)
+    if gated is not None:
+        src = src.replace("@compute", f"{gated.src}var<workgroup> pair_sh: array<f32, "
+                          f"{CT * MT * cols}>;\n@compute", 1)
+        src += _paired_write(gated, accs, MT, cols, M, N // 2)
+        traffic -= (2 if half_out else 4) * M * N // 2  # half the columns written
+    else:
+        for c in range(CT):
+            src += f"  {{\n  let n = n{c};\n"
+            for j in range(MT):
+                src += _rows_write(f"acc{c}_{j}", "sl == 0u", j, N, M, width, n_off,
+                                   residual, half_out, splits)
+            src += "  }\n"
     src += "}\n"
-    tiles = -(-M // MT)
-    return Kernel("gemm_q4_cols", src, binds, (-(-N // span), tiles, 1),
-                  _rows_traffic(K, N, M, block, tiles, zero_points, residual, half_out))
+    return Kernel("gemm_q4_cols", src, binds, (-(-N // span), tiles, 1), traffic)
+
+
+def _paired_write(gated: GatedOutput, accs: list[tuple[int, int]], MT: int, cols: int,
+                  M: int, half: int) -> str:
+    """WGSL closing ``gemm_q4_cols`` with ``gated``: each column's sums (``acc{c}_{j}``, held
+    by its slice-0 invocation) into workgroup memory; after one barrier the even column of
+    each pair writes ``gated``'s function of its sum (``g0``) and its neighbour's (``g1``)
+    at element (row, column / 2) of ``half`` a row. Every invocation reaches the barrier."""
+    src = "".join(f"  if (sl == 0u) {{ pair_sh[{(c * MT + j) * cols}u + c] = acc{c}_{j}; }}\n"
+                  for c, j in accs)
+    src += "  workgroupBarrier();\n  if (sl == 0u && (c & 1u) == 0u) {\n"
+    for c, j in accs:
+        base = (c * MT + j) * cols
+        src += (f"    {{\n      let np = n{c} / 2u;\n"
+                f"      if (np < {half}u && m0 + {j}u < {M}u) {{\n"
+                f"        let g0 = pair_sh[{base}u + c];\n"
+                f"        let g1 = pair_sh[{base}u + c + 1u];\n"
+                f"        let gi = (m0 + {j}u) * {half}u + np;\n"
+                f"        out[gi] = {gated.call.format('gi')};\n      }}\n    }}\n")
+    return src + "  }\n"

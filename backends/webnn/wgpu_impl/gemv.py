@@ -161,7 +161,8 @@ def gated_epilogues(nodes: list[Node], stacked: dict[int, list[Node]],
                     groups: dict[int, fusion.Group], taken: set[int],
                     pinned: set[int]) -> dict[int, Gated]:
     """First product id -> ``Gated``, for each stacked pair of products (the caller passes
-    those its kernel takes) of one even length read by nothing but one fused group
+    those its kernel takes; one row each, or several: a K-token verify's) of one shape and
+    even length read by nothing but one fused group
     whose ops are element-wise at the same index (no broadcast, no data movement) and
     whose leaves are the two products: a gated MLP's activation (SwiGLU, GeGLU), however
     the exporter spelled it. ``taken``: roots that must keep their launch; ``pinned``: roots
@@ -172,17 +173,17 @@ def gated_epilogues(nodes: list[Node], stacked: dict[int, list[Node]],
     for first, ms in stacked.items():
         if len(ms) != 2:
             continue
-        F = ms[0].shape[-1]
+        F, n = ms[0].shape[-1], S.size(ms[0].shape)  # (n: all rows of a several-row pair)
         readers = consumers.get(ms[0].id, [])
         grp = group_of.get(readers[0].id) if readers else None  # checked against all below
-        if (grp is None or F % 2 or ms[1].shape[-1] != F
+        if (grp is None or F % 2 or tuple(ms[1].shape) != tuple(ms[0].shape)
                 or grp.ops[-1].id in taken or any(m.id in pinned for m in ms)
                 or sorted(x.id for x in grp.leaves) != sorted(m.id for m in ms)):
             continue
         ops = {o.id for o in grp.ops}
         if all(c.id in ops for m in ms for c in consumers.get(m.id, [])) and all(
-                o.op in SAME_INDEX_OPS and S.size(o.shape) == F
-                and all(S.size(x.shape) == F for x in o.inputs) for o in grp.ops):
+                o.op in SAME_INDEX_OPS and S.size(o.shape) == n
+                and all(S.size(x.shape) == n for x in o.inputs) for o in grp.ops):
             out[first] = Gated((ms[0], ms[1]), grp)
     return out
 

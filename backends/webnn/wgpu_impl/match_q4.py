@@ -234,6 +234,15 @@ def paired_rows(values: Any, half: int) -> np.ndarray:
     return np.ascontiguousarray(v.transpose(1, 0, 2, 3)).reshape(-1)
 
 
+def paired_columns(values: Any, half: int) -> np.ndarray:
+    """The (2 · half, per-column) 32-bit values made by ``values()`` for two stacked
+    products of ``half`` columns each, interleaved column by column: column n of the first,
+    then column n of the second (``quant.gemm_q4_cols`` with ``gated``: a pair's two sums in
+    neighbouring invocations)."""
+    v = values().reshape(2, half, -1)
+    return np.ascontiguousarray(v.transpose(1, 0, 2)).reshape(-1)
+
+
 def packed_half(values: Any) -> np.ndarray:
     """Float32 values made by ``values()`` (float16 ones) as float16, two to a u32 word, the
     count padded to even (``gemv_q4_multi`` half_scales)."""
@@ -346,7 +355,10 @@ def lower_q4_rows(plan: Any, members: list[Node], a_slot: Slot, slot_of: Any) ->
     per_thread, cols = by_cols or (1, None)
     dst, res = plan.epilogue.get(members[0].id, (members[0], None))  # (the add, residual)
     heads = plan.head_rows.get(members[0].id)  # the rows read through a transpose
-    outs = [slot_of(m) for m in members] if len(ws) > 1 else [slot_of(dst)]
+    gated = plan.gated.get(members[0].id)  # the pair writes its activation, columns paired
+    assert gated is None or (by_col and len(ws) == 2), "a gated pair of rows runs by column"
+    outs = ([slot_of(gated.root)] if gated is not None
+            else [slot_of(m) for m in members] if len(ws) > 1 else [slot_of(dst)])
     for c, n0 in enumerate(range(0, N, per)):
         nc = min(per, N - n0)
         parts = [(w, 0, w.N) for w in ws] if len(ws) > 1 else [(w0, n0, nc)]
@@ -356,6 +368,8 @@ def lower_q4_rows(plan: Any, members: list[Node], a_slot: Slot, slot_of: Any) ->
 
         def laid(make: Callable[[], np.ndarray], per_col: int,
                  nc: int = nc) -> Callable[[], np.ndarray]:
+            if gated is not None:
+                make = partial(paired_columns, make, nc // 2)
             return partial(by_load, make, nc, per_col) if by_col else make
 
         plan.consts.setdefault(slots[0], Deferred(nc * K // 8, laid(partial(
@@ -368,9 +382,11 @@ def lower_q4_rows(plan: Any, members: list[Node], a_slot: Slot, slot_of: Any) ->
                 _stacked, [partial(repack_scales, *p, True) for p in parts]), 1)))
         common = dict(signed=w0.signed, zero_points=w0.zero_points,
                       n_off=n0 if len(ws) == 1 else 0, width=N,
-                      splits=[w.N for w in ws] if len(ws) > 1 else None,
+                      splits=[w.N for w in ws] if len(ws) > 1 and gated is None else None,
                       residual=res is not None, half_out=dst.dtype.wgsl == "f16",
                       head_d=heads[1] if heads is not None else None)
+        if gated is not None:
+            common.update(gated=gated.output(), half_out=False)
         k = (QK.gemm_q4_cols(K, nc, w0.block, M, per_thread=per_thread,
                              **QK.cols_shape(K, nc, w0.block, per_thread, cols), **common)
              if by_col else

@@ -297,6 +297,13 @@ class KernelOptions:
         how = self.q4_epilogue
         return (how == "gated" or (how is None and not t.cpu)) and self.q4_quad(t) is not None
 
+    def q4_rows_gated(self, t: Target) -> bool:
+        """Whether a stacked gate/up pair of several-row 4-bit products (a K-token verify's)
+        writes its activation (``q4_epilogue``, as ``q4_gated``): where they run by column
+        (``q4_cols``)."""
+        how = self.q4_epilogue
+        return (how == "gated" or (how is None and not t.cpu)) and self.q4_cols(t) is not None
+
     def q4_norm_partials(self, t: Target) -> bool:
         """Whether a norm between two 4-bit products is computed from partial sums the first
         writes (``q4_norms``): by default on GPU adapters, where the "quad" kernel runs

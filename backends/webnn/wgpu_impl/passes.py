@@ -132,8 +132,9 @@ def residual_epilogues(plan: Plan, st: PassState) -> None:
 
 def gated_epilogues(plan: Plan, st: PassState) -> None:
     """A gated MLP's activation (SwiGLU) written by the launch of its stacked 4-bit gate and
-    up products (``q4_epilogue``), where the "quad" kernel runs them; so is an element-wise
-    tail read only by one 4-bit product (the logits' float16 rounding)."""
+    up products (``q4_epilogue``), where the "quad" kernel runs them, or of several rows
+    where they run by column; so is an element-wise tail read only by one 4-bit product
+    (the logits' float16 rounding)."""
     if plan.options.q4_gated(plan.target):
         pairs = {k: ms for k, ms in plan.stacked.items()
                  if all(m.id in plan.q4 and plan.q4[m.id].quad_fits for m in ms)}
@@ -145,6 +146,9 @@ def gated_epilogues(plan: Plan, st: PassState) -> None:
                  and i not in plan.epilogue}
         plan.gated |= GV.mapped_epilogues(st.nodes, alone, plan.groups, st.inlined,
                                           st.absorbed, st.pinned)
+    if plan.options.q4_rows_gated(plan.target):  # several rows: gemm_q4_cols' pair columns
+        plan.gated |= GV.gated_epilogues(st.nodes, plan.stacked_rows, plan.groups,
+                                         st.pinned | st.absorbed, st.pinned)
     st.absorbed |= {g.root.id for g in plan.gated.values()}
 
 
