@@ -1,42 +1,28 @@
-"""The capacity check (PROPOSAL behaviour 4, ``kernels/movement.capacity_check``) run alone
-on the device against its rule computed in NumPy: pairs sharing index bindings and cache
-shapes (checked once a group), more tuples than the workgroup's invocations, negative and
-past-the-end components, and which pair is reported (the first that would overflow)."""
+"""The capacity check (PROPOSAL behaviour 4, ``kernels/movement.capacity_check``), accepted by
+naga and Tint, run alone on the device against its rule computed in NumPy: pairs sharing
+index bindings and cache shapes (checked once a group), more tuples than the workgroup's
+invocations, negative and past-the-end components, and which pair is reported (the first
+that would overflow)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-import wgpu
 
 from backends.webnn.kernels import movement as MV
-from backends.webnn.kernels.common import module_source
+from tests import test_webnn_gdn_capsule as capsule
+
+device = capsule.device  # the module's adapter device (a fixture)
 
 RNG = np.random.default_rng(4)
 
 
-def _status(ctx, checks, sources, indices: list[np.ndarray]) -> int:
-    """status[0] after one launch of the kernel over these index buffers."""
+def _status(device, checks, sources, indices: list[np.ndarray]) -> int:
+    """status[0] after one launch of the kernel over these index buffers (naga and Tint
+    accepting it first)."""
     k = MV.capacity_check(checks, sources)
-    dev = ctx._device
-    code = module_source(k.wgsl, ctx.engine.enable_subgroups)
-    pipe = dev.create_compute_pipeline(layout="auto", compute={
-        "module": dev.create_shader_module(code=code), "entry_point": "main"})
-    usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC
-    status = dev.create_buffer_with_data(data=np.full(1, 7, np.uint32), usage=usage)
-    bufs = [status] + [dev.create_buffer_with_data(data=np.ascontiguousarray(i, np.int32),
-                                                   usage=usage) for i in indices]
-    group = dev.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=[
-        {"binding": b, "resource": {"buffer": buf, "offset": 0, "size": buf.size}}
-        for b, buf in enumerate(bufs)])
-    enc = dev.create_command_encoder()
-    p = enc.begin_compute_pass()
-    p.set_pipeline(pipe)
-    p.set_bind_group(0, group)
-    p.dispatch_workgroups(*k.groups)
-    p.end()
-    dev.queue.submit([enc.finish()])
-    return int(np.frombuffer(dev.queue.read_buffer(status), np.uint32)[0])
+    arrays = [np.full(1, 7, np.uint32)] + [np.ascontiguousarray(i, np.int32) for i in indices]
+    return int(capsule.launch(device, k, arrays)[0][0])
 
 
 def _want(checks, sources, indices) -> int:
@@ -48,7 +34,7 @@ def _want(checks, sources, indices) -> int:
 
 
 @pytest.mark.parametrize("tuples", [8, 200])
-def test_the_first_overflowing_pair_is_reported(ctx, tuples):
+def test_the_first_overflowing_pair_is_reported(device, tuples):
     """Six pairs over two index tensors and two cache shapes (three groups): each group's
     tuples in range, then one component of one tuple moved past its cache or below zero;
     status is 0, else 1 + the first pair whose cache that tuple overflows."""
@@ -65,14 +51,14 @@ def test_the_first_overflowing_pair_is_reported(ctx, tuples):
         return t
 
     idx = [ok(), ok()]
-    assert _status(ctx, checks, sources, idx) == 0 == _want(checks, sources, idx)
+    assert _status(device, checks, sources, idx) == 0 == _want(checks, sources, idx)
     for src, row, comp, value in [(0, tuples - 1, 2, 16), (0, 3, 2, 40), (1, tuples - 1, 2, 16),
                                   (1, 0, 2, 40), (1, tuples // 2, 1, -1), (0, 5, 3, 8)]:
         bad = [x.copy() for x in idx]
         bad[src][row, comp] = value
         want = _want(checks, sources, bad)
         assert want > 0
-        assert _status(ctx, checks, sources, bad) == want, (src, row, comp, value)
+        assert _status(device, checks, sources, bad) == want, (src, row, comp, value)
 
 
 def test_one_group_when_every_pair_reads_one_tensor():
