@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.bandwidth import WGPU_BOUNDS, checked_gbps
+from harness.bandwidth_bounds import WGPU_BOUNDS, checked_gbps
 from harness.results import Match, Point
 from model.workload import ModelConfig, cache_specs, valid_cache_bytes
 

@@ -22,13 +22,16 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from backends.base import Backend, DepthState, registry
 from harness import metrics
-from harness.sources import PresetSource
 from model.errors import UserError
+
+if TYPE_CHECKING:
+    from harness.sources import PresetSource
 
 SCHEMA = "statebench-prefill/1"
 DEFAULT_CHUNKS = "1,16,64"
@@ -177,6 +180,8 @@ def measure(preset_name: str, backends: list[str], chunks: list[int], contexts: 
     """Every point, contexts ascending (one reference walk serves them all): the results'
     body (``schema``, the workload, ``points``)."""
     check_multiples(contexts, chunks)
+    from harness.sources import PresetSource  # ONNX and the exports: only when it runs
+
     source = PresetSource(preset_name, seed)
     contexts, kmax = sorted(contexts), max(chunks)
     top = contexts[-1] + kmax

@@ -36,6 +36,12 @@ from harness import child, repeats, worker
 from harness.bandwidth import SIZE as CALIBRATION_SIZE
 from harness.results import Point, Results, ResultsFile, one_line
 from harness.sources import ReferenceWalk, WorkloadSource, source_for
+from harness.sweep_args import (  # noqa: F401 - the sweep's defaults, as named here before
+    DEFAULT_CONTEXTS,
+    DEFAULT_WARM_S,
+    WORKER_TIMEOUT_S,
+    parse_contexts,
+)
 from harness.wgpu_probe import WgpuProbe, probe_wgpu
 from harness.wire import WorkerReply, WorkerRequest
 from model import checksum
@@ -44,12 +50,6 @@ from model.errors import UserError
 if TYPE_CHECKING:
     from backends.webnn.wgpu_impl.options import KernelOptions
 
-WORKER_TIMEOUT_S = 1800.0
-#: the default sweep's depths: the stateful cache is reached by dispatching every prefix token,
-#: so on lavapipe (~50 ms a `small` step) these keep the default sweep near 2 minutes
-DEFAULT_CONTEXTS = "64,256,512"
-#: seconds of GPU load before each GPU point's warm-up steps (heater.heat)
-DEFAULT_WARM_S = 2.0
 
 
 @dataclass
@@ -87,26 +87,6 @@ class RunConfig:
             raise UserError(f"--capacity {self.capacity} is too small for context {context} + "
                             f"{self.warmup} warm-up + {self.steps} steps (needs {need})")
         return self.capacity
-
-
-def parse_contexts(text: str) -> list[int]:
-    """'64,256,1024' → [64, 256, 1024]; anything else is the user's error."""
-    out: list[int] = []
-    for part in (p.strip() for p in str(text).split(",")):
-        if not part:
-            continue
-        try:
-            n = int(part)
-        except ValueError:
-            raise UserError(f"bad context {part!r} in --contexts; accepted: positive integers, "
-                            "comma-separated (e.g. 64,256,1024)") from None
-        if n <= 0:
-            raise UserError(f"bad context {n} in --contexts; contexts must be positive integers")
-        if n not in out:
-            out.append(n)
-    if not out:
-        raise UserError("--contexts is empty; accepted: positive integers, comma-separated")
-    return out
 
 
 def default_out(preset_name: str) -> Path:

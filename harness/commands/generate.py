@@ -8,8 +8,6 @@ import json
 
 from harness.commands.base import Command
 from harness.commands.common_args import add_model_argument
-from harness.greedy import generate
-from harness.model_info import model_file
 from model.errors import UserError
 
 
@@ -62,6 +60,9 @@ class Generate(Command):
         if want is not None and len(want) != args.max_new_tokens:
             raise UserError(f"--expect-tokens has {len(want)} tokens but --max-new-tokens is "
                             f"{args.max_new_tokens}")
+        from harness.greedy import generate  # ONNX and the converter: only when it runs
+        from harness.model_info import model_file
+
         tokens = generate(args.model, prompt, args.max_new_tokens, args.backend)
         if args.format == "json":
             text = json.dumps({"prompt": prompt, "tokens": tokens, "backend": args.backend})

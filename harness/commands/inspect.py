@@ -11,7 +11,6 @@ from rich.table import Table
 
 from harness.commands.base import Command
 from harness.commands.common_args import add_model_argument, parse_pairs
-from harness.model_info import inspect_model
 from model.errors import UserError
 
 
@@ -32,6 +31,8 @@ class Inspect(Command):
     def run_from_args(cls, args, console, err_console) -> int:
         if args.capacity < 1:
             raise UserError(f"--capacity must be at least 1, not {args.capacity}")
+        from harness.model_info import inspect_model  # ONNX: only when it runs
+
         report = inspect_model(args.model, args.capacity, parse_pairs(args.pairs))
         if args.format == "json":
             console.print(json.dumps(report, indent=2), markup=False, highlight=False,

@@ -15,7 +15,7 @@ from backends.base import select
 from harness import prefill, results
 from harness.commands import common_args
 from harness.commands.base import Command
-from harness.runner import parse_contexts
+from harness.sweep_args import parse_contexts
 from model.errors import UserError
 from model.workload import preset
 

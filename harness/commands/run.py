@@ -4,24 +4,27 @@ from __future__ import annotations
 
 import argparse
 from contextlib import nullcontext
+from typing import TYPE_CHECKING
 
-from backends.base import select
-from harness import report, runner
+from harness import sweep_args
 from harness.commands import common_args
 from harness.commands.base import Command
 from harness.commands.common_args import parse_pairs
 from harness.commands.generate import parse_prompt, token_diff
-from harness.greedy import generate
-from harness.model_run import REFERENCE, REFERENCE_BACKEND, UserModel
-from harness.results import ResultsFile
-from model.checksum import check_cache_dir
 from model.errors import UserError
-from model.workload import default_cache_dir, preset
+
+if TYPE_CHECKING:
+    from harness.model_run import UserModel
+    from harness.results import ResultsFile
+    from harness.runner import RunConfig
 
 
 def greedy_check(user: UserModel, args, err_console) -> bool:
     """--expect-tokens: the reference's greedy tokens after --prompt; True (and one line
     said) where they are not the expected ones."""
+    from harness.greedy import generate
+    from harness.model_run import REFERENCE, REFERENCE_BACKEND
+
     want = parse_prompt(args.expect_tokens, "--expect-tokens")
     got = generate(user, parse_prompt(args.prompt), len(want), REFERENCE_BACKEND,
                    "--expect-tokens")
@@ -51,16 +54,16 @@ class Run(Command):
                        help="with --model: the greedy tokens the reference (ORT CPU) must give "
                             "after --prompt, checked before the sweep; exit 1 where they differ")
         common_args.add_backends(p)
-        p.add_argument("--contexts", default=runner.DEFAULT_CONTEXTS,
-                       help=f"comma list of depths L to decode at (default {runner.DEFAULT_CONTEXTS})")
+        p.add_argument("--contexts", default=sweep_args.DEFAULT_CONTEXTS,
+                       help=f"comma list of depths L to decode at (default {sweep_args.DEFAULT_CONTEXTS})")
         p.add_argument("--steps", type=common_args.positive_int, default=16,
                        help="timed decode steps per point (default 16)")
         p.add_argument("--warmup", type=common_args.nonnegative_int, default=2,
                        help="untimed steps before timing (default 2)")
-        p.add_argument("--warm-s", type=common_args.nonnegative_float, default=runner.DEFAULT_WARM_S,
+        p.add_argument("--warm-s", type=common_args.nonnegative_float, default=sweep_args.DEFAULT_WARM_S,
                        help="seconds of continuous GPU load (a streaming kernel) before each"
                             " GPU point's warm-up steps, so the GPU's clocks are up for every"
-                            f" backend alike (default {runner.DEFAULT_WARM_S:g}; nothing runs on"
+                            f" backend alike (default {sweep_args.DEFAULT_WARM_S:g}; nothing runs on"
                             " a CPU adapter)")
         p.add_argument("--repeat", type=common_args.repeat_count, default=1,
                        help="measure each point in N fresh worker processes, taken in turns"
@@ -79,9 +82,9 @@ class Run(Command):
         p.add_argument("--inprocess", action="store_true",
                        help="measure in this process instead of a worker per point (debugging)")
         p.add_argument("--point-timeout", type=common_args.positive_int,
-                       default=int(runner.WORKER_TIMEOUT_S),
+                       default=int(sweep_args.WORKER_TIMEOUT_S),
                        help="seconds one backend x context point may take before it is recorded as"
-                            f" failed (default {int(runner.WORKER_TIMEOUT_S)})")
+                            f" failed (default {int(sweep_args.WORKER_TIMEOUT_S)})")
         p.add_argument("--kernel-option", action="append", default=[], metavar="KEY=VALUE",
                        help="a KernelOptions knob of the wgpu:* pages (e.g. q4_gemv=multi; "
                             "backends/webnn/wgpu_impl/options.py), recorded per point in "
@@ -99,7 +102,14 @@ class Run(Command):
             raise UserError(f"{model_flags[0]} needs --model")
         if (args.prompt is None) != (args.expect_tokens is None):
             raise UserError("--prompt and --expect-tokens go together")
+        # what a sweep runs is loaded only now (ONNX, the WebNN compiler): the parser is light
+        from backends.base import select
         from backends.webnn.wgpu_impl.options import KernelOptions
+        from harness import runner
+        from harness.model_run import UserModel
+        from harness.results import ResultsFile
+        from model.checksum import check_cache_dir
+        from model.workload import default_cache_dir, preset
 
         try:  # every knob checked before anything slow, parsed once: the pages get this record
             options = KernelOptions.parse(args.kernel_option) if args.kernel_option else None
@@ -135,7 +145,9 @@ class Run(Command):
             return cls.run(rc, out, console, err_console)
 
     @classmethod
-    def run(cls, rc: runner.RunConfig, sink: ResultsFile, console, err_console) -> int:
+    def run(cls, rc: RunConfig, sink: ResultsFile, console, err_console) -> int:
+        from harness import report, runner
+
         out = sink.path
         try:
             results = runner.run_sweep(rc, sink, console=err_console)

@@ -46,7 +46,7 @@ class Speculative(Command):
 
     @classmethod
     def setup_arguments(cls, p: argparse.ArgumentParser) -> None:
-        from harness.speculative.e2e_sweep import MAX_K
+        from harness.speculative.acceptance import MAX_K
 
         common_args.add_preset(p, default="tiny")
         p.add_argument("--backends", default=None,

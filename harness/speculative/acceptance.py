@@ -15,6 +15,9 @@ import numpy as np
 
 from model.errors import UserError
 
+#: the most tokens a K-token graph takes here (a verify's K; the issue's cells are 4 and 8)
+MAX_K = 64
+
 #: the named schedules (`--accept`); any other word must be a RATE in [0, 1]
 NAMED = ("full", "partial", "zero")
 

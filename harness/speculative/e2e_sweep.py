@@ -19,13 +19,11 @@ import numpy as np
 from backends.base import Backend
 from harness import child
 from harness.sources import NumpyReferenceWalk, PresetSource
-from harness.speculative.acceptance import Acceptance
+from harness.speculative.acceptance import MAX_K, Acceptance  # noqa: F401 - MAX_K: named here too
 from harness.speculative.e2e_point import PROGRESS_PREFIX, Emit, GroupRequest, measure_group
 from harness.speculative.spec_results import SpecResults, point_unavailable
 from model.workload import Workload
 
-#: the most tokens a K-token graph takes here (a verify's K; the issue's cells are 4 and 8)
-MAX_K = 64
 #: seconds one worker (a backend at one depth, every K and acceptance) may take
 WORKER_TIMEOUT_S = 3600.0
 
