@@ -166,3 +166,33 @@ def test_k_token_rows_written_by_attention(gpu_plan, k):
         assert_steps(b, k, where=f"K = {k}, rows written by attention")
     finally:
         b.close()
+
+
+@pytest.mark.adapter_feature("shader-f16")
+def test_q4f16_verify_on_the_gpus_plan_computes_the_reference(gpu_plan):
+    """A K = 4 verify of a q4f16 preset (two attention layers) on the H200's plan: the
+    several-row 4-bit products by column (``gemm_q4_cols``), the gate/up pair writing SwiGLU
+    (no activation launch), the rows written by attention, the verify's q rows in groups;
+    two verifies from depth 8, each row within the preset's tolerance of the float64
+    reference, argmax included."""
+    cfg = replace(preset("tiny+q4f16"), layers=(ATTENTION,) * 2)
+    wl = Workload.build(cfg)
+    k, cap, depth = 4, 24, 8
+    b = StatefulInPlace(tokens_per_step=k)
+    b.prepare(wl, cap)
+    try:
+        names = _names(b)
+        assert names.count("gemm_q4_cols") == 9 and "scatter_nd" not in names, names
+        assert not any("sigmoid" in x for x in names), names
+        tokens = token_stream(cfg, cap)
+        ref = Reference(cfg, wl.weights, cap)
+        ref.prefill(tokens[:depth])
+        b.reach_depth(DepthState(tokens=tokens[:depth].copy(), cache=ref.cache_arrays()))
+        for j in range(2):
+            ids = tokens[depth + j * k:depth + (j + 1) * k]
+            got, want = np.asarray(b.step_tokens(ids), np.float64), ref.step_tokens(ids)
+            rel = np.abs(got - want).max() / np.abs(want).max()
+            assert rel < logits_tolerance(cfg), f"verify {j}: {rel:.2e}"
+            assert np.array_equal(got.argmax(-1), want.argmax(-1))
+    finally:
+        b.close()
