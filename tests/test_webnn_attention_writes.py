@@ -169,21 +169,26 @@ def test_k_token_rows_written_by_attention(gpu_plan, k):
 
 
 @pytest.mark.adapter_feature("shader-f16")
-def test_q4f16_verify_on_the_gpus_plan_computes_the_reference(gpu_plan):
-    """A K = 4 verify of a q4f16 preset (two attention layers) on the H200's plan: the
-    several-row 4-bit products by column (``gemm_q4_cols``), the gate/up pair writing SwiGLU
-    (no activation launch), the rows written by attention, the verify's q rows in groups;
-    two verifies from depth 8, each row within the preset's tolerance of the float64
-    reference, argmax included."""
-    cfg = replace(preset("tiny+q4f16"), layers=(ATTENTION,) * 2)
+@pytest.mark.parametrize("hybrid", [False, True], ids=["attention", "hybrid"])
+def test_q4f16_verify_on_the_gpus_plan_computes_the_reference(gpu_plan, hybrid):
+    """A K = 4 verify of a q4f16 preset (two attention layers, or tiny's own hybrid of gated
+    delta and attention layers) on the H200's plan: the several-row 4-bit products by column
+    (``gemm_q4_cols``), each gate/up pair writing SwiGLU (no activation launch), the rows
+    written by attention, the verify's q rows in groups; two verifies from depth 8, each row
+    within the preset's tolerance of the float64 reference, argmax included."""
+    cfg = preset("tiny+q4f16")
+    if not hybrid:
+        cfg = replace(cfg, layers=(ATTENTION,) * 2)
     wl = Workload.build(cfg)
     k, cap, depth = 4, 24, 8
     b = StatefulInPlace(tokens_per_step=k)
     b.prepare(wl, cap)
     try:
         names = _names(b)
-        assert names.count("gemm_q4_cols") == 9 and "scatter_nd" not in names, names
-        assert not any("sigmoid" in x for x in names), names
+        # 4 products a layer (the gate/up pair writing SwiGLU: no "fused:sigmoid+mul+mul",
+        # which is its launch with q4_epilogue=off) and the head
+        assert names.count("gemm_q4_cols") == 4 * len(cfg.layers) + 1, names
+        assert "scatter_nd" not in names and "fused:sigmoid+mul+mul" not in names, names
         tokens = token_stream(cfg, cap)
         ref = Reference(cfg, wl.weights, cap)
         ref.prefill(tokens[:depth])
