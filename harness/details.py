@@ -52,6 +52,9 @@ DETAILS: dict[str, Detail] = {
                             _WORKER),
     "host_cpus": _d(dict, "where the process ran and whether it kept its CPU over the timed "
                     "steps (harness/host_facts.py); moved into `repeats`", _WORKER),
+    "gc_timed": _d(dict, "CPython's collections inside the timed steps {collections: [gen0, "
+                   "gen1, gen2], ms, max_ms, frozen: the objects setup made, frozen before the "
+                   "warm-up (harness/gc_window.py)}; moved into `repeats`", _WORKER),
     # the runner and the repeats
     "wall_s": _d(_NUMBER, "wall time of the point's workers, build included (s); the sum over "
                  "repeats", _RUNNER),

@@ -22,7 +22,7 @@ from harness.results import Match, Point, Stats
 
 #: per-process details a repeat keeps where the worker recorded them (besides its samples,
 #: wall, build and time to depth, and bytes, which every repeat has)
-_PER_REPEAT = ("sm_clock_mhz", "host_breakdown_ms", "host_cpus")
+_PER_REPEAT = ("sm_clock_mhz", "host_breakdown_ms", "host_cpus", "gc_timed")
 
 
 def _repeat_of(p: Point) -> dict:
@@ -38,7 +38,8 @@ def _repeat_of(p: Point) -> dict:
 def _moved(details: dict) -> dict:
     """Details without what the repeats now hold."""
     return {k: v for k, v in details.items()
-            if k not in ("step_ms_samples", "gpu_ms_samples", "warning", "wall_s", "host_cpus")}
+            if k not in ("step_ms_samples", "gpu_ms_samples", "warning", "wall_s", "host_cpus",
+                         "gc_timed")}
 
 
 def first(p: Point) -> Point:

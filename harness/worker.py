@@ -25,6 +25,7 @@ import numpy as np
 
 from backends.base import Backend, ByteCounters, DepthState, registry
 from harness.clocks import ClockSampler
+from harness.gc_window import GcWindow, freeze_setup, thaw
 from harness.heater import heat
 from harness.host_facts import TimedWindow
 from harness.metrics import compare_logits, mismatch_reason
@@ -95,6 +96,7 @@ def _measure(req: WorkerRequest, cls: type[Backend]) -> Point:
     backend = source.backend(cls, backend_options(cls, req.options))
     cache_bytes, weights_bytes = source.cache_bytes(ctx, cache), source.weights_bytes
     clocks: ClockSampler | None = None
+    collector: GcWindow | None = None
     try:
         t0 = time.perf_counter_ns()
         try:
@@ -115,6 +117,7 @@ def _measure(req: WorkerRequest, cls: type[Backend]) -> Point:
         heated_s, not_heated = ((0.0, "a CPU backend") if clocks is None
                                 else heat(float(req.warm_s)))
 
+        frozen = freeze_setup()  # setup's objects out of every later collection's scan
         logits: list[np.ndarray] = []
         for i in range(warmup):
             logits.append(np.array(backend.step(int(tokens[ctx + i])), np.float32, copy=True))
@@ -125,6 +128,7 @@ def _measure(req: WorkerRequest, cls: type[Backend]) -> Point:
         total = ByteCounters()
         timed_from = time.perf_counter()
         window = TimedWindow.start()
+        collector = GcWindow.start(frozen)
         for i in range(steps):
             backend.counters.reset()
             token = int(tokens[ctx + warmup + i])
@@ -142,6 +146,7 @@ def _measure(req: WorkerRequest, cls: type[Backend]) -> Point:
                 host.append(hb)
 
         timed_to = time.perf_counter()
+        gc_seen = collector.stop()  # the collector over the timed steps alone
         host_seen = window.facts()  # the host over the timed steps alone
         sm_clock = None
         if clocks is not None:
@@ -163,6 +168,7 @@ def _measure(req: WorkerRequest, cls: type[Backend]) -> Point:
         if host:
             details["host_breakdown_ms"] = host_breakdown(host, step_ms, gpu_ms)
         details["host_cpus"] = host_seen
+        details["gc_timed"] = gc_seen
         if gpu_ms:
             details["gpu_ms_samples"] = [round(x, 6) for x in gpu_ms]
         if gpu_ms and len(gpu_ms) == steps:
@@ -182,6 +188,9 @@ def _measure(req: WorkerRequest, cls: type[Backend]) -> Point:
     finally:
         if clocks is not None:
             clocks.stop()  # a failed point must not leave nvidia-smi running
+        if collector is not None:
+            collector.stop()  # nor the collector's callback counting (--inprocess)
+        thaw()
         try:
             backend.close()
         except Exception:  # noqa: BLE001 - closing must not hide the measurement

@@ -252,6 +252,12 @@ def test_repeat_two_real_workers(tmp_path):
         assert p.matches, p.reason
         assert len(p.repeats) == 2 and all(len(r["step_ms"]) == 3 for r in p.repeats)
         assert p.step_ms_ci["low"] <= p.step_ms.median <= p.step_ms_ci["high"]
+        # each process froze what its setup made and counted the timed steps' collections
+        for r in p.repeats:
+            gc_seen = r["gc_timed"]
+            assert gc_seen["frozen"] > 1000 and len(gc_seen["collections"]) == 3
+            assert gc_seen["ms"] >= gc_seen["max_ms"] >= 0
+        assert "gc_timed" not in p.details
     assert results.load(out).points[0].repeats == res.points[0].repeats
 
 
