@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import gc
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 def freeze_setup() -> int:
@@ -28,6 +30,16 @@ def thaw() -> None:
     """Undo ``freeze_setup`` after a point (``--inprocess`` measures many in one process: a
     closed backend's cycles must be collectable again)."""
     gc.unfreeze()
+
+
+@contextmanager
+def setup_frozen() -> Iterator[int]:
+    """``freeze_setup`` for a block, ``thaw`` after it (the speculative worker's timed
+    decodes); yields the count frozen."""
+    try:
+        yield freeze_setup()
+    finally:
+        thaw()
 
 
 class GcWindow:

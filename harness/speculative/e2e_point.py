@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from backends.base import Backend, ByteCounters, DepthState
+from harness.gc_window import setup_frozen
 from harness.heater import heat
 from harness.metrics import logits_tolerance
 from harness.results import BYTE_CATEGORIES, Stats
@@ -215,10 +216,12 @@ def _measure(req: GroupRequest, cls: type[Backend], workload: Workload | None,
                                lambda: reach(plain, depth))
         if on_gpu:
             heat(float(req.warm_s))
-        greedy = _timed(emit, f"{where}: the one-token greedy decode of "
-                        f"{req.greedy_tokens} tokens (the drafts)",
-                        lambda: loop.greedy_decode(plain.backend, first, req.greedy_tokens,
-                                                   keep_logits=True, after_step=keep_recurrent))
+        with setup_frozen():  # the timed decode scans none of setup's objects (gc_window)
+            greedy = _timed(emit, f"{where}: the one-token greedy decode of "
+                            f"{req.greedy_tokens} tokens (the drafts)",
+                            lambda: loop.greedy_decode(plain.backend, first, req.greedy_tokens,
+                                                       keep_logits=True,
+                                                       after_step=keep_recurrent))
         plain_state = _snapshot(plain.backend)
     finally:
         plain.backend.close()
@@ -283,7 +286,8 @@ def _point(req: GroupRequest, built: Built, acc: Acceptance, depth: DepthState, 
                      lambda: reach(built, depth))
     if on_gpu:
         heat(float(req.warm_s))
-    run = loop.speculate(b, first, drafts, req.tokens, keep_logits=True)
+    with setup_frozen():
+        run = loop.speculate(b, first, drafts, req.tokens, keep_logits=True)
     got = _snapshot(b)
     _timed(emit, f"{where}: reaching depth {req.depth} again and replaying the "
            f"{len(run.verifies)} verifies (the state check)",
