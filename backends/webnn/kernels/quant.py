@@ -314,7 +314,7 @@ def gemm_q4_rows(K: int, N: int, block: int, M: int, *, signed: bool, zero_point
 
 
 #: workgroups a several-row product by column aims at at least (two a multiprocessor of the
-#: H200's 132): fewer left most of it idle (PERFORMANCE.md, "The verify's products")
+#: H200's 132): fewer left most of it idle (PERFORMANCE.md, "A speculative verify")
 COLS_TARGET_GROUPS = 264
 
 
@@ -418,8 +418,8 @@ def gemm_q4_cols(K: int, N: int, block: int, M: int, *, signed: bool, zero_point
             f"    for (var q = 1u; q < {slices}u; q = q + 1u) "
             f"{{ acc{c}_{j} = acc{c}_{j} + sh[{i}u * {wg}u + q * {cols}u + c]; }}\n"
             for i, (c, j) in enumerate(accs)) + "  }\n")
-    traffic = _rows_traffic(K, N, M, block, tiles := -(-M // MT), zero_points, residual,
-                            half_out)
+    tiles = -(-M // MT)
+    traffic = _rows_traffic(K, N, M, block, tiles, zero_points, residual, half_out)
     if gated is not None:
         src = src.replace("@compute", f"{gated.src}var<workgroup> pair_sh: array<f32, "
                           f"{CT * MT * cols}>;\n@compute", 1)
