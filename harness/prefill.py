@@ -28,6 +28,7 @@ import numpy as np
 
 from backends.base import Backend, DepthState, registry
 from harness import metrics
+from harness.sweep_args import positive_list
 from model.errors import UserError
 
 if TYPE_CHECKING:
@@ -69,22 +70,7 @@ class PrefillPoint:
 def parse_chunks(text: str) -> list[int]:
     """'1,16,64' -> [1, 16, 64]: positive integers up to MAX_CHUNK, each once; else a
     UserError."""
-    out: list[int] = []
-    for part in (p.strip() for p in str(text).split(",")):
-        if not part:
-            continue
-        try:
-            k = int(part)
-        except ValueError:
-            raise UserError(f"bad chunk {part!r} in --chunks; accepted: positive integers, "
-                            "comma-separated (e.g. 1,16,64)") from None
-        if not 1 <= k <= MAX_CHUNK:
-            raise UserError(f"bad chunk {k} in --chunks; a chunk is 1..{MAX_CHUNK} tokens")
-        if k not in out:
-            out.append(k)
-    if not out:
-        raise UserError("--chunks is empty; accepted: positive integers, comma-separated")
-    return out
+    return positive_list(text, "--chunks", "chunk", "1,16,64", MAX_CHUNK)
 
 
 def check_multiples(contexts: list[int], chunks: list[int]) -> None:

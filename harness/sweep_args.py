@@ -14,8 +14,10 @@ DEFAULT_CONTEXTS = "64,256,512"
 DEFAULT_WARM_S = 2.0
 
 
-def parse_contexts(text: str) -> list[int]:
-    """'64,256,1024' → [64, 256, 1024]; anything else is the user's error."""
+def positive_list(text: str, flag: str, noun: str, example: str,
+                  most: int | None = None) -> list[int]:
+    """A comma list of positive integers (each at most ``most``) as ints, each once, in
+    order; anything else is the user's error, naming ``flag`` and the bad ``noun``."""
     out: list[int] = []
     for part in (p.strip() for p in str(text).split(",")):
         if not part:
@@ -23,12 +25,19 @@ def parse_contexts(text: str) -> list[int]:
         try:
             n = int(part)
         except ValueError:
-            raise UserError(f"bad context {part!r} in --contexts; accepted: positive integers, "
-                            "comma-separated (e.g. 64,256,1024)") from None
-        if n <= 0:
-            raise UserError(f"bad context {n} in --contexts; contexts must be positive integers")
+            raise UserError(f"bad {noun} {part!r} in {flag}; accepted: positive integers, "
+                            f"comma-separated (e.g. {example})") from None
+        if n <= 0 and most is None:
+            raise UserError(f"bad {noun} {n} in {flag}; {noun}s must be positive integers")
+        if most is not None and not 1 <= n <= most:
+            raise UserError(f"bad {noun} {n} in {flag}; a {noun} is 1..{most} tokens")
         if n not in out:
             out.append(n)
     if not out:
-        raise UserError("--contexts is empty; accepted: positive integers, comma-separated")
+        raise UserError(f"{flag} is empty; accepted: positive integers, comma-separated")
     return out
+
+
+def parse_contexts(text: str) -> list[int]:
+    """'64,256,1024' → [64, 256, 1024]; anything else is the user's error."""
+    return positive_list(text, "--contexts", "context", "64,256,1024")
