@@ -34,6 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from backends.webnn import MLGraphBuilder, ml  # noqa: E402
 from backends.webnn.wgpu_impl.options import KernelOptions  # noqa: E402
 from harness.calibrate import provenance  # noqa: E402
+from harness.gc_window import GcWindow, freeze_setup, thaw  # noqa: E402
 
 GEMV_SHAPES = [(2048, 2048), (2048, 512), (2048, 8192), (8192, 2048), (2048, 128256)]
 #: llama-1b's 4-bit launches (K, N): q/k/v stacked, o, gate/up stacked, down, the head
@@ -402,6 +403,8 @@ def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
     hprof = cProfile.Profile() if host else None
     queue = be.context.queue_counts
     submits, maps = queue.submits, queue.maps
+    frozen = freeze_setup()  # as the sweep's worker: setup's objects out of the collector
+    collector = GcWindow.start(frozen)
     for t in range(steps):
         t1 = time.perf_counter()
         if hprof is not None:
@@ -413,9 +416,11 @@ def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
         g = be.gpu_time_ms()
         if g is not None:
             gpu.append(g)
+    gc_timed = collector.stop()
+    thaw()
     # counted over the steps and their GPU-time reads, as the sweep's worker makes them
     per_step = {"submits_per_step": (queue.submits - submits) / steps,
-                "maps_per_step": (queue.maps - maps) / steps}
+                "maps_per_step": (queue.maps - maps) / steps, "gc_timed": gc_timed}
     weights = wl.weights_bytes
     from model.workload import cache_specs
 
