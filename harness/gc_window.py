@@ -5,9 +5,10 @@ collection scans every tracked object the process holds (the converted graph, it
 ONNX wrappers), 16 ms over about 60 000 objects on the 2-core box, and it fires after a count
 of allocations, so at the same step of every process: a candidate cause (docs/measuring.md)
 of the one 35–39 ms step at timed step 11 or 12 of the H200's stateful llama-1b points of
-2026-12-01 (issue 32). So before the warm-up steps the worker collects once and freezes what setup made
-(``gc.freeze``: a later collection skips it), and counts the collections inside the timed
-steps and their time, so a stall the collector makes is named in the point, not guessed.
+2026-12-01 (issue 32). So before the warm-up steps the worker collects once and freezes
+what setup made (``gc.freeze``: a later collection skips it), and counts the collections
+inside the timed steps and their time, so a stall the collector makes is named in the
+point, not guessed.
 """
 
 from __future__ import annotations
@@ -18,12 +19,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 
-def freeze_setup() -> int:
-    """Collect what setup left and freeze the survivors (a later collection skips them);
-    the count frozen."""
+def freeze_setup() -> None:
+    """Collect what setup left and freeze the survivors (a later collection skips them)."""
     gc.collect()
     gc.freeze()
-    return gc.get_freeze_count()
 
 
 def thaw() -> None:
@@ -33,11 +32,12 @@ def thaw() -> None:
 
 
 @contextmanager
-def setup_frozen() -> Iterator[int]:
+def setup_frozen() -> Iterator[None]:
     """``freeze_setup`` for a block, ``thaw`` after it (the speculative worker's timed
-    decodes); yields the count frozen."""
+    decodes)."""
+    freeze_setup()
     try:
-        yield freeze_setup()
+        yield
     finally:
         thaw()
 
@@ -45,17 +45,17 @@ def setup_frozen() -> Iterator[int]:
 class GcWindow:
     """Collections (per generation) and their wall time from ``start`` to ``stop``."""
 
-    def __init__(self, frozen: int) -> None:
+    def __init__(self) -> None:
         self.counts = [0, 0, 0]
         self.ms = 0.0
         self.max_ms = 0.0
-        self.frozen = frozen
+        self.frozen = gc.get_freeze_count()  # what ``freeze_setup`` froze, if it ran
         self._t0 = 0.0
 
     @classmethod
-    def start(cls, frozen: int = 0) -> GcWindow:
-        """Count from now (``frozen``: what ``freeze_setup`` froze, recorded with the facts)."""
-        w = cls(frozen)
+    def start(cls) -> GcWindow:
+        """Count from now."""
+        w = cls()
         gc.callbacks.append(w._on_gc)
         return w
 

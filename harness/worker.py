@@ -117,7 +117,7 @@ def _measure(req: WorkerRequest, cls: type[Backend]) -> Point:
         heated_s, not_heated = ((0.0, "a CPU backend") if clocks is None
                                 else heat(float(req.warm_s)))
 
-        frozen = freeze_setup()  # setup's objects out of every later collection's scan
+        freeze_setup()  # setup's objects out of every later collection's scan
         logits: list[np.ndarray] = []
         for i in range(warmup):
             logits.append(np.array(backend.step(int(tokens[ctx + i])), np.float32, copy=True))
@@ -128,7 +128,7 @@ def _measure(req: WorkerRequest, cls: type[Backend]) -> Point:
         total = ByteCounters()
         timed_from = time.perf_counter()
         window = TimedWindow.start()
-        collector = GcWindow.start(frozen)
+        collector = GcWindow.start()
         for i in range(steps):
             backend.counters.reset()
             token = int(tokens[ctx + warmup + i])

@@ -403,8 +403,8 @@ def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
     hprof = cProfile.Profile() if host else None
     queue = be.context.queue_counts
     submits, maps = queue.submits, queue.maps
-    frozen = freeze_setup()  # as the sweep's worker: setup's objects out of the collector
-    collector = GcWindow.start(frozen)
+    freeze_setup()  # as the sweep's worker: setup's objects out of the collector
+    collector = GcWindow.start()
     for t in range(steps):
         t1 = time.perf_counter()
         if hprof is not None:

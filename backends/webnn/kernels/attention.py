@@ -285,9 +285,10 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
     ``group_rows``: q rows a workgroup scores (``q_row_groups``; None: ``GROUP_ROWS``). A
     K-token verify's head has K times a step's q rows; in one workgroup they outgrow the
     workgroup memory the probs·V row-groups need and multiply each invocation's serial work
-    (FINDINGS: 16 rows over 8227 took 0.36 ms a layer on the H200), so the rows are split
-    into groups along the grid's z, each workgroup exactly a one-token step's, every group
-    reading the split's K and V (from L2 after the first: the byte count says so).
+    (16 rows over 8227 took 0.42 ms a layer on the H200: PERFORMANCE.md "A speculative
+    verify"), so the rows are split into groups along the grid's z, each workgroup scoring
+    ``GL`` rows as a one-token step's does, every group reading the split's K and V (from L2
+    after the first: the byte count says so).
     """
     if f16_loads not in F16_LOADS:
         raise ValueError(f"f16_loads = {f16_loads!r}; accepted: {', '.join(F16_LOADS)}")

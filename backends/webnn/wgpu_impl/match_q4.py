@@ -386,7 +386,7 @@ def lower_q4_rows(plan: Any, members: list[Node], a_slot: Slot, slot_of: Any) ->
                       residual=res is not None, half_out=dst.dtype.wgsl == "f16",
                       head_d=heads[1] if heads is not None else None)
         if gated is not None:
-            common.update(gated=gated.output(), half_out=False)
+            common["gated"] = gated.output()  # (its output type decides the kernel's half_out)
         k = (QK.gemm_q4_cols(K, nc, w0.block, M, per_thread=per_thread,
                              **QK.cols_shape(K, nc, w0.block, per_thread, cols), **common)
              if by_col else
