@@ -2,13 +2,12 @@
 
 A page in a browser runs no CPython collector, but the worker measuring it does: a full
 collection scans every tracked object the process holds (the converted graph, its plan, the
-ONNX wrappers), 16 ms over about 60 000 objects on the 2-core box, and it fires after a count
-of allocations, so at the same step of every process: a candidate cause (docs/measuring.md)
-of the one 35–39 ms step at timed step 11 or 12 of the H200's stateful llama-1b points of
-2026-12-01 (issue 32). So before the warm-up steps the worker collects once and freezes
-what setup made (``gc.freeze``: a later collection skips it), and counts the collections
-inside the timed steps and their time, so a stall the collector makes is named in the
-point, not guessed.
+ONNX wrappers), and it fires after a count of allocations, so at the same step of every
+process: a candidate cause (docs/measuring.md) of the one 35–39 ms step at timed step 11 or
+12 of the H200's stateful llama-1b points of 2026-12-01 (issue 32). So before the warm-up
+steps the worker collects once and freezes what setup made (``gc.freeze``: a later
+collection skips it), and counts the collections inside the timed steps and their time, so
+a stall the collector makes is named in the point, not guessed.
 """
 
 from __future__ import annotations
