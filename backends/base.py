@@ -148,9 +148,11 @@ class Backend(ABC):
 
     @abstractmethod
     def step(self, token: int) -> np.ndarray:
-        """Feed one token at the current position; return float32 logits (vocab,) on the host.
-        The array may be the backend's own, overwritten by its next step (a page reading
-        with ``readTensor(tensor, outputData)``): copy it to keep it."""
+        """Feed one token at the current position; return its logits (vocab,) on the host in
+        the graph's own type (float32, or float16 where the graph's logits are: what a page
+        reading with ``readTensor(tensor, outputData)`` gets; widening them is the caller's,
+        outside what it times, and ``harness.logits.argmax`` picks from either fast). The
+        array may be the backend's own, overwritten by its next step: copy it to keep it."""
 
     #: K, the new tokens one dispatch of its graph takes (``step_tokens``; statebench's
     #: export of K-token graphs, ``model.export``'s ``tokens``); set before ``prepare``
@@ -158,8 +160,8 @@ class Backend(ABC):
 
     def step_tokens(self, tokens: np.ndarray) -> np.ndarray:
         """Feed K = ``tokens_per_step`` tokens at positions P .. P+K-1 in one dispatch (a
-        speculative verify, a chunk of a prefill); return float32 logits (K, vocab), the
-        backend's own array as ``step``'s. K = 1 is ``step``, the default here; a backend
+        speculative verify, a chunk of a prefill); return logits (K, vocab), the backend's
+        own array in the graph's type as ``step``'s. K = 1 is ``step``, the default here; a backend
         that builds K-token graphs overrides it."""
         tokens = check_tokens(tokens, self.tokens_per_step)
         if self.tokens_per_step != 1:

@@ -349,7 +349,9 @@ class _ModelFeeds(_GraphFeeds):
             out[s.input] = np.ascontiguousarray(arr, s.dtype)
         return out
 
-    def feeds(self, token: int, position: int) -> dict[str, np.ndarray]:
+    def feeds(self, token: int | np.ndarray, position: int) -> dict[str, np.ndarray]:
+        """The inputs of one run of K tokens (an int: one) at positions P .. P+K-1."""
+        ids = np.asarray(token, np.int64).reshape(1, -1)
         feeds = {}
         for name, vi in self.feed_inputs.items():
             tt = vi.type.tensor_type
@@ -358,9 +360,9 @@ class _ModelFeeds(_GraphFeeds):
                         for d in tt.shape.dim]  # transformers writes '4' for 4
             if name == "attention_mask" and self.mask_columns is not None:
                 arr = np.zeros((1, self.mask_columns))
-                arr[:, :position + 1] = 1
+                arr[:, :position + ids.shape[1]] = 1
             else:
-                arr = _MODEL_FEEDS[name](token, position, declared)
+                arr = _MODEL_FEEDS[name](ids, position, declared)
             feeds[name] = arr.astype(_np_type(tt.elem_type))
         return feeds
 
@@ -646,19 +648,22 @@ class _OrtBackend(Backend):
         self.session = None
 
 
-def _positions(token: int, position: int, shape: list[int | None]) -> np.ndarray:
-    """position_ids: [1, 1], or Qwen's multimodal [R, 1, 1] (text: the same in every row):
-    genai's three rotary sections, transformers' Qwen3.5 a text row and three sections (4)."""
-    return np.full(((shape[0] or 3), 1, 1) if len(shape) == 3 else (1, 1), position)
+def _positions(ids: np.ndarray, position: int, shape: list[int | None]) -> np.ndarray:
+    """position_ids of the K = ``ids.shape[1]`` tokens: [1, K], or Qwen's multimodal
+    [R, 1, K] (text: the same in every row): genai's three rotary sections, transformers'
+    Qwen3.5 a text row and three sections (4)."""
+    row = np.arange(position, position + ids.shape[1])
+    return np.tile(row, ((shape[0] or 3), 1, 1)) if len(shape) == 3 else row[None]
 
 
-#: a model's own inputs statebench feeds, by name: (token, position, declared shape) -> array
+#: a model's own inputs statebench feeds, by name: (ids [1, K], position of the first,
+#: declared shape) -> array
 _MODEL_FEEDS = {
-    "input_ids": lambda token, position, shape: np.array([[token]]),
-    "attention_mask": lambda token, position, shape: np.ones((1, position + 1)),
+    "input_ids": lambda ids, position, shape: ids,
+    "attention_mask": lambda ids, position, shape: np.ones((1, position + ids.shape[1])),
     "position_ids": _positions,
-    "seqlens_k": lambda token, position, shape: np.array([position]),
-    "total_sequence_length": lambda token, position, shape: np.array(position + 1),
+    "seqlens_k": lambda ids, position, shape: np.array([position + ids.shape[1] - 1]),
+    "total_sequence_length": lambda ids, position, shape: np.array(position + ids.shape[1]),
 }
 
 
@@ -682,7 +687,10 @@ class _HostArrays(_OrtBackend):
         self.position = depth.depth
 
     def _step(self, token: int | np.ndarray) -> np.ndarray:
-        feeds = self._id_feeds(token)
+        return self._run(self._id_feeds(token), self.tokens_per_step)
+
+    def _run(self, feeds: dict[str, np.ndarray], k: int) -> np.ndarray:
+        """One run of ``k`` tokens fed with the pasts; the logits, flat, in the graph's type."""
         feeds.update(self.past)
         self.counters.h2d += sum(a.nbytes for a in feeds.values())
         outs = self.session.run(None, feeds)
@@ -690,8 +698,23 @@ class _HostArrays(_OrtBackend):
         self._count_kernel()
         by_name = dict(zip(self.output_names, outs, strict=True))
         self.past = {s.input: by_name[self.present_of[s.input]] for s in self.specs}
-        self.position += self.tokens_per_step
-        return by_name["logits"].reshape(-1).astype(np.float32, copy=False)
+        self.position += k
+        return by_name["logits"].reshape(-1)
+
+    def prefill(self, tokens: np.ndarray) -> np.ndarray:
+        """Feed ``tokens`` in one run (a prompt chunk), whatever ``tokens_per_step`` is, on a
+        model as given whose input_ids and growing pasts take any count of new tokens
+        (``harness.model_run.takes_token_chunks``); return the last token's logits. The
+        reference's way to a depth (``harness.sources.OrtReferenceWalk``): one run of 256
+        tokens, not 256 runs each copying the whole cache in and out."""
+        ids = np.asarray(tokens, np.int64).reshape(-1)
+        if self.model is None or self.flavour != ORT:
+            raise ValueError(f"{self.name}: prefill runs a model as given")
+        if self.position + len(ids) > self.capacity:
+            raise ValueError(f"capacity {self.capacity} exceeded at position "
+                             f"{self.position + len(ids) - 1}")
+        logits = self._run(self.graph.feeds(ids, self.position), len(ids))
+        return logits[-(logits.size // len(ids)):]
 
     # -- speculative decoding (issue 31 item 4, docs/speculative.md) ---------------------
     def rollback_refusal(self) -> str:
@@ -764,7 +787,7 @@ class _IOBinding(_OrtBackend):
         self._count_kernel()
         self.values = {s.input: by_name[self.present_of[s.input]] for s in self.specs}
         self.position += self.tokens_per_step
-        return logits.astype(np.float32, copy=False)
+        return logits
 
 
 #: the inputs that give GroupQueryAttention its lengths without an attention_mask
@@ -851,7 +874,7 @@ class _Shared(_OrtBackend):
         self.counters.d2h += logits.nbytes
         self._count_kernel()
         self.position += self.tokens_per_step
-        return logits.astype(np.float32, copy=False)
+        return logits
 
 
 class _Captured(_Shared):

@@ -104,7 +104,6 @@ class _Page(Backend):
         self._host: dict[str, np.ndarray] = {}  # stateless: past name -> host array
         self._inputs_host: dict[str, np.ndarray] = {}  # ids, position: refilled each step
         self._logits: np.ndarray | None = None  # the page's array the logits are read into
-        self._logits32: np.ndarray | None = None  # float16 logits widened, the same each step
         self._pairs: list = []  # MLKVCachePair, past -> present
         self._t_written = 0  # perf_counter_ns when the last step's writes were done
         self._last_times: tuple | None = None  # the last step's boundaries (host_breakdown_ms)
@@ -213,9 +212,6 @@ class _Page(Backend):
         # fresh memory the host faults in on the step's path (docs/measuring.md "Host time")
         self._logits = np.empty(outs[self._logits_name].shape,
                                 outs[self._logits_name].host_dtype)
-        # float16 logits widened into one float32 array of the page's, not a fresh one a step
-        self._logits32 = (None if self._logits.dtype == np.float32
-                          else np.empty(self._logits.size, np.float32))
         if self._hidden:
             return
         for p in self._pairs:
@@ -339,11 +335,7 @@ class _Page(Backend):
                 self.context.read_tensors([out], [self._logits])
             logits = self._logits
         t_read = time.perf_counter_ns()
-        if self._logits32 is None:
-            logits = logits.reshape(-1)
-        else:
-            np.copyto(self._logits32, logits.reshape(-1))
-            logits = self._logits32
+        logits = logits.reshape(-1)  # in the graph's type, as readTensor gives a page
         self._last_times = (t0, self._t_written, t_dispatched, t_read, time.perf_counter_ns(),
                             times0, self.context.queue_counts.times_ns())
         return logits

@@ -4,10 +4,9 @@ token per dispatch (the stateful way): what `statebench generate` prints and `ru
 
 from __future__ import annotations
 
-import numpy as np
-
 from backends.base import registry
 from backends.webnn.onnx_converter import ConversionError
+from harness.logits import argmax
 from harness.model_run import UserModel, backend_for, position_limit
 from model.errors import UserError
 
@@ -70,7 +69,7 @@ def generate(model, prompt: list[int], max_new_tokens: int, backend: str,
             logits = b.step(t)
         tokens: list[int] = []
         for _ in range(max_new_tokens):
-            tokens.append(int(np.argmax(logits)))
+            tokens.append(int(argmax(logits)))
             if len(tokens) < max_new_tokens:
                 logits = b.step(tokens[-1])
         return tokens

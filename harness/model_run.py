@@ -160,6 +160,21 @@ class UserModel:
         return [n.name or n.output[0] for n in self.proto.graph.node
                 if _low_precision_level(n) is not None]
 
+    @property
+    def takes_token_chunks(self) -> bool:
+        """Whether one run can feed several tokens: input_ids' token dim is not a fixed 1
+        and every pair is an append of the new-token dim's rows (genai's and optimum's
+        graphs, transformers' with ``multi_token_decode``), so a prompt chunk grows each
+        cache by its count. A pair that is overwritten (a recurrent state, a conv window)
+        or grows by a fixed row count says no: the reference then walks one token a run."""
+        ids = next((i for i in self.proto.graph.input if i.name == "input_ids"), None)
+        if ids is None or len(ids.type.tensor_type.shape.dim) != 2:
+            return False
+        dim = ids.type.tensor_type.shape.dim[1]
+        fixed = dim.HasField("dim_value") or dim.dim_param.strip().isdigit()
+        return not fixed and all(p.kind == "append" and isinstance(p.new, str)
+                                 for p in self.pairs)
+
     def check_positions(self, last: int) -> None:
         """Refuse, in one line, a sweep whose last position (0-based) the model cannot reach."""
         limit, why = position_limit(self.proto, self.path)

@@ -26,6 +26,7 @@ import numpy as np
 
 from backends.base import Backend
 from harness import memory, metrics, model_bytes
+from harness.logits import argmax
 from harness.model_run import REFERENCE, REFERENCE_BACKEND, ModelFile, UserModel, reference_graph
 from harness.results import Point
 from model.errors import UserError
@@ -88,7 +89,9 @@ class NumpyReferenceWalk(ReferenceWalk):
 class OrtReferenceWalk(ReferenceWalk):
     """A model file's reference (``harness.model_run``): ORT's CPU EP on the same graph, its
     cache growing as the model gives it. The prompt to each depth is a random token prefix
-    of the seed; the steps after it (warm-up and timed) are the reference's own greedy
+    of the seed, fed 256 tokens a run where the graph takes several (``prefill``: to 8192
+    one token a run copied the growing cache in and out 8192 times, minutes on a 1B model);
+    the steps after it (warm-up and timed) are the reference's own greedy
     tokens, each the argmax of the reference's logits before it, so the sweep decodes as a
     user's greedy loop does and a backend that picks its own tokens (onnxruntime-genai's
     loop, ``backends.genai``) is checked against the reference's picks (docs/byom.md,
@@ -113,6 +116,9 @@ class OrtReferenceWalk(ReferenceWalk):
                                                            dtype=np.int64)
         #: the reference's logits after the prefix it holds (None: no token fed yet)
         self.last: np.ndarray | None = None
+        #: tokens a run on the way to a depth: PREFILL_CHUNK where the graph takes several
+        #: (``UserModel.takes_token_chunks``), else 1; the steps after a depth are one a run
+        self.chunk = PREFILL_CHUNK if model.takes_token_chunks else 1
 
     def arrays_at(self, context: int, capacity: int, ahead: int) -> dict[str, np.ndarray]:
         """The prefix ``tokens[:context]`` of the seed's stream, then ``ahead`` greedy
@@ -121,14 +127,19 @@ class OrtReferenceWalk(ReferenceWalk):
         ref = self.ref
         if context < ref.position:
             raise ValueError("contexts must be visited in ascending order")
-        while ref.position < context:
-            self.last = np.array(ref.step(int(self.tokens[ref.position])), copy=True)
+        while ref.position < context:  # in chunks where the graph takes them (above)
+            n = min(self.chunk, context - ref.position)
+            if n > 1:
+                self.last = np.array(ref.prefill(self.tokens[ref.position:ref.position + n]),
+                                     copy=True)
+            else:
+                self.last = np.array(ref.step(int(self.tokens[ref.position])), copy=True)
         saved, last = dict(ref.past), self.last
         greedy: list[int] = []
         logits: list[np.ndarray] = []
         for i in range(ahead):
             prev = last if i == 0 else logits[-1]
-            greedy.append(int(np.argmax(prev)) if prev is not None else int(self.tokens[context]))
+            greedy.append(int(argmax(prev)) if prev is not None else int(self.tokens[context]))
             logits.append(np.array(ref.step(greedy[-1]), copy=True))
         arrays = {"tokens": np.concatenate([self.tokens[:context],
                                             np.asarray(greedy, np.int64)])}

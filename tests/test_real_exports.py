@@ -11,6 +11,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 
@@ -246,3 +247,66 @@ def test_a_float16_export_sweeps_on_the_webnn_pages(tmp_path):
     for p in results["points"]:
         assert p["status"] == "ok" and p["match"]["ok"], (p["backend"], p["reason"])
         assert p["match"]["tolerance"] == model["tolerance"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_reference_walks_to_a_depth_in_chunks_where_the_graph_takes_them(name, monkeypatch):
+    """The walk to a depth feeds a prompt chunk a run where the export's input_ids and pairs
+    take several tokens (genai, optimum, transformers' multi-token decode) and one a run
+    where a pair is overwritten or grows by one row: same prefix, same greedy look-ahead,
+    its cache and logits within float rounding of the one-token walk (float16's for a
+    float16 graph); the walk is what every backend starts from."""
+    from harness import sources
+    from harness.model_run import UserModel
+
+    model = UserModel.load(MODELS / _entry(name)["path"])
+    overwritten = any(p.kind != "append" for p in model.pairs)
+    assert model.takes_token_chunks == (not overwritten and all(
+        isinstance(p.new, str) for p in model.pairs))
+    monkeypatch.setattr(sources, "PREFILL_CHUNK", 24)  # 100 = 4 chunks of 24 and one of 4
+    walked = {}
+    for chunk in ("graph's", 1):
+        walk = sources.OrtReferenceWalk(model, 3, 120, 120)
+        if chunk == 1:
+            walk.chunk = 1
+        try:
+            walked[chunk] = (walk.chunk, walk.arrays_at(100, 120, 4))
+        finally:
+            walk.close()
+    chunk, got = walked["graph's"]
+    assert chunk == (24 if model.takes_token_chunks else 1)
+    want = walked[1][1]
+    assert got.keys() == want.keys()
+    np.testing.assert_array_equal(got["tokens"], want["tokens"])
+    bound = model.tolerance if got["ref_logits"].dtype == np.float16 else 1e-5
+    for k in got:
+        if k.startswith("cache:") or k == "ref_logits":
+            a, b = got[k].astype(np.float64), want[k].astype(np.float64)
+            assert a.shape == b.shape, k
+            assert np.max(np.abs(a - b)) <= bound * max(np.max(np.abs(b)), 1e-30), k
+            if chunk == 1:
+                np.testing.assert_array_equal(a, b)
+
+
+def test_the_pages_and_ort_hand_float16_logits_as_the_graph_gives_them():
+    """A float16 graph's logits come back float16 from a page and from ORT (widening is
+    the caller's, outside what it times), float32 ones float32, and the same values."""
+    from backends.ort import BACKENDS
+    from backends.pages import StatefulInPlace
+    from harness.model_run import backend_for
+
+    for name, dtype in (("genai-q4f16-llama", np.float16), ("genai-llama", np.float32)):
+        path = model_file(MODELS / _entry(name)["path"])
+        got = {}
+        for cls in (StatefulInPlace, BACKENDS["ort-cpu:copy"]):
+            b = backend_for(cls, path, None)
+            b.prepare(None, 16)
+            try:
+                for t in (5, 17, 301):
+                    out = b.step(t)
+                got[cls.name] = np.array(out, copy=True)
+            finally:
+                b.close()
+            assert out.dtype == dtype, (name, cls.name)
+        a, b = (v.astype(np.float64) for v in got.values())
+        assert np.max(np.abs(a - b)) <= 0.05 * np.max(np.abs(b)), name

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from backends.base import Backend, ByteCounters
+from harness.logits import argmax
 from harness.speculative.acceptance import ScriptedDrafts, wrong_token
 
 
@@ -83,7 +84,7 @@ def greedy_decode(backend: Backend, first: int, n: int, keep_logits: bool = Fals
         g = backend.gpu_time_ms()
         if g is not None:
             run.gpu_ms.append(float(g))
-        x = int(np.argmax(logits))
+        x = int(argmax(logits))
         run.tokens.append(x)
         t1 = time.perf_counter_ns()
         run.margins.append(margin(logits))
@@ -121,7 +122,7 @@ def speculate(backend: Backend, first: int, drafts: ScriptedDrafts, n: int,
         t1 = time.perf_counter_ns()
         gpu = backend.gpu_time_ms()
         verify_bytes = backend.counters.snapshot()
-        targets = np.argmax(logits, axis=-1)
+        targets = argmax(logits, axis=-1)
         m = accepted(proposed, targets)
         run.tokens += [int(t) for t in proposed[:m]] + [int(targets[m])]
         backend.counters.reset()
