@@ -114,7 +114,11 @@ def test_the_real_export_on_the_gpu_plan_computes_orts_logits(monkeypatch, tmp_p
             got = np.asarray(page.step(int(tok)), np.float64).reshape(-1)
             rel = np.abs(got - want).max() / np.abs(want).max()
             assert rel < model.tolerance, f"step {i}: {rel:.2e} (tolerance {model.tolerance})"
-            assert got.argmax() == want.argmax()
+            # the pick is the reference's, or one within the tolerance of its top logit
+            # (random tokens on a tiny random model can leave a near-tie: 1.3818 against
+            # 1.3857 once, the page's pick the reference's second)
+            band = 2 * model.tolerance * np.abs(want).max()
+            assert want[got.argmax()] >= want.max() - band, (i, got.argmax(), want.argmax())
     finally:
         for b in (oracle, page, cpu_page):
             b.close()
