@@ -64,6 +64,7 @@ from model.export import (
     export,
     state_layout,
 )
+from model.rollback_feeds import ACCEPTED, MAX_TOKENS, cache_specs_deferred, committed, load
 from model.workload import CacheSpec, Workload, cache_specs, in_layout
 
 try:
@@ -256,6 +257,11 @@ class _GraphFeeds:
     position. statebench's own export (`_ExportFeeds`) and a model as given (`_ModelFeeds`)
     differ here, and only here."""
 
+    #: a deferred-commit export's ``accepted_count``: the tokens of the last dispatch its
+    #: next dispatch commits (``_ExportFeeds``; unused by every other graph)
+    accepted = 0
+    deferred = False
+
     def __init__(self, specs: list[CacheSpec]) -> None:
         self.specs = specs
 
@@ -273,13 +279,23 @@ class _ExportFeeds(_GraphFeeds):
     """statebench's export (``model.export``) in its flavour: the reference's cache layouts,
     the ids and lengths its flavour names."""
 
-    def __init__(self, specs: list[CacheSpec], flavour: str) -> None:
+    def __init__(self, specs: list[CacheSpec], flavour: str,
+                 load_deferred: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+                 | None = None) -> None:
         super().__init__(specs)
         self.flavour = flavour
+        #: the deferred-commit export's (``export(..., rollback="deferred")``): a depth's
+        #: state laid into its pairs (``rollback_feeds.load``: conv rows, an empty capsule)
+        self.load_deferred = load_deferred
+        self.deferred = load_deferred is not None
+
+    def _cache(self, depth: DepthState) -> dict[str, np.ndarray]:
+        return depth.cache if self.load_deferred is None else self.load_deferred(depth.cache)
 
     def check(self, depth: DepthState) -> None:
+        cache = self._cache(depth)
         for s in self.specs:
-            got = in_layout(s, depth.cache[s.input]).shape
+            got = in_layout(s, cache[s.input]).shape
             if tuple(got) != tuple(s.shape):
                 raise ValueError(f"{s.input}: cache shape {got}, expected {s.shape}")
 
@@ -287,6 +303,7 @@ class _ExportFeeds(_GraphFeeds):
         """A growing past (ORT flavour, no buffer sharing) holds exactly the valid rows; a
         fixed one the whole capacity."""
         n = 0 if depth is None else depth.depth
+        cache = None if depth is None else self._cache(depth)
         out = {}
         for s in self.specs:
             rows = n if growing and s.kind == "append" else None
@@ -296,7 +313,7 @@ class _ExportFeeds(_GraphFeeds):
                     shape[2] = rows
                 out[s.input] = np.zeros(shape, s.dtype)
             else:
-                arr = in_layout(s, depth.cache[s.input])
+                arr = in_layout(s, cache[s.input])
                 out[s.input] = np.ascontiguousarray(arr if rows is None else arr[:, :, :rows],
                                                     s.dtype)
         return out
@@ -311,6 +328,8 @@ class _ExportFeeds(_GraphFeeds):
         else:
             feeds["seqlens_k"] = np.array([position + k - 1], np.int32)
             feeds["total_sequence_length"] = np.array(position + k, np.int32)
+        if self.deferred:
+            feeds[ACCEPTED] = np.array([self.accepted], np.int64)
         return feeds
 
 
@@ -411,6 +430,19 @@ class _OrtBackend(Backend):
         self.position = 0
         self._logits_host: np.ndarray | None = None  # the page's logits array (_logits_array)
 
+    #: set before ``prepare``: build the graph a speculative loop rolls back to any kept
+    #: count (a hybrid's K-token graph as the deferred-commit export; ``_deferred_commit``)
+    speculative = False
+
+    def _deferred_commit(self) -> bool:
+        """Whether ``prepare`` builds the deferred-commit export: asked for
+        (``speculative``), the standard flavour (the export's form of it), a K-token graph of
+        a model whose state is overwritten (GDN layers), K within the capsule's capacity;
+        the pages' rule (``backends.pages``), so both roll the same graph back."""
+        k = self.tokens_per_step
+        return bool(self.speculative and self.flavour == STANDARD and 1 < k <= MAX_TOKENS
+                    and any(s.kind != "append" for s in cache_specs(self.cfg, 1)))
+
     #: why a mode cannot run a model statebench did not export ("" where it can)
     model_unavailable = ""
 
@@ -436,9 +468,14 @@ class _OrtBackend(Backend):
         # the recurrent states in the flavour's layout; a depth's cache (the reference's
         # layout) is converted as it is handed in (``in_layout``)
         self.specs = cache_specs(self.cfg, capacity, state_layout(self.flavour))
+        k, deferred = self.tokens_per_step, self._deferred_commit()
+        if deferred:
+            self.specs = cache_specs_deferred(self.cfg, capacity, k)
+            self.details["rollback"] = "deferred commit (accepted_count)"
         # the CPU EP's graph computes MatMulNBits on float32 activations (module docstring)
         self.path = export(workload, self.flavour, capacity, self.cache_dir,
-                           accuracy_level=self.ep.accuracy_level, tokens=self.tokens_per_step)
+                           accuracy_level=self.ep.accuracy_level, tokens=k,
+                           rollback="deferred" if deferred else None)
         self._open(self.path)
         self.kernel = _KernelBytes(self.path, shared=self.shared_buffer)
         self.details.update(provider=self.session.get_providers()[0], flavour=self.flavour,
@@ -447,7 +484,8 @@ class _OrtBackend(Backend):
                             kernel_bytes_per_token=self.kernel.per_token)
         if self.ep.records_assignment:
             self.details.update(self._assignment())
-        self.graph = _ExportFeeds(self.specs, self.flavour)
+        self.graph = _ExportFeeds(self.specs, self.flavour,
+                                  (lambda c: load(self.cfg, c, k)) if deferred else None)
         self._allocate()
         self.reset()
 
@@ -680,11 +718,13 @@ class _HostArrays(_OrtBackend):
     def reset(self) -> None:
         self.position = 0
         self.past = self._empty_pasts(growing=self.flavour == ORT)
+        self.graph.accepted = 0  # a deferred commit: nothing of a last dispatch to commit
 
     def reach_depth(self, depth: DepthState) -> None:
         self._check_depth(depth)
         self.past = self._page_pasts(depth, growing=self.flavour == ORT)
         self.position = depth.depth
+        self.graph.accepted = 0  # the state handed in is committed
 
     def _step(self, token: int | np.ndarray) -> np.ndarray:
         return self._run(self._id_feeds(token), self.tokens_per_step)
@@ -699,6 +739,7 @@ class _HostArrays(_OrtBackend):
         by_name = dict(zip(self.output_names, outs, strict=True))
         self.past = {s.input: by_name[self.present_of[s.input]] for s in self.specs}
         self.position += k
+        self.graph.accepted = k  # unless ``accept`` keeps fewer
         return by_name["logits"].reshape(-1)
 
     def prefill(self, tokens: np.ndarray) -> np.ndarray:
@@ -722,13 +763,17 @@ class _HostArrays(_OrtBackend):
         roll back, an overwritten pair (a GDN state) does not."""
         if self.model is not None:
             return "a model as given: its pairs' kinds are not known"
+        if self.graph.deferred:
+            return ""
         kept = [s.input for s in self.specs if s.kind != "append"]
         return f"{', '.join(kept[:2])} are overwritten by every token" if kept else ""
 
     def accept(self, kept: int) -> None:
         """Keep the first ``kept`` of the last step's K tokens: the next step at P + kept,
         a growing past (copy mode) cut to its P + kept valid rows, a fixed one (standard)
-        masked past them by position."""
+        masked past them by position; a deferred-commit graph (a hybrid's, standard) is told
+        ``kept`` as its next dispatch's ``accepted_count`` and commits its GDN state and conv
+        window itself, as the pages' (no bytes move)."""
         k = self.tokens_per_step
         if isinstance(kept, bool) or not 0 <= int(kept) <= k:
             raise ValueError(f"kept {kept!r}: the tokens kept of a step of {k}, 0 .. {k}")
@@ -738,13 +783,19 @@ class _HostArrays(_OrtBackend):
         if why:
             raise NotImplementedError(f"{self.name} cannot roll back: {why}")
         self.position -= k - int(kept)
+        self.graph.accepted = int(kept)
         if self.flavour == ORT:
             self.past = {n: np.ascontiguousarray(a[:, :, :self.position])
                          for n, a in self.past.items()}
 
     def state_snapshot(self, names: list[str] | None = None) -> dict[str, np.ndarray]:
-        """The pasts the next step is fed, copies (checks and tests)."""
-        return {n: a.copy() for n, a in self.past.items() if names is None or n in names}
+        """The pasts the next step is fed, copies (checks and tests); a deferred-commit
+        graph's with their commit made (``rollback_feeds.committed``: the reference's
+        layout, float64), as the pages give theirs."""
+        pasts = self.past
+        if self.graph.deferred:
+            pasts = committed(self.cfg, pasts, self.graph.accepted, self.tokens_per_step)
+        return {n: a.copy() for n, a in pasts.items() if names is None or n in names}
 
 
 class _IOBinding(_OrtBackend):

@@ -102,10 +102,10 @@ def test_bad_flags_are_one_line(args, says):
 
 # -- the loop on a page ------------------------------------------------------------------------
 
-def sweep(cfg, classes, tmp_path) -> SpecResults:
+def sweep(cfg, classes, tmp_path, workload=WORKLOAD) -> SpecResults:
     out = tmp_path / "spec.json"
-    results = header(cfg, WORKLOAD, {})
-    e2e_sweep.run(cfg, Sweep(classes, workload=WORKLOAD, out=out), results)
+    results = header(cfg, workload, {})
+    e2e_sweep.run(cfg, Sweep(classes, workload=workload, out=out), results)
     assert load(out).points == results.points  # saved, and valid statebench-spec/2
     return results
 
@@ -185,6 +185,34 @@ def test_every_m_on_ort_host_arrays(tmp_path, name):
         assert p["status"] == "ok", p["reason"]
         assert p["tokens_match_greedy"] and p["logits_match_plain"] and p["state_ok"], p
         assert p["state_compared"] and p["state"]["vs_replay"]["bitwise"]
+
+
+def test_every_m_on_ort_standard_for_a_hybrid(tmp_path):
+    """ORT's CPU EP on a hybrid's K-token graph (tiny: a GDN layer, then attention): the
+    standard mode builds the deferred-commit export as the pages do, so every m rolls back
+    (the GDN state and conv window committed from ``accepted_count``, KV rows by position),
+    tokens, logits and state as the one-token decode's; the copy mode (LinearAttention,
+    state overwritten) still refuses a partial rollback with its pairs named."""
+    pytest.importorskip("onnxruntime")
+    from dataclasses import replace
+
+    from backends.ort import BACKENDS
+    from model.workload import PRESETS, Workload
+
+    hybrid = Workload.build(PRESETS["tiny"])
+    cfg = replace(config(backends=("ort-cpu:standard", "ort-cpu:copy"), ks=(2, 4),
+                         accept="partial,zero,0.7"), preset="tiny")
+    points = sweep(cfg, {n: BACKENDS[n] for n in cfg.backends}, tmp_path, hybrid).points
+    for p in points:
+        if p["backend"] == "ort-cpu:copy":
+            assert p["status"] == "unavailable" and "overwritten" in p["reason"], p
+            continue
+        assert p["status"] == "ok", p["reason"]
+        assert p["tokens_match_greedy"] and p["logits_match_plain"] and p["state_ok"], p
+        assert p["state_compared"], p
+        assert p["rollback"]["rollbacks"] > 0 or p["acceptance"] == "0.7", p
+        assert p["details"]["rollback"] == "deferred commit (accepted_count)"
+    assert sum(p["status"] == "ok" for p in points) == 6
 
 
 def test_a_spec_1_file_is_not_taken_for_an_end_to_end_one():
