@@ -458,9 +458,6 @@ class _OrtBackend(Backend):
         if not ok:
             raise RuntimeError(why)
         if self.model is not None:
-            if self.tokens_per_step > 1:
-                raise RuntimeError(f"{self.name}: a K-token step runs statebench's own export, "
-                                   "not a model as given")
             self._prepare_model(capacity)
             return
         self.workload, self.cfg, self.capacity = workload, workload.config, capacity
@@ -761,8 +758,6 @@ class _HostArrays(_OrtBackend):
     def rollback_refusal(self) -> str:
         """Why ``accept`` cannot keep fewer than K tokens here ("" where it can): KV rows
         roll back, an overwritten pair (a GDN state) does not."""
-        if self.model is not None:
-            return "a model as given: its pairs' kinds are not known"
         if self.graph.deferred:
             return ""
         kept = [s.input for s in self.specs if s.kind != "append"]
@@ -784,9 +779,14 @@ class _HostArrays(_OrtBackend):
             raise NotImplementedError(f"{self.name} cannot roll back: {why}")
         self.position -= k - int(kept)
         self.graph.accepted = int(kept)
-        if self.flavour == ORT:
-            self.past = {n: np.ascontiguousarray(a[:, :, :self.position])
-                         for n, a in self.past.items()}
+        if self.flavour == ORT:  # each growing past cut on its own axis (a model's may differ)
+            axes = getattr(self, "axes", {})
+            for s in self.specs:
+                if s.kind == "append":
+                    cut = [slice(None)] * self.past[s.input].ndim
+                    axis = axes.get(s.input)
+                    cut[2 if axis is None else axis] = slice(0, self.position)
+                    self.past[s.input] = np.ascontiguousarray(self.past[s.input][tuple(cut)])
 
     def state_snapshot(self, names: list[str] | None = None) -> dict[str, np.ndarray]:
         """The pasts the next step is fed, copies (checks and tests); a deferred-commit

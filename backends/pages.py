@@ -186,6 +186,10 @@ class _Page(Backend):
             except ConversionError as exc:
                 raise UserError(str(exc)) from None
         graph = self.converted.graph
+        if self.onnx_path is not None:  # a model as given: the pairs no rewrite made
+            # fixed-capacity are overwritten ones (the rewritten appends roll back by position)
+            appended = set(self.details.get("fixed_capacity", {}))
+            self._overwritten = [p.input for p in self._pairs if p.input not in appended]
         paired = {p.input for p in self._pairs}
         missing = [n for n in self.converted.inputs if n not in _FEEDS | paired]
         if missing:
@@ -239,9 +243,6 @@ class _Page(Backend):
                 return export(workload, "standard", capacity, tokens=k, rollback="deferred"), None
             return (export(workload, "standard", capacity, tokens=k) if k > 1
                     else export(workload, "standard", capacity)), None
-        if self.tokens_per_step > 1:
-            raise RuntimeError(f"{self.name}: a K-token step runs statebench's own export, "
-                               "not a model as given")
         import onnx
 
         proto = onnx.load(str(self.onnx_path), load_external_data=False)
@@ -262,7 +263,7 @@ class _Page(Backend):
         from backends.webnn.onnx_converter import ConversionError
 
         try:
-            _, done = fixed_model(proto, capacity, self.hand_pairs)
+            _, done = fixed_model(proto, capacity, self.hand_pairs, self.tokens_per_step)
         except ConversionError as exc:
             raise UserError(str(exc)) from None
         except FixedCapacityError as exc:

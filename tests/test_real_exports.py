@@ -310,3 +310,87 @@ def test_the_pages_and_ort_hand_float16_logits_as_the_graph_gives_them():
             assert out.dtype == dtype, (name, cls.name)
         a, b = (v.astype(np.float64) for v in got.values())
         assert np.max(np.abs(a - b)) <= 0.05 * np.max(np.abs(b)), name
+
+
+def _k_token_run(cls, path, k: int, prompt: list[int], kept: int, nxt: list[int]):
+    """(the logits of the prompt's last K tokens in one dispatch, those of ``nxt`` after
+    keeping ``kept`` of them) on a K-token graph of ``path``."""
+    from harness.model_run import backend_for
+
+    b = backend_for(cls, path, None)
+    b.tokens_per_step = k
+    b.prepare(None, 32)
+    try:
+        for j in range(0, len(prompt), k):
+            got = np.array(b.step_tokens(np.asarray(prompt[j:j + k])), np.float64)
+        b.accept(kept)
+        return got, np.array(b.step_tokens(np.asarray(nxt)), np.float64), dict(b.details)
+    finally:
+        b.close()
+
+
+def _one_token_logits(path, tokens: list[int], folder) -> list[np.ndarray]:
+    """ORT's CPU EP one token a run on the reference's copy of the graph (float32
+    products, ``reference_graph``): the oracle."""
+    from backends.ort import BACKENDS
+    from harness.model_run import UserModel, backend_for, reference_graph
+
+    b = backend_for(BACKENDS["ort-cpu:copy"], reference_graph(UserModel.load(path), folder),
+                    None)
+    b.prepare(None, 32)
+    try:
+        return [np.array(b.step(t), np.float64) for t in tokens]
+    finally:
+        b.close()
+
+
+@pytest.mark.parametrize("name", ["genai-llama", "genai-q4f16-llama"])
+@pytest.mark.parametrize("backend", ["ort-cpu:copy", "wgpu:stateful", "wgpu:stateless"])
+def test_a_genai_export_runs_as_a_k_token_graph_and_rolls_back_by_position(name, backend,
+                                                                         tmp_path):
+    """genai's exports take any count of new tokens (``sequence_length``): K = 4 of them in
+    one dispatch (the pages: GroupQueryAttention's K rows written at their positions,
+    causal inside the K), each row within the export's tolerance of ORT's one-token runs,
+    then 2 of the 4 kept (the next dispatch at P + 2, the dropped rows masked and
+    overwritten) and 4 more, as if only the kept ones had been fed."""
+    from backends.base import registry
+
+    if backend.startswith("wgpu:") and not registry()[backend].available()[0]:
+        pytest.skip(registry()[backend].available()[1])
+    path = model_file(MODELS / _entry(name)["path"])
+    rng = np.random.default_rng()
+    prompt = [int(t) for t in rng.integers(1, 1000, 8)]
+    nxt = [int(t) for t in rng.integers(1, 1000, 4)]
+    last, after, details = _k_token_run(registry()[backend], path, 4, prompt, 2, nxt)
+    want = _one_token_logits(path, prompt, tmp_path)
+    want_after = _one_token_logits(path, prompt[:6] + nxt, tmp_path)[6:]
+    tol = 1e-5 if name == "genai-llama" else UserModelTolerance(path)
+    if backend.startswith("ort-") and name != "genai-llama":
+        tol = 0.05  # ORT's own CPU EP computes this export's 4-bit products in int8
+    for got, ref in zip(list(last) + list(after), want[4:] + want_after, strict=True):
+        assert np.abs(got - ref).max() <= tol * np.abs(ref).max()
+    if backend.startswith("wgpu:"):
+        assert all("4 new rows" in how for how in details["fixed_capacity"].values())
+
+
+def UserModelTolerance(path) -> float:  # noqa: N802 - reads as the value it is
+    from harness.model_run import UserModel
+
+    return UserModel.load(path).tolerance
+
+
+def test_a_concat_export_is_refused_a_k_token_graph_in_one_line():
+    """optimum's export grows its caches by Concat, which the fixed-capacity rewrite writes
+    one row of: a K-token graph of it is refused, saying so, not run wrong."""
+    from backends.base import registry
+    from harness.model_run import backend_for
+
+    cls = registry()["wgpu:stateful"]
+    if not cls.available()[0]:
+        pytest.skip(cls.available()[1])
+    b = backend_for(cls, model_file(MODELS / _entry("optimum-llama")["path"]), None)
+    b.tokens_per_step = 4
+    with pytest.raises(RuntimeError, match="Concat rewrite writes one row") as exc:
+        b.prepare(None, 32)
+    assert "\n" not in str(exc.value)
+    b.close()

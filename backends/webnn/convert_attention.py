@@ -201,10 +201,12 @@ def _scores(c, q, k, attrs, head_size: int):
 
 @handles("GroupQueryAttention")
 def _group_query_attention(c, node, attrs):
-    """One new token: q/k/v (or packed), rotary at ``seqlens_k``, the new row written into
-    the capacity-sized past at ``seqlens_k`` (shared buffer: present is the past's
-    shape), attention over rows ``0..seqlens_k`` with each KV head's query heads as the
-    rows of one matmul."""
+    """S new tokens (a decode step's one, a K-token verify's K): q/k/v (or packed), rotary
+    at their positions ``seqlens_k - S + 1 .. seqlens_k`` (``seqlens_k`` the last one's, as
+    ORT's GroupQueryAttention takes it), their rows written into the capacity-sized past
+    there (shared buffer: present is the past's shape), attention over rows 0 .. its own
+    position for each query (causal inside the S), each KV head's query heads and tokens
+    as the rows of one matmul."""
     b = c.builder
     ins = _inputs(node)
     what = f"GroupQueryAttention {node.name or node.output[0]!r}"
@@ -218,8 +220,6 @@ def _group_query_attention(c, node, attrs):
         raise ConversionError(f"{what}: without a past cache (prefill) is not supported")
     q = c.operand(ins[0])
     B, S, width = c.shape(q)
-    if S != 1:
-        raise ConversionError(f"{what}: {S} new tokens; the pages feed one token a step")
     if ins[1]:
         k, v = c.operand(ins[1]), c.operand(ins[2])
         D = width // nq
@@ -229,25 +229,35 @@ def _group_query_attention(c, node, attrs):
                    for o, n in ((0, nq), (nq, nkv), (nq + nkv, nkv)))
     past_k, past_v = c.operand(ins[3]), c.operand(ins[4])
     C = c.shape(past_k)[2]
-    pos = b.cast(c.operand(ins[5]), "int64")  # seqlens_k [B]: the new token's position
+    pos = b.cast(c.operand(ins[5]), "int64")  # seqlens_k [B]: the last new token's position
+    # the S tokens' positions [B, S]: seqlens_k - S + 1 .. seqlens_k
+    at_s = pos if S == 1 else b.add(b.reshape(pos, [B, 1]), c.constant(
+        (np.arange(S, dtype=np.int64) - (S - 1)).reshape(1, S)))
     q4, k4 = b.reshape(q, [B, S, nq, D]), b.reshape(k, [B, S, nkv, D])
     if attrs.get("do_rotary", 0):
-        cos, sin = _rows(c, ins[7], pos, B, S), _rows(c, ins[8], pos, B, S)
+        flat = at_s if S == 1 else b.reshape(at_s, [B * S])
+        cos, sin = _rows(c, ins[7], flat, B, S), _rows(c, ins[8], flat, B, S)
         rot = 2 * c.shape(c.operand(ins[7]))[-1]
         inter = bool(attrs.get("rotary_interleaved", 0))
         q4, k4 = rotate(c, q4, cos, sin, rot, inter), rotate(c, k4, cos, sin, rot, inter)
-    kh = b.transpose(k4, permutation=[0, 2, 1, 3])  # [B, nkv, 1, D]
+    kh = b.transpose(k4, permutation=[0, 2, 1, 3])  # [B, nkv, S, D]
     vh = b.transpose(b.reshape(v, [B, S, nkv, D]), permutation=[0, 2, 1, 3])
-    grid = np.stack(np.meshgrid(np.arange(B), np.arange(nkv), indexing="ij"), -1)
-    grid = c.constant(grid.reshape(B, nkv, 1, 2).astype(np.int64))
-    at = b.expand(b.reshape(pos, [B, 1, 1, 1]), [B, nkv, 1, 1])
+    grid = np.stack(np.meshgrid(np.arange(B), np.arange(nkv), np.arange(S), indexing="ij"), -1)
+    grid = c.constant(grid[..., :2].reshape(B, nkv, S, 2).astype(np.int64))
+    at = b.expand(b.reshape(at_s, [B, 1, S, 1]), [B, nkv, S, 1])
     idx = b.concat([grid, at], 3)
     present_k, present_v = b.scatter_nd(past_k, idx, kh), b.scatter_nd(past_v, idx, vh)
     g = nq // nkv
-    qh = b.reshape(b.transpose(q4, permutation=[0, 2, 1, 3]), [B, nkv, g, D])
-    scores, low = _scores(c, qh, present_k, attrs, D)  # [B, nkv, g, C]
+    # a KV head's query rows: its g query heads, each with its S tokens ([B, nkv, g*S, D])
+    qh = b.reshape(b.transpose(q4, permutation=[0, 2, 1, 3]), [B, nkv, g * S, D])
+    scores, low = _scores(c, qh, present_k, attrs, D)  # [B, nkv, g*S, C]
     rows = c.constant(np.arange(C, dtype=np.int64).reshape(1, 1, 1, C))
-    valid = b.lesser_or_equal(rows, b.reshape(pos, [B, 1, 1, 1]))
+    if S == 1:
+        last = b.reshape(pos, [B, 1, 1, 1])
+    else:  # each query row's own position: its token's (row r of a head is token r % S)
+        last = b.add(b.reshape(pos, [B, 1, 1, 1]), c.constant(
+            np.tile(np.arange(S, dtype=np.int64) - (S - 1), g).reshape(1, 1, g * S, 1)))
+    valid = b.lesser_or_equal(rows, last)
     probs = b.softmax(b.where(valid, scores, low), 3)
     out = b.matmul(probs, present_v)  # [B, nkv, g, D]
     out = b.reshape(b.transpose(b.reshape(out, [B, nq, S, D]), permutation=[0, 2, 1, 3]),

@@ -57,38 +57,45 @@ class FixedCapacityError(ValueError):
 
 
 def fixed_model(model: onnx.ModelProto, capacity: int,
-                pairs: Mapping[str, str] | None = None) -> tuple[dict[str, int], list[Rewrite]]:
-    """``model`` (the caller's: changed in place) pinned for a decode step at ``capacity``
-    (``dims.default_dims``, a growing cache's own axis included) and its growing pairs
-    made fixed-capacity: the dims pinned and what was done per pair. ConversionError for
-    bad pairs, FixedCapacityError where a pair cannot be rewritten."""
+                pairs: Mapping[str, str] | None = None,
+                new_tokens: int = 1) -> tuple[dict[str, int], list[Rewrite]]:
+    """``model`` (the caller's: changed in place) pinned for a step of ``new_tokens`` (K)
+    tokens at ``capacity`` (``dims.default_dims``, a growing cache's own axis included) and
+    its growing pairs made fixed-capacity: the dims pinned and what was done per pair.
+    ConversionError for bad pairs, FixedCapacityError where a pair cannot be rewritten."""
     from .dims import default_dims, pin
     from .onnx_converter import list_kv_pairs
 
     found = list_kv_pairs(model, pairs)
-    dims = {k: d.value for k, d in default_dims(model, capacity, found).items()}
+    dims = {k: d.value for k, d in default_dims(model, capacity, found,
+                                                new_tokens=new_tokens).items()}
     pin(model, dims, copy=False)
-    return dims, make_fixed_capacity(model, found, dims)
+    return dims, make_fixed_capacity(model, found, dims, new_tokens)
 
 
 def make_fixed_capacity(model: onnx.ModelProto, pairs,
-                        dims: Mapping[str, int] | None = None) -> list[Rewrite]:
+                        dims: Mapping[str, int] | None = None,
+                        new_tokens: int = 1) -> list[Rewrite]:
     """Rewrite ``model`` (pinned with ``dims``, in place) so every ``append`` pair of
     ``pairs`` has the past's shape; one ``Rewrite`` per growing pair, its ``how`` led by the
-    pair's own rule. The rewrite writes one row a step: a pair that gains K != 1 rows with
-    these dims (a K-token verify graph) is refused, never taken for one. Raises
-    FixedCapacityError naming the first pair that cannot be rewritten (nothing is changed
-    then)."""
+    pair's own rule. Each pair must gain ``new_tokens`` (K) rows a step with these dims: a
+    pair that gains another count is refused, never taken for a K-row one. K > 1 (a
+    K-token verify graph) is rewritten where GroupQueryAttention writes the rows (its
+    shared buffer, the converter writing K rows at their positions); a Concat's rewrite
+    writes one row. Raises FixedCapacityError naming the first pair that cannot be
+    rewritten (nothing is changed then)."""
     from .dims import rows_per_step
 
     g = model.graph
     for p in pairs:
         rows = rows_per_step(p, dims or {})
-        if p.kind == "append" and rows != 1:
+        if p.kind == "append" and rows != new_tokens:
             raise FixedCapacityError(
                 f"{p.input!r} -> {p.output!r} gains {rows if rows is not None else 'unknown'} rows "
-                f"a step ({p.how or 'past+new'}): the fixed-capacity rewrite writes one (K = 1)")
-    _split_attention(model, [p for p in pairs if p.kind == "append"])
+                f"a step ({p.how or 'past+new'}): the fixed-capacity rewrite of a step of "
+                f"{new_tokens} token{'s' * (new_tokens != 1)} writes {new_tokens}")
+    if new_tokens == 1:
+        _split_attention(model, [p for p in pairs if p.kind == "append"])
     producer = {o: (n, k) for n in g.node for k, o in enumerate(n.output)}
     inputs = {i.name: i for i in g.input}
     outputs = {o.name: o for o in g.output}
@@ -104,6 +111,11 @@ def make_fixed_capacity(model: onnx.ModelProto, pairs,
                 and k in (1, 2) and len(node.input) > k + 2 and node.input[k + 2] == p.input:
             plans.append((p, "gqa", node))
             continue
+        if new_tokens != 1:
+            raise FixedCapacityError(
+                f"{p.input!r} -> {p.output!r} grows through {node.op_type}: a K-token step "
+                f"({new_tokens} rows) is rewritten where GroupQueryAttention writes the rows; "
+                "the Concat rewrite writes one row a step")
         if node.op_type != "Concat" or node.domain not in ("", "ai.onnx"):
             raise FixedCapacityError(
                 f"{p.input!r} -> {p.output!r} grows through {node.op_type}, not Concat(past, "
@@ -126,7 +138,9 @@ def make_fixed_capacity(model: onnx.ModelProto, pairs,
         _set_dims(outputs[p.output], _dims(inputs[p.input]))
         if kind == "gqa":
             done.append(Rewrite(p.input, p.output, True, _led(p, (
-                "GroupQueryAttention's shared buffer: new row written at seqlens_k"))))
+                "GroupQueryAttention's shared buffer: new row written at seqlens_k"
+                if new_tokens == 1 else f"GroupQueryAttention's shared buffer: {new_tokens} "
+                "new rows written ending at seqlens_k"))))
             continue
         if position is None:
             position = _position_from_mask(g) if by_mask else _position_from_ids(g)
