@@ -223,3 +223,47 @@ def test_a_spec_1_file_is_not_taken_for_an_end_to_end_one():
     bad = {**good, "points": [{"backend": "wgpu:stateful", "k": "4"}]}
     with pytest.raises(UserError, match="points\\[0\\]"):
         validate(bad)
+
+
+# -- a model as given (--model) ----------------------------------------------------------------
+
+def test_the_loop_on_a_real_export_every_m(tmp_path):
+    """`statebench speculative --model` on genai's export (its K-token graphs: GQA's K rows,
+    rollback by position), ORT's CPU EP its reference: every m on ORT's copy mode and the
+    stateful page, tokens, logits and state as the one-token decode's; a mode that runs
+    statebench's own export only is unavailable with why; the results file names the model."""
+    from tests.test_cli import statebench
+    from tests.test_real_exports import MODELS
+
+    out = tmp_path / "spec.json"
+    proc = statebench("speculative", "--model", MODELS / "genai-llama", "--backends",
+                      "ort-cpu:copy,ort-cpu:standard,wgpu:stateful", "--k", "3",
+                      "--accept", "partial,zero", "--contexts", "6", "--tokens", "6",
+                      "--inprocess", "--out", out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = load(out)
+    assert res.workload["model"]["path"].endswith("model.onnx")
+    assert res.workload["preset"] == "model-genai-llama"
+    by = {}
+    for p in res.points:
+        by.setdefault(p["backend"], []).append(p)
+    assert all(p["status"] == "unavailable" and "not a model as given" in p["reason"]
+               for p in by["ort-cpu:standard"])
+    for name in ("ort-cpu:copy", "wgpu:stateful"):
+        for p in by[name]:
+            if p["status"] == "unavailable" and name.startswith("wgpu:"):
+                pytest.skip(p["reason"])
+            assert p["status"] == "ok", (name, p["reason"])
+            assert p["tokens_match_greedy"] and p["logits_match_plain"] and p["state_ok"], p
+            assert p["state"]["vs_replay"]["bitwise"] and p["rollback"]["rollbacks"] > 0
+
+
+def test_model_and_preset_together_are_one_line():
+    from tests.test_cli import one_line_error, statebench
+    from tests.test_real_exports import MODELS
+
+    says = one_line_error(statebench("speculative", "--model", MODELS / "genai-llama",
+                                     "--preset", "tiny", "--backends", "ort-cpu:copy"))
+    assert "--model and --preset" in says
+    says = one_line_error(statebench("speculative", "--model", MODELS / "genai-llama"))
+    assert "--model needs --backends" in says

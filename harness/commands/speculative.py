@@ -22,8 +22,8 @@ from harness.commands.base import Command
 from model.errors import UserError
 
 #: the flags of the end-to-end loop only, and of the per-layer simulation only
-E2E_FLAGS = ("accept", "contexts", "tokens", "warmup", "warm_s", "inprocess", "kernel_option",
-             "point_timeout")
+E2E_FLAGS = ("model", "accept", "contexts", "tokens", "warmup", "warm_s", "inprocess",
+             "kernel_option", "point_timeout")
 LAYER_FLAGS = ("reps", "depth")
 
 
@@ -48,7 +48,7 @@ class Speculative(Command):
     def setup_arguments(cls, p: argparse.ArgumentParser) -> None:
         from harness.speculative.acceptance import MAX_K
 
-        common_args.add_preset(p, default="tiny")
+        common_args.add_preset(p, default="tiny", or_model=True)
         p.add_argument("--backends", default=None,
                        help="run the loop end to end on these backends (names or globs, "
                             "e.g. 'wgpu:stateless,wgpu:reuse,wgpu:stateful'); without it, "
@@ -59,6 +59,10 @@ class Speculative(Command):
                             f"length 1..{speculative.MAX_DRAFT} (ORT GatedDeltaNet's "
                             "state_update_capacity limit); default 4")
         e2e = p.add_argument_group("end to end (--backends)")
+        e2e.add_argument("--model", default=None, metavar="MODEL",
+                         help="a model you exported (an .onnx, or a folder with model.onnx "
+                              "or decode.onnx) in place of --preset: its K-token graphs, ORT's "
+                              "CPU EP its reference (docs/speculative.md)")
         e2e.add_argument("--accept", default=None,
                          help="comma list of acceptance schedules: full (every draft), zero "
                               "(none), partial (m = 0 .. K-1 in turn) or a RATE in [0, 1] "
@@ -113,6 +117,7 @@ class Speculative(Command):
             raise UserError(f"--k {','.join(map(str, args.k))}: without --backends one draft "
                             "length")
         k = args.k
+        args.preset = args.preset or "tiny"
         reps = 5 if args.reps is None else args.reps
         depth = 256 if args.depth is None else args.depth
         # everything the run could refuse is refused before anything slow or large

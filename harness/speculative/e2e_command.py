@@ -17,6 +17,7 @@ from harness.speculative.acceptance import parse_acceptances
 from harness.speculative.e2e_sweep import MAX_K, SpecConfig, Sweep, header, run
 from model.errors import UserError
 
+DEFAULT_PRESET = "tiny"
 DEFAULT_ACCEPT = "full,partial,zero"
 DEFAULT_CONTEXTS = "64"
 DEFAULT_TOKENS = 32
@@ -46,7 +47,11 @@ def config_from(args: argparse.Namespace, command: str) -> SpecConfig:
     from harness.runner import DEFAULT_WARM_S, parse_contexts
     from model.workload import preset
 
-    preset(args.preset)  # an unknown preset: its one line
+    if args.model is not None and args.preset is not None:
+        raise UserError("--model and --preset: one workload, not both")
+    name = args.preset or DEFAULT_PRESET
+    if args.model is None:
+        preset(name)  # an unknown preset: its one line
     options = None
     if args.kernel_option:
         from backends.webnn.wgpu_impl.options import KernelOptions
@@ -56,14 +61,15 @@ def config_from(args: argparse.Namespace, command: str) -> SpecConfig:
         except ValueError as exc:
             raise UserError(f"--kernel-option: {exc}") from None
     return SpecConfig(
-        preset=args.preset, backends=select(args.backends), ks=parse_ks(args.k),
+        preset=name, backends=select(args.backends), ks=parse_ks(args.k),
         acceptances=parse_acceptances(args.accept or DEFAULT_ACCEPT),
         contexts=parse_contexts(args.contexts or DEFAULT_CONTEXTS),
         tokens=args.tokens or DEFAULT_TOKENS,
         warmup=2 if args.warmup is None else args.warmup,
         warm_s=DEFAULT_WARM_S if args.warm_s is None else args.warm_s,
         seed=args.seed, inprocess=bool(args.inprocess),
-        timeout_s=float(args.point_timeout or 3600), command=command, options=options)
+        timeout_s=float(args.point_timeout or 3600), command=command, options=options,
+        model=args.model)
 
 
 def refusals(classes: dict[str, type[Backend]]) -> tuple[dict[str, str], dict | None]:
@@ -80,22 +86,27 @@ def refusals(classes: dict[str, type[Backend]]) -> tuple[dict[str, str], dict | 
 def run_e2e(args: argparse.Namespace, command: str, console, err_console) -> int:
     from harness.calibrate import environment
     from harness.runner import resolve_backends, terminate_as_interrupt
-    from harness.sources import PresetSource
+    from harness.sources import ModelSource, PresetSource
     from model.checksum import check_cache_dir
     from model.workload import default_cache_dir
 
     cfg = config_from(args, command)
-    source = PresetSource(cfg.preset, cfg.seed)
+    source = (PresetSource(cfg.preset, cfg.seed) if cfg.model is None
+              else ModelSource.load(cfg.model, seed=cfg.seed))
+    if cfg.model is not None:
+        cfg.preset = source.label  # the model's name, where a preset's would be
     top = max(cfg.contexts)
     source.check_memory(cfg.capacity_for(top), top + 1, cfg.greedy_tokens, top)
+    source.check_positions(cfg.capacity_for(top) - 1)
     classes = resolve_backends(cfg.backends)
     check_cache_dir(default_cache_dir())
     with common_args.claimed_out(args.out, args.force) if args.out else nullcontext():
-        out = Path(args.out) if args.out else default_out(cfg.preset)
+        out = Path(args.out) if args.out else default_out(
+            cfg.preset if cfg.model is None else source.label)
         if not args.out:
             out.parent.mkdir(parents=True, exist_ok=True)
         refused, adapter = refusals(classes)
-        results = header(cfg, source.workload(), environment({}, adapter))
+        results = header(cfg, source.workload(), environment({}, adapter), source)
 
         def said(name: str, depth: int, points: list[dict]) -> None:
             ok = sum(p["status"] == "ok" for p in points)

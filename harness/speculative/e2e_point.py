@@ -27,12 +27,12 @@ from harness.gc_window import setup_frozen
 from harness.heater import heat
 from harness.metrics import logits_tolerance
 from harness.results import BYTE_CATEGORIES, Stats
-from harness.sources import PresetSource
+from harness.sources import PresetSource, WorkloadSource, from_wire
 from harness.speculative import loop, state_check
 from harness.speculative.acceptance import Acceptance, ScriptedDrafts
 from harness.speculative.spec_results import finite, point_failed, point_unavailable
 from harness.worker import class_for
-from model.workload import Workload, cache_specs
+from model.workload import CacheSpec, Workload, cache_specs
 
 #: a worker's stderr line that is progress (said by the sweep), not a reason
 PROGRESS_PREFIX = "statebench-spec: "
@@ -57,6 +57,8 @@ class GroupRequest:
     options: dict | None = None
     #: "module:Class" of a backend outside the registry (tests), imported by path
     backend_path: str | None = None
+    #: a model's source (``ModelSource.to_wire``) in place of the preset (None: ``preset``)
+    source: dict | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -96,7 +98,8 @@ def load_depth(path: str) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray
         return z["tokens"], cache, z["ref_greedy"]
 
 
-def build(cls: type[Backend], source: PresetSource, workload: Workload, req: GroupRequest,
+def build(cls: type[Backend], source: WorkloadSource, workload: Workload | None,
+          req: GroupRequest,
           k: int, prompt: np.ndarray) -> Built:
     """``cls`` with a K-token graph, prepared at the request's capacity and warmed up with
     ``req.warmup`` steps from position 0 (the pipelines made), then reset."""
@@ -192,13 +195,15 @@ def _timed(emit: Emit, what: str, fn: Callable[[], object]) -> object:
 
 def _measure(req: GroupRequest, cls: type[Backend], workload: Workload | None,
              emit: Emit) -> None:
-    source = PresetSource(req.preset, req.seed)
+    source = (from_wire(req.source) if req.source
+              else PresetSource(req.preset, req.seed))
     workload = workload or source.workload()
     tokens, cache, ref_greedy = load_depth(req.depth_file)
     depth = DepthState(tokens=tokens[:req.depth].copy(), cache=cache)
     first = int(tokens[req.depth])
     on_gpu = not cls.on_cpu
-    specs = cache_specs(workload.config, req.capacity)
+    specs = (cache_specs(workload.config, req.capacity) if workload is not None
+             else model_specs(source, cache, req.capacity))
     overwritten = [s.input for s in specs if s.kind != "append"]
     where = f"{req.backend} @ d{req.depth}"
     plain = _timed(emit, f"{where}: building the one-token graph",
@@ -232,15 +237,38 @@ def _measure(req: GroupRequest, cls: type[Backend], workload: Workload | None,
             "greedy_matches_reference": bool(np.array_equal(greedy.tokens,
                                                             ref_greedy[:len(greedy.tokens)])),
             "reference_agree": _agree(greedy.tokens, ref_greedy)}
-    tol = logits_tolerance(workload.config)  # the preset's (PresetSource.tolerance)
+    # the preset's (PresetSource.tolerance; a test's own workload's), or the model's
+    tol = source.tolerance if workload is None else logits_tolerance(workload.config)
+    vocab = len(greedy.logits[0]) if workload is None else workload.config.vocab
     for k in req.ks:
         _measure_k(req, cls, source, workload, k, depth, first, greedy,
-                   Plain(plain_state, recurrent), specs, tol, base, emit)
+                   Plain(plain_state, recurrent), specs, tol, base, vocab, emit)
 
 
-def _measure_k(req: GroupRequest, cls: type[Backend], source: PresetSource, workload: Workload,
-               k: int, depth: DepthState, first: int, greedy: loop.GreedyRun,
-               plain: Plain, specs: list, tol: float, base: dict, emit: Emit) -> None:
+def model_specs(source: WorkloadSource, cache: dict[str, np.ndarray],
+                capacity: int) -> list[CacheSpec]:
+    """A model's pairs as the state checks take them (``state_check``): an append pair's
+    rows on axis 2 (BNSH, as genai's and transformers' caches are), ``capacity`` of them;
+    an overwritten pair whole. ValueError (the group's points fail with it) for an append
+    on another axis."""
+    out = []
+    for p in source.loaded.pairs:
+        arr = cache[p.input]
+        if p.kind == "append":
+            if p.axis != 2 or arr.ndim != 4:
+                raise ValueError(f"{p.input} grows on axis {p.axis} of {arr.ndim}: the state "
+                                 "checks compare rows on axis 2 of 4")
+            shape = (*arr.shape[:2], capacity, *arr.shape[3:])
+        else:
+            shape = arr.shape
+        out.append(CacheSpec(p.input, p.output, tuple(shape), p.kind, -1, str(arr.dtype)))
+    return out
+
+
+def _measure_k(req: GroupRequest, cls: type[Backend], source: WorkloadSource,
+               workload: Workload | None, k: int, depth: DepthState, first: int,
+               greedy: loop.GreedyRun, plain: Plain, specs: list, tol: float, base: dict,
+               vocab: int, emit: Emit) -> None:
     if cls.hidden_state and depth.depth % k:
         why = (f"depth {depth.depth} is not a multiple of K={k}: a hidden state is reached "
                "by dispatching the prompt K tokens at a time")
@@ -264,7 +292,7 @@ def _measure_k(req: GroupRequest, cls: type[Backend], source: PresetSource, work
                 continue
             try:
                 emit.point(_point(req, built, acc, depth, first, greedy, plain, specs,
-                                  tol, base, workload.config.vocab, not cls.on_cpu, emit))
+                                  tol, base, vocab, not cls.on_cpu, emit))
             except Exception as exc:  # noqa: BLE001
                 if os.environ.get("STATEBENCH_DEBUG"):
                     traceback.print_exc()

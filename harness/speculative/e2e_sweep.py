@@ -18,7 +18,7 @@ import numpy as np
 
 from backends.base import Backend
 from harness import child
-from harness.sources import NumpyReferenceWalk, PresetSource
+from harness.sources import ModelSource, NumpyReferenceWalk, PresetSource, ReferenceWalk, WorkloadSource
 from harness.speculative.acceptance import MAX_K, Acceptance  # noqa: F401 - MAX_K: named here too
 from harness.speculative.e2e_point import PROGRESS_PREFIX, Emit, GroupRequest, measure_group
 from harness.speculative.spec_results import SpecResults, point_unavailable
@@ -44,6 +44,9 @@ class SpecConfig:
     command: str = ""
     #: the pages' KernelOptions as data (``as_dict``), None: their defaults
     options: dict | None = None
+    #: a model file in place of the preset (``--model``): its K-token graphs, ORT's CPU EP
+    #: its reference; ``preset`` is then only a label
+    model: str | None = None
 
     @property
     def greedy_tokens(self) -> int:
@@ -58,10 +61,18 @@ class SpecConfig:
         return [a.label for a in self.acceptances]
 
 
-def depth_arrays(walk: NumpyReferenceWalk, depth: int, capacity: int, greedy: int) -> dict:
+def depth_arrays(walk: ReferenceWalk, depth: int, capacity: int, greedy: int) -> dict:
     """A depth file's arrays: ``tokens`` (the depth's and the first one fed),
     ``cache:<past>`` (the state at depth) and ``ref_greedy`` (the reference's ``greedy``
-    tokens after the prompt); the walk left at ``depth``."""
+    tokens after the prompt); the walk left at ``depth``. A model's walk
+    (``OrtReferenceWalk``) gives its look-ahead as its own greedy tokens already: the first
+    one fed is the reference's pick after the prompt, the rest its greedy continuation."""
+    if not isinstance(walk, NumpyReferenceWalk):
+        arrays = walk.arrays_at(depth, capacity, greedy + 1)
+        arrays.pop("ref_logits")
+        arrays["ref_greedy"] = arrays["tokens"][depth + 1:].copy()
+        arrays["tokens"] = arrays["tokens"][:depth + 1].copy()
+        return arrays
     arrays = walk.arrays_at(depth, capacity, 1)
     arrays.pop("ref_logits")
     ref = walk.ref
@@ -74,12 +85,19 @@ def depth_arrays(walk: NumpyReferenceWalk, depth: int, capacity: int, greedy: in
     return arrays
 
 
-def header(cfg: SpecConfig, workload: Workload, environment: dict) -> SpecResults:
-    c = workload.config
+def header(cfg: SpecConfig, workload: Workload | None, environment: dict,
+           source: WorkloadSource | None = None) -> SpecResults:
+    """The results file's header: the preset's config, or (``workload`` None) the model's
+    description (``ModelSource.describe``: its file, pairs, dims and tolerance)."""
+    if workload is not None:
+        c = workload.config
+        what = {"preset": c.name, "dtype": c.dtype, "config": c.describe()}
+    else:
+        what = {"preset": cfg.preset, **source.describe(cfg.capacity_for(max(cfg.contexts)))}
     return SpecResults(
         created=datetime.now(UTC).isoformat(timespec="seconds"),
         command=cfg.command or "statebench speculative", environment=environment,
-        workload={"preset": c.name, "dtype": c.dtype, "config": c.describe(), "seed": cfg.seed,
+        workload={**what, "seed": cfg.seed,
                   "tokens": cfg.tokens, "k": cfg.ks, "acceptance": cfg.labels(),
                   "contexts": cfg.contexts, "warmup": cfg.warmup, "warm_s": cfg.warm_s})
 
@@ -144,11 +162,27 @@ def _keeper(points: list[dict], results: SpecResults,
 def run(cfg: SpecConfig, sweep: Sweep, results: SpecResults) -> SpecResults:
     """Every point, depths ascending; ``results`` saved to ``sweep.out`` after each group.
     A test's workload (``sweep.workload``) runs in this process only."""
-    source = PresetSource(cfg.preset, cfg.seed)
+    source = (PresetSource(cfg.preset, cfg.seed) if cfg.model is None
+              else ModelSource.load(cfg.model, seed=cfg.seed))
     workload = sweep.workload or source.workload()
     contexts = sorted(cfg.contexts)
-    walk = NumpyReferenceWalk(workload.config, workload.weights, cfg.seed, max(contexts) + 1,
-                              cfg.capacity_for(max(contexts)))
+    top = cfg.capacity_for(max(contexts))
+    walk = (source.reference_walk(max(contexts) + 1, top + 1) if workload is None else
+            NumpyReferenceWalk(workload.config, workload.weights, cfg.seed, max(contexts) + 1,
+                               top))
+    try:
+        _groups(cfg, sweep, results, walk, source, workload is None)
+    finally:
+        walk.close()
+    return results
+
+
+def _groups(cfg: SpecConfig, sweep: Sweep, results: SpecResults, walk: ReferenceWalk,
+            source: WorkloadSource, model: bool) -> None:
+    """Every backend at every depth, ascending (``run``); a model's source goes to the
+    workers with each request, and a backend that cannot run it is unavailable with why."""
+    contexts = sorted(cfg.contexts)
+    wire = source.to_wire() if model else None
     with tempfile.TemporaryDirectory(prefix="statebench-spec-") as tmp:
         for depth in contexts:
             cap = cfg.capacity_for(depth)
@@ -158,11 +192,11 @@ def run(cfg: SpecConfig, sweep: Sweep, results: SpecResults) -> SpecResults:
                 req = GroupRequest(backend=name, preset=cfg.preset, depth=depth, capacity=cap,
                                    tokens=cfg.tokens, ks=cfg.ks, acceptances=cfg.labels(),
                                    depth_file=str(path), seed=cfg.seed, warmup=cfg.warmup,
-                                   warm_s=cfg.warm_s, options=cfg.options)
+                                   warm_s=cfg.warm_s, options=cfg.options, source=wire)
                 points: list[dict] = []
                 keep = _keeper(points, results, sweep.out)
 
-                refused = sweep.refusals.get(name, "")
+                refused = sweep.refusals.get(name, "") or (source.refusal(cls) if model else "")
                 if refused:
                     for k, a in req.keys():
                         keep(point_unavailable(req, k, a, refused))
@@ -173,4 +207,3 @@ def run(cfg: SpecConfig, sweep: Sweep, results: SpecResults) -> SpecResults:
                 if sweep.on_group:
                     sweep.on_group(name, depth, points)
             path.unlink(missing_ok=True)
-    return results
