@@ -86,6 +86,9 @@ DETAILS: dict[str, Detail] = {
     "provider": _d(str, "the execution provider the session runs on", f"{_ORT}, {_GENAI}"),
     "flavour": _d(str, "the exported graph's flavour (ort, standard)", _ORT),
     "mode": _d(str, "how the cache is carried between steps (copy, iobinding, shared, ...)", _ORT),
+    "rollback": _d(str, "how a speculative loop's K-token graph rolls a hybrid back: "
+                   "'deferred commit (accepted_count)' where the standard mode built the "
+                   "deferred-commit export (docs/speculative.md)", _ORT),
     "model": _d(str, "the .onnx file the session runs", f"{_ORT}, {_GENAI}"),
     "host_cache": _d(bool, "the cache lives on the host between steps (a stateless mode)", _ORT),
     "kernel_bytes_base": _d(int, "bytes the graph's kernels move a step at depth 0", _ORT),
