@@ -1,8 +1,8 @@
 """The greedy pick from logits in the type a backend hands them (float32, or float16 where
 the graph's logits are: ``Backend.step``).
 
-NumPy compares float16 elements one by one in software: ``np.argmax`` over llama's 128256
-float16 logits takes about 100 times as long as over float32 ones, or widening them first,
+NumPy compares float16 elements one by one in software, so ``np.argmax`` over a large
+vocabulary's float16 logits is far slower than over float32 ones or than widening them first,
 which a loop that times its argmax would charge to the backend. Float16 bit patterns read as
 int16 order like the values once a negative one's magnitude bits are flipped, so the pick is
 an integer argmax over the same 2 bytes an element.
