@@ -32,7 +32,7 @@ from harness.sweep_args import positive_list
 from model.errors import UserError
 
 if TYPE_CHECKING:
-    from harness.sources import PresetSource
+    from harness.sources import WorkloadSource
 
 SCHEMA = "statebench-prefill/1"
 DEFAULT_CHUNKS = "1,16,64"
@@ -113,7 +113,7 @@ def _gpu_prefill_ms(b: Backend, tokens: np.ndarray, k: int) -> float | None:
     return None if None in times else float(sum(times))
 
 
-def measure_point(source: PresetSource, name: str, k: int, context: int, tokens: np.ndarray,
+def measure_point(source: WorkloadSource, name: str, k: int, context: int, tokens: np.ndarray,
                   ref_logits: np.ndarray, reps: int) -> PrefillPoint:
     """One point (module docstring); a backend that cannot run is "unavailable", one that
     raises while it runs "failed" with its one-line reason."""
@@ -162,16 +162,21 @@ def measure_point(source: PresetSource, name: str, k: int, context: int, tokens:
 
 def measure(preset_name: str, backends: list[str], chunks: list[int], contexts: list[int],
             reps: int = 3, seed: int = 0,
-            progress: Callable[[PrefillPoint], None] | None = None) -> dict:
+            progress: Callable[[PrefillPoint], None] | None = None,
+            model: str | None = None) -> dict:
     """Every point, contexts ascending (one reference walk serves them all): the results'
-    body (``schema``, the workload, ``points``)."""
+    body (``schema``, the workload, ``points``). ``model``: a model file in place of the
+    preset (its K-token graphs; ORT's CPU EP its reference, ``ModelSource``)."""
     check_multiples(contexts, chunks)
-    from harness.sources import PresetSource  # ONNX and the exports: only when it runs
+    # ONNX and the exports: only when it runs
+    from harness.sources import ModelSource, PresetSource
 
-    source = PresetSource(preset_name, seed)
+    source = (PresetSource(preset_name, seed) if model is None
+              else ModelSource.load(model, seed=seed))
     contexts, kmax = sorted(contexts), max(chunks)
     top = contexts[-1] + kmax
     source.check_memory(top, top, kmax, contexts[-1])
+    source.check_positions(top - 1)
     walk = source.reference_walk(top, top)
     points: list[PrefillPoint] = []
     try:

@@ -31,3 +31,33 @@ def test_command_writes_the_table_and_the_file(tmp_path):
         assert p["wall_ms"] > 0 and p["tokens_per_s"] > 0
     assert "statebench prefill · tiny" in text and f"results: {out}" in text
     assert err.count("prefill: ") == len(pts)
+
+
+def test_a_model_as_given_prefills_through_its_k_token_graphs(tmp_path):
+    """`prefill --model` on genai's export: its K-token graphs from an empty cache on ORT's
+    copy mode and the stateful page, the next K tokens' logits checked against ORT's CPU EP
+    walked one token a run on the reference's graph; the standard mode, which runs
+    statebench's own export only, unavailable with why."""
+    from tests.test_real_exports import MODELS
+
+    out = tmp_path / "prefill.json"
+    backends = "ort-cpu:copy,ort-cpu:standard" + (",wgpu:stateful" if PAGE_OK else "")
+    rc, _, err = cli("prefill", "--model", MODELS / "genai-llama", "--backends", backends,
+                     "--chunks", "1,4", "--contexts", "8", "--reps", "1", "--out", out)
+    assert rc == 0, err[-2000:]
+    data = json.loads(out.read_text())
+    assert data["workload"]["model"]["path"].endswith("model.onnx")
+    for p in data["points"]:
+        if p["backend"] == "ort-cpu:standard":
+            assert p["status"] == "unavailable" and "not a model as given" in p["reason"]
+        else:
+            assert p["status"] == "ok" and p["match"]["ok"], p
+
+
+def test_prefill_model_and_preset_together_are_one_line():
+    from tests.test_cli import one_line_error, statebench
+    from tests.test_real_exports import MODELS
+
+    says = one_line_error(statebench("prefill", "--model", MODELS / "genai-llama", "--preset",
+                                     "tiny"))
+    assert "--model and --preset" in says

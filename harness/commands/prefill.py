@@ -62,7 +62,11 @@ class Prefill(Command):
 
     @classmethod
     def setup_arguments(cls, p: argparse.ArgumentParser) -> None:
-        common_args.add_preset(p, default="tiny")
+        common_args.add_preset(p, default="tiny", or_model=True)
+        p.add_argument("--model", default=None, metavar="MODEL",
+                       help="a model you exported (an .onnx, or a folder with model.onnx or "
+                            "decode.onnx) in place of --preset: its K-token graphs, ORT's CPU "
+                            "EP its reference")
         common_args.add_backends(p, default="wgpu:stateful")
         p.add_argument("--chunks", default=prefill.DEFAULT_CHUNKS,
                        help=f"tokens a dispatch, K (comma list, 1..{prefill.MAX_CHUNK}; "
@@ -81,7 +85,11 @@ class Prefill(Command):
     @classmethod
     def run_from_args(cls, args, console, err_console) -> int:
         # everything the run could refuse is refused before anything slow or large
-        preset(args.preset)
+        if args.model is not None and args.preset is not None:
+            raise UserError("--model and --preset: one workload, not both")
+        args.preset = args.preset or "tiny"
+        if args.model is None:
+            preset(args.preset)
         backends = select(args.backends)
         chunks = prefill.parse_chunks(args.chunks)
         contexts = parse_contexts(args.contexts)
@@ -93,7 +101,7 @@ class Prefill(Command):
                                   markup=False, highlight=False)
 
             body = prefill.measure(args.preset, backends, chunks, contexts, args.reps,
-                                   args.seed, progress)
+                                   args.seed, progress, args.model)
             data = {"schema": body.pop("schema"),
                     "created": datetime.now(UTC).isoformat(timespec="seconds"),
                     "command": cls.command_line(), "environment": cls._environment(), **body}
