@@ -80,10 +80,11 @@ def make_fixed_capacity(model: onnx.ModelProto, pairs,
     ``pairs`` has the past's shape; one ``Rewrite`` per growing pair, its ``how`` led by the
     pair's own rule. Each pair must gain ``new_tokens`` (K) rows a step with these dims: a
     pair that gains another count is refused, never taken for a K-row one. K > 1 (a
-    K-token verify graph) is rewritten where GroupQueryAttention writes the rows (its
-    shared buffer, the converter writing K rows at their positions); a Concat's rewrite
-    writes one row. Raises FixedCapacityError naming the first pair that cannot be
-    rewritten (nothing is changed then)."""
+    K-token verify graph): GroupQueryAttention's shared buffer (the converter writes the K
+    rows at their positions), or a Concat's K rows scattered at positions P .. P+K-1 with
+    each query row masked past its own position; an ai.onnx Attention that appends its past
+    is rewritten for one query row only. Raises FixedCapacityError naming the first pair
+    that cannot be rewritten (nothing is changed then)."""
     from .dims import rows_per_step
 
     g = model.graph
@@ -94,8 +95,7 @@ def make_fixed_capacity(model: onnx.ModelProto, pairs,
                 f"{p.input!r} -> {p.output!r} gains {rows if rows is not None else 'unknown'} rows "
                 f"a step ({p.how or 'past+new'}): the fixed-capacity rewrite of a step of "
                 f"{new_tokens} token{'s' * (new_tokens != 1)} writes {new_tokens}")
-    if new_tokens == 1:
-        _split_attention(model, [p for p in pairs if p.kind == "append"])
+    _split_attention(model, [p for p in pairs if p.kind == "append"])
     producer = {o: (n, k) for n in g.node for k, o in enumerate(n.output)}
     inputs = {i.name: i for i in g.input}
     outputs = {o.name: o for o in g.output}
@@ -111,11 +111,6 @@ def make_fixed_capacity(model: onnx.ModelProto, pairs,
                 and k in (1, 2) and len(node.input) > k + 2 and node.input[k + 2] == p.input:
             plans.append((p, "gqa", node))
             continue
-        if new_tokens != 1:
-            raise FixedCapacityError(
-                f"{p.input!r} -> {p.output!r} grows through {node.op_type}: a K-token step "
-                f"({new_tokens} rows) is rewritten where GroupQueryAttention writes the rows; "
-                "the Concat rewrite writes one row a step")
         if node.op_type != "Concat" or node.domain not in ("", "ai.onnx"):
             raise FixedCapacityError(
                 f"{p.input!r} -> {p.output!r} grows through {node.op_type}, not Concat(past, "
@@ -132,7 +127,10 @@ def make_fixed_capacity(model: onnx.ModelProto, pairs,
     lengths = {_dims(outputs[p.output])[p.axis] for p, _ in concats}
     mask = inputs.get(MASK_INPUT)
     by_mask = mask is not None and lengths == {_dims(mask)[-1]}
-    softmaxes = [] if by_mask or not concats else _softmaxes_over(model, concats, lengths)
+    # the model's own mask (by_mask) hides the rows past the last new token, but it takes
+    # the K queries for the cache's last K positions: K > 1 masks each query row itself too
+    softmaxes = ([] if (by_mask and new_tokens == 1) or not concats
+                 else _softmaxes_over(model, concats, lengths, by_mask))
     position = None
     for p, kind, node in plans:
         _set_dims(outputs[p.output], _dims(inputs[p.input]))
@@ -143,16 +141,19 @@ def make_fixed_capacity(model: onnx.ModelProto, pairs,
                 "new rows written ending at seqlens_k"))))
             continue
         if position is None:
-            position = _position_from_mask(g) if by_mask else _position_from_ids(g)
-        _write_at_position(g, p, node, _dims(inputs[p.input]), position)
+            position = (_position_from_mask(g, new_tokens) if by_mask
+                        else _position_from_ids(g, new_tokens))
+        _write_at_position(g, p, node, _dims(inputs[p.input]), position, new_tokens)
+        rows = "" if new_tokens == 1 else f" ({new_tokens} rows)"
         done.append(Rewrite(p.input, p.output, True, _led(p, (
-            f"Concat on axis {p.axis} -> ScatterND at the position (sum({MASK_INPUT}) - 1); "
-            "attention reads the written cache, the model's mask drops the rest") if by_mask
-            else (f"Concat on axis {p.axis} -> ScatterND at position_ids; attention reads the "
-                  f"written cache, rows beyond the position masked before {len(softmaxes)} "
-                  "softmax(es)"))))
+            f"Concat on axis {p.axis} -> ScatterND at the position (sum({MASK_INPUT}) - 1)"
+            f"{rows}; attention reads the written cache, the model's mask drops the rest")
+            if by_mask else
+            (f"Concat on axis {p.axis} -> ScatterND at position_ids{rows}; attention reads "
+             f"the written cache, rows beyond the position masked before {len(softmaxes)} "
+             "softmax(es)"))))
     if softmaxes:
-        _mask_softmaxes(g, softmaxes, position, lengths.pop())
+        _mask_softmaxes(g, softmaxes, position, lengths.pop(), new_tokens)
     return done
 
 
@@ -209,14 +210,16 @@ def _split_attention(model: onnx.ModelProto, growing) -> None:
             g.node.insert(at + k, n)
 
 
-def _softmaxes_over(model: onnx.ModelProto, concats, lengths: set) -> list[onnx.NodeProto]:
-    """Without an ``attention_mask``: the Softmax nodes whose last axis runs over the grown
-    cache's rows (they read a grown present, and their last axis has its length), where a
-    mask of the rows beyond ``position_ids`` is added. FixedCapacityError where that cannot
-    be shown."""
+def _softmaxes_over(model: onnx.ModelProto, concats, lengths: set,
+                    by_mask: bool = False) -> list[onnx.NodeProto]:
+    """The Softmax nodes whose last axis runs over the grown cache's rows (they read a grown
+    present, and their last axis has its length), where a mask of the rows beyond each
+    query's position is added: without an ``attention_mask`` (positions from
+    ``position_ids``), or with one (``by_mask``) for K query rows. FixedCapacityError where
+    that cannot be shown."""
     first = concats[0][0]
     g = model.graph
-    if "position_ids" not in {i.name for i in g.input}:
+    if not by_mask and "position_ids" not in {i.name for i in g.input}:
         raise FixedCapacityError(
             f"{first.input!r} -> {first.output!r} grows by Concat and the graph has neither an "
             f"{MASK_INPUT!r} input nor position_ids to mask the rows beyond the position: a "
@@ -278,15 +281,25 @@ def _inferred(model: onnx.ModelProto) -> tuple[dict[str, list[int | None]], dict
     return shapes, {v.name: v.type.tensor_type.elem_type for v in values}
 
 
-def _mask_softmaxes(g: onnx.GraphProto, softmaxes, position: str, length: int) -> None:
-    """Before each softmax: + (0 where row <= position, float32 min beyond)."""
+def _mask_softmaxes(g: onnx.GraphProto, softmaxes, position: str, length: int,
+                    k: int = 1) -> None:
+    """Before each softmax: + (0 where row <= position, float32 min beyond); with K query
+    rows (``position`` [K]) each row's own: a [K, length] mask over the softmax's last two
+    axes (causal inside the K)."""
     n = helper.make_node
     name = "fixed_capacity.rows_mask"
     g.initializer.extend([
         numpy_helper.from_array(np.arange(length, dtype=np.int64), f"{name}.rows"),
         numpy_helper.from_array(np.array(0.0, np.float32), f"{name}.zero"),
         numpy_helper.from_array(np.array(np.finfo(np.float32).min, np.float32), f"{name}.low")])
-    nodes = [n("LessOrEqual", [f"{name}.rows", position], [f"{name}.valid"]),
+    at_rows = position
+    nodes = []
+    if k > 1:
+        g.initializer.append(numpy_helper.from_array(np.array([k, 1], np.int64),
+                                                     f"{name}.column"))
+        at_rows = f"{name}.positions"
+        nodes.append(n("Reshape", [position, f"{name}.column"], [at_rows]))
+    nodes += [n("LessOrEqual", [f"{name}.rows", at_rows], [f"{name}.valid"]),
              n("Where", [f"{name}.valid", f"{name}.zero", f"{name}.low"], [name])]
     for k, sm in enumerate(softmaxes):
         masked = f"{name}.{k}"
@@ -314,25 +327,27 @@ def _set_dims(vi: onnx.ValueInfoProto, dims: list[int | str]) -> None:
             new.dim_param = d
 
 
-def _position_from_ids(g: onnx.GraphProto) -> str:
-    """Nodes computing the position, int64 [1], from position_ids (its first element:
-    Qwen's [3, B, S] text positions are alike)."""
+def _position_from_ids(g: onnx.GraphProto, k: int = 1) -> str:
+    """Nodes computing the K new tokens' positions, int64 [K], from position_ids (its first
+    K elements: Qwen's [3, B, S] text positions are alike in every row)."""
     n = helper.make_node
     name = "fixed_capacity.position"
     g.initializer.extend([numpy_helper.from_array(np.array([-1], np.int64), f"{name}.flat"),
                           numpy_helper.from_array(np.array([0], np.int64), f"{name}.start"),
-                          numpy_helper.from_array(np.array([1], np.int64), f"{name}.end")])
+                          numpy_helper.from_array(np.array([k], np.int64), f"{name}.end")])
     g.node.insert(0, n("Reshape", ["position_ids", f"{name}.flat"], [f"{name}.all"]))
     g.node.insert(1, n("Slice", [f"{name}.all", f"{name}.start", f"{name}.end"], [f"{name}.ids"]))
     g.node.insert(2, n("Cast", [f"{name}.ids"], [name], to=TensorProto.INT64))
     return name
 
 
-def _position_from_mask(g: onnx.GraphProto) -> str:
-    """Nodes computing the position, int64 [1], from the mask: its ones less one."""
+def _position_from_mask(g: onnx.GraphProto, k: int = 1) -> str:
+    """Nodes computing the K new tokens' positions, int64 [K], from the mask: its ones less
+    K .. less one."""
     n = helper.make_node
     name = "fixed_capacity.position"
-    g.initializer.append(numpy_helper.from_array(np.array([1.0], np.float32), f"{name}.one"))
+    g.initializer.append(numpy_helper.from_array(
+        np.arange(k, 0, -1, dtype=np.float32), f"{name}.one"))
     g.node.insert(0, n("Cast", [MASK_INPUT], [f"{name}.f"], to=TensorProto.FLOAT))
     g.node.insert(1, n("ReduceSum", [f"{name}.f"], [f"{name}.sum"], keepdims=0))
     g.node.insert(2, n("Reshape", [f"{name}.sum", f"{name}.shape1"], [f"{name}.sum1"]))
@@ -343,9 +358,9 @@ def _position_from_mask(g: onnx.GraphProto) -> str:
 
 
 def _write_at_position(g: onnx.GraphProto, p, concat: onnx.NodeProto, past: list,
-                       position: str) -> None:
-    """present = ScatterND(past, indices, new); the Concat reads present, its own output
-    renamed for the readers inside the graph."""
+                       position: str, k: int = 1) -> None:
+    """present = ScatterND(past, indices, new), the K new rows at ``position`` [K]; the
+    Concat reads present, its own output renamed for the readers inside the graph."""
     if not all(isinstance(d, int) for d in past):
         raise FixedCapacityError(f"{p.input!r} has unpinned dims {past}")
     lead = past[:p.axis]
@@ -353,16 +368,23 @@ def _write_at_position(g: onnx.GraphProto, p, concat: onnx.NodeProto, past: list
     n = helper.make_node
     new = concat.input[1]
     nodes = []
-    if lead:  # one index tuple (leading coordinates..., position) per leading cell
-        grid = np.stack(np.meshgrid(*[np.arange(d) for d in lead], indexing="ij"), -1)
-        grid = grid.reshape([*lead, 1, len(lead)]).astype(np.int64)
+    if lead:  # one index tuple (leading coordinates..., position) per leading cell and row
+        grid = np.stack(np.meshgrid(*[np.arange(d) for d in lead], np.arange(k),
+                                    indexing="ij"), -1)[..., :len(lead)]
+        grid = grid.reshape([*lead, k, len(lead)]).astype(np.int64)
         g.initializer.extend([
             numpy_helper.from_array(grid, f"{base}.grid"),
-            numpy_helper.from_array(np.array([*lead, 1, 1], np.int64), f"{base}.pshape")])
-        nodes += [n("Expand", [position, f"{base}.pshape"], [f"{base}.pos"]),
+            numpy_helper.from_array(np.array([*lead, k, 1], np.int64), f"{base}.pshape")])
+        at = position
+        if k > 1:  # [K] -> [K, 1], then expanded over the leading cells
+            g.initializer.append(numpy_helper.from_array(np.array([k, 1], np.int64),
+                                                         f"{base}.column"))
+            nodes.append(n("Reshape", [position, f"{base}.column"], [f"{base}.rows"]))
+            at = f"{base}.rows"
+        nodes += [n("Expand", [at, f"{base}.pshape"], [f"{base}.pos"]),
                   n("Concat", [f"{base}.grid", f"{base}.pos"], [f"{base}.idx"], axis=-1)]
     else:
-        g.initializer.append(numpy_helper.from_array(np.array([1, 1], np.int64), f"{base}.pshape"))
+        g.initializer.append(numpy_helper.from_array(np.array([k, 1], np.int64), f"{base}.pshape"))
         nodes.append(n("Reshape", [position, f"{base}.pshape"], [f"{base}.idx"]))
     nodes.append(n("ScatterND", [p.input, f"{base}.idx", new], [p.output]))
     attend = f"{base}.attend"
