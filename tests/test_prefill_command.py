@@ -38,7 +38,9 @@ def test_a_model_as_given_prefills_through_its_k_token_graphs(tmp_path):
     copy mode and the stateful page, the next K tokens' logits checked against ORT's CPU EP
     walked one token a run on the reference's graph; the standard mode, which runs
     statebench's own export only, unavailable with why."""
-    from tests.test_real_exports import MODELS
+    from tests.test_cli import ROOT
+
+    MODELS = ROOT / "tests" / "models"  # the committed exports (not a held-out set)
 
     out = tmp_path / "prefill.json"
     backends = "ort-cpu:copy,ort-cpu:standard" + (",wgpu:stateful" if PAGE_OK else "")
@@ -55,8 +57,9 @@ def test_a_model_as_given_prefills_through_its_k_token_graphs(tmp_path):
 
 
 def test_prefill_model_and_preset_together_are_one_line():
-    from tests.test_cli import one_line_error, statebench
-    from tests.test_real_exports import MODELS
+    from tests.test_cli import ROOT, one_line_error, statebench
+
+    MODELS = ROOT / "tests" / "models"  # the committed exports (not a held-out set)
 
     says = one_line_error(statebench("prefill", "--model", MODELS / "genai-llama", "--preset",
                                      "tiny"))

@@ -288,6 +288,7 @@ def test_the_reference_walks_to_a_depth_in_chunks_where_the_graph_takes_them(nam
                 np.testing.assert_array_equal(a, b)
 
 
+@committed_only
 def test_the_pages_and_ort_hand_float16_logits_as_the_graph_gives_them():
     """A float16 graph's logits come back float16 from a page and from ORT (widening is
     the caller's, outside what it times), float32 ones float32, and the same values."""
@@ -344,6 +345,7 @@ def _one_token_logits(path, tokens: list[int], folder) -> list[np.ndarray]:
         b.close()
 
 
+@committed_only
 @pytest.mark.parametrize("name", ["genai-llama", "genai-q4f16-llama",
                                   "transformers-mtd-llama-small"])
 @pytest.mark.parametrize("backend", ["ort-cpu:copy", "wgpu:stateful", "wgpu:stateless"])
@@ -383,6 +385,7 @@ def UserModelTolerance(path) -> float:  # noqa: N802 - reads as the value it is
     return UserModel.load(path).tolerance
 
 
+@committed_only
 def test_a_k_token_graph_whose_queries_cannot_be_masked_is_refused_in_one_line():
     """optimum's export grows its caches by Concat and masks by its attention_mask, which
     takes K queries for the cache's last K positions: the K-row rewrite must mask each

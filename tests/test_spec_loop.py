@@ -232,8 +232,9 @@ def test_the_loop_on_a_real_export_every_m(tmp_path):
     rollback by position), ORT's CPU EP its reference: every m on ORT's copy mode and the
     stateful page, tokens, logits and state as the one-token decode's; a mode that runs
     statebench's own export only is unavailable with why; the results file names the model."""
-    from tests.test_cli import statebench
-    from tests.test_real_exports import MODELS
+    from tests.test_cli import ROOT, statebench
+
+    MODELS = ROOT / "tests" / "models"  # the committed exports (not a held-out set)
 
     out = tmp_path / "spec.json"
     proc = statebench("speculative", "--model", MODELS / "genai-llama", "--backends",
@@ -259,8 +260,9 @@ def test_the_loop_on_a_real_export_every_m(tmp_path):
 
 
 def test_model_and_preset_together_are_one_line():
-    from tests.test_cli import one_line_error, statebench
-    from tests.test_real_exports import MODELS
+    from tests.test_cli import ROOT, one_line_error, statebench
+
+    MODELS = ROOT / "tests" / "models"  # the committed exports (not a held-out set)
 
     says = one_line_error(statebench("speculative", "--model", MODELS / "genai-llama",
                                      "--preset", "tiny", "--backends", "ort-cpu:copy"))
