@@ -429,6 +429,8 @@ class _OrtBackend(Backend):
         self.session = None
         self.position = 0
         self._logits_host: np.ndarray | None = None  # the page's logits array (_logits_array)
+        #: a model's growing axis per past (None: overwritten); statebench's exports grow on 2
+        self.axes: dict[str, int | None] = {}
 
     #: set before ``prepare``: build the graph a speculative loop rolls back to any kept
     #: count (a hybrid's K-token graph as the deferred-commit export; ``_deferred_commit``)
@@ -499,7 +501,7 @@ class _OrtBackend(Backend):
         dims = {k: d.value for k, d in default_dims(proto, capacity).items()}
         inits = {t.name for t in proto.graph.initializer}
         inputs = {i.name: i for i in proto.graph.input if i.name not in inits}
-        self.axes: dict[str, int | None] = {}
+        self.axes = {}
         self.specs = []
         heads = past_head_sizes(proto)  # per layer, where a symbol names them all alike
         for p in pairs:
@@ -780,11 +782,10 @@ class _HostArrays(_OrtBackend):
         self.position -= k - int(kept)
         self.graph.accepted = int(kept)
         if self.flavour == ORT:  # each growing past cut on its own axis (a model's may differ)
-            axes = getattr(self, "axes", {})
             for s in self.specs:
                 if s.kind == "append":
                     cut = [slice(None)] * self.past[s.input].ndim
-                    axis = axes.get(s.input)
+                    axis = self.axes.get(s.input)
                     cut[2 if axis is None else axis] = slice(0, self.position)
                     self.past[s.input] = np.ascontiguousarray(self.past[s.input][tuple(cut)])
 

@@ -168,11 +168,9 @@ def measure(preset_name: str, backends: list[str], chunks: list[int], contexts: 
     body (``schema``, the workload, ``points``). ``model``: a model file in place of the
     preset (its K-token graphs; ORT's CPU EP its reference, ``ModelSource``)."""
     check_multiples(contexts, chunks)
-    # ONNX and the exports: only when it runs
-    from harness.sources import ModelSource, PresetSource
+    from harness.sources import source_for  # ONNX and the exports: only when it runs
 
-    source = (PresetSource(preset_name, seed) if model is None
-              else ModelSource.load(model, seed=seed))
+    source = source_for(preset_name, model, seed=seed)
     contexts, kmax = sorted(contexts), max(chunks)
     top = contexts[-1] + kmax
     source.check_memory(top, top, kmax, contexts[-1])

@@ -242,8 +242,8 @@ def _group_query_attention(c, node, attrs):
         q4, k4 = rotate(c, q4, cos, sin, rot, inter), rotate(c, k4, cos, sin, rot, inter)
     kh = b.transpose(k4, permutation=[0, 2, 1, 3])  # [B, nkv, S, D]
     vh = b.transpose(b.reshape(v, [B, S, nkv, D]), permutation=[0, 2, 1, 3])
-    grid = np.stack(np.meshgrid(np.arange(B), np.arange(nkv), np.arange(S), indexing="ij"), -1)
-    grid = c.constant(grid[..., :2].reshape(B, nkv, S, 2).astype(np.int64))
+    grid = np.stack(np.meshgrid(np.arange(B), np.arange(nkv), indexing="ij"), -1)
+    grid = c.constant(np.repeat(grid.reshape(B, nkv, 1, 2), S, axis=2).astype(np.int64))
     at = b.expand(b.reshape(at_s, [B, 1, S, 1]), [B, nkv, S, 1])
     idx = b.concat([grid, at], 3)
     present_k, present_v = b.scatter_nd(past_k, idx, kh), b.scatter_nd(past_v, idx, vh)

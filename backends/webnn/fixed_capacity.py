@@ -369,9 +369,8 @@ def _write_at_position(g: onnx.GraphProto, p, concat: onnx.NodeProto, past: list
     new = concat.input[1]
     nodes = []
     if lead:  # one index tuple (leading coordinates..., position) per leading cell and row
-        grid = np.stack(np.meshgrid(*[np.arange(d) for d in lead], np.arange(k),
-                                    indexing="ij"), -1)[..., :len(lead)]
-        grid = grid.reshape([*lead, k, len(lead)]).astype(np.int64)
+        grid = np.stack(np.meshgrid(*[np.arange(d) for d in lead], indexing="ij"), -1)
+        grid = np.repeat(grid.reshape([*lead, 1, len(lead)]), k, axis=-2).astype(np.int64)
         g.initializer.extend([
             numpy_helper.from_array(grid, f"{base}.grid"),
             numpy_helper.from_array(np.array([*lead, k, 1], np.int64), f"{base}.pshape")])

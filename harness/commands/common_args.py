@@ -134,6 +134,13 @@ def add_preset(parser: argparse.ArgumentParser, default: str = "small",
                         help=f"model preset: {preset_names()} (default {default})")
 
 
+def refuse_two_workloads(args: argparse.Namespace) -> None:
+    """A command that takes --model in place of --preset (``add_preset(or_model=True)``)
+    refuses both given, in one line."""
+    if getattr(args, "model", None) is not None and args.preset is not None:
+        raise UserError("--model and --preset name two workloads; give one")
+
+
 def check_format(fmt: str, accepted: tuple[str, ...]) -> str:
     if fmt not in accepted:
         raise UserError(f"unknown format {fmt!r}; accepted: {', '.join(accepted)}")

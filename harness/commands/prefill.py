@@ -85,8 +85,7 @@ class Prefill(Command):
     @classmethod
     def run_from_args(cls, args, console, err_console) -> int:
         # everything the run could refuse is refused before anything slow or large
-        if args.model is not None and args.preset is not None:
-            raise UserError("--model and --preset: one workload, not both")
+        common_args.refuse_two_workloads(args)
         args.preset = args.preset or "tiny"
         if args.model is None:
             preset(args.preset)

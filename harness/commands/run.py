@@ -96,8 +96,7 @@ class Run(Command):
     def run_from_args(cls, args, console, err_console) -> int:
         model_flags = [f for f, v in (("--pairs", args.pairs), ("--prompt", args.prompt),
                                       ("--expect-tokens", args.expect_tokens)) if v is not None]
-        if args.model is not None and args.preset is not None:
-            raise UserError("--model and --preset name two workloads; give one")
+        common_args.refuse_two_workloads(args)
         if args.model is None and model_flags:
             raise UserError(f"{model_flags[0]} needs --model")
         if (args.prompt is None) != (args.expect_tokens is None):

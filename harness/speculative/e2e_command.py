@@ -47,8 +47,7 @@ def config_from(args: argparse.Namespace, command: str) -> SpecConfig:
     from harness.runner import DEFAULT_WARM_S, parse_contexts
     from model.workload import preset
 
-    if args.model is not None and args.preset is not None:
-        raise UserError("--model and --preset: one workload, not both")
+    common_args.refuse_two_workloads(args)
     name = args.preset or DEFAULT_PRESET
     if args.model is None:
         preset(name)  # an unknown preset: its one line
@@ -86,13 +85,12 @@ def refusals(classes: dict[str, type[Backend]]) -> tuple[dict[str, str], dict | 
 def run_e2e(args: argparse.Namespace, command: str, console, err_console) -> int:
     from harness.calibrate import environment
     from harness.runner import resolve_backends, terminate_as_interrupt
-    from harness.sources import ModelSource, PresetSource
+    from harness.sources import source_for
     from model.checksum import check_cache_dir
     from model.workload import default_cache_dir
 
     cfg = config_from(args, command)
-    source = (PresetSource(cfg.preset, cfg.seed) if cfg.model is None
-              else ModelSource.load(cfg.model, seed=cfg.seed))
+    source = source_for(cfg.preset, cfg.model, seed=cfg.seed)
     if cfg.model is not None:
         cfg.preset = source.label  # the model's name, where a preset's would be
     top = max(cfg.contexts)
@@ -101,8 +99,7 @@ def run_e2e(args: argparse.Namespace, command: str, console, err_console) -> int
     classes = resolve_backends(cfg.backends)
     check_cache_dir(default_cache_dir())
     with common_args.claimed_out(args.out, args.force) if args.out else nullcontext():
-        out = Path(args.out) if args.out else default_out(
-            cfg.preset if cfg.model is None else source.label)
+        out = Path(args.out) if args.out else default_out(cfg.preset)
         if not args.out:
             out.parent.mkdir(parents=True, exist_ok=True)
         refused, adapter = refusals(classes)
@@ -118,8 +115,8 @@ def run_e2e(args: argparse.Namespace, command: str, console, err_console) -> int
 
         with terminate_as_interrupt() as caught:
             try:
-                run(cfg, Sweep(classes, refused, out=out, on_group=said, say=progress),
-                    results)
+                run(cfg, Sweep(classes, refused, out=out, on_group=said, say=progress,
+                               source=source), results)
             except KeyboardInterrupt:
                 how = "terminated" if caught[0] == signal.SIGTERM else "interrupted"
                 err_console.print(f"statebench: {how}; {len(results.points)} points kept in "

@@ -18,7 +18,7 @@ import numpy as np
 
 from backends.base import Backend
 from harness import child
-from harness.sources import ModelSource, NumpyReferenceWalk, PresetSource, ReferenceWalk, WorkloadSource
+from harness.sources import NumpyReferenceWalk, ReferenceWalk, WorkloadSource, source_for
 from harness.speculative.acceptance import MAX_K, Acceptance  # noqa: F401 - MAX_K: named here too
 from harness.speculative.e2e_point import PROGRESS_PREFIX, Emit, GroupRequest, measure_group
 from harness.speculative.spec_results import SpecResults, point_unavailable
@@ -144,6 +144,8 @@ class Sweep:
     on_group: Callable[[str, int, list[dict]], None] | None = None
     #: a worker's progress lines (its slow phases), as they come
     say: Callable[[str], None] | None = None
+    #: the source the command already loaded (None: ``run`` makes it from the config)
+    source: WorkloadSource | None = None
 
 
 def _keeper(points: list[dict], results: SpecResults,
@@ -162,8 +164,9 @@ def _keeper(points: list[dict], results: SpecResults,
 def run(cfg: SpecConfig, sweep: Sweep, results: SpecResults) -> SpecResults:
     """Every point, depths ascending; ``results`` saved to ``sweep.out`` after each group.
     A test's workload (``sweep.workload``) runs in this process only."""
-    source = (PresetSource(cfg.preset, cfg.seed) if cfg.model is None
-              else ModelSource.load(cfg.model, seed=cfg.seed))
+    # a test's own workload needs no source; else the command's, or one made here
+    source = sweep.source or (None if sweep.workload is not None
+                              else source_for(cfg.preset, cfg.model, seed=cfg.seed))
     workload = sweep.workload or source.workload()
     contexts = sorted(cfg.contexts)
     top = cfg.capacity_for(max(contexts))
@@ -171,18 +174,19 @@ def run(cfg: SpecConfig, sweep: Sweep, results: SpecResults) -> SpecResults:
             NumpyReferenceWalk(workload.config, workload.weights, cfg.seed, max(contexts) + 1,
                                top))
     try:
-        _groups(cfg, sweep, results, walk, source, workload is None)
+        _groups(cfg, sweep, results, walk, source if workload is None else None)
     finally:
         walk.close()
     return results
 
 
 def _groups(cfg: SpecConfig, sweep: Sweep, results: SpecResults, walk: ReferenceWalk,
-            source: WorkloadSource, model: bool) -> None:
-    """Every backend at every depth, ascending (``run``); a model's source goes to the
-    workers with each request, and a backend that cannot run it is unavailable with why."""
+            model: WorkloadSource | None) -> None:
+    """Every backend at every depth, ascending (``run``); ``model``, a model's source (None
+    for a preset), goes to the workers with each request, and a backend that cannot run it
+    is unavailable with why."""
     contexts = sorted(cfg.contexts)
-    wire = source.to_wire() if model else None
+    wire = None if model is None else model.to_wire()
     with tempfile.TemporaryDirectory(prefix="statebench-spec-") as tmp:
         for depth in contexts:
             cap = cfg.capacity_for(depth)
@@ -196,7 +200,7 @@ def _groups(cfg: SpecConfig, sweep: Sweep, results: SpecResults, walk: Reference
                 points: list[dict] = []
                 keep = _keeper(points, results, sweep.out)
 
-                refused = sweep.refusals.get(name, "") or (source.refusal(cls) if model else "")
+                refused = sweep.refusals.get(name, "") or (model.refusal(cls) if model else "")
                 if refused:
                     for k, a in req.keys():
                         keep(point_unavailable(req, k, a, refused))
