@@ -14,6 +14,8 @@ py=${PYTHON:-python3}
 # (wgpudawn: the dawn:* backends; prepare.sh needs EXTRA_WHEELS=wgpudawn==0.32.0.4 for it)
 if [ -d .whl ] && ! "$py" -c "import wgpu, wgpudawn, onnxruntime_ep_webgpu" 2>/dev/null; then
   "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  # a wheel repacked as its installed tree (*.tar.xz, smaller for the 64 MiB a call carries)
+  for t in .whl/*.tar.xz; do [ -f "$t" ] && tar xJf "$t" -C /tmp/site; done
   export PYTHONPATH=/tmp/site:$PWD
 fi
 export PYTHONUNBUFFERED=1 STATEBENCH_CACHE=${STATEBENCH_CACHE:-/tmp/statebench-cache}
