@@ -234,6 +234,9 @@ class _GenaiBackend(Backend):
         self.loop[kind] += 1
         self.counters.h2d += 4  # the token id (int32)
         self.counters.d2h += logits.nbytes
+        # genai hands float32 logits whatever the graph's type: the cache attribution
+        # (harness.verdicts.cache_traffic) takes these as the logits, not the graph's
+        self.details["logits_bytes"] = int(logits.nbytes)
         return logits
 
     def _diverged(self, token: int) -> None:

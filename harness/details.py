@@ -114,6 +114,9 @@ DETAILS: dict[str, Detail] = {
                 "a token fed (forced_steps), and the first step where its pick was not the "
                 "reference's greedy token (diverged: {step, token, reference_token, margin, "
                 "margin_rel}, genai's logit margin between the two)", _GENAI),
+    "logits_bytes": _d(int, "the bytes of one step's logits as the backend hands them, where "
+                       "that is not the graph's type (genai's are float32): the cache "
+                       "attribution of the host link's bytes takes these as the logits", _GENAI),
     # retired
     "warm_clock_steps": _d(int, "steps stepped in bursts to warm the clock before the timed "
                            "ones", _WORKER, retired="6d7dec3 (heated_s took its place)"),

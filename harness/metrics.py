@@ -166,11 +166,13 @@ class StateBytes:
         """The inputs other than the state a step writes at ``capacity``."""
         return self.feeds + self.feeds_per_row * capacity
 
-    def link_cache(self, h2d: float, d2h: float, capacity: int) -> tuple[float, float]:
+    def link_cache(self, h2d: float, d2h: float, capacity: int,
+                   logits: int | None = None) -> tuple[float, float]:
         """The cache bytes of a step's host-link traffic, up and down: the counted bytes less
-        the other inputs and the logits; what is left below the state one step writes is
-        not cache (ids, a status word)."""
-        up, down = h2d - self.fed(capacity), d2h - self.logits
+        the other inputs and the logits (``logits``: as the backend read them, where that is
+        not the graph's type); what is left below the state one step writes is not cache
+        (ids, a status word)."""
+        up, down = h2d - self.fed(capacity), d2h - (self.logits if logits is None else logits)
         return (up if up >= self.written else 0.0), (down if down >= self.written else 0.0)
 
     def to_dict(self) -> dict:

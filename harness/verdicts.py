@@ -65,7 +65,8 @@ def cache_traffic(p: Point, cfg: ModelConfig | metrics.StateBytes | None) -> Cac
     if cfg is None or not p.measured or p.bytes_per_step is None:
         return None
     b, state = p.bytes_per_step, metrics.state_bytes(cfg)
-    up, down = state.link_cache(b["h2d"], b["d2h"], p.capacity)
+    logits = p.details.get("logits_bytes")  # a backend whose logits are not the graph's type
+    up, down = state.link_cache(b["h2d"], b["d2h"], p.capacity, logits)
     if in_place(p):
         return CacheTraffic(up + down, b["d2d"], float(state.written))
     rows = p.context if p.details.get("flavour") == "standard" else p.capacity

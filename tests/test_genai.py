@@ -93,6 +93,8 @@ def test_a_sweep_point_matches_and_records_the_loop(name, tmp_path):
     assert loop["past_present_share_buffer"] == config["search"]["past_present_share_buffer"]
     # the sweep's steps are the reference's greedy tokens: genai's own loop picks each one
     assert (loop["greedy_steps"], loop["forced_steps"]) == (5, 0) and "diverged" not in loop
+    # what crosses each step is the token up and the logits genai hands down (float32)
+    assert point["details"]["logits_bytes"] == point["bytes_per_step"]["d2h"] > 0
 
 
 def test_a_fed_token_that_is_not_its_pick_is_recorded_and_the_steps_stay_on_the_prefix():

@@ -96,3 +96,18 @@ def test_cpu_adapter_says_the_bytes_are_the_evidence():
     line = verdicts.cpu_adapter_sentence(r, verdicts.model_config(r))
     assert "(CPU)" in line and "the cache bytes are the evidence" in line
     assert "at 512 the cache is 2% of the bytes" in line
+
+
+def test_genai_float32_logits_are_not_counted_as_cache():
+    """genai hands float32 logits of a float16 graph: read as the graph's float16 ones, the
+    other half looked like 250.5 KiB of cache crossing the link (recorded 2026-12-05 on an
+    H100, before genai's points carried ``logits_bytes``)."""
+    run = results.load(ROOT / "results/h100/2026-12-05-5bde1d9/call1/graph-d8192.json")
+    state = verdicts.model_state(run)
+    genai = run.point("ort-genai:webgpu", 8192)
+    assert genai.bytes_per_step["d2h"] == 128256 * 4 == 2 * state.logits
+    assert verdicts.cache_traffic(genai, state).link == 128256 * 2  # the old reading
+    fixed = replace(genai, details={**genai.details, "logits_bytes": 128256 * 4})
+    assert verdicts.cache_traffic(fixed, state).link == 0
+    stateful = run.point("wgpu:stateful", 8192)  # float16 logits in the graph's own type
+    assert verdicts.cache_traffic(stateful, state).link == 0
