@@ -403,21 +403,22 @@ def floor_tables(runs: list[LabelledResults]) -> list[tuple[str, str, list[str],
     return [t for t in tables if t[3]]
 
 
-def environment_lines(run: LabelledResults) -> list[str]:
-    env, wl = run.results.environment, run.results.workload
-    cal = env.get("calibration", {})
+def workload_what(wl: dict) -> str:
+    """The model (a --model file) or the preset (its layers, width and size), as one phrase:
+    run's and speculative's reports name what was measured the same way."""
     cfgd, model = wl.get("config", {}), wl.get("model")
-    what = (f"model {model.get('path')} ({model.get('size', 0):,} bytes, sha256 "
+    return (f"model {model.get('path')} ({model.get('size', 0):,} bytes, sha256 "
             f"{str(model.get('sha256'))[:12]}, {len(model.get('pairs', []))} cache pairs, "
             f"reference {model.get('reference')})" if isinstance(model, dict) else
             f"preset {wl.get('preset')}, {len(cfgd.get('layers', []))} layers "
             f"({', '.join(cfgd.get('layers', []))}), hidden {cfgd.get('hidden')}, "
             f"{cfgd.get('parameters', 0):,} parameters")
-    lines = [
-        f"workload: {what}, {wl.get('dtype')}, "
-        f"{_under_load(wl)}{wl.get('warmup')} warm-up + {wl.get('steps')} timed steps, "
-        f"seed {wl.get('seed')}",
-        *_created_lines(run),
+
+
+def host_lines(env: dict) -> list[str]:
+    """The machine and the code a file was made on (cpu, adapter, packages, git commit and
+    source digest): shared by run's and speculative's reports."""
+    return [
         f"cpu: {env.get('cpu')} ({env.get('cpu_count')} cores), {env.get('platform')}, "
         f"python {env.get('python')}",
         f"adapter: {env.get('wgpu', {}).get('adapter') or env.get('wgpu', {}).get('reason', 'none')}",
@@ -425,11 +426,23 @@ def environment_lines(run: LabelledResults) -> list[str]:
         f"git: {env.get('git_commit')}"
         + (f", sources {env['source_digest']}" if env.get("source_digest") else ""),
     ]
+
+
+def environment_lines(run: LabelledResults) -> list[str]:
+    env, wl = run.results.environment, run.results.workload
+    cal = env.get("calibration", {})
+    lines = [
+        f"workload: {workload_what(wl)}, {wl.get('dtype')}, "
+        f"{_under_load(wl)}{wl.get('warmup')} warm-up + {wl.get('steps')} timed steps, "
+        f"seed {wl.get('seed')}",
+        *_created_lines(run),
+        *host_lines(env),
+    ]
     parts = env.get("merged_from")
     if not parts:
-        return lines + _calibration_lines(cal)
+        return lines + calibration_lines(cal)
     for part in parts:  # a merged sweep: each part's points were floored against its own
-        lines += [f"{part['file']}: {line}" for line in _calibration_lines(part["calibration"])]
+        lines += [f"{part['file']}: {line}" for line in calibration_lines(part["calibration"])]
     return lines
 
 
@@ -441,7 +454,7 @@ def _created_lines(run: LabelledResults) -> list[str]:
             for p in parts]
 
 
-def _calibration_lines(cal: dict) -> list[str]:
+def calibration_lines(cal: dict) -> list[str]:
     host, gpu = cal.get("host", {}), cal.get("wgpu", {})
     lines = []
     if host:

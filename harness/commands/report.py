@@ -1,4 +1,8 @@
-"""`statebench report FILE... [--out DIR] [--format ...]`: tables, charts, md/csv/json/html."""
+"""`statebench report FILE... [--out DIR] [--format ...]`: tables, charts, md/csv/json/html.
+
+Run files (statebench/2) and end-to-end speculative files (statebench-spec/2) each get their
+own report (harness/report.py; harness/speculative/e2e_report.py), chosen by the files'
+schema; the directory rules (`--out`, `--force`) are the same for both."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from pathlib import Path
 from harness import report, results
 from harness.commands.base import Command
 from harness.commands.common_args import check_format
+from model.errors import UserError
 
 FORMATS = ("table", "md", "csv", "json", "html")
 
@@ -33,8 +38,16 @@ class Report(Command):
     @classmethod
     def run_from_args(cls, args, console, err_console) -> int:
         fmt = check_format(args.format, FORMATS)
+        from harness.speculative import e2e_report
+
+        spec = e2e_report.spec_files(args.files)
+        if spec and args.merge:
+            raise UserError("--merge joins run files (statebench/2) split over calls; "
+                            "speculative files are reported side by side without it")
         if args.out:
             report.check_out_dir(Path(args.out), force=args.force)
+        if spec:
+            return SpecReport.run(args, fmt, console, err_console)
         runs = cls.load(args.files, merged=args.merge)
         printed = cls.render(runs, fmt, " ".join(args.files))
         if fmt == "table":
@@ -84,6 +97,58 @@ class Report(Command):
                            ("report.csv", report.to_csv(runs)),
                            ("report.json", report.to_json(runs)),
                            ("report.html", html_report.render(runs, made))):
+            (out / name).write_text(text)
+            files.append(out / name)
+        return files
+
+
+class SpecReport:
+    """`report` over end-to-end speculative files: speculative's tables, charts, reports."""
+
+    @staticmethod
+    def run(args, fmt: str, console, err_console) -> int:
+        from harness.speculative import e2e_report
+
+        runs = e2e_report.load(args.files)
+        printed = SpecReport.render(runs, fmt)
+        if fmt == "table":
+            console.print(printed)
+        else:
+            console.print(printed, markup=False, highlight=False, soft_wrap=True, end="")
+        if args.out:
+            console.file.flush()  # the table before the line saying where files went
+            with report.writing_to(Path(args.out)):
+                written = SpecReport.write(runs, Path(args.out))
+            err_console.print(f"report: {len(written)} files in {args.out} "
+                              f"(open {Path(args.out) / 'report.html'})", highlight=False)
+        return 0
+
+    @staticmethod
+    def render(runs, fmt: str):
+        from harness.speculative import e2e_html, e2e_report
+
+        if fmt == "table":
+            return e2e_report.summary(runs)
+        if fmt == "md":
+            return e2e_report.to_markdown(runs)
+        if fmt == "csv":
+            return e2e_report.to_csv(runs)
+        if fmt == "json":
+            return e2e_report.to_json(runs)
+        return e2e_html.render(runs, {})
+
+    @staticmethod
+    def write(runs, out: Path) -> list[Path]:
+        from harness.speculative import e2e_charts, e2e_html, e2e_report
+
+        out.mkdir(parents=True, exist_ok=True)
+        made = e2e_charts.write_all(runs, out)
+        files = [p for fmts in made.values() for p in fmts.values()]
+        pngs = [made[c]["png"].name for c in made]
+        for name, text in (("report.md", e2e_report.to_markdown(runs, pngs)),
+                           ("report.csv", e2e_report.to_csv(runs)),
+                           ("report.json", e2e_report.to_json(runs)),
+                           ("report.html", e2e_html.render(runs, made))):
             (out / name).write_text(text)
             files.append(out / name)
         return files
