@@ -3,8 +3,10 @@
 # hybrid-1b's shapes (one GDN layer: Hk 16, Hv 32, 128 x 128, its conv inputs; one
 # attention layer's KV rows), K = 2, 4, 8, acceptance 0, K/2, K: deferred, extension,
 # snapshot and cpu_replay (genai's ReplayStateUpdates: the state to the host, NumPy replay,
-# the state back), with the device replay speedup (cpu_replay time / deferred time). Bytes
-# and launches are as on a CPU adapter; the times are the GPU's.
+# the state back), with the device replay speedup (cpu_replay time / deferred time) per
+# step, and for the replays alone: the deferred way's replay launches timed alone by GPU
+# timestamps (wall-time slope where there are none) against cpu_replay's host round trip
+# timed alone (replay_only). Bytes and launches are as on a CPU adapter; the times are the GPU's.
 #
 #   scripts/gpu_rollback.sh [OUTDIR]
 #

@@ -33,6 +33,12 @@ the active one (nothing to replay); 0 < m < K is genai's ``ReplayStateUpdates``
 back (``read_tensors``: one round trip, buffer copy and map), ``replay_host`` (float32,
 genai's order of operations), the result written into the inactive bank (``write_tensor``:
 the library stages it, its copy submitted before the next dispatch) and the banks flipped.
+
+The deferred and extension ways' replay can also run alone, for measuring it against that
+host round trip: ``replay_launches`` (the graph's own launches that make it: the capsule
+masked by the count, then ``gdn_replay``), ``begin_replay`` / ``encode_replay`` (recorded
+into a compute pass of the caller's, bound as a dispatch binds them) and ``replay_now``
+(the last accept committed now; the next dispatch then replays nothing).
 """
 
 from __future__ import annotations
@@ -357,6 +363,85 @@ class Session:
         t3 = time.perf_counter()
         self._active ^= 1
         self.split = {"read": (t1 - t0) * 1e3, "replay": (t2 - t1) * 1e3, "write": (t3 - t2) * 1e3}
+
+    # -- the deferred replay alone (measuring it: harness.speculative.webnn_rollback)
+    def replay_launches(self) -> list[int]:
+        """The plan's launches (indices) that make the deferred and extension ways' replay:
+        the ``gdn_replay`` kernel (``S = decay S + outer(delta, key)`` over the capsule, in
+        place on the pre-verify state) and, before it, the launches that produce what it
+        reads (the capsule masked by the accepted count: one fused launch). The conv window
+        has no replay (it rolls back by position). Empty for the other ways."""
+        launches = self.graph._plan.launches
+
+        def slots(la) -> list[tuple]:
+            out = la.slots if hasattr(la, "slots") else [la.src, la.dst]
+            return [s[1] if s[0] == "range" else s for s in out]
+
+        found = [i for i, la in enumerate(launches)
+                 if getattr(getattr(la, "kernel", None), "name", "") == "gdn_replay"]
+        if not found:
+            return []
+        want = {s for i in found for s in slots(launches[i]) if s[0] == "temp"}
+        for j in range(found[0] - 1, -1, -1):  # the nearest earlier writer of each temp
+            hit = want.intersection(slots(launches[j]))
+            if hit:
+                found.append(j)
+                want = (want - hit) | ({s for s in slots(launches[j]) if s[0] == "temp"} - hit)
+        found.sort()
+        if any(not hasattr(launches[i], "kernel") for i in found):
+            raise NotImplementedError("a replay with a buffer copy (not in place)")
+        return found
+
+    def begin_replay(self) -> None:
+        """Before ``encode_replay``: the last ``accept``'s count where the replay reads it
+        (deferred: the page's ``accepted`` input, written as the next dispatch writes it;
+        extension: ``rollback_state`` has written it), the staged writes submitted and the
+        last dispatch settled (its capacity status read: the replay is guarded by it)."""
+        if self.way not in ("deferred", "extension"):
+            raise ValueError(f"way {self.way!r} has no device replay")
+        ctx = self.ctx
+        if self.way == "deferred":
+            ctx.write_tensor(self.tensors["accepted"], np.array([self.accepted], np.int32))
+        ctx._settle()
+        ctx._staged.flush()
+        ctx._copied = None
+
+    def encode_replay(self, enc, n: int = 1, timestamp_writes: dict | None = None) -> None:
+        """Record the replay's own launches (``replay_launches``: the graph's pipelines,
+        bound to the tensors and state buffers a dispatch of this session binds) ``n`` times
+        back to back into one compute pass of the command encoder ``enc``; ``timestamp_writes``
+        as ``begin_compute_pass`` takes it. n > 1 (timing only) replays the replayed state
+        again: the state is then no longer the session's."""
+        ctx, g = self.ctx, self.graph
+        bound = {"input": self.tensors, "output": self.outs}
+        cmds = []
+        for i in self.replay_launches():
+            la, (pipe, layout, bg) = g._plan.launches[i], g._items[i]
+            if bg is None:
+                bg = ctx._bind_group(g, layout, la.slots, bound, g._parity)
+            cmds.append((pipe, bg, la.kernel.groups))
+        cp = enc.begin_compute_pass(timestamp_writes=timestamp_writes)
+        for _ in range(n):
+            for pipe, bg, groups in cmds:
+                cp.set_pipeline(pipe)
+                cp.set_bind_group(0, bg)
+                cp.dispatch_workgroups(*groups)
+        cp.end()
+
+    def replay_now(self) -> None:
+        """Commit the last ``accept`` now, by the replay's own launches alone in one submit
+        (``begin_replay``, ``encode_replay``), instead of at the next dispatch; that dispatch
+        then replays nothing (its count 0). The state it leaves is what the next dispatch's
+        replay would have left (tests check it against float64)."""
+        self.begin_replay()
+        ctx = self.ctx
+        enc = ctx._device.create_command_encoder()
+        self.encode_replay(enc)
+        ctx._submit([enc.finish()])
+        if self.way == "deferred":
+            self.accepted = 0
+        else:
+            self.rollback_state(0)
 
     # -- snapshot / restore: an opaque copy of the recurrent state, device to device
     def _copy_state(self, handle):
