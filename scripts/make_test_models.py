@@ -334,17 +334,24 @@ def _single_file(path: Path) -> None:
 INT4_OPTIONS = ["--extra_options", "accuracy_level=1"]
 
 
+#: the builder's GatedDeltaNet export with compact state updates (a verify graph for
+#: speculative decoding: ``state_update`` capsules, ``capture_count``, ``active``); the builder
+#: allows GatedDeltaNet for the CUDA EP only
+GDN_OPTIONS = ["--extra_options", "linear_attn_op=gated_delta_net", "state_update_capacity=4"]
+
+
 def export_genai(name: str, src: Path, precision: str, out: Path, work: Path,
-                 ep: str = "cpu") -> Path:
+                 ep: str = "cpu", extra: list[str] | None = None) -> Path:
     """The builder's export for execution provider ``ep``: "cpu" (float32 activations;
-    int4 at accuracy_level 1), or "webgpu" (int4: float16 activations and caches,
-    MatMulNBits at the builder's accuracy_level 4, what web pages ship as q4f16)."""
+    int4 at accuracy_level 1), "webgpu" (int4: float16 activations and caches,
+    MatMulNBits at the builder's accuracy_level 4, what web pages ship as q4f16), or "cuda"
+    with ``extra`` options (GDN_OPTIONS)."""
     cache = work / "genai-cache"
     if out.exists():
         shutil.rmtree(out)
     _run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(src),
           "-o", str(out), "-p", precision, "-e", ep, "-c", str(cache),
-          *(INT4_OPTIONS if precision == "int4" and ep == "cpu" else [])])
+          *(INT4_OPTIONS if precision == "int4" and ep == "cpu" else []), *(extra or [])])
     for f in out.iterdir():
         if f.name not in ("model.onnx", "model.onnx.data", "genai_config.json"):
             f.unlink() if f.is_file() else shutil.rmtree(f)
@@ -449,7 +456,8 @@ def _merge(entries: list[dict]) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--exporters", default="genai,transformers",
-                    help="comma list of genai, genai-int4, genai-q4f16, transformers, transformers-mm "
+                    help="comma list of genai, genai-int4, genai-q4f16, genai-gdn (GatedDeltaNet with "
+                    "state_update_capacity 4), transformers, transformers-mm "
                     "(Qwen3.5's whole ConditionalGeneration model), transformers-mtd "
                     "(multi_token_decode=True), optimum")
     ap.add_argument("--models", default="llama,qwen35", help=f"comma list of {', '.join(SOURCES)}")
@@ -486,6 +494,14 @@ def main() -> int:
                     file = export_genai(model_name, src, "int4", MODELS / name, args.work,
                                         ep="webgpu")
                     entries.append(_entry(name, "onnxruntime-genai builder -p int4 -e webgpu",
+                                          "onnxruntime-genai", model_name, file, config, tokens))
+                elif exporter == "genai-gdn":
+                    if family(model_name) != "qwen35":
+                        continue  # a GatedDeltaNet export needs linear-attention layers
+                    file = export_genai(model_name, src, "fp32", MODELS / name, args.work,
+                                        ep="cuda", extra=GDN_OPTIONS)
+                    entries.append(_entry(name, "onnxruntime-genai builder -p fp32 -e cuda "
+                                          + " ".join(GDN_OPTIONS),
                                           "onnxruntime-genai", model_name, file, config, tokens))
                 elif exporter == "optimum":
                     file = export_optimum(model_name, src, MODELS / name, args.work)
