@@ -337,7 +337,8 @@ INT4_OPTIONS = ["--extra_options", "accuracy_level=1"]
 #: the builder's GatedDeltaNet export with compact state updates (a verify graph for
 #: speculative decoding: ``state_update`` capsules, ``capture_count``, ``active``); the builder
 #: allows GatedDeltaNet for the CUDA EP only
-GDN_OPTIONS = ["--extra_options", "linear_attn_op=gated_delta_net", "state_update_capacity=4"]
+GDN_OPTIONS = ["--extra_options", "linear_attn_op=gated_delta_net", "use_paged_attention=true",
+               "state_update_capacity=4"]
 
 
 def export_genai(name: str, src: Path, precision: str, out: Path, work: Path,
@@ -498,9 +499,9 @@ def main() -> int:
                 elif exporter == "genai-gdn":
                     if family(model_name) != "qwen35":
                         continue  # a GatedDeltaNet export needs linear-attention layers
-                    file = export_genai(model_name, src, "fp32", MODELS / name, args.work,
+                    file = export_genai(model_name, src, "fp16", MODELS / name, args.work,
                                         ep="cuda", extra=GDN_OPTIONS)
-                    entries.append(_entry(name, "onnxruntime-genai builder -p fp32 -e cuda "
+                    entries.append(_entry(name, "onnxruntime-genai builder -p fp16 -e cuda "
                                           + " ".join(GDN_OPTIONS),
                                           "onnxruntime-genai", model_name, file, config, tokens))
                 elif exporter == "optimum":
