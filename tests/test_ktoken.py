@@ -186,6 +186,45 @@ def test_stateful_page_reaches_depth_in_chunks_of_k():
 
 
 @needs_page
+@pytest.mark.slow
+@pytest.mark.parametrize("kv_cache", ["float32", pytest.param(
+    "float16", marks=pytest.mark.adapter_feature("shader-f16"))])
+def test_stateful_verify_with_hybrid_heads_matches_reference(kv_cache):
+    """hybrid-1b's attention heads (16 q / 2 KV heads of 256) and a GDN layer on tiny's
+    other shapes: the K = 4 verify graph's 32 q rows a KV head run the flash kernels in
+    q-row groups (the generic matmul/softmax chain read the whole cache for each), and its
+    logits match the float64 reference's over three steps."""
+    from dataclasses import replace
+
+    from backends.pages import StatefulInPlace
+    from model.workload import ATTENTION, GDN
+
+    cfg = replace(preset("tiny"), name="tiny-hybrid-heads", layers=(GDN, ATTENTION),
+                  q_heads=16, kv_heads=2, head_dim=256, kv_cache=kv_cache)
+    wl = Workload.build(cfg)
+    cap, depth, k = 40, 8, 4
+    tokens = token_stream(cfg, cap, seed=5)
+    ref = Reference(cfg, wl.weights, cap)
+    ref.prefill(tokens[:depth])
+    b = StatefulInPlace(tokens_per_step=k)
+    try:
+        b.prepare(wl, cap)
+        names = [la.kernel.name for la in b.converted.graph._plan.launches
+                 if getattr(la, "kernel", None) is not None]
+        assert "attention_flash" in names and "softmax" not in names, names
+        b.reach_depth(DepthState(tokens=tokens[:depth].copy(), cache=ref.cache_arrays()))
+        for j in range(3):
+            ids = tokens[depth + j * k:depth + (j + 1) * k]
+            got = np.asarray(b.step_tokens(ids), np.float64)
+            want = ref.step_tokens(ids)
+            rel = np.abs(got - want).max() / np.abs(want).max()
+            assert rel < 1e-5, f"{kv_cache} step {j}: max|d|/max|ref| = {rel:.2e}"
+            assert np.array_equal(got.argmax(-1), want.argmax(-1))
+    finally:
+        b.close()
+
+
+@needs_page
 def test_stateful_k_rows_past_capacity_fail_and_leave_the_cache():
     """DESIGN §2 item 4 with K rows: a dispatch whose last row is past the capacity fails
     (OperationError) though its first rows fit, and leaves every pair (KV rows, the
@@ -301,7 +340,8 @@ def k_query_oracle(q, kc, vc, kn, vn, p, rep):
 @pytest.mark.parametrize("kv", ["float32", pytest.param("float16", marks=pytest.mark.adapter_feature(
     "shader-f16"))])
 @pytest.mark.parametrize("hk,rep,k,cap,d,p", [(2, 2, 4, 300, 16, 150), (1, 4, 4, 40, 64, 36),
-                                              (2, 1, 2, 517, 32, 0)])
+                                              (2, 1, 2, 517, 32, 0),
+                                              (2, 8, 4, 70, 256, 61)])  # hybrid-1b's heads
 def test_k_query_attention_fused_matches_float64(ctx, kv, hk, rep, k, cap, d, p):
     """Fresh random q, caches and new rows: the K-query pattern is the two flash launches
     (as one query's), within float32 rounding of float64 (the float16 rows exact as

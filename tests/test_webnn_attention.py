@@ -140,6 +140,49 @@ def test_verify_rows_split_into_groups(ctx_with, q_rows, per_group):
                                atol=2e-6)
 
 
+@pytest.mark.parametrize("heads,g,k,cap,q_rows", [
+    (2, 32, 4, 150, None),  # hybrid-1b's K = 4 verify: 8 q heads a KV head, d 256
+    (1, 64, 8, 70, 64),  # its K = 8 verify, all 64 rows asked for: groups that fit instead
+])
+def test_verify_rows_too_many_for_one_workgroup(ctx_with, heads, g, k, cap, q_rows):
+    """A verify whose head's q rows at d 256 outgrow workgroup memory together (hybrid-1b:
+    16 q / 2 KV heads) still runs the flash kernels, in q-row groups that fit, never the
+    generic matmul/softmax chain, and matches the oracle with a causal mask row per row."""
+    from backends.webnn.kernels import attention as AT
+
+    d = 256
+    ctx = ctx_with(attention_q_rows=q_rows)
+    shared = ctx._target.shared_bytes // 4
+    assert not AT.fits(g, d, shared) and AT.fits(1, d, shared)
+    gr, outs = verify_graph(ctx, heads, g, k, cap, d)
+    names = [la.kernel.name for la in gr._plan.launches]
+    assert names == ["attention_flash", "attention_combine"], names
+    per_group = AT.q_row_groups(g, q_rows, d, shared)
+    assert AT.fits(per_group, d, shared)
+    assert gr._plan.launches[0].kernel.groups[2] == g // per_group
+    depth = cap - k - 9
+    token = np.arange(g) // (g // k)
+    valid = (np.arange(cap)[None, :] < depth + token[:, None] + 1).astype(np.float64)
+    feeds = {"q": RNG.standard_normal((1, heads, g, d)), "k": RNG.standard_normal((1, heads, cap, d)),
+             "v": RNG.standard_normal((1, heads, cap, d)), "valid": valid.reshape(1, 1, g, cap)}
+    np.testing.assert_allclose(run(ctx, gr, outs, feeds)["y"], oracle(**feeds), rtol=2e-5,
+                               atol=2e-6)
+
+
+def test_q_row_groups_fit_workgroup_memory():
+    """The q rows a workgroup scores shrink to a divisor whose rows fit (one at the least);
+    without the memory given, the divisor no larger than the request."""
+    from backends.webnn.kernels import attention as AT
+
+    assert AT.q_row_groups(32, 32) == 32
+    assert AT.q_row_groups(32, 32, 256, 1 << 12) == 8
+    assert AT.q_row_groups(32, 32, 256, 1 << 13) == 16
+    assert AT.q_row_groups(32, None, 256, 1 << 12) == AT.GROUP_ROWS
+    assert AT.q_row_groups(12, 12, 256, 100) == 1
+    for g in (1, 2, 4, 8, 16):
+        assert AT.fits(g, 256, 1 << 12) == (g <= 8)
+
+
 def test_attention_q_rows_option_is_checked():
     from backends.webnn.wgpu_impl.options import KernelOptions
 

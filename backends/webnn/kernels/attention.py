@@ -229,17 +229,21 @@ def split_rows(capacity: int, q_rows: int, d: int, shared_floats: int,
     return max(1, min(t, capacity))
 
 
-def q_row_groups(q_rows: int, group_rows: int | None = None) -> int:
+def q_row_groups(q_rows: int, group_rows: int | None = None, d: int | None = None,
+                 shared_floats: int | None = None) -> int:
     """q rows a ``flash_decode`` workgroup scores: the largest divisor of ``q_rows`` no
     larger than ``group_rows`` (None: ``GROUP_ROWS``), so every group is as wide (a K-token
-    verify's head: 2K groups where a token has 4 GQA rows)."""
+    verify's head: 2K groups where a token has 4 GQA rows); given ``d`` and
+    ``shared_floats``, also one whose rows ``fits`` workgroup memory (1 at the least), so
+    a head's row count only sets the grid, never the memory."""
     cap = max(1, min(q_rows, group_rows or GROUP_ROWS))
-    return next(g for g in range(cap, 0, -1) if q_rows % g == 0)
+    return next(g for g in range(cap, 0, -1) if q_rows % g == 0
+                and (g == 1 or d is None or shared_floats is None or fits(g, d, shared_floats)))
 
 
 def fits(q_rows: int, d: int, shared_floats: int) -> bool:
-    """Whether one head's q rows, the reduction scratch and 32 score rows fit in
-    workgroup memory (else the compiler keeps the generic kernels)."""
+    """Whether a workgroup's q rows, the reduction scratch and 32 score rows fit in
+    workgroup memory (the compiler keeps the generic kernels where one row does not)."""
     return _fixed_floats(q_rows, d) + q_rows * 32 <= shared_floats
 
 
@@ -293,7 +297,7 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
     if f16_loads not in F16_LOADS:
         raise ValueError(f"f16_loads = {f16_loads!r}; accepted: {', '.join(F16_LOADS)}")
     wide = kv == "f16" and f16_loads == "wide" and d % 8 == 0
-    GL = q_row_groups(q_rows, group_rows)  # q rows a workgroup
+    GL = q_row_groups(q_rows, group_rows, d, shared_floats)  # q rows a workgroup
     GS = q_rows // GL  # workgroups a split (grid z)
     T = split_rows(capacity, GL, d, shared_floats, splits, wide)
     ns = -(-capacity // T)

@@ -4,7 +4,7 @@
 The pattern, as the ONNX converter (and any page spelling attention with WebNN ops)
 builds it, with ``P`` the softmax::
 
-    QK = matmul(q, transpose(K))            q (..., G, D), K (..., C, D), G <= 32
+    QK = matmul(q, transpose(K))            q (..., G, D), K (..., C, D), G <= 64
     W  = element-wise chain over QK          (scale, mask: a fusion group or one op)
     P  = softmax(W, axis=-1)
     O  = matmul(P, V)                        V (..., C, D)
@@ -37,7 +37,9 @@ from .launches import KernelLaunch
 from .lowerings import Site, claims
 
 _INDEX_OPS = {"slice", "transpose", "concat", "expand"}
-MAX_Q_ROWS = 32
+#: q rows a KV head at most (a K = 8 verify of 8 q heads a KV head): the flash kernel scores
+#: them in groups (``kernels/attention.q_row_groups``), so more only lengthen the grid
+MAX_Q_ROWS = 64
 
 
 @dataclass
@@ -188,7 +190,8 @@ def match_attention(nodes: list[Node], inlined: set[int], groups: dict[int, fusi
             continue
         if tuple(qk.inputs[1].shape) != (*batch, D, C):
             continue
-        if not AT.fits(G, D, shared_bytes // 4):
+        # one q row a workgroup at the least: a head's G rows are scored in groups that fit
+        if not AT.fits(1, D, shared_bytes // 4):
             continue
         q = root(q_view)
         q_chain = None

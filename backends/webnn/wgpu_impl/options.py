@@ -143,7 +143,8 @@ class KernelOptions:
     attention_splits: int | None = None
     #: q rows a two-launch flash attention workgroup scores (``kernels/attention.q_row_groups``):
     #: None (``GROUP_ROWS``, 2: a head's rows split along the grid's z), a count
-    #: (at least one; a head's rows or more: one workgroup a split for all of them)
+    #: (at least one; a head's rows or more: one workgroup a split for all of them), cut
+    #: to the largest divisor whose rows fit workgroup memory
     attention_q_rows: int | None = None
     #: encode each dispatch's successor while the device runs it (``dispatch._record_ahead``):
     #: None (GPUs on, CPU adapters off), "on" (its command buffers in one submit), "pieces"
