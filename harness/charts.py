@@ -152,9 +152,15 @@ CHARTS = {"step_time": step_time, "bytes_per_step": bytes_per_step, "speedup": s
 
 def write_all(runs: list[LabelledResults], out_dir: Path) -> dict[str, dict[str, Path]]:
     """Every chart as PNG and SVG under `out_dir`; returns {chart: {format: path}}."""
+    return write_charts(CHARTS, runs, out_dir)
+
+
+def write_charts(charts: dict, runs: list, out_dir: Path) -> dict[str, dict[str, Path]]:
+    """Each of ``charts`` (name: a function of ``runs`` making a figure) as PNG and SVG under
+    `out_dir`; returns {chart: {format: path}}. The speculative report's charts too."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written: dict[str, dict[str, Path]] = {}
-    for name, make in CHARTS.items():
+    for name, make in charts.items():
         fig = make(runs)
         written[name] = {}
         for fmt in FORMATS:

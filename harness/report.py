@@ -264,10 +264,15 @@ def _verdict(run: LabelledResults, p: Point) -> str | None:
 
 
 def to_csv(runs: list[LabelledResults]) -> str:
+    return csv_text(rows(runs), COLUMNS)
+
+
+def csv_text(table: list[dict], columns: list[str] | tuple[str, ...]) -> str:
+    """Rows as CSV under ``columns``, a missing figure empty (the speculative report's too)."""
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
+    w = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
     w.writeheader()
-    for r in rows(runs):
+    for r in table:
         w.writerow({k: "" if v is None else v for k, v in r.items()})
     return buf.getvalue()
 
@@ -493,12 +498,15 @@ def to_markdown(runs: list[LabelledResults], charts: list[str] | None = None) ->
         parts += [f"## {title}", "", note, "",
                   "| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1),
                   *("| " + " | ".join(r) + " |" for r in body), ""]
-    ns = notes(runs)
-    if ns:
-        parts += ["## Notes", ""] + [f"- {n}" for n in ns] + [""]
+    return "\n".join(parts + notes_and_charts(notes(runs), charts))
+
+
+def notes_and_charts(ns: list[str], charts: list[str] | None) -> list[str]:
+    """A markdown report's tail: its notes, then its charts (the speculative report's too)."""
+    tail = ["## Notes", ""] + [f"- {n}" for n in ns] + [""] if ns else []
     for c in charts or []:
-        parts += [f"![{Path(c).stem}]({c})", ""]
-    return "\n".join(parts)
+        tail += [f"![{Path(c).stem}]({c})", ""]
+    return tail
 
 
 # -- the report directory: never over other files unasked, one line when it cannot be written -

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from backends.webnn.rollback import WAYS, Layer, Session, replay_host
+from harness.speculative.webnn_rollback import random_draft
 
 pytest.importorskip("wgpu")
 pytest.importorskip("onnx")
@@ -21,16 +22,7 @@ SH = Layer(hk=1, hv=2, dk=16, dv=8, conv_dim=6, kernel=4, kv_width=8, capacity=2
 
 def draft(rng, k: int) -> dict[str, np.ndarray]:
     """Fresh random inputs of K tokens (none zero)."""
-    f = np.float32
-    return {"query": rng.standard_normal((k, SH.hk, SH.dk)).astype(f),
-            "key": rng.standard_normal((k, SH.hk, SH.dk)).astype(f),
-            "value": rng.standard_normal((k, SH.hv, SH.dv)).astype(f),
-            "decay": -rng.uniform(0.01, 1.0, (k, SH.hv)).astype(f),
-            "beta": rng.uniform(0.1, 0.9, (k, SH.hv)).astype(f),
-            "conv_x": rng.standard_normal((k, SH.conv_dim)).astype(f),
-            "new_k": rng.standard_normal((k, SH.kv_width)).astype(f),
-            "new_v": rng.standard_normal((k, SH.kv_width)).astype(f),
-            "attn_q": rng.standard_normal((k, SH.kv_width)).astype(f)}
+    return random_draft(rng, SH, k)
 
 
 def gdn64(tokens: list[dict]) -> np.ndarray:

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from backends.webnn.rollback import WAYS, Layer, Session
+from harness.speculative.webnn_rollback import random_draft
 
 pytest.importorskip("wgpu")
 pytest.importorskip("onnx")
@@ -21,17 +22,7 @@ pytest.importorskip("onnx")
 SH = Layer(hk=2, hv=4, dk=16, dv=8, conv_dim=6, kernel=4, kv_width=8, capacity=24)
 
 
-def draft(rng, sh: Layer, k: int) -> dict[str, np.ndarray]:
-    f = np.float32
-    return {"query": rng.standard_normal((k, sh.hk, sh.dk)).astype(f),
-            "key": rng.standard_normal((k, sh.hk, sh.dk)).astype(f),
-            "value": rng.standard_normal((k, sh.hv, sh.dv)).astype(f),
-            "decay": -rng.uniform(0.01, 1.0, (k, sh.hv)).astype(f),
-            "beta": rng.uniform(0.1, 0.9, (k, sh.hv)).astype(f),
-            "conv_x": rng.standard_normal((k, sh.conv_dim)).astype(f),
-            "new_k": rng.standard_normal((k, sh.kv_width)).astype(f),
-            "new_v": rng.standard_normal((k, sh.kv_width)).astype(f),
-            "attn_q": rng.standard_normal((k, sh.kv_width)).astype(f)}
+draft = random_draft  # fresh random inputs of K tokens at layer shapes
 
 
 def transitions64(s: np.ndarray, x: dict, m: int, sh: Layer) -> list[tuple]:

@@ -7,6 +7,7 @@ schema; the directory rules (`--out`, `--force`) are the same for both."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
 from harness import report, results
@@ -49,18 +50,8 @@ class Report(Command):
         if spec:
             return SpecReport.run(args, fmt, console, err_console)
         runs = cls.load(args.files, merged=args.merge)
-        printed = cls.render(runs, fmt, " ".join(args.files))
-        if fmt == "table":
-            console.print(printed)
-        else:
-            console.print(printed, markup=False, highlight=False, soft_wrap=True, end="")
-        if args.out:
-            console.file.flush()  # the table before the line saying where files went
-            with report.writing_to(Path(args.out)):
-                written = cls.write(runs, Path(args.out))
-            err_console.print(f"report: {len(written)} files in {args.out} "
-                              f"(open {Path(args.out) / 'report.html'})", highlight=False)
-        return 0
+        return emit(args, fmt, console, err_console, cls.render(runs, fmt, " ".join(args.files)),
+                    lambda out: cls.write(runs, out))
 
     @staticmethod
     def load(files: list[str], merged: bool = False) -> list[report.LabelledResults]:
@@ -102,6 +93,23 @@ class Report(Command):
         return files
 
 
+def emit(args, fmt: str, console, err_console, printed, write: Callable[[Path], list[Path]]
+         ) -> int:
+    """Print a report's rendering, then (``--out``) write its files with ``write``: the
+    table first, then the line saying where the files went."""
+    if fmt == "table":
+        console.print(printed)
+    else:
+        console.print(printed, markup=False, highlight=False, soft_wrap=True, end="")
+    if args.out:
+        console.file.flush()
+        with report.writing_to(Path(args.out)):
+            written = write(Path(args.out))
+        err_console.print(f"report: {len(written)} files in {args.out} "
+                          f"(open {Path(args.out) / 'report.html'})", highlight=False)
+    return 0
+
+
 class SpecReport:
     """`report` over end-to-end speculative files: speculative's tables, charts, reports."""
 
@@ -110,18 +118,8 @@ class SpecReport:
         from harness.speculative import e2e_report
 
         runs = e2e_report.load(args.files)
-        printed = SpecReport.render(runs, fmt)
-        if fmt == "table":
-            console.print(printed)
-        else:
-            console.print(printed, markup=False, highlight=False, soft_wrap=True, end="")
-        if args.out:
-            console.file.flush()  # the table before the line saying where files went
-            with report.writing_to(Path(args.out)):
-                written = SpecReport.write(runs, Path(args.out))
-            err_console.print(f"report: {len(written)} files in {args.out} "
-                              f"(open {Path(args.out) / 'report.html'})", highlight=False)
-        return 0
+        return emit(args, fmt, console, err_console, SpecReport.render(runs, fmt),
+                    lambda out: SpecReport.write(runs, out))
 
     @staticmethod
     def render(runs, fmt: str):

@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from harness.charts import FORMATS, LINESTYLES, PALETTE  # noqa: E402
+from harness.charts import LINESTYLES, PALETTE, write_charts  # noqa: E402
 from harness.speculative.e2e_report import SpecRun, ordered  # noqa: E402
 
 MARKERS = ("o", "s", "^", "D", "v", "P")
@@ -139,14 +139,4 @@ CHARTS = {"spec_ms_per_token": ms_per_token, "spec_verify_ratio": verify_ratio}
 
 def write_all(runs: list[SpecRun], out_dir: Path) -> dict[str, dict[str, Path]]:
     """Every chart as PNG and SVG under `out_dir`; returns {chart: {format: path}}."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written: dict[str, dict[str, Path]] = {}
-    for name, make in CHARTS.items():
-        fig = make(runs)
-        written[name] = {}
-        for fmt in FORMATS:
-            path = out_dir / f"{name}.{fmt}"
-            fig.savefig(path, dpi=120, metadata={"Date": None} if fmt == "svg" else None)
-            written[name][fmt] = path
-        plt.close(fig)
-    return written
+    return write_charts(CHARTS, runs, out_dir)

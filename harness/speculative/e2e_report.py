@@ -8,8 +8,6 @@ Only rendering: which files are spec files, and a mix refused, is `spec_files`.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,12 +150,7 @@ def rows(runs: list[SpecRun]) -> list[dict]:
 
 
 def to_csv(runs: list[SpecRun]) -> str:
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
-    w.writeheader()
-    for r in rows(runs):
-        w.writerow({k: "" if v is None else v for k, v in r.items()})
-    return buf.getvalue()
+    return report.csv_text(rows(runs), COLUMNS)
 
 
 def to_json(runs: list[SpecRun]) -> str:
@@ -257,9 +250,4 @@ def to_markdown(runs: list[SpecRun], charts: list[str] | None = None) -> str:
     for run in runs:
         parts += [f"## {title(run)}", "", markdown_table(run), "",
                   *(f"- {line}" for line in environment_lines(run)), ""]
-    ns = notes(runs)
-    if ns:
-        parts += ["## Notes", ""] + [f"- {n}" for n in ns] + [""]
-    for c in charts or []:
-        parts += [f"![{Path(c).stem}]({c})", ""]
-    return "\n".join(parts)
+    return "\n".join(parts + report.notes_and_charts(notes(runs), charts))

@@ -51,7 +51,9 @@ def layer_of(name: str, capacity: int):
                  c.gdn_conv_kernel or 4, c.kv_heads * c.head_dim, capacity)
 
 
-def _draft(rng, sh, k: int) -> dict[str, np.ndarray]:
+def random_draft(rng, sh, k: int) -> dict[str, np.ndarray]:
+    """Fresh random inputs of K tokens at layer shapes ``sh`` (none zero; decays negative:
+    log space)."""
     f = np.float32
     return {"query": rng.standard_normal((k, sh.hk, sh.dk)).astype(f),
             "key": rng.standard_normal((k, sh.hk, sh.dk)).astype(f),
@@ -80,7 +82,7 @@ def measure(ctx, sh, k: int, reps: int = 5, seed: int = 0, warm: int = 2, alone_
         per = sum(1 for la in s.graph._plan.launches if hasattr(la, "kernel"))
         for _ in range(warm):  # untimed: every path of the way once (a CPU adapter's first
             for m in sorted({0, k // 2, k}):  # steps run ~2-5x slow)
-                s.verify(_draft(rng, sh, k))
+                s.verify(random_draft(rng, sh, k))
                 s.accept(m)
             s.reset()
         for m in sorted({0, k // 2, k}):
@@ -88,7 +90,7 @@ def measure(ctx, sh, k: int, reps: int = 5, seed: int = 0, warm: int = 2, alone_
             for i in range(reps + 1):  # the first warms the pipelines
                 if s.position + 2 * k >= sh.capacity:
                     s.reset()
-                x = _draft(rng, sh, k)
+                x = random_draft(rng, sh, k)
                 s.split = None
                 before = ctx.counters.snapshot()
                 t0 = time.perf_counter()
@@ -248,7 +250,7 @@ def host_round_trip(ctx, sh, k: int, m: int, trials: int, rng, warm: int = 2) ->
     for i in range(warm + trials):
         if s.position + 2 * k >= sh.capacity:
             s.reset()
-        s.verify(_draft(rng, sh, k))
+        s.verify(random_draft(rng, sh, k))
         t0 = time.perf_counter()
         s.accept(m)
         t1 = time.perf_counter()
@@ -283,7 +285,7 @@ def replays_alone(ctx, sh, k: int, trials: int = 5, seed: int = 0,
         for way in ("deferred", "extension"):
             s = Session(ctx, sh, k, way)
             for _ in range(3):  # warm steps; the last one's capsule is replayed
-                s.verify(_draft(rng, sh, k))
+                s.verify(random_draft(rng, sh, k))
                 s.accept(m)
             dev[way] = device_replay(ctx, s, trials, timestamps)
             s.graph.destroy()
