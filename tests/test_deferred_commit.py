@@ -165,19 +165,22 @@ def test_a_model_without_gdn_layers_is_left_alone_and_a_bad_node_refused():
 
 
 def _page_against_the_walk(name: str, k: int, seed: int) -> None:
-    from backends.base import DepthState
-    from tests.spec_workloads import pages
+    from backends.base import DepthState, registry
 
     rng = np.random.default_rng(seed)
     walk = Walk()
     prompt = rng.integers(3, VOCAB, 2 * k)
     for t in prompt:
         walk.feed(int(t))
-    b = pages()[name](onnx_path=MODEL, tokens_per_step=k)
+    cls = registry()[name]
+    b = (cls(model=MODEL, tokens_per_step=k) if name.startswith("ort-")
+         else cls(onnx_path=MODEL, tokens_per_step=k))
     b.speculative = True
     b.prepare(None, 64)
     try:
-        assert b.rollback_refusal() == "" and "accepted_count" in b.converted.inputs
+        assert b.rollback_refusal() == ""
+        assert b.details["deferred_commit"]["recurrent"] == ["past.0.recurrent",
+                                                            "past.2.recurrent"]
         b.reach_depth(DepthState(tokens=prompt, cache=dict(walk.state)))
         for kept in _kept_counts(k, rng):
             fed = rng.integers(3, VOCAB, k)
@@ -197,7 +200,7 @@ def _page_against_the_walk(name: str, k: int, seed: int) -> None:
         # (the conv pair's first kernel - 1 columns)
         t = int(rng.integers(3, VOCAB))
         logits = b.step_tokens(np.concatenate([[t], rng.integers(3, VOCAB, k - 1)]))
-        pairs = b._read_pairs(None)
+        pairs = b.past if name.startswith("ort-") else b._read_pairs(None)
         for n in ("past.0.recurrent", "past.2.recurrent"):
             assert _rel(pairs[n], walk.state[n]) < TOL, (name, n)
         for n in ("past.0.conv", "past.2.conv"):
@@ -221,3 +224,9 @@ def test_the_bound_pages_reach_depth_in_the_deferred_layout(name):
     """The pages that write the state at depth: the walk's state written in the deferred
     layout (committed state, empty capsule, window then zeros), every kept count after."""
     _page_against_the_walk(name, 2, seed=7)
+
+
+def test_orts_copy_mode_rolls_a_real_hybrid_back_every_m():
+    """ORT's copy mode on the export rewritten (its KV grown and cut back by position, its
+    GDN pairs committed by ``accepted_count``), against the same walk."""
+    _page_against_the_walk("ort-cpu:copy", 4, seed=11)

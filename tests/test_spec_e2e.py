@@ -104,9 +104,10 @@ def test_a_real_hybrid_export_on_every_page_through_the_command(tmp_path):
     ``speculative --model``: its K-token graph made deferred-commit
     (``backends/webnn/deferred_commit.py``), so every acceptance rolls back on the pages;
     tokens as greedy, logits and state (the GDN and conv pairs included) as the one-token
-    decode's, which ORT's CPU EP walk is the reference of."""
+    decode's, which ORT's CPU EP walk is the reference of. ORT's copy mode runs the same
+    rewritten graph."""
     out = tmp_path / "spec.json"
-    pages_ = EVERY_PAGE[:3]
+    pages_ = (*EVERY_PAGE[:3], "ort-cpu:copy")
     proc = statebench("speculative", "--model", ROOT / "tests" / "models" / "genai-qwen35",
                       "--backends", ",".join(pages_), "--k", "2,4",
                       "--accept", "full,partial,zero,0.7", "--contexts", "8", "--tokens", "8",
