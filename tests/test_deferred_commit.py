@@ -230,3 +230,21 @@ def test_orts_copy_mode_rolls_a_real_hybrid_back_every_m():
     """ORT's copy mode on the export rewritten (its KV grown and cut back by position, its
     GDN pairs committed by ``accepted_count``), against the same walk."""
     _page_against_the_walk("ort-cpu:copy", 4, seed=11)
+
+
+def test_past_the_capsules_bound_a_rollback_is_refused_with_why():
+    """K = 9 (the capsule's bound is 8): the graph is left as the export's, and a rollback
+    is refused naming the rewrite's reason; all K are still kept."""
+    from backends.base import registry
+
+    b = registry()["ort-cpu:copy"](model=MODEL, tokens_per_step=9)
+    b.speculative = True
+    b.prepare(None, 64)
+    try:
+        assert "K = 9" in b.rollback_refusal() and "deferred_commit" not in b.details
+        b.step_tokens(np.arange(3, 12))
+        with pytest.raises(NotImplementedError, match="K = 9"):
+            b.accept(4)
+        b.accept(9)
+    finally:
+        b.close()

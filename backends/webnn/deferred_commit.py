@@ -38,10 +38,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from model.rollback_feeds import ACCEPTED, capsule_name
-
-#: the capsule's and the capture's bound (``model.rollback_feeds.MAX_TOKENS``)
-MAX_TOKENS = 8
+from model.rollback_feeds import ACCEPTED, MAX_TOKENS, capsule_name
 
 
 class DeferredError(ValueError):
