@@ -157,6 +157,10 @@ def test_a_model_without_gdn_layers_is_left_alone_and_a_bad_node_refused():
         make_deferred(proto, 2)
     assert len(proto.graph.node) == nodes and "accepted_count" not in {
         i.name for i in proto.graph.input}
+    proto = pin(onnx.load(str(MODEL)), {"batch_size": 1, "sequence_length": 2})
+    proto.graph.node.append(onnx.helper.make_node("Identity", ["present.2.recurrent"], ["seen"]))
+    with pytest.raises(DeferredError, match="read by another node"):
+        make_deferred(proto, 2)
     with pytest.raises(DeferredError, match="K = 9"):
         make_deferred(pin(onnx.load(str(MODEL)), {"batch_size": 1, "sequence_length": 9}), 9)
 

@@ -151,6 +151,10 @@ def make_deferred(model: onnx.ModelProto, k: int) -> DeferredGraph:
     if not 1 < k <= MAX_TOKENS:
         raise DeferredError(f"a deferred commit of K = {k}: 2 .. {MAX_TOKENS} tokens a verify")
     plans = [(n, _plan(model, n, k)) for n in nodes]  # every check before any change
+    capsules = [p.capsule for _, p in plans if isinstance(p, Recurrent)]
+    if len(set(capsules)) != len(capsules):
+        raise DeferredError(f"two LinearAttention states would share a capsule pair "
+                            f"({', '.join(capsules)}): their names' layer numbers repeat")
     g = model.graph
     g.input.append(helper.make_tensor_value_info(ACCEPTED, TensorProto.INT64, [1]))
     for node, plan in plans:
@@ -187,6 +191,10 @@ def _plan(model: onnx.ModelProto, node: onnx.NodeProto, k: int) -> Recurrent | C
     shape = _dims(past)
     if len(node.output) < 2 or node.output[1] not in outputs:
         raise DeferredError(f"{node.op_type} {name!r}: its new state is not a graph output")
+    if any(node.output[1] in n.input or node.input[3] in n.input
+           for n in g.node if n is not node):
+        raise DeferredError(f"{node.op_type} {name!r}: its state is read by another node "
+                            "(the rewrite changes what the pair holds)")
     if past.type.tensor_type.elem_type != TensorProto.FLOAT:
         raise DeferredError(f"{node.op_type} {name!r}: a float32 state only")
     if min(shape, default=-1) < 1 or shape[0] != 1:
