@@ -342,9 +342,13 @@ class _ModelFeeds(_GraphFeeds):
 
     def __init__(self, specs: list[CacheSpec], axes: dict[str, int | None],
                  feed_inputs: dict[str, onnx.ValueInfoProto],
-                 mask_columns: int | None = None) -> None:
+                 mask_columns: int | None = None, deferred=None) -> None:
         super().__init__(specs)
         self.axes, self.feed_inputs, self.mask_columns = axes, feed_inputs, mask_columns
+        #: the model rewritten into deferred-commit form (``deferred_commit.DeferredGraph``):
+        #: a depth's state laid into its pairs (``load``), ``accepted_count`` fed
+        self.rewritten = deferred
+        self.deferred = deferred is not None
 
     def check(self, depth: DepthState) -> None:
         """Its growing shapes are checked by `pasts`."""
@@ -353,6 +357,8 @@ class _ModelFeeds(_GraphFeeds):
         """A growing past holds the depth's rows on its axis, as the reference's presents
         hold them (``harness.sources.OrtReferenceWalk``), whichever the mode."""
         n = 0 if depth is None else depth.depth
+        cache = None if depth is None else (depth.cache if self.rewritten is None
+                                            else self.rewritten.load(depth.cache))
         out = {}
         for s in self.specs:
             shape = list(s.shape)
@@ -361,7 +367,7 @@ class _ModelFeeds(_GraphFeeds):
             if depth is None:
                 out[s.input] = np.zeros(shape, s.dtype)
                 continue
-            arr = depth.cache[s.input]
+            arr = cache[s.input]
             if tuple(arr.shape) != tuple(shape):
                 raise ValueError(f"{s.input}: cache shape {arr.shape} at depth {n}, "
                                  f"expected {tuple(shape)}")
@@ -383,6 +389,8 @@ class _ModelFeeds(_GraphFeeds):
             else:
                 arr = _MODEL_FEEDS[name](ids, position, declared)
             feeds[name] = arr.astype(_np_type(tt.elem_type))
+        if self.deferred:
+            feeds[ACCEPTED] = np.array([self.accepted], np.int64)
         return feeds
 
 
@@ -427,6 +435,8 @@ class _OrtBackend(Backend):
         self.model = None if model is None else Path(model)  # a user's .onnx, not an export
         self.hand_pairs = pairs  # past -> present named by hand (--pairs), for a user's model
         self.session = None
+        self._deferred_refusal = ""  # why a model's K-token graph could not be made deferred
+        self._rewritten_dir = None  # where that rewritten graph was written (a temp dir)
         self.position = 0
         self._logits_host: np.ndarray | None = None  # the page's logits array (_logits_array)
         #: a model's growing axis per past (None: overwritten); statebench's exports grow on 2
@@ -497,6 +507,9 @@ class _OrtBackend(Backend):
         if why:
             raise RuntimeError(f"{self.name} is unavailable for {self.model}: {why}")
         self.capacity = capacity
+        session_path, deferred = self.model, None
+        if self.speculative and self.rolls_back_models and self.tokens_per_step > 1:
+            proto, deferred, session_path = self._deferred_model(proto)
         pairs = list_kv_pairs(proto, self.hand_pairs)
         dims = {k: d.value for k, d in default_dims(proto, capacity).items()}
         inits = {t.name for t in proto.graph.initializer}
@@ -523,7 +536,7 @@ class _OrtBackend(Backend):
             self.specs.append(CacheSpec(p.input, p.output, tuple(shape), p.kind, -1,
                                         _np_type(tt.elem_type).name))
             self.axes[p.input] = p.axis if p.kind == "append" else None
-        paired = {p.input for p in pairs}
+        paired = {p.input for p in pairs} | ({ACCEPTED} if deferred else set())
         self.feed_inputs = {n: vi for n, vi in inputs.items() if n not in paired}
         unknown = [n for n in self.feed_inputs if n not in _MODEL_FEEDS]
         if unknown:
@@ -532,7 +545,7 @@ class _OrtBackend(Backend):
         if "input_ids" not in self.feed_inputs:
             raise RuntimeError(f"{self.model}: the graph has no input_ids input")
         self.present_of = {p.input: p.output for p in pairs}
-        self.session = self._session(self.model)
+        self.session = self._session(session_path)
         self.output_names = [o.name for o in self.session.get_outputs()]
         if "logits" not in self.output_names:
             raise RuntimeError(f"{self.model}: the graph has no logits output")
@@ -546,9 +559,51 @@ class _OrtBackend(Backend):
                             kernel_bytes_per_token=self.kernel.per_token,
                             kernel_bytes_unsized=sorted(self.kernel.unsized)[:50])
         self.graph = _ModelFeeds(self.specs, self.axes, self.feed_inputs,
-                                 capacity if self.static_mask else None)
+                                 capacity if self.static_mask else None, deferred)
+        if deferred is not None:
+            self.details["rollback"] = "deferred commit (accepted_count)"
+            self.details["deferred_commit"] = {"recurrent": [r.state for r in deferred.recurrent],
+                                               "conv": [c.past for c in deferred.conv]}
         self._allocate()
         self.reset()
+
+    #: a mode whose ``accept`` rolls a model as given back (host arrays), so a speculative
+    #: loop's K-token graph of a hybrid export is made deferred-commit
+    rolls_back_models = False
+
+    def _deferred_model(self, proto: onnx.ModelProto):
+        """A model as given pinned at batch 1 and K new tokens, rewritten into
+        deferred-commit form (``backends.webnn.deferred_commit``; its growing caches left
+        growing) and written where the session can read it, its external data linked
+        beside it: (the proto, the ``DeferredGraph`` or None where nothing was rewritten,
+        the session's path). Where the rewrite refuses, the model as it is and the reason
+        kept for ``rollback_refusal``."""
+        import tempfile
+
+        from backends.webnn.deferred_commit import DeferredError, make_deferred
+        from backends.webnn.dims import batch_dims, new_token_dims
+
+        k = self.tokens_per_step
+        dims = {d: 1 for d in batch_dims(proto)}
+        dims.update({d: k for d in new_token_dims(proto) if isinstance(d, str)})
+        pinned = pin(proto, dims)
+        try:
+            done = make_deferred(pinned, k)
+        except DeferredError as exc:
+            self._deferred_refusal = f"the deferred-commit rewrite: {exc}"
+            return proto, None, self.model
+        if not done:
+            return proto, None, self.model
+        self._rewritten_dir = tempfile.TemporaryDirectory(prefix="statebench-deferred-")
+        where = Path(self._rewritten_dir.name)
+        for t in pinned.graph.initializer:  # the weights stay where they are: linked
+            for e in t.external_data:
+                if e.key == "location" and not (where / e.value).exists():
+                    (where / e.value).parent.mkdir(parents=True, exist_ok=True)
+                    (where / e.value).symlink_to(self.model.parent.resolve() / e.value)
+        path = where / self.model.name
+        onnx.save(pinned, str(path))
+        return pinned, done, path
 
     def _empty_pasts(self, growing: bool) -> dict[str, np.ndarray]:
         """Every cache at depth 0: zeros, a growing one with no rows on its axis."""
@@ -683,6 +738,9 @@ class _OrtBackend(Backend):
 
     def close(self) -> None:
         self.session = None
+        if self._rewritten_dir is not None:
+            self._rewritten_dir.cleanup()
+            self._rewritten_dir = None
 
 
 def _positions(ids: np.ndarray, position: int, shape: list[int | None]) -> np.ndarray:
@@ -713,6 +771,7 @@ class _HostArrays(_OrtBackend):
                 "standard-flavour export at a fixed capacity, not a model as given")
 
     host_cache = True  # its floor includes the cache both ways over the host link
+    rolls_back_models = True
 
     def reset(self) -> None:
         self.position = 0
@@ -762,6 +821,8 @@ class _HostArrays(_OrtBackend):
         roll back, an overwritten pair (a GDN state) does not."""
         if self.graph.deferred:
             return ""
+        if self._deferred_refusal:
+            return self._deferred_refusal
         kept = [s.input for s in self.specs if s.kind != "append"]
         return f"{', '.join(kept[:2])} are overwritten by every token" if kept else ""
 
@@ -794,7 +855,9 @@ class _HostArrays(_OrtBackend):
         graph's with their commit made (``rollback_feeds.committed``: the reference's
         layout, float64), as the pages give theirs."""
         pasts = self.past
-        if self.graph.deferred:
+        if getattr(self.graph, "rewritten", None) is not None:  # a model as given, rewritten
+            pasts = self.graph.rewritten.committed(pasts, self.graph.accepted)
+        elif self.graph.deferred:
             pasts = committed(self.cfg, pasts, self.graph.accepted, self.tokens_per_step)
         return {n: a.copy() for n, a in pasts.items() if names is None or n in names}
 

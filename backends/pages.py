@@ -115,6 +115,10 @@ class _Page(Backend):
         #: rollback "deferred"; an attention-only graph rolls back by position as it is)
         self.speculative = False
         self._config = None  # the preset's ModelConfig (None: a model as given)
+        #: a model as given made deferred-commit (``speculative``, K-token, GDN layers):
+        #: what was rewritten (``backends.webnn.deferred_commit``), or why it was not
+        self._deferred_model = None
+        self._deferred_refusal = ""
 
     # -- availability -----------------------------------------------------------------------
 
@@ -246,7 +250,28 @@ class _Page(Backend):
         import onnx
 
         proto = onnx.load(str(self.onnx_path), load_external_data=False)
-        return self._fixed_capacity(proto, capacity), os.path.dirname(os.fspath(self.onnx_path))
+        proto = self._fixed_capacity(proto, capacity)
+        if self.speculative and self.tokens_per_step > 1:
+            self._deferred_export(proto)
+        return proto, os.path.dirname(os.fspath(self.onnx_path))
+
+    def _deferred_export(self, proto) -> None:
+        """A model as given, pinned for K tokens, rewritten into deferred-commit form where
+        it has GDN layers (``backends.webnn.deferred_commit``), so ``accept`` can keep
+        fewer than K; where it cannot be, the graph is left as it is and the refusal says
+        why."""
+        from backends.webnn.deferred_commit import DeferredError, make_deferred
+
+        try:
+            done = make_deferred(proto, self.tokens_per_step)
+        except DeferredError as exc:
+            self._deferred_refusal = f"the deferred-commit rewrite: {exc}"
+            return
+        if done:
+            self._deferred_model = done
+            self.details["deferred_commit"] = {
+                "recurrent": [r.state for r in done.recurrent],
+                "conv": [c.past for c in done.conv]}
 
     def _deferred(self, k: int) -> bool:
         """Whether to build the deferred-commit export: asked for (``speculative``), a
@@ -294,7 +319,9 @@ class _Page(Backend):
                 self._dispatch(np.asarray(depth.tokens[j:j + k], np.int64))
             return
         cache = depth.cache
-        if self._committing:  # the deferred pairs' layout: conv rows, an empty capsule
+        if self._deferred_model is not None:  # a model's deferred pairs: conv columns,
+            cache = self._deferred_model.load(cache)  # empty capsules
+        elif self._committing:  # the deferred pairs' layout: conv rows, an empty capsule
             from model.rollback_feeds import load
 
             cache = load(self._config, cache, self.tokens_per_step)
@@ -394,6 +421,8 @@ class _Page(Backend):
         itself from ``accepted_count`` (a deferred commit)."""
         if self._committing:
             return ""
+        if self._deferred_refusal:
+            return self._deferred_refusal
         if self._overwritten is None:
             return ("a model as given: its pairs' kinds (positional KV rows or overwritten "
                     "state) are not known")
@@ -437,6 +466,9 @@ class _Page(Backend):
         Counts no bytes."""
         if not self._committing:
             return self._read_pairs(names)
+        if self._deferred_model is not None:
+            pairs = self._deferred_model.committed(self._read_pairs(None), self._accepted)
+            return {n: a for n, a in pairs.items() if names is None or n in names}
         from model.rollback_feeds import committed
 
         pairs = committed(self._config, self._read_pairs(None), self._accepted,

@@ -99,6 +99,34 @@ def test_a_hybrid_on_every_page_through_the_command(tmp_path):
 
 
 @needs_page
+def test_a_real_hybrid_export_on_every_page_through_the_command(tmp_path):
+    """onnxruntime-genai's Qwen3.5 export (LinearAttention, CausalConvWithState) through
+    ``speculative --model``: its K-token graph made deferred-commit
+    (``backends/webnn/deferred_commit.py``), so every acceptance rolls back on the pages;
+    tokens as greedy, logits and state (the GDN and conv pairs included) as the one-token
+    decode's, which ORT's CPU EP walk is the reference of. ORT's copy mode runs the same
+    rewritten graph."""
+    out = tmp_path / "spec.json"
+    pages_ = (*EVERY_PAGE[:3], "ort-cpu:copy")
+    proc = statebench("speculative", "--model", ROOT / "tests" / "models" / "genai-qwen35",
+                      "--backends", ",".join(pages_), "--k", "2,4",
+                      "--accept", "full,partial,zero,0.7", "--contexts", "8", "--tokens", "8",
+                      "--warm-s", "0", "--inprocess", "--out", out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    points = load(out).points
+    assert len(points) == len(pages_) * 2 * 4
+    for p in points:
+        where = (p["backend"], p["k"], p["acceptance"])
+        assert p["status"] == "ok" and e2e_render.passed(p), (where, p["reason"], p.get("state"))
+        assert p["tokens_match_greedy"] and p["logits_match_plain"] and p["state_ok"], where
+        assert p["state_compared"] and not p["state"]["vs_plain"]["skipped"], where
+        assert p["rollback"]["strategy"] == "position + accepted_count", where
+        assert p["details"]["deferred_commit"]["conv"] == ["past.0.conv", "past.2.conv"], where
+    assert any(p["rollback"]["rollbacks"] for p in points)
+    assert "✗" not in proc.stdout
+
+
+@needs_page
 def test_a_hybrid_graph_without_the_deferred_commit_refuses_to_roll_back():
     """The ordinary K-token graph of a hybrid (``speculative`` not set): its GDN pairs are
     overwritten by every token, so keeping fewer than K is refused, naming them."""
