@@ -11,6 +11,7 @@ dispatch commits, read where the graph itself wrote it) as the walk's."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,7 @@ import onnxruntime as ort
 import pytest
 
 from tests.page_marks import needs_page
+from tests.test_cli import statebench
 
 MODEL = Path(__file__).parent / "models" / "genai-qwen35" / "model.onnx"
 VOCAB = 997
@@ -252,3 +254,29 @@ def test_past_the_capsules_bound_a_rollback_is_refused_with_why():
         b.accept(9)
     finally:
         b.close()
+
+
+FLOAT16 = Path(__file__).parent / "models-float16" / "genai-q4f16-qwen35-small"
+
+
+@pytest.mark.slow
+@needs_page
+def test_a_float16_hybrid_rolls_back_on_the_page_and_ort_says_why_not(tmp_path):
+    """genai's q4f16 hybrid (`-p int4 -e webgpu`: float16 conv and recurrent state, what a
+    page ships; a held-out size, tests/models-float16): the stateful page runs the rewrite
+    in float16 and every kept count matches its one-token decode and greedy tokens; ORT's
+    copy mode refuses the float16 rewrite in its own words (its CPU EP does not reproduce
+    its one-token decode on it)."""
+    out = tmp_path / "spec.json"
+    proc = statebench("speculative", "--model", FLOAT16, "--backends",
+                      "wgpu:stateful,ort-cpu:copy", "--k", "2", "--accept", "partial,zero",
+                      "--contexts", "6", "--tokens", "4", "--warm-s", "0", "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    points = json.loads(out.read_text())["points"]
+    page = [p for p in points if p["backend"] == "wgpu:stateful"]
+    assert len(page) == 2 and all(p["status"] == "ok" for p in page), page
+    for p in page:
+        assert p["tokens_match_greedy"] and p["logits_match_plain"] and p["state_ok"], p
+        assert p["rollback"]["strategy"] == "position + accepted_count"
+    (ort_point, *_) = [p for p in points if p["backend"] == "ort-cpu:copy"]
+    assert ort_point["status"] == "unavailable" and "float16" in ort_point["reason"]

@@ -58,6 +58,9 @@ class Recurrent:
     dv: int
     decay_w: int
     beta_w: int
+    #: the state's ONNX element type (float32, or float16 as a q4f16 export keeps it): the
+    #: capsule's too, since it holds the node's own operands
+    dtype: int = TensorProto.FLOAT
 
     @property
     def widths(self) -> tuple[int, int, int, int]:
@@ -94,11 +97,12 @@ class DeferredGraph:
         (identity steps); the next dispatch's accepted_count is 0."""
         out = dict(cache)
         for c in self.conv:
-            cols = np.zeros((1, c.channels, c.hist + self.k), np.float32)
-            cols[..., :c.hist] = np.asarray(cache[c.past], np.float32).reshape(1, c.channels, c.hist)
+            window = np.asarray(cache[c.past])
+            cols = np.zeros((1, c.channels, c.hist + self.k), window.dtype)
+            cols[..., :c.hist] = window.reshape(1, c.channels, c.hist)
             out[c.past] = cols
         for r in self.recurrent:
-            out[r.capsule] = np.zeros((1, self.k, r.row), np.float32)
+            out[r.capsule] = np.zeros((1, self.k, r.row), helper.tensor_dtype_to_np_dtype(r.dtype))
         return out
 
     def committed(self, pairs: dict[str, np.ndarray], accepted: int) -> dict[str, np.ndarray]:
@@ -195,8 +199,9 @@ def _plan(model: onnx.ModelProto, node: onnx.NodeProto, k: int) -> Recurrent | C
            for n in g.node if n is not node):
         raise DeferredError(f"{node.op_type} {name!r}: its state is read by another node "
                             "(the rewrite changes what the pair holds)")
-    if past.type.tensor_type.elem_type != TensorProto.FLOAT:
-        raise DeferredError(f"{node.op_type} {name!r}: a float32 state only")
+    dtype = past.type.tensor_type.elem_type
+    if dtype not in (TensorProto.FLOAT, TensorProto.FLOAT16):
+        raise DeferredError(f"{node.op_type} {name!r}: a float32 or float16 state only")
     if min(shape, default=-1) < 1 or shape[0] != 1:
         raise DeferredError(f"{node.op_type} {name!r}: {node.input[3]} is not pinned at batch 1 "
                             f"({shape})")
@@ -232,7 +237,7 @@ def _plan(model: onnx.ModelProto, node: onnx.NodeProto, k: int) -> Recurrent | C
     past_cap = capsule_name(int(layer.group()) if layer else len(g.input))[0]
     if past_cap in inputs:
         raise DeferredError(f"LinearAttention {name!r}: the graph already has {past_cap!r}")
-    return Recurrent(node.input[3], past_cap, hkv, hk, dk, dv, gw, bw)
+    return Recurrent(node.input[3], past_cap, hkv, hk, dk, dv, gw, bw, dtype)
 
 
 class _Widths:
@@ -338,13 +343,14 @@ def _rewrite_recurrent(model: onnx.ModelProto, node: onnx.NodeProto, r: Recurren
     past_cap, present_cap = r.capsule, r.capsule.replace("past_", "present_", 1)
     present_state = node.output[1]
     b = _Nodes(model, f"deferred.{r.state}")
-    g.input.append(helper.make_tensor_value_info(past_cap, TensorProto.FLOAT, [1, k, r.row]))
-    g.output.append(helper.make_tensor_value_info(present_cap, TensorProto.FLOAT, [1, k, r.row]))
+    np_dtype = helper.tensor_dtype_to_np_dtype(r.dtype)
+    g.input.append(helper.make_tensor_value_info(past_cap, r.dtype, [1, k, r.row]))
+    g.output.append(helper.make_tensor_value_info(present_cap, r.dtype, [1, k, r.row]))
     # the commit: the capsule's tokens at and past accepted_count zeroed (identity steps)
     dropped = b.op("LessOrEqual", [b.op("Cast", [ACCEPTED], to=TensorProto.FLOAT),
                                    b.const(np.arange(k, dtype=np.float32).reshape(1, k, 1),
                                            "token")])
-    masked = b.op("Where", [dropped, b.const(np.zeros(1, np.float32), "zero"), past_cap])
+    masked = b.op("Where", [dropped, b.const(np.zeros(1, np_dtype), "zero"), past_cap])
     ends = np.cumsum((0, *r.widths))
     sections = [b.op("Slice", [masked, b.const(np.array([lo], np.int64)),
                                b.const(np.array([hi], np.int64)),
@@ -353,7 +359,7 @@ def _rewrite_recurrent(model: onnx.ModelProto, node: onnx.NodeProto, r: Recurren
     g_c, k_c, v_c, beta_c = sections
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     hq = int(attrs["q_num_heads"])
-    q0 = b.const(np.zeros((1, k, hq * r.dk), np.float32), "query")
+    q0 = b.const(np.zeros((1, k, hq * r.dk), np_dtype), "query")
     b.nodes.append(helper.make_node(
         "LinearAttention", [q0, k_c, v_c, r.state, g_c, beta_c],
         [b.name("commit_out"), present_state], name=f"{b.base}.commit", domain="com.microsoft",
