@@ -11,8 +11,11 @@
 # 2. at each context, ascending: the `llama-1b+q4f16` preset on wgpu:stateful, then each
 #    export on wgpu:stateful, ort-webgpu:* and ort-genai:webgpu (`statebench run --model`),
 #    --steps 32 --repeat 2 --warmup 2, one results file per run in OUTDIR;
-# 3. packs OUTDIR into $STATEBENCH_GPU_TARBALL after every run, and prints a short summary
-#    last (one line a point).
+# 3. with STATEBENCH_REAL_SPEC_K (e.g. 4), the speculative loop on each export as given
+#    (`statebench speculative --model`, STATEBENCH_REAL_SPEC_BACKENDS, default wgpu:stateful;
+#    STATEBENCH_SPEC_ACCEPT, default full,0.7,zero) at each context, after the runs;
+# 4. packs OUTDIR into $STATEBENCH_GPU_TARBALL after every run, and prints a short summary
+#    last (one line a point, the loop's too).
 # Every run gets what is left of $STATEBENCH_GPU_BUDGET_S (default 540 s from the start; a run
 # stopped at the limit keeps its points, SIGTERM); runs that no longer fit are named as
 # skipped. A run that finished leaves NAME.json.done: a second call with the same OUTDIR
@@ -107,6 +110,27 @@ for ctx in ${contexts//,/ }; do
     fi
   done
 done
+# the speculative loop on each export as given (STATEBENCH_REAL_SPEC_K, e.g. "4": off where
+# empty), at each depth, on STATEBENCH_REAL_SPEC_BACKENDS (default the stateful page)
+spec_k=${STATEBENCH_REAL_SPEC_K:-}
+if [ -n "$spec_k" ]; then
+  for ctx in ${contexts//,/ }; do
+    for x in $exports; do
+      m="$work/$model-$x/model.onnx" f="$out/spec-$x-d$ctx.json"
+      t=$(left)
+      if [ -f "$f.done" ] || [ ! -f "$m" ]; then continue; fi
+      if [ "$t" -lt 60 ]; then say "spec-$x-d$ctx: skipped, ${t}s of the budget left"; continue; fi
+      say "spec-$x-d$ctx: statebench speculative --model $m --k $spec_k (limit $((t - 10))s)"
+      timeout -s TERM $((t - 10)) "$py" -m harness.cli speculative --model "$m" \
+        --backends "${STATEBENCH_REAL_SPEC_BACKENDS:-wgpu:stateful}" --k "$spec_k" \
+        --accept "${STATEBENCH_SPEC_ACCEPT:-full,0.7,zero}" --contexts "$ctx" \
+        --tokens "${STATEBENCH_SPEC_TOKENS:-32}" --warm-s 1 --out "$f" --force \
+        > "$out/spec-$x-d$ctx.log" 2>&1 && touch "$f.done" || say "spec-$x-d$ctx: exited $?"
+      tail -n 20 "$out/spec-$x-d$ctx.log" | grep -v "^  " >> "$out/log.txt"
+      pack
+    done
+  done
+fi
 say "done"
 "$py" scripts/real_export.py --summary "$out"/*.json | tee "$out/summary.txt"
 pack

@@ -110,6 +110,8 @@ def summary_lines(path: Path) -> list[str]:
     except (OSError, ValueError) as exc:
         return [f"{path.name}: not readable ({exc})"]
     points = data.get("points", []) if isinstance(data, dict) else []  # a manifest: none
+    if isinstance(data, dict) and str(data.get("schema", "")).startswith("statebench-spec/"):
+        return [spec_line(path, pt) for pt in points]
     lines = []
     for pt in points:
         head = f"{path.stem:>16} {pt['backend']:<20} d{pt['context']:<6}"
@@ -127,6 +129,18 @@ def summary_lines(path: Path) -> list[str]:
                      f"{greedy}/{greedy + forced}")
         lines.append(f"{head} {cell}")
     return lines
+
+
+def spec_line(path: Path, pt: dict) -> str:
+    """One point of a speculative loop's file: ms a generated token, the verify over the
+    one-token step, and whether tokens, logits and state passed."""
+    head = f"{path.stem:>16} {pt['backend']:<20} d{pt.get('depth')} K={pt.get('k')} {pt.get('acceptance')}"
+    if pt.get("status") != "ok":
+        return f"{head} {pt.get('status')}: {(pt.get('reason') or '')[:110]}"
+    ok = pt.get("tokens_match_greedy") and pt.get("logits_match_plain") and pt.get("state_ok")
+    return (f"{head} {pt['ms_per_token']:.3f} ms/token ({pt['speedup']:.2f}x), verify "
+            f"{pt['verify_ms']['median']:.3f} ms ({pt['verify_over_plain']:.2f}x step) "
+            f"{'ok' if ok else 'CHECK FAILED'}")
 
 
 def main(argv: list[str] | None = None) -> int:
