@@ -42,7 +42,50 @@ LLAMA_TINY = {**LLAMA_3_2_1B, "vocab_size": 1000, "hidden_size": 64, "intermedia
               "eos_token_id": 2,
               "rope_scaling": {**LLAMA_3_2_1B["rope_scaling"],
                                "original_max_position_embeddings": 256}}
-MODELS = {"llama-3.2-1b": LLAMA_3_2_1B, "llama-tiny": LLAMA_TINY}
+#: a Qwen3.5 hybrid (gated-delta linear attention, one full-attention layer in four) at the
+#: `hybrid-1b` preset's shapes (model/workload.py), about 1.2 B parameters: no published
+#: Qwen3.5 of that size is written here, so the preset's widths stand in for one, and the
+#: export and the preset compare as llama-3.2-1b and llama-1b do. The builder takes Qwen3.5
+#: as its ConditionalGeneration model (it exports the text decoder; the vision tower here is
+#: the smallest the config allows)
+QWEN35_TEXT = {
+    "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5632,
+    "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 2,
+    "head_dim": 256, "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 4,
+    "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+    "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+    "max_position_embeddings": 65536, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0,
+                        "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10],
+                        "mrope_interleaved": True},
+    "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "initializer_range": 0.02,
+}
+QWEN35_HYBRID_1B = {
+    "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
+    "text_config": QWEN35_TEXT, "tie_word_embeddings": True,
+    "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+                      "out_hidden_size": 2048, "num_position_embeddings": 16, "patch_size": 4,
+                      "temporal_patch_size": 2, "spatial_merge_size": 2},
+    "image_token_id": 151655, "video_token_id": 151656, "vision_start_token_id": 151652,
+    "vision_end_token_id": 151653, "torch_dtype": "bfloat16",
+}
+#: the same architecture at test size (the script's own test on a CPU)
+QWEN35_TINY = {
+    **QWEN35_HYBRID_1B,
+    "text_config": {**QWEN35_TEXT, "vocab_size": 1000, "hidden_size": 64,
+                    "intermediate_size": 176, "num_hidden_layers": 4, "num_attention_heads": 4,
+                    "head_dim": 32, "layer_types": ["linear_attention", "full_attention"] * 2,
+                    "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+                    "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+                    "max_position_embeddings": 4096,
+                    "rope_parameters": {**QWEN35_TEXT["rope_parameters"],
+                                        "mrope_section": [2, 1, 1]}},
+    "vision_config": {**QWEN35_HYBRID_1B["vision_config"], "out_hidden_size": 64},
+    "image_token_id": 990, "video_token_id": 991, "vision_start_token_id": 992,
+    "vision_end_token_id": 993,
+}
+MODELS = {"llama-3.2-1b": LLAMA_3_2_1B, "llama-tiny": LLAMA_TINY,
+          "qwen3.5-hybrid-1b": QWEN35_HYBRID_1B, "qwen3.5-tiny": QWEN35_TINY}
 
 
 def log(msg: str) -> None:
@@ -73,15 +116,17 @@ def source_model(name: str, work: Path) -> Path:
         return folder
     spec = dict(MODELS[name])
     dtype = getattr(torch, spec.pop("torch_dtype"))
-    config = transformers.LlamaConfig(**spec)
+    arch = spec["architectures"][0]
+    config = transformers.AutoConfig.for_model(spec.pop("model_type"), **spec)
     torch.manual_seed(SEED)
     t0 = time.time()
     with torch.device("cpu"):
-        model = transformers.LlamaForCausalLM(config).to(dtype).eval()
+        model = getattr(transformers, arch)(config).to(dtype).eval()
     log(f"built {name}: {sum(p.numel() for p in model.parameters()) / 1e9:.3f} B parameters "
         f"({time.time() - t0:.0f} s)")
     model.save_pretrained(folder, safe_serialization=True)
-    write_tokenizer(config.vocab_size, config.bos_token_id, config.eos_token_id, folder)
+    text = config.get_text_config()
+    write_tokenizer(text.vocab_size, text.bos_token_id, text.eos_token_id, folder)
     log(f"saved {folder} ({time.time() - t0:.0f} s)")
     return folder
 
