@@ -55,6 +55,7 @@ import onnx
 from backends.base import Backend, BuildSource, DepthState, check_tokens, into_capacity, register
 from backends.webnn.dims import default_dims, past_head_sizes, pin
 from backends.webnn.onnx_converter import list_kv_pairs
+from backends.webnn.rollback_names import ACCEPTED, MAX_TOKENS
 from model.export import (
     FLOAT_ACCURACY_LEVEL,
     ORT,
@@ -64,7 +65,7 @@ from model.export import (
     export,
     state_layout,
 )
-from model.rollback_feeds import ACCEPTED, MAX_TOKENS, cache_specs_deferred, committed, load
+from model.rollback_feeds import cache_specs_deferred, committed, load
 from model.workload import CacheSpec, Workload, cache_specs, in_layout
 
 try:

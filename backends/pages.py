@@ -276,7 +276,7 @@ class _Page(Backend):
     def _deferred(self, k: int) -> bool:
         """Whether to build the deferred-commit export: asked for (``speculative``), a
         K-token graph of a model with GDN layers, K within the capsule's capacity."""
-        from model.rollback_feeds import MAX_TOKENS
+        from backends.webnn.rollback_names import MAX_TOKENS
 
         return bool(self.speculative and k > 1 and self._overwritten and k <= MAX_TOKENS)
 

@@ -82,6 +82,10 @@ DETAILS: dict[str, Detail] = {
                    "graph runs (MLGraph.launches)", _PAGES),
     "fixed_capacity": _d(dict, "per cache pair of a user's model: how its growing cache was "
                          "fixed at the capacity (backends/webnn/fixed_capacity.py)", _PAGES),
+    "deferred_commit": _d(dict, "a model's K-token graph rewritten for a speculative loop's "
+                          "rollback (backends/webnn/deferred_commit.py): the recurrent and conv "
+                          "state pairs it commits by accepted_count {recurrent, conv}",
+                          f"{_PAGES}, {_ORT}"),
     # ONNX Runtime
     "provider": _d(str, "the execution provider the session runs on", f"{_ORT}, {_GENAI}"),
     "flavour": _d(str, "the exported graph's flavour (ort, standard)", _ORT),

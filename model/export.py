@@ -52,11 +52,12 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from backends.webnn.rollback_names import MAX_TOKENS
 from model import checksum
 from model import export_deferred as D
 from model import quantize as Q
 from model.atomic import atomic_file
-from model.rollback_feeds import MAX_TOKENS, cache_specs_deferred
+from model.rollback_feeds import cache_specs_deferred
 from model.workload import (
     ATTENTION,
     K_MAJOR,

@@ -22,13 +22,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from backends.webnn.rollback_names import ACCEPTED, capsule_name
 from model.workload import GDN, CacheSpec, ModelConfig, cache_specs
 
 #: the deferred export's inputs besides the ordinary graph's (ids, positions, caches)
-ACCEPTED = "accepted_count"
 NAMES = (ACCEPTED,)
-#: ORT GatedDeltaNet's state_update_capacity bound, and the capture kernel's
-MAX_TOKENS = 8
 
 
 def capsule_row(cfg: ModelConfig) -> int:
@@ -41,9 +39,6 @@ def ring_rows(cfg: ModelConfig, k: int) -> int:
     """R, the conv input rows the pair keeps: the window of kernel - 1 plus the K new."""
     return cfg.gdn_conv_kernel - 1 + k
 
-
-def capsule_name(i: int) -> tuple[str, str]:
-    return f"past_state_update.{i}", f"present_state_update.{i}"
 
 
 def cache_specs_deferred(cfg: ModelConfig, capacity: int, k: int) -> list[CacheSpec]:

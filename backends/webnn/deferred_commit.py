@@ -7,7 +7,7 @@ rewriting onnxruntime-genai's ``com.microsoft`` ops in the pinned K-token graph 
 Per ``LinearAttention`` (update rule gated_delta) over the state pair ``past`` -> ``present``:
 
 - the pair keeps the *committed* state (from before the last verify);
-- a capsule pair (``model.rollback_feeds.capsule_name``: ``past_state_update.i`` ->
+- a capsule pair (``rollback_names.capsule_name``: ``past_state_update.i`` ->
   ``present_state_update.i``, [1, K, row]) keeps the last verify's per-token operands as the
   node took them: log decay, key, value and beta (row = their widths);
 - the dispatch first commits: the same op run over the capsule, its tokens at and past
@@ -38,7 +38,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from model.rollback_feeds import ACCEPTED, MAX_TOKENS, capsule_name
+from backends.webnn.rollback_names import ACCEPTED, MAX_TOKENS, capsule_name
 
 
 class DeferredError(ValueError):
