@@ -34,6 +34,7 @@ import numpy as np
 
 from backends.base import Backend, BuildSource, DepthState, check_tokens, into_capacity, register
 from backends.webnn.adapter import wgpu_adapter
+from backends.webnn.rollback_names import ACCEPTED
 from model.errors import UserError
 from model.workload import Workload
 
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
 #: the input of a deferred-commit K-token graph (a hybrid's GDN and conv state roll back
 #: inside the next dispatch, backends/webnn/rollback.py): int64 [1], the tokens kept of
 #: the previous dispatch (``_Page.accept``; 0 after a reset, K after a step not rolled back)
-ACCEPTED_COUNT = "accepted_count"
+ACCEPTED_COUNT = ACCEPTED
 
 
 def _webnn():
