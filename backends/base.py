@@ -175,10 +175,15 @@ class Backend(ABC):
         changes nothing, the default here; a backend that can roll back overrides it, one
         that cannot refuses (NotImplementedError, its reason)."""
         k = self.tokens_per_step
+        if self.kept_of(kept) != k:
+            raise NotImplementedError(f"{self.name} cannot roll back a step (keep {kept} of {k})")
+
+    def kept_of(self, kept: int) -> int:
+        """``kept`` as the tokens kept of a K-token step, 0 .. K (ValueError otherwise)."""
+        k = self.tokens_per_step
         if isinstance(kept, bool) or not 0 <= int(kept) <= k:
             raise ValueError(f"kept {kept!r}: the tokens kept of a step of {k}, 0 .. {k}")
-        if int(kept) != k:
-            raise NotImplementedError(f"{self.name} cannot roll back a step (keep {kept} of {k})")
+        return int(kept)
 
     @abstractmethod
     def reset(self) -> None:

@@ -840,16 +840,14 @@ class _HostArrays(_OrtBackend):
         masked past them by position; a deferred-commit graph (a hybrid's, standard) is told
         ``kept`` as its next dispatch's ``accepted_count`` and commits its GDN state and conv
         window itself, as the pages' (no bytes move)."""
-        k = self.tokens_per_step
-        if isinstance(kept, bool) or not 0 <= int(kept) <= k:
-            raise ValueError(f"kept {kept!r}: the tokens kept of a step of {k}, 0 .. {k}")
-        if int(kept) == k:
+        k, kept = self.tokens_per_step, self.kept_of(kept)
+        if kept == k:
             return
         why = self.rollback_refusal()
         if why:
             raise NotImplementedError(f"{self.name} cannot roll back: {why}")
-        self.position -= k - int(kept)
-        self.graph.accepted = int(kept)
+        self.position -= k - kept
+        self.graph.accepted = kept
         if self.flavour == ORT:  # each growing past cut on its own axis (a model's may differ)
             for s in self.specs:
                 if s.kind == "append":
@@ -987,6 +985,28 @@ class _Shared(_OrtBackend):
     def _feed(self, name: str, arr: np.ndarray) -> None:
         """Hand one id/length input to the session (bound from the host each step)."""
         self.io.bind_cpu_input(name, arr)
+
+    def rollback_refusal(self) -> str:
+        """Why ``accept`` cannot keep fewer than K tokens here ("" where it can): the KV rows
+        roll back by position; a state every token overwrites (a hybrid's) does not, since
+        this mode runs no deferred-commit graph."""
+        kept = [s.input for s in self.specs if s.kind != "append"]
+        return (f"{', '.join(kept[:2])} are overwritten by every token (the deferred-commit "
+                "rewrite runs in the host-array modes only)" if kept else "")
+
+    def accept(self, kept: int) -> None:
+        """Keep the first ``kept`` of the last step's K tokens by position, the proposal's
+        way: the one buffer each cache shares with its present holds capacity rows, and the
+        lengths (attention_mask, or seqlens_k and total_sequence_length) are fed from the
+        position each step, so the next step writes its rows at P + kept and no query reads
+        the dropped rows. No bytes move."""
+        k, kept = self.tokens_per_step, self.kept_of(kept)
+        if kept == k:
+            return
+        why = self.rollback_refusal()
+        if why:
+            raise NotImplementedError(f"{self.name} cannot roll back: {why}")
+        self.position -= k - kept
 
     def _step(self, token: int | np.ndarray) -> np.ndarray:
         for name, arr in self._id_feeds(token).items():

@@ -445,8 +445,7 @@ class _Page(Backend):
         No bytes move. Every page mode alike: the rows the page holds (stateless), the
         tensors it ping-pongs (reuse) and the graph's hidden state (stateful)."""
         k = self.tokens_per_step
-        if isinstance(kept, bool) or not 0 <= int(kept) <= k:
-            raise ValueError(f"kept {kept!r}: the tokens kept of a step of {k}, 0 .. {k}")
+        self.kept_of(kept)
         if not self._unsettled:
             raise ValueError(f"{self.name}: no step to keep tokens of (accept follows one "
                              "step_tokens, once)")

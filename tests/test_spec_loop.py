@@ -187,6 +187,29 @@ def test_every_m_on_ort_host_arrays(tmp_path, name):
         assert p["state_compared"] and p["state"]["vs_replay"]["bitwise"]
 
 
+def test_every_m_on_ort_shared_by_position_and_a_hybrid_refused(tmp_path):
+    """ORT's `shared` mode (one capacity-sized buffer a cache, bound as past and present;
+    its lengths fed from the position): the KV rows roll back by position, every m's tokens
+    and logits as the one-token decode's (its buffers are not read back: ✓*); a hybrid's
+    overwritten state is refused by name (no deferred commit in this mode)."""
+    pytest.importorskip("onnxruntime")
+    from dataclasses import replace
+
+    from backends.ort import BACKENDS
+    from model.workload import PRESETS, Workload
+
+    name = "ort-cpu:shared"
+    cfg = config(backends=(name,), ks=(2, 4), accept="partial,zero")
+    for p in sweep(cfg, {name: BACKENDS[name]}, tmp_path).points:
+        assert p["status"] == "ok", p["reason"]
+        assert p["tokens_match_greedy"] and p["logits_match_plain"], p
+        assert p["rollback"]["strategy"] == "position" and p["rollback"]["rollbacks"] > 0
+    hybrid = replace(config(backends=(name,), ks=(2,), accept="zero"), preset="tiny")
+    (p,) = sweep(hybrid, {name: BACKENDS[name]}, tmp_path / "h",
+                 Workload.build(PRESETS["tiny"])).points
+    assert p["status"] == "unavailable" and "overwritten by every token" in p["reason"], p
+
+
 def test_every_m_on_ort_standard_for_a_hybrid(tmp_path):
     """ORT's CPU EP on a hybrid's K-token graph (tiny: a GDN layer, then attention): the
     standard mode builds the deferred-commit export as the pages do, so every m rolls back
