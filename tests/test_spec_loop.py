@@ -193,14 +193,21 @@ def test_every_m_on_ort_shared_by_position_and_a_hybrid_refused(tmp_path):
     and logits as the one-token decode's (its buffers are not read back: ✓*); a hybrid's
     overwritten state is refused by name (no deferred commit in this mode)."""
     pytest.importorskip("onnxruntime")
+    import dataclasses
     from dataclasses import replace
 
-    from backends.ort import BACKENDS
+    from backends.ort import BACKENDS, PROVIDERS, backend_class
     from model.workload import PRESETS, Workload
 
     name = "ort-cpu:shared"
-    cfg = config(backends=(name,), ks=(2, 4), accept="partial,zero")
-    for p in sweep(cfg, {name: BACKENDS[name]}, tmp_path).points:
+    # `captured`'s fixed-address feeds, written in place, on the CPU EP (nothing captured)
+    captured = backend_class(dataclasses.replace(PROVIDERS["cpu"], key="cpu-device",
+                                                 logits_on_host=False), "captured")
+    modes = {name: BACKENDS[name], captured.name: captured}
+    cfg = config(backends=tuple(modes), ks=(2, 4), accept="partial,zero")
+    points = sweep(cfg, modes, tmp_path).points
+    assert {p["backend"] for p in points} == set(modes) and len(points) == 8
+    for p in points:
         assert p["status"] == "ok", p["reason"]
         assert p["tokens_match_greedy"] and p["logits_match_plain"], p
         assert p["rollback"]["strategy"] == "position" and p["rollback"]["rollbacks"] > 0
