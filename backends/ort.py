@@ -986,6 +986,13 @@ class _Shared(_OrtBackend):
         """Hand one id/length input to the session (bound from the host each step)."""
         self.io.bind_cpu_input(name, arr)
 
+    def state_snapshot(self, names: list[str] | None = None) -> dict[str, np.ndarray]:
+        """The buffers the next step reads, copied to the host (checks and tests): each
+        cache's capacity rows, in the layout the step feeds, as the host-array modes give
+        theirs."""
+        return {s.input: np.array(self.values[s.input].numpy()) for s in self.specs
+                if names is None or s.input in names}
+
     def rollback_refusal(self) -> str:
         """Why ``accept`` cannot keep fewer than K tokens here ("" where it can): the KV rows
         roll back by position; a state every token overwrites (a hybrid's) does not, since

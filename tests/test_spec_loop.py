@@ -189,8 +189,8 @@ def test_every_m_on_ort_host_arrays(tmp_path, name):
 
 def test_every_m_on_ort_shared_by_position_and_a_hybrid_refused(tmp_path):
     """ORT's `shared` mode (one capacity-sized buffer a cache, bound as past and present;
-    its lengths fed from the position): the KV rows roll back by position, every m's tokens
-    and logits as the one-token decode's (its buffers are not read back: ✓*); a hybrid's
+    its lengths fed from the position): the KV rows roll back by position, every m's tokens,
+    logits and state as the one-token decode's (the buffers read back); a hybrid's
     overwritten state is refused by name (no deferred commit in this mode)."""
     pytest.importorskip("onnxruntime")
     import dataclasses
@@ -211,6 +211,7 @@ def test_every_m_on_ort_shared_by_position_and_a_hybrid_refused(tmp_path):
         assert p["status"] == "ok", p["reason"]
         assert p["tokens_match_greedy"] and p["logits_match_plain"], p
         assert p["rollback"]["strategy"] == "position" and p["rollback"]["rollbacks"] > 0
+        assert p["state_ok"] and p["state_compared"] and p["state"]["vs_replay"]["bitwise"], p
     hybrid = replace(config(backends=(name,), ks=(2,), accept="zero"), preset="tiny")
     (p,) = sweep(hybrid, {name: BACKENDS[name]}, tmp_path / "h",
                  Workload.build(PRESETS["tiny"])).points
