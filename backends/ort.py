@@ -726,6 +726,15 @@ class _OrtBackend(Backend):
         declared = {o.name: o.type for o in self.session.get_outputs()}.get("logits")
         return np.dtype(np.float16 if declared == "tensor(float16)" else np.float32)
 
+    def _dropped(self, kept: int) -> int:
+        """The tokens ``accept(kept)`` drops of the last step's K (0: nothing to do), refused
+        in one line where this mode cannot roll them back (``rollback_refusal``)."""
+        dropped = self.tokens_per_step - self.kept_of(kept)
+        why = self.rollback_refusal() if dropped else ""
+        if why:
+            raise NotImplementedError(f"{self.name} cannot roll back: {why}")
+        return dropped
+
     def _read_logits(self, value: ort.OrtValue | None = None) -> np.ndarray:
         """The step's logits, flat, in the graph's type: the page's host array, which the
         EP wrote (``value`` None) or a device ``value`` is copied into
@@ -840,14 +849,11 @@ class _HostArrays(_OrtBackend):
         masked past them by position; a deferred-commit graph (a hybrid's, standard) is told
         ``kept`` as its next dispatch's ``accepted_count`` and commits its GDN state and conv
         window itself, as the pages' (no bytes move)."""
-        k, kept = self.tokens_per_step, self.kept_of(kept)
-        if kept == k:
+        dropped = self._dropped(kept)
+        if not dropped:
             return
-        why = self.rollback_refusal()
-        if why:
-            raise NotImplementedError(f"{self.name} cannot roll back: {why}")
-        self.position -= k - kept
-        self.graph.accepted = kept
+        self.position -= dropped
+        self.graph.accepted = self.tokens_per_step - dropped
         if self.flavour == ORT:  # each growing past cut on its own axis (a model's may differ)
             for s in self.specs:
                 if s.kind == "append":
@@ -1007,13 +1013,7 @@ class _Shared(_OrtBackend):
         lengths (attention_mask, or seqlens_k and total_sequence_length) are fed from the
         position each step, so the next step writes its rows at P + kept and no query reads
         the dropped rows. No bytes move."""
-        k, kept = self.tokens_per_step, self.kept_of(kept)
-        if kept == k:
-            return
-        why = self.rollback_refusal()
-        if why:
-            raise NotImplementedError(f"{self.name} cannot roll back: {why}")
-        self.position -= k - kept
+        self.position -= self._dropped(kept)
 
     def _step(self, token: int | np.ndarray) -> np.ndarray:
         for name, arr in self._id_feeds(token).items():
