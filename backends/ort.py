@@ -65,7 +65,7 @@ from model.export import (
     export,
     state_layout,
 )
-from model.rollback_feeds import cache_specs_deferred, committed, load
+from model.rollback_feeds import ExportDeferred, cache_specs_deferred
 from model.workload import CacheSpec, Workload, cache_specs, in_layout
 
 try:
@@ -258,13 +258,24 @@ class _GraphFeeds:
     position. statebench's own export (`_ExportFeeds`) and a model as given (`_ModelFeeds`)
     differ here, and only here."""
 
-    #: a deferred-commit export's ``accepted_count``: the tokens of the last dispatch its
-    #: next dispatch commits (``_ExportFeeds``; unused by every other graph)
+    #: a deferred-commit graph's ``accepted_count``: the tokens of the last dispatch its
+    #: next dispatch commits (unused by every other graph)
     accepted = 0
-    deferred = False
 
-    def __init__(self, specs: list[CacheSpec]) -> None:
+    def __init__(self, specs: list[CacheSpec], state=None) -> None:
         self.specs = specs
+        #: a deferred-commit graph's state hand-over (``load``, ``committed``): statebench's
+        #: export's (``rollback_feeds.ExportDeferred``) or a rewritten model's
+        #: (``deferred_commit.DeferredGraph``); None for any other graph
+        self.state = state
+
+    @property
+    def deferred(self) -> bool:
+        return self.state is not None
+
+    def _cache(self, depth: DepthState) -> dict[str, np.ndarray]:
+        """A depth's state as the pairs take it (a deferred graph's: laid into its pairs)."""
+        return depth.cache if self.state is None else self.state.load(depth.cache)
 
     def check(self, depth: DepthState) -> None:
         """ValueError where ``depth``'s cache does not fit the graph."""
@@ -280,18 +291,9 @@ class _ExportFeeds(_GraphFeeds):
     """statebench's export (``model.export``) in its flavour: the reference's cache layouts,
     the ids and lengths its flavour names."""
 
-    def __init__(self, specs: list[CacheSpec], flavour: str,
-                 load_deferred: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
-                 | None = None) -> None:
-        super().__init__(specs)
+    def __init__(self, specs: list[CacheSpec], flavour: str, state=None) -> None:
+        super().__init__(specs, state)
         self.flavour = flavour
-        #: the deferred-commit export's (``export(..., rollback="deferred")``): a depth's
-        #: state laid into its pairs (``rollback_feeds.load``: conv rows, an empty capsule)
-        self.load_deferred = load_deferred
-        self.deferred = load_deferred is not None
-
-    def _cache(self, depth: DepthState) -> dict[str, np.ndarray]:
-        return depth.cache if self.load_deferred is None else self.load_deferred(depth.cache)
 
     def check(self, depth: DepthState) -> None:
         cache = self._cache(depth)
@@ -343,13 +345,9 @@ class _ModelFeeds(_GraphFeeds):
 
     def __init__(self, specs: list[CacheSpec], axes: dict[str, int | None],
                  feed_inputs: dict[str, onnx.ValueInfoProto],
-                 mask_columns: int | None = None, deferred=None) -> None:
-        super().__init__(specs)
+                 mask_columns: int | None = None, state=None) -> None:
+        super().__init__(specs, state)
         self.axes, self.feed_inputs, self.mask_columns = axes, feed_inputs, mask_columns
-        #: the model rewritten into deferred-commit form (``deferred_commit.DeferredGraph``):
-        #: a depth's state laid into its pairs (``load``), ``accepted_count`` fed
-        self.rewritten = deferred
-        self.deferred = deferred is not None
 
     def check(self, depth: DepthState) -> None:
         """Its growing shapes are checked by `pasts`."""
@@ -358,8 +356,7 @@ class _ModelFeeds(_GraphFeeds):
         """A growing past holds the depth's rows on its axis, as the reference's presents
         hold them (``harness.sources.OrtReferenceWalk``), whichever the mode."""
         n = 0 if depth is None else depth.depth
-        cache = None if depth is None else (depth.cache if self.rewritten is None
-                                            else self.rewritten.load(depth.cache))
+        cache = None if depth is None else self._cache(depth)
         out = {}
         for s in self.specs:
             shape = list(s.shape)
@@ -495,7 +492,7 @@ class _OrtBackend(Backend):
         if self.ep.records_assignment:
             self.details.update(self._assignment())
         self.graph = _ExportFeeds(self.specs, self.flavour,
-                                  (lambda c: load(self.cfg, c, k)) if deferred else None)
+                                  ExportDeferred(self.cfg, k) if deferred else None)
         self._allocate()
         self.reset()
 
@@ -563,8 +560,7 @@ class _OrtBackend(Backend):
                                  capacity if self.static_mask else None, deferred)
         if deferred is not None:
             self.details["rollback"] = "deferred commit (accepted_count)"
-            self.details["deferred_commit"] = {"recurrent": [r.state for r in deferred.recurrent],
-                                               "conv": [c.past for c in deferred.conv]}
+            self.details["deferred_commit"] = deferred.describe()
         self._allocate()
         self.reset()
 
@@ -581,19 +577,15 @@ class _OrtBackend(Backend):
         kept for ``rollback_refusal``."""
         import tempfile
 
-        from backends.webnn.deferred_commit import DeferredError, make_deferred
+        from backends.webnn.deferred_commit import try_deferred
         from backends.webnn.dims import batch_dims, new_token_dims
 
         k = self.tokens_per_step
         dims = {d: 1 for d in batch_dims(proto)}
         dims.update({d: k for d in new_token_dims(proto) if isinstance(d, str)})
         pinned = pin(proto, dims)
-        try:
-            done = make_deferred(pinned, k)
-        except DeferredError as exc:
-            self._deferred_refusal = f"the deferred-commit rewrite: {exc}"
-            return proto, None, self.model
-        if not done:
+        done, self._deferred_refusal = try_deferred(pinned, k)
+        if done is None:
             return proto, None, self.model
         if any(r.dtype != onnx.TensorProto.FLOAT for r in done.recurrent):
             # the pages run it (float16 state, every m); ORT's CPU EP on the rewritten graph
@@ -864,13 +856,11 @@ class _HostArrays(_OrtBackend):
 
     def state_snapshot(self, names: list[str] | None = None) -> dict[str, np.ndarray]:
         """The pasts the next step is fed, copies (checks and tests); a deferred-commit
-        graph's with their commit made (``rollback_feeds.committed``: the reference's
+        graph's with their commit made (its hand-over's ``committed``: the reference's
         layout, float64), as the pages give theirs."""
         pasts = self.past
-        if getattr(self.graph, "rewritten", None) is not None:  # a model as given, rewritten
-            pasts = self.graph.rewritten.committed(pasts, self.graph.accepted)
-        elif self.graph.deferred:
-            pasts = committed(self.cfg, pasts, self.graph.accepted, self.tokens_per_step)
+        if self.graph.deferred:
+            pasts = self.graph.state.committed(pasts, self.graph.accepted)
         return {n: a.copy() for n, a in pasts.items() if names is None or n in names}
 
 

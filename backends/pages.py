@@ -116,10 +116,11 @@ class _Page(Backend):
         #: rollback "deferred"; an attention-only graph rolls back by position as it is)
         self.speculative = False
         self._config = None  # the preset's ModelConfig (None: a model as given)
-        #: a model as given made deferred-commit (``speculative``, K-token, GDN layers):
-        #: what was rewritten (``backends.webnn.deferred_commit``), or why it was not
-        self._deferred_model = None
-        self._deferred_refusal = ""
+        #: a deferred-commit graph's state hand-over (``load``, ``committed``): statebench's
+        #: export's (``rollback_feeds.ExportDeferred``) or a rewritten model's
+        #: (``deferred_commit.DeferredGraph``); None for any other graph
+        self._deferred_state = None
+        self._deferred_refusal = ""  # why a model's K-token graph could not be made deferred
 
     # -- availability -----------------------------------------------------------------------
 
@@ -240,11 +241,15 @@ class _Page(Backend):
         """The graph to convert and the folder its external data is read from (None: the
         graph's own): statebench's standard-flavour export of ``workload``, or a user's file
         pinned for a decode step, its growing caches made fixed-capacity."""
+        self._deferred_state, self._deferred_refusal = None, ""
         if self.onnx_path is None:
             from model.export import export
 
             k = self.tokens_per_step
             if self._deferred(k):
+                from model.rollback_feeds import ExportDeferred
+
+                self._deferred_state = ExportDeferred(self._config, k)
                 return export(workload, "standard", capacity, tokens=k, rollback="deferred"), None
             return (export(workload, "standard", capacity, tokens=k) if k > 1
                     else export(workload, "standard", capacity)), None
@@ -253,26 +258,15 @@ class _Page(Backend):
         proto = onnx.load(str(self.onnx_path), load_external_data=False)
         proto = self._fixed_capacity(proto, capacity)
         if self.speculative and self.tokens_per_step > 1:
-            self._deferred_export(proto)
+            # a model with GDN layers rewritten into deferred-commit form, so ``accept`` can
+            # keep fewer than K; where it cannot be, left as it is and the refusal says why
+            from backends.webnn.deferred_commit import try_deferred
+
+            self._deferred_state, self._deferred_refusal = try_deferred(proto,
+                                                                        self.tokens_per_step)
+            if self._deferred_state is not None:
+                self.details["deferred_commit"] = self._deferred_state.describe()
         return proto, os.path.dirname(os.fspath(self.onnx_path))
-
-    def _deferred_export(self, proto) -> None:
-        """A model as given, pinned for K tokens, rewritten into deferred-commit form where
-        it has GDN layers (``backends.webnn.deferred_commit``), so ``accept`` can keep
-        fewer than K; where it cannot be, the graph is left as it is and the refusal says
-        why."""
-        from backends.webnn.deferred_commit import DeferredError, make_deferred
-
-        try:
-            done = make_deferred(proto, self.tokens_per_step)
-        except DeferredError as exc:
-            self._deferred_refusal = f"the deferred-commit rewrite: {exc}"
-            return
-        if done:
-            self._deferred_model = done
-            self.details["deferred_commit"] = {
-                "recurrent": [r.state for r in done.recurrent],
-                "conv": [c.past for c in done.conv]}
 
     def _deferred(self, k: int) -> bool:
         """Whether to build the deferred-commit export: asked for (``speculative``), a
@@ -320,12 +314,8 @@ class _Page(Backend):
                 self._dispatch(np.asarray(depth.tokens[j:j + k], np.int64))
             return
         cache = depth.cache
-        if self._deferred_model is not None:  # a model's deferred pairs: conv columns,
-            cache = self._deferred_model.load(cache)  # empty capsules
-        elif self._committing:  # the deferred pairs' layout: conv rows, an empty capsule
-            from model.rollback_feeds import load
-
-            cache = load(self._config, cache, self.tokens_per_step)
+        if self._deferred_state is not None:  # the deferred pairs' layout: the conv window,
+            cache = self._deferred_state.load(cache)  # an empty capsule
         with self._counted():
             for p in self._pairs:
                 # in the cache's own type (a float16 cache: float16 rows, as the page holds them)
@@ -461,18 +451,12 @@ class _Page(Backend):
         """The state the next dispatch starts from, by past name (``names``: those pairs
         only), host copies (checks and tests: a page never reads the state back; a
         stateful page's hidden state through the context's test peek). A deferred-commit
-        graph's pairs with their commit made (``model.rollback_feeds.committed``: the
+        graph's pairs with their commit made (its hand-over's ``committed``: the
         reference's layout, float64); any other's as they are, in the cache's type.
         Counts no bytes."""
-        if not self._committing:
+        if self._deferred_state is None:
             return self._read_pairs(names)
-        if self._deferred_model is not None:
-            pairs = self._deferred_model.committed(self._read_pairs(None), self._accepted)
-            return {n: a for n, a in pairs.items() if names is None or n in names}
-        from model.rollback_feeds import committed
-
-        pairs = committed(self._config, self._read_pairs(None), self._accepted,
-                          self.tokens_per_step)
+        pairs = self._deferred_state.committed(self._read_pairs(None), self._accepted)
         return {n: a for n, a in pairs.items() if names is None or n in names}
 
     def _read_pairs(self, only: list[str] | None) -> dict[str, np.ndarray]:

@@ -20,6 +20,8 @@ next dispatch is at P0 + m, the rows beyond it masked and overwritten.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from backends.webnn.rollback_names import ACCEPTED, capsule_name
@@ -110,3 +112,19 @@ def committed(cfg: ModelConfig, pairs: dict[str, np.ndarray], accepted: int, k: 
             rows = out[name][0, accepted:accepted + cfg.gdn_conv_kernel - 1]
             out[name] = rows.T[None]
     return out
+
+
+@dataclass(frozen=True)
+class ExportDeferred:
+    """statebench's deferred export's state hand-over (``load``, ``committed`` at its
+    config and K), with the methods a rewritten model's ``deferred_commit.DeferredGraph``
+    has, so a backend holds one of either and asks it the same two things."""
+
+    cfg: ModelConfig
+    k: int
+
+    def load(self, cache: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return load(self.cfg, cache, self.k)
+
+    def committed(self, pairs: dict[str, np.ndarray], accepted: int) -> dict[str, np.ndarray]:
+        return committed(self.cfg, pairs, accepted, self.k)

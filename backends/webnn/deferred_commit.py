@@ -91,6 +91,11 @@ class DeferredGraph:
     def __bool__(self) -> bool:
         return bool(self.recurrent or self.conv)
 
+    def describe(self) -> dict[str, list[str]]:
+        """The pairs it commits by accepted_count (a point's ``details.deferred_commit``)."""
+        return {"recurrent": [r.state for r in self.recurrent],
+                "conv": [c.past for c in self.conv]}
+
     def load(self, cache: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The rewritten pairs' values for a state in the export's layout (by past name,
         batch 1): each conv window in columns 0 .. W - 1 of its W + K, each capsule zeros
@@ -169,6 +174,16 @@ def make_deferred(model: onnx.ModelProto, k: int) -> DeferredGraph:
             _rewrite_conv(model, node, plan, k)
             done.conv.append(plan)
     return done
+
+
+def try_deferred(model: onnx.ModelProto, k: int) -> tuple[DeferredGraph | None, str]:
+    """``make_deferred`` for a backend: (what was rewritten, or None where nothing was, "")
+    or (None, why the rewrite refused, in the words a rollback refusal gives)."""
+    try:
+        done = make_deferred(model, k)
+    except DeferredError as exc:
+        return None, f"the deferred-commit rewrite: {exc}"
+    return (done or None), ""
 
 
 # -- planning (checks and widths; nothing changed) -----------------------------------------
