@@ -178,6 +178,13 @@ class Backend(ABC):
         if self.kept_of(kept) != k:
             raise NotImplementedError(f"{self.name} cannot roll back a step (keep {kept} of {k})")
 
+    @property
+    def commits_by_count(self) -> bool:
+        """Whether the graph commits a verify's kept tokens itself, told the count
+        (``accepted_count``: a deferred commit), beside the KV rows' rollback by position:
+        the rollback strategy a speculative loop reports. None here."""
+        return False
+
     def kept_of(self, kept: int) -> int:
         """``kept`` as the tokens kept of a K-token step, 0 .. K (ValueError otherwise)."""
         k = self.tokens_per_step

@@ -435,6 +435,7 @@ class _OrtBackend(Backend):
         self.session = None
         self._deferred_refusal = ""  # why a model's K-token graph could not be made deferred
         self._rewritten_dir = None  # where that rewritten graph was written (a temp dir)
+        self.graph: _GraphFeeds | None = None  # how the session is fed (``prepare``)
         self.position = 0
         self._logits_host: np.ndarray | None = None  # the page's logits array (_logits_array)
         #: a model's growing axis per past (None: overwritten); statebench's exports grow on 2
@@ -717,6 +718,11 @@ class _OrtBackend(Backend):
         float16): a bound output must be exactly that type, or ORT refuses the run."""
         declared = {o.name: o.type for o in self.session.get_outputs()}.get("logits")
         return np.dtype(np.float16 if declared == "tensor(float16)" else np.float32)
+
+    @property
+    def commits_by_count(self) -> bool:
+        """The session's graph is a deferred-commit one, fed ``accepted_count``."""
+        return self.graph is not None and self.graph.deferred
 
     def _dropped(self, kept: int) -> int:
         """The tokens ``accept(kept)`` drops of the last step's K (0: nothing to do), refused

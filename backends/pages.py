@@ -402,7 +402,7 @@ class _Page(Backend):
     # -- speculative decoding -----------------------------------------------------------------
 
     @property
-    def _committing(self) -> bool:
+    def commits_by_count(self) -> bool:
         """The graph commits its last dispatch's kept tokens itself (``accepted_count``)."""
         return self.converted is not None and ACCEPTED_COUNT in self.converted.inputs
 
@@ -410,7 +410,7 @@ class _Page(Backend):
         """Why ``accept`` cannot keep fewer than K tokens of a step here ("" where it
         can): every pair rolls back by position (KV rows), or the graph commits the rest
         itself from ``accepted_count`` (a deferred commit)."""
-        if self._committing:
+        if self.commits_by_count:
             return ""
         if self._deferred_refusal:
             return self._deferred_refusal

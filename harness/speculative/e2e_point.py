@@ -355,10 +355,7 @@ def _record(req: GroupRequest, built: Built, acc: Acceptance, run: loop.LoopRun,
         hist[str(v.kept - 1)] = hist.get(str(v.kept - 1), 0) + 1
     verify_med = float(np.median(ms))
     rollback_ms = [v.rollback_ms for v in (dropped or vs)]
-    # a page's graph with the input, or ORT's deferred-commit graph (details.rollback)
-    deferred = ("accepted_count" in getattr(getattr(b, "converted", None), "inputs", {})
-                or "accepted_count" in str(b.details.get("rollback", "")))
-    strategy = "position + accepted_count" if deferred else "position"
+    strategy = "position + accepted_count" if b.commits_by_count else "position"
     return {
         "backend": req.backend, "k": k, "acceptance": acc.label, "depth": req.depth,
         "capacity": req.capacity, "tokens": req.tokens, "status": "ok", "reason": "",
