@@ -330,14 +330,16 @@ def _k_token_run(cls, path, k: int, prompt: list[int], kept: int, nxt: list[int]
         b.close()
 
 
-def _one_token_logits(path, tokens: list[int], folder) -> list[np.ndarray]:
+def _one_token_logits(path, tokens: list[int], folder, same_graph: bool = False
+                      ) -> list[np.ndarray]:
     """ORT's CPU EP one token a run on the reference's copy of the graph (float32
-    products, ``reference_graph``): the oracle."""
+    products, ``reference_graph``): the oracle; ``same_graph``: on the export itself (ORT's
+    own products, int8 activations on a 4-bit export, as the K-token runs of ORT take)."""
     from backends.ort import BACKENDS
     from harness.model_run import UserModel, backend_for, reference_graph
 
-    b = backend_for(BACKENDS["ort-cpu:copy"], reference_graph(UserModel.load(path), folder),
-                    None)
+    graph = path if same_graph else reference_graph(UserModel.load(path), folder)
+    b = backend_for(BACKENDS["ort-cpu:copy"], graph, None)
     b.prepare(None, 32)
     try:
         return [np.array(b.step(t), np.float64) for t in tokens]
@@ -367,11 +369,13 @@ def test_a_real_export_runs_as_a_k_token_graph_and_rolls_back_by_position(name, 
     prompt = [int(t) for t in rng.integers(1, 500, 8)]  # within every test model's vocabulary
     nxt = [int(t) for t in rng.integers(1, 500, 4)]
     last, after, details = _k_token_run(registry()[backend], path, 4, prompt, 2, nxt)
-    want = _one_token_logits(path, prompt, tmp_path)
-    want_after = _one_token_logits(path, prompt[:6] + nxt, tmp_path)[6:]
-    tol = UserModelTolerance(path) if name == "genai-q4f16-llama" else 1e-5
-    if backend.startswith("ort-") and name != "genai-llama":
-        tol = 0.05  # ORT's own CPU EP computes this export's 4-bit products in int8
+    # ORT's CPU EP multiplies a 4-bit export in int8 where the reference's copy does not
+    # (about 2-5 % of the top logit apart on random prompts): ORT's K-token runs are held to
+    # its own one-token runs of the same export instead, which they equal
+    own = backend.startswith("ort-") and name != "genai-llama"
+    want = _one_token_logits(path, prompt, tmp_path, same_graph=own)
+    want_after = _one_token_logits(path, prompt[:6] + nxt, tmp_path, same_graph=own)[6:]
+    tol = UserModelTolerance(path) if name == "genai-q4f16-llama" and not own else 1e-5
     for got, ref in zip(list(last) + list(after), want[4:] + want_after, strict=True):
         assert np.abs(got - ref).max() <= tol * np.abs(ref).max()
     if backend.startswith("wgpu:"):
