@@ -557,6 +557,8 @@ class _OrtBackend(Backend):
                             kernel_bytes_base=self.kernel.base,
                             kernel_bytes_per_token=self.kernel.per_token,
                             kernel_bytes_unsized=sorted(self.kernel.unsized)[:50])
+        if self.ep.records_assignment:  # a model's nodes may fall back as a preset's may
+            self.details.update(self._assignment())
         self.graph = _ModelFeeds(self.specs, self.axes, self.feed_inputs,
                                  capacity if self.static_mask else None, deferred)
         if deferred is not None:
