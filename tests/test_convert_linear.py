@@ -399,3 +399,53 @@ def test_plain_gated_delta_step(ctx_with, variant):
         ctx.dispatch(cg.graph, ins, {"y": y_t})
         np.testing.assert_allclose(ctx.read_tensor(y_t).reshape(y.shape), y, rtol=1e-4,
                                    atol=2e-5)
+
+
+GENAI_Q4F16_QWEN35 = (Path(__file__).parent / "models-float16" / "genai-q4f16-qwen35-small"
+                      / "model.onnx")
+
+
+@pytest.mark.skipif(not GENAI_Q4F16_QWEN35.exists(), reason="no genai q4f16 Qwen3.5 export")
+@pytest.mark.parametrize("variant", ["generic", "fused"])
+def test_genai_q4f16_linear_attention_block_float16_state(ctx_with, variant):
+    """genai's q4f16 export (`-p int4 -e webgpu`) keeps the recurrent state in float16: the
+    converter widens it for the recurrence and narrows the new state, and the fused kernel
+    reads and writes the float16 state itself (one gated delta launch, no cast launches of
+    the state). Its first gated-delta block cut out of the graph, four stateful decode steps
+    on fresh random float16 inputs, each step's output against ORT's CPU EP (fed back its
+    own presents), to float16's resolution."""
+    model = onnx.shape_inference.infer_shapes(onnx.load(GENAI_Q4F16_QWEN35))
+    la = "/model/layers.0/linear_attn/"
+    xs = [la + "qkv_proj/Transpose/output_0", la + "a_proj/MatMul/output_0",
+          la + "b_proj/MatMul/output_0", la + "z_proj/MatMul/output_0"]
+    y = la + "GatedRMSNorm/output_0"
+    cut = pin(Extractor(model).extract_model(xs + ["past.0.conv", "past.0.recurrent"],
+                                             [y, "present.0.conv", "present.0.recurrent"]),
+              {"batch_size": 1, "sequence_length": 1})
+    dims = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim]
+            for vi in cut.graph.input}
+    assert all(vi.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
+               for vi in cut.graph.input)
+    ctx = ctx_with(gdn=variant)
+    pairs = list_kv_pairs(cut)
+    cg = convert(cut, ctx, use_stateful=True, kv_cache_pairs=pairs)
+    assert cg.is_stateful
+    launches = [la_.kernel.name for la_ in cg.graph._plan.launches if hasattr(la_, "kernel")]
+    if variant == "fused":
+        assert launches.count("gated_delta") == 1 and "matmul" not in launches, launches
+    sess = ort.InferenceSession(cut.SerializeToString(), providers=["CPUExecutionProvider"])
+    ins = {n: ctx.create_tensor(data_type="float16", shape=dims[n], writable=True) for n in xs}
+    out_shape = list(cg.outputs[y].shape)
+    y_t = ctx.create_tensor(data_type="float16", shape=out_shape, readable=True)
+    state = {p: np.zeros(dims[p], np.float16) for p in ("past.0.conv", "past.0.recurrent")}
+    ctx.reset_kv_cache(cg.graph)
+    for _ in range(4):
+        feeds = {n: f32(*dims[n]).astype(np.float16) for n in xs}
+        want, conv, rec = sess.run([y, "present.0.conv", "present.0.recurrent"], feeds | state)
+        state = {"past.0.conv": conv, "past.0.recurrent": rec}
+        for n in xs:
+            ctx.write_tensor(ins[n], feeds[n])
+        ctx.dispatch(cg.graph, ins, {y: y_t})
+        got = np.asarray(ctx.read_tensor(y_t), np.float64).reshape(want.shape)
+        np.testing.assert_allclose(got, want.astype(np.float64), rtol=1e-2,
+                                   atol=1e-2 * float(np.abs(want).max()))

@@ -46,7 +46,7 @@ def gated_delta(batch: Sequence[int], dv: int, dk: int, *, k_strides: Sequence[i
                 in_place: bool, guarded: bool = False, lanes: int = 32, wg: int = 256,
                 subgroup: int | None = None, k_eps: float | None = None,
                 q_eps: float | None = None, k_major: bool = False,
-                q_scale: float = 1.0) -> Kernel:
+                q_scale: float = 1.0, state: str = "f32") -> Kernel:
     """The kernel for a state of ``batch`` heads × (dv, dk), rows of dk contiguous values;
     ``k_major``: each head's state stored (dk, dv) instead (ORT LinearAttention's layout):
     a row's values dv apart, read as scalars.
@@ -62,11 +62,17 @@ def gated_delta(batch: Sequence[int], dv: int, dk: int, *, k_strides: Sequence[i
     (rw), the capacity status when ``guarded`` (nothing is written when it is set).
     ``k_eps``/``q_eps``: k / q are read raw and L2-normalised here with that epsilon.
     ``q_scale``: q's constant factor (a graph that scales q before the output product).
+    ``state``: the state buffers' element type: "f16" (a float16 model's recurrent state,
+    as onnxruntime-genai's q4f16 Qwen3.5 export carries it) is read widened to f32 and the
+    new state rounded to f16 when written; the arithmetic is f32 either way.
     """
+    if state not in ("f32", "f16"):
+        raise ValueError(f"state = {state!r}; accepted: f32, f16")
     heads = S.size(batch)
     rows = heads * dv
     vw = 4 if dk % 4 == 0 and not k_major else 1
     vt = "vec4<f32>" if vw == 4 else "f32"
+    svt = vt.replace("f32", state)  # the state buffers' element type
     words = dk // vw
     lanes = min(lanes, 1 << (words.bit_length() - 1))  # a power of two, at most the row
     per_lane = -(-words // lanes)
@@ -78,7 +84,7 @@ def gated_delta(batch: Sequence[int], dv: int, dk: int, *, k_strides: Sequence[i
 
     src, bindings = "", []
     if not in_place:
-        src += decl(0, "p", vt, "read")
+        src += decl(0, "p", svt, "read")
         bindings.append("read")
     src += decl(len(bindings), "k", vt, "read") + decl(len(bindings) + 1, "q", vt, "read")
     bindings += ["read", "read"]
@@ -94,7 +100,7 @@ def gated_delta(batch: Sequence[int], dv: int, dk: int, *, k_strides: Sequence[i
         fns += fsrc
         bindings += lb
         calls[prefix] = (f"{prefix}v{len(ops) - 1}", takes_s)
-    src += decl(len(bindings), "st", vt, "rw") + decl(len(bindings) + 1, "y", "f32", "rw")
+    src += decl(len(bindings), "st", svt, "rw") + decl(len(bindings) + 1, "y", "f32", "rw")
     bindings += ["rw", "rw"]
     if guarded:
         src += decl(len(bindings), "status", "u32", "read")
@@ -161,7 +167,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   for (var j = 0u; j < {per_lane}u; j = j + 1u) {{
     let w = t + j * {lanes}u;
     {test}{{
-      sv[j] = {old}[{sidx}];
+      sv[j] = {vt}({old}[{sidx}]);
       let kv = k[kw + w];
 {q_load}{first}    }}
   }}
@@ -174,7 +180,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let w = t + j * {lanes}u;
     {test}{{
       let nw = g * sv[j] + dk_ * k[kw + w];
-      if (ok) {{ st[{sidx}] = nw; }}
+      if (ok) {{ st[{sidx}] = {svt}(nw); }}
       acc2 = acc2 + {dot.format("nw", "q[qw + w]")};
     }}
   }}
@@ -182,7 +188,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   if (ok && t == 0u) {{ y[row] = {out_val}; }}
 }}
 """
-    traffic = 4 * (2 * rows * dk + k_size + q_size + rows)
+    traffic = 4 * (k_size + q_size + rows) + 2 * rows * dk * (2 if state == "f16" else 4)
     for chain, n in ((decay, heads), (delta, rows), (out_chain, rows)):
         if chain is not None:
             traffic += sum(4 * min(leaf.size, n) for leaf in chain[1] if not leaf.param)

@@ -84,6 +84,7 @@ class GatedDelta:
     q_norm: L2Norm | None = None
     k_major: bool = False  # the state stored (*B, Dk, Dv)
     q_scale: float = 1.0  # q's constant factor, applied to the output
+    state: str = "f32"  # the state buffers' element type (f16: widened and narrowed here)
 
     @property
     def norms(self) -> list[L2Norm]:
@@ -143,7 +144,7 @@ class GatedDelta:
             out_chain=(self.out_chain.fused_ops(param=self.output)
                        if self.out_chain is not None else None),
             in_place=in_place, guarded=guarded, lanes=lanes, wg=max(256, lanes),
-            subgroup=subgroup, k_major=self.k_major, q_scale=self.q_scale)
+            subgroup=subgroup, k_major=self.k_major, q_scale=self.q_scale, state=self.state)
 
 
 def match_gated_delta(nodes: list[Node], inlined: set[int],
@@ -242,7 +243,9 @@ def _assemble(o: Node, n: Node, s_view: Node, u_view: Node,
         if (x.id in pinned or not only(x, o) or tuple(x.shape) != full
                 or tuple(o.attrs["axes"]) != (len(full) - 2,)):
             return None
-    if (tuple(n_view.shape) != full or tuple(o.shape) not in cols or not only(n, reader)
+    narrow = _narrowed(n, reader, consumers, pinned)
+    if (tuple(n_view.shape) != full or tuple(o.shape) not in cols
+            or not (only(n, reader) or narrow is not None)
             or any(tuple(v.shape) != full for v in (s_view, u_view, s, u, p_view))):
         return None
     if s.id in pinned or u.id in pinned or not only(u, n):
@@ -270,17 +273,23 @@ def _assemble(o: Node, n: Node, s_view: Node, u_view: Node,
     if (r not in delta.leaves or not _reads_at_own_index(delta, r)
             or not all(c in delta.ops for c in consumers.get(r.id, []))):
         return None
-    got_decay = _decay(p_view, g_view, full, batch, inlined, pinned)
+    got_decay = _decay(p_view, g_view, full, batch, inlined, pinned, consumers, s)
     if got_decay is None:
         return None
-    p, g, g_st, decay = got_decay
-    out_chain, anchor = _out_chain(o, consumers, inlined, groups, pinned, cols)
-    if any(x.dtype.wgsl != "f32" for x in (p, k, q, g, d, anchor)):
+    p, g, g_st, decay, widen = got_decay
+    # a float16 state: widened when read (P = cast(past)) and narrowed when written (the
+    # paired output is cast(N)), both or neither (the kernel has one state type)
+    state = "f16" if narrow is not None else "f32"
+    if (widen is not None) != (narrow is not None) or p.dtype.wgsl != state:
         return None
-    m = GatedDelta(anchor, p, n, k, q, batch, dv, dk, tuple(x * dk for x in k_st),
+    out_chain, anchor = _out_chain(o, consumers, inlined, groups, pinned, cols)
+    if any(x.dtype.wgsl != "f32" for x in (k, q, g, d, anchor)):
+        return None
+    casts = [x for x in (widen, narrow) if x is not None]
+    m = GatedDelta(anchor, p, narrow or n, k, q, batch, dv, dk, tuple(x * dk for x in k_st),
                    tuple(x * dk for x in q_st), decay, tuple(g_st), r, delta, o, out_chain,
-                   [s, *extra, r, u, n, *([x] if x is not None else []), *scaled, o],
-                   k_major=k_major, q_scale=q_scale)
+                   [s, *extra, r, u, n, *([x] if x is not None else []), *scaled, *casts, o],
+                   k_major=k_major, q_scale=q_scale, state=state)
     if fold_norms:
         m.k_norm = _l2_norm(k, consumers, inlined, pinned, {(extra or [r])[0].id, u.id})
         m.q_norm = (_l2_norm(q, consumers, inlined, pinned, {(scaled or [reader])[0].id})
@@ -334,14 +343,38 @@ def _scaled_q(qc: Node, pinned: set[int], consumers: dict[int, list[Node]],
     return q, 1.0, []
 
 
+def _narrowed(n: Node, reader: Node, consumers: dict[int, list[Node]],
+              pinned: set[int]) -> Node | None:
+    """The float16 state N is written as: N's one reader besides the output product
+    ``reader``, a cast of all of N to float16 that must be materialised (the paired state's
+    writer, or a graph output); None otherwise."""
+    cs = consumers.get(n.id, [])
+    if len(cs) != 2 or not any(c is reader for c in cs):
+        return None
+    c = cs[0] if cs[1] is reader else cs[1]
+    if (_op(c, "cast") and c.dtype.wgsl == "f16" and root(c.inputs[0]) is n
+            and S.size(c.shape) == S.size(n.shape) and c.id in pinned):
+        return c
+    return None
+
+
 def _decay(p_view: Node, g_view: Node, full: tuple, batch: tuple, inlined: set[int],
-           pinned: set[int]) -> tuple[Node, Node, tuple, fusion.Group | Node] | None:
+           pinned: set[int], consumers: dict[int, list[Node]], s: Node
+           ) -> tuple[Node, Node, tuple, fusion.Group | Node, Node | None] | None:
     """s = mul(P, g): (P the state's storage, g one value per head, g's strides over the
-    batch, the decay as the kernel reads it: g or its inlined chain), or None."""
+    batch, the decay as the kernel reads it: g or its inlined chain, the cast widening a
+    float16 state P to float32 where the graph reads it so, else None), or None."""
     gs = (1,) * (len(full) - len(g_view.shape)) + tuple(g_view.shape)
     if len(gs) != len(full) or gs[-2:] != (1, 1):
         return None
     p, g = root(p_view), root(g_view)
+    widen = None
+    if _op(p, "cast") and p.dtype.wgsl == "f32" and p.id not in pinned:
+        src = root(p.inputs[0])
+        if (src.dtype.wgsl == "f16" and S.size(src.shape) == S.size(p.shape)
+                and fusion.sole_reader(consumers, p, s)
+                and not (src.kind == "op" and src.id in inlined)):
+            widen, p = p, src
     if p.kind == "op" and p.id in inlined:
         return None  # the state computed inline: not a buffer the kernel can stream
     g_st = S.broadcast_strides(tuple(g_view.shape), full)[:len(batch)]
@@ -350,7 +383,7 @@ def _decay(p_view: Node, g_view: Node, full: tuple, batch: tuple, inlined: set[i
         if g.id in pinned or not fusion.is_fusible(g):
             return None
         decay = fusion.collect(g, inlined)[0]
-    return p, g, g_st, decay
+    return p, g, g_st, decay, widen
 
 
 def _out_chain(o: Node, consumers: dict[int, list[Node]], inlined: set[int],
