@@ -306,3 +306,32 @@ def test_row_norm_is_one_launch(ctx_with, heads, d, other_reader):
     x64 = xv.astype(np.float64)
     want = x64 / np.sqrt((x64 * x64).sum(axis=2, keepdims=True) + 1e-6)
     np.testing.assert_allclose(out["y"], want, rtol=1e-5, atol=1e-6)
+
+
+def test_concat_costs_its_dearest_input_not_their_sum(ctx):
+    """A concat's element evaluates one of its inputs (kernels/fused returns from the
+    branch it falls in), so two 31-evaluation branches cost 32 an element, inside
+    MAX_CALLS (48), and stay one launch; summed (63) they would be split. As
+    genai's q4f16 Qwen3.5 spells partial RoPE after q_norm, with float16 round trips
+    lengthening each branch."""
+    b = MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=[2, 8])
+    c1, c2 = const(b, [0.9]), const(b, [0.125])
+
+    def branch(t):
+        for _ in range(15):
+            t = b.add(b.mul(t, c1), c2)
+        return t
+
+    lo = branch(b.slice(x, [0, 0], [2, 4]))
+    hi = branch(b.slice(x, [0, 4], [2, 4]))
+    y = b.concat([hi, lo], 1)
+    assert fusion.MAX_CALLS < 2 * 31 + 1 and 31 + 1 <= fusion.MAX_CALLS
+    xv = RNG.standard_normal((2, 8)).astype(np.float32)
+    g, out = run(ctx, b, {"y": y}, {"x": xv})
+    assert len(names(g)) == 1 and names(g)[0].startswith("fused:"), names(g)
+    t = xv.astype(np.float64)
+    for _ in range(15):
+        t = t * np.float64(np.float32(0.9)) + 0.125
+    want = np.concatenate([t[:, 4:], t[:, :4]], 1)
+    np.testing.assert_allclose(out["y"], want, rtol=1e-5, atol=1e-6)

@@ -195,7 +195,10 @@ def collect(r: Node, inlined: set[int]) -> tuple[Group, dict[int, int]]:
     visit(r)
     calls: dict[int, int] = {}
     for o in order:  # producers before consumers
-        calls[o.id] = 1 + sum(calls[root(x).id] for x in o.inputs if root(x).id in calls)
+        inner = [calls[root(x).id] for x in o.inputs if root(x).id in calls]
+        # a concat's element reads one of its inputs (kernels/fused returns from the branch
+        # it falls in): the dearest input, not their sum
+        calls[o.id] = 1 + (max(inner, default=0) if o.op == "concat" else sum(inner))
     return Group(order, list(leaves.values())), calls
 
 
