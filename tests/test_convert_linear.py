@@ -406,12 +406,14 @@ GENAI_Q4F16_QWEN35 = (Path(__file__).parent / "models-float16" / "genai-q4f16-qw
 
 
 @pytest.mark.skipif(not GENAI_Q4F16_QWEN35.exists(), reason="no genai q4f16 Qwen3.5 export")
-@pytest.mark.parametrize("variant", ["generic", "fused"])
+@pytest.mark.parametrize("variant", ["generic", "fused", "fused+rows"])
 def test_genai_q4f16_linear_attention_block_float16_state(ctx_with, variant):
     """genai's q4f16 export (`-p int4 -e webgpu`) keeps the recurrent state in float16: the
     converter widens it for the recurrence and narrows the new state, and the fused kernel
     reads and writes the float16 state itself (one gated delta launch, no cast launches of
-    the state). Its first gated-delta block cut out of the graph, four stateful decode steps
+    the state); with the GPU's row kernels q's and k's L2 norms behind their float16 casts
+    are one launch each with their reductions (gemv.row_reductions over a flat view).
+    Its first gated-delta block cut out of the graph, four stateful decode steps
     on fresh random float16 inputs, each step's output against ORT's CPU EP (fed back its
     own presents), to float16's resolution."""
     model = onnx.shape_inference.infer_shapes(onnx.load(GENAI_Q4F16_QWEN35))
@@ -426,13 +428,18 @@ def test_genai_q4f16_linear_attention_block_float16_state(ctx_with, variant):
             for vi in cut.graph.input}
     assert all(vi.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
                for vi in cut.graph.input)
-    ctx = ctx_with(gdn=variant)
+    ctx = (ctx_with(gdn="fused", gemv="rows_sh") if variant == "fused+rows"
+           else ctx_with(gdn=variant))
     pairs = list_kv_pairs(cut)
     cg = convert(cut, ctx, use_stateful=True, kv_cache_pairs=pairs)
     assert cg.is_stateful
     launches = [la_.kernel.name for la_ in cg.graph._plan.launches if hasattr(la_, "kernel")]
-    if variant == "fused":
+    if variant != "generic":
         assert launches.count("gated_delta") == 1 and "matmul" not in launches, launches
+    if variant == "fused+rows":  # GPU kernels: q's and k's L2 norms, each behind float16
+        # casts, one launch each with its reduction (the gated norm here writes the cut's
+        # float16 output, no float32 vector: its reduction keeps its launch)
+        assert launches.count("fused_vector") == 2 and "reduce_sum" not in launches, launches
     sess = ort.InferenceSession(cut.SerializeToString(), providers=["CPUExecutionProvider"])
     ins = {n: ctx.create_tensor(data_type="float16", shape=dims[n], writable=True) for n in xs}
     out_shape = list(cg.outputs[y].shape)

@@ -335,3 +335,47 @@ def test_concat_costs_its_dearest_input_not_their_sum(ctx):
         t = t * np.float64(np.float32(0.9)) + 0.125
     want = np.concatenate([t[:, 4:], t[:, :4]], 1)
     np.testing.assert_allclose(out["y"], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("heads,d,flat_gate", [(3, 37, False), (4, 16, True), (2, 300, False)])
+def test_row_norm_of_a_flat_view_is_one_launch(ctx_with, heads, d, flat_gate):
+    """The norm per head read back as one flat row (1, 1, heads * d) and scaled there (q
+    scaled after its L2 norm, genai's Qwen3.5; with ``flat_gate`` a gate of the flat
+    shape too, as GatedRMSNorm's ``* silu(z)``): the root is a view of the reduction's
+    input, so a workgroup per head still computes each element with its own head's
+    reduction: one launch, against float64 NumPy on fresh random inputs."""
+    ctx = ctx_with(gemv="rows_sh")
+    b = MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=[1, 1, heads * d])
+    z = b.input("z", data_type="float32", shape=[1, 1, heads * d])
+    xh = b.reshape(x, [1, 1, heads, d])
+    ss = b.reduce_sum(b.mul(xh, xh), axes=[3], keep_dimensions=True)
+    eps = b.constant(data_type="float32", shape=[1], value=np.float32([1e-6]))
+    flat = b.reshape(b.div(xh, b.sqrt(b.add(ss, eps))), [1, 1, heads * d])
+    y = b.mul(flat, b.sigmoid(z)) if flat_gate else b.mul(flat, const(b, [0.25]))
+    xv, zv = (RNG.standard_normal((1, 1, heads * d)).astype(np.float32) for _ in range(2))
+    gr, out = run(ctx, b, {"y": y}, {"x": xv, "z": zv} if flat_gate else {"x": xv})
+    assert names(gr) == ["fused_vector"], names(gr)
+    x64 = xv.astype(np.float64).reshape(1, 1, heads, d)
+    want = (x64 / np.sqrt((x64 * x64).sum(axis=3, keepdims=True) + 1e-6)).reshape(1, 1, -1)
+    want = want / (1 + np.exp(-zv.astype(np.float64))) if flat_gate else want * 0.25
+    np.testing.assert_allclose(out["y"], want, rtol=1e-5, atol=1e-6)
+
+
+def test_row_norm_read_across_heads_keeps_its_launches(ctx_with):
+    """A root of the reduction input's shape whose elements are read out of order (a
+    transpose between the norm and the root) is no row of its own head: the reduction
+    and the tail stay apart (one launch a workgroup per row read each element with the
+    wrong row's reduction before: 24 of 32 wrong)."""
+    ctx = ctx_with(gemv="rows_sh")
+    b = MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=[1, 4, 8])
+    ss = b.reduce_sum(b.mul(x, x), axes=[2], keep_dimensions=True)
+    y = b.reshape(b.transpose(b.div(x, b.sqrt(ss)), permutation=[0, 2, 1]), [1, 4, 8])
+    y = b.mul(y, const(b, [2.0]))
+    xv = RNG.standard_normal((1, 4, 8)).astype(np.float32)
+    gr, out = run(ctx, b, {"y": y}, {"x": xv})
+    assert "fused_vector" not in names(gr), names(gr)
+    x64 = xv.astype(np.float64)
+    want = 2.0 * (x64 / np.sqrt((x64 * x64).sum(axis=2, keepdims=True))).transpose(0, 2, 1)
+    np.testing.assert_allclose(out["y"], want.reshape(1, 4, 8), rtol=1e-5, atol=1e-6)

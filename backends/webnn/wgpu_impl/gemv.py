@@ -459,12 +459,45 @@ def _reduction_of(group: fusion.Group, consumers: dict[int, list[Node]],
         if row_shape is None:
             ok = S.size(x.shape) == 1
         else:
-            ok = (v == tuple(row_shape) and len(v) >= 1 and v[-1] > 1
+            # rows over the last axis of an input of the root's size: the root's own shape
+            # or a view of it (an L2 norm per head read back as one flat row, q scaled
+            # after it), each element of the root computed from its own row's reduction
+            ok = (S.size(v) == S.size(row_shape) and len(v) >= 1 and v[-1] > 1
                   and tuple(x.shape) == v[:-1] + (1,)
-                  and tuple(x.attrs["axes"]) == (len(v) - 1,))
+                  and tuple(x.attrs["axes"]) == (len(v) - 1,)
+                  and _flat_reads(group, x, S.size(v)))
         if ok:
             return _group(x, groups, inlined)
     return None
+
+
+def _flat_reads(group: fusion.Group, red: Node, count: int) -> bool:
+    """Whether each element of ``group``'s root reads the reduction ``red`` of its own row:
+    every op depending on ``red`` is element-wise (no slice, transpose, concat or
+    expand) and either computes per row (``red``'s shape, from per-row values), or
+    broadcasts per-row values along the rows of the reduction's input shape, or is a flat
+    view of ``count`` elements read at its own flat index. Then element i of the root
+    belongs to the reduction's row i // (its row length)."""
+    rows, full = tuple(red.shape), tuple(red.inputs[0].shape)
+    dep = {red.id: rows}  # op id -> the shape its dependent values have
+    for op in group.ops:
+        ins = [x for x in op.inputs if root(x).id in dep]
+        if not ins:
+            continue
+        if op.op in ("slice", "transpose", "concat", "expand"):
+            return False
+        shp = tuple(op.shape)
+        if shp == rows:
+            ok = all(tuple(x.shape) == rows for x in ins)
+        elif shp == full:
+            ok = all(tuple(x.shape) in (rows, full) for x in ins)
+        else:
+            ok = S.size(shp) == count and all(
+                dep[root(x).id] != rows and S.size(x.shape) == count for x in ins)
+        if not ok:
+            return False
+        dep[op.id] = shp
+    return group.ops[-1].id in dep and dep[group.ops[-1].id] != rows
 
 
 def stacked_rows(parts: list[tuple[Node, bool, Any]]) -> np.ndarray:
@@ -574,7 +607,10 @@ def _lower_vector(n: Site) -> None:
     vec, shp = n.plan.vectors[n.node.id], n.shape
     count = S.size(shp)
     traffic = 4 * (sum(S.size(x.shape) for x in vec.leaves) + count)
-    n.add(KernelLaunch(MM.computed_vector(vec.source(), count, traffic, count // shp[-1],
+    # a workgroup per reduced row (the reduction's input's last axis: the root's own, or,
+    # where the root is a flat view of that input, one of the rows it holds)
+    row = vec.reduce_op.inputs[0].shape[-1] if vec.reduce_op is not None else shp[-1]
+    n.add(KernelLaunch(MM.computed_vector(vec.source(), count, traffic, count // row,
                                           subgroup=n.plan.target.subgroup,
                                           unrolled=n.plan.options.row_vector != "loop"),
                        n.ins + [n.out]))

@@ -85,6 +85,7 @@ class GatedDelta:
     k_major: bool = False  # the state stored (*B, Dk, Dv)
     q_scale: float = 1.0  # q's constant factor, applied to the output
     state: str = "f32"  # the state buffers' element type (f16: widened and narrowed here)
+    q_scaled: Node | None = None  # the op scaling q by q_scale (computed here)
 
     @property
     def norms(self) -> list[L2Norm]:
@@ -289,7 +290,8 @@ def _assemble(o: Node, n: Node, s_view: Node, u_view: Node,
     m = GatedDelta(anchor, p, narrow or n, k, q, batch, dv, dk, tuple(x * dk for x in k_st),
                    tuple(x * dk for x in q_st), decay, tuple(g_st), r, delta, o, out_chain,
                    [s, *extra, r, u, n, *([x] if x is not None else []), *scaled, *casts, o],
-                   k_major=k_major, q_scale=q_scale, state=state)
+                   k_major=k_major, q_scale=q_scale, state=state,
+                   q_scaled=scaled[0] if scaled else None)
     if fold_norms:
         m.k_norm = _l2_norm(k, consumers, inlined, pinned, {(extra or [r])[0].id, u.id})
         m.q_norm = (_l2_norm(q, consumers, inlined, pinned, {(scaled or [reader])[0].id})
@@ -448,6 +450,8 @@ def _covered(m: GatedDelta, inlined: set[int], groups: dict[int, fusion.Group],
     one of its ops (a norm planned as a launch of its own only if the kernel folds it)."""
     ids = {x.id for x in m.ops}
     folded = {x.id for nrm in m.norms for x in nrm.ops}
+    if m.q_norm is not None and m.q_scaled is not None:
+        folded.add(m.q_scaled.id)  # q's norm and its scaling, one vector launch elsewhere
     if ids & taken or (ids - folded) & vectors:
         return False
     for x in m.ops:

@@ -226,8 +226,9 @@ def gated_delta(plan: Plan, st: PassState) -> None:
         plan.gdn = match_gated_delta(st.nodes, st.inlined, plan.groups, st.pinned, taken,
                                      plan.target.max_storage, vectors, fold_norms=gdn[2])
         for m in plan.gdn.values():  # q's and k's norms folded in: no launch of their own
-            for nrm in m.norms:
-                plan.vectors.pop(nrm.out.id, None)
+            inside = {x.id for x in m.ops}
+            for root_id in [r for r in plan.vectors if r in inside]:
+                plan.vectors.pop(root_id)
     st.absorbed |= {x.id for m in plan.gdn.values() for x in m.absorbed}
 
 
