@@ -392,15 +392,41 @@ def _out_chain(o: Node, consumers: dict[int, list[Node]], inlined: set[int],
                groups: dict[int, fusion.Group], pinned: set[int],
                cols: set[tuple]) -> tuple[fusion.Group | None, Node]:
     """Y, the output chain, when O's one reader is the root of an element-wise group that
-    reads O at its own index: (the chain, its root); else (None, O)."""
+    reads O at its own index, or is inlined into such a group whose every op depending on
+    O is element-wise over O's element count, read through flat views (a float16 model's
+    round trip ``cast32(cast16(O))`` before its gated norm): (the chain, its root); else
+    (None, O)."""
     cs = consumers.get(o.id, [])
     if (len(cs) == 1 and fusion.is_fusible(cs[0]) and not fusion.is_host(cs[0])
-            and cs[0].id not in inlined and o.id not in pinned):
+            and o.id not in pinned):
         c = cs[0]
-        gc = groups.get(c.id) or fusion.collect(c, inlined)[0]
-        if tuple(c.shape) in cols and o in gc.leaves and _reads_at_own_index(gc, o):
-            return gc, c
+        if c.id not in inlined:
+            gc = groups.get(c.id) or fusion.collect(c, inlined)[0]
+            if tuple(c.shape) in cols and o in gc.leaves and _reads_at_own_index(gc, o):
+                return gc, c
+            return None, o
+        owner = next((g for g in groups.values() if any(x is c for x in g.ops)), None)
+        if owner is not None and o in owner.leaves and _flat_chain(owner, o):
+            return owner, owner.ops[-1]
     return None, o
+
+
+def _flat_chain(g: fusion.Group, o: Node) -> bool:
+    """Every op of ``g`` depending on ``o`` is element-wise over o's element count and reads
+    its dependent inputs at their own flat index (no broadcast, slice, transpose, concat
+    or expand), the root included: element i of the root is a function of O's element
+    i."""
+    n = S.size(o.shape)
+    dep = {o.id}
+    for op in g.ops:
+        ins = [x for x in op.inputs if root(x).id in dep]
+        if not ins:
+            continue
+        if (op.op in ("slice", "transpose", "concat", "expand") or S.size(op.shape) != n
+                or any(S.size(x.shape) != n for x in ins)):
+            return False
+        dep.add(op.id)
+    return g.ops[-1].id in dep
 
 
 def _l2_norm(v: Node, consumers: dict[int, list[Node]], inlined: set[int],
