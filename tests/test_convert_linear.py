@@ -438,6 +438,10 @@ def test_genai_q4f16_linear_attention_block_float16_state(ctx_with, variant):
         assert launches.count("gated_delta") == 1 and "matmul" not in launches, launches
         # the output's float16 round trip before the gated norm computed by the kernel
         assert "fused:cast+cast" not in launches, launches
+    # the conv's new float16 window: the slice of the widened window narrowed in the state
+    # writer's one launch (its chain reads no paired input)
+    assert "fused:slice+cast" in launches, launches
+    assert variant == "generic" or "cast" not in launches, launches
     if variant == "fused+rows":  # GPU kernels: q's and k's L2 norms, each behind float16
         # casts, one launch each with its reduction (the gated norm here writes the cut's
         # float16 output, no float32 vector: its reduction keeps its launch)

@@ -130,9 +130,10 @@ def plan(nodes: list[Node], pinned: set[int], no_fuse_into: set[int],
     """``(inlined ids, {root id: Group})`` for the op ``nodes`` (creation order).
 
     ``pinned``: ops that must be materialised (graph outputs, state writers);
-    ``no_fuse_into``: ops whose inputs stay materialised (in-place state writers; a row
-    write may still compute its updates, unless they read a ``no_read`` operand: the
-    paired cache inputs);
+    ``no_fuse_into``: state writers, which compute no chain reading a ``no_read``
+    operand (the paired inputs: a writer may write the state where it lies); a chain of
+    other values they compute inside (a float16 conv window's new state: the slice of
+    the window, narrowed, in one launch), as a row write computes its updates;
     ``max_leaves``: storage buffers a kernel may read (the device limit less the output
     and the capacity status)."""
     consumers = consumers_of(nodes)
@@ -146,8 +147,7 @@ def plan(nodes: list[Node], pinned: set[int], no_fuse_into: set[int],
             continue
         cs = consumers.get(o.id, [])
         homes = {_home(o, c, group_of) for c in cs}
-        if (o.id not in pinned and cs and len(homes) == 1 and None not in homes
-                and not any(c.id in no_fuse_into and not is_host(c) for c in cs)):
+        if o.id not in pinned and cs and len(homes) == 1 and None not in homes:
             inlined.add(o.id)
             group_of[o.id] = homes.pop()
         else:
@@ -161,6 +161,11 @@ def plan(nodes: list[Node], pinned: set[int], no_fuse_into: set[int],
             if is_host(o) and len(g.ops) > 1 and any(x.id in no_read for x in g.inner.leaves):
                 # a row write computing its updates from the cache it writes: keep them apart
                 inlined.discard(root(o.inputs[host_input(o)]).id)
+                continue
+            if (o.id in no_fuse_into and not is_host(o) and len(g.ops) > 1
+                    and any(x.id in no_read for x in g.leaves)):
+                # a state writer's chain reading a paired input: its inputs materialised
+                inlined.difference_update(root(x).id for x in o.inputs)
                 continue
             if len(g.ops) == 1 or (len(g.leaves) <= max_leaves and calls[o.id] <= MAX_CALLS):
                 break
