@@ -84,8 +84,19 @@ QWEN35_TINY = {
     "image_token_id": 990, "video_token_id": 991, "vision_start_token_id": 992,
     "vision_end_token_id": 993,
 }
+#: test size with hybrid-1b's layer pattern (three gated-delta layers to one attention
+#: layer, twice) and an MLP width of whole 4-bit blocks: a step's launches per period of
+#: four layers compare with the hybrid-1b(+q4f16) preset's (scripts/launch_census.py)
+#: without the full-size export
+QWEN35_TINY_3TO1 = {
+    **QWEN35_TINY,
+    "text_config": {**QWEN35_TINY["text_config"], "intermediate_size": 192,
+                    "num_hidden_layers": 8,
+                    "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 2},
+}
 MODELS = {"llama-3.2-1b": LLAMA_3_2_1B, "llama-tiny": LLAMA_TINY,
-          "qwen3.5-hybrid-1b": QWEN35_HYBRID_1B, "qwen3.5-tiny": QWEN35_TINY}
+          "qwen3.5-hybrid-1b": QWEN35_HYBRID_1B, "qwen3.5-tiny": QWEN35_TINY,
+          "qwen3.5-tiny-3to1": QWEN35_TINY_3TO1}
 
 
 def log(msg: str) -> None:
