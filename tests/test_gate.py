@@ -256,7 +256,7 @@ def test_a_file_holding_a_point_twice_is_refused(command, twice, tmp_path):
 
 
 def test_the_committed_ci_baseline_still_gates(tmp_path):
-    """results/baselines/ci.json (statebench/1, as .ci/run reads it) loads and gates itself."""
+    """results/baselines/ci.json, as .ci/run reads it, loads and gates itself."""
     proc = statebench("gate", CI_BASELINE, "--baseline", CI_BASELINE, "--bytes-exact", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "gate: passed — 16/16 points ok" in proc.stdout
