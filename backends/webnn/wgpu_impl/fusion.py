@@ -26,6 +26,8 @@ from .lowerings import Site, claims
 #: ops lowered by the element-wise kernel (broadcasting included)
 ELEMENTWISE = SAME_INDEX_OPS | {"expand"}
 FUSIBLE = ELEMENTWISE | {"slice", "transpose", "concat"}
+#: the fusible ops that read their inputs at other indices than their own
+INDEX_OPS = FUSIBLE - SAME_INDEX_OPS
 MAX_CALLS = 48  # inlined op evaluations per output element, at most
 
 
@@ -94,6 +96,25 @@ def sole_reader(consumers: dict[int, list[Node]], x: Node, c: Node) -> bool:
     """Whether ``c`` is the one op reading ``x`` (``consumers`` from ``consumers_of``): what
     a pattern needs before it computes ``x`` inside ``c``'s kernel and never stores it."""
     return [y.id for y in consumers.get(x.id, [])] == [c.id]
+
+
+def reads_at_own_index(g: Group, x: Node, flat: bool = False) -> bool:
+    """Whether element i of ``g``'s root is a function of ``x``'s element i: every op of
+    ``g`` depending on ``x`` (the root among them) is element-wise on x's shape and reads
+    its dependent inputs without broadcasting; ``flat``: on x's element count, its inputs
+    read through flat views (a float16 round trip ``cast32(cast16(x))`` reshaped)."""
+    def same(shape: tuple) -> bool:
+        return S.size(shape) == S.size(x.shape) if flat else tuple(shape) == tuple(x.shape)
+
+    dep: set[int] = {x.id}
+    for op in g.ops:
+        ins = [y for y in op.inputs if root(y).id in dep]
+        if not ins:
+            continue
+        if op.op in INDEX_OPS or not same(op.shape) or not all(same(y.shape) for y in ins):
+            return False
+        dep.add(op.id)
+    return g.ops[-1].id in dep
 
 
 def is_fusible(o: Node) -> bool:

@@ -484,7 +484,7 @@ def _flat_reads(group: fusion.Group, red: Node, count: int) -> bool:
         ins = [x for x in op.inputs if root(x).id in dep]
         if not ins:
             continue
-        if op.op in ("slice", "transpose", "concat", "expand"):
+        if op.op in fusion.INDEX_OPS:
             return False
         shp = tuple(op.shape)
         if shp == rows:

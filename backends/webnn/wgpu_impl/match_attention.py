@@ -36,7 +36,6 @@ from . import fusion
 from .launches import KernelLaunch
 from .lowerings import Site, claims
 
-_INDEX_OPS = {"slice", "transpose", "concat", "expand"}
 #: q rows a KV head at most (a K = 8 verify of 8 q heads a KV head): the flash kernel scores
 #: them in groups (``kernels/attention.q_row_groups``), so more only lengthen the grid
 MAX_Q_ROWS = 64
@@ -173,7 +172,7 @@ def match_attention(nodes: list[Node], inlined: set[int], groups: dict[int, fusi
             if len(qks) != 1:
                 continue
             qk = qks[0]
-            if not _reads_at_own_index(score, qk):
+            if not fusion.reads_at_own_index(score, qk):
                 continue
             if not all(c in score.ops for c in consumers.get(qk.id, [])):
                 continue
@@ -253,22 +252,6 @@ def _only_attention(x: Node, m: Attention, consumers: dict[int, list[Node]]) -> 
         if not (c.op == "cast" and all(r.id in ends for r in consumers.get(c.id, []))):
             return False
     return True
-
-
-def _reads_at_own_index(g: fusion.Group, qk: Node) -> bool:
-    """Every op of the chain that depends on ``qk`` is element-wise on qk's shape and
-    reads its dependent inputs without broadcasting."""
-    dep: set[int] = {qk.id}
-    for op in g.ops:
-        ins = [x for x in op.inputs if root(x).id in dep]
-        if not ins:
-            continue
-        if op.op in _INDEX_OPS or tuple(op.shape) != tuple(qk.shape):
-            return False
-        if any(tuple(x.shape) != tuple(qk.shape) for x in ins):
-            return False
-        dep.add(op.id)
-    return g.ops[-1].id in dep
 
 
 # -- lowering ------------------------------------------------------------------------------

@@ -46,7 +46,6 @@ from ..stateful import root
 from . import fusion
 from .launches import KernelLaunch
 from .lowerings import Site, claims
-from .match_attention import _reads_at_own_index
 
 
 @dataclass
@@ -271,7 +270,7 @@ def _assemble(o: Node, n: Node, s_view: Node, u_view: Node,
             or tuple(d.shape) != tuple(r.shape) or not only(d, u)):
         return None
     delta = groups.get(d.id) or fusion.collect(d, inlined)[0]
-    if (r not in delta.leaves or not _reads_at_own_index(delta, r)
+    if (r not in delta.leaves or not fusion.reads_at_own_index(delta, r)
             or not all(c in delta.ops for c in consumers.get(r.id, []))):
         return None
     got_decay = _decay(p_view, g_view, full, batch, inlined, pinned, consumers, s)
@@ -402,31 +401,13 @@ def _out_chain(o: Node, consumers: dict[int, list[Node]], inlined: set[int],
         c = cs[0]
         if c.id not in inlined:
             gc = groups.get(c.id) or fusion.collect(c, inlined)[0]
-            if tuple(c.shape) in cols and o in gc.leaves and _reads_at_own_index(gc, o):
+            if tuple(c.shape) in cols and o in gc.leaves and fusion.reads_at_own_index(gc, o):
                 return gc, c
             return None, o
         owner = next((g for g in groups.values() if any(x is c for x in g.ops)), None)
-        if owner is not None and o in owner.leaves and _flat_chain(owner, o):
+        if owner is not None and o in owner.leaves and fusion.reads_at_own_index(owner, o, flat=True):
             return owner, owner.ops[-1]
     return None, o
-
-
-def _flat_chain(g: fusion.Group, o: Node) -> bool:
-    """Every op of ``g`` depending on ``o`` is element-wise over o's element count and reads
-    its dependent inputs at their own flat index (no broadcast, slice, transpose, concat
-    or expand), the root included: element i of the root is a function of O's element
-    i."""
-    n = S.size(o.shape)
-    dep = {o.id}
-    for op in g.ops:
-        ins = [x for x in op.inputs if root(x).id in dep]
-        if not ins:
-            continue
-        if (op.op in ("slice", "transpose", "concat", "expand") or S.size(op.shape) != n
-                or any(S.size(x.shape) != n for x in ins)):
-            return False
-        dep.add(op.id)
-    return g.ops[-1].id in dep
 
 
 def _l2_norm(v: Node, consumers: dict[int, list[Node]], inlined: set[int],
