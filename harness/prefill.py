@@ -162,11 +162,13 @@ def measure_point(source: WorkloadSource, name: str, k: int, context: int, token
 
 def measure(preset_name: str, backends: list[str], chunks: list[int], contexts: list[int],
             reps: int = 3, seed: int = 0,
-            progress: Callable[[PrefillPoint], None] | None = None,
+            progress: Callable[[PrefillPoint, dict], None] | None = None,
             model: str | None = None) -> dict:
     """Every point, contexts ascending (one reference walk serves them all): the results'
     body (``schema``, the workload, ``points``). ``model``: a model file in place of the
-    preset (its K-token graphs; ORT's CPU EP its reference, ``ModelSource``)."""
+    preset (its K-token graphs; ORT's CPU EP its reference, ``ModelSource``).
+    ``progress`` is given each point and the body so far (its points up to that one), so a
+    caller can save a run that is stopped part way (``statebench prefill --out``)."""
     check_multiples(contexts, chunks)
     from harness.sources import source_for  # ONNX and the exports: only when it runs
 
@@ -175,8 +177,11 @@ def measure(preset_name: str, backends: list[str], chunks: list[int], contexts: 
     top = contexts[-1] + kmax
     source.check_memory(top, top, kmax, contexts[-1])
     source.check_positions(top - 1)
+    body = {"schema": SCHEMA, "workload": source.describe(top), "seed": seed,
+            "chunks": chunks, "contexts": contexts, "reps": reps,
+            "reference": source.reference_name, "tolerance": source.tolerance,
+            "points": []}
     walk = source.reference_walk(top, top)
-    points: list[PrefillPoint] = []
     try:
         for d in contexts:
             arrays = walk.arrays_at(d, d + kmax, kmax)
@@ -184,12 +189,9 @@ def measure(preset_name: str, backends: list[str], chunks: list[int], contexts: 
                 for k in chunks:
                     pt = measure_point(source, name, k, d, arrays["tokens"],
                                        arrays["ref_logits"], reps)
-                    points.append(pt)
+                    body["points"].append(asdict(pt))
                     if progress is not None:
-                        progress(pt)
+                        progress(pt, body)
     finally:
         walk.close()
-    return {"schema": SCHEMA, "workload": source.describe(top), "seed": seed,
-            "chunks": chunks, "contexts": contexts, "reps": reps,
-            "reference": source.reference_name, "tolerance": source.tolerance,
-            "points": [asdict(p) for p in points]}
+    return body

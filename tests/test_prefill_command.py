@@ -29,6 +29,7 @@ def test_command_writes_the_table_and_the_file(tmp_path):
         assert p["dispatches"] == p["context"] // p["chunk"]
         assert p["how"] == ("dispatched" if p["backend"] == "wgpu:stateful" else "stepped")
         assert p["wall_ms"] > 0 and p["tokens_per_s"] > 0
+    assert data["complete"] is True
     assert "statebench prefill · tiny" in text and f"results: {out}" in text
     assert err.count("prefill: ") == len(pts)
 
@@ -64,3 +65,38 @@ def test_prefill_model_and_preset_together_are_one_line():
     says = one_line_error(statebench("prefill", "--model", MODELS / "genai-llama", "--preset",
                                      "tiny"))
     assert "--model and --preset" in says
+
+
+def test_a_terminated_prefill_keeps_its_points(tmp_path):
+    """SIGTERM (a device call's time limit) part way: the points measured so far are in the
+    file, each whole, marked incomplete; the exit status is 143 and no lock is left."""
+    pytest.importorskip("onnxruntime")
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.test_cli import ROOT
+
+    out = tmp_path / "prefill.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness.cli", "prefill", "--preset", "tiny", "--backends",
+         "ort-cpu:standard,ort-cpu:copy", "--chunks", "1,2,4", "--contexts",
+         ",".join(str(8 * i) for i in range(1, 33)), "--reps", "20", "--out", str(out)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if out.exists() and json.loads(out.read_text())["points"]:
+            break
+        time.sleep(0.1)
+    assert proc.poll() is None, "the run ended before it could be stopped"
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 143, stderr
+    data = json.loads(out.read_text())
+    assert data["schema"] == prefill.SCHEMA and data["complete"] is False
+    assert 1 <= len(data["points"]) < 32 * 2 * 3
+    assert all(p["status"] == "ok" and p["match"]["ok"] for p in data["points"])
+    kept = stderr.split("terminated; ")[1].split(" points kept")[0]
+    assert int(kept) >= len(data["points"])  # a point may end between its save and the stop
+    assert not (tmp_path / f".{out.name}.lock").exists()

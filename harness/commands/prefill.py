@@ -5,6 +5,7 @@ time to depth through the decode graph, K tokens a dispatch (``harness.prefill``
 from __future__ import annotations
 
 import argparse
+import signal
 from contextlib import nullcontext
 from datetime import UTC, datetime
 
@@ -93,26 +94,42 @@ class Prefill(Command):
         chunks = prefill.parse_chunks(args.chunks)
         contexts = parse_contexts(args.contexts)
         prefill.check_multiples(contexts, chunks)
+        from harness.runner import terminate_as_interrupt  # the runner: only when it runs
+
+        head = {"created": datetime.now(UTC).isoformat(timespec="seconds"),
+                "command": cls.command_line(), "environment": cls._environment()}
+        kept: list[dict] = []  # the body so far, saved after each point
+
+        def data_of(body: dict, complete: bool) -> dict:
+            body = dict(body)
+            return {"schema": body.pop("schema"), **head, **body, "complete": complete}
+
         with common_args.claimed_out(args.out, args.force) if args.out else nullcontext():
-            def progress(p: prefill.PrefillPoint) -> None:
+            def progress(p: prefill.PrefillPoint, body: dict) -> None:
                 what = (f"{p.wall_ms:.1f} ms" if p.wall_ms is not None else p.status)
                 err_console.print(f"prefill: {p.backend} K={p.chunk} at {p.context}: {what}",
                                   markup=False, highlight=False)
+                kept[:] = [body]
+                if args.out:
+                    _save(args.out, data_of(body, complete=False))
 
-            body = prefill.measure(args.preset, backends, chunks, contexts, args.reps,
-                                   args.seed, progress, args.model)
-            data = {"schema": body.pop("schema"),
-                    "created": datetime.now(UTC).isoformat(timespec="seconds"),
-                    "command": cls.command_line(), "environment": cls._environment(), **body}
+            with terminate_as_interrupt() as caught:
+                try:
+                    body = prefill.measure(args.preset, backends, chunks, contexts, args.reps,
+                                           args.seed, progress, args.model)
+                except KeyboardInterrupt:
+                    how = "terminated" if caught[0] == signal.SIGTERM else "interrupted"
+                    n = len(kept[0]["points"]) if kept else 0
+                    where = f" in {args.out}" if args.out and kept else ""
+                    err_console.print(f"statebench: {how}; {n} points kept{where}",
+                                      markup=False, highlight=False, soft_wrap=True)
+                    return 128 + int(caught[0])
+            data = data_of(body, complete=True)
             console.print(table(data))
             for line in notes(data):
                 console.print(Text(line, style="red" if line.startswith("✗") else "yellow"))
             if args.out:
-                try:
-                    results.write_json_atomic(args.out, data)
-                except OSError as exc:
-                    raise UserError(f"could not save {args.out}: {exc.strerror or exc}; the "
-                                    "table above is all that is kept of this run") from None
+                _save(args.out, data)
                 console.print(f"results: {args.out}", markup=False, highlight=False,
                               soft_wrap=True)
         return 1 if any(p["status"] == "failed" for p in data["points"]) else 0
@@ -122,3 +139,12 @@ class Prefill(Command):
         from harness.calibrate import environment
 
         return environment()
+
+
+def _save(out: str, data: dict) -> None:
+    """``data`` written to ``out`` whole or not at all; a failed write is one line."""
+    try:
+        results.write_json_atomic(out, data)
+    except OSError as exc:
+        raise UserError(f"could not save {out}: {exc.strerror or exc}; the progress lines are "
+                        "all that is kept of this run") from None
