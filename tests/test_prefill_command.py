@@ -9,6 +9,7 @@ import json
 import pytest
 
 from harness import prefill
+from tests.stop_run import stop_once_saved
 from tests.test_prefill import PAGE_OK, PAGE_WHY, cli
 
 
@@ -71,28 +72,12 @@ def test_a_terminated_prefill_keeps_its_points(tmp_path):
     """SIGTERM (a device call's time limit) part way: the points measured so far are in the
     file, each whole, marked incomplete; the exit status is 143 and no lock is left."""
     pytest.importorskip("onnxruntime")
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    from tests.test_cli import ROOT
-
     out = tmp_path / "prefill.json"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "harness.cli", "prefill", "--preset", "tiny", "--backends",
-         "ort-cpu:standard,ort-cpu:copy", "--chunks", "1,2,4", "--contexts",
-         ",".join(str(8 * i) for i in range(1, 33)), "--reps", "20", "--out", str(out)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None:
-        if out.exists() and json.loads(out.read_text())["points"]:
-            break
-        time.sleep(0.1)
-    assert proc.poll() is None, "the run ended before it could be stopped"
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 143, stderr
+    rc, stderr = stop_once_saved(
+        ["prefill", "--preset", "tiny", "--backends", "ort-cpu:standard,ort-cpu:copy",
+         "--chunks", "1,2,4", "--contexts", ",".join(str(8 * i) for i in range(1, 33)),
+         "--reps", "20", "--out", out], out, lambda f: bool(json.loads(f.read_text())["points"]))
+    assert rc == 143, stderr
     data = json.loads(out.read_text())
     assert data["schema"] == prefill.SCHEMA and data["complete"] is False
     assert 1 <= len(data["points"]) < 32 * 2 * 3

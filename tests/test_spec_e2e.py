@@ -17,6 +17,7 @@ import pytest
 from harness.speculative import e2e_render
 from harness.speculative.spec_results import load
 from tests.spec_workloads import WORKLOAD, config, needs_page, pages
+from tests.stop_run import stop_once_saved
 from tests.test_spec_loop import assert_wrong_rollback_fails, sweep, wrong_rollbacks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -149,24 +150,13 @@ def test_a_hybrid_graph_without_the_deferred_commit_refuses_to_roll_back():
 def test_a_terminated_run_keeps_the_points_its_worker_sent(tmp_path):
     """SIGTERM (a device call's time limit) while the worker is still at work: the points
     it sent are in the file, each whole, and the exit status is 143."""
-    import signal
-    import time
 
     out = tmp_path / "spec.json"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "harness.cli", "speculative", "--preset", "tiny", "--backends",
-         "wgpu:stateful", "--k", "2,4,8", "--accept", "full,zero", "--contexts", "8,16",
-         "--tokens", "10", "--warm-s", "0", "--out", str(out)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None:
-        if out.exists() and load(out).points:
-            break
-        time.sleep(0.2)
-    assert proc.poll() is None, "the run ended before it could be stopped"
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 143, stderr
+    rc, stderr = stop_once_saved(
+        ["speculative", "--preset", "tiny", "--backends", "wgpu:stateful", "--k", "2,4,8",
+         "--accept", "full,zero", "--contexts", "8,16", "--tokens", "10", "--warm-s", "0",
+         "--out", out], out, lambda f: bool(load(f).points))
+    assert rc == 143, stderr
     points = load(out).points
     assert 1 <= len(points) < 12
     assert all(p["status"] == "ok" for p in points), [p["reason"] for p in points]
