@@ -93,7 +93,7 @@ def test_float16_model_full_partial_zero(ctx, cache):
 
 @pytest.mark.parametrize("name,k", [("tiny", 1), ("tiny", 2), ("tiny", 4), ("small", 4),
                                     ("tiny+q4f16", 4)])
-def test_capture_and_replay_one_launch_each(ctx, runs, cache, name, k):
+def test_capture_and_replay_in_one_launch(ctx, runs, cache, name, k):
     if name == "tiny" and k in runs:
         run, w = runs[k], TINY
     else:
@@ -101,5 +101,7 @@ def test_capture_and_replay_one_launch_each(ctx, runs, cache, name, k):
         run = WgpuRun(ctx, *deferred(w, k, cache))
     names = run.launches()
     layers = len(w.config.gdn_layers)
-    assert names.count("gdn_capture") == layers and names.count("gdn_replay") == layers, names
+    # each layer's replay of the last verify is computed by its capture's launch
+    # (KernelOptions.gdn_replay "fused", the default)
+    assert names.count("gdn_capture") == layers and names.count("gdn_replay") == 0, names
     assert all(run.graph.in_place.values()), run.graph.in_place

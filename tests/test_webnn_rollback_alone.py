@@ -64,10 +64,24 @@ def close(got: np.ndarray, want: np.ndarray, tol: float = 2e-6) -> None:
     assert err <= tol, err
 
 
-def test_replay_launches_are_the_ways_replay(ctx):
+@pytest.fixture(scope="module")
+def lctx(ctx_with):
+    """The replay with a launch of its own (by default the capture computes it)."""
+    return ctx_with(gdn_replay="launch")
+
+
+def test_a_fused_replay_has_no_launch_to_time(ctx_with):
+    """By default the verify's capture computes the replay: nothing to time alone, said."""
+    s = Session(ctx_with(), SH, 2, "deferred")
+    with pytest.raises(NotImplementedError, match="gdn_replay='launch'"):
+        s.replay_launches()
+    s.graph.destroy()
+
+
+def test_replay_launches_are_the_ways_replay(lctx):
     """The mask and the replay kernel, in the graph's order, for the two device ways."""
     for way in WAYS:
-        s = Session(ctx, SH, 2, way)
+        s = Session(lctx, SH, 2, way)
         idx = s.replay_launches()
         names = [s.graph._plan.launches[i].kernel.name for i in idx]
         if way in ("deferred", "extension"):
@@ -83,11 +97,11 @@ def test_replay_launches_are_the_ways_replay(ctx):
 
 @pytest.mark.parametrize("way", ["deferred", "extension"])
 @pytest.mark.parametrize("m", [1, 2, 3])
-def test_replay_now_equals_float64(ctx, way, m):
+def test_replay_now_equals_float64(lctx, way, m):
     """From a non-zero pre-verify state, the replay alone of m of K = 4 leaves the state of
     float64 fed only those; the next dispatch then replays nothing, and the session goes on."""
     k, rng = 4, np.random.default_rng(300 + m)
-    s = Session(ctx, SH, k, way)
+    s = Session(lctx, SH, k, way)
     x0, x1, x2 = (draft(rng, SH, k) for _ in range(3))
     s.verify(x0)
     s.accept(k)
@@ -108,9 +122,11 @@ def tctx():
     from conftest import ENGINE
 
     from backends.webnn import ml
+    from backends.webnn.wgpu_impl.options import KernelOptions
 
     try:
-        c = ml.create_context(engine=ENGINE, timing=True)
+        c = ml.create_context(engine=ENGINE, timing=True,
+                              options=KernelOptions(gdn_replay="launch"))
     except Exception as e:  # noqa: BLE001 - any driver failure means "no adapter here"
         pytest.skip(f"no WebGPU adapter ({ENGINE}): {e}")
     yield c

@@ -2,7 +2,8 @@
 
 The kernels come from the compiler itself, not from a list: the graphs are every WebNN op on
 its own (each float op in float32 and float16, integer ops in int32) and the tiny decoder
-(attention and gated delta net; float32, float16 weights, float16 caches; stateful and not),
+(attention and gated delta net; float32, float16 weights, float16 caches; stateful and not;
+a K-token verify, and a hybrid's deferred-commit verify with its capture and replay),
 each compiled by ``compile_graph`` for CPU and GPU targets (with and without subgroups) under
 every value of every kernel-choosing ``KernelOptions`` knob. A kernel only one engine
 accepts fails here, with the compiler's message. Tint runs on Dawn's Null backend and naga on
@@ -44,6 +45,7 @@ OPTION_VALUES: dict[str, list[str | int | None]] = {
     "q4_norms": [None, "partials", "off"],
     "attention_writes": [None, "fold", "off"],
     "q4_rows": [None, "rows", "cols", "cols4", "cols_c32"],
+    "gdn_replay": [None, "fused", "launch"],
 }
 
 
@@ -207,6 +209,10 @@ def kernels():
             convert(path, ctx, use_stateful=True, kv_cache_pairs=pairs)
         # a K-token verify's graph (several-row 4-bit products, K-query attention)
         path = export(Workload.build(preset("tiny+q4f16")), "standard", 24, tokens=4)
+        convert(path, ctx, use_stateful=True, kv_cache_pairs=list_kv_pairs(path))
+        # the hybrid's deferred-commit verify (capture, and the last verify's replay)
+        path = export(Workload.build(preset("tiny")), "standard", 24, tokens=4,
+                      rollback="deferred")
         convert(path, ctx, use_stateful=True, kv_cache_pairs=list_kv_pairs(path))
         # ORT's linear-attention contrib ops and transformers' plain-ops recurrence (the
         # K-major gated delta kernel, q scaled in the sum form)

@@ -380,6 +380,10 @@ class Session:
         found = [i for i, la in enumerate(launches)
                  if getattr(getattr(la, "kernel", None), "name", "") == "gdn_replay"]
         if not found:
+            if self.way in ("deferred", "extension"):
+                raise NotImplementedError(
+                    "the replay is computed by the verify's capture launch (KernelOptions."
+                    "gdn_replay 'fused'); a context made with gdn_replay='launch' has it alone")
             return []
         want = {s for i in found for s in slots(launches[i]) if s[0] == "temp"}
         for j in range(found[0] - 1, -1, -1):  # the nearest earlier writer of each temp

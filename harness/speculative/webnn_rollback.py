@@ -9,6 +9,10 @@ is timed with its read back, its NumPy replay and its write (each part's median 
 carries the previous step's); ``device replay speedup`` = cpu_replay time / deferred time
 at the same K and m (whole steps, a ratio of medians).
 
+The replays alone are timed on a context with ``KernelOptions.gdn_replay`` "launch", where
+the replay keeps a launch of its own; by default the verify's capture computes it (one
+launch a layer fewer), so the step rows' deferred way has no replay launch to time.
+
 ``replay_only`` (issue 31 item 5's target: the device-side replay >= 10x faster than the CPU
 round trip at hybrid-1b's shapes, at 0 < m < K; ``replays_alone``) times the two replays
 directly, each alone, at the same K and m, on a context of its own made with
@@ -305,6 +309,7 @@ def replays_alone(ctx, sh, k: int, trials: int = 5, seed: int = 0,
 
 def main(argv: list[str] | None = None) -> int:
     from backends.webnn import ml
+    from backends.webnn.wgpu_impl.options import KernelOptions
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="hybrid-1b")
@@ -320,8 +325,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     ctx = ml.create_context(state_support=True)
     # the replays alone on a context of their own with GPU timestamps (where the adapter
-    # has them), so the step rows run on a context as before
-    tctx = ml.create_context(state_support=True, timing=True)
+    # has them), so the step rows run on a context as before; there the replay keeps a
+    # launch of its own (by default the verify's capture computes it: gdn_replay "fused")
+    tctx = ml.create_context(state_support=True, timing=True,
+                             options=KernelOptions(gdn_replay="launch"))
     sh = layer_of(a.preset, a.capacity)
     rows = [r for k in a.k for r in measure(ctx, sh, k, a.reps, alone_ctx=tctx,
                                             timestamps=not a.slope)]

@@ -26,6 +26,8 @@ other destination elements are kept: the destination is bound read-write).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from .common import WG, Kernel, decl, grid, main_1d
@@ -47,10 +49,43 @@ def _lit(x: float) -> str:
     return f"bitcast<f32>({int(np.float32(x).view(np.uint32))}u)"
 
 
+@dataclass(frozen=True)
+class ReplayPrologue:
+    """A replay fused into the capture after it (``capture``'s ``replay``): ``kept``
+    transitions of the (masked) capsule, ``S = decay S + outer(key, delta)`` as
+    ``replay`` computes it, from the source at element ``src_off`` into the destination
+    at 0; the capsule's decay, key and delta sections at ``decay_off``, ``key_off``,
+    ``delta_off`` (GatedDeltaNetStateReplay's metadata, known when the graph is built);
+    ``in_place``: the source is the destination."""
+
+    kept: int
+    src_off: int
+    decay_off: int
+    key_off: int
+    delta_off: int
+    in_place: bool
+
+
+def _initial(replay: ReplayPrologue | None, old: str, hv: int, hk: int, dk: int,
+             dv: int) -> str:
+    """WGSL: the statement setting ``sv[j]``, element ``i`` of the row the tokens start
+    from: read from ``old``, or replayed (the same ``fma`` as ``replay``'s) and written to
+    the replay's destination."""
+    if replay is None:
+        return f"{old}[row * {dk}u + i];"
+    r = replay
+    out = f"{old}[{r.src_off}u + row * {dk}u + i];\n"
+    for t in range(r.kept):
+        out += (f"      sv[j] = fma(rcap[{r.key_off + t * hk * dk}u + hq * {dk}u + i], "
+                f"rcap[{r.delta_off + t * hv * dv}u + h * {dv}u + vr], "
+                f"sv[j] * rcap[{r.decay_off + t * hv}u + h]);\n")
+    return out + f"      if (ok) {{ rdst[row * {dk}u + i] = sv[j]; }}"
+
+
 def capture(tokens: int, hk: int, hv: int, dk: int, dv: int, capacity: int, *,
             scale: float, l2_eps: float | None, in_place: bool = False,
             lanes: int = 32, wg: int = 256, split_control: bool = False,
-            guarded: bool = False) -> Kernel:
+            guarded: bool = False, replay: ReplayPrologue | None = None) -> Kernel:
     """The verify kernel for ``tokens`` tokens (T >= 1), ``hv`` value heads sharing ``hk``
     key/query heads (value head h reads key head h * Hk // Hv), capsule ``capacity`` C
     (0: no capsule, no control buffer). ``l2_eps``: q and k normalised as
@@ -63,6 +98,15 @@ def capture(tokens: int, hk: int, hv: int, dk: int, dv: int, capacity: int, *,
     and the active flag are two one-word bindings (graph inputs of their own, as the
     compiler binds them); ``guarded``: the capacity status word last, nothing written when
     it is set (an in-place state behind a stateful graph's capacity check).
+
+    ``replay``: the state the tokens start from is not read but made, by the replay the
+    graph spells just before this pass (``ReplayPrologue``): each invocation replays its
+    own elements of the row from the replay's source over the previous capsule, writes
+    them to the replay's destination (the committed state) and keeps them in registers
+    for its tokens. So the state is read once for both, in one launch. The old-state
+    binding is then the replay's source (absent where it is the destination: a state
+    replayed where it lies), the masked capsule follows it, and the destination is bound
+    after the capsule (before the status word).
     """
     if tokens < 1 or hv % hk or not 0 <= capacity <= MAX_CAPACITY:
         raise ValueError(f"capture: {tokens} tokens, {hk} key heads, {hv} value heads, "
@@ -75,7 +119,10 @@ def capture(tokens: int, hk: int, hv: int, dk: int, dv: int, capacity: int, *,
     n_groups = -(-rows // rpw)
     gx = min(n_groups, 65535)
     gy = -(-n_groups // gx)
-    names = ["q", "k", "v", "g", "beta"] + ([] if in_place else ["p"])
+    if replay is not None and in_place:
+        raise ValueError("capture: a replay prologue with the state written in place")
+    names = ["q", "k", "v", "g", "beta"] + ([] if in_place or (replay and replay.in_place)
+                                            else ["p"]) + (["rcap"] if replay else [])
     src = "".join(decl(i, n, "f32", "read") for i, n in enumerate(names))
     bindings = ["read"] * len(names)
     if capacity:
@@ -83,13 +130,15 @@ def capture(tokens: int, hk: int, hv: int, dk: int, dv: int, capacity: int, *,
             src += decl(len(bindings), name, "i32", "read")
             bindings.append("read")
     outs = ["st", "y"] + (["cap"] if capacity else [])
+    if replay is not None:
+        outs.append("rdst")
     src += "".join(decl(len(bindings) + i, n, "f32", "rw") for i, n in enumerate(outs))
     bindings += ["rw"] * len(outs)
     if guarded:
         src += decl(len(bindings), "status", "u32", "read")
         bindings.append("read")
     src += f"var<workgroup> sh: array<vec3<f32>, {wg}>;\n"
-    old = "st" if in_place else "p"
+    old = "st" if in_place else "rdst" if replay and replay.in_place else "p"
     key0, delta0 = capacity * hv, capacity * (hv + hk * dk)
     full = per_lane * lanes == dk
     test = "" if full else f"if (i < {dk}u) "
@@ -154,7 +203,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   for (var j = 0u; j < {per_lane}u; j = j + 1u) {{
     let i = t_lane + j * {lanes}u;
     sv[j] = 0.0;
-    {test}{{ sv[j] = {old}[row * {dk}u + i]; }}
+    {test}{{ sv[j] = {_initial(replay, old, hv, hk, dk, dv)} }}
   }}
   for (var t = 0u; t < {tokens}u; t = t + 1u) {{
     let kw = (t * {hk}u + hq) * {dk}u;
@@ -194,6 +243,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     n_in = 2 * tokens * hk * dk + tokens * hv * dv + 2 * tokens * hv
     traffic = 4 * (2 * rows * dk + n_in + tokens * rows + capsule_floats(hv, hk, dk, dv, capacity)
                    + (2 if capacity else 0) + guarded)
+    if replay is not None:  # the masked capsule read, the committed state written
+        traffic += 4 * (capsule_floats(hv, hk, dk, dv, replay.kept) + rows * dk)
     return Kernel("gdn_capture", src, bindings, (gx, gy, 1), traffic)
 
 

@@ -37,7 +37,7 @@ from ..ir import Node
 from ..kernels import gdn_capsule as GC
 from ..stateful import root
 from . import fusion
-from .launches import CopyLaunch, KernelLaunch
+from .launches import CopyLaunch, KernelLaunch, Slot
 from .lowerings import Site, claims
 from .match_gdn import _l2_norm
 
@@ -61,17 +61,22 @@ class Capture:
     scale: float
     l2_eps: float | None
     ops: list[Node] = field(default_factory=list)  # every op the kernel computes
+    #: the replay that makes ``state_in``, computed by this launch (``fuse_replays``)
+    replay: Replay | None = None
 
     @property
     def leaves(self) -> list[Node]:
-        """What the kernel reads, in binding order (the old state after beta)."""
+        """What the kernel reads, in binding order (the old state after beta; with a
+        replay, its source and capsule instead)."""
         ctl = [x for x in (self.count, self.active) if x is not None]
-        return [self.q, self.k, self.v, self.g, self.beta, self.state_in, *ctl]
+        old = [self.state_in] if self.replay is None else [self.replay.src, self.replay.capsule]
+        return [self.q, self.k, self.v, self.g, self.beta, *old, *ctl]
 
     @property
     def written(self) -> list[Node]:
-        """Written besides ``out``."""
-        return [self.state_out] + ([self.capsule] if self.capsule is not None else [])
+        """Written besides ``out`` (with a replay, its result last)."""
+        return ([self.state_out] + ([self.capsule] if self.capsule is not None else [])
+                + ([self.replay.out] if self.replay is not None else []))
 
 
 @dataclass
@@ -483,9 +488,11 @@ def _replay_out(w: _Walk, last: Node, src: Node, capsule: Node, src_off: int, of
     return m
 
 
-def match_capsules(nodes: list[Node], pinned: set[int], max_storage: int
-                   ) -> dict[int, Capture | Replay]:
-    """{anchor id: match} for every converted capture and replay in ``nodes``."""
+def match_capsules(nodes: list[Node], pinned: set[int], max_storage: int,
+                   fuse: bool = True) -> dict[int, Capture | Replay]:
+    """{anchor id: match} for every converted capture and replay in ``nodes``; ``fuse``:
+    a replay that only makes a capture's old state is computed by the capture
+    (``fuse_replays``)."""
     found: dict[int, Capture | Replay] = {}
     taken: set[int] = set()
     w = _Walk(nodes)
@@ -495,11 +502,41 @@ def match_capsules(nodes: list[Node], pinned: set[int], max_storage: int
         m = _capture(o, w, pinned) or _replay(o, w, pinned)
         if m is None or {x.id for x in m.ops} & taken:
             continue
-        if len(m.leaves) + len(m.written) + 3 > max_storage:  # + out, control, status
+        if _bindings(m) > max_storage:
             continue
         found[m.out.id] = m
         taken |= {x.id for x in m.ops}
+    if fuse:
+        fuse_replays(found, w, max_storage)
     return found
+
+
+def _bindings(m: Capture | Replay) -> int:
+    """Storage buffers the match's launch binds, at most: + out, control, status."""
+    return len(m.leaves) + len(m.written) + 3
+
+
+def fuse_replays(found: dict[int, Capture | Replay], w: _Walk, max_storage: int) -> None:
+    """Each capture whose old state is a replay's whole result, read by nothing but the
+    capture, takes that replay as its prologue (``Capture.replay``; the replay then has no
+    launch of its own): the deferred commit's replay of the last verify and the next
+    verify in one launch, the state read once (``kernels/gdn_capsule.capture``)."""
+    for c in [m for m in found.values() if isinstance(m, Capture)]:
+        r = found.get(root(c.state_in).id)
+        if not isinstance(r, Replay) or r.dst is not None or r.meta[1] != 0:
+            continue
+        t, hk, hv, dk, dv, _ = c.dims
+        if tuple(r.meta[5:9]) != (hv, dv, dk, hk):
+            continue
+        inside = {x.id for x in c.ops} | {c.state_in.id}
+        if any(x.id not in inside for x in w.readers(r.out)):
+            continue
+        c.replay = r
+        if _bindings(c) > max_storage:
+            c.replay = None
+            continue
+        c.ops = c.ops + r.ops
+        del found[r.out.id]
 
 
 @claims(5, lambda plan, o: o.id in plan.capsule)
@@ -514,9 +551,22 @@ def _lower_capsule(n: Site) -> None:
     old, new = n.slot_of(m.state_in), n.slot_of(m.state_out)
     in_place = old == new
     guarded = n.has_check and any(x.id in plan.in_place for x in m.written)
+    pro, ins = None, [n.slot_of(x) for x in (m.q, m.k, m.v, m.g, m.beta)]
+    r = m.replay
+    if r is not None:
+        src, rcap = n.slot_of(r.src), n.slot_of(r.capsule)
+        outs = {new, n.out, old} | ({n.slot_of(m.capsule)} if cap else set())
+        if in_place or len(outs) < 3 + bool(cap) or ({rcap, *ins} & outs) or (
+                src in outs and src != old):
+            _lower_replay(n, r, old)  # buffers the one launch could not bind apart
+        else:
+            d0, k0, l0 = r.meta[2:5]
+            pro = GC.ReplayPrologue(r.meta[10], r.meta[0], d0, k0, l0, src == old)
+            ins += ([] if pro.in_place else [src]) + [rcap]
+    if pro is None:
+        ins += [] if in_place else [old]
     k = GC.capture(t, hk, hv, dk, dv, cap, scale=m.scale, l2_eps=m.l2_eps, in_place=in_place,
-                   split_control=True, guarded=guarded)
-    ins = [n.slot_of(x) for x in m.leaves[:6 - in_place]]
+                   split_control=True, guarded=guarded, replay=pro)
     if cap:
         act = ("const", ("gdn_active", m.out.id))
         if m.active is None:
@@ -526,20 +576,22 @@ def _lower_capsule(n: Site) -> None:
             plan.consts.setdefault(cnt, np.full(1, cap, np.int32))
         ins += [n.slot_of(m.count) if m.count is not None else cnt,
                 n.slot_of(m.active) if m.active is not None else act]
-    outs = [new, n.out] + ([n.slot_of(m.capsule)] if cap else [])
+    outs = [new, n.out] + ([n.slot_of(m.capsule)] if cap else []) + ([old] if pro else [])
     n.add(KernelLaunch(k, ins + outs + n.status(guarded)))
 
 
-def _lower_replay(n: Site, m: Replay) -> None:
+def _lower_replay(n: Site, m: Replay, out: Slot | None = None) -> None:
+    """The replay's launch, writing ``out`` (default the site's own output)."""
     plan = n.plan
+    out = n.out if out is None else out
     hv, dv, dk, hk, cap = m.meta[5:10]
     meta = ("const", ("gdn_replay_meta", m.out.id))
     plan.consts.setdefault(meta, np.array(m.meta, np.uint32))
     guarded = n.has_check and m.out.id in plan.in_place
-    if m.dst is not None and n.slot_of(m.dst) != n.out:
-        n.add(CopyLaunch(n.slot_of(m.dst), n.out, 4 * S.size(m.dst.shape)))
-    in_place = n.slot_of(m.src) == n.out  # a state replayed where it lies
+    if m.dst is not None and n.slot_of(m.dst) != out:
+        n.add(CopyLaunch(n.slot_of(m.dst), out, 4 * S.size(m.dst.shape)))
+    in_place = n.slot_of(m.src) == out  # a state replayed where it lies
     assert not in_place or m.meta[0] == m.meta[1], "in place at another offset"
     k = GC.replay(hv, hk, dk, dv, cap, guarded=guarded, in_place=in_place)
-    n.add(KernelLaunch(k, [n.slot_of(m.src)] * (not in_place) + [n.slot_of(m.capsule), meta, n.out]
+    n.add(KernelLaunch(k, [n.slot_of(m.src)] * (not in_place) + [n.slot_of(m.capsule), meta, out]
                        + n.status(guarded)))

@@ -72,6 +72,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "q4_epilogue": ("off", "gated"),
     "q4_norms": ("partials", "off"),
     "attention_writes": ("fold", "off"),
+    "gdn_replay": ("fused", "launch"),
     "row_vector": ("unrolled", "loop"),
     "row_writes": ("separate",),
     "record_ahead": ("on", "pieces", "off"),
@@ -164,6 +165,12 @@ class KernelOptions:
     #: (one launch on any adapter; LANES invocations per state row, default 32; "_sh": sums
     #: through workgroup memory, not subgroupAdd; "_norms": q's and k's L2 norms launched apart)
     gdn: str | None = None
+    #: a rollback's replay the graph spells just before a verify pass with capture, from
+    #: the state that pass reads (``match_gdn_capsule.fuse_replays``): None/"fused" (computed
+    #: by the capture's launch: one launch and one pass over the state fewer a GDN layer),
+    #: "launch" (its own ``gdn_replay`` launch, as measured alone by
+    #: ``harness.speculative.webnn_rollback``)
+    gdn_replay: str | None = None
     #: how flash-decoding loads a float16 cache: None/"wide" (16-byte ``vec4<u32>`` loads of 8
     #: halves where the head dimension is a multiple of 8; else as "vec4"), "vec4" (``vec4<f16>``
     #: loads of 4 halves, or ``f16`` when d % 4 != 0)

@@ -82,7 +82,8 @@ def gdn_capsules(plan: Plan, st: PassState) -> None:
     """ORT's capture and replay as ``convert_gdn`` builds them: one launch each; what the
     kernels read and write is pinned (never computed only inside a fused chain)."""
     if plan.options.gdn != "generic":
-        plan.capsule = match_capsules(st.nodes, st.pinned, plan.target.max_storage)
+        plan.capsule = match_capsules(st.nodes, st.pinned, plan.target.max_storage,
+                                      fuse=plan.options.gdn_replay != "launch")
     for m in plan.capsule.values():
         st.pinned |= {x.id for x in (*m.leaves, m.out, *m.written) if x.kind == "op"}
         st.absorbed |= {x.id for x in m.ops if x is not m.out}
