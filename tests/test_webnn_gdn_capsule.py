@@ -140,16 +140,35 @@ def launch(device, kernel, arrays: list[np.ndarray]) -> list[np.ndarray]:
     return out
 
 
+def packed(x: dict) -> tuple[np.ndarray, GC.TokenViews]:
+    """q, k and v of each token in one row, in another order and between poisoned
+    elements (as slices of a projection's output along its last axis), and where each lies."""
+    t, hk, dk = x["query"].shape
+    hv, dv = x["value"].shape[1:]
+    qn, vn = hk * dk, hv * dv
+    width = 3 + qn + vn + qn + 5
+    row = np.full((t, width), np.nan, np.float32)
+    row[:, 3:3 + qn] = x["query"].reshape(t, -1)
+    row[:, 3 + qn:3 + qn + vn] = x["value"].reshape(t, -1)
+    row[:, 3 + qn + vn:3 + 2 * qn + vn] = x["key"].reshape(t, -1)
+    return row, GC.TokenViews(q=(width, 3), k=(width, 3 + qn + vn), v=(width, 3 + qn))
+
+
 def wgsl_capture(device, x: dict, capacity: int, count: int, active: int = 1,
-                 l2_eps: float = 1e-12) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                 l2_eps: float = 1e-12, views: bool = False
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(output, final state, capsule) of one request through the capture kernel, its
-    inputs as the converter hands them (float32)."""
+    inputs as the converter hands them (float32); ``views``: q, k and v read from one
+    packed buffer (``packed``)."""
     f = lambda n: x[n].astype(np.float32)  # noqa: E731
     t, hk, dk = x["query"].shape
     hv, dv = x["value"].shape[1:]
-    k = GC.capture(t, hk, hv, dk, dv, capacity, scale=1.0 / np.sqrt(dk), l2_eps=l2_eps)
+    row, tv = packed(x) if views else (None, None)
+    k = GC.capture(t, hk, hv, dk, dv, capacity, scale=1.0 / np.sqrt(dk), l2_eps=l2_eps,
+                   views=tv)
     state = x["initial_state"][0]
-    arrays = [f("query"), f("key"), f("value"), f("decay"), f("beta"), state]
+    qkv = [row] * 3 if views else [f("query"), f("key"), f("value")]
+    arrays = [*qkv, f("decay"), f("beta"), state]
     if capacity:
         arrays.append(np.array([count, active], np.int32))
     # the outputs start as NaN: every element must be written
@@ -207,6 +226,18 @@ def test_ragged_capacity_7_zero_partial_full(device):
         got = wgsl_capture(device, one, cap, count)
         check_request(got, (y[cu[b]:cu[b + 1]], s[b], c[b]), min(count, cap, t),
                       (hk, hv, dk, dv, cap), 2e-5)
+
+
+@pytest.mark.parametrize("count", [2, 4])
+def test_q_k_v_read_where_they_lie(device, count):
+    """q, k and v as three slices of one row a token (``TokenViews``), around and between
+    NaNs: the same output, state and capsule as ORT's GatedDeltaNet on the three tensors."""
+    hk, hv, dk, dv, cap = 2, 6, 16, 8, 4
+    x = inputs(4, hk, hv, dk, dv)
+    x["capture_count"] = np.array([count], np.int32)
+    y, s, c = ort_run(gdn_model(4, hk, hv, dk, dv, cap), x)
+    got = wgsl_capture(device, x, cap, count, views=True)
+    check_request(got, (y, s[0], c[0]), count, (hk, hv, dk, dv, cap), 2e-5)
 
 
 @pytest.mark.parametrize("count", [0, 2])

@@ -82,10 +82,32 @@ def _initial(replay: ReplayPrologue | None, old: str, hv: int, hk: int, dk: int,
     return out + f"      if (ok) {{ rdst[row * {dk}u + i] = sv[j]; }}"
 
 
+@dataclass(frozen=True)
+class TokenViews:
+    """Where token t's q, k and v rows start in the buffers ``capture`` binds: element
+    ``t * stride + offset`` of each, one (stride, offset) pair per tensor (a slice of a
+    [T, W] tensor along W: stride W, offset the slice's start)."""
+
+    q: tuple[int, int]
+    k: tuple[int, int]
+    v: tuple[int, int]
+
+
+def _token_at(views: TokenViews | None, which: int, row: int, head: str, width: int) -> str:
+    """WGSL: the first element of head ``head``'s ``width`` values of token ``t`` in q (0),
+    k (1) or v (2), whose token rows are ``row`` elements apart unless ``views`` says
+    otherwise."""
+    if views is None:
+        return f"(t * {row // width}u + {head}) * {width}u"
+    stride, off = (views.q, views.k, views.v)[which]
+    return f"t * {stride}u + {off}u + {head} * {width}u"
+
+
 def capture(tokens: int, hk: int, hv: int, dk: int, dv: int, capacity: int, *,
             scale: float, l2_eps: float | None, in_place: bool = False,
             lanes: int = 32, wg: int = 256, split_control: bool = False,
-            guarded: bool = False, replay: ReplayPrologue | None = None) -> Kernel:
+            guarded: bool = False, replay: ReplayPrologue | None = None,
+            views: TokenViews | None = None) -> Kernel:
     """The verify kernel for ``tokens`` tokens (T >= 1), ``hv`` value heads sharing ``hk``
     key/query heads (value head h reads key head h * Hk // Hv), capsule ``capacity`` C
     (0: no capsule, no control buffer). ``l2_eps``: q and k normalised as
@@ -107,6 +129,10 @@ def capture(tokens: int, hk: int, hv: int, dk: int, dv: int, capacity: int, *,
     binding is then the replay's source (absent where it is the destination: a state
     replayed where it lies), the masked capsule follows it, and the destination is bound
     after the capsule (before the status word).
+
+    ``views``: q, k and v read where they lie in wider rows (``TokenViews``: a token's
+    elements at a stride and offset, as slices of one [T, W] tensor along W), so the
+    slices need no launch of their own.
     """
     if tokens < 1 or hv % hk or not 0 <= capacity <= MAX_CAPACITY:
         raise ValueError(f"capture: {tokens} tokens, {hk} key heads, {hv} value heads, "
@@ -206,27 +232,28 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     {test}{{ sv[j] = {_initial(replay, old, hv, hk, dk, dv)} }}
   }}
   for (var t = 0u; t < {tokens}u; t = t + 1u) {{
-    let kw = (t * {hk}u + hq) * {dk}u;
+    let kw = {_token_at(views, 1, hk * dk, "hq", dk)};
+    let qw = {_token_at(views, 0, hk * dk, "hq", dk)};
     var acc = vec3<f32>(0.0);
     for (var j = 0u; j < {per_lane}u; j = j + 1u) {{
       let i = t_lane + j * {lanes}u;
       {test}{{
         let kv = k[kw + i];
-        let qv = q[kw + i];
+        let qv = q[qw + i];
         acc = acc + vec3<f32>(sv[j] * kv, kv * kv, qv * qv);
       }}
     }}
 {total("acc", "ks")}    let ikv = {ik};
     let iqv = {iq};
     let a = exp(g[t * {hv}u + h]);
-    let dl = beta[t * {hv}u + h] * (v[(t * {hv}u + h) * {dv}u + vr] - a * ks.x * ikv);
+    let dl = beta[t * {hv}u + h] * (v[{_token_at(views, 2, hv * dv, "h", dv)} + vr] - a * ks.x * ikv);
     let dk_ = dl * ikv;
     var acc2 = vec3<f32>(0.0);
     for (var j = 0u; j < {per_lane}u; j = j + 1u) {{
       let i = t_lane + j * {lanes}u;
       {test}{{
         sv[j] = a * sv[j] + dk_ * k[kw + i];
-        acc2.x = acc2.x + sv[j] * q[kw + i];
+        acc2.x = acc2.x + sv[j] * q[qw + i];
       }}
     }}
 {total("acc2", "os")}    if (ok && t_lane == 0u) {{

@@ -63,6 +63,8 @@ class Capture:
     ops: list[Node] = field(default_factory=list)  # every op the kernel computes
     #: the replay that makes ``state_in``, computed by this launch (``fuse_replays``)
     replay: Replay | None = None
+    #: q, k, v read where they lie (``_token_views``): None, or the kernel's ``TokenViews``
+    views: GC.TokenViews | None = None
 
     @property
     def leaves(self) -> list[Node]:
@@ -369,7 +371,9 @@ def _finish(a: Node, w: _Walk, pinned: set[int], p: Node, g: Node, state: Node,
         eps, k, q = kn.eps, kn.x, qn.x
         w.take(*kn.ops, *qn.ops)
     m = Capture(out, state, capsule, p, q, k, bases["v"], g, bases["beta"], count, active,
-                (t, hk, hv, dk, dv, cap), scale, eps, list(w.ops.values()))
+                (t, hk, hv, dk, dv, cap), scale, eps)
+    _token_views(m, w, pinned)
+    m.ops = list(w.ops.values())
     outs = {x.id for x in (out, state, capsule) if x is not None}
     leaves = {x.id for x in m.leaves}
     if leaves & set(w.ops) or not _f32(m.q, m.k, m.v, m.beta):
@@ -378,6 +382,34 @@ def _finish(a: Node, w: _Walk, pinned: set[int], p: Node, g: Node, state: Node,
         if x.id not in outs and (x.id in pinned or any(c.id not in w.ops for c in w.readers(x))):
             return None
     return m
+
+
+def _slice_view(x: Node, tokens: int, w: _Walk, pinned: set[int]) -> tuple[int, int] | None:
+    """(token stride, offset) where ``x`` is a slice of a [.., T, W] tensor along W alone
+    (stride 1) that only this match reads: the kernel can read it where it lies."""
+    s = root(x)
+    if not _op(s, "slice") or s.id in pinned or len(s.shape) < 2:
+        return None
+    src = s.inputs[0].shape
+    lead = len(src) - 1
+    if (tuple(s.shape[:lead]) != tuple(src[:lead]) or S.size(src[:lead]) != tokens
+            or any(v != 1 for v in s.attrs["strides"]) or any(s.attrs["starts"][:lead])
+            or any(c.id not in w.ops for c in w.readers(s))):
+        return None
+    return int(src[-1]), int(s.attrs["starts"][-1])
+
+
+def _token_views(m: Capture, w: _Walk, pinned: set[int]) -> None:
+    """q, k and v read where they lie when each is such a slice (``_slice_view``): the
+    three slices of one projection's output a hybrid's verify makes need no launches."""
+    t = m.dims[0]
+    got = [_slice_view(x, t, w, pinned) for x in (m.q, m.k, m.v)]
+    if None in got or not _f32(*(root(x).inputs[0] for x in (m.q, m.k, m.v))):
+        return
+    slices = [root(x) for x in (m.q, m.k, m.v)]
+    m.q, m.k, m.v = (root(x.inputs[0]) for x in slices)
+    m.views = GC.TokenViews(*got)
+    w.take(*slices)
 
 
 def _replay(o: Node, w: _Walk, pinned: set[int]) -> Replay | None:
@@ -566,7 +598,7 @@ def _lower_capsule(n: Site) -> None:
     if pro is None:
         ins += [] if in_place else [old]
     k = GC.capture(t, hk, hv, dk, dv, cap, scale=m.scale, l2_eps=m.l2_eps, in_place=in_place,
-                   split_control=True, guarded=guarded, replay=pro)
+                   split_control=True, guarded=guarded, replay=pro, views=m.views)
     if cap:
         act = ("const", ("gdn_active", m.out.id))
         if m.active is None:
