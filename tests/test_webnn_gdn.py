@@ -369,13 +369,14 @@ def test_decode_steps_match_reference(ctx, preset_name, mode):
         b.close()
 
 
-def test_launches_per_gdn_layer_drop_by_six():
+def test_launches_per_gdn_layer_drop_by_eight():
     """The pattern fires on the exported model, planned as on a GPU (GPU matrix-vector
     kernels forced: each norm one launch): q's and k's L2 norms, the decay, retrieval,
     delta with the rank-1 update and the new state (a state writer computes the chain it
     reads inside, fusion.plan), output matvec and scale (7 launches per GDN layer on the
-    stateful page) become one, so a silent fallback fails here; with "fused_norms" the
-    two norms keep theirs."""
+    stateful page) become one, and q and k are read where they lie in the convolution's
+    output (their two slices need no launch), so a silent fallback fails here; with
+    "fused_norms" the two norms keep theirs, and so do the slices they read."""
     from backends.pages import StatefulInPlace
     from model.workload import Workload, preset
 
@@ -387,8 +388,11 @@ def test_launches_per_gdn_layer_drop_by_six():
         b.close()
     layers = len(wl.config.gdn_layers)
     assert counts["fused"].count("gated_delta") == layers
-    assert len(counts["generic"]) - len(counts["fused"]) == 6 * layers, counts
-    assert len(counts["fused_norms"]) - len(counts["fused"]) == 2 * layers, counts
+    assert len(counts["generic"]) - len(counts["fused"]) == 8 * layers, counts
+    assert len(counts["fused_norms"]) - len(counts["fused"]) == 4 * layers, counts
+    # the one slice left a layer is the convolution window's new state
+    assert counts["fused"].count("slice") == layers
+    assert counts["fused_norms"].count("slice") == 3 * layers
 
 
 def test_capacity_overflow_leaves_the_state():

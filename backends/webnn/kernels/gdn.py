@@ -46,7 +46,8 @@ def gated_delta(batch: Sequence[int], dv: int, dk: int, *, k_strides: Sequence[i
                 in_place: bool, guarded: bool = False, lanes: int = 32, wg: int = 256,
                 subgroup: int | None = None, k_eps: float | None = None,
                 q_eps: float | None = None, k_major: bool = False,
-                q_scale: float = 1.0, state: str = "f32") -> Kernel:
+                q_scale: float = 1.0, state: str = "f32", k_offset: int = 0,
+                q_offset: int = 0) -> Kernel:
     """The kernel for a state of ``batch`` heads × (dv, dk), rows of dk contiguous values;
     ``k_major``: each head's state stored (dk, dv) instead (ORT LinearAttention's layout):
     a row's values dv apart, read as scalars.
@@ -65,7 +66,11 @@ def gated_delta(batch: Sequence[int], dv: int, dk: int, *, k_strides: Sequence[i
     ``state``: the state buffers' element type: "f16" (a float16 model's recurrent state,
     as onnxruntime-genai's q4f16 Qwen3.5 export carries it) is read widened to f32 and the
     new state rounded to f16 when written; the arithmetic is f32 either way.
+    ``k_offset``/``q_offset``: where k's and q's elements start in their buffers (a slice
+    of a wider row read where it lies; multiples of 4).
     """
+    if k_offset % 4 or q_offset % 4:
+        raise ValueError(f"gated_delta: k and q offsets {k_offset}, {q_offset}: multiples of 4")
     if state not in ("f32", "f16"):
         raise ValueError(f"state = {state!r}; accepted: f32, f16")
     heads = S.size(batch)
@@ -106,8 +111,8 @@ def gated_delta(batch: Sequence[int], dv: int, dk: int, *, k_strides: Sequence[i
         src += decl(len(bindings), "status", "u32", "read")
         bindings.append("read")
     src += fns
-    src += offset_fn("kb", batch or (1,), tuple(k_strides) or (0,))
-    src += offset_fn("qb", batch or (1,), tuple(q_strides) or (0,))
+    src += offset_fn("kb", batch or (1,), tuple(k_strides) or (0,), k_offset)
+    src += offset_fn("qb", batch or (1,), tuple(q_strides) or (0,), q_offset)
     src += offset_fn("gb", batch or (1,), tuple(decay_strides) or (0,))
     norms = k_eps is not None or q_eps is not None
     # the first sums: the retrieval's dot and, when folded, |k|² and |q|² (one reduction)

@@ -85,6 +85,10 @@ class GatedDelta:
     q_scale: float = 1.0  # q's constant factor, applied to the output
     state: str = "f32"  # the state buffers' element type (f16: widened and narrowed here)
     q_scaled: Node | None = None  # the op scaling q by q_scale (computed here)
+    #: k's and q's storage read where it lies in a wider row (``_row_views``): (the
+    #: row's tensor, the element offset, the slice op) or None
+    k_view: tuple[Node, int, Node] | None = None
+    q_view: tuple[Node, int, Node] | None = None
 
     @property
     def norms(self) -> list[L2Norm]:
@@ -92,10 +96,14 @@ class GatedDelta:
 
     @property
     def k_storage(self) -> Node:
+        if self.k_view is not None:
+            return self.k_view[0]
         return self.k_norm.x if self.k_norm is not None else self.k
 
     @property
     def q_storage(self) -> Node:
+        if self.q_view is not None:
+            return self.q_view[0]
         return self.q_norm.x if self.q_norm is not None else self.q
 
     @property
@@ -108,6 +116,9 @@ class GatedDelta:
             seen.update((x.id, x) for x in c.ops)
         for nrm in self.norms:
             seen.update((x.id, x) for x in nrm.ops)
+        for v in (self.k_view, self.q_view):
+            if v is not None:
+                seen[v[2].id] = v[2]
         return list(seen.values())
 
     @property
@@ -144,7 +155,9 @@ class GatedDelta:
             out_chain=(self.out_chain.fused_ops(param=self.output)
                        if self.out_chain is not None else None),
             in_place=in_place, guarded=guarded, lanes=lanes, wg=max(256, lanes),
-            subgroup=subgroup, k_major=self.k_major, q_scale=self.q_scale, state=self.state)
+            subgroup=subgroup, k_major=self.k_major, q_scale=self.q_scale, state=self.state,
+            k_offset=self.k_view[1] if self.k_view is not None else 0,
+            q_offset=self.q_view[1] if self.q_view is not None else 0)
 
 
 def match_gated_delta(nodes: list[Node], inlined: set[int],
@@ -295,11 +308,42 @@ def _assemble(o: Node, n: Node, s_view: Node, u_view: Node,
         m.k_norm = _l2_norm(k, consumers, inlined, pinned, {(extra or [r])[0].id, u.id})
         m.q_norm = (_l2_norm(q, consumers, inlined, pinned, {(scaled or [reader])[0].id})
                     if q is not k else None)
+    _row_views(m, consumers, inlined, pinned)
     # the chains read no value the kernel computes or rewrites (beyond their params)
     inside = {x.id for x in m.ops} | {p.id}
     if any(x.id in inside for x in m._chain_leaves() + [m.k_storage, m.q_storage]):
         return None
     return m
+
+
+def _row_view(x: Node, ops: set[int], consumers: dict[int, list[Node]], inlined: set[int],
+              pinned: set[int]) -> tuple[Node, int, Node] | None:
+    """(the row, the offset, the slice) where ``x`` is one token's slice of a wider row
+    along its last axis alone (stride 1, an offset of whole 4-element words), read only
+    by the kernel's own ops, the row itself in memory: the kernel reads it there."""
+    s = root(x)
+    if not _op(s, "slice") or s.id in pinned or s.id in inlined:
+        return None
+    src = root(s.inputs[0])
+    shape, lead = tuple(s.inputs[0].shape), len(s.shape) - 1
+    start = int(s.attrs["starts"][-1])
+    if (S.size(shape[:lead]) != 1 or tuple(s.shape[:lead]) != shape[:lead] or start % 4
+            or any(v != 1 for v in s.attrs["strides"]) or src.id in inlined
+            or src.dtype.wgsl != "f32"
+            or any(c.id not in ops for c in consumers.get(s.id, []))):
+        return None
+    return src, start, s
+
+
+def _row_views(m: GatedDelta, consumers: dict[int, list[Node]], inlined: set[int],
+               pinned: set[int]) -> None:
+    """k and q read where they lie when each is such a slice (``_row_view``): a hybrid
+    step's q and k, sliced from the convolution's output, need no launches of their own."""
+    k_st, q_st = m.k_storage, m.q_storage
+    ops = {x.id for x in m.ops}
+    k = _row_view(k_st, ops, consumers, inlined, pinned)
+    q = k if q_st is k_st else _row_view(q_st, ops, consumers, inlined, pinned)
+    m.k_view, m.q_view = k, q
 
 
 def _retrieval(s: Node, n: Node, x: Node | None, consumers: dict[int, list[Node]],
