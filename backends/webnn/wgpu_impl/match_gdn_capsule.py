@@ -589,8 +589,10 @@ def _lower_capsule(n: Site) -> None:
         src, rcap = n.slot_of(r.src), n.slot_of(r.capsule)
         outs = {new, n.out, old} | ({n.slot_of(m.capsule)} if cap else set())
         if in_place or len(outs) < 3 + bool(cap) or ({rcap, *ins} & outs) or (
-                src in outs and src != old):
-            _lower_replay(n, r, old)  # buffers the one launch could not bind apart
+                src in outs and (src != old or r.meta[0] != 0)):
+            # buffers the one launch could not bind apart, or a replay within one buffer
+            # from another offset (another invocation's elements)
+            _lower_replay(n, r, old)
         else:
             d0, k0, l0 = r.meta[2:5]
             pro = GC.ReplayPrologue(r.meta[10], r.meta[0], d0, k0, l0, src == old)
