@@ -31,6 +31,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .common import WG, Kernel, decl, grid, main_1d
+from .fused import FusedOp, Leaf, functions, leaf_decls
+
+#: an element-wise chain the kernel evaluates (``kernels/fused``'s ops and leaves)
+Chain = tuple[list[FusedOp], list[Leaf]]
 
 #: ORT GatedDeltaNet's bound on ``state_update_capacity``
 MAX_CAPACITY = 8
@@ -107,7 +111,8 @@ def capture(tokens: int, hk: int, hv: int, dk: int, dv: int, capacity: int, *,
             scale: float, l2_eps: float | None, in_place: bool = False,
             lanes: int = 32, wg: int = 256, split_control: bool = False,
             guarded: bool = False, replay: ReplayPrologue | None = None,
-            views: TokenViews | None = None) -> Kernel:
+            views: TokenViews | None = None, g_chain: Chain | None = None,
+            beta_chain: Chain | None = None) -> Kernel:
     """The verify kernel for ``tokens`` tokens (T >= 1), ``hv`` value heads sharing ``hk``
     key/query heads (value head h reads key head h * Hk // Hv), capsule ``capacity`` C
     (0: no capsule, no control buffer). ``l2_eps``: q and k normalised as
@@ -133,6 +138,11 @@ def capture(tokens: int, hk: int, hv: int, dk: int, dv: int, capacity: int, *,
     ``views``: q, k and v read where they lie in wider rows (``TokenViews``: a token's
     elements at a stride and offset, as slices of one [T, W] tensor along W), so the
     slices need no launch of their own.
+
+    ``g_chain``/``beta_chain``: g and beta computed here from the element-wise chains that
+    make them (``kernels/fused``'s ops and leaves, evaluated at element t·Hv + h), their
+    leaves bound in g's and beta's places: a softplus of the decay's projection and a
+    sigmoid of beta's need no launches of their own.
     """
     if tokens < 1 or hv % hk or not 0 <= capacity <= MAX_CAPACITY:
         raise ValueError(f"capture: {tokens} tokens, {hk} key heads, {hv} value heads, "
@@ -147,10 +157,25 @@ def capture(tokens: int, hk: int, hv: int, dk: int, dv: int, capacity: int, *,
     gy = -(-n_groups // gx)
     if replay is not None and in_place:
         raise ValueError("capture: a replay prologue with the state written in place")
-    names = ["q", "k", "v", "g", "beta"] + ([] if in_place or (replay and replay.in_place)
-                                            else ["p"]) + (["rcap"] if replay else [])
-    src = "".join(decl(i, n, "f32", "read") for i, n in enumerate(names))
-    bindings = ["read"] * len(names)
+    src = "".join(decl(i, n, "f32", "read") for i, n in enumerate(("q", "k", "v")))
+    bindings = ["read"] * 3
+    fns, at = "", {}
+    for name, chain in (("g", g_chain), ("beta", beta_chain)):
+        if chain is None:
+            src += decl(len(bindings), name, "f32", "read")
+            bindings.append("read")
+            at[name] = f"{name}[{{}}]"
+            continue
+        ops, leaves = chain
+        lsrc, lb = leaf_decls(leaves, len(bindings), f"{name}_")
+        src += lsrc
+        bindings += lb
+        fns += functions(ops, leaves, f"{name}_")[0]
+        at[name] = f"{name}_v{len(ops) - 1}({{}})"
+    names = ([] if in_place or (replay and replay.in_place) else ["p"]) + (
+        ["rcap"] if replay else [])
+    src += "".join(decl(len(bindings) + i, n, "f32", "read") for i, n in enumerate(names))
+    bindings += ["read"] * len(names)
     if capacity:
         for name in ("cnt", "act") if split_control else ("ctrl",):
             src += decl(len(bindings), name, "i32", "read")
@@ -163,7 +188,7 @@ def capture(tokens: int, hk: int, hv: int, dk: int, dv: int, capacity: int, *,
     if guarded:
         src += decl(len(bindings), "status", "u32", "read")
         bindings.append("read")
-    src += f"var<workgroup> sh: array<vec3<f32>, {wg}>;\n"
+    src += f"var<workgroup> sh: array<vec3<f32>, {wg}>;\n" + fns
     old = "st" if in_place else "rdst" if replay and replay.in_place else "p"
     key0, delta0 = capacity * hv, capacity * (hv + hk * dk)
     full = per_lane * lanes == dk
@@ -207,6 +232,8 @@ def capture(tokens: int, hk: int, hv: int, dk: int, dv: int, capacity: int, *,
       }}
     }}"""
 
+    th = f"t * {hv}u + h"  # g's and beta's element of token t, value head h
+
     def total(acc: str, out: str) -> str:
         # every lane sums its row's partials in the same order: the same value in each
         return (f"    sh[lid] = {acc};\n    workgroupBarrier();\n    var {out} = vec3<f32>(0.0);\n"
@@ -245,8 +272,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }}
 {total("acc", "ks")}    let ikv = {ik};
     let iqv = {iq};
-    let a = exp(g[t * {hv}u + h]);
-    let dl = beta[t * {hv}u + h] * (v[{_token_at(views, 2, hv * dv, "h", dv)} + vr] - a * ks.x * ikv);
+    let a = exp({at["g"].format(th)});
+    let dl = {at["beta"].format(th)} * (v[{_token_at(views, 2, hv * dv, "h", dv)} + vr] - a * ks.x * ikv);
     let dk_ = dl * ikv;
     var acc2 = vec3<f32>(0.0);
     for (var j = 0u; j < {per_lane}u; j = j + 1u) {{

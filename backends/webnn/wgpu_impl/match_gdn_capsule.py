@@ -65,6 +65,9 @@ class Capture:
     replay: Replay | None = None
     #: q, k, v read where they lie (``_token_views``): None, or the kernel's ``TokenViews``
     views: GC.TokenViews | None = None
+    #: g and beta computed by the kernel from the chains making them (``_own_chains``)
+    g_chain: fusion.Group | None = None
+    beta_chain: fusion.Group | None = None
 
     @property
     def leaves(self) -> list[Node]:
@@ -72,7 +75,9 @@ class Capture:
         replay, its source and capsule instead)."""
         ctl = [x for x in (self.count, self.active) if x is not None]
         old = [self.state_in] if self.replay is None else [self.replay.src, self.replay.capsule]
-        return [self.q, self.k, self.v, self.g, self.beta, *old, *ctl]
+        g = self.g_chain.leaves if self.g_chain is not None else [self.g]
+        beta = self.beta_chain.leaves if self.beta_chain is not None else [self.beta]
+        return [self.q, self.k, self.v, *g, *beta, *old, *ctl]
 
     @property
     def written(self) -> list[Node]:
@@ -373,6 +378,7 @@ def _finish(a: Node, w: _Walk, pinned: set[int], p: Node, g: Node, state: Node,
     m = Capture(out, state, capsule, p, q, k, bases["v"], g, bases["beta"], count, active,
                 (t, hk, hv, dk, dv, cap), scale, eps)
     _token_views(m, w, pinned)
+    _own_chains(m, w, pinned)
     m.ops = list(w.ops.values())
     outs = {x.id for x in (out, state, capsule) if x is not None}
     leaves = {x.id for x in m.leaves}
@@ -410,6 +416,41 @@ def _token_views(m: Capture, w: _Walk, pinned: set[int]) -> None:
     m.q, m.k, m.v = (root(x.inputs[0]) for x in slices)
     m.views = GC.TokenViews(*got)
     w.take(*slices)
+
+
+def _own_chain(x: Node, w: _Walk, pinned: set[int]) -> fusion.Group | None:
+    """The element-wise ops making ``x`` that nothing but the match and each other reads
+    (``x`` itself one of them), as a group the kernel evaluates: None where ``x`` is not
+    such an op."""
+    def own(o: Node, inside: set[int]) -> bool:
+        return (fusion.is_fusible(o) and o.id not in pinned and o.id not in w.ops
+                and bool(w.readers(o))
+                and all(c.id in w.ops or c.id in inside for c in w.readers(o)))
+
+    x = root(x)
+    if not own(x, set()):
+        return None
+    inside, grew = {x.id: x}, True
+    while grew:  # each op once all its readers are inside
+        grew = False
+        for o in list(inside.values()):
+            for y in (root(i) for i in o.inputs):
+                if y.id not in inside and own(y, set(inside)):
+                    inside[y.id] = y
+                    grew = True
+    return fusion.collect(x, set(inside) - {x.id})[0]
+
+
+def _own_chains(m: Capture, w: _Walk, pinned: set[int]) -> None:
+    """g and beta computed by the kernel where each is made by element-wise ops only the
+    match reads (``_own_chain``): their launches (the decay's softplus, beta's sigmoid)
+    are gone; their leaves are read instead, all float32."""
+    for name in ("g", "beta"):
+        chain = _own_chain(getattr(m, name), w, pinned)
+        if chain is None or not _f32(*chain.leaves):
+            continue
+        setattr(m, f"{name}_chain", chain)
+        w.take(*chain.ops)
 
 
 def _replay(o: Node, w: _Walk, pinned: set[int]) -> Replay | None:
@@ -583,7 +624,7 @@ def _lower_capsule(n: Site) -> None:
     old, new = n.slot_of(m.state_in), n.slot_of(m.state_out)
     in_place = old == new
     guarded = n.has_check and any(x.id in plan.in_place for x in m.written)
-    pro, ins = None, [n.slot_of(x) for x in (m.q, m.k, m.v, m.g, m.beta)]
+    pro, ins = None, [n.slot_of(x) for x in m.leaves[:len(m.leaves) - len(_after_beta(m))]]
     r = m.replay
     if r is not None:
         src, rcap = n.slot_of(r.src), n.slot_of(r.capsule)
@@ -600,7 +641,9 @@ def _lower_capsule(n: Site) -> None:
     if pro is None:
         ins += [] if in_place else [old]
     k = GC.capture(t, hk, hv, dk, dv, cap, scale=m.scale, l2_eps=m.l2_eps, in_place=in_place,
-                   split_control=True, guarded=guarded, replay=pro, views=m.views)
+                   split_control=True, guarded=guarded, replay=pro, views=m.views,
+                   g_chain=m.g_chain.fused_ops() if m.g_chain is not None else None,
+                   beta_chain=m.beta_chain.fused_ops() if m.beta_chain is not None else None)
     if cap:
         act = ("const", ("gdn_active", m.out.id))
         if m.active is None:
@@ -612,6 +655,12 @@ def _lower_capsule(n: Site) -> None:
                 n.slot_of(m.active) if m.active is not None else act]
     outs = [new, n.out] + ([n.slot_of(m.capsule)] if cap else []) + ([old] if pro else [])
     n.add(KernelLaunch(k, ins + outs + n.status(guarded)))
+
+
+def _after_beta(m: Capture) -> list[Node]:
+    """The leaves bound after g's and beta's (the old state or the replay's, the control)."""
+    ctl = [x for x in (m.count, m.active) if x is not None]
+    return ([m.state_in] if m.replay is None else [m.replay.src, m.replay.capsule]) + ctl
 
 
 def _lower_replay(n: Site, m: Replay, out: Slot | None = None) -> None:
