@@ -117,6 +117,19 @@ def reads_at_own_index(g: Group, x: Node, flat: bool = False) -> bool:
     return g.ops[-1].id in dep
 
 
+def last_axis_slice(s: Node) -> tuple[int, int] | None:
+    """(the input's last-axis width, the start) where ``s`` is a slice cutting its input's
+    last axis alone (stride 1, every other axis whole): element j of a slice row is
+    element start + j of the input's row, so a kernel can read the input where it lies."""
+    if s.kind != "op" or s.op != "slice":
+        return None
+    src, lead = tuple(s.inputs[0].shape), len(s.shape) - 1
+    if (tuple(s.shape[:lead]) != src[:lead] or any(s.attrs["starts"][:lead])
+            or any(v != 1 for v in s.attrs["strides"])):
+        return None
+    return int(src[-1]), int(s.attrs["starts"][-1])
+
+
 def is_fusible(o: Node) -> bool:
     return o.kind == "op" and o.op in FUSIBLE
 

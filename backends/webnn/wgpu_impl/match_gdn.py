@@ -322,14 +322,11 @@ def _row_view(x: Node, ops: set[int], consumers: dict[int, list[Node]], inlined:
     along its last axis alone (stride 1, an offset of whole 4-element words), read only
     by the kernel's own ops, the row itself in memory: the kernel reads it there."""
     s = root(x)
-    if not _op(s, "slice") or s.id in pinned or s.id in inlined:
+    got = fusion.last_axis_slice(s)
+    if got is None or s.id in pinned or s.id in inlined:
         return None
-    src = root(s.inputs[0])
-    shape, lead = tuple(s.inputs[0].shape), len(s.shape) - 1
-    start = int(s.attrs["starts"][-1])
-    if (S.size(shape[:lead]) != 1 or tuple(s.shape[:lead]) != shape[:lead] or start % 4
-            or any(v != 1 for v in s.attrs["strides"]) or src.id in inlined
-            or src.dtype.wgsl != "f32"
+    src, start = root(s.inputs[0]), got[1]
+    if (S.size(s.shape[:-1]) != 1 or start % 4 or src.id in inlined or src.dtype.wgsl != "f32"
             or any(c.id not in ops for c in consumers.get(s.id, []))):
         return None
     return src, start, s

@@ -70,14 +70,20 @@ class Capture:
     beta_chain: fusion.Group | None = None
 
     @property
+    def inputs(self) -> list[Node]:
+        """What the kernel reads before the old state, in binding order: q, k, v, then g
+        and beta (or the leaves of the chains making them)."""
+        g = self.g_chain.leaves if self.g_chain is not None else [self.g]
+        beta = self.beta_chain.leaves if self.beta_chain is not None else [self.beta]
+        return [self.q, self.k, self.v, *g, *beta]
+
+    @property
     def leaves(self) -> list[Node]:
         """What the kernel reads, in binding order (the old state after beta; with a
         replay, its source and capsule instead)."""
         ctl = [x for x in (self.count, self.active) if x is not None]
         old = [self.state_in] if self.replay is None else [self.replay.src, self.replay.capsule]
-        g = self.g_chain.leaves if self.g_chain is not None else [self.g]
-        beta = self.beta_chain.leaves if self.beta_chain is not None else [self.beta]
-        return [self.q, self.k, self.v, *g, *beta, *old, *ctl]
+        return [*self.inputs, *old, *ctl]
 
     @property
     def written(self) -> list[Node]:
@@ -394,15 +400,12 @@ def _slice_view(x: Node, tokens: int, w: _Walk, pinned: set[int]) -> tuple[int, 
     """(token stride, offset) where ``x`` is a slice of a [.., T, W] tensor along W alone
     (stride 1) that only this match reads: the kernel can read it where it lies."""
     s = root(x)
-    if not _op(s, "slice") or s.id in pinned or len(s.shape) < 2:
-        return None
-    src = s.inputs[0].shape
-    lead = len(src) - 1
-    if (tuple(s.shape[:lead]) != tuple(src[:lead]) or S.size(src[:lead]) != tokens
-            or any(v != 1 for v in s.attrs["strides"]) or any(s.attrs["starts"][:lead])
+    got = fusion.last_axis_slice(s)
+    if (got is None or s.id in pinned or len(s.shape) < 2
+            or S.size(s.shape[:-1]) != tokens
             or any(c.id not in w.ops for c in w.readers(s))):
         return None
-    return int(src[-1]), int(s.attrs["starts"][-1])
+    return got
 
 
 def _token_views(m: Capture, w: _Walk, pinned: set[int]) -> None:
@@ -422,20 +425,22 @@ def _own_chain(x: Node, w: _Walk, pinned: set[int]) -> fusion.Group | None:
     """The element-wise ops making ``x`` that nothing but the match and each other reads
     (``x`` itself one of them), as a group the kernel evaluates: None where ``x`` is not
     such an op."""
-    def own(o: Node, inside: set[int]) -> bool:
+    inside: dict[int, Node] = {}
+
+    def own(o: Node) -> bool:
         return (fusion.is_fusible(o) and o.id not in pinned and o.id not in w.ops
                 and bool(w.readers(o))
                 and all(c.id in w.ops or c.id in inside for c in w.readers(o)))
 
     x = root(x)
-    if not own(x, set()):
+    if not own(x):
         return None
-    inside, grew = {x.id: x}, True
+    inside[x.id], grew = x, True
     while grew:  # each op once all its readers are inside
         grew = False
         for o in list(inside.values()):
             for y in (root(i) for i in o.inputs):
-                if y.id not in inside and own(y, set(inside)):
+                if y.id not in inside and own(y):
                     inside[y.id] = y
                     grew = True
     return fusion.collect(x, set(inside) - {x.id})[0]
@@ -624,13 +629,13 @@ def _lower_capsule(n: Site) -> None:
     old, new = n.slot_of(m.state_in), n.slot_of(m.state_out)
     in_place = old == new
     guarded = n.has_check and any(x.id in plan.in_place for x in m.written)
-    pro, ins = None, [n.slot_of(x) for x in m.leaves[:len(m.leaves) - len(_after_beta(m))]]
+    pro, ins = None, [n.slot_of(x) for x in m.inputs]
     r = m.replay
     if r is not None:
         src, rcap = n.slot_of(r.src), n.slot_of(r.capsule)
-        outs = {new, n.out, old} | ({n.slot_of(m.capsule)} if cap else set())
-        if in_place or len(outs) < 3 + bool(cap) or ({rcap, *ins} & outs) or (
-                src in outs and (src != old or r.meta[0] != 0)):
+        written = {new, n.out, old} | ({n.slot_of(m.capsule)} if cap else set())
+        if in_place or len(written) < 3 + bool(cap) or ({rcap, *ins} & written) or (
+                src in written and (src != old or r.meta[0] != 0)):
             # buffers the one launch could not bind apart, or a replay within one buffer
             # from another offset (another invocation's elements)
             _lower_replay(n, r, old)
@@ -655,12 +660,6 @@ def _lower_capsule(n: Site) -> None:
                 n.slot_of(m.active) if m.active is not None else act]
     outs = [new, n.out] + ([n.slot_of(m.capsule)] if cap else []) + ([old] if pro else [])
     n.add(KernelLaunch(k, ins + outs + n.status(guarded)))
-
-
-def _after_beta(m: Capture) -> list[Node]:
-    """The leaves bound after g's and beta's (the old state or the replay's, the control)."""
-    ctl = [x for x in (m.count, m.active) if x is not None]
-    return ([m.state_in] if m.replay is None else [m.replay.src, m.replay.capsule]) + ctl
 
 
 def _lower_replay(n: Site, m: Replay, out: Slot | None = None) -> None:
