@@ -158,14 +158,30 @@ def test_k_token_rows_written_by_attention(gpu_plan, k):
     """The K-token decode graph (issue 31: K new rows a head a dispatch, possibly in two
     splits): every row written by the workgroup whose split holds it, and the steps the
     reference's (``test_ktoken.assert_steps``)."""
-    from tests.test_ktoken import assert_steps, page
+    from backends.pages import StatefulInPlace
+    from tests.test_ktoken import TINY, assert_steps
 
-    b = page("wgpu:stateful", k)
+    b = StatefulInPlace(options=KernelOptions(attention_writes="fold"), tokens_per_step=k)
+    b.prepare(TINY, 24)
     try:
         assert "scatter_nd" not in _names(b) and "attention_flash" in _names(b)
         assert_steps(b, k, where=f"K = {k}, rows written by attention")
     finally:
         b.close()
+
+
+def test_k_token_rows_keep_their_launch_by_default(gpu_plan):
+    """By default only a one-token step folds its row writes: a K-row verify's attention
+    was slower with them (PERFORMANCE.md, "Knobs"), so its rows keep their launch."""
+    from tests.test_ktoken import page
+
+    one, four = page("wgpu:stateful", 1), page("wgpu:stateful", 4)
+    try:
+        assert "scatter_nd" not in _names(one), _names(one)
+        assert "scatter_nd" in _names(four), _names(four)
+    finally:
+        one.close()
+        four.close()
 
 
 @pytest.mark.adapter_feature("shader-f16")
@@ -174,8 +190,9 @@ def test_q4f16_verify_on_the_gpus_plan_computes_the_reference(gpu_plan, hybrid):
     """A K = 4 verify of a q4f16 preset (two attention layers, or tiny's own hybrid of gated
     delta and attention layers) on the H200's plan: the several-row 4-bit products by column
     (``gemm_q4_cols``), each gate/up pair writing SwiGLU (no activation launch), the rows
-    written by attention, the verify's q rows in groups; two verifies from depth 8, each row
-    within the preset's tolerance of the float64 reference, argmax included."""
+    written by their own launch (the default for K rows), the verify's q rows in groups;
+    two verifies from depth 8, each row within the preset's tolerance of the float64
+    reference, argmax included."""
     cfg = preset("tiny+q4f16")
     if not hybrid:
         cfg = replace(cfg, layers=(ATTENTION,) * 2)
@@ -188,7 +205,8 @@ def test_q4f16_verify_on_the_gpus_plan_computes_the_reference(gpu_plan, hybrid):
         # 4 products a layer (the gate/up pair writing SwiGLU: no "fused:sigmoid+mul+mul",
         # which is its launch with q4_epilogue=off) and the head
         assert names.count("gemm_q4_cols") == 4 * len(cfg.layers) + 1, names
-        assert "scatter_nd" not in names and "fused:sigmoid+mul+mul" not in names, names
+        assert "fused:sigmoid+mul+mul" not in names, names
+        assert names.count("scatter_nd") == cfg.layers.count(ATTENTION), names
         tokens = token_stream(cfg, cap)
         ref = Reference(cfg, wl.weights, cap)
         ref.prefill(tokens[:depth])

@@ -206,7 +206,12 @@ def test_softmax(ctx, shape, axis):
 @pytest.mark.parametrize("op,ref", [("reduce_mean", np.mean), ("reduce_sum", np.sum),
                                     ("reduce_max", np.max), ("reduce_min", np.min)])
 @pytest.mark.parametrize("shape,axes,keep", [([3, 5], [1], False), ([2, 3, 4], [0, 2], True),
-                                             ([4, 100], None, False), ([2, 3, 4], [1], True)])
+                                             ([4, 100], None, False), ([2, 3, 4], [1], True),
+                                             # short rows (an invocation a row: SHORT_ROW),
+                                             # a ragged last workgroup, and either side of
+                                             # the bound
+                                             ([1, 600, 4], [2], False), ([5, 16], [1], True),
+                                             ([5, 17], [1], False)])
 def test_reduce(ctx, op, ref, shape, axes, keep):
     x = rand(shape)
     got = run(ctx, lambda bl, x: getattr(bl, op)(x, axes=axes, keep_dimensions=keep), {"x": x})
@@ -216,18 +221,19 @@ def test_reduce(ctx, op, ref, shape, axes, keep):
         assert got.shape == ()  or got.shape == (1,) or got.size == 1
 
 
+@pytest.mark.parametrize("width", [70, 6])  # a workgroup a row; an invocation a row
 @pytest.mark.parametrize("dt", ["float32", "int32"])
-def test_reduce_max_min_extremes(ctx, dt):
+def test_reduce_max_min_extremes(ctx, dt, width):
     """max and min start from each row's first element, not from an infinity (which WGSL
     cannot write as a constant): rows of -inf (max), +inf (min) and the type's extremes."""
     if dt == "float32":
-        x = rand([4, 70])
+        x = rand([4, width])
         x[0, :] = -np.inf
         x[1, :] = np.inf
         x[2, 5] = np.finfo(np.float32).min
-        x[3, 9] = np.finfo(np.float32).max
+        x[3, width - 1] = np.finfo(np.float32).max
     else:
-        x = rand([4, 70], dt, -20, 20)
+        x = rand([4, width], dt, -20, 20)
         x[0, :] = np.iinfo(np.int32).min
         x[1, :] = np.iinfo(np.int32).max
     for op, ref in (("reduce_max", np.max), ("reduce_min", np.min)):

@@ -125,7 +125,6 @@ def reduce(op: str, t: str, in_shape: Sequence[int], axes: Sequence[int],
     red = [i for i in range(len(in_shape)) if i in axes]
     rows = S.size([in_shape[i] for i in kept])
     rn = S.size([in_shape[i] for i in red])
-    gx, gy, gz = grid(rows, 1)
     comb = _COMBINE[op]
     if source is None:
         src, bindings, load = decl(0, "x", t, "read"), ["read"], "x[{}]"
@@ -138,6 +137,11 @@ def reduce(op: str, t: str, in_shape: Sequence[int], axes: Sequence[int],
     bindings.append("rw")
     src += offset_fn("rowoff", [in_shape[i] for i in kept] or [1], [st[i] for i in kept] or [0])
     src += offset_fn("redoff", [in_shape[i] for i in red] or [1], [st[i] for i in red] or [0])
+    traffic = 4 * (S.size(in_shape) + rows)
+    if rn <= SHORT_ROW:
+        return Kernel(op, src + _short_rows(op, t, rows, rn, load, init, wg), bindings,
+                      grid(rows, wg), traffic)
+    gx, gy, gz = grid(rows, 1)
     src += f"var<workgroup> sh: array<{t}, {wg}>;\n" + _header(gx, wg)
     src += f"  if (row >= {rows}u) {{ return; }}\n  let base = rowoff(row);\n"
     src += f"  var acc: {t} = {init};\n"
@@ -147,7 +151,27 @@ def reduce(op: str, t: str, in_shape: Sequence[int], axes: Sequence[int],
     src += "  sh[lid] = acc;\n" + _tree(comb, wg=wg)
     res = f"sh[0] / {t}({rn})" if op == "reduce_mean" else "sh[0]"
     src += f"  if (lid == 0u) {{ out[row] = {res}; }}\n}}\n"
-    return Kernel(op, src, bindings, (gx, gy, gz), 4 * (S.size(in_shape) + rows))
+    return Kernel(op, src, bindings, (gx, gy, gz), traffic)
+
+
+#: the longest reduction ``reduce`` gives one invocation a row (its elements loaded as
+#: straight-line code) instead of a workgroup: a short convolution's window of 4 had kept
+#: 252 of 256 invocations idle and a tree of 8 barriers, a workgroup for each of 8192 rows
+SHORT_ROW = 16
+
+
+def _short_rows(op: str, t: str, rows: int, rn: int, load: str, init: str, wg: int) -> str:
+    """WGSL body of ``reduce`` for rows of at most ``SHORT_ROW`` elements: an invocation
+    a row, every load issued before the combines."""
+    gx = grid(rows, wg)[0]
+    comb = _COMBINE[op]
+    src = main_1d(gx, wg) + f"  if (i >= {rows}u) {{ return; }}\n  let base = rowoff(i);\n"
+    src += "".join(f"  let rv_{j} = {load.format(f'base + redoff({j}u)')};\n" for j in range(rn))
+    acc = init
+    for j in range(rn):
+        acc = comb.format(a=acc, b=f"rv_{j}")
+    res = f"({acc}) / {t}({rn})" if op == "reduce_mean" else acc
+    return src + f"  out[i] = {res};\n}}\n"
 
 
 def softmax(shape: Sequence[int], axis: int, wg: int = WG) -> Kernel:

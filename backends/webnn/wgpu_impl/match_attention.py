@@ -208,13 +208,15 @@ class NotInPlace(Exception):
 
 def fold_row_writes(attention: dict[int, Attention], nodes: list[Node], writers: set[int],
                     row_writes: dict[int, list[Node]], groups: dict[int, fusion.Group],
-                    max_storage: int) -> dict[int, tuple[Node, Node]]:
+                    max_storage: int, one_row: bool = False) -> dict[int, tuple[Node, Node]]:
     """probs·V id -> (K row write, V row write), for each decode attention whose K and V
     are in-place pair writers (``writers``: the stateful graph's) of one index tensor of
     tuples (batch, head, row) into (B, H, C, D) caches, read by nothing but this
     attention: pass 1 writes the new rows (``kernels/attention.RowWrites``), so the row
     write has no launch of its own. A row-write launch shared with scatters not folded
-    here (``row_writes``) is left as it is, as is a launch beyond ``max_storage``."""
+    here (``row_writes``) is left as it is, as is a launch beyond ``max_storage``;
+    ``one_row``: only where each head writes one row (a one-token step), since a K-row
+    verify's attention was slower with its rows folded in (PERFORMANCE.md, "Knobs")."""
     consumers = fusion.consumers_of(nodes)
     out: dict[int, tuple[Node, Node]] = {}
     for oid, m in attention.items():
@@ -227,6 +229,8 @@ def fold_row_writes(attention: dict[int, Attention], nodes: list[Node], writers:
         if (root(v.inputs[1]) is not idx or tuple(v.shape) != shape or len(shape) != 4
                 or tuple(idx.shape)[-1] != 3 or S.size(m.out.shape[:-2]) != shape[0] * shape[1]
                 or m.qk.shape[-1] != shape[2]):
+            continue
+        if one_row and S.size(tuple(idx.shape)[:-1]) != shape[0] * shape[1]:
             continue
         readers = [_only_attention(k, m, consumers), _only_attention(v, m, consumers)]
         if not all(readers):

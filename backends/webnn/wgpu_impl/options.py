@@ -321,7 +321,8 @@ class KernelOptions:
 
     def attention_writes_fold(self, t: Target) -> bool:
         """Whether a layer's row writes are folded into its attention (``attention_writes``):
-        by default on GPU adapters (PERFORMANCE.md, "Knobs")."""
+        by default on GPU adapters, and there only for one row a head (a one-token step:
+        ``match_attention.fold_row_writes``' ``one_row``; PERFORMANCE.md, "Knobs")."""
         how = self.attention_writes
         return how == "fold" or (how is None and not t.cpu)
 

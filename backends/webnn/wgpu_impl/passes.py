@@ -210,7 +210,8 @@ def attention_row_writes(plan: Plan, st: PassState) -> None:
             and plan.options.attention in (None, "flash")):
         plan.attention_writes = fold_row_writes(plan.attention, st.nodes, st.writers,
                                                 plan.row_writes, plan.groups,
-                                                plan.target.max_storage)
+                                                plan.target.max_storage,
+                                                one_row=plan.options.attention_writes is None)
         folded = {x.id for ks in plan.attention_writes.values() for x in ks}
         plan.row_writes = {k: ms for k, ms in plan.row_writes.items()
                            if not any(x.id in folded for x in ms)}
