@@ -185,8 +185,9 @@ def test_k_token_rows_keep_their_launch_by_default(gpu_plan):
 
 
 @pytest.mark.adapter_feature("shader-f16")
+@pytest.mark.parametrize("q4_rows", [None, "quad"])
 @pytest.mark.parametrize("hybrid", [False, True], ids=["attention", "hybrid"])
-def test_q4f16_verify_on_the_gpus_plan_computes_the_reference(gpu_plan, hybrid):
+def test_q4f16_verify_on_the_gpus_plan_computes_the_reference(gpu_plan, hybrid, q4_rows):
     """A K = 4 verify of a q4f16 preset (two attention layers, or tiny's own hybrid of gated
     delta and attention layers) on the H200's plan: the several-row 4-bit products by column
     (``gemm_q4_cols``), each gate/up pair writing SwiGLU (no activation launch), the rows
@@ -198,13 +199,15 @@ def test_q4f16_verify_on_the_gpus_plan_computes_the_reference(gpu_plan, hybrid):
         cfg = replace(cfg, layers=(ATTENTION,) * 2)
     wl = Workload.build(cfg)
     k, cap, depth = 4, 24, 8
-    b = StatefulInPlace(tokens_per_step=k)
+    b = StatefulInPlace(options=KernelOptions(q4_rows=q4_rows), tokens_per_step=k)
     b.prepare(wl, cap)
     try:
         names = _names(b)
         # 4 products a layer (the gate/up pair writing SwiGLU: no "fused:sigmoid+mul+mul",
-        # which is its launch with q4_epilogue=off) and the head
-        assert names.count("gemm_q4_cols") == 4 * len(cfg.layers) + 1, names
+        # which is its launch with q4_epilogue=off) and the head; "quad": on the one-token
+        # layout (quant_quad_rows)
+        kernel = "gemm_q4_quad" if q4_rows == "quad" else "gemm_q4_cols"
+        assert names.count(kernel) == 4 * len(cfg.layers) + 1, names
         assert "fused:sigmoid+mul+mul" not in names, names
         assert names.count("scatter_nd") == cfg.layers.count(ATTENTION), names
         tokens = token_stream(cfg, cap)

@@ -826,7 +826,7 @@ def test_a_product_read_by_one_elementwise_tail_writes_the_tail(ctx_with, monkey
     ("int4", 40, 9, 11, True, 8),
     pytest.param("uint4", 48, 11, 2, False, 16, marks=pytest.mark.slow),
     pytest.param("int4", 128, 33, 17, False, 32, marks=pytest.mark.slow)])
-@pytest.mark.parametrize("variant", ["rows", "cols", "cols4"])
+@pytest.mark.parametrize("variant", ["rows", "cols", "cols4", "quad"])
 def test_4bit_matmul_of_several_rows(ctx_with, monkeypatch, variant, dt, kind, k, n, m,
                                      zero_points, block):
     """A K-token verify's (or a prefill chunk's) projection: M rows against 4-bit weights
@@ -855,12 +855,26 @@ def test_4bit_matmul_of_several_rows(ctx_with, monkeypatch, variant, dt, kind, k
     want = v.astype(np.float64) @ _want(codes, scale.astype(np.float32), zp)
     got = ctx.read_tensor(out).astype(np.float64)
     names = [la.kernel.name for la in g._plan.launches]
-    kernel = "gemm_q4_" + variant.rstrip("0123456789")
+    kernel = _rows_kernel(variant, k, block, zero_points, m, ctx)
     assert kernel in names and not any("dequantize" in x for x in names), names
     bound = 1e-5 * np.max(np.abs(want))
     if dt == "float16":  # the product rounded to float16 once
         bound += np.spacing(np.abs(want).astype(np.float16)).astype(np.float64).max()
     assert np.max(np.abs(got - want)) <= bound
+
+
+def _rows_kernel(variant: str, k: int, block: int = 32, zero_points: bool = False,
+                 m: int = 1, ctx=None) -> str:
+    """The kernel a several-row 4-bit product runs for ``q4_rows=variant``: "quad" falls
+    back to "cols" where a 16-byte load would straddle a block, zero points are read or
+    its M rows' sums exceed ``ctx``'s workgroup memory."""
+    from backends.webnn.kernels import quant_quad_rows as QQ
+
+    t = getattr(ctx, "_target", None)
+    if variant == "quad" and (k % 32 or block % 32 or zero_points or (
+            t is not None and QQ.shared_bytes(k, m, t.subgroup) > t.shared_bytes)):
+        return "gemm_q4_cols"
+    return "gemm_q4_" + variant.rstrip("0123456789")
 
 
 @pytest.mark.parametrize("variant,cols", [("cols", 8), ("cols_c16", 16), ("cols_c32", 32),
@@ -901,7 +915,7 @@ def test_4bit_products_by_column_in_narrow_column_groups(ctx_with, variant, cols
 
 @pytest.mark.parametrize("dt", ["float32", pytest.param(
     "float16", marks=pytest.mark.adapter_feature("shader-f16"))])
-@pytest.mark.parametrize("variant", ["cols", "cols2_c8", "rows"])
+@pytest.mark.parametrize("variant", ["cols", "cols2_c8", "rows", "quad"])
 def test_several_rows_gate_and_up_write_their_swiglu(ctx_with, variant, dt):
     """A K-token layer's gate and up (stacked 4-bit products of one input of M rows) read
     only by SwiGLU: by column (``q4_epilogue=gated``), one ``gemm_q4_cols`` launch over the
@@ -945,7 +959,7 @@ def test_several_rows_gate_and_up_write_their_swiglu(ctx_with, variant, dt):
     assert np.all(np.abs(got - want) <= tol * scale + 1e-6)
 
 
-@pytest.mark.parametrize("variant", ["rows", "cols", "cols4"])
+@pytest.mark.parametrize("variant", ["rows", "cols", "cols4", "quad"])
 def test_4bit_products_of_several_rows_stack_on_their_input(ctx_with, variant):
     """A K-token layer's q, k and v (three 4-bit products of one input of M rows): one
     ``gemm_q4_rows`` launch over their stacked columns writing each output, against
@@ -985,7 +999,7 @@ def test_4bit_products_of_several_rows_stack_on_their_input(ctx_with, variant):
 
 @pytest.mark.parametrize("dt", ["float32", pytest.param(
     "float16", marks=pytest.mark.adapter_feature("shader-f16"))])
-@pytest.mark.parametrize("variant", ["rows", "cols", "cols4"])
+@pytest.mark.parametrize("variant", ["rows", "cols", "cols4", "quad"])
 def test_4bit_product_of_several_rows_takes_its_residual_add(ctx_with, variant, dt):
     """A K-token layer's output projection plus the residual stream (a graph input, M rows),
     the sum read on: the add folded into the product's launch (float16: summed in float32, rounded once),
@@ -1033,7 +1047,7 @@ def test_4bit_product_of_several_rows_takes_its_residual_add(ctx_with, variant, 
 
 @pytest.mark.parametrize("shape,axis", [((1, 3, 5, 16), 2), ((1, 2, 4, 2, 16), 2),
                                         ((1, 2, 6, 32), 2), ((1, 2, 3, 5, 8), 3)])
-@pytest.mark.parametrize("variant", ["rows", "cols", "cols4"])
+@pytest.mark.parametrize("variant", ["rows", "cols", "cols4", "quad"])
 def test_4bit_product_of_several_rows_reads_through_the_heads_transpose(ctx_with, variant,
                                                                         shape, axis):
     """o's rows in a K-token layer: attention's output (1, heads.., M, rest..) transposed
@@ -1064,7 +1078,7 @@ def test_4bit_product_of_several_rows_reads_through_the_heads_transpose(ctx_with
     out_e = ctx.create_tensor(data_type="float32", shape=list(shape), readable=True)
     ctx.dispatch(g, {"x": t}, {"y": out, "e": out_e})
     names = [la.kernel.name for la in g._plan.launches]
-    assert names == ["exp", "gemm_q4_" + variant.rstrip("0123456789")], names
+    assert names == ["exp", _rows_kernel(variant, k, m=M, ctx=ctx)], names
     a = np.exp(x.astype(np.float64)).transpose(perm).reshape(1, M, k)
     want = a @ _want(codes, scale, zp)
     got = ctx.read_tensor(out)

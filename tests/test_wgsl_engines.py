@@ -44,7 +44,7 @@ OPTION_VALUES: dict[str, list[str | int | None]] = {
     "q4_epilogue": [None, "off", "gated"],
     "q4_norms": [None, "partials", "off"],
     "attention_writes": [None, "fold", "off"],
-    "q4_rows": [None, "rows", "cols", "cols4", "cols_c32"],
+    "q4_rows": [None, "rows", "cols", "cols4", "cols_c32", "quad"],
     "gdn_replay": [None, "fused", "launch"],
 }
 

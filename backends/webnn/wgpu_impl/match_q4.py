@@ -24,6 +24,7 @@ from .._classes import blocks
 from ..dtypes import pack_nibbles, unpack_nibbles
 from ..ir import Node
 from ..kernels import quant as QK
+from ..kernels import quant_quad_rows as QQ
 from ..kernels import quant_rows as QR
 from ..stateful import root
 from . import gemv as GV
@@ -350,32 +351,47 @@ def lower_q4_rows(plan: Any, members: list[Node], a_slot: Slot, slot_of: Any) ->
     K, N = w0.K, sum(w.N for w in ws)
     per = N if len(ws) > 1 else max(8, (plan.max_binding // (K // 2)) // 8 * 8)
     lanes = 8 if plan.target.cpu else 32
-    by_cols = plan.options.q4_cols(plan.target)
-    by_col = by_cols is not None
+    asked_quad = plan.options.q4_rows_quad(plan.target)
+    # the quad layout where the weights allow it (a 16-byte load within a block, signed or
+    # zero-point-free codes, its sums within the adapter's workgroup memory), else by column
+    quad = asked_quad and w0.quad_fits and not w0.zero_points and QQ.shared_bytes(
+        K, M, plan.target.subgroup) <= plan.target.shared_bytes
+    by_cols = plan.options.q4_cols(plan.target) or ((1, None) if asked_quad else None)
+    by_col = by_cols is not None and not quad
     per_thread, cols = by_cols or (1, None)
     dst, res = plan.epilogue.get(members[0].id, (members[0], None))  # (the add, residual)
     heads = plan.head_rows.get(members[0].id)  # the rows read through a transpose
     gated = plan.gated.get(members[0].id)  # the pair writes its activation, columns paired
-    assert gated is None or (by_col and len(ws) == 2), "a gated pair of rows runs by column"
+    assert gated is None or ((by_col or quad) and len(ws) == 2), \
+        "a gated pair of rows runs by column or on the quad layout"
+    half_scales = quad and all(w.f16_scales for w in ws)
     outs = ([slot_of(gated.root)] if gated is not None
             else [slot_of(m) for m in members] if len(ws) > 1 else [slot_of(dst)])
     for c, n0 in enumerate(range(0, N, per)):
         nc = min(per, N - n0)
         parts = [(w, 0, w.N) for w in ws] if len(ws) > 1 else [(w0, n0, nc)]
-        key = ("Q4C" if by_col else "Q4R", members[0].id, c)
+        key = ("Q4Q" if quad else "Q4C" if by_col else "Q4R", members[0].id, c)
         slots = [("const", (*key, "codes")), ("const", (*key, "scales"))]
         word = 4 if w0.block % 32 == 0 else 1  # u32 words a code load
+        # quad: 4 columns interleaved (padded to a multiple of 4)
+        cols_n = -(-nc // QR.QUAD) * QR.QUAD if quad else nc
 
         def laid(make: Callable[[], np.ndarray], per_col: int,
                  nc: int = nc) -> Callable[[], np.ndarray]:
+            if quad:
+                if gated is not None:
+                    make = partial(paired_rows, make, nc // 2)
+                return partial(interleave_rows, make, nc)
             if gated is not None:
                 make = partial(paired_columns, make, nc // 2)
             return partial(by_load, make, nc, per_col) if by_col else make
 
-        plan.consts.setdefault(slots[0], Deferred(nc * K // 8, laid(partial(
+        plan.consts.setdefault(slots[0], Deferred(cols_n * K // 8, laid(partial(
             _stacked, [partial(repack_codes, *p) for p in parts]), word)))
-        plan.consts.setdefault(slots[1], Deferred(nc * (K // w0.block), laid(partial(
-            _stacked, [partial(repack_scales, *p, False) for p in parts]), 1)))
+        scales = laid(partial(_stacked, [partial(repack_scales, *p, False) for p in parts]), 1)
+        blocks_n = cols_n * (K // w0.block)
+        plan.consts.setdefault(slots[1], Deferred((blocks_n + 1) // 2, partial(
+            packed_half, scales)) if half_scales else Deferred(blocks_n, scales))
         if w0.zero_points:
             slots.append(("const", (*key, "zero")))
             plan.consts.setdefault(slots[2], Deferred(nc * (K // w0.block), laid(partial(
@@ -387,6 +403,14 @@ def lower_q4_rows(plan: Any, members: list[Node], a_slot: Slot, slot_of: Any) ->
                       head_d=heads[1] if heads is not None else None)
         if gated is not None:
             common["gated"] = gated.output()  # (its output type decides the kernel's half_out)
+        if quad:
+            k = QQ.gemm_q4_quad(K, nc, w0.block, M, signed=w0.signed,
+                                subgroup=plan.target.subgroup, half_scales=half_scales,
+                                **{x: v for x, v in common.items()
+                                   if x not in ("signed", "zero_points")})
+            plan.launches.append(KernelLaunch(k, [a_slot, *slots, *(
+                [slot_of(res)] if res is not None else []), *outs]))
+            continue
         k = (QK.gemm_q4_cols(K, nc, w0.block, M, per_thread=per_thread,
                              **QK.cols_shape(K, nc, w0.block, per_thread, cols), **common)
              if by_col else

@@ -206,7 +206,9 @@ class KernelOptions:
     queue_calls: str | None = None
     #: the several-row 4-bit products (a K-token verify's, ``match_q4`` rows): None (GPU
     #: adapters "cols", CPU adapters "rows"), "rows" (``quant.gemm_q4_rows``: lanes share a
-    #: column), "cols" (``quant.gemm_q4_cols``: an invocation a column, codes laid out by
+    #: column), "quad" (``quant_quad_rows.gemm_q4_quad``: the one-token quad layout, every
+    #: code dequantised once for the K rows; where the weights do not allow it, "cols"),
+    #: "cols" (``quant.gemm_q4_cols``: an invocation a column, codes laid out by
     #: load), "cols2"/"cols4" (2 or 4 columns an invocation, each input load used for all),
     #: "_cCOLS" after either (``Q4_COLS_VARIANT``: columns a workgroup's slice-group, else
     #: ``quant.cols_shape`` widens K's slices on narrow products to fill the device)
@@ -214,6 +216,11 @@ class KernelOptions:
 
     def q4_rows_variant(self, t: Target) -> str:
         return self.q4_rows or ("rows" if t.cpu else "cols")
+
+    def q4_rows_quad(self, t: Target) -> bool:
+        """Whether the several-row 4-bit products run on the one-token quad layout
+        (``q4_rows`` "quad": ``kernels/quant_quad_rows``), where the weights allow it."""
+        return self.q4_rows_variant(t) == "quad"
 
     def q4_cols(self, t: Target) -> tuple[int, int | None] | None:
         """(columns an invocation, columns a slice-group or None: ``cols_shape``'s) of the
@@ -310,7 +317,8 @@ class KernelOptions:
         writes its activation (``q4_epilogue``, as ``q4_gated``): where they run by column
         (``q4_cols``)."""
         how = self.q4_epilogue
-        return (how == "gated" or (how is None and not t.cpu)) and self.q4_cols(t) is not None
+        return ((how == "gated" or (how is None and not t.cpu))
+                and (self.q4_cols(t) is not None or self.q4_rows_quad(t)))
 
     def q4_norm_partials(self, t: Target) -> bool:
         """Whether a norm between two 4-bit products is computed from partial sums the first
@@ -401,10 +409,10 @@ def _check(name: str, value: object) -> None:
         if not (1 <= int(m.group(1) or 1) <= 4 and 1 <= int(m.group(2) or 1) <= 4):
             raise ValueError(f"KernelOptions.q4_gemv = {value!r}: rows 1 to 4, loads 1 to 4")
     elif name == "q4_rows":
-        if value != "rows" and not Q4_COLS_VARIANT.fullmatch(value):
+        if value not in ("rows", "quad") and not Q4_COLS_VARIANT.fullmatch(value):
             raise ValueError(f"KernelOptions.q4_rows = {value!r}; accepted: None, 'rows', "
-                             "'cols[PER][_cCOLS]' (PER 1, 2 or 4; COLS 8, 16 or 32; e.g. "
-                             "'cols', 'cols4', 'cols_c32')")
+                             "'quad', 'cols[PER][_cCOLS]' (PER 1, 2 or 4; COLS 8, 16 or 32; "
+                             "e.g. 'cols', 'cols4', 'cols_c32')")
     elif name == "attention" and LANES_VARIANT.fullmatch(value):
         unroll = LANES_VARIANT.fullmatch(value).group(2)
         if unroll is not None and int(unroll) not in (1, 2, 4, 8):
