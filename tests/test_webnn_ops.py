@@ -241,6 +241,45 @@ def test_reduce_max_min_extremes(ctx, dt, width):
         np.testing.assert_array_equal(got, ref(x, axis=1))
 
 
+@pytest.mark.parametrize("op,ref", [("reduce_sum", np.sum), ("reduce_mean", np.mean),
+                                    ("reduce_max", np.max)])
+def test_short_reduction_is_computed_where_its_activation_reads_it(ctx, op, ref):
+    """A short convolution as a hybrid layer writes it: the window (the state's 3 columns
+    and the new one) times the weights, summed over its 4, then SiLU. The short sum is
+    computed inside the activation's launch (each element its 4 products, read twice by
+    ``x · sigmoid(x)``), so neither the sum nor the product is written; the window itself,
+    read by the new state's slice too, is written once. A short reduction read broadcast
+    over its rows (a norm's statistic) keeps its own launch. Against float64 NumPy."""
+    state, x, w = rand([1, 37, 3]), rand([1, 37, 1]), rand([37, 4])
+    b = MLGraphBuilder(ctx)
+    si = b.input("state", data_type="float32", shape=[1, 37, 3])
+    xi = b.input("x", data_type="float32", shape=[1, 37, 1])
+    win = b.concat([si, xi], 2)
+    s = getattr(b, op)(b.mul(win, b.constant(data_type="float32", shape=[37, 4], value=w)),
+                       axes=[2])
+    y = b.mul(s, b.sigmoid(s))
+    new_state = b.slice(win, [0, 0, 1], [1, 37, 3])
+    norm = b.div(win, getattr(b, op)(win, axes=[2], keep_dimensions=True))
+    g = b.build({"y": y, "state_out": new_state, "norm": norm})
+    names = [la.kernel.name for la in g._plan.launches]
+    fused = [n for n in names if op in n]
+    assert len(fused) == 2 and any(n.endswith(f"mul+{op}+sigmoid+mul") for n in fused), names
+    feeds = {}
+    for name, a in (("state", state), ("x", x)):
+        feeds[name] = ctx.create_tensor(data_type="float32", shape=list(a.shape), writable=True)
+        ctx.write_tensor(feeds[name], a)
+    outs = {k: ctx.create_tensor(data_type="float32", shape=list(v.shape), readable=True)
+            for k, v in (("y", y), ("state_out", new_state), ("norm", norm))}
+    ctx.dispatch(g, feeds, outs)
+    wn = np.concatenate([state, x], 2).astype(np.float64)
+    sv = ref(wn * w.astype(np.float64), axis=2)
+    atol_close(ctx.read_tensor(outs["y"]), sv / (1 + np.exp(-sv)), atol=1e-5, rtol=1e-5)
+    np.testing.assert_array_equal(ctx.read_tensor(outs["state_out"]), wn[:, :, 1:])
+    atol_close(ctx.read_tensor(outs["norm"]), wn / ref(wn, axis=2, keepdims=True),
+               atol=1e-4, rtol=1e-4)
+    g.destroy()
+
+
 def test_reduce_int(ctx):
     x = rand([3, 4], "int32", -20, 20)
     got = run(ctx, lambda bl, x: bl.reduce_sum(x, axes=[1]), {"x": x})

@@ -38,7 +38,7 @@ ACCEPTED = {
     "pass_calls": ["direct", "wgpu-py"],
     "map_wait": ["spin", "caller", "thread"],
     "queue_calls": ["direct", "direct_maps", "wgpu-py"],
-    "q4_rows": ["rows", "cols", "cols2", "cols4", "cols_c8", "cols4_c32"],
+    "q4_rows": ["rows", "cols", "cols2", "cols4", "cols_c8", "cols4_c32", "quad"],
 }
 REFUSED = {
     "gemv": ["fastest", "col", "rows_x"], "attention": ["flash2", "", "lanes_u3", "lanes2"],
@@ -58,7 +58,7 @@ REFUSED = {
     "pass_calls": ["raw", ""],
     "map_wait": ["poll", ""],
     "queue_calls": ["raw", ""],
-    "q4_rows": ["quad", "", "cols3", "cols_c4", "cols_c64", "rows2"],
+    "q4_rows": ["quad4", "", "cols3", "cols_c4", "cols_c64", "rows2"],
 }
 
 

@@ -15,9 +15,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from .. import shapes as S
 from .common import Kernel, decl, esize, grid, main_1d, offset_fn
 from .elementwise import expression
+from .reduce import COMBINE, SHORT_ROW
 
 #: where an input comes from: ("op", index into ``ops``) or ("leaf", index into ``leaves``)
 Ref = tuple[str, int]
@@ -96,6 +99,8 @@ def _function(n: int, op: FusedOp, leaves: Sequence[Leaf], takes: Sequence[list[
                 body += f"  return {_read(ref, idx)};\n"
             start += e
         return head + body + "}\n"
+    if op.op in COMBINE:  # a short reduction (at most SHORT_ROW elements an output)
+        return _short_reduction(n, op, head, _read, p)
     # element-wise with broadcasting
     src = ""
     body = ""
@@ -104,6 +109,33 @@ def _function(n: int, op: FusedOp, leaves: Sequence[Leaf], takes: Sequence[list[
         body += f"  let a{k} = {_read(ref, f'{p}o{n}_{k}(i)')};\n"
     body += f"  return {expression(op.op, op.in_types, op.out_type, op.attrs)};\n"
     return src + head + body + "}\n"
+
+
+def reduced(in_shape: Sequence[int], axes: Sequence[int]) -> int:
+    """Elements a reduction over ``axes`` of ``in_shape`` combines into each output."""
+    return S.size([d for k, d in enumerate(in_shape) if k in axes])
+
+
+def _short_reduction(n: int, op: FusedOp, head: str, read, p: str) -> str:
+    """WGSL ``v<n>`` of a reduction of at most ``SHORT_ROW`` elements an output: output
+    element i is its row's combine, every element read at a constant offset from the
+    row's start (the kept axes in order: keep_dimensions only changes the shape)."""
+    shp, axes = op.in_shapes[0], list(op.attrs["axes"])
+    assert reduced(shp, axes) <= SHORT_ROW
+    st = S.strides(shp)
+    kept = [k for k in range(len(shp)) if k not in axes]
+    offs = [sum(j * st[k] for j, k in zip(idx, axes, strict=True))
+            for idx in np.ndindex(*[shp[k] for k in axes])]
+    src = offset_fn(f"{p}o{n}", [shp[k] for k in kept] or [1], [st[k] for k in kept] or [0])
+    body = f"  let b = {p}o{n}(i);\n"
+    body += "".join(f"  let e{j} = {read(op.inputs[0], f'b + {off}u')};\n"
+                    for j, off in enumerate(offs))
+    acc = "e0"
+    for j in range(1, len(offs)):
+        acc = COMBINE[op.op].format(a=acc, b=f"e{j}")
+    if op.op == "reduce_mean":
+        acc = f"({acc}) / {op.out_type}({len(offs)})"
+    return src + head + body + f"  return {acc};\n}}\n"
 
 
 def functions(ops: Sequence[FusedOp], leaves: Sequence[Leaf],

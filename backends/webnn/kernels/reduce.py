@@ -12,7 +12,7 @@ from .common import WG, Kernel, decl, esize, grid, main_1d, offset_fn, zero
 #: lane needs an infinity, which WGSL cannot write as a constant (docs/dawn.md)
 _FROM_FIRST = ("reduce_max", "reduce_min")
 
-_COMBINE = {
+COMBINE = {
     "reduce_sum": "{a} + {b}", "reduce_mean": "{a} + {b}",
     "reduce_max": "max({a}, {b})", "reduce_min": "min({a}, {b})",
     "reduce_product": "{a} * {b}",
@@ -40,7 +40,7 @@ def inline_reduction(op: str, count: int, load: str, wg: int, var: str = "red") 
     """(module declarations, body) reducing ``count`` elements given by ``load`` (a format
     string of the index) across one workgroup into ``let {var}`` (f32): for kernels that
     need a whole-vector statistic before their own work (RMSNorm inside a gemv)."""
-    comb = _COMBINE[op]
+    comb = COMBINE[op]
     init = load.format("0u") if op in _FROM_FIRST else _start(op, "f32")
     decls = f"var<workgroup> {var}_sh: array<f32, {wg}>;\n"
     body = (f"  var {var}_acc: f32 = {init};\n"
@@ -72,7 +72,7 @@ def unrolled_reduction(op: str, count: int, load: str, wg: int, subgroup: int | 
     per = -(-count // wg)
     if per > UNROLL_MAX:
         return None
-    comb = _COMBINE[op]
+    comb = COMBINE[op]
     init = load.format("0u") if op in _FROM_FIRST else _start(op, "f32")
     body = f"  var {var}_acc: f32 = {init};\n"
     for k in range(per):
@@ -125,7 +125,7 @@ def reduce(op: str, t: str, in_shape: Sequence[int], axes: Sequence[int],
     red = [i for i in range(len(in_shape)) if i in axes]
     rows = S.size([in_shape[i] for i in kept])
     rn = S.size([in_shape[i] for i in red])
-    comb = _COMBINE[op]
+    comb = COMBINE[op]
     if source is None:
         src, bindings, load = decl(0, "x", t, "read"), ["read"], "x[{}]"
     else:
@@ -164,7 +164,7 @@ def _short_rows(op: str, t: str, rows: int, rn: int, load: str, init: str, wg: i
     """WGSL body of ``reduce`` for rows of at most ``SHORT_ROW`` elements: an invocation
     a row, every load issued before the combines."""
     gx = grid(rows, wg)[0]
-    comb = _COMBINE[op]
+    comb = COMBINE[op]
     src = main_1d(gx, wg) + f"  if (i >= {rows}u) {{ return; }}\n  let base = rowoff(i);\n"
     src += "".join(f"  let rv_{j} = {load.format(f'base + redoff({j}u)')};\n" for j in range(rn))
     acc = init

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from .. import shapes as S
 from ..ir import Node
 from ..kernels import fused as FU
+from ..kernels import reduce as RD
 from ..stateful import SAME_INDEX_OPS, root
 from .launches import KernelLaunch
 from .lowerings import Site, claims
@@ -26,8 +27,9 @@ from .lowerings import Site, claims
 #: ops lowered by the element-wise kernel (broadcasting included)
 ELEMENTWISE = SAME_INDEX_OPS | {"expand"}
 FUSIBLE = ELEMENTWISE | {"slice", "transpose", "concat"}
-#: the fusible ops that read their inputs at other indices than their own
-INDEX_OPS = FUSIBLE - SAME_INDEX_OPS
+#: the fusible ops that read their inputs at other indices than their own (a short
+#: reduction too: ``short_reduction``)
+INDEX_OPS = (FUSIBLE - SAME_INDEX_OPS) | set(RD.COMBINE)
 MAX_CALLS = 48  # inlined op evaluations per output element, at most
 
 
@@ -130,6 +132,38 @@ def last_axis_slice(s: Node) -> tuple[int, int] | None:
     return int(src[-1]), int(s.attrs["starts"][-1])
 
 
+def short_reduction(o: Node) -> bool:
+    """A reduction of at most ``kernels/reduce.SHORT_ROW`` elements an output (a short
+    convolution's window), which ``kernels/fused`` can compute where it is read."""
+    return (o.kind == "op" and o.op in RD.COMBINE
+            and FU.reduced(o.inputs[0].shape, o.attrs["axes"]) <= RD.SHORT_ROW)
+
+
+def _inlinable_reductions(nodes: list[Node], consumers: dict[int, list[Node]]) -> set[int]:
+    """Short reductions read only by element-wise ops of their own shape, and so on down
+    every element-wise reader (never broadcast back): a short convolution's sum and the
+    activation after it. Those may be inlined into their reader's group like an
+    element-wise op, so the activation needs no launch of its own. A reduction whose
+    values are read broadcast back over its rows (a norm's statistic, through its epsilon
+    and square root) stays a host, as the norm patterns (``gemv.vector_sources``) expect."""
+    def per_row(o: Node) -> bool:
+        todo, seen = [o], {o.id}
+        while todo:
+            for c in consumers.get(todo.pop().id, []):
+                if c.op not in SAME_INDEX_OPS:
+                    continue  # a kernel of its own reads the value as written
+                if tuple(c.shape) != tuple(o.shape):
+                    return False
+                if c.id not in seen:
+                    seen.add(c.id)
+                    todo.append(c)
+        return True
+
+    return {o.id for o in nodes if short_reduction(o) and consumers.get(o.id) and all(
+        c.op in SAME_INDEX_OPS and tuple(c.shape) == tuple(o.shape)
+        for c in consumers[o.id]) and per_row(o)}
+
+
 def is_fusible(o: Node) -> bool:
     return o.kind == "op" and o.op in FUSIBLE
 
@@ -171,13 +205,14 @@ def plan(nodes: list[Node], pinned: set[int], no_fuse_into: set[int],
     ``max_leaves``: storage buffers a kernel may read (the device limit less the output
     and the capacity status)."""
     consumers = consumers_of(nodes)
+    short = _inlinable_reductions(nodes, consumers)
     inlined: set[int] = set()
     group_of: dict[int, int | None] = {}  # op id -> root id of the group computing it
     for o in reversed(nodes):  # consumers before producers
-        if is_host(o):
+        if is_host(o) and o.id not in short:
             group_of[o.id] = o.id
             continue
-        if not is_fusible(o):
+        if not (is_fusible(o) or o.id in short):
             continue
         cs = consumers.get(o.id, [])
         homes = {_home(o, c, group_of) for c in cs}
@@ -236,8 +271,11 @@ def collect(r: Node, inlined: set[int]) -> tuple[Group, dict[int, int]]:
     for o in order:  # producers before consumers
         inner = [calls[root(x).id] for x in o.inputs if root(x).id in calls]
         # a concat's element reads one of its inputs (kernels/fused returns from the branch
-        # it falls in): the dearest input, not their sum
-        calls[o.id] = 1 + (max(inner, default=0) if o.op == "concat" else sum(inner))
+        # it falls in): the dearest input, not their sum; a short reduction reads each of
+        # its elements
+        calls[o.id] = 1 + (max(inner, default=0) if o.op == "concat" else
+                           FU.reduced(o.inputs[0].shape, o.attrs["axes"]) * sum(inner)
+                           if short_reduction(o) else sum(inner))
     return Group(order, list(leaves.values())), calls
 
 
