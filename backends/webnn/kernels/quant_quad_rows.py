@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from .common import Kernel, decl, esize, grid
 from .quant import _unpack_fns
-from .quant_rows import QUAD, GatedOutput, _group_sums, _scale_fn, quad_lanes, wide_shared
+from .quant_rows import QUAD, GatedOutput, _group_sums, _scale_fn, group_entry, quad_lanes, wide_shared
 
 
 def _input(m: int, x: str, K4: int, M: int, head_d: int | None) -> str:
@@ -86,15 +86,8 @@ def gemm_q4_quad(K: int, N: int, block: int, M: int, *, signed: bool,
         src += decl(len(binds), f"out{j}" if splits else "out", io, "rw")
         binds.append("rw")
     src += _unpack_fns(signed) + _scale_fn(half_scales)
-    shared = wide_shared(RM, lanes, wg, sub)
-    if shared:
-        src += f"var<workgroup> sh: array<f32, {shared}>;\n"
-    src += (f"@compute @workgroup_size({wg})\n"
-            "fn main(@builtin(workgroup_id) wid: vec3<u32>, "
-            "@builtin(local_invocation_index) lid: u32) {\n"
-            f"  let g = lid / {lanes}u;\n  let t = lid % {lanes}u;\n"
-            f"  let n0 = (wid.y * {gx}u + wid.x) * {G * R}u + g * {R}u;\n"
-            f"  let q = min(n0 / {R}u, {-(-N // R) - 1}u);\n")
+    src += group_entry(R, lanes, wg, gx, wide_shared(RM, lanes, wg, sub))
+    src += f"  let q = min(n0 / {R}u, {-(-N // R) - 1}u);\n"
     for i in range(iters):  # every code load first
         j = (f"min(t + {i * lanes}u, {words - 1}u)" if words % lanes and i == iters - 1
              else f"t + {i * lanes}u")

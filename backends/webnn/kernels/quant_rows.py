@@ -157,18 +157,24 @@ def _rows_head(N: int, K: int, block: int, R: int, lanes: int, wg: int, gx: int,
     if mapped is not None:
         src += mapped.src
     src += _unpack_half_fns(signed) if half else _unpack_biased_fns(signed)
-    src += _scale_fn(half_scales)
-    if shared:
-        src += f"var<workgroup> sh: array<f32, {shared}>;\n"
-    src += (f"@compute @workgroup_size({wg})\n"
-            "fn main(@builtin(workgroup_id) wid: vec3<u32>, "
-            "@builtin(local_invocation_index) lid: u32) {\n"
-            f"  let g = lid / {lanes}u;\n  let t = lid % {lanes}u;\n"
-            f"  let n0 = (wid.y * {gx}u + wid.x) * {(wg // lanes) * R}u + g * {R}u;\n")
+    src += _scale_fn(half_scales) + group_entry(R, lanes, wg, gx, shared)
     for j in range(R if row_offsets else 0):
         src += (f"  let r{j} = min(n0 + {j}u, {N - 1}u);\n  let wb{j} = r{j} * {K // 32}u;\n"
                 f"  let sb{j} = r{j} * {K // block}u;\n")
     return src, binds
+
+
+def group_entry(R: int, lanes: int, wg: int, gx: int, shared: int) -> str:
+    """WGSL: ``shared`` floats of workgroup memory ``sh`` (none where 0) and the entry
+    point of a kernel of groups of ``lanes`` invocations sharing ``R`` rows (``wg`` a
+    workgroup, ``gx`` workgroups along x), up to its group ``g``, lane ``t`` and the
+    group's first row ``n0``."""
+    src = f"var<workgroup> sh: array<f32, {shared}>;\n" if shared else ""
+    return src + (f"@compute @workgroup_size({wg})\n"
+                  "fn main(@builtin(workgroup_id) wid: vec3<u32>, "
+                  "@builtin(local_invocation_index) lid: u32) {\n"
+                  f"  let g = lid / {lanes}u;\n  let t = lid % {lanes}u;\n"
+                  f"  let n0 = (wid.y * {gx}u + wid.x) * {(wg // lanes) * R}u + g * {R}u;\n")
 
 
 def _q4_traffic(K: int, N: int, nblocks: int, zero_points: bool, residual: bool,
