@@ -822,6 +822,7 @@ def test_a_product_read_by_one_elementwise_tail_writes_the_tail(ctx_with, monkey
     "float16", marks=pytest.mark.adapter_feature("shader-f16"))])
 @pytest.mark.parametrize("kind,k,n,m,zero_points,block", [
     ("int4", 64, 40, 4, False, 32), ("uint4", 96, 7, 3, True, 32),
+    ("int4", 64, 44, 3, False, 32),  # odd M: chunks of 8 columns, the last of 4 (quad: n_off)
     pytest.param("uint4", 320, 130, 8, True, 32, marks=pytest.mark.slow),
     ("int4", 40, 9, 11, True, 8),
     pytest.param("uint4", 48, 11, 2, False, 16, marks=pytest.mark.slow),
