@@ -20,7 +20,7 @@ import numpy as np
 from .. import shapes as S
 from .common import Kernel, decl, esize, grid, main_1d, offset_fn
 from .elementwise import expression
-from .reduce import COMBINE, SHORT_ROW
+from .reduce import COMBINE, SHORT_ROW, combined, reduced
 
 #: where an input comes from: ("op", index into ``ops``) or ("leaf", index into ``leaves``)
 Ref = tuple[str, int]
@@ -111,11 +111,6 @@ def _function(n: int, op: FusedOp, leaves: Sequence[Leaf], takes: Sequence[list[
     return src + head + body + "}\n"
 
 
-def reduced(in_shape: Sequence[int], axes: Sequence[int]) -> int:
-    """Elements a reduction over ``axes`` of ``in_shape`` combines into each output."""
-    return S.size([d for k, d in enumerate(in_shape) if k in axes])
-
-
 def _short_reduction(n: int, op: FusedOp, head: str, read, p: str) -> str:
     """WGSL ``v<n>`` of a reduction of at most ``SHORT_ROW`` elements an output: output
     element i is its row's combine, every element read at a constant offset from the
@@ -130,11 +125,7 @@ def _short_reduction(n: int, op: FusedOp, head: str, read, p: str) -> str:
     body = f"  let b = {p}o{n}(i);\n"
     body += "".join(f"  let e{j} = {read(op.inputs[0], f'b + {off}u')};\n"
                     for j, off in enumerate(offs))
-    acc = "e0"
-    for j in range(1, len(offs)):
-        acc = COMBINE[op.op].format(a=acc, b=f"e{j}")
-    if op.op == "reduce_mean":
-        acc = f"({acc}) / {op.out_type}({len(offs)})"
+    acc = combined(op.op, op.out_type, [f"e{j}" for j in range(len(offs))])
     return src + head + body + f"  return {acc};\n}}\n"
 
 

@@ -182,17 +182,18 @@ def _rows_write(value: str, writer: str, j: int, N: int, M: int, width: int, n_o
                 residual: bool, half_out: bool, splits: Sequence[int] | None) -> str:
     """WGSL: where ``writer`` holds, row m0 + j's sum ``value`` of column n written (plus
     its residual; rounded to float16 once), or with ``splits`` to the output its column
-    falls in."""
+    falls in (rounded so too)."""
     src = f"  if ({writer} && n < {N}u && m0 + {j}u < {M}u) {{\n"
+    io = "f16" if half_out else ""
     if not splits:
         idx = f"(m0 + {j}u) * {width}u + {n_off}u + n"
         val = f"{value} + f32(res[{idx}])" if residual else value
-        return src + f"    out[{idx}] = {'f16' if half_out else ''}({val});\n  }}\n"
+        return src + f"    out[{idx}] = {io}({val});\n  }}\n"
     start = 0
     for i, ni in enumerate(splits):
         kw = "if" if i == 0 else "} else if"
         src += (f"    {kw} (n < {start + ni}u) "
-                f"{{ out{i}[(m0 + {j}u) * {ni}u + n - {start}u] = {value};\n")
+                f"{{ out{i}[(m0 + {j}u) * {ni}u + n - {start}u] = {io}({value});\n")
         start += ni
     return src + "    }\n  }\n"
 

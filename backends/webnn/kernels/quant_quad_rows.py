@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .common import Kernel, decl, esize, grid
-from .quant import _unpack_fns
+from .quant import _rows_write, _unpack_fns
 from .quant_rows import QUAD, GatedOutput, _group_sums, _scale_fn, group_entry, quad_lanes, wide_shared
 
 
@@ -53,7 +53,7 @@ def gemm_q4_quad(K: int, N: int, block: int, M: int, *, signed: bool,
     of ``quant_rows.gemv_q4_quad``: ``b`` (N/4, K/8) ``vec4<u32>``, ``sc`` (N/4, K/block, 4)
     float32 (float16 pairs with ``half_scales``).
 
-    A group of ``quad_lanes(K, loads)`` invocations shares 4 columns, each invocation
+    A group of ``quad_group(K, M, loads)`` invocations shares 4 columns, each invocation
     ``loads`` code loads along K issued before its sums; the group's 4·M sums meet by
     ``_group_sums`` and lane t writes column n0 + t % 4 of row t / 4 (``width`` a row,
     at ``n_off``; plus ``res`` where ``residual``; float16, rounded once, with
@@ -109,7 +109,6 @@ def gemm_q4_quad(K: int, N: int, block: int, M: int, *, signed: bool,
                 f" + dot(hi{m}_{i}, qh{r}_{i}));\n" for m in range(M))
         src += f"  if (t + {i * lanes}u < {words}u) {{\n{body}  }}\n" if guard else body
     src += _group_sums(RM, lanes, wg, sub)  # lane t < 4·M: sum t, column t % 4 of row t / 4
-    src += f"  let n = n0 + t % {R}u;\n  let m = t / {R}u;\n"
     traffic = (4 * K * M + N * K // 2 + N * nblocks * (2 if half_scales else 4)
                + esize(io) * M * (N // 2 if gated is not None else N) * (2 if residual else 1))
     if gated is not None:
@@ -123,15 +122,6 @@ def gemm_q4_quad(K: int, N: int, block: int, M: int, *, signed: bool,
                 f"    let gi = mp * {N // 2}u + np;\n"
                 f"    out[gi] = {gated.call.format('gi')};\n  }}\n}}\n")
         return Kernel("gemm_q4_quad", src, binds, (gx, gy, 1), traffic)
-    src += f"  if (t < {RM}u && n < {N}u) {{\n"
-    if not splits:
-        idx = f"m * {width}u + {n_off}u + n"
-        val = f"s + f32(res[{idx}])" if residual else "s"
-        src += f"    out[{idx}] = {io}({val});\n  }}\n}}\n"
-        return Kernel("gemm_q4_quad", src, binds, (gx, gy, 1), traffic)
-    start = 0
-    for i, ni in enumerate(splits):
-        kw = "if" if i == 0 else "} else if"
-        src += f"    {kw} (n < {start + ni}u) {{ out{i}[m * {ni}u + n - {start}u] = {io}(s);\n"
-        start += ni
-    return Kernel("gemm_q4_quad", src + "    }\n  }\n}\n", binds, (gx, gy, 1), traffic)
+    src += f"  let n = n0 + t % {R}u;\n  let m0 = t / {R}u;\n"  # row m0 + 0 of _rows_write
+    src += _rows_write("s", f"t < {RM}u", 0, N, M, width, n_off, residual, half_out, splits)
+    return Kernel("gemm_q4_quad", src + "}\n", binds, (gx, gy, 1), traffic)

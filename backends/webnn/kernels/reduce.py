@@ -139,7 +139,7 @@ def reduce(op: str, t: str, in_shape: Sequence[int], axes: Sequence[int],
     src += offset_fn("redoff", [in_shape[i] for i in red] or [1], [st[i] for i in red] or [0])
     traffic = 4 * (S.size(in_shape) + rows)
     if rn <= SHORT_ROW:
-        return Kernel(op, src + _short_rows(op, t, rows, rn, load, init, wg), bindings,
+        return Kernel(op, src + _short_rows(op, t, rows, rn, load, wg), bindings,
                       grid(rows, wg), traffic)
     gx, gy, gz = grid(rows, 1)
     src += f"var<workgroup> sh: array<{t}, {wg}>;\n" + _header(gx, wg)
@@ -160,18 +160,27 @@ def reduce(op: str, t: str, in_shape: Sequence[int], axes: Sequence[int],
 SHORT_ROW = 16
 
 
-def _short_rows(op: str, t: str, rows: int, rn: int, load: str, init: str, wg: int) -> str:
+def reduced(in_shape: Sequence[int], axes: Sequence[int]) -> int:
+    """Elements a reduction over ``axes`` of ``in_shape`` combines into each output."""
+    return S.size([d for k, d in enumerate(in_shape) if k in axes])
+
+
+def combined(op: str, t: str, values: Sequence[str]) -> str:
+    """WGSL: ``op``'s combine of ``values`` (expressions of type ``t``) from the first on, a
+    mean divided by their count: a short row's reduction written out."""
+    acc = values[0]
+    for v in values[1:]:
+        acc = COMBINE[op].format(a=acc, b=v)
+    return f"({acc}) / {t}({len(values)})" if op == "reduce_mean" else acc
+
+
+def _short_rows(op: str, t: str, rows: int, rn: int, load: str, wg: int) -> str:
     """WGSL body of ``reduce`` for rows of at most ``SHORT_ROW`` elements: an invocation
     a row, every load issued before the combines."""
     gx = grid(rows, wg)[0]
-    comb = COMBINE[op]
     src = main_1d(gx, wg) + f"  if (i >= {rows}u) {{ return; }}\n  let base = rowoff(i);\n"
     src += "".join(f"  let rv_{j} = {load.format(f'base + redoff({j}u)')};\n" for j in range(rn))
-    acc = init
-    for j in range(rn):
-        acc = comb.format(a=acc, b=f"rv_{j}")
-    res = f"({acc}) / {t}({rn})" if op == "reduce_mean" else acc
-    return src + f"  out[i] = {res};\n}}\n"
+    return src + f"  out[i] = {combined(op, t, [f'rv_{j}' for j in range(rn)])};\n}}\n"
 
 
 def softmax(shape: Sequence[int], axis: int, wg: int = WG) -> Kernel:

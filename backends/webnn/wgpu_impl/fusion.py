@@ -136,7 +136,7 @@ def short_reduction(o: Node) -> bool:
     """A reduction of at most ``kernels/reduce.SHORT_ROW`` elements an output (a short
     convolution's window), which ``kernels/fused`` can compute where it is read."""
     return (o.kind == "op" and o.op in RD.COMBINE
-            and FU.reduced(o.inputs[0].shape, o.attrs["axes"]) <= RD.SHORT_ROW)
+            and RD.reduced(o.inputs[0].shape, o.attrs["axes"]) <= RD.SHORT_ROW)
 
 
 def _inlinable_reductions(nodes: list[Node], consumers: dict[int, list[Node]]) -> set[int]:
@@ -274,7 +274,7 @@ def collect(r: Node, inlined: set[int]) -> tuple[Group, dict[int, int]]:
         # it falls in): the dearest input, not their sum; a short reduction reads each of
         # its elements
         calls[o.id] = 1 + (max(inner, default=0) if o.op == "concat" else
-                           FU.reduced(o.inputs[0].shape, o.attrs["axes"]) * sum(inner)
+                           RD.reduced(o.inputs[0].shape, o.attrs["axes"]) * sum(inner)
                            if short_reduction(o) else sum(inner))
     return Group(order, list(leaves.values())), calls
 

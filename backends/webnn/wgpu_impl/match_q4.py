@@ -404,10 +404,9 @@ def lower_q4_rows(plan: Any, members: list[Node], a_slot: Slot, slot_of: Any) ->
         if gated is not None:
             common["gated"] = gated.output()  # (its output type decides the kernel's half_out)
         if quad:
-            k = QQ.gemm_q4_quad(K, nc, w0.block, M, signed=w0.signed,
-                                subgroup=plan.target.subgroup, half_scales=half_scales,
-                                **{x: v for x, v in common.items()
-                                   if x not in ("signed", "zero_points")})
+            common.pop("zero_points")  # none: the quad layout runs without them
+            k = QQ.gemm_q4_quad(K, nc, w0.block, M, subgroup=plan.target.subgroup,
+                                half_scales=half_scales, **common)
             plan.launches.append(KernelLaunch(k, [a_slot, *slots, *(
                 [slot_of(res)] if res is not None else []), *outs]))
             continue
