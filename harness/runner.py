@@ -225,8 +225,8 @@ def run_sweep(rc: RunConfig, out: str | Path | ResultsFile, console: Console | N
         except Interrupted:
             raise
         except KeyboardInterrupt:
-            how = "terminated" if caught[0] == signal.SIGTERM else "interrupted"
-            raise Interrupted(sink.interrupted(how), 128 + int(caught[0])) from None
+            how, status = stopped_by(caught)
+            raise Interrupted(sink.interrupted(how), status) from None
 
 
 def _measure_sweep(rc: RunConfig, sink: ResultsFile, console: Console | None,
@@ -355,6 +355,13 @@ def terminate_as_interrupt() -> Iterator[list[int]]:
         yield caught
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def stopped_by(caught: list[int]) -> tuple[str, int]:
+    """(how a run was stopped, its exit status: 128 + the signal) from what
+    ``terminate_as_interrupt`` caught."""
+    how = "terminated" if caught[0] == signal.SIGTERM else "interrupted"
+    return how, 128 + int(caught[0])
 
 
 def remove_stale_depth_dirs() -> None:

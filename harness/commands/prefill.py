@@ -5,7 +5,6 @@ time to depth through the decode graph, K tokens a dispatch (``harness.prefill``
 from __future__ import annotations
 
 import argparse
-import signal
 from contextlib import nullcontext
 from datetime import UTC, datetime
 
@@ -94,7 +93,7 @@ class Prefill(Command):
         chunks = prefill.parse_chunks(args.chunks)
         contexts = parse_contexts(args.contexts)
         prefill.check_multiples(contexts, chunks)
-        from harness.runner import terminate_as_interrupt  # the runner: only when it runs
+        from harness.runner import stopped_by, terminate_as_interrupt  # only when it runs
 
         head = {"created": datetime.now(UTC).isoformat(timespec="seconds"),
                 "command": cls.command_line(), "environment": cls._environment()}
@@ -118,12 +117,12 @@ class Prefill(Command):
                     body = prefill.measure(args.preset, backends, chunks, contexts, args.reps,
                                            args.seed, progress, args.model)
                 except KeyboardInterrupt:
-                    how = "terminated" if caught[0] == signal.SIGTERM else "interrupted"
+                    how, status = stopped_by(caught)
                     n = len(kept[0]["points"]) if kept else 0
                     where = f" in {args.out}" if args.out and kept else ""
                     err_console.print(f"statebench: {how}; {n} points kept{where}",
                                       markup=False, highlight=False, soft_wrap=True)
-                    return 128 + int(caught[0])
+                    return status
             data = data_of(body, complete=True)
             console.print(table(data))
             for line in notes(data):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 from contextlib import nullcontext
 from datetime import datetime
 from pathlib import Path
@@ -84,7 +83,7 @@ def refusals(classes: dict[str, type[Backend]]) -> tuple[dict[str, str], dict | 
 
 def run_e2e(args: argparse.Namespace, command: str, console, err_console) -> int:
     from harness.calibrate import environment
-    from harness.runner import resolve_backends, terminate_as_interrupt
+    from harness.runner import resolve_backends, stopped_by, terminate_as_interrupt
     from harness.sources import source_for
     from model.checksum import check_cache_dir
     from model.workload import default_cache_dir
@@ -118,10 +117,10 @@ def run_e2e(args: argparse.Namespace, command: str, console, err_console) -> int
                 run(cfg, Sweep(classes, refused, out=out, on_group=said, say=progress,
                                source=source), results)
             except KeyboardInterrupt:
-                how = "terminated" if caught[0] == signal.SIGTERM else "interrupted"
+                how, status = stopped_by(caught)
                 err_console.print(f"statebench: {how}; {len(results.points)} points kept in "
                                   f"{out}", markup=False, highlight=False, soft_wrap=True)
-                return 128 + int(caught[0])
+                return status
     console.print(e2e_render.table(results))
     for line in e2e_render.notes(results):
         console.print(line, style="red" if line.startswith("✗") else "yellow",
