@@ -185,21 +185,25 @@ def test_k_token_rows_keep_their_launch_by_default(gpu_plan):
 
 
 @pytest.mark.adapter_feature("shader-f16")
-@pytest.mark.parametrize("q4_rows", [None, "quad"])
+@pytest.mark.parametrize("q4_rows,attention", [(None, None), ("quad", None), ("quad", "lanes")])
 @pytest.mark.parametrize("hybrid", [False, True], ids=["attention", "hybrid"])
-def test_q4f16_verify_on_the_gpus_plan_computes_the_reference(gpu_plan, hybrid, q4_rows):
+def test_q4f16_verify_on_the_gpus_plan_computes_the_reference(gpu_plan, hybrid, q4_rows,
+                                                              attention):
     """A K = 4 verify of a q4f16 preset (two attention layers, or tiny's own hybrid of gated
     delta and attention layers) on the H200's plan: the several-row 4-bit products by column
     (``gemm_q4_cols``), each gate/up pair writing SwiGLU (no activation launch), the rows
     written by their own launch (the default for K rows), the verify's q rows in groups;
     two verifies from depth 8, each row within the preset's tolerance of the float64
-    reference, argmax included."""
+    reference, argmax included. ``attention`` "lanes": the K rows' queries (16 a KV head
+    on llama-1b) scored by ``attention_lanes`` with an online softmax, each cache row
+    loaded once for all of them."""
     cfg = preset("tiny+q4f16")
     if not hybrid:
         cfg = replace(cfg, layers=(ATTENTION,) * 2)
     wl = Workload.build(cfg)
     k, cap, depth = 4, 24, 8
-    b = StatefulInPlace(options=KernelOptions(q4_rows=q4_rows), tokens_per_step=k)
+    b = StatefulInPlace(options=KernelOptions(q4_rows=q4_rows, attention=attention),
+                        tokens_per_step=k)
     b.prepare(wl, cap)
     try:
         names = _names(b)
@@ -210,6 +214,8 @@ def test_q4f16_verify_on_the_gpus_plan_computes_the_reference(gpu_plan, hybrid, 
         assert names.count(kernel) == 4 * len(cfg.layers) + 1, names
         assert "fused:sigmoid+mul+mul" not in names, names
         assert names.count("scatter_nd") == cfg.layers.count(ATTENTION), names
+        attn = "attention_lanes" if attention == "lanes" else "attention_flash"
+        assert names.count(attn) == cfg.layers.count(ATTENTION), names
         tokens = token_stream(cfg, cap)
         ref = Reference(cfg, wl.weights, cap)
         ref.prefill(tokens[:depth])
