@@ -16,7 +16,7 @@ import pytest
 
 from backends.base import DepthState, registry
 from backends.pages import StatefulInPlace, StatelessCopy
-from backends.webnn.wgpu_impl import context
+from backends.webnn.wgpu_impl import context, options
 from backends.webnn.wgpu_impl.options import KernelOptions
 from harness.metrics import FLOAT32_TOLERANCE, logits_tolerance
 from model.reference import Reference
@@ -185,24 +185,27 @@ def test_k_token_rows_keep_their_launch_by_default(gpu_plan):
 
 
 @pytest.mark.adapter_feature("shader-f16")
-@pytest.mark.parametrize("q4_rows,attention", [(None, None), ("quad", None), ("quad", "lanes")])
+@pytest.mark.parametrize("q4_rows,attention_rows", [(None, None), ("quad", None),
+                                                     ("quad", "lanes")])
 @pytest.mark.parametrize("hybrid", [False, True], ids=["attention", "hybrid"])
-def test_q4f16_verify_on_the_gpus_plan_computes_the_reference(gpu_plan, hybrid, q4_rows,
-                                                              attention):
+def test_q4f16_verify_on_the_gpus_plan_computes_the_reference(gpu_plan, monkeypatch, hybrid,
+                                                              q4_rows, attention_rows):
     """A K = 4 verify of a q4f16 preset (two attention layers, or tiny's own hybrid of gated
     delta and attention layers) on the H200's plan: the several-row 4-bit products by column
     (``gemm_q4_cols``), each gate/up pair writing SwiGLU (no activation launch), the rows
     written by their own launch (the default for K rows), the verify's q rows in groups;
     two verifies from depth 8, each row within the preset's tolerance of the float64
-    reference, argmax included. ``attention`` "lanes": the K rows' queries (16 a KV head
-    on llama-1b) scored by ``attention_lanes`` with an online softmax, each cache row
-    loaded once for all of them."""
+    reference, argmax included. ``attention_rows`` "lanes": the K rows' queries (tiny's
+    8 a KV head at K = 4 is not "many" — ``MANY_Q_ROWS`` is lowered here — 16 on llama-1b)
+    scored by ``attention_lanes`` with an online softmax, each cache row loaded once for
+    all of them."""
     cfg = preset("tiny+q4f16")
     if not hybrid:
         cfg = replace(cfg, layers=(ATTENTION,) * 2)
     wl = Workload.build(cfg)
     k, cap, depth = 4, 24, 8
-    b = StatefulInPlace(options=KernelOptions(q4_rows=q4_rows, attention=attention),
+    monkeypatch.setattr(options, "MANY_Q_ROWS", k * cfg.q_heads // cfg.kv_heads - 1)
+    b = StatefulInPlace(options=KernelOptions(q4_rows=q4_rows, attention_rows=attention_rows),
                         tokens_per_step=k)
     b.prepare(wl, cap)
     try:
@@ -214,7 +217,7 @@ def test_q4f16_verify_on_the_gpus_plan_computes_the_reference(gpu_plan, hybrid, 
         assert names.count(kernel) == 4 * len(cfg.layers) + 1, names
         assert "fused:sigmoid+mul+mul" not in names, names
         assert names.count("scatter_nd") == cfg.layers.count(ATTENTION), names
-        attn = "attention_lanes" if attention == "lanes" else "attention_flash"
+        attn = "attention_lanes" if attention_rows == "lanes" else "attention_flash"
         assert names.count(attn) == cfg.layers.count(ATTENTION), names
         tokens = token_stream(cfg, cap)
         ref = Reference(cfg, wl.weights, cap)

@@ -16,6 +16,7 @@ ACCEPTED = {
              "rows16_sh_u2", "rows_u8_w"],
     "attention": ["flash", "flash1", "lanes", "lanes1", "lanes_u8", "lanes1_u2", "unfused",
                   "generic"],
+    "attention_rows": ["flash", "flash1", "lanes", "lanes1_u2", "unfused", "generic"],
     "gemv_prologue": ["launch", "off", "full", "vector"],
     "q4_prologue": ["off", "vector", "full"],
     "q4_epilogue": ["off", "gated"],
@@ -42,6 +43,7 @@ ACCEPTED = {
 }
 REFUSED = {
     "gemv": ["fastest", "col", "rows_x"], "attention": ["flash2", "", "lanes_u3", "lanes2"],
+    "attention_rows": ["flash2", "", "lanes_u3"],
     "gemv_prologue": ["on"], "q4_prologue": ["launch", ""],
     "q4_epilogue": ["on", "swiglu", ""], "q4_norms": ["on", "launch", ""],
     "row_vector": ["unroll", ""],
@@ -94,6 +96,17 @@ def test_parse_the_scripts_syntax():
                        ("attention_splits=many", "attention_splits"), ("gdn=fused3", "gdn")):
         with pytest.raises(ValueError, match=words):
             KernelOptions.parse([bad])
+
+
+def test_attention_rows_picks_the_attention_of_many_q_rows():
+    """``attention_rows`` applies above ``MANY_Q_ROWS`` q rows a KV head (a K-token verify's
+    16 on llama-1b), ``attention`` to the rest (a one-token step's 4)."""
+    o = KernelOptions(attention_rows="lanes")
+    assert (o.attention_for(4), o.attention_for(16)) == (None, "lanes")
+    assert (o.attention_lanes(4), o.attention_lanes(16)) == (None, (False, None))
+    assert KernelOptions(attention="lanes1").attention_for(16) == "lanes1"  # unset: as attention
+    assert KernelOptions(attention="generic", attention_rows="lanes").attention_matched()
+    assert not KernelOptions(attention="generic").attention_matched()
 
 
 def test_frozen_hashable_and_plain():

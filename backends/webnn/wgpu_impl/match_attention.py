@@ -54,6 +54,12 @@ class Attention:
     q_chain: fusion.Group | None = None  # q's element-wise group (RoPE), computed inside
 
     @property
+    def q_rows(self) -> int:
+        """q rows a KV head scores (a one-token step: the head's GQA group; K times as
+        many in a K-token verify)."""
+        return int(self.out.shape[-2])
+
+    @property
     def absorbed(self) -> list[Node]:
         """Ops computed inside the two kernels (no launch of their own)."""
         softmax = root(self.out.inputs[0])
@@ -262,7 +268,7 @@ def _only_attention(x: Node, m: Attention, consumers: dict[int, list[Node]]) -> 
 def _attention_one(plan: Any, o: Node) -> tuple[Any, int, int] | None:
     """The one-launch decode attention where ``KernelOptions.attention`` asks for it
     ("flash1", "lanes1[_uN]") and it applies, else None."""
-    if plan.options.attention == "flash1":
+    if plan.options.attention_for(plan.attention[o.id].q_rows) == "flash1":
         return plan.attention[o.id].one_launch(plan.target.shared_bytes,
                                                 plan.options.attention_splits,
                                                 plan.target.max_storage)
@@ -274,7 +280,7 @@ def _attention_one(plan: Any, o: Node) -> tuple[Any, int, int] | None:
 def _attention_lanes(plan: Any, o: Node, fold: bool) -> tuple[list, int, int] | None:
     """The lane-group decode attention (``attention_lanes``) where ``KernelOptions.attention``
     asks for it with (``fold``) or without the combine folded in and it applies, else None."""
-    how = plan.options.attention_lanes()
+    how = plan.options.attention_lanes(plan.attention[o.id].q_rows)
     if how is None or how[0] != fold:
         return None
     return plan.attention[o.id].lanes(plan.target.shared_bytes, plan.options.attention_splits,

@@ -59,6 +59,13 @@ Q4_COLS_VARIANT = re.compile(r"cols([124])?(?:_c(8|16|32))?")
 #: cache rows a lane-group loads before using any, default ``attention_lanes.UNROLL``)
 LANES_VARIANT = re.compile(r"lanes(1)?(?:_u(\d+))?")
 
+#: q rows a KV head above which ``KernelOptions.attention_rows`` picks the attention (a
+#: one-token step has a head's GQA rows, 4 on llama-1b; a K = 4 verify has 16)
+MANY_Q_ROWS = 8
+
+#: the attention variants ``match_attention`` lowers itself (the rest stay on matmuls)
+FLASH_VARIANTS = (None, "flash", "flash1")
+
 #: the knobs that are counts, and what they count
 COUNTS = {"attention_splits": "the splits per head",
           "attention_q_rows": "the q rows a workgroup scores"}
@@ -67,6 +74,7 @@ COUNTS = {"attention_splits": "the splits per head",
 #: gemv, gdn and the COUNTS are checked by their own rules in ``_check``
 CHOICES: dict[str, tuple[str, ...]] = {
     "attention": ("flash", "flash1", "unfused", "generic"),
+    "attention_rows": ("flash", "flash1", "unfused", "generic"),
     "gemv_prologue": ("launch", "off", "full", "vector"),
     "q4_prologue": ("off", "vector", "full"),
     "q4_epilogue": ("off", "gated"),
@@ -105,6 +113,9 @@ class KernelOptions:
     #: with the combine folded in as "flash1" does; else as "flash"), "unfused" (QK, chain,
     #: softmax, split-K probs·V), "generic" (plain matmuls)
     attention: str | None = None
+    #: decode attention where a KV head scores more than ``MANY_Q_ROWS`` q rows (a K-token
+    #: verify's, a prefill chunk's): None (as ``attention``), or one of ``attention``'s values
+    attention_rows: str | None = None
     #: a gemv's input vector reading a one-element reduction (RMSNorm): None/"launch" (both in
     #: one launch of their own), "off" (each its own launch), "full" (both computed by each
     #: gemv workgroup), "vector" (the vector by each gemv workgroup, the reduction launched)
@@ -334,10 +345,24 @@ class KernelOptions:
         how = self.attention_writes
         return how == "fold" or (how is None and not t.cpu)
 
-    def attention_lanes(self) -> tuple[bool, int | None] | None:
+    def attention_for(self, q_rows: int) -> str | None:
+        """The attention variant of a head scoring ``q_rows`` q rows: ``attention_rows``
+        where set and the rows are more than ``MANY_Q_ROWS``, else ``attention``."""
+        if q_rows > MANY_Q_ROWS and self.attention_rows is not None:
+            return self.attention_rows
+        return self.attention
+
+    def attention_matched(self) -> bool:
+        """Whether any attention may run on the matched kernels (flash or lanes), so the
+        graph's attention patterns are looked for."""
+        used = [self.attention] + ([self.attention_rows] if self.attention_rows else [])
+        return any(v in FLASH_VARIANTS or LANES_VARIANT.fullmatch(v) for v in used)
+
+    def attention_lanes(self, q_rows: int = 1) -> tuple[bool, int | None] | None:
         """(combine folded in, rows a lane-group loads at once or None: the default) of the
-        lane-group attention, or None where ``attention`` is not a "lanes" variant."""
-        m = LANES_VARIANT.fullmatch(self.attention or "")
+        lane-group attention of a head scoring ``q_rows`` q rows, or None where its
+        variant (``attention_for``) is not a "lanes" one."""
+        m = LANES_VARIANT.fullmatch(self.attention_for(q_rows) or "")
         if m is None:
             return None
         return bool(m.group(1)), int(m.group(2)) if m.group(2) else None
@@ -413,12 +438,14 @@ def _check(name: str, value: object) -> None:
             raise ValueError(f"KernelOptions.q4_rows = {value!r}; accepted: None, 'rows', "
                              "'quad', 'cols[PER][_cCOLS]' (PER 1, 2 or 4; COLS 8, 16 or 32; "
                              "e.g. 'cols', 'cols4', 'cols_c32')")
-    elif name == "attention" and LANES_VARIANT.fullmatch(value):
+    elif name in ("attention", "attention_rows") and LANES_VARIANT.fullmatch(value):
         unroll = LANES_VARIANT.fullmatch(value).group(2)
         if unroll is not None and int(unroll) not in (1, 2, 4, 8):
-            raise ValueError(f"KernelOptions.attention = {value!r}: rows loaded at once "
+            raise ValueError(f"KernelOptions.{name} = {value!r}: rows loaded at once "
                              "(_uUNROLL) must be 1, 2, 4 or 8")
     elif value not in CHOICES[name]:
-        extra = {"q4_gemv": f", {Q4_FORMS}", "attention": ", 'lanes[1][_uUNROLL]'"}.get(name, "")
+        lanes = ", 'lanes[1][_uUNROLL]'"
+        extra = {"q4_gemv": f", {Q4_FORMS}", "attention": lanes,
+                 "attention_rows": lanes}.get(name, "")
         raise ValueError(f"KernelOptions.{name} = {value!r}; accepted: None, "
                          f"{', '.join(map(repr, CHOICES[name]))}{extra}")

@@ -19,6 +19,7 @@ from .match_attention import fold_row_writes, last2_transpose_input, match_atten
 from .match_gdn import match_gated_delta
 from .match_gdn_capsule import match_capsules
 from .match_q4 import head_rows, match_q4, stacked_rows
+from .options import FLASH_VARIANTS
 from .plan import Plan, Slot
 
 
@@ -98,9 +99,14 @@ def fuse_loops(plan: Plan, st: PassState) -> None:
 
 def decode_attention(plan: Plan, st: PassState) -> None:
     """QK, the score chain, softmax and probs·V in two launches."""
-    if plan.options.attention in (None, "flash", "flash1") or plan.options.attention_lanes():
-        plan.attention = match_attention(st.nodes, st.inlined, plan.groups, st.pinned,
-                                         plan.target.shared_bytes)
+    opts = plan.options
+    if opts.attention_matched():
+        found = match_attention(st.nodes, st.inlined, plan.groups, st.pinned,
+                                plan.target.shared_bytes)
+        # each kept where its own variant (``attention_for`` its q rows) is a matched one
+        plan.attention = {i: m for i, m in found.items()
+                          if opts.attention_for(m.q_rows) in FLASH_VARIANTS
+                          or opts.attention_lanes(m.q_rows) is not None}
     st.absorbed |= {x.id for m in plan.attention.values() for x in m.absorbed}
 
 
@@ -206,9 +212,10 @@ def attention_row_writes(plan: Plan, st: PassState) -> None:
     """A layer's K and V row writes (RoPE of k inside) written by its attention's first
     launch (``KernelOptions.attention_writes``), where the two-launch flash kernel runs it
     and the pairs are the stateful graph's."""
-    if (plan.attention and plan.options.attention_writes_fold(plan.target)
-            and plan.options.attention in (None, "flash")):
-        plan.attention_writes = fold_row_writes(plan.attention, st.nodes, st.writers,
+    flash = {i: m for i, m in plan.attention.items()  # the kernel the writes fold into
+             if plan.options.attention_for(m.q_rows) in (None, "flash")}
+    if flash and plan.options.attention_writes_fold(plan.target):
+        plan.attention_writes = fold_row_writes(flash, st.nodes, st.writers,
                                                 plan.row_writes, plan.groups,
                                                 plan.target.max_storage,
                                                 one_row=plan.options.attention_writes is None)
