@@ -99,19 +99,93 @@ def _run(ctx, b, outputs, feeds):
     return got
 
 
+def _spec_ops(b: MLGraphBuilder, xi, yi, hi, x, y, h, dt: str):
+    """The ops added for the W3C conformance tests: name -> (operand, float64 oracle value,
+    tolerance: WPT's ULP count, ("atol", bound), or None for exact equality)."""
+    v, w, hv = (a.astype(np.float64) for a in (x, y, h))
+    n = {1: 4, 2: 5, 0: 3}
+    c = {}
+    ties = b.concat([xi, xi], 1)  # every maximum and minimum twice: the first index wins
+    c["arg_max"] = (b.arg_max(ties, 1), np.concatenate([v, v], 1).argmax(1), None)
+    c["arg_min_keep_int64"] = (b.arg_min(ties, 1, keep_dimensions=True, output_data_type="int64"),
+                               np.concatenate([v, v], 1).argmin(1)[:, None], None)
+    c["arg_max_axis0"] = (b.arg_max(xi, 0), v.argmax(0), None)
+    c["arg_min_axis2"] = (b.arg_min(xi, 2), v.argmin(2), None)
+    c["elu"] = (b.elu(xi), np.where(v > 0, v, np.expm1(v)), 18)
+    c["elu_alpha"] = (b.elu(xi, alpha=0.5), np.where(v > 0, v, 0.5 * np.expm1(v)), 18)
+    a02 = float(np.array(0.2, dt))  # the spec casts alpha to the input's type
+    c["hard_sigmoid"] = (b.hard_sigmoid(xi), np.clip(a02 * v + 0.5, 0, 1), 2)
+    c["hard_sigmoid_opts"] = (b.hard_sigmoid(xi, alpha=0.75, beta=0.25),
+                              np.clip(0.75 * v + 0.25, 0, 1), 2)
+    c["hard_swish"] = (b.hard_swish(b.mul(xi, b.constant(data_type=dt, shape=[], value=2.0))),
+                       2 * v * np.clip(2 * v + 3, 0, 6) / 6, 4)
+    c["softsign"] = (b.softsign(xi), v / (1 + np.abs(v)), 3)
+    c["linear"] = (b.linear(xi), v, 2)
+    c["linear_opts"] = (b.linear(xi, alpha=1.5, beta=0.125), 1.5 * v + 0.125, 2)
+    c["prelu"] = (b.prelu(xi, yi), np.where(v > 0, v, w * v), 1)
+    c["prelu_broadcast"] = (b.prelu(b.slice(xi, [0, 0, 0], [1, 4, 5]), b.slice(yi, [0, 0, 0], [3, 4, 1])),
+                            np.where(v[:1] > 0, v[:1], w[:, :, :1] * v[:1]), 1)
+    c["sign"] = (b.sign(xi), np.sign(v), 0)
+    c["tan"] = (b.tan(b.mul(xi, b.constant(data_type=dt, shape=[], value=0.5))), np.tan(0.5 * v),
+                ("atol", 1 / 1024 if dt == "float32" else 1 / 512))
+    c["round_even"] = (b.round_even(hi), np.round(hv), 0)  # NumPy rounds halves to even
+    c["round_even_random"] = (b.round_even(b.mul(xi, b.constant(data_type=dt, shape=[], value=3.0))),
+                              np.round(3 * v), 0)
+    c["reduce_l1"] = (b.reduce_l1(xi, [1]), np.abs(v).sum(1), n[1])
+    c["reduce_l1_all"] = (b.reduce_l1(xi, keep_dimensions=True), np.abs(v).sum(keepdims=True), 60)
+    c["reduce_log_sum"] = (b.reduce_log_sum(b.abs(xi), [0, 2]), np.log(np.abs(v).sum((0, 2))),
+                           n[0] * n[2] + 18)
+    c["is_infinite"] = (b.is_infinite(xi), np.isinf(v).astype(np.uint8), None)
+    gt, lt = b.greater(xi, yi), b.lesser(xi, b.constant(data_type=dt, shape=[], value=0.5))
+    c["logical_xor"] = (b.logical_xor(gt, lt), ((v > w) ^ (v < 0.5)).astype(np.uint8), None)
+    # batchNormalization over axis 1 of (3, 4, 5) and axis 2; the mean below every x, scale and
+    # bias positive: WPT's 6 ULP holds where the bias adds to the normalized value (its
+    # cancellation against scale * x' amplifies the product's rounding in any implementation)
+    mean = (RNG.uniform(-3.0, -2.5, 4), RNG.uniform(-3.0, -2.5, 5))
+    var, sc, bias = (RNG.uniform(0.25, 2.0, 4), RNG.uniform(0.25, 2.0, 4), RNG.uniform(0.25, 2.0, 4))
+    cst = lambda a: b.constant(data_type=dt, shape=[len(a)], value=a.astype(dt))  # noqa: E731
+    q = lambda a: a.astype(dt).astype(np.float64)  # noqa: E731  (the constants as stored)
+    view = (1, 4, 1)
+    c["batch_normalization"] = (
+        b.batch_normalization(xi, cst(mean[0]), cst(var), scale=cst(sc), bias=cst(bias)),
+        q(sc).reshape(view) * (v - q(mean[0]).reshape(view))
+        / np.sqrt(q(var).reshape(view) + q(np.array(1e-5))[()]) + q(bias).reshape(view), 6)
+    var5 = RNG.uniform(0.25, 2.0, 5)
+    c["batch_normalization_axis2"] = (
+        b.batch_normalization(xi, cst(mean[1]), cst(var5), axis=2, epsilon=1e-3),
+        (v - q(mean[1])) / np.sqrt(q(var5) + q(np.array(1e-3))[()]), 6)
+    x4 = b.reshape(xi, [1, 3, 4, 5])
+    sc3, bias3 = RNG.uniform(0.25, 2.0, 3), RNG.uniform(0.25, 2.0, 3)
+    m = v.mean((1, 2), keepdims=True)
+    inorm = (v - m) / np.sqrt(((v - m) ** 2).mean((1, 2), keepdims=True) + 1e-5)
+    in_ulp = 840 if dt == "float32" else 8400
+    c["instance_normalization"] = (
+        b.instance_normalization(x4, scale=cst(sc3), bias=cst(bias3)),
+        (q(sc3).reshape(3, 1, 1) * inorm + q(bias3).reshape(3, 1, 1))[None], in_ulp)
+    x4h = b.reshape(b.transpose(xi, [1, 2, 0]), [1, 4, 5, 3])
+    c["instance_normalization_nhwc"] = (b.instance_normalization(x4h, layout="nhwc"),
+                                        inorm.transpose(1, 2, 0)[None], in_ulp)
+    return c
+
+
 def _graph(ctx, dt: str):
     x = _draw(SHAPE, dt)
+    y = _draw(SHAPE, dt)
+    y[0] = x[0]  # some equal elements for notEqual
+    h = (RNG.integers(1, 12, size=SHAPE) * RNG.choice([-0.5, 0.5], size=SHAPE)).astype(dt)
     b = MLGraphBuilder(ctx)
     xi = b.input("x", data_type=dt, shape=list(SHAPE))
     scale = b.constant(data_type=dt, shape=[5, 4], value=_draw((5, 4), dt))
     cases = _cases(b, xi, scale, dt)
-    y = _draw(SHAPE, dt)
-    y[0] = x[0]  # some equal elements for notEqual
     yi = b.input("y", data_type=dt, shape=list(SHAPE))
-    outputs = {k: v[0] for k, v in cases.items()} | {"not_equal": b.not_equal(xi, yi)}
-    got = _run(ctx, b, outputs, {"x": x, "y": y})
+    hi = b.input("h", data_type=dt, shape=list(SHAPE))
+    spec = _spec_ops(b, xi, yi, hi, x, y, h, dt)
+    outputs = ({k: v[0] for k, v in cases.items()} | {"not_equal": b.not_equal(xi, yi)}
+               | {k: v[0] for k, v in spec.items()})
+    got = _run(ctx, b, outputs, {"x": x, "y": y, "h": h})
     want = {k: (f(x.astype(np.float64)), tol) for k, (_, f, tol) in cases.items()}
     want["not_equal"] = ((x != y).astype(np.uint8), None)
+    want |= {k: (w, tol) for k, (_, w, tol) in spec.items()}
     return got, want
 
 
@@ -133,7 +207,13 @@ def float16_results(ctx):
 CASES = ["clamp", "clamp_min_only", "leaky_relu", "leaky_relu_alpha", "reduce_l2",
          "reduce_sum_square", "reduce_product", "reduce_product_all", "reduce_log_sum_exp",
          "reduce_log_sum_exp_keep", "layer_normalization", "layer_normalization_axes",
-         "pad_edge", "pad_reflection", "pad_constant", "not_equal"]
+         "pad_edge", "pad_reflection", "pad_constant", "not_equal",
+         "arg_max", "arg_min_keep_int64", "arg_max_axis0", "arg_min_axis2", "elu", "elu_alpha",
+         "hard_sigmoid", "hard_sigmoid_opts", "hard_swish", "softsign", "linear", "linear_opts",
+         "prelu", "prelu_broadcast", "sign", "tan", "round_even", "round_even_random",
+         "reduce_l1", "reduce_l1_all", "reduce_log_sum", "is_infinite", "logical_xor",
+         "batch_normalization", "batch_normalization_axis2", "instance_normalization",
+         "instance_normalization_nhwc"]
 
 
 @pytest.mark.parametrize("dt", ["float32", "float16"])
@@ -144,9 +224,13 @@ def test_op_within_wpt_tolerance(request, dt, case):
     g = got[case]
     assert g.shape == w.shape, (g.shape, w.shape)
     if tol is None:
-        np.testing.assert_array_equal(g, w)
+        np.testing.assert_array_equal(g, w.astype(g.dtype))
         return
     assert g.dtype == np.dtype(dt)
+    if isinstance(tol, tuple):  # WPT's ATOL metric
+        err = np.abs(g.astype(np.float64) - w)
+        assert err.max() <= tol[1], f"{case} {dt}: off by {err.max()} > {tol[1]}"
+        return
     d = ulp_distance(g, w)
     assert d.max() <= tol, f"{case} {dt}: {d.max()} ULP > {tol} (worst got {g.flat[d.argmax()]}, " \
                            f"want {w.flat[d.argmax()]})"
@@ -199,11 +283,47 @@ def test_int8_tensors_round_trip(ctx):
     np.testing.assert_array_equal(got["s"], a[:, 1:6:2])
 
 
+def test_arg_min_max_long_rows_ties_and_specials(ctx):
+    """argMax/argMin along a vocabulary-sized row (a workgroup's strided shares and tree):
+    ties at indices far apart go to the first; a NaN wins over numbers (the first NaN where
+    there are several, as NumPy); infinities are numbers. isInfinite and isNaN on the same
+    specials. Integer inputs compare as integers."""
+    vocab = 128256
+    v = _draw((3, vocab), "float32")
+    v[0, [5, 100000]] = 9.0  # tied maxima, in different invocations' shares
+    v[0, [77, 64077]] = -9.0  # tied minima
+    v[1, [70000, 90000]] = np.nan
+    v[2, 3], v[2, 4000] = np.inf, -np.inf
+    ints = RNG.integers(-50, 50, size=(6, 40)).astype(np.int32)
+    ints[ints == 0] = 3
+    b = MLGraphBuilder(ctx)
+    vi = b.input("v", data_type="float32", shape=[3, vocab])
+    ii = b.input("i", data_type="int32", shape=[6, 40])
+    out = {"max": b.arg_max(vi, 1), "min": b.arg_min(vi, 1, output_data_type="int64"),
+           "imax": b.arg_max(ii, 1, keep_dimensions=True), "imin": b.arg_min(ii, 0),
+           "isinf": b.is_infinite(b.slice(vi, [2, 0], [1, 4096])),
+           "isnan": b.is_nan(b.slice(vi, [1, 69000], [1, 2000])),
+           "isign": b.sign(ii), "ixor": b.logical_xor(b.greater(ii, ii), b.equal(ii, ii))}
+    got = _run(ctx, b, out, {"v": v, "i": ints})
+    np.testing.assert_array_equal(got["max"], np.argmax(v, 1))
+    np.testing.assert_array_equal(got["min"], np.argmin(v, 1))
+    assert got["max"][0] == 5 and got["min"][0] == 77 and got["max"][1] == got["min"][1] == 70000
+    assert got["max"][2] == 3 and got["min"][2] == 4000 and got["min"].dtype == np.int64
+    np.testing.assert_array_equal(got["imax"], ints.argmax(1)[:, None])
+    np.testing.assert_array_equal(got["imin"], ints.argmin(0))
+    np.testing.assert_array_equal(got["isinf"], np.isinf(v[2:, :4096]).astype(np.uint8))
+    np.testing.assert_array_equal(got["isnan"], np.isnan(v[1:2, 69000:71000]).astype(np.uint8))
+    np.testing.assert_array_equal(got["isign"], np.sign(ints))
+    np.testing.assert_array_equal(got["ixor"], np.ones_like(ints, np.uint8))
+
+
 def test_builder_throws_type_error_where_the_spec_does(ctx):
     b = MLGraphBuilder(ctx)
     x = b.input("x", data_type="float32", shape=[2, 3, 4])
     i = b.input("i", data_type="int32", shape=[2, 3])
     i8 = b.input("b", data_type="int8", shape=[2, 3])
+    c3 = b.constant(data_type="float32", shape=[3], value=np.ones(3, np.float32))
+    c4 = b.constant(data_type="float32", shape=[4], value=np.ones(4, np.float32))
     bad = [
         lambda: b.clamp(x, min_value=2.0, max_value=1.0),
         lambda: b.leaky_relu(i),
@@ -220,6 +340,35 @@ def test_builder_throws_type_error_where_the_spec_does(ctx):
         lambda: b.pad(x, [0, 0, 0], [0, 0, 0], mode="symmetric"),
         lambda: b.pad(x, [1, 0], [0, 0], mode="edge"),
         lambda: b.add(i8, i8),  # int8 moves and casts here, no arithmetic
+        lambda: b.arg_max(x, 3),  # axis >= rank
+        lambda: b.arg_min(x, -1),  # an unsigned long
+        lambda: b.arg_max(x, 1.0),
+        lambda: b.arg_max(x, 1, output_data_type="float32"),
+        lambda: b.arg_min(x, 1, output_data_type="uint32"),
+        lambda: b.arg_max(b.input("s", data_type="float32", shape=[]), 0),  # a scalar: no axis
+        lambda: b.elu(i),
+        lambda: b.hard_sigmoid(i),
+        lambda: b.hard_swish(i),
+        lambda: b.softsign(i),
+        lambda: b.linear(i),
+        lambda: b.prelu(x, i),  # slope of another type
+        lambda: b.prelu(x, b.input("p", data_type="float32", shape=[3, 2])),  # no broadcast
+        lambda: b.prelu(i8, i8),
+        lambda: b.sign(b.input("u", data_type="uint32", shape=[2])),
+        lambda: b.tan(i),
+        lambda: b.round_even(i),
+        lambda: b.logical_xor(x, x),
+        lambda: b.is_infinite(i),
+        lambda: b.reduce_l1(i8),
+        lambda: b.reduce_l1(x, [3]),
+        lambda: b.reduce_log_sum(i),
+        lambda: b.batch_normalization(x, c3, c3, axis=3),
+        lambda: b.batch_normalization(x, c3, c3, axis=2),  # mean is [3], axis 2 is 4
+        lambda: b.batch_normalization(x, c3, c3, axis=1, scale=c4),
+        lambda: b.batch_normalization(i, c3, c3),
+        lambda: b.instance_normalization(x),  # not 4-D
+        lambda: b.instance_normalization(b.reshape(x, [1, 2, 3, 4]), layout="hwcn"),
+        lambda: b.instance_normalization(b.reshape(x, [1, 2, 3, 4]), scale=c3),
     ]
     for k, f in enumerate(bad):
         with pytest.raises(TypeError):
@@ -236,14 +385,20 @@ def test_op_support_limits_is_what_the_builder_checks(ctx):
     assert "int8" in limits["input"]["data_types"]
     assert "int4" in limits["constant"]["data_types"] and "int4" not in limits["input"]["data_types"]
     for key in ("layer_normalization", "clamp", "leaky_relu", "not_equal", "reduce_l2",
-                "reduce_sum_square", "reduce_product", "reduce_log_sum_exp", "pad", "cast"):
+                "reduce_sum_square", "reduce_product", "reduce_log_sum_exp", "pad", "cast",
+                "arg_min", "arg_max", "elu", "hard_sigmoid", "hard_swish", "softsign", "linear",
+                "prelu", "sign", "tan", "round_even", "logical_xor", "is_infinite", "reduce_l1",
+                "reduce_log_sum", "batch_normalization", "instance_normalization"):
         assert key in limits, key
+    assert limits["arg_max"]["output"]["data_types"] == ["int32", "int64"]
     assert limits["not_equal"]["output"]["data_types"] == ["uint8"]
     assert "int8" in limits["cast"]["output"]["data_types"]
     assert limits["matmul"]["a"]["rank_range"]["min"] == 2
     unary = {"sqrt": "sqrt", "leaky_relu": "leaky_relu", "reduce_product": "reduce_product",
              "reduce_l2": "reduce_l2", "clamp": "clamp", "relu": "relu", "neg": "neg",
-             "reduce_mean": "reduce_mean", "identity": "identity"}
+             "reduce_mean": "reduce_mean", "identity": "identity", "elu": "elu",
+             "hard_swish": "hard_swish", "sign": "sign", "tan": "tan", "round_even": "round_even",
+             "reduce_l1": "reduce_l1", "reduce_log_sum": "reduce_log_sum", "softsign": "softsign"}
     for op, method in unary.items():
         member = limits[op]
         allowed = set(member["input"]["data_types"])

@@ -32,12 +32,13 @@ _serial = itertools.count(1)
 ELEMENTWISE_BINARY = ("add", "sub", "mul", "div", "pow", "max", "min")
 ELEMENTWISE_UNARY = (
     "sqrt", "exp", "log", "neg", "abs", "sigmoid", "softplus", "tanh", "relu",
-    "reciprocal", "cos", "sin", "floor", "ceil", "erf", "gelu", "identity",
+    "reciprocal", "cos", "sin", "floor", "ceil", "erf", "gelu", "identity", "tan", "sign",
+    "round_even",
 )
 COMPARISON = ("equal", "not_equal", "greater", "lesser", "lesser_or_equal", "greater_or_equal")
-LOGICAL = ("logical_and", "logical_or", "logical_not", "is_nan")
+LOGICAL = ("logical_and", "logical_or", "logical_xor", "logical_not", "is_nan", "is_infinite")
 FLOAT_ONLY = ("sqrt", "exp", "log", "sigmoid", "softplus", "tanh", "cos", "sin", "erf",
-              "gelu", "reciprocal", "floor", "ceil", "softmax")
+              "gelu", "reciprocal", "floor", "ceil", "softmax", "tan", "round_even")
 
 
 # IDL: dictionary MLKVCachePair { required DOMString input; required DOMString output; };
@@ -224,7 +225,7 @@ class MLGraphBuilder:
         self._own(x)
         if op in FLOAT_ONLY and not x._dtype.is_float:
             raise TypeError(f"{op} needs a float input, got {x._dtype.name}")
-        if op == "neg" and x._dtype.wgsl == "u32":
+        if op in ("neg", "sign") and x._dtype.wgsl == "u32":
             raise TypeError("neg needs a signed input")
         return self._node(op, (x,), x._dtype, x._shape)
 
@@ -306,12 +307,23 @@ class MLGraphBuilder:
     def logical_or(self, a: MLOperand, b: MLOperand) -> MLOperand:
         return self._logical("logical_or", a, b)
 
+    # IDL: MLOperand logicalXor(MLOperand a, MLOperand b, optional MLOperatorOptions options = {});
+    def logical_xor(self, a: MLOperand, b: MLOperand) -> MLOperand:
+        return self._logical("logical_xor", a, b)
+
     # IDL: MLOperand isNaN(MLOperand a, optional MLOperatorOptions options = {});
     def is_nan(self, a: MLOperand) -> MLOperand:
         self._own(a)
         if not a._dtype.is_float:
             raise TypeError(f"is_nan needs a float input, got {a._dtype.name}")
         return self._node("is_nan", (a,), dtype("uint8"), a._shape)
+
+    # IDL: MLOperand isInfinite(MLOperand a, optional MLOperatorOptions options = {});
+    def is_infinite(self, a: MLOperand) -> MLOperand:
+        self._own(a)
+        if not a._dtype.is_float:
+            raise TypeError(f"is_infinite needs a float input, got {a._dtype.name}")
+        return self._node("is_infinite", (a,), dtype("uint8"), a._shape)
 
     # IDL: MLOperand sqrt(MLOperand input, optional MLOperatorOptions options = {});
     def sqrt(self, x: MLOperand) -> MLOperand:
@@ -377,6 +389,20 @@ class MLGraphBuilder:
     def gelu(self, x: MLOperand) -> MLOperand:
         return self._unary("gelu", x)
 
+    # IDL: MLOperand tan(MLOperand input, optional MLOperatorOptions options = {});
+    def tan(self, x: MLOperand) -> MLOperand:
+        return self._unary("tan", x)
+
+    # IDL: MLOperand sign(MLOperand input, optional MLOperatorOptions options = {});
+    def sign(self, x: MLOperand) -> MLOperand:
+        """1 where x > 0, -1 where x < 0, else 0 (a NaN too)."""
+        return self._unary("sign", x)
+
+    # IDL: MLOperand roundEven(MLOperand input, optional MLOperatorOptions options = {});
+    def round_even(self, x: MLOperand) -> MLOperand:
+        """Halves to the even neighbour: WGSL's ``round``."""
+        return self._unary("round_even", x)
+
     # IDL: MLOperand identity(MLOperand input, optional MLOperatorOptions options = {});
     def identity(self, x: MLOperand) -> MLOperand:
         return self._unary("identity", x)
@@ -410,6 +436,38 @@ class MLGraphBuilder:
     def leaky_relu(self, x: MLOperand, *, alpha: float = 0.01) -> MLOperand:
         """DEVIATION: lowered to ``max(x, 0) + alpha * min(x, 0)`` (the spec's emulation)."""
         return composites.leaky_relu(self, x, alpha)
+
+    # IDL: MLOperand elu(MLOperand input, optional MLEluOptions options = {});
+    def elu(self, x: MLOperand, *, alpha: float = 1.0) -> MLOperand:
+        """DEVIATION: lowered to ``max(x, 0) + alpha * (exp(min(x, 0)) - 1)`` (the spec's
+        emulation; float16 computed in float32, rounded once)."""
+        return composites.elu(self, x, alpha)
+
+    # IDL: MLOperand hardSigmoid(MLOperand input, optional MLHardSigmoidOptions options = {});
+    def hard_sigmoid(self, x: MLOperand, *, alpha: float = 0.2, beta: float = 0.5) -> MLOperand:
+        """DEVIATION: lowered to ``max(min(alpha * x + beta, 1), 0)`` (the spec's emulation)."""
+        return composites.hard_sigmoid(self, x, alpha, beta)
+
+    # IDL: MLOperand hardSwish(MLOperand input, optional MLOperatorOptions options = {});
+    def hard_swish(self, x: MLOperand) -> MLOperand:
+        """DEVIATION: lowered to ``x * max(0, min(6, x + 3)) / 6`` (the spec's emulation)."""
+        return composites.hard_swish(self, x)
+
+    # IDL: MLOperand softsign(MLOperand input, optional MLOperatorOptions options = {});
+    def softsign(self, x: MLOperand) -> MLOperand:
+        """DEVIATION: lowered to ``x / (1 + abs(x))`` (the spec's emulation)."""
+        return composites.softsign(self, x)
+
+    # IDL: MLOperand linear(MLOperand input, optional MLLinearOptions options = {});
+    def linear(self, x: MLOperand, *, alpha: float = 1.0, beta: float = 0.0) -> MLOperand:
+        """DEVIATION: lowered to ``alpha * x + beta`` (the spec's emulation)."""
+        return composites.linear(self, x, alpha, beta)
+
+    # IDL: MLOperand prelu(MLOperand input, MLOperand slope, optional MLOperatorOptions options = {});
+    def prelu(self, x: MLOperand, slope: MLOperand) -> MLOperand:
+        """DEVIATION: lowered to ``max(x, 0) + slope * min(x, 0)``, broadcast both ways (the
+        spec's emulation)."""
+        return composites.prelu(self, x, slope)
 
     # -- matrix products -------------------------------------------------------------
     # IDL: MLOperand matmul(MLOperand a, MLOperand b, optional MLOperatorOptions options = {});
@@ -482,6 +540,22 @@ class MLGraphBuilder:
         """DEVIATION: lowered to reductions and element-wise ops (the spec's emulation)."""
         return composites.layer_normalization(self, x, scale, bias, axes, epsilon)
 
+    # IDL: MLOperand batchNormalization(MLOperand input, MLOperand mean, MLOperand variance, optional MLBatchNormalizationOptions options = {});
+    def batch_normalization(self, x: MLOperand, mean: MLOperand, variance: MLOperand, *,
+                            scale: MLOperand | None = None, bias: MLOperand | None = None,
+                            axis: int = 1, epsilon: float = 1e-5) -> MLOperand:
+        """DEVIATION: lowered to element-wise ops (the spec's emulation, any rank and axis)."""
+        return composites.batch_normalization(self, x, mean, variance, scale, bias, axis,
+                                              epsilon)
+
+    # IDL: MLOperand instanceNormalization(MLOperand input, optional MLInstanceNormalizationOptions options = {});
+    def instance_normalization(self, x: MLOperand, *, scale: MLOperand | None = None,
+                               bias: MLOperand | None = None, epsilon: float = 1e-5,
+                               layout: str = "nchw") -> MLOperand:
+        """DEVIATION: lowered to reductions over the spatial axes and element-wise ops (the
+        spec's emulation)."""
+        return composites.instance_normalization(self, x, scale, bias, epsilon, layout)
+
     def _reduce(self, op: str, x: MLOperand, axes: Sequence[int] | None,
                 keep_dimensions: bool) -> MLOperand:
         self._own(x)
@@ -525,6 +599,50 @@ class MLGraphBuilder:
         """DEVIATION: lowered to max + log(reduceSum(exp(x - max))), the spec's emulation
         made safe from overflow."""
         return composites.reduce_log_sum_exp(self, x, axes, keep_dimensions)
+
+    def _arg(self, op: str, x: MLOperand, axis: int, keep_dimensions: bool,
+             output_data_type: str) -> MLOperand:
+        """The spec's "create an argMin/argMax operation" steps: ``axis`` an unsigned long
+        below the input's rank (rank 0 has none), the output int32 or int64."""
+        self._own(x)
+        op_limits.check(op, [x])
+        r = len(x._shape)
+        if isinstance(axis, bool) or not isinstance(axis, int) or not 0 <= axis < r:
+            raise TypeError(f"{op}: axis {axis!r} is not in [0, {r})")
+        if output_data_type not in op_limits.TABLE[op].output:
+            raise TypeError(f"{op}: outputDataType {output_data_type!r} is not int32 or int64")
+        dt = self._dtype(output_data_type)
+        if x._shape[axis] > np.iinfo(dt.host).max:
+            raise TypeError(f"{op}: axis {axis} of {x._shape[axis]} exceeds {dt.name}")
+        shp = tuple(1 if i == axis else d for i, d in enumerate(x._shape)
+                    if keep_dimensions or i != axis)
+        return self._node(op, (x,), dt, shp, axis=axis)
+
+    # IDL: MLOperand argMin(MLOperand input, [EnforceRange] unsigned long axis, optional MLArgMinMaxOptions options = {});
+    def arg_min(self, x: MLOperand, axis: int, *, keep_dimensions: bool = False,
+                output_data_type: str = "int32") -> MLOperand:
+        """The index of the smallest element along ``axis``: a tie gives the first index
+        (the spec leaves it to the implementation), a NaN wins (NumPy's argmin)."""
+        return self._arg("arg_min", x, axis, keep_dimensions, output_data_type)
+
+    # IDL: MLOperand argMax(MLOperand input, [EnforceRange] unsigned long axis, optional MLArgMinMaxOptions options = {});
+    def arg_max(self, x: MLOperand, axis: int, *, keep_dimensions: bool = False,
+                output_data_type: str = "int32") -> MLOperand:
+        """The index of the largest element along ``axis``: a tie gives the first index,
+        a NaN wins (NumPy's argmax)."""
+        return self._arg("arg_max", x, axis, keep_dimensions, output_data_type)
+
+    # IDL: MLOperand reduceL1(MLOperand input, optional MLReduceOptions options = {});
+    def reduce_l1(self, x: MLOperand, axes: Sequence[int] | None = None,
+                  keep_dimensions: bool = False) -> MLOperand:
+        """DEVIATION: lowered to reduceSum(abs(x)) (the spec's emulation)."""
+        return composites.reduce_l1(self, x, axes, keep_dimensions)
+
+    # IDL: MLOperand reduceLogSum(MLOperand input, optional MLReduceOptions options = {});
+    def reduce_log_sum(self, x: MLOperand, axes: Sequence[int] | None = None,
+                       keep_dimensions: bool = False) -> MLOperand:
+        """DEVIATION: lowered to log(reduceSum(x)) (the spec's emulation)."""
+        return composites.reduce_log_sum(self, x, axes, keep_dimensions)
 
     # IDL: MLOperand reduceMax(MLOperand input, optional MLReduceOptions options = {});
     def reduce_max(self, x: MLOperand, axes: Sequence[int] | None = None,

@@ -257,3 +257,174 @@ def reduce_log_sum_exp(b: MLGraphBuilder, x: MLOperand, axes: Sequence[int] | No
         return out
     axs = S.axes(axes, len(x._shape))
     return b.reshape(out, [d for i, d in enumerate(x._shape) if i not in axs])
+
+
+def _in_float32(b: MLGraphBuilder, xs: Sequence[MLOperand | None], fn) -> MLOperand:
+    """``fn(*xs)`` where the operands are float32; float16 ones widened first and the result
+    rounded to float16 once (as the context runs the ops it widens, ``_widened``) rather
+    than after each op of the emulation, whose roundings add up past WPT's few ULP."""
+    first = xs[0]
+    if first._dtype.name != "float16":
+        return fn(*xs)
+    out = fn(*(None if x is None else b._wide(x) for x in xs))
+    narrow = b.cast(out, "float16")
+    b._narrowed.add(narrow._id)
+    return narrow
+
+
+def _number(x: MLOperand, value: float, what: str) -> float:
+    """An option cast to ``x``'s data type (the spec's "casting"), as a Python number."""
+    return _scalar(x, value, what).item()
+
+
+def elu(b: MLGraphBuilder, x: MLOperand, alpha: float) -> MLOperand:
+    """``max(x, 0) + alpha * (exp(min(x, 0)) - 1)`` (the spec's emulation)."""
+    b._own(x)
+    op_limits.check("elu", [x])
+    a = _number(x, alpha, "alpha")
+
+    def f(v: MLOperand) -> MLOperand:
+        zero = _filled(b, v, [1], 0)
+        em1 = b.sub(b.exp(b.min(v, zero)), _filled(b, v, [1], 1))
+        return b.add(b.max(v, zero), b.mul(em1, _filled(b, v, [1], a)))
+    return _in_float32(b, [x], f)
+
+
+def hard_sigmoid(b: MLGraphBuilder, x: MLOperand, alpha: float, beta: float) -> MLOperand:
+    """``max(min(alpha * x + beta, 1), 0)`` (the spec's emulation)."""
+    b._own(x)
+    op_limits.check("hard_sigmoid", [x])
+    a, c = _number(x, alpha, "alpha"), _number(x, beta, "beta")
+
+    def f(v: MLOperand) -> MLOperand:
+        y = b.add(b.mul(v, _filled(b, v, [1], a)), _filled(b, v, [1], c))
+        return b.max(b.min(y, _filled(b, v, [1], 1)), _filled(b, v, [1], 0))
+    return _in_float32(b, [x], f)
+
+
+def hard_swish(b: MLGraphBuilder, x: MLOperand) -> MLOperand:
+    """``x * max(0, min(6, x + 3)) / 6`` (the spec's emulation)."""
+    b._own(x)
+    op_limits.check("hard_swish", [x])
+
+    def f(v: MLOperand) -> MLOperand:
+        gate = b.max(b.min(b.add(v, _filled(b, v, [1], 3)), _filled(b, v, [1], 6)),
+                     _filled(b, v, [1], 0))
+        return b.div(b.mul(v, gate), _filled(b, v, [1], 6))
+    return _in_float32(b, [x], f)
+
+
+def softsign(b: MLGraphBuilder, x: MLOperand) -> MLOperand:
+    """``x / (1 + |x|)`` (the spec's emulation)."""
+    b._own(x)
+    op_limits.check("softsign", [x])
+    return _in_float32(b, [x], lambda v: b.div(v, b.add(b.abs(v), _filled(b, v, [1], 1))))
+
+
+def linear(b: MLGraphBuilder, x: MLOperand, alpha: float, beta: float) -> MLOperand:
+    """``alpha * x + beta`` (the spec's emulation)."""
+    b._own(x)
+    op_limits.check("linear", [x])
+    a, c = _number(x, alpha, "alpha"), _number(x, beta, "beta")
+    return _in_float32(b, [x], lambda v: b.add(b.mul(v, _filled(b, v, [1], a)),
+                                               _filled(b, v, [1], c)))
+
+
+def prelu(b: MLGraphBuilder, x: MLOperand, slope: MLOperand) -> MLOperand:
+    """``max(x, 0) + slope * min(x, 0)``, the two broadcast bidirectionally (the spec's
+    emulation)."""
+    b._own(x, slope)
+    op_limits.check("prelu", [x, slope])
+    b._same_type(x, slope)
+    S.broadcast(x._shape, slope._shape)  # TypeError where they do not broadcast
+
+    def f(v: MLOperand, s: MLOperand) -> MLOperand:
+        zero = _filled(b, v, [1], 0)
+        return b.add(b.max(v, zero), b.mul(s, b.min(v, zero)))
+    return _in_float32(b, [x, slope], f)
+
+
+def reduce_l1(b: MLGraphBuilder, x: MLOperand, axes: Sequence[int] | None,
+              keep: bool) -> MLOperand:
+    """``reduceSum(abs(x))`` (the spec's emulation; the abs is computed by the reduction)."""
+    b._own(x)
+    op_limits.check("reduce_l1", [x])
+    return b.reduce_sum(b.abs(x), axes, keep)
+
+
+def reduce_log_sum(b: MLGraphBuilder, x: MLOperand, axes: Sequence[int] | None,
+                   keep: bool) -> MLOperand:
+    """``log(reduceSum(x))`` (the spec's emulation)."""
+    b._own(x)
+    op_limits.check("reduce_log_sum", [x])
+    return b.log(b.reduce_sum(x, axes, keep))
+
+
+def _per_channel(b: MLGraphBuilder, op: str, x: MLOperand, axis: int,
+                 named: Sequence[tuple[str, MLOperand | None]]) -> None:
+    """TypeError unless each given operand is x's data type with shape [x.shape[axis]]."""
+    for name, o in named:
+        if o is None:
+            continue
+        if o._dtype != x._dtype:
+            raise TypeError(f"{op}: {name} is {o.data_type}, the input {x.data_type}")
+        if o._shape != (x._shape[axis],):
+            raise TypeError(f"{op}: {name} shape {list(o._shape)} is not "
+                            f"[{x._shape[axis]}] (the input's axis {axis})")
+
+
+def _normalized(b: MLGraphBuilder, d: MLOperand, var: MLOperand, eps: float,
+                scale: MLOperand | None, bias: MLOperand | None, view: list[int]) -> MLOperand:
+    """``scale * d / sqrt(var + eps) + bias``, scale and bias reshaped to ``view``."""
+    y = b.div(d, b.sqrt(b.add(var, _filled(b, d, [1], eps))))
+    if scale is not None:
+        y = b.mul(b.reshape(scale, view), y)
+    if bias is not None:
+        y = b.add(y, b.reshape(bias, view))
+    return y
+
+
+def batch_normalization(b: MLGraphBuilder, x: MLOperand, mean: MLOperand, variance: MLOperand,
+                        scale: MLOperand | None, bias: MLOperand | None, axis: int,
+                        epsilon: float) -> MLOperand:
+    """``scale * (x - mean) / sqrt(variance + epsilon) + bias``, the per-feature operands
+    broadcast along ``axis`` (the spec's emulation, for any rank and axis)."""
+    b._own(x, mean, variance, *(o for o in (scale, bias) if o is not None))
+    op_limits.check("batch_normalization", [x, mean, variance, scale, bias])
+    r = len(x._shape)
+    if isinstance(axis, bool) or not isinstance(axis, int) or not 0 <= axis < r:
+        raise TypeError(f"batchNormalization: axis {axis!r} is not in [0, {r})")
+    _per_channel(b, "batchNormalization", x, axis,
+                 [("mean", mean), ("variance", variance), ("scale", scale), ("bias", bias)])
+    eps = _number(x, epsilon, "epsilon")
+    view = [x._shape[axis] if i == axis else 1 for i in range(r)]
+
+    def f(v: MLOperand, m: MLOperand, var: MLOperand, s: MLOperand | None,
+          c: MLOperand | None) -> MLOperand:
+        return _normalized(b, b.sub(v, b.reshape(m, view)), b.reshape(var, view), eps, s, c,
+                           view)
+    return _in_float32(b, [x, mean, variance, scale, bias], f)
+
+
+def instance_normalization(b: MLGraphBuilder, x: MLOperand, scale: MLOperand | None,
+                           bias: MLOperand | None, epsilon: float, layout: str) -> MLOperand:
+    """Per sample and channel, ``scale * (x - mean) / sqrt(variance + epsilon) + bias`` with
+    the mean and variance over the spatial axes (the spec's emulation; "nhwc" reduces axes
+    1 and 2 and takes the channel from axis 3)."""
+    b._own(x, *(o for o in (scale, bias) if o is not None))
+    op_limits.check("instance_normalization", [x, scale, bias])
+    if layout not in ("nchw", "nhwc"):
+        raise TypeError(f"instanceNormalization layout {layout!r} is not 'nchw' or 'nhwc'")
+    if len(x._shape) != 4:
+        raise TypeError(f"instanceNormalization needs a 4-D input, got rank {len(x._shape)}")
+    axis = 1 if layout == "nchw" else 3
+    _per_channel(b, "instanceNormalization", x, axis, [("scale", scale), ("bias", bias)])
+    eps = _number(x, epsilon, "epsilon")
+    spatial = [2, 3] if layout == "nchw" else [1, 2]
+    view = [x._shape[axis] if i == axis else 1 for i in range(4)]
+
+    def f(v: MLOperand, s: MLOperand | None, c: MLOperand | None) -> MLOperand:
+        d = b.sub(v, b.reduce_mean(v, spatial, keep_dimensions=True))
+        var = b.reduce_mean(b.mul(d, d), spatial, keep_dimensions=True)
+        return _normalized(b, d, var, eps, s, c, view)
+    return _in_float32(b, [x, scale, bias], f)

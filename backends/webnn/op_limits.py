@@ -62,14 +62,18 @@ TABLE: dict[str, OpLimits] = {
         ("lesser_or_equal", "lesserOrEqual"))},
     "logical_and": _binary("logicalAnd", BOOL),
     "logical_or": _binary("logicalOr", BOOL),
+    "logical_xor": _binary("logicalXor", BOOL),
     "logical_not": OpLimits("logicalNot", (("a", BOOL),)),
     "is_nan": OpLimits("isNaN", (("a", FLOAT),), output=BOOL),
+    "is_infinite": OpLimits("isInfinite", (("a", FLOAT),), output=BOOL),
     **{op: _single(m, FLOAT) for op, m in (
         ("sqrt", "sqrt"), ("exp", "exp"), ("log", "log"), ("sigmoid", "sigmoid"),
         ("softplus", "softplus"), ("tanh", "tanh"), ("reciprocal", "reciprocal"),
         ("cos", "cos"), ("sin", "sin"), ("floor", "floor"), ("ceil", "ceil"), ("erf", "erf"),
-        ("gelu", "gelu"), ("leaky_relu", "leakyRelu"), ("softmax", "softmax"))},
+        ("gelu", "gelu"), ("leaky_relu", "leakyRelu"), ("softmax", "softmax"), ("tan", "tan"),
+        ("round_even", "roundEven"))},
     "neg": _single("neg", SIGNED),
+    "sign": _single("sign", SIGNED),
     "abs": _single("abs", NUMERIC),
     "relu": _single("relu", NUMERIC),
     "clamp": _single("clamp", NUMERIC),
@@ -82,18 +86,32 @@ TABLE: dict[str, OpLimits] = {
         "dequantizeLinear", (("input", frozenset({"int4", "uint4", "uint8"})), ("scale", FLOAT),
                              ("zeroPoint", frozenset({"int4", "uint4", "uint8"}))),
         output=FLOAT),
+    **{op: _single(m, FLOAT) for op, m in (
+        ("elu", "elu"), ("hard_sigmoid", "hardSigmoid"), ("hard_swish", "hardSwish"),
+        ("softsign", "softsign"), ("linear", "linear"))},
+    "prelu": OpLimits("prelu", (("input", SIGNED), ("slope", SIGNED))),
+    "batch_normalization": OpLimits(
+        "batchNormalization", (("input", FLOAT), ("mean", FLOAT), ("variance", FLOAT),
+                               ("scale", FLOAT), ("bias", FLOAT)), ranks=(1, MAX_RANK)),
+    # the input is 4-D, scale and bias 1-D (``composites.instance_normalization``)
+    "instance_normalization": OpLimits(
+        "instanceNormalization", (("input", FLOAT), ("scale", FLOAT), ("bias", FLOAT)),
+        ranks=(1, 4)),
     "layer_normalization": OpLimits(
         "layerNormalization", (("input", FLOAT), ("scale", FLOAT), ("bias", FLOAT))),
     **{op: _single(m, FLOAT) for op, m in (
-        ("reduce_mean", "reduceMean"), ("reduce_l2", "reduceL2"),
+        ("reduce_mean", "reduceMean"), ("reduce_l2", "reduceL2"), ("reduce_log_sum", "reduceLogSum"),
         ("reduce_log_sum_exp", "reduceLogSumExp"))},
     **{op: _single(m, SUMMABLE) for op, m in (
-        ("reduce_sum_square", "reduceSumSquare"), ("reduce_product", "reduceProduct"))},
+        ("reduce_sum_square", "reduceSumSquare"), ("reduce_product", "reduceProduct"),
+        ("reduce_l1", "reduceL1"))},
     # uint8 sums, maxima and minima: comparison results counted (masks) by exported graphs
     "reduce_sum": _single("reduceSum", SUMMABLE | BOOL),
     "reduce_max": _single("reduceMax", NUMERIC),
     "reduce_min": _single("reduceMin", NUMERIC),
     "cumulative_sum": _single("cumulativeSum", SUMMABLE),
+    **{op: _single(m, output=frozenset({"int32", "int64"}), ranks=(1, MAX_RANK))
+       for op, m in (("arg_min", "argMin"), ("arg_max", "argMax"))},
     "reshape": _single("reshape"),
     "transpose": _single("transpose"),
     "slice": _single("slice"),

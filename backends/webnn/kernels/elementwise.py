@@ -24,6 +24,7 @@ _UNARY_F = {
     "tanh": "tanh(clamp(a0, -15.0, 15.0))",
     "reciprocal": "1.0 / a0", "cos": "cos(a0)", "sin": "sin(a0)", "floor": "floor(a0)",
     "ceil": "ceil(a0)", "erf": "werf(a0)", "gelu": "0.5 * a0 * (1.0 + werf(a0 * 0.70710678))",
+    "tan": "tan(a0)", "round_even": "round(a0)",  # WGSL's round: halves to even
 }
 
 
@@ -50,6 +51,9 @@ def expression(op: str, in_types: Sequence[str], out_type: str,
         return "-a0"
     if op == "abs":
         return "a0" if out_type == "u32" else "abs(a0)"
+    if op == "sign":  # a NaN compares false both ways: 0
+        t = out_type
+        return f"select(select({t}(0), {t}(-1), a0 < {t}(0)), {t}(1), a0 > {t}(0))"
     if op == "relu":
         return f"max(a0, {out_type}(0))"
     if op in ("identity", "expand"):
@@ -60,6 +64,11 @@ def expression(op: str, in_types: Sequence[str], out_type: str,
         return "select(0u, 1u, a0 != 0u && a1 != 0u)"
     if op == "logical_or":
         return "select(0u, 1u, a0 != 0u || a1 != 0u)"
+    if op == "logical_xor":
+        return "select(0u, 1u, (a0 != 0u) != (a1 != 0u))"
+    if op == "is_infinite":  # on the bits, as is_nan
+        x = "a0" if in_types[0] == "f32" else "f32(a0)"
+        return f"select(0u, 1u, (bitcast<u32>({x}) & 0x7fffffffu) == 0x7f800000u)"
     if op == "is_nan":  # on the bits: a compiler may fold a0 != a0 to false
         x = "a0" if in_types[0] == "f32" else "f32(a0)"
         return f"select(0u, 1u, (bitcast<u32>({x}) & 0x7fffffffu) > 0x7f800000u)"

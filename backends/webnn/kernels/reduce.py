@@ -230,3 +230,59 @@ def cumulative_sum(t: str, shape: Sequence[int], axis: int, exclusive: bool,
             "  out[i] = acc;\n}\n")
     traffic = esize(t) * (n * (dim + 1) // 2 + n)  # each output reads half its run on average
     return Kernel("cumulative_sum", src, ["read", "rw"], (gx, gy, gz), traffic)
+
+
+def _arg_better(op: str, t: str) -> str:
+    """WGSL ``better(v, i, w, j)``: whether element ``v`` at index ``i`` wins over ``w`` at
+    ``j`` in an argMax (argMin) — the larger (smaller) value; a tie goes to the smaller
+    index and a NaN wins over any number (NumPy's argmax and argmin, so the result does
+    not depend on the order the workgroup combines in). NaN is read from the bits: a
+    compiler may fold ``v != v`` to false."""
+    cmp = ">" if op == "arg_max" else "<"
+    src = f"fn better(v: {t}, i: u32, w: {t}, j: u32) -> bool {{\n"
+    if t == "f32":
+        src += ("  let nv = (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u;\n"
+                "  let nw = (bitcast<u32>(w) & 0x7fffffffu) > 0x7f800000u;\n"
+                "  if (nv || nw) { return nv && (!nw || i < j); }\n")
+    return src + f"  return v {cmp} w || (v == w && i < j);\n}}\n"
+
+
+def arg_reduce(op: str, t: str, in_shape: Sequence[int], axis: int, wg: int = WG) -> Kernel:
+    """argMax / argMin along ``axis``: per output element the index of the row's winner
+    (``_arg_better``), written as i32 (int32 and int64 both are 32-bit words on the
+    device). A row of at most ``SHORT_ROW`` elements is one invocation's; a longer one
+    (a vocabulary's logits) is a workgroup's, each invocation keeping the winner of its
+    strided share and a tree combining (value, index) pairs. ``t``: the input's WGSL type
+    (f32, i32 or u32; float16 is widened by the builder)."""
+    st = S.strides(in_shape)
+    kept = [i for i in range(len(in_shape)) if i != axis]
+    rows = S.size([in_shape[i] for i in kept])
+    rn, sa = in_shape[axis], st[axis]
+    src = decl(0, "x", t, "read") + decl(1, "out", "i32", "rw") + _arg_better(op, t)
+    src += offset_fn("rowoff", [in_shape[i] for i in kept] or [1], [st[i] for i in kept] or [0])
+    def loop(start: str, step: str) -> str:
+        return ("  var bv = x[base];\n  var bi = 0u;\n"
+                f"  for (var j = {start}; j < {rn}u; j = j + {step}) {{\n"
+                f"    let v = x[base + j * {sa}u];\n"
+                "    if (better(v, j, bv, bi)) { bv = v; bi = j; }\n  }\n")
+
+    traffic = esize(t) * S.size(in_shape) + 4 * rows
+    if rn <= SHORT_ROW:
+        gx = grid(rows, wg)[0]
+        src += main_1d(gx, wg) + f"  if (i >= {rows}u) {{ return; }}\n  let base = rowoff(i);\n"
+        src += loop("1u", "1u") + "  out[i] = i32(bi);\n}\n"
+        return Kernel(op, src, ["read", "rw"], grid(rows, wg), traffic)
+    gx, gy, gz = grid(rows, 1)
+    src += (f"var<workgroup> shv: array<{t}, {wg}>;\n"
+            f"var<workgroup> shi: array<u32, {wg}>;\n" + _header(gx, wg))
+    src += f"  if (row >= {rows}u) {{ return; }}\n  let base = rowoff(row);\n"
+    src += loop("lid", f"{wg}u")
+    src += "  shv[lid] = bv;\n  shi[lid] = bi;\n  workgroupBarrier();\n"
+    s = wg // 2
+    while s >= 1:
+        src += (f"  if (lid < {s}u && better(shv[lid + {s}u], shi[lid + {s}u], shv[lid], "
+                f"shi[lid])) {{\n    shv[lid] = shv[lid + {s}u];\n    shi[lid] = shi[lid + {s}u];\n"
+                "  }\n  workgroupBarrier();\n")
+        s //= 2
+    src += "  if (lid == 0u) { out[row] = i32(shi[0]); }\n}\n"
+    return Kernel(op, src, ["read", "rw"], (gx, gy, gz), traffic)

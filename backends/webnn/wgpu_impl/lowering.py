@@ -131,6 +131,15 @@ def _reduce(n: Site) -> None:
     n.add(KernelLaunch(k, reads + [n.out]))
 
 
+@lowers("arg_min", "arg_max")
+def _arg_reduce(n: Site) -> None:
+    """argMin / argMax: a workgroup per long row (a vocabulary's logits), as a reduction."""
+    x = n.node.inputs[0]
+    wg = 64 if n.plan.target.cpu else 256
+    k = RD.arg_reduce(n.node.op, x.dtype.wgsl, x.shape, n.node.attrs["axis"], wg=wg)
+    n.add(KernelLaunch(k, [n.ins[0], n.out]))
+
+
 @lowers("transpose")
 def _transpose(n: Site) -> None:
     o = n.node
