@@ -71,6 +71,21 @@ def test_is_nan(context):  # noqa: F811
     check(context, [node("IsNaN", ["x"])], {"x": x}, types={"y": np.bool_})
 
 
+def test_arg_max_min(context):  # noqa: F811
+    """ArgMax/ArgMin with each keepdims, a negative axis, ties (the first index; the last with
+    select_last_index=1), against ORT's int64 indices."""
+    x = f32(3, 7, 5)
+    x[:, 4] = x[:, 1]  # ties along axis 1
+    nodes = [node("ArgMax", ["x"], ["a"], axis=1, keepdims=0),
+             node("ArgMin", ["x"], ["b"], axis=-1),
+             node("ArgMin", ["x"], ["c"], axis=1, keepdims=1),
+             node("ArgMax", ["x"], ["d"], axis=1, keepdims=0, select_last_index=1),
+             node("ArgMin", ["x"], ["e"], axis=0, select_last_index=1)]
+    outs = ("a", "b", "c", "d", "e")
+    check(context, nodes, {"x": x}, outputs=outs, atol=0, rtol=0,
+          types=dict.fromkeys(outs, np.int64))
+
+
 def test_bool_logic_and_casts(context):  # noqa: F811
     """Cast to and from bool, Not, And, Or on runtime masks (what exports build their
     attention masks from)."""

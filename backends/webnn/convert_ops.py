@@ -11,7 +11,7 @@ import numpy as np
 from .convert_core import FOLDABLE, ConversionError, Converter, handles
 
 FOLDABLE.update({"Cos", "Sin", "IsNaN", "Split", "Trilu", "Tile", "Pad", "CumSum",
-                  "ScatterElements", "LpNormalization"})
+                  "ScatterElements", "LpNormalization", "ArgMax", "ArgMin"})
 
 
 def _name(node) -> str:
@@ -30,6 +30,26 @@ def _trig(c: Converter, node, attrs):
 @handles("IsNaN")
 def _is_nan(c: Converter, node, attrs):
     return c.builder.is_nan(c.operand(node.input[0]))
+
+
+@handles("ArgMax", "ArgMin")
+def _arg(c: Converter, node, attrs):
+    """WebNN argMax / argMin (int64 indices, the first of tied ones); select_last_index=1
+    as ``n - 1`` less the first index along the axis reversed (a gather)."""
+    b = c.builder
+    x = c.operand(node.input[0])
+    rank = len(c.shape(x))
+    if rank == 0:
+        raise ConversionError(f"{node.op_type} node {_name(node)!r}: a scalar input has no axis")
+    axis = int(attrs.get("axis", 0)) % rank
+    fn = b.arg_max if node.op_type == "ArgMax" else b.arg_min
+    keep = bool(attrs.get("keepdims", 1))
+    if not attrs.get("select_last_index", 0):
+        return fn(x, axis, keep_dimensions=keep, output_data_type="int64")
+    n = c.shape(x)[axis]
+    rev = b.constant(data_type="int32", shape=[n], value=np.arange(n - 1, -1, -1, dtype=np.int32))
+    first = fn(b.gather(x, rev, axis=axis), axis, keep_dimensions=keep, output_data_type="int64")
+    return b.sub(b.constant(data_type="int64", shape=[], value=np.int64(n - 1)), first)
 
 
 @handles("Not")
