@@ -13,11 +13,15 @@ stateful-graph proposal (webnn issue 966; DESIGN §2, §3).
     context.reset_kv_cache(graph)
 
 Ops: input, constant, add, sub, mul, div, pow, max, min, equal, greater, greater_or_equal,
-lesser, lesser_or_equal, logical_not, logical_and, logical_or, is_nan, sqrt, exp, log, neg,
-abs, sigmoid, softplus, tanh, relu, reciprocal, cos, sin, floor, ceil, erf, gelu, identity,
-where, cast, matmul, gemm, softmax, reduce_mean, reduce_sum, reduce_max, reduce_min,
-cumulative_sum, reshape, transpose, concat, slice, split, gather, expand, tile, pad,
-triangular, scatter_nd, scatter_elements, conv2d.
+lesser, lesser_or_equal, logical_not, logical_and, logical_or, logical_xor, is_nan,
+is_infinite, sqrt, exp, log, neg, abs, sign, sigmoid, softplus, tanh, tan, relu, reciprocal,
+cos, sin, floor, ceil, round_even, erf, gelu, identity, where, cast, matmul, gemm, softmax,
+reduce_mean, reduce_sum, reduce_max, reduce_min, arg_min, arg_max, cumulative_sum, reshape,
+transpose, concat, slice, split, gather, expand, tile, pad, triangular, scatter_nd,
+scatter_elements, conv2d; lowered at build (``composites.py``): clamp, leaky_relu, elu,
+hard_sigmoid, hard_swish, softsign, linear, prelu, layer_normalization,
+batch_normalization, instance_normalization, reduce_l1, reduce_l2, reduce_log_sum,
+reduce_log_sum_exp, reduce_sum_square.
 
 Data types: float32, int32, int64, uint32, uint8.
 
@@ -30,6 +34,10 @@ Deviations (each marked DEVIATION in the code):
   tile (reshape/expand), pad (concat of constant blocks; "constant" mode only), split
   (slices) and conv2d (depthwise only: pad, a strided slice times the weight per filter
   tap, summed) are lowered at build time too (``composites.py``).
+- arg_min / arg_max give the first of tied indices (the spec leaves ties to the
+  implementation) and a NaN wins (NumPy's argmin/argmax); the spec's element-wise
+  emulations (elu, hard_sigmoid, hard_swish, softsign, linear, prelu, batch_normalization,
+  instance_normalization) run in float32 for float16 operands, rounded once.
 - Out-of-range gather indices are clamped; out-of-range scatter_nd tuples and
   scatter_elements indices are skipped (implementation-defined in the spec); negative ones
   count from the end.
