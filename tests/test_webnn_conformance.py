@@ -317,6 +317,18 @@ def test_arg_min_max_long_rows_ties_and_specials(ctx):
     np.testing.assert_array_equal(got["ixor"], np.ones_like(ints, np.uint8))
 
 
+def test_emulated_ops_keep_a_scalar_a_scalar(ctx):
+    """WPT's 0-D cases: an emulation's constants are 0-D, so they broadcast without adding an
+    axis (a [1] constant made a [1] output of a scalar input)."""
+    b = MLGraphBuilder(ctx)
+    x = b.input("x", data_type="float32", shape=[])
+    s = b.constant(data_type="float32", shape=[], value=np.float32(0.5))
+    for y in (b.elu(x), b.hard_sigmoid(x), b.hard_swish(x), b.softsign(x), b.linear(x),
+              b.prelu(x, s), b.leaky_relu(x), b.clamp(x, min_value=0), b.reduce_l1(x),
+              b.reduce_log_sum(x), b.sign(x), b.tan(x), b.round_even(x)):
+        assert y.shape == [], y
+
+
 def test_builder_throws_type_error_where_the_spec_does(ctx):
     b = MLGraphBuilder(ctx)
     x = b.input("x", data_type="float32", shape=[2, 3, 4])

@@ -31,7 +31,7 @@ def triangular(b: MLGraphBuilder, x: MLOperand, upper: bool, diagonal: int) -> M
     d = np.arange(cols)[None, :] - np.arange(rows)[:, None]
     mask = (d >= diagonal) if upper else (d <= diagonal)
     m = b.constant(data_type="uint8", shape=[rows, cols], value=mask.astype(np.uint8))
-    return b.where(m, x, _filled(b, x, [1], 0))
+    return b.where(m, x, _filled(b, x, [], 0))
 
 
 def tile(b: MLGraphBuilder, x: MLOperand, repetitions: Sequence[int]) -> MLOperand:
@@ -171,9 +171,9 @@ def clamp(b: MLGraphBuilder, x: MLOperand, min_value: float | None,
         raise TypeError(f"clamp minValue {min_value} is greater than maxValue {max_value}")
     out = x if lo is not None or hi is not None else b.identity(x)
     if lo is not None:
-        out = b.max(out, _filled(b, x, [1], lo))
+        out = b.max(out, _filled(b, x, [], lo))
     if hi is not None:
-        out = b.min(out, _filled(b, x, [1], hi))
+        out = b.min(out, _filled(b, x, [], hi))
     return out
 
 
@@ -182,8 +182,8 @@ def leaky_relu(b: MLGraphBuilder, x: MLOperand, alpha: float) -> MLOperand:
     product's rounding; the fusion makes one kernel of it)."""
     b._own(x)
     op_limits.check("leaky_relu", [x])
-    zero = _filled(b, x, [1], 0)
-    return b.add(b.max(x, zero), b.mul(b.min(x, zero), _filled(b, x, [1], _scalar(x, alpha, "alpha"))))
+    zero = _filled(b, x, [], 0)
+    return b.add(b.max(x, zero), b.mul(b.min(x, zero), _filled(b, x, [], _scalar(x, alpha, "alpha"))))
 
 
 def layer_normalization(b: MLGraphBuilder, x: MLOperand, scale: MLOperand | None,
@@ -215,7 +215,7 @@ def layer_normalization(b: MLGraphBuilder, x: MLOperand, scale: MLOperand | None
     mean = b.reduce_mean(x, list(axs), keep_dimensions=True)
     d = b.sub(x, mean)
     var = b.reduce_mean(b.mul(d, d), list(axs), keep_dimensions=True)
-    eps = _filled(b, x, [1], _scalar(x, epsilon, "epsilon"))
+    eps = _filled(b, x, [], _scalar(x, epsilon, "epsilon"))
     y = b.div(d, b.sqrt(b.add(var, eps)))
     view = [x._shape[i] if i in axs else 1 for i in range(r)]
     for o, combine in ((scale, b.mul), (bias, b.add)):
@@ -284,9 +284,9 @@ def elu(b: MLGraphBuilder, x: MLOperand, alpha: float) -> MLOperand:
     a = _number(x, alpha, "alpha")
 
     def f(v: MLOperand) -> MLOperand:
-        zero = _filled(b, v, [1], 0)
-        em1 = b.sub(b.exp(b.min(v, zero)), _filled(b, v, [1], 1))
-        return b.add(b.max(v, zero), b.mul(em1, _filled(b, v, [1], a)))
+        zero = _filled(b, v, [], 0)
+        em1 = b.sub(b.exp(b.min(v, zero)), _filled(b, v, [], 1))
+        return b.add(b.max(v, zero), b.mul(em1, _filled(b, v, [], a)))
     return _in_float32(b, [x], f)
 
 
@@ -297,8 +297,8 @@ def hard_sigmoid(b: MLGraphBuilder, x: MLOperand, alpha: float, beta: float) -> 
     a, c = _number(x, alpha, "alpha"), _number(x, beta, "beta")
 
     def f(v: MLOperand) -> MLOperand:
-        y = b.add(b.mul(v, _filled(b, v, [1], a)), _filled(b, v, [1], c))
-        return b.max(b.min(y, _filled(b, v, [1], 1)), _filled(b, v, [1], 0))
+        y = b.add(b.mul(v, _filled(b, v, [], a)), _filled(b, v, [], c))
+        return b.max(b.min(y, _filled(b, v, [], 1)), _filled(b, v, [], 0))
     return _in_float32(b, [x], f)
 
 
@@ -308,9 +308,9 @@ def hard_swish(b: MLGraphBuilder, x: MLOperand) -> MLOperand:
     op_limits.check("hard_swish", [x])
 
     def f(v: MLOperand) -> MLOperand:
-        gate = b.max(b.min(b.add(v, _filled(b, v, [1], 3)), _filled(b, v, [1], 6)),
-                     _filled(b, v, [1], 0))
-        return b.div(b.mul(v, gate), _filled(b, v, [1], 6))
+        gate = b.max(b.min(b.add(v, _filled(b, v, [], 3)), _filled(b, v, [], 6)),
+                     _filled(b, v, [], 0))
+        return b.div(b.mul(v, gate), _filled(b, v, [], 6))
     return _in_float32(b, [x], f)
 
 
@@ -318,7 +318,7 @@ def softsign(b: MLGraphBuilder, x: MLOperand) -> MLOperand:
     """``x / (1 + |x|)`` (the spec's emulation)."""
     b._own(x)
     op_limits.check("softsign", [x])
-    return _in_float32(b, [x], lambda v: b.div(v, b.add(b.abs(v), _filled(b, v, [1], 1))))
+    return _in_float32(b, [x], lambda v: b.div(v, b.add(b.abs(v), _filled(b, v, [], 1))))
 
 
 def linear(b: MLGraphBuilder, x: MLOperand, alpha: float, beta: float) -> MLOperand:
@@ -326,8 +326,8 @@ def linear(b: MLGraphBuilder, x: MLOperand, alpha: float, beta: float) -> MLOper
     b._own(x)
     op_limits.check("linear", [x])
     a, c = _number(x, alpha, "alpha"), _number(x, beta, "beta")
-    return _in_float32(b, [x], lambda v: b.add(b.mul(v, _filled(b, v, [1], a)),
-                                               _filled(b, v, [1], c)))
+    return _in_float32(b, [x], lambda v: b.add(b.mul(v, _filled(b, v, [], a)),
+                                               _filled(b, v, [], c)))
 
 
 def prelu(b: MLGraphBuilder, x: MLOperand, slope: MLOperand) -> MLOperand:
@@ -339,7 +339,7 @@ def prelu(b: MLGraphBuilder, x: MLOperand, slope: MLOperand) -> MLOperand:
     S.broadcast(x._shape, slope._shape)  # TypeError where they do not broadcast
 
     def f(v: MLOperand, s: MLOperand) -> MLOperand:
-        zero = _filled(b, v, [1], 0)
+        zero = _filled(b, v, [], 0)
         return b.add(b.max(v, zero), b.mul(s, b.min(v, zero)))
     return _in_float32(b, [x, slope], f)
 
@@ -376,7 +376,7 @@ def _per_channel(b: MLGraphBuilder, op: str, x: MLOperand, axis: int,
 def _normalized(b: MLGraphBuilder, d: MLOperand, var: MLOperand, eps: float,
                 scale: MLOperand | None, bias: MLOperand | None, view: list[int]) -> MLOperand:
     """``scale * d / sqrt(var + eps) + bias``, scale and bias reshaped to ``view``."""
-    y = b.div(d, b.sqrt(b.add(var, _filled(b, d, [1], eps))))
+    y = b.div(d, b.sqrt(b.add(var, _filled(b, d, [], eps))))
     if scale is not None:
         y = b.mul(b.reshape(scale, view), y)
     if bias is not None:
