@@ -403,6 +403,12 @@ def test_op_support_limits_is_what_the_builder_checks(ctx):
                 "reduce_log_sum", "batch_normalization", "instance_normalization"):
         assert key in limits, key
     assert limits["arg_max"]["output"]["data_types"] == ["int32", "int64"]
+    assert limits["arg_max"]["input"]["rank_range"]["min"] == 1
+    assert limits["arg_max"]["output"]["rank_range"]["min"] == 0
+    inorm = limits["instance_normalization"]
+    assert inorm["input"]["rank_range"] == {"min": 4, "max": 4}
+    assert inorm["scale"]["rank_range"] == {"min": 1, "max": 1}
+    assert limits["batch_normalization"]["mean"]["rank_range"] == {"min": 1, "max": 1}
     assert limits["not_equal"]["output"]["data_types"] == ["uint8"]
     assert "int8" in limits["cast"]["output"]["data_types"]
     assert limits["matmul"]["a"]["rank_range"]["min"] == 2

@@ -415,8 +415,6 @@ def instance_normalization(b: MLGraphBuilder, x: MLOperand, scale: MLOperand | N
     op_limits.check("instance_normalization", [x, scale, bias])
     if layout not in ("nchw", "nhwc"):
         raise TypeError(f"instanceNormalization layout {layout!r} is not 'nchw' or 'nhwc'")
-    if len(x._shape) != 4:
-        raise TypeError(f"instanceNormalization needs a 4-D input, got rank {len(x._shape)}")
     axis = 1 if layout == "nchw" else 3
     _per_channel(b, "instanceNormalization", x, axis, [("scale", scale), ("bias", bias)])
     eps = _number(x, epsilon, "epsilon")

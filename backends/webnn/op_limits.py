@@ -34,7 +34,8 @@ SUMMABLE = FLOAT | {"int32", "int64", "uint32"}
 class OpLimits:
     """One op's tensor limits: ``inputs`` as (the spec's operand name, data types) in the
     builder's operand order; ``output``: its data types, None for "same as the first
-    input"; ``ranks``: (min, max) of every operand; ``variadic``: one entry for all
+    input"; ``ranks``: (min, max) of every operand, or per operand in ``operand_ranks``
+    (the inputs', then the output's) where they differ; ``variadic``: one entry for all
     inputs (concat)."""
 
     member: str
@@ -42,6 +43,11 @@ class OpLimits:
     output: frozenset[str] | None = None
     ranks: tuple[int, int] = (0, MAX_RANK)
     variadic: bool = False
+    operand_ranks: tuple[tuple[int, int], ...] = ()
+
+    def rank_range(self, k: int) -> tuple[int, int]:
+        """(min, max) rank of operand ``k`` (``len(inputs)``: the output)."""
+        return self.operand_ranks[k] if self.operand_ranks else self.ranks
 
 
 def _single(member: str, types: frozenset[str] = ANY, **kw: Any) -> OpLimits:
@@ -92,11 +98,11 @@ TABLE: dict[str, OpLimits] = {
     "prelu": OpLimits("prelu", (("input", SIGNED), ("slope", SIGNED))),
     "batch_normalization": OpLimits(
         "batchNormalization", (("input", FLOAT), ("mean", FLOAT), ("variance", FLOAT),
-                               ("scale", FLOAT), ("bias", FLOAT)), ranks=(1, MAX_RANK)),
-    # the input is 4-D, scale and bias 1-D (``composites.instance_normalization``)
+                               ("scale", FLOAT), ("bias", FLOAT)),
+        operand_ranks=((1, MAX_RANK),) + ((1, 1),) * 4 + ((1, MAX_RANK),)),
     "instance_normalization": OpLimits(
         "instanceNormalization", (("input", FLOAT), ("scale", FLOAT), ("bias", FLOAT)),
-        ranks=(1, 4)),
+        operand_ranks=((4, 4), (1, 1), (1, 1), (4, 4))),
     "layer_normalization": OpLimits(
         "layerNormalization", (("input", FLOAT), ("scale", FLOAT), ("bias", FLOAT))),
     **{op: _single(m, FLOAT) for op, m in (
@@ -110,7 +116,8 @@ TABLE: dict[str, OpLimits] = {
     "reduce_max": _single("reduceMax", NUMERIC),
     "reduce_min": _single("reduceMin", NUMERIC),
     "cumulative_sum": _single("cumulativeSum", SUMMABLE),
-    **{op: _single(m, output=frozenset({"int32", "int64"}), ranks=(1, MAX_RANK))
+    **{op: _single(m, output=frozenset({"int32", "int64"}),
+                   operand_ranks=((1, MAX_RANK), (0, MAX_RANK - 1)))
        for op, m in (("arg_min", "argMin"), ("arg_max", "argMax"))},
     "reshape": _single("reshape"),
     "transpose": _single("transpose"),
@@ -142,7 +149,7 @@ def check(op: str, operands: Sequence[Any]) -> None:
         if dt not in types:
             raise TypeError(f"{lim.member}: {name} of data type {dt} is not supported; it "
                             f"takes {', '.join(sorted(types))}")
-        lo, hi = lim.ranks
+        lo, hi = lim.rank_range(0 if lim.variadic else k)
         if not lo <= rank <= hi:
             raise TypeError(f"{lim.member}: {name} of rank {rank} is not supported; it "
                             f"takes ranks {lo} to {hi}")
@@ -167,10 +174,12 @@ def support_limits(available: frozenset[str], max_tensor_bytes: int,
         "output": _tensor(io_types, available, (0, MAX_RANK)),
     }
     for lim in TABLE.values():
-        member = {_snake(name): _tensor(types, available, lim.ranks) for name, types in lim.inputs}
+        member = {_snake(name): _tensor(types, available, lim.rank_range(k))
+                  for k, (name, types) in enumerate(lim.inputs)}
         first = lim.inputs[0][1]
         member["outputs" if lim.member == "split" else "output"] = _tensor(
-            first if lim.output is None else lim.output, available, lim.ranks)
+            first if lim.output is None else lim.output, available,
+            lim.rank_range(len(lim.inputs)))
         out[_snake(lim.member)] = member
     return out
 
