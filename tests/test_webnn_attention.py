@@ -610,6 +610,7 @@ def test_lanes_match_oracle_float32_cache(ctx_with, subgroup_size, monkeypatch, 
 LANE_F16 = [
     ((2, 4, 8192 - 5, 64), "lanes", True),  # llama-1b's head: 8 lanes a row, shuffles
     ((2, 4, 8192 - 5, 64), "lanes1", True),
+    ((2, 16, 8192 - 5, 64), "lanes", True),  # a K = 4 verify's 16 rows a kv head
     ((1, 1, 300, 64), "lanes1", False),  # one q row a kv head, through workgroup memory
 ]
 
