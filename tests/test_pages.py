@@ -256,7 +256,7 @@ def test_gpu_gemv_norms_in_one_launch_each():
     b = prepared(StatefulInPlace, CAPACITY, gemv="rows_sh", gdn="generic")
     try:
         # the point records every knob its context ran with, None where the adapter chose
-        knobs = ("gemv", "attention", "gemv_prologue", "row_vector", "row_writes",
+        knobs = ("gemv", "attention", "attention_rows", "gemv_prologue", "row_vector", "row_writes",
                  "attention_splits",
                  "record_ahead", "cache_copy", "gemv_weights", "gdn", "f16_loads", "read_copy",
                  "q4_gemv", "pass_calls", "map_wait", "queue_calls", "q4_prologue", "q4_epilogue",

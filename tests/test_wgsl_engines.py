@@ -29,6 +29,7 @@ OPTION_VALUES: dict[str, list[str | int | None]] = {
     "gemv": [None, "legacy", "rows", "rows8", "rows_sh", "rows16_sh_u2", "rows_u8_w", "cols", "cols2",
              "cols4", "cols4g8", "cols8g8", "cols2g4", "cols2g16", "cols4g4", "cols1g8"],
     "attention": [None, "flash", "flash1", "lanes", "lanes1", "lanes_u8", "unfused", "generic"],
+    "attention_rows": [None, "lanes", "flash1"],
     "gemv_prologue": [None, "launch", "off", "full", "vector"],
     "row_vector": [None, "unrolled", "loop"],
     "row_writes": [None, "separate"],
@@ -61,7 +62,8 @@ def _targets():
 
 
 _UNARY = ["sqrt", "exp", "log", "neg", "abs", "sigmoid", "softplus", "tanh", "relu",
-          "reciprocal", "cos", "sin", "floor", "ceil", "erf", "gelu", "identity"]
+          "reciprocal", "cos", "sin", "floor", "ceil", "erf", "gelu", "identity", "sign", "tan",
+          "round_even"]
 _BINARY = ["add", "sub", "mul", "div", "pow", "max", "min"]
 _COMPARE = ["equal", "not_equal", "greater", "greater_or_equal", "lesser", "lesser_or_equal"]
 _REDUCE = ["reduce_mean", "reduce_sum", "reduce_max", "reduce_min", "reduce_product"]
@@ -114,6 +116,10 @@ def _op_graphs(b, dt: str) -> dict[str, object]:
         for op in _UNARY:
             out[op] = getattr(b, op)(x)
         out["is_nan"] = b.cast(b.is_nan(x), dt)
+        out["is_infinite"] = b.cast(b.is_infinite(x), dt)
+        out["logical_xor"] = b.cast(b.logical_xor(b.greater(x, y), b.lesser(x, y)), dt)
+        out["arg_max"] = b.cast(b.arg_max(x, 2), dt)  # a row of 8: one invocation's
+        out["arg_min_long"] = b.cast(b.arg_min(b.reshape(x, [48]), 0), dt)  # a workgroup's
         out["leaky_relu"] = b.leaky_relu(x)
         out["layer_normalization"] = b.layer_normalization(x)
         out["reduce_l2"] = b.reduce_l2(x, axes=[2])
