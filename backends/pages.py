@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from backends.base import Backend, BuildSource, DepthState, check_tokens, into_capacity, register
+from backends.next_ids import NEXT_IDS, with_next_ids
 from backends.webnn.adapter import wgpu_adapter
 from backends.webnn.rollback_names import ACCEPTED
 from model.errors import UserError
@@ -111,6 +112,11 @@ class _Page(Backend):
         self._accepted = 0  # tokens kept of the last dispatch: the next one's accepted_count
         self._unsettled = False  # a dispatch `accept` may still roll back
         self._overwritten: list[str] | None = []  # pairs a token overwrites (None: unknown)
+        #: set before ``prepare``: the graph also computes each logits row's argmax
+        #: (``next_ids``) and ``step_ids`` reads those K ids, not the logits (which the page
+        #: then never reads, so no copy of them leaves the device)
+        self.read_ids = False
+        self._ids: np.ndarray | None = None  # the page's array the ids are read into
         #: set before ``prepare``: build the graph a speculative loop rolls back to any kept
         #: count (a hybrid's K-token graph: the deferred-commit export, ``model.export``'s
         #: rollback "deferred"; an attention-only graph rolls back by position as it is)
@@ -171,6 +177,8 @@ class _Page(Backend):
                              [s.input for s in cache_specs(self._config, 1)
                               if s.kind != "append"])
         path, base = self._graph(workload, capacity)
+        if self.read_ids:
+            path, base = self._with_ids(path, base)
         dims = None
         self.context = webnn.ml.create_context(state_support=self.state_support, timing=self.timing,
                                                options=self.options, engine=self.engine)
@@ -209,15 +217,18 @@ class _Page(Backend):
         ctx = self.context
         ins, outs = self.converted.inputs, self.converted.outputs
         self._cache_names = {p.input for p in self._pairs} | {p.output for p in self._pairs}
+        self._logits_name = next(n for n in outs if n not in self._cache_names | {NEXT_IDS})
         for name, d in ins.items():
             if name not in self._cache_names:
                 self._bound[name] = ctx.create_tensor(data_type=d.data_type, shape=list(d.shape),
                                                       writable=True)
         for name, d in outs.items():
-            if name not in self._cache_names:
-                self._bound[name] = ctx.create_tensor(data_type=d.data_type, shape=list(d.shape),
-                                                      readable=True)
-        self._logits_name = next(n for n in outs if n not in self._cache_names)
+            if name not in self._cache_names:  # (the logits unread where the ids are read)
+                self._bound[name] = ctx.create_tensor(
+                    data_type=d.data_type, shape=list(d.shape),
+                    readable=not (self.read_ids and name == self._logits_name))
+        if self.read_ids:
+            self._ids = np.empty(outs[NEXT_IDS].shape, outs[NEXT_IDS].host_dtype)
         # read into every step (readTensor(tensor, outputData)): a fresh array a step is
         # fresh memory the host faults in on the step's path (docs/measuring.md "Host time")
         self._logits = np.empty(outs[self._logits_name].shape,
@@ -267,6 +278,19 @@ class _Page(Backend):
             if self._deferred_state is not None:
                 self.details["deferred_commit"] = self._deferred_state.describe()
         return proto, os.path.dirname(os.fspath(self.onnx_path))
+
+    def _with_ids(self, graph, base: str | None) -> tuple[object, str | None]:
+        """The graph (a path or a proto) with ``next_ids`` added (``backends.next_ids``),
+        and the folder its external data is read from."""
+        import onnx
+
+        if not isinstance(graph, onnx.ModelProto):
+            base = os.path.dirname(os.fspath(graph))
+            graph = onnx.load(os.fspath(graph), load_external_data=False)
+        try:
+            return with_next_ids(graph, "logits"), base
+        except ValueError as exc:
+            raise UserError(f"{self.name} cannot read ids: {exc}") from None
 
     def _deferred(self, k: int) -> bool:
         """Whether to build the deferred-commit export: asked for (``speculative``), a
@@ -338,21 +362,33 @@ class _Page(Backend):
         k = len(tokens)
         return self._step(int(tokens[0]) if k == 1 else tokens).reshape(k, -1)
 
-    def _step(self, tokens: int | np.ndarray) -> np.ndarray:
-        """One dispatch of the graph's K tokens (an int where K = 1) and its logits, flat."""
+    def step_ids(self, tokens: int | np.ndarray) -> np.ndarray:
+        """One dispatch of the graph's K tokens and the argmax of each of its K logits rows,
+        computed on the device and read back as K int64 ids (``read_ids``)."""
+        if not self.read_ids:
+            raise ValueError(f"{self.name} was not built to read ids (read_ids)")
+        if np.ndim(tokens):
+            tokens = check_tokens(np.asarray(tokens), self.tokens_per_step)
+            tokens = int(tokens[0]) if len(tokens) == 1 else tokens
+        return self._step(tokens, ids=True).astype(np.int64)
+
+    def _step(self, tokens: int | np.ndarray, ids: bool = False) -> np.ndarray:
+        """One dispatch of the graph's K tokens (an int where K = 1) and its logits, flat
+        (``ids``: its next ids, read in their place)."""
         t0 = time.perf_counter_ns()
         times0 = self.context.queue_counts.times_ns()
         self._dispatch(tokens)
         t_dispatched = time.perf_counter_ns()
-        out = self._bound[self._logits_name]
+        out, into = ((self._bound[NEXT_IDS], self._ids) if ids
+                     else (self._bound[self._logits_name], self._logits))
         with self._counted():
             if self.host_cache:  # the logits and every present at once, into the page's
                 # own arrays, as Promise.all over readTensor(tensor, outputData)
                 self.context.read_tensors([out] + [self._nxt[p.input] for p in self._pairs],
-                                          [self._logits] + [self._host[p.input] for p in self._pairs])
+                                          [into] + [self._host[p.input] for p in self._pairs])
             else:
-                self.context.read_tensors([out], [self._logits])
-            logits = self._logits
+                self.context.read_tensors([out], [into])
+            logits = into
         t_read = time.perf_counter_ns()
         logits = logits.reshape(-1)  # in the graph's type, as readTensor gives a page
         self._last_times = (t0, self._t_written, t_dispatched, t_read, time.perf_counter_ns(),
@@ -384,6 +420,8 @@ class _Page(Backend):
                     ins[name] = self._bound[name]
                     ctx.write_tensor(ins[name], self._feed(name, tokens))
             outs = {self._logits_name: self._bound[self._logits_name]}
+            if self.read_ids:
+                outs[NEXT_IDS] = self._bound[NEXT_IDS]
             if not self._hidden:
                 for p in self._pairs:
                     if self.host_cache:

@@ -361,7 +361,8 @@ def reach_random_depth(be: Any, wl: Any, capacity: int, depth: int, warm_s: floa
 
 def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
                warm_s: float = 0.0, mode: str = "wgpu:stateful", host: bool = False,
-               depth: int = 0, options: KernelOptions | None = None, tokens: int = 1) -> dict:
+               depth: int = 0, options: KernelOptions | None = None, tokens: int = 1,
+               read_ids: bool = False) -> dict:
     from backends.base import registry
     from model.workload import Workload, preset
 
@@ -373,12 +374,19 @@ def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
     be.tokens_per_step = tokens  # K > 1: a speculative verify's graph, stepped K tokens a time
     if tokens > 1 and hasattr(be, "speculative"):
         be.speculative = True
+    be.read_ids = read_ids  # the page reads the rows' argmax ids, not the logits
     be.prepare(wl, capacity)
 
     def step(t: int) -> np.ndarray:
+        ids = np.arange(t, t + tokens, dtype=np.int64) % 100 + 1
+        if read_ids:
+            out = be.step_ids(ids)
+        elif tokens == 1:
+            return be.step(int(ids[0]))
+        else:
+            out = be.step_tokens(ids)
         if tokens == 1:
-            return be.step(t % 100 + 1)
-        out = be.step_tokens(np.arange(t, t + tokens, dtype=np.int64) % 100 + 1)
+            return out
         be.accept(tokens)
         return out
 
@@ -442,7 +450,8 @@ def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
            "wall_ms": 1e3 * float(np.median(wall[1:] or wall)),
            "launches": len(plan.launches), "kernels": names, **per_step,
            "weights_bytes": weights, "cache_bytes": cache, "kernel_bytes_counted": kbytes,
-           "logits_finite": bool(np.isfinite(logits).all())}
+           "read": "ids" if read_ids else "logits",
+           "logits_finite": None if read_ids else bool(np.isfinite(logits).all())}
     if prof is not None:
         res["profile"] = prof
     if hprof is not None:
@@ -503,6 +512,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=1,
                     help="new tokens a step (--step): a speculative verify's K-token graph")
+    ap.add_argument("--read", choices=("logits", "ids"), default="logits",
+                    help="what the page reads back a step (--step): the logits, or the argmax "
+                         "ids the graph computes of them (backends/next_ids.py)")
     ap.add_argument("--q4-rows", type=int, default=1,
                     help="rows of the --gemv-q4 products (a K-token verify's: gemm_q4_rows)")
     ap.add_argument("--depth", type=int, default=0,
@@ -583,7 +595,7 @@ def main() -> None:
                     wctx.SUBMIT_EVERY.update(cpu=int(every), gpu=int(every))
                 out["step"].append(_attempt(
                     bench_step, (name, int(cap or 512), a.steps, a.profile, a.warm, a.mode,
-                                 a.host_profile, a.depth, chosen, a.tokens),
+                                 a.host_profile, a.depth, chosen, a.tokens, a.read == "ids"),
                     preset=name, submit_every=every, options=chosen.as_dict()))
     print(json.dumps(out, indent=1))
 

@@ -88,6 +88,19 @@ def test_kernel_bench_counts_submits_and_maps():
         assert (step["submits_per_step"], step["maps_per_step"]) == want, option
 
 
+def test_kernel_bench_reads_ids():
+    """--read ids: the page reads each row's argmax id, not the logits, still one submit
+    and one map a step (the ids ride in the dispatch's read copy), for a verify's K rows
+    too."""
+    proc = bench("--gemv", "none", "--attn", "none", "--step", "tiny:24", "--steps", "3",
+                 "--warm", "0", "--tokens", "2", "--read", "ids")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    step = json.loads(proc.stdout)["step"][0]
+    assert "error" not in step, step.get("trace")
+    assert step["read"] == "ids" and step["kernels"]["arg_max"] == 1, step["kernels"]
+    assert (step["submits_per_step"], step["maps_per_step"]) == (1, 1)
+
+
 def test_kernel_bench_steps_at_a_depth():
     """--depth reaches the depth as a sweep does (random cache values written into the page's
     caches; no steps before the timed ones) and times the steps there; a depth that leaves

@@ -837,3 +837,35 @@ def test_dawn_stateful_requests_shader_f16_and_matches_q4f16():
         _three_steps_match(b, wl, cap, logits_tolerance(wl.config), "tiny+q4f16 dawn:stateful")
     finally:
         b.close()
+
+
+@pytest.mark.adapter_feature("shader-f16")
+@pytest.mark.parametrize("cls", [StatefulInPlace, TensorReuse, StatelessCopy],
+                         ids=lambda c: c.name)
+@pytest.mark.parametrize("k", [1, 4])
+def test_pages_read_next_ids_computed_on_the_device(cls, k):
+    """``read_ids``: the graph also takes each logits row's argmax (``backends.next_ids``) and
+    ``step_ids`` reads those K ids, which are the float64 reference's greedy tokens; the
+    logits are never read back (the step's device-to-host bytes are the ids', not a
+    vocabulary row's)."""
+    cfg = preset("tiny+q4f16")
+    wl = Workload.build(cfg)
+    cap, depth = 32, 8
+    b = cls(tokens_per_step=k)
+    b.read_ids = True
+    b.prepare(wl, cap)
+    try:
+        tokens = token_stream(cfg, cap)
+        ref = Reference(cfg, wl.weights, cap)
+        ref.prefill(tokens[:depth])
+        b.reach_depth(DepthState(tokens=tokens[:depth].copy(), cache=ref.cache_arrays()))
+        for j in range(2):
+            ids = tokens[depth + j * k:depth + (j + 1) * k]
+            b.counters.reset()
+            got = b.step_ids(ids)
+            want = ref.step_tokens(ids).argmax(-1) if k > 1 else [ref.step(int(ids[0])).argmax()]
+            np.testing.assert_array_equal(got, want)
+            if cls is not StatelessCopy:  # (that page reads its caches back too)
+                assert b.counters.d2h < 4 * cfg.vocab, b.counters.d2h
+    finally:
+        b.close()

@@ -284,10 +284,11 @@ def test_int8_tensors_round_trip(ctx):
 
 
 def test_arg_min_max_long_rows_ties_and_specials(ctx):
-    """argMax/argMin along a vocabulary-sized row (a workgroup's strided shares and tree):
-    ties at indices far apart go to the first; a NaN wins over numbers (the first NaN where
-    there are several, as NumPy); infinities are numbers. isInfinite and isNaN on the same
-    specials. Integer inputs compare as integers."""
+    """argMax/argMin along a vocabulary-sized row (``arg_split``: workgroups over chunks of
+    the row, then their winners combined) and a 3000-wide one (one workgroup's strided
+    shares and tree): ties at indices far apart (other chunks) go to the first; a NaN wins
+    over numbers (the first NaN where there are several, as NumPy); infinities are numbers.
+    isInfinite and isNaN on the same specials. Integer inputs compare as integers."""
     vocab = 128256
     v = _draw((3, vocab), "float32")
     v[0, [5, 100000]] = 9.0  # tied maxima, in different invocations' shares
@@ -300,6 +301,7 @@ def test_arg_min_max_long_rows_ties_and_specials(ctx):
     vi = b.input("v", data_type="float32", shape=[3, vocab])
     ii = b.input("i", data_type="int32", shape=[6, 40])
     out = {"max": b.arg_max(vi, 1), "min": b.arg_min(vi, 1, output_data_type="int64"),
+           "mid": b.arg_max(b.slice(vi, [0, 0], [3, 3000]), 1),
            "imax": b.arg_max(ii, 1, keep_dimensions=True), "imin": b.arg_min(ii, 0),
            "isinf": b.is_infinite(b.slice(vi, [2, 0], [1, 4096])),
            "isnan": b.is_nan(b.slice(vi, [1, 69000], [1, 2000])),
@@ -307,6 +309,7 @@ def test_arg_min_max_long_rows_ties_and_specials(ctx):
     got = _run(ctx, b, out, {"v": v, "i": ints})
     np.testing.assert_array_equal(got["max"], np.argmax(v, 1))
     np.testing.assert_array_equal(got["min"], np.argmin(v, 1))
+    np.testing.assert_array_equal(got["mid"], np.argmax(v[:, :3000], 1))
     assert got["max"][0] == 5 and got["min"][0] == 77 and got["max"][1] == got["min"][1] == 70000
     assert got["max"][2] == 3 and got["min"][2] == 4000 and got["min"].dtype == np.int64
     np.testing.assert_array_equal(got["imax"], ints.argmax(1)[:, None])

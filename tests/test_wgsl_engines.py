@@ -120,6 +120,8 @@ def _op_graphs(b, dt: str) -> dict[str, object]:
         out["logical_xor"] = b.cast(b.logical_xor(b.greater(x, y), b.lesser(x, y)), dt)
         out["arg_max"] = b.cast(b.arg_max(x, 2), dt)  # a row of 8: one invocation's
         out["arg_min_long"] = b.cast(b.arg_min(b.reshape(x, [48]), 0), dt)  # a workgroup's
+        vocab = b.tile(b.reshape(x, [1, 48]), [2, 100])  # rows of 4800: split (arg_split)
+        out["arg_max_split"] = b.cast(b.arg_max(vocab, 1), dt)
         out["leaky_relu"] = b.leaky_relu(x)
         out["layer_normalization"] = b.layer_normalization(x)
         out["reduce_l2"] = b.reduce_l2(x, axes=[2])

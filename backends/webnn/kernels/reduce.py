@@ -247,6 +247,71 @@ def _arg_better(op: str, t: str) -> str:
     return src + f"  return v {cmp} w || (v == w && i < j);\n}}\n"
 
 
+#: rows longer than this (a vocabulary's logits) are split over workgroups by ``arg_split``
+ARG_SPLIT_ROW = 4096
+#: elements an invocation of ``arg_split``'s first pass takes
+ARG_PER = 8
+
+
+def _arg_tree(wg: int) -> str:
+    """The workgroup's (``shv``, ``shi``) pairs combined into slot 0 by ``better``."""
+    src, s = "  shv[lid] = bv;\n  shi[lid] = bi;\n  workgroupBarrier();\n", wg // 2
+    while s >= 1:
+        src += (f"  if (lid < {s}u && better(shv[lid + {s}u], shi[lid + {s}u], shv[lid], "
+                f"shi[lid])) {{\n    shv[lid] = shv[lid + {s}u];\n    shi[lid] = shi[lid + {s}u];\n"
+                "  }\n  workgroupBarrier();\n")
+        s //= 2
+    return src
+
+
+def arg_split(op: str, t: str, in_shape: Sequence[int], axis: int,
+              wg: int = WG) -> tuple[Kernel, Kernel, int]:
+    """(pass 1, pass 2, partial words) of argMax / argMin over long rows: one workgroup
+    can keep only a few loads in flight, so a 128256-wide row on one workgroup is a long
+    serial walk. Pass 1: ``S`` workgroups a row, each the winner of ``wg · ARG_PER``
+    consecutive elements, written as (value bits, index) words; pass 2: one workgroup a
+    row combines its ``S`` partials. ``better`` decides everywhere (ties to the smaller
+    index, NaN first), so the result is ``arg_reduce``'s."""
+    if esize(t) != 4:
+        raise ValueError(f"arg_split takes 4-byte elements (the partials hold their bits), not {t}")
+    st = S.strides(in_shape)
+    kept = [i for i in range(len(in_shape)) if i != axis]
+    rows = S.size([in_shape[i] for i in kept])
+    rn, sa = in_shape[axis], st[axis]
+    chunk = wg * ARG_PER
+    ns = -(-rn // chunk)
+    head = (f"var<workgroup> shv: array<{t}, {wg}>;\n"
+            f"var<workgroup> shi: array<u32, {wg}>;\n"
+            f"@compute @workgroup_size({wg})\n"
+            "fn main(@builtin(workgroup_id) wid: vec3<u32>, "
+            "@builtin(local_invocation_index) lid: u32) {\n")
+    src1 = (decl(0, "x", t, "read") + decl(1, "part", "u32", "rw") + _arg_better(op, t)
+            + offset_fn("rowoff", [in_shape[i] for i in kept] or [1],
+                        [st[i] for i in kept] or [0]) + head)
+    src1 += (f"  let row = wid.y;\n  let s = wid.x;\n  let base = rowoff(row);\n"
+             f"  let j0 = s * {chunk}u;\n  let end = min(j0 + {chunk}u, {rn}u);\n"
+             f"  var bv = x[base + j0 * {sa}u];\n  var bi = j0;\n"
+             f"  for (var j = j0 + lid; j < end; j = j + {wg}u) {{\n"
+             f"    let v = x[base + j * {sa}u];\n"
+             "    if (better(v, j, bv, bi)) { bv = v; bi = j; }\n  }\n")
+    src1 += _arg_tree(wg)
+    src1 += (f"  if (lid == 0u) {{\n    let p = (row * {ns}u + s) * 2u;\n"
+             "    part[p] = bitcast<u32>(shv[0]);\n    part[p + 1u] = shi[0];\n  }\n}\n")
+    k1 = Kernel(op, src1, ["read", "rw"], (ns, rows, 1),
+                esize(t) * S.size(in_shape) + 8 * rows * ns)
+    src2 = (decl(0, "part", "u32", "read") + decl(1, "out", "i32", "rw")
+            + _arg_better(op, t) + head)
+    src2 += (f"  let row = wid.x;\n  let pb = row * {ns}u;\n"
+             f"  var bv = bitcast<{t}>(part[pb * 2u]);\n  var bi = part[pb * 2u + 1u];\n"
+             f"  for (var s = lid; s < {ns}u; s = s + {wg}u) {{\n"
+             f"    let v = bitcast<{t}>(part[(pb + s) * 2u]);\n"
+             "    let j = part[(pb + s) * 2u + 1u];\n"
+             "    if (better(v, j, bv, bi)) { bv = v; bi = j; }\n  }\n")
+    src2 += _arg_tree(wg) + "  if (lid == 0u) { out[row] = i32(shi[0]); }\n}\n"
+    k2 = Kernel(op, src2, ["read", "rw"], (rows, 1, 1), 8 * rows * ns + 4 * rows)
+    return k1, k2, 2 * rows * ns
+
+
 def arg_reduce(op: str, t: str, in_shape: Sequence[int], axis: int, wg: int = WG) -> Kernel:
     """argMax / argMin along ``axis``: per output element the index of the row's winner
     (``_arg_better``), written as i32 (int32 and int64 both are 32-bit words on the
@@ -277,12 +342,5 @@ def arg_reduce(op: str, t: str, in_shape: Sequence[int], axis: int, wg: int = WG
             f"var<workgroup> shi: array<u32, {wg}>;\n" + _header(gx, wg))
     src += f"  if (row >= {rows}u) {{ return; }}\n  let base = rowoff(row);\n"
     src += loop("lid", f"{wg}u")
-    src += "  shv[lid] = bv;\n  shi[lid] = bi;\n  workgroupBarrier();\n"
-    s = wg // 2
-    while s >= 1:
-        src += (f"  if (lid < {s}u && better(shv[lid + {s}u], shi[lid + {s}u], shv[lid], "
-                f"shi[lid])) {{\n    shv[lid] = shv[lid + {s}u];\n    shi[lid] = shi[lid + {s}u];\n"
-                "  }\n  workgroupBarrier();\n")
-        s //= 2
-    src += "  if (lid == 0u) { out[row] = i32(shi[0]); }\n}\n"
+    src += _arg_tree(wg) + "  if (lid == 0u) { out[row] = i32(shi[0]); }\n}\n"
     return Kernel(op, src, ["read", "rw"], (gx, gy, gz), traffic)

@@ -133,10 +133,20 @@ def _reduce(n: Site) -> None:
 
 @lowers("arg_min", "arg_max")
 def _arg_reduce(n: Site) -> None:
-    """argMin / argMax: a workgroup per long row (a vocabulary's logits), as a reduction."""
+    """argMin / argMax: an invocation or a workgroup a row (``arg_reduce``); a row longer than
+    ``ARG_SPLIT_ROW`` (a vocabulary's logits) over several workgroups, then combined
+    (``arg_split``)."""
     x = n.node.inputs[0]
     wg = 64 if n.plan.target.cpu else 256
-    k = RD.arg_reduce(n.node.op, x.dtype.wgsl, x.shape, n.node.attrs["axis"], wg=wg)
+    axis = n.node.attrs["axis"]
+    if x.shape[axis] > RD.ARG_SPLIT_ROW:  # a vocabulary's row: split over workgroups
+        k1, k2, words = RD.arg_split(n.node.op, x.dtype.wgsl, x.shape, axis, wg=wg)
+        part = ("temp", ("arg_split", n.node.id))
+        n.plan.temps[part] = words
+        n.add(KernelLaunch(k1, [n.ins[0], part]))
+        n.add(KernelLaunch(k2, [part, n.out]))
+        return
+    k = RD.arg_reduce(n.node.op, x.dtype.wgsl, x.shape, axis, wg=wg)
     n.add(KernelLaunch(k, [n.ins[0], n.out]))
 
 
