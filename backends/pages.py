@@ -375,6 +375,8 @@ class _Page(Backend):
     def _step(self, tokens: int | np.ndarray, ids: bool = False) -> np.ndarray:
         """One dispatch of the graph's K tokens (an int where K = 1) and its logits, flat
         (``ids``: its next ids, read in their place)."""
+        if self.read_ids and not ids:
+            raise ValueError(f"{self.name} was built to read ids, not logits (step_ids)")
         t0 = time.perf_counter_ns()
         times0 = self.context.queue_counts.times_ns()
         self._dispatch(tokens)

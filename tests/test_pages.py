@@ -867,5 +867,7 @@ def test_pages_read_next_ids_computed_on_the_device(cls, k):
             np.testing.assert_array_equal(got, want)
             if cls is not StatelessCopy:  # (that page reads its caches back too)
                 assert b.counters.d2h < 4 * cfg.vocab, b.counters.d2h
+        with pytest.raises(ValueError, match="step_ids"):  # its logits are never read
+            b.step_tokens(ids) if k > 1 else b.step(int(ids[0]))
     finally:
         b.close()
