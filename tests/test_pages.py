@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from at_depth import at_depth
 
 from backends.base import DepthState
 from backends.pages import (
@@ -553,10 +554,7 @@ def _three_steps_match(b, wl: Workload, cap: int, tol: float, where: str) -> Ref
     """Page ``b`` brought to depth 16 of ``wl``, then three steps each within ``tol`` of the
     float64 reference's logits, argmax included; returns the reference, at depth 19."""
     depth = 16
-    tokens = token_stream(wl.config, cap)
-    ref = Reference(wl.config, wl.weights, cap)
-    ref.prefill(tokens[:depth])
-    b.reach_depth(DepthState(tokens=tokens[:depth].copy(), cache=ref.cache_arrays()))
+    tokens, ref = at_depth(b, wl, cap, depth)
     for i in range(3):
         tok = int(tokens[depth + i])
         got, want = np.asarray(b.step(tok), np.float64), ref.step(tok)
@@ -855,10 +853,7 @@ def test_pages_read_next_ids_computed_on_the_device(cls, k):
     b.read_ids = True
     b.prepare(wl, cap)
     try:
-        tokens = token_stream(cfg, cap)
-        ref = Reference(cfg, wl.weights, cap)
-        ref.prefill(tokens[:depth])
-        b.reach_depth(DepthState(tokens=tokens[:depth].copy(), cache=ref.cache_arrays()))
+        tokens, ref = at_depth(b, wl, cap, depth)
         for j in range(2):
             ids = tokens[depth + j * k:depth + (j + 1) * k]
             b.counters.reset()

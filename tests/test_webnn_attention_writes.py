@@ -13,6 +13,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from at_depth import at_depth
 
 from backends.base import DepthState, registry
 from backends.pages import StatefulInPlace, StatelessCopy
@@ -64,10 +65,7 @@ def test_folded_row_writes_compute_the_reference(gpu_plan, name, head_dim, loads
         b.prepare(wl, cap)
         try:
             counts[fold] = _names(b).count("scatter_nd")
-            tokens = token_stream(cfg, cap)
-            ref = Reference(cfg, wl.weights, cap)
-            ref.prefill(tokens[:depth])
-            b.reach_depth(DepthState(tokens=tokens[:depth].copy(), cache=ref.cache_arrays()))
+            tokens, ref = at_depth(b, wl, cap, depth)
             for i in range(3):
                 tok = int(tokens[depth + i])
                 got, want = np.asarray(b.step(tok), np.float64), ref.step(tok)
@@ -219,10 +217,7 @@ def test_q4f16_verify_on_the_gpus_plan_computes_the_reference(gpu_plan, monkeypa
         assert names.count("scatter_nd") == cfg.layers.count(ATTENTION), names
         attn = "attention_lanes" if attention_rows == "lanes" else "attention_flash"
         assert names.count(attn) == cfg.layers.count(ATTENTION), names
-        tokens = token_stream(cfg, cap)
-        ref = Reference(cfg, wl.weights, cap)
-        ref.prefill(tokens[:depth])
-        b.reach_depth(DepthState(tokens=tokens[:depth].copy(), cache=ref.cache_arrays()))
+        tokens, ref = at_depth(b, wl, cap, depth)
         for j in range(2):
             ids = tokens[depth + j * k:depth + (j + 1) * k]
             got, want = np.asarray(b.step_tokens(ids), np.float64), ref.step_tokens(ids)
