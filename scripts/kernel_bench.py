@@ -379,14 +379,9 @@ def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
 
     def step(t: int) -> np.ndarray:
         ids = np.arange(t, t + tokens, dtype=np.int64) % 100 + 1
-        if read_ids:
-            out = be.step_ids(ids)
-        elif tokens == 1:
-            return be.step(int(ids[0]))
-        else:
-            out = be.step_tokens(ids)
         if tokens == 1:
-            return out
+            return be.step_ids(ids) if read_ids else be.step(int(ids[0]))
+        out = be.step_ids(ids) if read_ids else be.step_tokens(ids)
         be.accept(tokens)
         return out
 

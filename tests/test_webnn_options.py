@@ -105,7 +105,9 @@ def test_attention_rows_picks_the_attention_of_many_q_rows():
     assert (o.attention_for(4), o.attention_for(16)) == (None, "lanes")
     assert (o.attention_lanes(4), o.attention_lanes(16)) == (None, (False, None))
     assert KernelOptions(attention="lanes1").attention_for(16) == "lanes1"  # unset: as attention
-    assert KernelOptions(attention="generic", attention_rows="lanes").attention_matched()
+    mixed = KernelOptions(attention="generic", attention_rows="lanes")
+    assert mixed.attention_matched() and mixed.attention_matched(16)
+    assert not mixed.attention_matched(4)  # the one-token step's stays on matmuls
     assert not KernelOptions(attention="generic").attention_matched()
 
 

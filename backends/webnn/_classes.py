@@ -226,7 +226,7 @@ class MLGraphBuilder:
         if op in FLOAT_ONLY and not x._dtype.is_float:
             raise TypeError(f"{op} needs a float input, got {x._dtype.name}")
         if op in ("neg", "sign") and x._dtype.wgsl == "u32":
-            raise TypeError("neg needs a signed input")
+            raise TypeError(f"{op} needs a signed input")
         return self._node(op, (x,), x._dtype, x._shape)
 
     # IDL: MLOperand add(MLOperand a, MLOperand b, optional MLOperatorOptions options = {});

@@ -360,7 +360,7 @@ def reduce_log_sum(b: MLGraphBuilder, x: MLOperand, axes: Sequence[int] | None,
     return b.log(b.reduce_sum(x, axes, keep))
 
 
-def _per_channel(b: MLGraphBuilder, op: str, x: MLOperand, axis: int,
+def _per_channel(op: str, x: MLOperand, axis: int,
                  named: Sequence[tuple[str, MLOperand | None]]) -> None:
     """TypeError unless each given operand is x's data type with shape [x.shape[axis]]."""
     for name, o in named:
@@ -394,7 +394,7 @@ def batch_normalization(b: MLGraphBuilder, x: MLOperand, mean: MLOperand, varian
     r = len(x._shape)
     if isinstance(axis, bool) or not isinstance(axis, int) or not 0 <= axis < r:
         raise TypeError(f"batchNormalization: axis {axis!r} is not in [0, {r})")
-    _per_channel(b, "batchNormalization", x, axis,
+    _per_channel("batchNormalization", x, axis,
                  [("mean", mean), ("variance", variance), ("scale", scale), ("bias", bias)])
     eps = _number(x, epsilon, "epsilon")
     view = [x._shape[axis] if i == axis else 1 for i in range(r)]
@@ -416,7 +416,7 @@ def instance_normalization(b: MLGraphBuilder, x: MLOperand, scale: MLOperand | N
     if layout not in ("nchw", "nhwc"):
         raise TypeError(f"instanceNormalization layout {layout!r} is not 'nchw' or 'nhwc'")
     axis = 1 if layout == "nchw" else 3
-    _per_channel(b, "instanceNormalization", x, axis, [("scale", scale), ("bias", bias)])
+    _per_channel("instanceNormalization", x, axis, [("scale", scale), ("bias", bias)])
     eps = _number(x, epsilon, "epsilon")
     spatial = [2, 3] if layout == "nchw" else [1, 2]
     view = [x._shape[axis] if i == axis else 1 for i in range(4)]

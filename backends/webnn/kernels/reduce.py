@@ -253,6 +253,30 @@ ARG_SPLIT_ROW = 4096
 ARG_PER = 8
 
 
+def _arg_rows(in_shape: Sequence[int], axis: int) -> tuple[int, int, int, str]:
+    """(rows, elements a row, the stride between them, WGSL ``rowoff``: a row's first
+    element) of an argMax / argMin along ``axis``."""
+    st = S.strides(in_shape)
+    kept = [i for i in range(len(in_shape)) if i != axis]
+    rowoff = offset_fn("rowoff", [in_shape[i] for i in kept] or [1],
+                       [st[i] for i in kept] or [0])
+    return S.size([in_shape[i] for i in kept]), in_shape[axis], st[axis], rowoff
+
+
+def _arg_walk(first: str, start: str, end: str, step: str, sa: int) -> str:
+    """WGSL: ``bv``, ``bi`` the winner (``better``) of the row at ``base``'s element
+    ``first`` and its elements ``start``, ``start + step``, .. below ``end``."""
+    return (f"  var bv = x[base + {first} * {sa}u];\n  var bi = {first};\n"
+            f"  for (var j = {start}; j < {end}; j = j + {step}) {{\n"
+            f"    let v = x[base + j * {sa}u];\n"
+            "    if (better(v, j, bv, bi)) { bv = v; bi = j; }\n  }\n")
+
+
+def _arg_shared(t: str, wg: int) -> str:
+    """The workgroup's (value, index) pairs ``_arg_tree`` combines."""
+    return f"var<workgroup> shv: array<{t}, {wg}>;\nvar<workgroup> shi: array<u32, {wg}>;\n"
+
+
 def _arg_tree(wg: int) -> str:
     """The workgroup's (``shv``, ``shi``) pairs combined into slot 0 by ``better``."""
     src, s = "  shv[lid] = bv;\n  shi[lid] = bi;\n  workgroupBarrier();\n", wg // 2
@@ -274,27 +298,17 @@ def arg_split(op: str, t: str, in_shape: Sequence[int], axis: int,
     index, NaN first), so the result is ``arg_reduce``'s."""
     if esize(t) != 4:
         raise ValueError(f"arg_split takes 4-byte elements (the partials hold their bits), not {t}")
-    st = S.strides(in_shape)
-    kept = [i for i in range(len(in_shape)) if i != axis]
-    rows = S.size([in_shape[i] for i in kept])
-    rn, sa = in_shape[axis], st[axis]
+    rows, rn, sa, rowoff = _arg_rows(in_shape, axis)
     chunk = wg * ARG_PER
     ns = -(-rn // chunk)
-    head = (f"var<workgroup> shv: array<{t}, {wg}>;\n"
-            f"var<workgroup> shi: array<u32, {wg}>;\n"
-            f"@compute @workgroup_size({wg})\n"
+    head = (_arg_shared(t, wg) + f"@compute @workgroup_size({wg})\n"
             "fn main(@builtin(workgroup_id) wid: vec3<u32>, "
             "@builtin(local_invocation_index) lid: u32) {\n")
     src1 = (decl(0, "x", t, "read") + decl(1, "part", "u32", "rw") + _arg_better(op, t)
-            + offset_fn("rowoff", [in_shape[i] for i in kept] or [1],
-                        [st[i] for i in kept] or [0]) + head)
+            + rowoff + head)
     src1 += (f"  let row = wid.y;\n  let s = wid.x;\n  let base = rowoff(row);\n"
-             f"  let j0 = s * {chunk}u;\n  let end = min(j0 + {chunk}u, {rn}u);\n"
-             f"  var bv = x[base + j0 * {sa}u];\n  var bi = j0;\n"
-             f"  for (var j = j0 + lid; j < end; j = j + {wg}u) {{\n"
-             f"    let v = x[base + j * {sa}u];\n"
-             "    if (better(v, j, bv, bi)) { bv = v; bi = j; }\n  }\n")
-    src1 += _arg_tree(wg)
+             f"  let j0 = s * {chunk}u;\n  let end = min(j0 + {chunk}u, {rn}u);\n")
+    src1 += _arg_walk("j0", "j0 + lid", "end", f"{wg}u", sa) + _arg_tree(wg)
     src1 += (f"  if (lid == 0u) {{\n    let p = (row * {ns}u + s) * 2u;\n"
              "    part[p] = bitcast<u32>(shv[0]);\n    part[p + 1u] = shi[0];\n  }\n}\n")
     k1 = Kernel(op, src1, ["read", "rw"], (ns, rows, 1),
@@ -315,32 +329,22 @@ def arg_split(op: str, t: str, in_shape: Sequence[int], axis: int,
 def arg_reduce(op: str, t: str, in_shape: Sequence[int], axis: int, wg: int = WG) -> Kernel:
     """argMax / argMin along ``axis``: per output element the index of the row's winner
     (``_arg_better``), written as i32 (int32 and int64 both are 32-bit words on the
-    device). A row of at most ``SHORT_ROW`` elements is one invocation's; a longer one
-    (a vocabulary's logits) is a workgroup's, each invocation keeping the winner of its
-    strided share and a tree combining (value, index) pairs. ``t``: the input's WGSL type
-    (f32, i32 or u32; float16 is widened by the builder)."""
-    st = S.strides(in_shape)
-    kept = [i for i in range(len(in_shape)) if i != axis]
-    rows = S.size([in_shape[i] for i in kept])
-    rn, sa = in_shape[axis], st[axis]
-    src = decl(0, "x", t, "read") + decl(1, "out", "i32", "rw") + _arg_better(op, t)
-    src += offset_fn("rowoff", [in_shape[i] for i in kept] or [1], [st[i] for i in kept] or [0])
-    def loop(start: str, step: str) -> str:
-        return ("  var bv = x[base];\n  var bi = 0u;\n"
-                f"  for (var j = {start}; j < {rn}u; j = j + {step}) {{\n"
-                f"    let v = x[base + j * {sa}u];\n"
-                "    if (better(v, j, bv, bi)) { bv = v; bi = j; }\n  }\n")
-
+    device). A row of at most ``SHORT_ROW`` elements is one invocation's; a longer one (up
+    to ``ARG_SPLIT_ROW``, the lowering's bound; ``arg_split`` beyond) a workgroup's, each
+    invocation keeping the winner of its strided share and a tree combining (value,
+    index) pairs. ``t``: the input's WGSL type (f32, i32 or u32; float16 is widened by
+    the builder)."""
+    rows, rn, sa, rowoff = _arg_rows(in_shape, axis)
+    src = decl(0, "x", t, "read") + decl(1, "out", "i32", "rw") + _arg_better(op, t) + rowoff
     traffic = esize(t) * S.size(in_shape) + 4 * rows
     if rn <= SHORT_ROW:
         gx = grid(rows, wg)[0]
         src += main_1d(gx, wg) + f"  if (i >= {rows}u) {{ return; }}\n  let base = rowoff(i);\n"
-        src += loop("1u", "1u") + "  out[i] = i32(bi);\n}\n"
+        src += _arg_walk("0u", "1u", f"{rn}u", "1u", sa) + "  out[i] = i32(bi);\n}\n"
         return Kernel(op, src, ["read", "rw"], grid(rows, wg), traffic)
     gx, gy, gz = grid(rows, 1)
-    src += (f"var<workgroup> shv: array<{t}, {wg}>;\n"
-            f"var<workgroup> shi: array<u32, {wg}>;\n" + _header(gx, wg))
+    src += _arg_shared(t, wg) + _header(gx, wg)
     src += f"  if (row >= {rows}u) {{ return; }}\n  let base = rowoff(row);\n"
-    src += loop("lid", f"{wg}u")
+    src += _arg_walk("0u", "lid", f"{rn}u", f"{wg}u", sa)
     src += _arg_tree(wg) + "  if (lid == 0u) { out[row] = i32(shi[0]); }\n}\n"
     return Kernel(op, src, ["read", "rw"], (gx, gy, gz), traffic)

@@ -352,11 +352,15 @@ class KernelOptions:
             return self.attention_rows
         return self.attention
 
-    def attention_matched(self) -> bool:
-        """Whether any attention may run on the matched kernels (flash or lanes), so the
-        graph's attention patterns are looked for."""
-        used = [self.attention] + ([self.attention_rows] if self.attention_rows else [])
-        return any(v in FLASH_VARIANTS or LANES_VARIANT.fullmatch(v) for v in used)
+    def attention_matched(self, q_rows: int | None = None) -> bool:
+        """Whether the attention of a head scoring ``q_rows`` q rows runs on the matched
+        kernels (flash or lanes); None: whether any attention may, so the graph's
+        attention patterns are looked for."""
+        if q_rows is not None:
+            used = [self.attention_for(q_rows)]
+        else:
+            used = [self.attention] + ([self.attention_rows] if self.attention_rows else [])
+        return any(v in FLASH_VARIANTS or LANES_VARIANT.fullmatch(v) is not None for v in used)
 
     def attention_lanes(self, q_rows: int = 1) -> tuple[bool, int | None] | None:
         """(combine folded in, rows a lane-group loads at once or None: the default) of the

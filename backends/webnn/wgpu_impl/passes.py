@@ -19,7 +19,6 @@ from .match_attention import fold_row_writes, last2_transpose_input, match_atten
 from .match_gdn import match_gated_delta
 from .match_gdn_capsule import match_capsules
 from .match_q4 import head_rows, match_q4, stacked_rows
-from .options import FLASH_VARIANTS
 from .plan import Plan, Slot
 
 
@@ -104,9 +103,7 @@ def decode_attention(plan: Plan, st: PassState) -> None:
         found = match_attention(st.nodes, st.inlined, plan.groups, st.pinned,
                                 plan.target.shared_bytes)
         # each kept where its own variant (``attention_for`` its q rows) is a matched one
-        plan.attention = {i: m for i, m in found.items()
-                          if opts.attention_for(m.q_rows) in FLASH_VARIANTS
-                          or opts.attention_lanes(m.q_rows) is not None}
+        plan.attention = {i: m for i, m in found.items() if opts.attention_matched(m.q_rows)}
     st.absorbed |= {x.id for m in plan.attention.values() for x in m.absorbed}
 
 
