@@ -5,17 +5,23 @@ counted, so deterministic: exactly with `bytes_exact`, else by more than 1%), or
 same-run ratio — its step time over the stateless baseline's at the same context — worsens by
 more than `max_slowdown` relative to the baseline file's ratio. Ratios within one run cancel
 most of the machine's speed, so a baseline recorded elsewhere still says something.
+
+Several runs of the same sweep may be gated together: each is checked for matches, bytes and
+status, and a point's ratio is its smallest across them, so a slowdown fails only where it
+shows in every run (timeit's best of repeats; one run's stall on a shared runner is not a
+regression, a regression is in every run).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rich.table import Table
 from rich.text import Text
 
 from harness import metrics
-from harness.results import BYTE_CATEGORIES, Results
+from harness.results import BYTE_CATEGORIES, Point, Results
 from model.errors import UserError
 
 BYTES_TOLERANCE = 0.01
@@ -76,57 +82,79 @@ def unlike(run: dict, base: dict) -> list[str]:
     return out
 
 
-def compare(run: Results, base: Results, max_slowdown: float = 0.25,
-            bytes_exact: bool = False, names: tuple[str, str] = ("run", "baseline")) -> Verdict:
-    """Every measured baseline point checked in the run (`names`: the two files, for errors)."""
+def compare(runs: Results | Sequence[Results], base: Results, max_slowdown: float = 0.25,
+            bytes_exact: bool = False, names: tuple[str, ...] = ("run", "baseline")) -> Verdict:
+    """Every measured baseline point checked in each run (`names`: the runs' files, then the
+    baseline's, for errors); a point's ratio is its smallest over the runs."""
+    runs = [runs] if isinstance(runs, Results) else list(runs)
+    if not runs:
+        raise UserError("no run to gate")
     if max_slowdown < 0:
         raise UserError(f"--max-slowdown {max_slowdown} must be ≥ 0 (e.g. 0.25 for 25%)")
-    if run.workload.get("preset") != base.workload.get("preset"):
-        raise UserError(f"run is preset {run.workload.get('preset')!r} but the baseline is "
-                        f"{base.workload.get('preset')!r}; gate like against like")
-    differs = unlike(run.workload, base.workload)
-    if differs:
-        raise UserError(f"{names[0]} is not like for like with {names[1]}: its "
-                        f"{'; '.join(differs)}; gate a run of the baseline's workload")
+    run_names = list(names[:-1]) if len(names) == len(runs) + 1 else \
+        [f"run {i + 1}" for i in range(len(runs))]
+    for run, name in zip(runs, run_names, strict=True):
+        _like_for_like(run, base, name, names[-1])
     verdict = Verdict([], ", ".join(dict.fromkeys(
         b for b in (metrics.stateless_baseline(base.points, n) for n in base.backends) if b)) or None)
     for bp in base.points:
         if bp.status != "ok":
             continue
-        stateless = metrics.stateless_baseline(base.points, bp.backend)
-        p = run.point(bp.backend, bp.context)
         c = Check(bp.backend, bp.context, ok=True)
         verdict.checks.append(c)
-        if p is None:
-            c.ok = False
-            c.problems.append("missing from the run")
+        for run, name in zip(runs, run_names, strict=True):
+            tag = f"{name}: " if len(runs) > 1 else ""
+            c.problems += [tag + p for p in _point_problems(run, bp, bytes_exact)]
+        c.ok = not c.problems
+        stateless = metrics.stateless_baseline(base.points, bp.backend)
+        if not stateless or bp.backend == stateless:
             continue
-        if p.status != "ok":
-            c.ok = False
-            c.problems.append(f"{p.status}: {p.reason}")
-            continue
-        if not p.matches:
-            c.ok = False
-            c.problems.append(f"logits no longer match ({p.reason or f'max rel {p.match.max_rel:.2e}'})")
-        for k in BYTE_CATEGORIES:
-            a, b = p.bytes_per_step[k], bp.bytes_per_step[k]
-            changed = a != b if bytes_exact else abs(a - b) > BYTES_TOLERANCE * max(abs(b), 1)
-            if changed:
+        ratios = [r for r in (metrics.ratio(run.point(bp.backend, bp.context),
+                                            run.point(stateless, bp.context)) for run in runs)
+                  if r is not None]
+        c.ratio = min(ratios) if ratios else None
+        c.base_ratio = metrics.ratio(bp, base.point(stateless, bp.context))
+        if c.ratio is not None and c.base_ratio is not None:
+            if c.ratio > c.base_ratio * (1 + max_slowdown):
                 c.ok = False
-                c.problems.append(f"{k} bytes/step {b:,.0f} → {a:,.0f}")
-        if stateless and p.backend != stateless:
-            c.ratio = metrics.ratio(p, run.point(stateless, p.context))
-            c.base_ratio = metrics.ratio(bp, base.point(stateless, bp.context))
-            if c.ratio is not None and c.base_ratio is not None:
-                if c.ratio > c.base_ratio * (1 + max_slowdown):
-                    c.ok = False
-                    c.problems.append(f"step time / {stateless} {c.base_ratio:.3f} → {c.ratio:.3f} "
-                                      f"(+{c.ratio / c.base_ratio - 1:.0%} > {max_slowdown:.0%})")
-            elif c.base_ratio is not None:
-                verdict.warnings.append(f"{c.where}: no same-run ratio ({stateless} not measured)")
+                every = " in every run" if len(runs) > 1 else ""
+                c.problems.append(f"step time / {stateless} {c.base_ratio:.3f} → {c.ratio:.3f} "
+                                  f"(+{c.ratio / c.base_ratio - 1:.0%} > {max_slowdown:.0%}"
+                                  f"{every})")
+        elif c.base_ratio is not None and c.ok:
+            verdict.warnings.append(f"{c.where}: no same-run ratio ({stateless} not measured)")
     if not verdict.checks:
         raise UserError("the baseline has no measured points to gate against")
     return verdict
+
+
+def _like_for_like(run: Results, base: Results, name: str, base_name: str) -> None:
+    """UserError where ``run`` is not a run of the baseline's workload."""
+    if run.workload.get("preset") != base.workload.get("preset"):
+        raise UserError(f"{name} is preset {run.workload.get('preset')!r} but the baseline is "
+                        f"{base.workload.get('preset')!r}; gate like against like")
+    differs = unlike(run.workload, base.workload)
+    if differs:
+        raise UserError(f"{name} is not like for like with {base_name}: its "
+                        f"{'; '.join(differs)}; gate a run of the baseline's workload")
+
+
+def _point_problems(run: Results, bp: Point, bytes_exact: bool) -> list[str]:
+    """What is wrong with the run's point at the baseline point ``bp`` beyond its time."""
+    p = run.point(bp.backend, bp.context)
+    if p is None:
+        return ["missing from the run"]
+    if p.status != "ok":
+        return [f"{p.status}: {p.reason}"]
+    out = []
+    if not p.matches:
+        out.append(f"logits no longer match ({p.reason or f'max rel {p.match.max_rel:.2e}'})")
+    for k in BYTE_CATEGORIES:
+        a, b = p.bytes_per_step[k], bp.bytes_per_step[k]
+        changed = a != b if bytes_exact else abs(a - b) > BYTES_TOLERANCE * max(abs(b), 1)
+        if changed:
+            out.append(f"{k} bytes/step {b:,.0f} → {a:,.0f}")
+    return out
 
 
 def table(v: Verdict) -> Table:

@@ -49,6 +49,33 @@ def test_doubled_ratio_fails_naming_the_point(run_file, tmp_path):
     assert proc.returncode == 0, proc.stdout
 
 
+def test_a_slowdown_fails_only_where_every_run_shows_it(run_file, tmp_path):
+    """Two runs gated together: one run's slow point passes (its smallest ratio is the other
+    run's), the same slowdown in both fails, and a mismatch in either fails naming the run."""
+    def slow(d):
+        for p in d["points"]:
+            if p["backend"] == "ort-cpu:shared" and p["context"] == 16:
+                for k in ("median", "p10", "p90"):
+                    p["step_ms"][k] *= 2
+
+    def wrong(d):
+        d["points"][0]["match"]["ok"] = False
+    slow_path = doctored(run_file, tmp_path, slow)
+    proc = statebench("gate", slow_path, run_file, "--baseline", run_file)
+    assert proc.returncode == 0, proc.stdout
+    other = tmp_path / "slow2.json"
+    other.write_text(Path(slow_path).read_text())
+    proc = statebench("gate", slow_path, other, "--baseline", run_file)
+    assert proc.returncode == 1, proc.stdout
+    assert "✗ ort-cpu:shared @ 16: step time / ort-cpu:copy" in proc.stdout
+    assert "in every run" in proc.stdout
+    bad = tmp_path / "wrong.json"
+    bad.write_text(Path(doctored(run_file, tmp_path, wrong)).read_text())
+    proc = statebench("gate", run_file, bad, "--baseline", run_file)
+    assert proc.returncode == 1 and "logits no longer match" in proc.stdout
+    assert "wrong.json: logits no longer match" in " ".join(proc.stdout.split())
+
+
 def test_mismatch_fails(run_file, tmp_path):
     def wrong(d):
         d["points"][0]["match"]["ok"] = False
