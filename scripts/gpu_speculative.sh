@@ -8,6 +8,7 @@
 # Env: STATEBENCH_SPEC_BACKENDS (default the three pages), STATEBENCH_SPEC_K (4,8),
 # STATEBENCH_SPEC_ACCEPT (full,0.7,zero), STATEBENCH_SPEC_TOKENS (32),
 # STATEBENCH_SPEC_OPTIONS (KEY=VALUE kernel knobs, space-separated: --kernel-option each),
+# STATEBENCH_SPEC_READ (logits, or ids: the pages read their argmax ids, --read),
 # STATEBENCH_GPU_BUDGET_S (540: the run is sent SIGTERM then and keeps every point its
 # workers sent; their progress lines say where it was). Writes
 # OUTDIR/spec-<preset>-d<CONTEXT>.json and .txt (the table and the progress).
@@ -27,4 +28,5 @@ COLUMNS=${COLUMNS:-160} timeout -s TERM "${STATEBENCH_GPU_BUDGET_S:-540}" \
     --backends "${STATEBENCH_SPEC_BACKENDS:-wgpu:stateless,wgpu:reuse,wgpu:stateful}" \
     --k "${STATEBENCH_SPEC_K:-4,8}" --accept "${STATEBENCH_SPEC_ACCEPT:-full,0.7,zero}" \
     --contexts "$ctx" --tokens "${STATEBENCH_SPEC_TOKENS:-32}" --warm-s 1 ${opts[@]+"${opts[@]}"} \
+    --read "${STATEBENCH_SPEC_READ:-logits}" \
     --out "$out/$name.json" --force 2>&1 | tee "$out/$name.txt"

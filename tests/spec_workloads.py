@@ -22,10 +22,10 @@ PAGES = ("wgpu:stateless", "wgpu:reuse", "wgpu:stateful")
 
 def config(backends: tuple[str, ...] = PAGES, ks: tuple[int, ...] = (4,),
            accept: str = "full,partial,zero", contexts: tuple[int, ...] = (8,),
-           tokens: int = 12) -> SpecConfig:
+           tokens: int = 12, read: str = "logits") -> SpecConfig:
     return SpecConfig(preset=TINY_ATTENTION.name, backends=list(backends), ks=list(ks),
                       acceptances=parse_acceptances(accept), contexts=list(contexts),
-                      tokens=tokens, warmup=1, inprocess=True)
+                      tokens=tokens, warmup=1, inprocess=True, read=read)
 
 
 def pages() -> dict[str, type]:

@@ -15,6 +15,7 @@ from test_cli import ROOT, one_line_error, statebench
 
 from harness.speculative import e2e_report
 from harness.speculative.spec_results import SpecResults
+from model.errors import UserError
 
 H100 = ROOT / "results/h100/2026-12-05-5bde1d9/call3/spec-llama-1b_q4f16-d8192.json"
 LAVAPIPE = ROOT / "results/lavapipe/2026-12-05-19ef3dd-spec-model/spec-genai-llama.json"
@@ -87,6 +88,30 @@ def test_failed_checks_and_unmeasured_points_are_shown():
     assert md_row(md, bad)[11].startswith("✗ tokens ✗ at 5, logits ✓")
     assert md_row(md, gone)[4] == "unavailable"
     assert "unavailable: no adapter" in md and "tokens differ from the one-token decode's" in md
+
+
+def test_a_point_that_read_ids_shows_its_logits_not_compared(tmp_path):
+    """A point of `--read ids` (the page read its argmax ids): its logits check not made,
+    neither ✓ nor ✗, said once in the notes; None is refused where the point read logits."""
+    from harness.speculative.spec_results import load
+
+    d = json.loads(H100.read_text())
+    ids = copy.deepcopy(d["points"][0])
+    ids.update(read="ids", logits_match_plain=None, greedy_margin_at_mismatch=None,
+               logits_check={"rows": 0, "max_rel": None, "tolerance": 0.01, "ok": None,
+                             "why": "the page read ids, not logits"})
+    out = tmp_path / "spec.json"
+    SpecResults(d["created"], d["command"], d["environment"], d["workload"], [ids]).save(out)
+    run = e2e_report.SpecRun("", load(out))
+    assert md_row(e2e_report.to_markdown([run]), ids)[11] == (
+        "✓† tokens ✓, logits — (not read: ids), state ✓")
+    (row,) = e2e_report.rows([run])
+    assert row["read"] == "ids" and row["check"] == "✓†" and row["logits_match_plain"] is None
+    assert [n for n in e2e_report.notes([run]) if "logits not compared" in n] != []
+    wrong = {**ids, "read": "logits"}
+    SpecResults(d["created"], d["command"], d["environment"], d["workload"], [wrong]).save(out)
+    with pytest.raises(UserError, match="logits_match_plain: None, but the point read logits"):
+        load(out)
 
 
 @pytest.mark.parametrize("files, says", [

@@ -6,6 +6,7 @@ which a wrong rollback fails. Every page at every acceptance: tests/test_spec_e2
 from __future__ import annotations
 
 import io
+import json
 
 import numpy as np
 import pytest
@@ -90,6 +91,8 @@ def test_a_backend_without_rollback_keeps_all_k_only():
     (["--accept", "full"], "--accept needs --backends"),
     (["--tokens", "8"], "--tokens needs --backends"),
     (["--k", "4,8"], "--k 4,8: without --backends one draft length"),
+    (["--backends", "wgpu:stateful", "--read", "argmax"], "--read: invalid choice: 'argmax'"),
+    (["--read", "ids"], "--read needs --backends"),
 ])
 def test_bad_flags_are_one_line(args, says):
     from harness.cli import main
@@ -98,6 +101,17 @@ def test_bad_flags_are_one_line(args, says):
     rc = main(["speculative", *args], Console(file=io.StringIO()), Console(file=err, width=400))
     lines = err.getvalue().strip().splitlines()
     assert rc == 2 and len(lines) == 1 and says in lines[0], err.getvalue()
+
+
+def test_read_ids_is_a_flag_of_the_loop():
+    """`--read ids` reaches the sweep's settings; logits where it is not given."""
+    from harness.cli import make_parser
+    from harness.speculative.e2e_command import config_from
+
+    parser = make_parser()
+    base = ["speculative", "--backends", "wgpu:stateful"]
+    assert config_from(parser.parse_args([*base, "--read", "ids"]), "x").read == "ids"
+    assert config_from(parser.parse_args(base), "x").read == "logits"
 
 
 # -- the loop on a page ------------------------------------------------------------------------
@@ -123,6 +137,69 @@ def test_every_m_on_the_stateful_page(tmp_path):
     assert p["state"]["vs_replay"]["bitwise"] and p["state"]["vs_replay"]["max_rel"] == 0
     assert p["generated"] >= 12 and p["logits_check"]["rows"] == p["generated"]
     assert p["rollback"]["rollbacks"] > 0 and p["rollback"]["bytes"]["h2d"] == 0
+
+
+@needs_page
+def test_every_m_reading_ids_on_the_pages(tmp_path):
+    """``--read ids``: the one-token decode and the loop both on pages built with
+    ``read_ids`` (the argmax on the device): the tokens the one-token decode's (and the
+    float64 reference's), the state as feeding only the accepted tokens, the logits check
+    recorded as not made; a verify reads K ids back, not K rows of logits."""
+    from backends.webnn.dtypes import DTYPES
+    from harness.speculative import e2e_render
+
+    names = ("wgpu:stateful", "wgpu:reuse")
+    cfg = config(backends=names, accept="full,partial,zero", read="ids")
+    results = sweep(cfg, {n: pages()[n] for n in names}, tmp_path)
+    k, vocab = 4, WORKLOAD.config.vocab
+    ids_bytes = k * DTYPES["int64"].itemsize  # int64 ids, i32 on the device
+    assert len(results.points) == 6 and results.workload["read"] == "ids"
+    for p in results.points:
+        where = (p["backend"], p["acceptance"])
+        assert p["status"] == "ok", (where, p["reason"])
+        assert p["read"] == "ids" and p["tokens_match_greedy"] and p["state_ok"], where
+        assert p["greedy_matches_reference"] and p["state_compared"], where
+        assert p["state"]["vs_replay"]["bitwise"] and p["state"]["position"]["ok"], where
+        assert p["logits_check"]["ok"] is None and p["logits_match_plain"] is None, where
+        assert p["logits_check"]["rows"] == 0 and p["greedy_margin_at_mismatch"] is None
+        assert e2e_render.passed(p) and e2e_render.mark(p) == "✓†", where
+        d2h = p["bytes_per_verify"]["d2h"]
+        assert d2h < k * vocab * 2, (where, d2h)  # a logits read is k * vocab * 4
+        if p["backend"] == "wgpu:reuse":  # the ids and nothing else
+            assert d2h == ids_bytes, (where, d2h)
+    want_m = {"full": {"3"}, "zero": {"0"}, "partial": {"0", "1", "2", "3"}}
+    assert all(set(p["accepted_hist"]) == want_m[p["acceptance"]] for p in results.points)
+    notes = e2e_render.notes(results)
+    assert len(notes) == 1 and "the logits not compared" in notes[0], notes
+    e2e_render.table(results)  # renders
+
+
+def test_a_backend_that_reads_logits_only_is_unavailable_for_ids():
+    """ORT's backends have no ``read_ids``: every point unavailable with that one reason,
+    before anything is built."""
+    pytest.importorskip("onnxruntime")
+    from backends.ort import BACKENDS
+    from harness.speculative.e2e_point import IDS_REFUSAL, GroupRequest, measure_group
+
+    req = GroupRequest(backend="ort-cpu:copy", preset=WORKLOAD.config.name, depth=8,
+                       capacity=24, tokens=8, ks=[2, 4], acceptances=["full", "zero"],
+                       depth_file="/nonexistent.npz", warmup=0, read="ids")
+    points = measure_group(req, WORKLOAD, BACKENDS["ort-cpu:copy"])
+    assert len(points) == 4
+    assert all(p["status"] == "unavailable" and p["reason"] == IDS_REFUSAL for p in points)
+    assert IDS_REFUSAL == "reads logits only: no read_ids"
+
+
+def test_a_request_of_old_json_reads_logits():
+    from harness.speculative.e2e_point import GroupRequest
+
+    req = GroupRequest(backend="wgpu:stateful", preset="tiny", depth=8, capacity=24,
+                       tokens=8, ks=[4], acceptances=["full"], depth_file="d.npz")
+    old = json.loads(req.to_json())
+    del old["read"]
+    assert GroupRequest.from_json(json.dumps(old)).read == "logits"
+    with pytest.raises(ValueError, match="read 'argmax'"):
+        GroupRequest.from_json(json.dumps({**old, "read": "argmax"}))
 
 
 def wrong_rollbacks() -> dict[str, type]:
@@ -288,6 +365,26 @@ def test_the_loop_on_a_real_export_every_m(tmp_path):
             assert p["status"] == "ok", (name, p["reason"])
             assert p["tokens_match_greedy"] and p["logits_match_plain"] and p["state_ok"], p
             assert p["state"]["vs_replay"]["bitwise"] and p["rollback"]["rollbacks"] > 0
+
+
+def test_a_real_export_reading_ids(tmp_path):
+    """`--read ids` on a model as given: its graph's ``logits`` gets the argmax output, the
+    vocabulary (for the drafts' wrong tokens) is the reference's, and tokens and state
+    check as with logits."""
+    from tests.test_cli import ROOT, statebench
+
+    out = tmp_path / "spec.json"
+    proc = statebench("speculative", "--model", ROOT / "tests" / "models" / "genai-llama",
+                      "--backends", "wgpu:stateful", "--k", "3", "--accept", "partial",
+                      "--contexts", "6", "--tokens", "6", "--inprocess", "--read", "ids",
+                      "--out", out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (p,) = load(out).points
+    if p["status"] == "unavailable":
+        pytest.skip(p["reason"])
+    assert p["status"] == "ok" and p["read"] == "ids", p["reason"]
+    assert p["tokens_match_greedy"] and p["state_ok"] and p["logits_match_plain"] is None, p
+    assert p["rollback"]["rollbacks"] > 0 and "✓†" in proc.stdout
 
 
 def test_model_and_preset_together_are_one_line():

@@ -23,7 +23,7 @@ from model.errors import UserError
 
 #: the flags of the end-to-end loop only, and of the per-layer simulation only
 E2E_FLAGS = ("model", "accept", "contexts", "tokens", "warmup", "warm_s", "inprocess",
-             "kernel_option", "point_timeout")
+             "kernel_option", "point_timeout", "read")
 LAYER_FLAGS = ("reps", "depth")
 
 
@@ -82,6 +82,11 @@ class Speculative(Command):
                               "depth (debugging)")
         e2e.add_argument("--kernel-option", action="append", default=None, metavar="KEY=VALUE",
                          help="a KernelOptions knob of the wgpu:* pages (as `run`'s); repeatable")
+        e2e.add_argument("--read", choices=("logits", "ids"), default=None,
+                         help="what each step reads back: logits (K rows, the host takes "
+                              "their argmax; default) or ids (the wgpu pages' argmax on the "
+                              "device, 8 bytes a row; the logits check is not made, other "
+                              "backends' points unavailable)")
         e2e.add_argument("--point-timeout", type=common_args.positive_int, default=None,
                          help="seconds one worker (a backend at one depth) may take (default 3600)")
         layer = p.add_argument_group("per layer (no --backends)")

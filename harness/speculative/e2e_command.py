@@ -67,7 +67,7 @@ def config_from(args: argparse.Namespace, command: str) -> SpecConfig:
         warm_s=DEFAULT_WARM_S if args.warm_s is None else args.warm_s,
         seed=args.seed, inprocess=bool(args.inprocess),
         timeout_s=float(args.point_timeout or 3600), command=command, options=options,
-        model=args.model)
+        model=args.model, read=args.read or "logits")
 
 
 def refusals(classes: dict[str, type[Backend]]) -> tuple[dict[str, str], dict | None]:

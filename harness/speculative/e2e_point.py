@@ -7,7 +7,8 @@ point a line of stdout (``{"point": ...}``) as it is done, progress lines on std
 `measure_group` is the same in-process (tests, `--inprocess`). Per group: the backend
 with a one-token graph decodes greedily from the depth (the tokens the loop must
 reproduce, and the plain step's time); then per K a K-token backend runs the loop once per
-acceptance, and replays it for the state check.
+acceptance, and replays it for the state check. With ``read="ids"`` both are built to read
+their argmax ids, not their logits (``loop.read_step``): like for like, and no logits check.
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ from model.workload import CacheSpec, Workload, cache_specs
 
 #: a worker's stderr line that is progress (said by the sweep), not a reason
 PROGRESS_PREFIX = "statebench-spec: "
+#: what a step reads back (``GroupRequest.read``): K logits rows, or K argmax ids
+READS = ("logits", "ids")
+#: why a point's logits were not compared where the page read ids
+LOGITS_NOT_READ = "the page read ids, not logits"
+#: why a backend's points are unavailable where ids are asked of it
+IDS_REFUSAL = "reads logits only: no read_ids"
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,13 @@ class GroupRequest:
     backend_path: str | None = None
     #: a model's source (``ModelSource.to_wire``) in place of the preset (None: ``preset``)
     source: dict | None = None
+    #: what every step reads back (``READS``): "logits" (the host takes their argmax) or
+    #: "ids" (the page's ``read_ids``: the argmax on the device, K int64 read)
+    read: str = "logits"
+
+    def __post_init__(self) -> None:
+        if self.read not in READS:
+            raise ValueError(f"read {self.read!r}: one of {', '.join(READS)}")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -90,12 +104,13 @@ def backend_class(req: GroupRequest) -> type[Backend]:
     return class_for(req.backend, req.backend_path)
 
 
-def load_depth(path: str) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
+def load_depth(path: str) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray, int]:
     """(prompt tokens: the depth's and the first one fed, the state at depth, the
-    reference's greedy tokens after the prompt)."""
+    reference's greedy tokens after the prompt, the vocabulary: the reference's logits'
+    width, which a page that reads ids never shows)."""
     with np.load(path) as z:
         cache = {k.split(":", 1)[1]: z[k] for k in z.files if k.startswith("cache:")}
-        return z["tokens"], cache, z["ref_greedy"]
+        return z["tokens"], cache, z["ref_greedy"], int(z["vocab"])
 
 
 def build(cls: type[Backend], source: WorkloadSource, workload: Workload | None,
@@ -107,6 +122,8 @@ def build(cls: type[Backend], source: WorkloadSource, workload: Workload | None,
 
     b = source.backend(cls, backend_options(cls, req.options))
     b.tokens_per_step = k
+    if req.read == "ids":  # the argmax taken on the device, K ids read (docs/speculative.md)
+        b.read_ids = True
     if hasattr(b, "speculative"):  # a graph it can roll back (a hybrid's: deferred commit)
         b.speculative = True
     t0 = time.perf_counter()
@@ -114,7 +131,7 @@ def build(cls: type[Backend], source: WorkloadSource, workload: Workload | None,
     build_s = time.perf_counter() - t0
     warm = np.resize(np.asarray(prompt, np.int64), max(req.warmup, 1) * k).reshape(-1, k)
     for ids in warm[:min(req.warmup, req.capacity // k)]:
-        b.step_tokens(ids)
+        loop.read_step(b, ids)
         b.accept(k)
     b.reset()
     return Built(b, build_s)
@@ -171,6 +188,10 @@ def measure_group(req: GroupRequest, workload: Workload | None = None,
     emit = emit or Emit()
     try:
         cls = cls or backend_class(req)
+        if req.read == "ids" and not loop.can_read_ids(cls):
+            for k, a in req.keys():
+                emit.point(point_unavailable(req, k, a, IDS_REFUSAL))
+            return emit.points
         ok, why = cls.available()
         if not ok:
             for k, a in req.keys():
@@ -198,7 +219,7 @@ def _measure(req: GroupRequest, cls: type[Backend], workload: Workload | None,
     source = (from_wire(req.source) if req.source
               else PresetSource(req.preset, req.seed))
     workload = workload or source.workload()
-    tokens, cache, ref_greedy = load_depth(req.depth_file)
+    tokens, cache, ref_greedy, depth_vocab = load_depth(req.depth_file)
     depth = DepthState(tokens=tokens[:req.depth].copy(), cache=cache)
     first = int(tokens[req.depth])
     on_gpu = not cls.on_cpu
@@ -239,7 +260,7 @@ def _measure(req: GroupRequest, cls: type[Backend], workload: Workload | None,
             "reference_agree": _agree(greedy.tokens, ref_greedy)}
     # the preset's (PresetSource.tolerance; a test's own workload's), or the model's
     tol = source.tolerance if workload is None else logits_tolerance(workload.config)
-    vocab = len(greedy.logits[0]) if workload is None else workload.config.vocab
+    vocab = depth_vocab if workload is None else workload.config.vocab
     for k in req.ks:
         _measure_k(req, cls, source, workload, k, depth, first, greedy,
                    Plain(plain_state, recurrent), specs, tol, base, vocab, emit)
@@ -334,10 +355,21 @@ def _point(req: GroupRequest, built: Built, acc: Acceptance, depth: DepthState, 
         same = rows == fed or rows in plain.recurrent
         checks["vs_plain"] = state_check.compare(got, want, specs, min(rows, fed), tol,
                                                  False, same_count=same).to_dict()
+    return _record(req, built, acc, run, greedy, checks, logits_check(req, run, greedy, tol),
+                   depth_s, base)
+
+
+def logits_check(req: GroupRequest, run: loop.LoopRun, greedy: loop.GreedyRun,
+                 tol: float) -> dict:
+    """The loop's kept logits rows against the one-token decode's (``logits_against``);
+    where the pages read ids there are none to compare: the check is recorded as not made
+    (``ok`` None, and why), neither passed nor failed."""
+    if req.read == "ids":
+        return {"rows": 0, "max_rel": None, "tolerance": tol, "ok": None,
+                "why": LOGITS_NOT_READ}
     worst, compared = loop.logits_against(run, greedy)
-    logits = {"rows": compared, "max_rel": worst, "tolerance": tol,
-              "ok": compared > 0 and worst <= tol}
-    return _record(req, built, acc, run, greedy, checks, logits, depth_s, base)
+    return {"rows": compared, "max_rel": worst, "tolerance": tol,
+            "ok": compared > 0 and worst <= tol}
 
 
 def _record(req: GroupRequest, built: Built, acc: Acceptance, run: loop.LoopRun,
@@ -362,7 +394,10 @@ def _record(req: GroupRequest, built: Built, acc: Acceptance, run: loop.LoopRun,
         "generated": n,
         "tokens_match_greedy": mismatch is None,
         "first_mismatch": mismatch,
-        "greedy_margin_at_mismatch": None if mismatch is None else greedy.margins[mismatch],
+        # the one-token decode's top-2 margin there (None where it read ids: no logits)
+        "greedy_margin_at_mismatch": (greedy.margins[mismatch]
+                                      if mismatch is not None and greedy.margins else None),
+        "read": req.read,
         "logits_match_plain": logits["ok"],
         "logits_check": logits,
         "state_ok": bool(checks) and all(c["ok"] for c in checks.values()),

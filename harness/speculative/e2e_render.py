@@ -5,16 +5,35 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from harness.speculative.spec_results import SpecResults
+from harness.speculative.spec_results import SpecResults, read_of
 
 CAPTION = ("ms per generated token · speedup over the same page's one-token decode\n"
            "verify ms (× one-token step) · mean drafts accepted · rollback ms\n"
            "✓ tokens = greedy, logits and state as feeding only the accepted tokens "
-           "(*: the state not read back)")
+           "(*: the state not read back; †: the page read ids, the logits not compared)")
+
+
+def logits_ok(p: dict) -> bool | None:
+    """The logits check's verdict; None where it was not made (the page read ids, not
+    logits): neither a pass nor a failure."""
+    if read_of(p) == "ids" and p.get("logits_match_plain") is None:
+        return None
+    return bool(p.get("logits_match_plain"))
 
 
 def passed(p: dict) -> bool:
-    return bool(p.get("tokens_match_greedy") and p.get("logits_match_plain") and p.get("state_ok"))
+    """Every check made passed: the tokens, the state, and the logits where they were read."""
+    return bool(p.get("tokens_match_greedy") and logits_ok(p) is not False
+                and p.get("state_ok"))
+
+
+def mark(p: dict) -> str:
+    """✗, or ✓ with * where the state was not read back and † where the logits were not
+    (the page read ids): what the ✓ vouches for."""
+    if not passed(p):
+        return "✗"
+    return ("✓" + ("" if p.get("state_compared", True) else "*")
+            + ("†" if logits_ok(p) is None else ""))
 
 
 def _cell(p: dict | None) -> str:
@@ -22,12 +41,12 @@ def _cell(p: dict | None) -> str:
         return ""
     if p["status"] != "ok":
         return f"[dim]{p['status']}[/]"
-    mark = ("[red]✗[/]" if not passed(p) else "[green]✓[/]" if p.get("state_compared")
-            else "[green]✓[/]*")
+    m = mark(p)
+    tick = f"[red]{m}[/]" if m == "✗" else f"[green]✓[/]{m[1:]}"
     rb = p["rollback"]["ms"]["median"]
     return (f"{p['ms_per_token']:.3f} · {p['speedup']:.2f}×\n"
             f"{p['verify_ms']['median']:.3f} ({p['verify_over_plain']:.2f}×) · "
-            f"{p['mean_accepted']:.2f} · {rb:.4f}\n{mark}")
+            f"{p['mean_accepted']:.2f} · {rb:.4f}\n{tick}")
 
 
 def table(results: SpecResults) -> Table:
@@ -62,7 +81,11 @@ def notes(results: SpecResults) -> list[str]:
             lines.append(f"✗ {where}: tokens differ from the one-token decode's at token "
                          f"{p['first_mismatch']} (its top-2 logit margin there "
                          f"{'?' if margin is None else f'{margin:.3g}'})")
-        if not p["logits_match_plain"]:
+        if logits_ok(p) is None and "ids" not in seen:  # once: every such point is marked †
+            seen.add("ids")
+            lines.append(f"{where} (and every point marked †): the page read ids, not logits "
+                         "(--read ids): the logits not compared; the tokens and the state were")
+        if logits_ok(p) is False:
             c = p["logits_check"]
             lines.append(f"✗ {where}: verify logits vs the one-token decode's: max rel "
                          f"{c['max_rel']} > {c['tolerance']} ({c['rows']} rows)")

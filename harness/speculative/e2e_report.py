@@ -100,8 +100,8 @@ COLUMNS = ["run", "preset", "depth", "k", "acceptance", "backend", "status", "ms
            "plain_ms_per_token", "speedup", "verify_ms", "verify_over_plain", "verify_gpu_ms",
            "verify_over_plain_gpu", "plain_step_ms", "plain_gpu_ms", "mean_accepted",
            "verifies", "rollback_ms", "rollback_strategy", "rollbacks", "tokens_match_greedy",
-           "logits_match_plain", "logits_max_rel", "state_ok", "state_compared", "check",
-           "reason"]
+           "read", "logits_match_plain", "logits_max_rel", "state_ok", "state_compared",
+           "check", "reason"]
 
 
 def ordered(results: SpecResults) -> list[dict]:
@@ -114,10 +114,9 @@ def ordered(results: SpecResults) -> list[dict]:
 
 
 def check_mark(p: dict) -> str:
-    """✓ (every check passed), ✓* (passed, the state not read back) or ✗, as the table's."""
-    if not e2e_render.passed(p):
-        return "✗"
-    return "✓" if p.get("state_compared", True) else "✓*"
+    """✓ (every check passed), ✓* (passed, the state not read back), ✓† (passed, the logits
+    not read: the page read ids) or ✗, as the table's."""
+    return e2e_render.mark(p)
 
 
 def rows(runs: list[SpecRun]) -> list[dict]:
@@ -142,6 +141,7 @@ def rows(runs: list[SpecRun]) -> list[dict]:
                 "verifies": m.get("verifies"), "rollback_ms": rb.get("ms", {}).get("median"),
                 "rollback_strategy": rb.get("strategy"), "rollbacks": rb.get("rollbacks"),
                 "tokens_match_greedy": m.get("tokens_match_greedy"),
+                "read": spec_results.read_of(p) if ok else None,
                 "logits_match_plain": m.get("logits_match_plain"),
                 "logits_max_rel": m.get("logits_check", {}).get("max_rel"),
                 "state_ok": m.get("state_ok"), "state_compared": m.get("state_compared"),
@@ -174,7 +174,8 @@ MD_CAPTION = ("A row per depth × K × acceptance × backend. ms / token: the lo
               "✓ where the tokens are the one-token decode's greedy ones, the verify logits "
               "match its logits and the state after the loop is the one feeding only the "
               "accepted tokens gives (✓*: the state not read back, its next write's position "
-              "checked); ✗ and the failing check otherwise (the notes say by how much).")
+              "checked; ✓†: the page read its argmax ids, not logits, so the logits were not "
+              "compared); ✗ and the failing check otherwise (the notes say by how much).")
 
 
 def _f(v: float | None, fmt: str, suffix: str = "") -> str:
@@ -191,8 +192,10 @@ def _checks(p: dict) -> str:
              else f"state {ok(p['state_ok'])}")
     at = "" if p["tokens_match_greedy"] else f" at {p.get('first_mismatch')}"
     rel = f" (max rel {logits['max_rel']:.2g})" if logits.get("max_rel") is not None else ""
+    verdict = e2e_render.logits_ok(p)
+    said = "— (not read: ids)" if verdict is None else f"{ok(verdict)}{rel}"
     return (f"{check_mark(p)} tokens {ok(p['tokens_match_greedy'])}{at}, "
-            f"logits {ok(p['logits_match_plain'])}{rel}, {state}")
+            f"logits {said}, {state}")
 
 
 def md_cells(p: dict) -> list[str]:
@@ -227,7 +230,7 @@ def environment_lines(run: SpecRun) -> list[str]:
         f"generated a point, K {_list(wl.get('k'))}, acceptance {_list(wl.get('acceptance'))}, "
         f"depths {_list(wl.get('contexts'))}, "
         f"{'no time' if warm is None else f'{warm:g} s'} under load, {wl.get('warmup')} "
-        f"warm-up, seed {wl.get('seed')}",
+        f"warm-up, seed {wl.get('seed')}, each step reading {wl.get('read', 'logits')}",
         f"created {r.created} by `{r.command}`",
         *report.host_lines(env),
         *report.calibration_lines(env.get("calibration", {})),

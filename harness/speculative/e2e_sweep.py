@@ -47,6 +47,9 @@ class SpecConfig:
     #: a model file in place of the preset (``--model``): its K-token graphs, ORT's CPU EP
     #: its reference; ``preset`` is then only a label
     model: str | None = None
+    #: what every step reads back (``--read``, ``e2e_point.READS``): logits, or the pages'
+    #: argmax ids
+    read: str = "logits"
 
     @property
     def greedy_tokens(self) -> int:
@@ -63,18 +66,19 @@ class SpecConfig:
 
 def depth_arrays(walk: ReferenceWalk, depth: int, capacity: int, greedy: int) -> dict:
     """A depth file's arrays: ``tokens`` (the depth's and the first one fed),
-    ``cache:<past>`` (the state at depth) and ``ref_greedy`` (the reference's ``greedy``
-    tokens after the prompt); the walk left at ``depth``. A model's walk
+    ``cache:<past>`` (the state at depth), ``ref_greedy`` (the reference's ``greedy``
+    tokens after the prompt) and ``vocab`` (its logits' width: a page reading ids shows
+    none); the walk left at ``depth``. A model's walk
     (``OrtReferenceWalk``) gives its look-ahead as its own greedy tokens already: the first
     one fed is the reference's pick after the prompt, the rest its greedy continuation."""
     if not isinstance(walk, NumpyReferenceWalk):
         arrays = walk.arrays_at(depth, capacity, greedy + 1)
-        arrays.pop("ref_logits")
+        arrays["vocab"] = np.asarray(arrays.pop("ref_logits").shape[-1], np.int64)
         arrays["ref_greedy"] = arrays["tokens"][depth + 1:].copy()
         arrays["tokens"] = arrays["tokens"][:depth + 1].copy()
         return arrays
     arrays = walk.arrays_at(depth, capacity, 1)
-    arrays.pop("ref_logits")
+    arrays["vocab"] = np.asarray(arrays.pop("ref_logits").shape[-1], np.int64)
     ref = walk.ref
     saved, x, out = ref.save(), int(arrays["tokens"][depth]), []
     for _ in range(greedy):
@@ -99,7 +103,8 @@ def header(cfg: SpecConfig, workload: Workload | None, environment: dict,
         command=cfg.command or "statebench speculative", environment=environment,
         workload={**what, "seed": cfg.seed,
                   "tokens": cfg.tokens, "k": cfg.ks, "acceptance": cfg.labels(),
-                  "contexts": cfg.contexts, "warmup": cfg.warmup, "warm_s": cfg.warm_s})
+                  "contexts": cfg.contexts, "warmup": cfg.warmup, "warm_s": cfg.warm_s,
+                  "read": cfg.read})
 
 
 def run_worker(req: GroupRequest, timeout_s: float, on_point: Callable[[dict], None],
@@ -196,7 +201,8 @@ def _groups(cfg: SpecConfig, sweep: Sweep, results: SpecResults, walk: Reference
                 req = GroupRequest(backend=name, preset=cfg.preset, depth=depth, capacity=cap,
                                    tokens=cfg.tokens, ks=cfg.ks, acceptances=cfg.labels(),
                                    depth_file=str(path), seed=cfg.seed, warmup=cfg.warmup,
-                                   warm_s=cfg.warm_s, options=cfg.options, source=wire)
+                                   warm_s=cfg.warm_s, options=cfg.options, source=wire,
+                                   read=cfg.read)
                 points: list[dict] = []
                 keep = _keeper(points, results, sweep.out)
 

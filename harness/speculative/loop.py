@@ -7,6 +7,12 @@ P .. P+K-1; y_j = argmax of logits row j is the target's token for position P+j+
 number of leading drafts equal to the y before them (0 .. K-1); the verify generates the m
 drafts and y_m (the correction, or the bonus where m = K-1) and keeps m+1 of its K tokens
 (``Backend.accept``): P grows by m+1 and y_m is the next x.
+
+Every step reads back what its backend was built to read (``read_step``): K rows of logits,
+their argmax taken on the host, or, on a page built with ``read_ids``, the K argmax ids
+computed on the device (``step_ids``: K int64, no logits, so no check of them). The two
+halves are apart so that a verify's time is the dispatch and the read, the host's argmax
+after it (as before ids were read).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ class Verify:
     fed: np.ndarray  # the K tokens: x, then the K-1 drafts
     kept: int  # m + 1
     scripted: int  # the m the drafts were made for
-    verify_ms: float  # step_tokens: the dispatch and the K logits rows read back
+    verify_ms: float  # read_step: the dispatch and the K logits rows (or K ids) read back
     rollback_ms: float  # accept(kept)
     gpu_ms: float | None
     verify_bytes: ByteCounters
@@ -46,14 +52,15 @@ class LoopRun:
     wall_ms: float = 0.0
     position: int = 0
     #: with ``keep_logits``: each verify's kept rows of logits (kept, vocab), the rows its
-    #: generated tokens came from (copied outside ``wall_ms``)
+    #: generated tokens came from (copied outside ``wall_ms``); empty where ids were read
     logits: list[np.ndarray] = field(default_factory=list)
 
 
 @dataclass
 class GreedyRun:
     """A non-speculative greedy decode, one token a step: the tokens, each step's wall and
-    GPU ms, and each step's margin (top logit minus the second: a near-tie where small)."""
+    GPU ms, and each step's margin (top logit minus the second: a near-tie where small; none
+    where the backend read ids, not logits)."""
 
     tokens: list[int] = field(default_factory=list)
     step_ms: list[float] = field(default_factory=list)
@@ -62,13 +69,43 @@ class GreedyRun:
     position: int = 0
     #: the decode's wall time, argmax included, copies of the logits excluded
     wall_ms: float = 0.0
-    #: with ``keep_logits``: every step's logits (n, vocab)
+    #: with ``keep_logits``: every step's logits (n, vocab); empty where ids were read
     logits: list[np.ndarray] = field(default_factory=list)
 
 
 def margin(logits: np.ndarray) -> float:
     top2 = np.partition(np.asarray(logits, np.float64).reshape(-1), -2)[-2:]
     return float(top2[1] - top2[0])
+
+
+def reads_ids(backend: Backend) -> bool:
+    """Whether ``backend`` was built to read its next ids (``read_ids``), not its logits."""
+    return bool(getattr(backend, "read_ids", False))
+
+
+def can_read_ids(cls: type[Backend]) -> bool:
+    """Whether a backend of ``cls`` can be built to read ids: it has ``step_ids`` (the
+    wgpu pages' ``read_ids``); ORT's and genai's backends read logits only."""
+    return callable(getattr(cls, "step_ids", None))
+
+
+def read_step(backend: Backend, tokens: int | np.ndarray) -> np.ndarray:
+    """One dispatch of ``tokens`` (an int: a one-token step) and what it reads back, as the
+    backend was built to: its K next ids (``step_ids``, int64 (K,)) or its K logits rows
+    ((K, vocab)). The loop's timed read: the host's argmax is ``next_ids``'s, after it."""
+    if reads_ids(backend):
+        return np.asarray(backend.step_ids(tokens), np.int64).reshape(-1)
+    if np.ndim(tokens) == 0:
+        return np.asarray(backend.step(int(tokens))).reshape(1, -1)
+    return backend.step_tokens(np.asarray(tokens, np.int64))
+
+
+def next_ids(backend: Backend, read: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """(the K next ids, the K logits rows or None) of a step's ``read``: the logits' argmax
+    on the host, or the ids the device took where the backend read ids (no logits)."""
+    if reads_ids(backend):
+        return read, None
+    return np.asarray(argmax(read, axis=-1)).reshape(-1), read
 
 
 def greedy_decode(backend: Backend, first: int, n: int, keep_logits: bool = False,
@@ -79,17 +116,19 @@ def greedy_decode(backend: Backend, first: int, n: int, keep_logits: bool = Fals
     t_start = time.perf_counter_ns()
     for _ in range(n):
         t0 = time.perf_counter_ns()
-        logits = backend.step(x)
+        read = read_step(backend, x)
         run.step_ms.append((time.perf_counter_ns() - t0) / 1e6)
         g = backend.gpu_time_ms()
         if g is not None:
             run.gpu_ms.append(float(g))
-        x = int(argmax(logits))
+        ids, logits = next_ids(backend, read)
+        x = int(ids[0])
         run.tokens.append(x)
         t1 = time.perf_counter_ns()
-        run.margins.append(margin(logits))
-        if keep_logits:
-            run.logits.append(np.array(logits, np.float32).reshape(-1))
+        if logits is not None:
+            run.margins.append(margin(logits))
+            if keep_logits:
+                run.logits.append(np.array(logits, np.float32).reshape(-1))
         if after_step is not None:
             after_step(len(run.tokens))
         aside += time.perf_counter_ns() - t1
@@ -110,7 +149,8 @@ def accepted(drafts: np.ndarray, targets: np.ndarray) -> int:
 def speculate(backend: Backend, first: int, drafts: ScriptedDrafts, n: int,
               keep_logits: bool = False) -> LoopRun:
     """At least ``n`` tokens from a K-token backend at its depth, ``first`` the newest token
-    (not yet fed); every verify one ``step_tokens`` and one ``accept``."""
+    (not yet fed); every verify one ``read_step`` (K logits rows, or K ids) and one
+    ``accept``."""
     run, x, aside = LoopRun(), int(first), 0
     t_start = time.perf_counter_ns()
     while len(run.tokens) < n:
@@ -118,11 +158,11 @@ def speculate(backend: Backend, first: int, drafts: ScriptedDrafts, n: int,
         fed = np.concatenate([[x], proposed]).astype(np.int64)
         backend.counters.reset()
         t0 = time.perf_counter_ns()
-        logits = backend.step_tokens(fed)
+        read = read_step(backend, fed)
         t1 = time.perf_counter_ns()
         gpu = backend.gpu_time_ms()
         verify_bytes = backend.counters.snapshot()
-        targets = argmax(logits, axis=-1)
+        targets, logits = next_ids(backend, read)
         m = accepted(proposed, targets)
         run.tokens += [int(t) for t in proposed[:m]] + [int(targets[m])]
         backend.counters.reset()
@@ -133,7 +173,7 @@ def speculate(backend: Backend, first: int, drafts: ScriptedDrafts, n: int,
                                    None if gpu is None else float(gpu), verify_bytes,
                                    backend.counters.snapshot()))
         x = int(targets[m])
-        if keep_logits:
+        if keep_logits and logits is not None:
             t4 = time.perf_counter_ns()
             run.logits.append(np.array(logits[:m + 1], np.float32))
             aside += time.perf_counter_ns() - t4
@@ -162,9 +202,10 @@ def logits_against(run: LoopRun, plain: GreedyRun) -> tuple[float, int]:
 def replay(backend: Backend, verifies: list[Verify], vocab: int) -> None:
     """The same verifies on a backend at the same depth, every dropped token (past each
     verify's kept ones) replaced by another: a correct rollback leaves no trace of the
-    dropped tokens, so the rows kept end bitwise as the loop's (``state_check``)."""
+    dropped tokens, so the rows kept end bitwise as the loop's (``state_check``). Only the
+    dispatches matter: what each reads back (logits or ids) is dropped."""
     for v in verifies:
         fed = v.fed.copy()
         fed[v.kept:] = [wrong_token(t, vocab) for t in fed[v.kept:]]
-        backend.step_tokens(fed)
+        read_step(backend, fed)
         backend.accept(v.kept)

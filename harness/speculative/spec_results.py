@@ -22,9 +22,12 @@ SCHEMA = "statebench-spec/2"
 POINT_FIELDS: dict[str, type | tuple[type, ...]] = {
     "backend": str, "k": int, "acceptance": str, "depth": int, "capacity": int, "tokens": int,
     "status": str, "reason": str}
+#: what a point's steps read back ("read"; a point without it, older, read logits): with
+#: "ids" the logits check is not made and ``logits_match_plain`` is None
+READS = ("logits", "ids")
 #: the fields a measured point has besides those
 MEASURED_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "generated": int, "tokens_match_greedy": bool, "logits_match_plain": bool,
+    "generated": int, "tokens_match_greedy": bool, "logits_match_plain": (bool, type(None)),
     "state_ok": bool, "state": dict,
     "verifies": int, "accepted_hist": dict, "ms_per_token": (int, float),
     "verify_ms": dict, "verify_over_plain": (int, float), "speedup": (int, float),
@@ -108,6 +111,20 @@ def _check(d: dict, fields: dict, where: str) -> None:
             raise UserError(f"{where}.{name}: {v!r} is not {' or '.join(k.__name__ for k in kinds)}")
 
 
+def read_of(p: dict) -> str:
+    """What a point's steps read back: "logits" or "ids" (older points: logits)."""
+    return str(p.get("read", "logits"))
+
+
+def _check_read(p: dict, where: str) -> None:
+    """``read`` one of ``READS``, and the logits check not made (None) only where ids were
+    read: a point that read logits passed or failed it."""
+    if read_of(p) not in READS:
+        raise UserError(f"{where}.read: {p['read']!r}; accepted: {', '.join(READS)}")
+    if p["logits_match_plain"] is None and read_of(p) != "ids":
+        raise UserError(f"{where}.logits_match_plain: None, but the point read logits")
+
+
 def validate(d: object, source: str = "results") -> None:
     """UserError (one line, naming the field) unless ``d`` is a statebench-spec/2 file."""
     if not isinstance(d, dict):
@@ -129,6 +146,7 @@ def validate(d: object, source: str = "results") -> None:
             raise UserError(f"{where}.status: {p['status']!r}; accepted: {', '.join(STATUSES)}")
         if p["status"] == "ok":
             _check(p, MEASURED_FIELDS, where)
+            _check_read(p, where)
         if key(p) in seen:
             raise UserError(f"{where}: {key(p)} is in the file twice")
         seen.add(key(p))
