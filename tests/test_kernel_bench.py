@@ -197,3 +197,30 @@ def test_host_profile_breaks_down_a_page_step():
     parts = point["host_breakdown_ms"]
     assert point["wall_ms"] > 0 and parts["wait"] >= 0 and parts["total"] > 0
     assert out["provenance"]["source_digest"]
+
+
+def test_fastest_verify_picks_the_least_gpu_time_and_passes_over_untimed(tmp_path):
+    """scripts/fastest_verify.py (the loop's knobs in gpu_verify_then_loop.sh): the knobs of
+    the step with the least GPU time; a file cut by its timeout is passed over; the defaults
+    (no knob set) print as an empty line."""
+    def step(name: str, gpu: float | None, **options) -> str:
+        path = tmp_path / f"verify-{name}.json"
+        body = {"step": [] if gpu is None else
+                [{"gpu_ms": gpu, "options": {"q4_rows": None, **options}}]}
+        path.write_text(json.dumps(body))
+        return str(path)
+
+    def pick(*paths: str) -> str:
+        proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "fastest_verify.py"),
+                               *paths], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip()
+
+    cut = step("cut", None)
+    (tmp_path / "verify-empty.json").write_text("")
+    quad = step("quad", 2.1, q4_rows="quad", attention_rows="lanes")
+    default = step("default", 2.9)
+    assert pick(default, cut, quad, str(tmp_path / "verify-empty.json")) == \
+        "attention_rows=lanes q4_rows=quad"
+    assert pick(default, cut) == ""
+    assert pick(cut) == ""
