@@ -196,7 +196,9 @@ def test_q4f16_verify_on_the_gpus_plan_computes_the_reference(gpu_plan, monkeypa
     reference, argmax included. ``attention_rows`` "lanes": the K rows' queries (tiny's
     8 a KV head at K = 4 is not "many" — ``MANY_Q_ROWS`` is lowered here — 16 on llama-1b)
     scored by ``attention_lanes`` with an online softmax, each cache row loaded once for
-    all of them."""
+    all of them. "quad": each layer's norms computed in its products from the partial
+    sums of squares o and down write (``gemm_q4_quad`` stats and prologue): the one norm
+    launch the first layer's."""
     cfg = preset("tiny+q4f16")
     if not hybrid:
         cfg = replace(cfg, layers=(ATTENTION,) * 2)
@@ -214,6 +216,8 @@ def test_q4f16_verify_on_the_gpus_plan_computes_the_reference(gpu_plan, monkeypa
         kernel = "gemm_q4_quad" if q4_rows == "quad" else "gemm_q4_cols"
         assert names.count(kernel) == 4 * len(cfg.layers) + 1, names
         assert "fused:sigmoid+mul+mul" not in names, names
+        if q4_rows == "quad":
+            assert names.count("fused_vector") == 1, names
         assert names.count("scatter_nd") == cfg.layers.count(ATTENTION), names
         attn = "attention_lanes" if attention_rows == "lanes" else "attention_flash"
         assert names.count(attn) == cfg.layers.count(ATTENTION), names

@@ -27,16 +27,17 @@ def test_a_graph_counts_the_launches_of_its_dispatch(ctx):
     assert g.launches == len(g._plan.launches) == 3
 
 
-def _census(model: str | None, workload=None, tokens: int = 1
+def _census(model: str | None, workload=None, tokens: int = 1, **knobs: str
             ) -> tuple[list[str], int, dict[str, int]]:
     """(one layer's kernels, the layers, the kernels outside them) of the model's (or the
-    workload's) stateful step of ``tokens`` new tokens on the H200's plan."""
+    workload's) stateful step of ``tokens`` new tokens on the H200's plan (``knobs``: its
+    ``KernelOptions`` besides the defaults)."""
     sys.path.insert(0, str(ROOT / "scripts"))
     import launch_census as LC
 
     from backends.webnn.wgpu_impl.options import KernelOptions
 
-    options = KernelOptions()
+    options = KernelOptions(**knobs)
     graph, stateful = LC.capture("wgpu:stateful", workload, 32, model, options, tokens)
     one, count, rest = LC.layers(LC.census(graph, stateful, LC.targets()["nvidia"], options))
     return [la["kernel"] for la in one], count, dict(rest)
@@ -144,4 +145,26 @@ def test_a_verify_step_reads_the_codes_and_adds_in_its_products():
     assert one.count("scatter_nd") == 1, one
     assert not any("sigmoid" in k for k in one), one
     assert not any(x in k for k in one + list(rest) for x in ("dequantize", "add", "transpose")), (
+        one, rest)
+
+
+def test_a_quad_verify_computes_its_norms_in_its_products():
+    """The K = 4 verify of llama-1b+q4f16 (attention layers only) with ``q4_rows=quad``
+    on the H200's plan: o and down write each row's partial sums of squares of the
+    residual stream, and q/k/v and gate/up compute the norm where they read it, each
+    workgroup summing each row's partials (``gemm_q4_quad`` with ``stats`` and
+    ``prologue``): 7 launches a layer (9 with a norm launch each), the one norm launch
+    the first layer's (of the embedding rows); the one-token step's 6 unchanged."""
+    from dataclasses import replace
+
+    from model.workload import ATTENTION, Workload, preset
+
+    workload = Workload.build(replace(preset("llama-1b+q4f16"), layers=(ATTENTION,) * 2))
+    one, count, rest = _census(None, workload, tokens=4, q4_rows="quad")
+    assert count == 2, (one, rest)
+    assert sorted(one) == sorted(["attention_flash", "attention_combine", "scatter_nd"]
+                                 + ["gemm_q4_quad"] * 4), one
+    assert rest["fused_vector"] == 1, rest
+    one, count, rest = _census(None, workload, tokens=1, q4_rows="quad")
+    assert len(one) == 6 and one.count("gemv_q4_quad") == 4 and rest["fused_vector"] == 1, (
         one, rest)

@@ -662,28 +662,29 @@ def _q4_weights(b, rng, K: int, N: int, dt: str):
 
 
 def _norm(b, x, g, dt: str, spelling: str):
-    """RMSNorm of row ``x`` as exporters spell it: "mean" (x / sqrt(mean(x·x) + eps) · g,
-    the preset's), "sum" (x · 1 / sqrt(sum(x·x) · 1/n + eps) · g: a sum reduction); in a
-    float16 graph the squares widened before the reduction, the scale narrowed after."""
-    n = x.shape[-1]
+    """RMSNorm of each row of ``x`` as exporters spell it: "mean" (x / sqrt(mean(x·x) +
+    eps) · g, the preset's), "sum" (x · 1 / sqrt(sum(x·x) · 1/n + eps) · g: a sum
+    reduction); in a float16 graph the squares widened before the reduction, the scale
+    narrowed after."""
+    n, last = x.shape[-1], len(x.shape) - 1
     f32 = lambda v: b.cast(v, "float32") if dt == "float16" else v  # noqa: E731
     back = lambda v: b.cast(v, dt) if dt == "float16" else v  # noqa: E731
     sq = f32(b.mul(x, x))
     eps = b.constant(data_type="float32", shape=[], value=np.array(1e-5, np.float32))
     if spelling == "mean":
-        ms = b.reduce_mean(sq, axes=[1], keep_dimensions=True)
+        ms = b.reduce_mean(sq, axes=[last], keep_dimensions=True)
         return b.mul(b.div(x, back(b.sqrt(b.add(ms, eps)))), g)
     inv_n = b.constant(data_type="float32", shape=[], value=np.array(1 / n, np.float32))
-    ss = b.reduce_sum(sq, axes=[1], keep_dimensions=True)
+    ss = b.reduce_sum(sq, axes=[last], keep_dimensions=True)
     return b.mul(b.mul(x, back(b.reciprocal(b.sqrt(b.add(b.mul(ss, inv_n), eps))))), g)
 
 
 def _norm64(x, g, dt: str):
-    """The oracle's RMSNorm (float16 graphs: the square and the scaled row rounded where
-    the graph rounds them)."""
+    """The oracle's RMSNorm of each row (float16 graphs: the square and the scaled row
+    rounded where the graph rounds them)."""
     r16 = (lambda v: v.astype(np.float16).astype(np.float64)) if dt == "float16" else (
         lambda v: v)
-    ms = np.mean(r16(x * x))
+    ms = np.mean(r16(x * x), axis=-1, keepdims=True)
     return r16(r16(x / r16(np.sqrt(ms + 1e-5))) * g)
 
 
@@ -757,6 +758,79 @@ def test_norm_between_4bit_products_from_partial_sums(ctx_with, subgroup_size, m
     x64 = r16(r.astype(np.float64) + v.astype(np.float64) @ w1v)
     x264 = r16(x64 + _norm64(x64[0], gains[0].astype(np.float64), dt) @ w2v)
     want = _norm64(x264[0], gains[1].astype(np.float64), dt) @ w3v
+    tol = 1e-5 if dt == "float32" else 8e-3  # float16 rows and products
+    scale = np.max(np.abs(want))
+    assert np.max(np.abs(got["partials"] - want)) <= tol * scale
+    assert np.max(np.abs(got["partials"] - got["off"])) <= tol * scale
+
+
+@pytest.mark.parametrize("dt,M,K,N,spelling,sub", [
+    ("float16", 4, 2048, 2048, "mean", False),
+    ("float16", 3, 8192, 2048, "sum", True),
+    ("float32", 4, 2048, 2048, "sum", True),
+    ("float32", 3, 2048, 2048, "mean", False),
+    ("float32", 5, 64, 96, "mean", True)])
+def test_norm_between_several_row_4bit_products_from_partial_sums(
+        ctx_with, subgroup_size, monkeypatch, dt, M, K, N, spelling, sub):
+    """A K-token verify's norms (``q4_rows=quad``): x = r + v·W1, x2 = x + RMSNorm(x)·W2,
+    logits = RMSNorm(x2)·W3 of M rows (llama-1b's o/down into q/k/v shapes, a ragged M):
+    with ``q4_norms=partials`` each residual ``gemm_q4_quad`` writes each row's partial
+    sums of squares and the next computes each row's norm where it reads it, three
+    launches and no norm launch; against float64 NumPy on fresh random inputs (float16
+    graphs rounded where the graph rounds), and within rounding of the norms' own launches
+    (``q4_norms=off``), the partials summed through workgroup memory or (``sub``)
+    subgroupAdd at the adapter's width."""
+    import dataclasses
+
+    seed = int(np.random.default_rng().integers(1 << 31))  # fresh; both plans see the same
+    got = {}
+    for norms in ("partials", "off"):
+        ctx = ctx_with(gemv="rows", q4_gemv="quad", q4_rows="quad", q4_norms=norms)
+        if dt == "float16" and not ctx._target.f16:
+            pytest.skip("no shader-f16 on this adapter")
+        if sub:
+            if not subgroup_size or subgroup_size & (subgroup_size - 1):
+                pytest.skip(f"no fixed power-of-two subgroup width ({subgroup_size})")
+            monkeypatch.setattr(ctx, "_target", dataclasses.replace(
+                ctx._target, cpu=False, subgroup=subgroup_size))
+        r2 = np.random.default_rng(seed)
+        b = MLGraphBuilder(ctx)
+        w1, w1v = _q4_weights(b, r2, K, N, dt)
+        w2, w2v = _q4_weights(b, r2, N, N, dt)
+        w3, w3v = _q4_weights(b, r2, N, 160, dt)
+        gains = [r2.uniform(0.5, 1.5, N).astype(dt) for _ in range(2)]
+        g1, g2 = (b.constant(data_type=dt, shape=[N], value=v) for v in gains)
+        rms = r2.uniform(0.25, 4.0, (1, M, 1))  # rows of their own scale: their own norms
+        v = (rms * r2.standard_normal((1, M, K))).astype(dt)
+        r = (rms * r2.standard_normal((1, M, N))).astype(dt)
+        vi = b.input("v", data_type=dt, shape=[1, M, K])
+        ri = b.input("r", data_type=dt, shape=[1, M, N])
+        x = b.add(ri, b.matmul(vi, w1))
+        x2 = b.add(x, b.matmul(_norm(b, x, g1, dt, spelling), w2))
+        out = b.matmul(_norm(b, x2, g2, dt, spelling), w3)
+        g = b.build({"y": out})
+        feeds = {}
+        for name, a in (("v", v), ("r", r)):
+            feeds[name] = ctx.create_tensor(data_type=dt, shape=list(a.shape), writable=True)
+            ctx.write_tensor(feeds[name], a)
+        ty = ctx.create_tensor(data_type=dt, shape=[1, M, 160], readable=True)
+        ctx.dispatch(g, feeds, {"y": ty})
+        got[norms] = np.asarray(ctx.read_tensor(ty)[0], np.float64)
+        names = [la.kernel.name for la in g._plan.launches if la.kernel.name != "cast"]
+        if norms == "partials":
+            assert names == ["gemm_q4_quad"] * 3, names
+            quads = [la.kernel.wgsl for la in g._plan.launches if la.kernel.name == names[0]]
+            assert ["pt[" in w for w in quads] == [True, True, False]  # the writers
+            assert ["pt_in[" in w for w in quads] == [False, True, True]  # the readers
+            assert ("subgroupAdd" in quads[1]) == sub
+        else:
+            assert names.count("fused_vector") == 2 and names.count("gemm_q4_quad") == 3, names
+        g.destroy()
+    r16 = (lambda a: a.astype(np.float16).astype(np.float64)) if dt == "float16" else (
+        lambda a: a)
+    x64 = r16(r[0].astype(np.float64) + v[0].astype(np.float64) @ w1v)
+    x264 = r16(x64 + _norm64(x64, gains[0].astype(np.float64), dt) @ w2v)
+    want = _norm64(x264, gains[1].astype(np.float64), dt) @ w3v
     tol = 1e-5 if dt == "float32" else 8e-3  # float16 rows and products
     scale = np.max(np.abs(want))
     assert np.max(np.abs(got["partials"] - want)) <= tol * scale

@@ -259,6 +259,17 @@ def test_the_sweep_covers_every_kernel_knob():
             KernelOptions(**{knob: v})
 
 
+def test_the_sweep_reaches_a_verifys_norms_in_its_products(kernels):
+    """The K-token verify with ``q4_rows=quad`` on the subgroup target: its several-row
+    products writing a norm's partial sums and reading them, each row's summed by
+    subgroups (``gemm_q4_quad`` ``stats`` and ``prologue``), are among the kernels the
+    engines compile. (Without subgroups the tiny verify's sums leave no room in 16 KB of
+    workgroup memory for the rows' reductions: its norms keep their launch there.)"""
+    quads = [src for src, where in kernels.items() if where.startswith("gemm_q4_quad")]
+    assert any("pt[" in src for src in quads)
+    assert any("red_p1_sg" in src for src in quads)  # subgroupAdd of row 1's partials
+
+
 @pytest.mark.parametrize("engine", list(ENGINES))
 def test_every_kernel_compiles(kernels, engine):
     device, why = compiler_device(engine)

@@ -150,7 +150,9 @@ class VectorSource:
     reduction: tuple[str, str, int] | None = None  # (reduce op, element {} of its input, count)
     #: the reduction as partial sums another launch wrote (``quant_rows.gemv_q4_quad``'s
     #: ``stats``): (element {} of the partials, their count, the divisor: a mean's element
-    #: count, 1 for a sum), summed by each workgroup instead of ``reduction``
+    #: count, 1 for a sum), summed by each workgroup instead of ``reduction``; where the
+    #: reader has several rows (``quant_quad_rows.gemm_q4_quad``), each row its own: the
+    #: count a row's, row m's partials from m · count, the divisor a row's length
     partials: tuple[str, int, int] | None = None
 
 

@@ -23,6 +23,7 @@ from ..ir import Node
 from ..kernels import Kernel
 from ..kernels import fused as FU
 from ..kernels import matmul as MM
+from ..kernels import quant_quad_rows as QQ
 from ..kernels.common import decl
 from ..kernels.quant_rows import GatedOutput, StatsOutput, quad_workgroups
 from ..stateful import SAME_INDEX_OPS, root
@@ -223,14 +224,21 @@ class NormStats:
     """What a 4-bit product with a residual epilogue writes besides its rows (``x``, the
     residual stream): each workgroup's sum of the reduction's element function ``chain``
     (RMSNorm's ``x · x``; ``x`` its one leaf) over the rows it wrote, ``count`` floats into
-    ``slot`` (``quant_rows.quad_workgroups``). The norm reading ``x`` then needs no launch:
-    its readers sum those partials (``Prologue.stats``) and compute its tail where they read
-    it (``norm_partials``)."""
+    ``slot`` (``quant_rows.quad_workgroups``), or where ``x`` is ``rows`` rows (a K-token
+    verify's, ``quant_quad_rows.gemm_q4_quad``) ``count`` a row, row by row. The norm
+    reading ``x`` then needs no launch: its readers sum those partials (``Prologue.stats``)
+    and compute its tail where they read it (``norm_partials``)."""
 
     chain: fusion.Group
     x: Node
     slot: Slot
     count: int
+    rows: int = 1
+
+    @property
+    def size(self) -> int:
+        """Floats in ``slot``."""
+        return self.count * self.rows
 
     def output(self) -> StatsOutput:
         """The kernel's part: ``norm_el(i, xs)``, the chain at a written value."""
@@ -291,7 +299,7 @@ class Prologue:
         if r is None:
             return MM.VectorSource(decls + fsrc, bindings, element)
         if self.stats is not None:  # the partial sums, bound after the leaves
-            div = S.size(r.inputs[0].shape) if r.op == "reduce_mean" else 1
+            div = S.size(r.inputs[0].shape) // S.size(r.shape) if r.op == "reduce_mean" else 1
             return MM.VectorSource(decls + fsrc + decl(len(bindings), "pt_in", "f32", "read"),
                                    bindings + ["read"], element,
                                    partials=("pt_in[{}]", self.stats.count, div))
@@ -368,7 +376,11 @@ def norm_partials(nodes: list[Node], inlined: set[int], groups: dict[int, Any],
     repeated: each square is summed once, by the lane that wrote it, and each reader's
     workgroup sums one float per producer workgroup (128 to 512 on llama-1b) instead of
     the row. The reduction's element must be element-wise in the stream alone (``x · x``,
-    through casts); a norm of anything else (the embedding's row) keeps its launch."""
+    through casts); a norm of anything else (the embedding's row) keeps its launch.
+
+    Products of M rows (``quad``: those ``quant_quad_rows.gemm_q4_quad`` runs, a K-token
+    verify's) alike, the norm one reduction a row: the producer writes each row's
+    partials, and each reader workgroup sums each row's."""
     consumers = fusion.consumers_of(nodes)
     by_id = {o.id: o for o in nodes}
     writer = {add.id: by_id[g] for g, (add, _) in epilogue.items()}  # stream id -> product
@@ -376,16 +388,20 @@ def norm_partials(nodes: list[Node], inlined: set[int], groups: dict[int, Any],
     stats: dict[int, NormStats] = {}
     for a in _vector_roots(nodes, inlined, taken):
         readers = consumers.get(a.id, [])
+        M = S.size(readers[0].shape[:-1]) if readers else 1  # the readers' rows
         if not readers or not all(
                 c.op == "matmul" and root(c.inputs[0]) is a and c.id in quad
-                and S.size(c.shape[:-1]) == 1 and c.inputs[0].shape[-1] == S.size(a.shape)
+                and S.size(c.shape[:-1]) == M and c.inputs[0].shape[-1] * M == S.size(a.shape)
                 for c in readers):
             continue
         group = _group(a, groups, inlined)
-        red = _reduction_of(group, consumers, groups, inlined, taken)
+        red = _reduction_of(group, consumers, groups, inlined, taken,
+                            row_shape=tuple(a.shape) if M > 1 else None)
         if red is None or red.ops[-1].op not in ("reduce_sum", "reduce_mean"):
             continue
         r = red.ops[-1]
+        if M > 1 and r.inputs[0].shape[-1] * M != S.size(a.shape):  # a row a reader row
+            continue
         chain = red.inner if len(red.ops) > 1 else fusion.Group([], [root(r.inputs[0])])
         if len(chain.leaves) != 1:
             continue
@@ -393,6 +409,7 @@ def norm_partials(nodes: list[Node], inlined: set[int], groups: dict[int, Any],
         p = writer.get(x.id)
         n = S.size(x.shape)
         if (p is None or p.id in stats or p.id not in quad or S.size(r.inputs[0].shape) != n
+                or S.size(p.shape[:-1]) != M  # its rows the readers' (partials a row)
                 or any(o.op not in SAME_INDEX_OPS or S.size(o.shape) != n
                        or any(S.size(i.shape) != n for i in o.inputs) for o in chain.ops)):
             continue
@@ -403,7 +420,9 @@ def norm_partials(nodes: list[Node], inlined: set[int], groups: dict[int, Any],
         if (quad[p.id] + 2 > target.max_storage  # its input and the partials
                 or len(pro.leaves) + 1 + max(quad[c.id] for c in readers) > target.max_storage):
             continue
-        st = NormStats(chain, x, ("temp", ("norm", p.id)), quad_workgroups(w.K, w.N, loads))
+        count = (quad_workgroups(w.K, w.N, loads) if M == 1
+                 else QQ.workgroups(w.K, w.N, M, loads))
+        st = NormStats(chain, x, ("temp", ("norm", p.id)), count, M)
         stats[p.id] = st
         for c in readers:
             pros[c.id] = Prologue(group, red, st)

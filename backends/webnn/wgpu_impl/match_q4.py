@@ -136,6 +136,16 @@ def head_rows(q4_rows: dict[int, Q4Weight], nodes: list[Node],
     return out
 
 
+def rows_quad(plan: Any, w: Q4Weight, M: int, norms: bool = False) -> bool:
+    """Whether a product of ``M`` rows of weights ``w`` runs on the one-token quad layout
+    (``quant_quad_rows.gemm_q4_quad``): asked for (``q4_rows`` "quad"), a 16-byte load
+    within a block, signed or zero-point-free codes, and its sums (``norms``: and a norm's
+    reductions and partial sums) within the adapter's workgroup memory."""
+    t = plan.target
+    return (plan.options.q4_rows_quad(t) and w.quad_fits and not w.zero_points
+            and QQ.shared_bytes(w.K, M, t.subgroup, norms=norms) <= t.shared_bytes)
+
+
 def stacked_rows(nodes: list[Node], q4_rows: dict[int, Q4Weight],
                  max_binding: int) -> dict[int, list[Node]]:
     """Several-row 4-bit products of one input (a K-token graph's q, k and v; its gate and
@@ -352,14 +362,19 @@ def lower_q4_rows(plan: Any, members: list[Node], a_slot: Slot, slot_of: Any) ->
     per = N if len(ws) > 1 else max(8, (plan.max_binding // (K // 2)) // 8 * 8)
     lanes = 8 if plan.target.cpu else 32
     asked_quad = plan.options.q4_rows_quad(plan.target)
-    # the quad layout where the weights allow it (a 16-byte load within a block, signed or
-    # zero-point-free codes, its sums within the adapter's workgroup memory), else by column
-    quad = asked_quad and w0.quad_fits and not w0.zero_points and QQ.shared_bytes(
-        K, M, plan.target.subgroup) <= plan.target.shared_bytes
+    a_slots, source = GV.gemv_input(plan, members[0], [a_slot], slot_of)
+    stats = plan.norm_stats.get(members[0].id)  # partial sums for the next norm's readers
+    # the quad layout where the weights allow it, else by column
+    quad = rows_quad(plan, w0, M, norms=source is not None or stats is not None)
     by_cols = plan.options.q4_cols(plan.target) or ((1, None) if asked_quad else None)
     by_col = by_cols is not None and not quad
     per_thread, cols = by_cols or (1, None)
     dst, res = plan.epilogue.get(members[0].id, (members[0], None))  # (the add, residual)
+    assert quad or (source is None and stats is None), "a norm's partials need the quad layout"
+    assert stats is None or (res is not None and per >= N), \
+        "norm partials need a residual and one launch"
+    if stats is not None:
+        plan.temps[stats.slot] = stats.size
     heads = plan.head_rows.get(members[0].id)  # the rows read through a transpose
     gated = plan.gated.get(members[0].id)  # the pair writes its activation, columns paired
     assert gated is None or ((by_col or quad) and len(ws) == 2), \
@@ -406,9 +421,11 @@ def lower_q4_rows(plan: Any, members: list[Node], a_slot: Slot, slot_of: Any) ->
         if quad:
             common.pop("zero_points")  # none: the quad layout runs without them
             k = QQ.gemm_q4_quad(K, nc, w0.block, M, subgroup=plan.target.subgroup,
-                                half_scales=half_scales, **common)
-            plan.launches.append(KernelLaunch(k, [a_slot, *slots, *(
-                [slot_of(res)] if res is not None else []), *outs]))
+                                half_scales=half_scales, prologue=source,
+                                stats=stats.output() if stats is not None else None, **common)
+            plan.launches.append(KernelLaunch(k, [*a_slots, *slots, *(
+                [slot_of(res)] if res is not None else []), *outs, *(
+                [stats.slot] if stats is not None else [])]))
             continue
         k = (QK.gemm_q4_cols(K, nc, w0.block, M, per_thread=per_thread,
                              **QK.cols_shape(K, nc, w0.block, per_thread, cols), **common)

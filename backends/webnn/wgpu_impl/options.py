@@ -135,7 +135,9 @@ class KernelOptions:
     #: "partials", CPU adapters "off"), "partials" (the writing product's workgroups each
     #: sum the squares of the rows they write; the norm's readers sum those partial sums and
     #: compute the norm where they read it: no launch of its own), "off" (as
-    #: ``gemv_prologue``/``q4_prologue`` decide: by default one launch a norm)
+    #: ``gemv_prologue``/``q4_prologue`` decide: by default one launch a norm). A K-token
+    #: verify's products of several rows alike where they run "quad" (``q4_rows``), a
+    #: reduction a row
     q4_norms: str | None = None
     #: a vector and its row reduction in one launch (``kernels/matmul.computed_vector``, the
     #: launch of "launch" above; RMSNorm, L2 norms per head): None/"unrolled" (a workgroup no
@@ -334,7 +336,8 @@ class KernelOptions:
     def q4_norm_partials(self, t: Target) -> bool:
         """Whether a norm between two 4-bit products is computed from partial sums the first
         writes (``q4_norms``): by default on GPU adapters, where the "quad" kernel runs
-        (PERFORMANCE.md, "Knobs")."""
+        (PERFORMANCE.md, "Knobs"); between several-row products where ``q4_rows_quad``
+        holds too."""
         how = self.q4_norms
         return (how == "partials" or (how is None and not t.cpu)) and self.q4_quad(t) is not None
 

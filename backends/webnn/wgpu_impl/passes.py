@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import shapes as S
 from ..ir import Graph, Node
 from ..stateful import analyse, root
 from . import fusion
@@ -18,7 +19,7 @@ from . import gemv as GV
 from .match_attention import fold_row_writes, last2_transpose_input, match_attention
 from .match_gdn import match_gated_delta
 from .match_gdn_capsule import match_capsules
-from .match_q4 import head_rows, match_q4, stacked_rows
+from .match_q4 import head_rows, match_q4, rows_quad, stacked_rows
 from .plan import Plan, Slot
 
 
@@ -168,6 +169,14 @@ def gemv_prologues(plan: Plan, st: PassState) -> None:
             st.nodes, st.inlined, plan.groups, st.pinned | st.absorbed, plan.epilogue,
             _q4_other_bindings(plan), plan.q4, quad[0], plan.max_binding, plan.target)
         st.absorbed |= {x.id for pro in plan.prologue.values() for x in pro.absorbed}
+    if (plan.q4_rows and plan.options.q4_rows_quad(plan.target)
+            and plan.options.q4_norm_partials(plan.target)):  # a K-token verify's, on quad
+        pros, stats = GV.norm_partials(
+            st.nodes, st.inlined, plan.groups, st.pinned | st.absorbed, plan.epilogue,
+            _q4_rows_other_bindings(plan, st), plan.q4_rows, 1, plan.max_binding, plan.target)
+        plan.prologue |= pros
+        plan.norm_stats |= stats
+        st.absorbed |= {x.id for pro in pros.values() for x in pro.absorbed}
     if q4_mode != "off" and plan.q4 and quad is not None:
         plan.prologue |= GV.gemv_prologues(st.nodes, plan.fold, st.inlined, plan.groups,
                                            st.pinned | st.absorbed, plan.target,
@@ -195,6 +204,17 @@ def _q4_other_bindings(plan: Plan) -> dict[int, int]:
             for k, ms in plan.stacked.items() for m in ms}
     return {i: 2 + w.zero_points + (i in plan.epilogue) + outs.get(i, 1)
             + (i in plan.norm_stats) for i, w in plan.q4.items() if w.quad_fits}
+
+
+def _q4_rows_other_bindings(plan: Plan, st: PassState) -> dict[int, int]:
+    """Several-row 4-bit product id -> the bindings its launch has besides the input (codes,
+    scales, residual, outputs), for the products ``gemm_q4_quad`` runs with a norm's
+    partial sums in its workgroup memory (``match_q4.rows_quad``)."""
+    outs = {m.id: 1 if k in plan.gated else len(ms)
+            for k, ms in plan.stacked_rows.items() for m in ms}
+    rows = {o.id: S.size(o.inputs[0].shape[:-1]) for o in st.nodes if o.id in plan.q4_rows}
+    return {i: 2 + (i in plan.epilogue) + outs.get(i, 1) for i, w in plan.q4_rows.items()
+            if rows_quad(plan, w, rows[i], norms=True)}
 
 
 def group_row_writes(plan: Plan, st: PassState) -> None:
