@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import PurePath
 
 from rich.table import Table
 from rich.text import Text
@@ -102,7 +103,7 @@ def compare(runs: Results | Sequence[Results], base: Results, max_slowdown: floa
             continue
         c = Check(bp.backend, bp.context, ok=True)
         verdict.checks.append(c)
-        for run, name in zip(runs, run_names, strict=True):
+        for run, name in zip(runs, _tags(run_names), strict=True):
             tag = f"{name}: " if len(runs) > 1 else ""
             c.problems += [tag + p for p in _point_problems(run, bp, bytes_exact)]
         c.ok = not c.problems
@@ -126,6 +127,13 @@ def compare(runs: Results | Sequence[Results], base: Results, max_slowdown: floa
     if not verdict.checks:
         raise UserError("the baseline has no measured points to gate against")
     return verdict
+
+
+def _tags(names: list[str]) -> list[str]:
+    """The runs' file names where they tell the runs apart (a problem's line stays short),
+    else the names as given."""
+    short = [PurePath(n).name for n in names]
+    return short if len(set(short)) == len(short) else names
 
 
 def _like_for_like(run: Results, base: Results, name: str, base_name: str) -> None:
