@@ -688,6 +688,79 @@ def _norm64(x, g, dt: str):
     return r16(r16(x / r16(np.sqrt(ms + 1e-5))) * g)
 
 
+def _norms_between_products(ctx_with, subgroup_size, monkeypatch, options: dict, dt: str,
+                            K: int, N: int, spelling: str, sub: bool,
+                            M: int | None) -> dict:
+    """x = r + v·W1, x2 = x + RMSNorm(x)·W2, logits = RMSNorm(x2)·W3 on ``options``' plans
+    with ``q4_norms`` partials and off, the same fresh random inputs (one row, or ``M`` rows
+    of their own scale, so each row has its own norm), each checked against the float64
+    reference and the two within rounding: {norms: (outputs, the launches' names bar casts,
+    the product launches' WGSL, the cast launches, the target)}."""
+    import dataclasses
+
+    seed = int(np.random.default_rng().integers(1 << 31))  # fresh; both plans see the same
+    rows = [1] if M is None else [1, M]
+    got = {}
+    for norms in ("partials", "off"):
+        ctx = ctx_with(q4_norms=norms, **options)
+        if dt == "float16" and not ctx._target.f16:
+            pytest.skip("no shader-f16 on this adapter")
+        if sub:
+            if not subgroup_size or subgroup_size & (subgroup_size - 1):
+                pytest.skip(f"no fixed power-of-two subgroup width ({subgroup_size})")
+            monkeypatch.setattr(ctx, "_target", dataclasses.replace(
+                ctx._target, cpu=False, subgroup=subgroup_size))
+        r2 = np.random.default_rng(seed)
+        b = MLGraphBuilder(ctx)
+        w1, w1v = _q4_weights(b, r2, K, N, dt)
+        w2, w2v = _q4_weights(b, r2, N, N, dt)
+        w3, w3v = _q4_weights(b, r2, N, 160, dt)
+        gains = [r2.uniform(0.5, 1.5, N).astype(dt) for _ in range(2)]
+        g1, g2 = (b.constant(data_type=dt, shape=[N], value=v) for v in gains)
+        rms = 1.0 if M is None else r2.uniform(0.25, 4.0, (1, M, 1))
+        v = (rms * r2.standard_normal((*rows, K))).astype(dt)
+        r = (rms * r2.standard_normal((*rows, N))).astype(dt)
+        vi = b.input("v", data_type=dt, shape=[*rows, K])
+        ri = b.input("r", data_type=dt, shape=[*rows, N])
+        x = b.add(ri, b.matmul(vi, w1))
+        x2 = b.add(x, b.matmul(_norm(b, x, g1, dt, spelling), w2))
+        g = b.build({"y": b.matmul(_norm(b, x2, g2, dt, spelling), w3)})
+        feeds = {}
+        for name, a in (("v", v), ("r", r)):
+            feeds[name] = ctx.create_tensor(data_type=dt, shape=list(a.shape), writable=True)
+            ctx.write_tensor(feeds[name], a)
+        ty = ctx.create_tensor(data_type=dt, shape=[*rows, 160], readable=True)
+        ctx.dispatch(g, feeds, {"y": ty})
+        names = [la.kernel.name for la in g._plan.launches if la.kernel.name != "cast"]
+        wgsl = [la.kernel.wgsl for la in g._plan.launches if la.kernel.name.startswith("ge")]
+        got[norms] = (np.asarray(ctx.read_tensor(ty), np.float64).reshape(-1, 160), names,
+                      wgsl, len(g._plan.launches) - len(names), ctx._target)
+        g.destroy()
+    r16 = (lambda a: a.astype(np.float16).astype(np.float64)) if dt == "float16" else (
+        lambda a: a)
+    x64 = r16(r.reshape(-1, N).astype(np.float64) + v.reshape(-1, K).astype(np.float64) @ w1v)
+    x264 = r16(x64 + _norm64(x64, gains[0].astype(np.float64), dt) @ w2v)
+    want = _norm64(x264, gains[1].astype(np.float64), dt) @ w3v
+    tol = 1e-5 if dt == "float32" else 8e-3  # float16 rows and products
+    scale = np.max(np.abs(want))
+    assert np.max(np.abs(got["partials"][0] - want)) <= tol * scale
+    assert np.max(np.abs(got["partials"][0] - got["off"][0])) <= tol * scale
+    return got
+
+
+def _assert_partials_plan(got: dict, kernel: str, sub: bool) -> None:
+    """The partials plan: three ``kernel`` launches, the first two writing partial sums and
+    the last two reading them (``sub``: summed by subgroupAdd); the other plan two norm
+    launches."""
+    names, quads = got["partials"][1], got["partials"][2]
+    assert names == [kernel] * 3, names
+    assert ["pt[" in w for w in quads] == [True, True, False]  # the writers
+    assert ["pt_in[" in w for w in quads] == [False, True, True]  # the readers
+    assert ("subgroupAdd" in quads[1]) == sub
+    off = got["off"][1]
+    assert off.count("fused_vector") == 2 and off.count(kernel) == 3, off
+
+
 @pytest.mark.parametrize("how,dt,K,N,spelling,sub", [
     ("quad_k4_h", "float16", 2048, 2048, "mean", False),
     ("quad_k4_h", "float16", 8192, 2048, "sum", True),
@@ -704,64 +777,15 @@ def test_norm_between_4bit_products_from_partial_sums(ctx_with, subgroup_size, m
     NumPy on fresh random inputs (float16 graphs rounded where the graph rounds), the same
     within rounding as the norms' own launches (``q4_norms=off``), sums through workgroup
     memory or (``sub``) subgroupAdd at the adapter's width."""
-    import dataclasses
-
-    seed = int(np.random.default_rng().integers(1 << 31))  # fresh; both plans see the same
-    got = {}
+    got = _norms_between_products(ctx_with, subgroup_size, monkeypatch,
+                                  {"gemv": "rows", "q4_gemv": how}, dt, K, N, spelling, sub,
+                                  None)
+    # a float16 graph's input row is widened by a cast launch, its output narrowed (by
+    # the last product itself where q4_epilogue is on: GPU targets)
     for norms in ("partials", "off"):
-        ctx = ctx_with(gemv="rows", q4_gemv=how, q4_norms=norms)  # the GPU's products
-        if dt == "float16" and not ctx._target.f16:
-            pytest.skip("no shader-f16 on this adapter")
-        if sub:
-            if not subgroup_size or subgroup_size & (subgroup_size - 1):
-                pytest.skip(f"no fixed power-of-two subgroup width ({subgroup_size})")
-            monkeypatch.setattr(ctx, "_target", dataclasses.replace(
-                ctx._target, cpu=False, subgroup=subgroup_size))
-        r2 = np.random.default_rng(seed)
-        b = MLGraphBuilder(ctx)
-        w1, w1v = _q4_weights(b, r2, K, N, dt)
-        w2, w2v = _q4_weights(b, r2, N, N, dt)
-        w3, w3v = _q4_weights(b, r2, N, 160, dt)
-        gains = [r2.uniform(0.5, 1.5, N).astype(dt) for _ in range(2)]
-        g1, g2 = (b.constant(data_type=dt, shape=[N], value=v) for v in gains)
-        v = r2.standard_normal((1, K)).astype(dt)
-        r = r2.standard_normal((1, N)).astype(dt)
-        vi = b.input("v", data_type=dt, shape=[1, K])
-        ri = b.input("r", data_type=dt, shape=[1, N])
-        x = b.add(ri, b.matmul(vi, w1))
-        x2 = b.add(x, b.matmul(_norm(b, x, g1, dt, spelling), w2))
-        out = b.matmul(_norm(b, x2, g2, dt, spelling), w3)
-        g = b.build({"y": out})
-        feeds = {}
-        for name, a in (("v", v), ("r", r)):
-            feeds[name] = ctx.create_tensor(data_type=dt, shape=[1, a.shape[1]], writable=True)
-            ctx.write_tensor(feeds[name], a)
-        ty = ctx.create_tensor(data_type=dt, shape=[1, 160], readable=True)
-        ctx.dispatch(g, feeds, {"y": ty})
-        got[norms] = np.asarray(ctx.read_tensor(ty)[0], np.float64)
-        # a float16 graph's input row is widened by a cast launch, its output narrowed (by
-        # the last product itself where q4_epilogue is on: GPU targets)
-        names = [la.kernel.name for la in g._plan.launches if la.kernel.name != "cast"]
-        casts = len(g._plan.launches) - len(names)
-        assert casts == (2 - (not ctx._target.cpu) if dt == "float16" else 0), casts
-        if norms == "partials":
-            assert names == ["gemv_q4_quad"] * 3, names
-            quads = [la.kernel.wgsl for la in g._plan.launches if la.kernel.name == names[0]]
-            assert ["pt[" in w for w in quads] == [True, True, False]  # the writers
-            assert ["pt_in[" in w for w in quads] == [False, True, True]  # the readers
-            assert ("subgroupAdd" in quads[1]) == sub
-        else:
-            assert names.count("fused_vector") == 2 and names.count("gemv_q4_quad") == 3, names
-        g.destroy()
-    r16 = (lambda a: a.astype(np.float16).astype(np.float64)) if dt == "float16" else (
-        lambda a: a)
-    x64 = r16(r.astype(np.float64) + v.astype(np.float64) @ w1v)
-    x264 = r16(x64 + _norm64(x64[0], gains[0].astype(np.float64), dt) @ w2v)
-    want = _norm64(x264[0], gains[1].astype(np.float64), dt) @ w3v
-    tol = 1e-5 if dt == "float32" else 8e-3  # float16 rows and products
-    scale = np.max(np.abs(want))
-    assert np.max(np.abs(got["partials"] - want)) <= tol * scale
-    assert np.max(np.abs(got["partials"] - got["off"])) <= tol * scale
+        casts, target = got[norms][3], got[norms][4]
+        assert casts == (2 - (not target.cpu) if dt == "float16" else 0), casts
+    _assert_partials_plan(got, "gemv_q4_quad", sub)
 
 
 @pytest.mark.parametrize("dt,M,K,N,spelling,sub", [
@@ -780,61 +804,10 @@ def test_norm_between_several_row_4bit_products_from_partial_sums(
     graphs rounded where the graph rounds), and within rounding of the norms' own launches
     (``q4_norms=off``), the partials summed through workgroup memory or (``sub``)
     subgroupAdd at the adapter's width."""
-    import dataclasses
-
-    seed = int(np.random.default_rng().integers(1 << 31))  # fresh; both plans see the same
-    got = {}
-    for norms in ("partials", "off"):
-        ctx = ctx_with(gemv="rows", q4_gemv="quad", q4_rows="quad", q4_norms=norms)
-        if dt == "float16" and not ctx._target.f16:
-            pytest.skip("no shader-f16 on this adapter")
-        if sub:
-            if not subgroup_size or subgroup_size & (subgroup_size - 1):
-                pytest.skip(f"no fixed power-of-two subgroup width ({subgroup_size})")
-            monkeypatch.setattr(ctx, "_target", dataclasses.replace(
-                ctx._target, cpu=False, subgroup=subgroup_size))
-        r2 = np.random.default_rng(seed)
-        b = MLGraphBuilder(ctx)
-        w1, w1v = _q4_weights(b, r2, K, N, dt)
-        w2, w2v = _q4_weights(b, r2, N, N, dt)
-        w3, w3v = _q4_weights(b, r2, N, 160, dt)
-        gains = [r2.uniform(0.5, 1.5, N).astype(dt) for _ in range(2)]
-        g1, g2 = (b.constant(data_type=dt, shape=[N], value=v) for v in gains)
-        rms = r2.uniform(0.25, 4.0, (1, M, 1))  # rows of their own scale: their own norms
-        v = (rms * r2.standard_normal((1, M, K))).astype(dt)
-        r = (rms * r2.standard_normal((1, M, N))).astype(dt)
-        vi = b.input("v", data_type=dt, shape=[1, M, K])
-        ri = b.input("r", data_type=dt, shape=[1, M, N])
-        x = b.add(ri, b.matmul(vi, w1))
-        x2 = b.add(x, b.matmul(_norm(b, x, g1, dt, spelling), w2))
-        out = b.matmul(_norm(b, x2, g2, dt, spelling), w3)
-        g = b.build({"y": out})
-        feeds = {}
-        for name, a in (("v", v), ("r", r)):
-            feeds[name] = ctx.create_tensor(data_type=dt, shape=list(a.shape), writable=True)
-            ctx.write_tensor(feeds[name], a)
-        ty = ctx.create_tensor(data_type=dt, shape=[1, M, 160], readable=True)
-        ctx.dispatch(g, feeds, {"y": ty})
-        got[norms] = np.asarray(ctx.read_tensor(ty)[0], np.float64)
-        names = [la.kernel.name for la in g._plan.launches if la.kernel.name != "cast"]
-        if norms == "partials":
-            assert names == ["gemm_q4_quad"] * 3, names
-            quads = [la.kernel.wgsl for la in g._plan.launches if la.kernel.name == names[0]]
-            assert ["pt[" in w for w in quads] == [True, True, False]  # the writers
-            assert ["pt_in[" in w for w in quads] == [False, True, True]  # the readers
-            assert ("subgroupAdd" in quads[1]) == sub
-        else:
-            assert names.count("fused_vector") == 2 and names.count("gemm_q4_quad") == 3, names
-        g.destroy()
-    r16 = (lambda a: a.astype(np.float16).astype(np.float64)) if dt == "float16" else (
-        lambda a: a)
-    x64 = r16(r[0].astype(np.float64) + v[0].astype(np.float64) @ w1v)
-    x264 = r16(x64 + _norm64(x64, gains[0].astype(np.float64), dt) @ w2v)
-    want = _norm64(x264, gains[1].astype(np.float64), dt) @ w3v
-    tol = 1e-5 if dt == "float32" else 8e-3  # float16 rows and products
-    scale = np.max(np.abs(want))
-    assert np.max(np.abs(got["partials"] - want)) <= tol * scale
-    assert np.max(np.abs(got["partials"] - got["off"])) <= tol * scale
+    got = _norms_between_products(ctx_with, subgroup_size, monkeypatch,
+                                  {"gemv": "rows", "q4_gemv": "quad", "q4_rows": "quad"},
+                                  dt, K, N, spelling, sub, M)
+    _assert_partials_plan(got, "gemm_q4_quad", sub)
 
 
 @pytest.mark.parametrize("tail", ["cast16", "cast16_32", "tanh"])
