@@ -117,6 +117,8 @@ class _Page(Backend):
         #: then never reads, so no copy of them leaves the device)
         self.read_ids = False
         self._ids: np.ndarray | None = None  # the page's array the ids are read into
+        #: ``decode_chained``'s two ids tensors, each step's next_ids and the next's input_ids
+        self._chain: tuple[object, object] | None = None
         #: set before ``prepare``: build the graph a speculative loop rolls back to any kept
         #: count (a hybrid's K-token graph: the deferred-commit export, ``model.export``'s
         #: rollback "deferred"; an attention-only graph rolls back by position as it is)
@@ -372,6 +374,72 @@ class _Page(Backend):
             tokens = int(tokens[0]) if len(tokens) == 1 else tokens
         return self._step(tokens, ids=True).astype(np.int64)
 
+    def chain_refusal(self) -> str:
+        """Why ``decode_chained`` cannot run on this page ("" where it can)."""
+        if self.converted is None:
+            return "the page is not prepared"
+        if not self.read_ids:
+            return ("it was built without read_ids: the graph has no next_ids output to "
+                    "feed the next step")
+        if self.tokens_per_step != 1:
+            return (f"its graph takes {self.tokens_per_step} tokens a step; a chain feeds one "
+                    "id a step")
+        if self.host_cache:
+            return ("it holds its caches on the host: a step's past is the previous step's "
+                    "present read back, so no step can be dispatched before the previous "
+                    "one is read")
+        ins, outs = self.converted.inputs, self.converted.outputs
+        if "input_ids" not in ins:
+            return "its graph has no input_ids input"
+        a, b = ins["input_ids"], outs[NEXT_IDS]
+        if (a.data_type, list(a.shape)) != (b.data_type, list(b.shape)):
+            return (f"its next_ids ({b.data_type}{list(b.shape)}) cannot be bound as its "
+                    f"input_ids ({a.data_type}{list(a.shape)})")
+        return ""
+
+    def decode_chained(self, first: int, n: int) -> np.ndarray:
+        """Greedy decoding of ``n`` tokens after ``first`` with the ids kept on the device
+        (issue 32): step i's ``next_ids`` output tensor is bound as step i + 1's
+        ``input_ids`` (two tensors used in turn, MLTensor reuse), and step i + 1 is
+        dispatched before step i's id is read, so the queue holds the next step while the
+        host reads: the device does not idle through the host's turnaround. The reads map
+        each step's own read copy (the context keeps the last few), and in-place graphs
+        read their capacity status with them (an overflow raises OperationError at the
+        read of that step's id or a later one). Returns the n ids in order: each step's
+        argmax, as ``step_ids`` gives them. ValueError where the page cannot chain
+        (``chain_refusal``)."""
+        why = self.chain_refusal()
+        if why:
+            raise ValueError(f"{self.name} cannot decode chained: {why}")
+        chain = self._chain_tensors()
+        got = np.empty(max(0, n), np.int64)
+        if n <= 0:
+            return got
+        with self._counted():
+            self.context.write_tensor(chain[0], np.full(self._ids.shape, first, self._ids.dtype))
+        self._dispatch(first, chain=chain)  # step 0: chain[0] -> chain[1]
+        for i in range(1, n + 1):
+            if i < n:  # step i: chain[i % 2] (step i - 1's ids) -> chain[(i + 1) % 2]
+                self._dispatch(first, chain=(chain[i % 2], chain[(i + 1) % 2]))
+            got[i - 1] = self._read_id(chain[i % 2])
+        return got
+
+    def _chain_tensors(self) -> tuple[object, object]:
+        """The chain's two ids tensors (made once): written by the host for the first
+        step, then each one step's output and the next step's input."""
+        if self._chain is None:
+            d = self.converted.inputs["input_ids"]
+            self._chain = tuple(self.context.create_tensor(  # type: ignore[assignment]
+                data_type=d.data_type, shape=list(d.shape), readable=True, writable=True)
+                for _ in range(2))
+        return self._chain  # type: ignore[return-value]
+
+    def _read_id(self, tensor: object) -> int:
+        """One step's id, read into the page's array."""
+        with self._counted():
+            self.context.read_tensors([tensor], [self._ids])
+        return int(self._ids.reshape(-1)[0])
+
     def _step(self, tokens: int | np.ndarray, ids: bool = False) -> np.ndarray:
         """One dispatch of the graph's K tokens (an int where K = 1) and its logits, flat
         (``ids``: its next ids, read in their place)."""
@@ -413,17 +481,22 @@ class _Page(Backend):
               "after": t_end - t_read, "total": t_end - t0}
         return {k: v / 1e6 for k, v in ns.items()}
 
-    def _dispatch(self, tokens: int | np.ndarray) -> None:
+    def _dispatch(self, tokens: int | np.ndarray,
+                  chain: tuple[object, object] | None = None) -> None:
+        """Write this step's inputs and dispatch it; ``chain``: (its input_ids, its
+        next_ids) tensors, bound instead of the page's own (the ids are not written)."""
         ctx = self.context
         with self._counted():
             ins = {}
             for name in self.converted.inputs:
-                if name in self._bound:
+                if chain is not None and name == "input_ids":
+                    ins[name] = chain[0]
+                elif name in self._bound:
                     ins[name] = self._bound[name]
                     ctx.write_tensor(ins[name], self._feed(name, tokens))
             outs = {self._logits_name: self._bound[self._logits_name]}
             if self.read_ids:
-                outs[NEXT_IDS] = self._bound[NEXT_IDS]
+                outs[NEXT_IDS] = self._bound[NEXT_IDS] if chain is None else chain[1]
             if not self._hidden:
                 for p in self._pairs:
                     if self.host_cache:
@@ -576,7 +649,8 @@ class _Page(Backend):
         """The graph's own buffers (weights, temporaries, hidden state) plus the page's tensors."""
         if self.converted is None:
             return None
-        tensors = [*self._bound.values(), *self._cur.values(), *self._nxt.values()]
+        tensors = [*self._bound.values(), *self._cur.values(), *self._nxt.values(),
+                   *(self._chain or ())]
         page = sum(int(np.prod(t.shape)) * t._dtype.itemsize for t in tensors)
         return int(getattr(self.converted.graph, "device_bytes", 0)) + page
 

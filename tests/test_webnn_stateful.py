@@ -229,31 +229,35 @@ def test_status_comes_back_with_the_read(ctx, monkeypatch):
     b, outs = decoder(ctx, cap)
     g = b.build(outs, use_stateful=True, kv_cache_pairs=PAIRS)
     page = Page(ctx, g, cap)
-    seen: list[int | None] = []
-    real = ctx._settle
+    seen: list[dict[int, int]] = []
+    real = ctx._settle_through
 
-    def settle(report: bool = True, status: int | None = None) -> None:
-        seen.append(status)
-        real(report, status)
+    def settle(number, known, report=True) -> None:
+        seen.append(dict(known))
+        real(number, known, report)
 
-    monkeypatch.setattr(ctx, "_settle", settle)
+    monkeypatch.setattr(ctx, "_settle_through", settle)
     inputs = xs(cap)
+    maps = ctx.queue_counts.maps
     for p in range(cap):
         page.step(inputs[p], p)
-    assert [s for s in seen if s is not None] == [0] * cap
+    assert [list(k.values()) for k in seen if k] == [[0]] * cap
+    assert ctx.queue_counts.maps - maps == cap
     with pytest.raises(OperationError, match="capacity"):
         page.step(inputs[0], cap)
-    assert seen[-1] == 1  # the first appended pair overflowed, read with the logits
+    assert list(seen[-1].values()) == [1]  # the first appended pair overflowed, read with y
 
 
-@pytest.mark.parametrize("read_past_after", [False, True])
-def test_overflow_reported_where_the_context_next_waits(ctx, read_past_after):
-    """The status is read without a sync of its own: a dispatch returns, and the error comes
-    from the next read_tensor (after its read) or the next dispatch (before it runs); a
-    reset or destroy of the graph drops it. Either way the cache is unchanged."""
+def test_overflow_of_a_double_buffered_graph_raises_at_the_next_dispatch(ctx):
+    """A graph with a double-buffered pair (its keys read after the new row is written)
+    has its status read before the next dispatch runs, as its parity swap-back needs: a
+    dispatch returns, and the error comes from the next read_tensor (after its read) or
+    the next dispatch (before it runs); a reset or destroy of the graph drops it. Either
+    way the cache is unchanged."""
     cap = 3
-    b, outs = decoder(ctx, cap, read_past_after=read_past_after)
+    b, outs = decoder(ctx, cap, read_past_after=True)
     g = b.build(outs, use_stateful=True, kv_cache_pairs=PAIRS)
+    assert g._double
     page = Page(ctx, g, cap)
     inputs = xs(cap)
     for p in range(cap - 1):
@@ -266,7 +270,57 @@ def test_overflow_reported_where_the_context_next_waits(ctx, read_past_after):
         np.testing.assert_array_equal(ctx._peek_state(g, n), arr)
     page.step(inputs[0], cap + 1, read=False)
     ctx.reset_kv_cache(g)  # drops the unread overflow: the next calls do not raise
-    want = decoder_ref(inputs, cap, read_past_after)
+    want = decoder_ref(inputs, cap, read_past_after=True)
+    for p in range(cap):
+        got = page.step(inputs[p], p)
+    np.testing.assert_allclose(got, want[-1], atol=1e-5)
+    page.step(inputs[0], cap, read=False)
+    g.destroy()
+    ctx.read_tensor(page.y)  # the destroyed graph's overflow is not reported
+
+
+def test_overflow_of_an_in_place_graph_raises_at_the_read(ctx):
+    """An in-place graph's dispatch never waits for an earlier one's status (its writes are
+    gated on the device): later dispatches run, and the error comes from the read that
+    brings the status back (a read of the overflowing dispatch's output, or of a later
+    one's), or from a dispatch that finds ``PENDING_MAX`` statuses unread (it waits for the
+    oldest, and does not run). A reset or destroy drops it; the cache is unchanged."""
+    from backends.webnn.wgpu_impl.readback import PENDING_MAX
+
+    cap = 3
+    b, outs = decoder(ctx, cap)
+    g = b.build(outs, use_stateful=True, kv_cache_pairs=PAIRS)
+    assert not g._double
+    page = Page(ctx, g, cap)
+    inputs = xs(cap)
+    want = decoder_ref(inputs, cap)
+    for p in range(cap - 1):
+        page.step(inputs[p], p)
+    before = {n: ctx._peek_state(g, n) for n in ("past_k", "past_v")}
+    page.step(inputs[0], cap, read=False)
+    page.step(inputs[0], cap + 1, read=False)  # runs: the overflow above is not read yet
+    with pytest.raises(OperationError, match="capacity"):
+        ctx.read_tensor(page.y)  # the last dispatch's copy, both statuses with it
+    ctx.read_tensor(page.y)  # reported once
+    for n, arr in before.items():
+        np.testing.assert_array_equal(ctx._peek_state(g, n), arr)
+    np.testing.assert_allclose(page.step(inputs[cap - 1], cap - 1), want[-1], atol=1e-5)
+    # an older dispatch's output (its own copy) reports its overflow; the later one's is fine
+    other = ctx.create_tensor(data_type="float32", shape=[1, H * D], readable=True)
+    ctx.reset_kv_cache(g)
+    page.step(inputs[0], 0)
+    page.step(inputs[1], cap, read=False)
+    first, page.y = page.y, other
+    page.step(inputs[1], 1, read=False)
+    with pytest.raises(OperationError, match="capacity"):
+        ctx.read_tensor(first)
+    np.testing.assert_allclose(ctx.read_tensor(page.y), want[1], atol=1e-5)
+    # a loop that never reads: the dispatch past PENDING_MAX unread ones waits and raises
+    for _ in range(PENDING_MAX):
+        page.step(inputs[0], cap, read=False)
+    with pytest.raises(OperationError, match="capacity"):
+        page.step(inputs[2], 2, read=False)
+    ctx.reset_kv_cache(g)  # drops the rest
     for p in range(cap):
         got = page.step(inputs[p], p)
     np.testing.assert_allclose(got, want[-1], atol=1e-5)
@@ -563,7 +617,8 @@ def test_read_copy_never_returns_stale_data(monkeypatch, queue_calls):
     """What a read returns is the tensor as the queue's order leaves it, whatever was copied
     at a dispatch's end: after a second dispatch (of this graph or another one writing the
     tensor), after a write to the tensor, and for a tensor the dispatch did not copy; a
-    write to another tensor, a fallback read or a reset in between keep the copy usable."""
+    write to another tensor, a fallback read, a reset or a later dispatch writing other
+    tensors in between keep the copy usable."""
     c = _context(None)
     try:
         calls = queue_calls()
@@ -615,11 +670,12 @@ def test_read_copy_never_returns_stale_data(monkeypatch, queue_calls):
         page.step(inputs[3], 3, read=False)
         c.dispatch(g3, {"a": a}, {"y": page.y})
         np.testing.assert_allclose(read_y(True), 3.0 * mine, rtol=1e-6)
-        # another graph writes another tensor after this one: y from y itself
+        # another graph writes another tensor after this one: y from this dispatch's copy
+        # (an older dispatch's: nothing has written y since)
         z = c.create_tensor(data_type="float32", shape=[1, H * D], readable=True)
         page.step(inputs[4], 4, read=False)
         c.dispatch(g3, {"a": a}, {"y": z})
-        np.testing.assert_allclose(read_y(False), want[4], atol=1e-5)
+        np.testing.assert_allclose(read_y(True), want[4], atol=1e-5)
         np.testing.assert_allclose(c.read_tensor(z), 3.0 * mine, rtol=1e-6)
         # the graph destroyed after its dispatch: y from y itself
         page.step(inputs[5], 5, read=False)
@@ -654,8 +710,8 @@ def test_read_copy_with_the_capacity_status(monkeypatch, queue_calls):
 def test_direct_maps_read_status_timestamps_and_values(engine, read_copy):
     """Read maps through the engine's C functions (KernelOptions.queue_calls "direct_maps",
     where the read map spins): each step's y is the float64 reference's, the GPU time is
-    read, an overflow's status is read (from the read, or at the next dispatch) and raises,
-    and the step after it is as if the overflow never ran."""
+    read, an overflow's status is read (from the read, or from a later step's read) and
+    raises, and the step after it is as if the overflow never ran."""
     try:
         c = ml.create_context(engine=engine, timing=True, options=KernelOptions(
             queue_calls="direct_maps", map_wait="spin", record_ahead="on", read_copy=read_copy))
@@ -674,7 +730,7 @@ def test_direct_maps_read_status_timestamps_and_values(engine, read_copy):
             page.step(inputs[2], 3)  # the status read with y
         page.step(inputs[2], 3, read=False)
         with pytest.raises(OperationError, match="capacity"):
-            page.step(inputs[2], 2)  # the status read on its own, before this dispatch
+            page.step(inputs[2], 2)  # in place: this dispatch ran; its read brings the status
         np.testing.assert_allclose(page.step(inputs[2], 2), want[2], atol=1e-5)
     finally:
         c.destroy()

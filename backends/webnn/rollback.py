@@ -406,9 +406,9 @@ class Session:
         ctx = self.ctx
         if self.way == "deferred":
             ctx.write_tensor(self.tensors["accepted"], np.array([self.accepted], np.int32))
-        ctx._settle()
+        ctx._settle_through(None, {})
         ctx._staged.flush()
-        ctx._copied = None
+        ctx._forget_copies()
 
     def encode_replay(self, enc, n: int = 1, timestamp_writes: dict | None = None) -> None:
         """Record the replay's own launches (``replay_launches``: the graph's pipelines,

@@ -12,6 +12,7 @@ staging buffers are ``staging``'s.
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -29,7 +30,7 @@ from .dispatch import Dispatch
 from .options import KernelOptions
 from .passes import F16_OPS
 from .plan import Deferred, KernelLaunch, Plan
-from .readback import Readback, ReadCopy
+from .readback import RECENT_MAX, STATUS_RING, Dispatched, Readback, ReadCopy
 from .staging import ARENA_MAX, MapHow, QueueCounts, StagedReads, StagedWrites
 from .target import target_of
 
@@ -105,8 +106,12 @@ class WgpuGraph(MLGraph):
         self._passes: list[tuple[int, int]] = []
         self._submit_after: set[int] = set()  # pass indices that end a command buffer
         self._whole_passes: list[tuple[int, int]] = []  # the passes without the cuts
-        #: (key, command buffers, the read copy they end with)
-        self._recorded: tuple[tuple, list[Any], ReadCopy | None] | None = None
+        #: (key, command buffers, the read copy they end with, their status slot)
+        self._recorded: tuple[tuple, list[Any], ReadCopy | None, int] | None = None
+        #: staging for the capacity status word, one per dispatch in turn: a dispatch's
+        #: status may stay unread while later ones run (``Dispatch._settle_before``)
+        self._status_ring: list[Any] = []
+        self._status_next = 0
         self._read_copies: dict[tuple, ReadCopy] = {}  # by readable output tensors
         self._last_bound: dict[str, dict[str, MLTensor]] | None = None
         self.device_bytes = 0  # statebench extension: bytes of buffers the graph owns
@@ -119,12 +124,8 @@ class WgpuGraph(MLGraph):
 
     def destroy(self) -> None:
         if not self._destroyed:
-            ctx = self._context
-            if ctx._unsettled is self:  # type: ignore[attr-defined]
-                ctx._unsettled = None  # type: ignore[attr-defined]  # moot once it is gone
-            copied = ctx._copied  # type: ignore[attr-defined]
-            if copied is not None and copied.graph is self:
-                ctx._copied = None  # type: ignore[attr-defined]  # its staging goes below
+            # its unread statuses are moot, its copies' staging goes below
+            self._context._forget_copies(self)  # type: ignore[attr-defined]
             for rc in self._read_copies.values():
                 rc.staging.destroy()
             self._read_copies.clear()
@@ -133,6 +134,9 @@ class WgpuGraph(MLGraph):
             for bufs in self._state:
                 for b in bufs:
                     b.destroy()
+            for b in self._status_ring:
+                b.destroy()
+            self._status_ring.clear()
             self._bind_cache.clear()
             self._commands.clear()
             self._recorded = self._last_bound = None
@@ -190,16 +194,16 @@ class WgpuContext(Dispatch, Readback, MLContext):
         self._dispatch_modes()
         #: submits and maps of this context's queue (statebench extension: counted per step)
         self.queue_counts = QueueCounts()
-        #: the last dispatch's read copy while its outputs are unchanged (``_read_tensors``)
-        self._copied: ReadCopy | None = None
+        #: the last dispatches (their read copies, for ``_read_tensors``)
+        self._recent: deque[Dispatched] = deque(maxlen=RECENT_MAX)
+        #: checked dispatches whose capacity status is not read yet, oldest first
+        self._pending: deque[Dispatched] = deque()
+        self._dispatches = 0  # numbers the dispatches (``Dispatched.number``)
         self._pipelines: dict[str, tuple[Any, Any]] = {}
         max_buffer = int(self._device.limits["max-buffer-size"])
         self._max_buffer = max_buffer
         self._reads = StagedReads(self._device, max_buffer, self.queue_counts, self._map_how)
         self._staged = StagedWrites(self._device, min(ARENA_MAX, max_buffer), self.queue_counts)
-        self._status_staging = self._device.create_buffer(
-            size=16, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
-        self._unsettled: WgpuGraph | None = None  # dispatched, capacity status not yet read
         self._timing = "timestamp-query" in feats
         self._gpu_time_ns: int | None = None
         self._time_pending = False
@@ -315,9 +319,7 @@ class WgpuContext(Dispatch, Readback, MLContext):
         queue's order); large ones staged (``staging.StagedWrites``: one map and one submit
         of copies for all the writes between two dispatches)."""
         n = data.nbytes
-        copied = self._copied
-        if copied is not None and tensor._serial in copied.index:
-            self._copied = None  # the copy no longer holds what a read must return
+        self._forget_written(tensor._serial)  # no copy holds what a read must return
         if n % 4:  # an odd number of float16 values: copies move whole 4-byte words
             data = np.concatenate([data.reshape(-1).view(np.uint8), np.zeros(4 - n % 4, np.uint8)])
         t0 = time.perf_counter_ns()
@@ -360,6 +362,9 @@ class WgpuContext(Dispatch, Readback, MLContext):
         plan.consts.clear()  # uploaded: the host keeps no copy of the weights
         if plan.has_check:
             g._buffers[("status",)] = dev.create_buffer(size=16, usage=_STORAGE)
+            g._status_ring = [dev.create_buffer(
+                size=16, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+                for _ in range(STATUS_RING)]
         for pp in plan.pairs:
             n = _nbytes(S.size(pp.past.shape) * pp.past.dtype.itemsize)
             g._state.append([dev.create_buffer(size=n, usage=_STORAGE)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._classes import MLGraph, MLTensor
 from .plan import CopyLaunch
-from .readback import ReadCopy
+from .readback import PENDING_MAX, Dispatched, ReadCopy
 
 if TYPE_CHECKING:
     from .context import WgpuGraph
@@ -84,41 +84,82 @@ class Dispatch:
         """Submit the graph's command buffers: the ones recorded ahead at the previous
         dispatch when they were recorded for these tensors and this parity, else encoded
         now (submitted in pieces as they are encoded). Then, unless that recording missed,
-        record the next dispatch's while the GPU runs this one (``_record_ahead``)."""
+        record the next dispatch's while the GPU runs this one (``_record_ahead``).
+        Earlier dispatches' capacity statuses are waited for only as ``_settle_before``
+        says: a double-buffered graph's, or the oldest beyond ``PENDING_MAX``."""
         g: WgpuGraph = graph  # type: ignore[assignment]
-        self._copied = None  # this dispatch may write what the last one copied
-        self._settle()
-        self._staged.flush()
         bound = {"input": inputs, "output": outputs}
+        self._settle_before(g)  # may raise: this dispatch then does not run
         key = (_bound_key(bound), g._parity)
-        ready, g._recorded = g._recorded, None
-        if ready is not None and ready[0] == key:
+        ready = g._recorded
+        hit = ready is not None and ready[0] == key
+        slot = ready[3] if hit else g._status_next  # type: ignore[index]
+        self._free_status(g, slot)
+        g._recorded = None
+        self._staged.flush()
+        if hit:
             # recorded for these very tensors: its read copy is this dispatch's
-            copy = ready[2]
+            copy = ready[2]  # type: ignore[index]
             if self._piecewise:
-                for cb in ready[1]:
+                for cb in ready[1]:  # type: ignore[index]
                     self._submit([cb])
             else:  # one submit, not one by one (PERFORMANCE.md, "Knobs")
-                self._submit(ready[1])
-            missed = False
+                self._submit(ready[1])  # type: ignore[index]
         else:
             copy = self._read_copy_for(g, bound)
             qc = self.queue_counts
             t0, sub0 = time.perf_counter_ns(), qc.submit_ns
-            self._encode(g, bound, key, lambda cb: self._submit([cb]), copy)
+            self._encode(g, bound, key, lambda cb: self._submit([cb]), copy, slot=slot)
             qc.encode_ns += time.perf_counter_ns() - t0 - (qc.submit_ns - sub0)
-            missed = ready is not None
-        self._copied = copy
+        missed = ready is not None and not hit
+        self._noted(g, copy, slot, outputs)
         self.counters.kernel += g._kernel_bytes
         self.counters.d2d += g._copy_bytes
         self._time_pending = self._timing and len(g._passes) > 0
         if g._double:
-            g._parity ^= 1  # undone by _settle if the capacity check failed
-        if g._plan.has_check:
-            self._unsettled = g
+            g._parity ^= 1  # undone by _settle_through if the capacity check failed
         earlier, g._last_bound = g._last_bound, bound
         if self.record_ahead and not missed:
             self._record_ahead(g, earlier or bound)
+
+    def _settle_before(self, g: WgpuGraph) -> None:
+        """Before a dispatch: read the statuses that must be read now. A double-buffered
+        graph's last dispatch (its parity swap-back must precede any later dispatch, as it
+        always has), and the oldest unread ones beyond ``PENDING_MAX`` (these waits are
+        where a loop that never reads is held back). An in-place graph's status otherwise
+        stays unread: its writes are gated on the device, so a later dispatch is correct
+        either way, and a dispatch must not wait for the device in an asynchronous API."""
+        pending = self._pending
+        double = [r.number for r in pending if r.graph._double]
+        if double:
+            self._settle_through(double[-1], {})
+        while len(pending) >= PENDING_MAX:
+            self._settle_through(pending[0].number, {})
+
+    def _free_status(self, g: WgpuGraph, slot: int) -> None:
+        """Read the unread status held in ``g``'s status staging ``slot`` before this
+        dispatch copies over it (never, while the graph uses its slots in turn)."""
+        if not g._status_ring:
+            return
+        buf = g._status_ring[slot]
+        for rec in self._pending:
+            if rec.status is buf:
+                self._settle_through(rec.number, {})
+                return
+
+    def _noted(self, g: WgpuGraph, copy: ReadCopy | None, slot: int,
+               outputs: dict[str, MLTensor]) -> None:
+        """Record the dispatch just submitted: its copy for later reads, its status as
+        unread where the graph has a check."""
+        ring = g._status_ring
+        rec = Dispatched(g, self._dispatches, copy,
+                         dict(copy.index) if copy is not None else {},
+                         ring[slot] if ring else None)
+        self._dispatches += 1
+        self._note_dispatched(rec, outputs.values())
+        if ring:
+            g._status_next = (slot + 1) % len(ring)
+            self._pending.append(rec)
 
     def _record_ahead(self, g: WgpuGraph, bound: dict[str, dict[str, MLTensor]]) -> None:
         """Encode the next dispatch now, while the device runs this one, so that dispatch
@@ -126,14 +167,16 @@ class Dispatch:
         of a step's host time). The next dispatch's tensors are guessed as the previous
         dispatch's: right for a page that binds the same tensors every step and for one
         that ping-pongs two sets. A command buffer holds no data (inputs are read when it
-        runs), so it is valid for any contents of the tensors it binds."""
+        runs), so it is valid for any contents of the tensors it binds. Its status goes to
+        the graph's next status staging slot."""
         t0 = time.perf_counter_ns()
         key = (_bound_key(bound), g._parity)
         cbs: list[Any] = []
         copy = self._read_copy_for(g, bound)
+        slot = g._status_next
         # submitted at once ("on"): one command buffer, its passes uncut
-        self._encode(g, bound, key, cbs.append, copy, whole=not self._piecewise)
-        g._recorded = (key, cbs, copy)
+        self._encode(g, bound, key, cbs.append, copy, whole=not self._piecewise, slot=slot)
+        g._recorded = (key, cbs, copy, slot)
         self.queue_counts.record_ns += time.perf_counter_ns() - t0
 
     def _submit(self, cbs: list[Any]) -> None:
@@ -143,11 +186,12 @@ class Dispatch:
         self.queue_counts.submit_ns += time.perf_counter_ns() - t0
 
     def _encode(self, g: WgpuGraph, bound: dict[str, dict[str, MLTensor]], key: tuple,
-                emit: Any, copy: ReadCopy | None = None, whole: bool = False) -> None:
+                emit: Any, copy: ReadCopy | None = None, whole: bool = False,
+                slot: int = 0) -> None:
         """Encode one dispatch for ``bound`` and parity ``key[1]``, handing each finished
         command buffer to ``emit`` (a cut every ``submit_every`` launches; ``whole``: no
-        cuts, one command buffer); the last one ends with ``copy``'s copies into its
-        staging."""
+        cuts, one command buffer); the last one ends with the status word's copy into the
+        graph's status staging ``slot`` and ``copy``'s copies into its staging."""
         parity = key[1]
         plan = g._plan
         passes = g._whole_passes if whole else g._passes
@@ -181,7 +225,7 @@ class Dispatch:
                 enc = self._device.create_command_encoder()
         self._copies(enc, g, launches[passes[-1][1] if passes else 0:], bound, parity)
         if plan.has_check:
-            enc.copy_buffer_to_buffer(g._buffers[("status",)], 0, self._status_staging, 0, 4)
+            enc.copy_buffer_to_buffer(g._buffers[("status",)], 0, g._status_ring[slot], 0, 4)
         if self._timing and npasses:
             enc.resolve_query_set(self._query_set, 0, 2, self._query_buf, 0)
             enc.copy_buffer_to_buffer(self._query_buf, 0, self._time_staging, 0, 16)
@@ -226,8 +270,7 @@ class Dispatch:
 
     def _reset(self, graph: MLGraph) -> None:
         g: WgpuGraph = graph  # type: ignore[assignment]
-        if self._unsettled is g:
-            self._settle(report=False)  # the cache is emptied: its overflow is moot
+        self._drop_pending(g)  # the cache is emptied: its overflows are moot
         self._staged.flush()
         enc = self._device.create_command_encoder()
         for bufs in g._state:
