@@ -421,8 +421,19 @@ class _Page(Backend):
         for i in range(1, n + 1):
             if i < n:  # step i: chain[i % 2] (step i - 1's ids) -> chain[(i + 1) % 2]
                 self._dispatch(first, chain=(chain[i % 2], chain[(i + 1) % 2]))
-            got[i - 1] = self._read_id(chain[i % 2])
+            try:
+                got[i - 1] = self._read_id(chain[i % 2])
+            except _webnn().OperationError:
+                if i < n:  # step i is queued: its status (an overflow too) read and dropped,
+                    self._drain(chain[(i + 1) % 2])  # so no later call reports it
+                raise
         return got
+
+    def _drain(self, tensor: object) -> None:
+        """Read the last queued chain step's id after an earlier step failed, dropping its
+        own OperationError (the caller raises the first)."""
+        with contextlib.suppress(_webnn().OperationError):
+            self._read_id(tensor)
 
     def _chain_tensors(self) -> tuple[object, object]:
         """The chain's two ids tensors (made once): written by the host for the first

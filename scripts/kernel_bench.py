@@ -362,12 +362,21 @@ def reach_random_depth(be: Any, wl: Any, capacity: int, depth: int, warm_s: floa
 def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
                warm_s: float = 0.0, mode: str = "wgpu:stateful", host: bool = False,
                depth: int = 0, options: KernelOptions | None = None, tokens: int = 1,
-               read_ids: bool = False) -> dict:
+               read: str = "logits") -> dict:
+    """Time ``steps`` steps of ``mode`` on preset ``name``; ``read``: what a step reads back
+    ("logits", "ids"), or "chain": the "ids" steps, then ``steps`` tokens of the page's
+    chained decode (``chained_decode``)."""
     from backends.base import registry
     from model.workload import Workload, preset
 
-    if depth and capacity < depth + steps + 1:
-        raise ValueError(f"--depth {depth} + {steps} steps does not fit capacity {capacity}")
+    chain = read == "chain"
+    if chain and tokens != 1:
+        raise ValueError("--read chain decodes one token a step (--tokens 1)")
+    read_ids = read in ("ids", "chain")
+    # the chain's tokens (and its untimed first two) come after the timed steps
+    reserve = steps * tokens + (steps + CHAIN_WARM if chain else 0)
+    if depth and capacity < depth + reserve + 1:
+        raise ValueError(f"--depth {depth} + {reserve} steps does not fit capacity {capacity}")
     t0 = time.perf_counter()
     wl = Workload.build(preset(name))
     be = registry()[mode](options=options)
@@ -399,7 +408,7 @@ def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
         # capacity: the timed steps must still fit); the caches stay zeros past the rows
         # written
         t_warm, warm = time.perf_counter() + warm_s, 0
-        while time.perf_counter() < t_warm and warm + tokens < capacity - tokens * steps - 1:
+        while time.perf_counter() < t_warm and warm + tokens < capacity - reserve - 1:
             step(warm)
             warm += tokens
     wall, gpu = [], []
@@ -424,6 +433,7 @@ def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
     # counted over the steps and their GPU-time reads, as the sweep's worker makes them
     per_step = {"submits_per_step": (queue.submits - submits) / steps,
                 "maps_per_step": (queue.maps - maps) / steps, "gc_timed": gc_timed}
+    chained = chained_decode(be, steps, int(np.asarray(logits).reshape(-1)[0])) if chain else None
     weights = wl.weights_bytes
     from model.workload import cache_specs
 
@@ -445,7 +455,7 @@ def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
            "wall_ms": 1e3 * float(np.median(wall[1:] or wall)),
            "launches": len(plan.launches), "kernels": names, **per_step,
            "weights_bytes": weights, "cache_bytes": cache, "kernel_bytes_counted": kbytes,
-           "read": "ids" if read_ids else "logits",
+           "read": read,
            "logits_finite": None if read_ids else bool(np.isfinite(logits).all())}
     if prof is not None:
         res["profile"] = prof
@@ -455,7 +465,47 @@ def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
         res["gpu_ms"] = float(np.median(gpu[1:] or gpu))
         res["gpu_ms_min"] = float(np.min(gpu))
         res["GBps_weights_cache"] = _sig((weights + cache) / (res["gpu_ms_min"] * 1e-3) / 1e9)
+    if chained is not None:
+        unchained = res.get("gpu_ms")
+        chained["gpu_ms_unchained_ids"] = unchained
+        chained["wall_minus_unchained_gpu_ms"] = (
+            None if unchained is None else chained["wall_ms_per_token"] - unchained)
+        res["chain"] = chained
     return res
+
+
+#: untimed chained tokens before the timed chain (its tensors made, its two alternating
+#: bindings recorded ahead)
+CHAIN_WARM = 2
+
+
+def chained_decode(be: Any, steps: int, first: int) -> dict:
+    """``steps`` tokens of the page's chained greedy decode (``_Page.decode_chained``: each
+    step's next_ids tensor bound as the next step's input_ids, step i + 1 dispatched before
+    step i's id is read), timed as a whole after ``CHAIN_WARM`` untimed ones: the wall time
+    per token. GPU time is not read per step: reading it waits for the step, which is what
+    the chain avoids. Its dispatches still write their timestamps (the context was made
+    with timing), so the GPU runs the same work as in the un-chained steps, whose GPU time
+    (the same graph, this process) ``bench_step`` puts beside it."""
+    queue = be.context.queue_counts
+    vocab = be.converted.outputs[be._logits_name].shape[-1]
+    be.decode_chained(first, CHAIN_WARM)
+    submits, maps = queue.submits, queue.maps
+    freeze_setup()
+    collector = GcWindow.start()
+    t0 = time.perf_counter()
+    ids = be.decode_chained(first, steps)
+    wall = time.perf_counter() - t0
+    gc_timed = collector.stop()
+    thaw()
+    return {"tokens": steps, "wall_ms_per_token": 1e3 * wall / steps,
+            "submits_per_token": (queue.submits - submits) / steps,
+            "maps_per_token": (queue.maps - maps) / steps, "gc_timed": gc_timed,
+            "ids_in_vocab": bool(((ids >= 0) & (ids < vocab)).all()),
+            "gpu_ms": None,
+            "gpu_ms_why": "not read per step in a chain (a read waits for the step); "
+                          "gpu_ms_unchained_ids is the un-chained ids steps' median GPU time "
+                          "of the same graph in this process (timestamps still written)"}
 
 
 def _attempt(bench: Callable[..., dict], args: tuple, **labels: Any) -> dict:
@@ -507,9 +557,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=1,
                     help="new tokens a step (--step): a speculative verify's K-token graph")
-    ap.add_argument("--read", choices=("logits", "ids"), default="logits",
+    ap.add_argument("--read", choices=("logits", "ids", "chain"), default="logits",
                     help="what the page reads back a step (--step): the logits, or the argmax "
-                         "ids the graph computes of them (backends/next_ids.py)")
+                         "ids the graph computes of them (backends/next_ids.py); chain: the "
+                         "ids steps, then as many tokens of the chained decode (each step's "
+                         "ids fed to the next on the device; wall per token, GPU time from "
+                         "the ids steps)")
     ap.add_argument("--q4-rows", type=int, default=1,
                     help="rows of the --gemv-q4 products (a K-token verify's: gemm_q4_rows)")
     ap.add_argument("--depth", type=int, default=0,
@@ -590,7 +643,7 @@ def main() -> None:
                     wctx.SUBMIT_EVERY.update(cpu=int(every), gpu=int(every))
                 out["step"].append(_attempt(
                     bench_step, (name, int(cap or 512), a.steps, a.profile, a.warm, a.mode,
-                                 a.host_profile, a.depth, chosen, a.tokens, a.read == "ids"),
+                                 a.host_profile, a.depth, chosen, a.tokens, a.read),
                     preset=name, submit_every=every, options=chosen.as_dict()))
     print(json.dumps(out, indent=1))
 

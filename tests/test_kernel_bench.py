@@ -101,6 +101,24 @@ def test_kernel_bench_reads_ids():
     assert (step["submits_per_step"], step["maps_per_step"]) == (1, 1)
 
 
+def test_kernel_bench_times_the_chained_decode():
+    """--read chain: the ids steps, then the chained decode (each step's ids fed to the next
+    on the device) timed as wall per token, one submit and one map a token, its GPU time
+    labelled as the un-chained ids steps' of the same graph; --tokens > 1 is an error."""
+    proc = bench("--gemv", "none", "--attn", "none", "--step", "tiny:24", "--steps", "3",
+                 "--warm", "0", "--read", "chain")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    step = json.loads(proc.stdout)["step"][0]
+    assert "error" not in step, step.get("trace")
+    chain = step["read"] == "chain" and step["chain"]
+    assert chain["tokens"] == 3 and chain["wall_ms_per_token"] > 0 and chain["ids_in_vocab"]
+    assert (chain["submits_per_token"], chain["maps_per_token"]) == (1, 1)
+    assert chain["gpu_ms"] is None and chain["gpu_ms_unchained_ids"] == step.get("gpu_ms")
+    proc = bench("--gemv", "none", "--attn", "none", "--step", "tiny:24", "--steps", "2",
+                 "--warm", "0", "--read", "chain", "--tokens", "2")
+    assert "--tokens 1" in json.loads(proc.stdout)["step"][0]["error"]
+
+
 def test_kernel_bench_steps_at_a_depth():
     """--depth reaches the depth as a sweep does (random cache values written into the page's
     caches; no steps before the timed ones) and times the steps there; a depth that leaves

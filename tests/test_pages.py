@@ -866,3 +866,75 @@ def test_pages_read_next_ids_computed_on_the_device(cls, k):
             b.step_tokens(ids) if k > 1 else b.step(int(ids[0]))
     finally:
         b.close()
+
+
+def _greedy(first: int, n: int, step) -> list[int]:
+    """``n`` greedy ids after ``first``, each the next step's token (``step(token) -> id``)."""
+    out, tok = [], first
+    for _ in range(n):
+        tok = int(step(tok))
+        out.append(tok)
+    return out
+
+
+@pytest.mark.parametrize("cls", [StatefulInPlace, TensorReuse], ids=lambda c: c.name)
+def test_chained_decode_is_the_greedy_decode(cls):
+    """``decode_chained`` (each step's next_ids tensor bound as the next step's input_ids,
+    step i + 1 dispatched before step i's id is read) gives the float64 reference's greedy
+    tokens and ``step_ids``' own, moves the same bytes back (one id and its status a step)
+    and fewer up (no id written after the first); position as ``step`` keeps it. A page
+    that cannot chain says why."""
+    cap, depth, n = 24, 6, 5
+    b = cls()
+    b.read_ids = True
+    b.prepare(TINY, cap)
+    try:
+        tokens, ref = at_depth(b, TINY, cap, depth)
+        first = int(tokens[depth])
+        want = _greedy(first, n, lambda t: ref.step(t).argmax())
+        b.counters.reset()
+        got = b.decode_chained(first, n)
+        chained = b.counters.snapshot()
+        assert got.tolist() == want and b.position == depth + n
+        at_depth(b, TINY, cap, depth)
+        b.counters.reset()
+        assert _greedy(first, n, lambda t: b.step_ids(t)[0]) == want
+        assert chained.d2h == b.counters.d2h and chained.h2d < b.counters.h2d
+        assert b.decode_chained(first, 0).tolist() == []
+        b.read_ids = False
+        with pytest.raises(ValueError, match="read_ids"):
+            b.decode_chained(first, 2)
+        b.read_ids, b.host_cache = True, True
+        with pytest.raises(ValueError, match="on the host"):
+            b.decode_chained(first, 2)
+    finally:
+        b.close()
+
+
+def test_chained_decode_past_capacity_raises_and_leaves_the_cache():
+    """An in-place stateful graph's dispatch does not wait for the previous one's status:
+    a chain running past the capacity raises OperationError at the read of the first step
+    that did not fit (the next step, already queued, is drained), and the hidden state is
+    what the steps that fit left."""
+    from backends.webnn import OperationError
+
+    cap, depth = 12, 8
+    b = StatefulInPlace()
+    b.read_ids = True
+    b.prepare(TINY, cap)
+    try:
+        assert not b.converted.graph._double  # every pair in place: no wait at dispatch
+        tokens, _ = at_depth(b, TINY, cap, depth)
+        first = int(tokens[depth])
+        fit = b.decode_chained(first, cap - depth)
+        state = b.state_snapshot()
+        at_depth(b, TINY, cap, depth)
+        with pytest.raises(OperationError, match="capacity"):
+            b.decode_chained(first, cap - depth + 3)
+        after = b.state_snapshot()  # nothing left unread: no error here
+        for name, arr in state.items():
+            np.testing.assert_array_equal(after[name], arr, err_msg=name)
+        at_depth(b, TINY, cap, depth)
+        assert b.decode_chained(first, cap - depth).tolist() == fit.tolist()
+    finally:
+        b.close()

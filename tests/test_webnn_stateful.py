@@ -685,6 +685,38 @@ def test_read_copy_never_returns_stale_data(monkeypatch, queue_calls):
         c.destroy()
 
 
+def test_read_of_an_older_dispatch_maps_its_own_copy(monkeypatch, queue_calls):
+    """Two outputs used in turn (a chained page's ids): after dispatch N + 1, a read of
+    dispatch N's output returns N's values from N's copy (a map, no submit; its bytes and
+    N's status counted once), not N + 1's; N + 1's read then gets its own. Recorded ahead
+    for the alternating sets, a dispatch encodes once per step after the first three."""
+    c = _context(None)
+    try:
+        b, outs = decoder(c, 8)
+        g = b.build(outs, use_stateful=True, kv_cache_pairs=PAIRS)
+        page = Page(c, g, 8)
+        ys = [page.y, c.create_tensor(data_type="float32", shape=[1, H * D], readable=True)]
+        inputs = xs(8)
+        want = decoder_ref(inputs, 8)
+        calls = queue_calls()
+        encodes = _count_encodes(c, monkeypatch)
+        page.y = ys[0]
+        page.step(inputs[0], 0, read=False)
+        for p in range(1, 8):
+            page.y = ys[p % 2]
+            page.step(inputs[p], p, read=False)  # dispatch p before reading p - 1
+            before = (c.counters.d2h, calls["submits"], calls["maps"])
+            got = c.read_tensor(ys[(p - 1) % 2])
+            np.testing.assert_allclose(got, want[p - 1], atol=1e-5)
+            assert (c.counters.d2h - before[0], calls["submits"] - before[1],
+                    calls["maps"] - before[2]) == (4 * H * D + 4, 0, 1)
+        np.testing.assert_allclose(c.read_tensor(ys[1]), want[7], atol=1e-5)
+        assert not c._pending
+        assert encodes[0] == 8 + 2  # its own and the next, a miss, then recorded each step
+    finally:
+        c.destroy()
+
+
 def test_read_copy_with_the_capacity_status(monkeypatch, queue_calls):
     """An overflowing step's read gets the status from the dispatch's copy and raises; the
     step after it reads its own copy and the cache is as if the overflow never ran."""
