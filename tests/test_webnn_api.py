@@ -90,8 +90,9 @@ def test_foreign_or_destroyed_tensor_is_type_error(ctx):
 
 
 def test_a_binding_checked_once_is_still_checked_for_what_changes(ctx):
-    """dispatch checks a binding once per graph (the same tensors every step are not checked
-    again): a tensor destroyed since, or another binding, is checked as the first was."""
+    """dispatch checks a binding once per graph (the same tensors every step, or two sets in
+    turn, are not checked again): a tensor destroyed since, or another binding, is checked
+    as the first was."""
     g = simple_graph(ctx)
     t_in, t_out = tensors(ctx)
     x = np.random.default_rng(5).standard_normal((2, 4)).astype(np.float32)
@@ -99,6 +100,14 @@ def test_a_binding_checked_once_is_still_checked_for_what_changes(ctx):
     for _ in range(2):  # checked, then the same binding again
         ctx.dispatch(g, {"x": t_in}, {"y": t_out})
         np.testing.assert_allclose(ctx.read_tensor(t_out), x * np.arange(1.0, 5.0), rtol=1e-6)
+    other = ctx.create_tensor(data_type="float32", shape=[2, 4], readable=True)
+    for out in (other, t_out, other):  # two bindings in turn: each checked once, both kept
+        ctx.dispatch(g, {"x": t_in}, {"y": out})
+        np.testing.assert_allclose(ctx.read_tensor(out), x * np.arange(1.0, 5.0), rtol=1e-6)
+    assert len(g._checked) == 2
+    other.destroy()
+    with pytest.raises(TypeError, match="destroyed"):
+        ctx.dispatch(g, {"x": t_in}, {"y": other})
     wrong = ctx.create_tensor(data_type="float32", shape=[4, 2], readable=True)
     with pytest.raises(TypeError, match="graph wants"):
         ctx.dispatch(g, {"x": t_in}, {"y": wrong})

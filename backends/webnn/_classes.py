@@ -937,9 +937,10 @@ class MLGraph:
         self.outputs: dict[str, tuple[str, tuple[int, ...]]] = {}
         self.in_place: dict[str, bool] = {}
         self.pairs: list[MLKVCachePair] = []
-        #: the last binding ``dispatch`` checked, (inputs, outputs) as item tuples: a page
-        #: that binds the same tensors every step is checked once (each still not destroyed)
-        self._checked: tuple[tuple, tuple] | None = None
+        #: the last two bindings ``dispatch`` checked, (inputs, outputs) as item tuples: a
+        #: page that binds the same tensors every step, or ping-pongs two sets (its caches,
+        #: a chained decode's ids), is checked once per set (each still not destroyed)
+        self._checked: tuple[tuple[tuple, tuple], ...] = ()
 
     # IDL: readonly attribute boolean isStateful;  (PROPOSAL)
     @property
@@ -1040,7 +1041,7 @@ class MLContext:
         if graph._destroyed:
             raise InvalidStateError("the MLGraph is destroyed")
         binding = (tuple(inputs.items()), tuple(outputs.items()))
-        if binding == graph._checked and not any(
+        if binding in graph._checked and not any(
                 t._destroyed for items in binding for _, t in items):
             self._dispatch(graph, dict(inputs), dict(outputs))  # checked at an earlier step
             return
@@ -1063,7 +1064,7 @@ class MLContext:
         tensors = list(inputs.values()) + list(outputs.values())
         if len({id(t) for t in tensors}) != len(tensors):
             raise TypeError("the same MLTensor is bound more than once")
-        graph._checked = binding
+        graph._checked = (binding, *[c for c in graph._checked if c != binding][:1])
         self._dispatch(graph, dict(inputs), dict(outputs))
 
     # IDL: undefined resetKVCache(MLGraph graph);  (PROPOSAL)
