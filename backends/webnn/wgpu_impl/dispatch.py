@@ -130,16 +130,18 @@ class Dispatch:
         stays unread: its writes are gated on the device, so a later dispatch is correct
         either way, and a dispatch must not wait for the device in an asynchronous API."""
         pending = self._pending
-        double = [r.number for r in pending if r.graph._double]
-        if double:
-            self._settle_through(double[-1], {})
+        if not pending:
+            return
+        last = pending[-1]  # a double-buffered graph's can only be the last one
+        if last.graph._double:
+            self._settle_through(last.number, {})
         while len(pending) >= PENDING_MAX:
             self._settle_through(pending[0].number, {})
 
     def _free_status(self, g: WgpuGraph, slot: int) -> None:
         """Read the unread status held in ``g``'s status staging ``slot`` before this
         dispatch copies over it (never, while the graph uses its slots in turn)."""
-        if not g._status_ring:
+        if not g._status_ring or not self._pending:
             return
         buf = g._status_ring[slot]
         for rec in self._pending:

@@ -57,7 +57,7 @@ class ReadCopy:
     time: int | None  # source index of the resolved timestamps
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Dispatched:
     """One dispatch as later reads see it: its read copy, the copied tensors nothing has
     written since (``valid``: serial -> source index in the copy; emptied where a later
@@ -120,23 +120,34 @@ class Readback:
     def _holding(self, tensors: list[MLTensor]) -> Dispatched | None:
         """The latest recent dispatch whose copy holds every one of ``tensors`` as they are
         now (none written since it ran), or None."""
+        if len(tensors) == 1:  # a page's read of its logits or ids: no generator
+            serial = tensors[0]._serial
+            for rec in reversed(self._recent):
+                if serial in rec.valid:
+                    return rec
+            return None
         serials = [t._serial for t in tensors]
         for rec in reversed(self._recent):
-            if rec.valid and all(s in rec.valid for s in serials):
+            valid = rec.valid
+            if valid and all(s in valid for s in serials):
                 return rec
         return None
 
     def _note_dispatched(self, rec: Dispatched, outputs: Any) -> None:
         """Keep ``rec`` among the recent dispatches; what it writes (its output tensors)
         and what it copies over (its staging) is no longer readable from earlier copies."""
-        written = {t._serial for t in outputs}
         staging = rec.copy.staging if rec.copy is not None else None
+        written = None
         for old in self._recent:
+            if not old.valid:
+                continue
             if old.copy is not None and old.copy.staging is staging:
                 old.valid = {}
-            elif old.valid:
-                for s in written & old.valid.keys():
-                    del old.valid[s]
+                continue
+            if written is None:
+                written = [t._serial for t in outputs]
+            for s in written:
+                old.valid.pop(s, None)
         self._recent.append(rec)  # (a deque of RECENT_MAX: the oldest drops out)
 
     def _forget_written(self, serial: int) -> None:
