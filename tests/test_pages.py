@@ -877,7 +877,8 @@ def _greedy(first: int, n: int, step) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize("cls", [StatefulInPlace, TensorReuse], ids=lambda c: c.name)
+@pytest.mark.parametrize("cls", [StatefulInPlace, TensorReuse, StatefulFallback],
+                         ids=lambda c: c.name)
 def test_chained_decode_is_the_greedy_decode(cls):
     """``decode_chained`` (each step's next_ids tensor bound as the next step's input_ids,
     step i + 1 dispatched before step i's id is read) gives the float64 reference's greedy
