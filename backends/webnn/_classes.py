@@ -789,6 +789,86 @@ class MLGraphBuilder:
         "nchw" and "oihw"), lowered to pad, strided slices, mul and add per filter tap."""
         return composites.conv2d(self, x, filter, padding, strides, dilations, groups, bias)
 
+    #: the most a window extent, dilation or padding may be here: the kernel's window
+    #: arithmetic is in 32-bit integers (the spec lets an implementation bound dimensions)
+    _POOL_MAX = 1 << 30
+
+    def _pool(self, op: str, x: MLOperand, window_dimensions: Sequence[int] | None,
+              padding: Sequence[int] | None, strides: Sequence[int] | None,
+              dilations: Sequence[int] | None, layout: str, output_shape_rounding: str,
+              output_sizes: Sequence[int] | None, rounding_type: str | None) -> MLOperand:
+        """The spec's "create a pooling operation" steps: a 4-D input, the options checked
+        (TypeError), the output shape computed. Two steps are not followed, as WPT's
+        validation tests and browsers do not: padding is kept where outputSizes is given
+        (the spec resets it to zeros), and outputSizes may be >= strides (the spec's
+        "not smaller than strides" check would reject WPT's own valid cases)."""
+        self._own(x)
+        op_limits.check(op, [x])
+        if layout not in ("nchw", "nhwc"):
+            raise TypeError(f"{op}: layout {layout!r} is not 'nchw' or 'nhwc'")
+        if rounding_type is not None:  # the member's name before outputShapeRounding
+            output_shape_rounding = rounding_type
+        if output_shape_rounding not in ("floor", "ceil"):
+            raise TypeError(f"{op}: outputShapeRounding {output_shape_rounding!r} is not "
+                            "'floor' or 'ceil'")
+        nb, h, w, c = x._shape if layout == "nhwc" else (x._shape[0], *x._shape[2:],
+                                                          x._shape[1])
+        win = S.ulongs("windowDimensions", (h, w) if window_dimensions is None
+                       else window_dimensions, 2)
+        pad = S.ulongs("padding", (0, 0, 0, 0) if padding is None else padding, 4)
+        st = S.ulongs("strides", (1, 1) if strides is None else strides, 2)
+        dil = S.ulongs("dilations", (1, 1) if dilations is None else dilations, 2)
+        sizes = None if output_sizes is None else S.ulongs("outputSizes", output_sizes, 2)
+        for what, v in (("windowDimensions", win), ("strides", st), ("dilations", dil)):
+            if 0 in v:
+                raise TypeError(f"{op}: {what} {list(v)} has a 0")
+        if max(*pad, (win[0] - 1) * dil[0], (win[1] - 1) * dil[1]) > self._POOL_MAX:
+            raise TypeError(f"{op}: windows or padding beyond {self._POOL_MAX} are not "
+                            "supported by this implementation")
+        oh, ow = S.pool2d((h, w), win, pad, st, dil, output_shape_rounding, sizes)
+        shp = (nb, oh, ow, c) if layout == "nhwc" else (nb, c, oh, ow)
+        if S.size(shp) * x._dtype.itemsize > self._context._max_tensor_bytes():
+            raise TypeError(f"{op}: an output of {list(shp)} exceeds the context's "
+                            "maxTensorByteLength")
+        return self._node(op, (x,), x._dtype, shp, layout=layout, window=win, padding=pad,
+                          strides=st, dilations=dil)
+
+    # IDL: MLOperand averagePool2d(MLOperand input, optional MLPool2dOptions options = {});
+    def average_pool2d(self, x: MLOperand, *, window_dimensions: Sequence[int] | None = None,
+                       padding: Sequence[int] | None = None,
+                       strides: Sequence[int] | None = None,
+                       dilations: Sequence[int] | None = None, layout: str = "nchw",
+                       output_shape_rounding: str = "floor",
+                       output_sizes: Sequence[int] | None = None,
+                       rounding_type: str | None = None) -> MLOperand:
+        """The mean of each window's elements inside the input: padding is not counted in
+        the divisor (WPT's expected values). ``rounding_type``: outputShapeRounding's
+        former name, which WPT's older files use."""
+        return self._pool("average_pool2d", x, window_dimensions, padding, strides, dilations,
+                          layout, output_shape_rounding, output_sizes, rounding_type)
+
+    # IDL: MLOperand l2Pool2d(MLOperand input, optional MLPool2dOptions options = {});
+    def l2_pool2d(self, x: MLOperand, *, window_dimensions: Sequence[int] | None = None,
+                  padding: Sequence[int] | None = None, strides: Sequence[int] | None = None,
+                  dilations: Sequence[int] | None = None, layout: str = "nchw",
+                  output_shape_rounding: str = "floor",
+                  output_sizes: Sequence[int] | None = None,
+                  rounding_type: str | None = None) -> MLOperand:
+        """The L2 norm (square root of the sum of squares) of each window's elements."""
+        return self._pool("l2_pool2d", x, window_dimensions, padding, strides, dilations,
+                          layout, output_shape_rounding, output_sizes, rounding_type)
+
+    # IDL: MLOperand maxPool2d(MLOperand input, optional MLPool2dOptions options = {});
+    def max_pool2d(self, x: MLOperand, *, window_dimensions: Sequence[int] | None = None,
+                   padding: Sequence[int] | None = None, strides: Sequence[int] | None = None,
+                   dilations: Sequence[int] | None = None, layout: str = "nchw",
+                   output_shape_rounding: str = "floor",
+                   output_sizes: Sequence[int] | None = None,
+                   rounding_type: str | None = None) -> MLOperand:
+        """The largest of each window's elements (NaN where one is, as ``Math.max``)."""
+        return self._pool("max_pool2d", x, window_dimensions, padding, strides, dilations,
+                          layout, output_shape_rounding, output_sizes, rounding_type)
+
     # -- build ---------------------------------------------------------------------------
     # IDL: Promise<MLGraph> build(MLNamedOperands outputs, optional MLBuildOptions options = {});
     def build(self, outputs: Mapping[str, MLOperand], *, use_stateful: bool = False,

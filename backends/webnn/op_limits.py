@@ -132,6 +132,10 @@ TABLE: dict[str, OpLimits] = {
     "scatter_nd": OpLimits("scatterND", (("input", ANY), ("indices", INDEX), ("updates", ANY))),
     "scatter_elements": OpLimits("scatterElements",
                                  (("input", ANY), ("indices", INDEX), ("updates", ANY))),
+    # maxPool2d takes any type (a maximum cannot overflow, so int8 too); the others float
+    **{op: _single(m, FLOAT, ranks=(4, 4)) for op, m in (
+        ("average_pool2d", "averagePool2d"), ("l2_pool2d", "l2Pool2d"))},
+    "max_pool2d": _single("maxPool2d", ANY, ranks=(4, 4)),
     "conv2d": OpLimits("conv2d", (("input", FLOAT), ("filter", FLOAT), ("bias", FLOAT)),
                        ranks=(1, 4)),
 }

@@ -112,3 +112,43 @@ def slice_shape(shape: Sequence[int], starts: Sequence[int], sizes: Sequence[int
                             f"size {shape[d]}")
         out.append(-(-sz[d] // sd[d]))
     return tuple(out)
+
+
+#: [EnforceRange] unsigned long
+ULONG_MAX = (1 << 32) - 1
+#: the spec's "valid dimension": in the range of a WebIDL ``long``
+LONG_MAX = (1 << 31) - 1
+
+
+def ulongs(what: str, values: Sequence[int], n: int) -> tuple[int, ...]:
+    """A ``sequence<[EnforceRange] unsigned long>`` of ``n`` items; TypeError otherwise."""
+    try:
+        out = tuple(values)
+    except TypeError:
+        raise TypeError(f"{what} must be a sequence of {n} unsigned longs, got {values!r}") from None
+    if len(out) != n or any(isinstance(v, bool) or not isinstance(v, int)
+                            or not 0 <= v <= ULONG_MAX for v in out):
+        raise TypeError(f"{what} must be a sequence of {n} unsigned longs, got {values!r}")
+    return out
+
+
+def pool2d(in_hw: Sequence[int], window: Sequence[int], padding: Sequence[int],
+           strides: Sequence[int], dilations: Sequence[int], rounding: str,
+           output_sizes: Sequence[int] | None) -> tuple[int, int]:
+    """The spec's pooling output height and width ("calculate conv2d output sizes", then
+    rounded, or ``output_sizes`` where it is the floor or the ceiling of both)."""
+    num = [in_hw[k] - ((window[k] - 1) * dilations[k] + 1) + padding[2 * k] + padding[2 * k + 1]
+           for k in (0, 1)]  # exact integers: num / stride + 1 rounded either way
+    floor = tuple(num[k] // strides[k] + 1 for k in (0, 1))
+    ceil = tuple(-(-num[k] // strides[k]) + 1 for k in (0, 1))
+    if output_sizes is not None:
+        out = tuple(output_sizes)
+        if out not in (floor, ceil):
+            raise TypeError(f"outputSizes {list(out)} is neither the floor {list(floor)} nor "
+                            f"the ceiling {list(ceil)} of the computed output size")
+    else:
+        out = floor if rounding == "floor" else ceil
+    if any(not 0 < d <= LONG_MAX for d in out):
+        raise TypeError(f"pooling output size {list(out)} is not a valid dimension (the "
+                        f"window exceeds the padded input)")
+    return out[0], out[1]

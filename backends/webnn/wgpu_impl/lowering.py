@@ -15,6 +15,7 @@ from ..ir import Node
 from ..kernels import elementwise as EW
 from ..kernels import matmul as MM
 from ..kernels import movement as MV
+from ..kernels import pool as PL
 from ..kernels import quant as QK
 from ..kernels import reduce as RD
 from ..stateful import root
@@ -147,6 +148,16 @@ def _arg_reduce(n: Site) -> None:
         n.add(KernelLaunch(k2, [part, n.out]))
         return
     k = RD.arg_reduce(n.node.op, x.dtype.wgsl, x.shape, axis, wg=wg)
+    n.add(KernelLaunch(k, [n.ins[0], n.out]))
+
+
+@lowers(*PL.POOL_OPS)
+def _pool2d(n: Site) -> None:
+    """averagePool2d / l2Pool2d / maxPool2d: an invocation an output element, its window
+    looped (float16 widened to float32 by the builder, as reductions are)."""
+    a = n.node.attrs
+    k = PL.pool2d(n.node.op, n.wgsl, n.node.inputs[0].shape, n.shape, a["layout"], a["window"],
+                  a["padding"], a["strides"], a["dilations"])
     n.add(KernelLaunch(k, [n.ins[0], n.out]))
 
 
