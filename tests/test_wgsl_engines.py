@@ -112,6 +112,14 @@ def _op_graphs(b, dt: str) -> dict[str, object]:
     upd = b.input("upd", data_type=dt, shape=[1, 3, 8])
     pos = b.input("pos", data_type="int32", shape=[1, 1])
     out["scatter_nd"] = b.scatter_nd(x, pos, upd)
+    x4 = b.reshape(x, [1, 2, 3, 8])
+    out["max_pool2d"] = b.max_pool2d(x4, window_dimensions=[2, 3], padding=[1, 0, 0, 1],
+                                     strides=[1, 2], dilations=[1, 2])
+    if floats:
+        out["average_pool2d"] = b.average_pool2d(x4, window_dimensions=[2, 2],
+                                                 output_shape_rounding="ceil", strides=[2, 2])
+        out["l2_pool2d"] = b.l2_pool2d(b.reshape(x, [1, 3, 8, 2]), layout="nhwc",
+                                       window_dimensions=[3, 2], padding=[1, 1, 0, 0])
     if floats:
         for op in _UNARY:
             out[op] = getattr(b, op)(x)
