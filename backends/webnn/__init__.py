@@ -18,10 +18,10 @@ is_infinite, sqrt, exp, log, neg, abs, sign, sigmoid, softplus, tanh, tan, relu,
 cos, sin, floor, ceil, round_even, erf, gelu, identity, where, cast, matmul, gemm, softmax,
 reduce_mean, reduce_sum, reduce_max, reduce_min, arg_min, arg_max, cumulative_sum, reshape,
 transpose, concat, slice, split, gather, expand, tile, pad, triangular, scatter_nd,
-scatter_elements, conv2d; lowered at build (``composites.py``): clamp, leaky_relu, elu,
-hard_sigmoid, hard_swish, softsign, linear, prelu, layer_normalization,
-batch_normalization, instance_normalization, reduce_l1, reduce_l2, reduce_log_sum,
-reduce_log_sum_exp, reduce_sum_square.
+scatter_elements, conv2d, average_pool2d, l2_pool2d, max_pool2d; lowered at build
+(``composites.py``): clamp, leaky_relu, elu, hard_sigmoid, hard_swish, softsign, linear,
+prelu, layer_normalization, batch_normalization, instance_normalization, reduce_l1,
+reduce_l2, reduce_log_sum, reduce_log_sum_exp, reduce_sum_square.
 
 Data types: float32, int32, int64, uint32, uint8.
 
@@ -38,6 +38,10 @@ Deviations (each marked DEVIATION in the code):
   implementation) and a NaN wins (NumPy's argmin/argmax); the spec's element-wise
   emulations (elu, hard_sigmoid, hard_swish, softsign, linear, prelu, batch_normalization,
   instance_normalization) run in float32 for float16 operands, rounded once.
+- average_pool2d / l2_pool2d / max_pool2d skip window taps in the padding (the average's
+  divisor counts the taps inside the input, as WPT expects); padding is kept where
+  output_sizes is given and output_sizes may be >= strides, as WPT's validation tests have
+  it (the spec's steps say otherwise); an all-padding window gives 0.
 - Out-of-range gather indices are clamped; out-of-range scatter_nd tuples and
   scatter_elements indices are skipped (implementation-defined in the spec); negative ones
   count from the end.
