@@ -136,6 +136,15 @@ def _op_graphs(b, dt: str) -> dict[str, object]:
         out["reduce_log_sum_exp"] = b.reduce_log_sum_exp(x, axes=[1, 2])
         out["conv2d"] = b.conv2d(b.reshape(x, [1, 6, 1, 8]), b.reshape(b.slice(
             w, [0, 0], [6, 3]), [6, 1, 1, 3]), padding=[0, 0, 2, 0], groups=6)
+        x4 = b.reshape(x, [1, 2, 3, 8])
+        out["resample2d"] = b.resample2d(x4, sizes=[5, 4], axes=[1, 3])
+        out["resample2d_linear"] = b.resample2d(x4, mode="linear", scales=[1.5, 0.75])
+        out["conv_transpose2d"] = b.conv_transpose2d(
+            x4, b.reshape(b.slice(w, [0, 0], [6, 4]), [2, 3, 2, 2]), padding=[1, 0, 0, 1],
+            strides=[2, 1], dilations=[1, 2], output_padding=[1, 0], groups=2)
+        out["conv_transpose2d_nhwc"] = b.conv_transpose2d(
+            b.reshape(x, [1, 3, 8, 2]), b.reshape(b.slice(w, [0, 0], [4, 4]), [2, 2, 2, 2]),
+            input_layout="nhwc", filter_layout="hwoi", bias=b.slice(y, [0], [2]))
         out["softmax"] = b.softmax(x, 2)
         out["matmul"] = b.matmul(x, w)  # batched, M > 1
         v = b.input("v", data_type=dt, shape=[1, 8])

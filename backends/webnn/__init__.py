@@ -18,10 +18,11 @@ is_infinite, sqrt, exp, log, neg, abs, sign, sigmoid, softplus, tanh, tan, relu,
 cos, sin, floor, ceil, round_even, erf, gelu, identity, where, cast, matmul, gemm, softmax,
 reduce_mean, reduce_sum, reduce_max, reduce_min, arg_min, arg_max, cumulative_sum, reshape,
 transpose, concat, slice, split, gather, expand, tile, pad, triangular, scatter_nd,
-scatter_elements, conv2d, average_pool2d, l2_pool2d, max_pool2d; lowered at build
-(``composites.py``): clamp, leaky_relu, elu, hard_sigmoid, hard_swish, softsign, linear,
-prelu, layer_normalization, batch_normalization, instance_normalization, reduce_l1,
-reduce_l2, reduce_log_sum, reduce_log_sum_exp, reduce_sum_square.
+scatter_elements, conv2d, conv_transpose2d, resample2d, average_pool2d, l2_pool2d,
+max_pool2d; lowered at build (``composites.py``): clamp, leaky_relu, elu, hard_sigmoid,
+hard_swish, softsign, linear, prelu, layer_normalization, batch_normalization,
+instance_normalization, reduce_l1, reduce_l2, reduce_log_sum, reduce_log_sum_exp,
+reduce_sum_square.
 
 Data types: float32, int32, int64, uint32, uint8.
 

@@ -868,6 +868,47 @@ class MLGraphBuilder:
         """The largest of each window's elements (NaN where one is, as ``Math.max``)."""
         return self._pool("max_pool2d", x, window_dimensions, padding, strides, dilations,
                           layout, output_shape_rounding, output_sizes, rounding_type)
+    # IDL: MLOperand convTranspose2d(MLOperand input, MLOperand filter, optional MLConvTranspose2dOptions options = {});
+    def conv_transpose2d(self, x: MLOperand, filter: MLOperand, *,
+                         padding: Sequence[int] = (0, 0, 0, 0), strides: Sequence[int] = (1, 1),
+                         dilations: Sequence[int] = (1, 1),
+                         output_padding: Sequence[int] = (0, 0),
+                         output_sizes: Sequence[int] | None = None, groups: int = 1,
+                         input_layout: str = "nchw", filter_layout: str = "iohw",
+                         bias: MLOperand | None = None) -> MLOperand:
+        """One kernel: each output element gathers the input taps that land on it
+        (``kernels.upsample.conv_transpose2d``), any layout read in place; float16 computed
+        in float32, rounded once."""
+        ops = (x, filter) if bias is None else (x, filter, bias)
+        self._own(*ops)
+        op_limits.check("conv_transpose2d", ops)
+        dt = self._same_type(*ops)
+        shp, fsize, osize = S.conv_transpose2d(
+            x._shape, filter._shape, padding, strides, dilations, output_padding,
+            output_sizes, groups, input_layout, filter_layout)
+        oc = fsize[1] * int(groups)
+        if bias is not None and bias._shape != (oc,):
+            raise TypeError(f"convTranspose2d bias must have shape [{oc}], got "
+                            f"{list(bias._shape)}")
+        return self._node("conv_transpose2d", ops, dt, shp,
+                          padding=S.ulongs("padding", padding, 4),
+                          strides=S.ulongs("strides", strides, 2),
+                          dilations=S.ulongs("dilations", dilations, 2), groups=int(groups),
+                          input_layout=input_layout, filter_layout=filter_layout)
+
+    # IDL: MLOperand resample2d(MLOperand input, optional MLResample2dOptions options = {});
+    def resample2d(self, x: MLOperand, *, mode: str = "nearest-neighbor",
+                   scales: Sequence[float] | None = None, sizes: Sequence[int] | None = None,
+                   axes: Sequence[int] | None = None) -> MLOperand:
+        """One kernel, an invocation per output element, on the spec's half-pixel
+        coordinates (``kernels.upsample.resample2d``; nearest's indices in exact integer
+        arithmetic, so its ties go to the smaller index as WPT pins)."""
+        self._own(x)
+        if mode not in ("nearest-neighbor", "linear"):
+            raise TypeError(f"resample2d mode {mode!r} is not nearest-neighbor or linear")
+        op_limits.check("resample2d", [x])
+        shp, ax = S.resample2d(x._shape, scales, sizes, axes)
+        return self._node("resample2d", (x,), x._dtype, shp, mode=mode, axes=ax)
 
     # -- build ---------------------------------------------------------------------------
     # IDL: Promise<MLGraph> build(MLNamedOperands outputs, optional MLBuildOptions options = {});

@@ -138,6 +138,10 @@ TABLE: dict[str, OpLimits] = {
     "max_pool2d": _single("maxPool2d", ANY, ranks=(4, 4)),
     "conv2d": OpLimits("conv2d", (("input", FLOAT), ("filter", FLOAT), ("bias", FLOAT)),
                        ranks=(1, 4)),
+    "conv_transpose2d": OpLimits(
+        "convTranspose2d", (("input", FLOAT), ("filter", FLOAT), ("bias", FLOAT)),
+        operand_ranks=((4, 4), (4, 4), (1, 1), (4, 4))),
+    "resample2d": _single("resample2d", FLOAT, ranks=(4, 4)),
 }
 
 

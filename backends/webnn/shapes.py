@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 
 def check_shape(shape: Sequence[int]) -> tuple[int, ...]:
     """Static shape, every dimension an int > 0 (the spec forbids 0-sized dimensions)."""
@@ -120,18 +122,6 @@ ULONG_MAX = (1 << 32) - 1
 LONG_MAX = (1 << 31) - 1
 
 
-def ulongs(what: str, values: Sequence[int], n: int) -> tuple[int, ...]:
-    """A ``sequence<[EnforceRange] unsigned long>`` of ``n`` items; TypeError otherwise."""
-    try:
-        out = tuple(values)
-    except TypeError:
-        raise TypeError(f"{what} must be a sequence of {n} unsigned longs, got {values!r}") from None
-    if len(out) != n or any(isinstance(v, bool) or not isinstance(v, int)
-                            or not 0 <= v <= ULONG_MAX for v in out):
-        raise TypeError(f"{what} must be a sequence of {n} unsigned longs, got {values!r}")
-    return out
-
-
 def pool2d(in_hw: Sequence[int], window: Sequence[int], padding: Sequence[int],
            strides: Sequence[int], dilations: Sequence[int], rounding: str,
            output_sizes: Sequence[int] | None) -> tuple[int, int]:
@@ -152,3 +142,117 @@ def pool2d(in_hw: Sequence[int], window: Sequence[int], padding: Sequence[int],
         raise TypeError(f"pooling output size {list(out)} is not a valid dimension (the "
                         f"window exceeds the padded input)")
     return out[0], out[1]
+
+
+def ulongs(what: str, values: Sequence[int], n: int) -> tuple[int, ...]:
+    """A ``sequence<[EnforceRange] unsigned long>`` option of length ``n``: integers in
+    [0, 2^32), else TypeError (WebIDL's EnforceRange, then the op's length check)."""
+    try:
+        out = tuple(values)
+    except TypeError:
+        raise TypeError(f"{what} must be a sequence of integers, got {values!r}") from None
+    if len(out) != n:
+        raise TypeError(f"{what} must have {n} items, got {list(out)}")
+    return tuple(_ulong(what, v) for v in out)
+
+
+def _ulong(what: str, v: object) -> int:
+    """WebIDL's ``[EnforceRange] unsigned long``: a finite number, its integer part in
+    [0, 2^32)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{what}: {v!r} is not an unsigned long")
+    if not np.isfinite(v):
+        raise TypeError(f"{what}: {v!r} is not finite")
+    n = int(v)  # the integer part
+    if not 0 <= n <= ULONG_MAX:
+        raise TypeError(f"{what}: {v!r} is out of the unsigned long range")
+    return n
+
+
+def _valid_dim(what: str, d: int) -> int:
+    """The spec's "valid dimension": an integer in [1, 2^32)."""
+    if not 1 <= d <= ULONG_MAX:
+        raise TypeError(f"{what} {d} is not a valid dimension")
+    return int(d)
+
+
+def resample2d(shape: Sequence[int], scales: Sequence[float] | None,
+               sizes: Sequence[int] | None, axes: Sequence[int] | None
+               ) -> tuple[tuple[int, ...], tuple[int, int]]:
+    """The resample2d output shape and its two axes (the spec's steps: scales positive, sizes
+    non-zero and taking precedence, axes two distinct dimensions in any order)."""
+    ax = ulongs("resample2d axes", axes, 2) if axes is not None else (2, 3)
+    if ax[0] == ax[1] or any(a >= len(shape) for a in ax):
+        raise TypeError(f"resample2d axes {list(ax)} are not two distinct axes of rank "
+                        f"{len(shape)}")
+    out = list(shape)
+    if sizes is not None:
+        sz = ulongs("resample2d sizes", sizes, 2)
+        for a, s in zip(ax, sz, strict=True):
+            out[a] = _valid_dim("resample2d size", s)
+        return tuple(out), ax
+    if scales is None:
+        scales = (1.0, 1.0)
+    sc = tuple(scales)
+    if len(sc) != 2:
+        raise TypeError(f"resample2d scales must have 2 items, got {list(sc)}")
+    for a, s in zip(ax, sc, strict=True):
+        f = float(np.float32(s))  # an IDL float
+        if not np.isfinite(f) or f <= 0:
+            raise TypeError(f"resample2d scale {s!r} is not a positive float")
+        out[a] = _valid_dim("resample2d output size", int(np.floor(shape[a] * f)))
+    return tuple(out), ax
+
+
+def conv_transpose2d(in_shape: Sequence[int], w_shape: Sequence[int], padding: Sequence[int],
+                     strides: Sequence[int], dilations: Sequence[int],
+                     output_padding: Sequence[int], output_sizes: Sequence[int] | None,
+                     groups: int, input_layout: str, filter_layout: str
+                     ) -> tuple[tuple[int, ...], tuple[int, int, int, int], tuple[int, int]]:
+    """The convTranspose2d output shape, the filter's logical (i, o/groups, kh, kw) sizes and
+    the output's spatial sizes (the spec's steps, TypeError where they throw)."""
+    if input_layout not in ("nchw", "nhwc"):
+        raise TypeError(f"convTranspose2d inputLayout {input_layout!r} is not nchw or nhwc")
+    if filter_layout not in ("iohw", "hwoi", "ohwi"):
+        raise TypeError(f"convTranspose2d filterLayout {filter_layout!r} is not iohw, hwoi "
+                        "or ohwi")
+    pad = ulongs("convTranspose2d padding", padding, 4)
+    st = ulongs("convTranspose2d strides", strides, 2)
+    dil = ulongs("convTranspose2d dilations", dilations, 2)
+    op = ulongs("convTranspose2d outputPadding", output_padding, 2)
+    if 0 in st or 0 in dil:
+        raise TypeError("convTranspose2d strides and dilations must be non-zero")
+    if output_sizes is not None:
+        osz = ulongs("convTranspose2d outputSizes", output_sizes, 2)
+    elif op[0] >= st[0] or op[1] >= st[1]:
+        raise TypeError(f"convTranspose2d outputPadding {list(op)} must be below the strides "
+                        f"{list(st)}")
+    g = ulongs("convTranspose2d groups", [groups], 1)[0]
+    if g == 0:
+        raise TypeError("convTranspose2d groups must be non-zero")
+    if input_layout == "nchw":
+        nb, c, h, w = in_shape
+    else:
+        nb, h, w, c = in_shape
+    i, o, kh, kw = {"iohw": (0, 1, 2, 3), "hwoi": (3, 2, 0, 1), "ohwi": (3, 0, 1, 2)}[
+        filter_layout]
+    fi, fo, fh, fw = w_shape[i], w_shape[o], w_shape[kh], w_shape[kw]
+    if c != fi:
+        raise TypeError(f"convTranspose2d input channels {c} differ from the filter's {fi}")
+    if c % g:
+        raise TypeError(f"convTranspose2d input channels {c} do not split into {g} groups")
+    oc = _valid_dim("convTranspose2d output channels", fo * g)
+    calc = [(n - 1) * s + (k - 1) * d + 1 - p0 - p1 for n, k, s, d, p0, p1 in (
+        (h, fh, st[0], dil[0], pad[0], pad[1]), (w, fw, st[1], dil[1], pad[2], pad[3]))]
+    if output_sizes is not None:
+        for want, cal, s in zip(osz, calc, st, strict=True):
+            if not cal <= want < cal + s:
+                raise TypeError(f"convTranspose2d outputSizes {list(osz)} are not within a "
+                                f"stride of the computed {calc}")
+        oh, ow = osz
+    else:
+        oh, ow = calc[0] + op[0], calc[1] + op[1]
+    oh, ow = _valid_dim("convTranspose2d output height", oh), \
+        _valid_dim("convTranspose2d output width", ow)
+    out = (nb, oc, oh, ow) if input_layout == "nchw" else (nb, oh, ow, oc)
+    return out, (fi, fo, fh, fw), (oh, ow)

@@ -18,6 +18,7 @@ from ..kernels import movement as MV
 from ..kernels import pool as PL
 from ..kernels import quant as QK
 from ..kernels import reduce as RD
+from ..kernels import upsample as UP
 from ..stateful import root
 from . import fusion, match_attention, match_gdn, match_gdn_capsule, match_q4  # noqa: F401  (registers)
 from . import gemv as GV  # registers
@@ -284,6 +285,23 @@ def _pad(n: Site) -> None:
     a = n.node.attrs
     n.add(KernelLaunch(MV.pad(n.wgsl, n.node.inputs[0].shape, a["beginning"], n.shape,
                               a["mode"]), [n.ins[0], n.out]))
+
+
+@lowers("resample2d")
+def _resample2d(n: Site) -> None:
+    a = n.node.attrs
+    n.add(KernelLaunch(UP.resample2d(n.wgsl, n.node.inputs[0].shape, n.shape, a["axes"],
+                                     a["mode"]), [n.ins[0], n.out]))
+
+
+@lowers("conv_transpose2d")
+def _conv_transpose2d(n: Site) -> None:
+    """One launch; the filter and bias are bound as they are (any layout, no repacking)."""
+    o, a = n.node, n.node.attrs
+    k = UP.conv_transpose2d(n.wgsl, o.inputs[0].shape, o.inputs[1].shape, n.shape,
+                            a["padding"], a["strides"], a["dilations"], a["groups"],
+                            a["input_layout"], a["filter_layout"], len(o.inputs) == 3)
+    n.add(KernelLaunch(k, n.ins + [n.out]))
 
 
 def _too_large(plan: Plan, o: Node) -> bool:
