@@ -167,6 +167,24 @@ def test_scatter_elements(context, axis):  # noqa: F811
           {"x": x, "i": idx, "u": f32(*shp)})
 
 
+@pytest.mark.parametrize("axis", [0, -1])
+def test_gather_elements(context, axis):  # noqa: F811
+    x = f32(4, 5, 6)
+    ax = axis % 3
+    shp = [3, 4, 5]
+    shp = [shp[i] if i == ax else x.shape[i] for i in range(3)]
+    idx = rng.integers(-x.shape[ax], x.shape[ax], size=shp).astype(np.int64)  # negative too
+    check(context, [node("GatherElements", ["x", "i"], axis=axis)], {"x": x, "i": idx},
+          atol=0, rtol=0)
+
+
+def test_gather_nd(context):  # noqa: F811
+    x = f32(4, 5, 6)
+    idx = np.stack([rng.integers(-4, 4, size=(3, 2)), rng.integers(-5, 5, size=(3, 2))],
+                   -1).astype(np.int64)
+    check(context, [node("GatherND", ["x", "i"])], {"x": x, "i": idx}, atol=0, rtol=0)
+
+
 @pytest.mark.parametrize("k,pads,dil,stride", [(4, [3, 0], 1, 1), (3, [1, 1], 2, 1),
                                                (3, [0, 2], 1, 2)])
 def test_conv_depthwise_1d(context, k, pads, dil, stride):  # noqa: F811

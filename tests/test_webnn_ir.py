@@ -87,4 +87,5 @@ def test_every_op_the_builder_makes_has_a_lowering():
     ops = {*_classes.ELEMENTWISE_BINARY, *_classes.ELEMENTWISE_UNARY, *_classes.COMPARISON,
            "matmul", "softmax", "transpose", "slice", "concat", "gather", "scatter_nd",
            "cumulative_sum", "scatter_elements", "dequantize_linear", "reduce_sum"}
+    ops |= {"gather_elements", "gather_nd", "reverse", "quantize_linear"}
     assert ops <= set(lowerings.LOWERINGS)

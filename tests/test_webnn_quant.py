@@ -419,7 +419,7 @@ def test_dequantize_linear_validation_as_wpt(ctx):
                            (("int32", [5]), ("uint8", [5]), "scale must be float")]:
         with pytest.raises(TypeError, match=why):
             b.dequantize_linear(x, arg(*scale), arg(*zp))
-    with pytest.raises(TypeError, match="input must be int4, uint4 or uint8"):
+    with pytest.raises(TypeError, match="input must be one of int4, uint4, int8, uint8"):
         b.dequantize_linear(f, arg("float32", [5]), arg("float32", [5]))
 
 

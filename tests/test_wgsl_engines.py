@@ -120,6 +120,10 @@ def _op_graphs(b, dt: str) -> dict[str, object]:
                                                  output_shape_rounding="ceil", strides=[2, 2])
         out["l2_pool2d"] = b.l2_pool2d(b.reshape(x, [1, 3, 8, 2]), layout="nhwc",
                                        window_dimensions=[3, 2], padding=[1, 1, 0, 0])
+    out["gather_elements"] = b.gather_elements(x, b.input("ig", data_type="int32",
+                                                          shape=[2, 3, 3]), axis=2)
+    out["gather_nd"] = b.gather_nd(x, b.input("ind", data_type="uint32", shape=[4, 2]))
+    out["reverse"] = b.reverse(x, axes=[0, 2])
     if floats:
         for op in _UNARY:
             out[op] = getattr(b, op)(x)
@@ -174,6 +178,10 @@ def _op_graphs(b, dt: str) -> dict[str, object]:
             out[f"gemv_q4_{kind}_{n}"] = b.matmul(v64, b.dequantize_linear(q, sc, zp))
         out["gemv_q4_res"] = b.add(out.pop("gemv_q4_int4_3"),
                                    b.input("r3", data_type=dt, shape=[1, 3]))
+        for zt in ("int8", "uint8", "int32"):  # quantizeLinear, blocks (2, 1, 8)
+            sc = b.constant(data_type=dt, shape=[3, 1], value=np.linspace(0.1, 1, 3))
+            zp = b.constant(data_type=zt, shape=[3, 1], value=np.arange(1, 4))
+            out["q_" + zt] = b.dequantize_linear(b.quantize_linear(x, sc, zp), sc, zp)
         out["rmsnorm"] = b.mul(x, b.reciprocal(b.sqrt(b.add(
             b.reduce_mean(b.mul(x, x), axes=[2], keep_dimensions=True), y))))
     return out

@@ -17,12 +17,12 @@ lesser, lesser_or_equal, logical_not, logical_and, logical_or, logical_xor, is_n
 is_infinite, sqrt, exp, log, neg, abs, sign, sigmoid, softplus, tanh, tan, relu, reciprocal,
 cos, sin, floor, ceil, round_even, erf, gelu, identity, where, cast, matmul, gemm, softmax,
 reduce_mean, reduce_sum, reduce_max, reduce_min, arg_min, arg_max, cumulative_sum, reshape,
-transpose, concat, slice, split, gather, expand, tile, pad, triangular, scatter_nd,
-scatter_elements, conv2d, conv_transpose2d, resample2d, average_pool2d, l2_pool2d,
-max_pool2d; lowered at build (``composites.py``): clamp, leaky_relu, elu, hard_sigmoid,
-hard_swish, softsign, linear, prelu, layer_normalization, batch_normalization,
-instance_normalization, reduce_l1, reduce_l2, reduce_log_sum, reduce_log_sum_exp,
-reduce_sum_square.
+transpose, concat, slice, split, gather, gather_elements, gather_nd, reverse, expand, tile,
+pad, triangular, scatter_nd, scatter_elements, conv2d, conv_transpose2d, resample2d,
+average_pool2d, l2_pool2d, max_pool2d, dequantize_linear, quantize_linear; lowered at build
+(``composites.py``): clamp, leaky_relu, elu, hard_sigmoid, hard_swish, softsign, linear,
+prelu, layer_normalization, batch_normalization, instance_normalization, reduce_l1,
+reduce_l2, reduce_log_sum, reduce_log_sum_exp, reduce_sum_square.
 
 Data types: float32, int32, int64, uint32, uint8.
 
@@ -43,7 +43,9 @@ Deviations (each marked DEVIATION in the code):
   divisor counts the taps inside the input, as WPT expects); padding is kept where
   output_sizes is given and output_sizes may be >= strides, as WPT's validation tests have
   it (the spec's steps say otherwise); an all-padding window gives 0.
-- Out-of-range gather indices are clamped; out-of-range scatter_nd tuples and
+- quantize_linear writes int8, uint8 or int32 (zeroPoint's type), not int4/uint4: packed
+  operands are constants here.
+- Out-of-range gather, gather_elements and gather_nd indices are clamped; out-of-range scatter_nd tuples and
   scatter_elements indices are skipped (implementation-defined in the spec); negative ones
   count from the end.
 - statebench extensions: MLGraph.inputs/outputs (the bound interface), MLGraph.in_place,

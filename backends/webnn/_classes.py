@@ -37,6 +37,8 @@ ELEMENTWISE_UNARY = (
 )
 COMPARISON = ("equal", "not_equal", "greater", "lesser", "lesser_or_equal", "greater_or_equal")
 LOGICAL = ("logical_and", "logical_or", "logical_xor", "logical_not", "is_nan", "is_infinite")
+#: what dequantizeLinear reads (int4/uint4 packed constants; int8 and uint8 in 32-bit words)
+QUANTIZED = ("int4", "uint4", "int8", "uint8", "int32")
 FLOAT_ONLY = ("sqrt", "exp", "log", "sigmoid", "softplus", "tanh", "cos", "sin", "erf",
               "gelu", "reciprocal", "floor", "ceil", "softmax", "tan", "round_even")
 
@@ -508,9 +510,9 @@ class MLGraphBuilder:
         the quotient is that axis' block size (1 where they are equal, the whole axis where
         the scale's is 1: per-tensor and per-axis are blocks too)."""
         self._own(x, scale, zero_point)
-        if x._dtype.name not in ("int4", "uint4", "uint8"):  # the spec's int8: no DType here
-            raise TypeError(f"dequantizeLinear input must be int4, uint4 or uint8, got "
-                            f"{x._dtype.name}")
+        if x._dtype.name not in QUANTIZED:
+            raise TypeError(f"dequantizeLinear input must be one of {', '.join(QUANTIZED)}, "
+                            f"got {x._dtype.name}")
         if not scale._dtype.is_float:
             raise TypeError(f"dequantizeLinear scale must be float, got {scale._dtype.name}")
         if zero_point._dtype.name != x._dtype.name:
@@ -523,6 +525,30 @@ class MLGraphBuilder:
             raise TypeError("scale's rank exceeds the input's")
         blocks(x._shape, scale._shape)
         return self._node("dequantize_linear", (x, scale, zero_point), scale._dtype, x._shape)
+
+    # IDL: MLOperand quantizeLinear(MLOperand input, MLOperand scale, MLOperand zeroPoint, optional MLOperatorOptions options = {});
+    def quantize_linear(self, x: MLOperand, scale: MLOperand,
+                        zero_point: MLOperand) -> MLOperand:
+        """clamp(roundEven(input / scale) + zeroPoint) to zeroPoint's type (saturating), the
+        scale's blocks as dequantizeLinear's. DEVIATION: zeroPoint int8, uint8 or int32, not
+        int4/uint4 (packed operands are constants here, so no op writes them)."""
+        self._own(x, scale, zero_point)
+        if not x._dtype.is_float:
+            raise TypeError(f"quantizeLinear input must be float, got {x._dtype.name}")
+        if scale._dtype != x._dtype:
+            raise TypeError(f"quantizeLinear scale must be {x._dtype.name} as the input, got "
+                            f"{scale._dtype.name}")
+        if zero_point._dtype.name not in ("int8", "uint8", "int32"):
+            raise TypeError(f"quantizeLinear zeroPoint must be int8, uint8 or int32 here, got "
+                            f"{zero_point._dtype.name}")
+        if scale._shape != zero_point._shape:
+            raise TypeError(f"scale {list(scale._shape)} and zeroPoint "
+                            f"{list(zero_point._shape)} must have one shape")
+        if len(scale._shape) > len(x._shape):
+            raise TypeError("scale's rank exceeds the input's")
+        blocks(x._shape, scale._shape)
+        return self._node("quantize_linear", (x, scale, zero_point), zero_point._dtype,
+                          x._shape)
 
     # -- normalisation and reductions ---------------------------------------------------
     # IDL: MLOperand softmax(MLOperand input, unsigned long axis, optional MLOperatorOptions options = {});
@@ -708,6 +734,51 @@ class MLGraphBuilder:
         ax = S.axis(axis, len(x._shape))
         shp = x._shape[:ax] + indices._shape + x._shape[ax + 1:]
         return self._node("gather", (x, indices), x._dtype, shp, axis=ax)
+
+    # IDL: MLOperand gatherElements(MLOperand input, MLOperand indices, optional MLGatherOptions options = {});
+    def gather_elements(self, x: MLOperand, indices: MLOperand, axis: int = 0) -> MLOperand:
+        """out[c] = input[c with c[axis] = indices[c]]: ``indices`` of the input's rank and
+        its shape outside ``axis`` (an unsigned long). Indices as ``gather``'s: negative ones
+        count from the end, out-of-range ones are clamped."""
+        self._own(x, indices)
+        if indices._dtype.name not in ("int32", "int64", "uint32"):
+            raise TypeError("gatherElements indices must be int32, int64 or uint32")
+        r = len(x._shape)
+        ax = _unsigned_axis("gatherElements", axis, r)
+        if len(indices._shape) != r or any(d != x._shape[i] for i, d in enumerate(indices._shape)
+                                           if i != ax):
+            raise TypeError(f"gatherElements indices {list(indices._shape)} must be the input's "
+                            f"{list(x._shape)} outside axis {ax}")
+        return self._node("gather_elements", (x, indices), x._dtype, indices._shape, axis=ax)
+
+    # IDL: MLOperand gatherND(MLOperand input, MLOperand indices, optional MLOperatorOptions options = {});
+    def gather_nd(self, x: MLOperand, indices: MLOperand) -> MLOperand:
+        """The slices of ``input`` at the index tuples along ``indices``' last axis (k of the
+        input's leading axes): shape indices[:-1] + input[k:]. Negative indices count from
+        the end, out-of-range ones are clamped (as ``gather``)."""
+        self._own(x, indices)
+        if indices._dtype.name not in ("int32", "int64", "uint32"):
+            raise TypeError("gatherND indices must be int32, int64 or uint32")
+        if not x._shape or not indices._shape:
+            raise TypeError("gatherND input and indices need a rank of at least 1")
+        k = indices._shape[-1]
+        if k > len(x._shape):
+            raise TypeError(f"gatherND index tuples of {k} exceed the input's rank "
+                            f"{len(x._shape)}")
+        return self._node("gather_nd", (x, indices), x._dtype,
+                          indices._shape[:-1] + x._shape[k:])
+
+    # IDL: MLOperand reverse(MLOperand input, optional MLReverseOptions options = {});
+    def reverse(self, x: MLOperand, axes: Sequence[int] | None = None) -> MLOperand:
+        """The input with the order along ``axes`` (unsigned, distinct; default all) reversed;
+        ``axes=[]`` copies it."""
+        self._own(x)
+        r = len(x._shape)
+        axs = tuple(range(r)) if axes is None else tuple(
+            _unsigned_axis("reverse", a, r) for a in axes)
+        if len(set(axs)) != len(axs):
+            raise TypeError(f"reverse: duplicate axes {list(axs)}")
+        return self._node("reverse", (x,), x._dtype, x._shape, axes=tuple(sorted(axs)))
 
     # IDL: MLOperand expand(MLOperand input, sequence<[EnforceRange] unsigned long> newShape, optional MLOperatorOptions options = {});
     def expand(self, x: MLOperand, new_shape: Sequence[int]) -> MLOperand:
@@ -955,6 +1026,13 @@ class MLGraphBuilder:
                     f"KV pair {p.input!r} -> {p.output!r}: descriptors differ "
                     f"({i.data_type}{list(i._shape)} vs {o.data_type}{list(o._shape)})")
         return self._context._build(_frozen(outputs, inputs, pairs), bool(use_stateful))
+
+
+def _unsigned_axis(op: str, axis: int, rank: int) -> int:
+    """An IDL unsigned long axis below ``rank`` (TypeError otherwise: no negative axes)."""
+    if isinstance(axis, bool) or not isinstance(axis, int) or not 0 <= axis < rank:
+        raise TypeError(f"{op}: axis {axis!r} is not in [0, {rank})")
+    return axis
 
 
 def blocks(shape: Sequence[int], scale_shape: Sequence[int]) -> tuple[int, ...]:

@@ -173,6 +173,22 @@ def _scatter_elements(c: Converter, node, attrs):
                                       axis=attrs.get("axis", 0) % len(c.shape(x)))
 
 
+@handles("GatherElements")
+def _gather_elements(c: Converter, node, attrs):
+    """Negative indices count from the end in both; ONNX's out-of-range ones are errors."""
+    x = c.operand(node.input[0])
+    return c.builder.gather_elements(x, c.operand(node.input[1]),
+                                     axis=attrs.get("axis", 0) % len(c.shape(x)))
+
+
+@handles("GatherND")
+def _gather_nd(c: Converter, node, attrs):
+    if attrs.get("batch_dims", 0):
+        raise ConversionError(f"GatherND node {_name(node)!r}: batch_dims "
+                              f"{attrs['batch_dims']} is not supported")
+    return c.builder.gather_nd(c.operand(node.input[0]), c.operand(node.input[1]))
+
+
 @handles("Conv")
 def _conv(c: Converter, node, attrs):
     """Depthwise 1-D and 2-D convolutions (group = channels) as WebNN conv2d, 1-D ones

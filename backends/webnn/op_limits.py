@@ -28,6 +28,10 @@ SIGNED = FLOAT | {"int32", "int64"}
 INDEX = frozenset({"int32", "int64", "uint32"})
 BOOL = frozenset({"uint8"})
 SUMMABLE = FLOAT | {"int32", "int64", "uint32"}
+#: dequantizeLinear's input (int4/uint4: packed constants)
+QUANTIZED = frozenset({"int4", "uint4", "int8", "uint8", "int32"})
+#: quantizeLinear's output: what an op can write (no packed outputs here)
+QUANTIZES_TO = QUANTIZED - {"int4", "uint4"}
 
 
 @dataclass(frozen=True)
@@ -89,9 +93,11 @@ TABLE: dict[str, OpLimits] = {
     "matmul": _binary("matmul", FLOAT, ranks=(2, MAX_RANK)),
     "gemm": OpLimits("gemm", (("a", FLOAT), ("b", FLOAT), ("c", FLOAT)), ranks=(0, 2)),
     "dequantize_linear": OpLimits(
-        "dequantizeLinear", (("input", frozenset({"int4", "uint4", "uint8"})), ("scale", FLOAT),
-                             ("zeroPoint", frozenset({"int4", "uint4", "uint8"}))),
+        "dequantizeLinear", (("input", QUANTIZED), ("scale", FLOAT), ("zeroPoint", QUANTIZED)),
         output=FLOAT),
+    "quantize_linear": OpLimits(
+        "quantizeLinear", (("input", FLOAT), ("scale", FLOAT), ("zeroPoint", QUANTIZES_TO)),
+        output=QUANTIZES_TO),
     **{op: _single(m, FLOAT) for op, m in (
         ("elu", "elu"), ("hard_sigmoid", "hardSigmoid"), ("hard_swish", "hardSwish"),
         ("softsign", "softsign"), ("linear", "linear"))},
@@ -129,6 +135,11 @@ TABLE: dict[str, OpLimits] = {
     "concat": OpLimits("concat", (("inputs", ANY),), variadic=True),
     "split": OpLimits("split", (("input", ANY),)),
     "gather": OpLimits("gather", (("input", ANY), ("indices", INDEX))),
+    "gather_elements": OpLimits("gatherElements", (("input", ANY), ("indices", INDEX)),
+                                ranks=(1, MAX_RANK)),
+    "gather_nd": OpLimits("gatherND", (("input", ANY), ("indices", INDEX)),
+                          operand_ranks=((1, MAX_RANK), (1, MAX_RANK), (0, MAX_RANK))),
+    "reverse": _single("reverse"),
     "scatter_nd": OpLimits("scatterND", (("input", ANY), ("indices", INDEX), ("updates", ANY))),
     "scatter_elements": OpLimits("scatterElements",
                                  (("input", ANY), ("indices", INDEX), ("updates", ANY))),

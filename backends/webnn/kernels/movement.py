@@ -1,5 +1,5 @@
-"""Data movement: strided copies (transpose, slice, concat, expand-free copies), gather,
-scatter_nd and the stateful capacity check."""
+"""Data movement: strided copies (transpose, slice, concat, expand-free copies), gather
+(and gatherElements, gatherND), reverse, scatter_nd and the stateful capacity check."""
 
 from __future__ import annotations
 
@@ -72,6 +72,72 @@ def gather(t: str, it: str, in_shape: Sequence[int], idx_shape: Sequence[int],
         # each output moved once in all
         traffic = esize(it) * ni + (2 * esize(t) * n if r0 == 0 else 0)
     return Kernel("gather", src, ["read", "read", "rw"], (gx, gy, gz), traffic)
+
+
+def _clamped(var: str, load: str, dim: int) -> str:
+    """WGSL: ``var`` the index ``load`` into an axis of ``dim``, a negative one counted from
+    the end, then clamped into range (``gather``'s choice: the spec leaves out-of-range
+    indices to the implementation, provided nothing is read out of bounds)."""
+    return (f"  var {var} = i32({load});\n  if ({var} < 0) {{ {var} = {var} + {dim}; }}\n"
+            f"  {var} = clamp({var}, 0, {dim - 1});\n")
+
+
+def gather_elements(t: str, it: str, in_shape: Sequence[int], idx_shape: Sequence[int],
+                    axis: int) -> Kernel:
+    """out[c] = x[c with c[axis] = idx[c]], one invocation an element of ``idx`` (the
+    output's shape); indices as ``gather``'s (``_clamped``)."""
+    n = S.size(idx_shape)
+    gx, gy, gz = grid(n)
+    ist = S.strides(in_shape)
+    src = decl(0, "x", t, "read") + decl(1, "idx", it, "read") + decl(2, "out", t, "rw")
+    src += main_1d(gx) + f"  if (i >= {n}u) {{ return; }}\n  var r = i;\n  var o = 0u;\n"
+    src += _clamped("k", "idx[i]", in_shape[axis])
+    src += f"  o = u32(k) * {ist[axis]}u;\n"
+    for ax in range(len(idx_shape) - 1, -1, -1):
+        d = idx_shape[ax]
+        if ax != axis:
+            src += f"  o = o + (r % {d}u) * {ist[ax]}u;\n"
+        src += f"  r = r / {d}u;\n"
+    src += "  out[i] = x[o];\n}\n"
+    return Kernel("gather_elements", src, ["read", "read", "rw"], (gx, gy, gz),
+                  esize(it) * n + 2 * esize(t) * n)
+
+
+def gather_nd(t: str, it: str, in_shape: Sequence[int], idx_shape: Sequence[int]) -> Kernel:
+    """out[tup, s] = x[idx[tup] (k coordinates), s]: one invocation an output element (index
+    tuple ``tup``, element ``s`` of the slice after the k leading axes); indices as
+    ``gather``'s (``_clamped``)."""
+    k = idx_shape[-1]
+    tuples = S.size(idx_shape[:-1])
+    slice_n = S.size(in_shape[k:])
+    st = S.strides(in_shape)
+    n = tuples * slice_n
+    gx, gy, gz = grid(n)
+    src = decl(0, "x", t, "read") + decl(1, "idx", it, "read") + decl(2, "out", t, "rw")
+    src += main_1d(gx) + f"  if (i >= {n}u) {{ return; }}\n"
+    src += f"  let tup = i / {slice_n}u;\n  var o = i % {slice_n}u;\n"
+    for j in range(k):
+        src += _clamped(f"c{j}", f"idx[tup * {k}u + {j}u]", in_shape[j])
+        src += f"  o = o + u32(c{j}) * {st[j]}u;\n"
+    src += "  out[i] = x[o];\n}\n"
+    return Kernel("gather_nd", src, ["read", "read", "rw"], (gx, gy, gz),
+                  esize(it) * tuples * k + 2 * esize(t) * n)
+
+
+def reverse(t: str, shape: Sequence[int], axes: Sequence[int]) -> Kernel:
+    """out[c] = x[c with c[a] = shape[a] - 1 - c[a] for a in ``axes``]: one invocation an
+    element (no axes: a copy)."""
+    n = S.size(shape)
+    gx, gy, gz = grid(n)
+    st = S.strides(shape)
+    src = decl(0, "x", t, "read") + decl(1, "out", t, "rw")
+    src += main_1d(gx) + f"  if (i >= {n}u) {{ return; }}\n  var r = i;\n  var o = 0u;\n"
+    for ax in range(len(shape) - 1, -1, -1):
+        d = shape[ax]
+        c = f"({d - 1}u - r % {d}u)" if ax in axes else f"(r % {d}u)"
+        src += f"  o = o + {c} * {st[ax]}u;\n  r = r / {d}u;\n"
+    src += "  out[i] = x[o];\n}\n"
+    return Kernel("reverse", src, ["read", "rw"], (gx, gy, gz), 2 * esize(t) * n)
 
 
 def scatter_nd(t: str, it: str, in_shape: Sequence[int], idx_shape: Sequence[int],

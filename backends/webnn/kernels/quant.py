@@ -37,12 +37,24 @@ def dequantize_linear(kind: str, shape: Sequence[int], block: Sequence[int], out
     ``shape`` (row-major), ``block`` the block size per axis (``_classes.blocks``)."""
     n = S.size(shape)
     sshape = [d // b for d, b in zip(shape, block, strict=True)]
-    sst = S.strides(sshape)
     gx, gy, gz = grid(n)
     dt = dtype(kind)  # its device words: u32 (packed nibbles, or one uint8 a word)
     src = (decl(0, "x", dt.wgsl, "read") + decl(1, "scale", out_t, "read")
            + decl(2, "zp", dt.wgsl, "read") + decl(3, "out", out_t, "rw")
-           + load_fn("xq", "x", kind) + load_fn("zq", "zp", kind))
+           + load_fn("xq", "x", kind) + load_fn("zq", "zp", kind) + scale_index_fn(shape, block))
+    src += (main_1d(gx) + f"  if (i >= {n}u) {{ return; }}\n  let s = scale_index(i);\n"
+            f"  out[i] = {out_t}((xq(i) - zq(s)) * f32(scale[s]));\n}}\n")
+    ns = S.size(sshape)
+    stored = packed_bytes(dt, n) if dt.packed else n * dt.itemsize
+    traffic = stored + ns * (esize(out_t) + 4) + n * esize(out_t)
+    return Kernel("dequantize_linear", src, ["read", "read", "read", "rw"], (gx, gy, gz), traffic)
+
+
+def scale_index_fn(shape: Sequence[int], block: Sequence[int]) -> str:
+    """WGSL ``fn scale_index(i: u32) -> u32``: element i's (row-major over ``shape``) index
+    into the scale and zero point, ``block`` elements a scale per axis."""
+    sshape = [d // b for d, b in zip(shape, block, strict=True)]
+    sst = S.strides(sshape)
     lines = ["fn scale_index(i: u32) -> u32 {", "  var r = i;", "  var o = 0u;"]
     for ax in range(len(shape) - 1, -1, -1):
         d, b, st = shape[ax], block[ax], sst[ax]
@@ -52,13 +64,31 @@ def dequantize_linear(kind: str, shape: Sequence[int], block: Sequence[int], out
         if ax:
             lines.append(f"  r = r / {d}u;")
     lines += ["  return o;", "}"]
-    src += "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n"
+
+
+#: quantizeLinear's saturation bounds per output type, as float32 literals (int32's top is
+#: the largest float32 below 2^31, so the conversion stays in range)
+_SATURATE = {"int8": ("-128.0", "127.0"), "uint8": ("0.0", "255.0"),
+             "int32": ("-2147483648.0", "2147483520.0")}
+
+
+def quantize_linear(kind: str, in_t: str, shape: Sequence[int], block: Sequence[int]) -> Kernel:
+    """out[c] = clamp(roundEven(x[c] / scale[s]) + zp[s], lo, hi) in float32, ``s`` the
+    coordinate's block (``scale_index_fn``), [lo, hi] the range of ``kind`` (int8, uint8,
+    int32): WGSL's ``round`` takes halves to even, as the spec's roundEven."""
+    n = S.size(shape)
+    ns = S.size([d // b for d, b in zip(shape, block, strict=True)])
+    gx, gy, gz = grid(n)
+    wt = dtype(kind).wgsl  # int8 and int32 in i32 words, uint8 in u32
+    lo, hi = _SATURATE[kind]
+    src = (decl(0, "x", in_t, "read") + decl(1, "scale", in_t, "read")
+           + decl(2, "zp", wt, "read") + decl(3, "out", wt, "rw") + scale_index_fn(shape, block))
     src += (main_1d(gx) + f"  if (i >= {n}u) {{ return; }}\n  let s = scale_index(i);\n"
-            f"  out[i] = {out_t}((xq(i) - zq(s)) * f32(scale[s]));\n}}\n")
-    ns = S.size(sshape)
-    stored = packed_bytes(dt, n) if dt.packed else n * dt.itemsize
-    traffic = stored + ns * (esize(out_t) + 4) + n * esize(out_t)
-    return Kernel("dequantize_linear", src, ["read", "read", "read", "rw"], (gx, gy, gz), traffic)
+            "  let q = round(f32(x[i]) / f32(scale[s])) + f32(zp[s]);\n"
+            f"  out[i] = {wt}(clamp(q, {lo}, {hi}));\n}}\n")
+    traffic = n * (esize(in_t) + 4) + ns * (esize(in_t) + 4)
+    return Kernel("quantize_linear", src, ["read", "read", "read", "rw"], (gx, gy, gz), traffic)
 
 
 def q4_bindings(b_t: str, sc_t: str, N: int, zero_points: bool, residual: bool, n_off: int,

@@ -114,6 +114,14 @@ def _dequantize_linear(n: Site) -> None:
     n.add(KernelLaunch(k, n.ins + [n.out]))
 
 
+@lowers("quantize_linear")
+def _quantize_linear(n: Site) -> None:
+    x, scale, _ = n.node.inputs
+    k = QK.quantize_linear(n.node.dtype.name, x.dtype.wgsl, x.shape,
+                           blocks(x.shape, scale.shape))
+    n.add(KernelLaunch(k, n.ins + [n.out]))
+
+
 @lowers("softmax")
 def _softmax(n: Site) -> None:
     x, axis = n.node.inputs[0], n.node.attrs["axis"]
@@ -217,6 +225,25 @@ def _gather(n: Site) -> None:
         k = MV.gather(t, idx.dtype.wgsl, x.shape, idx.shape, 0,
                       rows=(r0, min(r0 + per, x.shape[0])))
         n.add(KernelLaunch(k, [slot, n.ins[1], n.out]))
+
+
+@lowers("gather_elements")
+def _gather_elements(n: Site) -> None:
+    x, idx = n.node.inputs
+    k = MV.gather_elements(n.wgsl, idx.dtype.wgsl, x.shape, idx.shape, n.node.attrs["axis"])
+    n.add(KernelLaunch(k, [n.ins[0], n.ins[1], n.out]))
+
+
+@lowers("gather_nd")
+def _gather_nd(n: Site) -> None:
+    x, idx = n.node.inputs
+    n.add(KernelLaunch(MV.gather_nd(n.wgsl, idx.dtype.wgsl, x.shape, idx.shape),
+                       [n.ins[0], n.ins[1], n.out]))
+
+
+@lowers("reverse")
+def _reverse(n: Site) -> None:
+    n.add(KernelLaunch(MV.reverse(n.wgsl, n.shape, n.node.attrs["axes"]), [n.ins[0], n.out]))
 
 
 def _unchanged_rows(n: Site, m: Node) -> None:
