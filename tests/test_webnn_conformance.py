@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from webnn_run import dtype_results, run_graph
 
 from backends.webnn import MLGraphBuilder
 from backends.webnn.op_limits import TABLE
@@ -82,21 +83,6 @@ def _cases(b: MLGraphBuilder, x, scale, dt: str):
     c["pad_constant"] = (b.pad(x, [0, 1, 1], [1, 0, 2], value=1.5),
                          lambda v: np.pad(v, [(0, 1), (1, 0), (1, 2)], constant_values=1.5), 0)
     return c
-
-
-def _run(ctx, b, outputs, feeds):
-    g = b.build(outputs)
-    tin = {}
-    for name, a in feeds.items():
-        t = ctx.create_tensor(data_type=str(a.dtype), shape=list(a.shape), writable=True)
-        ctx.write_tensor(t, a)
-        tin[name] = t
-    tout = {k: ctx.create_tensor(data_type=v.data_type, shape=v.shape, readable=True)
-            for k, v in outputs.items()}
-    ctx.dispatch(g, tin, tout)
-    got = dict(zip(tout, ctx.read_tensors(list(tout.values())), strict=True))
-    g.destroy()
-    return got
 
 
 def _spec_ops(b: MLGraphBuilder, xi, yi, hi, x, y, h, dt: str):
@@ -182,26 +168,14 @@ def _graph(ctx, dt: str):
     spec = _spec_ops(b, xi, yi, hi, x, y, h, dt)
     outputs = ({k: v[0] for k, v in cases.items()} | {"not_equal": b.not_equal(xi, yi)}
                | {k: v[0] for k, v in spec.items()})
-    got = _run(ctx, b, outputs, {"x": x, "y": y, "h": h})
+    got = run_graph(ctx, b, outputs, {"x": x, "y": y, "h": h})
     want = {k: (f(x.astype(np.float64)), tol) for k, (_, f, tol) in cases.items()}
     want["not_equal"] = ((x != y).astype(np.uint8), None)
     want |= {k: (w, tol) for k, (_, w, tol) in spec.items()}
     return got, want
 
 
-@pytest.fixture(scope="module")
-def float32_results(ctx):
-    return _graph(ctx, "float32")
-
-
-@pytest.fixture(scope="module")
-def float16_results(ctx):
-    from conftest import missing_adapter_features
-
-    why = missing_adapter_features("shader-f16")
-    if why:
-        pytest.skip(why)
-    return _graph(ctx, "float16")
+float32_results, float16_results = dtype_results(_graph)
 
 
 CASES = ["clamp", "clamp_min_only", "leaky_relu", "leaky_relu_alpha", "reduce_l2",
@@ -260,7 +234,7 @@ def test_int8_casts_keep_the_low_8_bits(ctx):
     out = {"i8": i8, "f8": b.cast(f, "int8"), "u8": b.cast(i8, "uint8"),
            "back": b.cast(b.cast(i8, "uint8"), "int8"), "wide": b.cast(i8, "int32"),
            "float": b.cast(b.cast(f, "int8"), "float32"), "u8i": b.cast(i, "uint8")}
-    got = _run(ctx, b, out, {"i": ints, "f": floats})
+    got = run_graph(ctx, b, out, {"i": ints, "f": floats})
     low = ints.astype(np.int8)  # NumPy keeps the low 8 bits too, two's complement
     np.testing.assert_array_equal(got["i8"], low)
     assert got["i8"].dtype == np.int8
@@ -277,7 +251,7 @@ def test_int8_tensors_round_trip(ctx):
     a[a == 0] = -1
     b = MLGraphBuilder(ctx)
     x = b.input("x", data_type="int8", shape=[2, 7])
-    got = _run(ctx, b, {"t": b.transpose(x), "s": b.slice(x, [0, 1], [2, 5], strides=[1, 2])},
+    got = run_graph(ctx, b, {"t": b.transpose(x), "s": b.slice(x, [0, 1], [2, 5], strides=[1, 2])},
                {"x": a})
     np.testing.assert_array_equal(got["t"], a.T)
     np.testing.assert_array_equal(got["s"], a[:, 1:6:2])
@@ -306,7 +280,7 @@ def test_arg_min_max_long_rows_ties_and_specials(ctx):
            "isinf": b.is_infinite(b.slice(vi, [2, 0], [1, 4096])),
            "isnan": b.is_nan(b.slice(vi, [1, 69000], [1, 2000])),
            "isign": b.sign(ii), "ixor": b.logical_xor(b.greater(ii, ii), b.equal(ii, ii))}
-    got = _run(ctx, b, out, {"v": v, "i": ints})
+    got = run_graph(ctx, b, out, {"v": v, "i": ints})
     np.testing.assert_array_equal(got["max"], np.argmax(v, 1))
     np.testing.assert_array_equal(got["min"], np.argmin(v, 1))
     np.testing.assert_array_equal(got["mid"], np.argmax(v[:, :3000], 1))
@@ -459,7 +433,7 @@ def test_elementwise_split_past_the_binding_limit():
                   if sl[0] == "range"]
         assert len(ranges) > 6 and all(sl[3] <= 4096 and sl[2] % 256 == 0 for sl in ranges)
         g.destroy()
-        got = _run(c, b, out, {"a": a, "r": r, "s": s})
+        got = run_graph(c, b, out, {"a": a, "r": r, "s": s})
         np.testing.assert_array_equal(got["sum"], a + a)
         want = (a.astype(np.float64) - r) * s
         assert ulp_distance(got["chain"], want).max() <= 2

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from webnn_run import run_graph
 
 from backends.webnn import MLGraphBuilder
 
@@ -25,21 +26,6 @@ W = np.array([-66.05901336669922, -68.9197006225586, -77.02045440673828, -26.158
 #: WPT's quantizeLinear input data
 Q = np.array([-2.549168109893799, -4.794857501983643, 8.413617134094238, 6.108623504638672],
              np.float32)
-
-
-def _run(ctx, b, outputs, feeds):
-    g = b.build(outputs)
-    tin = {}
-    for name, a in feeds.items():
-        t = ctx.create_tensor(data_type=str(a.dtype), shape=list(a.shape), writable=True)
-        ctx.write_tensor(t, a)
-        tin[name] = t
-    tout = {k: ctx.create_tensor(data_type=v.data_type, shape=v.shape, readable=True)
-            for k, v in outputs.items()}
-    ctx.dispatch(g, tin, tout)
-    got = dict(zip(tout, ctx.read_tensors(list(tout.values())), strict=True))
-    g.destroy()
-    return got
 
 
 def _const(b, dt, shape, values):
@@ -162,7 +148,7 @@ def test_wpt_cases(ctx):
                       0.6811466217041016, 0.0479511022567749, 0.33355462551116943,
                       0.19882695376873016, 0.41167140007019043, 0.07934240251779556],
                      np.float32).reshape(1, 1, 4, 3)
-    got = _run(ctx, b, out, {"x16": W, "x9": W[:9], "x12": W[:12], "qin": qin_v, "qs": qs_v,
+    got = run_graph(ctx, b, out, {"x16": W, "x9": W[:9], "x12": W[:12], "qin": qin_v, "qs": qs_v,
                              "qz": np.array([11, 123, 24, 46, 23, 56], np.int8).reshape(2, 3)})
     for k, w in want.items():
         g = got[k]
@@ -189,7 +175,7 @@ def test_wpt_qdq_subgraph_add(ctx):
     av = np.array([0.41167140007019043, 0.0479511022567749, 0.33355462551116943,
                    0.19882695376873016, 0.41167140007019043, 0.07934240251779556],
                   np.float32).reshape(1, 1, 2, 3)
-    got = _run(ctx, b, {"y": y}, {"a": av})["y"]
+    got = run_graph(ctx, b, {"y": y}, {"a": av})["y"]
     want = np.array([0.9215686917304993, 0.5764706134796143, 0.8666667342185974,
                      0.7450980544090271, 0.9333333969116211, 0.6705882549285889]).reshape(1, 1, 2, 3)
     np.testing.assert_allclose(got, want, rtol=1e-6)
@@ -270,7 +256,7 @@ def test_random_against_numpy(ctx):
     out["sat_int32"] = b.quantize_linear(bin_, one, _const(b, "int32", [], 5))
     want["sat_int32"] = np.array([1000005, -999995, 305, -295, 2 ** 31 - 128, -2 ** 31],
                                  np.int32)
-    got = _run(ctx, b, out, {"x": x, "xi": xi, "x8": x8, "h": halves, "big": big})
+    got = run_graph(ctx, b, out, {"x": x, "xi": xi, "x8": x8, "h": halves, "big": big})
     for k, w in want.items():
         g = got[k]
         assert g.shape == w.shape and g.dtype == w.dtype, (k, g.shape, w.shape, g.dtype)
@@ -299,7 +285,7 @@ def test_float16_moves_exactly(ctx):
            "nd": b.gather_nd(xin, _const(b, "int32", [2, 2], nd)),
            "rev": b.reverse(xin, axes=[1]),
            "q": b.quantize_linear(xin, _const(b, "float16", [], sc), _const(b, "int8", [], 1))}
-    got = _run(ctx, b, out, {"x": x})
+    got = run_graph(ctx, b, out, {"x": x})
     np.testing.assert_array_equal(got["ge"], _gather_elements_ref(x, idx, 0))
     np.testing.assert_array_equal(got["nd"], _gather_nd_ref(x, nd))
     np.testing.assert_array_equal(got["rev"], x[:, ::-1])

@@ -16,7 +16,8 @@ import math
 
 import numpy as np
 import pytest
-from test_webnn_conformance import _run, ulp_distance
+from test_webnn_conformance import ulp_distance
+from webnn_run import dtype_results, run_graph
 
 from backends.webnn import MLGraphBuilder
 
@@ -185,23 +186,11 @@ def _graph(ctx, dt: str):
             outputs[f"random_{short}_{name}"] = getattr(b, op)(ins[key], **opts)
             want[f"random_{short}_{name}"] = (pool_ref(short, x64, opts),
                                        _tolerance(op, opts, x64.shape))
-    got = _run(ctx, b, outputs, feeds)
+    got = run_graph(ctx, b, outputs, feeds)
     return {k: (got[k], *want[k]) for k in outputs}
 
 
-@pytest.fixture(scope="module")
-def float32_results(ctx):
-    return _graph(ctx, "float32")
-
-
-@pytest.fixture(scope="module")
-def float16_results(ctx):
-    from conftest import missing_adapter_features
-
-    why = missing_adapter_features("shader-f16")
-    if why:
-        pytest.skip(why)
-    return _graph(ctx, "float16")
+float32_results, float16_results = dtype_results(_graph)
 
 
 CASES = list(REFERENCE) + [f"random_{s}_{n}" for n in RANDOM for s in OPS]
@@ -228,7 +217,7 @@ def test_max_pool2d_on_integers_and_nan(ctx):
     outputs = {"i": b.max_pool2d(b.input("xi", data_type="int32", shape=[1, 2, 5, 4]), **opts),
                "f": b.max_pool2d(b.input("xf", data_type="float32", shape=[1, 1, 4, 4]),
                                  window_dimensions=[2, 2])}
-    got = _run(ctx, b, outputs, {"xi": xi, "xf": xf})
+    got = run_graph(ctx, b, outputs, {"xi": xi, "xf": xf})
     np.testing.assert_array_equal(got["i"], pool_ref("max", xi, opts).astype(np.int32))
     want = np.array([[np.nanmax(xf[0, 0, r:r + 2, q:q + 2]) if not np.isnan(
         xf[0, 0, r:r + 2, q:q + 2]).any() else np.nan for q in range(3)] for r in range(3)])

@@ -14,7 +14,8 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from test_webnn_conformance import _run, ulp_distance
+from test_webnn_conformance import ulp_distance
+from webnn_run import dtype_results, run_graph
 
 from backends.webnn import MLGraphBuilder
 
@@ -273,23 +274,11 @@ def _graph(ctx, dt: str):
         cases[f"rand_ct_nhwc_{fl}"] = (y, ref_conv_transpose2d(
             vg.transpose(0, 2, 3, 1), ug.transpose(perm), out_hw=(12, 9), bias=bv,
             input_layout="nhwc", filter_layout=fl, **opts), tol, None)
-    got = _run(ctx, b, {k: v[0] for k, v in cases.items()}, feeds)
+    got = run_graph(ctx, b, {k: v[0] for k, v in cases.items()}, feeds)
     return {k: (got[k], want, tol, wpt) for k, (_, want, tol, wpt) in cases.items()}
 
 
-@pytest.fixture(scope="module")
-def float32_results(ctx):
-    return _graph(ctx, "float32")
-
-
-@pytest.fixture(scope="module")
-def float16_results(ctx):
-    from conftest import missing_adapter_features
-
-    why = missing_adapter_features("shader-f16")
-    if why:
-        pytest.skip(why)
-    return _graph(ctx, "float16")
+float32_results, float16_results = dtype_results(_graph)
 
 
 CASES = [f"nearest_{k}" for k in NEAREST_HALF_PIXEL] + [

@@ -248,6 +248,20 @@ def test_status_comes_back_with_the_read(ctx, monkeypatch):
     assert list(seen[-1].values()) == [1]  # the first appended pair overflowed, read with y
 
 
+def _reset_refill_destroy(ctx, g, page, inputs, want) -> None:
+    """A reset drops the graph's unread overflow (the next calls do not raise); the graph
+    then fills to capacity as the reference ``want`` says; a dispatch past it and the
+    graph's destroy leave nothing to report at the next read."""
+    cap = len(inputs)
+    ctx.reset_kv_cache(g)
+    for p in range(cap):
+        got = page.step(inputs[p], p)
+    np.testing.assert_allclose(got, want[-1], atol=1e-5)
+    page.step(inputs[0], cap, read=False)
+    g.destroy()
+    ctx.read_tensor(page.y)  # the destroyed graph's overflow is not reported
+
+
 def test_overflow_of_a_double_buffered_graph_raises_at_the_next_dispatch(ctx):
     """A graph with a double-buffered pair (its keys read after the new row is written)
     has its status read before the next dispatch runs, as its parity swap-back needs: a
@@ -269,14 +283,7 @@ def test_overflow_of_a_double_buffered_graph_raises_at_the_next_dispatch(ctx):
     for n, arr in before.items():
         np.testing.assert_array_equal(ctx._peek_state(g, n), arr)
     page.step(inputs[0], cap + 1, read=False)
-    ctx.reset_kv_cache(g)  # drops the unread overflow: the next calls do not raise
-    want = decoder_ref(inputs, cap, read_past_after=True)
-    for p in range(cap):
-        got = page.step(inputs[p], p)
-    np.testing.assert_allclose(got, want[-1], atol=1e-5)
-    page.step(inputs[0], cap, read=False)
-    g.destroy()
-    ctx.read_tensor(page.y)  # the destroyed graph's overflow is not reported
+    _reset_refill_destroy(ctx, g, page, inputs, decoder_ref(inputs, cap, read_past_after=True))
 
 
 def test_overflow_of_an_in_place_graph_raises_at_the_read(ctx):
@@ -320,13 +327,7 @@ def test_overflow_of_an_in_place_graph_raises_at_the_read(ctx):
         page.step(inputs[0], cap, read=False)
     with pytest.raises(OperationError, match="capacity"):
         page.step(inputs[2], 2, read=False)
-    ctx.reset_kv_cache(g)  # drops the rest
-    for p in range(cap):
-        got = page.step(inputs[p], p)
-    np.testing.assert_allclose(got, want[-1], atol=1e-5)
-    page.step(inputs[0], cap, read=False)
-    g.destroy()
-    ctx.read_tensor(page.y)  # the destroyed graph's overflow is not reported
+    _reset_refill_destroy(ctx, g, page, inputs, want)  # the reset drops the rest
 
 
 # -- behaviour 5: hidden ---------------------------------------------------------------------

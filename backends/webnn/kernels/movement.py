@@ -103,15 +103,21 @@ def gather_elements(t: str, it: str, in_shape: Sequence[int], idx_shape: Sequenc
                   esize(it) * n + 2 * esize(t) * n)
 
 
+def _nd_geometry(in_shape: Sequence[int],
+                 idx_shape: Sequence[int]) -> tuple[int, int, int, tuple[int, ...], int]:
+    """(coordinates a tuple, index tuples, elements of the slice after them, the input's
+    strides, output elements) of a gatherND or scatterND over ``in_shape``."""
+    k = idx_shape[-1]
+    tuples = S.size(idx_shape[:-1])
+    slice_n = S.size(in_shape[k:])
+    return k, tuples, slice_n, S.strides(in_shape), tuples * slice_n
+
+
 def gather_nd(t: str, it: str, in_shape: Sequence[int], idx_shape: Sequence[int]) -> Kernel:
     """out[tup, s] = x[idx[tup] (k coordinates), s]: one invocation an output element (index
     tuple ``tup``, element ``s`` of the slice after the k leading axes); indices as
     ``gather``'s (``_clamped``)."""
-    k = idx_shape[-1]
-    tuples = S.size(idx_shape[:-1])
-    slice_n = S.size(in_shape[k:])
-    st = S.strides(in_shape)
-    n = tuples * slice_n
+    k, tuples, slice_n, st, n = _nd_geometry(in_shape, idx_shape)
     gx, gy, gz = grid(n)
     src = decl(0, "x", t, "read") + decl(1, "idx", it, "read") + decl(2, "out", t, "rw")
     src += main_1d(gx) + f"  if (i >= {n}u) {{ return; }}\n"
@@ -156,11 +162,7 @@ def scatter_nd(t: str, it: str, in_shape: Sequence[int], idx_shape: Sequence[int
     numbered from where this output's updates go, their bindings, the function giving
     element ``i``). Bindings: idx, each output's updates, the outputs, the status.
     """
-    k = idx_shape[-1]
-    tuples = S.size(idx_shape[:-1])
-    slice_n = S.size(in_shape[k:])
-    st = S.strides(in_shape)
-    n = tuples * slice_n
+    k, tuples, slice_n, st, n = _nd_geometry(in_shape, idx_shape)
     gx, gy, gz = grid(n)
     src = decl(0, "idx", it, "read")
     b = ["read"]
