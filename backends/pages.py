@@ -369,10 +369,9 @@ class _Page(Backend):
         computed on the device and read back as K int64 ids (``read_ids``)."""
         if not self.read_ids:
             raise ValueError(f"{self.name} was not built to read ids (read_ids)")
-        if np.ndim(tokens):
-            tokens = check_tokens(np.asarray(tokens), self.tokens_per_step)
-            tokens = int(tokens[0]) if len(tokens) == 1 else tokens
-        return self._step(tokens, ids=True).astype(np.int64)
+        tokens = check_tokens(tokens, self.tokens_per_step)  # (an int: a one-token step's)
+        return self._step(int(tokens[0]) if len(tokens) == 1 else tokens,
+                          ids=True).astype(np.int64)
 
     def chain_refusal(self) -> str:
         """Why ``decode_chained`` cannot run on this page ("" where it can)."""

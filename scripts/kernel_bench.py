@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from backends.webnn import MLGraphBuilder, ml  # noqa: E402
 from backends.webnn.wgpu_impl.options import KernelOptions  # noqa: E402
 from harness.calibrate import provenance  # noqa: E402
-from harness.gc_window import GcWindow, freeze_setup, thaw  # noqa: E402
+from harness.gc_window import GcWindow, freeze_setup, setup_frozen, thaw  # noqa: E402
 
 GEMV_SHAPES = [(2048, 2048), (2048, 512), (2048, 8192), (8192, 2048), (2048, 128256)]
 #: llama-1b's 4-bit launches (K, N): q/k/v stacked, o, gate/up stacked, down, the head
@@ -491,13 +491,12 @@ def chained_decode(be: Any, steps: int, first: int) -> dict:
     vocab = be.converted.outputs[be._logits_name].shape[-1]
     be.decode_chained(first, CHAIN_WARM)
     submits, maps = queue.submits, queue.maps
-    freeze_setup()
-    collector = GcWindow.start()
-    t0 = time.perf_counter()
-    ids = be.decode_chained(first, steps)
-    wall = time.perf_counter() - t0
-    gc_timed = collector.stop()
-    thaw()
+    with setup_frozen():  # as the timed steps: setup's objects out of the collector
+        collector = GcWindow.start()
+        t0 = time.perf_counter()
+        ids = be.decode_chained(first, steps)
+        wall = time.perf_counter() - t0
+        gc_timed = collector.stop()
     return {"tokens": steps, "wall_ms_per_token": 1e3 * wall / steps,
             "submits_per_token": (queue.submits - submits) / steps,
             "maps_per_token": (queue.maps - maps) / steps, "gc_timed": gc_timed,

@@ -864,6 +864,9 @@ def test_pages_read_next_ids_computed_on_the_device(cls, k):
                 assert b.counters.d2h < 4 * cfg.vocab, b.counters.d2h
         with pytest.raises(ValueError, match="step_ids"):  # its logits are never read
             b.step_tokens(ids) if k > 1 else b.step(int(ids[0]))
+        if k > 1:  # one token is not a K-token step's
+            with pytest.raises(ValueError, match=f"1 tokens given to a step of {k}"):
+                b.step_ids(int(ids[0]))
     finally:
         b.close()
 

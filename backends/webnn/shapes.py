@@ -116,10 +116,8 @@ def slice_shape(shape: Sequence[int], starts: Sequence[int], sizes: Sequence[int
     return tuple(out)
 
 
-#: [EnforceRange] unsigned long
+#: [EnforceRange] unsigned long; the spec's "valid dimension" is in [1, ULONG_MAX]
 ULONG_MAX = (1 << 32) - 1
-#: the spec's "valid dimension": in the range of a WebIDL ``long``
-LONG_MAX = (1 << 31) - 1
 
 
 def pool2d(in_hw: Sequence[int], window: Sequence[int], padding: Sequence[int],
@@ -138,7 +136,7 @@ def pool2d(in_hw: Sequence[int], window: Sequence[int], padding: Sequence[int],
                             f"the ceiling {list(ceil)} of the computed output size")
     else:
         out = floor if rounding == "floor" else ceil
-    if any(not 0 < d <= LONG_MAX for d in out):
+    if any(not 0 < d <= ULONG_MAX for d in out):
         raise TypeError(f"pooling output size {list(out)} is not a valid dimension (the "
                         f"window exceeds the padded input)")
     return out[0], out[1]

@@ -196,12 +196,17 @@ def gemv_prologues(plan: Plan, st: PassState) -> None:
     st.absorbed |= {pro.reduce_op.id for pro in plan.vectors.values()}
 
 
+def _outputs(plan: Plan, stacked: dict[int, list[Node]]) -> dict[int, int]:
+    """Stacked product id -> the outputs its launch binds: one where the pair writes its
+    activation (``plan.gated``), else one a member."""
+    return {m.id: 1 if k in plan.gated else len(ms) for k, ms in stacked.items() for m in ms}
+
+
 def _q4_other_bindings(plan: Plan) -> dict[int, int]:
     """4-bit product id -> the bindings its launch has besides the input vector (codes,
     scales, zero-point terms, residual, outputs, the partial sums it writes), for the
     products the "quad" kernel runs."""
-    outs = {m.id: 1 if k in plan.gated else len(ms)
-            for k, ms in plan.stacked.items() for m in ms}
+    outs = _outputs(plan, plan.stacked)
     return {i: 2 + w.zero_points + (i in plan.epilogue) + outs.get(i, 1)
             + (i in plan.norm_stats) for i, w in plan.q4.items() if w.quad_fits}
 
@@ -210,8 +215,7 @@ def _q4_rows_other_bindings(plan: Plan, st: PassState) -> dict[int, int]:
     """Several-row 4-bit product id -> the bindings its launch has besides the input (codes,
     scales, residual, outputs), for the products ``gemm_q4_quad`` runs with a norm's
     partial sums in its workgroup memory (``match_q4.rows_quad``)."""
-    outs = {m.id: 1 if k in plan.gated else len(ms)
-            for k, ms in plan.stacked_rows.items() for m in ms}
+    outs = _outputs(plan, plan.stacked_rows)
     rows = {o.id: S.size(o.inputs[0].shape[:-1]) for o in st.nodes if o.id in plan.q4_rows}
     return {i: 2 + (i in plan.epilogue) + outs.get(i, 1) for i, w in plan.q4_rows.items()
             if rows_quad(plan, w, rows[i], norms=True)}
