@@ -137,6 +137,9 @@ def test_every_m_on_the_stateful_page(tmp_path):
     assert p["state"]["vs_replay"]["bitwise"] and p["state"]["vs_replay"]["max_rel"] == 0
     assert p["generated"] >= 12 and p["logits_check"]["rows"] == p["generated"]
     assert p["rollback"]["rollbacks"] > 0 and p["rollback"]["bytes"]["h2d"] == 0
+    # a page reading logits has no next_ids to chain: no chained baseline, and why
+    assert p["plain_chained_ms_per_token"] is None and p["speedup_vs_chained"] is None
+    assert "read_ids" in p["plain_chained_why"] and p["plain_chained_matches"] is None
 
 
 @needs_page
@@ -167,6 +170,12 @@ def test_every_m_reading_ids_on_the_pages(tmp_path):
         assert d2h < k * vocab * 2, (where, d2h)  # a logits read is k * vocab * 4
         if p["backend"] == "wgpu:reuse":  # the ids and nothing else
             assert d2h == ids_bytes, (where, d2h)
+        # the fairest plain baseline: the same one-token graph chained on the device, its
+        # ids the one-token decode's, timed apart (the speedup over it beside the other)
+        assert p["plain_chained_matches"] is True and p["plain_chained_why"] == "", where
+        assert p["plain_chained_ms_per_token"] > 0, where
+        assert p["speedup_vs_chained"] == pytest.approx(
+            p["plain_chained_ms_per_token"] / p["ms_per_token"]), where
     want_m = {"full": {"3"}, "zero": {"0"}, "partial": {"0", "1", "2", "3"}}
     assert all(set(p["accepted_hist"]) == want_m[p["acceptance"]] for p in results.points)
     notes = e2e_render.notes(results)
@@ -385,6 +394,7 @@ def test_a_real_export_reading_ids(tmp_path):
     assert p["status"] == "ok" and p["read"] == "ids", p["reason"]
     assert p["tokens_match_greedy"] and p["state_ok"] and p["logits_match_plain"] is None, p
     assert p["rollback"]["rollbacks"] > 0 and "✓†" in proc.stdout
+    assert p["plain_chained_matches"] is True, p["plain_chained_why"]
 
 
 def test_model_and_preset_together_are_one_line():

@@ -7,7 +7,8 @@ from rich.table import Table
 
 from harness.speculative.spec_results import SpecResults, read_of
 
-CAPTION = ("ms per generated token · speedup over the same page's one-token decode\n"
+CAPTION = ("ms per generated token · speedup over the same page's one-token decode "
+           "(/ over it chained on the device, where the page read ids)\n"
            "verify ms (× one-token step) · mean drafts accepted · rollback ms\n"
            "✓ tokens = greedy, logits and state as feeding only the accepted tokens "
            "(*: the state not read back; †: the page read ids, the logits not compared)")
@@ -22,9 +23,10 @@ def logits_ok(p: dict) -> bool | None:
 
 
 def passed(p: dict) -> bool:
-    """Every check made passed: the tokens, the state, and the logits where they were read."""
+    """Every check made passed: the tokens, the state, the logits where they were read, and
+    the chained one-token decode's ids where it ran."""
     return bool(p.get("tokens_match_greedy") and logits_ok(p) is not False
-                and p.get("state_ok"))
+                and p.get("state_ok") and p.get("plain_chained_matches") is not False)
 
 
 def mark(p: dict) -> str:
@@ -44,7 +46,9 @@ def _cell(p: dict | None) -> str:
     m = mark(p)
     tick = f"[red]{m}[/]" if m == "✗" else f"[green]✓[/]{m[1:]}"
     rb = p["rollback"]["ms"]["median"]
-    return (f"{p['ms_per_token']:.3f} · {p['speedup']:.2f}×\n"
+    chained = p.get("speedup_vs_chained")
+    over = "" if chained is None else f" / {chained:.2f}×"
+    return (f"{p['ms_per_token']:.3f} · {p['speedup']:.2f}×{over}\n"
             f"{p['verify_ms']['median']:.3f} ({p['verify_over_plain']:.2f}×) · "
             f"{p['mean_accepted']:.2f} · {rb:.4f}\n{tick}")
 
@@ -85,6 +89,13 @@ def notes(results: SpecResults) -> list[str]:
             seen.add("ids")
             lines.append(f"{where} (and every point marked †): the page read ids, not logits "
                          "(--read ids): the logits not compared; the tokens and the state were")
+        if p.get("plain_chained_matches") is False:
+            lines.append(f"✗ {where}: the chained one-token decode's ids differ from the "
+                         "one-token decode's")
+        why = p.get("plain_chained_why")
+        if why and read_of(p) == "ids" and (p["backend"], "chain") not in seen:
+            seen.add((p["backend"], "chain"))
+            lines.append(f"{where}: no chained one-token decode: {why}")
         if logits_ok(p) is False:
             c = p["logits_check"]
             lines.append(f"✗ {where}: verify logits vs the one-token decode's: max rel "

@@ -97,7 +97,8 @@ def summary(runs: list[SpecRun]) -> Group:
 # -- flat rows: a row per file × depth × K × acceptance × backend ------------------------------
 
 COLUMNS = ["run", "preset", "depth", "k", "acceptance", "backend", "status", "ms_per_token",
-           "plain_ms_per_token", "speedup", "verify_ms", "verify_over_plain", "verify_gpu_ms",
+           "plain_ms_per_token", "speedup", "plain_chained_ms_per_token", "speedup_vs_chained",
+           "verify_ms", "verify_over_plain", "verify_gpu_ms",
            "verify_over_plain_gpu", "plain_step_ms", "plain_gpu_ms", "mean_accepted",
            "verifies", "rollback_ms", "rollback_strategy", "rollbacks", "tokens_match_greedy",
            "read", "logits_match_plain", "logits_max_rel", "state_ok", "state_compared",
@@ -132,6 +133,8 @@ def rows(runs: list[SpecRun]) -> list[dict]:
                 "backend": p["backend"], "status": p["status"],
                 "ms_per_token": m.get("ms_per_token"),
                 "plain_ms_per_token": m.get("plain_ms_per_token"), "speedup": m.get("speedup"),
+                "plain_chained_ms_per_token": m.get("plain_chained_ms_per_token"),
+                "speedup_vs_chained": m.get("speedup_vs_chained"),
                 "verify_ms": m.get("verify_ms", {}).get("median"),
                 "verify_over_plain": m.get("verify_over_plain"),
                 "verify_gpu_ms": m.get("verify_gpu_ms"),
@@ -167,8 +170,9 @@ MD_HEAD = ["depth", "K", "accept", "backend", "ms / token", "plain ms / token", 
            "verify ms (× step)", "GPU verify ms (× GPU step)", "mean accepted",
            "rollback ms (strategy)", "check"]
 MD_CAPTION = ("A row per depth × K × acceptance × backend. ms / token: the loop's wall time per "
-              "generated token; plain: the same page's one-token decode's; speedup: plain over "
-              "the loop. verify ms: the median K-token verify, × the median one-token step; "
+              "generated token; plain: the same page's one-token decode's (/ chained on the "
+              "device, where the page read ids); speedup: plain over the loop (/ chained over "
+              "it). verify ms: the median K-token verify, × the median one-token step; "
               "GPU: the same by GPU timestamps, where recorded. mean accepted: drafts accepted "
               "per verify. rollback: the median time to undo the rejected rows and how. check: "
               "✓ where the tokens are the one-token decode's greedy ones, the verify logits "
@@ -194,8 +198,10 @@ def _checks(p: dict) -> str:
     rel = f" (max rel {logits['max_rel']:.2g})" if logits.get("max_rel") is not None else ""
     verdict = e2e_render.logits_ok(p)
     said = "— (not read: ids)" if verdict is None else f"{ok(verdict)}{rel}"
+    chained = ("" if p.get("plain_chained_matches") is None
+               else f", chained ids {ok(p['plain_chained_matches'])}")
     return (f"{check_mark(p)} tokens {ok(p['tokens_match_greedy'])}{at}, "
-            f"logits {said}, {state}")
+            f"logits {said}, {state}{chained}")
 
 
 def md_cells(p: dict) -> list[str]:
@@ -205,8 +211,12 @@ def md_cells(p: dict) -> list[str]:
     rb = p["rollback"]
     gpu = (f"{_f(p.get('verify_gpu_ms'), '.3f')} ({_f(p.get('verify_over_plain_gpu'), '.2f', '×')})"
            if p.get("verify_gpu_ms") is not None else "—")
-    return [_f(p["ms_per_token"], ".3f"), _f(p["plain_ms_per_token"], ".3f"),
-            _f(p["speedup"], ".2f", "×"),
+    chained = p.get("plain_chained_ms_per_token")
+    plain, speedup = _f(p["plain_ms_per_token"], ".3f"), _f(p["speedup"], ".2f", "×")
+    if chained is not None:
+        plain += f" / {chained:.3f}"
+        speedup += f" / {_f(p.get('speedup_vs_chained'), '.2f', '×')}"
+    return [_f(p["ms_per_token"], ".3f"), plain, speedup,
             f"{_f(p['verify_ms'].get('median'), '.3f')} ({_f(p['verify_over_plain'], '.2f', '×')})",
             gpu, _f(p.get("mean_accepted"), ".2f"),
             f"{_f(rb['ms'].get('median'), '.4f')} ({rb.get('strategy')})", _checks(p)]
