@@ -131,3 +131,27 @@ def test_out_holding_files_needs_force(tmp_path):
     proc = statebench("report", H100, "--out", out, "--force", "--format", "md")
     assert proc.returncode == 0, proc.stderr
     assert (out / "report.md").exists() and (out / "mine.txt").read_text() == "keep"
+
+
+def test_tokens_parted_at_a_certified_near_tie_pass_with_a_mark():
+    """A point whose tokens part from the one-token decode's at a near-tie both graphs'
+    logits agree on (``near_tie.certified``) passes, marked ≈ and said in the notes; one
+    whose parting is not certified stays ✗."""
+    from harness.speculative import e2e_render
+
+    d = json.loads(H100.read_text())
+    tie = {"at": 26, "loop_token": 7, "plain_token": 9, "gap": 0.002, "loop_gap": 0.001,
+           "bound": 0.06, "certified": True}
+    near = copy.deepcopy(d["points"][0])
+    near.update(tokens_match_greedy=False, first_mismatch=26, near_tie=tie)
+    far = {**copy.deepcopy(near), "near_tie": {**tie, "gap": 0.5, "certified": False}}
+    far["depth"] += 1  # its own key
+    assert e2e_render.passed(near) and e2e_render.mark(near).endswith("≈")
+    assert not e2e_render.passed(far) and e2e_render.mark(far) == "✗"
+    res = SpecResults(d["created"], d["command"], d["environment"], d["workload"], [near, far])
+    md = e2e_report.to_markdown([e2e_report.SpecRun("", res)])
+    assert md_row(md, near)[11].startswith("✓≈ tokens ✓ at 26 (a near-tie: checked up to it)")
+    assert md_row(md, far)[11].startswith("✗ tokens ✗ at 26,")
+    notes = e2e_render.notes(res)
+    assert any(n.startswith("≈ ") and "a near-tie" in n for n in notes), notes
+    assert any(n.startswith("✗ ") and "tokens differ" in n for n in notes), notes

@@ -58,6 +58,40 @@ def test_scripted_drafts_are_accepted_exactly_m(label):
         n += m + 1
 
 
+def _tie_runs(rng, plain_top: float, loop_top: float):
+    """A loop of two verifies (kept 2, then 2) and a one-token decode of 4 tokens, parting at
+    token 2: the one-token decode's row there has token 5 at ``plain_top`` above token 3,
+    the loop's has token 3 at ``loop_top`` above token 5 (fresh random rows, scale ~1)."""
+    rows = rng.uniform(-1, 1, (4, 8)).astype(np.float32)
+    plain_rows, loop_rows = rows.copy(), rows.copy()
+    plain_rows[2, [5, 3]] = [2.0, 2.0 - plain_top]
+    loop_rows[2, [3, 5]] = [2.0, 2.0 - loop_top]
+    plain = loop.GreedyRun(tokens=[1, 4, 5, 0], logits=list(plain_rows))
+    ver = [loop.Verify(np.zeros(4, np.int64), 2, 1, 0.0, 0.0, None, None, None)] * 2
+    run = loop.LoopRun(tokens=[1, 4, 3, 6], verifies=ver,
+                       logits=[loop_rows[:2], loop_rows[2:]])
+    return run, plain
+
+
+def test_a_near_tie_is_certified_only_where_both_rows_agree_within_the_tolerance():
+    """``near_tie``: where the loop's token parts from the one-token decode's, both graphs'
+    rows put the two tokens within the logits tolerance's size (tolerance · max|row|) of
+    each other, or it is not certified (a wrong token the rows do not explain)."""
+    rng = np.random.default_rng(7)
+    assert loop.first_mismatch([1, 4, 3, 6], [1, 4, 5, 0]) == 2
+    assert loop.first_mismatch([1, 4], [1, 4, 5]) is None
+    run, plain = _tie_runs(rng, 0.002, 0.001)
+    tie = loop.near_tie(run, plain, 2, 0.01)  # bound 0.01 · 2.0
+    assert tie["certified"] and (tie["loop_token"], tie["plain_token"]) == (3, 5)
+    assert tie["gap"] == pytest.approx(0.002, abs=1e-6) and tie["bound"] == pytest.approx(0.02)
+    run, plain = _tie_runs(rng, 0.5, 0.001)  # the one-token decode's top far above
+    assert not loop.near_tie(run, plain, 2, 0.01)["certified"]
+    run, plain = _tie_runs(rng, 0.002, 0.5)  # the loop's own row far from a tie
+    assert not loop.near_tie(run, plain, 2, 0.01)["certified"]
+    assert loop.near_tie(loop.LoopRun(tokens=run.tokens, verifies=run.verifies), plain, 2,
+                         0.01) is None  # ids read: no rows to certify with
+
+
 # -- the rollback contract --------------------------------------------------------------------
 
 def test_a_backend_without_rollback_keeps_all_k_only():

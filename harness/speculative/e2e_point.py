@@ -393,14 +393,19 @@ def _point(req: GroupRequest, built: Built, acc: Acceptance, depth: DepthState, 
                                  "expected": rows}}
     if got is not None and twin is not None:
         checks["vs_replay"] = state_check.compare(got, twin, specs, rows, tol, True).to_dict()
+    parted = loop.first_mismatch(run.tokens, greedy.tokens)
+    tie = None if parted is None else loop.near_tie(run, greedy, parted, tol)
     if got is not None and plain.state is not None:
         fed = req.depth + len(greedy.tokens)  # the one-token decode's position
         want = {**plain.state, **plain.recurrent.get(rows, {})}
         same = rows == fed or rows in plain.recurrent
-        checks["vs_plain"] = state_check.compare(got, want, specs, min(rows, fed), tol,
+        upto = min(rows, fed)
+        if tie is not None and tie["certified"]:  # the rows fed the same tokens, no more
+            upto, same = min(upto, req.depth + parted + 1), False
+        checks["vs_plain"] = state_check.compare(got, want, specs, upto, tol,
                                                  False, same_count=same).to_dict()
     return _record(req, built, acc, run, greedy, checks, logits_check(req, run, greedy, tol),
-                   depth_s, base)
+                   depth_s, base, tie)
 
 
 def logits_check(req: GroupRequest, run: loop.LoopRun, greedy: loop.GreedyRun,
@@ -418,11 +423,9 @@ def logits_check(req: GroupRequest, run: loop.LoopRun, greedy: loop.GreedyRun,
 
 def _record(req: GroupRequest, built: Built, acc: Acceptance, run: loop.LoopRun,
             greedy: loop.GreedyRun, checks: dict, logits: dict, depth_s: float,
-            base: dict) -> dict:
+            base: dict, tie: dict | None = None) -> dict:
     b, k, n = built.backend, built.backend.tokens_per_step, len(run.tokens)
-    want = greedy.tokens[:n]
-    mismatch = next((i for i, (x, y) in enumerate(zip(run.tokens, want, strict=True))
-                     if x != y), None)
+    mismatch = loop.first_mismatch(run.tokens, greedy.tokens[:n])
     vs = run.verifies
     ms = [v.verify_ms for v in vs]
     dropped = [v for v in vs if v.kept < k]
@@ -438,6 +441,8 @@ def _record(req: GroupRequest, built: Built, acc: Acceptance, run: loop.LoopRun,
         "generated": n,
         "tokens_match_greedy": mismatch is None,
         "first_mismatch": mismatch,
+        # where they part: a near-tie both graphs agree on (certified), or None
+        "near_tie": tie,
         # the one-token decode's top-2 margin there (None where it read ids: no logits)
         "greedy_margin_at_mismatch": (greedy.margins[mismatch]
                                       if mismatch is not None and greedy.margins else None),

@@ -195,12 +195,15 @@ def _checks(p: dict) -> str:
     state = ("state ✓*" if p.get("state_compared", True) is False and p["state_ok"]
              else f"state {ok(p['state_ok'])}")
     at = "" if p["tokens_match_greedy"] else f" at {p.get('first_mismatch')}"
+    if e2e_render.parted_at_near_tie(p):
+        at += " (a near-tie: checked up to it)"
     rel = f" (max rel {logits['max_rel']:.2g})" if logits.get("max_rel") is not None else ""
     verdict = e2e_render.logits_ok(p)
     said = "— (not read: ids)" if verdict is None else f"{ok(verdict)}{rel}"
     chained = ("" if p.get("plain_chained_matches") is None
                else f", chained ids {ok(p['plain_chained_matches'])}")
-    return (f"{check_mark(p)} tokens {ok(p['tokens_match_greedy'])}{at}, "
+    tokens = p["tokens_match_greedy"] or e2e_render.parted_at_near_tie(p)
+    return (f"{check_mark(p)} tokens {ok(tokens)}{at}, "
             f"logits {said}, {state}{chained}")
 
 

@@ -199,6 +199,42 @@ def logits_against(run: LoopRun, plain: GreedyRun) -> tuple[float, int]:
     return worst, rows
 
 
+def first_mismatch(got: list[int], want: list[int]) -> int | None:
+    """The first index where ``got`` leaves ``want`` (over the shorter), or None."""
+    return next((i for i, (x, y) in enumerate(zip(got, want, strict=False)) if x != y), None)
+
+
+def kept_row(run: LoopRun, i: int) -> np.ndarray | None:
+    """The kept logits row the loop's token ``i`` came from (None where none was kept)."""
+    n = 0
+    for v, rows in zip(run.verifies, run.logits, strict=False):
+        if i < n + v.kept:
+            return rows[i - n]
+        n += v.kept
+    return None
+
+
+def near_tie(run: LoopRun, plain: GreedyRun, i: int, tolerance: float) -> dict | None:
+    """Where the loop's token ``i`` differs from the one-token decode's, whether that is a
+    near-tie both graphs agree on: in the one-token decode's row, the loop's token lies
+    ``gap`` below its top, and in the loop's row the one-token decode's token lies
+    ``loop_gap`` below the loop's; ``certified`` where both are within the logits
+    tolerance's absolute size there (``tolerance`` · max|plain row|, the logits check's
+    scale): the two rows then agree within the tolerance and only their order of two
+    near-equal logits differs. None where either row was not kept (ids read)."""
+    got = kept_row(run, i)
+    if got is None or i >= len(plain.logits):
+        return None
+    want = np.asarray(plain.logits[i], np.float64).reshape(-1)
+    got = np.asarray(got, np.float64).reshape(-1)
+    t_loop, t_plain = int(run.tokens[i]), int(plain.tokens[i])
+    gap, loop_gap = want[t_plain] - want[t_loop], got[t_loop] - got[t_plain]
+    bound = tolerance * float(np.max(np.abs(want)))
+    return {"at": i, "loop_token": t_loop, "plain_token": t_plain, "gap": float(gap),
+            "loop_gap": float(loop_gap), "bound": bound,
+            "certified": bool(0 <= gap <= bound and 0 <= loop_gap <= bound)}
+
+
 def replay(backend: Backend, verifies: list[Verify], vocab: int) -> None:
     """The same verifies on a backend at the same depth, every dropped token (past each
     verify's kept ones) replaced by another: a correct rollback leaves no trace of the
