@@ -278,7 +278,7 @@ CHAIN_WARM = 2
 def chained_plain(plain: Built, depth: DepthState, first: int, tokens: list[int],
                   warm_s: float) -> dict:
     """The plain baseline a page can do best when it reads ids: the same one-token graph's
-    greedy decode chained on the device (``_Page.decode_chained``: step i + 1 queued before
+    greedy decode chained on the device (the page's ``decode_chained``: step i + 1 queued before
     step i's id is read), from the same depth, its first ``CHAIN_WARM`` tokens untimed and
     the rest timed as a whole (the capacity holds the one-token decode's tokens, no more);
     its ids checked against the one-token decode's. ``plain_chained_ms_per_token`` None,
