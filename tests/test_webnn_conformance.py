@@ -372,7 +372,7 @@ def test_op_support_limits_is_what_the_builder_checks(ctx):
     assert limits["preferred_input_layout"] == "nchw"
     assert limits["max_tensor_byte_length"] == ctx._max_tensor_bytes() > 0
     assert "int8" in limits["input"]["data_types"]
-    assert "int4" in limits["constant"]["data_types"] and "int4" not in limits["input"]["data_types"]
+    assert "int4" in limits["constant"]["data_types"] and "uint4" in limits["input"]["data_types"]
     for key in ("layer_normalization", "clamp", "leaky_relu", "not_equal", "reduce_l2",
                 "reduce_sum_square", "reduce_product", "reduce_log_sum_exp", "pad", "cast",
                 "arg_min", "arg_max", "elu", "hard_sigmoid", "hard_swish", "softsign", "linear",

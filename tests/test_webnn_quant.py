@@ -85,8 +85,9 @@ def test_int4_buffer_and_shapes_are_checked(ctx):
     b = MLGraphBuilder(ctx)
     with pytest.raises(TypeError, match="uint8 buffer of 3 bytes"):
         b.constant(data_type="int4", shape=[5], value=np.zeros(5, np.uint8))
-    with pytest.raises(TypeError, match="int4 inputs are not supported"):
-        b.input("q", data_type="int4", shape=[4])
+    with pytest.raises(TypeError, match="uint8 buffer of 2 bytes"):  # the page's, packed
+        ctx.write_tensor(ctx.create_tensor(data_type="int4", shape=[4], writable=True),
+                         np.zeros(4, np.uint8))
     x = b.constant(data_type="int4", shape=[4, 6], value=np.zeros(12, np.uint8))
     s = b.constant(data_type="float32", shape=[3, 6], value=np.ones((3, 6), np.float32))
     z = b.constant(data_type="int4", shape=[3, 6], value=np.zeros(9, np.uint8))

@@ -24,7 +24,7 @@ from backends.webnn.counters import ByteCounters
 
 from . import composites, ir, op_limits
 from . import shapes as S
-from .dtypes import DTYPES, DType, dtype, packed_words, to_device
+from .dtypes import DTYPES, DType, dtype, packed_bytes, packed_words, to_device
 from .errors import InvalidStateError
 
 _serial = itertools.count(1)
@@ -37,8 +37,11 @@ ELEMENTWISE_UNARY = (
 )
 COMPARISON = ("equal", "not_equal", "greater", "lesser", "lesser_or_equal", "greater_or_equal")
 LOGICAL = ("logical_and", "logical_or", "logical_xor", "logical_not", "is_nan", "is_infinite")
-#: what dequantizeLinear reads (int4/uint4 packed constants; int8 and uint8 in 32-bit words)
+#: what dequantizeLinear reads and quantizeLinear writes (int4/uint4: packed constants, or
+#: one element a 32-bit word elsewhere, as int8 and uint8: ``dtypes``)
 QUANTIZED = ("int4", "uint4", "int8", "uint8", "int32")
+#: the only ops taking int4/uint4 operands here
+TAKES_PACKED = ("dequantize_linear", "quantize_linear")
 FLOAT_ONLY = ("sqrt", "exp", "log", "sigmoid", "softplus", "tanh", "cos", "sin", "erf",
               "gelu", "reciprocal", "floor", "ceil", "softmax", "tan", "round_even")
 
@@ -116,10 +119,10 @@ class MLGraphBuilder:
               **attrs: Any) -> MLOperand:
         self._own(*inputs)
         packed = [x for x in inputs if x._dtype.packed]
-        if packed and op != "dequantize_linear":
+        if packed and op not in TAKES_PACKED:
             # the spec's opSupportLimits() may leave a type out of an op's list
             raise TypeError(f"{op} does not take {packed[0]._dtype.name} operands here; "
-                            "only dequantizeLinear does")
+                            "only dequantizeLinear and quantizeLinear do")
         op_limits.check(op, inputs)  # what opSupportLimits() reports
         if any(x._dtype.name == "float16" for x in inputs) and (
                 self._context._widens(op) or self._stays_wide(op, inputs)):
@@ -193,10 +196,7 @@ class MLGraphBuilder:
             raise TypeError("input name must be a non-empty string")
         if name in self._input_names:
             raise TypeError(f"duplicate input name {name!r}")
-        dt = self._dtype(data_type)
-        if dt.packed:
-            raise TypeError(f"{dt.name} inputs are not supported by this implementation; "
-                            f"{dt.name} operands are constants")
+        dt = self._dtype(data_type)  # int4/uint4: written packed by the page (``dtypes``)
         self._input_names.add(name)
         return MLOperand(self, "input", dt, S.check_shape(shape), name=name)
 
@@ -530,17 +530,17 @@ class MLGraphBuilder:
     def quantize_linear(self, x: MLOperand, scale: MLOperand,
                         zero_point: MLOperand) -> MLOperand:
         """clamp(roundEven(input / scale) + zeroPoint) to zeroPoint's type (saturating), the
-        scale's blocks as dequantizeLinear's. DEVIATION: zeroPoint int8, uint8 or int32, not
-        int4/uint4 (packed operands are constants here, so no op writes them)."""
+        scale's blocks as dequantizeLinear's. An int4/uint4 result is one element a device
+        word (``dtypes``): read packed by the page, or read by dequantizeLinear."""
         self._own(x, scale, zero_point)
         if not x._dtype.is_float:
             raise TypeError(f"quantizeLinear input must be float, got {x._dtype.name}")
         if scale._dtype != x._dtype:
             raise TypeError(f"quantizeLinear scale must be {x._dtype.name} as the input, got "
                             f"{scale._dtype.name}")
-        if zero_point._dtype.name not in ("int8", "uint8", "int32"):
-            raise TypeError(f"quantizeLinear zeroPoint must be int8, uint8 or int32 here, got "
-                            f"{zero_point._dtype.name}")
+        if zero_point._dtype.name not in QUANTIZED:
+            raise TypeError(f"quantizeLinear zeroPoint must be one of {', '.join(QUANTIZED)}, "
+                            f"got {zero_point._dtype.name}")
         if scale._shape != zero_point._shape:
             raise TypeError(f"scale {list(scale._shape)} and zeroPoint "
                             f"{list(zero_point._shape)} must have one shape")
@@ -1177,16 +1177,14 @@ class MLContext:
         (``op_limits.TABLE``), for the data types this context has."""
         self._check_alive()
         have = frozenset(n for n, dt in DTYPES.items() if not self._unsupported(dt))
-        return op_limits.support_limits(have, self._max_tensor_bytes(),
-                                        frozenset(n for n in have if not DTYPES[n].packed))
+        return op_limits.support_limits(have, self._max_tensor_bytes())
 
     # IDL: Promise<MLTensor> createTensor(MLTensorDescriptor descriptor);
     def create_tensor(self, *, data_type: str, shape: Sequence[int], readable: bool = False,
                       writable: bool = False) -> MLTensor:
         self._check_alive()
-        dt = dtype(data_type)
-        why = self._unsupported(dt) or (f"{dt.name} tensors are not supported by this "
-                                        "implementation" if dt.packed else "")
+        dt = dtype(data_type)  # int4/uint4: the page's buffers are packed (``dtypes``)
+        why = self._unsupported(dt)
         if why:
             raise TypeError(why)
         shp = S.check_shape(shape)
@@ -1224,11 +1222,13 @@ class MLContext:
             if len(outputs) != len(tensors):
                 raise TypeError(f"{len(outputs)} output arrays for {len(tensors)} tensors")
             for t, a in zip(tensors, outputs, strict=True):
+                size = (packed_bytes(t._dtype, S.size(t._shape)) if t._dtype.packed
+                        else S.size(t._shape))  # int4/uint4: the spec's packed buffer
                 if (not isinstance(a, np.ndarray) or a.dtype != t._dtype.host
-                        or a.size != S.size(t._shape) or not a.flags.c_contiguous
+                        or a.size != size or not a.flags.c_contiguous
                         or not a.flags.writeable):
                     raise TypeError(f"outputData must be a writable contiguous {t.data_type} "
-                                    f"array of {S.size(t._shape)} elements")
+                                    f"array of {size} elements")
         return self._read_tensors(list(tensors), None if outputs is None else list(outputs))
 
     # IDL: undefined dispatch(MLGraph graph, MLNamedTensors inputs, MLNamedTensors outputs, optional MLOperatorOptions options = {});

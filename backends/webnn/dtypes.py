@@ -7,10 +7,18 @@ still serves all; byte counts use ``DType.itemsize``.
 
 DEVIATION: ``int64`` is stored as ``i32`` on the device (WGSL has no 64-bit integers);
 ``write_tensor`` and ``constant`` range-check values and raise ``DataError`` outside int32.
-``int4`` / ``uint4`` constants are packed as the spec's buffers are: two elements a byte,
-the lower index in the low nibble; on the device the same bytes are read as ``u32`` words
-(eight elements a word, element i in nibble i % 8). DEVIATION: this implementation takes
-them as constants only, and only ``dequantizeLinear`` reads them (``MLGraphBuilder``).
+``int4`` / ``uint4`` have two device layouts. A constant is packed as the spec's buffer is
+(two elements a byte, the lower index in the low nibble) and uploaded as those bytes, read
+as ``u32`` words (eight elements a word, element i in nibble i % 8): a 4-bit model's weights
+take half a byte an element. Any other int4/uint4 operand (a graph input, a
+``quantizeLinear`` result: what an MLTensor holds) is one element a ``u32`` word, the
+element's nibble in bits 0-3 and the rest zero, so kernels stay element-indexed as for
+int8/uint8; only the host boundary packs: ``write_tensor`` takes the spec's packed buffer
+and unpacks it (``to_device``), ``read_tensor`` returns it packed again (``from_device``:
+an odd element count leaves the last byte's high nibble zero). Which layout a node has
+follows from its kind (constant or not: ``kernels/quant``). DEVIATION: only
+``quantizeLinear`` (its zeroPoint and output) and ``dequantizeLinear`` (its input and
+zeroPoint) take int4/uint4 operands (``MLGraphBuilder``), besides graph inputs and outputs.
 DEVIATION: ``uint8`` (the output of comparison ops, the condition of ``where``) is stored as
 ``u32`` on the device, ``int8`` as ``i32``; the host sees ``uint8`` / ``int8``. A cast to
 either keeps the value's lowest 8 bits (``kernels/elementwise``), so the word always holds
@@ -83,15 +91,37 @@ def pack_nibbles(values: np.ndarray) -> np.ndarray:
     return (v[..., 0::2] | (v[..., 1::2] << 4)).astype(np.uint8)
 
 
+def _packed_buffer(value, dt: DType, count: int) -> np.ndarray:
+    """The page's buffer of a packed type as flat bytes; TypeError when it is not the
+    ``packed_bytes`` of uint8 the descriptor says."""
+    raw = np.asarray(value)
+    if raw.dtype != np.uint8 or raw.size != packed_bytes(dt, count):
+        raise TypeError(f"{dt.name} data of {count} elements needs a uint8 buffer of "
+                        f"{packed_bytes(dt, count)} bytes (two elements a byte), got "
+                        f"{raw.dtype} x {raw.size}")
+    return raw.reshape(-1)
+
+
+def unpacked_words(value, dt: DType, count: int) -> np.ndarray:
+    """The spec's packed buffer of ``count`` 4-bit elements as device words, one element a
+    ``u32`` (its nibble; the layout of non-constant int4/uint4 operands)."""
+    nibbles = unpack_nibbles(_packed_buffer(value, dt, count))[:count]
+    return nibbles.astype(np.uint32)
+
+
+def packed_buffer(words: np.ndarray, count: int) -> np.ndarray:
+    """``unpacked_words`` undone: ``count`` one-a-word 4-bit elements as the spec's buffer
+    (an odd count leaves the last byte's high nibble zero)."""
+    v = np.asarray(words).reshape(-1)[:count].astype(np.uint8) & 0xF
+    if count % 2:
+        v = np.concatenate([v, np.zeros(1, np.uint8)])
+    return pack_nibbles(v)
+
+
 def packed_words(value, dt: DType, count: int) -> np.ndarray:
     """A packed constant's bytes as the device's u32 words (zero-padded); TypeError when the
     buffer is not the ``packed_bytes`` the descriptor says."""
-    raw = np.asarray(value)
-    if raw.dtype != np.uint8 or raw.size != packed_bytes(dt, count):
-        raise TypeError(f"{dt.name} constant of {count} elements needs a uint8 buffer of "
-                        f"{packed_bytes(dt, count)} bytes (two elements a byte), got "
-                        f"{raw.dtype} x {raw.size}")
-    flat = raw.reshape(-1)
+    flat = _packed_buffer(value, dt, count)
     pad = -flat.size % 4
     if pad:
         flat = np.concatenate([flat, np.zeros(pad, np.uint8)])
@@ -112,7 +142,10 @@ _INT32 = np.iinfo(np.int32)
 
 
 def to_device(value, dt: DType, count: int) -> np.ndarray:
-    """Convert host data to the device representation, checking size and int64 range."""
+    """Convert host data to the device representation, checking size and int64 range; a
+    packed type's data is the spec's buffer (``unpacked_words``)."""
+    if dt.packed:
+        return unpacked_words(value, dt, count)
     arr = np.asarray(value)
     if arr.size != count:
         raise TypeError(f"data has {arr.size} elements, the tensor has {count}")
@@ -126,5 +159,8 @@ def to_device(value, dt: DType, count: int) -> np.ndarray:
 
 
 def from_device(raw: np.ndarray, dt: DType, shape: tuple[int, ...]) -> np.ndarray:
-    """Device representation back to the page's NumPy type and shape."""
+    """Device representation back to the page's NumPy type and shape; a packed type's is
+    the spec's buffer, flat (``packed_buffer``: it has no element shape)."""
+    if dt.packed:
+        return packed_buffer(raw, int(np.prod(shape, dtype=np.int64)))
     return raw.astype(dt.host, copy=False).reshape(shape)

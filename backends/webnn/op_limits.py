@@ -28,10 +28,12 @@ SIGNED = FLOAT | {"int32", "int64"}
 INDEX = frozenset({"int32", "int64", "uint32"})
 BOOL = frozenset({"uint8"})
 SUMMABLE = FLOAT | {"int32", "int64", "uint32"}
-#: dequantizeLinear's input (int4/uint4: packed constants)
+#: dequantizeLinear's input and quantizeLinear's output (int4/uint4: packed constants, or
+#: one element a 32-bit word elsewhere: ``dtypes``)
 QUANTIZED = frozenset({"int4", "uint4", "int8", "uint8", "int32"})
-#: quantizeLinear's output: what an op can write (no packed outputs here)
-QUANTIZES_TO = QUANTIZED - {"int4", "uint4"}
+#: graph inputs, constants and outputs: every type (int4/uint4 move packed at the host
+#: boundary; only the two ops above take them)
+IO = ANY | {"int4", "uint4"}
 
 
 @dataclass(frozen=True)
@@ -96,8 +98,8 @@ TABLE: dict[str, OpLimits] = {
         "dequantizeLinear", (("input", QUANTIZED), ("scale", FLOAT), ("zeroPoint", QUANTIZED)),
         output=FLOAT),
     "quantize_linear": OpLimits(
-        "quantizeLinear", (("input", FLOAT), ("scale", FLOAT), ("zeroPoint", QUANTIZES_TO)),
-        output=QUANTIZES_TO),
+        "quantizeLinear", (("input", FLOAT), ("scale", FLOAT), ("zeroPoint", QUANTIZED)),
+        output=QUANTIZED),
     **{op: _single(m, FLOAT) for op, m in (
         ("elu", "elu"), ("hard_sigmoid", "hardSigmoid"), ("hard_swish", "hardSwish"),
         ("softsign", "softsign"), ("linear", "linear"))},
@@ -179,18 +181,16 @@ def _tensor(types: Iterable[str], available: frozenset[str], ranks: tuple[int, i
             "rank_range": {"min": ranks[0], "max": ranks[1]}}
 
 
-def support_limits(available: frozenset[str], max_tensor_bytes: int,
-                   io_types: frozenset[str]) -> dict:
+def support_limits(available: frozenset[str], max_tensor_bytes: int) -> dict:
     """The ``MLOpSupportLimits`` dictionary (snake_case members, as the Python mirror names
     them): per op its operands' and output's limits, filtered to the data types this
-    context has (``available``); inputs, constants and outputs of a graph take
-    ``io_types`` (packed types are constants only)."""
+    context has (``available``); inputs, constants and outputs of a graph take ``IO``."""
     out: dict[str, Any] = {
         "preferred_input_layout": "nchw",
         "max_tensor_byte_length": int(max_tensor_bytes),
-        "input": _tensor(io_types, available, (0, MAX_RANK)),
-        "constant": _tensor(io_types | {"int4", "uint4"}, available, (0, MAX_RANK)),
-        "output": _tensor(io_types, available, (0, MAX_RANK)),
+        "input": _tensor(IO, available, (0, MAX_RANK)),
+        "constant": _tensor(IO, available, (0, MAX_RANK)),
+        "output": _tensor(IO, available, (0, MAX_RANK)),
     }
     for lim in TABLE.values():
         member = {_snake(name): _tensor(types, available, lim.rank_range(k))

@@ -2,8 +2,9 @@
 matrix-vector product that dequantises in registers (the decode step's projections on ``+q4``
 models; the several-rows variants the GPU runs are in ``quant_rows``).
 
-Packed ``int4``/``uint4`` operands are ``u32`` words, element i in nibble i % 8 of word
-i / 8 (dtypes.py); ``uint8`` is one element a word.
+Packed ``int4``/``uint4`` constants are ``u32`` words, element i in nibble i % 8 of word
+i / 8 (dtypes.py); other int4/uint4 operands (graph inputs, ``quantizeLinear`` results) are
+one element a word, its nibble in bits 0-3, as ``uint8`` is one element a word.
 """
 
 from __future__ import annotations
@@ -20,32 +21,38 @@ if TYPE_CHECKING:
     from .quant_rows import GatedOutput
 
 
-def load_fn(name: str, array: str, kind: str) -> str:
-    """WGSL ``fn name(j: u32) -> f32``: element j of a quantised array, as a float."""
-    if kind == "int4":  # sign-extend the nibble: move it to the top, shift back arithmetically
+def load_fn(name: str, array: str, kind: str, packed: bool = True) -> str:
+    """WGSL ``fn name(j: u32) -> f32``: element j of a quantised array, as a float; an
+    int4/uint4 array eight elements a word where ``packed`` (a constant), else one a word."""
+    if kind == "int4" and not packed:  # sign-extend bit 3 of the word's nibble
+        body = f"  return f32(bitcast<i32>({array}[j] << 28u) >> 28u);\n"
+    elif kind == "int4":  # sign-extend the nibble: move it to the top, shift back arithmetically
         body = (f"  let w = {array}[j / 8u];\n"
                 "  return f32(bitcast<i32>(w << (28u - (j % 8u) * 4u)) >> 28u);\n")
-    elif kind == "uint4":
+    elif kind == "uint4" and packed:
         body = f"  return f32(({array}[j / 8u] >> ((j % 8u) * 4u)) & 15u);\n"
     else:
         body = f"  return f32({array}[j]);\n"
     return f"fn {name}(j: u32) -> f32 {{\n{body}}}\n"
 
 
-def dequantize_linear(kind: str, shape: Sequence[int], block: Sequence[int], out_t: str) -> Kernel:
+def dequantize_linear(kind: str, shape: Sequence[int], block: Sequence[int], out_t: str,
+                      x_packed: bool = True, zp_packed: bool = True) -> Kernel:
     """out[c] = (x[c] - zp[c / block]) * scale[c / block] for every coordinate c of
-    ``shape`` (row-major), ``block`` the block size per axis (``_classes.blocks``)."""
+    ``shape`` (row-major), ``block`` the block size per axis (``_classes.blocks``);
+    ``x_packed`` / ``zp_packed``: an int4/uint4 operand is a packed constant (``load_fn``)."""
     n = S.size(shape)
     sshape = [d // b for d, b in zip(shape, block, strict=True)]
     gx, gy, gz = grid(n)
     dt = dtype(kind)  # its device words: u32 (packed nibbles, or one uint8 a word)
     src = (decl(0, "x", dt.wgsl, "read") + decl(1, "scale", out_t, "read")
            + decl(2, "zp", dt.wgsl, "read") + decl(3, "out", out_t, "rw")
-           + load_fn("xq", "x", kind) + load_fn("zq", "zp", kind) + scale_index_fn(shape, block))
+           + load_fn("xq", "x", kind, x_packed) + load_fn("zq", "zp", kind, zp_packed)
+           + scale_index_fn(shape, block))
     src += (main_1d(gx) + f"  if (i >= {n}u) {{ return; }}\n  let s = scale_index(i);\n"
             f"  out[i] = {out_t}((xq(i) - zq(s)) * f32(scale[s]));\n}}\n")
     ns = S.size(sshape)
-    stored = packed_bytes(dt, n) if dt.packed else n * dt.itemsize
+    stored = packed_bytes(dt, n) if dt.packed and x_packed else n * dt.itemsize
     traffic = stored + ns * (esize(out_t) + 4) + n * esize(out_t)
     return Kernel("dequantize_linear", src, ["read", "read", "read", "rw"], (gx, gy, gz), traffic)
 
@@ -70,23 +77,36 @@ def scale_index_fn(shape: Sequence[int], block: Sequence[int]) -> str:
 #: quantizeLinear's saturation bounds per output type, as float32 literals (int32's top is
 #: the largest float32 below 2^31, so the conversion stays in range)
 _SATURATE = {"int8": ("-128.0", "127.0"), "uint8": ("0.0", "255.0"),
-             "int32": ("-2147483648.0", "2147483520.0")}
+             "int32": ("-2147483648.0", "2147483520.0"), "int4": ("-8.0", "7.0"),
+             "uint4": ("0.0", "15.0")}
 
 
-def quantize_linear(kind: str, in_t: str, shape: Sequence[int], block: Sequence[int]) -> Kernel:
+def _quantized_word(kind: str, wt: str, value: str) -> str:
+    """WGSL: the device word of ``kind`` holding float ``value`` (integral, in range): an
+    int4's nibble (two's complement, the word's other bits zero), else the value."""
+    if kind == "int4":
+        return f"bitcast<u32>(i32({value})) & 15u"
+    return f"{wt}({value})"
+
+
+def quantize_linear(kind: str, in_t: str, shape: Sequence[int], block: Sequence[int],
+                    zp_packed: bool = False) -> Kernel:
     """out[c] = clamp(roundEven(x[c] / scale[s]) + zp[s], lo, hi) in float32, ``s`` the
     coordinate's block (``scale_index_fn``), [lo, hi] the range of ``kind`` (int8, uint8,
-    int32): WGSL's ``round`` takes halves to even, as the spec's roundEven."""
+    int32, int4, uint4): WGSL's ``round`` takes halves to even, as the spec's roundEven.
+    An int4/uint4 result is one element a word; its zero point a packed constant where
+    ``zp_packed`` (``load_fn``)."""
     n = S.size(shape)
     ns = S.size([d // b for d, b in zip(shape, block, strict=True)])
     gx, gy, gz = grid(n)
-    wt = dtype(kind).wgsl  # int8 and int32 in i32 words, uint8 in u32
+    wt = dtype(kind).wgsl  # int8 and int32 in i32 words, uint8, int4 and uint4 in u32
     lo, hi = _SATURATE[kind]
     src = (decl(0, "x", in_t, "read") + decl(1, "scale", in_t, "read")
-           + decl(2, "zp", wt, "read") + decl(3, "out", wt, "rw") + scale_index_fn(shape, block))
+           + decl(2, "zp", wt, "read") + decl(3, "out", wt, "rw") + scale_index_fn(shape, block)
+           + load_fn("zq", "zp", kind, zp_packed))
     src += (main_1d(gx) + f"  if (i >= {n}u) {{ return; }}\n  let s = scale_index(i);\n"
-            "  let q = round(f32(x[i]) / f32(scale[s])) + f32(zp[s]);\n"
-            f"  out[i] = {wt}(clamp(q, {lo}, {hi}));\n}}\n")
+            "  let q = round(f32(x[i]) / f32(scale[s])) + zq(s);\n"
+            f"  out[i] = {_quantized_word(kind, wt, f'clamp(q, {lo}, {hi})')};\n}}\n")
     traffic = n * (esize(in_t) + 4) + ns * (esize(in_t) + 4)
     return Kernel("quantize_linear", src, ["read", "read", "read", "rw"], (gx, gy, gz), traffic)
 

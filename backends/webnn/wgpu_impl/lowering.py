@@ -109,16 +109,23 @@ def _matmul(n: Site) -> None:
 
 @lowers("dequantize_linear")
 def _dequantize_linear(n: Site) -> None:
-    x, scale, _ = n.node.inputs
-    k = QK.dequantize_linear(x.dtype.name, x.shape, blocks(x.shape, scale.shape), n.wgsl)
+    x, scale, zp = n.node.inputs
+    k = QK.dequantize_linear(x.dtype.name, x.shape, blocks(x.shape, scale.shape), n.wgsl,
+                             x_packed=_packed(x), zp_packed=_packed(zp))
     n.add(KernelLaunch(k, n.ins + [n.out]))
+
+
+def _packed(x: Node) -> bool:
+    """Whether an int4/uint4 operand lies packed (a constant: ``dtypes``), not a word an
+    element."""
+    return x.kind == "constant"
 
 
 @lowers("quantize_linear")
 def _quantize_linear(n: Site) -> None:
-    x, scale, _ = n.node.inputs
+    x, scale, zp = n.node.inputs
     k = QK.quantize_linear(n.node.dtype.name, x.dtype.wgsl, x.shape,
-                           blocks(x.shape, scale.shape))
+                           blocks(x.shape, scale.shape), zp_packed=_packed(zp))
     n.add(KernelLaunch(k, n.ins + [n.out]))
 
 

@@ -101,6 +101,9 @@ class Readback:
             values = raw[:sizes[i]].view(dt.device_np)
             if outputs is None:
                 out[i] = from_device(values.copy(), dt, tensors[i]._shape)
+            elif dt.packed:  # the page's array holds the spec's packed buffer
+                outputs[i].reshape(-1)[...] = from_device(values, dt, tensors[i]._shape)
+                out[i] = outputs[i]
             else:
                 outputs[i].reshape(-1)[...] = values  # the page's array, no allocation
                 out[i] = outputs[i]
