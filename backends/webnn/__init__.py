@@ -24,7 +24,8 @@ average_pool2d, l2_pool2d, max_pool2d, dequantize_linear, quantize_linear; lower
 prelu, layer_normalization, batch_normalization, instance_normalization, reduce_l1,
 reduce_l2, reduce_log_sum, reduce_log_sum_exp, reduce_sum_square.
 
-Data types: float32, int32, int64, uint32, uint8.
+Data types: float32, float16 (where the adapter has 'shader-f16'), int32, int64, uint32,
+int8, uint8, int4, uint4.
 
 Deviations (each marked DEVIATION in the code):
 - int64 is stored as int32 on the device; values outside int32 raise DataError on write.
@@ -43,8 +44,10 @@ Deviations (each marked DEVIATION in the code):
   divisor counts the taps inside the input, as WPT expects); padding is kept where
   output_sizes is given and output_sizes may be >= strides, as WPT's validation tests have
   it (the spec's steps say otherwise); an all-padding window gives 0.
-- quantize_linear writes int8, uint8 or int32 (zeroPoint's type), not int4/uint4: packed
-  operands are constants here.
+- int4/uint4: constants are kept packed; any other int4/uint4 operand is one element a
+  32-bit word on the device, packed only at the host boundary (write_tensor takes and
+  read_tensor returns the spec's packed buffer). Only quantize_linear (zeroPoint, output) and
+  dequantize_linear (input, zeroPoint) take them, besides graph inputs and outputs.
 - Out-of-range gather, gather_elements and gather_nd indices are clamped; out-of-range scatter_nd tuples and
   scatter_elements indices are skipped (implementation-defined in the spec); negative ones
   count from the end.
