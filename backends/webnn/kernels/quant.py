@@ -408,12 +408,13 @@ def cols_workgroups(K: int, N: int, block: int, per_thread: int = 1,
 def cols_shared_bytes(M: int, tile: int = 8, per_thread: int = 1,
                       norms: bool = False) -> int:
     """Workgroup memory ``gemm_q4_cols`` declares at most (256 invocations, any
-    ``cols``): its slices' sums, and with ``norms`` a ``prologue``'s reductions (a
-    workgroup's floats a row of the tile) and ``stats``' sums (up to 32 columns a row);
-    the lowering checks it against the adapter's limit."""
+    ``cols``): its slices' sums, a gated pair's sums, and with ``norms`` a ``prologue``'s
+    reductions (a workgroup's floats a row of the tile) and ``stats``' sums (up to 32
+    columns a row; never with the pair's); the planner checks it against the adapter's
+    limit (``match_q4.rows_norms``)."""
     MT, wg = min(M, tile), 256
-    extra = MT * wg + MT * 32 if norms else 0
-    return 4 * (wg * MT * per_thread + extra)
+    extra = MT * wg if norms else 0
+    return 4 * (wg * MT * per_thread + MT * 32 * per_thread + extra)
 
 
 def gemm_q4_cols(K: int, N: int, block: int, M: int, *, signed: bool, zero_points: bool,
