@@ -811,6 +811,34 @@ def test_norm_between_several_row_4bit_products_from_partial_sums(
     _assert_partials_plan(got, "gemm_q4_quad", sub)
 
 
+@pytest.mark.parametrize("variant,dt,M,K,N,spelling,sub", [
+    ("cols", "float16", 4, 2048, 2048, "mean", False),
+    ("cols", "float16", 3, 8192, 2048, "sum", True),
+    ("cols", "float32", 4, 2048, 2048, "sum", True),
+    ("cols", "float32", 3, 2048, 2048, "mean", False),
+    ("cols", "float32", 5, 64, 96, "mean", True),
+    ("cols2", "float16", 4, 2048, 2048, "mean", True),
+    ("cols4_c8", "float32", 5, 512, 544, "sum", False),
+    ("cols_c32", "float16", 4, 8192, 2048, "sum", False),
+    ("cols", "float32", 11, 256, 96, "mean", True),  # two row tiles, the last ragged
+    ("cols2", "float16", 16, 2048, 2048, "sum", False)])  # a prefill chunk's two tiles
+def test_norm_between_several_row_4bit_products_by_column_from_partial_sums(
+        ctx_with, subgroup_size, monkeypatch, variant, dt, M, K, N, spelling, sub):
+    """A K-token verify's norms by column (``q4_rows=cols``, the GPU default): as
+    ``gemm_q4_quad``'s above, each residual ``gemm_q4_cols`` writes each row's partial
+    sums of squares (a workgroup's over its columns) and the next computes each row's norm
+    where it reads it: three launches and no norm launch; against float64 NumPy on fresh
+    random inputs and within rounding of ``q4_norms=off``, at llama-1b's o/down into
+    q/k/v shapes, a ragged M, more rows than a tile (a prefill chunk's: each tile's
+    workgroups write and read their own rows' partials), several columns an invocation
+    and fixed slice-groups, the partials summed through workgroup memory or (``sub``)
+    subgroupAdd."""
+    got = _norms_between_products(ctx_with, subgroup_size, monkeypatch,
+                                  {"gemv": "rows", "q4_rows": variant}, dt, K, N, spelling,
+                                  sub, M)
+    _assert_partials_plan(got, "gemm_q4_cols", sub)
+
+
 @pytest.mark.parametrize("tail", ["cast16", "cast16_32", "tanh"])
 @pytest.mark.parametrize("chunks", [False, True])
 def test_a_product_read_by_one_elementwise_tail_writes_the_tail(ctx_with, monkeypatch, tail,

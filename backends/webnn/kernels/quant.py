@@ -16,9 +16,10 @@ from .. import shapes as S
 from ..dtypes import dtype, packed_bytes
 from .common import Kernel, decl, esize, grid, main_1d
 from .matmul import VectorSource, gemv_tail
+from .reduce import inline_reduction, unrolled_reduction
 
 if TYPE_CHECKING:
-    from .quant_rows import GatedOutput
+    from .quant_rows import GatedOutput, StatsOutput
 
 
 def load_fn(name: str, array: str, kind: str, packed: bool = True) -> str:
@@ -208,14 +209,22 @@ def gemv_q4(K: int, N: int, block: int, *, signed: bool, zero_points: bool, lane
 
 
 def _rows_bindings(wide: bool, signed: bool, zero_points: bool, residual: bool,
-                   half_out: bool, N: int, splits: Sequence[int] | None) -> tuple[str, list[str]]:
+                   half_out: bool, N: int, splits: Sequence[int] | None,
+                   prologue: VectorSource | None = None,
+                   stats: bool = False) -> tuple[str, list[str]]:
     """The several-row products' bindings (``gemm_q4_rows`` documents them) and unpacking
-    functions, and each binding's access."""
-    src = decl(0, "a", "vec4<f32>", "read") + decl(1, "b", "vec4<u32>" if wide else "u32",
-                                                    "read") + decl(2, "sc", "f32", "read")
-    binds = ["read"] * 3
+    functions, and each binding's access; with a ``prologue``, its bindings (and its
+    module-scope source) instead of ``a``; ``stats``: the partial sums ``pt`` (rw) last
+    (``gemm_q4_cols``)."""
+    if prologue is None:
+        src, binds = decl(0, "a", "vec4<f32>", "read"), ["read"]
+    else:
+        src, binds = prologue.src, list(prologue.bindings)
+    src += (decl(len(binds), "b", "vec4<u32>" if wide else "u32", "read")
+            + decl(len(binds) + 1, "sc", "f32", "read"))
+    binds += ["read"] * 2
     if zero_points:
-        src += decl(3, "zc", "f32", "read")
+        src += decl(len(binds), "zc", "f32", "read")
         binds.append("read")
     io = "f16" if half_out else "f32"
     if residual:
@@ -225,7 +234,32 @@ def _rows_bindings(wide: bool, signed: bool, zero_points: bool, residual: bool,
     for j in range(len(outs)):
         src += decl(len(binds), f"out{j}" if splits else "out", io, "rw")
         binds.append("rw")
+    if stats:
+        src += decl(len(binds), "pt", "f32", "rw")
+        binds.append("rw")
     return src + _unpack_fns(signed), binds
+
+
+def _row_input(prologue: VectorSource, M: int, wg: int, subgroup: int | None,
+               rows: Sequence[str] | None = None) -> tuple[str, str]:
+    """(module declarations, body) of a prologue read by M rows: ``row_in(i, red)``, its
+    element at flat index i given the row's reduced value, and each row m's ``red{m}``,
+    the sum of that row's partial sums (``VectorSource.partials``: row r's from r · count;
+    ``rows``: each row's index r as WGSL, else m), divided by the divisor. Every
+    invocation runs the body (its barriers)."""
+    load, count, div = prologue.partials
+    decls = (f"fn row_in(i: u32, red: f32) -> f32 {{\n"
+             f"  return {prologue.element.format('i')};\n}}\n")
+    scale = f" / {float(div)!r}" if div != 1 else ""
+    body = ""
+    for m in range(M):
+        first = f"{m * count}u" if rows is None else f"{rows[m]} * {count}u"
+        at = load.format(f"{first} + {{}}")
+        d, b = (unrolled_reduction("reduce_sum", count, at, wg, subgroup, f"red_p{m}")
+                or inline_reduction("reduce_sum", count, at, wg, f"red_p{m}"))
+        decls += d
+        body += b + f"  let red{m} = red_p{m}{scale};\n"
+    return decls, body
 
 
 def _rows_write(value: str, writer: str, j: int, N: int, M: int, width: int, n_off: int,
@@ -384,12 +418,33 @@ def cols_shape(K: int, N: int, block: int, per_thread: int = 1,
     return {"cols": c, "slices": 256 // c}
 
 
+def cols_workgroups(K: int, N: int, block: int, per_thread: int = 1,
+                    cols: int | None = None) -> int:
+    """The column workgroups of ``gemm_q4_cols`` over ``N`` columns (``cols_shape``'s, as
+    the lowering asks for them): how many partial sums a row its ``stats`` writes."""
+    return -(-N // (cols_shape(K, N, block, per_thread, cols)["cols"] * per_thread))
+
+
+def cols_shared_bytes(M: int, tile: int = 8, per_thread: int = 1,
+                      norms: bool = False) -> int:
+    """Workgroup memory ``gemm_q4_cols`` declares at most (256 invocations, any
+    ``cols``): its slices' sums, a gated pair's sums, and with ``norms`` a ``prologue``'s
+    reductions (a workgroup's floats a row of the tile) and ``stats``' sums (up to 32
+    columns a row; never with the pair's); the planner checks it against the adapter's
+    limit (``match_q4.rows_norms``)."""
+    MT, wg = min(M, tile), 256
+    extra = MT * wg if norms else 0
+    return 4 * (wg * MT * per_thread + MT * 32 * per_thread + extra)
+
+
 def gemm_q4_cols(K: int, N: int, block: int, M: int, *, signed: bool, zero_points: bool,
                  cols: int = 32, slices: int = 8, tile: int = 8, per_thread: int = 1,
                  n_off: int = 0, width: int | None = None,
                  splits: Sequence[int] | None = None, residual: bool = False,
                  half_out: bool = False, head_d: int | None = None,
-                 gated: GatedOutput | None = None) -> Kernel:
+                 gated: GatedOutput | None = None, subgroup: int | None = None,
+                 prologue: VectorSource | None = None,
+                 stats: StatsOutput | None = None) -> Kernel:
     """``gemm_q4_rows``' product with the codes laid out by load, then column (made at
     upload: ``match_q4.by_load``): an invocation per column and slice of K, so a warp's
     code loads are consecutive columns' (coalesced), its input loads the same row vector
@@ -407,11 +462,21 @@ def gemm_q4_cols(K: int, N: int, block: int, M: int, *, signed: bool, zero_point
     function of both (``out``: M rows of N / 2, its type), so neither product is written
     and the activation has no launch.
 
+    The norm between two products without a launch (``quant_quad_rows.gemm_q4_quad``'s
+    contracts): ``stats``: each workgroup also writes, for each row of its tile, the sum of
+    ``norm_el`` over the values it wrote, to ``pt[m · W + workgroup]`` (W:
+    ``cols_workgroups``; ``_cols_stats_write``); ``prologue`` (``partials`` only): the
+    input is computed where it is read (``row_in``), each workgroup first summing each
+    tile row's partials into that row's reduced value (``_row_input``; through
+    ``subgroupAdd`` where the subgroup is ``subgroup`` wide).
+
     Bindings as ``gemm_q4_rows``'; ``b`` (units, N) of vec4<u32> (u32 where the block is
     not a multiple of 32), ``sc`` (and ``zc``) (K / block, N)."""
     assert K % 8 == 0 and block % 8 == 0 and K % block == 0 and M >= 1 and per_thread >= 1
     assert not splits or (sum(splits) == N and not n_off and not residual and not half_out)
     assert gated is None or (N % 2 == 0 and cols % 2 == 0 and not (splits or n_off or residual))
+    assert prologue is None or (prologue.partials is not None and head_d is None)
+    assert stats is None or (gated is None and not splits)
     if gated is not None:
         half_out = gated.out_type == "f16"
     assert head_d is None or (head_d % 4 == 0 and K % head_d == 0)
@@ -420,14 +485,23 @@ def gemm_q4_cols(K: int, N: int, block: int, M: int, *, signed: bool, zero_point
     units, per = K // (8 * unit), block // (8 * unit)
     MT, CT, K4, width, wg = min(M, tile), per_thread, K // 4, width or N, cols * slices
     span = cols * CT  # columns a workgroup
-    src, binds = _rows_bindings(wide, signed, zero_points, residual, half_out, N, splits)
+    src, binds = _rows_bindings(wide, signed, zero_points, residual, half_out, N, splits,
+                                prologue, stats is not None)
+    rows_in = (_row_input(prologue, MT, wg, subgroup, [f"r{j}" for j in range(MT)])
+               if prologue is not None else None)
+    if rows_in is not None:
+        src += rows_in[0]
+    if stats is not None:
+        src += stats.src + f"var<workgroup> nrm_sh: array<f32, {MT * cols}>;\n"
     if slices > 1:
         src += f"var<workgroup> sh: array<f32, {wg * MT * CT}>;\n"
     comps = [".x", ".y", ".z", ".w"] if wide else [""]
     body = ""
     for i in range(2 * unit):  # the load's vec4s of input, each once for every column
         for j in range(MT):
-            body += f"    let v{i}_{j} = {_row_vec(j, i, head_d, M, unit)};\n"
+            vec = (_row_vec(j, i, head_d, M, unit) if rows_in is None
+                   else _row_computed(j, i))
+            body += f"    let v{i}_{j} = {vec};\n"
             if zero_points:
                 body += f"    t{j} = t{j} + v{i}_{j};\n"
         for c in range(CT):
@@ -449,6 +523,7 @@ def gemm_q4_cols(K: int, N: int, block: int, M: int, *, signed: bool, zero_point
                       f"  let nn{c} = min(n{c}, {N - 1}u);\n" for c in range(CT))
             + "".join(f"  let r{j} = min(m0 + {j}u, {M - 1}u);\n  let x{j} = r{j} * {K4}u;\n"
                       for j in range(MT))
+            + (rows_in[1] if rows_in is not None else "")  # every invocation: no return
             + "".join(f"  var acc{c}_{j} = 0.0;\n" for c in range(CT) for j in range(MT))
             + f"  for (var k = sl; k < {units}u; k = k + {slices}u) {{\n"
             + "".join(f"    let w{c} = b[k * {N}u + nn{c}];\n"
@@ -476,6 +551,10 @@ def gemm_q4_cols(K: int, N: int, block: int, M: int, *, signed: bool, zero_point
                           f"{CT * MT * cols}>;\n@compute", 1)
         src += _paired_write(gated, accs, MT, cols, M, N // 2)
         traffic -= (2 if half_out else 4) * M * N // 2  # half the columns written
+    elif stats is not None:
+        gx = -(-N // span)
+        src += _cols_stats_write(CT, MT, cols, gx, N, M, width, n_off, residual, half_out)
+        traffic += 4 * M * gx
     else:
         for c in range(CT):
             src += f"  {{\n  let n = n{c};\n"
@@ -485,6 +564,39 @@ def gemm_q4_cols(K: int, N: int, block: int, M: int, *, signed: bool, zero_point
             src += "  }\n"
     src += "}\n"
     return Kernel("gemm_q4_cols", src, binds, (-(-N // span), tiles, 1), traffic)
+
+
+def _row_computed(j: int, i: int) -> str:
+    """WGSL: ``_row_vec``'s vec4 ``x + i`` of row ``r{j}`` computed by the prologue
+    (``row_in``) at its 4 flat indices, with the row's reduced value ``red{j}``."""
+    return "vec4<f32>(" + ", ".join(f"row_in(4u * (x{j} + x + {i}u) + {e}u, red{j})"
+                                    for e in range(4)) + ")"
+
+
+def _cols_stats_write(CT: int, MT: int, cols: int, W: int, N: int, M: int, width: int,
+                      n_off: int, residual: bool, half_out: bool) -> str:
+    """WGSL closing ``gemm_q4_cols`` with ``stats``: each column's sums (``acc{c}_{j}``, held
+    by its slice-0 invocation) written as ``_rows_write`` writes them (plus ``res``;
+    float16, rounded once), and ``norm_el`` of each written value summed a row into
+    workgroup memory; after one barrier invocation j < MT writes row m0 + j's sum over
+    the workgroup to ``pt[(m0 + j) · W + wid.x]`` (``StatsOutput``, a row's ``W``
+    partials together). Every invocation reaches the barrier."""
+    io = "f16" if half_out else "f32"
+    src = "".join(f"  var nf{j} = 0.0;\n" for j in range(MT))
+    for c in range(CT):
+        for j in range(MT):
+            idx = f"(m0 + {j}u) * {width}u + {n_off}u + n{c}"
+            val = f"acc{c}_{j} + f32(res[{idx}])" if residual else f"acc{c}_{j}"
+            src += (f"  if (sl == 0u && n{c} < {N}u && m0 + {j}u < {M}u) {{\n"
+                    f"    let xs = {io}({val});\n    out[{idx}] = xs;\n"
+                    f"    nf{j} = nf{j} + norm_el({idx}, xs);\n  }}\n")
+    src += "".join(f"  if (sl == 0u) {{ nrm_sh[{j * cols}u + c] = nf{j}; }}\n"
+                   for j in range(MT))
+    return src + (f"  workgroupBarrier();\n  if (lid < {MT}u && m0 + lid < {M}u) {{\n"
+                  f"    var tot = 0.0;\n"
+                  f"    for (var q = 0u; q < {cols}u; q = q + 1u) "
+                  f"{{ tot = tot + nrm_sh[lid * {cols}u + q]; }}\n"
+                  f"    pt[(m0 + lid) * {W}u + wid.x] = tot;\n  }}\n")
 
 
 def _paired_write(gated: GatedOutput, accs: list[tuple[int, int]], MT: int, cols: int,

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from .common import Kernel, decl, esize, grid
 from .matmul import VectorSource
-from .quant import _rows_write, _unpack_fns
+from .quant import _row_input, _rows_write, _unpack_fns
 from .quant_rows import (
     QUAD,
     GatedOutput,
@@ -25,7 +25,6 @@ from .quant_rows import (
     quad_lanes,
     wide_shared,
 )
-from .reduce import inline_reduction, unrolled_reduction
 
 
 def _input(m: int, x: str, K4: int, M: int, head_d: int | None, computed: bool) -> str:
@@ -66,26 +65,6 @@ def workgroups(K: int, N: int, M: int, loads: int = 1) -> int:
     lanes = quad_group(K, M, loads)
     gx, gy, _ = grid(N, max(1, 256 // lanes) * QUAD)
     return gx * gy
-
-
-def _row_input(prologue: VectorSource, M: int, wg: int,
-               subgroup: int | None) -> tuple[str, str]:
-    """(module declarations, body) of a prologue read by M rows: ``row_in(i, red)``, its
-    element at flat index i given the row's reduced value, and each row m's ``red{m}``,
-    the sum of that row's partial sums (``VectorSource.partials``: row m's from
-    m · count), divided by the divisor. Every invocation runs the body (its barriers)."""
-    load, count, div = prologue.partials
-    decls = (f"fn row_in(i: u32, red: f32) -> f32 {{\n"
-             f"  return {prologue.element.format('i')};\n}}\n")
-    scale = f" / {float(div)!r}" if div != 1 else ""
-    body = ""
-    for m in range(M):
-        at = load.format(f"{m * count}u + {{}}")
-        d, b = (unrolled_reduction("reduce_sum", count, at, wg, subgroup, f"red_p{m}")
-                or inline_reduction("reduce_sum", count, at, wg, f"red_p{m}"))
-        decls += d
-        body += b + f"  let red{m} = red_p{m}{scale};\n"
-    return decls, body
 
 
 def _row_stats_write(M: int, G: int, gx: int, W: int, N: int, width: int, n_off: int,

@@ -366,7 +366,8 @@ def gemv_prologues(nodes: list[Node], fold: dict[int, Node], inlined: set[int],
 def norm_partials(nodes: list[Node], inlined: set[int], groups: dict[int, Any],
                   taken: set[int], epilogue: dict[int, tuple[Node, Node]],
                   quad: dict[int, int], q4: dict[int, Any], loads: int, max_binding: int,
-                  target: Target) -> tuple[dict[int, Prologue], dict[int, NormStats]]:
+                  target: Target, rows_workgroups: Callable[[Any, int], int] | None = None,
+                  ) -> tuple[dict[int, Prologue], dict[int, NormStats]]:
     """(gemv id -> its input vector's Prologue, producer gemv id -> NormStats): RMSNorm read
     only by 4-bit products whose input it is (``quad``: the products the "quad" kernel runs,
     each with its bindings besides the input vector), its mean of squares over a residual
@@ -378,9 +379,11 @@ def norm_partials(nodes: list[Node], inlined: set[int], groups: dict[int, Any],
     the row. The reduction's element must be element-wise in the stream alone (``x · x``,
     through casts); a norm of anything else (the embedding's row) keeps its launch.
 
-    Products of M rows (``quad``: those ``quant_quad_rows.gemm_q4_quad`` runs, a K-token
-    verify's) alike, the norm one reduction a row: the producer writes each row's
-    partials, and each reader workgroup sums each row's."""
+    Products of M rows (``quad``: those ``quant_quad_rows.gemm_q4_quad`` or
+    ``quant.gemm_q4_cols`` runs, a K-token verify's) alike, the norm one reduction a row:
+    the producer writes each row's partials (``rows_workgroups(weights, M)`` of them: its
+    kernel's workgroups; default ``gemm_q4_quad``'s), and each reader workgroup sums each
+    row's."""
     consumers = fusion.consumers_of(nodes)
     by_id = {o.id: o for o in nodes}
     writer = {add.id: by_id[g] for g, (add, _) in epilogue.items()}  # stream id -> product
@@ -421,6 +424,7 @@ def norm_partials(nodes: list[Node], inlined: set[int], groups: dict[int, Any],
                 or len(pro.leaves) + 1 + max(quad[c.id] for c in readers) > target.max_storage):
             continue
         count = (quad_workgroups(w.K, w.N, loads) if M == 1
+                 else rows_workgroups(w, M) if rows_workgroups is not None
                  else QQ.workgroups(w.K, w.N, M, loads))
         st = NormStats(chain, x, ("temp", ("norm", p.id)), count, M)
         stats[p.id] = st

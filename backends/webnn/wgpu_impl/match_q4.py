@@ -146,6 +146,35 @@ def rows_quad(plan: Any, w: Q4Weight, M: int, norms: bool = False) -> bool:
             and QQ.shared_bytes(w.K, M, t.subgroup, norms=norms) <= t.shared_bytes)
 
 
+def rows_by_cols(plan: Any) -> tuple[int, int | None] | None:
+    """(columns an invocation, columns a slice-group or None) of the several-row products
+    ``quant.gemm_q4_cols`` runs: by column as asked (``q4_cols``), or where "quad" was
+    asked and the weights do not allow it; None where they run ``gemm_q4_rows``."""
+    opts = plan.options
+    return opts.q4_cols(plan.target) or ((1, None) if opts.q4_rows_quad(plan.target) else None)
+
+
+def rows_norms(plan: Any, w: Q4Weight, M: int) -> bool:
+    """Whether a product of ``M`` rows of weights ``w`` runs a kernel that writes a norm's
+    partial sums and reads them (``gemv.norm_partials``): the quad layout with them
+    within workgroup memory (``rows_quad``), else by column with them within it."""
+    if rows_quad(plan, w, M, norms=True):
+        return True
+    by_cols = rows_by_cols(plan)
+    return by_cols is not None and QK.cols_shared_bytes(
+        M, per_thread=by_cols[0], norms=True) <= plan.target.shared_bytes
+
+
+def rows_workgroups(plan: Any, w: Q4Weight, M: int) -> int:
+    """The workgroups of the kernel a residual product of ``M`` rows writing a norm's
+    partials runs (``rows_norms``): how many partial sums a row it writes."""
+    if rows_quad(plan, w, M, norms=True):
+        return QQ.workgroups(w.K, w.N, M)
+    by_cols = rows_by_cols(plan)
+    assert by_cols is not None, "norm partials need the quad layout or by column"
+    return QK.cols_workgroups(w.K, w.N, w.block, *by_cols)
+
+
 def stacked_rows(nodes: list[Node], q4_rows: dict[int, Q4Weight],
                  max_binding: int) -> dict[int, list[Node]]:
     """Several-row 4-bit products of one input (a K-token graph's q, k and v; its gate and
@@ -361,16 +390,16 @@ def lower_q4_rows(plan: Any, members: list[Node], a_slot: Slot, slot_of: Any) ->
     K, N = w0.K, sum(w.N for w in ws)
     per = N if len(ws) > 1 else max(8, (plan.max_binding // (K // 2)) // 8 * 8)
     lanes = 8 if plan.target.cpu else 32
-    asked_quad = plan.options.q4_rows_quad(plan.target)
     a_slots, source = GV.gemv_input(plan, members[0], [a_slot], slot_of)
     stats = plan.norm_stats.get(members[0].id)  # partial sums for the next norm's readers
     # the quad layout where the weights allow it, else by column
     quad = rows_quad(plan, w0, M, norms=source is not None or stats is not None)
-    by_cols = plan.options.q4_cols(plan.target) or ((1, None) if asked_quad else None)
+    by_cols = rows_by_cols(plan)
     by_col = by_cols is not None and not quad
     per_thread, cols = by_cols or (1, None)
     dst, res = plan.epilogue.get(members[0].id, (members[0], None))  # (the add, residual)
-    assert quad or (source is None and stats is None), "a norm's partials need the quad layout"
+    assert quad or by_col or (source is None and stats is None), \
+        "a norm's partials need the quad layout or by column"
     assert stats is None or (res is not None and per >= N), \
         "norm partials need a residual and one launch"
     if stats is not None:
@@ -428,12 +457,15 @@ def lower_q4_rows(plan: Any, members: list[Node], a_slot: Slot, slot_of: Any) ->
                 [stats.slot] if stats is not None else [])]))
             continue
         k = (QK.gemm_q4_cols(K, nc, w0.block, M, per_thread=per_thread,
+                             subgroup=plan.target.subgroup, prologue=source,
+                             stats=stats.output() if stats is not None else None,
                              **QK.cols_shape(K, nc, w0.block, per_thread, cols), **common)
              if by_col else
              QK.gemm_q4_rows(K, nc, w0.block, M, lanes=lanes, subgroup=plan.target.subgroup,
                              **common))
-        plan.launches.append(KernelLaunch(k, [a_slot, *slots, *(
-            [slot_of(res)] if res is not None else []), *outs]))
+        plan.launches.append(KernelLaunch(k, [*a_slots, *slots, *(
+            [slot_of(res)] if res is not None else []), *outs, *(
+            [stats.slot] if stats is not None else [])]))
 
 
 @claims(61, lambda plan, o: o.id in plan.q4_rows)

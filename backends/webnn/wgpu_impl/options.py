@@ -136,8 +136,8 @@ class KernelOptions:
     #: sum the squares of the rows they write; the norm's readers sum those partial sums and
     #: compute the norm where they read it: no launch of its own), "off" (as
     #: ``gemv_prologue``/``q4_prologue`` decide: by default one launch a norm). A K-token
-    #: verify's products of several rows alike where they run "quad" (``q4_rows``), a
-    #: reduction a row
+    #: verify's products of several rows alike where they run "quad" or by column
+    #: (``q4_rows``), a reduction a row
     q4_norms: str | None = None
     #: a vector and its row reduction in one launch (``kernels/matmul.computed_vector``, the
     #: launch of "launch" above; RMSNorm, L2 norms per head): None/"unrolled" (a workgroup no
@@ -336,10 +336,18 @@ class KernelOptions:
     def q4_norm_partials(self, t: Target) -> bool:
         """Whether a norm between two 4-bit products is computed from partial sums the first
         writes (``q4_norms``): by default on GPU adapters, where the "quad" kernel runs
-        (PERFORMANCE.md, "Knobs"); between several-row products where ``q4_rows_quad``
-        holds too."""
+        (PERFORMANCE.md, "Knobs"); several-row products: ``q4_rows_norm_partials``."""
         how = self.q4_norms
         return (how == "partials" or (how is None and not t.cpu)) and self.q4_quad(t) is not None
+
+    def q4_rows_norm_partials(self, t: Target) -> bool:
+        """Whether a norm between two several-row 4-bit products (a K-token verify's) is
+        computed from the partial sums the first writes (``q4_norms``, as
+        ``q4_norm_partials``): where they run "quad" (``q4_rows_quad``) or by column
+        (``q4_cols``), both of which write and read them; ``gemm_q4_rows`` does neither."""
+        how = self.q4_norms
+        return ((how == "partials" or (how is None and not t.cpu))
+                and (self.q4_rows_quad(t) or self.q4_cols(t) is not None))
 
     def attention_writes_fold(self, t: Target) -> bool:
         """Whether a layer's row writes are folded into its attention (``attention_writes``):

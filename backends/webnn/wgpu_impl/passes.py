@@ -9,6 +9,7 @@ none emits a launch (``lowering`` does, from the plan).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from .. import shapes as S
@@ -19,7 +20,7 @@ from . import gemv as GV
 from .match_attention import fold_row_writes, last2_transpose_input, match_attention
 from .match_gdn import match_gated_delta
 from .match_gdn_capsule import match_capsules
-from .match_q4 import head_rows, match_q4, rows_quad, stacked_rows
+from .match_q4 import head_rows, match_q4, rows_norms, rows_workgroups, stacked_rows
 from .plan import Plan, Slot
 
 
@@ -169,11 +170,11 @@ def gemv_prologues(plan: Plan, st: PassState) -> None:
             st.nodes, st.inlined, plan.groups, st.pinned | st.absorbed, plan.epilogue,
             _q4_other_bindings(plan), plan.q4, quad[0], plan.max_binding, plan.target)
         st.absorbed |= {x.id for pro in plan.prologue.values() for x in pro.absorbed}
-    if (plan.q4_rows and plan.options.q4_rows_quad(plan.target)
-            and plan.options.q4_norm_partials(plan.target)):  # a K-token verify's, on quad
+    if plan.q4_rows and plan.options.q4_rows_norm_partials(plan.target):  # a verify's
         pros, stats = GV.norm_partials(
             st.nodes, st.inlined, plan.groups, st.pinned | st.absorbed, plan.epilogue,
-            _q4_rows_other_bindings(plan, st), plan.q4_rows, 1, plan.max_binding, plan.target)
+            _q4_rows_other_bindings(plan, st), plan.q4_rows, 1, plan.max_binding, plan.target,
+            rows_workgroups=partial(rows_workgroups, plan))
         plan.prologue |= pros
         plan.norm_stats |= stats
         st.absorbed |= {x.id for pro in pros.values() for x in pro.absorbed}
@@ -213,12 +214,13 @@ def _q4_other_bindings(plan: Plan) -> dict[int, int]:
 
 def _q4_rows_other_bindings(plan: Plan, st: PassState) -> dict[int, int]:
     """Several-row 4-bit product id -> the bindings its launch has besides the input (codes,
-    scales, residual, outputs), for the products ``gemm_q4_quad`` runs with a norm's
-    partial sums in its workgroup memory (``match_q4.rows_quad``)."""
+    scales, zero-point terms, residual, outputs), for the products whose kernel
+    (``gemm_q4_quad`` or ``gemm_q4_cols``) runs with a norm's partial sums in its
+    workgroup memory (``match_q4.rows_norms``)."""
     outs = _outputs(plan, plan.stacked_rows)
     rows = {o.id: S.size(o.inputs[0].shape[:-1]) for o in st.nodes if o.id in plan.q4_rows}
-    return {i: 2 + (i in plan.epilogue) + outs.get(i, 1) for i, w in plan.q4_rows.items()
-            if rows_quad(plan, w, rows[i], norms=True)}
+    return {i: 2 + w.zero_points + (i in plan.epilogue) + outs.get(i, 1)
+            for i, w in plan.q4_rows.items() if rows_norms(plan, w, rows[i])}
 
 
 def group_row_writes(plan: Plan, st: PassState) -> None:
