@@ -132,30 +132,32 @@ def test_a_verify_step_reads_the_codes_and_adds_in_its_products():
     q/k/v and gate/up each one launch over their stacked columns, o and down with the
     residual add in their launch (float16, rounded once), o reading attention's output as it
     lies (no transpose launched), SwiGLU written by the gate/up launch, the K rows written
-    by their own launch (a K-row verify's attention was slower with them folded in), each
-    norm computed in its readers from the partial sums o and down write: 7 launches a
-    layer; 9 with ``q4_norms=off`` (a launch a norm)."""
+    by their own launch (a K-row verify's attention was slower with them folded in), a
+    launch a norm: 9 launches a layer; 7 with ``q4_norms=partials`` (each norm computed in
+    its readers from the partial sums o and down write; by column not yet the default)."""
     from dataclasses import replace
 
     from model.workload import ATTENTION, Workload, preset
 
     workload = Workload.build(replace(preset("tiny+q4f16"), layers=(ATTENTION,) * 2))
-    one, count, rest = _census(None, workload, tokens=4)
+    one, count, rest = _census(None, workload, tokens=4, q4_norms="partials")
     assert count == 2, (one, rest)
     assert one.count("gemm_q4_cols") == 4 and len(one) == 7, one  # the GPU's variant
     assert one.count("scatter_nd") == 1, one
     assert not any("sigmoid" in k for k in one), one
     assert not any(x in k for k in one + list(rest) for x in ("dequantize", "add", "transpose")), (
         one, rest)
-    off, count, _ = _census(None, workload, tokens=4, q4_norms="off")
-    assert count == 2 and len(off) == 9 and off.count("fused_vector") == 2, off
+    for how in (None, "off"):  # by column the default keeps a launch a norm
+        off, count, _ = _census(None, workload, tokens=4, q4_norms=how)
+        assert count == 2 and len(off) == 9 and off.count("fused_vector") == 2, (how, off)
 
 
 @pytest.mark.parametrize("q4_rows,kernel", [("quad", "gemm_q4_quad"),
                                             (None, "gemm_q4_cols"), ("cols2", "gemm_q4_cols")])
 def test_a_verify_computes_its_norms_in_its_products(q4_rows, kernel):
     """The K = 4 verify of llama-1b+q4f16 (attention layers only) on the H200's plan, with
-    ``q4_rows=quad`` or by column (the default): o and down write each row's partial sums
+    ``q4_rows=quad`` or by column (the default, with ``q4_norms=partials``): o and down
+    write each row's partial sums
     of squares of the residual stream, and q/k/v and gate/up compute the norm where they
     read it, each workgroup summing each row's partials (``stats`` and ``prologue``): 7
     launches a layer (9 with a norm launch each), the one norm launch the first layer's
@@ -165,7 +167,9 @@ def test_a_verify_computes_its_norms_in_its_products(q4_rows, kernel):
     from model.workload import ATTENTION, Workload, preset
 
     workload = Workload.build(replace(preset("llama-1b+q4f16"), layers=(ATTENTION,) * 2))
-    knobs = {"q4_rows": q4_rows} if q4_rows else {}
+    # quad folds by default on the GPU; by column where "partials" is asked for
+    knobs = {"q4_rows": q4_rows} if q4_rows == "quad" else {"q4_rows": q4_rows,
+                                                             "q4_norms": "partials"}
     one, count, rest = _census(None, workload, tokens=4, **knobs)
     assert count == 2, (one, rest)
     assert sorted(one) == sorted(["attention_flash", "attention_combine", "scatter_nd"]

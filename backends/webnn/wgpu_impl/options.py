@@ -343,11 +343,14 @@ class KernelOptions:
     def q4_rows_norm_partials(self, t: Target) -> bool:
         """Whether a norm between two several-row 4-bit products (a K-token verify's) is
         computed from the partial sums the first writes (``q4_norms``, as
-        ``q4_norm_partials``): where they run "quad" (``q4_rows_quad``) or by column
-        (``q4_cols``), both of which write and read them; ``gemm_q4_rows`` does neither."""
+        ``q4_norm_partials``): where they run "quad" (``q4_rows_quad``: by default on GPU
+        adapters) or by column (``q4_cols``: only where "partials" is asked for, until the
+        GPU A/B against the norm launches, PERFORMANCE.md "A speculative verify");
+        ``gemm_q4_rows`` does neither."""
         how = self.q4_norms
-        return ((how == "partials" or (how is None and not t.cpu))
-                and (self.q4_rows_quad(t) or self.q4_cols(t) is not None))
+        if self.q4_rows_quad(t):
+            return how == "partials" or (how is None and not t.cpu)
+        return how == "partials" and self.q4_cols(t) is not None
 
     def attention_writes_fold(self, t: Target) -> bool:
         """Whether a layer's row writes are folded into its attention (``attention_writes``):
