@@ -341,6 +341,24 @@ GDN_OPTIONS = ["--extra_options", "linear_attn_op=gated_delta_net", "use_paged_a
                "state_update_capacity=4"]
 
 
+#: the builder's other options (docs/byom.md "Held-out exports"): exporter name -> (precision,
+#: execution provider, extra options). Made into a held-out set with --out, never committed;
+#: "accuracy_level" given here replaces INT4_OPTIONS' (one --extra_options list a call).
+OPTION_VARIANTS: dict[str, tuple[str, str, list[str]]] = {
+    "genai-q4f16-b16": ("int4", "webgpu", ["block_size=16"]),
+    "genai-q4f16-b64": ("int4", "webgpu", ["block_size=64"]),
+    "genai-q4f16-b128": ("int4", "webgpu", ["block_size=128"]),
+    "genai-q4f16-wgraph": ("int4", "webgpu", ["enable_webgpu_graph=true"]),
+    "genai-int4-acc4": ("int4", "cpu", ["accuracy_level=4"]),
+    "genai-int4-asym": ("int4", "cpu", ["accuracy_level=1", "is_symmetric=false"]),
+    "genai-int4-gather": ("int4", "cpu", ["accuracy_level=1", "op_types_to_quantize=MatMul/Gather"]),
+    "genai-int4-shared": ("int4", "cpu", ["accuracy_level=1", "shared_embeddings=true"]),
+    "genai-fp32-shared": ("fp32", "cpu", ["shared_embeddings=true"]),
+    "genai-fp16": ("fp16", "webgpu", []),
+    "genai-noembeds": ("fp32", "cpu", ["exclude_embeds=true"]),
+}
+
+
 def export_genai(name: str, src: Path, precision: str, out: Path, work: Path,
                  ep: str = "cpu", extra: list[str] | None = None) -> Path:
     """The builder's export for execution provider ``ep``: "cpu" (float32 activations;
@@ -350,9 +368,13 @@ def export_genai(name: str, src: Path, precision: str, out: Path, work: Path,
     cache = work / "genai-cache"
     if out.exists():
         shutil.rmtree(out)
+    extra = [o for o in extra or [] if o != "--extra_options"]
+    given = {o.split("=")[0] for o in extra}
+    base = INT4_OPTIONS[1:] if precision == "int4" and ep == "cpu" else []
+    options = [o for o in base if o.split("=")[0] not in given] + extra
     _run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(src),
           "-o", str(out), "-p", precision, "-e", ep, "-c", str(cache),
-          *(INT4_OPTIONS if precision == "int4" and ep == "cpu" else []), *(extra or [])])
+          *(["--extra_options", *options] if options else [])])
     for f in out.iterdir():
         if f.name not in ("model.onnx", "model.onnx.data", "genai_config.json"):
             f.unlink() if f.is_file() else shutil.rmtree(f)
@@ -460,7 +482,8 @@ def main() -> int:
                     help="comma list of genai, genai-int4, genai-q4f16, genai-gdn (GatedDeltaNet with "
                     "state_update_capacity 4), transformers, transformers-mm "
                     "(Qwen3.5's whole ConditionalGeneration model), transformers-mtd "
-                    "(multi_token_decode=True), optimum")
+                    "(multi_token_decode=True), optimum, and the builder's option variants "
+                    + ", ".join(OPTION_VARIANTS))
     ap.add_argument("--models", default="llama,qwen35", help=f"comma list of {', '.join(SOURCES)}")
     ap.add_argument("--work", type=Path, default=Path("/tmp/statebench-test-models"))
     ap.add_argument("--out", type=Path, default=MODELS,
@@ -495,6 +518,16 @@ def main() -> int:
                     file = export_genai(model_name, src, "int4", MODELS / name, args.work,
                                         ep="webgpu")
                     entries.append(_entry(name, "onnxruntime-genai builder -p int4 -e webgpu",
+                                          "onnxruntime-genai", model_name, file, config, tokens))
+                elif exporter in OPTION_VARIANTS:
+                    precision, ep, extra = OPTION_VARIANTS[exporter]
+                    if "shared_embeddings=true" in extra and not config.get(
+                            "tie_word_embeddings", False):
+                        continue  # the builder shares only what the source ties
+                    file = export_genai(model_name, src, precision, MODELS / name, args.work,
+                                        ep=ep, extra=extra)
+                    entries.append(_entry(name, f"onnxruntime-genai builder -p {precision} "
+                                          f"-e {ep} --extra_options {' '.join(extra)}".strip(),
                                           "onnxruntime-genai", model_name, file, config, tokens))
                 elif exporter == "genai-gdn":
                     if family(model_name) != "qwen35":
