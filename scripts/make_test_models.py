@@ -83,6 +83,20 @@ SOURCES: dict[str, dict] = {
                        max_position_embeddings=128, rms_norm_eps=1e-6, tie_word_embeddings=False,
                        bos_token_id=1, eos_token_id=2, pad_token_id=0),
     },
+    # the builder's block_size options (docs/byom.md "Held-out exports"): weights every
+    # block size from 16 to 128 keeps exactly, so the source's tokens stay the oracle
+    "llama-blocks": {
+        "prompt": [17, 401, 5, 923, 64],
+        "seed": 1616,
+        "family": "llama",
+        "architecture": "LlamaForCausalLM",
+        "int4_blocks": (16, 128),
+        "config": dict(initializer_range=0.1, vocab_size=1000, hidden_size=64,
+                       intermediate_size=176, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                       max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                       bos_token_id=1, eos_token_id=2, pad_token_id=0),
+    },
     "llama-wide": {
         "prompt": [17, 401, 5, 112, 64],
         "seed": 99,
@@ -214,23 +228,28 @@ def _tokenizer(vocab: int, folder: Path) -> None:
     fast.save_pretrained(folder)
 
 
-def _int4_exact(shape, gen):
+def _int4_exact(shape, gen, block: int = 32, span: int = 32):
     """Random weights [out, in] that 4-bit block quantization (blocks of 32 along ``in``, as
     the genai builder's MatMulNBits) keeps exactly: each block is scale * (q - 8) with q in
     0..15 and both 0 and 15 present, so an int4 export computes what the source computes and
-    the source's greedy tokens stay its oracle."""
+    the source's greedy tokens stay its oracle. ``block``, ``span`` (a source's
+    ``int4_blocks``): both extremes in every ``block`` columns, one scale every ``span``, so
+    every block size from ``block`` to ``span`` keeps them exactly (16, 128: the builder's
+    block_size 16, 32, 64 and 128)."""
     import torch
 
     out, cols = shape
     q = (8.0 + 3.0 * torch.randn(out, cols, generator=gen)).round().clamp(0, 15)  # centred
     scale = torch.empty(out, cols)
-    for start in range(0, cols, 32):
-        stop = min(start + 32, cols)
+    for start in range(0, cols, block):
+        stop = min(start + block, cols)
         # the block's extremes at random places in each row (fixed places correlate the rows)
         where = start + torch.rand(out, stop - start, generator=gen).argsort(dim=1)[:, :2]
         q.scatter_(1, where[:, :1], 0.0)
         q.scatter_(1, where[:, 1:], 15.0)
-        scale[:, start:stop] = (0.5 + torch.rand(out, 1, generator=gen)) * (AMPLITUDE / 7)
+        if start % span == 0:
+            s = (0.5 + torch.rand(out, 1, generator=gen)) * (AMPLITUDE / 7)
+        scale[:, start:stop] = s
     return scale * (q - 8.0)
 
 
@@ -256,7 +275,7 @@ def source_model(name: str, work: Path):
                 if p.dim() == 1:
                     p.add_(torch.randn(p.shape, generator=gen) * 0.1)
                 elif p.dim() == 2:
-                    p.copy_(_int4_exact(p.shape, gen))
+                    p.copy_(_int4_exact(p.shape, gen, *spec.get("int4_blocks", (32, 32))))
         model.save_pretrained(folder, safe_serialization=True)
         vocab = spec["config"].get("vocab_size") or spec["config"]["text_config"]["vocab_size"]
         _tokenizer(vocab, folder)
