@@ -546,7 +546,8 @@ def main() -> int:
                     file = export_genai(model_name, src, precision, MODELS / name, args.work,
                                         ep=ep, extra=extra)
                     entries.append(_entry(name, f"onnxruntime-genai builder -p {precision} "
-                                          f"-e {ep} --extra_options {' '.join(extra)}".strip(),
+                                          f"-e {ep}" + (f" --extra_options {' '.join(extra)}"
+                                                        if extra else ""),
                                           "onnxruntime-genai", model_name, file, config, tokens))
                 elif exporter == "genai-gdn":
                     if family(model_name) != "qwen35":
