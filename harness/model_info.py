@@ -44,6 +44,19 @@ def load_model(path: Path) -> onnx.ModelProto:
     return proto
 
 
+def token_input_refusal(proto: onnx.ModelProto) -> str:
+    """Why statebench cannot feed the graph its tokens ("" otherwise): every backend and the
+    reference feed token ids, so a decoder that takes ``inputs_embeds`` instead (an export
+    without its embedding) runs nowhere."""
+    inits = {t.name for t in proto.graph.initializer}
+    names = {i.name for i in proto.graph.input if i.name not in inits}
+    if "inputs_embeds" in names and "input_ids" not in names:
+        return ("the graph takes inputs_embeds, not input_ids (an export without its "
+                "embedding, e.g. the genai builder's exclude_embeds=true): statebench feeds "
+                "token ids; export the model with its embedding")
+    return ""
+
+
 def _value(vi: onnx.ValueInfoProto) -> dict:
     tt = vi.type.tensor_type
     shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
@@ -151,5 +164,6 @@ def check_backends(path: Path, pairs: list, pairs_error: str, capacity: int = 25
         stateful = plain or why or webnn.convert(fixed, path.parent, list_kv_pairs(fixed, hand))
     if webnn.context is not None:
         webnn.context.destroy()
-    return {"webnn": _verdict(plain), "webnn-stateful": _verdict(stateful),
-            "ort-cpu": _verdict(cpu_session_error(path))}
+    tokens = token_input_refusal(fixed)  # what no backend can feed stops every family first
+    return {"webnn": _verdict(tokens or plain), "webnn-stateful": _verdict(tokens or stateful),
+            "ort-cpu": _verdict(tokens or cpu_session_error(path))}

@@ -31,7 +31,7 @@ from backends.base import Backend
 from backends.webnn.dims import default_dims
 from backends.webnn.onnx_converter import CachePair, ConversionError, list_kv_pairs
 from harness.metrics import FLOAT32_TOLERANCE, float16_tolerance
-from harness.model_info import load_model, model_file, pair_record
+from harness.model_info import load_model, model_file, pair_record, token_input_refusal
 from model.errors import UserError
 
 #: what the results record as the reference of a model sweep
@@ -124,6 +124,9 @@ class UserModel:
             raise UserError(f"{path}: {exc}") from None
         if not pairs:
             raise UserError(f"{path}: no cache pairs found; name them with --pairs INPUT=OUTPUT")
+        why = token_input_refusal(proto)
+        if why:
+            raise UserError(f"{path}: {why}")
         files = [path, *_external_files(proto, path)]
         missing = [f for f in files if not f.is_file()]
         if missing:

@@ -83,6 +83,20 @@ SOURCES: dict[str, dict] = {
                        max_position_embeddings=128, rms_norm_eps=1e-6, tie_word_embeddings=False,
                        bos_token_id=1, eos_token_id=2, pad_token_id=0),
     },
+    # the builder's block_size options (docs/byom.md "Held-out exports"): weights every
+    # block size from 16 to 128 keeps exactly, so the source's tokens stay the oracle
+    "llama-blocks": {
+        "prompt": [17, 401, 5, 923, 64],
+        "seed": 1616,
+        "family": "llama",
+        "architecture": "LlamaForCausalLM",
+        "int4_blocks": (16, 128),
+        "config": dict(initializer_range=0.1, vocab_size=1000, hidden_size=64,
+                       intermediate_size=176, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                       max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                       bos_token_id=1, eos_token_id=2, pad_token_id=0),
+    },
     "llama-wide": {
         "prompt": [17, 401, 5, 112, 64],
         "seed": 99,
@@ -214,23 +228,28 @@ def _tokenizer(vocab: int, folder: Path) -> None:
     fast.save_pretrained(folder)
 
 
-def _int4_exact(shape, gen):
+def _int4_exact(shape, gen, block: int = 32, span: int = 32):
     """Random weights [out, in] that 4-bit block quantization (blocks of 32 along ``in``, as
     the genai builder's MatMulNBits) keeps exactly: each block is scale * (q - 8) with q in
     0..15 and both 0 and 15 present, so an int4 export computes what the source computes and
-    the source's greedy tokens stay its oracle."""
+    the source's greedy tokens stay its oracle. ``block``, ``span`` (a source's
+    ``int4_blocks``): both extremes in every ``block`` columns, one scale every ``span``, so
+    every block size from ``block`` to ``span`` keeps them exactly (16, 128: the builder's
+    block_size 16, 32, 64 and 128)."""
     import torch
 
     out, cols = shape
     q = (8.0 + 3.0 * torch.randn(out, cols, generator=gen)).round().clamp(0, 15)  # centred
     scale = torch.empty(out, cols)
-    for start in range(0, cols, 32):
-        stop = min(start + 32, cols)
+    for start in range(0, cols, block):
+        stop = min(start + block, cols)
         # the block's extremes at random places in each row (fixed places correlate the rows)
         where = start + torch.rand(out, stop - start, generator=gen).argsort(dim=1)[:, :2]
         q.scatter_(1, where[:, :1], 0.0)
         q.scatter_(1, where[:, 1:], 15.0)
-        scale[:, start:stop] = (0.5 + torch.rand(out, 1, generator=gen)) * (AMPLITUDE / 7)
+        if start % span == 0:
+            s = (0.5 + torch.rand(out, 1, generator=gen)) * (AMPLITUDE / 7)
+        scale[:, start:stop] = s
     return scale * (q - 8.0)
 
 
@@ -256,7 +275,7 @@ def source_model(name: str, work: Path):
                 if p.dim() == 1:
                     p.add_(torch.randn(p.shape, generator=gen) * 0.1)
                 elif p.dim() == 2:
-                    p.copy_(_int4_exact(p.shape, gen))
+                    p.copy_(_int4_exact(p.shape, gen, *spec.get("int4_blocks", (32, 32))))
         model.save_pretrained(folder, safe_serialization=True)
         vocab = spec["config"].get("vocab_size") or spec["config"]["text_config"]["vocab_size"]
         _tokenizer(vocab, folder)
@@ -341,6 +360,24 @@ GDN_OPTIONS = ["--extra_options", "linear_attn_op=gated_delta_net", "use_paged_a
                "state_update_capacity=4"]
 
 
+#: the builder's other options (docs/byom.md "Held-out exports"): exporter name -> (precision,
+#: execution provider, extra options). Made into a held-out set with --out, never committed;
+#: "accuracy_level" given here replaces INT4_OPTIONS' (one --extra_options list a call).
+OPTION_VARIANTS: dict[str, tuple[str, str, list[str]]] = {
+    "genai-q4f16-b16": ("int4", "webgpu", ["block_size=16"]),
+    "genai-q4f16-b64": ("int4", "webgpu", ["block_size=64"]),
+    "genai-q4f16-b128": ("int4", "webgpu", ["block_size=128"]),
+    "genai-q4f16-wgraph": ("int4", "webgpu", ["enable_webgpu_graph=true"]),
+    "genai-int4-acc4": ("int4", "cpu", ["accuracy_level=4"]),
+    "genai-int4-asym": ("int4", "cpu", ["accuracy_level=1", "is_symmetric=false"]),
+    "genai-int4-gather": ("int4", "cpu", ["accuracy_level=1", "op_types_to_quantize=MatMul/Gather"]),
+    "genai-int4-shared": ("int4", "cpu", ["accuracy_level=1", "shared_embeddings=true"]),
+    "genai-fp32-shared": ("fp32", "cpu", ["shared_embeddings=true"]),
+    "genai-fp16": ("fp16", "webgpu", []),
+    "genai-noembeds": ("fp32", "cpu", ["exclude_embeds=true"]),
+}
+
+
 def export_genai(name: str, src: Path, precision: str, out: Path, work: Path,
                  ep: str = "cpu", extra: list[str] | None = None) -> Path:
     """The builder's export for execution provider ``ep``: "cpu" (float32 activations;
@@ -350,9 +387,13 @@ def export_genai(name: str, src: Path, precision: str, out: Path, work: Path,
     cache = work / "genai-cache"
     if out.exists():
         shutil.rmtree(out)
+    extra = [o for o in extra or [] if o != "--extra_options"]
+    given = {o.split("=")[0] for o in extra}
+    base = INT4_OPTIONS[1:] if precision == "int4" and ep == "cpu" else []
+    options = [o for o in base if o.split("=")[0] not in given] + extra
     _run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(src),
           "-o", str(out), "-p", precision, "-e", ep, "-c", str(cache),
-          *(INT4_OPTIONS if precision == "int4" and ep == "cpu" else []), *(extra or [])])
+          *(["--extra_options", *options] if options else [])])
     for f in out.iterdir():
         if f.name not in ("model.onnx", "model.onnx.data", "genai_config.json"):
             f.unlink() if f.is_file() else shutil.rmtree(f)
@@ -460,7 +501,8 @@ def main() -> int:
                     help="comma list of genai, genai-int4, genai-q4f16, genai-gdn (GatedDeltaNet with "
                     "state_update_capacity 4), transformers, transformers-mm "
                     "(Qwen3.5's whole ConditionalGeneration model), transformers-mtd "
-                    "(multi_token_decode=True), optimum")
+                    "(multi_token_decode=True), optimum, and the builder's option variants "
+                    + ", ".join(OPTION_VARIANTS))
     ap.add_argument("--models", default="llama,qwen35", help=f"comma list of {', '.join(SOURCES)}")
     ap.add_argument("--work", type=Path, default=Path("/tmp/statebench-test-models"))
     ap.add_argument("--out", type=Path, default=MODELS,
@@ -495,6 +537,17 @@ def main() -> int:
                     file = export_genai(model_name, src, "int4", MODELS / name, args.work,
                                         ep="webgpu")
                     entries.append(_entry(name, "onnxruntime-genai builder -p int4 -e webgpu",
+                                          "onnxruntime-genai", model_name, file, config, tokens))
+                elif exporter in OPTION_VARIANTS:
+                    precision, ep, extra = OPTION_VARIANTS[exporter]
+                    if "shared_embeddings=true" in extra and not config.get(
+                            "tie_word_embeddings", False):
+                        continue  # the builder shares only what the source ties
+                    file = export_genai(model_name, src, precision, MODELS / name, args.work,
+                                        ep=ep, extra=extra)
+                    entries.append(_entry(name, f"onnxruntime-genai builder -p {precision} "
+                                          f"-e {ep}" + (f" --extra_options {' '.join(extra)}"
+                                                        if extra else ""),
                                           "onnxruntime-genai", model_name, file, config, tokens))
                 elif exporter == "genai-gdn":
                     if family(model_name) != "qwen35":

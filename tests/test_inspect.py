@@ -268,3 +268,26 @@ def test_pin_copies_unless_the_caller_owns_the_model():
     same = pin(model, {"batch": 3}, copy=False)
     assert same is model
     assert [d.dim_value for d in model.graph.output[0].type.tensor_type.shape.dim] == [3, 4]
+
+
+def test_a_decoder_taking_inputs_embeds_is_refused_in_one_line(tmp_path):
+    """An export without its embedding (the genai builder's exclude_embeds=true) takes
+    inputs_embeds where statebench feeds token ids: inspect says no family runs it, and run
+    and speculative refuse it in one line, exit 2, before any backend starts."""
+    from harness.model_info import inspect_model
+
+    model = scheme_model("genai")
+    model.graph.input[0].name = "inputs_embeds"
+    for node in model.graph.node:
+        node.input[:] = ["inputs_embeds" if i == "x" else i for i in node.input]
+    onnx.save(model, str(tmp_path / "model.onnx"))
+    report = inspect_model(tmp_path, capacity=32)
+    assert len(report["pairs"]) == 4
+    for verdict in report["backends"].values():
+        assert not verdict["runs"] and "inputs_embeds" in verdict["why_not"], verdict
+    for cmd in (("run", "--steps", "2"), ("speculative", "--k", "3", "--tokens", "2")):
+        line = one_line_error(statebench(*cmd, "--model", tmp_path, "--backends",
+                                         "ort-cpu:copy", "--contexts", "8", "--warm-s", "0",
+                                         "--out", tmp_path / "x.json"))
+        assert "takes inputs_embeds, not input_ids" in line and "exclude_embeds" in line
+        assert not (tmp_path / "x.json").exists()
