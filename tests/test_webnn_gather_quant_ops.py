@@ -417,22 +417,6 @@ def _const4(b, kind, shape, values):
     return b.constant(data_type=kind, shape=list(shape), value=_pack4(values))
 
 
-def _run4(ctx, b, outputs: dict, feeds: dict[str, tuple[str, list[int], np.ndarray]]):
-    """``run_graph`` with feeds given as (data type, shape, the page's data): int4/uint4
-    feeds are written as packed buffers, as a page writes them."""
-    g = b.build(outputs)
-    tin = {}
-    for name, (dt, shape, data) in feeds.items():
-        tin[name] = ctx.create_tensor(data_type=dt, shape=shape, writable=True)
-        ctx.write_tensor(tin[name], data)
-    tout = {k: ctx.create_tensor(data_type=v.data_type, shape=v.shape, readable=True)
-            for k, v in outputs.items()}
-    ctx.dispatch(g, tin, tout)
-    got = dict(zip(tout, ctx.read_tensors(list(tout.values())), strict=True))
-    g.destroy()
-    return got
-
-
 def _blocks(xshape, sshape) -> list[int]:
     pad = (1,) * (len(xshape) - len(sshape)) + tuple(sshape)
     return [d // s for d, s in zip(xshape, pad, strict=True)]
@@ -539,7 +523,7 @@ def test_wpt_int4_uint4_dequantize_linear_inputs(ctx):
                               np.reshape(z, ss), _blocks(xs, ss))
         np.testing.assert_allclose(ref.reshape(-1), expected, rtol=1e-6)  # the data agree
         expect[f"d{k}"] = np.asarray(expected, np.float32).reshape(xs)
-    got = _run4(ctx, b, out, feeds)
+    got = run_graph(ctx, b, out, feeds)
     for key, w in expect.items():
         g = got[key]
         assert g.dtype == np.float32 and g.shape == w.shape, key
@@ -614,7 +598,7 @@ def test_packed_input_written_by_the_page_is_dequantized(ctx, kind, shape, sshap
     zin = b.input("z", data_type=kind, shape=list(sshape))
     out = {"dc": b.dequantize_linear(xin, sc, _const4(b, kind, sshape, zv)),
            "di": b.dequantize_linear(xin, sc, zin)}
-    got = _run4(ctx, b, out, {"x": (kind, list(shape), _pack4(x)),
+    got = run_graph(ctx, b, out, {"x": (kind, list(shape), _pack4(x)),
                               "z": (kind, list(sshape), _pack4(zv))})
     want = _dequantize_ref(x, sv, zv, _blocks(shape, sshape))
     assert np.any(want != 0)

@@ -9,15 +9,20 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+Feed = np.ndarray | tuple[str, list[int], np.ndarray]
 
-def run_graph(ctx, b, outputs: dict, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+
+def run_graph(ctx, b, outputs: dict, feeds: dict[str, Feed]) -> dict[str, np.ndarray]:
     """Build ``outputs`` on builder ``b``, dispatch it once with ``feeds`` (host arrays by
-    input name) and read every output back; the graph is destroyed after."""
+    input name, or (data type, shape, the page's data) where the array's own type and shape
+    are not the tensor's: an int4/uint4 tensor's packed buffer) and read every output back;
+    the graph is destroyed after."""
     g = b.build(outputs)
     tin = {}
     for name, a in feeds.items():
-        t = ctx.create_tensor(data_type=str(a.dtype), shape=list(a.shape), writable=True)
-        ctx.write_tensor(t, a)
+        dt, shape, data = a if isinstance(a, tuple) else (str(a.dtype), list(a.shape), a)
+        t = ctx.create_tensor(data_type=dt, shape=shape, writable=True)
+        ctx.write_tensor(t, data)
         tin[name] = t
     tout = {k: ctx.create_tensor(data_type=v.data_type, shape=v.shape, readable=True)
             for k, v in outputs.items()}
