@@ -629,7 +629,7 @@ class _OrtBackend(Backend):
 
     def _session(self, path: Path):
         so = ort.SessionOptions()
-        so.log_severity_level = 3
+        so.log_severity_level = 4  # a failure is the point's reason, said once in one line
         for key, value in self.ep.session_config.items():
             so.add_session_config_entry(key, value)
         if self.ep.builtin is not None:
@@ -1095,7 +1095,7 @@ def cpu_session_error(path: str | os.PathLike) -> str:
     if ort is None:
         return "onnxruntime is not installed"
     so = ort.SessionOptions()
-    so.log_severity_level = 3
+    so.log_severity_level = 4  # ORT's reason is returned, not logged as well
     try:
         ort.InferenceSession(os.fspath(path), sess_options=so, providers=["CPUExecutionProvider"])
     except Exception as exc:  # noqa: BLE001 - ORT's own reason is the answer
