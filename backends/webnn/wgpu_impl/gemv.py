@@ -23,7 +23,6 @@ from ..ir import Node
 from ..kernels import Kernel
 from ..kernels import fused as FU
 from ..kernels import matmul as MM
-from ..kernels import quant_quad_rows as QQ
 from ..kernels.common import decl
 from ..kernels.quant_rows import GatedOutput, StatsOutput, quad_workgroups
 from ..stateful import SAME_INDEX_OPS, root
@@ -382,8 +381,8 @@ def norm_partials(nodes: list[Node], inlined: set[int], groups: dict[int, Any],
     Products of M rows (``quad``: those ``quant_quad_rows.gemm_q4_quad`` or
     ``quant.gemm_q4_cols`` runs, a K-token verify's) alike, the norm one reduction a row:
     the producer writes each row's partials (``rows_workgroups(weights, M)`` of them: its
-    kernel's workgroups; default ``gemm_q4_quad``'s), and each reader workgroup sums each
-    row's."""
+    kernel's workgroups, ``match_q4.rows_workgroups``; the caller of several-row products
+    passes it), and each reader workgroup sums each row's."""
     consumers = fusion.consumers_of(nodes)
     by_id = {o.id: o for o in nodes}
     writer = {add.id: by_id[g] for g, (add, _) in epilogue.items()}  # stream id -> product
@@ -423,9 +422,7 @@ def norm_partials(nodes: list[Node], inlined: set[int], groups: dict[int, Any],
         if (quad[p.id] + 2 > target.max_storage  # its input and the partials
                 or len(pro.leaves) + 1 + max(quad[c.id] for c in readers) > target.max_storage):
             continue
-        count = (quad_workgroups(w.K, w.N, loads) if M == 1
-                 else rows_workgroups(w, M) if rows_workgroups is not None
-                 else QQ.workgroups(w.K, w.N, M, loads))
+        count = quad_workgroups(w.K, w.N, loads) if M == 1 else rows_workgroups(w, M)
         st = NormStats(chain, x, ("temp", ("norm", p.id)), count, M)
         stats[p.id] = st
         for c in readers:
