@@ -405,7 +405,7 @@ def _point(req: GroupRequest, built: Built, acc: Acceptance, depth: DepthState, 
         checks["vs_plain"] = state_check.compare(got, want, specs, upto, tol,
                                                  False, same_count=same).to_dict()
     return _record(req, built, acc, run, greedy, checks, logits_check(req, run, greedy, tol),
-                   depth_s, base, tie)
+                   depth_s, base, parted, tie)
 
 
 def logits_check(req: GroupRequest, run: loop.LoopRun, greedy: loop.GreedyRun,
@@ -423,9 +423,10 @@ def logits_check(req: GroupRequest, run: loop.LoopRun, greedy: loop.GreedyRun,
 
 def _record(req: GroupRequest, built: Built, acc: Acceptance, run: loop.LoopRun,
             greedy: loop.GreedyRun, checks: dict, logits: dict, depth_s: float,
-            base: dict, tie: dict | None = None) -> dict:
+            base: dict, mismatch: int | None, tie: dict | None) -> dict:
+    """The point's record; ``mismatch``: the first token where the loop's leave the
+    one-token decode's (None: none), ``tie``: ``loop.near_tie`` there."""
     b, k, n = built.backend, built.backend.tokens_per_step, len(run.tokens)
-    mismatch = loop.first_mismatch(run.tokens, greedy.tokens[:n])
     vs = run.verifies
     ms = [v.verify_ms for v in vs]
     dropped = [v for v in vs if v.kept < k]
