@@ -47,12 +47,15 @@ def _names(page) -> list[str]:
     ("tiny+f16kv", 16, "vec4"),  # float16 cache: vec4<f16>
     ("tiny+q4f16", 16, None),
     ("tiny", 6, None),  # a row of 6: scalars
-    ("tiny+f16kv", 6, None)])
+    ("tiny+f16kv", 6, None),
+    ("tiny+f16kv", 16, "tile"),  # attention="tile": its first launch writes the rows
+    ("tiny+q4f16", 16, "tile")])
 def test_folded_row_writes_compute_the_reference(gpu_plan, name, head_dim, loads):
     """Two attention layers (q 4 heads, kv 2, the row written at the new position in each
     layer's float32 or float16 cache): the walk to depth 16 and 3 more steps, each within the
     preset's tolerance of the float64 reference, argmax included; the same with the fold
-    off, which keeps one row-write launch a layer."""
+    off, which keeps one row-write launch a layer. ``loads`` "tile": the attention is
+    ``attention_tile``'s (``KernelOptions.attention``), which takes the rows the same way."""
     cfg = replace(preset(name), layers=(ATTENTION,) * 2, head_dim=head_dim)
     wl = Workload.build(cfg)
     tol = logits_tolerance(cfg) if "q4f16" in name else (
@@ -60,11 +63,14 @@ def test_folded_row_writes_compute_the_reference(gpu_plan, name, head_dim, loads
     cap, depth = 24, 16
     counts = {}
     for fold in (None, "off"):
-        b = StatefulInPlace(options=KernelOptions(attention_writes=fold, f16_loads=loads,
-                                                  gemv="rows"))
+        tile = loads == "tile"
+        b = StatefulInPlace(options=KernelOptions(
+            attention_writes=fold, f16_loads=None if tile else loads, gemv="rows",
+            attention="tile" if tile else None))
         b.prepare(wl, cap)
         try:
             counts[fold] = _names(b).count("scatter_nd")
+            assert _names(b).count("attention_tile") == (2 if tile else 0)
             tokens, ref = at_depth(b, wl, cap, depth)
             for i in range(3):
                 tok = int(tokens[depth + i])
@@ -151,18 +157,20 @@ def test_a_pair_left_two_buffers_keeps_its_row_write(gpu_plan, monkeypatch):
         b.close()
 
 
-@pytest.mark.parametrize("k", [2, 4])
-def test_k_token_rows_written_by_attention(gpu_plan, k):
+@pytest.mark.parametrize("k,attention", [(2, None), (4, None), (4, "tile")])
+def test_k_token_rows_written_by_attention(gpu_plan, k, attention):
     """The K-token decode graph (issue 31: K new rows a head a dispatch, possibly in two
     splits): every row written by the workgroup whose split holds it, and the steps the
-    reference's (``test_ktoken.assert_steps``)."""
+    reference's (``test_ktoken.assert_steps``); flash's workgroups, or tile's."""
     from backends.pages import StatefulInPlace
     from tests.test_ktoken import TINY, assert_steps
 
-    b = StatefulInPlace(options=KernelOptions(attention_writes="fold"), tokens_per_step=k)
+    b = StatefulInPlace(options=KernelOptions(attention_writes="fold", attention=attention,
+                                              attention_rows=attention), tokens_per_step=k)
     b.prepare(TINY, 24)
     try:
-        assert "scatter_nd" not in _names(b) and "attention_flash" in _names(b)
+        kernel = "attention_tile" if attention else "attention_flash"
+        assert "scatter_nd" not in _names(b) and kernel in _names(b)
         assert_steps(b, k, where=f"K = {k}, rows written by attention")
     finally:
         b.close()
@@ -185,7 +193,7 @@ def test_k_token_rows_keep_their_launch_by_default(gpu_plan):
 @pytest.mark.adapter_feature("shader-f16")
 @pytest.mark.parametrize("q4_rows,attention_rows,q4_norms", [
     (None, None, None), (None, None, "off"), (None, None, "partials"), ("quad", None, None),
-    ("quad", "lanes", None)])
+    ("quad", "lanes", None), (None, "tile", None)])
 @pytest.mark.parametrize("hybrid", [False, True], ids=["attention", "hybrid"])
 def test_q4f16_verify_on_the_gpus_plan_computes_the_reference(gpu_plan, monkeypatch, hybrid,
                                                               q4_rows, attention_rows,
@@ -198,7 +206,8 @@ def test_q4f16_verify_on_the_gpus_plan_computes_the_reference(gpu_plan, monkeypa
     reference, argmax included. ``attention_rows`` "lanes": the K rows' queries (tiny's
     8 a KV head at K = 4 is not "many" — ``MANY_Q_ROWS`` is lowered here — 16 on llama-1b)
     scored by ``attention_lanes`` with an online softmax, each cache row loaded once for
-    all of them. "quad": on the one-token layout, each layer's norms computed in its
+    all of them; "tile": scored for all of them by one workgroup a split
+    (``attention_tile``). "quad": on the one-token layout, each layer's norms computed in its
     products from the partial sums of squares o and down write (stats and prologue,
     ``q4_norms`` "partials", quad's GPU default): the one norm launch the first layer's; by
     column the same where "partials" is asked for (not yet the default: untimed); else,
@@ -224,7 +233,8 @@ def test_q4f16_verify_on_the_gpus_plan_computes_the_reference(gpu_plan, monkeypa
         norms = 1 if folded else 2 * len(cfg.layers) + 1  # + the final norm
         assert names.count("fused_vector") == norms, names
         assert names.count("scatter_nd") == cfg.layers.count(ATTENTION), names
-        attn = "attention_lanes" if attention_rows == "lanes" else "attention_flash"
+        attn = {"lanes": "attention_lanes", "tile": "attention_tile"}.get(attention_rows,
+                                                                          "attention_flash")
         assert names.count(attn) == cfg.layers.count(ATTENTION), names
         tokens, ref = at_depth(b, wl, cap, depth)
         for j in range(2):

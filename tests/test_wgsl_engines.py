@@ -28,8 +28,9 @@ CONTEXT_MODES = {"record_ahead", "read_copy", "pass_calls", "map_wait", "queue_c
 OPTION_VALUES: dict[str, list[str | int | None]] = {
     "gemv": [None, "legacy", "rows", "rows8", "rows_sh", "rows16_sh_u2", "rows_u8_w", "cols", "cols2",
              "cols4", "cols4g8", "cols8g8", "cols2g4", "cols2g16", "cols4g4", "cols1g8"],
-    "attention": [None, "flash", "flash1", "lanes", "lanes1", "lanes_u8", "unfused", "generic"],
-    "attention_rows": [None, "lanes"],
+    "attention": [None, "flash", "flash1", "lanes", "lanes1", "lanes_u8", "tile", "tile_t32",
+                  "unfused", "generic"],
+    "attention_rows": [None, "lanes", "tile"],
     "gemv_prologue": [None, "launch", "off", "full", "vector"],
     "row_vector": [None, "unrolled", "loop"],
     "row_writes": [None, "separate"],

@@ -31,6 +31,7 @@ from .. import shapes as S
 from ..ir import Node
 from ..kernels import attention as AT
 from ..kernels import attention_lanes as AL
+from ..kernels import attention_tile as ATT
 from ..stateful import root
 from . import fusion
 from .launches import KernelLaunch
@@ -123,6 +124,21 @@ class Attention:
         if got is None or len(got[0][0].bindings) > max_storage:
             return None
         return got
+
+    def tile(self, shared_bytes: int, rows: int | None, max_storage: int = 8,
+             writes: AT.RowWrites | None = None) -> tuple[AT.Kernel, AT.Kernel, int] | None:
+        """(pass 1, the combine, partial 4-byte words) of the many-rows variant
+        (``attention_tile.flash_tile``; ``rows``: cache rows a split, None: the default;
+        ``writes``: the layer's row write folded in), or None where it does not apply or
+        binds more than ``max_storage`` storage buffers (the caller then lowers
+        ``kernels``)."""
+        heads, G, C, D, score, q_chain = self._dims()
+        plan = ATT.tile_plan(G, C, D, self.k.dtype.wgsl, shared_bytes // 4, rows)
+        if plan is None:
+            return None
+        got = ATT.flash_tile(heads, G, C, D, score, plan, q_chain, kv=self.k.dtype.wgsl,
+                             writes=writes)
+        return got if len(got[0].bindings) <= max_storage else None
 
 
 def last2_transpose_input(o: Node) -> Node | None:
@@ -288,6 +304,17 @@ def _attention_lanes(plan: Any, o: Node, fold: bool) -> tuple[list, int, int] | 
                                        plan.target.max_storage)
 
 
+def _attention_tile(plan: Any, o: Node, writes: AT.RowWrites | None = None
+                    ) -> tuple[AT.Kernel, AT.Kernel, int] | None:
+    """The many-rows decode attention (``attention_tile``) where ``KernelOptions`` asks for
+    it ("tile[_tROWS]") and it applies, else None; ``writes``: its row write folded in."""
+    how = plan.options.attention_tile(plan.attention[o.id].q_rows)
+    if how is None:
+        return None
+    return plan.attention[o.id].tile(plan.target.shared_bytes, how[0], plan.target.max_storage,
+                                     writes)
+
+
 @claims(30, lambda plan, o: o.id in plan.attention)
 def _lower_attention(n: Site) -> None:
     """Decode attention in one launch (the combine folded in) where the options ask for it
@@ -305,8 +332,10 @@ def _lower_attention(n: Site) -> None:
     ins = n.ins[:len(m.leaves)]  # the step's reads go on with a folded row write's
     writes, w_slots = _row_writes(n, m, plan.attention_writes.get(o.id))
     if (two := _attention_lanes(plan, o, False)) is not None:
-        assert writes is None, "the row writes fold into the flash kernel only"
+        assert writes is None, "the row writes fold into the flash and tile kernels only"
         (k1, k2), parts, _ = two
+    elif (tiled := _attention_tile(plan, o, writes)) is not None:
+        k1, k2, parts = tiled
     else:
         k1, k2, parts = m.kernels(plan.target.shared_bytes, plan.options.attention_splits,
                                   plan.options.f16_loads, writes,

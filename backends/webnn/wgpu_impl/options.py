@@ -59,6 +59,10 @@ Q4_COLS_VARIANT = re.compile(r"cols([124])?(?:_c(8|16|32))?")
 #: cache rows a lane-group loads before using any, default ``attention_lanes.UNROLL``)
 LANES_VARIANT = re.compile(r"lanes(1)?(?:_u(\d+))?")
 
+#: decode attention of many q rows a workgroup: ``tile[_tROWS]`` (cache rows a split, default
+#: ``attention_tile.TILE_ROWS``): ``kernels/attention_tile.flash_tile``
+TILE_VARIANT = re.compile(r"tile(?:_t(32|64|128|256))?")
+
 #: q rows a KV head above which ``KernelOptions.attention_rows`` picks the attention (a
 #: one-token step has a head's GQA rows, 4 on llama-1b; a K = 4 verify has 16)
 MANY_Q_ROWS = 8
@@ -110,7 +114,9 @@ class KernelOptions:
     #: launch, the combine folded into each head's last split: ``flash_decode_one``; else as
     #: "flash"), "lanes[1][_uUNROLL]" (``LANES_VARIANT``: lane-groups over whole cache rows, an
     #: online softmax in registers, ``attention_lanes.flash_lanes``; two launches, "lanes1" one
-    #: with the combine folded in as "flash1" does; else as "flash"), "unfused" (QK, chain,
+    #: with the combine folded in as "flash1" does; else as "flash"), "tile[_tROWS]"
+    #: (``TILE_VARIANT``: a split's rows scored for all of a head's q rows, up to 16, by one
+    #: workgroup, ``attention_tile.flash_tile``; else as "flash"), "unfused" (QK, chain,
     #: softmax, split-K probs·V), "generic" (plain matmuls)
     attention: str | None = None
     #: decode attention where a KV head scores more than ``MANY_Q_ROWS`` q rows (a K-token
@@ -374,7 +380,8 @@ class KernelOptions:
             used = [self.attention_for(q_rows)]
         else:
             used = [self.attention] + ([self.attention_rows] if self.attention_rows else [])
-        return any(v in FLASH_VARIANTS or LANES_VARIANT.fullmatch(v) is not None for v in used)
+        return any(v in FLASH_VARIANTS or LANES_VARIANT.fullmatch(v) is not None
+                   or TILE_VARIANT.fullmatch(v) is not None for v in used)
 
     def attention_lanes(self, q_rows: int = 1) -> tuple[bool, int | None] | None:
         """(combine folded in, rows a lane-group loads at once or None: the default) of the
@@ -384,6 +391,15 @@ class KernelOptions:
         if m is None:
             return None
         return bool(m.group(1)), int(m.group(2)) if m.group(2) else None
+
+    def attention_tile(self, q_rows: int = 1) -> tuple[int | None] | None:
+        """(cache rows a split, None: the default) of the many-rows attention of a head
+        scoring ``q_rows`` q rows, or None where its variant (``attention_for``) is not a
+        "tile" one."""
+        m = TILE_VARIANT.fullmatch(self.attention_for(q_rows) or "")
+        if m is None:
+            return None
+        return (int(m.group(1)) if m.group(1) else None,)
 
     def gdn_variant(self, t: Target) -> tuple[int, bool, bool] | None:
         """(lanes per state row, sums through workgroup memory, fold q's and k's L2 norms) of
@@ -461,8 +477,10 @@ def _check(name: str, value: object) -> None:
         if unroll is not None and int(unroll) not in (1, 2, 4, 8):
             raise ValueError(f"KernelOptions.{name} = {value!r}: rows loaded at once "
                              "(_uUNROLL) must be 1, 2, 4 or 8")
+    elif name in ("attention", "attention_rows") and TILE_VARIANT.fullmatch(value):
+        return
     elif value not in CHOICES[name]:
-        lanes = ", 'lanes[1][_uUNROLL]'"
+        lanes = ", 'lanes[1][_uUNROLL]', 'tile[_tROWS]' (ROWS 32, 64, 128 or 256)"
         extra = {"q4_gemv": f", {Q4_FORMS}", "attention": lanes,
                  "attention_rows": lanes}.get(name, "")
         raise ValueError(f"KernelOptions.{name} = {value!r}; accepted: None, "

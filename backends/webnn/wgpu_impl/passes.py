@@ -235,8 +235,13 @@ def attention_row_writes(plan: Plan, st: PassState) -> None:
     """A layer's K and V row writes (RoPE of k inside) written by its attention's first
     launch (``KernelOptions.attention_writes``), where the two-launch flash kernel runs it
     and the pairs are the stateful graph's."""
-    flash = {i: m for i, m in plan.attention.items()  # the kernel the writes fold into
-             if plan.options.attention_for(m.q_rows) in (None, "flash")}
+    def takes_writes(q_rows: int) -> bool:
+        """Whether the kernel lowering an attention of ``q_rows`` q rows takes its row
+        writes: flash, or tile (flash where tile does not lay it out)."""
+        return (plan.options.attention_for(q_rows) in (None, "flash")
+                or plan.options.attention_tile(q_rows) is not None)
+
+    flash = {i: m for i, m in plan.attention.items() if takes_writes(m.q_rows)}
     if flash and plan.options.attention_writes_fold(plan.target):
         plan.attention_writes = fold_row_writes(flash, st.nodes, st.writers,
                                                 plan.row_writes, plan.groups,

@@ -1,0 +1,249 @@
+"""Decode attention for many q rows a KV head (``KernelOptions.attention_rows`` "tile"): a
+K-token verify's rows (16 a KV head on llama-1b at K = 4) or a prefill chunk's, every row
+of a split of the cache scored by one workgroup, so each K and V row is read once a split
+for all of them (from L1 by the workgroup's other warps).
+
+``flash_decode`` scores a head's rows in groups of two along the grid's z, each group
+reading the split's K and V again (from L2 after the first: 8 reads of the cache for 16
+rows), and each group's workgroup walks the same serial chain (K rows, two workgroup trees,
+V rows). On an H100 a K = 4 verify's 16 attention launches took 1.30 ms in-pass at 8200
+rows against the one-token step's 0.60 (PERFORMANCE.md, "A speculative verify"). Here one
+workgroup of 256 invocations takes ``T`` cache rows and up to ``GROUP_ROWS_T`` q rows:
+
+* the q rows into workgroup memory (q's RoPE chain computed there, as ``flash_decode``);
+* scores: an invocation a cache row (``256 / T`` of them a row, each a share of the q rows)
+  loads its K row's 16-byte words all at once, widens them (8 halves a word, exact) and
+  scores its q rows through the graph's element-wise chain into workgroup memory;
+* the softmax's statistics: ``256 / G`` invocations a q row, each a strided share of the
+  split's scores, their maxima and sums met through workgroup memory (two barriers, no
+  trees); the scores become ``p = exp(s - m)`` in place;
+* probs·V: an invocation an output word (8 columns of a float16 cache, 4 of a float32 one)
+  of a q row and a share of the split's rows, four V words in flight, the shares summed
+  through workgroup memory;
+* partials ``(m, l, acc[d])`` per (q row, split) in ``flash_decode``'s layout, so its
+  combine (``attention._combine``) merges the splits.
+
+Every row of the capacity is read and masked, as in ``flash_decode``: rows past the last
+split's end score the running maximum's start (-inf) and weigh 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .attention import RowWrites, _combine, _kv_and_score, _q_source, _row_writes, _split_entry
+from .common import Kernel, decl, neg_inf
+from .fused import FusedOp, Leaf
+
+WGT = 256  # the workgroup
+TILE_ROWS = 128  # cache rows a split by default
+ROW_CHOICES = (256, 128, 64, 32)  # cache rows a split may take (T divides the workgroup)
+GROUP_ROWS_T = 16  # q rows a workgroup scores at most (more go along the grid's z)
+MAX_WORDS = 16  # 16-byte words of a K row an invocation holds (d 128 halves, 64 floats)
+
+
+@dataclass(frozen=True)
+class TilePlan:
+    """``rows``: cache rows a split; ``group``: q rows a workgroup; ``words``: 16-byte
+    words a K or V row; ``per``: elements a word; ``row_splits``: invocations sharing an
+    output word's rows in probs·V."""
+
+    rows: int
+    group: int
+    words: int
+    per: int
+    row_splits: int
+
+    def shared_floats(self, d: int) -> int:
+        """Workgroup memory the kernel declares, in 4-byte words."""
+        outs = self.group * self.words
+        pv = self.row_splits * outs * self.per if self.row_splits > 1 else 0
+        return self.group * d + self.group * self.rows + 2 * WGT + pv
+
+
+def tile_plan(q_rows: int, capacity: int, d: int, kv: str, shared_floats: int,
+              rows: int | None = None) -> TilePlan | None:
+    """How ``flash_tile`` lays out, or None where it does not apply (a cache that is not
+    float16 with d % 8 == 0 or float32 with d % 4 == 0, a K row of more than
+    ``MAX_WORDS`` words, or workgroup memory too small for 32 rows a split): the caller
+    keeps ``flash_decode``. ``rows``: the cache rows a split to aim at (None:
+    ``TILE_ROWS``), fewer where workgroup memory is short or the cache is shorter."""
+    per = {"f16": 8, "f32": 4}.get(kv)
+    if per is None or d % per or d // per > MAX_WORDS:
+        return None
+    words = d // per
+    group = next(g for g in range(min(q_rows, GROUP_ROWS_T), 0, -1) if q_rows % g == 0)
+    outs = group * words
+    row_splits = 1
+    while outs * row_splits * 2 <= WGT:
+        row_splits *= 2
+    want, short = rows or TILE_ROWS, 32
+    while short < min(capacity, want):
+        short *= 2
+    aim = min(want, short)
+    for t in ROW_CHOICES:
+        plan = TilePlan(t, group, words, per, row_splits)
+        if t <= aim and plan.shared_floats(d) <= shared_floats:
+            return plan
+    return None
+
+
+def flash_tile(heads: int, q_rows: int, capacity: int, d: int,
+               score: tuple[Sequence[FusedOp], Sequence[Leaf]] | None, plan: TilePlan,
+               q_chain: tuple[Sequence[FusedOp], Sequence[Leaf]] | None = None,
+               kv: str = "f16", writes: RowWrites | None = None) -> tuple[Kernel, Kernel, int]:
+    """(pass 1, the combine, partial-buffer elements) for q (heads, q_rows, d), K and V
+    (heads, capacity, d) of element type ``kv``, output (heads, q_rows, d); ``score``,
+    ``q_chain`` and ``writes`` (the layer's row write folded in, its bindings after the
+    partials') as ``attention.flash_decode`` takes them; ``plan``: ``tile_plan``'s."""
+    T, GL, LW, PER, RS = plan.rows, plan.group, plan.words, plan.per, plan.row_splits
+    G, D, C = q_rows, d, capacity
+    D4 = D // 4
+    GS = G // GL  # workgroups a split (grid z)
+    ns = -(-C // T)
+    wide = kv == "f16"
+    src, bindings, q_load = _q_source(q_chain, G * D4, True)
+    kvt = "vec4<u32>" if wide else "vec4<f32>"
+    src, bindings, fn_call = _kv_and_score(src, bindings, kvt, wide, score, writes is not None)
+    src += decl(len(bindings), "part", "vec4<f32>", "rw")
+    bindings.append("rw")
+    write_body = ""
+    if writes is not None:
+        wsrc, wb, write_body = _row_writes(writes, len(bindings), kvt, LW, PER, kv, WGT)
+        src += wsrc
+        bindings += wb
+    low = neg_inf()
+    pw = D4 + 1  # partial words a (q row, split): (m, l, 0, 0), then acc
+    P = WGT // GL  # invocations a q row's statistics
+    NO = GL * LW  # output words of probs·V (a q row's word of columns each)
+    hr = f"h * {G}u + q0 + r"
+
+    if wide:
+        k_loads = "".join(f"    let w{j} = k[kb + {j}u];\n    let k{2 * j} = unpack_lo(w{j});\n"
+                          f"    let k{2 * j + 1} = unpack_hi(w{j});\n" for j in range(LW))
+    else:
+        k_loads = "".join(f"    let k{j} = k[kb + {j}u];\n" for j in range(LW))
+    raw = " + ".join(f"dot(qs[qb + {j}u], k{j})" for j in range(D4))
+
+    def v_sum(c: str, i: int) -> str:
+        """The V word of row ``c`` times its probability, into the word's accumulators."""
+        load = f"v[(h * {C}u + c0 + {c}) * {LW}u + e]"
+        if wide:
+            return (f"      let vw{i} = {load};\n      let p{i} = sc[r * {T}u + {c}];\n"
+                    f"      al = al + p{i} * unpack_lo(vw{i});\n"
+                    f"      ah = ah + p{i} * unpack_hi(vw{i});\n")
+        return f"      al = al + sc[r * {T}u + {c}] * {load};\n"
+
+    acc_words = ("al", "ah") if wide else ("al",)
+    unrolled = "".join(v_sum(f"c + {i * RS}u", i) for i in range(4))
+    pv = f"""  {{
+  var al = vec4<f32>(0.0);
+  var ah = vec4<f32>(0.0);
+  let o = lid % {NO}u;
+  let rs = lid / {NO}u;
+  let r = o / {LW}u;
+  let e = o % {LW}u;
+  if (lid < {NO * RS}u) {{
+    var c = rs;
+    while (c + {3 * RS}u < n) {{
+{unrolled}      c = c + {4 * RS}u;
+    }}
+    while (c < n) {{
+{v_sum("c", 9)}      c = c + {RS}u;
+    }}
+  }}
+"""
+    words = len(acc_words)
+
+    def part_at(word: str) -> str:
+        return f"part[(({hr}) * {ns}u + sp) * {pw}u + 1u + {words}u * e + {word}]"
+
+    if RS > 1:
+        pv += (f"  if (lid < {NO * RS}u) {{\n" + "".join(
+            f"    pvs[({i}u * {RS}u + rs) * {NO}u + o] = {a};\n" for i, a in enumerate(acc_words))
+               + "  }\n  workgroupBarrier();\n"
+               + f"  if (lid < {NO}u) {{\n")
+        for i in range(len(acc_words)):
+            pv += (f"    var t{i} = vec4<f32>(0.0);\n"
+                   f"    for (var s = 0u; s < {RS}u; s = s + 1u) "
+                   f"{{ t{i} = t{i} + pvs[({i}u * {RS}u + s) * {NO}u + o]; }}\n"
+                   f"    {part_at(f'{i}u')} = t{i};\n")
+        pv += "  }\n"
+        pv_decl = f"var<workgroup> pvs: array<vec4<f32>, {words * RS * NO}>;\n"
+        pv += "  }\n"
+    else:
+        pv += (f"  if (lid < {NO}u) {{\n"
+               + "".join(f"    {part_at(f'{i}u')} = {a};\n" for i, a in enumerate(acc_words))
+               + "  }\n  }\n")
+        pv_decl = ""
+    src += f"""
+var<workgroup> qs: array<vec4<f32>, {GL * D4}>;
+var<workgroup> sc: array<f32, {GL * T}>;
+var<workgroup> red: array<f32, {WGT}>;
+var<workgroup> red2: array<f32, {WGT}>;
+{pv_decl}
+{_split_entry(WGT, T, C)}  let q0 = wid.z * {GL}u;
+{write_body}  for (var jj = lid; jj < {GL * D4}u; jj = jj + {WGT}u) {{
+    let j = q0 * {D4}u + jj;
+    qs[jj] = {q_load};
+  }}
+  workgroupBarrier();
+  {{
+    let c = lid % {T}u;
+    let kb = (h * {C}u + c0 + min(c, n - 1u)) * {LW}u;
+{k_loads}    for (var r = lid / {T}u; r < {GL}u; r = r + {WGT // T}u) {{
+      let qb = r * {D4}u;
+      let raw = {raw};
+      var val = {low};
+      if (c < n) {{
+        let si = ({hr}) * {C}u + c0 + c;
+        val = {fn_call};
+      }}
+      sc[r * {T}u + c] = val;
+    }}
+  }}
+  workgroupBarrier();
+  let sr = lid / {P}u;
+  let sj = lid % {P}u;
+  var mx = {low};
+  if (sr < {GL}u) {{
+    for (var c = sj; c < {T}u; c = c + {P}u) {{ mx = max(mx, sc[sr * {T}u + c]); }}
+  }}
+  red[lid] = mx;
+  workgroupBarrier();
+  var m = {low};
+  var ls = 0.0;
+  if (sr < {GL}u) {{
+    for (var i = 0u; i < {P}u; i = i + 1u) {{ m = max(m, red[sr * {P}u + i]); }}
+    for (var c = sj; c < {T}u; c = c + {P}u) {{
+      let sv = sc[sr * {T}u + c];
+      // a row masked with -inf weighs 0 (even in a split where every row is masked)
+      let pv = select(0.0, exp(sv - m), sv > {low});
+      sc[sr * {T}u + c] = pv;
+      ls = ls + pv;
+    }}
+  }}
+  red2[lid] = ls;
+  workgroupBarrier();
+{pv}  if (lid < {GL}u) {{
+    let r = lid;
+    var mr = {low};
+    var lr = 0.0;
+    for (var i = 0u; i < {P}u; i = i + 1u) {{
+      mr = max(mr, red[r * {P}u + i]);
+      lr = lr + red2[r * {P}u + i];
+    }}
+    part[(({hr}) * {ns}u + sp) * {pw}u] = vec4<f32>(mr, lr, 0.0, 0.0);
+  }}
+}}
+"""
+    parts = heads * G * ns * (D + 4)
+    esize = 2 if wide else 4
+    extra = 0 if score is None else sum(4 * min(leaf.size, heads * G * C)
+                                        for leaf in score[1] if not leaf.param)
+    if writes is not None:  # the tuples, the updates read and the rows written
+        extra += 4 * writes.tuples * 3 + 2 * 2 * writes.tuples * D * esize
+    k1 = Kernel("attention_tile", src, bindings, (ns, heads, GS),
+                4 * (heads * G * D + parts) + GS * 2 * heads * C * D * esize + extra)
+    return k1, _combine(heads * G, ns, D, True), parts
