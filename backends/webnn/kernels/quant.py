@@ -208,14 +208,28 @@ def gemv_q4(K: int, N: int, block: int, *, signed: bool, zero_points: bool, lane
     return Kernel("gemv_q4", src, binds, (gx, 1, 1), traffic)
 
 
+def half_pair_fn(signed: bool) -> str:
+    """WGSL ``hq(w, s) -> vec2<f16>``: the code pair in nibbles s / 4 and s / 4 + 4 of a
+    u32 word (``match_q4.repack_codes``' pair order: a word's elements 2m and 2m + 1 in
+    nibbles m and m + 4), exact: ``(w >> s) & 0x000F000F | 0x64006400`` read as two float16
+    is (1024 + c, 1024 + c'), minus 1024 (signed codes, xor-ed with 0x88888888 where
+    loaded: each nibble + 8, so minus 1032). Spelled ``vec2<f16>(unpack2x16float(bits))``:
+    naga has no ``bitcast<vec2<f16>>(u32)`` (gfx-rs/wgpu#8896); the value is exact either
+    way (``quant_rows._unpack_half_fns``)."""
+    bias = "1032.0h" if signed else "1024.0h"
+    return ("fn hq(w: u32, s: u32) -> vec2<f16> {\n"
+            "  return vec2<f16>(unpack2x16float(((w >> s) & 0x000F000Fu) | 0x64006400u))"
+            f" - vec2<f16>({bias});\n}}\n")
+
+
 def _rows_bindings(wide: bool, signed: bool, zero_points: bool, residual: bool,
                    half_out: bool, N: int, splits: Sequence[int] | None,
                    prologue: VectorSource | None = None,
-                   stats: bool = False) -> tuple[str, list[str]]:
+                   stats: bool = False, half: bool = False) -> tuple[str, list[str]]:
     """The several-row products' bindings (``gemm_q4_rows`` documents them) and unpacking
-    functions, and each binding's access; with a ``prologue``, its bindings (and its
-    module-scope source) instead of ``a``; ``stats``: the partial sums ``pt`` (rw) last
-    (``gemm_q4_cols``)."""
+    functions (``half``: ``half_pair_fn``'s, else ``_unpack_fns``'), and each binding's
+    access; with a ``prologue``, its bindings (and its module-scope source) instead of
+    ``a``; ``stats``: the partial sums ``pt`` (rw) last (``gemm_q4_cols``)."""
     if prologue is None:
         src, binds = decl(0, "a", "vec4<f32>", "read"), ["read"]
     else:
@@ -237,7 +251,7 @@ def _rows_bindings(wide: bool, signed: bool, zero_points: bool, residual: bool,
     if stats:
         src += decl(len(binds), "pt", "f32", "rw")
         binds.append("rw")
-    return src + _unpack_fns(signed), binds
+    return src + (half_pair_fn(signed) if half else _unpack_fns(signed)), binds
 
 
 def _row_input(prologue: VectorSource, M: int, wg: int, subgroup: int | None,
@@ -444,7 +458,7 @@ def gemm_q4_cols(K: int, N: int, block: int, M: int, *, signed: bool, zero_point
                  half_out: bool = False, head_d: int | None = None,
                  gated: GatedOutput | None = None, subgroup: int | None = None,
                  prologue: VectorSource | None = None,
-                 stats: StatsOutput | None = None) -> Kernel:
+                 stats: StatsOutput | None = None, half: bool = False) -> Kernel:
     """``gemm_q4_rows``' product with the codes laid out by load, then column (made at
     upload: ``match_q4.by_load``): an invocation per column and slice of K, so a warp's
     code loads are consecutive columns' (coalesced), its input loads the same row vector
@@ -470,6 +484,20 @@ def gemm_q4_cols(K: int, N: int, block: int, M: int, *, signed: bool, zero_point
     tile row's partials into that row's reduced value (``_row_input``; through
     ``subgroupAdd`` where the subgroup is ``subgroup`` wide).
 
+    ``half`` (``q4_rows`` "_h"; needs 'shader-f16'): the products in float16 pairs, the
+    codes repacked in pair order (``match_q4.repack_codes(pairs=True)``) and unpacked two
+    at a time without a conversion (``half_pair_fn``: a shift, an and-or and a pair
+    subtract; signed codes xor-ed with 0x88888888 as loaded); each input vec4 converted to
+    ``vec4<f16>`` once as loaded, for every column; a column's 32 (8 where the block is not
+    a multiple of 32) products of a load and a row summed in a ``vec2<f16>`` by pair FMAs
+    (16 a row a load), widened to float32 once, then scaled and added to the float32 sum
+    (the zero points' term stays float32: the inputs' float32 sum). Its float16 error is a
+    load's, within one block: each input rounded (2^-11 relative) and each lane's 16 FMAs
+    rounding once, at most 17 · 2^-11 of the load's sum of |code · input| (first order;
+    random signs give far less); a lane's sum of 16 products overflows float16 beyond
+    |input| ~ 65504 / (16 · 15) ~ 270 (unsigned codes; 510 signed), so it is for
+    normalised rows, as the one-token ``_h`` kernels (``quant_rows._unpack_half_fns``).
+
     Bindings as ``gemm_q4_rows``'; ``b`` (units, N) of vec4<u32> (u32 where the block is
     not a multiple of 32), ``sc`` (and ``zc``) (K / block, N)."""
     assert K % 8 == 0 and block % 8 == 0 and K % block == 0 and M >= 1 and per_thread >= 1
@@ -486,7 +514,7 @@ def gemm_q4_cols(K: int, N: int, block: int, M: int, *, signed: bool, zero_point
     MT, CT, K4, width, wg = min(M, tile), per_thread, K // 4, width or N, cols * slices
     span = cols * CT  # columns a workgroup
     src, binds = _rows_bindings(wide, signed, zero_points, residual, half_out, N, splits,
-                                prologue, stats is not None)
+                                prologue, stats is not None, half)
     rows_in = (_row_input(prologue, MT, wg, subgroup, [f"r{j}" for j in range(MT)])
                if prologue is not None else None)
     if rows_in is not None:
@@ -496,6 +524,9 @@ def gemm_q4_cols(K: int, N: int, block: int, M: int, *, signed: bool, zero_point
     if slices > 1:
         src += f"var<workgroup> sh: array<f32, {wg * MT * CT}>;\n"
     comps = [".x", ".y", ".z", ".w"] if wide else [""]
+    # half: signed codes' nibbles + 8 (``half_pair_fn``), as ``quant_rows`` flips them
+    flip = (f" ^ {'vec4<u32>(0x88888888u)' if wide else '0x88888888u'}"
+            if half and signed else "")
     body = ""
     for i in range(2 * unit):  # the load's vec4s of input, each once for every column
         for j in range(MT):
@@ -504,6 +535,11 @@ def gemm_q4_cols(K: int, N: int, block: int, M: int, *, signed: bool, zero_point
             body += f"    let v{i}_{j} = {vec};\n"
             if zero_points:
                 body += f"    t{j} = t{j} + v{i}_{j};\n"
+            if half:
+                body += f"    let h{i}_{j} = vec4<f16>(v{i}_{j});\n"
+        if half:  # a word's 8 inputs converted: its 4 code pairs against each row's
+            body += _half_word(i, comps, CT, MT) if i % 2 else ""
+            continue
         for c in range(CT):
             half_fn = "lo" if i % 2 == 0 else "hi"
             body += f"    let q{i}_{c} = {half_fn}(w{c}{comps[i // 2]});\n"
@@ -512,7 +548,10 @@ def gemm_q4_cols(K: int, N: int, block: int, M: int, *, signed: bool, zero_point
     tail = ""
     for c in range(CT):
         for j in range(MT):
-            tail += f"    acc{c}_{j} = acc{c}_{j} + s{c} * p{c}_{j}"
+            if half:  # the load's float16 pair sum widened once
+                tail += f"    let f{c}_{j} = vec2<f32>(p{c}_{j});\n"
+            prod = f"(f{c}_{j}.x + f{c}_{j}.y)" if half else f"p{c}_{j}"
+            tail += f"    acc{c}_{j} = acc{c}_{j} + s{c} * {prod}"
             tail += f" + z{c} * dot(t{j}, vec4<f32>(1.0));\n" if zero_points else ";\n"
     src += (f"@compute @workgroup_size({wg})\n"
             "fn main(@builtin(workgroup_id) wid: vec3<u32>, "
@@ -526,12 +565,13 @@ def gemm_q4_cols(K: int, N: int, block: int, M: int, *, signed: bool, zero_point
             + (rows_in[1] if rows_in is not None else "")  # every invocation: no return
             + "".join(f"  var acc{c}_{j} = 0.0;\n" for c in range(CT) for j in range(MT))
             + f"  for (var k = sl; k < {units}u; k = k + {slices}u) {{\n"
-            + "".join(f"    let w{c} = b[k * {N}u + nn{c}];\n"
+            + "".join(f"    let w{c} = b[k * {N}u + nn{c}]{flip};\n"
                       f"    let s{c} = sc[(k / {per}u) * {N}u + nn{c}];\n"
                       + (f"    let z{c} = zc[(k / {per}u) * {N}u + nn{c}];\n"
                          if zero_points else "") for c in range(CT))
             + f"    let x = {2 * unit}u * k;\n"
-            + "".join(f"    var p{c}_{j} = 0.0;\n" for c in range(CT) for j in range(MT))
+            + "".join(f"    var p{c}_{j} = {'vec2<f16>(0.0h)' if half else '0.0'};\n"
+                      for c in range(CT) for j in range(MT))
             + ("".join(f"    var t{j} = vec4<f32>(0.0);\n" for j in range(MT))
                if zero_points else "")
             + body + tail + "  }\n")
@@ -564,6 +604,23 @@ def gemm_q4_cols(K: int, N: int, block: int, M: int, *, signed: bool, zero_point
             src += "  }\n"
     src += "}\n"
     return Kernel("gemm_q4_cols", src, binds, (-(-N // span), tiles, 1), traffic)
+
+
+def _half_word(i: int, comps: Sequence[str], CT: int, MT: int) -> str:
+    """WGSL of ``gemm_q4_cols`` with ``half``, after input vec4s ``i - 1`` and ``i`` (a code
+    word's 8 inputs, as float16 ``h{i}_{j}`` for each row j): each column's word
+    ``w{c}{comps[i // 2]}`` unpacked to 4 float16 code pairs (``hq``), once for every row,
+    and each row's pair sum ``p{c}_{j}`` advanced by 4 pair FMAs."""
+    src = ""
+    lo, hi, wd = i - 1, i, i // 2
+    for c in range(CT):
+        src += "".join(f"    let e{wd}_{c}_{m} = hq(w{c}{comps[wd]}, {4 * m}u);\n"
+                       for m in range(4))
+        for j in range(MT):
+            e = [f"e{wd}_{c}_{m}" for m in range(4)]
+            src += (f"    p{c}_{j} = fma({e[0]}, h{lo}_{j}.xy, fma({e[1]}, h{lo}_{j}.zw, "
+                    f"fma({e[2]}, h{hi}_{j}.xy, fma({e[3]}, h{hi}_{j}.zw, p{c}_{j}))));\n")
+    return src
 
 
 def _row_computed(j: int, i: int) -> str:

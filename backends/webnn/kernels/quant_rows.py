@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from .common import Kernel, esize, grid
 from .matmul import VectorSource, gemv_write
-from .quant import q4_bindings
+from .quant import half_pair_fn, q4_bindings
 from .reduce import inline_reduction, unrolled_reduction
 
 
@@ -248,11 +248,8 @@ def _unpack_half_fns(signed: bool) -> str:
     error 2^-25); a product pair's half sum overflows float16 beyond |x| = 65504 / 32 ~
     2047 (four products of codes up to 8), so the variant is for normalised rows (the
     RMSNorm's output the projections read)."""
-    bias = "1032.0h" if signed else "1024.0h"
-    return ("fn hq(w: u32, s: u32) -> vec2<f16> {\n"
-            "  return vec2<f16>(unpack2x16float(((w >> s) & 0x000F000Fu) | 0x64006400u))"
-            f" - vec2<f16>({bias});\n}}\n"
-            "fn hword(w: u32, lo: vec4<f16>, hi: vec4<f16>) -> f32 {\n"
+    return (half_pair_fn(signed)
+            + "fn hword(w: u32, lo: vec4<f16>, hi: vec4<f16>) -> f32 {\n"
             "  let p = vec2<f32>(fma(hq(w, 0u), lo.xy, fma(hq(w, 4u), lo.zw, "
             "fma(hq(w, 8u), hi.xy, hq(w, 12u) * hi.zw))));\n"
             "  return p.x + p.y;\n}\n")
