@@ -409,12 +409,16 @@ def lower_q4_rows(plan: Any, members: list[Node], a_slot: Slot, slot_of: Any) ->
     assert gated is None or ((by_col or quad) and len(ws) == 2), \
         "a gated pair of rows runs by column or on the quad layout"
     half_scales = quad and all(w.f16_scales for w in ws)
+    # float16 products by column (``q4_rows`` "_h") only on float16 weights, as ``lower_q4``
+    half = by_col and plan.options.q4_cols_half(plan.target) and all(
+        w.f16_weights for w in ws)
     outs = ([slot_of(gated.root)] if gated is not None
             else [slot_of(m) for m in members] if len(ws) > 1 else [slot_of(dst)])
     for c, n0 in enumerate(range(0, N, per)):
         nc = min(per, N - n0)
         parts = [(w, 0, w.N) for w in ws] if len(ws) > 1 else [(w0, n0, nc)]
-        key = ("Q4Q" if quad else "Q4C" if by_col else "Q4R", members[0].id, c)
+        key = ("Q4Q" if quad else "Q4CH" if half else "Q4C" if by_col else "Q4R",
+               members[0].id, c)
         slots = [("const", (*key, "codes")), ("const", (*key, "scales"))]
         word = 4 if w0.block % 32 == 0 else 1  # u32 words a code load
         # quad: 4 columns interleaved (padded to a multiple of 4)
@@ -431,7 +435,7 @@ def lower_q4_rows(plan: Any, members: list[Node], a_slot: Slot, slot_of: Any) ->
             return partial(by_load, make, nc, per_col) if by_col else make
 
         plan.consts.setdefault(slots[0], Deferred(cols_n * K // 8, laid(partial(
-            _stacked, [partial(repack_codes, *p) for p in parts]), word)))
+            _stacked, [partial(repack_codes, *p, pairs=half) for p in parts]), word)))
         scales = laid(partial(_stacked, [partial(repack_scales, *p, False) for p in parts]), 1)
         blocks_n = cols_n * (K // w0.block)
         plan.consts.setdefault(slots[1], Deferred((blocks_n + 1) // 2, partial(
@@ -458,7 +462,7 @@ def lower_q4_rows(plan: Any, members: list[Node], a_slot: Slot, slot_of: Any) ->
             continue
         k = (QK.gemm_q4_cols(K, nc, w0.block, M, per_thread=per_thread,
                              subgroup=plan.target.subgroup, prologue=source,
-                             stats=stats.output() if stats is not None else None,
+                             stats=stats.output() if stats is not None else None, half=half,
                              **QK.cols_shape(K, nc, w0.block, per_thread, cols), **common)
              if by_col else
              QK.gemm_q4_rows(K, nc, w0.block, M, lanes=lanes, subgroup=plan.target.subgroup,

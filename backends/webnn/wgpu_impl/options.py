@@ -50,10 +50,12 @@ QUAD_VARIANT = re.compile(r"quad(?:_k(\d+))?(_h)?")
 Q4_FORMS = ("'multi[ROWS][_lLANES][_gGROUPS][_uUNROLL][_h]' (e.g. 'multi', 'multi2_u2_h'), "
             "'wide[ROWS][_kLOADS][_h]' (e.g. 'wide', 'wide2_h'), 'quad[_kLOADS][_h]'")
 
-#: the several-row 4-bit products by column: ``cols[PER][_cCOLS]`` (PER columns an invocation,
-#: 1, 2 or 4, default 1; COLS columns a slice-group of a workgroup, 8, 16 or 32, default
-#: ``quant.cols_shape``'s choice): ``kernels/quant.gemm_q4_cols``
-Q4_COLS_VARIANT = re.compile(r"cols([124])?(?:_c(8|16|32))?")
+#: the several-row 4-bit products by column: ``cols[PER][_cCOLS][_h]`` (PER columns an
+#: invocation, 1, 2 or 4, default 1; COLS columns a slice-group of a workgroup, 8, 16 or 32,
+#: default ``quant.cols_shape``'s choice; ``_h``: float16 products where the adapter has
+#: 'shader-f16' and the weights are float16, as for q4_gemv's ``_h``):
+#: ``kernels/quant.gemm_q4_cols``
+Q4_COLS_VARIANT = re.compile(r"cols([124])?(?:_c(8|16|32))?(_h)?")
 
 #: decode attention's lane-group variants: ``lanes[1][_uUNROLL]`` ("1": the combine folded in;
 #: cache rows a lane-group loads before using any, default ``attention_lanes.UNROLL``)
@@ -230,7 +232,12 @@ class KernelOptions:
     #: "cols" (``quant.gemm_q4_cols``: an invocation a column, codes laid out by
     #: load), "cols2"/"cols4" (2 or 4 columns an invocation, each input load used for all),
     #: "_cCOLS" after either (``Q4_COLS_VARIANT``: columns a workgroup's slice-group, else
-    #: ``quant.cols_shape`` widens K's slices on narrow products to fill the device)
+    #: ``quant.cols_shape`` widens K's slices on narrow products to fill the device), "_h"
+    #: last ("cols_h", "cols2_h", "cols4_c8_h": ``q4_cols_half``; opt-in, not yet timed on a
+    #: GPU): the products in float16 pairs, summed in float16 a load and in float32 after,
+    #: only where the adapter has 'shader-f16' and the product's weights are float16 (a
+    #: float16 graph's, as q4_gemv's "_h"); elsewhere "_h" is dropped silently ("cols_h"
+    #: runs "cols"). Where "quad" falls back to "cols" it never takes "_h"
     q4_rows: str | None = None
 
     def q4_rows_variant(self, t: Target) -> str:
@@ -248,6 +255,13 @@ class KernelOptions:
         if m is None:
             return None
         return int(m.group(1) or 1), int(m.group(2)) if m.group(2) else None
+
+    def q4_cols_half(self, t: Target) -> bool:
+        """Whether the several-row products by column (``q4_cols``) may multiply in float16
+        (``q4_rows`` "_h"): asked for and the target has 'shader-f16'; the lowering takes
+        it only on float16 weights (``match_q4.lower_q4_rows``)."""
+        m = Q4_COLS_VARIANT.fullmatch(self.q4_rows_variant(t))
+        return m is not None and bool(m.group(3)) and t.f16
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -470,8 +484,9 @@ def _check(name: str, value: object) -> None:
     elif name == "q4_rows":
         if value not in ("rows", "quad") and not Q4_COLS_VARIANT.fullmatch(value):
             raise ValueError(f"KernelOptions.q4_rows = {value!r}; accepted: None, 'rows', "
-                             "'quad', 'cols[PER][_cCOLS]' (PER 1, 2 or 4; COLS 8, 16 or 32; "
-                             "e.g. 'cols', 'cols4', 'cols_c32')")
+                             "'quad', 'cols[PER][_cCOLS][_h]' (PER 1, 2 or 4; COLS 8, 16 or "
+                             "32; _h: float16 products; e.g. 'cols', 'cols4', 'cols_c32', "
+                             "'cols_h', 'cols2_c16_h')")
     elif name in ("attention", "attention_rows") and LANES_VARIANT.fullmatch(value):
         unroll = LANES_VARIANT.fullmatch(value).group(2)
         if unroll is not None and int(unroll) not in (1, 2, 4, 8):
