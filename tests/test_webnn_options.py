@@ -39,7 +39,8 @@ ACCEPTED = {
     "pass_calls": ["direct", "wgpu-py"],
     "map_wait": ["spin", "caller", "thread"],
     "queue_calls": ["direct", "direct_maps", "wgpu-py"],
-    "q4_rows": ["rows", "cols", "cols2", "cols4", "cols_c8", "cols4_c32", "quad"],
+    "q4_rows": ["rows", "cols", "cols2", "cols4", "cols_c8", "cols4_c32", "quad", "cols_h",
+                "cols2_h", "cols4_c16_h"],
 }
 REFUSED = {
     "gemv": ["fastest", "col", "rows_x"], "attention": ["flash2", "", "lanes_u3", "lanes2"],
@@ -60,7 +61,8 @@ REFUSED = {
     "pass_calls": ["raw", ""],
     "map_wait": ["poll", ""],
     "queue_calls": ["raw", ""],
-    "q4_rows": ["quad4", "", "cols3", "cols_c4", "cols_c64", "rows2"],
+    "q4_rows": ["quad4", "", "cols3", "cols_c4", "cols_c64", "rows2", "rows_h", "quad_h",
+                "cols_h_c8", "cols_hh", "cols_h2"],
 }
 
 
@@ -157,3 +159,22 @@ def test_float16_products_only_where_the_adapter_has_them():
     assert KernelOptions(q4_gemv="quad_k2_h").q4_quad(with_f16) == (2, True)
     assert KernelOptions(q4_gemv="quad_k2_h").q4_quad(without) == (2, False)
     assert KernelOptions(q4_gemv="quad").q4_wide(with_f16) is None
+    # several rows by column: the shape as without "_h", float16 products only with f16
+    for value, cols in (("cols_h", (1, None)), ("cols2_c16_h", (2, 16)), ("cols4", (4, None))):
+        opts = KernelOptions(q4_rows=value)
+        assert opts.q4_cols(with_f16) == opts.q4_cols(without) == cols
+        assert opts.q4_cols_half(with_f16) == value.endswith("_h")
+        assert not opts.q4_cols_half(without)
+    assert not KernelOptions(q4_rows="quad").q4_cols_half(with_f16)
+    assert not KernelOptions().q4_cols_half(dataclasses.replace(with_f16, cpu=False))
+
+
+def test_a_bad_q4_rows_value_is_one_line_naming_the_forms():
+    """A mistyped ``q4_rows`` (an "_h" in the wrong place, on a variant without one) fails
+    with one line naming the knob and the accepted forms, "_h" among them."""
+    for bad in ("cols_h_c8", "quad_h", "rows_h"):
+        with pytest.raises(ValueError) as err:
+            KernelOptions.parse([f"q4_rows={bad}"])
+        msg = str(err.value)
+        assert "\n" not in msg and msg.startswith(f"KernelOptions.q4_rows = {bad!r}")
+        assert "'cols[PER][_cCOLS][_h]'" in msg

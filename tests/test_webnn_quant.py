@@ -821,7 +821,10 @@ def test_norm_between_several_row_4bit_products_from_partial_sums(
     ("cols4_c8", "float32", 5, 512, 544, "sum", False),
     ("cols_c32", "float16", 4, 8192, 2048, "sum", False),
     ("cols", "float32", 11, 256, 96, "mean", True),  # two row tiles, the last ragged
-    ("cols2", "float16", 16, 2048, 2048, "sum", False)])  # a prefill chunk's two tiles
+    ("cols2", "float16", 16, 2048, 2048, "sum", False),  # a prefill chunk's two tiles
+    ("cols_h", "float16", 4, 1024, 512, "mean", False),  # float16 products
+    ("cols2_h", "float16", 5, 512, 544, "sum", True),
+    ("cols_h", "float32", 3, 256, 96, "mean", False)])  # float32 weights: float32 products
 def test_norm_between_several_row_4bit_products_by_column_from_partial_sums(
         ctx_with, subgroup_size, monkeypatch, variant, dt, M, K, N, spelling, sub):
     """A K-token verify's norms by column (``q4_rows=cols``, the GPU default): as
@@ -832,11 +835,14 @@ def test_norm_between_several_row_4bit_products_by_column_from_partial_sums(
     q/k/v shapes, a ragged M, more rows than a tile (a prefill chunk's: each tile's
     workgroups write and read their own rows' partials), several columns an invocation
     and fixed slice-groups, the partials summed through workgroup memory or (``sub``)
-    subgroupAdd."""
+    subgroupAdd; "_h": float16 products (the kernels unpack code pairs, ``hq``) on a float16
+    graph's weights, float32 ones on a float32 graph's."""
     got = _norms_between_products(ctx_with, subgroup_size, monkeypatch,
                                   {"gemv": "rows", "q4_rows": variant}, dt, K, N, spelling,
                                   sub, M)
     _assert_partials_plan(got, "gemm_q4_cols", sub)
+    half = variant.endswith("_h") and dt == "float16"
+    assert [("hq(" in w) for w in got["partials"][2] + got["off"][2]] == [half] * 6
 
 
 @pytest.mark.parametrize("tail", ["cast16", "cast16_32", "tanh"])
@@ -992,7 +998,7 @@ def test_4bit_products_by_column_in_narrow_column_groups(ctx_with, variant, cols
 
 @pytest.mark.parametrize("dt", ["float32", pytest.param(
     "float16", marks=pytest.mark.adapter_feature("shader-f16"))])
-@pytest.mark.parametrize("variant", ["cols", "cols2_c8", "rows", "quad"])
+@pytest.mark.parametrize("variant", ["cols", "cols2_c8", "rows", "quad", "cols_h"])
 def test_several_rows_gate_and_up_write_their_swiglu(ctx_with, variant, dt):
     """A K-token layer's gate and up (stacked 4-bit products of one input of M rows) read
     only by SwiGLU: by column (``q4_epilogue=gated``), one ``gemm_q4_cols`` launch over the
@@ -1023,6 +1029,8 @@ def test_several_rows_gate_and_up_write_their_swiglu(ctx_with, variant, dt):
     q4 = [x for x in names if x.startswith("gemm_q4")]
     acts = [x for x in names if "sigmoid" in x]
     assert q4 == ["gemm_q4_" + variant[:4]] and len(acts) == (variant == "rows"), names
+    wgsl = [la.kernel.wgsl for la in gr._plan.launches if la.kernel.name.startswith("gemm")]
+    assert ("hq(" in wgsl[0]) == (variant.endswith("_h") and dt == "float16")  # f16 products
     t = ctx.create_tensor(data_type=dt, shape=[1, m, k], writable=True)
     ctx.write_tensor(t, v)
     out = ctx.create_tensor(data_type=dt, shape=[1, m, 8], readable=True)
@@ -1160,3 +1168,209 @@ def test_4bit_product_of_several_rows_reads_through_the_heads_transpose(ctx_with
     want = a @ _want(codes, scale, zp)
     got = ctx.read_tensor(out)
     assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
+
+
+# -- float16 products by column (``q4_rows`` "_h": ``quant.gemm_q4_cols(half=True)``) ----------
+#: ``gemm_q4_cols(half=True)``'s worst case a load (``quant.gemm_q4_cols``): each input rounded
+#: and each of a lane's 16 pair FMAs rounding once, 17 · 2^-11 of the load's Σ|code · input|
+_COLS_HALF_WORST = 17 * 2.0**-11
+#: its bound on random data, relative to the largest output (float16 outputs' rounding
+#: included; measured ~1.2e-3 at most over fresh draws with unsigned codes and zero points,
+#: whose float16 part sums raw codes 0..15 that the zero points' term then cancels)
+_COLS_HALF_RANDOM = 3e-3
+
+
+def _pair_words(codes: np.ndarray, block: int) -> np.ndarray:
+    """Codes (K, N) as ``gemm_q4_cols(half=True)`` reads them, written here without
+    ``match_q4``: each column's words of 8 codes in pair order (element 2m of a word in
+    nibble m, 2m + 1 in nibble m + 4), laid out load by load, then column (a load 4 words
+    where the block is a multiple of 32, else 1)."""
+    K, N = codes.shape
+    nib = (codes.astype(np.int64) & 0xF).T.reshape(N, K // 8, 8).astype(np.uint32)
+    pos = np.array([e // 2 + 4 * (e % 2) for e in range(8)], np.uint32)
+    words = np.bitwise_or.reduce(nib << (4 * pos), axis=2).astype(np.uint32)  # (N, K / 8)
+    per_load = 4 if block % 32 == 0 else 1
+    return np.ascontiguousarray(words.reshape(N, -1, per_load).transpose(1, 0, 2)).reshape(-1)
+
+
+def _launch(device, kernel, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """Bind ``arrays`` in binding order (padded to 4 bytes), dispatch ``kernel`` once, and
+    return the contents of its rw bindings, after naga and Tint both accepted it."""
+    import wgpu
+    from wgsl_compilers import compiler_device, rejection
+
+    from backends.webnn.kernels.common import module_source
+
+    for engine in ("wgpu", "dawn"):
+        if compiler_device(engine)[0] is not None:
+            assert not rejection(engine, kernel.wgsl), rejection(engine, kernel.wgsl)
+    usage = wgpu.BufferUsage
+    bufs = []
+    for a in arrays:
+        raw = np.ascontiguousarray(a).tobytes()
+        raw += b"\0" * (-len(raw) % 4 or (16 if not raw else 0))
+        buf = device.create_buffer(size=len(raw), usage=usage.STORAGE | usage.COPY_SRC
+                                   | usage.COPY_DST)
+        device.queue.write_buffer(buf, 0, raw)
+        bufs.append(buf)
+    pipe = device.create_compute_pipeline(layout="auto", compute={
+        "module": device.create_shader_module(code=module_source(kernel.wgsl, False)),
+        "entry_point": "main"})
+    bg = device.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=[
+        {"binding": i, "resource": {"buffer": b}} for i, b in enumerate(bufs)])
+    enc = device.create_command_encoder()
+    cp = enc.begin_compute_pass()
+    cp.set_pipeline(pipe)
+    cp.set_bind_group(0, bg)
+    cp.dispatch_workgroups(*kernel.groups)
+    cp.end()
+    device.queue.submit([enc.finish()])
+    return [np.frombuffer(device.queue.read_buffer(b), a.dtype)[:a.size].reshape(a.shape).copy()
+            for a, b, access in zip(arrays, bufs, kernel.bindings, strict=True)
+            if access == "rw"]
+
+
+@pytest.mark.parametrize("M,kind,zero_points,block,out,extra", [
+    (1, "int4", False, 32, "f32", {}),
+    (3, "uint4", True, 32, "f16", {"residual": True}),
+    (4, "int4", False, 32, "f16", {"gated": True, "per_thread": 2}),
+    (5, "uint4", True, 16, "f32", {"residual": True}),  # 8 codes a load (u32 words)
+    (8, "int4", True, 32, "f32", {"cols": 8}),  # 8 columns of 32 slices of K
+    (4, "uint4", False, 32, "f16", {"head_d": 16}),
+    (3, "int4", False, 32, "f16", {"stats": True, "residual": True}),
+    (5, "int4", False, 32, "f32", {"prologue": True}),
+    (2, "uint4", False, 32, "f32", {"per_thread": 4})])
+def test_cols_half_products_against_float64(ctx, M, kind, zero_points, block, out, extra):
+    """``gemm_q4_cols(half=True)`` launched alone on fresh random inputs (never zeros) against
+    float64 NumPy: M of 1 to 8 rows, signed and unsigned codes with and without zero
+    points, blocks of 32 (16-byte loads) and 16 (words), float16 and float32 outputs,
+    a residual, a gated pair's write, several columns an invocation, attention's (heads, M,
+    head_d) rows, a norm's partial sums written (``stats``) and read (``prologue``). Each
+    output within the kernel's stated worst case (17 roundings of 2^-11 of each load's
+    magnitudes, plus the float16 output's rounding) and all within the random-data bound;
+    naga and Tint both accept the kernel; its WGSL multiplies float16 code pairs."""
+    from backends.webnn.kernels import quant as QK
+    from backends.webnn.kernels.common import decl
+    from backends.webnn.kernels.matmul import VectorSource
+    from backends.webnn.kernels.quant_rows import GatedOutput, StatsOutput
+
+    if not ctx._target.f16:
+        pytest.skip("no shader-f16 on this adapter")
+    rng = np.random.default_rng()
+    K, N = 256, 44
+    signed = kind == "int4"
+    codes = rng.integers(-8, 8, (K, N)) if signed else rng.integers(0, 16, (K, N))
+    scale = rng.uniform(0.02, 0.1, (K // block, N)).astype(np.float16).astype(np.float32)
+    zp = (_codes(kind, scale.shape) if zero_points else np.zeros(scale.shape, np.int64))
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    io = np.float16 if out == "f16" else np.float32
+    shape = QK.cols_shape(K, N, block, extra.get("per_thread", 1), extra.get("cols"))
+    kw = dict(per_thread=extra.get("per_thread", 1), residual=extra.get("residual", False),
+              half_out=out == "f16", head_d=extra.get("head_d"), **shape)
+    s64 = np.repeat(scale.astype(np.float64), block, axis=0)
+    a = x.astype(np.float64)
+    arrays = []
+    if extra.get("prologue"):  # an RMSNorm of the rows from 3 partial sums of squares a row
+        parts = np.stack([np.sum(x[:, i::3].astype(np.float64) ** 2, axis=1)
+                          for i in range(3)], axis=1).astype(np.float32)
+        kw["prologue"] = VectorSource(decl(0, "xr", "f32", "read") + decl(1, "pin", "f32", "read"),
+                                      ["read", "read"], "xr[{}] * inverseSqrt(red + 1e-5)",
+                                      partials=("pin[{}]", 3, K))
+        a = a / np.sqrt(parts.astype(np.float64).sum(axis=1, keepdims=True) / K + 1e-5)
+        arrays += [x.reshape(-1), parts.reshape(-1)]
+    elif extra.get("head_d"):  # the rows as attention leaves them: (heads, M, head_d)
+        d = extra["head_d"]
+        arrays.append(np.ascontiguousarray(x.reshape(M, K // d, d).transpose(1, 0, 2)).reshape(-1))
+    else:
+        arrays.append(x.reshape(-1))
+    if extra.get("gated"):  # a linear function of the pair: its write, not the activation
+        kw["gated"] = GatedOutput(f"fn gt(a: f32, b: f32) -> {out} {{\n"
+                                  f"  return {out}(a - 2.0 * b);\n}}\n", "gt(g0, g1)", out)
+    if extra.get("stats"):
+        kw["stats"] = StatsOutput(f"fn norm_el(i: u32, xs: {out}) -> f32 {{\n"
+                                  "  return f32(xs) * f32(xs);\n}\n")
+    k = QK.gemm_q4_cols(K, N, block, M, signed=signed, zero_points=zero_points, half=True,
+                        subgroup=None, **kw)
+    assert "hq(" in k.wgsl and "vec2<f16>(0.0h)" in k.wgsl and "lo(" not in k.wgsl
+    arrays += [_pair_words(codes, block), scale.reshape(-1)]
+    if zero_points:
+        arrays.append((-zp * scale).astype(np.float32).reshape(-1))
+    res = rng.standard_normal((M, N)).astype(io)
+    if kw["residual"]:
+        arrays.append(res.reshape(-1))
+    W = QK.cols_workgroups(K, N, block, kw["per_thread"], extra.get("cols"))
+    arrays.append(np.full(M * (N // 2 if "gated" in kw else N), np.nan, io))
+    if "stats" in kw:
+        arrays.append(np.full(M * W, np.nan, np.float32))
+    got = _launch(ctx._device, k, arrays)
+    y = got[0].astype(np.float64).reshape(M, -1)
+    lin = a @ ((codes - np.repeat(zp, block, axis=0)) * s64)
+    mags = np.abs(a) @ np.abs(codes * s64)  # the float16 part's: raw codes
+    if kw["residual"]:
+        lin = lin + res.astype(np.float64)
+    if "gated" in kw:  # columns 2n and 2n + 1 are a pair
+        want, mags = lin[:, 0::2] - 2 * lin[:, 1::2], mags[:, 0::2] + 2 * mags[:, 1::2]
+    else:
+        want = lin
+    err = np.abs(y - want)
+    rounding = 2.0**-11 * np.abs(want) if out == "f16" else 0.0
+    assert np.all(err <= _COLS_HALF_WORST * mags + rounding + 1e-6 * np.abs(want).max())
+    assert err.max() <= _COLS_HALF_RANDOM * np.abs(want).max(), err.max() / np.abs(want).max()
+    if "stats" in kw:  # each row's partials: its written values' squares, summed
+        pt = got[1].reshape(M, W).astype(np.float64)
+        np.testing.assert_allclose(pt.sum(axis=1), (y ** 2).sum(axis=1), rtol=1e-5)
+
+
+@pytest.mark.parametrize("M,kind,zp,block,residual", [
+    (3, "int4", False, 32, False), (4, "uint4", True, 32, True),
+    (5, "uint4", "centred", 32, False),  # MatMulNBits' zero points of 8: signed codes
+    (8, "int4", True, 16, True)])
+@pytest.mark.parametrize("variant", ["cols_h", "cols2_c16_h"])
+def test_several_row_half_products_by_column_in_a_float16_graph(ctx_with, variant, M, kind,
+                                                                zp, block, residual):
+    """``q4_rows=cols_h`` (and "cols2_c16_h") on a float16 graph's K-token product (float16
+    rows, scales, residual and result; the products' codes repacked in pair order at
+    upload): its ``gemm_q4_cols`` multiplies in float16 pairs (its WGSL unpacks code pairs
+    with ``hq``: the float16 path is taken, not silently dropped), within the kernel's
+    random-data bound of float64 NumPy; the same weights in a float32 graph multiply in
+    float32 (no ``hq``), within 1e-5."""
+    got, want = {}, {}
+    rng = np.random.default_rng()
+    k, n = 256, 40
+    codes = _codes(kind, (k, n))
+    scale = rng.uniform(0.005, 0.05, size=(k // block, n)).astype(np.float16)
+    zps = (np.full(scale.shape, 8, np.int64) if zp == "centred" else _codes(kind, scale.shape)
+           if zp else np.zeros(scale.shape, np.int64))
+    v = rng.standard_normal((1, M, k)).astype(np.float16)
+    r = rng.standard_normal((1, M, n)).astype(np.float16)
+    ctx = ctx_with(q4_rows=variant)
+    if not ctx._target.f16:
+        pytest.skip("no shader-f16 on this adapter")
+    for dt in ("float16", "float32"):
+        b = MLGraphBuilder(ctx)
+        w = b.dequantize_linear(_const(b, kind, codes),
+                                b.constant(data_type=dt, shape=list(scale.shape),
+                                           value=scale.astype(dt)), _const(b, kind, zps))
+        y = b.matmul(b.input("v", data_type=dt, shape=[1, M, k]), w)
+        feeds = {"v": v}
+        if residual:
+            y = b.add(y, b.input("r", data_type=dt, shape=[1, M, n]))
+            feeds["r"] = r
+        g = b.build({"y": y})
+        ts = {}
+        for name, a in feeds.items():
+            ts[name] = ctx.create_tensor(data_type=dt, shape=list(a.shape), writable=True)
+            ctx.write_tensor(ts[name], a.astype(dt))
+        out = ctx.create_tensor(data_type=dt, shape=[1, M, n], readable=True)
+        ctx.dispatch(g, ts, {"y": out})
+        got[dt] = ctx.read_tensor(out).astype(np.float64)
+        (kern,) = [la.kernel for la in g._plan.launches if la.kernel.name.startswith("gemm")]
+        assert kern.name == "gemm_q4_cols"
+        assert ("hq(" in kern.wgsl) == (dt == "float16"), dt  # float16 weights only
+        g.destroy()
+    want = v.astype(np.float64) @ _want(codes, scale.astype(np.float64), zps)
+    if residual:
+        want = want + r.astype(np.float64)
+    top = np.abs(want).max()
+    assert np.abs(got["float16"] - want).max() <= _COLS_HALF_RANDOM * top
+    assert np.abs(got["float32"] - want).max() <= 1e-5 * top
