@@ -193,7 +193,7 @@ def test_k_token_rows_keep_their_launch_by_default(gpu_plan):
 @pytest.mark.adapter_feature("shader-f16")
 @pytest.mark.parametrize("q4_rows,attention_rows,q4_norms", [
     (None, None, None), (None, None, "off"), (None, None, "partials"), ("quad", None, None),
-    ("quad", "lanes", None), (None, "tile", None)])
+    ("quad", "lanes", None), (None, "tile", None), ("cols_h", None, "partials")])
 @pytest.mark.parametrize("hybrid", [False, True], ids=["attention", "hybrid"])
 def test_q4f16_verify_on_the_gpus_plan_computes_the_reference(gpu_plan, monkeypatch, hybrid,
                                                               q4_rows, attention_rows,
@@ -211,7 +211,9 @@ def test_q4f16_verify_on_the_gpus_plan_computes_the_reference(gpu_plan, monkeypa
     products from the partial sums of squares o and down write (stats and prologue,
     ``q4_norms`` "partials", quad's GPU default): the one norm launch the first layer's; by
     column the same where "partials" is asked for (not yet the default: untimed); else,
-    and with ``q4_norms=off``, one launch a norm."""
+    and with ``q4_norms=off``, one launch a norm. "cols_h": by column with float16
+    products (q4f16's float16 weights: every product's kernel unpacks code pairs, ``hq``),
+    its norms from partial sums as asked."""
     cfg = preset("tiny+q4f16")
     if not hybrid:
         cfg = replace(cfg, layers=(ATTENTION,) * 2)
@@ -228,6 +230,9 @@ def test_q4f16_verify_on_the_gpus_plan_computes_the_reference(gpu_plan, monkeypa
         # layout (quant_quad_rows)
         kernel = "gemm_q4_quad" if q4_rows == "quad" else "gemm_q4_cols"
         assert names.count(kernel) == 4 * len(cfg.layers) + 1, names
+        wgsl = [la.kernel.wgsl for la in b.converted.graph._plan.launches
+                if getattr(la, "kernel", None) is not None and la.kernel.name == kernel]
+        assert all(("hq(" in w) == (q4_rows == "cols_h") for w in wgsl)
         assert "fused:sigmoid+mul+mul" not in names, names
         folded = q4_norms == "partials" or (q4_norms is None and q4_rows == "quad")
         norms = 1 if folded else 2 * len(cfg.layers) + 1  # + the final norm

@@ -46,9 +46,12 @@ OPTION_VALUES: dict[str, list[str | int | None]] = {
     "q4_epilogue": [None, "off", "gated"],
     "q4_norms": [None, "partials", "off"],
     "attention_writes": [None, "fold", "off"],
-    "q4_rows": [None, "rows", "cols", "cols4", "cols_c32", "quad"],
+    "q4_rows": [None, "rows", "cols", "cols4", "cols_c32", "quad", "cols_h", "cols2_c16_h"],
     "gdn_replay": [None, "fused", "launch"],
 }
+#: knob combinations swept besides the single values: a verify's products by column with
+#: float16 products that also write and read a norm's partial sums (and the gated pair)
+OPTION_SETS: list[dict[str, str]] = [{"q4_rows": "cols_h", "q4_norms": "partials"}]
 
 
 def _targets():
@@ -258,16 +261,17 @@ def kernels():
         ctx.destroy()
         mp.undo()
     found: dict[str, str] = {}  # source -> where it was first made
-    settings = [(None, None)] + [(k, v) for k, vs in OPTION_VALUES.items() for v in vs if v]
-    for (knob, value), (tname, target), (n, args) in itertools.product(
+    settings = [{}] + [{k: v} for k, vs in OPTION_VALUES.items() for v in vs if v] + OPTION_SETS
+    for knobs, (tname, target), (n, args) in itertools.product(
             settings, _targets().items(), enumerate(cap.builds)):
         graph, stateful = args
-        options = KernelOptions(**({knob: value} if knob else {}))
+        options = KernelOptions(**knobs)
         plan = compile_graph(graph, stateful, 1 << 27, target=target, options=options)
+        said = ", ".join(f"{k}={v!r}" for k, v in knobs.items()) or "defaults"
         for la in plan.launches:
             if isinstance(la, KernelLaunch):
                 found.setdefault(la.kernel.wgsl, f"{la.kernel.name} (build {n}, {tname}, "
-                                                 f"{knob}={value!r})")
+                                                 f"{said})")
     return found
 
 
@@ -294,6 +298,17 @@ def test_the_sweep_reaches_a_verifys_norms_in_its_products(kernels):
     quads = [src for src, where in kernels.items() if where.startswith("gemm_q4_quad")]
     assert any("pt[" in src for src in quads)
     assert any("red_p1_sg" in src for src in quads)  # subgroupAdd of row 1's partials
+
+
+def test_the_sweep_reaches_float16_products_by_column(kernels):
+    """``q4_rows=cols_h`` on the float16-weight verify (the f16 target): ``gemm_q4_cols``
+    with float16 code pairs (``hq``), among them ones writing a norm's partial sums and
+    reading them and a gated pair's, are among the kernels the engines compile."""
+    cols = [src for src, where in kernels.items()
+            if where.startswith("gemm_q4_cols") and "hq(" in src]
+    assert cols
+    assert any("pt[" in src for src in cols) and any("row_in(" in src for src in cols)
+    assert any("pair_sh" in src for src in cols)
 
 
 @pytest.mark.parametrize("engine", list(ENGINES))
