@@ -137,19 +137,26 @@ def q4_case(K: int, N: int, M: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndar
     return packed, scale, x, want
 
 
-def bench_gemv_q4(ctx, K: int, N: int, reps: int, budget: float, M: int = 1) -> dict:
+def bench_gemv_q4(ctx, K: int, N: int, reps: int, budget: float, M: int = 1,
+                  weights: str = "float16") -> dict:
     """One-row product with int4 weights (block 32, symmetric, float16-valued scales as a
     +q4f16 model has them) through the context's 4-bit kernel, or ``M`` rows (a K-token
-    verify's: ``gemm_q4_rows``); checked against float64. GB/s over the one-row floor:
-    the weights streamed once, whatever M."""
+    verify's: ``gemm_q4_rows``, ``gemm_q4_cols``); checked against float64. ``weights``:
+    the dequantised weights' type, "float16" (float16 scales, the weights widened for the
+    float32 row as a +q4f16 model's product reads them: the ``_h`` variants, q4_gemv's and
+    q4_rows', multiply in float16) or "float32" (float32 scales: ``_h`` dropped, the
+    kernels multiply in float32; the other variants' kernels are the same either way).
+    GB/s over the one-row floor: the weights streamed once, whatever M."""
     packed, scale, x, want = q4_case(K, N, M)
     b = MLGraphBuilder(ctx)
     xi = b.input("x", data_type="float32", shape=[1, M, K] if M > 1 else [1, K])
     w = b.dequantize_linear(
         b.constant(data_type="int4", shape=[K, N], value=packed),
-        b.constant(data_type="float32", shape=[K // 32, N], value=scale),
+        b.constant(data_type=weights, shape=[K // 32, N], value=scale.astype(weights)),
         b.constant(data_type="int4", shape=[K // 32, N],
                    value=np.zeros(-(-(K // 32) * N // 2), np.uint8)))
+    if weights == "float16":  # as the builder widens a float16 model's (``_widened``)
+        w = b.cast(w, "float32")
     g = b.build({"y": b.matmul(xi, w)})
     lead = [1, M] if M > 1 else [1]
     tx = ctx.create_tensor(data_type="float32", shape=[*lead, K], writable=True)
@@ -164,6 +171,8 @@ def bench_gemv_q4(ctx, K: int, N: int, reps: int, budget: float, M: int = 1) -> 
     res["kernel"] = sorted({k.name for k in kernels})
     res["groups"] = [k.groups[0] for k in kernels]
     res["rows"] = M
+    res["weights"] = weights
+    res["half_products"] = any("hq(" in k.wgsl for k in kernels)  # float16 code pairs
     res["kernel_bytes"] = sum(k.bytes for k in kernels)
     g.destroy()
     tx.destroy()
@@ -564,6 +573,10 @@ def main() -> None:
                          "the ids steps)")
     ap.add_argument("--q4-rows", type=int, default=1,
                     help="rows of the --gemv-q4 products (a K-token verify's: gemm_q4_rows)")
+    ap.add_argument("--q4-weights", choices=("float16", "float32"), default="float16",
+                    help="the --gemv-q4 products' dequantised weights: float16 (a +q4f16 "
+                         "model's; the _h variants multiply in float16) or float32 (as "
+                         "before this flag: _h dropped)")
     ap.add_argument("--depth", type=int, default=0,
                     help="time the steps at this depth, reached as a sweep does with random "
                          "cache values (a stateful page walks), after --warm seconds of GPU "
@@ -619,7 +632,7 @@ def main() -> None:
     for K, N in q4_shapes:  # a shape's weights made once for its variants (q4_case)
         for var, options in q4_runs:
             out["gemv_q4"].append(_attempt(bench_gemv_q4, (context(options), K, N, a.reps,
-                                                           a.budget, a.q4_rows),
+                                                           a.budget, a.q4_rows, a.q4_weights),
                                            shape=f"{K}x{N}", variant=var))
     if a.attn != "none":
         for var, options in attn_runs:

@@ -200,6 +200,29 @@ def test_kernel_bench_times_4bit_variants():
     assert step["options"]["q4_gemv"] == "multi" and step["profile"]["gemv_q4_multi"]["n"] > 0
 
 
+def test_kernel_bench_times_a_verifys_half_products_by_column():
+    """``--gemv-q4 --q4-rows 4 --option q4_rows=cols_h`` (``gpu_verify_ab.sh``'s per-shape
+    A/B): the K-row product by column with float16 products on the benchmark's float16
+    weights (a +q4f16 model's), within their random-data bound of float64; with
+    ``--q4-weights float32`` the same variant multiplies in float32."""
+    from backends.webnn.adapter import wgpu_adapter
+
+    adapter, _ = wgpu_adapter("wgpu")  # the script's engine
+    f16 = adapter is not None and "shader-f16" in adapter.features
+    for weights in ("float16", "float32"):
+        proc = bench("--gemv", "none", "--attn", "none", "--step", "none", "--gemv-q4",
+                     "256x77", "--q4-rows", "4", "--q4-variants", "auto", "--option",
+                     "q4_rows=cols_h", "--q4-weights", weights, "--reps", "2", "--budget",
+                     "0.2")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        (r,) = json.loads(proc.stdout)["gemv_q4"]
+        assert "error" not in r, r.get("trace")
+        assert r["kernel"] == ["gemm_q4_cols"] and r["rows"] == 4 and r["weights"] == weights
+        half = weights == "float16" and f16
+        assert r["half_products"] == half
+        assert r["max_rel_err"] < (3e-3 if half else 1e-5)
+
+
 def test_host_profile_breaks_down_a_page_step():
     """scripts/host_profile.py times a page's steps and splits the host's share into its
     parts (write, submit, wait, copy, ...), whose sum is the step; the output names the code
