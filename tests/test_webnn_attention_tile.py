@@ -20,6 +20,7 @@ from test_webnn_attention import (
 
 from backends.webnn.kernels import attention_tile as ATT
 from backends.webnn.wgpu_impl.options import KernelOptions
+from backends.webnn.wgpu_impl.target import Target
 
 RNG = np.random.default_rng(20261206)
 LOWEST = float(np.finfo(np.float32).min)
@@ -105,6 +106,13 @@ def test_tile_plan_and_knob():
     assert KernelOptions(attention_rows="tile").attention_tile(16) == (None,)
     assert KernelOptions(attention_rows="tile").attention_tile(4) is None  # one token: flash
     assert KernelOptions(attention_rows="tile").attention_matched(16)
+    gpu, cpu = Target(cpu=False, subgroup=32), Target(cpu=True)
+    default = KernelOptions()
+    assert default.attention_tile(4, 8200, gpu) == (256,)  # one token at 8200: tile, T 256
+    assert default.attention_tile(16, 8200, gpu) == (None,)  # a verify's rows: the default T
+    assert default.attention_tile(4, 544, gpu) is None  # short caches: flash
+    assert default.attention_tile(16, 8200, cpu) is None  # CPU adapters: flash
+    assert KernelOptions(attention="flash").attention_tile(4, 8200, gpu) is None
     for bad in ("tile_t48", "tile64", "tiles"):
         with pytest.raises(ValueError, match="tile"):
             KernelOptions(attention_rows=bad)

@@ -95,16 +95,18 @@ def test_pages_that_write_a_copy_keep_the_row_write(gpu_plan):
         b.close()
 
 
+@pytest.mark.parametrize("attention", [None, "tile"])
 @pytest.mark.parametrize("maker,folded", [("genai_model", True), ("optimum_model", False),
                                           ("onnx_attention_model", False)])
 def test_folded_row_writes_in_exported_graphs_compute_orts_logits(gpu_plan, tmp_path, maker,
-                                                                  folded):
+                                                                  folded, attention):
     """The exporters' spellings of attention (GroupQueryAttention with its rotary caches,
     optimum's concatenated cache and rotate-half, ai.onnx Attention), float32: on the GPU's
     plan the stateful page computes ORT's CPU logits for 6 fresh random tokens, writing
     GroupQueryAttention's rows from its attention launch. The growing caches made
     fixed-capacity (optimum's, ai.onnx Attention's) attend over ``concat(past, new)``, not
-    over the written cache, so their row writes keep their launch."""
+    over the written cache, so their row writes keep their launch. ``attention`` "tile": the
+    same through ``attention_tile``."""
     import attention_graphs as AG
     import onnx
 
@@ -115,10 +117,11 @@ def test_folded_row_writes_in_exported_graphs_compute_orts_logits(gpu_plan, tmp_
     tokens = [int(t) for t in np.random.default_rng().integers(1, AG.VOCAB, 6)]
     want = AG.ort_oracle(path, tokens)
     page = backend_for(registry()["wgpu:stateful"], path, None,
-                       KernelOptions(gemv="rows"))
+                       KernelOptions(gemv="rows", attention=attention))
     page.prepare(None, 16)
     try:
-        assert ("scatter_nd" not in _names(page)) == folded and "attention_flash" in _names(page)
+        kernel = "attention_tile" if attention else "attention_flash"
+        assert ("scatter_nd" not in _names(page)) == folded and kernel in _names(page)
         for i, tok in enumerate(tokens):
             got = np.asarray(page.step(tok), np.float64).reshape(-1)
             rel = np.abs(got - want[i]).max() / np.abs(want[i]).max()

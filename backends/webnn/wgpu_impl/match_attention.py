@@ -61,6 +61,11 @@ class Attention:
         return int(self.out.shape[-2])
 
     @property
+    def capacity(self) -> int:
+        """Cache rows the head attends over (the scores' last dimension)."""
+        return int(self.qk.shape[-1])
+
+    @property
     def absorbed(self) -> list[Node]:
         """Ops computed inside the two kernels (no launch of their own)."""
         softmax = root(self.out.inputs[0])
@@ -308,7 +313,8 @@ def _attention_tile(plan: Any, o: Node, writes: AT.RowWrites | None = None
                     ) -> tuple[AT.Kernel, AT.Kernel, int] | None:
     """The many-rows decode attention (``attention_tile``) where ``KernelOptions`` asks for
     it ("tile[_tROWS]") and it applies, else None; ``writes``: its row write folded in."""
-    how = plan.options.attention_tile(plan.attention[o.id].q_rows)
+    m = plan.attention[o.id]
+    how = plan.options.attention_tile(m.q_rows, m.capacity, plan.target)
     if how is None:
         return None
     return plan.attention[o.id].tile(plan.target.shared_bytes, how[0], plan.target.max_storage,

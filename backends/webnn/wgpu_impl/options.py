@@ -65,6 +65,10 @@ LANES_VARIANT = re.compile(r"lanes(1)?(?:_u(\d+))?")
 #: ``attention_tile.TILE_ROWS``): ``kernels/attention_tile.flash_tile``
 TILE_VARIANT = re.compile(r"tile(?:_t(32|64|128|256))?")
 
+#: cache rows from which a GPU adapter's default decode attention is "tile" (measured better on
+#: an H100 at 8200 rows for one token and for a K = 4 verify, worse at 544: PERFORMANCE.md)
+TILE_DEFAULT_ROWS = 8192
+
 #: q rows a KV head above which ``KernelOptions.attention_rows`` picks the attention (a
 #: one-token step has a head's GQA rows, 4 on llama-1b; a K = 4 verify has 16)
 MANY_Q_ROWS = 8
@@ -406,11 +410,18 @@ class KernelOptions:
             return None
         return bool(m.group(1)), int(m.group(2)) if m.group(2) else None
 
-    def attention_tile(self, q_rows: int = 1) -> tuple[int | None] | None:
+    def attention_tile(self, q_rows: int = 1, capacity: int = 0,
+                       t: Target | None = None) -> tuple[int | None] | None:
         """(cache rows a split, None: the default) of the many-rows attention of a head
-        scoring ``q_rows`` q rows, or None where its variant (``attention_for``) is not a
-        "tile" one."""
-        m = TILE_VARIANT.fullmatch(self.attention_for(q_rows) or "")
+        scoring ``q_rows`` q rows over ``capacity`` cache rows, or None where its variant
+        (``attention_for``) is not a "tile" one. Left to the adapter (None), a GPU's
+        (``t``) attention is "tile" from ``TILE_DEFAULT_ROWS`` cache rows on: 256 rows a
+        split for a one-token step's head, the default 128 for many rows (PERFORMANCE.md,
+        "One workgroup for all of a head's rows")."""
+        how = self.attention_for(q_rows)
+        if how is None and t is not None and not t.cpu and capacity >= TILE_DEFAULT_ROWS:
+            return (None if q_rows > MANY_Q_ROWS else 256,)
+        m = TILE_VARIANT.fullmatch(how or "")
         if m is None:
             return None
         return (int(m.group(1)) if m.group(1) else None,)

@@ -235,13 +235,13 @@ def attention_row_writes(plan: Plan, st: PassState) -> None:
     """A layer's K and V row writes (RoPE of k inside) written by its attention's first
     launch (``KernelOptions.attention_writes``), where the two-launch flash kernel runs it
     and the pairs are the stateful graph's."""
-    def takes_writes(q_rows: int) -> bool:
+    def takes_writes(q_rows: int, capacity: int) -> bool:
         """Whether the kernel lowering an attention of ``q_rows`` q rows takes its row
         writes: flash, or tile (flash where tile does not lay it out)."""
         return (plan.options.attention_for(q_rows) in (None, "flash")
-                or plan.options.attention_tile(q_rows) is not None)
+                or plan.options.attention_tile(q_rows, capacity, plan.target) is not None)
 
-    flash = {i: m for i, m in plan.attention.items() if takes_writes(m.q_rows)}
+    flash = {i: m for i, m in plan.attention.items() if takes_writes(m.q_rows, m.capacity)}
     if flash and plan.options.attention_writes_fold(plan.target):
         plan.attention_writes = fold_row_writes(flash, st.nodes, st.writers,
                                                 plan.row_writes, plan.groups,
