@@ -9,6 +9,7 @@ import pytest
 from backends.webnn import MLGraphBuilder
 from backends.webnn.kernels import quant_rows as QR
 from backends.webnn.wgpu_impl.options import WIDE_VARIANT
+from tests import test_webnn_gdn_capsule as capsule
 
 RNG = np.random.default_rng(4242)
 #: float16 products (the ``_h`` variants, where the adapter has 'shader-f16'): the error
@@ -1193,43 +1194,6 @@ def _pair_words(codes: np.ndarray, block: int) -> np.ndarray:
     return np.ascontiguousarray(words.reshape(N, -1, per_load).transpose(1, 0, 2)).reshape(-1)
 
 
-def _launch(device, kernel, arrays: list[np.ndarray]) -> list[np.ndarray]:
-    """Bind ``arrays`` in binding order (padded to 4 bytes), dispatch ``kernel`` once, and
-    return the contents of its rw bindings, after naga and Tint both accepted it."""
-    import wgpu
-    from wgsl_compilers import compiler_device, rejection
-
-    from backends.webnn.kernels.common import module_source
-
-    for engine in ("wgpu", "dawn"):
-        if compiler_device(engine)[0] is not None:
-            assert not rejection(engine, kernel.wgsl), rejection(engine, kernel.wgsl)
-    usage = wgpu.BufferUsage
-    bufs = []
-    for a in arrays:
-        raw = np.ascontiguousarray(a).tobytes()
-        raw += b"\0" * (-len(raw) % 4 or (16 if not raw else 0))
-        buf = device.create_buffer(size=len(raw), usage=usage.STORAGE | usage.COPY_SRC
-                                   | usage.COPY_DST)
-        device.queue.write_buffer(buf, 0, raw)
-        bufs.append(buf)
-    pipe = device.create_compute_pipeline(layout="auto", compute={
-        "module": device.create_shader_module(code=module_source(kernel.wgsl, False)),
-        "entry_point": "main"})
-    bg = device.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=[
-        {"binding": i, "resource": {"buffer": b}} for i, b in enumerate(bufs)])
-    enc = device.create_command_encoder()
-    cp = enc.begin_compute_pass()
-    cp.set_pipeline(pipe)
-    cp.set_bind_group(0, bg)
-    cp.dispatch_workgroups(*kernel.groups)
-    cp.end()
-    device.queue.submit([enc.finish()])
-    return [np.frombuffer(device.queue.read_buffer(b), a.dtype)[:a.size].reshape(a.shape).copy()
-            for a, b, access in zip(arrays, bufs, kernel.bindings, strict=True)
-            if access == "rw"]
-
-
 @pytest.mark.parametrize("M,kind,zero_points,block,out,extra", [
     (1, "int4", False, 32, "f32", {}),
     (3, "uint4", True, 32, "f16", {"residual": True}),
@@ -1302,7 +1266,7 @@ def test_cols_half_products_against_float64(ctx, M, kind, zero_points, block, ou
     arrays.append(np.full(M * (N // 2 if "gated" in kw else N), np.nan, io))
     if "stats" in kw:
         arrays.append(np.full(M * W, np.nan, np.float32))
-    got = _launch(ctx._device, k, arrays)
+    got = capsule.launch(ctx._device, k, arrays)
     y = got[0].astype(np.float64).reshape(M, -1)
     lin = a @ ((codes - np.repeat(zp, block, axis=0)) * s64)
     mags = np.abs(a) @ np.abs(codes * s64)  # the float16 part's: raw codes
