@@ -398,8 +398,12 @@ def test_a_real_export_runs_as_a_k_token_graph_and_rolls_back_by_position(name, 
     want = _one_token_logits(path, prompt, tmp_path, same_graph=own)
     want_after = _one_token_logits(path, prompt[:6] + nxt, tmp_path, same_graph=own)[6:]
     tol = UserModelTolerance(path) if name == "genai-q4f16-llama" and not own else 1e-5
+    # ORT against itself on the float16 export: a K-row product sums in another order than
+    # a one-row one, so a float16 logit may round one spacing the other way
+    ulp = own and name == "genai-q4f16-llama"
     for got, ref in zip(list(last) + list(after), want[4:] + want_after, strict=True):
-        assert np.abs(got - ref).max() <= tol * np.abs(ref).max()
+        slack = np.spacing(np.abs(ref).astype(np.float16)).astype(np.float64) if ulp else 0.0
+        assert np.all(np.abs(got - ref) <= tol * np.abs(ref).max() + slack)
     if backend.startswith("wgpu:"):
         assert all("4 new rows" in how or "(4 rows)" in how
                    for how in details["fixed_capacity"].values())
