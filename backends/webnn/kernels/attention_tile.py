@@ -135,12 +135,12 @@ def flash_tile(heads: int, q_rows: int, capacity: int, d: int,
                     f"      ah = ah + p{i} * unpack_hi(vw{i});\n")
         return f"      al = al + sc[r * {T}u + {c}] * {load};\n"
 
-    acc_words = ("al", "ah") if wide else ("al",)
+    acc_words = ("al", "ah") if wide else ("al",)  # 8 columns a float16 word, 4 a float32 one
+    words = len(acc_words)
     unrolled = "".join(v_sum(f"c + {i * RS}u", i) for i in range(4))
+    accs = "".join(f"  var {a} = vec4<f32>(0.0);\n" for a in acc_words)
     pv = f"""  {{
-  var al = vec4<f32>(0.0);
-  var ah = vec4<f32>(0.0);
-  let o = lid % {NO}u;
+{accs}  let o = lid % {NO}u;
   let rs = lid / {NO}u;
   let r = o / {LW}u;
   let e = o % {LW}u;
@@ -154,7 +154,6 @@ def flash_tile(heads: int, q_rows: int, capacity: int, d: int,
     }}
   }}
 """
-    words = len(acc_words)
 
     def part_at(word: str) -> str:
         return f"part[(({hr}) * {ns}u + sp) * {pw}u + 1u + {words}u * e + {word}]"
@@ -164,19 +163,19 @@ def flash_tile(heads: int, q_rows: int, capacity: int, d: int,
             f"    pvs[({i}u * {RS}u + rs) * {NO}u + o] = {a};\n" for i, a in enumerate(acc_words))
                + "  }\n  workgroupBarrier();\n"
                + f"  if (lid < {NO}u) {{\n")
-        for i in range(len(acc_words)):
+        for i in range(words):
             pv += (f"    var t{i} = vec4<f32>(0.0);\n"
                    f"    for (var s = 0u; s < {RS}u; s = s + 1u) "
                    f"{{ t{i} = t{i} + pvs[({i}u * {RS}u + s) * {NO}u + o]; }}\n"
                    f"    {part_at(f'{i}u')} = t{i};\n")
         pv += "  }\n"
         pv_decl = f"var<workgroup> pvs: array<vec4<f32>, {words * RS * NO}>;\n"
-        pv += "  }\n"
     else:
         pv += (f"  if (lid < {NO}u) {{\n"
                + "".join(f"    {part_at(f'{i}u')} = {a};\n" for i, a in enumerate(acc_words))
-               + "  }\n  }\n")
+               + "  }\n")
         pv_decl = ""
+    pv += "  }\n"  # the block holding the accumulators
     src += f"""
 var<workgroup> qs: array<vec4<f32>, {GL * D4}>;
 var<workgroup> sc: array<f32, {GL * T}>;
@@ -226,15 +225,10 @@ var<workgroup> red2: array<f32, {WGT}>;
   }}
   red2[lid] = ls;
   workgroupBarrier();
-{pv}  if (lid < {GL}u) {{
-    let r = lid;
-    var mr = {low};
+{pv}  if (sr < {GL}u && sj == 0u) {{  // the row's maximum m is this invocation's already
     var lr = 0.0;
-    for (var i = 0u; i < {P}u; i = i + 1u) {{
-      mr = max(mr, red[r * {P}u + i]);
-      lr = lr + red2[r * {P}u + i];
-    }}
-    part[(({hr}) * {ns}u + sp) * {pw}u] = vec4<f32>(mr, lr, 0.0, 0.0);
+    for (var i = 0u; i < {P}u; i = i + 1u) {{ lr = lr + red2[sr * {P}u + i]; }}
+    part[((h * {G}u + q0 + sr) * {ns}u + sp) * {pw}u] = vec4<f32>(m, lr, 0.0, 0.0);
   }}
 }}
 """

@@ -317,8 +317,7 @@ def _attention_tile(plan: Any, o: Node, writes: AT.RowWrites | None = None
     how = plan.options.attention_tile(m.q_rows, m.capacity, plan.target)
     if how is None:
         return None
-    return plan.attention[o.id].tile(plan.target.shared_bytes, how[0], plan.target.max_storage,
-                                     writes)
+    return m.tile(plan.target.shared_bytes, how[0], plan.target.max_storage, writes)
 
 
 @claims(30, lambda plan, o: o.id in plan.attention)

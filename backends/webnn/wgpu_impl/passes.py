@@ -233,17 +233,17 @@ def group_row_writes(plan: Plan, st: PassState) -> None:
 
 def attention_row_writes(plan: Plan, st: PassState) -> None:
     """A layer's K and V row writes (RoPE of k inside) written by its attention's first
-    launch (``KernelOptions.attention_writes``), where the two-launch flash kernel runs it
-    and the pairs are the stateful graph's."""
+    launch (``KernelOptions.attention_writes``), where the two-launch flash or tile kernel
+    runs it and the pairs are the stateful graph's."""
     def takes_writes(q_rows: int, capacity: int) -> bool:
         """Whether the kernel lowering an attention of ``q_rows`` q rows takes its row
         writes: flash, or tile (flash where tile does not lay it out)."""
         return (plan.options.attention_for(q_rows) in (None, "flash")
                 or plan.options.attention_tile(q_rows, capacity, plan.target) is not None)
 
-    flash = {i: m for i, m in plan.attention.items() if takes_writes(m.q_rows, m.capacity)}
-    if flash and plan.options.attention_writes_fold(plan.target):
-        plan.attention_writes = fold_row_writes(flash, st.nodes, st.writers,
+    takers = {i: m for i, m in plan.attention.items() if takes_writes(m.q_rows, m.capacity)}
+    if takers and plan.options.attention_writes_fold(plan.target):
+        plan.attention_writes = fold_row_writes(takers, st.nodes, st.writers,
                                                 plan.row_writes, plan.groups,
                                                 plan.target.max_storage,
                                                 one_row=plan.options.attention_writes is None)
