@@ -12,7 +12,8 @@
 # variants with each other rather than with sweep files. STATEBENCH_AB_MODE picks the page
 # (default wgpu:stateful; e.g. wgpu:reuse with cache_copy=identity for FINDINGS 18);
 # STATEBENCH_AB_ARGS adds kernel_bench flags to every variant (e.g. '--depth 8192' with
-# llama-1b:8202: the steps timed at that depth over random caches, as a sweep's are).
+# llama-1b:8202: the steps timed at that depth over random caches, as a sweep's are;
+# '--launch-costs 24': what each kind of launch costs the step, without timestamps within it).
 set -euo pipefail
 out=${1:?usage: scripts/gpu_kernel_ab.sh OUTDIR [PRESET:CAPACITY] [KEY=VALUE ...]}
 step=${2:-llama-1b:8192}
@@ -41,4 +42,11 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "ab-*.json"))):
     print(f"{os.path.basename(f)[3:-5]:32s} launches {s.get('launches')}  wall {s.get('wall_ms', 0):.2f} ms"
           f"  GPU {s.get('gpu_ms', float('nan')):.2f} ms  submits/maps per step"
           f" {s.get('submits_per_step')}/{s.get('maps_per_step')}  {s.get('error', '')}")
+    lc = s.get("launch_costs")
+    if lc:  # kernel_bench --launch-costs: what leaving each kind out saves, per launch
+        print(f"  one pass {lc['step_ms']:.3f} ms; left out saves: " + ", ".join(
+            f"{k} {v['drop_us_each']:.1f} us x{v['n']}" for k, v in list(lc["kinds"].items())[:6]))
+        e = lc["empty_launch"]
+        print("  an empty launch: " + ", ".join(f"{g} {v['us_a_launch']:.2f} us"
+                                                 for g, v in e.items() if g.startswith("grid")))
 PY

@@ -36,6 +36,9 @@ from backends.webnn.wgpu_impl.options import KernelOptions  # noqa: E402
 from harness.calibrate import provenance  # noqa: E402
 from harness.gc_window import GcWindow, freeze_setup, setup_frozen, thaw  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from launch_costs import empty_launch_cost, launch_items, step_launch_costs  # noqa: E402
+
 GEMV_SHAPES = [(2048, 2048), (2048, 512), (2048, 8192), (8192, 2048), (2048, 128256)]
 #: llama-1b's 4-bit launches (K, N): q/k/v stacked, o, gate/up stacked, down, the head
 GEMV_Q4_SHAPES = [(2048, 3072), (2048, 2048), (2048, 16384), (8192, 2048), (2048, 128256)]
@@ -239,19 +242,10 @@ def profile_launches(ctx, g, bound: dict) -> dict:
     import wgpu
     from wgpu.backends.wgpu_native.extras import write_timestamp
 
-    from backends.webnn.wgpu_impl.plan import CopyLaunch, KernelLaunch
+    from backends.webnn.wgpu_impl.plan import CopyLaunch
 
     dev = ctx._device
-    items = []  # (launch, pipeline, bind group) or, for a buffer copy, (launch, src, dst)
-    for i, la in enumerate(g._plan.launches):
-        if isinstance(la, KernelLaunch):
-            pipe, layout, bg = g._items[i]
-            if bg is None:
-                bg = ctx._bind_group(g, layout, la.slots, bound, g._parity)
-            items.append((la, pipe, bg))
-        elif isinstance(la, CopyLaunch):
-            items.append((la, ctx._resolve(g, la.src, bound, g._parity),
-                          ctx._resolve(g, la.dst, bound, g._parity)))
+    items = launch_items(ctx, g, bound)
     by: dict[str, list] = {}
     by_grid: dict[str, list] = {}  # name and workgroup grid: one kernel's launch shapes apart
 
@@ -371,10 +365,10 @@ def reach_random_depth(be: Any, wl: Any, capacity: int, depth: int, warm_s: floa
 def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
                warm_s: float = 0.0, mode: str = "wgpu:stateful", host: bool = False,
                depth: int = 0, options: KernelOptions | None = None, tokens: int = 1,
-               read: str = "logits") -> dict:
+               read: str = "logits", costs: int = 0) -> dict:
     """Time ``steps`` steps of ``mode`` on preset ``name``; ``read``: what a step reads back
     ("logits", "ids"), or "chain": the "ids" steps, then ``steps`` tokens of the page's
-    chained decode (``chained_decode``)."""
+    chained decode (``chained_decode``); ``costs``: rounds of ``launch_costs``, 0: none."""
     from backends.base import registry
     from model.workload import Workload, preset
 
@@ -448,8 +442,8 @@ def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
 
     cache = sum(s.nbytes for s in cache_specs(wl.config, capacity))
     kbytes = be.counters.kernel / max(1, steps)
-    prof = None
-    if profile:
+    prof = launch_cost = None
+    if profile or costs:
         g = be.converted.graph
         bound = {"input": {n: t for n, t in be._bound.items() if n in g.inputs},
                  "output": {n: t for n, t in be._bound.items() if n in g.outputs}}
@@ -457,7 +451,11 @@ def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
             if p.input in g.inputs:
                 bound["input"][p.input] = be._cur[p.input]
                 bound["output"][p.output] = be._nxt[p.input]
-        prof = profile_launches(be.context, g, bound)
+        if costs:  # before the in-pass profile: both leave the page's values wrong
+            launch_cost = step_launch_costs(be.context, g, bound, costs)
+            launch_cost["empty_launch"] = empty_launch_cost(be.context._device, rounds=costs)
+        if profile:
+            prof = profile_launches(be.context, g, bound)
     be.close()
     res = {"preset": name, "mode": mode, "capacity": capacity, "depth": depth, "tokens": tokens,
            "prepare_s": round(prep, 2), "warm_steps": warm,
@@ -468,6 +466,8 @@ def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
            "logits_finite": None if read_ids else bool(np.isfinite(logits).all())}
     if prof is not None:
         res["profile"] = prof
+    if launch_cost is not None:
+        res["launch_costs"] = launch_cost
     if hprof is not None:
         res["host_profile"] = host_profile(hprof, steps)
     if gpu:
@@ -587,6 +587,10 @@ def main() -> None:
     ap.add_argument("--warm", type=float, default=3.0,
                     help="seconds of steps before the timed ones (GPU clocks ramp), 0: none")
     ap.add_argument("--profile", action="store_true", help="per-kernel GPU time of the step")
+    ap.add_argument("--launch-costs", type=int, default=0, metavar="ROUNDS",
+                    help="what each kind of launch costs the step, timed without timestamps "
+                         "between launches (left out, doubled), and an empty launch's cost, "
+                         "medians of ROUNDS submits (scripts/launch_costs.py); 0: not")
     ap.add_argument("--host-profile", action="store_true",
                     help="cProfile of the timed steps (the host's share of the wall time)")
     ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
@@ -655,7 +659,8 @@ def main() -> None:
                     wctx.SUBMIT_EVERY.update(cpu=int(every), gpu=int(every))
                 out["step"].append(_attempt(
                     bench_step, (name, int(cap or 512), a.steps, a.profile, a.warm, a.mode,
-                                 a.host_profile, a.depth, chosen, a.tokens, a.read),
+                                 a.host_profile, a.depth, chosen, a.tokens, a.read,
+                                 a.launch_costs),
                     preset=name, submit_every=every, options=chosen.as_dict()))
     print(json.dumps(out, indent=1))
 

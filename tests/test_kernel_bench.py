@@ -41,6 +41,27 @@ def test_kernel_bench_runs_with_an_option():
     assert out["provenance"]["source_digest"] and out["provenance"]["argv"][0] == "--gemv"
 
 
+def test_kernel_bench_costs_each_kind_of_launch():
+    """--launch-costs: every launch of the step falls in one kind (kernel and grid), each
+    kind left out and doubled against the step beside it, and an empty launch's cost at
+    each grid from passes of two lengths."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from launch_costs import EMPTY_COUNTS, EMPTY_GRIDS
+
+    proc = bench("--gemv", "none", "--attn", "none", "--step", "tiny:32", "--steps", "2",
+                 "--warm", "0", "--launch-costs", "2")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    step = json.loads(proc.stdout)["step"][0]
+    assert "error" not in step, step.get("trace")
+    costs = step["launch_costs"]
+    assert costs["_rounds"] == 2 and costs["step_ms"] > 0
+    assert sum(k["n"] for k in costs["kinds"].values()) == step["launches"]
+    assert all({"drop_ms", "twice_ms", "drop_us_each", "twice_us_each"} <= set(k)
+               for k in costs["kinds"].values())
+    empty = costs["empty_launch"]
+    assert all(len(empty[f"grid {x}"]["pass_ms"]) == len(EMPTY_COUNTS) for x in EMPTY_GRIDS)
+
+
 def test_kernel_bench_profiles_another_page():
     """--mode times and profiles a page that binds its caches (reuse), here with the vec4
     cache copy of FINDINGS 18's A/B: the copies show in the profile; --host-profile says

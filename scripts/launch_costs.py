@@ -1,0 +1,168 @@
+"""What each kind of launch of a decode step costs on the GPU, without timestamps between
+launches (``kernel_bench.py --launch-costs``), and what an empty launch costs.
+
+Why: the in-pass profile (``kernel_bench.profile_launches``) writes a timestamp after every
+launch, and on an H100 those timestamps add more than half again to the step (2.07 ms of
+in-pass launches against 1.26 ms of GPU time for llama-1b+q4f16 at 8200): a small launch's
+in-pass share is mostly the timestamp. Here the step runs as one pass with a timestamp only
+at its two ends, as the page runs it, and each kind of launch (a kernel at one grid) is
+measured by what the step's GPU time loses when its launches are left out (``drop``: what
+the step would save were they free, their barriers included) and gains when each is
+dispatched twice (``twice``: a second run of the same launch, its weights still in L2). The
+left-out or doubled launches compute wrong values: only the time is read, and the page is
+closed after. An empty kernel dispatched N times in one pass (``empty_launch_cost``) gives a
+launch's fixed cost: the slope over N, at a few grid sizes, each launch bound to one
+read-write buffer so the barriers between launches are those of the step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+#: launches of the empty kernel a pass, the slope's two ends
+EMPTY_COUNTS = (8, 104)
+#: the empty kernel's grids: one workgroup, a small product's, a large product's
+EMPTY_GRIDS = (1, 128, 1024)
+
+_EMPTY_WGSL = """
+@group(0) @binding(0) var<storage, read_write> flag: array<u32>;
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) g: vec3<u32>) {
+  if (g.x == 0xffffffffu) { flag[0] = 1u; }
+}
+"""
+
+
+def launch_items(ctx: Any, g: Any, bound: dict) -> list[tuple]:
+    """(launch, pipeline, bind group) for each kernel launch of graph ``g``, or (launch,
+    source buffer, destination buffer) for a buffer copy: the step as the page binds it.
+    Uses the context's internals."""
+    from backends.webnn.wgpu_impl.plan import CopyLaunch, KernelLaunch
+
+    items = []
+    for i, la in enumerate(g._plan.launches):
+        if isinstance(la, KernelLaunch):
+            pipe, layout, bg = g._items[i]
+            if bg is None:
+                bg = ctx._bind_group(g, layout, la.slots, bound, g._parity)
+            items.append((la, pipe, bg))
+        elif isinstance(la, CopyLaunch):
+            items.append((la, ctx._resolve(g, la.src, bound, g._parity),
+                          ctx._resolve(g, la.dst, bound, g._parity)))
+    return items
+
+
+def group_key(la: Any) -> str:
+    """A kind of launch: its kernel's name and grid (one kernel's launch shapes apart)."""
+    return f"{la.kernel.name} {la.kernel.groups}"
+
+
+class PassTimer:
+    """Passes of dispatches, each timed by timestamps at its two ends only, many passes in
+    one submit (the GPU kept busy between them, so its clocks stay up)."""
+
+    def __init__(self, dev: Any, passes: int) -> None:
+        import wgpu
+
+        self.dev, self.n = dev, passes
+        self.qs = dev.create_query_set(type="timestamp", count=2 * passes)
+        self.qb = dev.create_buffer(size=16 * passes, usage=wgpu.BufferUsage.QUERY_RESOLVE
+                                    | wgpu.BufferUsage.COPY_SRC)
+
+    def run(self, passes: Sequence[Sequence[tuple[Any, Any, tuple]]]) -> np.ndarray:
+        """GPU ms of each pass, each a list of (pipeline, bind group, grid) dispatches."""
+        assert len(passes) <= self.n
+        enc = self.dev.create_command_encoder()
+        for j, dispatches in enumerate(passes):
+            cp = enc.begin_compute_pass(timestamp_writes={
+                "query_set": self.qs, "beginning_of_pass_write_index": 2 * j,
+                "end_of_pass_write_index": 2 * j + 1})
+            last = None
+            for pipe, bg, grid in dispatches:
+                if pipe is not last:
+                    cp.set_pipeline(pipe)
+                    last = pipe
+                cp.set_bind_group(0, bg)
+                cp.dispatch_workgroups(*grid)
+            cp.end()
+        n = 2 * len(passes)
+        enc.resolve_query_set(self.qs, 0, n, self.qb, 0)
+        self.dev.queue.submit([enc.finish()])
+        t = np.frombuffer(self.dev.queue.read_buffer(self.qb, 0, 8 * n), np.uint64)
+        t = t.astype(np.int64).reshape(-1, 2)
+        return (t[:, 1] - t[:, 0]) / 1e6
+
+
+def _dispatches(items: list[tuple], repeat: Callable[[Any], int]) -> list[tuple]:
+    """The step's dispatches, launch ``la`` dispatched ``repeat(la)`` times in place."""
+    return [(pipe, bg, la.kernel.groups) for la, pipe, bg in items for _ in range(repeat(la))]
+
+
+def step_launch_costs(ctx: Any, g: Any, bound: dict, rounds: int = 24) -> dict:
+    """Per kind of launch of the step (``group_key``): its count, the whole step's GPU ms
+    (``step_ms``, one pass, no timestamps within), and the median of what the step saves
+    with those launches left out (``drop_ms``) and costs more with each dispatched twice
+    (``twice_ms``), each against a step timed beside it in the same submit; per launch
+    (``drop_us_each``, ``twice_us_each``). The step's kinds are sorted by what dropping
+    them saves."""
+    from backends.webnn.wgpu_impl.plan import CopyLaunch
+
+    items = launch_items(ctx, g, bound)
+    if any(isinstance(it[0], CopyLaunch) for it in items):
+        raise ValueError("launch costs time kernel launches in one pass: this plan has "
+                         "buffer copies (cache_copy=buffer); use --profile")
+    keys = sorted({group_key(la) for la, _, _ in items})
+    count = {k: sum(group_key(la) == k for la, _, _ in items) for k in keys}
+    base = _dispatches(items, lambda la: 1)
+    variants = {(k, how): _dispatches(items, lambda la, k=k, n=n: n if group_key(la) == k else 1)
+                for k in keys for how, n in (("drop", 0), ("twice", 2))}
+    per_round = [base] + [p for v in variants.values() for p in (v, base)]
+    timer = PassTimer(ctx._device, len(per_round))
+    timer.run(per_round)  # pipelines warm, clocks up
+    samples = np.stack([timer.run(per_round) for _ in range(rounds)])  # (rounds, passes)
+    step = samples[:, 0]
+    out: dict[str, Any] = {"_method": "one pass a step, timestamps at its ends; a kind of "
+                                      "launch left out or doubled, against the step beside it",
+                           "_rounds": rounds, "step_ms": round(float(np.median(step)), 4),
+                           "step_ms_min": round(float(np.min(step)), 4), "kinds": {}}
+    for j, (k, how) in enumerate(variants):
+        var, ref = samples[:, 1 + 2 * j], samples[:, 2 + 2 * j]
+        delta = float(np.median(ref - var if how == "drop" else var - ref))
+        e = out["kinds"].setdefault(k, {"n": count[k]})
+        e[f"{how}_ms"] = round(delta, 4)
+        e[f"{how}_us_each"] = round(1e3 * delta / count[k], 2)
+    out["kinds"] = dict(sorted(out["kinds"].items(), key=lambda kv: -kv[1]["drop_ms"]))
+    out["drop_sum_ms"] = round(sum(e["drop_ms"] for e in out["kinds"].values()), 4)
+    return out
+
+
+def empty_launch_cost(dev: Any, counts: Sequence[int] = EMPTY_COUNTS,
+                      grids: Sequence[int] = EMPTY_GRIDS, rounds: int = 24) -> dict:
+    """A launch's fixed cost: GPU ms of passes of ``counts`` empty launches (each bound to
+    one read-write buffer, so each waits for the last, as the step's do) at each grid of
+    ``grids`` workgroups of 256; the slope in µs a launch."""
+    import wgpu
+
+    buf = dev.create_buffer(size=16, usage=wgpu.BufferUsage.STORAGE)
+    layout = dev.create_bind_group_layout(entries=[{
+        "binding": 0, "visibility": wgpu.ShaderStage.COMPUTE,
+        "buffer": {"type": wgpu.BufferBindingType.storage}}])
+    pipe = dev.create_compute_pipeline(
+        layout=dev.create_pipeline_layout(bind_group_layouts=[layout]),
+        compute={"module": dev.create_shader_module(code=_EMPTY_WGSL), "entry_point": "main"})
+    bg = dev.create_bind_group(layout=layout, entries=[
+        {"binding": 0, "resource": {"buffer": buf, "offset": 0, "size": 16}}])
+    passes = [[(pipe, bg, (x, 1, 1))] * n for x in grids for n in counts]
+    timer = PassTimer(dev, len(passes))
+    timer.run(passes)
+    med = np.median(np.stack([timer.run(passes) for _ in range(rounds)]), axis=0)
+    out: dict[str, Any] = {"counts": list(counts), "_rounds": rounds}
+    lo, hi = counts[0], counts[-1]
+    for i, x in enumerate(grids):
+        ms = med[i * len(counts):(i + 1) * len(counts)]
+        out[f"grid {x}"] = {"pass_ms": [round(float(v), 4) for v in ms],
+                            "us_a_launch": round(1e3 * float(ms[-1] - ms[0]) / (hi - lo), 3)}
+    return out
