@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from .common import Kernel, esize, grid
 from .matmul import VectorSource, gemv_write
 from .quant import half_pair_fn, q4_bindings
-from .reduce import UNROLL_MAX, inline_reduction, unrolled_reduction
+from .reduce import inline_reduction, unrolled_reduction
 
 
 @dataclass
@@ -132,8 +132,7 @@ def _rows_head(N: int, K: int, block: int, R: int, lanes: int, wg: int, gx: int,
                prologue: VectorSource | None = None,
                gated: GatedOutput | None = None,
                stats: StatsOutput | None = None,
-               mapped: GatedOutput | None = None,
-               subgroup_lane: bool = False) -> tuple[str, list[str]]:
+               mapped: GatedOutput | None = None) -> tuple[str, list[str]]:
     """The start of ``gemv_q4_multi`` and ``gemv_q4_wide`` (bindings, unpack and scale
     functions, ``shared`` floats of workgroup memory where non-zero, the entry point up to
     each of the group's ``R`` rows' code and scale offsets ``wb{j}``, ``sb{j}``: groups of
@@ -158,25 +157,22 @@ def _rows_head(N: int, K: int, block: int, R: int, lanes: int, wg: int, gx: int,
     if mapped is not None:
         src += mapped.src
     src += _unpack_half_fns(signed) if half else _unpack_biased_fns(signed)
-    src += _scale_fn(half_scales) + group_entry(R, lanes, wg, gx, shared, subgroup_lane)
+    src += _scale_fn(half_scales) + group_entry(R, lanes, wg, gx, shared)
     for j in range(R if row_offsets else 0):
         src += (f"  let r{j} = min(n0 + {j}u, {N - 1}u);\n  let wb{j} = r{j} * {K // 32}u;\n"
                 f"  let sb{j} = r{j} * {K // block}u;\n")
     return src, binds
 
 
-def group_entry(R: int, lanes: int, wg: int, gx: int, shared: int,
-                subgroup_lane: bool = False) -> str:
+def group_entry(R: int, lanes: int, wg: int, gx: int, shared: int) -> str:
     """WGSL: ``shared`` floats of workgroup memory ``sh`` (none where 0) and the entry
     point of a kernel of groups of ``lanes`` invocations sharing ``R`` rows (``wg`` a
     workgroup, ``gx`` workgroups along x), up to its group ``g``, lane ``t`` and the
-    group's first row ``n0``; ``subgroup_lane``: the invocation's lane in its subgroup
-    as ``sgl`` too."""
+    group's first row ``n0``."""
     src = f"var<workgroup> sh: array<f32, {shared}>;\n" if shared else ""
-    lane = ", @builtin(subgroup_invocation_id) sgl: u32" if subgroup_lane else ""
     return src + (f"@compute @workgroup_size({wg})\n"
                   "fn main(@builtin(workgroup_id) wid: vec3<u32>, "
-                  f"@builtin(local_invocation_index) lid: u32{lane}) {{\n"
+                  "@builtin(local_invocation_index) lid: u32) {\n"
                   f"  let g = lid / {lanes}u;\n  let t = lid % {lanes}u;\n"
                   f"  let n0 = (wid.y * {gx}u + wid.x) * {(wg // lanes) * R}u + g * {R}u;\n")
 
@@ -533,13 +529,11 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
     if red is not None:
         prologue = VectorSource(prologue.src + red[0], prologue.bindings, prologue.element,
                                 prologue.reduction)
-    lane = red is not None and "sgl" in red[1]
     src, binds = _rows_head(N, K, block, R, lanes, wg, gx, wide_shared(R, lanes, wg, sub),
                             signed=signed, zero_points=zero_points, residual=residual,
                             n_off=n_off, splits=splits, half_out=half_out,
                             half_scales=half_scales, half=half, row_offsets=False,
-                            prologue=prologue, gated=gated, stats=stats, mapped=mapped,
-                            subgroup_lane=lane)
+                            prologue=prologue, gated=gated, stats=stats, mapped=mapped)
     src += f"  let q = min(n0 / {R}u, {groups - 1}u);\n"
     ragged = words % lanes != 0
     flip = " ^ vec4<u32>(0x88888888u)" if signed else ""  # _unpack_biased_fns
@@ -587,8 +581,7 @@ def _prologue_reduction(prologue: VectorSource | None, wg: int,
     partial sums another launch wrote (``VectorSource.partials``); None without."""
     if prologue is not None and prologue.partials is not None:
         load, count, div = prologue.partials
-        decls, body = (subgroup_sum(count, load, subgroup, "red_p")
-                       or unrolled_reduction("reduce_sum", count, load, wg, subgroup, "red_p")
+        decls, body = (unrolled_reduction("reduce_sum", count, load, wg, subgroup, "red_p")
                        or inline_reduction("reduce_sum", count, load, wg, "red_p"))
         scale = f" / {float(div)!r}" if div != 1 else ""
         return decls, body + f"  let red = red_p{scale};\n"
@@ -597,25 +590,6 @@ def _prologue_reduction(prologue: VectorSource | None, wg: int,
     op, load, count = prologue.reduction
     return (unrolled_reduction(op, count, load, wg, subgroup)
             or inline_reduction(op, count, load, wg))
-
-
-def subgroup_sum(count: int, load: str, subgroup: int | None,
-                 var: str) -> tuple[str, str] | None:
-    """(declarations, body) of the sum of ``count`` values (``load`` of an index), made by
-    every subgroup on its own: each lane adds its values at a stride of the subgroup's
-    width and ``subgroupAdd`` adds the lanes' sums. No workgroup memory and no barrier, so
-    nothing waits on the whole workgroup and the loads the sum does not feed (a
-    prologue's input elements) need not wait for it. Where the subgroup width is fixed
-    (``subgroup``) and a lane adds at most ``UNROLL_MAX`` values; else None. Uses the
-    entry's ``sgl`` (``@builtin(subgroup_invocation_id)``)."""
-    if not subgroup or -(-count // subgroup) > UNROLL_MAX:
-        return None
-    body = f"  var {var}_acc = 0.0;\n"
-    for k in range(-(-count // subgroup)):
-        step = f"  {var}_acc = {var}_acc + {load.format(f'sgl + {k * subgroup}u')};\n"
-        body += step if (k + 1) * subgroup <= count else (
-            f"  if (sgl + {k * subgroup}u < {count}u) {{\n  {step}  }}\n")
-    return "", body + f"  let {var} = subgroupAdd({var}_acc);\n"
 
 
 def _input_vec4(prologue: VectorSource | None, word: str, half: int) -> str:
