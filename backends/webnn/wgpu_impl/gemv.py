@@ -362,6 +362,13 @@ def gemv_prologues(nodes: list[Node], fold: dict[int, Node], inlined: set[int],
     return out
 
 
+#: the most workgroups a one-row 4-bit product computing a norm where it reads it may have:
+#: each workgroup computes the norm's elements of its input again (two loads and the tail an
+#: element), so a product with many (the LM head's 8016 at llama-1b's shapes) pays more
+#: than the norm's own launch (PERFORMANCE.md, "What a launch costs")
+PROLOGUE_WORKGROUPS = 2048
+
+
 def norm_partials(nodes: list[Node], inlined: set[int], groups: dict[int, Any],
                   taken: set[int], epilogue: dict[int, tuple[Node, Node]],
                   quad: dict[int, int], q4: dict[int, Any], loads: int, max_binding: int,
@@ -376,7 +383,8 @@ def norm_partials(nodes: list[Node], inlined: set[int], groups: dict[int, Any],
     repeated: each square is summed once, by the lane that wrote it, and each reader's
     workgroup sums one float per producer workgroup (128 to 512 on llama-1b) instead of
     the row. The reduction's element must be element-wise in the stream alone (``x · x``,
-    through casts); a norm of anything else (the embedding's row) keeps its launch.
+    through casts); a norm of anything else (the embedding's row) keeps its launch, and so
+    does one a one-row reader of more than ``PROLOGUE_WORKGROUPS`` workgroups reads.
 
     Products of M rows (``quad``: those ``quant_quad_rows.gemm_q4_quad`` or
     ``quant.gemm_q4_cols`` runs, a K-token verify's) alike, the norm one reduction a row:
@@ -417,6 +425,9 @@ def norm_partials(nodes: list[Node], inlined: set[int], groups: dict[int, Any],
             continue
         w = q4[p.id]
         if w.N * (w.K // 2) > max_binding:  # one launch, one set of partials
+            continue
+        if M == 1 and any(quad_workgroups(q4[c.id].K, q4[c.id].N, loads) > PROLOGUE_WORKGROUPS
+                          for c in readers):  # the LM head: the norm's launch is cheaper
             continue
         pro = Prologue(group, red)
         if (quad[p.id] + 2 > target.max_storage  # its input and the partials

@@ -344,7 +344,7 @@ def _lower_attention(n: Site) -> None:
     else:
         k1, k2, parts = m.kernels(plan.target.shared_bytes, plan.options.attention_splits,
                                   plan.options.f16_loads, writes,
-                                  plan.options.attention_q_rows)
+                                  plan.options.attention_group_rows(m.q_rows, plan.target))
     plan.temps[part] = parts
     n.add(KernelLaunch(k1, ins + [part] + w_slots))
     n.add(KernelLaunch(k2, [part, n.out]))

@@ -168,7 +168,8 @@ class KernelOptions:
     #: "flash1": ``SPLITS1``; "lanes", "lanes1": ``attention_lanes.SPLITS_L``)
     attention_splits: int | None = None
     #: q rows a two-launch flash attention workgroup scores (``kernels/attention.q_row_groups``):
-    #: None (``GROUP_ROWS``, 2: a head's rows split along the grid's z), a count
+    #: None (``attention_group_rows``: on GPU adapters 1 for a one-token head, else
+    #: ``GROUP_ROWS``, 2: a head's rows split along the grid's z), a count
     #: (at least one; a head's rows or more: one workgroup a split for all of them), cut
     #: to the largest divisor whose rows fit workgroup memory
     attention_q_rows: int | None = None
@@ -400,6 +401,15 @@ class KernelOptions:
             used = [self.attention] + ([self.attention_rows] if self.attention_rows else [])
         return any(v in FLASH_VARIANTS or LANES_VARIANT.fullmatch(v) is not None
                    or TILE_VARIANT.fullmatch(v) is not None for v in used)
+
+    def attention_group_rows(self, q_rows: int, t: Target) -> int | None:
+        """q rows a two-launch flash workgroup scores of a head's ``q_rows``
+        (``attention_q_rows`` where set): on GPU adapters one for a one-token head (at most
+        ``MANY_Q_ROWS``: four times the workgroups, each with a shorter chain), else None
+        (``attention.GROUP_ROWS``, a verify's best; PERFORMANCE.md, "Knobs")."""
+        if self.attention_q_rows is not None:
+            return self.attention_q_rows
+        return 1 if not t.cpu and q_rows <= MANY_Q_ROWS else None
 
     def attention_lanes(self, q_rows: int = 1) -> tuple[bool, int | None] | None:
         """(combine folded in, rows a lane-group loads at once or None: the default) of the
