@@ -703,7 +703,8 @@ def _norms_between_products(ctx_with, subgroup_size, monkeypatch, options: dict,
     seed = int(np.random.default_rng().integers(1 << 31))  # fresh; both plans see the same
     rows = [1] if M is None else [1, M]
     got = {}
-    for norms in ("partials", "off"):
+    # "shared": one row's readers compute the norm once a workgroup, in workgroup memory
+    for norms in ("partials", "off") + (("shared",) if M is None else ()):
         ctx = ctx_with(q4_norms=norms, **options)
         if dt == "float16" and not ctx._target.f16:
             pytest.skip("no shader-f16 on this adapter")
@@ -745,8 +746,12 @@ def _norms_between_products(ctx_with, subgroup_size, monkeypatch, options: dict,
     want = _norm64(x264, gains[1].astype(np.float64), dt) @ w3v
     tol = 1e-5 if dt == "float32" else 8e-3  # float16 rows and products
     scale = np.max(np.abs(want))
-    assert np.max(np.abs(got["partials"][0] - want)) <= tol * scale
+    for norms in got:
+        assert np.max(np.abs(got[norms][0] - want)) <= tol * scale, norms
     assert np.max(np.abs(got["partials"][0] - got["off"][0])) <= tol * scale
+    if "shared" in got:  # the readers' vector in workgroup memory, the plan the same
+        assert got["shared"][1] == got["partials"][1]
+        assert ["xs[" in w for w in got["shared"][2]] == [False, True, True]
     return got
 
 

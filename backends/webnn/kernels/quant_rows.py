@@ -485,7 +485,8 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
                  half: bool = False, prologue: VectorSource | None = None,
                  gated: GatedOutput | None = None,
                  stats: StatsOutput | None = None,
-                 mapped: GatedOutput | None = None) -> Kernel:
+                 mapped: GatedOutput | None = None,
+                 shared_input: bool = False) -> Kernel:
     """The product ``gemv_q4`` computes, the codes of ``QUAD`` rows interleaved by word
     (``match_q4.interleave_rows``): one 16-byte load is 8 codes of each of 4 rows at the
     same 8 inputs, so an invocation's input is 2 ``vec4`` (32 bytes, adjacent
@@ -502,6 +503,9 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
     ``prologue``: the input is not a buffer but computed where it is read (``_input_vec4``:
     RMSNorm's tail after its mean of squares, SwiGLU's product), after every code load
     is issued, so the vector's loads and its reduction wait beside the codes' loads.
+    ``shared_input`` (with ``prologue``): the vector computed once a workgroup, each
+    invocation its share of ``K / 4`` words into workgroup memory and one barrier, where
+    otherwise each of the workgroup's groups computes all of it (``256 / lanes`` times).
 
     ``gated``: the rows are a pair of stacked products', two of each a group
     (``match_q4.paired_rows``), and the kernel writes ``gated``'s element of the two at
@@ -529,6 +533,10 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
     if red is not None:
         prologue = VectorSource(prologue.src + red[0], prologue.bindings, prologue.element,
                                 prologue.reduction)
+    shared_input = shared_input and prologue is not None
+    if shared_input:
+        prologue = VectorSource(prologue.src + f"var<workgroup> xs: array<vec4<f32>, {K // 4}>;\n",
+                                prologue.bindings, prologue.element, prologue.reduction)
     src, binds = _rows_head(N, K, block, R, lanes, wg, gx, wide_shared(R, lanes, wg, sub),
                             signed=signed, zero_points=zero_points, residual=residual,
                             n_off=n_off, splits=splits, half_out=half_out,
@@ -544,6 +552,8 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
         src += f"  let w_{i} = b[q * {words}u + j_{i}]{flip};\n"
     if red is not None:  # uniform control flow: every invocation, no return before
         src += red[1]
+    if shared_input:
+        src += _shared_vector(prologue, K // 4, wg)
     for i in range(iters):
         src += f"  let sb_{i} = (q * {nblocks}u + j_{i} / {per}u) * {R}u;\n"
         if half_scales:  # the 4 rows' float16 scales: two words
@@ -555,8 +565,12 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
             src += "".join(f"  let s{r}_{i} = scale(sb_{i} + {r}u);\n" for r in range(R))
         if zero_points:
             src += "".join(f"  let z{r}_{i} = zc[sb_{i} + {r}u];\n" for r in range(R))
-        src += (f"  let lo_{i} = {_input_vec4(prologue, f'j_{i}', 0)};\n"
-                f"  let hi_{i} = {_input_vec4(prologue, f'j_{i}', 1)};\n")
+        if shared_input:
+            src += (f"  let lo_{i} = xs[2u * j_{i}];\n"
+                    f"  let hi_{i} = xs[2u * j_{i} + 1u];\n")
+        else:
+            src += (f"  let lo_{i} = {_input_vec4(prologue, f'j_{i}', 0)};\n"
+                    f"  let hi_{i} = {_input_vec4(prologue, f'j_{i}', 1)};\n")
         if half:
             src += (f"  let hlo_{i} = vec4<f16>(lo_{i});\n"
                     f"  let hhi_{i} = vec4<f16>(hi_{i});\n")
@@ -590,6 +604,20 @@ def _prologue_reduction(prologue: VectorSource | None, wg: int,
     op, load, count = prologue.reduction
     return (unrolled_reduction(op, count, load, wg, subgroup)
             or inline_reduction(op, count, load, wg))
+
+
+def _shared_vector(prologue: VectorSource, words: int, wg: int) -> str:
+    """WGSL: the ``prologue``'s vector, ``words`` ``vec4`` words, into workgroup memory
+    ``xs``, each invocation its words at a stride of ``wg`` (straight-line), then one
+    barrier."""
+    src = ""
+    for e in range(-(-words // wg)):
+        w = f"lid + {e * wg}u"
+        item = "vec4<f32>(" + ", ".join(prologue.element.format(f"4u * ({w}) + {c}u")
+                                        for c in range(4)) + ")"
+        line = f"  xs[{w}] = {item};\n"
+        src += line if (e + 1) * wg <= words else f"  if ({w} < {words}u) {{\n  {line}  }}\n"
+    return src + "  workgroupBarrier();\n"
 
 
 def _input_vec4(prologue: VectorSource | None, word: str, half: int) -> str:

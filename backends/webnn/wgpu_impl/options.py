@@ -88,7 +88,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "gemv_prologue": ("launch", "off", "full", "vector"),
     "q4_prologue": ("off", "vector", "full"),
     "q4_epilogue": ("off", "gated"),
-    "q4_norms": ("partials", "off"),
+    "q4_norms": ("partials", "shared", "off"),
     "attention_writes": ("fold", "off"),
     "gdn_replay": ("fused", "launch"),
     "row_vector": ("unrolled", "loop"),
@@ -363,7 +363,14 @@ class KernelOptions:
         writes (``q4_norms``): by default on GPU adapters, where the "quad" kernel runs
         (PERFORMANCE.md, "Knobs"); several-row products: ``q4_rows_norm_partials``."""
         how = self.q4_norms
-        return (how == "partials" or (how is None and not t.cpu)) and self.q4_quad(t) is not None
+        return ((how in ("partials", "shared") or (how is None and not t.cpu))
+                and self.q4_quad(t) is not None)
+
+    def q4_norm_shared(self) -> bool:
+        """Whether a one-row product computing a norm from partial sums computes its input
+        once a workgroup into workgroup memory (``q4_norms`` "shared"), not in each group of
+        invocations where it reads it (``quant_rows.gemv_q4_quad``'s ``shared_input``)."""
+        return self.q4_norms == "shared"
 
     def q4_rows_norm_partials(self, t: Target) -> bool:
         """Whether a norm between two several-row 4-bit products (a K-token verify's) is
