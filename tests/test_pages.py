@@ -261,7 +261,8 @@ def test_gpu_gemv_norms_in_one_launch_each():
                  "attention_splits",
                  "record_ahead", "cache_copy", "gemv_weights", "gdn", "f16_loads", "read_copy",
                  "q4_gemv", "pass_calls", "map_wait", "queue_calls", "q4_prologue", "q4_epilogue",
-                 "q4_norms", "attention_writes", "q4_rows", "attention_q_rows", "gdn_replay")
+                 "q4_norms", "attention_writes", "q4_rows", "attention_q_rows", "gdn_replay",
+                 "gemv_epilogue", "gemv_norms")
         assert b.details["kernel_options"] == {**dict.fromkeys(knobs), "gemv": "rows_sh",
                                                "gdn": "generic"}
         plan = b.converted.graph._plan
@@ -654,14 +655,7 @@ def test_q4f16_gpu_plan_launches_as_q4(monkeypatch, q4, pro, epi):
     float16 products, within the same tolerance; ``pro``: the q4_prologue knob, the norms
     and SwiGLU computed by the 4-bit kernel where it reads them; ``epi``: the q4_epilogue
     knob, SwiGLU written by the gate/up launch)."""
-    import dataclasses
-
-    from backends.webnn.wgpu_impl import context
-    from backends.webnn.wgpu_impl.options import KernelOptions
-
-    real = context.target_of
-    monkeypatch.setattr(context, "target_of", lambda *args: dataclasses.replace(
-        real(*args), cpu=False, max_storage=10, shared_bytes=32768))
+    _gpu_target(monkeypatch)
     launches = {}
     for name in ("tiny+q4", "tiny+q4f16"):
         wl = f16kv(name)
@@ -685,6 +679,48 @@ def test_q4f16_gpu_plan_launches_as_q4(monkeypatch, q4, pro, epi):
         assert "fused:sigmoid+mul+mul" not in half, half
     if pro == "full":  # nor the layers' norms
         assert half.count("fused_vector") == launches["tiny+q4"].count("fused_vector") <= 3, half
+
+
+def _gpu_target(monkeypatch) -> None:
+    """Contexts created from here on plan for a GPU adapter (this one's limits, a GPU's
+    defaults: the rows kernels and their fusions) while running on this adapter."""
+    import dataclasses
+
+    from backends.webnn.wgpu_impl import context
+
+    real = context.target_of
+    monkeypatch.setattr(context, "target_of", lambda *args: dataclasses.replace(
+        real(*args), cpu=False, max_storage=10, shared_bytes=32768))
+
+
+def test_f16_gpu_plan_computes_norms_from_partials_and_gates_swiglu(monkeypatch):
+    """On a GPU target tiny+f16 (float16-valued weights on the rows kernels) computes each
+    norm between two products from the partial sums the residual product before it writes,
+    and writes SwiGLU from the gate/up launch (``gemv_norms``, ``gemv_epilogue``: the GPU
+    defaults): every RMSNorm but the first layer's (of the embedding row) and every SwiGLU
+    without a launch of its own, as with both knobs off they have. Both plans' steps at
+    depth 16 match the float64 reference, argmax included."""
+    _gpu_target(monkeypatch)
+    wl = f16kv("tiny+f16")
+    layers = len(wl.config.layers)
+    names = {}
+    for knobs in ({}, {"gemv_norms": "off", "gemv_epilogue": "off"}):
+        b = StatefulInPlace(options=KernelOptions(**knobs))
+        b.prepare(wl, 24)
+        try:
+            plan = b.converted.graph._plan
+            names[bool(knobs)] = [la.kernel.name for la in plan.launches
+                                  if hasattr(la, "kernel")]
+            assert (len(plan.gated), len(plan.norm_stats)) == (
+                (0, 0) if knobs else (layers, 2 * layers))
+            _three_steps_match(b, wl, 24, 1e-4, f"tiny+f16 GPU plan {knobs}")
+        finally:
+            b.close()
+    fused, off = names[False], names[True]
+    assert len(off) - len(fused) == 3 * layers, (fused, off)
+    assert off.count("fused_vector") - fused.count("fused_vector") == 2 * layers, fused
+    assert off.count("fused:sigmoid+mul+mul") == layers, off
+    assert "fused:sigmoid+mul+mul" not in fused, fused
 
 
 @pytest.fixture(scope="module")

@@ -180,3 +180,26 @@ def test_a_verify_computes_its_norms_in_its_products(q4_rows, kernel):
     # norm from its launch; the verify's head of several rows computes it (above)
     assert len(one) == 6 and one.count("gemv_q4_quad") == 4 and rest["fused_vector"] == 2, (
         one, rest)
+
+
+def test_a_float_weight_layer_launches_as_a_4bit_one():
+    """tiny+f16 (float16-valued weights, the rows kernels) with 16 of llama-1b's layers
+    (attention only) on the H200's plan: 6 launches a layer as on q4 (attention and its
+    combine, o writing the residual and its norm's partial sums, gate/up computing the norm
+    from them and writing SwiGLU, down as o, q/k/v as gate/up) and 104 a step, one norm
+    launch (the first layer's: it reads the embedding row); with ``gemv_norms`` and
+    ``gemv_epilogue`` off 9 a layer, 152 a step (PERFORMANCE.md "Launches a layer")."""
+    from dataclasses import replace
+
+    from model.workload import ATTENTION, Workload, preset
+
+    workload = Workload.build(replace(preset("tiny+f16"), layers=(ATTENTION,) * 16))
+    one, count, rest = _census(None, workload)
+    assert count == 16 and sorted(one) == sorted(
+        ["attention_flash", "attention_combine"] + ["matmul_gemv"] * 4), one
+    assert rest["fused_vector"] == 1 and rest["matmul_gemv"] == 1, rest  # the head
+    assert 16 * len(one) + sum(rest.values()) == 104, rest
+    off, count, rest = _census(None, workload, gemv_norms="off", gemv_epilogue="off")
+    assert count == 16 and len(off) == 9, off
+    assert off.count("fused_vector") == 2 and off.count("fused:sigmoid+mul+mul") == 1, off
+    assert 16 * len(off) + sum(rest.values()) == 152, rest

@@ -45,6 +45,8 @@ OPTION_VALUES: dict[str, list[str | int | None]] = {
     "q4_prologue": [None, "off", "vector", "full"],
     "q4_epilogue": [None, "off", "gated"],
     "q4_norms": [None, "partials", "off"],
+    "gemv_epilogue": [None, "off", "gated"],
+    "gemv_norms": [None, "partials", "off"],
     "attention_writes": [None, "fold", "off"],
     "q4_rows": [None, "rows", "cols", "cols4", "cols_c32", "quad", "cols_h", "cols2_c16_h"],
     "gdn_replay": [None, "fused", "launch"],
@@ -322,3 +324,17 @@ def test_every_kernel_compiles(kernels, engine):
     assert not bad, (f"{eng.compiler} ({eng.implementation}) rejects {len(bad)} of "
                      f"{len(kernels)} kernels; first: " + "; ".join(
                          f"{w}: {e[:300]}" for w, e in bad[:3]))
+
+
+def test_the_sweep_reaches_float_products_writing_norms_and_pairs(kernels):
+    """The float-weight products on the GPU targets (``gemv_norms``, ``gemv_epilogue``: on
+    by default there): ``matmul_gemv`` kernels writing a norm's partial sums (``pt[``),
+    reading them (``pt_in[``; summed by subgroups on the subgroup target) and writing a
+    gated pair's activation (``pair_sh``), float16 weights among them, are among the
+    kernels the engines compile."""
+    gemvs = [src for src, where in kernels.items() if where.startswith("matmul_gemv")]
+    assert any("pt[" in src for src in gemvs)
+    assert any("pt_in[" in src and "red_p_sg" in src for src in gemvs)
+    assert any("pt_in[" in src and "red_p_sg" not in src for src in gemvs)
+    assert any("pair_sh" in src and "unpack2x16float" in src for src in gemvs)
+    assert any("pair_sh" in src and "pt_in[" in src for src in gemvs)  # gate/up: both

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .. import shapes as S
-from .common import WG, Kernel, contiguous, decl, grid, main_1d, offset_fn
+from .common import WG, Kernel, contiguous, decl, esize, grid, main_1d, offset_fn
 from .reduce import UNROLL_MAX, inline_reduction, unrolled_reduction
 
 
@@ -156,6 +156,48 @@ class VectorSource:
     partials: tuple[str, int, int] | None = None
 
 
+@dataclass
+class GatedOutput:
+    """What a stacked pair of products writes instead of their two outputs: an element-wise
+    function of both at each index (SwiGLU's ``silu(gate) · up``), from ``src`` (WGSL
+    functions) and ``call`` (the element at index ``{}``, given the pair's values as
+    ``g0`` and ``g1``), of WGSL type ``out_type``."""
+
+    src: str
+    call: str
+    out_type: str
+
+
+@dataclass
+class StatsOutput:
+    """What a residual product writes besides its rows: each workgroup's sum, over the rows
+    it wrote, of an element-wise function of each written value (RMSNorm's ``x · x``), into
+    ``pt`` at the workgroup's index: the partial sums a norm of the written row reads
+    instead of a reduction launch (``VectorSource.partials``). ``src``: WGSL declaring
+    ``norm_el(i: u32, xs: T) -> f32``, the function at element ``i`` of written value
+    ``xs`` (T: the row's type)."""
+
+    src: str
+
+
+def prologue_reduction(prologue: VectorSource | None, wg: int,
+                       subgroup: int | None) -> tuple[str, str] | None:
+    """(module declarations, body) of the whole-vector reduction a ``prologue`` reads
+    (RMSNorm's mean of squares, into ``red``), each workgroup computing it, or summing the
+    partial sums another launch wrote (``VectorSource.partials``); None without."""
+    if prologue is not None and prologue.partials is not None:
+        load, count, div = prologue.partials
+        decls, body = (unrolled_reduction("reduce_sum", count, load, wg, subgroup, "red_p")
+                       or inline_reduction("reduce_sum", count, load, wg, "red_p"))
+        scale = f" / {float(div)!r}" if div != 1 else ""
+        return decls, body + f"  let red = red_p{scale};\n"
+    if prologue is None or prologue.reduction is None:
+        return None
+    op, load, count = prologue.reduction
+    return (unrolled_reduction(op, count, load, wg, subgroup)
+            or inline_reduction(op, count, load, wg))
+
+
 def computed_vector(vec: VectorSource, count: int, traffic: int, rows: int = 1,
                     wg: int = 256, subgroup: int | None = None, unrolled: bool = True) -> Kernel:
     """A workgroup per row writes the row's elements of ``vec`` (``count`` in all), after the
@@ -216,7 +258,8 @@ def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequenc
               subgroup: int | None = None, splits: Sequence[int] | None = None,
               residual: bool = False,
               prologue: VectorSource | None = None, depth: int = 4,
-              f16_weights: bool = False, f16_wide: bool = False) -> Kernel:
+              f16_weights: bool = False, f16_wide: bool = False,
+              gated: GatedOutput | None = None, stats: StatsOutput | None = None) -> Kernel:
     """out[r, n] = sum_k A[r, k] * Bt[n, k] for M == 1 on a GPU: B stored (N, K).
 
     ``f16_weights``: B holds float16 values, two to a u32 (K a multiple of 4): each vec4 of
@@ -244,7 +287,20 @@ def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequenc
     ``x / rms * w``, SwiGLU's ``silu(g) * u``), its bindings first. Each workgroup computes
     the vector into workgroup memory once (after the whole-vector reduction it reads, if
     any: RMSNorm's mean of squares), then streams its weight rows against it. Single input
-    row only.
+    row only. Where the reduction is partial sums another launch wrote
+    (``VectorSource.partials``: ``stats`` below), each workgroup sums those instead of
+    reducing the row (``prologue_reduction``).
+
+    ``gated``: the rows are a stacked pair's, laid out by ``gemv.paired_rows`` (rows 2m,
+    2m + 1 of the first, then of the second: groups of 4 rows, whole ones a workgroup), and
+    the kernel writes ``gated``'s element of the two at each of the N / 2 indices (SwiGLU's
+    ``silu(gate) · up``) instead of both products: the group's sums meet in workgroup
+    memory (``gated_write``), so the activation needs no launch of its own.
+
+    ``stats`` (one launch, no ``splits``): each workgroup also writes the sum of
+    ``norm_el`` over the rows it wrote (RMSNorm's squares of the residual stream), one
+    float a workgroup into the last binding (``stats_write``): the partial sums the next
+    norm's readers take as their reduction, so the norm needs no launch of its own.
     """
     K, N = a_shape[-1], out_shape[-1]
     nc = N if n_chunk is None else n_chunk
@@ -255,15 +311,22 @@ def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequenc
     gx = -(-nc // R)
     use_sub = subgroup == lanes
     outs = list(splits) if splits else [N]
+    assert gated is None or (not (splits or residual or n_chunk) and R % 4 == 0
+                             and N % 4 == 0), "a gated pair: whole groups of 4 rows"
+    assert stats is None or not (splits or gated), "partial sums of one product's rows"
+    red = None
     if prologue is None:
         src, a_bindings = decl(0, "a", vt, "read"), ["read"]
     else:
         src, a_bindings = prologue.src, list(prologue.bindings)
         src += f"var<workgroup> xa: array<{vt}, {kv}>;\n"
-        if prologue.reduction is not None:
+        if prologue.partials is not None:
+            red = prologue_reduction(prologue, wg, subgroup)
+        elif prologue.reduction is not None:
             op, load, count = prologue.reduction
-            red_decls, red_body = inline_reduction(op, count, load, wg=wg)
-            src += red_decls
+            red = inline_reduction(op, count, load, wg=wg)
+        if red is not None:
+            src += red[0]
     nb = len(a_bindings)
     assert not f16_weights or vw == 4, "float16 weights need K % 4 == 0"
     wide = f16_weights and f16_wide and K % 8 == 0
@@ -284,15 +347,21 @@ def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequenc
         assert not splits
         src += decl(nb + 1, "res", "f32", "read")
     for j in range(len(outs)):
-        src += decl(first_out + j, "out" if not splits else f"out{j}", "f32", "rw")
+        src += decl(first_out + j, "out" if not splits else f"out{j}",
+                    gated.out_type if gated is not None else "f32", "rw")
+    if stats is not None:
+        src += (decl(first_out + len(outs), "pt", "f32", "rw") + stats.src
+                + f"var<workgroup> nrm_sh: array<f32, {R}>;\n")
+    if gated is not None:
+        src += gated.src + f"var<workgroup> pair_sh: array<f32, {R}>;\n"
     src += _batch_fn("boff", tuple(out_shape[:-2]), b_shape[:-2], nc * K)
     extra = "" if use_sub else f"var<workgroup> sh: array<f32, {wg}>;\n"
     head, rows, M = _gemv_head(a_shape, out_shape, nc, K, wg, extra)
     assert not (splits or prologue) or rows == 1, "stacked/prologue gemv: a single input row"
     src += head
     if prologue is not None:
-        if prologue.reduction is not None:
-            src += red_body
+        if red is not None:
+            src += red[1]
         el = prologue.element
         if vw == 4:
             item = "vec4<f32>(" + ", ".join(el.format(f"4u * j + {c}u") for c in range(4)) + ")"
@@ -329,26 +398,74 @@ def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequenc
             f"  for (; k < {kl}u; k = k + {lanes}u) {{ "
             f"acc0 = acc0 + {product('k', load.format(i='wb + k'))}; }}\n"
             f"  let acc = {total};\n")
-    src += gemv_tail(use_sub, lanes, f"row * {N}u + {n_off}u + n", nc, residual,
-                     outs if splits else None)
+    index = f"row * {N}u + {n_off}u + n"
+    close = None
+    if gated is not None:  # a group's first row n (r % 4 == 0): lanes 0, 1 write its pair
+        close = gated_write(gated, 4, "t == 0u", "r", "r % 4u == 0u && t < 2u", "r", "n", "t",
+                            N // 2)
+    elif stats is not None:
+        close = stats_write("t == 0u", "r", R, "wid.x", index, nc, residual)
+    src += gemv_tail(use_sub, lanes, index, nc, residual, outs if splits else None,
+                     close=close)
     traffic = (4 * (S.size(a_shape) + rows * nc * (2 if residual else 1))
                + (2 if f16_weights else 4) * S.size(b_shape) * nc // N)
-    return Kernel("matmul_gemv", src, a_bindings + ["read"] + ["read"] * residual + ["rw"] * len(outs),
-                  (gx, rows, 1), traffic)
+    if gated is not None:
+        traffic += esize(gated.out_type) * (N // 2) - 4 * N
+    if stats is not None:
+        traffic += 4 * gx
+    return Kernel("matmul_gemv", src, a_bindings + ["read"] + ["read"] * residual
+                  + ["rw"] * (len(outs) + (stats is not None)), (gx, rows, 1), traffic)
 
 
 def gemv_tail(use_sub: bool, lanes: int, index: str, count: int, residual: bool,
-              splits: Sequence[int] | None, half: bool = False) -> str:
+              splits: Sequence[int] | None, half: bool = False, close: str | None = None) -> str:
     """The end of a rows gemv kernel: the ``lanes`` partial sums ``acc`` of row ``n``
-    combined (``subgroupAdd``, else workgroup memory ``sh``) and written by lane 0
-    (``gemv_write``)."""
+    combined (``subgroupAdd``, else workgroup memory ``sh``) into ``s`` on lane 0 and
+    written (``gemv_write``), or ``close`` (the kernel's own closing: a gated pair's or a
+    norm's partial sums' write)."""
     if use_sub:
         src = "  let s = subgroupAdd(acc);\n"
     else:
         src = ("  sh[lid] = acc;\n  workgroupBarrier();\n  var s = 0.0;\n"
                f"  if (t == 0u) {{\n    for (var j = 0u; j < {lanes}u; j = j + 1u) "
                "{ s = s + sh[lid + j]; }\n  }\n")
-    return src + gemv_write("t == 0u", index, count, residual, splits, half)
+    return src + (close if close is not None
+                  else gemv_write("t == 0u", index, count, residual, splits, half))
+
+
+def stats_write(writer: str, slot: str, slots: int, group: str, index: str, count: int,
+                residual: bool, half: bool = False) -> str:
+    """WGSL closing a kernel where invocation ``writer`` holds row ``n``'s sum ``s``: it
+    writes the row as ``gemv_write`` does (plus ``res`` when ``residual``; ``half``:
+    float16, rounded once), and ``norm_el`` of the value written goes into workgroup memory
+    ``nrm_sh[slot]`` (``slots`` a workgroup, a row's writer each); after one barrier,
+    invocation 0 writes the workgroup's sum of them to ``pt[group]`` (``StatsOutput``).
+    Every invocation reaches the barrier."""
+    val = f"s + {'f32(res[{i}])' if half else 'res[{i}]'}" if residual else "s"
+    val = val.format(i=index)
+    val = f"f16({val})" if half else val
+    total = " + ".join(f"nrm_sh[{k}u]" for k in range(slots))
+    return (f"  var nf = 0.0;\n"
+            f"  if ({writer} && n < {count}u) {{\n    let xs = {val};\n"
+            f"    out[{index}] = xs;\n    nf = norm_el({index}, xs);\n  }}\n"
+            f"  if ({writer}) {{ nrm_sh[{slot}] = nf; }}\n  workgroupBarrier();\n"
+            f"  if (lid == 0u) {{ pt[{group}] = {total}; }}\n}}\n")
+
+
+def gated_write(gated: GatedOutput, R: int, store: str, slot: str, writer: str, base: str,
+                first: str, lane: str, count: int) -> str:
+    """WGSL closing a kernel whose rows are a stacked pair's in groups of ``R``, ``R / 2`` of
+    each (``gemv.paired_rows``: rows 2m, 2m + 1 of the first, then of the second): where
+    ``store`` holds, row sum ``s`` goes into workgroup memory ``pair_sh[slot]`` (a group's
+    ``R`` from ``base``); after one barrier, where ``writer`` holds, lane ``lane`` (below
+    ``R / 2``) of the group whose first row is ``first`` writes the pair's element
+    ``first / 2 + lane`` of ``count``. Every invocation reaches the barrier."""
+    half = R // 2
+    return (f"  if ({store}) {{ pair_sh[{slot}] = s; }}\n  workgroupBarrier();\n"
+            f"  let gi = {first} / 2u + {lane};\n  if ({writer} && gi < {count}u) {{\n"
+            f"    let g0 = pair_sh[{base} + {lane}];\n"
+            f"    let g1 = pair_sh[{base} + {lane} + {half}u];\n"
+            f"    out[gi] = {gated.call.format('gi')};\n  }}\n}}\n")
 
 
 def gemv_write(writer: str, index: str, count: int, residual: bool,

@@ -106,7 +106,7 @@ def gemm_q4_quad(K: int, N: int, block: int, M: int, *, signed: bool,
     ``_group_sums`` and lane t writes column n0 + t % 4 of row t / 4 (``width`` a row,
     at ``n_off``; plus ``res`` where ``residual``; float16, rounded once, with
     ``half_out``; ``splits``: the stacked outputs each column falls in). ``gated``: the
-    columns are a stacked pair's in ``match_q4.paired_rows`` order, and the kernel writes
+    columns are a stacked pair's in ``gemv.paired_rows`` order, and the kernel writes
     ``gated``'s element of each pair (M rows of N / 2) instead of the sums.
 
     The norm between two products without a launch (``gemv_q4_quad``'s, for M rows):

@@ -6,36 +6,18 @@ default), each dequantising in registers the format ``quant.gemv_q4`` documents.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from .common import Kernel, esize, grid
-from .matmul import VectorSource, gemv_write
+from .matmul import (
+    GatedOutput,
+    StatsOutput,
+    VectorSource,
+    gated_write,
+    gemv_write,
+    prologue_reduction,
+    stats_write,
+)
 from .quant import half_pair_fn, q4_bindings
-from .reduce import inline_reduction, unrolled_reduction
-
-
-@dataclass
-class GatedOutput:
-    """What a stacked pair of products writes instead of their two outputs: an element-wise
-    function of both at each index (SwiGLU's ``silu(gate) · up``), from ``src`` (WGSL
-    functions) and ``call`` (the element at index ``{}``, given the pair's values as
-    ``g0`` and ``g1``), of WGSL type ``out_type``."""
-
-    src: str
-    call: str
-    out_type: str
-
-
-@dataclass
-class StatsOutput:
-    """What a residual product writes besides its rows: each workgroup's sum, over the rows
-    it wrote, of an element-wise function of each written value (RMSNorm's ``x · x``), into
-    ``pt`` at the workgroup's index: the partial sums a norm of the written row reads
-    instead of a reduction launch (``VectorSource.partials``). ``src``: WGSL declaring
-    ``norm_el(i: u32, xs: T) -> f32``, the function at element ``i`` of written value
-    ``xs`` (T: the row's type)."""
-
-    src: str
 
 
 def _unpack_biased_fns(signed: bool) -> str:
@@ -363,8 +345,8 @@ def _group_kernel(name: str, src: str, binds: list[str], groups: tuple[int, int,
                   mapped: GatedOutput | None = None) -> Kernel:
     """``gemv_q4_wide``'s or ``gemv_q4_quad``'s kernel: ``src`` up to the sums, then the
     group's sums (``_group_sums``) and lane j's write of row n0 + j (``gemv_write``), or
-    with ``gated`` the pair's element (``_gated_write``), or with ``stats`` the row and the
-    workgroup's partial sum (``_stats_write``), or with ``mapped`` its function of each
+    with ``gated`` the pair's element (``matmul.gated_write``), or with ``stats`` the row and
+    the workgroup's partial sum (``matmul.stats_write``), or with ``mapped`` its function of each
     row's sum."""
     src += _group_sums(R, lanes, wg, subgroup)
     traffic = _q4_traffic(K, N, nblocks, zero_points, residual, half_out, half_scales)
@@ -374,45 +356,18 @@ def _group_kernel(name: str, src: str, binds: list[str], groups: tuple[int, int,
                 f"    let g0 = s;\n    out[{idx}] = {mapped.call.format(idx)};\n  }}\n}}\n")
         traffic += (esize(mapped.out_type) - (2 if half_out else 4)) * N
     elif stats is not None:
-        src += _stats_write(R, wg // lanes, groups[0], f"{n_off}u + n", N, residual, half_out)
+        src += "  let n = n0 + t;\n" + stats_write(
+            f"t < {R}u", f"g * {R}u + t", (wg // lanes) * R, f"wid.y * {groups[0]}u + wid.x",
+            f"{n_off}u + n", N, residual, half_out)
         traffic += 4 * groups[0] * groups[1]
     elif gated is None:
         src += "  let n = n0 + t;\n" + gemv_write(f"t < {R}u", f"{n_off}u + n", N, residual,
                                                   splits, half_out)
     else:
-        src += _gated_write(gated, R, N // 2)
+        src += gated_write(gated, R, f"t < {R}u", f"g * {R}u + t", f"t < {R // 2}u",
+                           f"g * {R}u", "n0", "t", N // 2)
         traffic += esize(gated.out_type) * (N // 2) - 4 * N
     return Kernel(name, src, binds, groups, traffic)
-
-
-def _stats_write(R: int, G: int, gx: int, index: str, count: int, residual: bool,
-                 half: bool) -> str:
-    """WGSL closing a kernel of ``G`` groups of ``R`` rows a workgroup: lane j of each group
-    writes row n0 + j as ``gemv_write`` does (plus ``res`` when ``residual``; ``half``:
-    float16, rounded once), and ``norm_el`` of the value written goes into workgroup
-    memory; after one barrier invocation 0 writes the workgroup's sum of them to
-    ``pt[workgroup]`` (``StatsOutput``). Every invocation reaches the barrier."""
-    val = f"s + {'f32(res[{i}])' if half else 'res[{i}]'}" if residual else "s"
-    val = val.format(i=index)
-    val = f"f16({val})" if half else val
-    total = " + ".join(f"nrm_sh[{k}u]" for k in range(G * R))
-    return (f"  let n = n0 + t;\n  var nf = 0.0;\n"
-            f"  if (t < {R}u && n < {count}u) {{\n    let xs = {val};\n"
-            f"    out[{index}] = xs;\n    nf = norm_el({index}, xs);\n  }}\n"
-            f"  if (t < {R}u) {{ nrm_sh[g * {R}u + t] = nf; }}\n  workgroupBarrier();\n"
-            f"  if (lid == 0u) {{ pt[wid.y * {gx}u + wid.x] = {total}; }}\n}}\n")
-
-
-def _gated_write(gated: GatedOutput, R: int, count: int) -> str:
-    """WGSL closing a ``QUAD``-row kernel whose group's rows are two of each of a pair of
-    products (``match_q4.paired_rows``: rows 2m, 2m + 1 of the first, then of the second):
-    the 4 sums meet in workgroup memory, and lanes 0 and 1 write the pair's elements
-    n0 / 2 and n0 / 2 + 1 of ``count``. Every invocation reaches the barrier."""
-    half = R // 2
-    return (f"  if (t < {R}u) {{ pair_sh[g * {R}u + t] = s; }}\n  workgroupBarrier();\n"
-            f"  let n = n0 / 2u + t;\n  if (t < {half}u && n < {count}u) {{\n"
-            f"    let g0 = pair_sh[g * {R}u + t];\n    let g1 = pair_sh[g * {R}u + t + {half}u];\n"
-            f"    out[n] = {gated.call.format('n')};\n  }}\n}}\n")
 
 
 def _group_sums(R: int, lanes: int, wg: int, subgroup: int | None) -> str:
@@ -508,17 +463,17 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
     otherwise each of the workgroup's groups computes all of it (``256 / lanes`` times).
 
     ``gated``: the rows are a pair of stacked products', two of each a group
-    (``match_q4.paired_rows``), and the kernel writes ``gated``'s element of the two at
+    (``gemv.paired_rows``), and the kernel writes ``gated``'s element of the two at
     each of the N / 2 indices (SwiGLU's ``silu(gate) · up``) instead of N sums: the
     activation needs no launch, and neither product's output is written. ``mapped``: the
     same for one product, its element-wise function of each row's sum (the logits'
     float16 rounding) written in place of the sum.
 
     ``stats``: each workgroup also writes a partial sum of a function of the rows it wrote
-    (``_stats_write``: RMSNorm's sum of squares of the residual stream), one float a
+    (``matmul.stats_write``: RMSNorm's sum of squares of the residual stream), one float a
     workgroup (``quad_workgroups``), which the next norm's readers sum (``prologue``'s
     ``partials``): the norm needs no launch, and no workgroup repeats the row's reduction.
-    A prologue whose reduction is such partials sums them (``_prologue_reduction``)."""
+    A prologue whose reduction is such partials sums them (``matmul.prologue_reduction``)."""
     assert K % 32 == 0 and block % 32 == 0 and K % block == 0
     assert gated is None or N % QUAD == 0
     words, nblocks, per = K // 8, K // block, block // 8
@@ -529,7 +484,7 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
     wg = G * lanes
     gx, gy, _ = grid(N, G * R)
     sub = subgroup if subgroup is not None and lanes % subgroup == 0 else None
-    red = _prologue_reduction(prologue, wg, subgroup)
+    red = prologue_reduction(prologue, wg, subgroup)
     if red is not None:
         prologue = VectorSource(prologue.src + red[0], prologue.bindings, prologue.element,
                                 prologue.reduction)
@@ -586,24 +541,6 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
                          nblocks, zero_points=zero_points, residual=residual, n_off=n_off,
                          splits=splits, half_out=half_out, half_scales=half_scales,
                          gated=gated, stats=stats, mapped=mapped)
-
-
-def _prologue_reduction(prologue: VectorSource | None, wg: int,
-                        subgroup: int | None) -> tuple[str, str] | None:
-    """(module declarations, body) of the whole-vector reduction a ``prologue`` reads
-    (RMSNorm's mean of squares, into ``red``), each workgroup computing it, or summing the
-    partial sums another launch wrote (``VectorSource.partials``); None without."""
-    if prologue is not None and prologue.partials is not None:
-        load, count, div = prologue.partials
-        decls, body = (unrolled_reduction("reduce_sum", count, load, wg, subgroup, "red_p")
-                       or inline_reduction("reduce_sum", count, load, wg, "red_p"))
-        scale = f" / {float(div)!r}" if div != 1 else ""
-        return decls, body + f"  let red = red_p{scale};\n"
-    if prologue is None or prologue.reduction is None:
-        return None
-    op, load, count = prologue.reduction
-    return (unrolled_reduction(op, count, load, wg, subgroup)
-            or inline_reduction(op, count, load, wg))
 
 
 def _shared_vector(prologue: VectorSource, words: int, wg: int) -> str:

@@ -24,7 +24,6 @@ from ..kernels import Kernel
 from ..kernels import fused as FU
 from ..kernels import matmul as MM
 from ..kernels.common import decl
-from ..kernels.quant_rows import GatedOutput, StatsOutput, quad_workgroups
 from ..stateful import SAME_INDEX_OPS, root
 from . import fusion
 from .launches import Deferred, KernelLaunch, Slot
@@ -137,10 +136,10 @@ def _narrowed_add(a: Node, groups: dict[int, Any], consumers: dict[int, list[Nod
 
 @dataclass
 class Gated:
-    """A stacked pair of 4-bit products read only by one element-wise ``group`` of the
-    products' shape (SwiGLU's ``silu(gate) · up``), or one product so read (the LM head's
-    float16 rounding of the logits): the launch writes the group's root, so the group has
-    no launch and no product is written."""
+    """A stacked pair of products (4-bit, or float weights on the rows kernel) read only by
+    one element-wise ``group`` of the products' shape (SwiGLU's ``silu(gate) · up``), or
+    one 4-bit product so read (the LM head's float16 rounding of the logits): the launch
+    writes the group's root, so the group has no launch and no product is written."""
 
     pair: tuple[Node, ...]
     group: fusion.Group
@@ -149,12 +148,12 @@ class Gated:
     def root(self) -> Node:
         return self.group.ops[-1]
 
-    def output(self) -> GatedOutput:
+    def output(self) -> MM.GatedOutput:
         fops, leaves = self.group.fused_ops(named={m.id: f"g{j}"
                                                    for j, m in enumerate(self.pair)})
         fsrc, args = FU.functions(fops, leaves, "gt_")  # apart from a prologue's names
         call = f"gt_v{len(fops) - 1}({', '.join(['{}'] + args)})"
-        return GatedOutput(fsrc, call, self.root.dtype.wgsl)
+        return MM.GatedOutput(fsrc, call, self.root.dtype.wgsl)
 
 
 def gated_epilogues(nodes: list[Node], stacked: dict[int, list[Node]],
@@ -220,11 +219,12 @@ def mapped_epilogues(nodes: list[Node], products: set[int], groups: dict[int, fu
 
 @dataclass
 class NormStats:
-    """What a 4-bit product with a residual epilogue writes besides its rows (``x``, the
-    residual stream): each workgroup's sum of the reduction's element function ``chain``
-    (RMSNorm's ``x · x``; ``x`` its one leaf) over the rows it wrote, ``count`` floats into
-    ``slot`` (``quant_rows.quad_workgroups``), or where ``x`` is ``rows`` rows (a K-token
-    verify's, ``quant_quad_rows.gemm_q4_quad``) ``count`` a row, row by row. The norm
+    """What a product with a residual epilogue (4-bit, or float weights on the rows kernel)
+    writes besides its rows (``x``, the residual stream): each workgroup's sum of the
+    reduction's element function ``chain`` (RMSNorm's ``x · x``; ``x`` its one leaf) over
+    the rows it wrote, ``count`` floats into ``slot`` (its launch's workgroups:
+    ``quant_rows.quad_workgroups``, ``rows_workgroups``), or where ``x`` is ``rows`` rows (a
+    K-token verify's, ``quant_quad_rows.gemm_q4_quad``) ``count`` a row, row by row. The norm
     reading ``x`` then needs no launch: its readers sum those partials (``Prologue.stats``)
     and compute its tail where they read it (``norm_partials``)."""
 
@@ -239,15 +239,15 @@ class NormStats:
         """Floats in ``slot``."""
         return self.count * self.rows
 
-    def output(self) -> StatsOutput:
+    def output(self) -> MM.StatsOutput:
         """The kernel's part: ``norm_el(i, xs)``, the chain at a written value."""
         t = self.x.dtype.wgsl
         if not self.chain.ops:
-            return StatsOutput(f"fn norm_el(i: u32, xs: {t}) -> f32 {{\n  return f32(xs);\n}}\n")
+            return MM.StatsOutput(f"fn norm_el(i: u32, xs: {t}) -> f32 {{\n  return f32(xs);\n}}\n")
         fops, leaves = self.chain.fused_ops(named={self.x.id: "xs"})
         fsrc, args = FU.functions(fops, leaves, "ns_")
         call = f"ns_v{len(fops) - 1}({', '.join(['i'] + args)})"
-        return StatsOutput(fsrc + f"fn norm_el(i: u32, xs: {t}) -> f32 {{\n"
+        return MM.StatsOutput(fsrc + f"fn norm_el(i: u32, xs: {t}) -> f32 {{\n"
                                   f"  return f32({call});\n}}\n")
 
 
@@ -339,7 +339,7 @@ def gemv_prologues(nodes: list[Node], fold: dict[int, Node], inlined: set[int],
                 and (c.id in q4 if q4 is not None else const_weight(c, fold) is not None)
                 for c in readers):
             continue
-        if q4 is None and 4 * K + 4 * 512 > target.shared_bytes:
+        if q4 is None and not vector_fits(K, target):
             continue  # the vector must fit in workgroup memory beside the reduction scratch
         group = _group(a, groups, inlined)
         # the reduction is looked for where it would be taken, or where its absence (a 4-bit
@@ -362,35 +362,45 @@ def gemv_prologues(nodes: list[Node], fold: dict[int, Node], inlined: set[int],
     return out
 
 
-#: the most workgroups a one-row 4-bit product computing a norm where it reads it may have:
-#: each workgroup computes the norm's elements of its input again (two loads and the tail an
+#: the most workgroups a one-row product computing a norm where it reads it may have: each
+#: workgroup computes the norm's elements of its input again (two loads and the tail an
 #: element), so a product with many (the LM head's 8016 at llama-1b's shapes) pays more
 #: than the norm's own launch (PERFORMANCE.md, "What a launch costs")
 PROLOGUE_WORKGROUPS = 2048
 
 
+def vector_fits(K: int, target: Target, extra: int = 0) -> bool:
+    """Whether the rows kernel's input vector of ``K`` floats, computed by each workgroup
+    (``gemv_rows`` prologue), fits its workgroup memory beside the reduction's scratch and
+    the sums (512 floats) and ``extra`` floats more (a gated pair's or a norm's rows)."""
+    return 4 * (K + 512 + extra) <= target.shared_bytes
+
+
 def norm_partials(nodes: list[Node], inlined: set[int], groups: dict[int, Any],
                   taken: set[int], epilogue: dict[int, tuple[Node, Node]],
-                  quad: dict[int, int], q4: dict[int, Any], loads: int, max_binding: int,
-                  target: Target, rows_workgroups: Callable[[Any, int], int] | None = None,
+                  products: dict[int, int], workgroups: Callable[[Node], int | None],
+                  target: Target, reads: Callable[[Node], bool] | None = None,
+                  spread: Callable[[Node], int] | None = None,
                   ) -> tuple[dict[int, Prologue], dict[int, NormStats]]:
     """(gemv id -> its input vector's Prologue, producer gemv id -> NormStats): RMSNorm read
-    only by 4-bit products whose input it is (``quad``: the products the "quad" kernel runs,
-    each with its bindings besides the input vector), its mean of squares over a residual
-    stream that one 4-bit product's residual epilogue writes (``epilogue``; that product
-    runs in one launch of ``loads`` loads an invocation): the product writes the partial
-    sums of squares, and the readers compute the norm where they read it. No work is
-    repeated: each square is summed once, by the lane that wrote it, and each reader's
-    workgroup sums one float per producer workgroup (128 to 512 on llama-1b) instead of
-    the row. The reduction's element must be element-wise in the stream alone (``x · x``,
-    through casts); a norm of anything else (the embedding's row) keeps its launch, and so
-    does one a one-row reader of more than ``PROLOGUE_WORKGROUPS`` workgroups reads.
+    only by ``products`` whose input it is (each with its bindings besides the input
+    vector: 4-bit ones the "quad" kernel runs, float ones the rows kernel runs), its mean
+    of squares over a residual stream that one of them writes with its residual epilogue
+    (``epilogue``) in one launch of ``workgroups(product)`` workgroups (None: not one
+    launch, so no partials): the product writes the partial sums of squares, and the
+    readers compute the norm where they read it. No work is repeated: each square is
+    summed once, by the lane that wrote it, and each reader's workgroup sums one float per
+    producer workgroup (128 to 512 on llama-1b) instead of the row. The reduction's
+    element must be element-wise in the stream alone (``x · x``, through casts); a norm of
+    anything else (the embedding's row) keeps its launch. ``reads``: whether a product may
+    compute the norm where it reads it (a float product copies it into workgroup memory,
+    which must hold it); None: all. ``spread``: a one-row reader's workgroups over all its
+    launches; one of more than ``PROLOGUE_WORKGROUPS`` leaves the norm its launch.
 
-    Products of M rows (``quad``: those ``quant_quad_rows.gemm_q4_quad`` or
-    ``quant.gemm_q4_cols`` runs, a K-token verify's) alike, the norm one reduction a row:
-    the producer writes each row's partials (``rows_workgroups(weights, M)`` of them: its
-    kernel's workgroups, ``match_q4.rows_workgroups``; the caller of several-row products
-    passes it), and each reader workgroup sums each row's."""
+    Products of M rows (those ``quant_quad_rows.gemm_q4_quad`` or ``quant.gemm_q4_cols``
+    runs, a K-token verify's) alike, the norm one reduction a row: the producer writes
+    each row's partials (``workgroups`` of them: its kernel's, ``match_q4.rows_workgroups``),
+    and each reader workgroup sums each row's."""
     consumers = fusion.consumers_of(nodes)
     by_id = {o.id: o for o in nodes}
     writer = {add.id: by_id[g] for g, (add, _) in epilogue.items()}  # stream id -> product
@@ -400,7 +410,8 @@ def norm_partials(nodes: list[Node], inlined: set[int], groups: dict[int, Any],
         readers = consumers.get(a.id, [])
         M = S.size(readers[0].shape[:-1]) if readers else 1  # the readers' rows
         if not readers or not all(
-                c.op == "matmul" and root(c.inputs[0]) is a and c.id in quad
+                c.op == "matmul" and root(c.inputs[0]) is a and c.id in products
+                and (reads is None or reads(c))
                 and S.size(c.shape[:-1]) == M and c.inputs[0].shape[-1] * M == S.size(a.shape)
                 for c in readers):
             continue
@@ -418,22 +429,23 @@ def norm_partials(nodes: list[Node], inlined: set[int], groups: dict[int, Any],
         x = chain.leaves[0]
         p = writer.get(x.id)
         n = S.size(x.shape)
-        if (p is None or p.id in stats or p.id not in quad or S.size(r.inputs[0].shape) != n
+        if (p is None or p.id in stats or p.id not in products
+                or S.size(r.inputs[0].shape) != n
                 or S.size(p.shape[:-1]) != M  # its rows the readers' (partials a row)
                 or any(o.op not in SAME_INDEX_OPS or S.size(o.shape) != n
                        or any(S.size(i.shape) != n for i in o.inputs) for o in chain.ops)):
             continue
-        w = q4[p.id]
-        if w.N * (w.K // 2) > max_binding:  # one launch, one set of partials
+        count = workgroups(p)  # one launch, one set of partials
+        if count is None:
             continue
-        if M == 1 and any(quad_workgroups(q4[c.id].K, q4[c.id].N, loads) > PROLOGUE_WORKGROUPS
-                          for c in readers):  # the LM head: the norm's launch is cheaper
+        if M == 1 and spread is not None and any(spread(c) > PROLOGUE_WORKGROUPS
+                                                 for c in readers):  # the LM head's norm
             continue
         pro = Prologue(group, red)
-        if (quad[p.id] + 2 > target.max_storage  # its input and the partials
-                or len(pro.leaves) + 1 + max(quad[c.id] for c in readers) > target.max_storage):
+        if (products[p.id] + 2 > target.max_storage  # its input and the partials
+                or len(pro.leaves) + 1 + max(products[c.id] for c in readers)
+                > target.max_storage):
             continue
-        count = quad_workgroups(w.K, w.N, loads) if M == 1 else rows_workgroups(w, M)
         st = NormStats(chain, x, ("temp", ("norm", p.id)), count, M)
         stats[p.id] = st
         for c in readers:
@@ -564,29 +576,75 @@ def f16_exact(values: np.ndarray) -> bool:
     return same(v[:4096]) and same(v)
 
 
+def paired_rows(values: Any, half: int) -> np.ndarray:
+    """The (2 · half, per-row) 32-bit values made by ``values()`` for two stacked
+    products of ``half`` rows each (``half`` even), reordered two rows of each at a time:
+    rows 2m and 2m + 1 of the first, then of the second (``quant_rows.gemv_q4_quad`` and
+    ``kernels/matmul.gemv_rows`` with ``gated``: one group of 4 rows holds both products'
+    values at two indices)."""
+    v = values().reshape(2, half // 2, 2, -1)
+    return np.ascontiguousarray(v.transpose(1, 0, 2, 3)).reshape(-1)
+
+
 def packed_f16(rows: Any) -> np.ndarray:
     """(N, K) rows as float16, two to a u32 (kernels/matmul.py gemv_rows f16_weights)."""
     return rows().astype(np.float16).view(np.uint32)
 
 
 # -- lowering: the launches of the products planned above --------------------------------
+def _rows_lanes(t: Target, variant: str) -> int:
+    """Invocations a weight row of ``variant``'s rows kernel (``ROWS_VARIANT``)."""
+    m = ROWS_VARIANT.fullmatch(variant)
+    if t.cpu and variant == "cols":
+        return 8
+    return int(m.group(1) or 32) if m else 32
+
+
+def rows_per_workgroup(t: Target, variant: str) -> int:
+    """Weight rows a workgroup of ``variant``'s rows kernel holds (``gemv_rows``' ``wg /
+    lanes``): a gated pair's write needs whole groups of 4 (``paired_rows``)."""
+    lanes = _rows_lanes(t, variant)
+    return max(256, lanes) // lanes
+
+
+def chunk_rows(max_binding: int, K: int) -> int:
+    """Weight rows of K floats a launch of a constant-weight gemv takes (the binding
+    limit; ``lower_const_gemv``)."""
+    return max(8, (max_binding // (4 * K)) // 8 * 8)
+
+
+def rows_spread(plan: Any, p: Node) -> int:
+    """The workgroups of float product ``p`` on the rows kernel over all its launches."""
+    return -(-p.shape[-1] // rows_per_workgroup(plan.target,
+                                                plan.options.gemv_variant(plan.target)))
+
+
+def rows_workgroups(plan: Any, p: Node) -> int | None:
+    """The workgroups of the one launch of float product ``p`` on the rows kernel (how many
+    partial sums its ``stats`` writes), or None where it runs in several chunks."""
+    N, K = p.shape[-1], p.inputs[0].shape[-1]
+    if N > chunk_rows(plan.max_binding, K):
+        return None
+    return -(-N // rows_per_workgroup(plan.target, plan.options.gemv_variant(plan.target)))
+
+
 def gemv_rows(t: Target, variant: str, a_shape: Any, b_shape: Any, shp: Any, n0: int,
               chunk: int | None, residual: bool = False,
               splits: list[int] | None = None,
-              prologue: MM.VectorSource | None = None, f16_weights: bool = False) -> Kernel:
+              prologue: MM.VectorSource | None = None, f16_weights: bool = False,
+              gated: MM.GatedOutput | None = None,
+              stats: MM.StatsOutput | None = None) -> Kernel:
     """The matrix-vector kernel of ``variant`` (``KernelOptions.gemv_variant``)."""
     if variant == "legacy":
         return MM.gemv(a_shape, b_shape, shp, b_t=True, n_off=n0, n_chunk=chunk)
     m = ROWS_VARIANT.fullmatch(variant)
-    lanes = int(m.group(1) or 32) if m else 32
+    lanes = _rows_lanes(t, variant)
     depth = int(m.group(3) or 4) if m else 4
-    if t.cpu and variant == "cols":
-        lanes = 8
     sub = None if m and m.group(2) else t.subgroup
     return MM.gemv_rows(a_shape, b_shape, shp, n_off=n0, n_chunk=chunk, lanes=lanes,
                         wg=max(256, lanes), subgroup=sub, residual=residual, splits=splits,
                         prologue=prologue, depth=depth, f16_weights=f16_weights,
-                        f16_wide=bool(m and m.group(4)))
+                        f16_wide=bool(m and m.group(4)), gated=gated, stats=stats)
 
 
 def _f16_weights(how: str | None, variant: str, K: int, values: list[np.ndarray]) -> bool:
@@ -616,7 +674,8 @@ def gemv_input(plan: Any, o: Node, ins: list[Slot],
 @claims(10, lambda plan, o: o.id in plan.stacked and o.id not in plan.q4)
 def _lower_stacked(n: Site) -> None:
     """Products of one input against stacked weights (``stacked_gemvs``): one launch
-    writing each output (4-bit ones: ``match_q4``)."""
+    writing each output, or a gated pair's activation (``plan.gated``: the pair's rows
+    laid out by ``paired_rows``; 4-bit ones: ``match_q4``)."""
     plan, o = n.plan, n.node
     group = plan.stacked[o.id]
     parts = [const_weight(m, plan.fold) for m in group]
@@ -624,12 +683,18 @@ def _lower_stacked(n: Site) -> None:
     K = o.inputs[0].shape[-1]
     variant = plan.options.gemv_variant(plan.target)
     half = _f16_weights(plan.options.gemv_weights, variant, K, [src.value for src, _, _ in parts])
+    gated = plan.gated.get(o.id)
+    rows = partial(stacked_rows, parts)
+    if gated is not None:
+        rows = partial(paired_rows, rows, sizes[0])
     slot = ("const", ("S", o.id))
-    plan.consts.setdefault(slot, _weights(sum(sizes) * K, partial(stacked_rows, parts), half))
+    plan.consts.setdefault(slot, _weights(sum(sizes) * K, rows, half))
     a_slots, source = gemv_input(plan, o, n.ins, n.slot_of)
     k = gemv_rows(plan.target, variant, o.inputs[0].shape, (sum(sizes), K), (1, sum(sizes)),
-                  0, None, splits=sizes, prologue=source, f16_weights=half)
-    n.add(KernelLaunch(k, a_slots + [slot] + [n.slot_of(m) for m in group]))
+                  0, None, splits=sizes if gated is None else None, prologue=source,
+                  f16_weights=half, gated=gated.output() if gated is not None else None)
+    outs = [n.slot_of(gated.root)] if gated is not None else [n.slot_of(m) for m in group]
+    n.add(KernelLaunch(k, a_slots + [slot] + outs))
 
 
 @claims(40, lambda plan, o: o.id in plan.vectors)
@@ -655,7 +720,7 @@ def lower_const_gemv(n: Site, src: Node, b_shape: Any, b_t: bool) -> None:
     N, K = (b_shape[0], b_shape[1]) if b_t else (b_shape[1], b_shape[0])
     variant = plan.options.gemv_variant(plan.target)
     half = _f16_weights(plan.options.gemv_weights, variant, K, [src.value])
-    per = max(8, (plan.max_binding // (4 * K)) // 8 * 8)
+    per = chunk_rows(plan.max_binding, K)
     for c, n0 in enumerate(range(0, N, per)):
         nc = min(per, N - n0)
         chunk = None if nc == N else nc
@@ -680,7 +745,13 @@ def lower_const_gemv(n: Site, src: Node, b_shape: Any, b_t: bool) -> None:
             continue
         a_slots, source = gemv_input(plan, o, n.ins, n.slot_of)
         dst, res = plan.epilogue.get(o.id, (o, None))  # (the add, residual)
+        stats = plan.norm_stats.get(o.id)  # partial sums for the next norm's readers
+        assert stats is None or (chunk is None and res is not None), \
+            "norm partials need a residual and one launch"
+        if stats is not None:
+            plan.temps[stats.slot] = stats.count
         k = gemv_rows(plan.target, variant, a.shape, (N, K), n.shape, n0, chunk,
-                      residual=res is not None, prologue=source, f16_weights=half)
+                      residual=res is not None, prologue=source, f16_weights=half,
+                      stats=stats.output() if stats is not None else None)
         n.add(KernelLaunch(k, a_slots + [slot] + ([n.slot_of(res)] if res is not None else [])
-                           + [n.slot_of(dst)]))
+                           + [n.slot_of(dst)] + ([stats.slot] if stats is not None else [])))

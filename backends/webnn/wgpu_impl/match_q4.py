@@ -265,15 +265,6 @@ def interleave_rows(values: Any, rows: int, width: int = 4) -> np.ndarray:
     return np.ascontiguousarray(v.reshape(-1, width, v.shape[1]).transpose(0, 2, 1)).reshape(-1)
 
 
-def paired_rows(values: Any, half: int) -> np.ndarray:
-    """The (2 · half, per-row) 32-bit values made by ``values()`` for two stacked
-    products of ``half`` rows each (``half`` even), reordered two rows of each at a time:
-    rows 2m and 2m + 1 of the first, then of the second (``quant_rows.gemv_q4_quad`` with
-    ``gated``: one group of 4 rows holds both products' values at two indices)."""
-    v = values().reshape(2, half // 2, 2, -1)
-    return np.ascontiguousarray(v.transpose(1, 0, 2, 3)).reshape(-1)
-
-
 def paired_columns(values: Any, half: int) -> np.ndarray:
     """The (2 · half, per-column) 32-bit values made by ``values()`` for two stacked
     products of ``half`` columns each, interleaved column by column: column n of the first,
@@ -340,7 +331,7 @@ def lower_q4(plan: Any, members: list[Node], a_slot: Slot, slot_of: Any) -> None
 
         def laid(make: Callable[[], np.ndarray], nc: int = nc) -> Callable[[], np.ndarray]:
             if paired:
-                make = partial(paired_rows, make, nc // 2)
+                make = partial(GV.paired_rows, make, nc // 2)
             return partial(interleave_rows, make, nc) if quad is not None else make
 
         plan.consts.setdefault(slots[0], Deferred(rows_n * K // 8, laid(partial(
@@ -430,7 +421,7 @@ def lower_q4_rows(plan: Any, members: list[Node], a_slot: Slot, slot_of: Any) ->
                  nc: int = nc) -> Callable[[], np.ndarray]:
             if quad:
                 if gated is not None:
-                    make = partial(paired_rows, make, nc // 2)
+                    make = partial(GV.paired_rows, make, nc // 2)
                 return partial(interleave_rows, make, nc)
             if gated is not None:
                 make = partial(paired_columns, make, nc // 2)

@@ -89,6 +89,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "q4_prologue": ("off", "vector", "full"),
     "q4_epilogue": ("off", "gated"),
     "q4_norms": ("partials", "shared", "off"),
+    "gemv_epilogue": ("off", "gated"),
+    "gemv_norms": ("partials", "off"),
     "attention_writes": ("fold", "off"),
     "gdn_replay": ("fused", "launch"),
     "row_vector": ("unrolled", "loop"),
@@ -151,6 +153,19 @@ class KernelOptions:
     #: verify's products of several rows alike where they run "quad" or by column
     #: (``q4_rows``), a reduction a row
     q4_norms: str | None = None
+    #: what a stacked pair of float-weight products (the GPU "rows" kernels) writes: None
+    #: (GPU adapters "gated", CPU adapters "off"), "off" (both products), "gated" (the
+    #: element-wise group reading only the two, SwiGLU's ``silu(gate) · up``, written by
+    #: their launch, the pair's rows laid out together: no launch of its own), as
+    #: ``q4_epilogue`` for 4-bit ones
+    gemv_epilogue: str | None = None
+    #: RMSNorm between two float-weight products (the GPU "rows" kernels), its mean of
+    #: squares over the residual stream the first writes (``gemv.norm_partials``): None
+    #: (GPU adapters "partials", CPU adapters "off"), "partials" (the writing product's
+    #: workgroups each sum the squares of the rows they write; the norm's readers sum those
+    #: and compute the norm where they read it: no launch of its own), "off" (as
+    #: ``gemv_prologue`` decides); as ``q4_norms`` for 4-bit ones
+    gemv_norms: str | None = None
     #: a vector and its row reduction in one launch (``kernels/matmul.computed_vector``, the
     #: launch of "launch" above; RMSNorm, L2 norms per head): None/"unrolled" (a workgroup no
     #: wider than the row, each invocation's loads straight-line, subgroup sums where the
@@ -371,6 +386,20 @@ class KernelOptions:
         once a workgroup into workgroup memory (``q4_norms`` "shared"), not in each group of
         invocations where it reads it (``quant_rows.gemv_q4_quad``'s ``shared_input``)."""
         return self.q4_norms == "shared"
+
+    def gemv_gated(self, t: Target) -> bool:
+        """Whether a stacked gate/up pair of float-weight products writes its activation
+        (``gemv_epilogue``): by default on GPU adapters (PERFORMANCE.md, "Knobs"), where
+        the rows kernels run them (``passes.gated_epilogues``)."""
+        how = self.gemv_epilogue
+        return how == "gated" or (how is None and not t.cpu)
+
+    def gemv_norm_partials(self, t: Target) -> bool:
+        """Whether a norm between two float-weight products is computed from partial sums
+        the first writes (``gemv_norms``): by default on GPU adapters (PERFORMANCE.md,
+        "Knobs"), where the rows kernels run them (``passes.gemv_prologues``)."""
+        how = self.gemv_norms
+        return how == "partials" or (how is None and not t.cpu)
 
     def q4_rows_norm_partials(self, t: Target) -> bool:
         """Whether a norm between two several-row 4-bit products (a K-token verify's) is

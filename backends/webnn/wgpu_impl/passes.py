@@ -8,12 +8,14 @@ none emits a launch (``lowering`` does, from the plan).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 from .. import shapes as S
 from ..ir import Graph, Node
+from ..kernels.quant_rows import quad_workgroups
 from ..stateful import analyse, root
 from . import fusion
 from . import gemv as GV
@@ -139,8 +141,9 @@ def residual_epilogues(plan: Plan, st: PassState) -> None:
 def gated_epilogues(plan: Plan, st: PassState) -> None:
     """A gated MLP's activation (SwiGLU) written by the launch of its stacked 4-bit gate and
     up products (``q4_epilogue``), where the "quad" kernel runs them, or of several rows
-    where they run by column; so is an element-wise tail read only by one 4-bit product
-    (the logits' float16 rounding)."""
+    where they run by column, or of float ones on the rows kernel (``gemv_epilogue``); so
+    is an element-wise tail read only by one 4-bit product (the logits' float16
+    rounding)."""
     if plan.options.q4_gated(plan.target):
         pairs = {k: ms for k, ms in plan.stacked.items()
                  if all(m.id in plan.q4 and plan.q4[m.id].quad_fits for m in ms)}
@@ -155,7 +158,20 @@ def gated_epilogues(plan: Plan, st: PassState) -> None:
     if plan.options.q4_rows_gated(plan.target):  # several rows: gemm_q4_cols' pair columns
         plan.gated |= GV.gated_epilogues(st.nodes, plan.stacked_rows, plan.groups,
                                          st.pinned | st.absorbed, st.pinned)
+    if _float_gated(plan):  # float weights: the rows kernel, a workgroup whole groups of 4
+        pairs = {k: ms for k, ms in plan.stacked.items() if not any(m.id in plan.q4 for m in ms)}
+        plan.gated |= GV.gated_epilogues(st.nodes, pairs, plan.groups, st.pinned | st.absorbed,
+                                         st.pinned)
     st.absorbed |= {g.root.id for g in plan.gated.values()}
+
+
+def _float_gated(plan: Plan) -> bool:
+    """Whether a stacked pair of float-weight products may write its activation
+    (``gemv_epilogue``): the rows kernel runs them, its workgroups holding whole groups of
+    the pair's rows (``gemv.paired_rows``)."""
+    return (_gpu_gemv(plan) and plan.options.gemv_gated(plan.target)
+            and GV.rows_per_workgroup(plan.target, plan.options.gemv_variant(plan.target))
+            % 4 == 0)
 
 
 def gemv_prologues(plan: Plan, st: PassState) -> None:
@@ -165,16 +181,19 @@ def gemv_prologues(plan: Plan, st: PassState) -> None:
     gpu_gemv = _gpu_gemv(plan)
     q4_mode = plan.options.q4_prologue or "off"
     quad = plan.options.q4_quad(plan.target)
-    if plan.q4 and quad is not None and plan.options.q4_norm_partials(plan.target):
+    products, workgroups = _one_row_partials(plan, st)
+    if products:  # one row: 4-bit products on the quad kernel, float ones on the rows kernel
         plan.prologue, plan.norm_stats = GV.norm_partials(
             st.nodes, st.inlined, plan.groups, st.pinned | st.absorbed, plan.epilogue,
-            _q4_other_bindings(plan), plan.q4, quad[0], plan.max_binding, plan.target)
+            products, workgroups, plan.target,
+            reads=partial(_reads_partials, plan),
+            spread=partial(_one_row_spread, plan, quad[0] if quad else 1))
         st.absorbed |= {x.id for pro in plan.prologue.values() for x in pro.absorbed}
     if plan.q4_rows and plan.options.q4_rows_norm_partials(plan.target):  # a verify's
         pros, stats = GV.norm_partials(
             st.nodes, st.inlined, plan.groups, st.pinned | st.absorbed, plan.epilogue,
-            _q4_rows_other_bindings(plan, st), plan.q4_rows, 1, plan.max_binding, plan.target,
-            rows_workgroups=partial(rows_workgroups, plan))
+            _q4_rows_other_bindings(plan, st), partial(_q4_rows_workgroups, plan),
+            plan.target)
         plan.prologue |= pros
         plan.norm_stats |= stats
         st.absorbed |= {x.id for pro in pros.values() for x in pro.absorbed}
@@ -195,6 +214,69 @@ def gemv_prologues(plan: Plan, st: PassState) -> None:
                                          st.pinned | st.absorbed, plan.target)
     st.absorbed |= {x.id for pro in plan.prologue.values() for x in pro.absorbed}
     st.absorbed |= {pro.reduce_op.id for pro in plan.vectors.values()}
+
+
+def _one_row_partials(plan: Plan, st: PassState
+                      ) -> tuple[dict[int, int], Callable[[Node], int | None]]:
+    """(product id -> its bindings besides the input vector, a product's launch's
+    workgroups or None) of the one-row products whose kernels write a norm's partial sums
+    and read them (``gemv.norm_partials``): 4-bit ones on the "quad" kernel
+    (``q4_norms``), float ones on the rows kernel (``gemv_norms``)."""
+    quad = plan.options.q4_quad(plan.target)
+    products: dict[int, int] = {}
+    if plan.q4 and quad is not None and plan.options.q4_norm_partials(plan.target):
+        products |= _q4_other_bindings(plan)
+    if _gpu_gemv(plan) and plan.options.gemv_norm_partials(plan.target):
+        products |= _float_other_bindings(plan, st)
+    return products, partial(_one_row_workgroups, plan, quad[0] if quad else 1)
+
+
+def _one_row_spread(plan: Plan, loads: int, p: Node) -> int:
+    """The workgroups of one-row product ``p`` over all its launches (``norm_partials``'
+    bound on a reader's)."""
+    if p.id not in plan.q4:
+        return GV.rows_spread(plan, p)
+    w = plan.q4[p.id]
+    return quad_workgroups(w.K, w.N, loads)
+
+
+def _one_row_workgroups(plan: Plan, loads: int, p: Node) -> int | None:
+    """The workgroups of one-row product ``p``'s one launch (the partial sums it writes):
+    the "quad" kernel of ``loads`` loads an invocation, or the rows kernel; None where its
+    weights take several launches."""
+    if p.id not in plan.q4:
+        return GV.rows_workgroups(plan, p)
+    w = plan.q4[p.id]
+    return quad_workgroups(w.K, w.N, loads) if w.N * (w.K // 2) <= plan.max_binding else None
+
+
+def _q4_rows_workgroups(plan: Plan, p: Node) -> int | None:
+    """The workgroups a row of several-row 4-bit product ``p``'s one launch has (the
+    partial sums it writes a row: ``match_q4.rows_workgroups``); None where its codes take
+    several launches."""
+    w = plan.q4_rows[p.id]
+    return (rows_workgroups(plan, w, S.size(p.shape[:-1]))
+            if w.N * (w.K // 2) <= plan.max_binding else None)
+
+
+def _reads_partials(plan: Plan, c: Node) -> bool:
+    """Whether one-row product ``c`` may compute a norm from partial sums where it reads
+    it: a 4-bit one (the quad kernel reads it as it goes), a float one whose vector fits
+    the rows kernel's workgroup memory beside a pair's or a norm's rows."""
+    if c.id in plan.q4:
+        return True
+    rows = GV.rows_per_workgroup(plan.target, plan.options.gemv_variant(plan.target))
+    return GV.vector_fits(c.inputs[0].shape[-1], plan.target, extra=2 * rows)
+
+
+def _float_other_bindings(plan: Plan, st: PassState) -> dict[int, int]:
+    """One-row float-weight product id -> the bindings its rows kernel has besides the
+    input vector (weights, residual, outputs)."""
+    outs = _outputs(plan, plan.stacked)
+    return {o.id: 1 + (o.id in plan.epilogue) + outs.get(o.id, 1) for o in st.nodes
+            if o.kind == "op" and o.op == "matmul" and o.id not in plan.q4
+            and S.size(o.shape[:-1]) == 1 and S.size(o.inputs[0].shape[:-1]) == 1
+            and GV.const_weight(o, plan.fold) is not None}
 
 
 def _outputs(plan: Plan, stacked: dict[int, list[Node]]) -> dict[int, int]:
