@@ -353,7 +353,7 @@ def lower_q4(plan: Any, members: list[Node], a_slot: Slot, slot_of: Any) -> None
         if quad is not None:
             k = QR.gemv_q4_quad(K, nc, w0.block, loads=quad[0], half_scales=half_scales,
                                 half=half, prologue=source,
-                                shared_input=(plan.options.q4_norm_shared() and source is not None
+                                shared_input=(plan.options.q4_norm_shared(plan.target) and source is not None
                                               and 8 * K <= plan.target.shared_bytes),
                                 gated=gated.output() if paired else None,
                                 mapped=gated.output() if gated and not paired else None,

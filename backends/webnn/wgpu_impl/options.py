@@ -146,9 +146,10 @@ class KernelOptions:
     q4_epilogue: str | None = None
     #: RMSNorm between two 4-bit products (``q4_gemv`` "quad" variants), its mean of squares
     #: over the residual stream the first writes (``gemv.norm_partials``): None (GPU adapters
-    #: "partials", CPU adapters "off"), "partials" (the writing product's workgroups each
+    #: "shared", CPU adapters "off"), "partials" (the writing product's workgroups each
     #: sum the squares of the rows they write; the norm's readers sum those partial sums and
-    #: compute the norm where they read it: no launch of its own), "off" (as
+    #: compute the norm where they read it: no launch of its own), "shared" (as "partials",
+    #: a one-row reader computing its input once a workgroup in workgroup memory), "off" (as
     #: ``gemv_prologue``/``q4_prologue`` decide: by default one launch a norm). A K-token
     #: verify's products of several rows alike where they run "quad" or by column
     #: (``q4_rows``), a reduction a row
@@ -381,11 +382,12 @@ class KernelOptions:
         return ((how in ("partials", "shared") or (how is None and not t.cpu))
                 and self.q4_quad(t) is not None)
 
-    def q4_norm_shared(self) -> bool:
+    def q4_norm_shared(self, t: Target) -> bool:
         """Whether a one-row product computing a norm from partial sums computes its input
-        once a workgroup into workgroup memory (``q4_norms`` "shared"), not in each group of
-        invocations where it reads it (``quant_rows.gemv_q4_quad``'s ``shared_input``)."""
-        return self.q4_norms == "shared"
+        once a workgroup into workgroup memory (``q4_norms`` "shared", the GPU default), not
+        in each group of invocations where it reads it ("partials";
+        ``quant_rows.gemv_q4_quad``'s ``shared_input``; PERFORMANCE.md, "Knobs")."""
+        return self.q4_norms == "shared" or (self.q4_norms is None and not t.cpu)
 
     def gemv_gated(self, t: Target) -> bool:
         """Whether a stacked gate/up pair of float-weight products writes its activation
