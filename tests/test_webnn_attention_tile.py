@@ -116,3 +116,52 @@ def test_tile_plan_and_knob():
     for bad in ("tile_t48", "tile64", "tiles"):
         with pytest.raises(ValueError, match="tile"):
             KernelOptions(attention_rows=bad)
+
+
+@pytest.mark.parametrize("cache,g,cap,d,how", [
+    ("float16", 4, 700, 64, "tile_t256"),  # llama-1b's one-token head: 8 V words an invocation
+    ("float16", 1, 150, 128, "tile_t32"),  # 16 words a row: 16 row shares, 2 rows each
+    ("float32", 4, 300, 16, "tile"),  # 4 words a row: 64 row shares, 2 rows each
+    ("float32", 2, 517, 64, "tile_t64"),  # 16 words: 16 shares, 4 rows each, last split short
+])
+def test_tile_lane_pv_at_the_subgroup_width(ctx_with, subgroup_size, monkeypatch, cache, g, cap,
+                                            d, how):
+    """At a fixed subgroup width a one-token head's probs·V holds every V word an invocation
+    needs in registers, loaded before the softmax's statistics, the row shares summed by
+    subgroupAdd and the word's subgroups through workgroup memory (``_lane_pv``): against
+    float64 NumPy at the adapter's own width."""
+    import dataclasses
+
+    if not subgroup_size or subgroup_size & (subgroup_size - 1):
+        pytest.skip(f"no fixed power-of-two subgroup width ({subgroup_size})")
+    if cache == "float16" and not ctx_with()._target.f16:
+        pytest.skip("no shader-f16 on this adapter")
+    ctx = ctx_with(attention=how, attention_rows=how)
+    monkeypatch.setattr(ctx, "_target", dataclasses.replace(ctx._target, subgroup=subgroup_size))
+    if cache == "float16":
+        names = _check_f16_stateful(ctx, 2, g, cap, d)
+        assert names.count("attention_tile") == 1, names
+        return
+    gr, outs = graph(ctx, 2, g, cap, d, LOWEST)
+    tile = gr._plan.launches[0].kernel
+    assert tile.name == "attention_tile" and "subgroupAdd(a0_0)" in tile.wgsl
+    _three_depths_match(ctx, gr, outs, (2, g, cap, d), 2)
+    walk = ctx_with(attention=how, attention_rows=how, tile_pv="walk")  # the knob's other way
+    monkeypatch.setattr(walk, "_target", dataclasses.replace(walk._target, subgroup=subgroup_size))
+    gw, _ = graph(walk, 2, g, cap, d, LOWEST)
+    assert "subgroupAdd" not in gw._plan.launches[0].kernel.wgsl
+
+
+def test_tile_lane_pv_where_it_applies():
+    """``_lane_pv`` takes a one-token head's probs·V only at a fixed subgroup width that
+    divides the row shares, whose rows a split they divide; the verify's 16 rows and other
+    widths keep the walk."""
+    one = ATT.tile_plan(4, 8200, 64, "f16", 12288, rows=256)
+    assert ATT.lane_pv_applies(one, 32) and ATT.lane_pv_applies(one, 8)
+    assert not ATT.lane_pv_applies(one, None) and not ATT.lane_pv_applies(one, 64)
+    assert not ATT.lane_pv_applies(ATT.tile_plan(16, 8200, 64, "f16", 12288), 32)
+    assert not ATT.lane_pv_applies(ATT.tile_plan(3, 70, 24, "f16", 12288), 8)  # 3 words
+    k1 = ATT.flash_tile(8, 4, 8200, 64, None, one, kv="f16", subgroup=32)[0]
+    assert k1.wgsl.count("subgroupAdd(") == 8 and "let vw7 = v[" in k1.wgsl
+    walk = ATT.flash_tile(8, 4, 8200, 64, None, one, kv="f16")[0]
+    assert "subgroupAdd" not in walk.wgsl

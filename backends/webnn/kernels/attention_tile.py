@@ -41,6 +41,7 @@ TILE_ROWS = 128  # cache rows a split by default
 ROW_CHOICES = (256, 128, 64, 32)  # cache rows a split may take (T divides the workgroup)
 GROUP_ROWS_T = 16  # q rows a workgroup scores at most (more go along the grid's z)
 MAX_WORDS = 16  # 16-byte words of a K row an invocation holds (d 128 halves, 64 floats)
+LANE_PV_ROWS = 4  # q rows a workgroup's probs·V holds in registers (``_lane_pv``)
 
 
 @dataclass(frozen=True)
@@ -89,14 +90,70 @@ def tile_plan(q_rows: int, capacity: int, d: int, kv: str, shared_floats: int,
     return None
 
 
+def lane_pv_applies(plan: TilePlan, subgroup: int | None) -> bool:
+    """Whether ``_lane_pv`` takes probs·V: a one-token head (at most ``LANE_PV_ROWS`` q
+    rows), a fixed subgroup width dividing the row shares (``WGT / words``), whose rows a
+    split they divide."""
+    shares = WGT // plan.words
+    return (subgroup is not None and plan.group <= LANE_PV_ROWS and WGT % plan.words == 0
+            and shares % subgroup == 0 and plan.rows % shares == 0)
+
+
+def _lane_pv(plan: TilePlan, C: int, G: int, ns: int, pw: int, words: int,
+             subgroup: int) -> tuple[str, str, str]:
+    """(V loads, probs·V, workgroup memory) with every V word an invocation needs in flight
+    at once, issued before the softmax's statistics so their latency passes under them:
+    ``WGT / words`` invocations (the row shares) an output word, each holding its word of
+    ``rows / shares`` cache rows and all q rows' sums of them; the shares' sums met by
+    ``subgroupAdd`` (a subgroup holds consecutive shares of one word), then the word's
+    subgroups' sums through workgroup memory and one barrier. The other path walks its
+    rows four V words at a time, a chain of ``rows / shares / 4`` round trips after the
+    statistics."""
+    T, GL, LW = plan.rows, plan.group, plan.words
+    RS = WGT // LW  # row shares of an output word
+    per = T // RS  # cache rows an invocation
+    wide = plan.per == 8
+    loads = "".join(f"  let vw{i} = v[vb + min(vr + {i * RS}u, n - 1u) * {LW}u];\n"
+                    for i in range(per))
+    v_loads = (f"  let ve = lid / {RS}u;\n  let vr = lid % {RS}u;\n"
+               f"  let vb = (h * {C}u + c0) * {LW}u + ve;\n{loads}")
+    acc = [f"a{r}_{i}" for r in range(GL) for i in range(words)]
+    pv = "  {\n" + "".join(f"    var {a} = vec4<f32>(0.0);\n" for a in acc)
+    for i in range(per):
+        vals = ([f"unpack_lo(vw{i})", f"unpack_hi(vw{i})"] if wide else [f"vw{i}"])
+        for r in range(GL):
+            pv += f"    let p{r}_{i} = sc[{r * T}u + vr + {i * RS}u];\n"
+            pv += "".join(f"    a{r}_{w} = a{r}_{w} + p{r}_{i} * {vals[w]};\n"
+                          for w in range(words))
+    pv += "".join(f"    let s{a} = subgroupAdd({a});\n" for a in acc)
+    NS = RS // subgroup  # subgroups a word
+
+    def part(r: str, e: str, w: str) -> str:
+        return (f"part[((h * {G}u + q0 + ({r})) * {ns}u + sp) * {pw}u + 1u + {words}u * ({e})"
+                f" + {w}]")
+
+    slots = GL * words * LW  # (q row, word of columns, output word) sums
+    pv += f"    if (vr % {subgroup}u == 0u) {{\n" + "".join(
+        f"      lps[(({r * words + w}u * {LW}u + ve) * {NS}u) + vr / {subgroup}u] = sa{r}_{w};\n"
+        for r in range(GL) for w in range(words)) + "    }\n  }\n"
+    pv += (f"  workgroupBarrier();\n  if (lid < {slots}u) {{\n"
+           f"    var t = vec4<f32>(0.0);\n"
+           f"    for (var j = 0u; j < {NS}u; j = j + 1u) {{ t = t + lps[lid * {NS}u + j]; }}\n"
+           f"    let rw = lid / {LW}u;\n"
+           f"    {part(f'rw / {words}u', f'lid % {LW}u', f'rw % {words}u')} = t;\n  }}\n")
+    return v_loads, pv, f"var<workgroup> lps: array<vec4<f32>, {slots * NS}>;\n"
+
+
 def flash_tile(heads: int, q_rows: int, capacity: int, d: int,
                score: tuple[Sequence[FusedOp], Sequence[Leaf]] | None, plan: TilePlan,
                q_chain: tuple[Sequence[FusedOp], Sequence[Leaf]] | None = None,
-               kv: str = "f16", writes: RowWrites | None = None) -> tuple[Kernel, Kernel, int]:
+               kv: str = "f16", writes: RowWrites | None = None,
+               subgroup: int | None = None) -> tuple[Kernel, Kernel, int]:
     """(pass 1, the combine, partial-buffer elements) for q (heads, q_rows, d), K and V
     (heads, capacity, d) of element type ``kv``, output (heads, q_rows, d); ``score``,
     ``q_chain`` and ``writes`` (the layer's row write folded in, its bindings after the
-    partials') as ``attention.flash_decode`` takes them; ``plan``: ``tile_plan``'s."""
+    partials') as ``attention.flash_decode`` takes them; ``plan``: ``tile_plan``'s;
+    ``subgroup``: the adapter's fixed subgroup width, for ``_lane_pv`` where it applies."""
     T, GL, LW, PER, RS = plan.rows, plan.group, plan.words, plan.per, plan.row_splits
     G, D, C = q_rows, d, capacity
     D4 = D // 4
@@ -176,6 +233,10 @@ def flash_tile(heads: int, q_rows: int, capacity: int, d: int,
                + "  }\n")
         pv_decl = ""
     pv += "  }\n"  # the block holding the accumulators
+    lane = lane_pv_applies(plan, subgroup)
+    v_loads = ""
+    if lane:
+        v_loads, pv, pv_decl = _lane_pv(plan, C, G, ns, pw, words, subgroup)
     src += f"""
 var<workgroup> qs: array<vec4<f32>, {GL * D4}>;
 var<workgroup> sc: array<f32, {GL * T}>;
@@ -202,7 +263,7 @@ var<workgroup> red2: array<f32, {WGT}>;
       sc[r * {T}u + c] = val;
     }}
   }}
-  workgroupBarrier();
+{v_loads}  workgroupBarrier();
   let sr = lid / {P}u;
   let sj = lid % {P}u;
   var mx = {low};

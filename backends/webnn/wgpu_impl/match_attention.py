@@ -131,10 +131,12 @@ class Attention:
         return got
 
     def tile(self, shared_bytes: int, rows: int | None, max_storage: int = 8,
-             writes: AT.RowWrites | None = None) -> tuple[AT.Kernel, AT.Kernel, int] | None:
+             writes: AT.RowWrites | None = None, subgroup: int | None = None,
+             ) -> tuple[AT.Kernel, AT.Kernel, int] | None:
         """(pass 1, the combine, partial 4-byte words) of the many-rows variant
         (``attention_tile.flash_tile``; ``rows``: cache rows a split, None: the default;
-        ``writes``: the layer's row write folded in), or None where it does not apply or
+        ``writes``: the layer's row write folded in; ``subgroup``: the adapter's fixed
+        subgroup width), or None where it does not apply or
         binds more than ``max_storage`` storage buffers (the caller then lowers
         ``kernels``)."""
         heads, G, C, D, score, q_chain = self._dims()
@@ -142,7 +144,7 @@ class Attention:
         if plan is None:
             return None
         got = ATT.flash_tile(heads, G, C, D, score, plan, q_chain, kv=self.k.dtype.wgsl,
-                             writes=writes)
+                             writes=writes, subgroup=subgroup)
         return got if len(got[0].bindings) <= max_storage else None
 
 
@@ -317,7 +319,9 @@ def _attention_tile(plan: Any, o: Node, writes: AT.RowWrites | None = None
     how = plan.options.attention_tile(m.q_rows, m.capacity, plan.target)
     if how is None:
         return None
-    return m.tile(plan.target.shared_bytes, how[0], plan.target.max_storage, writes)
+    lanes = plan.options.tile_pv != "walk"
+    return m.tile(plan.target.shared_bytes, how[0], plan.target.max_storage, writes,
+                  plan.target.subgroup if lanes else None)
 
 
 @claims(30, lambda plan, o: o.id in plan.attention)

@@ -92,6 +92,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "gemv_epilogue": ("off", "gated"),
     "gemv_norms": ("partials", "off"),
     "attention_writes": ("fold", "off"),
+    "tile_pv": ("lanes", "walk"),
     "gdn_replay": ("fused", "launch"),
     "row_vector": ("unrolled", "loop"),
     "row_writes": ("separate",),
@@ -180,6 +181,11 @@ class KernelOptions:
     #: flash attention's first launch, each workgroup the new rows of its split: no launch of
     #: their own), "off" (as ``row_writes`` decides)
     attention_writes: str | None = None
+    #: probs·V of the tile attention's one-token head (``attention_tile._lane_pv``): None /
+    #: "lanes" (at a fixed subgroup width: every V word an invocation needs loaded before the
+    #: softmax's statistics, the row shares summed by subgroupAdd), "walk" (each invocation
+    #: walks its rows four V words at a time after the statistics)
+    tile_pv: str | None = None
     #: splits per head flash-decoding aims at on long caches: None (``kernels/attention.SPLITS``;
     #: "flash1": ``SPLITS1``; "lanes", "lanes1": ``attention_lanes.SPLITS_L``)
     attention_splits: int | None = None
