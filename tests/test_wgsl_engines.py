@@ -7,7 +7,9 @@ a K-token verify, and a hybrid's deferred-commit verify with its capture and rep
 each compiled by ``compile_graph`` for CPU and GPU targets (with and without subgroups) under
 every value of every kernel-choosing ``KernelOptions`` knob. A kernel only one engine
 accepts fails here, with the compiler's message. Tint runs on Dawn's Null backend and naga on
-any wgpu-native adapter; where either is missing the test skips with the reason.
+any wgpu-native adapter; where either is missing the test skips with the reason. The builds
+are swept in ``SHARDS`` shares, a test each that both engines check, so pytest-xdist's
+workers split the sweep between them.
 """
 
 from __future__ import annotations
@@ -44,10 +46,11 @@ OPTION_VALUES: dict[str, list[str | int | None]] = {
                 "multi_h", "wide2_k2_h", "wide4", "quad_k2_h"],
     "q4_prologue": [None, "off", "vector", "full"],
     "q4_epilogue": [None, "off", "gated"],
-    "q4_norms": [None, "partials", "off"],
+    "q4_norms": [None, "partials", "shared", "off"],
     "gemv_epilogue": [None, "off", "gated"],
     "gemv_norms": [None, "partials", "off"],
     "attention_writes": [None, "fold", "off"],
+    "tile_pv": [None, "lanes", "walk"],
     "q4_rows": [None, "rows", "cols", "cols4", "cols_c32", "quad", "cols_h", "cols2_c16_h"],
     "gdn_replay": [None, "fused", "launch"],
 }
@@ -210,9 +213,21 @@ class _Capture:
         monkeypatch.setattr(WgpuContext, "_build", build)
 
 
+#: the builds are swept in this many shares, a test each, so that pytest-xdist's workers each
+#: compile a share of the sweep, not every worker all of it
+SHARDS = 8
+
+
+def _settings() -> list[dict[str, str | int]]:
+    """The sweep's option settings: the defaults, each knob's each value alone, and
+    ``OPTION_SETS``."""
+    return [{}] + [{k: v} for k, vs in OPTION_VALUES.items() for v in vs if v] + OPTION_SETS
+
+
 @pytest.fixture(scope="module")
-def kernels():
-    """Every distinct kernel source over graphs × targets × option values."""
+def builds() -> list[tuple[object, bool]]:
+    """Every build of the swept graphs, as (graph, stateful): captured from a context's
+    builds, so they are the graphs the converter and builder hand the compiler."""
     naga, why = compiler_device("wgpu")
     if naga is None:
         pytest.skip(why)
@@ -221,9 +236,6 @@ def kernels():
 
     from backends.webnn import MLGraphBuilder, NotSupportedError, ml
     from backends.webnn.onnx_converter import convert, list_kv_pairs
-    from backends.webnn.wgpu_impl.compiler import compile_graph
-    from backends.webnn.wgpu_impl.options import KernelOptions
-    from backends.webnn.wgpu_impl.plan import KernelLaunch
     from model.export import export
     from model.workload import Workload, preset
 
@@ -262,19 +274,56 @@ def kernels():
     finally:
         ctx.destroy()
         mp.undo()
-    found: dict[str, str] = {}  # source -> where it was first made
-    settings = [{}] + [{k: v} for k, vs in OPTION_VALUES.items() for v in vs if v] + OPTION_SETS
-    for knobs, (tname, target), (n, args) in itertools.product(
-            settings, _targets().items(), enumerate(cap.builds)):
-        graph, stateful = args
-        options = KernelOptions(**knobs)
-        plan = compile_graph(graph, stateful, 1 << 27, target=target, options=options)
+    return cap.builds
+
+
+def _sweep(numbered: list[tuple[int, tuple[object, bool]]], settings: list[dict],
+           targets: dict[str, object]) -> dict[str, str]:
+    """Every distinct kernel source of the builds ``numbered`` ((index, build) pairs) under
+    each of ``settings`` for each of ``targets``: source -> where it was first made."""
+    from backends.webnn.wgpu_impl.compiler import compile_graph
+    from backends.webnn.wgpu_impl.options import KernelOptions
+    from backends.webnn.wgpu_impl.plan import KernelLaunch
+
+    found: dict[str, str] = {}
+    for knobs, (tname, target), (n, (graph, stateful)) in itertools.product(
+            settings, targets.items(), numbered):
+        plan = compile_graph(graph, stateful, 1 << 27, target=target,
+                             options=KernelOptions(**knobs))
         said = ", ".join(f"{k}={v!r}" for k, v in knobs.items()) or "defaults"
         for la in plan.launches:
             if isinstance(la, KernelLaunch):
                 found.setdefault(la.kernel.wgsl, f"{la.kernel.name} (build {n}, {tname}, "
                                                  f"{said})")
     return found
+
+
+def _runs(weights: list[int], shares: int) -> list[range]:
+    """``range(len(weights))`` cut into ``shares`` runs of about equal total weight."""
+    total, acc, bounds = sum(weights), 0, [0]
+    for i, w in enumerate(weights):
+        acc += w
+        if len(bounds) < shares and acc * shares >= total * len(bounds):
+            bounds.append(i + 1)
+    bounds += [len(weights)] * (shares + 1 - len(bounds))
+    return [range(a, b) for a, b in itertools.pairwise(bounds)]
+
+
+def _shard(builds: list[tuple[object, bool]], shard: int) -> dict[str, str]:
+    """The kernels of shard ``shard`` of the sweep: a run of consecutive builds under every
+    setting for every target. The runs partition the builds and weigh about the same in
+    nodes, what a build's compile time goes with; neighbours share most kernels, so a run
+    leaves few for another worker to validate again."""
+    run = _runs([len(graph.nodes) for graph, _ in builds], SHARDS)[shard]
+    return _sweep([(n, builds[n]) for n in run], _settings(), _targets())
+
+
+def _swept_under(builds: list[tuple[object, bool]], settings: list[dict],
+                 tname: str) -> dict[str, str]:
+    """The kernels of every build under ``settings`` for target ``tname``: a part of what
+    the shards validate, so each setting must be one the sweep takes."""
+    assert all(knobs in _settings() for knobs in settings)
+    return _sweep(list(enumerate(builds)), settings, {tname: _targets()[tname]})
 
 
 def test_the_sweep_covers_every_kernel_knob():
@@ -291,21 +340,31 @@ def test_the_sweep_covers_every_kernel_knob():
             KernelOptions(**{knob: v})
 
 
-def test_the_sweep_reaches_a_verifys_norms_in_its_products(kernels):
+def test_the_shards_partition_the_builds():
+    """Every build is in one shard, the shards in order, however the weights fall."""
+    for weights in ([264] + [8] * 100 + [180] * 18 + [60] * 4, [1] * 3, [5, 1, 1, 1, 40], []):
+        runs = _runs(weights, SHARDS)
+        assert len(runs) == SHARDS
+        assert [i for run in runs for i in run] == list(range(len(weights)))
+
+
+def test_the_sweep_reaches_a_verifys_norms_in_its_products(builds):
     """The K-token verify with ``q4_rows=quad`` on the subgroup target: its several-row
     products writing a norm's partial sums and reading them, each row's summed by
     subgroups (``gemm_q4_quad`` ``stats`` and ``prologue``), are among the kernels the
     engines compile. (Without subgroups the tiny verify's sums leave no room in 16 KB of
     workgroup memory for the rows' reductions: its norms keep their launch there.)"""
+    kernels = _swept_under(builds, [{"q4_rows": "quad"}], "gpu-subgroup32")
     quads = [src for src, where in kernels.items() if where.startswith("gemm_q4_quad")]
     assert any("pt[" in src for src in quads)
     assert any("red_p1_sg" in src for src in quads)  # subgroupAdd of row 1's partials
 
 
-def test_the_sweep_reaches_float16_products_by_column(kernels):
+def test_the_sweep_reaches_float16_products_by_column(builds):
     """``q4_rows=cols_h`` on the float16-weight verify (the f16 target): ``gemm_q4_cols``
     with float16 code pairs (``hq``), among them ones writing a norm's partial sums and
     reading them and a gated pair's, are among the kernels the engines compile."""
+    kernels = _swept_under(builds, [{"q4_rows": "cols_h"}, *OPTION_SETS], "gpu-subgroup32")
     cols = [src for src, where in kernels.items()
             if where.startswith("gemm_q4_cols") and "hq(" in src]
     assert cols
@@ -313,28 +372,61 @@ def test_the_sweep_reaches_float16_products_by_column(kernels):
     assert any("pair_sh" in src for src in cols)
 
 
-@pytest.mark.parametrize("engine", list(ENGINES))
-def test_every_kernel_compiles(kernels, engine):
-    device, why = compiler_device(engine)
-    if device is None:
-        pytest.skip(why)
-    assert len(kernels) > 100  # the sweep reached the compiler's variety
+def _rejected(engine: str, kernels: dict[str, str]) -> str:
+    """"" where engine ``engine``'s compiler accepts every one of ``kernels``, else what it
+    said of the first few it rejects."""
     bad = [(where, err) for src, where in kernels.items() if (err := rejection(engine, src))]
+    if not bad:
+        return ""
     eng = ENGINES[engine]
-    assert not bad, (f"{eng.compiler} ({eng.implementation}) rejects {len(bad)} of "
-                     f"{len(kernels)} kernels; first: " + "; ".join(
-                         f"{w}: {e[:300]}" for w, e in bad[:3]))
+    return (f"{eng.compiler} ({eng.implementation}) rejects {len(bad)} of {len(kernels)} "
+            "kernels; first: " + "; ".join(f"{w}: {e[:300]}" for w, e in bad[:3]))
 
 
-def test_the_sweep_reaches_float_products_writing_norms_and_pairs(kernels):
+def test_the_sweep_reaches_float_products_writing_norms_and_pairs(builds):
     """The float-weight products on the GPU targets (``gemv_norms``, ``gemv_epilogue``: on
     by default there): ``matmul_gemv`` kernels writing a norm's partial sums (``pt[``),
     reading them (``pt_in[``; summed by subgroups on the subgroup target) and writing a
     gated pair's activation (``pair_sh``), float16 weights among them, are among the
     kernels the engines compile."""
+    kernels = {**_swept_under(builds, [{}], "gpu-subgroup32"), **_swept_under(builds, [{}], "gpu")}
     gemvs = [src for src, where in kernels.items() if where.startswith("matmul_gemv")]
     assert any("pt[" in src for src in gemvs)
     assert any("pt_in[" in src and "red_p_sg" in src for src in gemvs)
     assert any("pt_in[" in src and "red_p_sg" not in src for src in gemvs)
     assert any("pair_sh" in src and "unpack2x16float" in src for src in gemvs)
     assert any("pair_sh" in src and "pt_in[" in src for src in gemvs)  # gate/up: both
+
+
+@pytest.mark.parametrize("g,cap,d,kv,rows", [
+    (4, 8200, 64, "f16", 256),  # llama-1b's one-token head: one subgroup a word's shares
+    (4, 300, 16, "f32", 128),  # 64 shares a word: two subgroups
+    (2, 517, 32, "f32", 64),  # 2 rows an invocation, the last split short
+])
+def test_the_tile_attentions_lane_probs_v_compiles(g, cap, d, kv, rows):
+    """The tile attention's one-token probs·V at the NVIDIA subgroup width (V words in
+    registers, the row shares summed by subgroups: ``attention_tile._lane_pv``), which the
+    sweep's tiny graphs (24 cache rows) do not reach, compiles with every engine here."""
+    from backends.webnn.kernels import attention_tile as ATT
+
+    plan = ATT.tile_plan(g, cap, d, kv, 49152 // 4, rows)
+    assert ATT.lane_pv_applies(plan, 32)
+    k1 = ATT.flash_tile(2, g, cap, d, None, plan, kv=kv, subgroup=32)[0]
+    engines = [e for e in ENGINES if compiler_device(e)[0] is not None]
+    if not engines:
+        pytest.skip("no WGSL compiler here")
+    errors = [err for e in engines if (err := _rejected(e, {k1.wgsl: "attention_tile"}))]
+    assert not errors, "\n".join(errors)
+
+@pytest.mark.parametrize("shard", range(SHARDS))
+def test_every_kernel_compiles(builds, shard):
+    """Every engine's compiler here accepts every kernel of this shard of the sweep; skipped
+    with the reason, once the others have passed, where an engine's compiler is missing."""
+    kernels = _shard(builds, shard)
+    assert len(kernels) > 50  # the shard's builds reached the compiler's variety
+    missing = [why for engine in ENGINES if (why := compiler_device(engine)[1])]
+    errors = [err for engine in ENGINES
+              if compiler_device(engine)[0] is not None and (err := _rejected(engine, kernels))]
+    assert not errors, "\n".join(errors)
+    if missing:
+        pytest.skip("; ".join(missing))
