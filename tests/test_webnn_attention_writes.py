@@ -83,6 +83,41 @@ def test_folded_row_writes_compute_the_reference(gpu_plan, name, head_dim, loads
     assert counts == {None: 0, "off": 2}, counts
 
 
+@pytest.mark.adapter_feature("shader-f16")
+@pytest.mark.parametrize("name,head_dim", [("tiny+f16kv", 64), ("tiny", 32), ("tiny+q4f16", 64)])
+def test_folded_row_writes_with_the_tiles_lane_probs_v(monkeypatch, subgroup_size, name,
+                                                       head_dim):
+    """The tile attention's first launch writing the rows, its probs·V in registers and
+    summed by subgroups (``attention_tile._lane_pv``, at the adapter's own subgroup width):
+    the walk to depth 16 and 3 more steps within the preset's tolerance of the float64
+    reference, argmax included."""
+    if not subgroup_size or subgroup_size & (subgroup_size - 1):
+        pytest.skip(f"no fixed power-of-two subgroup width ({subgroup_size})")
+    real = context.target_of
+    monkeypatch.setattr(context, "target_of", lambda *a: dataclasses.replace(
+        real(*a), cpu=False, max_storage=16, shared_bytes=32768, subgroup=subgroup_size))
+    cfg = replace(preset(name), layers=(ATTENTION,) * 2, head_dim=head_dim)
+    wl = Workload.build(cfg)
+    tol = logits_tolerance(cfg) if "q4f16" in name else (
+        1e-5 if "f16kv" in name else FLOAT32_TOLERANCE)
+    cap, depth = 24, 16
+    b = StatefulInPlace(options=KernelOptions(gemv="rows", attention="tile"))
+    b.prepare(wl, cap)
+    try:
+        tiles = [la.kernel for la in b.converted.graph._plan.launches
+                 if hasattr(la, "kernel") and la.kernel.name == "attention_tile"]
+        assert len(tiles) == 2 and all("subgroupAdd(a0_0)" in k.wgsl for k in tiles)
+        assert "scatter_nd" not in _names(b)
+        tokens, ref = at_depth(b, wl, cap, depth)
+        for i in range(3):
+            tok = int(tokens[depth + i])
+            got, want = np.asarray(b.step(tok), np.float64), ref.step(tok)
+            assert np.abs(got - want).max() / np.abs(want).max() < tol, (name, i)
+            assert got.argmax() == want.argmax()
+    finally:
+        b.close()
+
+
 def test_pages_that_write_a_copy_keep_the_row_write(gpu_plan):
     """The stateless page's caches are its inputs and outputs (each row write copies the
     cache first): nothing to fold, the row writes keep their launch."""
