@@ -2,9 +2,9 @@
 launches (``kernel_bench.py --launch-costs``), and what an empty launch costs.
 
 Why: the in-pass profile (``kernel_bench.profile_launches``) writes a timestamp after every
-launch, and on an H100 those timestamps add more than half again to the step (2.07 ms of
-in-pass launches against 1.26 ms of GPU time for llama-1b+q4f16 at 8200): a small launch's
-in-pass share is mostly the timestamp. Here the step runs as one pass with a timestamp only
+launch, and those timestamps add several µs to each launch (docs/measuring.md, "GPU time"): a
+small launch's in-pass share is mostly the timestamp. Here the step runs as one pass with a
+timestamp only
 at its two ends, as the page runs it, and each kind of launch (a kernel at one grid) is
 measured by what the step's GPU time loses when its launches are left out (``drop``: what
 the step would save were they free, their barriers included) and gains when each is
