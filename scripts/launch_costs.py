@@ -4,9 +4,8 @@ launches (``kernel_bench.py --launch-costs``), and what an empty launch costs.
 Why: the in-pass profile (``kernel_bench.profile_launches``) writes a timestamp after every
 launch, and those timestamps add several µs to each launch (docs/measuring.md, "GPU time"): a
 small launch's in-pass share is mostly the timestamp. Here the step runs as one pass with a
-timestamp only
-at its two ends, as the page runs it, and each kind of launch (a kernel at one grid) is
-measured by what the step's GPU time loses when its launches are left out (``drop``: what
+timestamp only at its two ends, as the page runs it, and each kind of launch (a kernel at one
+grid) is measured by what the step's GPU time loses when its launches are left out (``drop``: what
 the step would save were they free, their barriers included) and gains when each is
 dispatched twice (``twice``: a second run of the same launch, its weights still in L2). The
 left-out or doubled launches compute wrong values: only the time is read, and the page is
