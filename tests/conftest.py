@@ -48,7 +48,8 @@ def pytest_collection_modifyitems(config, items) -> None:
 
 
 def pytest_configure(config) -> None:
-    config.addinivalue_line("markers", "slow: the slow tier (SLOW_MODULES); run with -m slow")
+    config.addinivalue_line("markers", "slow: the slow tier (SLOW_MODULES, and cases marked so); "
+                                       "run with -m slow")
     config.addinivalue_line(
         "markers", "adapter_feature(*names): needs these wgpu adapter features; skipped with "
                    "the reason on an adapter without them")

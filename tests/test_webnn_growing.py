@@ -30,6 +30,11 @@ ok, why = StatelessCopy.available()
 pytestmark = pytest.mark.skipif(not ok, reason=why)
 
 PAGES = ["wgpu:stateless", "wgpu:reuse", "wgpu:stateful"]
+#: the generate command end to end: the proposal's page in the fast tier, the others (whose
+#: every step ``test_each_steps_logits_match_ort_on_the_growing_graph`` checks there) in the
+#: slow tier
+GENERATE_PAGES = [p if p == "wgpu:stateful" else pytest.param(p, marks=pytest.mark.slow)
+                  for p in PAGES]
 MODELS = {"genai": genai_model, "optimum": optimum_model, "onnx-attention": onnx_attention_model,
           "genai-interleaved": lambda: genai_model(seed=9, interleaved=True)}
 SEQ, PROMPT, NEW = [5, 2, 9, 0, 7, 3, 11], [3, 1, 4], 6
@@ -65,7 +70,7 @@ def test_each_steps_logits_match_ort_on_the_growing_graph(name, page, models):
         b.close()
 
 
-@pytest.mark.parametrize("page", PAGES)
+@pytest.mark.parametrize("page", GENERATE_PAGES)
 @pytest.mark.parametrize("name", ["genai", "optimum", "onnx-attention"])
 def test_generate_gives_orts_greedy_tokens(name, page, models):
     want = ort_greedy(models[name], PROMPT, NEW)
@@ -76,7 +81,7 @@ def test_generate_gives_orts_greedy_tokens(name, page, models):
     assert json.loads(proc.stdout)["tokens"] == want
 
 
-@pytest.mark.parametrize("page", PAGES)
+@pytest.mark.parametrize("page", GENERATE_PAGES)
 @pytest.mark.parametrize("scheme", ["optimum", "genai", "transformers"])
 def test_each_naming_scheme_gives_the_float64_oracles_tokens(scheme, page, tmp_path):
     """``tests.decoder_graphs``: masked by attention_mask (optimum, genai), or with no mask
