@@ -30,14 +30,15 @@ ENGINE = os.environ.get("STATEBENCH_ENGINE", "wgpu")
 
 
 #: modules of the slow tier (``-m slow``): the end-to-end sweeps in fresh processes (faults,
-#: signals, user models, genai, the GPU scripts) and the attention kernels at thousands of
-#: rows. ``./statebench.sh test`` leaves them out; ``.ci/run`` runs them after it
+#: signals, user models, genai, the GPU scripts), the attention kernels at thousands of
+#: rows and every kernel through naga and Tint (its compiles, about a minute of the 2-core
+#: box's suite). ``./statebench.sh test`` leaves them out; ``.ci/run`` runs them after it
 #: (README, "The two commands")
 SLOW_MODULES = frozenset({
     "test_nothing_lost", "test_kernel_bench", "test_gpu_sweep_script", "test_real_exports",
     "test_run_model", "test_genai", "test_webnn_attention", "test_generate", "test_rollback",
     "test_rollback_export_wgpu", "test_spec_e2e", "test_ktoken_gdn_variants",
-    "test_prefill_command",
+    "test_prefill_command", "test_wgsl_engines",
 })
 
 
