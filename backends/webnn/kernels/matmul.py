@@ -364,7 +364,7 @@ def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequenc
             src += red[1]
         el = prologue.element
         if vw == 4:
-            item = "vec4<f32>(" + ", ".join(el.format(f"4u * j + {c}u") for c in range(4)) + ")"
+            item = element_vec4(el, "4u * j")
         else:
             item = el.format("j")
         src += (f"  for (var j = lid; j < {kv}u; j = j + {wg}u) {{ xa[j] = {item}; }}\n"
@@ -441,12 +441,10 @@ def stats_write(writer: str, slot: str, slots: int, group: str, index: str, coun
     ``nrm_sh[slot]`` (``slots`` a workgroup, a row's writer each); after one barrier,
     invocation 0 writes the workgroup's sum of them to ``pt[group]`` (``StatsOutput``).
     Every invocation reaches the barrier."""
-    val = f"s + {'f32(res[{i}])' if half else 'res[{i}]'}" if residual else "s"
-    val = val.format(i=index)
-    val = f"f16({val})" if half else val
     total = " + ".join(f"nrm_sh[{k}u]" for k in range(slots))
     return (f"  var nf = 0.0;\n"
-            f"  if ({writer} && n < {count}u) {{\n    let xs = {val};\n"
+            f"  if ({writer} && n < {count}u) {{\n"
+            f"    let xs = {written_value(index, residual, half)};\n"
             f"    out[{index}] = xs;\n    nf = norm_el({index}, xs);\n  }}\n"
             f"  if ({writer}) {{ nrm_sh[{slot}] = nf; }}\n  workgroupBarrier();\n"
             f"  if (lid == 0u) {{ pt[{group}] = {total}; }}\n}}\n")
@@ -468,6 +466,21 @@ def gated_write(gated: GatedOutput, R: int, store: str, slot: str, writer: str, 
             f"    out[gi] = {gated.call.format('gi')};\n  }}\n}}\n")
 
 
+def written_value(index: str, residual: bool, half: bool) -> str:
+    """WGSL: the value a row's sum ``s`` is written as at ``index``: plus ``res[index]``
+    where ``residual``; with ``half``, ``res`` and the output float16, the sum float32,
+    rounded once."""
+    val = (f"s + {f'f32(res[{index}])' if half else f'res[{index}]'}" if residual else "s")
+    return f"f16({val})" if half else val
+
+
+def element_vec4(element: str, base: str, offset: int = 0) -> str:
+    """WGSL: a ``vec4<f32>`` of a computed vector's elements ``base + offset`` to ``base +
+    offset + 3`` (``element``: the element at index ``{}``, ``VectorSource.element``)."""
+    return "vec4<f32>(" + ", ".join(element.format(f"{base} + {offset + c}u")
+                                    for c in range(4)) + ")"
+
+
 def gemv_write(writer: str, index: str, count: int, residual: bool,
                splits: Sequence[int] | None, half: bool = False) -> str:
     """Where ``writer`` holds, row ``n``'s sum ``s`` written: to ``out[index]`` (plus
@@ -475,10 +488,8 @@ def gemv_write(writer: str, index: str, count: int, residual: bool,
     ``out{j}[n - start]`` of the stacked matrix n falls in; closes the kernel. ``half``:
     ``res`` and ``out`` are float16, the sum float32, rounded once as it is written."""
     if not splits:
-        val = (f"s + {'f32(res[{index}])' if half else 'res[{index}]'}".format(index=index)
-               if residual else "s")
-        val = f"f16({val})" if half else val
-        return f"  if ({writer} && n < {count}u) {{ out[{index}] = {val}; }}\n}}\n"
+        return (f"  if ({writer} && n < {count}u) {{ out[{index}] = "
+                f"{written_value(index, residual, half)}; }}\n}}\n")
     src = f"  if ({writer}) {{\n"
     start = 0
     for j, nj in enumerate(splits):

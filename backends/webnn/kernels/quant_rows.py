@@ -12,6 +12,7 @@ from .matmul import (
     GatedOutput,
     StatsOutput,
     VectorSource,
+    element_vec4,
     gated_write,
     gemv_write,
     prologue_reduction,
@@ -550,9 +551,7 @@ def _shared_vector(prologue: VectorSource, words: int, wg: int) -> str:
     src = ""
     for e in range(-(-words // wg)):
         w = f"lid + {e * wg}u"
-        item = "vec4<f32>(" + ", ".join(prologue.element.format(f"4u * ({w}) + {c}u")
-                                        for c in range(4)) + ")"
-        line = f"  xs[{w}] = {item};\n"
+        line = f"  xs[{w}] = {element_vec4(prologue.element, f'4u * ({w})')};\n"
         src += line if (e + 1) * wg <= words else f"  if ({w} < {words}u) {{\n  {line}  }}\n"
     return src + "  workgroupBarrier();\n"
 
@@ -562,5 +561,4 @@ def _input_vec4(prologue: VectorSource | None, word: str, half: int) -> str:
     one ``vec4`` of the buffer ``a``, or the ``prologue``'s elements computed."""
     if prologue is None:
         return f"a[2u * {word}{' + 1u' if half else ''}]"
-    return "vec4<f32>(" + ", ".join(prologue.element.format(f"8u * {word} + {4 * half + c}u")
-                                    for c in range(4)) + ")"
+    return element_vec4(prologue.element, f"8u * {word}", 4 * half)

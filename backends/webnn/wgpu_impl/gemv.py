@@ -622,10 +622,9 @@ def rows_spread(plan: Any, p: Node) -> int:
 def rows_workgroups(plan: Any, p: Node) -> int | None:
     """The workgroups of the one launch of float product ``p`` on the rows kernel (how many
     partial sums its ``stats`` writes), or None where it runs in several chunks."""
-    N, K = p.shape[-1], p.inputs[0].shape[-1]
-    if N > chunk_rows(plan.max_binding, K):
+    if p.shape[-1] > chunk_rows(plan.max_binding, p.inputs[0].shape[-1]):
         return None
-    return -(-N // rows_per_workgroup(plan.target, plan.options.gemv_variant(plan.target)))
+    return rows_spread(plan, p)
 
 
 def gemv_rows(t: Target, variant: str, a_shape: Any, b_shape: Any, shp: Any, n0: int,

@@ -247,7 +247,7 @@ def _one_row_workgroups(plan: Plan, loads: int, p: Node) -> int | None:
     if p.id not in plan.q4:
         return GV.rows_workgroups(plan, p)
     w = plan.q4[p.id]
-    return quad_workgroups(w.K, w.N, loads) if w.N * (w.K // 2) <= plan.max_binding else None
+    return _one_row_spread(plan, loads, p) if w.N * (w.K // 2) <= plan.max_binding else None
 
 
 def _q4_rows_workgroups(plan: Plan, p: Node) -> int | None:
