@@ -751,7 +751,9 @@ def _norms_between_products(ctx_with, subgroup_size, monkeypatch, options: dict,
     assert np.max(np.abs(got["partials"][0] - got["off"][0])) <= tol * scale
     if "shared" in got:  # the readers' vector in workgroup memory, the plan the same
         assert got["shared"][1] == got["partials"][1]
-        assert ["xs[" in w for w in got["shared"][2]] == [False, True, True]
+        ints = options.get("q4_gemv", "").endswith("_i8")  # always there, as int8 parts
+        assert [("xq[" if ints else "xs[") in w for w in got["shared"][2]] == [
+            ints, True, True]
     return got
 
 
@@ -774,7 +776,10 @@ def _assert_partials_plan(got: dict, kernel: str, sub: bool) -> None:
     ("quad_k4", "float32", 2048, 2048, "sum", True),
     ("quad", "float32", 256, 96, "mean", False),
     ("quad_k2_h", "float16", 64, 96, "mean", True),
-    ("quad_k4_h", "float32", 512, 544, "sum", False)])
+    ("quad_k4_h", "float32", 512, 544, "sum", False),
+    ("quad_k4_i8", "float16", 2048, 2048, "mean", True),
+    ("quad_k4_i8", "float16", 8192, 2048, "sum", False),
+    ("quad_i8", "float16", 256, 96, "mean", True)])
 def test_norm_between_4bit_products_from_partial_sums(ctx_with, subgroup_size, monkeypatch,
                                                       how, dt, K, N, spelling, sub):
     """x = r + v·W1 (a residual 4-bit product), x2 = x + RMSNorm(x)·W2, logits =
@@ -1348,3 +1353,50 @@ def test_several_row_half_products_by_column_in_a_float16_graph(ctx_with, varian
     top = np.abs(want).max()
     assert np.abs(got["float16"] - want).max() <= _COLS_HALF_RANDOM * top
     assert np.abs(got["float32"] - want).max() <= 1e-5 * top
+
+
+@pytest.mark.parametrize("how,sub,K,N", [
+    ("quad_k4_i8", True, 2048, 3072), ("quad_k4_i8", False, 8192, 2048),
+    ("quad_i8", True, 1024, 77), ("quad_k2_i8", False, 64, 130), ("quad_k4_i8", True, 96, 45)])
+def test_4bit_int8_parts_at_llama_shapes(ctx_with, subgroup_size, monkeypatch, how, sub, K, N):
+    """``_i8``: the input split into two int8 parts a 32-input block
+    (``quant_rows._int8_vector``), the codes times them as integer dot products, in a
+    float16 graph (a float32 one keeps float32 products:
+    ``test_4bit_int8_parts_not_in_a_float32_graph``). Against float64 NumPy, within what the
+    split allows: each input within 1/64516 of its block's largest magnitude (the error of
+    each product bounded by |code · scale| times that), the float16 output's rounding and
+    float32 sums; at llama-1b's shapes, odd
+    ones (rows not dividing N; K = 96: a ragged last load), through workgroup memory or
+    subgroupAdd."""
+    import dataclasses
+
+    ctx = ctx_with(q4_gemv=how)
+    if sub:
+        if not subgroup_size or subgroup_size & (subgroup_size - 1):
+            pytest.skip(f"no fixed power-of-two subgroup width ({subgroup_size})")
+        monkeypatch.setattr(ctx, "_target", dataclasses.replace(ctx._target, cpu=False,
+                                                                subgroup=subgroup_size))
+    if not ctx._target.f16:
+        pytest.skip("no shader-f16 on this adapter")
+    got, kernels, x, codes, scale = _q4_llama(ctx, K, N, "float16")
+    kernels = [k for k in kernels if k.name.startswith("gemv")]
+    assert [k.name for k in kernels] == ["gemv_q4_quad"]
+    assert "dot4I8Packed" in kernels[0].wgsl and "hword(" not in kernels[0].wgsl
+    w = codes * np.repeat(scale.astype(np.float64), 32, axis=0)
+    x64 = x.astype(np.float64)
+    want = x64 @ w
+    block_max = np.repeat(np.abs(x64).reshape(-1, 32).max(axis=1), 32)
+    bound = (block_max / 64516) @ np.abs(w)  # and the float16 output's rounding
+    assert np.all(np.abs(got - want) <= 1.01 * bound + 2.0**-11 * np.abs(want)
+                  + 1e-6 * np.max(np.abs(want)))
+    half = _q4_llama(ctx_with(q4_gemv=how.replace("_i8", "_h")), K, N, "float16")
+    assert np.max(np.abs(got - want)) < np.max(np.abs(half[0] - half[2].astype(np.float64) @ w))
+
+
+def test_4bit_int8_parts_not_in_a_float32_graph(ctx_with):
+    """``_i8`` on float32 weights: the float32 products (2^-16 of a block's largest input is
+    float16's kind of error, not float32's), within float32's 1e-5."""
+    got, kernels, x, codes, scale = _q4_llama(ctx_with(q4_gemv="quad_k4_i8"), 2048, 64)
+    assert all("dot4I8Packed" not in k.wgsl for k in kernels)
+    want = x.astype(np.float64) @ (codes * np.repeat(scale.astype(np.float64), 32, axis=0))
+    assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))

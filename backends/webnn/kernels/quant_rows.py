@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from .common import Kernel, esize, grid
+from .common import Kernel, decl, esize, grid
 from .matmul import (
     GatedOutput,
     StatsOutput,
@@ -442,7 +442,7 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
                  gated: GatedOutput | None = None,
                  stats: StatsOutput | None = None,
                  mapped: GatedOutput | None = None,
-                 shared_input: bool = False) -> Kernel:
+                 shared_input: bool = False, ints: bool = False) -> Kernel:
     """The product ``gemv_q4`` computes, the codes of ``QUAD`` rows interleaved by word
     (``match_q4.interleave_rows``): one 16-byte load is 8 codes of each of 4 rows at the
     same 8 inputs, so an invocation's input is 2 ``vec4`` (32 bytes, adjacent
@@ -474,9 +474,15 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
     (``matmul.stats_write``: RMSNorm's sum of squares of the residual stream), one float a
     workgroup (``quad_workgroups``), which the next norm's readers sum (``prologue``'s
     ``partials``): the norm needs no launch, and no workgroup repeats the row's reduction.
-    A prologue whose reduction is such partials sums them (``matmul.prologue_reduction``)."""
+    A prologue whose reduction is such partials sums them (``matmul.prologue_reduction``).
+
+    ``ints`` (codes in nibble order, not ``half``'s pair order; no zero points): the input
+    (the buffer's or the ``prologue``'s) split into two int8 parts once a workgroup
+    (``_int8_vector``), and each word's 8 codes times them as exact integer dot products
+    (``dot4I8Packed``, four a row): ``_int8_word``."""
     assert K % 32 == 0 and block % 32 == 0 and K % block == 0
     assert gated is None or N % QUAD == 0
+    assert not (ints and (half or zero_points))
     words, nblocks, per = K // 8, K // block, block // 8
     lanes = quad_lanes(K, loads)
     iters = -(-words // lanes)
@@ -489,7 +495,13 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
     if red is not None:
         prologue = VectorSource(prologue.src + red[0], prologue.bindings, prologue.element,
                                 prologue.reduction)
-    shared_input = shared_input and prologue is not None
+    shared_input = shared_input and prologue is not None and not ints
+    if ints:
+        decls = int8_vector_decls(K)
+        if prologue is None:
+            prologue = VectorSource(decl(0, "a", "vec4<f32>", "read"), ["read"], "")
+        prologue = VectorSource(prologue.src + decls, prologue.bindings, prologue.element,
+                                prologue.reduction)
     if shared_input:
         prologue = VectorSource(prologue.src + f"var<workgroup> xs: array<vec4<f32>, {K // 4}>;\n",
                                 prologue.bindings, prologue.element, prologue.reduction)
@@ -510,6 +522,8 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
         src += red[1]
     if shared_input:
         src += _shared_vector(prologue, K // 4, wg)
+    if ints:
+        src += _int8_vector(prologue if prologue.element else None, K, wg)
     for i in range(iters):
         src += f"  let sb_{i} = (q * {nblocks}u + j_{i} / {per}u) * {R}u;\n"
         if half_scales:  # the 4 rows' float16 scales: two words
@@ -521,7 +535,10 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
             src += "".join(f"  let s{r}_{i} = scale(sb_{i} + {r}u);\n" for r in range(R))
         if zero_points:
             src += "".join(f"  let z{r}_{i} = zc[sb_{i} + {r}u];\n" for r in range(R))
-        if shared_input:
+        if ints:
+            src += (f"  let xq_{i} = xq[j_{i}];\n  let xn_{i} = xn[j_{i}];\n"
+                    f"  let xk_{i} = xk[j_{i} / 4u];\n")
+        elif shared_input:
             src += (f"  let lo_{i} = xs[2u * j_{i}];\n"
                     f"  let hi_{i} = xs[2u * j_{i} + 1u];\n")
         else:
@@ -531,6 +548,8 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
             src += (f"  let hlo_{i} = vec4<f16>(lo_{i});\n"
                     f"  let hhi_{i} = vec4<f16>(hi_{i});\n")
     def step(i: int, ind: str) -> str:
+        if ints:
+            return _int8_word(i, ind, R, 8 if signed else 0)
         out = (f"{ind}let sa_{i} = dot(lo_{i} + hi_{i}, vec4<f32>(1.0));\n"
                if zero_points else "")
         return out + "".join(_acc(ind, r, i, f"hword(w_{i}.{c}, hlo_{i}, hhi_{i})" if half else
@@ -542,6 +561,88 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
                          nblocks, zero_points=zero_points, residual=residual, n_off=n_off,
                          splits=splits, half_out=half_out, half_scales=half_scales,
                          gated=gated, stats=stats, mapped=mapped)
+
+
+#: the int8 parts' scale: an input x of a 32-input block whose largest magnitude is m is
+#: (m / 127) · (h + l / INT8_LO), h and l int8 (``_int8_vector``)
+INT8_LO = 254
+
+
+def int8_vector_decls(K: int) -> str:
+    """Workgroup memory of ``_int8_vector``: per 8-input word the parts packed (``xq``) and
+    their weighted sum (``xn``), per 32-input block the scale (``xk``)."""
+    return (f"var<workgroup> xq: array<vec4<u32>, {K // 8}>;\n"
+            f"var<workgroup> xn: array<i32, {K // 8}>;\n"
+            f"var<workgroup> xk: array<f32, {K // 32}>;\n")
+
+
+def int8_fits(K: int, shared_bytes: int) -> bool:
+    """Whether ``gemv_q4_quad(ints=True)``'s workgroup memory fits ``shared_bytes``: the
+    parts (``int8_vector_decls``) and at most the sums' scratch of a 256-invocation
+    workgroup without subgroups (``wide_shared``: 256 · ``QUAD`` floats) and 256 floats
+    more (the pair's, the partial sums' or a reduction's)."""
+    return 16 * (K // 8) + 4 * (K // 8) + 4 * (K // 32) + 4 * 256 * (QUAD + 1) <= shared_bytes
+
+
+def _int8_vector(prologue: VectorSource | None, K: int, wg: int) -> str:
+    """WGSL: the input vector (``prologue``'s elements, or the buffer ``a`` of ``vec4``s)
+    split into two int8 parts a workgroup, one invocation a block of 32 inputs: with m the
+    block's largest magnitude and s = m / 127, h = round(x / s) and l = round((x / s - h) ·
+    ``INT8_LO``), so x = s · (h + l / 254) within s / 508 = m / 64516 (about 2^-16 of the
+    block's largest input, where a float16 input keeps 2^-11 of its own). Per word (8
+    inputs): ``xq`` the parts packed 4 a u32 (h of the even inputs, h of the odd, l of the
+    even, l of the odd: ``_int8_word``'s code order), ``xn`` = Σ (254 h + l); per block
+    ``xk`` = s / 254. Then one barrier."""
+    blocks = K // 32
+    src = ""
+    for e in range(-(-blocks // wg)):
+        body = f"    let qb = lid + {e * wg}u;\n"
+        xs = [(element_vec4(prologue.element, "32u * qb", 4 * i) if prologue is not None
+               else f"a[8u * qb + {i}u]") for i in range(8)]
+        body += "".join(f"    let x{i} = {x};\n" for i, x in enumerate(xs))
+        mx = "abs(x0)"
+        for i in range(1, 8):
+            mx = f"max({mx}, abs(x{i}))"
+        body += (f"    let mv = {mx};\n    let m = max(max(mv.x, mv.y), max(mv.z, mv.w));\n"
+                 f"    let inv = select(127.0 / m, 0.0, m == 0.0);\n"
+                 f"    xk[qb] = m / {127 * INT8_LO}.0;\n")
+        for w in range(4):
+            lo, hi = f"x{2 * w}", f"x{2 * w + 1}"
+            body += (f"    {{\n      let ev = vec4<f32>({lo}.x, {lo}.z, {hi}.x, {hi}.z) * inv;\n"
+                     f"      let od = vec4<f32>({lo}.y, {lo}.w, {hi}.y, {hi}.w) * inv;\n"
+                     f"      let he = round(ev);\n      let ho = round(od);\n"
+                     f"      let le = round((ev - he) * {INT8_LO}.0);\n"
+                     f"      let lo = round((od - ho) * {INT8_LO}.0);\n"
+                     f"      let t = vec4<i32>(he + ho) * {INT8_LO} + vec4<i32>(le + lo);\n"
+                     f"      xq[4u * qb + {w}u] = vec4<u32>(pack4xI8(vec4<i32>(he)), "
+                     f"pack4xI8(vec4<i32>(ho)), pack4xI8(vec4<i32>(le)), pack4xI8(vec4<i32>(lo)));\n"
+                     f"      xn[4u * qb + {w}u] = t.x + t.y + t.z + t.w;\n    }}\n")
+        full = (e + 1) * wg <= blocks
+        src += ("  {\n" + body + "  }\n" if full
+                else f"  if (lid + {e * wg}u < {blocks}u) {{\n" + body + "  }\n")
+    return src + "  workgroupBarrier();\n"
+
+
+def _int8_word(i: int, ind: str, R: int, bias: int) -> str:
+    """WGSL: step ``i`` of ``gemv_q4_quad(ints=True)``: each of the ``R`` rows' code word
+    (nibbles c + ``bias``) times word ``j_i``'s int8 parts, as exact integer dot products:
+    the even nibbles (``w & 0x0F0F0F0F``) against the even inputs' parts, the odd ones
+    against the odd; d = 254 · (codes · h) + codes · l - bias · Σ (254 h + l), below 2^22
+    in magnitude (8 codes of at most 15 times at most 254 · 127 + 127), so the R sums are
+    converted exactly by the mantissa trick (on a ``vec4``: naga's scalar i32-to-f32
+    ``bitcast`` is miscompiled) and scaled by the row's and the block's scales."""
+    out = ""
+    for r, c in enumerate("xyzw"[:R]):
+        out += (f"{ind}let ce{r}_{i} = w_{i}.{c} & 0x0F0F0F0Fu;\n"
+                f"{ind}let co{r}_{i} = (w_{i}.{c} >> 4u) & 0x0F0F0F0Fu;\n"
+                f"{ind}let d{r}_{i} = {INT8_LO} * (dot4I8Packed(ce{r}_{i}, xq_{i}.x) + "
+                f"dot4I8Packed(co{r}_{i}, xq_{i}.y)) + dot4I8Packed(ce{r}_{i}, xq_{i}.z) + "
+                f"dot4I8Packed(co{r}_{i}, xq_{i}.w){f' - {bias} * xn_{i}' if bias else ''};\n")
+    ds = ", ".join(f"d{r}_{i}" for r in range(R))
+    out += (f"{ind}let f_{i} = (bitcast<vec4<f32>>(bitcast<vec4<u32>>(vec4<i32>({ds})) + "
+            f"vec4<u32>(0x4B400000u)) - vec4<f32>(12582912.0)) * xk_{i};\n")
+    return out + "".join(f"{ind}acc{r} = acc{r} + s{r}_{i} * f_{i}.{c};\n"
+                         for r, c in enumerate("xyzw"[:R]))
 
 
 def _shared_vector(prologue: VectorSource, words: int, wg: int) -> str:

@@ -41,14 +41,15 @@ Q4_VARIANT = re.compile(r"multi(\d+)?(?:_l(\d+))?(?:_g(\d+))?(?:_u(\d+))?(_h)?")
 #: default 1; ``_h`` as for multi): ``kernels/quant_rows.gemv_q4_wide``
 WIDE_VARIANT = re.compile(r"wide(\d+)?(?:_k(\d+))?(_h)?")
 
-#: q4_gemv's four-rows-a-load variants: ``quad[_kLOADS][_h]`` (16-byte loads, each a code
-#: word of 4 rows, an invocation makes, 1 to 4, default 1; ``_h`` as for multi):
+#: q4_gemv's four-rows-a-load variants: ``quad[_kLOADS][_h|_i8]`` (16-byte loads, each a
+#: code word of 4 rows, an invocation makes, 1 to 4, default 1; ``_h`` as for multi; ``_i8``:
+#: the input split into two int8 parts, the codes times them as integer dot products):
 #: ``kernels/quant_rows.gemv_q4_quad``
-QUAD_VARIANT = re.compile(r"quad(?:_k(\d+))?(_h)?")
+QUAD_VARIANT = re.compile(r"quad(?:_k(\d+))?(_h|_i8)?")
 
 #: what a bad q4_gemv value is told it may be
 Q4_FORMS = ("'multi[ROWS][_lLANES][_gGROUPS][_uUNROLL][_h]' (e.g. 'multi', 'multi2_u2_h'), "
-            "'wide[ROWS][_kLOADS][_h]' (e.g. 'wide', 'wide2_h'), 'quad[_kLOADS][_h]'")
+            "'wide[ROWS][_kLOADS][_h]' (e.g. 'wide', 'wide2_h'), 'quad[_kLOADS][_h|_i8]'")
 
 #: the several-row 4-bit products by column: ``cols[PER][_cCOLS][_h]`` (PER columns an
 #: invocation, 1, 2 or 4, default 1; COLS columns a slice-group of a workgroup, 8, 16 or 32,
@@ -234,7 +235,7 @@ class KernelOptions:
     #: invocation, float16 scales read as pairs where exact; ``_h``: float16 products where the
     #: adapter has 'shader-f16' and the weights are float16, else without),
     #: "wide[ROWS][_kLOADS][_h]" (``WIDE_VARIANT``: every code load of an invocation in flight
-    #: at once), "quad[_kLOADS][_h]"
+    #: at once), "quad[_kLOADS][_h|_i8]"
     #: (``QUAD_VARIANT``: 4 rows' codes a load, coalesced inputs), "generic"
     #: (dequantizeLinear writes float weights, then matmul)
     q4_gemv: str | None = None
@@ -363,7 +364,15 @@ class KernelOptions:
         m = QUAD_VARIANT.fullmatch(self.q4_variant(t))
         if m is None:
             return None
-        return int(m.group(1) or 1), bool(m.group(2)) and t is not None and t.f16
+        return int(m.group(1) or 1), m.group(2) == "_h" and t is not None and t.f16
+
+    def q4_quad_ints(self, t: Target | None = None) -> bool:
+        """Whether ``kernels/quant_rows.gemv_q4_quad`` multiplies the codes by the input
+        split into two int8 parts (``q4_gemv`` "quad…_i8": ``ints``); the lowering takes it
+        where the weights are float16 (a float16 graph's, as "_h"), have no zero points and
+        workgroup memory holds the parts (``match_q4.lower_q4``), else the float32 products."""
+        m = QUAD_VARIANT.fullmatch(self.q4_variant(t))
+        return m is not None and m.group(2) == "_i8"
 
     def q4_gated(self, t: Target) -> bool:
         """Whether a stacked gate/up pair of 4-bit products writes its activation
