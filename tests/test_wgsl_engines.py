@@ -43,7 +43,7 @@ OPTION_VALUES: dict[str, list[str | int | None]] = {
     "gdn": [None, "generic", "fused", "fused8", "fused64_sh", "fused_norms", "fused16_sh_norms"],
     "f16_loads": [None, "wide", "vec4"],
     "q4_gemv": [None, "fused", "generic", "multi", "multi2_l8_u2", "multi8_l16_g2", "multi_u2",
-                "multi_h", "wide2_k2_h", "wide4", "quad_k2_h"],
+                "multi_h", "wide2_k2_h", "wide4", "quad_k2_h", "quad_k4_i8"],
     "q4_prologue": [None, "off", "vector", "full"],
     "q4_epilogue": [None, "off", "gated"],
     "q4_norms": [None, "partials", "shared", "off"],
