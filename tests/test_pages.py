@@ -645,7 +645,7 @@ def test_one_launch_attention_pages_match_the_reference(name, mode, how):
 @pytest.mark.parametrize("q4,pro,epi", [(None, None, None), ("fused", None, None),
                                         ("wide2_h", None, None), ("quad_h", None, None),
                                         (None, "full", None), (None, None, "gated"),
-                                        ("quad_h", "full", "gated")])
+                                        ("quad_h", "full", "gated"), ("quad_k4_i8", None, None)])
 def test_q4f16_gpu_plan_launches_as_q4(monkeypatch, q4, pro, epi):
     """On a GPU target tiny+q4f16 plans as tiny+q4 but for one launch: q/k/v and gate/up
     stack, the norms are one launch each, the residual adds are the 4-bit kernel's float16
@@ -654,7 +654,8 @@ def test_q4f16_gpu_plan_launches_as_q4(monkeypatch, q4, pro, epi):
     (``q4``: the q4_gemv knob; unset: "quad_k4_h" on a GPU target; "wide2_h", "quad_h":
     float16 products, within the same tolerance; ``pro``: the q4_prologue knob, the norms
     and SwiGLU computed by the 4-bit kernel where it reads them; ``epi``: the q4_epilogue
-    knob, SwiGLU written by the gate/up launch)."""
+    knob, SwiGLU written by the gate/up launch; "quad_k4_i8": the input as two int8 parts,
+    the GPU's norms from partial sums and SwiGLU written by gate/up with it)."""
     _gpu_target(monkeypatch)
     launches = {}
     for name in ("tiny+q4", "tiny+q4f16"):
@@ -665,13 +666,18 @@ def test_q4f16_gpu_plan_launches_as_q4(monkeypatch, q4, pro, epi):
         try:
             launches[name] = [la.kernel.name for la in b.converted.graph._plan.launches
                               if hasattr(la, "kernel")]
+            ints = sum("dot4I8Packed" in la.kernel.wgsl
+                       for la in b.converted.graph._plan.launches if hasattr(la, "kernel"))
+            # int8 parts only on float16 weights, on every one of their 4-bit launches
+            assert ints == (launches[name].count("gemv_q4_quad")
+                            if q4 == "quad_k4_i8" and name == "tiny+q4f16" else 0), ints
             _three_steps_match(b, wl, 24, logits_tolerance(wl.config), name)
         finally:
             b.close()
     half = launches["tiny+q4f16"]
     assert len(half) <= len(launches["tiny+q4"]) + 1, half
     kernel = {"fused": "gemv_q4", "wide2_h": "gemv_q4_wide", "quad_h": "gemv_q4_quad",
-              "quad": "gemv_q4_quad"}.get(
+              "quad": "gemv_q4_quad", "quad_k4_i8": "gemv_q4_quad"}.get(
         q4 or "quad", "gemv_q4_multi")
     assert half.count(kernel) == launches["tiny+q4"].count(kernel) > 0
     assert "attention_flash" in half and not any("add" in n and "cast" in n for n in half)
