@@ -51,6 +51,7 @@ OPTION_VALUES: dict[str, list[str | int | None]] = {
     "gemv_norms": [None, "partials", "off"],
     "attention_writes": [None, "fold", "off"],
     "tile_pv": [None, "lanes", "walk"],
+    "attention_sync": [None, "subgroups", "trees"],
     "q4_rows": [None, "rows", "cols", "cols4", "cols_c32", "quad", "cols_h", "cols2_c16_h"],
     "gdn_replay": [None, "fused", "launch"],
 }

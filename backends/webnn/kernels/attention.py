@@ -254,9 +254,19 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
                  splits: int = SPLITS, kv: str = "f32",
                  f16_loads: str = "wide",
                  writes: RowWrites | None = None,
-                 group_rows: int | None = None) -> tuple[Kernel, Kernel, int]:
+                 group_rows: int | None = None,
+                 subgroup: int | None = None) -> tuple[Kernel, Kernel, int]:
     """(pass 1, pass 2, partial-buffer elements) for q (heads, q_rows, d), K and V
     (heads, capacity, d), output (heads, q_rows, d).
+
+    ``subgroup``: the adapter's fixed subgroup width (``KernelOptions.attention_sync``
+    "subgroups"), where it divides the workgroup: the split's maximum and sum are each a
+    ``subgroupMax``/``subgroupAdd`` and one barrier instead of a tree of seven; where the V
+    words of an invocation's rows are few (``HOIST_V``; the wide float16 loads) they are
+    loaded before the scores, so their latency passes under the scores and the statistics;
+    probs·V's row-groups are summed by ``subgroupShuffleXor`` within a subgroup and the
+    subgroups through workgroup memory (one barrier, not four); the combine's split
+    weights by all its invocations (``_combine``).
 
     ``writes``: the row write folded in (``RowWrites``): K and V are bound read-write and
     each workgroup first writes the new rows of its head that fall in its split, its
@@ -304,6 +314,8 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
     G, D, C = q_rows, d, capacity
     # LW: K/V load words per cache row (d/8 wide, d/4 vec4, d scalar); D4: q words per row
     vec, LW, R, shared_pv = _layout(GL, D, shared_floats, wide)
+    sub = subgroup if subgroup and WG % subgroup == 0 and subgroup & (subgroup - 1) == 0 else None
+    NSG = WG // sub if sub else 0  # subgroups a workgroup
     D4 = D // 4 if vec else D
     P = D + 4
     vt = "vec4<f32>" if vec else "f32"
@@ -339,16 +351,19 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
         q_at = ""
     k_dots = " + ".join(dot(j) for j in range(U))
     head_words = 1 if vec else 4  # m, l, 0, 0 in words
+    l_of = "l_total(r)" if sub else f"red[r * {WG}u]"  # the split's sum of row r
     if vec:
-        stats = "  part[pb] = vec4<f32>(m[r], red[r * {WG}u], 0.0, 0.0);\n"
+        stats = f"  part[pb] = vec4<f32>(m[r], {l_of}, 0.0, 0.0);\n"
     else:
-        stats = ("  part[pb] = m[r];\n  part[pb + 1u] = red[r * {WG}u];\n"
+        stats = (f"  part[pb] = m[r];\n  part[pb + 1u] = {l_of};\n"
                  "  part[pb + 2u] = 0.0;\n  part[pb + 3u] = 0.0;\n")
-    stats = stats.format(WG=WG)
     hr = f"h * {G}u + q0 + r"  # the workgroup's q row r among the head's
     v_at = ld(f"v[(h * {C}u + c0 + c) * {D4}u + e]")  # V row c, column (word) e
     part_at = f"part[(({hr}) * {ns}u + sp) * {pw}u + {head_words}u"  # + word, ]
-    if wide and shared_pv:
+    v_early = ""  # V loads issued before the scores (``HOIST_V``)
+    if wide and shared_pv and sub and sub % LW == 0:
+        v_early, pv, pv_decl = _pv_by_subgroups(GL, T, R, LW, C, sub, part_at)
+    elif wide and shared_pv:
         # each invocation 8 columns (one word of V) of R-th rows; the row-groups' sums pass
         # through pvs in two rounds (columns 0-3 of each word, then 4-7)
         loads = "".join(f"    let v{j} = v[vb + {j * R * LW}u];\n"
@@ -463,9 +478,9 @@ var<workgroup> qs: array<{vt}, {GL * D4}>;
 var<workgroup> sc: array<f32, {GL * T}>;
 var<workgroup> red: array<f32, {GL * WG}>;
 {pv_decl}
-{_trees(GL, WG)}
+{_stat_fns(GL, NSG) if sub else _trees(GL, WG)}
 {_split_entry(WG, T, C)}  let q0 = wid.z * {GL}u;
-{write_body}  for (var jj = lid; jj < {GL * D4}u; jj = jj + {WG}u) {{
+{write_body}{v_early}  for (var jj = lid; jj < {GL * D4}u; jj = jj + {WG}u) {{
     let j = q0 * {D4}u + jj;
     qs[jj] = {q_load};
   }}
@@ -489,13 +504,7 @@ var<workgroup> red: array<f32, {GL * WG}>;
       mloc[r] = max(mloc[r], val);
     }}
   }}
-  for (var r = 0u; r < {GL}u; r = r + 1u) {{ red[r * {WG}u + lid] = mloc[r]; }}
-  workgroupBarrier();
-  tree_max(lid);
-  var m: array<f32, {GL}>;
-  for (var r = 0u; r < {GL}u; r = r + 1u) {{ m[r] = red[r * {WG}u]; mloc[r] = 0.0; }}
-  workgroupBarrier();
-  for (var c = lid; c < n; c = c + {WG}u) {{
+{_split_max(GL, sub)}  for (var c = lid; c < n; c = c + {WG}u) {{
     for (var r = 0u; r < {GL}u; r = r + 1u) {{
       let sv = sc[r * {T}u + c];
       // a row masked with -inf weighs 0 (even in a split where every row is masked)
@@ -504,10 +513,7 @@ var<workgroup> red: array<f32, {GL * WG}>;
       mloc[r] = mloc[r] + pv;
     }}
   }}
-  for (var r = 0u; r < {GL}u; r = r + 1u) {{ red[r * {WG}u + lid] = mloc[r]; }}
-  workgroupBarrier();
-  tree_sum(lid);
-{pv}  if (lid < {GL}u) {{
+{_split_sum(GL, sub)}{pv}  if (lid < {GL}u) {{
     let r = lid;
     let pb = (({hr}) * {ns}u + sp) * {pw}u;
 {stats}  }}
@@ -521,14 +527,161 @@ var<workgroup> red: array<f32, {GL * WG}>;
     k1 = Kernel("attention_flash", src, bindings, (ns, heads, GS),
                 4 * (heads * G * D + parts) + GS * 2 * heads * C * D * (2 if kv == "f16" else 4)
                 + extra)
-    k2 = _combine(heads * G, ns, D, vec)
+    k2 = _combine(heads * G, ns, D, vec, sub)
     return k1, k2, parts
 
 
-def _combine(rows: int, ns: int, d: int, vec: bool) -> Kernel:
+#: V words an invocation may load before the scores (``flash_decode`` with subgroups): its
+#: rows of the split, at most this many (128 rows a split over 16 row-groups: 8)
+HOIST_V = 8
+
+
+def _stat_fns(g: int, nsg: int) -> str:
+    """WGSL ``l_total(r)``: the split's sum of q row ``r`` from its subgroups' shares
+    (``_split_sum``)."""
+    return f"""fn l_total(r: u32) -> f32 {{
+  var t = 0.0;
+  for (var w = 0u; w < {nsg}u; w = w + 1u) {{ t = t + red[r * {WG}u + {nsg}u + w]; }}
+  return t;
+}}
+
+"""
+
+
+def _split_max(g: int, sub: int | None) -> str:
+    """WGSL: ``m[r]``, the split's maximum score of each of the ``g`` q rows, from each
+    invocation's ``mloc[r]`` (then reset to 0 for the sum): by a workgroup tree, or with a
+    ``sub``-wide subgroup by ``subgroupMax``, a value a subgroup in ``red`` and one barrier
+    (the sums go to other slots of ``red``, so nothing waits before they are written)."""
+    if sub is None:
+        return f"""  for (var r = 0u; r < {g}u; r = r + 1u) {{ red[r * {WG}u + lid] = mloc[r]; }}
+  workgroupBarrier();
+  tree_max(lid);
+  var m: array<f32, {g}>;
+  for (var r = 0u; r < {g}u; r = r + 1u) {{ m[r] = red[r * {WG}u]; mloc[r] = 0.0; }}
+  workgroupBarrier();
+"""
+    return f"""  for (var r = 0u; r < {g}u; r = r + 1u) {{
+    let sm = subgroupMax(mloc[r]);
+    if (lid % {sub}u == 0u) {{ red[r * {WG}u + lid / {sub}u] = sm; }}
+  }}
+  workgroupBarrier();
+  var m: array<f32, {g}>;
+  for (var r = 0u; r < {g}u; r = r + 1u) {{
+    var x = red[r * {WG}u];
+    for (var w = 1u; w < {WG // sub}u; w = w + 1u) {{ x = max(x, red[r * {WG}u + w]); }}
+    m[r] = x;
+    mloc[r] = 0.0;
+  }}
+"""
+
+
+def _split_sum(g: int, sub: int | None) -> str:
+    """WGSL: the split's sum of each q row's ``mloc[r]``: into ``red[r * WG]`` by a tree,
+    or with subgroups a ``subgroupAdd`` a subgroup into ``red`` after the maxima's slots,
+    summed where it is written (``l_total``), behind the barrier probs·V passes anyway."""
+    if sub is None:
+        return f"""  for (var r = 0u; r < {g}u; r = r + 1u) {{ red[r * {WG}u + lid] = mloc[r]; }}
+  workgroupBarrier();
+  tree_sum(lid);
+"""
+    nsg = WG // sub
+    return f"""  for (var r = 0u; r < {g}u; r = r + 1u) {{
+    let ss = subgroupAdd(mloc[r]);
+    if (lid % {sub}u == 0u) {{ red[r * {WG}u + {nsg}u + lid / {sub}u] = ss; }}
+  }}
+  workgroupBarrier();
+"""
+
+
+def _pv_by_subgroups(g: int, t: int, rgs: int, lw: int, c: int, sub: int,
+                     part_at: str) -> tuple[str, str, str]:
+    """(V loads before the scores, probs·V, workgroup memory) of ``flash_decode``'s wide
+    float16 probs·V at a ``sub``-wide subgroup (a multiple of the ``lw`` words a row): each
+    invocation word ``e`` of rows ``rg``, ``rg + rgs``, ... of the split's ``t``; where they
+    are at most ``HOIST_V``, every V word is loaded first (rows past the split's end read
+    its last row and weigh 0), else four at a time after the statistics. The row-groups of
+    a subgroup are summed by ``subgroupShuffleXor``, the subgroups' sums through workgroup
+    memory and one barrier; ``part_at``: the partial's address up to the word."""
+    per = t // rgs if t % rgs == 0 else 0
+    hoist = 0 < per <= HOIST_V
+    head = f"  let rg = lid / {lw}u;\n  let e = lid % {lw}u;\n"
+    early = ""
+    if hoist:
+        early = head + "".join(
+            f"  let hv{i} = v[(h * {c}u + c0 + min(rg + {i * rgs}u, n - 1u)) * {lw}u + e];\n"
+            for i in range(per))
+    pv = "" if hoist else head
+    pv += (f"  var a: array<vec4<f32>, {g}>;\n  var ah: array<vec4<f32>, {g}>;\n"
+           f"  for (var r = 0u; r < {g}u; r = r + 1u) {{\n")
+    if hoist:
+        pv += "    var x = vec4<f32>(0.0);\n    var y = vec4<f32>(0.0);\n"
+        for i in range(per):
+            pv += (f"    let p{i} = select(0.0, sc[r * {t}u + rg + {i * rgs}u], "
+                   f"rg + {i * rgs}u < n);\n"
+                   f"    x = x + p{i} * unpack_lo(hv{i});\n    y = y + p{i} * unpack_hi(hv{i});\n")
+        pv += "    a[r] = x;\n    ah[r] = y;\n  }\n"
+    else:
+        pv += f"""    var x = vec4<f32>(0.0);
+    var y = vec4<f32>(0.0);
+    var cc = rg;
+    while (cc + {3 * rgs}u < n) {{
+      let vb = (h * {c}u + c0 + cc) * {lw}u + e;
+      let v0 = v[vb];
+      let v1 = v[vb + {rgs * lw}u];
+      let v2 = v[vb + {2 * rgs * lw}u];
+      let v3 = v[vb + {3 * rgs * lw}u];
+      let sb = r * {t}u + cc;
+      x = x + sc[sb] * unpack_lo(v0) + sc[sb + {rgs}u] * unpack_lo(v1)
+            + sc[sb + {2 * rgs}u] * unpack_lo(v2) + sc[sb + {3 * rgs}u] * unpack_lo(v3);
+      y = y + sc[sb] * unpack_hi(v0) + sc[sb + {rgs}u] * unpack_hi(v1)
+            + sc[sb + {2 * rgs}u] * unpack_hi(v2) + sc[sb + {3 * rgs}u] * unpack_hi(v3);
+      cc = cc + {4 * rgs}u;
+    }}
+    while (cc < n) {{
+      let vw = v[(h * {c}u + c0 + cc) * {lw}u + e];
+      x = x + sc[r * {t}u + cc] * unpack_lo(vw);
+      y = y + sc[r * {t}u + cc] * unpack_hi(vw);
+      cc = cc + {rgs}u;
+    }}
+    a[r] = x;
+    ah[r] = y;
+  }}
+"""
+    nsg = WG // sub
+    shuffles = ""
+    st = lw
+    while st < sub:
+        shuffles += (f"    x = x + subgroupShuffleXor(x, {st}u);\n"
+                     f"    y = y + subgroupShuffleXor(y, {st}u);\n")
+        st *= 2
+    pv += f"""  for (var r = 0u; r < {g}u; r = r + 1u) {{
+    var x = a[r];
+    var y = ah[r];
+{shuffles}    if (lid % {sub}u < {lw}u) {{
+      pvs[((r * {nsg}u + lid / {sub}u) * {lw}u + e) * 2u] = x;
+      pvs[((r * {nsg}u + lid / {sub}u) * {lw}u + e) * 2u + 1u] = y;
+    }}
+  }}
+  workgroupBarrier();
+  for (var j = lid; j < {g * lw * 2}u; j = j + {WG}u) {{
+    let r = j / {2 * lw}u;
+    let wk = j % {2 * lw}u;
+    var tt = vec4<f32>(0.0);
+    for (var w = 0u; w < {nsg}u; w = w + 1u) {{ tt = tt + pvs[(r * {nsg}u + w) * {2 * lw}u + wk]; }}
+    {part_at} + wk] = tt;
+  }}
+"""
+    return early, pv, f"var<workgroup> pvs: array<vec4<f32>, {g * nsg * lw * 2}>;\n"
+
+
+def _combine(rows: int, ns: int, d: int, vec: bool, subgroup: int | None = None) -> Kernel:
     """out[row] = Σ_s acc_s e^{m_s - M} / Σ_s l_s e^{m_s - M}: one workgroup per q row;
     the split weights once in workgroup memory, then (split-group, 4 columns) pairs
-    summed by a tree: no invocation walks all splits alone."""
+    summed by a tree: no invocation walks all splits alone. The weights: one invocation
+    walks the splits twice (their maximum, then the weights and their sum), or with a
+    ``subgroup`` width dividing the workgroup every invocation its splits, the maximum and
+    the sum each by subgroup builtins and one barrier."""
     words = d // 4 if vec else d
     vt = "vec4<f32>" if vec else "f32"
     pw = (d + 4) // 4 if vec else d + 4
@@ -537,18 +690,11 @@ def _combine(rows: int, ns: int, d: int, vec: bool) -> Kernel:
     m_of = "part[b + s * {pw}u].x" if vec else "part[b + s * {pw}u]"  # read once each
     l_of = "part[b + s * {pw}u].y" if vec else "part[b + s * {pw}u + 1u]"
     m_of, l_of = m_of.format(pw=pw), l_of.format(pw=pw)
-    src = decl(0, "part", vt, "read") + decl(1, "out", vt, "rw") + f"""
-var<workgroup> w: array<f32, {ns}>;
-var<workgroup> ls: array<f32, {ns}>;
-var<workgroup> acc: array<{vt}, {WG2}>;
-var<workgroup> tot: f32;
-
-@compute @workgroup_size({WG2})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
-  let row = wid.y * 65535u + wid.x;
-  if (row >= {rows}u) {{ return; }}
-  let b = row * {ns * pw}u;
-  for (var s = lid; s < {ns}u; s = s + {WG2}u) {{ w[s] = {m_of}; ls[s] = {l_of}; }}
+    sub = (subgroup if subgroup and WG2 % subgroup == 0 and subgroup & (subgroup - 1) == 0
+           else None)
+    weights_decl, total = "var<workgroup> tot: f32;\n", "tot"
+    if sub is None:
+        weights = f"""  for (var s = lid; s < {ns}u; s = s + {WG2}u) {{ w[s] = {m_of}; ls[s] = {l_of}; }}
   workgroupBarrier();
   if (lid == 0u) {{
     var mx = {neg_inf()};
@@ -561,7 +707,39 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }}
     tot = l;
   }}
+  workgroupBarrier();"""
+    else:
+        nsg, total = WG2 // sub, "total"
+        weights_decl = f"var<workgroup> wred: array<f32, {2 * nsg}>;\n"
+        weights = f"""  var mx = {neg_inf()};
+  for (var s = lid; s < {ns}u; s = s + {WG2}u) {{ mx = max(mx, {m_of}); }}
+  let sm = subgroupMax(mx);
+  if (lid % {sub}u == 0u) {{ wred[lid / {sub}u] = sm; }}
   workgroupBarrier();
+  var big = wred[0];
+  for (var j = 1u; j < {nsg}u; j = j + 1u) {{ big = max(big, wred[j]); }}
+  var l = 0.0;
+  for (var s = lid; s < {ns}u; s = s + {WG2}u) {{
+    let ws = exp({m_of} - big);
+    w[s] = ws;
+    l = l + {l_of} * ws;
+  }}
+  let sl = subgroupAdd(l);
+  if (lid % {sub}u == 0u) {{ wred[{nsg}u + lid / {sub}u] = sl; }}
+  workgroupBarrier();
+  var total = 0.0;
+  for (var j = 0u; j < {nsg}u; j = j + 1u) {{ total = total + wred[{nsg}u + j]; }}"""
+    src = decl(0, "part", vt, "read") + decl(1, "out", vt, "rw") + f"""
+var<workgroup> w: array<f32, {ns}>;
+var<workgroup> ls: array<f32, {ns}>;
+var<workgroup> acc: array<{vt}, {WG2}>;
+{weights_decl}
+@compute @workgroup_size({WG2})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
+  let row = wid.y * 65535u + wid.x;
+  if (row >= {rows}u) {{ return; }}
+  let b = row * {ns * pw}u;
+{weights}
   for (var e0 = 0u; e0 < {words}u; e0 = e0 + {min(words, WG2)}u) {{
     let g = lid / {min(words, WG2)}u;
     let e = e0 + lid % {min(words, WG2)}u;
@@ -576,7 +754,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (lid < {min(words, WG2)}u && e < {words}u) {{
       var t = {vt}(0.0);
       for (var j = 0u; j < {lanes}u; j = j + 1u) {{ t = t + acc[j * {min(words, WG2)}u + lid]; }}
-      out[row * {words}u + e] = t / tot;
+      out[row * {words}u + e] = t / {total};
     }}
     workgroupBarrier();
   }}

@@ -148,12 +148,17 @@ def flash_tile(heads: int, q_rows: int, capacity: int, d: int,
                score: tuple[Sequence[FusedOp], Sequence[Leaf]] | None, plan: TilePlan,
                q_chain: tuple[Sequence[FusedOp], Sequence[Leaf]] | None = None,
                kv: str = "f16", writes: RowWrites | None = None,
-               subgroup: int | None = None) -> tuple[Kernel, Kernel, int]:
+               subgroup: int | None = None,
+               sync: int | None = None) -> tuple[Kernel, Kernel, int]:
     """(pass 1, the combine, partial-buffer elements) for q (heads, q_rows, d), K and V
     (heads, capacity, d) of element type ``kv``, output (heads, q_rows, d); ``score``,
     ``q_chain`` and ``writes`` (the layer's row write folded in, its bindings after the
     partials') as ``attention.flash_decode`` takes them; ``plan``: ``tile_plan``'s;
-    ``subgroup``: the adapter's fixed subgroup width, for ``_lane_pv`` where it applies."""
+    ``subgroup``: the adapter's fixed subgroup width, for ``_lane_pv`` where it applies;
+    ``sync``: that width for the softmax's statistics and the combine
+    (``KernelOptions.attention_sync``): where it divides a q row's share of the workgroup,
+    each row's maximum and sum are met by ``subgroupMax``/``subgroupAdd`` and a value a
+    subgroup, not each of the row's invocations' values walked in series."""
     T, GL, LW, PER, RS = plan.rows, plan.group, plan.words, plan.per, plan.row_splits
     G, D, C = q_rows, d, capacity
     D4 = D // 4
@@ -173,6 +178,8 @@ def flash_tile(heads: int, q_rows: int, capacity: int, d: int,
     low = neg_inf()
     pw = D4 + 1  # partial words a (q row, split): (m, l, 0, 0), then acc
     P = WGT // GL  # invocations a q row's statistics
+    sync = sync if sync and P % sync == 0 and sync & (sync - 1) == 0 else None
+    PS = P // sync if sync else P  # values a q row's statistics meet in workgroup memory
     NO = GL * LW  # output words of probs·V (a q row's word of columns each)
     hr = f"h * {G}u + q0 + r"
 
@@ -270,12 +277,11 @@ var<workgroup> red2: array<f32, {WGT}>;
   if (sr < {GL}u) {{
     for (var c = sj; c < {T}u; c = c + {P}u) {{ mx = max(mx, sc[sr * {T}u + c]); }}
   }}
-  red[lid] = mx;
-  workgroupBarrier();
+{_met("red", "mx", "subgroupMax", sync)}  workgroupBarrier();
   var m = {low};
   var ls = 0.0;
   if (sr < {GL}u) {{
-    for (var i = 0u; i < {P}u; i = i + 1u) {{ m = max(m, red[sr * {P}u + i]); }}
+    for (var i = 0u; i < {PS}u; i = i + 1u) {{ m = max(m, red[sr * {PS}u + i]); }}
     for (var c = sj; c < {T}u; c = c + {P}u) {{
       let sv = sc[sr * {T}u + c];
       // a row masked with -inf weighs 0 (even in a split where every row is masked)
@@ -284,11 +290,10 @@ var<workgroup> red2: array<f32, {WGT}>;
       ls = ls + pv;
     }}
   }}
-  red2[lid] = ls;
-  workgroupBarrier();
+{_met("red2", "ls", "subgroupAdd", sync)}  workgroupBarrier();
 {pv}  if (sr < {GL}u && sj == 0u) {{  // the row's maximum m is this invocation's already
     var lr = 0.0;
-    for (var i = 0u; i < {P}u; i = i + 1u) {{ lr = lr + red2[sr * {P}u + i]; }}
+    for (var i = 0u; i < {PS}u; i = i + 1u) {{ lr = lr + red2[sr * {PS}u + i]; }}
     part[((h * {G}u + q0 + sr) * {ns}u + sp) * {pw}u] = vec4<f32>(m, lr, 0.0, 0.0);
   }}
 }}
@@ -301,4 +306,14 @@ var<workgroup> red2: array<f32, {WGT}>;
         extra += 4 * writes.tuples * 3 + 2 * 2 * writes.tuples * D * esize
     k1 = Kernel("attention_tile", src, bindings, (ns, heads, GS),
                 4 * (heads * G * D + parts) + GS * 2 * heads * C * D * esize + extra)
-    return k1, _combine(heads * G, ns, D, True), parts
+    return k1, _combine(heads * G, ns, D, True, sync), parts
+
+
+def _met(arr: str, value: str, builtin: str, sync: int | None) -> str:
+    """WGSL: each invocation's ``value`` into workgroup memory ``arr`` for its q row's
+    statistics: every one's at ``lid``, or with a ``sync``-wide subgroup its subgroup's
+    (``builtin``: ``subgroupMax``, ``subgroupAdd``) at ``lid / sync``."""
+    if sync is None:
+        return f"  {arr}[lid] = {value};\n"
+    return (f"  let {value}_s = {builtin}({value});\n"
+            f"  if (lid % {sync}u == 0u) {{ {arr}[lid / {sync}u] = {value}_s; }}\n")

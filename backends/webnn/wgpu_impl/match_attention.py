@@ -92,16 +92,18 @@ class Attention:
     def kernels(self, shared_bytes: int, splits: int | None = None,
                 f16_loads: str | None = None,
                 writes: AT.RowWrites | None = None,
-                group_rows: int | None = None) -> tuple[AT.Kernel, AT.Kernel, int]:
+                group_rows: int | None = None,
+                subgroup: int | None = None) -> tuple[AT.Kernel, AT.Kernel, int]:
         """(pass 1, pass 2, partial 4-byte words); ``splits``: per head (None: the default);
         ``f16_loads``: how a float16 cache is loaded (``flash_decode``; None: "wide");
         ``writes``: the layer's row write folded into pass 1; ``group_rows``: q rows a
-        workgroup (``flash_decode``; None: the default)."""
+        workgroup (``flash_decode``; None: the default); ``subgroup``: the width its
+        statistics meet at (``flash_decode``)."""
         heads, G, C, D, score, q_chain = self._dims()
         return AT.flash_decode(heads, G, C, D, score, shared_bytes // 4, q_chain,
                                splits or AT.SPLITS, kv=self.k.dtype.wgsl,
                                f16_loads=f16_loads or "wide", writes=writes,
-                               group_rows=group_rows)
+                               group_rows=group_rows, subgroup=subgroup)
 
     def one_launch(self, shared_bytes: int, splits: int | None = None,
                    max_storage: int = 8) -> tuple[AT.Kernel, int, int] | None:
@@ -132,11 +134,11 @@ class Attention:
 
     def tile(self, shared_bytes: int, rows: int | None, max_storage: int = 8,
              writes: AT.RowWrites | None = None, subgroup: int | None = None,
-             ) -> tuple[AT.Kernel, AT.Kernel, int] | None:
+             sync: int | None = None) -> tuple[AT.Kernel, AT.Kernel, int] | None:
         """(pass 1, the combine, partial 4-byte words) of the many-rows variant
         (``attention_tile.flash_tile``; ``rows``: cache rows a split, None: the default;
         ``writes``: the layer's row write folded in; ``subgroup``: the adapter's fixed
-        subgroup width), or None where it does not apply or
+        subgroup width; ``sync``: the width its statistics meet at), or None where it does not apply or
         binds more than ``max_storage`` storage buffers (the caller then lowers
         ``kernels``)."""
         heads, G, C, D, score, q_chain = self._dims()
@@ -144,7 +146,7 @@ class Attention:
         if plan is None:
             return None
         got = ATT.flash_tile(heads, G, C, D, score, plan, q_chain, kv=self.k.dtype.wgsl,
-                             writes=writes, subgroup=subgroup)
+                             writes=writes, subgroup=subgroup, sync=sync)
         return got if len(got[0].bindings) <= max_storage else None
 
 
@@ -321,7 +323,8 @@ def _attention_tile(plan: Any, o: Node, writes: AT.RowWrites | None = None
         return None
     lanes = plan.options.tile_pv != "walk"
     return m.tile(plan.target.shared_bytes, how[0], plan.target.max_storage, writes,
-                  plan.target.subgroup if lanes else None)
+                  plan.target.subgroup if lanes else None,
+                  plan.options.attention_subgroup(plan.target))
 
 
 @claims(30, lambda plan, o: o.id in plan.attention)
@@ -348,7 +351,8 @@ def _lower_attention(n: Site) -> None:
     else:
         k1, k2, parts = m.kernels(plan.target.shared_bytes, plan.options.attention_splits,
                                   plan.options.f16_loads, writes,
-                                  plan.options.attention_group_rows(m.q_rows, plan.target))
+                                  plan.options.attention_group_rows(m.q_rows, plan.target),
+                                  plan.options.attention_subgroup(plan.target))
     plan.temps[part] = parts
     n.add(KernelLaunch(k1, ins + [part] + w_slots))
     n.add(KernelLaunch(k2, [part, n.out]))

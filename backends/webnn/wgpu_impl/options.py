@@ -94,6 +94,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "gemv_norms": ("partials", "off"),
     "attention_writes": ("fold", "off"),
     "tile_pv": ("lanes", "walk"),
+    "attention_sync": ("subgroups", "trees"),
     "gdn_replay": ("fused", "launch"),
     "row_vector": ("unrolled", "loop"),
     "row_writes": ("separate",),
@@ -187,6 +188,13 @@ class KernelOptions:
     #: softmax's statistics, the row shares summed by subgroupAdd), "walk" (each invocation
     #: walks its rows four V words at a time after the statistics)
     tile_pv: str | None = None
+    #: how the two-launch attentions (flash, tile) meet a split's softmax statistics and
+    #: their combine the splits' weights: None (GPU adapters "subgroups", CPU adapters
+    #: "trees"), "subgroups" (at the adapter's fixed subgroup
+    #: width: subgroupMax/subgroupAdd and one barrier each; flash's float16 probs·V row-groups
+    #: by shuffles, its V words loaded before the scores where few; ``attention_subgroup``),
+    #: "trees" (workgroup trees and serial walks, the kernels before)
+    attention_sync: str | None = None
     #: splits per head flash-decoding aims at on long caches: None (``kernels/attention.SPLITS``;
     #: "flash1": ``SPLITS1``; "lanes", "lanes1": ``attention_lanes.SPLITS_L``)
     attention_splits: int | None = None
@@ -463,6 +471,13 @@ class KernelOptions:
         if self.attention_q_rows is not None:
             return self.attention_q_rows
         return 1 if not t.cpu and q_rows <= MANY_Q_ROWS else None
+
+    def attention_subgroup(self, t: Target) -> int | None:
+        """The subgroup width the two-launch attentions meet their statistics and combine
+        weights at (``attention_sync``): the target's fixed width, by default on GPU
+        adapters (CPU adapters keep the trees unless "subgroups" is asked for)."""
+        how = self.attention_sync
+        return t.subgroup if how == "subgroups" or (how is None and not t.cpu) else None
 
     def attention_lanes(self, q_rows: int = 1) -> tuple[bool, int | None] | None:
         """(combine folded in, rows a lane-group loads at once or None: the default) of the
