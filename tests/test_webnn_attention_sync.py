@@ -1,5 +1,5 @@
 """The two-launch attentions' statistics met by subgroups (``KernelOptions.attention_sync``
-"subgroups", the GPU default): flash's split maximum and sum by ``subgroupMax`` /
+"subgroups"): flash's split maximum and sum by ``subgroupMax`` /
 ``subgroupAdd``, its float16 probs·V with the V words loaded before the scores and the
 row-groups summed by shuffles, tile's per-row statistics alike, and the combine's split
 weights by every invocation, against the float64 NumPy oracle at the adapter's own fixed
@@ -36,7 +36,8 @@ def _ctx(ctx_with, subgroup_size, monkeypatch, **knobs):
 ], ids=lambda x: "x".join(map(str, x)) if isinstance(x, tuple) else str(x))
 def test_subgroup_statistics_float32_cache(ctx_with, subgroup_size, monkeypatch, shape, how,
                                            fill):
-    ctx = _ctx(ctx_with, subgroup_size, monkeypatch, attention=how, attention_rows=how)
+    ctx = _ctx(ctx_with, subgroup_size, monkeypatch, attention=how, attention_rows=how,
+               attention_sync="subgroups")
     gr, outs = graph(ctx, shape[0], shape[1], shape[2], shape[3], fill)
     k1, k2 = (la.kernel for la in gr._plan.launches)
     assert "subgroupAdd(" in k2.wgsl and "subgroupMax(" in k1.wgsl
@@ -58,6 +59,6 @@ def test_subgroup_statistics_float32_cache(ctx_with, subgroup_size, monkeypatch,
 ])
 def test_subgroup_statistics_float16_cache(ctx_with, subgroup_size, monkeypatch, heads, g, cap,
                                            d, how):
-    ctx = _ctx(ctx_with, subgroup_size, monkeypatch, attention=how)
+    ctx = _ctx(ctx_with, subgroup_size, monkeypatch, attention=how, attention_sync="subgroups")
     names = _check_f16_stateful(ctx, heads, g, cap, d)
     assert names.count(f"attention_{how.split('_')[0]}") == 1, names

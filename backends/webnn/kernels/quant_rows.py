@@ -523,7 +523,7 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
     if shared_input:
         src += _shared_vector(prologue, K // 4, wg)
     if ints:
-        src += _int8_vector(prologue if prologue.element else None, K, wg)
+        src += _int8_vector(prologue if prologue.element else None, K, wg, subgroup)
     for i in range(iters):
         src += f"  let sb_{i} = (q * {nblocks}u + j_{i} / {per}u) * {R}u;\n"
         if half_scales:  # the 4 rows' float16 scales: two words
@@ -584,18 +584,41 @@ def int8_fits(K: int, shared_bytes: int) -> bool:
     return 16 * (K // 8) + 4 * (K // 8) + 4 * (K // 32) + 4 * 256 * (QUAD + 1) <= shared_bytes
 
 
-def _int8_vector(prologue: VectorSource | None, K: int, wg: int) -> str:
+def _int8_vector(prologue: VectorSource | None, K: int, wg: int,
+                 subgroup: int | None = None) -> str:
     """WGSL: the input vector (``prologue``'s elements, or the buffer ``a`` of ``vec4``s)
-    split into two int8 parts a workgroup, one invocation a block of 32 inputs: with m the
-    block's largest magnitude and s = m / 127, h = round(x / s) and l = round((x / s - h) ·
-    ``INT8_LO``), so x = s · (h + l / 254) within s / 508 = m / 64516 (about 2^-16 of the
-    block's largest input, where a float16 input keeps 2^-11 of its own). Per word (8
-    inputs): ``xq`` the parts packed 4 a u32 (h of the even inputs, h of the odd, l of the
-    even, l of the odd: ``_int8_word``'s code order), ``xn`` = Σ (254 h + l); per block
-    ``xk`` = s / 254. Then one barrier."""
-    blocks = K // 32
+    split into two int8 parts a workgroup: with m a 32-input block's largest magnitude and
+    s = m / 127, h = round(x / s) and l = round((x / s - h) · ``INT8_LO``), so x = s · (h +
+    l / 254) within s / 508 = m / 64516 (about 2^-16 of the block's largest input, where a
+    float16 input keeps 2^-11 of its own). Per word (8 inputs): ``xq`` the parts packed 4 a
+    u32 (h of the even inputs, h of the odd, l of the even, l of the odd: ``_int8_word``'s
+    code order), ``xn`` = Σ (254 h + l); per block ``xk`` = s / 254. Then one barrier. At a
+    fixed ``subgroup`` width of at least 4, one invocation a word, a block's 4 words in 4
+    adjacent lanes whose maximum two ``subgroupShuffleXor`` meet; else one invocation a
+    block."""
+    words, blocks = K // 8, K // 32
+    per_word = subgroup is not None and subgroup >= 4 and subgroup & (subgroup - 1) == 0
+    count = words if per_word else blocks
     src = ""
-    for e in range(-(-blocks // wg)):
+    for e in range(-(-count // wg)):
+        full = (e + 1) * wg <= count
+        if per_word:  # every lane reaches the shuffles: a ragged round clamps, then skips
+            at = f"lid + {e * wg}u" if full else f"min(lid + {e * wg}u, {count - 1}u)"
+            body = f"    let wd = {at};\n"
+            xs = [(element_vec4(prologue.element, "8u * wd", 4 * i) if prologue is not None
+                   else f"a[2u * wd + {i}u]") for i in range(2)]
+            body += "".join(f"    let x{i} = {x};\n" for i, x in enumerate(xs))
+            body += ("    let mv = max(abs(x0), abs(x1));\n"
+                     "    var m = max(max(mv.x, mv.y), max(mv.z, mv.w));\n"
+                     "    m = max(m, subgroupShuffleXor(m, 1u));\n"
+                     "    m = max(m, subgroupShuffleXor(m, 2u));\n"
+                     "    let inv = select(127.0 / m, 0.0, m == 0.0);\n")
+            write = "" if full else f"lid + {e * wg}u < {count}u && "
+            body += (f"    if ({write}wd % 4u == 0u) {{ xk[wd / 4u] = m / {127 * INT8_LO}.0; }}\n"
+                     + (f"    if (lid + {e * wg}u < {count}u) {{\n" if not full else "    {\n")
+                     + _int8_parts("x0", "x1", "wd") + "    }\n")
+            src += "  {\n" + body + "  }\n"
+            continue
         body = f"    let qb = lid + {e * wg}u;\n"
         xs = [(element_vec4(prologue.element, "32u * qb", 4 * i) if prologue is not None
                else f"a[8u * qb + {i}u]") for i in range(8)]
@@ -606,21 +629,26 @@ def _int8_vector(prologue: VectorSource | None, K: int, wg: int) -> str:
         body += (f"    let mv = {mx};\n    let m = max(max(mv.x, mv.y), max(mv.z, mv.w));\n"
                  f"    let inv = select(127.0 / m, 0.0, m == 0.0);\n"
                  f"    xk[qb] = m / {127 * INT8_LO}.0;\n")
-        for w in range(4):
-            lo, hi = f"x{2 * w}", f"x{2 * w + 1}"
-            body += (f"    {{\n      let ev = vec4<f32>({lo}.x, {lo}.z, {hi}.x, {hi}.z) * inv;\n"
-                     f"      let od = vec4<f32>({lo}.y, {lo}.w, {hi}.y, {hi}.w) * inv;\n"
-                     f"      let he = round(ev);\n      let ho = round(od);\n"
-                     f"      let le = round((ev - he) * {INT8_LO}.0);\n"
-                     f"      let lo = round((od - ho) * {INT8_LO}.0);\n"
-                     f"      let t = vec4<i32>(he + ho) * {INT8_LO} + vec4<i32>(le + lo);\n"
-                     f"      xq[4u * qb + {w}u] = vec4<u32>(pack4xI8(vec4<i32>(he)), "
-                     f"pack4xI8(vec4<i32>(ho)), pack4xI8(vec4<i32>(le)), pack4xI8(vec4<i32>(lo)));\n"
-                     f"      xn[4u * qb + {w}u] = t.x + t.y + t.z + t.w;\n    }}\n")
-        full = (e + 1) * wg <= blocks
+        body += "".join("    {\n" + _int8_parts(f"x{2 * w}", f"x{2 * w + 1}", f"4u * qb + {w}u")
+                        + "    }\n" for w in range(4))
         src += ("  {\n" + body + "  }\n" if full
-                else f"  if (lid + {e * wg}u < {blocks}u) {{\n" + body + "  }\n")
+                else f"  if (lid + {e * wg}u < {count}u) {{\n" + body + "  }\n")
     return src + "  workgroupBarrier();\n"
+
+
+def _int8_parts(lo: str, hi: str, word: str) -> str:
+    """WGSL: word ``word``'s 8 inputs (``vec4``s ``lo``, ``hi``) times ``inv`` (127 over
+    their block's largest magnitude) split into ``xq[word]`` and ``xn[word]``
+    (``_int8_vector``)."""
+    return (f"      let ev = vec4<f32>({lo}.x, {lo}.z, {hi}.x, {hi}.z) * inv;\n"
+            f"      let od = vec4<f32>({lo}.y, {lo}.w, {hi}.y, {hi}.w) * inv;\n"
+            f"      let hev = round(ev);\n      let hod = round(od);\n"
+            f"      let lev = round((ev - hev) * {INT8_LO}.0);\n"
+            f"      let lod = round((od - hod) * {INT8_LO}.0);\n"
+            f"      let t = vec4<i32>(hev + hod) * {INT8_LO} + vec4<i32>(lev + lod);\n"
+            f"      xq[{word}] = vec4<u32>(pack4xI8(vec4<i32>(hev)), "
+            f"pack4xI8(vec4<i32>(hod)), pack4xI8(vec4<i32>(lev)), pack4xI8(vec4<i32>(lod)));\n"
+            f"      xn[{word}] = t.x + t.y + t.z + t.w;\n")
 
 
 def _int8_word(i: int, ind: str, R: int, bias: int) -> str:
