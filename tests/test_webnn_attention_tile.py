@@ -111,6 +111,9 @@ def test_tile_plan_and_knob():
     assert default.attention_tile(4, 8200, gpu) == (256,)  # one token at 8200: tile, T 256
     assert default.attention_tile(16, 8200, gpu) == (None,)  # a verify's rows: the default T
     assert default.attention_tile(4, 544, gpu) is None  # short caches: flash
+    assert default.attention_tile(4, 1032, gpu) is None
+    assert default.attention_tile(4, 2056, gpu) == (256,)  # one token from 2048 rows: tile
+    assert default.attention_tile(16, 2056, gpu) is None  # a verify's from 8192 rows
     assert default.attention_tile(16, 8200, cpu) is None  # CPU adapters: flash
     assert KernelOptions(attention="flash").attention_tile(4, 8200, gpu) is None
     for bad in ("tile_t48", "tile64", "tiles"):

@@ -27,6 +27,7 @@ ACCEPTED = {
     "row_writes": ["separate"],
     "attention_writes": ["fold", "off"],
     "tile_pv": ["lanes", "walk"],
+    "attention_sync": ["subgroups", "trees"],
     "attention_splits": [1, 8, 64],
     "attention_q_rows": [1, 4, 16],
     "record_ahead": ["on", "pieces", "off"],
@@ -38,7 +39,7 @@ ACCEPTED = {
     "read_copy": ["dispatch", "separate", "separate_sync"],
     "q4_gemv": ["fused", "generic", "multi", "multi8", "multi2_l8", "multi4_l16_g4_u2", "multi_u4",
                 "multi_h", "multi2_u2_h", "wide", "wide2", "wide4_k2", "wide_h", "wide2_k4_h",
-                "quad", "quad_k2", "quad_h", "quad_k4_h"],
+                "quad", "quad_k2", "quad_h", "quad_k4_h", "quad_i8", "quad_k4_i8"],
     "pass_calls": ["direct", "wgpu-py"],
     "map_wait": ["spin", "caller", "thread"],
     "queue_calls": ["direct", "direct_maps", "wgpu-py"],
@@ -54,6 +55,7 @@ REFUSED = {
     "row_vector": ["unroll", ""],
     "row_writes": ["one"], "attention_writes": ["on", "attention", ""],
     "tile_pv": ["lane", "walks", ""],
+    "attention_sync": ["subgroup", "tree", ""],
     "attention_splits": [0, -2, "4", 2.0, True],
     "attention_q_rows": [0, -1, "4", 4.0, False],
     "record_ahead": ["yes"], "cache_copy": ["copy"], "gemv_weights": ["f64"],
@@ -62,7 +64,7 @@ REFUSED = {
     "read_copy": ["sync"],
     "q4_gemv": ["dequantize", "", "multi0", "multi_l3", "multi8_l4", "multi_l32_g16", "multi_u5",
                 "multi17_l32", "multi_hh", "wide0", "wide5", "wide_k0", "wide_k5", "wide_h2",
-                "widest", "quad2", "quad_k0", "quad_k5", "quad_l8"],
+                "widest", "quad2", "quad_k0", "quad_k5", "quad_l8", "quad_i4", "quad_h_i8"],
     "pass_calls": ["raw", ""],
     "map_wait": ["poll", ""],
     "queue_calls": ["raw", ""],
@@ -164,6 +166,10 @@ def test_float16_products_only_where_the_adapter_has_them():
     assert KernelOptions(q4_gemv="quad_k2_h").q4_quad(with_f16) == (2, True)
     assert KernelOptions(q4_gemv="quad_k2_h").q4_quad(without) == (2, False)
     assert KernelOptions(q4_gemv="quad").q4_wide(with_f16) is None
+    # "_i8": the int8 parts, not float16 products
+    assert KernelOptions(q4_gemv="quad_k4_i8").q4_quad(with_f16) == (4, False)
+    assert KernelOptions(q4_gemv="quad_k4_i8").q4_quad_ints(with_f16)
+    assert not KernelOptions(q4_gemv="quad_k4_h").q4_quad_ints(with_f16)
     # several rows by column: the shape as without "_h", float16 products only with f16
     for value, cols in (("cols_h", (1, None)), ("cols2_c16_h", (2, 16)), ("cols4", (4, None))):
         opts = KernelOptions(q4_rows=value)

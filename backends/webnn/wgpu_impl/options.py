@@ -66,9 +66,14 @@ LANES_VARIANT = re.compile(r"lanes(1)?(?:_u(\d+))?")
 #: ``attention_tile.TILE_ROWS``): ``kernels/attention_tile.flash_tile``
 TILE_VARIANT = re.compile(r"tile(?:_t(32|64|128|256))?")
 
-#: cache rows from which a GPU adapter's default decode attention is "tile" (measured better on
-#: an H100 at 8200 rows for one token and for a K = 4 verify, worse at 544: PERFORMANCE.md)
+#: cache rows from which a GPU adapter's default decode attention of many q rows (a K-token
+#: verify's) is "tile" (measured better on an H100 at 8200 rows for a K = 4 verify:
+#: PERFORMANCE.md)
 TILE_DEFAULT_ROWS = 8192
+#: the same for a one-token step's head (with the statistics by subgroups, ``attention_sync``:
+#: tile better on an H100 at 2056, 4104 and 8200 rows, flash at 544 and 1032: PERFORMANCE.md,
+#: "The 4-bit codes as integer dot products, and attention's statistics by subgroups")
+TILE_DEFAULT_ROWS_ONE = 2048
 
 #: q rows a KV head above which ``KernelOptions.attention_rows`` picks the attention (a
 #: one-token step has a head's GQA rows, 4 on llama-1b; a K = 4 verify has 16)
@@ -493,12 +498,14 @@ class KernelOptions:
         """(cache rows a split, None: the default) of the many-rows attention of a head
         scoring ``q_rows`` q rows over ``capacity`` cache rows, or None where its variant
         (``attention_for``) is not a "tile" one. Left to the adapter (None), a GPU's
-        (``t``) attention is "tile" from ``TILE_DEFAULT_ROWS`` cache rows on: 256 rows a
-        split for a one-token step's head, the default 128 for many rows (PERFORMANCE.md,
-        "One workgroup for all of a head's rows")."""
+        (``t``) attention is "tile" from ``TILE_DEFAULT_ROWS_ONE`` cache rows on for a
+        one-token step's head (256 rows a split) and from ``TILE_DEFAULT_ROWS`` for many rows
+        (the default 128) (PERFORMANCE.md, "One workgroup for all of a head's rows")."""
         how = self.attention_for(q_rows)
-        if how is None and t is not None and not t.cpu and capacity >= TILE_DEFAULT_ROWS:
-            return (None if q_rows > MANY_Q_ROWS else 256,)
+        many = q_rows > MANY_Q_ROWS
+        if (how is None and t is not None and not t.cpu
+                and capacity >= (TILE_DEFAULT_ROWS if many else TILE_DEFAULT_ROWS_ONE)):
+            return (None if many else 256,)
         m = TILE_VARIANT.fullmatch(how or "")
         if m is None:
             return None
