@@ -522,6 +522,19 @@ def test_4bit_matmul_at_llama_shapes(ctx_with, how, K, N):
         assert err <= 1e-5 * np.max(np.abs(want)), (c, err)
 
 
+def _gpu_at_width(ctx, sub: bool, subgroup_size, monkeypatch):
+    """``ctx``, planning as a GPU at the adapter's own fixed subgroup width where ``sub``
+    (skipped without one), else as it is."""
+    import dataclasses
+
+    if sub:
+        if not subgroup_size or subgroup_size & (subgroup_size - 1):
+            pytest.skip(f"no fixed power-of-two subgroup width ({subgroup_size})")
+        monkeypatch.setattr(ctx, "_target", dataclasses.replace(ctx._target, cpu=False,
+                                                                subgroup=subgroup_size))
+    return ctx
+
+
 @pytest.mark.parametrize("how,sub,K,N", [
     ("wide", False, 2048, 3072), ("wide", False, 8192, 2048), ("wide", False, 1024, 77),
     ("wide2_k2", True, 2048, 2048), ("wide2_k2", True, 8192, 1000),
@@ -544,14 +557,7 @@ def test_4bit_wide_and_half_at_llama_shapes(ctx_with, subgroup_size, monkeypatch
     float16 products within the worst case
     ``quant_rows._unpack_half_fns`` states, per output (5 roundings of 2^-11 a product's
     magnitude), and the random-data bound ``_F16_PRODUCTS`` over all."""
-    import dataclasses
-
-    ctx = ctx_with(q4_gemv=how)
-    if sub:
-        if not subgroup_size or subgroup_size & (subgroup_size - 1):
-            pytest.skip(f"no fixed power-of-two subgroup width ({subgroup_size})")
-        monkeypatch.setattr(ctx, "_target", dataclasses.replace(ctx._target, cpu=False,
-                                                                subgroup=subgroup_size))
+    ctx = _gpu_at_width(ctx_with(q4_gemv=how), sub, subgroup_size, monkeypatch)
     half = how.endswith("_h") and ctx._target.f16  # float16 products: a float16 graph's
     got, kernels, x, codes, scale = _q4_llama(ctx, K, N, "float16" if half else "float32")
     assert [k.name for k in kernels if k.name.startswith("gemv")] == [
@@ -1368,14 +1374,7 @@ def test_4bit_int8_parts_at_llama_shapes(ctx_with, subgroup_size, monkeypatch, h
     float32 sums; at llama-1b's shapes, odd
     ones (rows not dividing N; K = 96: a ragged last load), through workgroup memory or
     subgroupAdd."""
-    import dataclasses
-
-    ctx = ctx_with(q4_gemv=how)
-    if sub:
-        if not subgroup_size or subgroup_size & (subgroup_size - 1):
-            pytest.skip(f"no fixed power-of-two subgroup width ({subgroup_size})")
-        monkeypatch.setattr(ctx, "_target", dataclasses.replace(ctx._target, cpu=False,
-                                                                subgroup=subgroup_size))
+    ctx = _gpu_at_width(ctx_with(q4_gemv=how), sub, subgroup_size, monkeypatch)
     if not ctx._target.f16:
         pytest.skip("no shader-f16 on this adapter")
     got, kernels, x, codes, scale = _q4_llama(ctx, K, N, "float16")
