@@ -314,7 +314,9 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
     G, D, C = q_rows, d, capacity
     # LW: K/V load words per cache row (d/8 wide, d/4 vec4, d scalar); D4: q words per row
     vec, LW, R, shared_pv = _layout(GL, D, shared_floats, wide)
-    sub = subgroup if subgroup and WG % subgroup == 0 and subgroup & (subgroup - 1) == 0 else None
+    # (at least 4 lanes: the maxima's and the sums' slots a subgroup share a row's WG of red)
+    sub = (subgroup if subgroup and subgroup >= 4 and WG % subgroup == 0
+           and subgroup & (subgroup - 1) == 0 else None)
     NSG = WG // sub if sub else 0  # subgroups a workgroup
     D4 = D // 4 if vec else D
     P = D + 4
