@@ -8,23 +8,17 @@ float16 graph writing its row in the first launch); "trees" keeps the kernels be
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 from test_webnn_attention import _check_f16_stateful, _three_depths_match, graph
+from test_webnn_quant import _gpu_at_width
 
 LOWEST = float(np.finfo(np.float32).min)
 
 
 def _ctx(ctx_with, subgroup_size, monkeypatch, **knobs):
     """A context planning as a GPU (cpu=False) at the adapter's own fixed subgroup width."""
-    if not subgroup_size or subgroup_size & (subgroup_size - 1):
-        pytest.skip(f"no fixed power-of-two subgroup width ({subgroup_size})")
-    ctx = ctx_with(**knobs)
-    monkeypatch.setattr(ctx, "_target", dataclasses.replace(ctx._target, cpu=False,
-                                                            subgroup=subgroup_size))
-    return ctx
+    return _gpu_at_width(ctx_with(**knobs), True, subgroup_size, monkeypatch)
 
 
 @pytest.mark.parametrize("shape,how,fill", [
@@ -42,9 +36,8 @@ def test_subgroup_statistics_float32_cache(ctx_with, subgroup_size, monkeypatch,
     k1, k2 = (la.kernel for la in gr._plan.launches)
     assert "subgroupAdd(" in k2.wgsl and "subgroupMax(" in k1.wgsl
     _three_depths_match(ctx, gr, outs, shape, 2)
-    trees = ctx_with(attention=how, attention_rows=how, attention_sync="trees")
-    monkeypatch.setattr(trees, "_target", dataclasses.replace(trees._target, cpu=False,
-                                                              subgroup=subgroup_size))
+    trees = _ctx(ctx_with, subgroup_size, monkeypatch, attention=how, attention_rows=how,
+                 attention_sync="trees")
     gt, _ = graph(trees, *shape, fill)
     t1, t2 = (la.kernel for la in gt._plan.launches)  # (tile's probs·V keeps its subgroupAdd)
     assert "subgroupMax(" not in t1.wgsl and "subgroup" not in t2.wgsl

@@ -315,8 +315,7 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
     # LW: K/V load words per cache row (d/8 wide, d/4 vec4, d scalar); D4: q words per row
     vec, LW, R, shared_pv = _layout(GL, D, shared_floats, wide)
     # (at least 4 lanes: the maxima's and the sums' slots a subgroup share a row's WG of red)
-    sub = (subgroup if subgroup and subgroup >= 4 and WG % subgroup == 0
-           and subgroup & (subgroup - 1) == 0 else None)
+    sub = subgroup if subgroup and subgroup >= 4 and WG % subgroup == 0 else None
     NSG = WG // sub if sub else 0  # subgroups a workgroup
     D4 = D // 4 if vec else D
     P = D + 4
@@ -366,13 +365,8 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
     if wide and shared_pv and sub and sub % LW == 0:
         v_early, pv, pv_decl = _pv_by_subgroups(GL, T, R, LW, C, sub, part_at)
     elif wide and shared_pv:
-        # each invocation 8 columns (one word of V) of R-th rows; the row-groups' sums pass
-        # through pvs in two rounds (columns 0-3 of each word, then 4-7)
-        loads = "".join(f"    let v{j} = v[vb + {j * R * LW}u];\n"
-                        f"    let v{j}l = unpack_lo(v{j});\n    let v{j}h = unpack_hi(v{j});\n"
-                        for j in range(4))
-        probs = "".join(f"      let p{j} = sc[sb + {j * R}u];\n" for j in range(4))
-        sums = {x: " + ".join(f"p{j} * v{j}{x}" for j in range(4)) for x in "lh"}
+        # the row-groups' sums pass through pvs in two rounds (columns 0-3 of each word, then
+        # 4-7)
         rounds = ""
         for x, arr in (("0u", "a"), ("1u", "ah")):
             rounds += f"""  for (var r = 0u; r < {GL}u; r = r + 1u) {{ pvs[r * {WG}u + lid] = {arr}[r]; }}
@@ -386,33 +380,7 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
   }}
   workgroupBarrier();
 """
-        pv = f"""  let rg = lid / {LW}u;
-  let e = lid % {LW}u;
-  var a: array<vec4<f32>, {GL}>;
-  var ah: array<vec4<f32>, {GL}>;
-  for (var r = 0u; r < {GL}u; r = r + 1u) {{ a[r] = vec4<f32>(0.0); ah[r] = vec4<f32>(0.0); }}
-  var c = rg;
-  while (c + {3 * R}u < n) {{
-    let vb = (h * {C}u + c0 + c) * {LW}u + e;
-{loads}    for (var r = 0u; r < {GL}u; r = r + 1u) {{
-      let sb = r * {T}u + c;
-{probs}      a[r] = a[r] + {sums["l"]};
-      ah[r] = ah[r] + {sums["h"]};
-    }}
-    c = c + {4 * R}u;
-  }}
-  while (c < n) {{
-    let vw = v[(h * {C}u + c0 + c) * {LW}u + e];
-    let vl = unpack_lo(vw);
-    let vh = unpack_hi(vw);
-    for (var r = 0u; r < {GL}u; r = r + 1u) {{
-      let p = sc[r * {T}u + c];
-      a[r] = a[r] + p * vl;
-      ah[r] = ah[r] + p * vh;
-    }}
-    c = c + {R}u;
-  }}
-{rounds}"""
+        pv = _pv_walk_wide(GL, T, R, LW, C) + rounds
         pv_decl = f"var<workgroup> pvs: array<vec4<f32>, {GL * WG}>;\n"
     elif wide:
         pv = f"""  for (var j = lid; j < {GL * LW}u; j = j + {WG}u) {{
@@ -480,7 +448,7 @@ var<workgroup> qs: array<{vt}, {GL * D4}>;
 var<workgroup> sc: array<f32, {GL * T}>;
 var<workgroup> red: array<f32, {GL * WG}>;
 {pv_decl}
-{_stat_fns(GL, NSG) if sub else _trees(GL, WG)}
+{_stat_fns(NSG) if sub else _trees(GL, WG)}
 {_split_entry(WG, T, C)}  let q0 = wid.z * {GL}u;
 {write_body}{v_early}  for (var jj = lid; jj < {GL * D4}u; jj = jj + {WG}u) {{
     let j = q0 * {D4}u + jj;
@@ -538,7 +506,7 @@ var<workgroup> red: array<f32, {GL * WG}>;
 HOIST_V = 8
 
 
-def _stat_fns(g: int, nsg: int) -> str:
+def _stat_fns(nsg: int) -> str:
     """WGSL ``l_total(r)``: the split's sum of q row ``r`` from its subgroups' shares
     (``_split_sum``)."""
     return f"""fn l_total(r: u32) -> f32 {{
@@ -596,60 +564,71 @@ def _split_sum(g: int, sub: int | None) -> str:
 """
 
 
-def _pv_by_subgroups(g: int, t: int, rgs: int, lw: int, c: int, sub: int,
+def _pv_walk_wide(g: int, t: int, rgs: int, lw: int, cap: int) -> str:
+    """WGSL: ``flash_decode``'s wide float16 probs·V walked after the statistics: each
+    invocation 8 columns (word ``e`` of V) of rows ``rg``, ``rg + rgs``, ... of the split's
+    ``t``, four V words at a time, each loaded once for the ``g`` q rows' sums ``a[r]``
+    (columns 0-3) and ``ah[r]`` (4-7)."""
+    loads = "".join(f"    let v{j} = v[vb + {j * rgs * lw}u];\n"
+                    f"    let v{j}l = unpack_lo(v{j});\n    let v{j}h = unpack_hi(v{j});\n"
+                    for j in range(4))
+    probs = "".join(f"      let p{j} = sc[sb + {j * rgs}u];\n" for j in range(4))
+    sums = {x: " + ".join(f"p{j} * v{j}{x}" for j in range(4)) for x in "lh"}
+    return f"""  let rg = lid / {lw}u;
+  let e = lid % {lw}u;
+  var a: array<vec4<f32>, {g}>;
+  var ah: array<vec4<f32>, {g}>;
+  for (var r = 0u; r < {g}u; r = r + 1u) {{ a[r] = vec4<f32>(0.0); ah[r] = vec4<f32>(0.0); }}
+  var c = rg;
+  while (c + {3 * rgs}u < n) {{
+    let vb = (h * {cap}u + c0 + c) * {lw}u + e;
+{loads}    for (var r = 0u; r < {g}u; r = r + 1u) {{
+      let sb = r * {t}u + c;
+{probs}      a[r] = a[r] + {sums["l"]};
+      ah[r] = ah[r] + {sums["h"]};
+    }}
+    c = c + {4 * rgs}u;
+  }}
+  while (c < n) {{
+    let vw = v[(h * {cap}u + c0 + c) * {lw}u + e];
+    let vl = unpack_lo(vw);
+    let vh = unpack_hi(vw);
+    for (var r = 0u; r < {g}u; r = r + 1u) {{
+      let p = sc[r * {t}u + c];
+      a[r] = a[r] + p * vl;
+      ah[r] = ah[r] + p * vh;
+    }}
+    c = c + {rgs}u;
+  }}
+"""
+
+
+def _pv_by_subgroups(g: int, t: int, rgs: int, lw: int, cap: int, sub: int,
                      part_at: str) -> tuple[str, str, str]:
     """(V loads before the scores, probs·V, workgroup memory) of ``flash_decode``'s wide
     float16 probs·V at a ``sub``-wide subgroup (a multiple of the ``lw`` words a row): each
     invocation word ``e`` of rows ``rg``, ``rg + rgs``, ... of the split's ``t``; where they
     are at most ``HOIST_V``, every V word is loaded first (rows past the split's end read
-    its last row and weigh 0), else four at a time after the statistics. The row-groups of
-    a subgroup are summed by ``subgroupShuffleXor``, the subgroups' sums through workgroup
-    memory and one barrier; ``part_at``: the partial's address up to the word."""
+    its last row and weigh 0), else walked after the statistics (``_pv_walk_wide``). The
+    row-groups of a subgroup are summed by ``subgroupShuffleXor``, the subgroups' sums
+    through workgroup memory and one barrier; ``part_at``: the partial's address up to the
+    word."""
     per = t // rgs if t % rgs == 0 else 0
-    hoist = 0 < per <= HOIST_V
-    head = f"  let rg = lid / {lw}u;\n  let e = lid % {lw}u;\n"
     early = ""
-    if hoist:
-        early = head + "".join(
-            f"  let hv{i} = v[(h * {c}u + c0 + min(rg + {i * rgs}u, n - 1u)) * {lw}u + e];\n"
+    if 0 < per <= HOIST_V:
+        early = f"  let rg = lid / {lw}u;\n  let e = lid % {lw}u;\n" + "".join(
+            f"  let hv{i} = v[(h * {cap}u + c0 + min(rg + {i * rgs}u, n - 1u)) * {lw}u + e];\n"
             for i in range(per))
-    pv = "" if hoist else head
-    pv += (f"  var a: array<vec4<f32>, {g}>;\n  var ah: array<vec4<f32>, {g}>;\n"
-           f"  for (var r = 0u; r < {g}u; r = r + 1u) {{\n")
-    if hoist:
-        pv += "    var x = vec4<f32>(0.0);\n    var y = vec4<f32>(0.0);\n"
+        pv = (f"  var a: array<vec4<f32>, {g}>;\n  var ah: array<vec4<f32>, {g}>;\n"
+              f"  for (var r = 0u; r < {g}u; r = r + 1u) {{\n"
+              "    var x = vec4<f32>(0.0);\n    var y = vec4<f32>(0.0);\n")
         for i in range(per):
             pv += (f"    let p{i} = select(0.0, sc[r * {t}u + rg + {i * rgs}u], "
                    f"rg + {i * rgs}u < n);\n"
                    f"    x = x + p{i} * unpack_lo(hv{i});\n    y = y + p{i} * unpack_hi(hv{i});\n")
         pv += "    a[r] = x;\n    ah[r] = y;\n  }\n"
     else:
-        pv += f"""    var x = vec4<f32>(0.0);
-    var y = vec4<f32>(0.0);
-    var cc = rg;
-    while (cc + {3 * rgs}u < n) {{
-      let vb = (h * {c}u + c0 + cc) * {lw}u + e;
-      let v0 = v[vb];
-      let v1 = v[vb + {rgs * lw}u];
-      let v2 = v[vb + {2 * rgs * lw}u];
-      let v3 = v[vb + {3 * rgs * lw}u];
-      let sb = r * {t}u + cc;
-      x = x + sc[sb] * unpack_lo(v0) + sc[sb + {rgs}u] * unpack_lo(v1)
-            + sc[sb + {2 * rgs}u] * unpack_lo(v2) + sc[sb + {3 * rgs}u] * unpack_lo(v3);
-      y = y + sc[sb] * unpack_hi(v0) + sc[sb + {rgs}u] * unpack_hi(v1)
-            + sc[sb + {2 * rgs}u] * unpack_hi(v2) + sc[sb + {3 * rgs}u] * unpack_hi(v3);
-      cc = cc + {4 * rgs}u;
-    }}
-    while (cc < n) {{
-      let vw = v[(h * {c}u + c0 + cc) * {lw}u + e];
-      x = x + sc[r * {t}u + cc] * unpack_lo(vw);
-      y = y + sc[r * {t}u + cc] * unpack_hi(vw);
-      cc = cc + {rgs}u;
-    }}
-    a[r] = x;
-    ah[r] = y;
-  }}
-"""
+        pv = _pv_walk_wide(g, t, rgs, lw, cap)
     nsg = WG // sub
     shuffles = ""
     st = lw
@@ -692,9 +671,9 @@ def _combine(rows: int, ns: int, d: int, vec: bool, subgroup: int | None = None)
     m_of = "part[b + s * {pw}u].x" if vec else "part[b + s * {pw}u]"  # read once each
     l_of = "part[b + s * {pw}u].y" if vec else "part[b + s * {pw}u + 1u]"
     m_of, l_of = m_of.format(pw=pw), l_of.format(pw=pw)
-    sub = (subgroup if subgroup and WG2 % subgroup == 0 and subgroup & (subgroup - 1) == 0
-           else None)
-    weights_decl, total = "var<workgroup> tot: f32;\n", "tot"
+    sub = subgroup if subgroup and WG2 % subgroup == 0 else None
+    ls_decl, weights_decl, total = (f"var<workgroup> ls: array<f32, {ns}>;\n",
+                                    "var<workgroup> tot: f32;\n", "tot")
     if sub is None:
         weights = f"""  for (var s = lid; s < {ns}u; s = s + {WG2}u) {{ w[s] = {m_of}; ls[s] = {l_of}; }}
   workgroupBarrier();
@@ -711,7 +690,7 @@ def _combine(rows: int, ns: int, d: int, vec: bool, subgroup: int | None = None)
   }}
   workgroupBarrier();"""
     else:
-        nsg, total = WG2 // sub, "total"
+        nsg, total, ls_decl = WG2 // sub, "total", ""
         weights_decl = f"var<workgroup> wred: array<f32, {2 * nsg}>;\n"
         weights = f"""  var mx = {neg_inf()};
   for (var s = lid; s < {ns}u; s = s + {WG2}u) {{ mx = max(mx, {m_of}); }}
@@ -733,8 +712,7 @@ def _combine(rows: int, ns: int, d: int, vec: bool, subgroup: int | None = None)
   for (var j = 0u; j < {nsg}u; j = j + 1u) {{ total = total + wred[{nsg}u + j]; }}"""
     src = decl(0, "part", vt, "read") + decl(1, "out", vt, "rw") + f"""
 var<workgroup> w: array<f32, {ns}>;
-var<workgroup> ls: array<f32, {ns}>;
-var<workgroup> acc: array<{vt}, {WG2}>;
+{ls_decl}var<workgroup> acc: array<{vt}, {WG2}>;
 {weights_decl}
 @compute @workgroup_size({WG2})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{

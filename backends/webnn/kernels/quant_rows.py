@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from .common import Kernel, decl, esize, grid
+from .common import Kernel, esize, grid
 from .matmul import (
     GatedOutput,
     StatsOutput,
@@ -496,12 +496,6 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
         prologue = VectorSource(prologue.src + red[0], prologue.bindings, prologue.element,
                                 prologue.reduction)
     shared_input = shared_input and prologue is not None and not ints
-    if ints:
-        decls = int8_vector_decls(K)
-        if prologue is None:
-            prologue = VectorSource(decl(0, "a", "vec4<f32>", "read"), ["read"], "")
-        prologue = VectorSource(prologue.src + decls, prologue.bindings, prologue.element,
-                                prologue.reduction)
     if shared_input:
         prologue = VectorSource(prologue.src + f"var<workgroup> xs: array<vec4<f32>, {K // 4}>;\n",
                                 prologue.bindings, prologue.element, prologue.reduction)
@@ -510,6 +504,8 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
                             n_off=n_off, splits=splits, half_out=half_out,
                             half_scales=half_scales, half=half, row_offsets=False,
                             prologue=prologue, gated=gated, stats=stats, mapped=mapped)
+    if ints:  # (module scope: before the bindings)
+        src = int8_vector_decls(K) + src
     src += f"  let q = min(n0 / {R}u, {groups - 1}u);\n"
     ragged = words % lanes != 0
     flip = " ^ vec4<u32>(0x88888888u)" if signed else ""  # _unpack_biased_fns
@@ -523,7 +519,7 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
     if shared_input:
         src += _shared_vector(prologue, K // 4, wg)
     if ints:
-        src += _int8_vector(prologue if prologue.element else None, K, wg, subgroup)
+        src += _int8_vector(prologue, K, wg, subgroup)
     for i in range(iters):
         src += f"  let sb_{i} = (q * {nblocks}u + j_{i} / {per}u) * {R}u;\n"
         if half_scales:  # the 4 rows' float16 scales: two words
