@@ -352,15 +352,12 @@ def _k_token_run(cls, path, k: int, prompt: list[int], kept: int, nxt: list[int]
         b.close()
 
 
-def _one_token_logits(path, tokens: list[int], folder, same_graph: bool = False
-                      ) -> list[np.ndarray]:
-    """ORT's CPU EP one token a run on the reference's copy of the graph (float32
-    products, ``reference_graph``): the oracle; ``same_graph``: on the export itself (ORT's
-    own products, int8 activations on a 4-bit export, as the K-token runs of ORT take)."""
+def _one_token_logits(graph, tokens: list[int]) -> list[np.ndarray]:
+    """ORT's CPU EP one token a run on ``graph``: the oracle, run on the reference's copy of
+    an export (float32 products, ``reference_graph``)."""
     from backends.ort import BACKENDS
-    from harness.model_run import UserModel, backend_for, reference_graph
+    from harness.model_run import backend_for
 
-    graph = path if same_graph else reference_graph(UserModel.load(path), folder)
     b = backend_for(BACKENDS["ort-cpu:copy"], graph, None)
     b.prepare(None, 32)
     try:
@@ -390,20 +387,22 @@ def test_a_real_export_runs_as_a_k_token_graph_and_rolls_back_by_position(name, 
     rng = np.random.default_rng()
     prompt = [int(t) for t in rng.integers(1, 500, 8)]  # within every test model's vocabulary
     nxt = [int(t) for t in rng.integers(1, 500, 4)]
-    last, after, details = _k_token_run(registry()[backend], path, 4, prompt, 2, nxt)
-    # ORT's CPU EP multiplies a 4-bit export in int8 where the reference's copy does not
-    # (about 2-5 % of the top logit apart on random prompts): ORT's K-token runs are held to
-    # its own one-token runs of the same export instead, which they equal
-    own = backend.startswith("ort-") and name != "genai-llama"
-    want = _one_token_logits(path, prompt, tmp_path, same_graph=own)
-    want_after = _one_token_logits(path, prompt[:6] + nxt, tmp_path, same_graph=own)[6:]
-    tol = UserModelTolerance(path) if name == "genai-q4f16-llama" and not own else 1e-5
-    # ORT against itself on the float16 export: a K-row product sums in another order than
-    # a one-row one, so a float16 logit may round one spacing the other way
-    ulp = own and name == "genai-q4f16-llama"
+    # ORT's CPU EP multiplies a 4-bit export with int8 activations, requantized a row at a
+    # time: a K-row product sums in another order than a one-row one, and where that moves an
+    # activation across a quantization step the rows part (1 in 8 random prompts put a row
+    # 0.8-2.4 % of the top logit off ORT's own one-token run). That is ORT's kernel, not the
+    # K-token graph under test, so ORT runs the reference's copy (accuracy_level 1: float
+    # products), held like the pages to the export's tolerance (0.13 % at worst on 30 seeds)
+    from harness.model_run import UserModel, reference_graph
+
+    oracle = reference_graph(UserModel.load(path), tmp_path)
+    graph = oracle if backend.startswith("ort-") else path
+    last, after, details = _k_token_run(registry()[backend], graph, 4, prompt, 2, nxt)
+    want = _one_token_logits(oracle, prompt)
+    want_after = _one_token_logits(oracle, prompt[:6] + nxt)[6:]
+    tol = UserModelTolerance(path) if name == "genai-q4f16-llama" else 1e-5
     for got, ref in zip(list(last) + list(after), want[4:] + want_after, strict=True):
-        slack = np.spacing(np.abs(ref).astype(np.float16)).astype(np.float64) if ulp else 0.0
-        assert np.all(np.abs(got - ref) <= tol * np.abs(ref).max() + slack)
+        assert np.all(np.abs(got - ref) <= tol * np.abs(ref).max())
     if backend.startswith("wgpu:"):
         assert all("4 new rows" in how or "(4 rows)" in how
                    for how in details["fixed_capacity"].values())
