@@ -551,10 +551,10 @@ def f16kv(name: str) -> Workload:
     return _F16KV[name]
 
 
-def _three_steps_match(b, wl: Workload, cap: int, tol: float, where: str) -> Reference:
-    """Page ``b`` brought to depth 16 of ``wl``, then three steps each within ``tol`` of the
-    float64 reference's logits, argmax included; returns the reference, at depth 19."""
-    depth = 16
+def _three_steps_match(b, wl: Workload, cap: int, tol: float, where: str,
+                       depth: int = 16) -> Reference:
+    """Page ``b`` brought to ``depth`` of ``wl``, then three steps each within ``tol`` of
+    the float64 reference's logits, argmax included; returns the reference, 3 deeper."""
     tokens, ref = at_depth(b, wl, cap, depth)
     for i in range(3):
         tok = int(tokens[depth + i])

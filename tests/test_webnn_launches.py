@@ -66,12 +66,14 @@ def test_the_real_export_plans_the_presets_layer(tmp_path):
     assert sum(rest.values()) == 10, rest
 
 
-@pytest.mark.parametrize("widened", [False, True])
-def test_the_real_export_on_the_gpu_plan_computes_orts_logits(monkeypatch, tmp_path, widened):
+@pytest.mark.parametrize("widened,combine", [(False, None), (True, None), (False, "product")])
+def test_the_real_export_on_the_gpu_plan_computes_orts_logits(monkeypatch, tmp_path, widened,
+                                                              combine):
     """genai's q4f16 export (and its 192-wide MLP: the full-size path, SwiGLU in gate/up)
     on the stateful page with the GPU's plan forced on this adapter (rewrites, the 4-bit
     "quad" kernel, norms from partial sums, residual and gated epilogues, the K and V rows
-    written by attention over the float16 cache's 16-byte words): each of 6 steps
+    written by attention over the float16 cache's 16-byte words; ``combine``: the
+    ``attention_combine`` knob, the o product combining the splits): each of 6 steps
     from fresh random tokens within the export's float16 tolerance of ORT's CPU EP on the
     reference's copy of the graph (float32 products), argmax included; fewer launches than
     the CPU plan's."""
@@ -83,6 +85,7 @@ def test_the_real_export_on_the_gpu_plan_computes_orts_logits(monkeypatch, tmp_p
 
     from backends.base import registry
     from backends.webnn.wgpu_impl import context
+    from backends.webnn.wgpu_impl.options import KernelOptions
     from harness.model_run import UserModel, backend_for, reference_graph
 
     path = GENAI_Q4F16
@@ -98,7 +101,8 @@ def test_the_real_export_on_the_gpu_plan_computes_orts_logits(monkeypatch, tmp_p
     real = context.target_of
     monkeypatch.setattr(context, "target_of", lambda *a: dataclasses.replace(
         real(*a), cpu=False, max_storage=16, shared_bytes=32768))
-    page = backend_for(registry()["wgpu:stateful"], path, None)
+    page = backend_for(registry()["wgpu:stateful"], path, None,
+                       KernelOptions(attention_combine=combine))
     cap = 16
     rng = np.random.default_rng()
     try:
@@ -110,6 +114,7 @@ def test_the_real_export_on_the_gpu_plan_computes_orts_logits(monkeypatch, tmp_p
         assert "fused_vector" in names and names.count("fused_vector") == 1, names
         assert "scatter_nd" not in names, names  # the rows written by attention
         assert page.converted.graph.launches < cpu_page.converted.graph.launches
+        assert names.count("attention_combine") == (0 if combine else 2), names
         for i, tok in enumerate(rng.integers(1, 1000, 6)):
             want = np.asarray(oracle.step(int(tok)), np.float64).reshape(-1)
             got = np.asarray(page.step(int(tok)), np.float64).reshape(-1)
@@ -203,3 +208,27 @@ def test_a_float_weight_layer_launches_as_a_4bit_one():
     assert count == 16 and len(off) == 9, off
     assert off.count("fused_vector") == 2 and off.count("fused:sigmoid+mul+mul") == 1, off
     assert 16 * len(off) + sum(rest.values()) == 152, rest
+
+
+@pytest.mark.parametrize("attention", [None, "tile"])
+def test_the_combine_in_the_o_product_leaves_five_launches_a_layer(attention):
+    """llama-1b+q4f16's layer (attention only) on the H200's plan with
+    ``attention_combine=product``: the o product combines the attention's splits where it
+    reads them, so a layer is attention (writing the K and V rows), o, gate/up, down and
+    q/k/v: 5 launches, one fewer than by default; the verify's and float-weight layers keep
+    their combine launch (only the one-row "quad" product takes it)."""
+    from dataclasses import replace
+
+    from model.workload import ATTENTION, Workload, preset
+
+    workload = Workload.build(replace(preset("llama-1b+q4f16"), layers=(ATTENTION,) * 2))
+    kernel = f"attention_{attention or 'flash'}"
+    one, count, rest = _census(None, workload, attention=attention, attention_combine="product")
+    assert count == 2 and sorted(one) == sorted([kernel] + ["gemv_q4_quad"] * 4), one
+    default, _, rest_default = _census(None, workload, attention=attention)
+    assert sorted(default) == sorted(one + ["attention_combine"]) and rest == rest_default
+    verify, _, _ = _census(None, workload, tokens=4, attention_combine="product")
+    assert "attention_combine" in verify, verify
+    floats = Workload.build(replace(preset("tiny+f16"), layers=(ATTENTION,) * 2))
+    one, _, _ = _census(None, floats, attention_combine="product")
+    assert "attention_combine" in one, one

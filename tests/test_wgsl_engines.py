@@ -52,6 +52,7 @@ OPTION_VALUES: dict[str, list[str | int | None]] = {
     "attention_writes": [None, "fold", "off"],
     "tile_pv": [None, "lanes", "walk"],
     "attention_sync": [None, "subgroups", "trees"],
+    "attention_combine": [None, "launch", "product"],
     "q4_rows": [None, "rows", "cols", "cols4", "cols_c32", "quad", "cols_h", "cols2_c16_h"],
     "gdn_replay": [None, "fused", "launch"],
 }

@@ -26,12 +26,16 @@ from dataclasses import dataclass
 
 from .common import Kernel, decl, neg_inf
 from .fused import FusedOp, Leaf, functions, leaf_decls
+from .matmul import VectorSource
 
 WG = 128  # pass 1 workgroup
 WG2 = 256  # combine workgroup
 SPLITS = 32  # splits per head a long cache aims at
 GROUP_ROWS = 2  # q rows a flash_decode workgroup scores at most, by default (PERFORMANCE.md)
 F16_LOADS = ("wide", "vec4")  # how flash_decode loads a float16 cache (its f16_loads)
+#: splits a row's combine computed by a product (``combine_vector``) loads straight-line;
+#: beyond, loops
+COMBINE_UNROLL = 16
 
 
 #: a 16-byte word of 8 halves, widened (exact): halves 0-3 and 4-7
@@ -741,8 +745,77 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 }}
 """
     gx = min(rows, 65535)
-    return Kernel("attention_combine", src, ["read", "rw"], (gx, -(-rows // gx), 1),
-                  4 * (rows * ns * (d + 4) + rows * d))
+    return Combine("attention_combine", src, ["read", "rw"], (gx, -(-rows // gx), 1),
+                   4 * (rows * ns * (d + 4) + rows * d), rows, ns, d, vec)
+
+
+@dataclass
+class Combine(Kernel):
+    """``_combine``'s kernel and the partials it reads: ``rows`` q rows of ``splits``
+    splits, each ``(m, l, 0, 0, acc[d])`` (``vec``: 16-byte words, ``acc`` from the second);
+    a reader may compute the vector instead (``combine_vector``)."""
+
+    rows: int = 0
+    splits: int = 0
+    d: int = 0
+    vec: bool = True
+
+
+def combine_vector(rows: int, ns: int, d: int) -> VectorSource:
+    """The ``rows`` × ``d`` output ``_combine`` writes (``vec`` partials, row-major), as a
+    product's input vector computed by each of its workgroups (``VectorSource.setup``): an
+    invocation a row weighs its ``ns`` splits (their maximum, ``e^{m_s - M}``, the total;
+    the loads straight-line up to ``COMBINE_UNROLL`` splits), then after a barrier an
+    invocation a 16-byte word sums its splits' accumulators into workgroup memory, which
+    the product reads (``element``). So the combine has no launch of its own: the
+    product's code loads are in flight meanwhile, and a layer is a launch shorter."""
+    assert d % 4 == 0
+    pw, dq = d // 4 + 1, d // 4
+    words = rows * dq
+    unrolled = ns <= COMBINE_UNROLL
+    src = decl(0, "part", "vec4<f32>", "read") + (
+        f"var<workgroup> cb_w: array<f32, {rows * ns}>;\n"
+        f"var<workgroup> cb_t: array<f32, {rows}>;\n"
+        f"var<workgroup> cb_v: array<f32, {rows * d}>;\n")
+
+    def weights() -> str:
+        if unrolled:
+            out = "".join(f"    let ch{s} = part[cb + {s * pw}u];\n" for s in range(ns))
+            out += "    var mx = ch0.x;\n" + "".join(
+                f"    mx = max(mx, ch{s}.x);\n" for s in range(1, ns))
+            out += "    var l = 0.0;\n" + "".join(
+                f"    let w{s} = exp(ch{s}.x - mx);\n    cb_w[r * {ns}u + {s}u] = w{s};\n"
+                f"    l = l + ch{s}.y * w{s};\n" for s in range(ns))
+            return out
+        return (f"    var mx = {neg_inf()};\n"
+                f"    for (var s = 0u; s < {ns}u; s = s + 1u) {{ mx = max(mx, part[cb + s * {pw}u].x); }}\n"
+                "    var l = 0.0;\n"
+                f"    for (var s = 0u; s < {ns}u; s = s + 1u) {{\n"
+                f"      let ch = part[cb + s * {pw}u];\n"
+                "      let ws = exp(ch.x - mx);\n"
+                f"      cb_w[r * {ns}u + s] = ws;\n"
+                "      l = l + ch.y * ws;\n    }\n")
+
+    def sums() -> str:
+        if unrolled:
+            return "".join(f"    a = a + part[cb + {s * pw}u] * cb_w[r * {ns}u + {s}u];\n"
+                           for s in range(ns))
+        return (f"    for (var s = 0u; s < {ns}u; s = s + 1u) {{\n"
+                f"      a = a + part[cb + s * {pw}u] * cb_w[r * {ns}u + s];\n    }}\n")
+
+    def setup(wg: int) -> str:
+        return (f"  for (var r = lid; r < {rows}u; r = r + {wg}u) {{\n"
+                f"    let cb = r * {ns * pw}u;\n" + weights()
+                + "    cb_t[r] = 1.0 / l;\n  }\n  workgroupBarrier();\n"
+                f"  for (var j = lid; j < {words}u; j = j + {wg}u) {{\n"
+                f"    let r = j / {dq}u;\n"
+                f"    let cb = r * {ns * pw}u + 1u + j % {dq}u;\n"
+                "    var a = vec4<f32>(0.0);\n" + sums()
+                + "    let o = a * cb_t[r];\n"
+                + "".join(f"    cb_v[4u * j + {c}u] = o.{x};\n" for c, x in enumerate("xyzw"))
+                + "  }\n  workgroupBarrier();\n")
+
+    return VectorSource(src, ["read"], "cb_v[{}]", setup=setup)
 
 
 def last_of_head(ns: int) -> str:

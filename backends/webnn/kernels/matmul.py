@@ -7,7 +7,7 @@ reads the key cache without materialising the transpose.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .. import shapes as S
@@ -154,6 +154,11 @@ class VectorSource:
     #: reader has several rows (``quant_quad_rows.gemm_q4_quad``), each row its own: the
     #: count a row's, row m's partials from m · count, the divisor a row's length
     partials: tuple[str, int, int] | None = None
+    #: WGSL every invocation of a ``wg``-wide workgroup runs once, in uniform control flow,
+    #: before the vector is read (``quant_rows.gemv_q4_quad``: after its code loads are
+    #: issued), writing what ``element`` reads into workgroup memory and ending in a barrier
+    #: (an attention's combine: ``attention.combine_vector``); None: nothing
+    setup: Callable[[int], str] | None = None
 
 
 @dataclass
@@ -313,6 +318,7 @@ def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequenc
     outs = list(splits) if splits else [N]
     assert gated is None or (not (splits or residual or n_chunk) and R % 4 == 0
                              and N % 4 == 0), "a gated pair: whole groups of 4 rows"
+    assert prologue is None or prologue.setup is None, "a setup runs in the 4-bit quad only"
     assert stats is None or not (splits or gated), "partial sums of one product's rows"
     red = None
     if prologue is None:

@@ -117,7 +117,8 @@ def gemm_q4_quad(K: int, N: int, block: int, M: int, *, signed: bool,
     (``_row_input``), after every code load is issued."""
     assert K % 32 == 0 and block % 32 == 0 and K % block == 0 and 1 <= M <= 64
     assert gated is None or (N % QUAD == 0 and not (residual or splits or n_off))
-    assert prologue is None or (prologue.partials is not None and head_d is None)
+    assert prologue is None or (prologue.partials is not None and head_d is None
+                                and prologue.setup is None)
     assert stats is None or (gated is None and not splits)
     R, RM, K4 = QUAD, QUAD * M, K // 4
     words, nblocks, per = K // 8, K // block, block // 8

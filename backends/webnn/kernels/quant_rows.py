@@ -462,6 +462,7 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
     ``shared_input`` (with ``prologue``): the vector computed once a workgroup, each
     invocation its share of ``K / 4`` words into workgroup memory and one barrier, where
     otherwise each of the workgroup's groups computes all of it (``256 / lanes`` times).
+    A prologue's ``setup`` (an attention's combine) runs there too, after the code loads.
 
     ``gated``: the rows are a pair of stacked products', two of each a group
     (``gemv.paired_rows``), and the kernel writes ``gated``'s element of the two at
@@ -495,7 +496,8 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
     if red is not None:
         prologue = VectorSource(prologue.src + red[0], prologue.bindings, prologue.element,
                                 prologue.reduction)
-    shared_input = shared_input and prologue is not None and not ints
+    shared_input = (shared_input and prologue is not None and not ints
+                    and prologue.setup is None)  # a setup's vector is in workgroup memory
     if shared_input:
         prologue = VectorSource(prologue.src + f"var<workgroup> xs: array<vec4<f32>, {K // 4}>;\n",
                                 prologue.bindings, prologue.element, prologue.reduction)
@@ -516,6 +518,8 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
         src += f"  let w_{i} = b[q * {words}u + j_{i}]{flip};\n"
     if red is not None:  # uniform control flow: every invocation, no return before
         src += red[1]
+    if prologue is not None and prologue.setup is not None:  # likewise
+        src += prologue.setup(wg)
     if shared_input:
         src += _shared_vector(prologue, K // 4, wg)
     if ints:
@@ -572,12 +576,17 @@ def int8_vector_decls(K: int) -> str:
             f"var<workgroup> xk: array<f32, {K // 32}>;\n")
 
 
+def quad_scratch_bytes() -> int:
+    """The most workgroup memory ``gemv_q4_quad`` takes besides its input's: the sums'
+    scratch of a 256-invocation workgroup without subgroups (``wide_shared``: 256 · ``QUAD``
+    floats) and 256 floats more (the pair's, the partial sums' or a reduction's)."""
+    return 4 * 256 * (QUAD + 1)
+
+
 def int8_fits(K: int, shared_bytes: int) -> bool:
     """Whether ``gemv_q4_quad(ints=True)``'s workgroup memory fits ``shared_bytes``: the
-    parts (``int8_vector_decls``) and at most the sums' scratch of a 256-invocation
-    workgroup without subgroups (``wide_shared``: 256 · ``QUAD`` floats) and 256 floats
-    more (the pair's, the partial sums' or a reduction's)."""
-    return 16 * (K // 8) + 4 * (K // 8) + 4 * (K // 32) + 4 * 256 * (QUAD + 1) <= shared_bytes
+    parts (``int8_vector_decls``) beside ``quad_scratch_bytes``."""
+    return 16 * (K // 8) + 4 * (K // 8) + 4 * (K // 32) + quad_scratch_bytes() <= shared_bytes
 
 
 def _int8_vector(prologue: VectorSource | None, K: int, wg: int,

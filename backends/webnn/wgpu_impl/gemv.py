@@ -5,8 +5,9 @@ norms feeding them, each computed in one launch (``row_reductions``).
 These are what make the wgpu lowering launch-light on GPUs (PERFORMANCE.md): a layer's q/k/v
 projections become one launch reading the stacked weights; the residual add is written by
 the projection feeding it; the element-wise vector a projection reads (RMSNorm's tail,
-SwiGLU) is computed by the projection's workgroups. Each decision is pure planning over the
-graph; the lowerings at the end (registered in ``lowerings``) emit the kernels.
+SwiGLU; an attention's combine) is computed by the projection's workgroups. Each decision
+is pure planning over the graph; the lowerings at the end (registered in ``lowerings``)
+emit the kernels.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 from .. import shapes as S
 from ..ir import Node
 from ..kernels import Kernel
+from ..kernels import attention as AT
 from ..kernels import fused as FU
 from ..kernels import matmul as MM
 from ..kernels.common import decl
@@ -311,6 +313,30 @@ class Prologue:
         rsrc = FU.functions(rops, rleaves, "r_")[0] if rops else ""
         return MM.VectorSource(decls + fsrc + rdecls + rsrc, bindings + rbind, element,
                                (r.op, load, S.size(x.shape)))
+
+
+@dataclass
+class CombinePrologue:
+    """A 4-bit product's input vector that is a two-launch attention's output, computed by
+    the product's workgroups from the attention's partials (``attention.combine_vector``;
+    ``passes.attention_combines``): the attention's combine has no launch of its own."""
+
+    attention: Node  # the probs·V node the partials are of
+    combine: AT.Combine  # the combine launch it stands for (the partials' layout)
+    part: Slot  # the partials' slot (``match_attention.partials_slot``)
+
+    @property
+    def leaves(self) -> list[Node]:
+        """What the product reads, for the order: the attention's output (its partials)."""
+        return [self.attention]
+
+    @property
+    def absorbed(self) -> list[Node]:
+        return []
+
+    def source(self) -> MM.VectorSource:
+        c = self.combine
+        return AT.combine_vector(c.rows, c.splits, c.d)
 
 
 def gemv_prologues(nodes: list[Node], fold: dict[int, Node], inlined: set[int],
@@ -662,10 +688,13 @@ def _weights(count: int, rows: Callable[[], np.ndarray], half: bool) -> Deferred
 def gemv_input(plan: Any, o: Node, ins: list[Slot],
                slot_of: Any) -> tuple[list[Slot], MM.VectorSource | None]:
     """(slots bound for a gemv's input vector, its prologue source or None): the vector's
-    own slot, or the leaves the gemv computes it from."""
+    own slot, or the leaves the gemv computes it from (an attention's partials: the
+    combine it computes, ``CombinePrologue``)."""
     pro = plan.prologue.get(o.id)
     if pro is None:
         return [ins[0]], None
+    if isinstance(pro, CombinePrologue):
+        return [pro.part], pro.source()
     extra = [pro.stats.slot] if pro.stats is not None else []
     return [slot_of(x) for x in pro.leaves] + extra, pro.source()
 

@@ -34,7 +34,7 @@ from ..kernels import attention_lanes as AL
 from ..kernels import attention_tile as ATT
 from ..stateful import root
 from . import fusion
-from .launches import KernelLaunch
+from .launches import KernelLaunch, Slot
 from .lowerings import Site, claims
 
 #: q rows a KV head at most (a K = 8 verify of 8 q heads a KV head): the flash kernel scores
@@ -327,12 +327,44 @@ def _attention_tile(plan: Any, o: Node, writes: AT.RowWrites | None = None
                   plan.options.attention_subgroup(plan.target))
 
 
+def partials_slot(o: Node) -> Slot:
+    """The slot of attention ``o``'s partials (pass 1 writes them, the combine reads them)."""
+    return ("temp", ("flash", o.id))
+
+
+def _two_launches(plan: Any, o: Node, writes: AT.RowWrites | None = None
+                  ) -> tuple[AT.Kernel, AT.Kernel, int]:
+    """(pass 1, the combine, partial 4-byte words) of the two-launch decode attention the
+    options pick (lanes, tile, else flash); ``writes``: the row write folded into pass 1."""
+    m = plan.attention[o.id]
+    if (two := _attention_lanes(plan, o, False)) is not None:
+        assert writes is None, "the row writes fold into the flash and tile kernels only"
+        (k1, k2), parts, _ = two
+        return k1, k2, parts
+    if (tiled := _attention_tile(plan, o, writes)) is not None:
+        return tiled
+    return m.kernels(plan.target.shared_bytes, plan.options.attention_splits,
+                     plan.options.f16_loads, writes,
+                     plan.options.attention_group_rows(m.q_rows, plan.target),
+                     plan.options.attention_subgroup(plan.target))
+
+
+def combine_of(plan: Any, o: Node) -> AT.Combine | None:
+    """The combine launch attention ``o`` is lowered with, where a reader may compute it
+    instead (``gemv.CombinePrologue``): two launches, 16-byte partials; else None."""
+    if _attention_one(plan, o) is not None:
+        return None
+    k2 = _two_launches(plan, o)[1]
+    return k2 if isinstance(k2, AT.Combine) and k2.vec else None
+
+
 @claims(30, lambda plan, o: o.id in plan.attention)
 def _lower_attention(n: Site) -> None:
     """Decode attention in one launch (the combine folded in) where the options ask for it
-    and it applies, else in two: the partials, then their combine."""
+    and it applies, else in two: the partials, then their combine (none where the product
+    reading the output computes it: ``plan.combined``)."""
     plan, o = n.plan, n.node
-    part = ("temp", ("flash", o.id))
+    part = partials_slot(o)
     if (one := _attention_one(plan, o)) is not None:
         k1, parts, counters = one  # one launch: the combine folded in (``flash_decode_one``)
         cnt = ("const", ("flash_count", o.id))
@@ -343,18 +375,12 @@ def _lower_attention(n: Site) -> None:
     m = plan.attention[o.id]
     ins = n.ins[:len(m.leaves)]  # the step's reads go on with a folded row write's
     writes, w_slots = _row_writes(n, m, plan.attention_writes.get(o.id))
-    if (two := _attention_lanes(plan, o, False)) is not None:
-        assert writes is None, "the row writes fold into the flash and tile kernels only"
-        (k1, k2), parts, _ = two
-    elif (tiled := _attention_tile(plan, o, writes)) is not None:
-        k1, k2, parts = tiled
-    else:
-        k1, k2, parts = m.kernels(plan.target.shared_bytes, plan.options.attention_splits,
-                                  plan.options.f16_loads, writes,
-                                  plan.options.attention_group_rows(m.q_rows, plan.target),
-                                  plan.options.attention_subgroup(plan.target))
+    k1, k2, parts = _two_launches(plan, o, writes)
     plan.temps[part] = parts
     n.add(KernelLaunch(k1, ins + [part] + w_slots))
+    if o.id in plan.combined:
+        assert k2 == plan.prologue[plan.combined[o.id]].combine, "planned on other partials"
+        return
     n.add(KernelLaunch(k2, [part, n.out]))
 
 

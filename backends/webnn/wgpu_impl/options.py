@@ -100,6 +100,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "attention_writes": ("fold", "off"),
     "tile_pv": ("lanes", "walk"),
     "attention_sync": ("subgroups", "trees"),
+    "attention_combine": ("launch", "product"),
     "gdn_replay": ("fused", "launch"),
     "row_vector": ("unrolled", "loop"),
     "row_writes": ("separate",),
@@ -200,6 +201,11 @@ class KernelOptions:
     #: by shuffles, its V words loaded before the scores where few; ``attention_subgroup``),
     #: "trees" (workgroup trees and serial walks, the kernels before)
     attention_sync: str | None = None
+    #: where a two-launch attention's (flash, tile) splits are combined: None/"launch" (a
+    #: launch of its own), "product" (by each workgroup of the 4-bit product that alone
+    #: reads the attention's output, the o projection, into its workgroup memory before its
+    #: sums: ``kernels/attention.combine_vector``; else a launch)
+    attention_combine: str | None = None
     #: splits per head flash-decoding aims at on long caches: None (``kernels/attention.SPLITS``;
     #: "flash1": ``SPLITS1``; "lanes", "lanes1": ``attention_lanes.SPLITS_L``)
     attention_splits: int | None = None
@@ -483,6 +489,11 @@ class KernelOptions:
         adapters (CPU adapters keep the trees unless "subgroups" is asked for)."""
         how = self.attention_sync
         return t.subgroup if how == "subgroups" or (how is None and not t.cpu) else None
+
+    def attention_combine_product(self) -> bool:
+        """Whether a two-launch attention's combine is computed by the product reading its
+        output (``attention_combine`` "product"; ``passes.attention_combines``)."""
+        return self.attention_combine == "product"
 
     def attention_lanes(self, q_rows: int = 1) -> tuple[bool, int | None] | None:
         """(combine folded in, rows a lane-group loads at once or None: the default) of the

@@ -15,11 +15,17 @@ from typing import Any
 
 from .. import shapes as S
 from ..ir import Graph, Node
-from ..kernels.quant_rows import quad_workgroups
+from ..kernels.quant_rows import quad_scratch_bytes, quad_workgroups
 from ..stateful import analyse, root
 from . import fusion
 from . import gemv as GV
-from .match_attention import fold_row_writes, last2_transpose_input, match_attention
+from .match_attention import (
+    combine_of,
+    fold_row_writes,
+    last2_transpose_input,
+    match_attention,
+    partials_slot,
+)
 from .match_gdn import match_gated_delta
 from .match_gdn_capsule import match_capsules
 from .match_q4 import head_rows, match_q4, rows_norms, rows_workgroups, stacked_rows
@@ -335,6 +341,33 @@ def attention_row_writes(plan: Plan, st: PassState) -> None:
     st.absorbed |= {x.id for ks in plan.attention_writes.values() for x in ks}
 
 
+def attention_combines(plan: Plan, st: PassState) -> None:
+    """A two-launch attention's combine computed by the one product reading its output
+    (``KernelOptions.attention_combine`` "product"): a one-row 4-bit product on the "quad"
+    kernel (the o projection), every workgroup combining the splits into its workgroup
+    memory (``gemv.CombinePrologue``), so the combine has no launch of its own. Where the
+    partials, the vector and the product's own scratch do not fit workgroup memory, or the
+    bindings exceed the limit, the combine keeps its launch."""
+    if not plan.options.attention_combine_product() or plan.options.q4_quad(plan.target) is None:
+        return
+    consumers = fusion.consumers_of(st.nodes)
+    other = _q4_other_bindings(plan)
+    for aid, m in plan.attention.items():
+        readers = consumers.get(aid, [])
+        c = readers[0] if len(readers) == 1 else None
+        if (c is None or aid in st.pinned or c.id not in other or c.id in plan.prologue
+                or c.id in plan.stacked or root(c.inputs[0]) is not m.out
+                or c.inputs[0].shape[-1] != S.size(m.out.shape) or S.size(c.shape[:-1]) != 1
+                or 1 + other[c.id] > plan.target.max_storage):
+            continue
+        k2 = combine_of(plan, m.out)
+        if k2 is None or (4 * k2.rows * (k2.splits + 1 + k2.d) + quad_scratch_bytes()
+                          > plan.target.shared_bytes):
+            continue
+        plan.prologue[c.id] = GV.CombinePrologue(m.out, k2, partials_slot(m.out))
+        plan.combined[aid] = c.id
+
+
 def gated_delta(plan: Plan, st: PassState) -> None:
     """A gated delta net's decode step: one launch."""
     gdn = plan.options.gdn_variant(plan.target)
@@ -363,7 +396,7 @@ def q4_gemvs(plan: Plan, st: PassState) -> None:
 #: the passes after ``place_results``, in order: each sees what the earlier ones absorbed
 PASSES = (fold_transposes, q4_gemvs, gdn_capsules, fuse_loops, decode_attention, stack_gemvs,
           residual_epilogues, gated_epilogues, gemv_prologues, group_row_writes,
-          attention_row_writes, gated_delta)
+          attention_row_writes, attention_combines, gated_delta)
 
 
 #: ops the wgpu kernels run on float16 operands (WGSL f16 storage): casts, element-wise

@@ -50,7 +50,10 @@ class Plan:
     stacked: dict[int, list[Node]] = field(default_factory=dict)  # first gemv -> all
     fold: dict[int, Node] = field(default_factory=dict)  # matmul id -> B read transposed
     epilogue: dict[int, tuple[Node, Node]] = field(default_factory=dict)  # gemv -> (add, residual)
-    prologue: dict[int, GV.Prologue] = field(default_factory=dict)  # gemv -> its input vector
+    #: gemv -> its input vector
+    prologue: dict[int, GV.Prologue | GV.CombinePrologue] = field(default_factory=dict)
+    #: probs·V id -> the product computing its combine (``GV.CombinePrologue``)
+    combined: dict[int, int] = field(default_factory=dict)
     vectors: dict[int, GV.Prologue] = field(default_factory=dict)  # vector -> it + its reduction
     row_writes: dict[int, list[Node]] = field(default_factory=dict)  # first scatter -> all
     in_place: dict[int, PairPlan] = field(default_factory=dict)  # writer id -> its pair

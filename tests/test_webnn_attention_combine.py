@@ -1,0 +1,127 @@
+"""A two-launch attention's combine computed by the o projection's workgroups
+(``KernelOptions.attention_combine`` "product", ``passes.attention_combines``): each
+workgroup of the 4-bit "quad" product weighs the splits' partials and sums them into its
+workgroup memory before its own sums (``attention.combine_vector``), so a layer has no
+combine launch. Checked on the stateful tiny pages with the GPU's plan forced on this
+adapter, at a depth filling several splits (the rest empty), against the float64 reference:
+flash and tile partials, the splits' loads straight-line and in loops, float16 and float32
+caches, the int8 parts' product."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from at_depth import at_depth
+from test_pages import _gpu_target, _three_steps_match, f16kv
+
+from backends.pages import StatefulInPlace
+from backends.webnn.kernels.attention import COMBINE_UNROLL
+from backends.webnn.wgpu_impl.options import KernelOptions
+from harness.metrics import logits_tolerance
+
+ok, why = StatefulInPlace.available()
+pytestmark = pytest.mark.skipif(not ok, reason=why)
+
+DEPTH = 140  # past a flash split's 128 rows, five of tile_t32's
+
+
+@pytest.mark.adapter_feature("shader-f16")
+@pytest.mark.parametrize("name,how,cap,splits,q4", [
+    ("tiny+q4f16", "flash", 300, 3, None),
+    ("tiny+q4f16", "tile_t64", 300, 5, None),
+    ("tiny+q4f16", "tile_t32", 600, 19, None),  # beyond COMBINE_UNROLL: the loops
+    ("tiny+q4f16", "tile_t64", 300, 5, "quad_k4_i8"),  # the int8 parts of the vector
+    ("tiny+q4", "flash", 300, 3, None),  # a float32 cache and graph
+])
+def test_the_combine_computed_by_the_o_product_matches_the_reference(monkeypatch, name, how,
+                                                                      cap, splits, q4):
+    _gpu_target(monkeypatch)
+    wl = f16kv(name)
+    b = StatefulInPlace(options=KernelOptions(attention=how, attention_combine="product",
+                                              q4_gemv=q4))
+    b.prepare(wl, cap)
+    try:
+        plan = b.converted.graph._plan
+        names = [la.kernel.name for la in plan.launches if hasattr(la, "kernel")]
+        attentions = sum(n.startswith("attention_") for n in names)
+        assert attentions == len(plan.combined) > 0 and "attention_combine" not in names, names
+        for pid in plan.combined.values():
+            assert plan.prologue[pid].combine.splits == splits
+        readers = [la.kernel for la in plan.launches
+                   if hasattr(la, "kernel") and "cb_v[" in la.kernel.wgsl]
+        assert len(readers) == attentions and all(k.name == "gemv_q4_quad" for k in readers)
+        assert all(("for (var s" in k.wgsl) == (splits > COMBINE_UNROLL) for k in readers)
+        _three_steps_match(b, wl, cap, logits_tolerance(wl.config), f"{name} {how}", DEPTH)
+    finally:
+        b.close()
+
+
+@pytest.mark.parametrize("how,cap", [("flash", 300), ("tile_t32", 600)])
+def test_a_float32_page_computes_the_combine_launchs_logits(monkeypatch, how, cap):
+    """tiny+q4's float32 graph with its combine computed by the o product and with its own
+    launch, at the same depth: the same logits within float32 rounding (the weights'
+    normalisation once a row, a multiply for a division), so the sum is the combine's own
+    and not merely one within the reference's tolerance."""
+    _gpu_target(monkeypatch)
+    wl = f16kv("tiny+q4")
+    got = {}
+    for knob in ("launch", "product"):
+        b = StatefulInPlace(options=KernelOptions(attention=how, attention_combine=knob))
+        b.prepare(wl, cap)
+        try:
+            tokens, _ = at_depth(b, wl, cap, DEPTH)
+            got[knob] = [np.asarray(b.step(int(t)), np.float64) for t in tokens[DEPTH:DEPTH + 3]]
+        finally:
+            b.close()
+    for a, b in zip(got["product"], got["launch"], strict=True):
+        assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max()
+
+
+def test_the_combine_keeps_its_launch_unless_asked_or_where_no_product_reads_it(monkeypatch):
+    """By default (and "launch") the combine is a launch; asked for, it is computed by the
+    product only where that product alone reads the attention's output: the CPU plan's
+    products (not "quad") leave it a launch."""
+    from backends.webnn.wgpu_impl.options import KernelOptions as KO
+
+    wl = f16kv("tiny+q4f16")
+    counts = {}
+    for gpu, knob in ((False, "product"), (True, None), (True, "launch"), (True, "product")):
+        with monkeypatch.context() as m:
+            if gpu:
+                _gpu_target(m)
+            b = StatefulInPlace(options=KO(attention_combine=knob))
+            b.prepare(wl, 24)
+            try:
+                plan = b.converted.graph._plan
+                names = [la.kernel.name for la in plan.launches if hasattr(la, "kernel")]
+                counts[gpu, knob] = (len(plan.combined), names.count("attention_combine"),
+                                     len(names))
+            finally:
+                b.close()
+    assert counts[False, "product"][:2] == (0, 1), counts
+    assert counts[True, None] == counts[True, "launch"] and counts[True, None][:2] == (0, 1)
+    assert counts[True, "product"][:2] == (1, 0)
+    assert counts[True, "product"][2] == counts[True, None][2] - 1, counts
+
+
+@pytest.mark.parametrize("engine", ["wgpu", "dawn"])
+@pytest.mark.parametrize("splits", [5, 33])  # llama-1b's flash at 544, its tile at 8200
+def test_the_combining_product_compiles_with_naga_and_tint_at_llama_shapes(engine, splits):
+    """The o product of llama-1b (K = N = 2048, float16 products, the residual and the
+    norm's partial sums written) computing its 32 heads' combine, straight-line and in loops,
+    at the NVIDIA width: both engines' compilers accept it."""
+    from wgsl_compilers import compiler_device, rejection
+
+    from backends.webnn.kernels.attention import combine_vector
+    from backends.webnn.kernels.matmul import StatsOutput
+    from backends.webnn.kernels.quant_rows import gemv_q4_quad
+
+    if compiler_device(engine)[0] is None:
+        pytest.skip(compiler_device(engine)[1])
+    k = gemv_q4_quad(2048, 2048, 32, signed=False, zero_points=False, loads=4, subgroup=32,
+                     residual=True, half=True, half_scales=True, half_out=True,
+                     prologue=combine_vector(32, splits, 64),
+                     stats=StatsOutput("fn norm_el(i: u32, xs: f16) -> f32 {\n"
+                                       "  return f32(xs) * f32(xs);\n}\n"))
+    assert ("for (var s" in k.wgsl) == (splits > COMBINE_UNROLL)
+    assert rejection(engine, k.wgsl) == ""
