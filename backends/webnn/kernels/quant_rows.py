@@ -568,12 +568,17 @@ def gemv_q4_quad(K: int, N: int, block: int, *, signed: bool, zero_points: bool,
 INT8_LO = 254
 
 
+def _int8_arrays(K: int) -> tuple[tuple[str, str, int, int], ...]:
+    """(name, element type, elements, bytes an element) of ``_int8_vector``'s workgroup
+    memory: per 8-input word the parts packed (``xq``) and their weighted sum (``xn``), per
+    32-input block the scale (``xk``)."""
+    return (("xq", "vec4<u32>", K // 8, 16), ("xn", "i32", K // 8, 4), ("xk", "f32", K // 32, 4))
+
+
 def int8_vector_decls(K: int) -> str:
-    """Workgroup memory of ``_int8_vector``: per 8-input word the parts packed (``xq``) and
-    their weighted sum (``xn``), per 32-input block the scale (``xk``)."""
-    return (f"var<workgroup> xq: array<vec4<u32>, {K // 8}>;\n"
-            f"var<workgroup> xn: array<i32, {K // 8}>;\n"
-            f"var<workgroup> xk: array<f32, {K // 32}>;\n")
+    """Workgroup memory of ``_int8_vector`` (``_int8_arrays``), declared at module scope."""
+    return "".join(f"var<workgroup> {name}: array<{t}, {n}>;\n"
+                   for name, t, n, _ in _int8_arrays(K))
 
 
 def quad_scratch_bytes() -> int:
@@ -585,8 +590,9 @@ def quad_scratch_bytes() -> int:
 
 def int8_fits(K: int, shared_bytes: int) -> bool:
     """Whether ``gemv_q4_quad(ints=True)``'s workgroup memory fits ``shared_bytes``: the
-    parts (``int8_vector_decls``) beside ``quad_scratch_bytes``."""
-    return 16 * (K // 8) + 4 * (K // 8) + 4 * (K // 32) + quad_scratch_bytes() <= shared_bytes
+    parts (``_int8_arrays``) beside ``quad_scratch_bytes``."""
+    parts = sum(n * size for _, _, n, size in _int8_arrays(K))
+    return parts + quad_scratch_bytes() <= shared_bytes
 
 
 def _int8_vector(prologue: VectorSource | None, K: int, wg: int,
