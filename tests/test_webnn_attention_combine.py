@@ -1,11 +1,12 @@
 """A two-launch attention's combine computed by the o projection's workgroups
 (``KernelOptions.attention_combine`` "product", ``passes.attention_combines``): each
-workgroup of the 4-bit "quad" product weighs the splits' partials and sums them into its
-workgroup memory before its own sums (``attention.combine_vector``), so a layer has no
-combine launch. Checked on the stateful tiny pages with the GPU's plan forced on this
-adapter, at a depth filling several splits (the rest empty), against the float64 reference:
+workgroup of the 4-bit "quad" product (or the float rows kernel) weighs the splits' partials
+and sums them into its workgroup memory before its own sums (``attention.combine_vector``),
+so a layer has no combine launch. Checked on the stateful tiny pages with the GPU's plan
+forced on this adapter, at a depth filling several splits (the rest empty), against the
+float64 reference:
 flash and tile partials, the splits' loads straight-line and in loops, float16 and float32
-caches, the int8 parts' product."""
+caches, the int8 parts' product, float weights."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ DEPTH = 140  # past a flash split's 128 rows, five of tile_t32's
     ("tiny+q4f16", "tile_t32", 600, 19, None),  # beyond COMBINE_UNROLL: the loops
     ("tiny+q4f16", "tile_t64", 300, 5, "quad_k4_i8"),  # the int8 parts of the vector
     ("tiny+q4", "flash", 300, 3, None),  # a float32 cache and graph
+    ("tiny+f16", "tile_t32", 600, 19, None),  # float weights: the rows kernel's o
 ])
 def test_the_combine_computed_by_the_o_product_matches_the_reference(monkeypatch, name, how,
                                                                       cap, splits, q4):
@@ -49,26 +51,30 @@ def test_the_combine_computed_by_the_o_product_matches_the_reference(monkeypatch
             assert plan.prologue[pid].combine.splits == splits
         readers = [la.kernel for la in plan.launches
                    if hasattr(la, "kernel") and "cb_v[" in la.kernel.wgsl]
-        assert len(readers) == attentions and all(k.name == "gemv_q4_quad" for k in readers)
+        product = "gemv_q4_quad" if "q4" in name else "matmul_gemv"
+        assert len(readers) == attentions and all(k.name == product for k in readers)
         assert all(("for (var s" in k.wgsl) == (splits > COMBINE_UNROLL) for k in readers)
         _three_steps_match(b, wl, cap, logits_tolerance(wl.config), f"{name} {how}", DEPTH)
     finally:
         b.close()
 
 
-@pytest.mark.parametrize("how,cap", [("flash", 300), ("tile_t32", 600)])
-def test_a_float32_page_computes_the_combine_launchs_logits(monkeypatch, how, cap):
-    """tiny+q4's float32 graph with its combine computed by the o product and with its own
-    launch, at the same depth: the same logits within float32 rounding (the weights'
-    normalisation once a row, a multiply for a division), so the sum is the combine's own
-    and not merely one within the reference's tolerance."""
+@pytest.mark.parametrize("name,how,cap", [("tiny+q4", "flash", 300), ("tiny+q4", "tile_t32", 600),
+                                          ("tiny", "flash", 300)])
+def test_a_float32_page_computes_the_combine_launchs_logits(monkeypatch, name, how, cap):
+    """A float32 graph (4-bit weights on the "quad" kernel; float32 weights on the rows
+    kernel) with its combine computed by the o product and with its own launch, at the same
+    depth: the same logits within float32 rounding (the weights' normalisation once a row,
+    a multiply for a division), so the sum is the combine's own and not merely one within
+    the reference's tolerance."""
     _gpu_target(monkeypatch)
-    wl = f16kv("tiny+q4")
+    wl = f16kv(name)
     got = {}
     for knob in ("launch", "product"):
         b = StatefulInPlace(options=KernelOptions(attention=how, attention_combine=knob))
         b.prepare(wl, cap)
         try:
+            assert bool(b.converted.graph._plan.combined) == (knob == "product")
             tokens, _ = at_depth(b, wl, cap, DEPTH)
             got[knob] = [np.asarray(b.step(int(t)), np.float64) for t in tokens[DEPTH:DEPTH + 3]]
         finally:
@@ -79,8 +85,8 @@ def test_a_float32_page_computes_the_combine_launchs_logits(monkeypatch, how, ca
 
 def test_the_combine_keeps_its_launch_unless_asked_or_where_no_product_reads_it(monkeypatch):
     """By default (and "launch") the combine is a launch; asked for, it is computed by the
-    product only where that product alone reads the attention's output: the CPU plan's
-    products (not "quad") leave it a launch."""
+    product only where that product alone reads the attention's output on the GPU's
+    kernels: the CPU plan's products (by column) leave it a launch."""
     from backends.webnn.wgpu_impl.options import KernelOptions as KO
 
     wl = f16kv("tiny+q4f16")

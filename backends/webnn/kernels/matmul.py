@@ -289,7 +289,8 @@ def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequenc
     residual connection ``x + W·y``: the add needs no launch of its own); outputs follow.
 
     ``prologue``: the input vector is not a buffer but an element-wise group (RMSNorm's
-    ``x / rms * w``, SwiGLU's ``silu(g) * u``), its bindings first. Each workgroup computes
+    ``x / rms * w``, SwiGLU's ``silu(g) * u``; its ``setup`` first: an attention's combine),
+    its bindings first. Each workgroup computes
     the vector into workgroup memory once (after the whole-vector reduction it reads, if
     any: RMSNorm's mean of squares), then streams its weight rows against it. Single input
     row only. Where the reduction is partial sums another launch wrote
@@ -318,7 +319,6 @@ def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequenc
     outs = list(splits) if splits else [N]
     assert gated is None or (not (splits or residual or n_chunk) and R % 4 == 0
                              and N % 4 == 0), "a gated pair: whole groups of 4 rows"
-    assert prologue is None or prologue.setup is None, "a setup runs in the 4-bit quad only"
     assert stats is None or not (splits or gated), "partial sums of one product's rows"
     red = None
     if prologue is None:
@@ -368,6 +368,8 @@ def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequenc
     if prologue is not None:
         if red is not None:
             src += red[1]
+        if prologue.setup is not None:  # (an attention's combine: copied into xa below)
+            src += prologue.setup(wg)
         el = prologue.element
         if vw == 4:
             item = element_vec4(el, "4u * j")

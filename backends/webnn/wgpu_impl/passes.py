@@ -343,26 +343,33 @@ def attention_row_writes(plan: Plan, st: PassState) -> None:
 
 def attention_combines(plan: Plan, st: PassState) -> None:
     """A two-launch attention's combine computed by the one product reading its output
-    (``KernelOptions.attention_combine`` "product"): a one-row 4-bit product on the "quad"
-    kernel (the o projection), every workgroup combining the splits into its workgroup
-    memory (``gemv.CombinePrologue``), so the combine has no launch of its own. Where the
-    partials, the vector and the product's own scratch do not fit workgroup memory, or the
-    bindings exceed the limit, the combine keeps its launch."""
-    if not plan.options.attention_combine_product() or plan.options.q4_quad(plan.target) is None:
+    (``KernelOptions.attention_combine`` "product"): a one-row product with constant
+    weights (the o projection) on the 4-bit "quad" or the float rows kernel, every
+    workgroup combining the splits into its workgroup memory (``gemv.CombinePrologue``), so
+    the combine has no launch of its own. Where the splits' weights, the vector and the
+    product's own workgroup memory do not fit, or the bindings exceed the limit, the
+    combine keeps its launch."""
+    if not plan.options.attention_combine_product():
         return
+    quad = plan.options.q4_quad(plan.target) is not None
+    other = (_q4_other_bindings(plan) if quad else {}) | (
+        _float_other_bindings(plan, st) if _gpu_gemv(plan) else {})
     consumers = fusion.consumers_of(st.nodes)
-    other = _q4_other_bindings(plan)
     for aid, m in plan.attention.items():
         readers = consumers.get(aid, [])
         c = readers[0] if len(readers) == 1 else None
+        K = S.size(m.out.shape)
         if (c is None or aid in st.pinned or c.id not in other or c.id in plan.prologue
                 or c.id in plan.stacked or root(c.inputs[0]) is not m.out
-                or c.inputs[0].shape[-1] != S.size(m.out.shape) or S.size(c.shape[:-1]) != 1
+                or c.inputs[0].shape[-1] != K or S.size(c.shape[:-1]) != 1
                 or 1 + other[c.id] > plan.target.max_storage):
             continue
         k2 = combine_of(plan, m.out)
-        if k2 is None or (4 * k2.rows * (k2.splits + 1 + k2.d) + quad_scratch_bytes()
-                          > plan.target.shared_bytes):
+        if k2 is None:
+            continue
+        combine = k2.rows * (k2.splits + 1) + K  # floats: the splits' weights, the vector
+        if not (4 * combine + quad_scratch_bytes() <= plan.target.shared_bytes if c.id in plan.q4
+                else GV.vector_fits(K, plan.target, combine)):
             continue
         plan.prologue[c.id] = GV.CombinePrologue(m.out, k2, partials_slot(m.out))
         plan.combined[aid] = c.id
