@@ -202,9 +202,10 @@ class KernelOptions:
     #: "trees" (workgroup trees and serial walks, the kernels before)
     attention_sync: str | None = None
     #: where a two-launch attention's (flash, tile) splits are combined: None/"launch" (a
-    #: launch of its own), "product" (by each workgroup of the 4-bit product that alone
-    #: reads the attention's output, the o projection, into its workgroup memory before its
-    #: sums: ``kernels/attention.combine_vector``; else a launch)
+    #: launch of its own), "product" (by each workgroup of the one-row product that alone
+    #: reads the attention's output, the o projection on the 4-bit "quad" or the float rows
+    #: kernel, into its workgroup memory before its sums: ``kernels/attention.combine_vector``;
+    #: else a launch)
     attention_combine: str | None = None
     #: splits per head flash-decoding aims at on long caches: None (``kernels/attention.SPLITS``;
     #: "flash1": ``SPLITS1``; "lanes", "lanes1": ``attention_lanes.SPLITS_L``)
