@@ -317,9 +317,10 @@ class Prologue:
 
 @dataclass
 class CombinePrologue:
-    """A 4-bit product's input vector that is a two-launch attention's output, computed by
-    the product's workgroups from the attention's partials (``attention.combine_vector``;
-    ``passes.attention_combines``): the attention's combine has no launch of its own."""
+    """A one-row product's input vector that is a two-launch attention's output, computed
+    by the product's workgroups (4-bit "quad" or float rows) from the attention's partials
+    (``attention.combine_vector``; ``passes.attention_combines``): the attention's combine
+    has no launch of its own."""
 
     attention: Node  # the probs·V node the partials are of
     combine: AT.Combine  # the combine launch it stands for (the partials' layout)
