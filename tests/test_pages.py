@@ -262,7 +262,8 @@ def test_gpu_gemv_norms_in_one_launch_each():
                  "record_ahead", "cache_copy", "gemv_weights", "gdn", "f16_loads", "read_copy",
                  "q4_gemv", "pass_calls", "map_wait", "queue_calls", "q4_prologue", "q4_epilogue",
                  "q4_norms", "attention_writes", "q4_rows", "attention_q_rows", "gdn_replay",
-                 "gemv_epilogue", "gemv_norms", "tile_pv", "attention_sync")
+                 "gemv_epilogue", "gemv_norms", "tile_pv", "attention_sync",
+                 "attention_combine")
         assert b.details["kernel_options"] == {**dict.fromkeys(knobs), "gemv": "rows_sh",
                                                "gdn": "generic"}
         plan = b.converted.graph._plan
