@@ -195,6 +195,54 @@ SOURCES: dict[str, dict] = {
             tie_word_embeddings=True, image_token_id=900, video_token_id=901,
             vision_start_token_id=902, vision_end_token_id=903),
     },
+    # real models' head sizes (Llama-3.2-3B's 128; Qwen3.5's full attention, 256) on small
+    # widths: the attention kernels' widest rows (docs/byom.md "Held-out exports")
+    "llama-d128": {
+        "prompt": [17, 401, 5, 223, 64],
+        "seed": 4242,
+        "family": "llama",
+        "architecture": "LlamaForCausalLM",
+        "config": dict(initializer_range=0.1, vocab_size=640, hidden_size=256,
+                       intermediate_size=384, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=128,
+                       max_position_embeddings=256, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                       bos_token_id=1, eos_token_id=2, pad_token_id=0),
+    },
+    "llama-d256": {
+        "prompt": [17, 401, 5, 323, 64],
+        "seed": 5353,
+        "family": "llama",
+        "architecture": "LlamaForCausalLM",
+        "config": dict(initializer_range=0.1, vocab_size=520, hidden_size=128,
+                       intermediate_size=256, num_hidden_layers=2,
+                       num_attention_heads=2, num_key_value_heads=1, head_dim=256,
+                       max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                       bos_token_id=1, eos_token_id=2, pad_token_id=0),
+    },
+    "qwen35-d256": {
+        "prompt": [17, 401, 5, 623, 64],
+        "seed": 6161,
+        "family": "qwen35",
+        "architecture": "Qwen3_5ForConditionalGeneration",
+        "config": dict(
+            text_config=dict(
+                initializer_range=0.1, vocab_size=733, hidden_size=128, intermediate_size=256,
+                num_hidden_layers=2,
+                num_attention_heads=2, num_key_value_heads=1, head_dim=256,
+                layer_types=["linear_attention", "full_attention"],
+                linear_conv_kernel_dim=4, linear_key_head_dim=32, linear_value_head_dim=32,
+                linear_num_key_heads=2, linear_num_value_heads=4,
+                max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                rope_parameters=dict(rope_type="default", rope_theta=10000000.0,
+                                     partial_rotary_factor=0.25, mrope_section=[11, 11, 10],
+                                     mrope_interleaved=True),
+                bos_token_id=1, eos_token_id=2, pad_token_id=0),
+            vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                               out_hidden_size=128, num_position_embeddings=16, patch_size=4,
+                               temporal_patch_size=2, spatial_merge_size=2),
+            tie_word_embeddings=False, image_token_id=720, video_token_id=721,
+            vision_start_token_id=722, vision_end_token_id=723),
+    },
 }
 
 
