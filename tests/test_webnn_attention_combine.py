@@ -79,23 +79,21 @@ def test_a_float32_page_computes_the_combine_launchs_logits(monkeypatch, name, h
             got[knob] = [np.asarray(b.step(int(t)), np.float64) for t in tokens[DEPTH:DEPTH + 3]]
         finally:
             b.close()
-    for a, b in zip(got["product"], got["launch"], strict=True):
-        assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max()
+    for folded, launched in zip(got["product"], got["launch"], strict=True):
+        assert np.abs(folded - launched).max() <= 1e-5 * np.abs(launched).max()
 
 
 def test_the_combine_keeps_its_launch_unless_asked_or_where_no_product_reads_it(monkeypatch):
     """By default (and "launch") the combine is a launch; asked for, it is computed by the
     product only where that product alone reads the attention's output on the GPU's
     kernels: the CPU plan's products (by column) leave it a launch."""
-    from backends.webnn.wgpu_impl.options import KernelOptions as KO
-
     wl = f16kv("tiny+q4f16")
     counts = {}
     for gpu, knob in ((False, "product"), (True, None), (True, "launch"), (True, "product")):
         with monkeypatch.context() as m:
             if gpu:
                 _gpu_target(m)
-            b = StatefulInPlace(options=KO(attention_combine=knob))
+            b = StatefulInPlace(options=KernelOptions(attention_combine=knob))
             b.prepare(wl, 24)
             try:
                 plan = b.converted.graph._plan
