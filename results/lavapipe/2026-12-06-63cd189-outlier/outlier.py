@@ -30,7 +30,6 @@ on 40 random tokens of seeds 0..N-1 (median and worst step).
 
 from __future__ import annotations
 
-import copy
 import json
 import sys
 import tempfile
@@ -77,7 +76,7 @@ def ort_step(sess, state, token, pos, dtype):
     feed.update(input_ids=np.array([[token]], np.int64),
                 attention_mask=np.ones((1, pos + 1), np.int64),
                 position_ids=np.full((3, 1, 1), pos, np.int64))
-    out = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feed)))
+    out = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feed), strict=True))
     state = {"past_key_values.1.key": out["present.1.key"],
              "past_key_values.1.value": out["present.1.value"],
              "past.0.conv": out["present.0.conv"], "past.0.recurrent": out["present.0.recurrent"]}
@@ -144,7 +143,7 @@ def steps(path_s: str) -> None:
     page = Page(path)
     p16, stp = page.walk(tokens)
     page.close()
-    worst = int(np.argmax([one(a, b) for a, b in zip(p16, want)]))
+    worst = int(np.argmax([one(a, b) for a, b in zip(p16, want, strict=True)]))
     rounded = [{n: v.astype(np.float16).astype(np.float32) for n, v in s.items()} for s in truth]
     page = Page(path)
     from_truth, _ = page.walk(tokens, dict(enumerate(rounded)))
@@ -155,16 +154,16 @@ def steps(path_s: str) -> None:
         "ORT16, own state": o16,
         "page from the rounded truth state": from_truth,
         "ORT16 from the rounded truth state": [ort_step(s16, s, int(t), i, np.float16)[0]
-                                               for i, (s, t) in enumerate(zip(rounded, tokens))],
+                                               for i, (s, t) in enumerate(zip(rounded, tokens, strict=True))],
         "exact from the rounded truth state": [ort_step(s32, s, int(t), i, np.float32)[0]
-                                               for i, (s, t) in enumerate(zip(rounded, tokens))],
+                                               for i, (s, t) in enumerate(zip(rounded, tokens, strict=True))],
         "exact from the page's state": [ort_step(s32, s, int(t), i, np.float32)[0]
-                                        for i, (s, t) in enumerate(zip(stp, tokens))],
+                                        for i, (s, t) in enumerate(zip(stp, tokens, strict=True))],
         "exact from ORT16's state": [ort_step(s32, s, int(t), i, np.float32)[0]
-                                     for i, (s, t) in enumerate(zip(st16, tokens))],
+                                     for i, (s, t) in enumerate(zip(st16, tokens, strict=True))],
     }
     for label, got in runs.items():
-        r = [one(a, b) for a, b in zip(got, want)]
+        r = [one(a, b) for a, b in zip(got, want, strict=True)]
         print(json.dumps({"part": "steps", "run": label, "median": float(np.median(r)),
                           "max": max(r), "max_step": int(np.argmax(r)), "worst_step": r[worst]}))
     page = Page(path)
@@ -239,7 +238,7 @@ def detail(path_s: str) -> None:
     pr = page.walk(tokens, dict(enumerate(rounded_all)))[0]
     page.close()
     worse = []
-    for i, (s, t) in enumerate(zip(rounded_all, tokens)):
+    for i, (s, t) in enumerate(zip(rounded_all, tokens, strict=True)):
         a, b = one(pr[i], want[i]), one(ort_step(s16, s, int(t), i, np.float16)[0], want[i])
         if a > b:
             worse.append({"step": i, "page": a, "ORT16": b})
