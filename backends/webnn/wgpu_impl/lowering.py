@@ -199,8 +199,17 @@ def _slice(n: Site) -> None:
 
 @lowers("concat")
 def _concat(n: Site) -> None:
-    """A strided copy an input, each at its offset along the axis."""
+    """One launch writing every input at its offset along the axis (the fused kernel, a
+    group of the concat alone): a conv window's ``concat(past, new column)`` costs no more
+    launches than the fused concats a preset's spelling gets; a strided copy an input where
+    the inputs exceed the storage-binding limit."""
     o = n.node
+    group = fusion.collect(o, set())[0]
+    bindings = len(group.leaves) + 1 + len(n.status())
+    if len(o.inputs) > 1 and bindings <= n.plan.target.max_storage:
+        n.add(KernelLaunch(group.kernel(n.guarded),
+                           [n.slot_of(x) for x in group.leaves] + [n.out] + n.status()))
+        return
     ax = o.attrs["axis"]
     ost = S.strides(n.shape)
     off = 0
