@@ -11,7 +11,7 @@ are described in ``plan``.
 from __future__ import annotations
 
 from ..ir import Graph
-from . import lowering, passes, planning, rewrite
+from . import lowering, passes, planning, rewrite, split_columns
 from .match_attention import NotInPlace
 from .options import KernelOptions
 from .plan import Plan
@@ -24,6 +24,7 @@ def compile_graph(graph: Graph, stateful: bool, max_binding: int = 1 << 27,
     its launches in order and the slots they bind, for ``target`` under ``options`` (the
     context's; None: every knob per adapter); ``stateful``: the pairs' state is kept."""
     graph = rewrite.simplified(graph)  # one op per value, no copy that moves nothing
+    graph = split_columns.split_products(graph)  # a packed product's parts apart
     options = options or KernelOptions()
     plan = Plan(max_binding=max_binding, target=target or Target(), options=options)
     state = passes.place_results(plan, graph, stateful)
