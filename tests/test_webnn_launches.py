@@ -232,3 +232,83 @@ def test_the_combine_in_the_o_product_leaves_five_launches_a_layer(attention):
     floats = Workload.build(replace(preset("tiny+f16"), layers=(ATTENTION,) * 2))
     one, _, _ = _census(None, floats, attention=attention, attention_combine="product")
     assert sorted(one) == sorted([kernel] + ["matmul_gemv"] * 4), one
+
+
+GENAI_INT4_QWEN35 = ROOT / "tests" / "models" / "genai-int4-qwen35" / "model.onnx"
+#: a gated delta net layer and an attention layer of genai's int4 Qwen3.5 export on the
+#: H200's plan (its MLP 176 wide: the down projection reads a zero-padded input, so SwiGLU
+#: keeps a launch in each layer)
+QWEN35_LAYERS = sorted(
+    # gated delta net: q/k/v and z stacked, the float a and b, the conv window, the conv,
+    # the new window, the step, the gated norm, out, gate/up, SwiGLU with the pad, down
+    ["gemv_q4_quad", "matmul_gemv", "fused:concat",
+     "fused:slice+slice+mul+slice+slice+mul+add+slice+slice+mul...", "slice", "gated_delta",
+     "fused_vector", "gemv_q4_quad", "gemv_q4_quad", "fused:sigmoid+mul+mul+concat",
+     "gemv_q4_quad"]
+    # attention: q, gate, k and v stacked (no slice), q's and k's norms, attention and its
+    # combine, the output gate, o, gate/up, SwiGLU with the pad, down
+    + ["gemv_q4_quad", "reduce_mean", "reduce_mean", "attention_flash", "attention_combine",
+       "fused:sigmoid+mul", "gemv_q4_quad", "gemv_q4_quad", "fused:sigmoid+mul+mul+concat",
+       "gemv_q4_quad"])
+
+
+def test_the_real_qwen35_export_launches_as_the_presets_layers():
+    """genai's int4 Qwen3.5 export on the H200's plan: its packed q/gate/k/v product split
+    into stacked products (``split_columns``: no slice launched), the conv window's concat
+    one launch; 21 launches a gated delta net and attention layer pair; with its MLP 192
+    wide (the full-size path) SwiGLU written by gate/up: 19."""
+    import onnx
+    from genai_shapes import widened_mlp
+
+    one, count, rest = _census(str(GENAI_INT4_QWEN35))
+    assert count == 2 and sorted(one) == QWEN35_LAYERS, one
+    assert sum(rest.values()) == 12, rest
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "model.onnx"
+        onnx.save(widened_mlp(path=GENAI_INT4_QWEN35), str(path))
+        one, count, _ = _census(str(path))
+    pads = [k for k in QWEN35_LAYERS if k == "fused:sigmoid+mul+mul+concat"]
+    assert count == 2 and len(one) == len(QWEN35_LAYERS) - len(pads), one
+    assert "fused:sigmoid+mul+mul+concat" not in one, one
+
+
+def test_the_real_qwen35_export_on_the_gpu_plan_computes_orts_logits(monkeypatch, tmp_path):
+    """genai's int4 Qwen3.5 export on the stateful page with the GPU's plan forced on this
+    adapter (the packed product split, the conv window's one-launch concat, the 4-bit
+    "quad" kernel, norms from partial sums, epilogues): each of 6 steps from fresh random
+    tokens within the export's tolerance of ORT's CPU EP, argmax included."""
+    import dataclasses
+
+    import numpy as np
+
+    from backends.base import registry
+    from backends.webnn.wgpu_impl import context
+    from harness.model_run import UserModel, backend_for, reference_graph
+
+    model = UserModel.load(GENAI_INT4_QWEN35)
+    (tmp_path / "ref").mkdir()
+    oracle = backend_for(registry()["ort-cpu:copy"], reference_graph(model, tmp_path / "ref"),
+                         None)
+    real = context.target_of
+    monkeypatch.setattr(context, "target_of", lambda *a: dataclasses.replace(
+        real(*a), cpu=False, max_storage=16, shared_bytes=32768))
+    page = backend_for(registry()["wgpu:stateful"], GENAI_INT4_QWEN35, None)
+    rng = np.random.default_rng()
+    try:
+        for b in (oracle, page):
+            b.prepare(None, 16)
+        names = [la.kernel.name for la in page.converted.graph._plan.launches]
+        assert "slice" in names and names.count("slice") == 2, names  # the new conv windows
+        assert "concat" not in names and "gated_delta" in names, names
+        for i, tok in enumerate(rng.integers(1, 997, 6)):
+            want = np.asarray(oracle.step(int(tok)), np.float64).reshape(-1)
+            got = np.asarray(page.step(int(tok)), np.float64).reshape(-1)
+            rel = np.abs(got - want).max() / np.abs(want).max()
+            assert rel < model.tolerance, f"step {i}: {rel:.2e} (tolerance {model.tolerance})"
+            band = 2 * model.tolerance * np.abs(want).max()
+            assert want[got.argmax()] >= want.max() - band, (i, got.argmax(), want.argmax())
+    finally:
+        for b in (oracle, page):
+            b.close()

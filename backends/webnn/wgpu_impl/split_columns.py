@@ -13,7 +13,8 @@ computed before, in the order the slices read them.
 A part is the end of a run of reshapes and slices from the product: an op some other op
 reads. It is split off where the whole product is read only through such runs, every
 part reads each of its rows' columns at a fixed set of columns (its element ``j`` of row
-``r`` is column ``cols[j]`` of row ``r``), and no two parts read one column.
+``r`` is column ``cols[j]`` of row ``r``), no two parts read one column, and no two meet
+in one element-wise expression (RoPE's halves: one kernel reads both either way).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import numpy as np
 from .. import shapes as S
 from ..dtypes import pack_nibbles, packed_words, unpack_nibbles
 from ..ir import _NO_ATTRS, Graph, Node
+from . import fusion
 
 #: ops that move a product's elements without computing (a part's run is made of them)
 VIEW_OPS = ("reshape", "slice")
@@ -132,6 +134,32 @@ def _weight_columns(b: Node, cols: np.ndarray, make: _Make) -> Node | None:
                 inputs=tuple(ins), attrs=b.attrs)
 
 
+def _reach(p: Node, readers: dict[int, list[Node]]) -> set[int]:
+    """Ids of the element-wise and data-movement ops reading ``p``, and so on down: what
+    fusion may compute in one kernel with ``p`` (``fusion.FUSIBLE``)."""
+    seen: set[int] = set()
+    todo = [p]
+    while todo:
+        for c in readers.get(todo.pop().id, []):
+            if c.id not in seen and (c.op == "reshape" or c.op in fusion.FUSIBLE):
+                seen.add(c.id)
+                todo.append(c)
+    return seen
+
+
+def _meet(parts: list[tuple[Node, list[Node]]], readers: dict[int, list[Node]]) -> bool:
+    """Whether two parts meet in one element-wise expression (RoPE's halves of one
+    product): fusion reads them in one kernel either way, and the patterns reading the
+    product whole (attention's q, a row write's RoPE of k) keep matching it."""
+    seen: set[int] = set()
+    for p, _ in parts:
+        reach = _reach(p, readers)
+        if reach & seen:
+            return True
+        seen |= reach
+    return False
+
+
 def _plan(graph: Graph) -> dict[int, tuple[Node, np.ndarray]]:
     """Part id -> (its product, its columns), for every product split."""
     readers = _readers(graph.nodes)
@@ -142,6 +170,8 @@ def _plan(graph: Graph) -> dict[int, tuple[Node, np.ndarray]]:
             continue
         parts = _parts(m, readers, outputs)
         if parts is None or len(parts) < 2:
+            continue
+        if _meet(parts, readers):
             continue
         cols = [_columns(m, run) for _, run in parts]
         if any(c is None for c in cols):
