@@ -246,17 +246,18 @@ QWEN35_LAYERS = sorted(
      "fused_vector", "gemv_q4_quad", "gemv_q4_quad", "fused:sigmoid+mul+mul+concat",
      "gemv_q4_quad"]
     # attention: q, gate, k and v stacked (no slice), q's and k's norms, attention and its
-    # combine, the output gate, o, gate/up, SwiGLU with the pad, down
+    # combine (writing the output gate's product: ``attention_epilogues``), o, gate/up,
+    # SwiGLU with the pad, down
     + ["gemv_q4_quad", "reduce_mean", "reduce_mean", "attention_flash", "attention_combine",
-       "fused:sigmoid+mul", "gemv_q4_quad", "gemv_q4_quad", "fused:sigmoid+mul+mul+concat",
-       "gemv_q4_quad"])
+       "gemv_q4_quad", "gemv_q4_quad", "fused:sigmoid+mul+mul+concat", "gemv_q4_quad"])
 
 
 def test_the_real_qwen35_export_launches_as_the_presets_layers():
     """genai's int4 Qwen3.5 export on the H200's plan: its packed q/gate/k/v product split
     into stacked products (``split_columns``: no slice launched), the conv window's concat
-    one launch; 21 launches a gated delta net and attention layer pair; with its MLP 192
-    wide (the full-size path) SwiGLU written by gate/up: 19."""
+    one launch, the output gate written by the attention's combine; 20 launches a gated
+    delta net and attention layer pair; with its MLP 192 wide (the full-size path) SwiGLU
+    written by gate/up: 18."""
     import onnx
     from genai_shapes import widened_mlp
 
@@ -277,7 +278,8 @@ def test_the_real_qwen35_export_launches_as_the_presets_layers():
 def test_the_real_qwen35_export_on_the_gpu_plan_computes_orts_logits(monkeypatch, tmp_path):
     """genai's int4 Qwen3.5 export on the stateful page with the GPU's plan forced on this
     adapter (the packed product split, the conv window's one-launch concat, the 4-bit
-    "quad" kernel, norms from partial sums, epilogues): each of 6 steps from fresh random
+    "quad" kernel, norms from partial sums, epilogues, the output gate written by the
+    attention's combine): each of 6 steps from fresh random
     tokens within the export's tolerance of ORT's CPU EP, argmax included."""
     import dataclasses
 
@@ -302,6 +304,9 @@ def test_the_real_qwen35_export_on_the_gpu_plan_computes_orts_logits(monkeypatch
         names = [la.kernel.name for la in page.converted.graph._plan.launches]
         assert "slice" in names and names.count("slice") == 2, names  # the new conv windows
         assert "concat" not in names and "gated_delta" in names, names
+        attention = page.converted.graph._plan.attention.values()
+        assert "fused:sigmoid+mul" not in names and attention, names  # the gate: no launch
+        assert all(m.epilogue is not None for m in attention), names
         for i, tok in enumerate(rng.integers(1, 997, 6)):
             want = np.asarray(oracle.step(int(tok)), np.float64).reshape(-1)
             got = np.asarray(page.step(int(tok)), np.float64).reshape(-1)

@@ -113,6 +113,59 @@ def _score_source(score: tuple[Sequence[FusedOp], Sequence[Leaf]] | None,
 
 
 @dataclass
+class Epilogue:
+    """An element-wise function of the attention's output the combine writes instead of
+    the output (Qwen3.5's output gate, ``o · sigmoid(gate)``), so it costs no launch of its
+    own: ``ops`` and ``leaves`` as ``kernels/fused`` takes them, the output the *param*
+    leaf named ``ao`` (read at the index the root is evaluated at); the other leaves bind
+    after the combine's output."""
+
+    ops: Sequence[FusedOp]
+    leaves: Sequence[Leaf]
+
+    @property
+    def out_type(self) -> str:
+        """The WGSL type of what the combine writes (the root's)."""
+        return self.ops[-1].out_type
+
+    def source(self, first: int) -> tuple[str, list[str]]:
+        """(the leaves' declarations, from binding ``first`` on, and the functions; their
+        bindings), every name prefixed ``ep_``."""
+        decls, bindings = leaf_decls(self.leaves, first, "ep_")
+        fsrc, args = functions(self.ops, self.leaves, "ep_")
+        assert args == ["ao"], "the root reads the attention's output"
+        return decls + fsrc, bindings
+
+    def call(self, index: str) -> str:
+        """The root's element at flat ``index``, given the output's there as ``ao``."""
+        return f"ep_v{len(self.ops) - 1}({index}, ao)"
+
+
+def out_decl(ep: Epilogue | None, vec: bool, binding: int) -> tuple[str, list[str]]:
+    """(declarations, bindings from ``binding`` on) of what a combine writes: the output
+    (16-byte words where ``vec``), or the epilogue's root (elements of its type) and the
+    epilogue's leaves."""
+    if ep is None:
+        return decl(binding, "out", "vec4<f32>" if vec else "f32", "rw"), ["rw"]
+    src, bindings = ep.source(binding + 1)
+    return decl(binding, "out", ep.out_type, "rw") + src, ["rw", *bindings]
+
+
+def store(ep: Epilogue | None, vec: bool, word: str, value: str, pad: str = "    ") -> str:
+    """WGSL storing the combined output word ``value`` (a vec4 where ``vec``) at output word
+    ``word``: as it is, or each element through the epilogue at its flat index."""
+    if ep is None:
+        return f"{pad}out[{word}] = {value};\n"
+    if not vec:
+        return (f"{pad}{{\n{pad}  let ao = {value};\n{pad}  let ei = {word};\n"
+                f"{pad}  out[ei] = {ep.call('ei')};\n{pad}}}\n")
+    out = f"{pad}{{\n{pad}  let ov = {value};\n{pad}  let e4 = 4u * ({word});\n"
+    for c, x in enumerate("xyzw"):
+        out += f"{pad}  {{ let ao = ov.{x}; out[e4 + {c}u] = {ep.call(f'e4 + {c}u')}; }}\n"
+    return out + f"{pad}}}\n"
+
+
+@dataclass
 class RowWrites:
     """The new K and V rows a pass-1 workgroup writes before it reads its split (the row
     write folded into attention: ``match_attention.fold_row_writes``): scatter_nd's index
@@ -259,7 +312,8 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
                  f16_loads: str = "wide",
                  writes: RowWrites | None = None,
                  group_rows: int | None = None,
-                 subgroup: int | None = None) -> tuple[Kernel, Kernel, int]:
+                 subgroup: int | None = None,
+                 epilogue: Epilogue | None = None) -> tuple[Kernel, Kernel, int]:
     """(pass 1, pass 2, partial-buffer elements) for q (heads, q_rows, d), K and V
     (heads, capacity, d), output (heads, q_rows, d).
 
@@ -275,6 +329,9 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
     ``writes``: the row write folded in (``RowWrites``): K and V are bound read-write and
     each workgroup first writes the new rows of its head that fall in its split, its
     bindings after the partials'.
+
+    ``epilogue``: an element-wise function of the output the combine writes instead
+    (``Epilogue``).
 
     ``score``: the element-wise chain applied to each raw score, as fused ops over the
     (heads, q_rows, capacity) score layout whose one *param* leaf is the raw score;
@@ -501,7 +558,7 @@ var<workgroup> red: array<f32, {GL * WG}>;
     k1 = Kernel("attention_flash", src, bindings, (ns, heads, GS),
                 4 * (heads * G * D + parts) + GS * 2 * heads * C * D * (2 if kv == "f16" else 4)
                 + extra)
-    k2 = _combine(heads * G, ns, D, vec, sub)
+    k2 = _combine(heads * G, ns, D, vec, sub, epilogue)
     return k1, k2, parts
 
 
@@ -660,13 +717,15 @@ def _pv_by_subgroups(g: int, t: int, rgs: int, lw: int, cap: int, sub: int,
     return early, pv, f"var<workgroup> pvs: array<vec4<f32>, {g * nsg * lw * 2}>;\n"
 
 
-def _combine(rows: int, ns: int, d: int, vec: bool, subgroup: int | None = None) -> Kernel:
+def _combine(rows: int, ns: int, d: int, vec: bool, subgroup: int | None = None,
+             epilogue: Epilogue | None = None) -> Kernel:
     """out[row] = Σ_s acc_s e^{m_s - M} / Σ_s l_s e^{m_s - M}: one workgroup per q row;
     the split weights once in workgroup memory, then (split-group, 4 columns) pairs
     summed by a tree: no invocation walks all splits alone. The weights: one invocation
     walks the splits twice (their maximum, then the weights and their sum), or with a
     ``subgroup`` width dividing the workgroup every invocation its splits, the maximum and
-    the sum each by subgroup builtins and one barrier."""
+    the sum each by subgroup builtins and one barrier. ``epilogue``: written instead of
+    the output (``Epilogue``), its leaves bound after it."""
     words = d // 4 if vec else d
     vt = "vec4<f32>" if vec else "f32"
     pw = (d + 4) // 4 if vec else d + 4
@@ -714,7 +773,8 @@ def _combine(rows: int, ns: int, d: int, vec: bool, subgroup: int | None = None)
   workgroupBarrier();
   var total = 0.0;
   for (var j = 0u; j < {nsg}u; j = j + 1u) {{ total = total + wred[{nsg}u + j]; }}"""
-    src = decl(0, "part", vt, "read") + decl(1, "out", vt, "rw") + f"""
+    out_src, out_bindings = out_decl(epilogue, vec, 1)
+    src = decl(0, "part", vt, "read") + out_src + f"""
 var<workgroup> w: array<f32, {ns}>;
 {ls_decl}var<workgroup> acc: array<{vt}, {WG2}>;
 {weights_decl}
@@ -738,15 +798,23 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (lid < {min(words, WG2)}u && e < {words}u) {{
       var t = {vt}(0.0);
       for (var j = 0u; j < {lanes}u; j = j + 1u) {{ t = t + acc[j * {min(words, WG2)}u + lid]; }}
-      out[row * {words}u + e] = t / {total};
-    }}
+{store(epilogue, vec, f'row * {words}u + e', f't / {total}', '      ')}    }}
     workgroupBarrier();
   }}
 }}
 """
     gx = min(rows, 65535)
-    return Combine("attention_combine", src, ["read", "rw"], (gx, -(-rows // gx), 1),
-                   4 * (rows * ns * (d + 4) + rows * d), rows, ns, d, vec)
+    return Combine("attention_combine", src, ["read", *out_bindings], (gx, -(-rows // gx), 1),
+                   4 * (rows * ns * (d + 4) + rows * d) + epilogue_bytes(epilogue, rows * d),
+                   rows, ns, d, vec)
+
+
+def epilogue_bytes(ep: Epilogue | None, n: int) -> int:
+    """What an epilogue over ``n`` outputs reads from its bound leaves (at most ``n``
+    elements each)."""
+    if ep is None:
+        return 0
+    return sum(4 * min(leaf.size, n) for leaf in ep.leaves if not leaf.param)
 
 
 @dataclass

@@ -32,7 +32,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .attention import _kv_and_score, _q_source, _split_entry, last_of_head
+from .attention import (
+    Epilogue,
+    _kv_and_score,
+    _q_source,
+    _split_entry,
+    epilogue_bytes,
+    last_of_head,
+    out_decl,
+    store,
+)
 from .common import Kernel, decl, neg_inf
 from .fused import FusedOp, Leaf
 
@@ -99,7 +108,8 @@ def flash_lanes(heads: int, q_rows: int, capacity: int, d: int,
                 shared_floats: int,
                 q_chain: tuple[Sequence[FusedOp], Sequence[Leaf]] | None = None,
                 splits: int = SPLITS_L, kv: str = "f32", subgroup: int | None = None,
-                fold: bool = False, unroll: int = UNROLL) -> tuple[list[Kernel], int, int] | None:
+                fold: bool = False, unroll: int = UNROLL,
+                epilogue: Epilogue | None = None) -> tuple[list[Kernel], int, int] | None:
     """(kernels, partial-buffer 4-byte words, counter words) for q (heads, q_rows, d), K
     and V (heads, capacity, d), output (heads, q_rows, d); None where ``lanes_plan``
     says it does not apply. ``score``, ``q_chain``, ``kv``: as ``flash_decode``'s;
@@ -109,7 +119,8 @@ def flash_lanes(heads: int, q_rows: int, capacity: int, d: int,
     Bindings of the first kernel: as ``flash_decode``'s pass 1 (q or its chain's leaves,
     K, V, the score chain's leaves, the partials); ``fold``: then the output and
     ``heads`` u32 counters, zero before the first launch and left zero (one kernel).
-    Else the second kernel is ``combine_rows`` (partials, output); no counters.
+    Else the second kernel is ``combine_rows`` (partials, output, ``epilogue``'s leaves:
+    it writes the epilogue instead of the output); no counters.
     """
     plan = lanes_plan(q_rows, capacity, d, kv, shared_floats, splits, subgroup, unroll, fold)
     if plan is None:
@@ -269,7 +280,7 @@ var<workgroup> pvs: array<vec4<f32>, {pv_len}>;
                 + (4 * (heads * G * D + parts) if fold else 0))
     if fold:
         return [k1], parts, heads
-    return [k1, combine_rows(heads * G, D, ns)], parts, 0
+    return [k1, combine_rows(heads * G, D, ns, epilogue)], parts, 0
 
 
 def _folded_decls(g: int, ns: int, flag: bool = True) -> str:
@@ -286,11 +297,13 @@ def _folded_combine(g: int, d4: int, ns: int, pw: int) -> str:
     return last_of_head(ns) + f"  let row0 = h * {g}u;\n" + _merge_splits(g, d4, ns, pw)
 
 
-def combine_rows(rows: int, d: int, ns: int) -> Kernel:
+def combine_rows(rows: int, d: int, ns: int, epilogue: Epilogue | None = None) -> Kernel:
     """"lanes"' second launch: one workgroup per q row merges the row's ``ns`` splits
-    (``_merge_splits``) from the partials into the output."""
+    (``_merge_splits``) from the partials into the output, or its ``epilogue``
+    (``attention.Epilogue``)."""
     d4 = d // 4
-    src = decl(0, "part", "vec4<f32>", "read") + decl(1, "out", "vec4<f32>", "rw")
+    out_src, out_bindings = out_decl(epilogue, True, 1)
+    src = decl(0, "part", "vec4<f32>", "read") + out_src
     src += _folded_decls(1, ns, flag=False)
     src += f"var<workgroup> pvs: array<vec4<f32>, {d4 * max(1, WGL // d4)}>;\n"
     gx = min(rows, 65535)
@@ -299,18 +312,19 @@ def combine_rows(rows: int, d: int, ns: int) -> Kernel:
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
   let row0 = wid.y * {gx}u + wid.x;
   if (row0 >= {rows}u) {{ return; }}
-{_merge_splits(1, d4, ns, d4 + 1)}}}
+{_merge_splits(1, d4, ns, d4 + 1, epilogue)}}}
 """
-    return Kernel("attention_combine_rows", src, ["read", "rw"], (gx, -(-rows // gx), 1),
-                  4 * rows * (ns * (d + 4) + d))
+    return Kernel("attention_combine_rows", src, ["read", *out_bindings], (gx, -(-rows // gx), 1),
+                  4 * rows * (ns * (d + 4) + d) + epilogue_bytes(epilogue, rows * d))
 
 
-def _merge_splits(g: int, d4: int, ns: int, pw: int) -> str:
+def _merge_splits(g: int, d4: int, ns: int, pw: int, epilogue: Epilogue | None = None) -> str:
     """The splits of q rows ``row0 .. row0 + g`` (flat over heads) merged into their
     output rows: ``Σ_s acc_s e^{m_s - M} / Σ_s l_s
     e^{m_s - M}``. The splits' maxima and sums are read at once (one load each, spread
     over the workgroup) and reduced by ``WGL / g`` invocations a q row; each output word is
-    summed by ``WGL / (g · d4)`` invocations, each with 8 partial loads in flight."""
+    summed by ``WGL / (g · d4)`` invocations, each with 8 partial loads in flight;
+    ``epilogue``: written instead of the output (``attention.Epilogue``)."""
     nout = g * d4
     sgs = max(1, WGL // nout)  # split-groups summing one output word
     tp = WGL // g  # invocations a q row
@@ -372,6 +386,5 @@ def _merge_splits(g: int, d4: int, ns: int, pw: int) -> str:
   for (var o = lid; o < {nout}u; o = o + {WGL}u) {{
     var t = vec4<f32>(0.0);
     for (var x = 0u; x < {sgs}u; x = x + 1u) {{ t = t + pvs[x * {nout}u + o]; }}
-    out[row0 * {d4}u + o] = t / cs[o / {d4}u];
-  }}
+{store(epilogue, True, f'row0 * {d4}u + o', f't / cs[o / {d4}u]')}  }}
 """

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .attention import RowWrites, _combine, _kv_and_score, _q_source, _row_writes, _split_entry
+from .attention import Epilogue, RowWrites, _combine, _kv_and_score, _q_source, _row_writes, _split_entry
 from .common import Kernel, decl, neg_inf
 from .fused import FusedOp, Leaf
 
@@ -149,7 +149,8 @@ def flash_tile(heads: int, q_rows: int, capacity: int, d: int,
                q_chain: tuple[Sequence[FusedOp], Sequence[Leaf]] | None = None,
                kv: str = "f16", writes: RowWrites | None = None,
                subgroup: int | None = None,
-               sync: int | None = None) -> tuple[Kernel, Kernel, int]:
+               sync: int | None = None,
+               epilogue: Epilogue | None = None) -> tuple[Kernel, Kernel, int]:
     """(pass 1, the combine, partial-buffer elements) for q (heads, q_rows, d), K and V
     (heads, capacity, d) of element type ``kv``, output (heads, q_rows, d); ``score``,
     ``q_chain`` and ``writes`` (the layer's row write folded in, its bindings after the
@@ -158,7 +159,8 @@ def flash_tile(heads: int, q_rows: int, capacity: int, d: int,
     ``sync``: that width for the softmax's statistics and the combine
     (``KernelOptions.attention_sync``): where it divides a q row's share of the workgroup,
     each row's maximum and sum are met by ``subgroupMax``/``subgroupAdd`` and a value a
-    subgroup, not each of the row's invocations' values walked in series."""
+    subgroup, not each of the row's invocations' values walked in series; ``epilogue``:
+    written by the combine instead of the output (``attention.Epilogue``)."""
     T, GL, LW, PER, RS = plan.rows, plan.group, plan.words, plan.per, plan.row_splits
     G, D, C = q_rows, d, capacity
     D4 = D // 4
@@ -306,7 +308,7 @@ var<workgroup> red2: array<f32, {WGT}>;
         extra += 4 * writes.tuples * 3 + 2 * 2 * writes.tuples * D * esize
     k1 = Kernel("attention_tile", src, bindings, (ns, heads, GS),
                 4 * (heads * G * D + parts) + GS * 2 * heads * C * D * esize + extra)
-    return k1, _combine(heads * G, ns, D, True, sync), parts
+    return k1, _combine(heads * G, ns, D, True, sync, epilogue), parts
 
 
 def _met(arr: str, value: str, builtin: str, sync: int | None) -> str:

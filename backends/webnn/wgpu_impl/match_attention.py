@@ -53,6 +53,9 @@ class Attention:
     qk: Node
     score: fusion.Group | None  # the chain between QK and the softmax
     q_chain: fusion.Group | None = None  # q's element-wise group (RoPE), computed inside
+    #: an element-wise group reading the output, written by the combine instead of it
+    #: (``attention_epilogue``)
+    epilogue: fusion.Group | None = None
 
     @property
     def q_rows(self) -> int:
@@ -89,6 +92,17 @@ class Attention:
         q_chain = self.q_chain.fused_ops() if self.q_chain is not None else None
         return heads, G, C, D, score, q_chain
 
+    @property
+    def epilogue_leaves(self) -> list[Node]:
+        """What the combine reads for its epilogue, in binding order (after its output)."""
+        return [x for x in self.epilogue.leaves if x is not self.out] if self.epilogue else []
+
+    def _epilogue(self) -> AT.Epilogue | None:
+        """The epilogue as the combine generators take it (the output: param ``ao``)."""
+        if self.epilogue is None:
+            return None
+        return AT.Epilogue(*self.epilogue.fused_ops(named={self.out.id: "ao"}))
+
     def kernels(self, shared_bytes: int, splits: int | None = None,
                 f16_loads: str | None = None,
                 writes: AT.RowWrites | None = None,
@@ -103,7 +117,8 @@ class Attention:
         return AT.flash_decode(heads, G, C, D, score, shared_bytes // 4, q_chain,
                                splits or AT.SPLITS, kv=self.k.dtype.wgsl,
                                f16_loads=f16_loads or "wide", writes=writes,
-                               group_rows=group_rows, subgroup=subgroup)
+                               group_rows=group_rows, subgroup=subgroup,
+                               epilogue=self._epilogue())
 
     def one_launch(self, shared_bytes: int, splits: int | None = None,
                    max_storage: int = 8) -> tuple[AT.Kernel, int, int] | None:
@@ -127,7 +142,8 @@ class Attention:
         heads, G, C, D, score, q_chain = self._dims()
         got = AL.flash_lanes(heads, G, C, D, score, shared_bytes // 4, q_chain,
                              splits or AL.SPLITS_L, kv=self.k.dtype.wgsl, subgroup=subgroup,
-                             fold=fold, unroll=unroll or AL.UNROLL)
+                             fold=fold, unroll=unroll or AL.UNROLL,
+                             epilogue=None if fold else self._epilogue())
         if got is None or len(got[0][0].bindings) > max_storage:
             return None
         return got
@@ -146,7 +162,8 @@ class Attention:
         if plan is None:
             return None
         got = ATT.flash_tile(heads, G, C, D, score, plan, q_chain, kv=self.k.dtype.wgsl,
-                             writes=writes, subgroup=subgroup, sync=sync)
+                             writes=writes, subgroup=subgroup, sync=sync,
+                             epilogue=self._epilogue())
         return got if len(got[0].bindings) <= max_storage else None
 
 
@@ -230,6 +247,32 @@ def match_attention(nodes: list[Node], inlined: set[int], groups: dict[int, fusi
             q_chain = groups.get(q.id) or fusion.collect(q, inlined)[0]
         found[o.id] = Attention(o, q, k, v, qk, score, q_chain)
     return found
+
+
+def attention_epilogue(m: Attention, consumers: dict[int, list[Node]],
+                       group_of: dict[int, fusion.Group], taken: set[int],
+                       max_storage: int) -> fusion.Group | None:
+    """The fused group the combine of attention ``m`` may write instead of its output (an
+    output gate, ``o · sigmoid(gate)``, or any element-wise function of the output and
+    other values), or None: every reader of the output is one of the group's ops, element
+    i of its root is a function of the output's element i alone (the other leaves read as
+    the group reads them), its root is no host and not ``taken`` (another pattern's, a
+    state writer), and the combine's bindings (partials, root, the other leaves) fit."""
+    readers = consumers.get(m.out.id, [])
+    g = group_of.get(readers[0].id) if readers else None
+    if g is None or m.out.dtype.wgsl != "f32":
+        return None
+    r = g.ops[-1]
+    ops = {x.id for x in g.ops}
+    if (fusion.is_host(r) or r.id in taken or not all(c.id in ops for c in readers)
+            or 2 + len(g.leaves) - 1 > max_storage):
+        return None
+    return g if fusion.reads_at_own_index(g, m.out, flat=True) else None
+
+
+def combine_launched(plan: Any, o: Node) -> bool:
+    """Whether attention ``o`` is lowered in two launches, the second its combine."""
+    return _attention_one(plan, o) is None
 
 
 class NotInPlace(Exception):
@@ -366,6 +409,7 @@ def _lower_attention(n: Site) -> None:
     plan, o = n.plan, n.node
     part = partials_slot(o)
     if (one := _attention_one(plan, o)) is not None:
+        assert plan.attention[o.id].epilogue is None, "an epilogue needs the combine launch"
         k1, parts, counters = one  # one launch: the combine folded in (``flash_decode_one``)
         cnt = ("const", ("flash_count", o.id))
         plan.temps[part] = parts
@@ -381,7 +425,9 @@ def _lower_attention(n: Site) -> None:
     if o.id in plan.combined:
         assert k2 == plan.prologue[plan.combined[o.id]].combine, "planned on other partials"
         return
-    n.add(KernelLaunch(k2, [part, n.out]))
+    out = [n.out] if m.epilogue is None else [n.slot_of(m.epilogue.ops[-1])] + [
+        n.slot_of(x) for x in m.epilogue_leaves]
+    n.add(KernelLaunch(k2, [part, *out]))
 
 
 def _row_writes(n: Site, m: Attention, ws: tuple[Node, Node] | None

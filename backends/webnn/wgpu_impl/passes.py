@@ -20,6 +20,8 @@ from ..stateful import analyse, root
 from . import fusion
 from . import gemv as GV
 from .match_attention import (
+    attention_epilogue,
+    combine_launched,
     combine_of,
     fold_row_writes,
     last2_transpose_input,
@@ -115,6 +117,22 @@ def decode_attention(plan: Plan, st: PassState) -> None:
         # each kept where its own variant (``attention_for`` its q rows) is a matched one
         plan.attention = {i: m for i, m in found.items() if opts.attention_matched(m.q_rows)}
     st.absorbed |= {x.id for m in plan.attention.values() for x in m.absorbed}
+
+
+def attention_epilogues(plan: Plan, st: PassState) -> None:
+    """An element-wise group reading a two-launch attention's output (Qwen3.5's output
+    gate, ``o · sigmoid(gate)``) written by the attention's combine launch instead of the
+    output (``match_attention.attention_epilogue``): the group has no launch of its own and
+    the output is never stored."""
+    consumers = fusion.consumers_of(st.nodes)
+    group_of = {o.id: g for g in plan.groups.values() for o in g.ops}
+    for aid, m in plan.attention.items():
+        if aid in st.pinned or not combine_launched(plan, m.out):
+            continue
+        m.epilogue = attention_epilogue(m, consumers, group_of, st.absorbed | st.writers,
+                                        plan.target.max_storage)
+        if m.epilogue is not None:
+            st.absorbed.add(m.epilogue.ops[-1].id)
 
 
 def _gpu_gemv(plan: Plan) -> bool:
@@ -401,7 +419,8 @@ def q4_gemvs(plan: Plan, st: PassState) -> None:
 
 
 #: the passes after ``place_results``, in order: each sees what the earlier ones absorbed
-PASSES = (fold_transposes, q4_gemvs, gdn_capsules, fuse_loops, decode_attention, stack_gemvs,
+PASSES = (fold_transposes, q4_gemvs, gdn_capsules, fuse_loops, decode_attention,
+          attention_epilogues, stack_gemvs,
           residual_epilogues, gated_epilogues, gemv_prologues, group_row_writes,
           attention_row_writes, attention_combines, gated_delta)
 
