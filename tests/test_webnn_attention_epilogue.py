@@ -20,12 +20,14 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
 
 
-def graph(ctx, heads: int, g: int, cap: int, d: int, tail: str):
+def graph(ctx, heads: int, g: int, cap: int, d: int, tail: str,
+          o_weights: np.ndarray | None = None):
     """Decode attention of ``heads`` KV heads of ``g`` q rows, its output flattened to one
     row and put through ``tail``: "gate" (``o · sigmoid(gate)``), "packed" (the gate a
     slice of a product twice as wide), "bias" (``o · sigmoid(gate) + bias`` by rows of the
     head dimension, the bias broadcast over them), "extra" (the gate, the output a graph output too),
-    "transposed" (the gate over the output's (g, heads) transpose)."""
+    "transposed" (the gate over the output's (g, heads) transpose); ``o_weights``: that
+    times these constant weights (an o projection)."""
     b = MLGraphBuilder(ctx)
     n = heads * g * d
     q = b.input("q", data_type="float32", shape=[1, heads, g, d])
@@ -50,6 +52,9 @@ def graph(ctx, heads: int, g: int, cap: int, d: int, tail: str):
                   b.input("bias", data_type="float32", shape=[d]))
     if tail == "extra":
         outs["o"] = o
+    if o_weights is not None:
+        y = b.matmul(y, b.constant(data_type="float32", shape=list(o_weights.shape),
+                                   value=o_weights.astype(np.float32)))
     outs["y"] = y
     return b.build(outs), outs
 
@@ -142,14 +147,16 @@ def test_one_launch_attention_keeps_the_gate_launch(ctx_with):
 @pytest.mark.parametrize("engine", ["wgpu", "dawn"])
 @pytest.mark.parametrize("vec", [True, False])
 def test_the_gated_combines_compile_with_naga_and_tint(engine, vec):
-    """The flash and tile combine (16-byte and scalar words, subgroup statistics or not) and
-    lanes' combine writing a packed gate's product at Qwen3.5's shapes: both engines'
-    compilers accept them."""
+    """The flash and tile combine (16-byte and scalar words, subgroup statistics or not),
+    lanes' combine and the 4-bit o product computing the combine (``combine_vector``),
+    each writing a packed gate's product at Qwen3.5's shapes: both engines' compilers
+    accept them."""
     from wgsl_compilers import compiler_device, rejection
 
-    from backends.webnn.kernels.attention import Epilogue, _combine
+    from backends.webnn.kernels.attention import Epilogue, _combine, combine_vector
     from backends.webnn.kernels.attention_lanes import combine_rows
     from backends.webnn.kernels.fused import FusedOp, Leaf
+    from backends.webnn.kernels.quant_rows import gemv_q4_quad
 
     if compiler_device(engine)[0] is None:
         pytest.skip(compiler_device(engine)[1])
@@ -168,3 +175,40 @@ def test_the_gated_combines_compile_with_naga_and_tint(engine, vec):
     for k in kernels:
         assert k.bindings == ["read", "rw", "read"] and "ep_v2(" in k.wgsl
         assert rejection(engine, k.wgsl) == "", k.wgsl
+    if vec:
+        for splits in (5, 33):  # straight-line and in loops
+            k = gemv_q4_quad(n, 64, 32, signed=False, zero_points=False, loads=4, subgroup=32,
+                             prologue=combine_vector(4, splits, d, ep))
+            assert k.bindings[:2] == ["read", "read"] and "ep_v2(" in k.wgsl
+            assert rejection(engine, k.wgsl) == "", k.wgsl
+
+
+
+@pytest.mark.parametrize("how,splits", [("flash", 3), ("tile_t32", 10)])
+@pytest.mark.parametrize("tail", ["gate", "packed"])
+def test_the_o_product_computes_combine_and_gate(monkeypatch, how, splits, tail):
+    """``attention_combine`` "product" on a GPU plan: the float o product reading the gate's
+    product computes the combine and the gate into its workgroup memory
+    (``gemv.CombinePrologue`` with the epilogue): the attention's first launch and the
+    product, nothing else."""
+    from test_pages import _gpu_target
+
+    from backends.webnn import ml
+    from backends.webnn.wgpu_impl.options import KernelOptions
+
+    _gpu_target(monkeypatch)
+    heads, g, cap, d = 2, 4, 300, 16
+    w = RNG.standard_normal((heads * g * d, 24))
+    ctx = ml.create_context(options=KernelOptions(attention=how, attention_combine="product"))
+    try:
+        gr, outs = graph(ctx, heads, g, cap, d, tail, o_weights=w)
+        plan = gr._plan
+        assert len(plan.combined) == 1, _launches(gr)
+        pro = plan.prologue[next(iter(plan.combined.values()))]
+        assert pro.epilogue is not None and pro.combine.splits == splits
+        assert _launches(gr) == [f"attention_{how.split('_')[0]}", "matmul_gemv"]
+        feeds, want = feeds_and_oracle(heads, g, cap, d, tail)
+        got = run(ctx, gr, outs, feeds)["y"]
+        np.testing.assert_allclose(got, want["y"] @ w, rtol=2e-5, atol=2e-5)
+    finally:
+        ctx.destroy()

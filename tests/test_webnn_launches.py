@@ -275,18 +275,22 @@ def test_the_real_qwen35_export_launches_as_the_presets_layers():
     assert "fused:sigmoid+mul+mul+concat" not in one, one
 
 
-def test_the_real_qwen35_export_on_the_gpu_plan_computes_orts_logits(monkeypatch, tmp_path):
+@pytest.mark.parametrize("combine", [None, "product"])
+def test_the_real_qwen35_export_on_the_gpu_plan_computes_orts_logits(monkeypatch, tmp_path,
+                                                                     combine):
     """genai's int4 Qwen3.5 export on the stateful page with the GPU's plan forced on this
     adapter (the packed product split, the conv window's one-launch concat, the 4-bit
     "quad" kernel, norms from partial sums, epilogues, the output gate written by the
-    attention's combine): each of 6 steps from fresh random
-    tokens within the export's tolerance of ORT's CPU EP, argmax included."""
+    attention's combine; with ``attention_combine`` "product", combine and gate computed by
+    the o product): each of 6 steps from fresh random tokens within the export's tolerance
+    of ORT's CPU EP, argmax included."""
     import dataclasses
 
     import numpy as np
 
     from backends.base import registry
     from backends.webnn.wgpu_impl import context
+    from backends.webnn.wgpu_impl.options import KernelOptions
     from harness.model_run import UserModel, backend_for, reference_graph
 
     model = UserModel.load(GENAI_INT4_QWEN35)
@@ -296,7 +300,8 @@ def test_the_real_qwen35_export_on_the_gpu_plan_computes_orts_logits(monkeypatch
     real = context.target_of
     monkeypatch.setattr(context, "target_of", lambda *a: dataclasses.replace(
         real(*a), cpu=False, max_storage=16, shared_bytes=32768))
-    page = backend_for(registry()["wgpu:stateful"], GENAI_INT4_QWEN35, None)
+    page = backend_for(registry()["wgpu:stateful"], GENAI_INT4_QWEN35, None,
+                       KernelOptions(attention_combine=combine))
     rng = np.random.default_rng()
     try:
         for b in (oracle, page):
@@ -304,9 +309,11 @@ def test_the_real_qwen35_export_on_the_gpu_plan_computes_orts_logits(monkeypatch
         names = [la.kernel.name for la in page.converted.graph._plan.launches]
         assert "slice" in names and names.count("slice") == 2, names  # the new conv windows
         assert "concat" not in names and "gated_delta" in names, names
-        attention = page.converted.graph._plan.attention.values()
-        assert "fused:sigmoid+mul" not in names and attention, names  # the gate: no launch
-        assert all(m.epilogue is not None for m in attention), names
+        plan = page.converted.graph._plan
+        assert "fused:sigmoid+mul" not in names and plan.attention, names  # the gate: no launch
+        assert all(m.epilogue is not None for m in plan.attention.values()), names
+        assert len(plan.combined) == (len(plan.attention) if combine else 0), names
+        assert ("attention_combine" in names) == (combine is None), names
         for i, tok in enumerate(rng.integers(1, 997, 6)):
             want = np.asarray(oracle.step(int(tok)), np.float64).reshape(-1)
             got = np.asarray(page.step(int(tok)), np.float64).reshape(-1)

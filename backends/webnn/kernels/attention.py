@@ -829,19 +829,23 @@ class Combine(Kernel):
     vec: bool = True
 
 
-def combine_vector(rows: int, ns: int, d: int) -> VectorSource:
+def combine_vector(rows: int, ns: int, d: int, epilogue: Epilogue | None = None) -> VectorSource:
     """The ``rows`` × ``d`` output ``_combine`` writes (``vec`` partials, row-major), as a
     product's input vector computed by each of its workgroups (``VectorSource.setup``): an
     invocation a row weighs its ``ns`` splits (their maximum, ``e^{m_s - M}``, the total;
     the loads straight-line up to ``COMBINE_UNROLL`` splits), then after a barrier an
     invocation a 16-byte word sums its splits' accumulators into workgroup memory, which
     the product reads (``element``). So the combine has no launch of its own: the
-    product's code loads are in flight meanwhile, and a layer is a launch shorter."""
+    product's code loads are in flight meanwhile, and a layer is a launch shorter.
+    ``epilogue``: the vector is that element-wise function of the combined output
+    (``Epilogue``; an output gate), its leaves bound after the partials and read where
+    each element is stored."""
     assert d % 4 == 0
     pw, dq = d // 4 + 1, d // 4
     words = rows * dq
     unrolled = ns <= COMBINE_UNROLL
-    src = decl(0, "part", "vec4<f32>", "read") + (
+    ep_src, ep_bindings = epilogue.source(1) if epilogue is not None else ("", [])
+    src = decl(0, "part", "vec4<f32>", "read") + ep_src + (
         f"var<workgroup> cb_w: array<f32, {rows * ns}>;\n"
         f"var<workgroup> cb_t: array<f32, {rows}>;\n"
         f"var<workgroup> cb_v: array<f32, {rows * d}>;\n")
@@ -880,10 +884,19 @@ def combine_vector(rows: int, ns: int, d: int) -> VectorSource:
                 f"    let cb = r * {ns * pw}u + 1u + j % {dq}u;\n"
                 "    var a = vec4<f32>(0.0);\n" + sums()
                 + "    let o = a * cb_t[r];\n"
-                + "".join(f"    cb_v[4u * j + {c}u] = o.{x};\n" for c, x in enumerate("xyzw"))
+                + "".join(_vector_store(epilogue, c, x) for c, x in enumerate("xyzw"))
                 + "  }\n  workgroupBarrier();\n")
 
-    return VectorSource(src, ["read"], "cb_v[{}]", setup=setup)
+    return VectorSource(src, ["read", *ep_bindings], "cb_v[{}]", setup=setup)
+
+
+def _vector_store(ep: Epilogue | None, c: int, x: str) -> str:
+    """WGSL storing component ``x`` (the ``c``-th) of combined word ``o`` (word ``j``) into
+    ``combine_vector``'s workgroup vector: as it is, or through the epilogue at its flat
+    index (as float32, the vector's type)."""
+    if ep is None:
+        return f"    cb_v[4u * j + {c}u] = o.{x};\n"
+    return (f"    {{ let ao = o.{x}; cb_v[4u * j + {c}u] = f32({ep.call(f'4u * j + {c}u')}); }}\n")
 
 
 def last_of_head(ns: int) -> str:

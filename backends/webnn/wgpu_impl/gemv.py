@@ -13,7 +13,7 @@ emit the kernels.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -325,11 +325,15 @@ class CombinePrologue:
     attention: Node  # the probs·V node the partials are of
     combine: AT.Combine  # the combine launch it stands for (the partials' layout)
     part: Slot  # the partials' slot (``match_attention.partials_slot``)
+    #: the attention's epilogue (an output gate) the vector is, and the leaves it reads
+    epilogue: AT.Epilogue | None = None
+    epilogue_leaves: list[Node] = field(default_factory=list)
 
     @property
     def leaves(self) -> list[Node]:
-        """What the product reads, for the order: the attention's output (its partials)."""
-        return [self.attention]
+        """What the product reads, for the order: the attention's output (its partials),
+        then the epilogue's leaves."""
+        return [self.attention, *self.epilogue_leaves]
 
     @property
     def absorbed(self) -> list[Node]:
@@ -337,7 +341,7 @@ class CombinePrologue:
 
     def source(self) -> MM.VectorSource:
         c = self.combine
-        return AT.combine_vector(c.rows, c.splits, c.d)
+        return AT.combine_vector(c.rows, c.splits, c.d, self.epilogue)
 
 
 def gemv_prologues(nodes: list[Node], fold: dict[int, Node], inlined: set[int],
@@ -695,7 +699,7 @@ def gemv_input(plan: Any, o: Node, ins: list[Slot],
     if pro is None:
         return [ins[0]], None
     if isinstance(pro, CombinePrologue):
-        return [pro.part], pro.source()
+        return [pro.part] + [slot_of(x) for x in pro.epilogue_leaves], pro.source()
     extra = [pro.stats.slot] if pro.stats is not None else []
     return [slot_of(x) for x in pro.leaves] + extra, pro.source()
 

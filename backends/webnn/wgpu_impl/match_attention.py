@@ -97,7 +97,7 @@ class Attention:
         """What the combine reads for its epilogue, in binding order (after its output)."""
         return [x for x in self.epilogue.leaves if x is not self.out] if self.epilogue else []
 
-    def _epilogue(self) -> AT.Epilogue | None:
+    def epilogue_kernel(self) -> AT.Epilogue | None:
         """The epilogue as the combine generators take it (the output: param ``ao``)."""
         if self.epilogue is None:
             return None
@@ -118,7 +118,7 @@ class Attention:
                                splits or AT.SPLITS, kv=self.k.dtype.wgsl,
                                f16_loads=f16_loads or "wide", writes=writes,
                                group_rows=group_rows, subgroup=subgroup,
-                               epilogue=self._epilogue())
+                               epilogue=self.epilogue_kernel())
 
     def one_launch(self, shared_bytes: int, splits: int | None = None,
                    max_storage: int = 8) -> tuple[AT.Kernel, int, int] | None:
@@ -143,7 +143,7 @@ class Attention:
         got = AL.flash_lanes(heads, G, C, D, score, shared_bytes // 4, q_chain,
                              splits or AL.SPLITS_L, kv=self.k.dtype.wgsl, subgroup=subgroup,
                              fold=fold, unroll=unroll or AL.UNROLL,
-                             epilogue=None if fold else self._epilogue())
+                             epilogue=None if fold else self.epilogue_kernel())
         if got is None or len(got[0][0].bindings) > max_storage:
             return None
         return got
@@ -163,7 +163,7 @@ class Attention:
             return None
         got = ATT.flash_tile(heads, G, C, D, score, plan, q_chain, kv=self.k.dtype.wgsl,
                              writes=writes, subgroup=subgroup, sync=sync,
-                             epilogue=self._epilogue())
+                             epilogue=self.epilogue_kernel())
         return got if len(got[0].bindings) <= max_storage else None
 
 

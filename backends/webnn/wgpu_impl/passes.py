@@ -364,9 +364,11 @@ def attention_combines(plan: Plan, st: PassState) -> None:
     (``KernelOptions.attention_combine`` "product"): a one-row product with constant
     weights (the o projection) on the 4-bit "quad" or the float rows kernel, every
     workgroup combining the splits into its workgroup memory (``gemv.CombinePrologue``), so
-    the combine has no launch of its own. Where the splits' weights, the vector and the
-    product's own workgroup memory do not fit, or the bindings exceed the limit, the
-    combine keeps its launch."""
+    the combine has no launch of its own. Where the combine writes an epilogue (an output
+    gate: ``attention_epilogues``) the product reads the epilogue's root and computes it
+    too, each element from the combined value and the epilogue's leaves. Where the splits'
+    weights, the vector and the product's own workgroup memory do not fit, or the bindings
+    exceed the limit, the combine keeps its launch."""
     if not plan.options.attention_combine_product():
         return
     quad = plan.options.q4_quad(plan.target) is not None
@@ -374,13 +376,14 @@ def attention_combines(plan: Plan, st: PassState) -> None:
         _float_other_bindings(plan, st) if _gpu_gemv(plan) else {})
     consumers = fusion.consumers_of(st.nodes)
     for aid, m in plan.attention.items():
-        readers = consumers.get(aid, [])
+        x = m.epilogue.ops[-1] if m.epilogue is not None else m.out  # the vector read
+        readers = consumers.get(x.id, [])
         c = readers[0] if len(readers) == 1 else None
         K = S.size(m.out.shape)
-        if (c is None or aid in st.pinned or c.id not in other or c.id in plan.prologue
-                or c.id in plan.stacked or root(c.inputs[0]) is not m.out
+        if (c is None or aid in st.pinned or x.id in st.pinned or c.id not in other
+                or c.id in plan.prologue or c.id in plan.stacked or root(c.inputs[0]) is not x
                 or c.inputs[0].shape[-1] != K or S.size(c.shape[:-1]) != 1
-                or 1 + other[c.id] > plan.target.max_storage):
+                or 1 + len(m.epilogue_leaves) + other[c.id] > plan.target.max_storage):
             continue
         k2 = combine_of(plan, m.out)
         if k2 is None:
@@ -389,7 +392,8 @@ def attention_combines(plan: Plan, st: PassState) -> None:
         if not (4 * combine + quad_scratch_bytes() <= plan.target.shared_bytes if c.id in plan.q4
                 else GV.vector_fits(K, plan.target, combine)):
             continue
-        plan.prologue[c.id] = GV.CombinePrologue(m.out, k2, partials_slot(m.out))
+        plan.prologue[c.id] = GV.CombinePrologue(m.out, k2, partials_slot(m.out),
+                                                 m.epilogue_kernel(), m.epilogue_leaves)
         plan.combined[aid] = c.id
 
 

@@ -73,8 +73,10 @@ def op_steps(plan: Plan, st: PassState) -> tuple[list[Step], Step | None]:
         for w in plan.attention_writes.get(o.id, ()):  # the row writes folded in
             more.append(w)
             reads += [r for r in reads_of(w) if r not in reads]
-        if o.id in plan.attention and plan.attention[o.id].epilogue is not None:
-            m = plan.attention[o.id]  # its combine writes the epilogue's root instead
+        m = plan.attention.get(o.id)
+        if m is not None and m.epilogue is not None and o.id not in plan.combined:
+            # its combine writes the epilogue's root instead (a product computing the
+            # combine computes the epilogue too: ``gemv.CombinePrologue``)
             reads += [r for r in m.epilogue_leaves if r not in reads]
             more.append(m.epilogue.ops[-1])
         if o.id in plan.gdn:
