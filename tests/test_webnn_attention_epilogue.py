@@ -133,28 +133,30 @@ def test_the_group_keeps_its_launch_where_the_output_is_read_otherwise(ctx, tail
     _check(ctx, gr, outs, *feeds_and_oracle(heads, g, cap, d, tail))
 
 
-def test_one_launch_attention_keeps_the_gate_launch(ctx_with):
-    """"flash1" folds the combine into its one launch: no epilogue there, the gate a
-    launch of its own, the same result."""
+@pytest.mark.parametrize("how", ["flash1", "lanes1"])
+@pytest.mark.parametrize("tail", ["packed", "bias"])
+def test_the_one_launch_attention_writes_the_gated_output(ctx_with, how, tail):
+    """"flash1" and "lanes1" fold the combine into their one launch: its head's last
+    workgroup writes the epilogue (its leaves bound after the counters), one launch in
+    all."""
     heads, g, cap, d = 2, 4, 300, 16
-    ctx = ctx_with(attention="flash1")
-    gr, outs = graph(ctx, heads, g, cap, d, "gate")
-    names = _launches(gr)
-    assert names[0] == "attention_flash1" and len(names) == 2, names
-    _check(ctx, gr, outs, *feeds_and_oracle(heads, g, cap, d, "gate"))
+    ctx = ctx_with(attention=how)
+    gr, outs = graph(ctx, heads, g, cap, d, tail)
+    assert _launches(gr) == [f"attention_{how}"]
+    _check(ctx, gr, outs, *feeds_and_oracle(heads, g, cap, d, tail))
 
 
 @pytest.mark.parametrize("engine", ["wgpu", "dawn"])
 @pytest.mark.parametrize("vec", [True, False])
 def test_the_gated_combines_compile_with_naga_and_tint(engine, vec):
     """The flash and tile combine (16-byte and scalar words, subgroup statistics or not),
-    lanes' combine and the 4-bit o product computing the combine (``combine_vector``),
-    each writing a packed gate's product at Qwen3.5's shapes: both engines' compilers
-    accept them."""
+    lanes' combine, the one-launch "flash1" and "lanes1" and the 4-bit o product computing
+    the combine (``combine_vector``), each writing a packed gate's product at Qwen3.5's
+    shapes: both engines' compilers accept them."""
     from wgsl_compilers import compiler_device, rejection
 
-    from backends.webnn.kernels.attention import Epilogue, _combine, combine_vector
-    from backends.webnn.kernels.attention_lanes import combine_rows
+    from backends.webnn.kernels.attention import Epilogue, _combine, combine_vector, flash_decode_one
+    from backends.webnn.kernels.attention_lanes import combine_rows, flash_lanes
     from backends.webnn.kernels.fused import FusedOp, Leaf
     from backends.webnn.kernels.quant_rows import gemv_q4_quad
 
@@ -176,6 +178,12 @@ def test_the_gated_combines_compile_with_naga_and_tint(engine, vec):
         assert k.bindings == ["read", "rw", "read"] and "ep_v2(" in k.wgsl
         assert rejection(engine, k.wgsl) == "", k.wgsl
     if vec:
+        ones = [flash_decode_one(2, 2, 64, d, None, 12288, kv="f16", epilogue=ep)[0],
+                flash_lanes(2, 2, 64, d, None, 12288, kv="f16", subgroup=32, fold=True,
+                            epilogue=ep)[0][0]]
+        for k in ones:
+            assert k.bindings[-3:] == ["rw", "rw", "read"] and "ep_v2(" in k.wgsl
+            assert rejection(engine, k.wgsl) == "", k.wgsl
         for splits in (5, 33):  # straight-line and in loops
             k = gemv_q4_quad(n, 64, 32, signed=False, zero_points=False, loads=4, subgroup=32,
                              prologue=combine_vector(4, splits, d, ep))

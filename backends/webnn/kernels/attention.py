@@ -141,14 +141,21 @@ class Epilogue:
         return f"ep_v{len(self.ops) - 1}({index}, ao)"
 
 
-def out_decl(ep: Epilogue | None, vec: bool, binding: int) -> tuple[str, list[str]]:
+def out_decl(ep: Epilogue | None, vec: bool, binding: int,
+             counters: bool = False) -> tuple[str, list[str]]:
     """(declarations, bindings from ``binding`` on) of what a combine writes: the output
-    (16-byte words where ``vec``), or the epilogue's root (elements of its type) and the
+    (16-byte words where ``vec``), or the epilogue's root (elements of its type); then,
+    where ``counters`` (a one-launch attention's), its heads' counters; then the
     epilogue's leaves."""
+    src = decl(binding, "out", ep.out_type if ep else "vec4<f32>" if vec else "f32", "rw")
+    bindings = ["rw"]
+    if counters:
+        src += decl(binding + 1, "cnt", "atomic<u32>", "rw")
+        bindings.append("rw")
     if ep is None:
-        return decl(binding, "out", "vec4<f32>" if vec else "f32", "rw"), ["rw"]
-    src, bindings = ep.source(binding + 1)
-    return decl(binding, "out", ep.out_type, "rw") + src, ["rw", *bindings]
+        return src, bindings
+    ep_src, ep_bindings = ep.source(binding + len(bindings))
+    return src + ep_src, bindings + ep_bindings
 
 
 def store(ep: Epilogue | None, vec: bool, word: str, value: str, pad: str = "    ") -> str:
@@ -960,12 +967,14 @@ def flash_decode_one(heads: int, q_rows: int, capacity: int, d: int,
                      score: tuple[Sequence[FusedOp], Sequence[Leaf]] | None,
                      shared_floats: int,
                      q_chain: tuple[Sequence[FusedOp], Sequence[Leaf]] | None = None,
-                     splits: int = SPLITS1, kv: str = "f32") -> tuple[Kernel, int, int] | None:
+                     splits: int = SPLITS1, kv: str = "f32",
+                     epilogue: Epilogue | None = None) -> tuple[Kernel, int, int] | None:
     """(kernel, partial-buffer 4-byte words, counter words) of decode attention in ONE
     launch, or None where ``one_launch_plan`` says it does not apply. Bindings: as
     ``flash_decode``'s pass 1 (q or its chain's leaves, K, V, the score chain's leaves,
     the partials), then the output (heads, q_rows, d) and ``heads`` u32 counters that
-    must be zero before the first launch (the kernel leaves them zero).
+    must be zero before the first launch (the kernel leaves them zero); ``epilogue``: the
+    combine writes it instead of the output (``Epilogue``), its leaves bound last.
 
     One workgroup per (batch·kv-head, split); all q rows of the head in one workgroup, so
     each cache row is read once per kv head. Each invocation owns one 16-byte word (8
@@ -998,9 +1007,9 @@ def flash_decode_one(heads: int, q_rows: int, capacity: int, d: int,
     kvt = "vec4<u32>" if wide else "vec4<f32>"
     src, bindings, fn_call = _kv_and_score(src, bindings, kvt, wide, score)
     nb = len(bindings)
-    src += (decl(nb, "part", "vec4<f32>", "rw") + decl(nb + 1, "out", "vec4<f32>", "rw")
-            + decl(nb + 2, "cnt", "atomic<u32>", "rw"))
-    bindings += ["rw", "rw", "rw"]
+    out_src, out_bindings = out_decl(epilogue, True, nb + 1, counters=True)
+    src += decl(nb, "part", "vec4<f32>", "rw") + out_src
+    bindings += ["rw", *out_bindings]
     low = neg_inf()
     # the invocation's cache rows rg + RG*i, clamped into the split (extra rows score -inf)
     loads = "".join(f"  let kw{i} = k[(h * {C}u + c0 + min({i * RG}u + rg, n - 1u)) * {LW}u + e];\n"
@@ -1088,11 +1097,10 @@ def flash_decode_one(heads: int, q_rows: int, capacity: int, d: int,
   for (var o = lid; o < {nout}u; o = o + {WG1}u) {{
     var t = vec4<f32>(0.0);
     for (var g = 0u; g < {sgs}u; g = g + 1u) {{ t = t + pv[g * {nout}u + o]; }}
-    out[h * {nout}u + o] = t / red[(o / {D4}u) * {WG1}u];
-  }}
+{store(epilogue, True, f"h * {nout}u + o", f"t / red[(o / {D4}u) * {WG1}u]")}  }}
 """
     else:
-        out_write = f"    out[h * {nout}u + o] = t / red[(o / {D4}u) * {WG1}u];\n"
+        out_write = store(epilogue, True, f"h * {nout}u + o", f"t / red[(o / {D4}u) * {WG1}u]")
         out_sum = ""
     pv_len = max((RG // 2) * G * D4, WG1)
     src += f"""
@@ -1184,5 +1192,5 @@ var<workgroup> flag: u32;
                                         for leaf in score[1] if not leaf.param)
     k = Kernel("attention_flash1", src, bindings, (ns, heads, 1),
                4 * (2 * heads * G * D + 2 * parts) + 2 * heads * C * D * (2 if wide else 4)
-               + extra)
+               + extra + epilogue_bytes(epilogue, heads * G * D))
     return k, parts, heads

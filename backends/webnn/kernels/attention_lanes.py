@@ -117,8 +117,9 @@ def flash_lanes(heads: int, q_rows: int, capacity: int, d: int,
     rows a lane-group loads before using any.
 
     Bindings of the first kernel: as ``flash_decode``'s pass 1 (q or its chain's leaves,
-    K, V, the score chain's leaves, the partials); ``fold``: then the output and
-    ``heads`` u32 counters, zero before the first launch and left zero (one kernel).
+    K, V, the score chain's leaves, the partials); ``fold``: then the output (or the
+    ``epilogue``'s root) and ``heads`` u32 counters, zero before the first launch and left
+    zero (one kernel), then the epilogue's leaves.
     Else the second kernel is ``combine_rows`` (partials, output, ``epilogue``'s leaves:
     it writes the epilogue instead of the output); no counters.
     """
@@ -139,8 +140,9 @@ def flash_lanes(heads: int, q_rows: int, capacity: int, d: int,
     src += decl(nb, "part", "vec4<f32>", "rw")
     bindings.append("rw")
     if fold:
-        src += decl(nb + 1, "out", "vec4<f32>", "rw") + decl(nb + 2, "cnt", "atomic<u32>", "rw")
-        bindings += ["rw", "rw"]
+        out_src, out_bindings = out_decl(epilogue, True, nb + 1, counters=True)
+        src += out_src
+        bindings += out_bindings
     low = neg_inf()
     halves = ("a", "b") if wide else ("a",)  # the invocation's q/acc words: 2e, 2e + 1 or e
     word = {"a": "2u * e", "b": "2u * e + 1u"} if wide else {"a": "e"}
@@ -268,7 +270,7 @@ var<workgroup> pvs: array<vec4<f32>, {pv_len}>;
     src += _folded_decls(G, ns) if fold else ""
     src += _split_entry(WGL, T, C) + f"  let e = lid % {LW}u;\n  let rg = lid / {LW}u;\n"
     src += body + merge
-    src += _folded_combine(G, D4, ns, PW) if fold else ""
+    src += _folded_combine(G, D4, ns, PW, epilogue) if fold else ""
     src += "}\n"
     parts = 4 * heads * G * ns * PW  # 4-byte words
     extra = 0 if score is None else sum(4 * min(leaf.size, heads * G * C)
@@ -277,7 +279,8 @@ var<workgroup> pvs: array<vec4<f32>, {pv_len}>;
     name = "attention_lanes1" if fold else "attention_lanes"
     k1 = Kernel(name, src, bindings, (ns, heads, 1),
                 4 * (heads * G * D + parts) + kv_bytes + extra
-                + (4 * (heads * G * D + parts) if fold else 0))
+                + (4 * (heads * G * D + parts) + epilogue_bytes(epilogue, heads * G * D)
+                   if fold else 0))
     if fold:
         return [k1], parts, heads
     return [k1, combine_rows(heads * G, D, ns, epilogue)], parts, 0
@@ -291,10 +294,11 @@ def _folded_decls(g: int, ns: int, flag: bool = True) -> str:
             + ("var<workgroup> flag: u32;\n\n" if flag else "\n"))
 
 
-def _folded_combine(g: int, d4: int, ns: int, pw: int) -> str:
+def _folded_combine(g: int, d4: int, ns: int, pw: int, epilogue: Epilogue | None) -> str:
     """The tail of "lanes1": the head's last workgroup to finish merges its ``ns`` splits
-    into the output (``attention.last_of_head``)."""
-    return last_of_head(ns) + f"  let row0 = h * {g}u;\n" + _merge_splits(g, d4, ns, pw)
+    into the output, or its ``epilogue`` (``attention.last_of_head``)."""
+    return (last_of_head(ns) + f"  let row0 = h * {g}u;\n"
+            + _merge_splits(g, d4, ns, pw, epilogue))
 
 
 def combine_rows(rows: int, d: int, ns: int, epilogue: Epilogue | None = None) -> Kernel:

@@ -127,7 +127,8 @@ class Attention:
         buffers than ``max_storage`` (the caller then lowers ``kernels``)."""
         heads, G, C, D, score, q_chain = self._dims()
         got = AT.flash_decode_one(heads, G, C, D, score, shared_bytes // 4, q_chain,
-                                  splits or AT.SPLITS1, kv=self.k.dtype.wgsl)
+                                  splits or AT.SPLITS1, kv=self.k.dtype.wgsl,
+                                  epilogue=self.epilogue_kernel())
         if got is None or len(got[0].bindings) > max_storage:
             return None
         return got
@@ -143,7 +144,7 @@ class Attention:
         got = AL.flash_lanes(heads, G, C, D, score, shared_bytes // 4, q_chain,
                              splits or AL.SPLITS_L, kv=self.k.dtype.wgsl, subgroup=subgroup,
                              fold=fold, unroll=unroll or AL.UNROLL,
-                             epilogue=None if fold else self.epilogue_kernel())
+                             epilogue=self.epilogue_kernel())
         if got is None or len(got[0][0].bindings) > max_storage:
             return None
         return got
@@ -268,11 +269,6 @@ def attention_epilogue(m: Attention, consumers: dict[int, list[Node]],
             or 2 + len(g.leaves) - 1 > max_storage):
         return None
     return g if fusion.reads_at_own_index(g, m.out, flat=True) else None
-
-
-def combine_launched(plan: Any, o: Node) -> bool:
-    """Whether attention ``o`` is lowered in two launches, the second its combine."""
-    return _attention_one(plan, o) is None
 
 
 class NotInPlace(Exception):
@@ -409,12 +405,12 @@ def _lower_attention(n: Site) -> None:
     plan, o = n.plan, n.node
     part = partials_slot(o)
     if (one := _attention_one(plan, o)) is not None:
-        assert plan.attention[o.id].epilogue is None, "an epilogue needs the combine launch"
         k1, parts, counters = one  # one launch: the combine folded in (``flash_decode_one``)
         cnt = ("const", ("flash_count", o.id))
         plan.temps[part] = parts
         plan.consts.setdefault(cnt, np.zeros(counters, np.uint32))  # zero; left zero
-        n.add(KernelLaunch(k1, n.ins + [part, n.out, cnt]))
+        out, ep = _combine_out(n, plan.attention[o.id])
+        n.add(KernelLaunch(k1, n.ins[:len(plan.attention[o.id].leaves)] + [part, out, cnt, *ep]))
         return
     m = plan.attention[o.id]
     ins = n.ins[:len(m.leaves)]  # the step's reads go on with a folded row write's
@@ -425,9 +421,16 @@ def _lower_attention(n: Site) -> None:
     if o.id in plan.combined:
         assert k2 == plan.prologue[plan.combined[o.id]].combine, "planned on other partials"
         return
-    out = [n.out] if m.epilogue is None else [n.slot_of(m.epilogue.ops[-1])] + [
-        n.slot_of(x) for x in m.epilogue_leaves]
-    n.add(KernelLaunch(k2, [part, *out]))
+    out, ep = _combine_out(n, m)
+    n.add(KernelLaunch(k2, [part, out, *ep]))
+
+
+def _combine_out(n: Site, m: Attention) -> tuple[Slot, list[Slot]]:
+    """(what attention ``m``'s combine writes: its output or its epilogue's root, the
+    epilogue's leaves)."""
+    if m.epilogue is None:
+        return n.out, []
+    return n.slot_of(m.epilogue.ops[-1]), [n.slot_of(x) for x in m.epilogue_leaves]
 
 
 def _row_writes(n: Site, m: Attention, ws: tuple[Node, Node] | None

@@ -21,7 +21,6 @@ from . import fusion
 from . import gemv as GV
 from .match_attention import (
     attention_epilogue,
-    combine_launched,
     combine_of,
     fold_row_writes,
     last2_transpose_input,
@@ -120,14 +119,15 @@ def decode_attention(plan: Plan, st: PassState) -> None:
 
 
 def attention_epilogues(plan: Plan, st: PassState) -> None:
-    """An element-wise group reading a two-launch attention's output (Qwen3.5's output
-    gate, ``o · sigmoid(gate)``) written by the attention's combine launch instead of the
-    output (``match_attention.attention_epilogue``): the group has no launch of its own and
-    the output is never stored."""
+    """An element-wise group reading an attention's output (Qwen3.5's output gate,
+    ``o · sigmoid(gate)``) written by the attention's combine (its second launch, or the
+    one launch's folded combine) instead of the output
+    (``match_attention.attention_epilogue``): the group has no launch of its own and the
+    output is never stored."""
     consumers = fusion.consumers_of(st.nodes)
     group_of = {o.id: g for g in plan.groups.values() for o in g.ops}
     for aid, m in plan.attention.items():
-        if aid in st.pinned or not combine_launched(plan, m.out):
+        if aid in st.pinned:
             continue
         m.epilogue = attention_epilogue(m, consumers, group_of, st.absorbed | st.writers,
                                         plan.target.max_storage)
