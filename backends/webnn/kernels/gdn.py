@@ -33,7 +33,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .. import shapes as S
-from .common import Kernel, decl, offset_fn
+from .common import Kernel, decl, esize, offset_fn
 from .fused import FusedOp, Leaf, functions, leaf_decls
 
 #: a value source: an element-wise group (ops, leaves), its root evaluated per head/row
@@ -47,7 +47,7 @@ def gated_delta(batch: Sequence[int], dv: int, dk: int, *, k_strides: Sequence[i
                 subgroup: int | None = None, k_eps: float | None = None,
                 q_eps: float | None = None, k_major: bool = False,
                 q_scale: float = 1.0, state: str = "f32", k_offset: int = 0,
-                q_offset: int = 0) -> Kernel:
+                q_offset: int = 0, k_type: str = "f32", q_type: str = "f32") -> Kernel:
     """The kernel for a state of ``batch`` heads × (dv, dk), rows of dk contiguous values;
     ``k_major``: each head's state stored (dk, dv) instead (ORT LinearAttention's layout):
     a row's values dv apart, read as scalars.
@@ -68,11 +68,15 @@ def gated_delta(batch: Sequence[int], dv: int, dk: int, *, k_strides: Sequence[i
     new state rounded to f16 when written; the arithmetic is f32 either way.
     ``k_offset``/``q_offset``: where k's and q's elements start in their buffers (a slice
     of a wider row read where it lies; multiples of 4).
+    ``k_type``/``q_type``: k's and q's buffers' element types: "f16" (a float16 model's
+    vectors, the norms folded in) is read widened to f32, the arithmetic f32 as the graph
+    computes the step.
     """
     if k_offset % 4 or q_offset % 4:
         raise ValueError(f"gated_delta: k and q offsets {k_offset}, {q_offset}: multiples of 4")
-    if state not in ("f32", "f16"):
-        raise ValueError(f"state = {state!r}; accepted: f32, f16")
+    for what, t in (("state", state), ("k_type", k_type), ("q_type", q_type)):
+        if t not in ("f32", "f16"):
+            raise ValueError(f"{what} = {t!r}; accepted: f32, f16")
     heads = S.size(batch)
     rows = heads * dv
     vw = 4 if dk % 4 == 0 and not k_major else 1
@@ -91,7 +95,8 @@ def gated_delta(batch: Sequence[int], dv: int, dk: int, *, k_strides: Sequence[i
     if not in_place:
         src += decl(0, "p", svt, "read")
         bindings.append("read")
-    src += decl(len(bindings), "k", vt, "read") + decl(len(bindings) + 1, "q", vt, "read")
+    src += (decl(len(bindings), "k", vt.replace("f32", k_type), "read")
+            + decl(len(bindings) + 1, "q", vt.replace("f32", q_type), "read"))
     bindings += ["read", "read"]
     fns = ""
     calls = {}
@@ -141,7 +146,9 @@ def gated_delta(batch: Sequence[int], dv: int, dk: int, *, k_strides: Sequence[i
     test = "" if full else f"if (w < {words}u) "
     ok = f"row0 < {rows}u" + (" && status[0] == 0u" if guarded else "")
     out_val = call("e_", "row", "os") if out_chain is not None else "os"
-    q_load = "      let qv = q[qw + w];\n" if q_eps is not None else ""
+    kx = "k[kw + w]" if k_type == "f32" else f"{vt}(k[kw + w])"  # k's element, f32
+    qx = "q[qw + w]" if q_type == "f32" else f"{vt}(q[qw + w])"
+    q_load = f"      let qv = {qx};\n" if q_eps is not None else ""
     if norms:
         first = f"      acc = acc + vec4<f32>({dot.format('sv[j]', 'kv')}, "
         first += dot.format("kv", "kv") if k_eps is not None else "0.0"
@@ -173,7 +180,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let w = t + j * {lanes}u;
     {test}{{
       sv[j] = {vt}({old}[{sidx}]);
-      let kv = k[kw + w];
+      let kv = {kx};
 {q_load}{first}    }}
   }}
 {total("acc", "ks", False, st1)}  let ik = {kk};
@@ -184,16 +191,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   for (var j = 0u; j < {per_lane}u; j = j + 1u) {{
     let w = t + j * {lanes}u;
     {test}{{
-      let nw = g * sv[j] + dk_ * k[kw + w];
+      let nw = g * sv[j] + dk_ * {kx};
       if (ok) {{ st[{sidx}] = {svt}(nw); }}
-      acc2 = acc2 + {dot.format("nw", "q[qw + w]")};
+      acc2 = acc2 + {dot.format("nw", qx)};
     }}
   }}
 {total("acc2", "o2", True)}  let os = o2 * iq{scale};
   if (ok && t == 0u) {{ y[row] = {out_val}; }}
 }}
 """
-    traffic = 4 * (k_size + q_size + rows) + 2 * rows * dk * (2 if state == "f16" else 4)
+    traffic = (esize(k_type) * k_size + esize(q_type) * q_size + 4 * rows
+               + 2 * rows * dk * esize(state))
     for chain, n in ((decay, heads), (delta, rows), (out_chain, rows)):
         if chain is not None:
             traffic += sum(4 * min(leaf.size, n) for leaf in chain[1] if not leaf.param)

@@ -15,7 +15,10 @@ The pattern, as the ONNX converter builds it from the standard flavour
 
 Where k (or q) is ``x / sqrt(reduce_sum(x * x, last axis) + eps)`` read by nothing else
 (the exporter's per-head L2 norm; ``eps`` may be absent, as in ONNX LpNormalization), the
-kernel reads x and folds the norm in too.
+kernel reads x and folds the norm in too. A float16 model's norm (onnxruntime-genai's
+q4f16 export: LpNormalization in float16, its sum of squares widened to float32) is the
+same pattern with float casts between its ops and a widening cast after it (before the
+scale, for q): the kernel reads the float16 x and computes the norm in float32.
 
 The same step over a K-major state (*B, Dk, Dv) (ORT LinearAttention's layout, as
 ``convert_linear`` decomposes it) is the pattern transposed: R = matmul(kr, s),
@@ -35,7 +38,7 @@ kernels, so a graph that only looks similar is never miscompiled.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import product
 
 from .. import shapes as S
@@ -46,6 +49,9 @@ from ..stateful import root
 from . import fusion
 from .launches import KernelLaunch
 from .lowerings import Site, claims
+
+#: element types a float cast converts between (a float16 model's round trips)
+FLOATS = ("f32", "f16")
 
 
 @dataclass
@@ -84,7 +90,8 @@ class GatedDelta:
     k_major: bool = False  # the state stored (*B, Dk, Dv)
     q_scale: float = 1.0  # q's constant factor, applied to the output
     state: str = "f32"  # the state buffers' element type (f16: widened and narrowed here)
-    q_scaled: Node | None = None  # the op scaling q by q_scale (computed here)
+    #: the ops scaling q by q_scale (and a cast widening it after), computed here
+    q_scaled: list[Node] = field(default_factory=list)
     #: k's and q's storage read where it lies in a wider row (``_row_views``): (the
     #: row's tensor, the element offset, the slice op) or None
     k_view: tuple[Node, int, Node] | None = None
@@ -157,7 +164,8 @@ class GatedDelta:
             in_place=in_place, guarded=guarded, lanes=lanes, wg=max(256, lanes),
             subgroup=subgroup, k_major=self.k_major, q_scale=self.q_scale, state=self.state,
             k_offset=self.k_view[1] if self.k_view is not None else 0,
-            q_offset=self.q_view[1] if self.q_view is not None else 0)
+            q_offset=self.q_view[1] if self.q_view is not None else 0,
+            k_type=self.k_storage.dtype.wgsl, q_type=self.q_storage.dtype.wgsl)
 
 
 def match_gated_delta(nodes: list[Node], inlined: set[int],
@@ -272,7 +280,8 @@ def _assemble(o: Node, n: Node, s_view: Node, u_view: Node,
     if (tuple(d_view.shape) != col or tuple(k_u.shape)[-2:] != k_row or root(k_u) is not k
             or tuple(kc.shape)[-2:] != k_col or tuple(kc.shape)[:-2] != tuple(k_u.shape)[:-2]):
         return None
-    q, q_scale, scaled = _scaled_q(qc, pinned, consumers, reader)
+    q, q_scale, scaled, q_norm = _q_operand(qc, k, reader, consumers, inlined, pinned,
+                                            fold_norms, dk)
     k_st = _batch_of(tuple(kc.shape)[:-2], batch)
     q_st = _batch_of(tuple(qc.shape)[:-2], batch) if tuple(qc.shape)[-2:] == k_col else None
     if k_st is None or q_st is None:
@@ -296,18 +305,17 @@ def _assemble(o: Node, n: Node, s_view: Node, u_view: Node,
     if (widen is not None) != (narrow is not None) or p.dtype.wgsl != state:
         return None
     out_chain, anchor = _out_chain(o, consumers, inlined, groups, pinned, cols)
-    if any(x.dtype.wgsl != "f32" for x in (k, q, g, d, anchor)):
+    if (any(x.dtype.wgsl != "f32" for x in (k, g, d, anchor))
+            or q.dtype.wgsl not in ("f32", "f16")):
         return None
     casts = [x for x in (widen, narrow) if x is not None]
     m = GatedDelta(anchor, p, narrow or n, k, q, batch, dv, dk, tuple(x * dk for x in k_st),
                    tuple(x * dk for x in q_st), decay, tuple(g_st), r, delta, o, out_chain,
                    [s, *extra, r, u, n, *([x] if x is not None else []), *scaled, *casts, o],
-                   k_major=k_major, q_scale=q_scale, state=state,
-                   q_scaled=scaled[0] if scaled else None)
+                   k_major=k_major, q_scale=q_scale, state=state, q_scaled=scaled)
     if fold_norms:
-        m.k_norm = _l2_norm(k, consumers, inlined, pinned, {(extra or [r])[0].id, u.id})
-        m.q_norm = (_l2_norm(q, consumers, inlined, pinned, {(scaled or [reader])[0].id})
-                    if q is not k else None)
+        m.k_norm = _l2_norm(k, consumers, inlined, pinned, {(extra or [r])[0].id, u.id}, dk)
+        m.q_norm = q_norm
     _row_views(m, consumers, inlined, pinned)
     # the chains read no value the kernel computes or rewrites (beyond their params)
     inside = {x.id for x in m.ops} | {p.id}
@@ -326,7 +334,8 @@ def _row_view(x: Node, ops: set[int], consumers: dict[int, list[Node]], inlined:
     if got is None or s.id in pinned or s.id in inlined:
         return None
     src, start = root(s.inputs[0]), got[1]
-    if (S.size(s.shape[:-1]) != 1 or start % 4 or src.id in inlined or src.dtype.wgsl != "f32"
+    if (S.size(s.shape[:-1]) != 1 or start % 4 or src.id in inlined
+            or src.dtype.wgsl not in ("f32", "f16")
             or any(c.id not in ops for c in consumers.get(s.id, []))):
         return None
     return src, start, s
@@ -371,18 +380,51 @@ def _retrieval(s: Node, n: Node, x: Node | None, consumers: dict[int, list[Node]
     return r, [sk], kc
 
 
+def _q_operand(qc: Node, k: Node, reader: Node, consumers: dict[int, list[Node]],
+               inlined: set[int], pinned: set[int], fold_norms: bool, dk: int
+               ) -> tuple[Node, float, list[Node], L2Norm | None]:
+    """(q as the kernel reads it, its constant factor, the scaling ops, its folded norm):
+    a float16 q is read below its widening cast only where its norm folds in (the norm is
+    then computed in float32 here); otherwise q is the value the graph widened."""
+    q, f, scaled = _scaled_q(qc, pinned, consumers, reader)
+    norm = None
+    if fold_norms and q is not k:
+        norm = _l2_norm(q, consumers, inlined, pinned, {(scaled or [reader])[0].id}, dk)
+    if norm is None and q.dtype.wgsl != "f32":
+        q, f, scaled = _scaled_q(qc, pinned, consumers, reader, widened=False)
+    return q, f, scaled, norm
+
+
 def _scaled_q(qc: Node, pinned: set[int], consumers: dict[int, list[Node]],
-              reader: Node) -> tuple[Node, float, list[Node]]:
-    """(q, its constant factor, [the scaling op]): q scaled by a one-value constant read by
-    nothing else is read unscaled, the kernel applying the factor as a literal."""
+              reader: Node, widened: bool = True) -> tuple[Node, float, list[Node]]:
+    """(q, its constant factor, [the scaling op, the cast widening it]): q scaled by a
+    one-value constant read by nothing else is read unscaled, the kernel applying the
+    factor as a literal; ``widened``: also below a float cast of the scaled q (a float16
+    model scales q in float16 and widens it for the step)."""
     q = root(qc)
+    casts: list[Node] = []
+    inner, cast = _uncast(q)
+    if (widened and cast and q.id not in pinned and fusion.sole_reader(consumers, q, reader)
+            and (_op(inner, "mul") or _op(inner, "div"))):
+        q, reader, casts = inner, q, cast
     if (_op(q, "mul") or _op(q, "div")) and q.id not in pinned and fusion.sole_reader(
             consumers, q, reader):
         c = root(q.inputs[1])
         if c.kind == "constant" and S.size(c.shape) == 1 and q.inputs[0].shape == q.shape:
             f = float(c.value.reshape(-1)[0])
-            return root(q.inputs[0]), (f if _op(q, "mul") else 1.0 / f), [q]
+            return root(q.inputs[0]), (f if _op(q, "mul") else 1.0 / f), [q, *casts]
+    q = root(qc)
     return q, 1.0, []
+
+
+def _uncast(x: Node) -> tuple[Node, list[Node]]:
+    """(x's source, [x]) where x is a cast between float types of the same element count
+    (a float16 model's round trips around float32 ops); (x, []) otherwise."""
+    if _op(x, "cast") and x.dtype.wgsl in FLOATS:
+        src = root(x.inputs[0])
+        if src.dtype.wgsl in FLOATS and S.size(src.shape) == S.size(x.shape):
+            return src, [x]
+    return x, []
 
 
 def _narrowed(n: Node, reader: Node, consumers: dict[int, list[Node]],
@@ -452,43 +494,67 @@ def _out_chain(o: Node, consumers: dict[int, list[Node]], inlined: set[int],
 
 
 def _l2_norm(v: Node, consumers: dict[int, list[Node]], inlined: set[int],
-             pinned: set[int], readers: set[int]) -> L2Norm | None:
-    """``v = x / sqrt(reduce_sum(x * x, last axis, kept) + eps)`` (either operand order of
-    the add, ``eps`` a one-value constant, or no add: eps 0), each op read only by the next
-    and ``v`` only by ``readers``; None otherwise."""
-    if (not _op(v, "div") or v.id in pinned or not consumers.get(v.id)
+             pinned: set[int], readers: set[int], dk: int) -> L2Norm | None:
+    """``v = x / sqrt(reduce_sum(x * x, last axis of dk, kept) + eps)`` (either operand
+    order of the add, ``eps`` a one-value constant, or no add: eps 0), float casts allowed
+    between the ops and after the division (a float16 norm summing in float32, widened
+    for the step), each op read only by the next and ``v`` only by ``readers``; None
+    otherwise."""
+    if (v.id in pinned or not consumers.get(v.id)
             or any(c.id not in readers for c in consumers[v.id])):
         return None
-    x_view, den = v.inputs
-    x, sq = root(x_view), root(den)
-    shape = tuple(v.shape)
-    row = (*shape[:-1], 1)
-    if tuple(x_view.shape) != shape or tuple(den.shape) != row or not _op(sq, "sqrt"):
+    div, widen = _uncast(v)
+    if not _op(div, "div") or div.shape[-1] != dk:
         return None
-    add = root(sq.inputs[0])
-    if _op(add, "reduce_sum"):  # no epsilon (ONNX LpNormalization)
-        ss, eps_value, ops = add, 0.0, []
-    elif _op(add, "add"):
+    x_view, den = div.inputs
+    x = root(x_view)
+    shape = tuple(div.shape)
+    row = (*shape[:-1], 1)
+    if tuple(x_view.shape) != shape or tuple(den.shape) != row:
+        return None
+    got = _sum_of_squares(root(den), x, shape, row)
+    if got is None:
+        return None
+    ops, eps = got
+    if any(tuple(y.shape) not in (shape, row) for y in ops):
+        return None
+    ops = [*ops, div, *widen]  # the widening cast: any view of the norm's elements
+    chain = zip(ops, ops[1:], strict=False)
+    if (any(y.id in pinned for y in ops)
+            or not all(fusion.sole_reader(consumers, a, b) for a, b in chain)
+            or (x.kind == "op" and x.id in inlined) or x.dtype.wgsl not in FLOATS):
+        return None
+    return L2Norm(v, x, eps, ops)
+
+
+def _sum_of_squares(top: Node, x: Node, shape: tuple, row: tuple
+                    ) -> tuple[list[Node], float] | None:
+    """(the ops from x * x up to ``top`` in order, eps) where ``top`` is
+    ``sqrt(reduce_sum(x * x, last axis, kept) [+ eps])`` through float casts; else None."""
+    sq, c1 = _uncast(top)
+    if not _op(sq, "sqrt"):
+        return None
+    add, c2 = _uncast(root(sq.inputs[0]))
+    adds: list[Node] = []
+    eps_value = 0.0  # no add: no epsilon (ONNX LpNormalization)
+    if _op(add, "add"):
         for ss_view, eps in (add.inputs, add.inputs[::-1]):
-            ss = root(ss_view)
+            ss, c3 = _uncast(root(ss_view))
             if _op(ss, "reduce_sum") and eps.kind == "constant" and S.size(eps.shape) == 1:
                 break
         else:
             return None
-        eps_value, ops = float(eps.value.reshape(-1)[0]), [add]
+        eps_value, adds = float(eps.value.reshape(-1)[0]), [*c3, add]
+    elif _op(add, "reduce_sum"):
+        ss = add
     else:
         return None
-    sqr = root(ss.inputs[0])
+    sqr, c4 = _uncast(root(ss.inputs[0]))
     if (tuple(ss.attrs["axes"]) != (len(shape) - 1,) or tuple(ss.shape) != row
             or tuple(ss.inputs[0].shape) != shape or not _op(sqr, "mul")
             or any(root(y) is not x or tuple(y.shape) != shape for y in sqr.inputs)):
         return None
-    ops = [sqr, ss, *ops, sq]
-    chain = zip(ops, ops[1:] + [v], strict=True)
-    if (any(y.id in pinned for y in ops) or not all(fusion.sole_reader(consumers, a, b) for a, b in chain)
-            or (x.kind == "op" and x.id in inlined) or x.dtype.wgsl != "f32"):
-        return None
-    return L2Norm(v, x, eps_value, ops + [v])
+    return [sqr, *c4, ss, *adds, *c2, sq, *c1], eps_value
 
 
 def _covered(m: GatedDelta, inlined: set[int], groups: dict[int, fusion.Group],
@@ -498,8 +564,8 @@ def _covered(m: GatedDelta, inlined: set[int], groups: dict[int, fusion.Group],
     one of its ops (a norm planned as a launch of its own only if the kernel folds it)."""
     ids = {x.id for x in m.ops}
     folded = {x.id for nrm in m.norms for x in nrm.ops}
-    if m.q_norm is not None and m.q_scaled is not None:
-        folded.add(m.q_scaled.id)  # q's norm and its scaling, one vector launch elsewhere
+    if m.q_norm is not None:  # q's norm and its scaling, one vector launch elsewhere
+        folded |= {x.id for x in m.q_scaled}
     if ids & taken or (ids - folded) & vectors:
         return False
     for x in m.ops:
