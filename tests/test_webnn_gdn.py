@@ -6,6 +6,8 @@ decode steps of the hybrid presets through the stateful and non-stateful pages."
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -18,17 +20,19 @@ EPS = 1e-6
 
 
 def oracle(state, q, k, v, a, bb, a_log, dt_bias, rep: int, row_decay=None,
-           scaled: bool = True):
+           scaled: bool = True, eps: float = EPS, q_scale: float | None = None):
     """One step of S_t = exp(g) S + k (beta (v - exp(g) S^T k))^T, o = S_t^T q / sqrt(dk),
     q and k L2-normalised, per value head h reading q/k head h // rep. ``state`` is V-major
     (heads, dv, dk): S = state[h].T. ``row_decay`` (heads, dv): a decay per value row
-    instead (a graph the kernel must not take). ``scaled``: False without the 1/sqrt(dk).
+    instead (a graph the kernel must not take). ``scaled``: False without the 1/sqrt(dk);
+    ``q_scale``: another factor instead (a float16 constant's). ``eps``: the norms'.
     Returns (new state, o (heads, dv))."""
     f = lambda x: np.asarray(x, np.float64)  # noqa: E731
     state, q, k, v, a, bb = map(f, (state, q, k, v, a, bb))
     heads, dv, dk = state.shape
-    qn = q / np.sqrt((q * q).sum(-1, keepdims=True) + EPS)
-    kn = k / np.sqrt((k * k).sum(-1, keepdims=True) + EPS)
+    qn = q / np.sqrt((q * q).sum(-1, keepdims=True) + eps)
+    kn = k / np.sqrt((k * k).sum(-1, keepdims=True) + eps)
+    factor = q_scale if q_scale is not None else 1.0 / np.sqrt(dk) if scaled else 1.0
     g = -np.exp(f(a_log)) * np.log1p(np.exp(a + f(dt_bias)))
     beta = 1.0 / (1.0 + np.exp(-bb))
     new, o = np.empty_like(state), np.empty((heads, dv))
@@ -39,24 +43,26 @@ def oracle(state, q, k, v, a, bb, a_log, dt_bias, rep: int, row_decay=None,
         delta = beta[h] * (v[h] - decayed.T @ kn[j])
         s_new = decayed + np.outer(kn[j], delta)
         new[h] = s_new.T
-        o[h] = s_new.T @ qn[j] / (np.sqrt(dk) if scaled else 1.0)
+        o[h] = s_new.T @ qn[j] * factor
     return new, o
 
 
 def gdn_graph(ctx, hk: int, rep: int, dv: int, dk: int, *, stateful: bool = False,
-              row_decay: bool = False, extra: str | None = None):
+              row_decay: bool = False, extra: str | None = None, half: bool = False):
     """The GDN step as the standard ONNX flavour spells it (model/export.py ``_gdn``),
     from raw q, k, v, gate input ``a`` and beta input ``b``. ``extra``: a near miss,
     "s" (the decayed state is also an output) or "r" (the retrieval is also an output);
     "kn": the normalised k is also an output (its norm is not folded in); "decay_input":
     the decay per head is a graph input (read from its buffer, no chain); "unscaled": O is
-    the output as is (no element-wise tail)."""
+    the output as is (no element-wise tail). ``half``: q and k float16 and their norms as
+    genai's q4f16 export spells them (``half_norms``)."""
     hv = hk * rep
     b = MLGraphBuilder(ctx)
     f32 = "float32"
     past = b.input("past", data_type=f32, shape=[1, hv, dv, dk])
-    q = b.input("q", data_type=f32, shape=[1, hk, dk])
-    k = b.input("k", data_type=f32, shape=[1, hk, dk])
+    qk = "float16" if half else f32
+    q = b.input("q", data_type=qk, shape=[1, hk, dk])
+    k = b.input("k", data_type=qk, shape=[1, hk, dk])
     v = b.input("v", data_type=f32, shape=[1, 1, hv * dv])
     a = b.input("a", data_type=f32, shape=[1, 1, hv])
     bb = b.input("b", data_type=f32, shape=[1, 1, hv])
@@ -73,7 +79,7 @@ def gdn_graph(ctx, hk: int, rep: int, dv: int, dk: int, *, stateful: bool = Fals
         ss = b.reduce_sum(b.mul(t, t), axes=[2], keep_dimensions=True)
         return b.div(t, b.sqrt(b.add(ss, eps)))
 
-    qn, kn = l2(q), l2(k)
+    qn, kn = half_norms(b, q, k, dk) if half else (l2(q), l2(k))
     g = b.mul(b.neg(b.exp(const(consts["a_log"]))),
               b.softplus(b.add(a, const(consts["dt_bias"]))))
     if row_decay:
@@ -89,7 +95,7 @@ def gdn_graph(ctx, hk: int, rep: int, dv: int, dk: int, *, stateful: bool = Fals
     delta = b.mul(b.sub(b.reshape(v, [1, hk, rep, dv, 1]), r), beta)
     new = b.add(s, b.mul(delta, b.reshape(kn, [1, hk, 1, 1, dk])))
     o = b.matmul(new, b.reshape(qn, [1, hk, 1, dk, 1]))
-    if extra != "unscaled":
+    if extra != "unscaled" and not half:
         o = b.mul(o, const(np.float32(1 / np.sqrt(dk)).reshape(())))
     y = b.reshape(o, [hv, dv])
     outs = {"y": y, "present": b.reshape(new, [1, hv, dv, dk])}
@@ -104,13 +110,34 @@ def gdn_graph(ctx, hk: int, rep: int, dv: int, dk: int, *, stateful: bool = Fals
     return g_, outs, consts
 
 
-def feeds(hk: int, rep: int, dv: int, dk: int, with_state: bool) -> dict[str, np.ndarray]:
+def half_scale(dk: int) -> float:
+    """q's factor 1/sqrt(dk) as a float16 constant holds it."""
+    return float(np.float16(1 / np.sqrt(dk)))
+
+
+def half_norms(b, q, k, dk: int):
+    """q's and k's L2 norms as genai's q4f16 export spells them: LpNormalization (no
+    epsilon) on float16 (the builder sums the squares in float32), q scaled by a float16
+    1/sqrt(dk) before the output product, both widened to float32 for the step."""
+    def l2(t):
+        return b.div(t, b.sqrt(b.reduce_sum(b.mul(t, t), axes=[2], keep_dimensions=True)))
+
+    c = np.float16(half_scale(dk)).reshape(())
+    qn = b.mul(l2(q), b.constant(data_type="float16", shape=[], value=c))
+    return b.cast(qn, "float32"), b.cast(l2(k), "float32")
+
+
+def feeds(hk: int, rep: int, dv: int, dk: int, with_state: bool,
+          half: bool = False) -> dict[str, np.ndarray]:
     hv = hk * rep
     shapes = {"q": (1, hk, dk), "k": (1, hk, dk), "v": (1, 1, hv * dv), "a": (1, 1, hv),
               "b": (1, 1, hv)}
     if with_state:
         shapes["past"] = (1, hv, dv, dk)
-    return {n: RNG.standard_normal(s).astype(np.float32) for n, s in shapes.items()}
+    out = {n: RNG.standard_normal(s).astype(np.float32) for n, s in shapes.items()}
+    if half:
+        out["q"], out["k"] = out["q"].astype(np.float16), out["k"].astype(np.float16)
+    return out
 
 
 def dispatch(ctx, graph, outs, values):
@@ -118,7 +145,8 @@ def dispatch(ctx, graph, outs, values):
     for n, x in values.items():
         if n not in graph.inputs:
             continue  # an input this variant of the graph does not read
-        t = ctx.create_tensor(data_type="float32", shape=list(x.shape), writable=True)
+        kind = "float16" if x.dtype == np.float16 else "float32"
+        t = ctx.create_tensor(data_type=kind, shape=list(x.shape), writable=True)
         ctx.write_tensor(t, x)
         ins[n] = t
     res = {n: ctx.create_tensor(data_type="float32", shape=list(outs[n].shape), readable=True)
@@ -205,6 +233,35 @@ def test_one_launch_in_place_over_steps_matches_oracle(ctx_with, hk, rep, dv, dk
         out = dispatch(ctx, graph, outs, x)
         state, want_o = step_oracle(x, state, consts, rep)
         np.testing.assert_allclose(out["y"], want_o, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("hk,rep,dv,dk,variant", [CASES[0], CASES[3]])
+def test_float16_norms_fold_in_through_their_casts(ctx_with, hk, rep, dv, dk, variant):
+    """q and k float16, normalised in float16 with float32 sums, q scaled in float16 and
+    both widened (genai's q4f16 export): the kernel reads them as float16 and computes the
+    norms in float32, one launch, the float64 oracle on the float16 inputs; with
+    "fused_norms" the norms keep their launches and the step the kernel, the oracle within
+    float16's rounding of the normalised vectors."""
+    want_state = None
+    for how, tol in ((variant, 1e-5), ("fused_norms", 4e-3)):
+        ctx = ctx_with(gdn=how)
+        graph, outs, consts = gdn_graph(ctx, hk, rep, dv, dk, half=True)
+        kinds = names(graph)
+        assert kinds.count("gated_delta") == 1, kinds
+        assert (norm_launches(kinds) == 0) == (how == variant), kinds
+        (wgsl,) = [la.kernel.wgsl for la in graph._plan.launches
+                   if la.kernel.name == "gated_delta"]
+        assert bool(re.search(r"\bk: array<(vec4<)?f16>", wgsl)) == (how == variant), wgsl
+        x = feeds(hk, rep, dv, dk, with_state=True, half=True)
+        out = dispatch(ctx, graph, outs, x)
+        hv = hk * rep
+        want_state, want_o = oracle(
+            x["past"][0], x["q"][0], x["k"][0], x["v"].reshape(hv, -1), x["a"].reshape(hv),
+            x["b"].reshape(hv), consts["a_log"], consts["dt_bias"], rep, eps=0.0,
+            q_scale=half_scale(dk))
+        np.testing.assert_allclose(out["present"].reshape(hv, dv, dk), want_state, rtol=tol,
+                                   atol=tol)
+        np.testing.assert_allclose(out["y"], want_o, rtol=tol, atol=tol)
 
 
 def launches_per_norm(ctx) -> int:
