@@ -4,6 +4,7 @@ onnxruntime-genai's real q4f16 export (PERFORMANCE.md, "Launches a layer")."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -235,6 +236,7 @@ def test_the_combine_in_the_o_product_leaves_five_launches_a_layer(attention):
 
 
 GENAI_INT4_QWEN35 = ROOT / "tests" / "models" / "genai-int4-qwen35" / "model.onnx"
+GENAI_Q4F16_QWEN35 = ROOT / "tests" / "models" / "genai-q4f16-qwen35-small" / "model.onnx"
 #: a gated delta net layer and an attention layer of genai's int4 Qwen3.5 export on the
 #: H200's plan (its MLP 176 wide: the down projection reads a zero-padded input, so SwiGLU
 #: keeps a launch in each layer)
@@ -275,15 +277,41 @@ def test_the_real_qwen35_export_launches_as_the_presets_layers():
     assert "fused:sigmoid+mul+mul+concat" not in one, one
 
 
+def test_the_real_q4f16_qwen35_export_folds_its_norms_into_the_step():
+    """genai's q4f16 Qwen3.5 export (LpNormalization in float16, q scaled in float16, casts
+    around the linear attention's ops) on the H200's plan: q's and k's norms and q's scale
+    computed in the gated_delta launch, q and k read as float16 where they lie in the
+    convolution's output (no slice, no vector launch of their own), as the int4 export
+    runs them; the one vector launch left is the first layer's input norm."""
+    launches = _census_all(str(GENAI_Q4F16_QWEN35))
+    assert launches.count("gated_delta") == 1, launches
+    assert "slice" not in launches and launches.count("fused_vector") == 1, launches
+    assert len(launches) == 31, launches
+
+
+def _census_all(model: str) -> list[str]:
+    """Every kernel of the model's stateful step on the H200's plan, in order."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import launch_census as LC
+
+    from backends.webnn.wgpu_impl.options import KernelOptions
+
+    options = KernelOptions()
+    graph, stateful = LC.capture("wgpu:stateful", None, 32, model, options)
+    return [la["kernel"] for la in LC.census(graph, stateful, LC.targets()["nvidia"], options)]
+
+
 @pytest.mark.parametrize("combine", [None, "product"])
+@pytest.mark.parametrize("path,slices", [(GENAI_INT4_QWEN35, 2), (GENAI_Q4F16_QWEN35, 0)])
 def test_the_real_qwen35_export_on_the_gpu_plan_computes_orts_logits(monkeypatch, tmp_path,
-                                                                     combine):
-    """genai's int4 Qwen3.5 export on the stateful page with the GPU's plan forced on this
-    adapter (the packed product split, the conv window's one-launch concat, the 4-bit
-    "quad" kernel, norms from partial sums, epilogues, the output gate written by the
-    attention's combine; with ``attention_combine`` "product", combine and gate computed by
-    the o product): each of 6 steps from fresh random tokens within the export's tolerance
-    of ORT's CPU EP, argmax included."""
+                                                                     path, slices, combine):
+    """genai's int4 and q4f16 Qwen3.5 exports on the stateful page with the GPU's plan
+    forced on this adapter (the packed product split, the conv window's one-launch concat,
+    the 4-bit "quad" kernel, norms from partial sums, epilogues, the output gate written by the attention's combine, q's and k's norms in
+    the step; with ``attention_combine`` "product", combine and gate computed by the o
+    product): each of 6 steps from fresh random tokens within the export's tolerance of ORT's
+    CPU EP, argmax included; ``slices``: the new conv windows' slice launches (the q4f16
+    export's are fused with their float16 casts)."""
     import dataclasses
 
     import numpy as np
@@ -293,28 +321,30 @@ def test_the_real_qwen35_export_on_the_gpu_plan_computes_orts_logits(monkeypatch
     from backends.webnn.wgpu_impl.options import KernelOptions
     from harness.model_run import UserModel, backend_for, reference_graph
 
-    model = UserModel.load(GENAI_INT4_QWEN35)
+    model = UserModel.load(path)
     (tmp_path / "ref").mkdir()
     oracle = backend_for(registry()["ort-cpu:copy"], reference_graph(model, tmp_path / "ref"),
                          None)
     real = context.target_of
     monkeypatch.setattr(context, "target_of", lambda *a: dataclasses.replace(
         real(*a), cpu=False, max_storage=16, shared_bytes=32768))
-    page = backend_for(registry()["wgpu:stateful"], GENAI_INT4_QWEN35, None,
+    page = backend_for(registry()["wgpu:stateful"], path, None,
                        KernelOptions(attention_combine=combine))
     rng = np.random.default_rng()
     try:
         for b in (oracle, page):
             b.prepare(None, 16)
         names = [la.kernel.name for la in page.converted.graph._plan.launches]
-        assert "slice" in names and names.count("slice") == 2, names  # the new conv windows
+        assert names.count("slice") == slices, names  # the new conv windows
         assert "concat" not in names and "gated_delta" in names, names
         plan = page.converted.graph._plan
         assert "fused:sigmoid+mul" not in names and plan.attention, names  # the gate: no launch
         assert all(m.epilogue is not None for m in plan.attention.values()), names
         assert len(plan.combined) == (len(plan.attention) if combine else 0), names
         assert ("attention_combine" in names) == (combine is None), names
-        for i, tok in enumerate(rng.integers(1, 997, 6)):
+        vocab = json.loads((path.parent / "genai_config.json").read_text())["model"][
+            "vocab_size"]
+        for i, tok in enumerate(rng.integers(1, vocab, 6)):
             want = np.asarray(oracle.step(int(tok)), np.float64).reshape(-1)
             got = np.asarray(page.step(int(tok)), np.float64).reshape(-1)
             rel = np.abs(got - want).max() / np.abs(want).max()
