@@ -236,7 +236,8 @@ def test_the_combine_in_the_o_product_leaves_five_launches_a_layer(attention):
 
 
 GENAI_INT4_QWEN35 = ROOT / "tests" / "models" / "genai-int4-qwen35" / "model.onnx"
-GENAI_Q4F16_QWEN35 = ROOT / "tests" / "models" / "genai-q4f16-qwen35-small" / "model.onnx"
+#: the same source exported q4f16 (the held-out set tests/models-float16)
+GENAI_Q4F16_QWEN35 = ROOT / "tests" / "models-float16" / "genai-q4f16-qwen35-small" / "model.onnx"
 #: a gated delta net layer and an attention layer of genai's int4 Qwen3.5 export on the
 #: H200's plan (its MLP 176 wide: the down projection reads a zero-padded input, so SwiGLU
 #: keeps a launch in each layer)
