@@ -3,6 +3,7 @@
 The kernels come from the compiler itself, not from a list: the graphs are every WebNN op on
 its own (each float op in float32 and float16, integer ops in int32) and the tiny decoder
 (attention and gated delta net; float32, float16 weights, float16 caches; stateful and not;
+the gated delta step on float16 q and k;
 a K-token verify, and a hybrid's deferred-commit verify with its capture and replay),
 each compiled by ``compile_graph`` for CPU and GPU targets (with and without subgroups) under
 every value of every kernel-choosing ``KernelOptions`` knob. A kernel only one engine
@@ -235,6 +236,7 @@ def builds() -> list[tuple[object, bool]]:
         pytest.skip(why)
     from test_convert_linear import STEP_OUT, _hybrid_step, _plain_gated_delta
     from test_convert_ops import ort_model
+    from test_webnn_gdn import gdn_graph
 
     from backends.webnn import MLGraphBuilder, NotSupportedError, ml
     from backends.webnn.onnx_converter import convert, list_kv_pairs
@@ -273,6 +275,10 @@ def builds() -> list[tuple[object, bool]]:
                       ort_model(*_plain_gated_delta(), ("y", "present_state"))[0]):
             convert(graph, ctx)
             convert(graph, ctx, use_stateful=True, kv_cache_pairs=list_kv_pairs(graph))
+        # q and k in float16 with genai q4f16's norms (the kernel reading them as float16),
+        # rows of vec4 words (32 lanes: subgroup sums on the NVIDIA target) and of scalars
+        for shape in ((1, 2, 4, 128), (1, 3, 5, 6)):
+            gdn_graph(ctx, *shape, half=True)
     finally:
         ctx.destroy()
         mp.undo()

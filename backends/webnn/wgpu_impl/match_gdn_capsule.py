@@ -374,11 +374,11 @@ def _finish(a: Node, w: _Walk, pinned: set[int], p: Node, g: Node, state: Node,
         if got is None:
             return None
         (cap, count, active), capsule = got, x
-    # q's and k's norms folded in when both fold, else read as given
-    kn = _l2_norm(k, w.cons, set(), pinned, {x.id for x in w.readers(k)} & set(w.ops))
-    qn = _l2_norm(q, w.cons, set(), pinned, {x.id for x in w.readers(q)} & set(w.ops))
+    # q's and k's norms folded in when both fold over float32 vectors, else read as given
+    kn = _l2_norm(k, w.cons, set(), pinned, {x.id for x in w.readers(k)} & set(w.ops), dk)
+    qn = _l2_norm(q, w.cons, set(), pinned, {x.id for x in w.readers(q)} & set(w.ops), dk)
     eps = None
-    if kn is not None and qn is not None and kn.eps == qn.eps:
+    if kn is not None and qn is not None and kn.eps == qn.eps and _f32(kn.x, qn.x):
         eps, k, q = kn.eps, kn.x, qn.x
         w.take(*kn.ops, *qn.ops)
     m = Capture(out, state, capsule, p, q, k, bases["v"], g, bases["beta"], count, active,
