@@ -283,11 +283,12 @@ def test_the_real_q4f16_qwen35_export_folds_its_norms_into_the_step():
     around the linear attention's ops) on the H200's plan: q's and k's norms and q's scale
     computed in the gated_delta launch, q and k read as float16 where they lie in the
     convolution's output (no slice, no vector launch of their own), as the int4 export
-    runs them; the one vector launch left is the first layer's input norm."""
+    runs them; the one vector launch left is the first layer's input norm; the output
+    gate is written by the attention's combine."""
     launches = _census_all(str(GENAI_Q4F16_QWEN35))
     assert launches.count("gated_delta") == 1, launches
     assert "slice" not in launches and launches.count("fused_vector") == 1, launches
-    assert len(launches) == 31, launches
+    assert len(launches) == 30, launches  # the output gate written by the combine
 
 
 def _census_all(model: str) -> list[str]:
@@ -308,11 +309,18 @@ def test_the_real_qwen35_export_on_the_gpu_plan_computes_orts_logits(monkeypatch
                                                                      path, slices, combine):
     """genai's int4 and q4f16 Qwen3.5 exports on the stateful page with the GPU's plan
     forced on this adapter (the packed product split, the conv window's one-launch concat,
-    the 4-bit "quad" kernel, norms from partial sums, epilogues, the output gate written by the attention's combine, q's and k's norms in
-    the step; with ``attention_combine`` "product", combine and gate computed by the o
-    product): each of 6 steps from fresh random tokens within the export's tolerance of ORT's
-    CPU EP, argmax included; ``slices``: the new conv windows' slice launches (the q4f16
-    export's are fused with their float16 casts)."""
+    the 4-bit "quad" kernel, norms from partial sums, epilogues, the output gate written by
+    the attention's combine, q's and k's norms in the step; with ``attention_combine``
+    "product", combine and gate computed by the o product): 6 steps from fresh random tokens
+    against ORT's CPU EP, argmax included; ``slices``: the new conv windows' slice launches
+    (the q4f16 export's are fused with their float16 casts).
+
+    The float32 export's every step is within the export's tolerance. The float16 export's
+    median step is, and every step within twice it: a gated-delta step whose decays are ~0
+    and whose q and k are nearly orthogonal turns one float16 spacing of the conv window
+    into 1e-2 of the logits, for ORT's float16 run as for the page's
+    (``results/lavapipe/2026-12-06-63cd189-outlier/``); a lowering fault is off at every
+    step, and by far more."""
     import dataclasses
 
     import numpy as np
@@ -345,13 +353,17 @@ def test_the_real_qwen35_export_on_the_gpu_plan_computes_orts_logits(monkeypatch
         assert ("attention_combine" in names) == (combine is None), names
         vocab = json.loads((path.parent / "genai_config.json").read_text())["model"][
             "vocab_size"]
+        float16 = path == GENAI_Q4F16_QWEN35
+        bound, rels = model.tolerance * (2 if float16 else 1), []
         for i, tok in enumerate(rng.integers(1, vocab, 6)):
             want = np.asarray(oracle.step(int(tok)), np.float64).reshape(-1)
             got = np.asarray(page.step(int(tok)), np.float64).reshape(-1)
             rel = np.abs(got - want).max() / np.abs(want).max()
-            assert rel < model.tolerance, f"step {i}: {rel:.2e} (tolerance {model.tolerance})"
+            rels.append(rel)
+            assert rel < bound, f"step {i}: {rel:.2e} (bound {bound:.2e})"
             band = 2 * model.tolerance * np.abs(want).max()
             assert want[got.argmax()] >= want.max() - band, (i, got.argmax(), want.argmax())
+        assert np.median(rels) < model.tolerance, (rels, model.tolerance)
     finally:
         for b in (oracle, page):
             b.close()
