@@ -248,19 +248,20 @@ QWEN35_LAYERS = sorted(
      "fused:slice+slice+mul+slice+slice+mul+add+slice+slice+mul...", "slice", "gated_delta",
      "fused_vector", "gemv_q4_quad", "gemv_q4_quad", "fused:sigmoid+mul+mul+concat",
      "gemv_q4_quad"]
-    # attention: q, gate, k and v stacked (no slice), q's and k's norms, attention and its
-    # combine (writing the output gate's product: ``attention_epilogues``), o, gate/up,
-    # SwiGLU with the pad, down
-    + ["gemv_q4_quad", "reduce_mean", "reduce_mean", "attention_flash", "attention_combine",
+    # attention: q, gate, k and v stacked (no slice), attention (q's and k's per-head norms
+    # reduced by its first launch: ``row_stat``) and its combine (writing the output gate's
+    # product: ``attention_epilogues``), o, gate/up, SwiGLU with the pad, down
+    + ["gemv_q4_quad", "attention_flash", "attention_combine",
        "gemv_q4_quad", "gemv_q4_quad", "fused:sigmoid+mul+mul+concat", "gemv_q4_quad"])
 
 
 def test_the_real_qwen35_export_launches_as_the_presets_layers():
     """genai's int4 Qwen3.5 export on the H200's plan: its packed q/gate/k/v product split
     into stacked products (``split_columns``: no slice launched), the conv window's concat
-    one launch, the output gate written by the attention's combine; 20 launches a gated
-    delta net and attention layer pair; with its MLP 192 wide (the full-size path) SwiGLU
-    written by gate/up: 18."""
+    one launch, the output gate written by the attention's combine, q's and k's per-head
+    norms reduced by the attention's first launch; 18 launches a gated delta net and
+    attention layer pair; with its MLP 192 wide (the full-size path) SwiGLU written by
+    gate/up: 16."""
     import onnx
     from genai_shapes import widened_mlp
 
@@ -303,17 +304,21 @@ def _census_all(model: str) -> list[str]:
     return [la["kernel"] for la in LC.census(graph, stateful, LC.targets()["nvidia"], options)]
 
 
-@pytest.mark.parametrize("combine", [None, "product"])
+@pytest.mark.parametrize("combine,storage,attention", [
+    (None, 16, None), ("product", 16, None), (None, 48, None), ("product", 48, None),
+    (None, 48, "tile")])
 @pytest.mark.parametrize("path,slices", [(GENAI_INT4_QWEN35, 2), (GENAI_Q4F16_QWEN35, 0)])
-def test_the_real_qwen35_export_on_the_gpu_plan_computes_orts_logits(monkeypatch, tmp_path,
-                                                                     path, slices, combine):
+def test_the_real_qwen35_export_on_the_gpu_plan_computes_orts_logits(
+        monkeypatch, tmp_path, path, slices, combine, storage, attention):
     """genai's int4 and q4f16 Qwen3.5 exports on the stateful page with the GPU's plan
     forced on this adapter (the packed product split, the conv window's one-launch concat,
     the 4-bit "quad" kernel, norms from partial sums, epilogues, the output gate written by
-    the attention's combine, q's and k's norms in the step; with ``attention_combine``
-    "product", combine and gate computed by the o product): 6 steps from fresh random tokens
-    against ORT's CPU EP, argmax included; ``slices``: the new conv windows' slice launches
-    (the q4f16 export's are fused with their float16 casts).
+    the attention's combine, the gated delta's q and k norms in its step; with
+    ``attention_combine`` "product", combine and gate computed by the o product; q's
+    per-head norm reduced by the attention's first launch, and with ``storage`` 48 storage
+    buffers k's too, as that launch writes the new K row; the tile attention): 6 steps from
+    fresh random tokens against ORT's CPU EP, argmax included; ``slices``: the new conv
+    windows' slice launches (the q4f16 export's are fused with their float16 casts).
 
     The float32 export's every step is within the export's tolerance. The float16 export's
     median step is, and every step within twice it: a gated-delta step whose decays are ~0
@@ -336,9 +341,9 @@ def test_the_real_qwen35_export_on_the_gpu_plan_computes_orts_logits(monkeypatch
                          None)
     real = context.target_of
     monkeypatch.setattr(context, "target_of", lambda *a: dataclasses.replace(
-        real(*a), cpu=False, max_storage=16, shared_bytes=32768))
+        real(*a), cpu=False, max_storage=storage, shared_bytes=32768))
     page = backend_for(registry()["wgpu:stateful"], path, None,
-                       KernelOptions(attention_combine=combine))
+                       KernelOptions(attention_combine=combine, attention=attention))
     rng = np.random.default_rng()
     try:
         for b in (oracle, page):
@@ -349,6 +354,14 @@ def test_the_real_qwen35_export_on_the_gpu_plan_computes_orts_logits(monkeypatch
         plan = page.converted.graph._plan
         assert "fused:sigmoid+mul" not in names and plan.attention, names  # the gate: no launch
         assert all(m.epilogue is not None for m in plan.attention.values()), names
+        # q's per-head norm reduced by the attention's first launch; k's too where that
+        # launch writes the new K row (else the row write's launch reads k's reduction)
+        folded = storage == 48
+        assert ("scatter_nd" in names) != folded, names
+        assert names.count("reduce_mean") == (0 if folded else len(plan.attention)), names
+        assert all(m.q_norm is not None and (m.write_norms[0] is not None) == folded
+                   for m in plan.attention.values()), names
+        assert names.count("attention_tile") == (len(plan.attention) if attention else 0)
         assert len(plan.combined) == (len(plan.attention) if combine else 0), names
         assert ("attention_combine" in names) == (combine is None), names
         vocab = json.loads((path.parent / "genai_config.json").read_text())["model"][

@@ -66,20 +66,91 @@ def _trees(g: int, wg: int) -> str:
     return out
 
 
+@dataclass
+class RowReduce:
+    """A sum (``op`` "reduce_sum") or mean ("reduce_mean") over each row of ``count``
+    elements that a chain reads as its *param* leaf (a per-head RMS norm's mean of
+    squares: ``wgpu_impl/row_stat``), computed by the kernel evaluating the chain row by
+    row instead of by a launch of its own: ``src`` declares the reduction's leaves (its
+    ``bindings``) and functions; ``load``: element ``{}`` (flat) of its input."""
+
+    op: str
+    count: int
+    src: str
+    bindings: list[str]
+    load: str
+
+
+#: the param name a q chain's row statistic is passed as (``RowReduce``)
+Q_STAT = "qn"
+
+
+def row_stat(red: RowReduce, row: str, name: str, wg: int, scratch: str,
+             sub: int | None) -> str:
+    """WGSL every invocation of a ``wg``-wide workgroup runs in uniform control flow:
+    ``let {name}``, ``red`` over row ``row`` (an expression), with workgroup memory
+    ``scratch`` (f32, at least ``wg`` floats, ``wg / sub`` where a ``sub``-wide subgroup
+    divides ``wg``) free to use; it ends in a barrier, so ``scratch`` is free again."""
+    load = red.load.format(f"({row}) * {red.count}u + {name}_e")
+    out = (f"  var {name}_a = 0.0;\n"
+           f"  for (var {name}_e = lid; {name}_e < {red.count}u; {name}_e = {name}_e + {wg}u) "
+           f"{{ {name}_a = {name}_a + f32({load}); }}\n")
+    if sub and wg % sub == 0 and wg >= sub:
+        out += (f"  let {name}_g = subgroupAdd({name}_a);\n"
+                f"  if (lid % {sub}u == 0u) {{ {scratch}[lid / {sub}u] = {name}_g; }}\n"
+                f"  workgroupBarrier();\n  var {name}_t = {scratch}[0];\n"
+                f"  for (var i = 1u; i < {wg // sub}u; i = i + 1u) "
+                f"{{ {name}_t = {name}_t + {scratch}[i]; }}\n")
+    else:
+        out += f"  {scratch}[lid] = {name}_a;\n  workgroupBarrier();\n"
+        st = wg // 2
+        while st >= 1:
+            out += (f"  if (lid < {st}u) {{ {scratch}[lid] = {scratch}[lid] + "
+                    f"{scratch}[lid + {st}u]; }}\n  workgroupBarrier();\n")
+            st //= 2
+        out += f"  let {name}_t = {scratch}[0];\n"
+    scale = f" / {float(red.count)!r}" if red.op == "reduce_mean" else ""
+    return out + f"  let {name} = {name}_t{scale};\n  workgroupBarrier();\n"
+
+
+def q_stats(red: RowReduce | None, rows: int, first_row: str, wg: int, scratch: str,
+            sub: int | None) -> str:
+    """WGSL (uniform control flow) computing ``qn_r[r]``, the q chain's row statistic of
+    each of a workgroup's ``rows`` q rows (global q row ``first_row + r``), before its q
+    rows are loaded (``_q_source`` with ``red``); empty without."""
+    if red is None:
+        return ""
+    return (f"  var qn_r: array<f32, {rows}>;\n"
+            f"  for (var r = 0u; r < {rows}u; r = r + 1u) {{\n"
+            + row_stat(red, f"{first_row} + r", "qs_t", wg, scratch, sub)
+            + "  qn_r[r] = qs_t;\n  }\n")
+
+
 def _q_source(q_chain: tuple[Sequence[FusedOp], Sequence[Leaf]] | None, head_words: int,
-              vec: bool) -> tuple[str, list[str], str]:
+              vec: bool, red: RowReduce | None = None,
+              row_words: int = 1) -> tuple[str, list[str], str]:
     """(declarations, bindings, the expression of q word ``j`` of head ``h``): q bound as a
-    buffer, or computed from its element-wise chain's leaves (``flash_decode``'s q_chain)."""
+    buffer, or computed from its element-wise chain's leaves (``flash_decode``'s q_chain);
+    ``red``: the chain's row statistic (``RowReduce``), its leaves bound after the
+    chain's, each row's value read from ``qn_r`` (``q_stats``) at the workgroup's row of
+    word ``jj`` (``row_words`` words a row)."""
     if q_chain is None:
         return (decl(0, "q", "vec4<f32>" if vec else "f32", "read"), ["read"],
                 f"q[h * {head_words}u + j]")
     qops, qleaves = q_chain
     src, bindings = leaf_decls(qleaves, 0, "q_")
-    src += functions(qops, qleaves, "q_")[0]
+    fsrc, args = functions(qops, qleaves, "q_")
+    src += fsrc
+    if red is not None:
+        src += red.src
+        bindings += red.bindings
+    assert args == ([Q_STAT] if red is not None else []), "q's chain reads its row statistic"
+    stat = f", qn_r[jj / {row_words}u]" if red is not None else ""
     qf = f"q_v{len(qops) - 1}"
     base = f"(h * {head_words}u + j)"
-    q_load = (f"vec4<f32>({qf}(4u * {base}), {qf}(4u * {base} + 1u), "
-              f"{qf}(4u * {base} + 2u), {qf}(4u * {base} + 3u))" if vec else f"{qf}({base})")
+    q_load = (f"vec4<f32>({qf}(4u * {base}{stat}), {qf}(4u * {base} + 1u{stat}), "
+              f"{qf}(4u * {base} + 2u{stat}), {qf}(4u * {base} + 3u{stat}))" if vec
+              else f"{qf}({base}{stat})")
     return src, bindings, q_load
 
 
@@ -187,19 +258,27 @@ class RowWrites:
     shape: tuple[int, ...]
     updates: tuple[tuple[str, list[str], str] | None, tuple[str, list[str], str] | None]
     guarded: bool
+    #: each update's row statistic (a per-head norm of the new key: ``RowReduce``), its
+    #: leaves bound after the update's, the row's value the update function's last argument
+    stats: tuple[RowReduce | None, RowReduce | None] = (None, None)
 
 
 def _row_writes(w: RowWrites, first: int, kvt: str, words: int, per: int, kv: str,
-                wg: int) -> tuple[str, list[str], str]:
+                wg: int, scratch: str = "red",
+                sub: int | None = None) -> tuple[str, list[str], str]:
     """(declarations from binding ``first``, their access, the body at the kernel's start):
     every tuple that addresses head ``h`` at a row of this split has its K and V rows
     written (``words`` words of ``per`` elements a row, as ``kvt``, the caches' type ``kv``),
     then a ``storageBarrier()``, so the split's loads read the new rows; every invocation
-    reaches it. Only this workgroup reads those rows: a row lies in one split of one head."""
+    reaches it. Only this workgroup reads those rows: a row lies in one split of one head.
+    An update's row statistic (``RowWrites.stats``) is computed for every tuple by every
+    workgroup (uniform control flow: the tuple's target is known only from the index
+    tensor), with workgroup memory ``scratch`` and subgroup width ``sub`` (``row_stat``)."""
     src = decl(first, "widx", w.idx_type, "read")
     binds = ["read"]
     loads = []
-    for j, u in enumerate(w.updates):
+    stats = ""
+    for j, (u, red) in enumerate(zip(w.updates, w.stats, strict=True)):
         if u is None:
             src += decl(first + len(binds), f"wupd{j}", kv, "read")
             binds.append("read")
@@ -208,13 +287,19 @@ def _row_writes(w: RowWrites, first: int, kvt: str, words: int, per: int, kv: st
             usrc, ub, fn = u
             src += usrc
             binds += list(ub)
-            loads.append(f"{fn}({{}})")
+            arg = ""
+            if red is not None:
+                src += red.src
+                binds += red.bindings
+                stats += row_stat(red, "tu", f"wn{j}", wg, scratch, sub)
+                arg = f", wn{j}"
+            loads.append(f"{fn}({{}}{arg})")
     if w.guarded:
         src += decl(first + len(binds), "wstatus", "u32", "read")
         binds.append("read")
     B, H, C, D = w.shape
     rank = len(w.shape) - 1
-    body = f"  for (var tu = 0u; tu < {w.tuples}u; tu = tu + 1u) {{\n    var ok = true;\n"
+    body = f"  for (var tu = 0u; tu < {w.tuples}u; tu = tu + 1u) {{\n{stats}    var ok = true;\n"
     for j, dim in enumerate(w.shape[:rank]):
         body += (f"    var t{j} = i32(widx[tu * {rank}u + {j}u]);\n"
                  f"    if (t{j} < 0) {{ t{j} = t{j} + {dim}; }}\n"
@@ -320,9 +405,13 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
                  writes: RowWrites | None = None,
                  group_rows: int | None = None,
                  subgroup: int | None = None,
-                 epilogue: Epilogue | None = None) -> tuple[Kernel, Kernel, int]:
+                 epilogue: Epilogue | None = None,
+                 q_red: RowReduce | None = None) -> tuple[Kernel, Kernel, int]:
     """(pass 1, pass 2, partial-buffer elements) for q (heads, q_rows, d), K and V
     (heads, capacity, d), output (heads, q_rows, d).
+
+    ``q_red``: the row statistic ``q_chain`` reads (``RowReduce``: a per-head norm of q),
+    each workgroup reducing its q rows before it loads them (``q_stats``).
 
     ``subgroup``: the adapter's fixed subgroup width (``KernelOptions.attention_sync``
     "subgroups"), where it divides the workgroup: the split's maximum and sum are each a
@@ -388,7 +477,7 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
     D4 = D // 4 if vec else D
     P = D + 4
     vt = "vec4<f32>" if vec else "f32"
-    src, bindings, q_load = _q_source(q_chain, G * D4, vec)
+    src, bindings, q_load = _q_source(q_chain, G * D4, vec, q_red, D4)
     kvt = "vec4<u32>" if wide else vt.replace("f32", kv)  # K and V as loaded
     # a load of K or V as float32 (exact for float16)
     ld = (lambda x: x) if kv == "f32" else (lambda x: f"{vt}({x})")
@@ -399,7 +488,7 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
     write_body = ""
     if writes is not None:
         wsrc, wb, write_body = _row_writes(writes, len(bindings), kvt, LW,
-                                           8 if wide else 4 if vec else 1, kv, WG)
+                                           8 if wide else 4 if vec else 1, kv, WG, "red", sub)
         src += wsrc
         bindings += wb
     low = neg_inf()
@@ -511,6 +600,7 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
   }}
 """
         pv_decl = ""
+    q_pre = q_stats(q_red, GL, f"h * {G}u + q0", WG, "red", sub)  # q rows' statistic
     src += f"""
 var<workgroup> qs: array<{vt}, {GL * D4}>;
 var<workgroup> sc: array<f32, {GL * T}>;
@@ -518,7 +608,7 @@ var<workgroup> red: array<f32, {GL * WG}>;
 {pv_decl}
 {_stat_fns(NSG) if sub else _trees(GL, WG)}
 {_split_entry(WG, T, C)}  let q0 = wid.z * {GL}u;
-{write_body}{v_early}  for (var jj = lid; jj < {GL * D4}u; jj = jj + {WG}u) {{
+{write_body}{q_pre}{v_early}  for (var jj = lid; jj < {GL * D4}u; jj = jj + {WG}u) {{
     let j = q0 * {D4}u + jj;
     qs[jj] = {q_load};
   }}

@@ -32,7 +32,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .attention import Epilogue, RowWrites, _combine, _kv_and_score, _q_source, _row_writes, _split_entry
+from .attention import (
+    Epilogue,
+    RowReduce,
+    RowWrites,
+    _combine,
+    _kv_and_score,
+    _q_source,
+    _row_writes,
+    _split_entry,
+    q_stats,
+)
 from .common import Kernel, decl, neg_inf
 from .fused import FusedOp, Leaf
 
@@ -150,7 +160,8 @@ def flash_tile(heads: int, q_rows: int, capacity: int, d: int,
                kv: str = "f16", writes: RowWrites | None = None,
                subgroup: int | None = None,
                sync: int | None = None,
-               epilogue: Epilogue | None = None) -> tuple[Kernel, Kernel, int]:
+               epilogue: Epilogue | None = None,
+               q_red: RowReduce | None = None) -> tuple[Kernel, Kernel, int]:
     """(pass 1, the combine, partial-buffer elements) for q (heads, q_rows, d), K and V
     (heads, capacity, d) of element type ``kv``, output (heads, q_rows, d); ``score``,
     ``q_chain`` and ``writes`` (the layer's row write folded in, its bindings after the
@@ -160,21 +171,24 @@ def flash_tile(heads: int, q_rows: int, capacity: int, d: int,
     (``KernelOptions.attention_sync``): where it divides a q row's share of the workgroup,
     each row's maximum and sum are met by ``subgroupMax``/``subgroupAdd`` and a value a
     subgroup, not each of the row's invocations' values walked in series; ``epilogue``:
-    written by the combine instead of the output (``attention.Epilogue``)."""
+    written by the combine instead of the output (``attention.Epilogue``); ``q_red``: the
+    row statistic ``q_chain`` reads (``attention.RowReduce``)."""
     T, GL, LW, PER, RS = plan.rows, plan.group, plan.words, plan.per, plan.row_splits
     G, D, C = q_rows, d, capacity
     D4 = D // 4
     GS = G // GL  # workgroups a split (grid z)
     ns = -(-C // T)
     wide = kv == "f16"
-    src, bindings, q_load = _q_source(q_chain, G * D4, True)
+    src, bindings, q_load = _q_source(q_chain, G * D4, True, q_red, D4)
+    red_sub = subgroup or sync  # the adapter's subgroup width, where the kernel may use it
     kvt = "vec4<u32>" if wide else "vec4<f32>"
     src, bindings, fn_call = _kv_and_score(src, bindings, kvt, wide, score, writes is not None)
     src += decl(len(bindings), "part", "vec4<f32>", "rw")
     bindings.append("rw")
     write_body = ""
     if writes is not None:
-        wsrc, wb, write_body = _row_writes(writes, len(bindings), kvt, LW, PER, kv, WGT)
+        wsrc, wb, write_body = _row_writes(writes, len(bindings), kvt, LW, PER, kv, WGT,
+                                           "red", red_sub)
         src += wsrc
         bindings += wb
     low = neg_inf()
@@ -246,6 +260,7 @@ def flash_tile(heads: int, q_rows: int, capacity: int, d: int,
     v_loads = ""
     if lane:
         v_loads, pv, pv_decl = _lane_pv(plan, C, G, ns, pw, words, subgroup)
+    q_pre = q_stats(q_red, GL, f"h * {G}u + q0", WGT, "red", red_sub)  # q rows' statistic
     src += f"""
 var<workgroup> qs: array<vec4<f32>, {GL * D4}>;
 var<workgroup> sc: array<f32, {GL * T}>;
@@ -253,7 +268,7 @@ var<workgroup> red: array<f32, {WGT}>;
 var<workgroup> red2: array<f32, {WGT}>;
 {pv_decl}
 {_split_entry(WGT, T, C)}  let q0 = wid.z * {GL}u;
-{write_body}  for (var jj = lid; jj < {GL * D4}u; jj = jj + {WGT}u) {{
+{write_body}{q_pre}  for (var jj = lid; jj < {GL * D4}u; jj = jj + {WGT}u) {{
     let j = q0 * {D4}u + jj;
     qs[jj] = {q_load};
   }}

@@ -70,13 +70,15 @@ class Group:
         used = {root(x).id for o in ops for x in o.inputs}
         return Group(ops, [x for x in self.leaves if x.id in used])
 
-    def input_source(self, first: int = 0, prefix: str = "") -> tuple[str, list[str], str]:
+    def input_source(self, first: int = 0, prefix: str = "",
+                     named: dict[int, str] | None = None) -> tuple[str, list[str], str]:
         """For a host (``is_host``): the inner leaves' declarations and the inlined ops'
         functions, those leaves' bindings, and the WGSL function giving the host's input
         element ``i`` (the input is always inlined: a host group exists only then).
-        ``first``: the binding number of the first leaf; ``prefix``: of every name."""
+        ``first``: the binding number of the first leaf; ``prefix``: of every name;
+        ``named``: leaves passed as arguments (``fused_ops``), not bound."""
         inner = self.inner
-        fops, leaves = inner.fused_ops()
+        fops, leaves = inner.fused_ops(named=named)
         decls, bindings = FU.leaf_decls(leaves, first, prefix)
         x = root(self.ops[-1].inputs[host_input(self.ops[-1])])
         pos = [o.id for o in inner.ops]

@@ -36,6 +36,7 @@ from ..stateful import root
 from . import fusion
 from .launches import KernelLaunch, Slot
 from .lowerings import Site, claims
+from .row_stat import RowStat
 
 #: q rows a KV head at most (a K = 8 verify of 8 q heads a KV head): the flash kernel scores
 #: them in groups (``kernels/attention.q_row_groups``), so more only lengthen the grid
@@ -56,6 +57,11 @@ class Attention:
     #: an element-wise group reading the output, written by the combine instead of it
     #: (``attention_epilogue``)
     epilogue: fusion.Group | None = None
+    #: the per-row reduction q_chain reads (a per-head norm of q), computed by the kernel
+    #: reading q (``row_stat``)
+    q_norm: RowStat | None = None
+    #: the same of the folded K and V row writes' updates (a per-head norm of k)
+    write_norms: tuple[RowStat | None, RowStat | None] = (None, None)
 
     @property
     def q_rows(self) -> int:
@@ -74,13 +80,16 @@ class Attention:
         softmax = root(self.out.inputs[0])
         chain = self.score.ops if self.score is not None else []
         q_ops = self.q_chain.ops if self.q_chain is not None else []
-        return [self.qk, softmax, *chain, *q_ops]
+        norm = [self.q_norm.reduce] if self.q_norm is not None else []
+        return [self.qk, softmax, *chain, *q_ops, *norm]
 
     @property
     def leaves(self) -> list[Node]:
         """What the kernels read, in binding order."""
         extra = [x for x in self.score.leaves if x is not self.qk] if self.score else []
         q = list(self.q_chain.leaves) if self.q_chain is not None else [self.q]
+        if self.q_norm is not None:
+            q = [x for x in q if x is not self.q_norm.reduce] + self.q_norm.leaves
         return [*q, self.k, self.v, *extra]
 
     def _dims(self) -> tuple[int, int, int, int, tuple | None, tuple | None]:
@@ -89,8 +98,16 @@ class Attention:
         C = self.qk.shape[-1]
         heads = S.size(self.out.shape[:-2])
         score = self.score.fused_ops(param=self.qk) if self.score is not None else None
-        q_chain = self.q_chain.fused_ops() if self.q_chain is not None else None
+        named = {self.q_norm.reduce.id: AT.Q_STAT} if self.q_norm is not None else None
+        q_chain = self.q_chain.fused_ops(named=named) if self.q_chain is not None else None
         return heads, G, C, D, score, q_chain
+
+    def q_red(self) -> AT.RowReduce | None:
+        """q's row statistic as the kernels take it, its leaves bound after the chain's."""
+        if self.q_norm is None:
+            return None
+        bound = [x for x in self.q_chain.leaves if x is not self.q_norm.reduce]
+        return self.q_norm.source(len(bound), "qr_")
 
     @property
     def epilogue_leaves(self) -> list[Node]:
@@ -118,13 +135,16 @@ class Attention:
                                splits or AT.SPLITS, kv=self.k.dtype.wgsl,
                                f16_loads=f16_loads or "wide", writes=writes,
                                group_rows=group_rows, subgroup=subgroup,
-                               epilogue=self.epilogue_kernel())
+                               epilogue=self.epilogue_kernel(), q_red=self.q_red())
 
     def one_launch(self, shared_bytes: int, splits: int | None = None,
                    max_storage: int = 8) -> tuple[AT.Kernel, int, int] | None:
         """(kernel, partial 4-byte words, counter words) of the one-launch variant
         (``flash_decode_one``), or None where it does not apply or binds more storage
-        buffers than ``max_storage`` (the caller then lowers ``kernels``)."""
+        buffers than ``max_storage`` (the caller then lowers ``kernels``); None with a
+        q row statistic (``q_norm``: the two-launch kernels compute it)."""
+        if self.q_norm is not None:
+            return None
         heads, G, C, D, score, q_chain = self._dims()
         got = AT.flash_decode_one(heads, G, C, D, score, shared_bytes // 4, q_chain,
                                   splits or AT.SPLITS1, kv=self.k.dtype.wgsl,
@@ -139,7 +159,10 @@ class Attention:
         """(kernels, partial 4-byte words, counter words) of the lane-group variants
         (``attention_lanes.flash_lanes``; ``fold``: one launch; ``unroll``: rows a lane-group
         loads at once, None: the default), or None where they do not apply or bind more
-        storage buffers than ``max_storage`` (the caller then lowers ``kernels``)."""
+        storage buffers than ``max_storage`` (the caller then lowers ``kernels``), or with
+        a q row statistic (``q_norm``)."""
+        if self.q_norm is not None:
+            return None
         heads, G, C, D, score, q_chain = self._dims()
         got = AL.flash_lanes(heads, G, C, D, score, shared_bytes // 4, q_chain,
                              splits or AL.SPLITS_L, kv=self.k.dtype.wgsl, subgroup=subgroup,
@@ -164,7 +187,7 @@ class Attention:
             return None
         got = ATT.flash_tile(heads, G, C, D, score, plan, q_chain, kv=self.k.dtype.wgsl,
                              writes=writes, subgroup=subgroup, sync=sync,
-                             epilogue=self.epilogue_kernel())
+                             epilogue=self.epilogue_kernel(), q_red=self.q_red())
         return got if len(got[0].bindings) <= max_storage else None
 
 
@@ -445,16 +468,23 @@ def _row_writes(n: Site, m: Attention, ws: tuple[Node, Node] | None
         raise NotInPlace
     first = len(m.leaves) + 2  # after the leaves, the partials and the index tuples
     idx = root(ws[0].inputs[1])
-    updates, slots = [], [n.slot_of(idx)]
-    for j, w in enumerate(ws):
+    updates, stats, slots = [], [], [n.slot_of(idx)]
+    for j, (w, norm) in enumerate(zip(ws, m.write_norms, strict=True)):
         group = plan.groups.get(w.id)  # updates computed by the write (RoPE of k)
+        stats.append(None)
         if group is None:
             updates.append(None)
             slots.append(n.slot_of(root(w.inputs[2])))
-        else:
-            updates.append(group.input_source(first=first + len(slots) - 1, prefix=f"w{j}_"))
-            slots += [n.slot_of(leaf) for leaf in group.inner.leaves]
+            continue
+        named = {norm.reduce.id: f"wn{j}"} if norm is not None else None
+        updates.append(group.input_source(first=first + len(slots) - 1, prefix=f"w{j}_",
+                                          named=named))
+        slots += [n.slot_of(leaf) for leaf in group.inner.leaves
+                  if norm is None or leaf is not norm.reduce]
+        if norm is not None:  # its leaves after the update's
+            stats[-1] = norm.source(first + len(slots) - 1, f"w{j}r_")
+            slots += [n.slot_of(leaf) for leaf in norm.leaves]
     guarded = n.has_check
     rw = AT.RowWrites(idx.dtype.wgsl, S.size(idx.shape[:-1]), tuple(ws[0].shape),
-                      (updates[0], updates[1]), guarded)
+                      (updates[0], updates[1]), guarded, (stats[0], stats[1]))
     return rw, slots + n.status(guarded)

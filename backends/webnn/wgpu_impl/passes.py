@@ -31,6 +31,7 @@ from .match_gdn import match_gated_delta
 from .match_gdn_capsule import match_capsules
 from .match_q4 import head_rows, match_q4, rows_norms, rows_workgroups, stacked_rows
 from .plan import Plan, Slot
+from .row_stat import find_row_stat
 
 
 @dataclass
@@ -115,7 +116,19 @@ def decode_attention(plan: Plan, st: PassState) -> None:
                                 plan.target.shared_bytes)
         # each kept where its own variant (``attention_for`` its q rows) is a matched one
         plan.attention = {i: m for i, m in found.items() if opts.attention_matched(m.q_rows)}
+        q_norms(plan, st)
     st.absorbed |= {x.id for m in plan.attention.values() for x in m.absorbed}
+
+
+def q_norms(plan: Plan, st: PassState) -> None:
+    """A per-row reduction q's chain reads (Qwen3.5's per-head RMS norm of q: its mean of
+    squares), computed by the attention kernel reading q (``row_stat``): no launch."""
+    consumers = fusion.consumers_of(st.nodes)
+    taken = st.pinned | st.absorbed | st.writers
+    for m in plan.attention.values():
+        if m.q_chain is not None:
+            m.q_norm = find_row_stat(m.q_chain, int(m.out.shape[-1]), consumers,
+                                     plan.groups, taken)
 
 
 def attention_epilogues(plan: Plan, st: PassState) -> None:
@@ -356,7 +369,26 @@ def attention_row_writes(plan: Plan, st: PassState) -> None:
         folded = {x.id for ks in plan.attention_writes.values() for x in ks}
         plan.row_writes = {k: ms for k, ms in plan.row_writes.items()
                            if not any(x.id in folded for x in ms)}
+        write_norms(plan, st)
     st.absorbed |= {x.id for ks in plan.attention_writes.values() for x in ks}
+
+
+def write_norms(plan: Plan, st: PassState) -> None:
+    """A per-row reduction a folded row write's updates read (Qwen3.5's per-head RMS norm
+    of k), computed by the attention's first launch writing the row (``row_stat``)."""
+    consumers = fusion.consumers_of(st.nodes)
+    for oid, ws in plan.attention_writes.items():
+        norms = []
+        for w in ws:
+            g = plan.groups.get(w.id)
+            inner = g.inner if g is not None else None
+            found = None
+            if inner is not None and inner.ops and inner.ops[-1] is root(w.inputs[2]):
+                found = find_row_stat(inner, int(w.shape[-1]), consumers, plan.groups,
+                                      st.pinned | st.absorbed | st.writers)
+            norms.append(found)
+        plan.attention[oid].write_norms = (norms[0], norms[1])
+        st.absorbed |= {x.reduce.id for x in norms if x is not None}
 
 
 def attention_combines(plan: Plan, st: PassState) -> None:

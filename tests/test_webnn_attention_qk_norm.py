@@ -1,0 +1,164 @@
+"""A per-head norm of q (Qwen3.5's ``SimplifiedLayerNormalization`` over the head dimension
+before the rotary embedding): its mean of squares computed by the attention kernel reading
+q's rows (``wgpu_impl/row_stat``, ``kernels/attention.RowReduce``), no ``reduce_mean``
+launch. Checked against a float64 NumPy oracle on fresh random inputs for the flash and
+tile kernels; the reduction keeps its launch where it is read otherwise or is not one a
+row; the kernels' WGSL (q's statistic, a row write's) is checked with naga and Tint."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_webnn_attention import RNG, run
+
+from backends.webnn import MLGraphBuilder
+
+EPS = 1e-6
+
+
+def graph(ctx, heads: int, g: int, cap: int, d: int, variant: str = "norm"):
+    """Decode attention whose q is ``x`` (one flat row) RMS-normalised per head (rows of
+    ``d``) with a weight, then half-rotated on its first half (partial rotary);
+    ``variant`` "output": the mean of squares a graph output too; "whole": the mean over
+    all heads at once (not one a row)."""
+    b = MLGraphBuilder(ctx)
+    n = heads * g * d
+    x = b.input("x", data_type="float32", shape=[1, 1, n])
+    w = b.input("w", data_type="float32", shape=[d])
+    k = b.input("k", data_type="float32", shape=[1, heads, cap, d])
+    v = b.input("v", data_type="float32", shape=[1, heads, cap, d])
+    valid = b.input("valid", data_type="float32", shape=[1, 1, 1, cap])
+    scale = b.constant(data_type="float32", shape=[1], value=np.float32([1 / np.sqrt(d)]))
+    eps = b.constant(data_type="float32", shape=[], value=np.float32(EPS))
+    zero = b.constant(data_type="float32", shape=[1], value=np.float32([0.0]))
+    neg = b.constant(data_type="float32", shape=[1], value=np.float32([-np.inf]))
+    rows = b.reshape(x, [1, heads * g, d] if variant != "whole" else [1, 1, n])
+    ms = b.reduce_mean(b.mul(rows, rows), axes=[2], keep_dimensions=True)
+    normed = b.mul(b.div(rows, b.sqrt(b.add(ms, eps))),
+                   w if variant != "whole" else b.reshape(b.expand(
+                       b.reshape(w, [1, d]), [heads * g, d]), [n]))
+    q4 = b.reshape(normed, [1, heads * g, d])
+    h, r = d // 2, d // 4  # rotate half of the first half; the rest passes through
+    lo = b.slice(q4, [0, 0, 0], [1, heads * g, r])
+    hi = b.slice(q4, [0, 0, r], [1, heads * g, r])
+    rest = b.slice(q4, [0, 0, h], [1, heads * g, d - h])
+    q = b.reshape(b.concat([b.neg(hi), lo, rest], 2), [1, heads, g, d])
+    s = b.mul(b.matmul(q, b.transpose(k, [0, 1, 3, 2])), scale)
+    o = b.matmul(b.softmax(b.where(b.greater(valid, zero), s, neg), 3), v)
+    outs = {"y": o}
+    if variant == "output":
+        outs["ms"] = ms
+    return b.build(outs), outs
+
+
+def feeds_and_oracle(heads: int, g: int, cap: int, d: int, variant: str = "norm"):
+    """Fresh random inputs and the float64 results."""
+    n = heads * g * d
+    depth = int(RNG.integers(1, cap))
+    feeds = {"x": RNG.standard_normal((1, 1, n)) * 3, "w": RNG.standard_normal(d),
+             "k": RNG.standard_normal((1, heads, cap, d)),
+             "v": RNG.standard_normal((1, heads, cap, d)),
+             "valid": (np.arange(cap) < depth).astype(np.float64).reshape(1, 1, 1, cap)}
+    rows = feeds["x"].reshape(1, heads * g, d) if variant != "whole" else feeds["x"]
+    ms = (rows * rows).mean(-1, keepdims=True)
+    q4 = (rows / np.sqrt(ms + EPS)).reshape(1, heads * g, d) * feeds["w"]
+    h, r = d // 2, d // 4
+    q = np.concatenate([-q4[..., r:h], q4[..., :r], q4[..., h:]], -1).reshape(1, heads, g, d)
+    sc = np.einsum("bhgd,bhcd->bhgc", q, feeds["k"]) / np.sqrt(d)
+    sc = np.where(feeds["valid"] > 0, sc, -np.inf)
+    e = np.exp(sc - sc.max(-1, keepdims=True))
+    want = {"y": np.einsum("bhgc,bhcd->bhgd", e / e.sum(-1, keepdims=True), feeds["v"])}
+    if variant == "output":
+        want["ms"] = ms
+    return feeds, want
+
+
+def _launches(gr) -> list[str]:
+    return [la.kernel.name for la in gr._plan.launches]
+
+
+def _check(ctx, gr, outs, feeds, want) -> None:
+    got = run(ctx, gr, outs, feeds)
+    for name, w in want.items():
+        np.testing.assert_allclose(got[name], w, rtol=2e-5, atol=2e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("how,kernel", [("flash", "attention_flash"),
+                                        ("tile_t32", "attention_tile")])
+@pytest.mark.parametrize("heads,g,d", [(2, 2, 32), (2, 4, 16), (1, 3, 64)])
+def test_the_attention_computes_qs_norm(ctx_with, how, kernel, heads, g, d):
+    """The attention's two launches and nothing else: pass 1 reduces each of its q rows
+    (the mean of squares) before it loads them."""
+    cap = 300
+    ctx = ctx_with(attention=how)
+    gr, outs = graph(ctx, heads, g, cap, d)
+    assert _launches(gr) == [kernel, "attention_combine"], _launches(gr)
+    assert all(m.q_norm is not None for m in gr._plan.attention.values())
+    _check(ctx, gr, outs, *feeds_and_oracle(heads, g, cap, d))
+
+
+@pytest.mark.parametrize("variant", ["output", "whole"])
+def test_the_norm_keeps_its_launch_where_it_is_not_the_kernels(ctx, variant):
+    """The mean of squares read as a graph output, or over all heads at once (not one
+    value a q row): a launch of its own, and the same results."""
+    heads, g, cap, d = 2, 2, 100, 16
+    gr, outs = graph(ctx, heads, g, cap, d, variant)
+    assert "reduce_mean" in _launches(gr), _launches(gr)
+    assert all(m.q_norm is None for m in gr._plan.attention.values())
+    _check(ctx, gr, outs, *feeds_and_oracle(heads, g, cap, d, variant))
+
+
+@pytest.mark.parametrize("engine", ["wgpu", "dawn"])
+@pytest.mark.parametrize("sub", [None, 32])
+def test_the_norms_kernels_compile_with_naga_and_tint(engine, sub):
+    """Flash and tile pass 1 computing q's statistic (a subgroup's sums or a tree) and
+    writing a new K row whose update reads its own (``RowWrites.stats``), at Qwen3.5's
+    head dimension: both engines' compilers accept them."""
+    from wgsl_compilers import compiler_device, rejection
+
+    from backends.webnn.kernels.attention import RowWrites, flash_decode
+    from backends.webnn.kernels.attention_tile import flash_tile, tile_plan
+    from backends.webnn.kernels.fused import functions, leaf_decls
+
+    if compiler_device(engine)[0] is None:
+        pytest.skip(compiler_device(engine)[1])
+    heads, g, cap = 2, 2, 64
+    kernels = []
+    for d in (256, 64):  # Qwen3.5's (flash alone), and one the tile lays out
+        n = heads * g * d
+        q_chain = _norm_chain(n, d, "qn")
+        ops, leaves = _norm_chain(heads * d, d, "wn0")
+        usrc = leaf_decls(leaves, 6, "w0_")[0] + functions(ops, leaves, "w0_")[0]
+        writes = RowWrites("i32", heads, (1, heads, cap, d),
+                           ((usrc, ["read"], "w0_v1"), None), True, (_squares(d, 7, "w0r_"), None))
+        kernels.append(flash_decode(heads, g, cap, d, None, 12288, q_chain, kv="f16",
+                                    writes=writes, subgroup=sub, q_red=_squares(d, 1, "qr_"))[0])
+        plan = tile_plan(g, cap, d, "f16", 12288, None)
+        if plan is not None:
+            kernels.append(flash_tile(heads, g, cap, d, None, plan, q_chain, writes=writes,
+                                      sync=sub, q_red=_squares(d, 1, "qr_"))[0])
+    assert [k.name for k in kernels] == ["attention_flash", "attention_flash", "attention_tile"]
+    for k in kernels:
+        assert "qn_r[" in k.wgsl and "wn0" in k.wgsl
+        assert rejection(engine, k.wgsl) == "", k.wgsl
+
+
+def _norm_chain(size: int, d: int, name: str) -> tuple[list, list]:
+    """Fused ops of ``x / sqrt(stat)`` over a flat row of ``size`` (rows of ``d``), the
+    row's statistic the argument ``name``."""
+    from backends.webnn.kernels.fused import FusedOp, Leaf
+
+    m = size // d
+    return ([FusedOp("sqrt", {}, "f32", (m, 1), [("leaf", 1)], ["f32"], [(m, 1)]),
+             FusedOp("div", {}, "f32", (m, d), [("leaf", 0), ("op", 0)], ["f32", "f32"],
+                     [(m, d), (m, 1)])],
+            [Leaf("f32", size), Leaf("f32", m, True, name)])
+
+
+def _squares(d: int, first: int, p: str):
+    """The mean of squares of rows of ``d`` of one buffer bound at ``first``."""
+    from backends.webnn.kernels.attention import RowReduce
+    from backends.webnn.kernels.common import decl
+
+    return RowReduce("reduce_mean", d, decl(first, f"{p}in0", "f32", "read"), ["read"],
+                     f"{p}in0[{{0}}] * {p}in0[{{0}}]")
