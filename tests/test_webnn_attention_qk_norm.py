@@ -83,9 +83,11 @@ def _check(ctx, gr, outs, feeds, want) -> None:
         np.testing.assert_allclose(got[name], w, rtol=2e-5, atol=2e-5, err_msg=name)
 
 
-@pytest.mark.parametrize("how,kernel", [("flash", "attention_flash"),
-                                        ("tile_t32", "attention_tile")])
-@pytest.mark.parametrize("heads,g,d", [(2, 2, 32), (2, 4, 16), (1, 3, 64)])
+@pytest.mark.parametrize("how,kernel,heads,g,d", [
+    *[(how, kernel, *shape) for how, kernel in (("flash", "attention_flash"),
+                                                ("tile_t32", "attention_tile"))
+      for shape in ((2, 2, 32), (2, 4, 16), (1, 3, 64))],
+    ("flash", "attention_flash", 2, 2, 256)])  # Qwen3.5's head: rows longer than a workgroup
 def test_the_attention_computes_qs_norm(ctx_with, how, kernel, heads, g, d):
     """The attention's two launches and nothing else: pass 1 reduces each of its q rows
     (the mean of squares) before it loads them."""
