@@ -20,7 +20,8 @@ def graph(ctx, heads: int, g: int, cap: int, d: int, variant: str = "norm"):
     """Decode attention whose q is ``x`` (one flat row) RMS-normalised per head (rows of
     ``d``) with a weight, then half-rotated on its first half (partial rotary);
     ``variant`` "output": the mean of squares a graph output too; "whole": the mean over
-    all heads at once (not one a row)."""
+    all heads at once (not one a row); "permuted": x's rows are (q row, head), the heads
+    transposed out after the rotary (a K-token verify's q: ``RowStat.rows``)."""
     b = MLGraphBuilder(ctx)
     n = heads * g * d
     x = b.input("x", data_type="float32", shape=[1, 1, n])
@@ -42,7 +43,10 @@ def graph(ctx, heads: int, g: int, cap: int, d: int, variant: str = "norm"):
     lo = b.slice(q4, [0, 0, 0], [1, heads * g, r])
     hi = b.slice(q4, [0, 0, r], [1, heads * g, r])
     rest = b.slice(q4, [0, 0, h], [1, heads * g, d - h])
-    q = b.reshape(b.concat([b.neg(hi), lo, rest], 2), [1, heads, g, d])
+    q = b.concat([b.neg(hi), lo, rest], 2)
+    if variant == "permuted":
+        q = b.transpose(b.reshape(q, [1, g, heads, d]), [0, 2, 1, 3])
+    q = b.reshape(q, [1, heads, g, d])
     s = b.mul(b.matmul(q, b.transpose(k, [0, 1, 3, 2])), scale)
     o = b.matmul(b.softmax(b.where(b.greater(valid, zero), s, neg), 3), v)
     outs = {"y": o}
@@ -63,7 +67,10 @@ def feeds_and_oracle(heads: int, g: int, cap: int, d: int, variant: str = "norm"
     ms = (rows * rows).mean(-1, keepdims=True)
     q4 = (rows / np.sqrt(ms + EPS)).reshape(1, heads * g, d) * feeds["w"]
     h, r = d // 2, d // 4
-    q = np.concatenate([-q4[..., r:h], q4[..., :r], q4[..., h:]], -1).reshape(1, heads, g, d)
+    q = np.concatenate([-q4[..., r:h], q4[..., :r], q4[..., h:]], -1)
+    if variant == "permuted":
+        q = q.reshape(1, g, heads, d).transpose(0, 2, 1, 3)
+    q = q.reshape(1, heads, g, d)
     sc = np.einsum("bhgd,bhcd->bhgc", q, feeds["k"]) / np.sqrt(d)
     sc = np.where(feeds["valid"] > 0, sc, -np.inf)
     e = np.exp(sc - sc.max(-1, keepdims=True))
@@ -88,15 +95,18 @@ def _check(ctx, gr, outs, feeds, want) -> None:
                                                 ("tile_t32", "attention_tile"))
       for shape in ((2, 2, 32), (2, 4, 16), (1, 3, 64))],
     ("flash", "attention_flash", 2, 2, 256)])  # Qwen3.5's head: rows longer than a workgroup
-def test_the_attention_computes_qs_norm(ctx_with, how, kernel, heads, g, d):
+@pytest.mark.parametrize("variant", ["norm", "permuted"])
+def test_the_attention_computes_qs_norm(ctx_with, how, kernel, heads, g, d, variant):
     """The attention's two launches and nothing else: pass 1 reduces each of its q rows
     (the mean of squares) before it loads them."""
     cap = 300
     ctx = ctx_with(attention=how)
-    gr, outs = graph(ctx, heads, g, cap, d)
+    gr, outs = graph(ctx, heads, g, cap, d, variant)
     assert _launches(gr) == [kernel, "attention_combine"], _launches(gr)
-    assert all(m.q_norm is not None for m in gr._plan.attention.values())
-    _check(ctx, gr, outs, *feeds_and_oracle(heads, g, cap, d))
+    norms = [m.q_norm for m in gr._plan.attention.values()]
+    assert norms and all(x is not None and (x.rows is None) == (variant == "norm" or heads == 1)
+                         for x in norms), norms
+    _check(ctx, gr, outs, *feeds_and_oracle(heads, g, cap, d, variant))
 
 
 @pytest.mark.parametrize("variant", ["output", "whole"])
@@ -113,7 +123,8 @@ def test_the_norm_keeps_its_launch_where_it_is_not_the_kernels(ctx, variant):
 @pytest.mark.parametrize("engine", ["wgpu", "dawn"])
 @pytest.mark.parametrize("sub", [None, 32])
 def test_the_norms_kernels_compile_with_naga_and_tint(engine, sub):
-    """Flash and tile pass 1 computing q's statistic (a subgroup's sums or a tree) and
+    """Flash and tile pass 1 computing q's statistic (a subgroup's sums or a tree; the
+    tile's q rows reading theirs through a table) and
     writing a new K row whose update reads its own (``RowWrites.stats``), at Qwen3.5's
     head dimension: both engines' compilers accept them."""
     from wgsl_compilers import compiler_device, rejection
@@ -138,8 +149,9 @@ def test_the_norms_kernels_compile_with_naga_and_tint(engine, sub):
         plan = tile_plan(g, cap, d, "f16", 12288, None)
         if plan is not None:
             kernels.append(flash_tile(heads, g, cap, d, None, plan, q_chain, writes=writes,
-                                      sync=sub, q_red=_squares(d, 1, "qr_"))[0])
+                                      sync=sub, q_red=_squares(d, 1, "qr_", heads * g))[0])
     assert [k.name for k in kernels] == ["attention_flash", "attention_flash", "attention_tile"]
+    assert "qr_rows[" in kernels[-1].wgsl
     for k in kernels:
         assert "qn_r[" in k.wgsl and "wn0" in k.wgsl
         assert rejection(engine, k.wgsl) == "", k.wgsl
@@ -157,10 +169,15 @@ def _norm_chain(size: int, d: int, name: str) -> tuple[list, list]:
             [Leaf("f32", size), Leaf("f32", m, True, name)])
 
 
-def _squares(d: int, first: int, p: str):
-    """The mean of squares of rows of ``d`` of one buffer bound at ``first``."""
+def _squares(d: int, first: int, p: str, rows: int = 0):
+    """The mean of squares of rows of ``d`` of one buffer bound at ``first``; ``rows``:
+    that many rows read in reverse order (a table, ``RowReduce.row_of``)."""
     from backends.webnn.kernels.attention import RowReduce
     from backends.webnn.kernels.common import decl
 
-    return RowReduce("reduce_mean", d, decl(first, f"{p}in0", "f32", "read"), ["read"],
-                     f"{p}in0[{{0}}] * {p}in0[{{0}}]")
+    src = decl(first, f"{p}in0", "f32", "read")
+    if rows:
+        src += (f"var<private> {p}rows: array<u32, {rows}> = array<u32, {rows}>("
+                + ", ".join(f"{r}u" for r in reversed(range(rows))) + ");\n")
+    return RowReduce("reduce_mean", d, src, ["read"], f"{p}in0[{{0}}] * {p}in0[{{0}}]",
+                     f"{p}rows[{{}}]" if rows else "{}")

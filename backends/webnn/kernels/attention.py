@@ -72,13 +72,16 @@ class RowReduce:
     elements that a chain reads as its *param* leaf (a per-head RMS norm's mean of
     squares: ``wgpu_impl/row_stat``), computed by the kernel evaluating the chain row by
     row instead of by a launch of its own: ``src`` declares the reduction's leaves (its
-    ``bindings``) and functions; ``load``: element ``{}`` (flat) of its input."""
+    ``bindings``) and functions; ``load``: element ``{}`` (flat) of its input; ``row_of``:
+    the reduction's row the chain's row ``{}`` reads (a table in ``src`` where the rows
+    are permuted)."""
 
     op: str
     count: int
     src: str
     bindings: list[str]
     load: str
+    row_of: str = "{}"
 
 
 #: the param name a q chain's row statistic is passed as (``RowReduce``)
@@ -91,7 +94,7 @@ def row_stat(red: RowReduce, row: str, name: str, wg: int, scratch: str,
     ``let {name}``, ``red`` over row ``row`` (an expression), with workgroup memory
     ``scratch`` (f32, at least ``wg`` floats, ``wg / sub`` where a ``sub``-wide subgroup
     divides ``wg``) free to use; it ends in a barrier, so ``scratch`` is free again."""
-    load = red.load.format(f"({row}) * {red.count}u + {name}_e")
+    load = red.load.format(f"({red.row_of.format(row)}) * {red.count}u + {name}_e")
     out = (f"  var {name}_a = 0.0;\n"
            f"  for (var {name}_e = lid; {name}_e < {red.count}u; {name}_e = {name}_e + {wg}u) "
            f"{{ {name}_a = {name}_a + f32({load}); }}\n")

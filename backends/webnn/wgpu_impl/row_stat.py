@@ -30,10 +30,13 @@ ROW_OPS = ("reduce_sum", "reduce_mean")
 @dataclass
 class RowStat:
     """``reduce`` (over the last axis, ``count`` elements a row) read by a chain as a leaf;
-    ``group``: the reduction's own fused group (its input chain, ``x · x``), if any."""
+    ``group``: the reduction's own fused group (its input chain, ``x · x``), if any;
+    ``rows``: the reduction's row each row of the chain's root reads (None: its own; a
+    K-token verify's q rows are the norm's transposed)."""
 
     reduce: Node
     group: fusion.Group | None
+    rows: tuple[int, ...] | None = None
 
     @property
     def count(self) -> int:
@@ -62,7 +65,13 @@ class RowStat:
         pos = [o.id for o in inner.ops]
         load = f"{prefix}v{pos.index(x.id)}({{}})" if x.id in pos else f"{prefix}in0[{{}}]"
         fsrc = FU.functions(ops, leaves, prefix)[0] if ops else ""
-        return AT.RowReduce(self.reduce.op, self.count, decls + fsrc, bindings, load)
+        if self.rows is None:
+            return AT.RowReduce(self.reduce.op, self.count, decls + fsrc, bindings, load)
+        n = len(self.rows)
+        table = (f"var<private> {prefix}rows: array<u32, {n}> = array<u32, {n}>("
+                 + ", ".join(f"{r}u" for r in self.rows) + ");\n")
+        return AT.RowReduce(self.reduce.op, self.count, decls + fsrc + table, bindings, load,
+                            f"{prefix}rows[{{}}]")
 
 
 def find_row_stat(g: fusion.Group, d: int, consumers: dict[int, list[Node]],
@@ -70,9 +79,10 @@ def find_row_stat(g: fusion.Group, d: int, consumers: dict[int, list[Node]],
     """The one reduction leaf of ``g`` a kernel evaluating ``g``'s root row by row (rows of
     ``d`` elements) may compute itself, or None: a sum or mean over the last axis of ``d``
     elements, read by nothing outside ``g``, not ``taken`` (pinned, absorbed), of one
-    value a row of the root: element i of the root reads it (through any path) only at
-    row i // d of the reduction; reading one buffer, so the kernel binds no more than
-    before (the reduction's input in the reduction's place)."""
+    value a row of the root: the elements of each row of ``d`` of the root read it
+    (through any path) at one row of the reduction (``RowStat.rows``); reading one buffer,
+    so the kernel binds no more than before (the reduction's input in the reduction's
+    place)."""
     ops = {o.id for o in g.ops}
     found = [x for x in g.leaves if _row_reduction(x, d) and x.id not in taken
              and all(c.id in ops for c in consumers.get(x.id, []))]
@@ -85,10 +95,23 @@ def find_row_stat(g: fusion.Group, d: int, consumers: dict[int, list[Node]],
     tags = _row_tags(g, r)
     if tags is None:
         return None
-    rows = np.arange(tags.size) // d
-    if not np.all((tags.reshape(-1) < 0) | (tags.reshape(-1) == rows)):
+    rows = _rows_read(tags.reshape(-1, d))
+    if rows is None:
         return None
+    stat.rows = None if rows == tuple(range(len(rows))) else rows
     return stat
+
+
+def _rows_read(tags: np.ndarray) -> tuple[int, ...] | None:
+    """The one row of the reduction each row of ``tags`` reads (its own index where it
+    reads none), or None where a row reads two."""
+    out = []
+    for i, row in enumerate(tags):
+        seen = np.unique(row[row >= 0])
+        if len(seen) > 1:
+            return None
+        out.append(int(seen[0]) if len(seen) else i)
+    return tuple(out)
 
 
 def _row_reduction(x: Node, d: int) -> bool:
