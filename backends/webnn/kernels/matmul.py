@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from .. import shapes as S
 from .common import WG, Kernel, contiguous, decl, esize, grid, main_1d, offset_fn
-from .reduce import UNROLL_MAX, inline_reduction, unrolled_reduction
+from .reduce import UNROLL_MAX, grouped_reduction, inline_reduction, unrolled_reduction
 
 
 def _batch_fn(fname: str, batch: Sequence[int], src_batch: Sequence[int], unit: int) -> str:
@@ -159,6 +159,16 @@ class VectorSource:
     #: issued), writing what ``element`` reads into workgroup memory and ending in a barrier
     #: (an attention's combine: ``attention.combine_vector``); None: nothing
     setup: Callable[[int], str] | None = None
+    #: where non-zero, ``reduction`` is one value per run of ``group`` contiguous elements
+    #: of its input (a per-head norm's mean), in workgroup memory ``red_g`` that
+    #: ``element`` reads (``reduce.grouped_reduction``), not one ``red`` for the vector
+    group: int = 0
+
+    @property
+    def group_bytes(self) -> int:
+        """Workgroup memory the grouped reduction's values take (0: none), beside the
+        reduction's scratch."""
+        return 4 * (self.reduction[2] // self.group) if self.group else 0
 
 
 @dataclass
@@ -199,6 +209,8 @@ def prologue_reduction(prologue: VectorSource | None, wg: int,
     if prologue is None or prologue.reduction is None:
         return None
     op, load, count = prologue.reduction
+    if prologue.group:
+        return grouped_reduction(op, count, prologue.group, load, wg)
     return (unrolled_reduction(op, count, load, wg, subgroup)
             or inline_reduction(op, count, load, wg))
 
@@ -327,6 +339,8 @@ def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequenc
         src, a_bindings = prologue.src, list(prologue.bindings)
         src += f"var<workgroup> xa: array<{vt}, {kv}>;\n"
         if prologue.partials is not None:
+            red = prologue_reduction(prologue, wg, subgroup)
+        elif prologue.group:
             red = prologue_reduction(prologue, wg, subgroup)
         elif prologue.reduction is not None:
             op, load, count = prologue.reduction

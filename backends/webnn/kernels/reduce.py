@@ -348,3 +348,46 @@ def arg_reduce(op: str, t: str, in_shape: Sequence[int], axis: int, wg: int = WG
     src += _arg_walk("0u", "lid", f"{rn}u", f"{wg}u", sa)
     src += _arg_tree(wg) + "  if (lid == 0u) { out[row] = i32(shi[0]); }\n}\n"
     return Kernel(op, src, ["read", "rw"], (gx, gy, gz), traffic)
+
+
+def grouped_reduction(op: str, count: int, group: int, load: str, wg: int,
+                      var: str = "red") -> tuple[str, str]:
+    """(module declarations, body) reducing each run of ``group`` contiguous elements of
+    ``count`` (``load``: a format string of the index) across one workgroup into workgroup
+    memory ``{var}_g[g]`` (f32, ``count / group`` of them), the body ending in a barrier:
+    a per-head norm's means computed by every workgroup of the product reading it, so the
+    norm needs no launch. ``lanes`` invocations a run, as many runs at a time as the
+    workgroup holds; every invocation runs every step (uniform control flow)."""
+    assert op in ("reduce_sum", "reduce_mean") and count % group == 0
+    n = count // group
+    lanes = 1
+    while lanes * 2 <= min(wg // n if n <= wg else 1, group):
+        lanes *= 2
+    per = wg // lanes  # runs reduced at a time
+    rounds = -(-n // per)
+    decls = (f"var<workgroup> {var}_g: array<f32, {n}>;\n"
+             f"var<workgroup> {var}_gs: array<f32, {wg}>;\n")
+    scale = f" / {float(group)!r}" if op == "reduce_mean" else ""
+    body = f"  let {var}_t = lid % {lanes}u;\n"
+    for r in range(rounds):
+        g = f"{var}_q{r}"
+        body += (f"  let {g} = {r * per}u + lid / {lanes}u;\n"
+                 f"  var {var}_a{r} = 0.0;\n"
+                 f"  if ({g} < {n}u) {{\n"
+                 f"    for (var j = {var}_t; j < {group}u; j = j + {lanes}u) {{\n"
+                 f"      {var}_a{r} = {var}_a{r} + {load.format(f'{g} * {group}u + j')};\n"
+                 "    }\n  }\n")
+        if lanes == 1:
+            body += f"  if ({g} < {n}u) {{ {var}_g[{g}] = {var}_a{r}{scale}; }}\n"
+            continue
+        body += f"  {var}_gs[lid] = {var}_a{r};\n  workgroupBarrier();\n"
+        s = lanes // 2
+        while s >= 1:
+            body += (f"  if ({var}_t < {s}u) {{ {var}_gs[lid] = {var}_gs[lid] + "
+                     f"{var}_gs[lid + {s}u]; }}\n  workgroupBarrier();\n")
+            s //= 2
+        body += (f"  if ({var}_t == 0u && {g} < {n}u) {{ {var}_g[{g}] = "
+                 f"{var}_gs[lid]{scale}; }}\n")
+        if r + 1 < rounds:
+            body += "  workgroupBarrier();\n"  # the scratch is written again
+    return decls, body + "  workgroupBarrier();\n"
