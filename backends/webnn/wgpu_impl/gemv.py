@@ -25,6 +25,7 @@ from ..kernels import Kernel
 from ..kernels import attention as AT
 from ..kernels import fused as FU
 from ..kernels import matmul as MM
+from ..kernels import quant_rows as QR
 from ..kernels.common import decl
 from ..stateful import SAME_INDEX_OPS, root
 from . import fusion
@@ -265,6 +266,9 @@ class Prologue:
     group: fusion.Group
     reduction: fusion.Group | None = None
     stats: NormStats | None = None
+    #: the reduction is one value per row of its input's last axis (a per-head norm), each
+    #: workgroup of the gemv computing them all (``grouped_reductions``)
+    grouped: bool = False
 
     @property
     def reduce_op(self) -> Node | None:
@@ -296,7 +300,8 @@ class Prologue:
         fops, leaves = self.group.fused_ops(param=r)
         decls, bindings = FU.leaf_decls(leaves, 0)
         fsrc, takes_red = FU.functions(fops, leaves)
-        element = f"v{len(fops) - 1}({{}}{', red' if takes_red else ''})"
+        red_at = f"red_g[({{0}}) / {r.inputs[0].shape[-1]}u]" if self.grouped else "red"
+        element = f"v{len(fops) - 1}({{0}}{', ' + red_at if takes_red else ''})"
         if r is None:
             return MM.VectorSource(decls + fsrc, bindings, element)
         if self.stats is not None:  # the partial sums, bound after the leaves
@@ -312,7 +317,8 @@ class Prologue:
         load = f"r_v{pos.index(x.id)}({{}})" if x.id in pos else "r_in0[{}]"
         rsrc = FU.functions(rops, rleaves, "r_")[0] if rops else ""
         return MM.VectorSource(decls + fsrc + rdecls + rsrc, bindings + rbind, element,
-                               (r.op, load, S.size(x.shape)))
+                               (r.op, load, S.size(x.shape)),
+                               group=r.inputs[0].shape[-1] if self.grouped else 0)
 
 
 @dataclass
@@ -347,7 +353,8 @@ class CombinePrologue:
 def gemv_prologues(nodes: list[Node], fold: dict[int, Node], inlined: set[int],
                    groups: dict[int, Any], taken: set[int], target: Target,
                    reductions: bool = True,
-                   q4: dict[int, int] | None = None) -> dict[int, Prologue]:
+                   q4: dict[int, int] | None = None,
+                   grouped_only: bool = False) -> dict[int, Prologue]:
     """gemv id -> the element-wise group computing its input vector, where every reader of
     that vector is a single-row matmul with constant weights (RMSNorm's tail read by the
     q/k/v projections, SwiGLU's product read by the down projection). Each gemv workgroup
@@ -358,7 +365,11 @@ def gemv_prologues(nodes: list[Node], fold: dict[int, Node], inlined: set[int],
     ``q4``: the 4-bit products (``match_q4``) whose kernel computes such a vector where it
     reads it (``quant_rows.gemv_q4_quad``, no workgroup copy), each with the count of its other
     bindings: every reader must be one of them, within the binding limit,
-    and without ``reductions`` a vector reading a reduction is left to its own launch."""
+    and without ``reductions`` a vector reading a reduction is left to its own launch.
+
+    A per-head norm (a reduction per contiguous group of the vector, ``grouped_reduction``)
+    is computed by the gemv's workgroups too where its values fit their workgroup memory;
+    ``grouped_only``: only those (where norms are computed where read, other vectors not)."""
     consumers = fusion.consumers_of(nodes)
     out: dict[int, Prologue] = {}
     for a in _vector_roots(nodes, inlined, taken):
@@ -377,10 +388,17 @@ def gemv_prologues(nodes: list[Node], fold: dict[int, Node], inlined: set[int],
         # product without ``reductions``) leaves the vector to its own launch
         found = (_reduction_of(group, consumers, groups, inlined, taken)
                  if reductions or q4 is not None else None)
+        grouped = False
+        if found is None and reductions:  # a per-head norm, where its values fit
+            per_head = grouped_reduction(a, group, consumers, groups, inlined, taken)
+            if _grouped_fits(per_head, K, target, q4 is not None):
+                found, grouped = per_head, True
+        if grouped_only and not grouped:
+            continue
         red = found if reductions else None
         if q4 is not None and red is None and found is not None:
             continue  # RMSNorm's tail without its reduction: as many launches, more work
-        pro = Prologue(group, red)
+        pro = Prologue(group, red, grouped=grouped)
         if q4 is not None:  # its other bindings: codes, scales, zero points, residual, outputs
             if len(pro.leaves) + max(q4[c.id] for c in readers) > target.max_storage:
                 continue
@@ -391,6 +409,30 @@ def gemv_prologues(nodes: list[Node], fold: dict[int, Node], inlined: set[int],
         for c in readers:
             out[c.id] = pro
     return out
+
+
+def grouped_reduction(a: Node, group: fusion.Group, consumers: dict[int, list[Node]],
+                      groups: dict[int, Any], inlined: set[int],
+                      taken: set[int]) -> fusion.Group | None:
+    """The sum or mean over the last axis of a [.., groups, D] view of ``a``'s vector that
+    only ``group`` reads, each element of ``a`` reading its own group's (a per-head RMS
+    norm, Qwen3.5's gated one): the gemv's workgroups compute every group's value
+    (``Prologue.grouped``) where a launch would otherwise compute the norm; else None."""
+    red = _reduction_of(group, consumers, groups, inlined, taken, row_shape=tuple(a.shape))
+    if red is None or red.ops[-1].op not in ("reduce_sum", "reduce_mean"):
+        return None
+    return red
+
+
+def _grouped_fits(red: fusion.Group | None, K: int, target: Target, quad: bool) -> bool:
+    """Whether a gemv computing ``red``'s per-group values has the workgroup memory for
+    them: beside the "quad" kernel's scratch, or the rows kernel's vector and scratch."""
+    if red is None:
+        return False
+    n = S.size(red.ops[-1].shape)
+    if quad:
+        return 4 * n + QR.quad_scratch_bytes() <= target.shared_bytes
+    return vector_fits(K, target, extra=n)
 
 
 #: the most workgroups a one-row product computing a norm where it reads it may have: each

@@ -319,11 +319,12 @@ def lower_q4(plan: Any, members: list[Node], a_slot: Slot, slot_of: Any) -> None
     # float32's precision (its tolerance is 1e-3, not the float16 one)
     half = all(w.f16_weights for w in ws) and any(v is not None and v[-1]
                                                   for v in (multi, wide, quad))
+    extra = source.group_bytes if source is not None else 0  # a per-head norm's values
     # the input as two int8 parts (about 2^-16 of a block's largest input): as ``half``, only
     # on float16 weights; no zero points, the parts in workgroup memory
     ints = (quad is not None and plan.options.q4_quad_ints(plan.target)
             and all(w.f16_weights for w in ws) and not w0.zero_points
-            and QR.int8_fits(K, plan.target.shared_bytes))
+            and QR.int8_fits(K, plan.target.shared_bytes - extra))
     outs = ([slot_of(gated.root)] if gated is not None
             else [slot_of(m) for m in members] if len(ws) > 1 else [slot_of(dst)])
     for c, n0 in enumerate(range(0, N, per)):
@@ -359,7 +360,7 @@ def lower_q4(plan: Any, members: list[Node], a_slot: Slot, slot_of: Any) -> None
             k = QR.gemv_q4_quad(K, nc, w0.block, loads=quad[0], half_scales=half_scales,
                                 half=half, ints=ints, prologue=source,
                                 shared_input=(plan.options.q4_norm_shared(plan.target) and source is not None
-                                              and 8 * K <= plan.target.shared_bytes),
+                                              and 8 * K + extra <= plan.target.shared_bytes),
                                 gated=gated.output() if paired else None,
                                 mapped=gated.output() if gated and not paired else None,
                                 stats=stats.output() if stats is not None else None,

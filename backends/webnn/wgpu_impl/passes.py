@@ -240,6 +240,12 @@ def gemv_prologues(plan: Plan, st: PassState) -> None:
                                            reductions=q4_mode == "full",
                                            q4=_q4_other_bindings(plan))
         st.absorbed |= {x.id for pro in plan.prologue.values() for x in pro.absorbed}
+    elif plan.q4 and quad is not None and plan.options.q4_norm_partials(plan.target):
+        # norms computed where read: a per-head one too (Qwen3.5's gated norm)
+        plan.prologue |= GV.gemv_prologues(st.nodes, plan.fold, st.inlined, plan.groups,
+                                           st.pinned | st.absorbed, plan.target,
+                                           q4=_q4_other_bindings(plan), grouped_only=True)
+        st.absorbed |= {x.id for pro in plan.prologue.values() for x in pro.absorbed}
     if gpu_gemv and mode in ("full", "vector"):
         plan.prologue |= GV.gemv_prologues(st.nodes, plan.fold, st.inlined, plan.groups,
                                            st.pinned | st.absorbed, plan.target,
