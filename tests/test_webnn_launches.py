@@ -243,10 +243,11 @@ GENAI_Q4F16_QWEN35 = ROOT / "tests" / "models-float16" / "genai-q4f16-qwen35-sma
 #: keeps a launch in each layer)
 QWEN35_LAYERS = sorted(
     # gated delta net: q/k/v and z stacked, the float a and b, the conv window, the conv,
-    # the new window, the step, the gated norm, out, gate/up, SwiGLU with the pad, down
+    # the new window, the step, out (computing the gated per-head norm it reads:
+    # ``gemv.grouped_reduction``), gate/up, SwiGLU with the pad, down
     ["gemv_q4_quad", "matmul_gemv", "fused:concat",
      "fused:slice+slice+mul+slice+slice+mul+add+slice+slice+mul...", "slice", "gated_delta",
-     "fused_vector", "gemv_q4_quad", "gemv_q4_quad", "fused:sigmoid+mul+mul+concat",
+     "gemv_q4_quad", "gemv_q4_quad", "fused:sigmoid+mul+mul+concat",
      "gemv_q4_quad"]
     # attention: q, gate, k and v stacked (no slice), attention (q's and k's per-head norms
     # reduced by its first launch: ``row_stat``) and its combine (writing the output gate's
@@ -259,9 +260,9 @@ def test_the_real_qwen35_export_launches_as_the_presets_layers():
     """genai's int4 Qwen3.5 export on the H200's plan: its packed q/gate/k/v product split
     into stacked products (``split_columns``: no slice launched), the conv window's concat
     one launch, the output gate written by the attention's combine, q's and k's per-head
-    norms reduced by the attention's first launch; 18 launches a gated delta net and
-    attention layer pair; with its MLP 192 wide (the full-size path) SwiGLU written by
-    gate/up: 16."""
+    norms reduced by the attention's first launch, the gated norm computed by the out
+    product; 17 launches a gated delta net and attention layer pair; with its MLP 192 wide
+    (the full-size path) SwiGLU written by gate/up: 15."""
     import onnx
     from genai_shapes import widened_mlp
 
