@@ -84,9 +84,10 @@ def test_a_float32_page_computes_the_combine_launchs_logits(monkeypatch, name, h
 
 
 def test_the_combine_keeps_its_launch_unless_asked_or_where_no_product_reads_it(monkeypatch):
-    """By default (and "launch") the combine is a launch; asked for, it is computed by the
-    product only where that product alone reads the attention's output on the GPU's
-    kernels: the CPU plan's products (by column) leave it a launch."""
+    """With "launch" the combine is a launch; with "product" (and by default on a GPU's plan
+    at few splits) it is computed by the product only where that product alone reads the
+    attention's output on the GPU's kernels: the CPU plan's products (by column) leave it a
+    launch."""
     wl = f16kv("tiny+q4f16")
     counts = {}
     for gpu, knob in ((False, "product"), (True, None), (True, "launch"), (True, "product")):
@@ -103,9 +104,28 @@ def test_the_combine_keeps_its_launch_unless_asked_or_where_no_product_reads_it(
             finally:
                 b.close()
     assert counts[False, "product"][:2] == (0, 1), counts
-    assert counts[True, None] == counts[True, "launch"] and counts[True, None][:2] == (0, 1)
-    assert counts[True, "product"][:2] == (1, 0)
-    assert counts[True, "product"][2] == counts[True, None][2] - 1, counts
+    assert counts[True, None] == counts[True, "product"], counts
+    assert counts[True, "launch"][:2] == (0, 1) and counts[True, "product"][:2] == (1, 0)
+    assert counts[True, "product"][2] == counts[True, "launch"][2] - 1, counts
+
+
+def test_the_combine_is_the_products_on_gpus_up_to_sixteen_splits():
+    """Left to the adapter, a GPU computes the combine in the o product up to
+    ``COMBINE_PRODUCT_SPLITS`` splits and launches it beyond (timed: faster at 5 and 9
+    splits, slower at 33); a CPU adapter launches it; the knob's values decide alone."""
+    from backends.webnn.wgpu_impl.options import COMBINE_PRODUCT_SPLITS
+    from backends.webnn.wgpu_impl.target import Target
+
+    gpu, cpu = Target(cpu=False, subgroup=32), Target(cpu=True)
+    default = KernelOptions()
+    assert COMBINE_PRODUCT_SPLITS == 16
+    assert default.attention_combine_product(gpu, 16) and default.attention_combine_product(gpu, 5)
+    assert not default.attention_combine_product(gpu, 17)
+    assert not default.attention_combine_product(cpu, 5)
+    for splits in (5, 33):
+        assert KernelOptions(attention_combine="product").attention_combine_product(gpu, splits)
+        assert KernelOptions(attention_combine="product").attention_combine_product(cpu, splits)
+        assert not KernelOptions(attention_combine="launch").attention_combine_product(gpu, splits)
 
 
 @pytest.mark.parametrize("engine", ["wgpu", "dawn"])

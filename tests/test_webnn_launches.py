@@ -32,13 +32,13 @@ def _census(model: str | None, workload=None, tokens: int = 1, **knobs: str
             ) -> tuple[list[str], int, dict[str, int]]:
     """(one layer's kernels, the layers, the kernels outside them) of the model's (or the
     workload's) stateful step of ``tokens`` new tokens on the H200's plan (``knobs``: its
-    ``KernelOptions`` besides the defaults)."""
+    ``KernelOptions`` besides the defaults; the combine a launch unless a knob says)."""
     sys.path.insert(0, str(ROOT / "scripts"))
     import launch_census as LC
 
     from backends.webnn.wgpu_impl.options import KernelOptions
 
-    options = KernelOptions(**knobs)
+    options = KernelOptions(**({"attention_combine": "launch"} | knobs))
     graph, stateful = LC.capture("wgpu:stateful", workload, 32, model, options, tokens)
     one, count, rest = LC.layers(LC.census(graph, stateful, LC.targets()["nvidia"], options))
     return [la["kernel"] for la in one], count, dict(rest)
@@ -67,7 +67,8 @@ def test_the_real_export_plans_the_presets_layer(tmp_path):
     assert sum(rest.values()) == 10, rest
 
 
-@pytest.mark.parametrize("widened,combine", [(False, None), (True, None), (False, "product")])
+@pytest.mark.parametrize("widened,combine", [(False, "launch"), (True, "launch"),
+                                            (False, "product")])
 def test_the_real_export_on_the_gpu_plan_computes_orts_logits(monkeypatch, tmp_path, widened,
                                                               combine):
     """genai's q4f16 export (and its 192-wide MLP: the full-size path, SwiGLU in gate/up)
@@ -115,7 +116,7 @@ def test_the_real_export_on_the_gpu_plan_computes_orts_logits(monkeypatch, tmp_p
         assert "fused_vector" in names and names.count("fused_vector") == 1, names
         assert "scatter_nd" not in names, names  # the rows written by attention
         assert page.converted.graph.launches < cpu_page.converted.graph.launches
-        assert names.count("attention_combine") == (0 if combine else 2), names
+        assert names.count("attention_combine") == (0 if combine == "product" else 2), names
         for i, tok in enumerate(rng.integers(1, 1000, 6)):
             want = np.asarray(oracle.step(int(tok)), np.float64).reshape(-1)
             got = np.asarray(page.step(int(tok)), np.float64).reshape(-1)
@@ -297,20 +298,21 @@ def test_the_real_q4f16_qwen35_export_folds_its_norms_into_the_step():
 
 
 def _census_all(model: str) -> list[str]:
-    """Every kernel of the model's stateful step on the H200's plan, in order."""
+    """Every kernel of the model's stateful step on the H200's plan, in order (the combine
+    a launch)."""
     sys.path.insert(0, str(ROOT / "scripts"))
     import launch_census as LC
 
     from backends.webnn.wgpu_impl.options import KernelOptions
 
-    options = KernelOptions()
+    options = KernelOptions(attention_combine="launch")
     graph, stateful = LC.capture("wgpu:stateful", None, 32, model, options)
     return [la["kernel"] for la in LC.census(graph, stateful, LC.targets()["nvidia"], options)]
 
 
 @pytest.mark.parametrize("combine,storage,attention", [
-    (None, 16, None), ("product", 16, None), (None, 48, None), ("product", 48, None),
-    (None, 48, "tile")])
+    ("launch", 16, None), ("product", 16, None), ("launch", 48, None), ("product", 48, None),
+    ("launch", 48, "tile")])
 @pytest.mark.parametrize("path,slices,means", [(GENAI_INT4_QWEN35, 2, 0),
                                                (GENAI_Q4F16_QWEN35, 0, 1)])
 def test_the_real_qwen35_export_on_the_gpu_plan_computes_orts_logits(
@@ -369,8 +371,8 @@ def test_the_real_qwen35_export_on_the_gpu_plan_computes_orts_logits(
         assert all(m.q_norm is not None and (m.write_norms[0] is not None) == folded
                    for m in plan.attention.values()), names
         assert names.count("attention_tile") == (len(plan.attention) if attention else 0)
-        assert len(plan.combined) == (len(plan.attention) if combine else 0), names
-        assert ("attention_combine" in names) == (combine is None), names
+        assert len(plan.combined) == (len(plan.attention) if combine == "product" else 0), names
+        assert ("attention_combine" in names) == (combine == "launch"), names
         vocab = json.loads((path.parent / "genai_config.json").read_text())["model"][
             "vocab_size"]
         float16 = path == GENAI_Q4F16_QWEN35

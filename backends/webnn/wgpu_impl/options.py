@@ -75,6 +75,12 @@ TILE_DEFAULT_ROWS = 8192
 #: "The 4-bit codes as integer dot products, and attention's statistics by subgroups")
 TILE_DEFAULT_ROWS_ONE = 2048
 
+#: splits up to which a GPU adapter's two-launch attention has its combine computed by the o
+#: product's workgroups (``attention_combine``): faster than its launch at few splits, slower
+#: at many, every o workgroup reading all the partials (PERFORMANCE.md, "The combine computed
+#: by the o product"); 16 is where ``kernels/attention.combine_vector`` stops unrolling
+COMBINE_PRODUCT_SPLITS = 16
+
 #: q rows a KV head above which ``KernelOptions.attention_rows`` picks the attention (a
 #: one-token step has a head's GQA rows, 4 on llama-1b; a K = 4 verify has 16)
 MANY_Q_ROWS = 8
@@ -201,7 +207,8 @@ class KernelOptions:
     #: by shuffles, its V words loaded before the scores where few; ``attention_subgroup``),
     #: "trees" (workgroup trees and serial walks, the kernels before)
     attention_sync: str | None = None
-    #: where a two-launch attention's (flash, tile) splits are combined: None/"launch" (a
+    #: where a two-launch attention's (flash, tile) splits are combined: None (GPU adapters
+    #: "product" up to ``COMBINE_PRODUCT_SPLITS`` splits, else "launch"), "launch" (a
     #: launch of its own), "product" (by each workgroup of the one-row product that alone
     #: reads the attention's output, the o projection on the 4-bit "quad" or the float rows
     #: kernel, into its workgroup memory before its sums: ``kernels/attention.combine_vector``;
@@ -491,10 +498,15 @@ class KernelOptions:
         how = self.attention_sync
         return t.subgroup if how == "subgroups" or (how is None and not t.cpu) else None
 
-    def attention_combine_product(self) -> bool:
-        """Whether a two-launch attention's combine is computed by the product reading its
-        output (``attention_combine`` "product"; ``passes.attention_combines``)."""
-        return self.attention_combine == "product"
+    def attention_combine_product(self, t: Target, splits: int = 0) -> bool:
+        """Whether a two-launch attention's combine of ``splits`` splits is computed by the
+        product reading its output (``passes.attention_combines``): "product" always,
+        "launch" never; left to the adapter (None), on GPU adapters up to
+        ``COMBINE_PRODUCT_SPLITS`` splits, CPU adapters never."""
+        how = self.attention_combine
+        if how is None:
+            return not t.cpu and splits <= COMBINE_PRODUCT_SPLITS
+        return how == "product"
 
     def attention_lanes(self, q_rows: int = 1) -> tuple[bool, int | None] | None:
         """(combine folded in, rows a lane-group loads at once or None: the default) of the

@@ -406,8 +406,9 @@ def attention_combines(plan: Plan, st: PassState) -> None:
     gate: ``attention_epilogues``) the product reads the epilogue's root and computes it
     too, each element from the combined value and the epilogue's leaves. Where the splits'
     weights, the vector and the product's own workgroup memory do not fit, or the bindings
-    exceed the limit, the combine keeps its launch."""
-    if not plan.options.attention_combine_product():
+    exceed the limit, the combine keeps its launch. Left to the adapter, a GPU's combine is
+    computed so where its splits are few (``options.COMBINE_PRODUCT_SPLITS``)."""
+    if not plan.options.attention_combine_product(plan.target):
         return
     quad = plan.options.q4_quad(plan.target) is not None
     other = (_q4_other_bindings(plan) if quad else {}) | (
@@ -424,7 +425,7 @@ def attention_combines(plan: Plan, st: PassState) -> None:
                 or 1 + len(m.epilogue_leaves) + other[c.id] > plan.target.max_storage):
             continue
         k2 = combine_of(plan, m.out)
-        if k2 is None:
+        if k2 is None or not plan.options.attention_combine_product(plan.target, k2.splits):
             continue
         combine = k2.rows * (k2.splits + 1) + K  # floats: the splits' weights, the vector
         if not (4 * combine + quad_scratch_bytes() <= plan.target.shared_bytes if c.id in plan.q4
