@@ -89,10 +89,10 @@ def _launches(gr) -> list[str]:
     return [la.kernel.name for la in gr._plan.launches]
 
 
-def _check(ctx, gr, outs, feeds, want) -> None:
+def _check(ctx, gr, outs, feeds, want, atol: float = 2e-6) -> None:
     got = run(ctx, gr, outs, feeds)
     for name, w in want.items():
-        np.testing.assert_allclose(got[name], w, rtol=2e-5, atol=2e-6, err_msg=name)
+        np.testing.assert_allclose(got[name], w, rtol=2e-5, atol=atol, err_msg=name)
 
 
 @pytest.mark.parametrize("how,launches", [

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_webnn_attention import RNG, run
+from test_webnn_attention import RNG
+from test_webnn_attention_epilogue import _check as check
+from test_webnn_attention_epilogue import _launches
 
 from backends.webnn import MLGraphBuilder
 
@@ -80,14 +82,8 @@ def feeds_and_oracle(heads: int, g: int, cap: int, d: int, variant: str = "norm"
     return feeds, want
 
 
-def _launches(gr) -> list[str]:
-    return [la.kernel.name for la in gr._plan.launches]
-
-
 def _check(ctx, gr, outs, feeds, want) -> None:
-    got = run(ctx, gr, outs, feeds)
-    for name, w in want.items():
-        np.testing.assert_allclose(got[name], w, rtol=2e-5, atol=2e-5, err_msg=name)
+    check(ctx, gr, outs, feeds, want, atol=2e-5)
 
 
 @pytest.mark.parametrize("how,kernel,heads,g,d", [

@@ -63,3 +63,15 @@ def node(id: int, kind: str, dtype: DType, shape: Any, op: str, inputs: tuple[No
     """A node from an operand's fields (shape as a tuple, attributes read-only)."""
     return Node(id, kind, dtype, tuple(shape), op, inputs,
                 MappingProxyType(attrs) if attrs else _NO_ATTRS, name, value)
+
+
+def reachable(outs: list[Node]) -> list[Node]:
+    """Every operand the outputs depend on, in creation (a topological) order."""
+    seen: dict[int, Node] = {}
+    stack = list(outs)
+    while stack:
+        o = stack.pop()
+        if o.id not in seen:
+            seen[o.id] = o
+            stack.extend(o.inputs)
+    return [seen[k] for k in sorted(seen)]  # creation order is a topological order

@@ -14,7 +14,7 @@ from functools import partial
 from typing import Any
 
 from .. import shapes as S
-from ..ir import Graph, Node
+from ..ir import Graph, Node, reachable
 from ..kernels.quant_rows import quad_scratch_bytes, quad_workgroups
 from ..stateful import analyse, root
 from . import fusion
@@ -517,15 +517,5 @@ def _ancestors(o: Node) -> set[int]:
     return seen
 
 
-def reachable(outs: list[Node]) -> list[Node]:
-    """Every operand the outputs depend on, in creation (a topological) order."""
-    seen: dict[int, Node] = {}
-    stack = list(outs)
-    while stack:
-        o = stack.pop()
-        if o.id not in seen:
-            seen[o.id] = o
-            stack.extend(o.inputs)
-    return [seen[k] for k in sorted(seen)]  # creation order is a topological order
 
 

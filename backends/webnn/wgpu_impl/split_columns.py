@@ -26,7 +26,7 @@ import numpy as np
 
 from .. import shapes as S
 from ..dtypes import pack_nibbles, packed_words, unpack_nibbles
-from ..ir import _NO_ATTRS, Graph, Node
+from ..ir import _NO_ATTRS, Graph, Node, reachable
 from . import fusion
 
 #: ops that move a product's elements without computing (a part's run is made of them)
@@ -218,18 +218,6 @@ def split_products(graph: Graph) -> Graph:
             mapped[o.id] = make(o.kind, o.dtype, o.shape, name=o.name)
     outputs = {k: mapped[o.id] for k, o in graph.outputs.items()}
     inputs = {k: mapped[o.id] for k, o in graph.inputs.items()}
-    live = _reachable(list(outputs.values()))
+    live = {o.id for o in reachable(list(outputs.values()))}
     return Graph(outputs=outputs, inputs=inputs, pairs=graph.pairs,
                  nodes=tuple(o for o in nodes if o.id in live))
-
-
-def _reachable(outs: list[Node]) -> set[int]:
-    """Ids of every node the outputs depend on."""
-    seen: set[int] = set()
-    stack = list(outs)
-    while stack:
-        o = stack.pop()
-        if o.id not in seen:
-            seen.add(o.id)
-            stack.extend(o.inputs)
-    return seen
