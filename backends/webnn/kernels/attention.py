@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from .common import Kernel, decl, neg_inf
 from .fused import FusedOp, Leaf, functions, leaf_decls
 from .matmul import VectorSource
+from .reduce import tree
 
 WG = 128  # pass 1 workgroup
 WG2 = 256  # combine workgroup
@@ -105,13 +106,8 @@ def row_stat(red: RowReduce, row: str, name: str, wg: int, scratch: str,
                 f"  for (var i = 1u; i < {wg // sub}u; i = i + 1u) "
                 f"{{ {name}_t = {name}_t + {scratch}[i]; }}\n")
     else:
-        out += f"  {scratch}[lid] = {name}_a;\n  workgroupBarrier();\n"
-        st = wg // 2
-        while st >= 1:
-            out += (f"  if (lid < {st}u) {{ {scratch}[lid] = {scratch}[lid] + "
-                    f"{scratch}[lid + {st}u]; }}\n  workgroupBarrier();\n")
-            st //= 2
-        out += f"  let {name}_t = {scratch}[0];\n"
+        out += (f"  {scratch}[lid] = {name}_a;\n" + tree("{a} + {b}", scratch, wg)
+                + f"  let {name}_t = {scratch}[0];\n")
     scale = f" / {float(red.count)!r}" if red.op == "reduce_mean" else ""
     return out + f"  let {name} = {name}_t{scale};\n  workgroupBarrier();\n"
 

@@ -338,9 +338,7 @@ def gemv_rows(a_shape: Sequence[int], b_shape: Sequence[int], out_shape: Sequenc
     else:
         src, a_bindings = prologue.src, list(prologue.bindings)
         src += f"var<workgroup> xa: array<{vt}, {kv}>;\n"
-        if prologue.partials is not None:
-            red = prologue_reduction(prologue, wg, subgroup)
-        elif prologue.group:
+        if prologue.partials is not None or prologue.group:
             red = prologue_reduction(prologue, wg, subgroup)
         elif prologue.reduction is not None:
             op, load, count = prologue.reduction

@@ -26,7 +26,9 @@ def _start(op: str, t: str) -> str:
         if op == "reduce_product" else zero(t)
 
 
-def _tree(combine: str, var: str = "sh", wg: int = WG) -> str:
+def tree(combine: str, var: str = "sh", wg: int = WG) -> str:
+    """WGSL combining ``var[0..wg)`` (written by every invocation just before) into
+    ``var[0]`` by a tree of barriers; ``combine``: a format string of ``{a}`` and ``{b}``."""
     src = "  workgroupBarrier();\n"
     s = wg // 2
     while s >= 1:
@@ -46,7 +48,7 @@ def inline_reduction(op: str, count: int, load: str, wg: int, var: str = "red") 
     body = (f"  var {var}_acc: f32 = {init};\n"
             f"  for (var j = lid; j < {count}u; j = j + {wg}u) {{\n"
             f"    {var}_acc = {comb.format(a=f'{var}_acc', b=load.format('j'))};\n  }}\n"
-            f"  {var}_sh[lid] = {var}_acc;\n" + _tree(comb, f"{var}_sh", wg))
+            f"  {var}_sh[lid] = {var}_acc;\n" + tree(comb, f"{var}_sh", wg))
     scale = f" / f32({count})" if op == "reduce_mean" else ""
     body += f"  let {var} = {var}_sh[0]{scale};\n"
     return decls, body
@@ -97,7 +99,7 @@ def unrolled_reduction(op: str, count: int, load: str, wg: int, subgroup: int | 
         total = f"{var}_all"
     else:
         decls = f"var<workgroup> {var}_sh: array<f32, {wg}>;\n"
-        body += f"  {var}_sh[lid] = {var}_acc;\n" + _tree(comb, f"{var}_sh", wg)
+        body += f"  {var}_sh[lid] = {var}_acc;\n" + tree(comb, f"{var}_sh", wg)
         total = f"{var}_sh[0]"
     scale = f" / f32({count})" if op == "reduce_mean" else ""
     body += f"  let {var} = {total}{scale};\n"
@@ -148,7 +150,7 @@ def reduce(op: str, t: str, in_shape: Sequence[int], axes: Sequence[int],
     src += (f"  for (var j = lid; j < {rn}u; j = j + {wg}u) {{\n"
             f"    let v = {load.format('base + redoff(j)')};\n"
             f"    acc = {comb.format(a='acc', b='v')};\n  }}\n")
-    src += "  sh[lid] = acc;\n" + _tree(comb, wg=wg)
+    src += "  sh[lid] = acc;\n" + tree(comb, wg=wg)
     res = f"sh[0] / {t}({rn})" if op == "reduce_mean" else "sh[0]"
     src += f"  if (lid == 0u) {{ out[row] = {res}; }}\n}}\n"
     return Kernel(op, src, bindings, (gx, gy, gz), traffic)
@@ -198,11 +200,11 @@ def softmax(shape: Sequence[int], axis: int, wg: int = WG) -> Kernel:
     src += f"  if (row >= {rows}u) {{ return; }}\n  let base = rowoff(row);\n"
     src += ("  var m = x[base];\n"  # the row's first element: no infinity needed
             f"  for (var j = lid; j < {rn}u; j = j + {wg}u) {{ m = max(m, x[base + j * {sa}u]); }}\n"
-            "  sh[lid] = m;\n" + _tree("max({a}, {b})", wg=wg) + "  let mx = sh[0];\n"
+            "  sh[lid] = m;\n" + tree("max({a}, {b})", wg=wg) + "  let mx = sh[0];\n"
             "  workgroupBarrier();\n"
             "  var s = 0.0;\n"
             f"  for (var j = lid; j < {rn}u; j = j + {wg}u) {{ s = s + exp(x[base + j * {sa}u] - mx); }}\n"
-            "  sh[lid] = s;\n" + _tree("{a} + {b}", wg=wg) + "  let inv = 1.0 / sh[0];\n"
+            "  sh[lid] = s;\n" + tree("{a} + {b}", wg=wg) + "  let inv = 1.0 / sh[0];\n"
             f"  for (var j = lid; j < {rn}u; j = j + {wg}u) {{\n"
             f"    let o = base + j * {sa}u;\n    out[o] = exp(x[o] - mx) * inv;\n  }}\n}}\n")
     n = S.size(shape)
@@ -277,7 +279,7 @@ def _arg_shared(t: str, wg: int) -> str:
     return f"var<workgroup> shv: array<{t}, {wg}>;\nvar<workgroup> shi: array<u32, {wg}>;\n"
 
 
-def _arg_tree(wg: int) -> str:
+def _argtree(wg: int) -> str:
     """The workgroup's (``shv``, ``shi``) pairs combined into slot 0 by ``better``."""
     src, s = "  shv[lid] = bv;\n  shi[lid] = bi;\n  workgroupBarrier();\n", wg // 2
     while s >= 1:
@@ -308,7 +310,7 @@ def arg_split(op: str, t: str, in_shape: Sequence[int], axis: int,
             + rowoff + head)
     src1 += (f"  let row = wid.y;\n  let s = wid.x;\n  let base = rowoff(row);\n"
              f"  let j0 = s * {chunk}u;\n  let end = min(j0 + {chunk}u, {rn}u);\n")
-    src1 += _arg_walk("j0", "j0 + lid", "end", f"{wg}u", sa) + _arg_tree(wg)
+    src1 += _arg_walk("j0", "j0 + lid", "end", f"{wg}u", sa) + _argtree(wg)
     src1 += (f"  if (lid == 0u) {{\n    let p = (row * {ns}u + s) * 2u;\n"
              "    part[p] = bitcast<u32>(shv[0]);\n    part[p + 1u] = shi[0];\n  }\n}\n")
     k1 = Kernel(op, src1, ["read", "rw"], (ns, rows, 1),
@@ -321,7 +323,7 @@ def arg_split(op: str, t: str, in_shape: Sequence[int], axis: int,
              f"    let v = bitcast<{t}>(part[(pb + s) * 2u]);\n"
              "    let j = part[(pb + s) * 2u + 1u];\n"
              "    if (better(v, j, bv, bi)) { bv = v; bi = j; }\n  }\n")
-    src2 += _arg_tree(wg) + "  if (lid == 0u) { out[row] = i32(shi[0]); }\n}\n"
+    src2 += _argtree(wg) + "  if (lid == 0u) { out[row] = i32(shi[0]); }\n}\n"
     k2 = Kernel(op, src2, ["read", "rw"], (rows, 1, 1), 8 * rows * ns + 4 * rows)
     return k1, k2, 2 * rows * ns
 
@@ -346,7 +348,7 @@ def arg_reduce(op: str, t: str, in_shape: Sequence[int], axis: int, wg: int = WG
     src += _arg_shared(t, wg) + _header(gx, wg)
     src += f"  if (row >= {rows}u) {{ return; }}\n  let base = rowoff(row);\n"
     src += _arg_walk("0u", "lid", f"{rn}u", f"{wg}u", sa)
-    src += _arg_tree(wg) + "  if (lid == 0u) { out[row] = i32(shi[0]); }\n}\n"
+    src += _argtree(wg) + "  if (lid == 0u) { out[row] = i32(shi[0]); }\n}\n"
     return Kernel(op, src, ["read", "rw"], (gx, gy, gz), traffic)
 
 

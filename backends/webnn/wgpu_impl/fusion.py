@@ -86,6 +86,29 @@ class Group:
                 f"{prefix}v{pos.index(x.id)}")
 
 
+def reduction_inner(red: Node, group: Group | None) -> Group:
+    """The input chain of reduction ``red``: its fused ``group``'s inlined ops and their
+    leaves, or the reduction's input alone where nothing is inlined into it."""
+    if group is not None and len(group.ops) > 1:
+        return group.inner
+    return Group([], [root(red.inputs[0])])
+
+
+def reduction_source(red: Node, group: Group | None, first: int,
+                     prefix: str) -> tuple[str, list[str], str]:
+    """For a kernel computing reduction ``red`` (of fused ``group``) itself: the input
+    chain's leaf declarations (bound from ``first`` on) and functions, their bindings, and
+    element ``{}`` of the reduction's input (a format string); every name ``prefix``ed."""
+    inner = reduction_inner(red, group)
+    ops, leaves = inner.fused_ops()
+    decls, bindings = FU.leaf_decls(leaves, first, prefix)
+    x = root(red.inputs[0])
+    pos = [o.id for o in inner.ops]
+    load = f"{prefix}v{pos.index(x.id)}({{}})" if x.id in pos else f"{prefix}in0[{{}}]"
+    fsrc = FU.functions(ops, leaves, prefix)[0] if ops else ""
+    return decls + fsrc, bindings, load
+
+
 def consumers_of(nodes: list[Node]) -> dict[int, list[Node]]:
     """Op id -> the ops reading it (through reshape views)."""
     out: dict[int, list[Node]] = {}

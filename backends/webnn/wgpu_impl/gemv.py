@@ -278,8 +278,7 @@ class Prologue:
     def _reduction_inner(self) -> fusion.Group:
         r = self.reduce_op
         assert r is not None
-        return self.reduction.inner if len(self.reduction.ops) > 1 else fusion.Group(
-            [], [root(r.inputs[0])])
+        return fusion.reduction_inner(r, self.reduction)
 
     @property
     def leaves(self) -> list[Node]:
@@ -309,15 +308,9 @@ class Prologue:
             return MM.VectorSource(decls + fsrc + decl(len(bindings), "pt_in", "f32", "read"),
                                    bindings + ["read"], element,
                                    partials=("pt_in[{}]", self.stats.count, div))
-        inner = self._reduction_inner
-        rops, rleaves = inner.fused_ops()
-        rdecls, rbind = FU.leaf_decls(rleaves, len(bindings), "r_")
-        x = root(r.inputs[0])
-        pos = [o.id for o in inner.ops]
-        load = f"r_v{pos.index(x.id)}({{}})" if x.id in pos else "r_in0[{}]"
-        rsrc = FU.functions(rops, rleaves, "r_")[0] if rops else ""
-        return MM.VectorSource(decls + fsrc + rdecls + rsrc, bindings + rbind, element,
-                               (r.op, load, S.size(x.shape)),
+        rsrc, rbind, load = fusion.reduction_source(r, self.reduction, len(bindings), "r_")
+        return MM.VectorSource(decls + fsrc + rsrc, bindings + rbind, element,
+                               (r.op, load, S.size(r.inputs[0].shape)),
                                group=r.inputs[0].shape[-1] if self.grouped else 0)
 
 

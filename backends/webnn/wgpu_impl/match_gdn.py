@@ -306,7 +306,7 @@ def _assemble(o: Node, n: Node, s_view: Node, u_view: Node,
         return None
     out_chain, anchor = _out_chain(o, consumers, inlined, groups, pinned, cols)
     if (any(x.dtype.wgsl != "f32" for x in (k, g, d, anchor))
-            or q.dtype.wgsl not in ("f32", "f16")):
+            or q.dtype.wgsl not in FLOATS):
         return None
     casts = [x for x in (widen, narrow) if x is not None]
     m = GatedDelta(anchor, p, narrow or n, k, q, batch, dv, dk, tuple(x * dk for x in k_st),
@@ -335,7 +335,7 @@ def _row_view(x: Node, ops: set[int], consumers: dict[int, list[Node]], inlined:
         return None
     src, start = root(s.inputs[0]), got[1]
     if (S.size(s.shape[:-1]) != 1 or start % 4 or src.id in inlined
-            or src.dtype.wgsl not in ("f32", "f16")
+            or src.dtype.wgsl not in FLOATS
             or any(c.id not in ops for c in consumers.get(s.id, []))):
         return None
     return src, start, s

@@ -515,7 +515,3 @@ def _ancestors(o: Node) -> set[int]:
             seen.add(x.id)
             stack.extend(x.inputs)
     return seen
-
-
-
-

@@ -19,7 +19,6 @@ import numpy as np
 from .. import shapes as S
 from ..ir import Node
 from ..kernels import attention as AT
-from ..kernels import fused as FU
 from ..stateful import SAME_INDEX_OPS, root
 from . import fusion
 
@@ -43,34 +42,20 @@ class RowStat:
         return int(self.reduce.inputs[0].shape[-1])
 
     @property
-    def inner(self) -> fusion.Group:
-        """The reduction's input chain and the leaves it reads (its input alone where
-        nothing is inlined into it)."""
-        if self.group is not None and len(self.group.ops) > 1:
-            return self.group.inner
-        return fusion.Group([], [root(self.reduce.inputs[0])])
-
-    @property
     def leaves(self) -> list[Node]:
         """What the kernel reads for the reduction, in binding order."""
-        return list(self.inner.leaves)
+        return list(fusion.reduction_inner(self.reduce, self.group).leaves)
 
     def source(self, first: int, prefix: str) -> AT.RowReduce:
         """The reduction as the kernels take it: its leaves bound from ``first`` on, every
         name prefixed ``prefix``."""
-        inner = self.inner
-        ops, leaves = inner.fused_ops()
-        decls, bindings = FU.leaf_decls(leaves, first, prefix)
-        x = root(self.reduce.inputs[0])
-        pos = [o.id for o in inner.ops]
-        load = f"{prefix}v{pos.index(x.id)}({{}})" if x.id in pos else f"{prefix}in0[{{}}]"
-        fsrc = FU.functions(ops, leaves, prefix)[0] if ops else ""
+        src, bindings, load = fusion.reduction_source(self.reduce, self.group, first, prefix)
         if self.rows is None:
-            return AT.RowReduce(self.reduce.op, self.count, decls + fsrc, bindings, load)
+            return AT.RowReduce(self.reduce.op, self.count, src, bindings, load)
         n = len(self.rows)
         table = (f"var<private> {prefix}rows: array<u32, {n}> = array<u32, {n}>("
                  + ", ".join(f"{r}u" for r in self.rows) + ");\n")
-        return AT.RowReduce(self.reduce.op, self.count, decls + fsrc + table, bindings, load,
+        return AT.RowReduce(self.reduce.op, self.count, src + table, bindings, load,
                             f"{prefix}rows[{{}}]")
 
 
