@@ -84,13 +84,21 @@ def test_folded_row_writes_compute_the_reference(gpu_plan, name, head_dim, loads
 
 
 @pytest.mark.adapter_feature("shader-f16")
-@pytest.mark.parametrize("name,head_dim", [("tiny+f16kv", 64), ("tiny", 32), ("tiny+q4f16", 64)])
+@pytest.mark.parametrize("name,head_dim,loads,cap,depth", [
+    ("tiny+f16kv", 64, None, 24, 16), ("tiny", 32, None, 24, 16),
+    ("tiny+q4f16", 64, None, 24, 16),
+    ("tiny+f16kv", 64, "first", 24, 16),  # K and V loaded before the write, then again
+    ("tiny+q4f16", 64, "first", 100, 40),  # 4 splits: the row in the second, the rest not
+    ("tiny", 32, "first", 100, 70)])  # float32 words, the row in the third split
 def test_folded_row_writes_with_the_tiles_lane_probs_v(monkeypatch, subgroup_size, name,
-                                                       head_dim):
+                                                       head_dim, loads, cap, depth):
     """The tile attention's first launch writing the rows, its probs·V in registers and
     summed by subgroups (``attention_tile._lane_pv``, at the adapter's own subgroup width):
-    the walk to depth 16 and 3 more steps within the preset's tolerance of the float64
-    reference, argmax included."""
+    the walk to ``depth`` and 3 more steps within the preset's tolerance of the float64
+    reference, argmax included. ``loads`` "first" (``KernelOptions.tile_loads``): every
+    workgroup loads its K and V words before the row write, the one whose split takes the
+    row loads them again after it (a stale word there fails the reference); its kernel
+    compiles with naga and Tint."""
     if not subgroup_size or subgroup_size & (subgroup_size - 1):
         pytest.skip(f"no fixed power-of-two subgroup width ({subgroup_size})")
     real = context.target_of
@@ -100,14 +108,22 @@ def test_folded_row_writes_with_the_tiles_lane_probs_v(monkeypatch, subgroup_siz
     wl = Workload.build(cfg)
     tol = logits_tolerance(cfg) if "q4f16" in name else (
         1e-5 if "f16kv" in name else FLOAT32_TOLERANCE)
-    cap, depth = 24, 16
-    b = StatefulInPlace(options=KernelOptions(gemv="rows", attention="tile"))
+    b = StatefulInPlace(options=KernelOptions(gemv="rows", tile_loads=loads,
+                                              attention="tile" if cap < 32 else "tile_t32"))
     b.prepare(wl, cap)
     try:
         tiles = [la.kernel for la in b.converted.graph._plan.launches
                  if hasattr(la, "kernel") and la.kernel.name == "attention_tile"]
         assert len(tiles) == 2 and all("subgroupAdd(a0_0)" in k.wgsl for k in tiles)
+        assert tiles[0].groups[0] == -(-cap // 32)
+        assert ("if (wrote) {" in tiles[0].wgsl) == (loads == "first")
         assert "scatter_nd" not in _names(b)
+        if loads == "first":
+            from test_wgsl_engines import ENGINES, _rejected, compiler_device
+
+            errors = [err for e in ENGINES if compiler_device(e)[0] is not None
+                      and (err := _rejected(e, {tiles[0].wgsl: "attention_tile"}))]
+            assert not errors, "\n".join(errors)
         tokens, ref = at_depth(b, wl, cap, depth)
         for i in range(3):
             tok = int(tokens[depth + i])

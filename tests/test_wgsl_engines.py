@@ -52,6 +52,7 @@ OPTION_VALUES: dict[str, list[str | int | None]] = {
     "gemv_norms": [None, "partials", "off"],
     "attention_writes": [None, "fold", "off"],
     "tile_pv": [None, "lanes", "walk"],
+    "tile_loads": [None, "scores", "first"],
     "attention_sync": [None, "subgroups", "trees"],
     "attention_combine": [None, "launch", "product"],
     "q4_rows": [None, "rows", "cols", "cols4", "cols_c32", "quad", "cols_h", "cols2_c16_h"],
@@ -406,20 +407,23 @@ def test_the_sweep_reaches_float_products_writing_norms_and_pairs(builds):
     assert any("pair_sh" in src and "pt_in[" in src for src in gemvs)  # gate/up: both
 
 
+@pytest.mark.parametrize("first", [False, True], ids=["scores", "first"])
 @pytest.mark.parametrize("g,cap,d,kv,rows", [
     (4, 8200, 64, "f16", 256),  # llama-1b's one-token head: one subgroup a word's shares
     (4, 300, 16, "f32", 128),  # 64 shares a word: two subgroups
     (2, 517, 32, "f32", 64),  # 2 rows an invocation, the last split short
 ])
-def test_the_tile_attentions_lane_probs_v_compiles(g, cap, d, kv, rows):
+def test_the_tile_attentions_lane_probs_v_compiles(g, cap, d, kv, rows, first):
     """The tile attention's one-token probs·V at the NVIDIA subgroup width (V words in
     registers, the row shares summed by subgroups: ``attention_tile._lane_pv``), which the
-    sweep's tiny graphs (24 cache rows) do not reach, compiles with every engine here."""
+    sweep's tiny graphs (24 cache rows) do not reach, compiles with every engine here;
+    ``first``: its K and V words loaded at the kernel's start (``tile_loads``)."""
     from backends.webnn.kernels import attention_tile as ATT
 
     plan = ATT.tile_plan(g, cap, d, kv, 49152 // 4, rows)
     assert ATT.lane_pv_applies(plan, 32)
-    k1 = ATT.flash_tile(2, g, cap, d, None, plan, kv=kv, subgroup=32)[0]
+    k1 = ATT.flash_tile(2, g, cap, d, None, plan, kv=kv, subgroup=32, loads_first=first)[0]
+    assert (k1.wgsl.index("let vw0 = v[") < k1.wgsl.index("qs[jj] =")) == first
     engines = [e for e in ENGINES if compiler_device(e)[0] is not None]
     if not engines:
         pytest.skip("no WGSL compiler here")

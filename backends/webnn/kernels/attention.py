@@ -263,8 +263,8 @@ class RowWrites:
 
 
 def _row_writes(w: RowWrites, first: int, kvt: str, words: int, per: int, kv: str,
-                wg: int, scratch: str = "red",
-                sub: int | None = None) -> tuple[str, list[str], str]:
+                wg: int, scratch: str = "red", sub: int | None = None,
+                flag: str | None = None) -> tuple[str, list[str], str]:
     """(declarations from binding ``first``, their access, the body at the kernel's start):
     every tuple that addresses head ``h`` at a row of this split has its K and V rows
     written (``words`` words of ``per`` elements a row, as ``kvt``, the caches' type ``kv``),
@@ -272,7 +272,9 @@ def _row_writes(w: RowWrites, first: int, kvt: str, words: int, per: int, kv: st
     reaches it. Only this workgroup reads those rows: a row lies in one split of one head.
     An update's row statistic (``RowWrites.stats``) is computed for every tuple by every
     workgroup (uniform control flow: the tuple's target is known only from the index
-    tensor), with workgroup memory ``scratch`` and subgroup width ``sub`` (``row_stat``)."""
+    tensor), with workgroup memory ``scratch`` and subgroup width ``sub`` (``row_stat``).
+    ``flag``: a variable of that name set where this workgroup wrote a row (its loads of
+    the split made before the write are stale)."""
     src = decl(first, "widx", w.idx_type, "read")
     binds = ["read"]
     loads = []
@@ -298,7 +300,8 @@ def _row_writes(w: RowWrites, first: int, kvt: str, words: int, per: int, kv: st
         binds.append("read")
     B, H, C, D = w.shape
     rank = len(w.shape) - 1
-    body = f"  for (var tu = 0u; tu < {w.tuples}u; tu = tu + 1u) {{\n{stats}    var ok = true;\n"
+    body = f"  var {flag} = false;\n" if flag else ""
+    body += f"  for (var tu = 0u; tu < {w.tuples}u; tu = tu + 1u) {{\n{stats}    var ok = true;\n"
     for j, dim in enumerate(w.shape[:rank]):
         body += (f"    var t{j} = i32(widx[tu * {rank}u + {j}u]);\n"
                  f"    if (t{j} < 0) {{ t{j} = t{j} + {dim}; }}\n"
@@ -306,6 +309,7 @@ def _row_writes(w: RowWrites, first: int, kvt: str, words: int, per: int, kv: st
     guard = " && wstatus[0] == 0u" if w.guarded else ""
     body += (f"    let row = u32(max(t2, 0));\n"
              f"    if (ok && u32(t0) * {H}u + u32(t1) == h && row >= c0 && row < c0 + n{guard}) {{\n"
+             + (f"      {flag} = true;\n" if flag else "") +
              f"      for (var e = lid; e < {words}u; e = e + {wg}u) {{\n"
              f"        let ub = tu * {D}u + e * {per}u;\n")
     for buf, load in zip(("k", "v"), loads, strict=True):

@@ -110,7 +110,7 @@ def lane_pv_applies(plan: TilePlan, subgroup: int | None) -> bool:
 
 
 def _lane_pv(plan: TilePlan, C: int, G: int, ns: int, pw: int, words: int,
-             subgroup: int) -> tuple[str, str, str]:
+             subgroup: int, again: bool = False) -> tuple[str, str, str, str]:
     """(V loads, probs·V, workgroup memory) with every V word an invocation needs in flight
     at once, issued before the softmax's statistics so their latency passes under them:
     ``WGT / words`` invocations (the row shares) an output word, each holding its word of
@@ -118,13 +118,16 @@ def _lane_pv(plan: TilePlan, C: int, G: int, ns: int, pw: int, words: int,
     ``subgroupAdd`` (a subgroup holds consecutive shares of one word), then the word's
     subgroups' sums through workgroup memory and one barrier. The other path walks its
     rows four V words at a time, a chain of ``rows / shares / 4`` round trips after the
-    statistics."""
+    statistics. ``again``: the words are variables and the fourth string loads them again
+    (``flash_tile``'s ``loads_first``: after a folded row write into this split)."""
     T, GL, LW = plan.rows, plan.group, plan.words
     RS = WGT // LW  # row shares of an output word
     per = T // RS  # cache rows an invocation
     wide = plan.per == 8
-    loads = "".join(f"  let vw{i} = v[vb + min(vr + {i * RS}u, n - 1u) * {LW}u];\n"
-                    for i in range(per))
+    at = [f"v[vb + min(vr + {i * RS}u, n - 1u) * {LW}u]" for i in range(per)]
+    kw = "var" if again else "let"
+    loads = "".join(f"  {kw} vw{i} = {a};\n" for i, a in enumerate(at))
+    reload = "".join(f"    vw{i} = {a};\n" for i, a in enumerate(at)) if again else ""
     v_loads = (f"  let ve = lid / {RS}u;\n  let vr = lid % {RS}u;\n"
                f"  let vb = (h * {C}u + c0) * {LW}u + ve;\n{loads}")
     acc = [f"a{r}_{i}" for r in range(GL) for i in range(words)]
@@ -151,7 +154,7 @@ def _lane_pv(plan: TilePlan, C: int, G: int, ns: int, pw: int, words: int,
            f"    for (var j = 0u; j < {NS}u; j = j + 1u) {{ t = t + lps[lid * {NS}u + j]; }}\n"
            f"    let rw = lid / {LW}u;\n"
            f"    {part(f'rw / {words}u', f'lid % {LW}u', f'rw % {words}u')} = t;\n  }}\n")
-    return v_loads, pv, f"var<workgroup> lps: array<vec4<f32>, {slots * NS}>;\n"
+    return v_loads, pv, f"var<workgroup> lps: array<vec4<f32>, {slots * NS}>;\n", reload
 
 
 def flash_tile(heads: int, q_rows: int, capacity: int, d: int,
@@ -161,7 +164,8 @@ def flash_tile(heads: int, q_rows: int, capacity: int, d: int,
                subgroup: int | None = None,
                sync: int | None = None,
                epilogue: Epilogue | None = None,
-               q_red: RowReduce | None = None) -> tuple[Kernel, Kernel, int]:
+               q_red: RowReduce | None = None,
+               loads_first: bool = False) -> tuple[Kernel, Kernel, int]:
     """(pass 1, the combine, partial-buffer elements) for q (heads, q_rows, d), K and V
     (heads, capacity, d) of element type ``kv``, output (heads, q_rows, d); ``score``,
     ``q_chain`` and ``writes`` (the layer's row write folded in, its bindings after the
@@ -172,7 +176,11 @@ def flash_tile(heads: int, q_rows: int, capacity: int, d: int,
     each row's maximum and sum are met by ``subgroupMax``/``subgroupAdd`` and a value a
     subgroup, not each of the row's invocations' values walked in series; ``epilogue``:
     written by the combine instead of the output (``attention.Epilogue``); ``q_red``: the
-    row statistic ``q_chain`` reads (``attention.RowReduce``)."""
+    row statistic ``q_chain`` reads (``attention.RowReduce``); ``loads_first``
+    (``KernelOptions.tile_loads``): each invocation's K words (and its V words where
+    ``_lane_pv`` holds them) loaded at the kernel's start, before the row write and q,
+    so their latency passes under that chain; the workgroup that wrote a row of its split
+    loads them again after the write's barrier."""
     T, GL, LW, PER, RS = plan.rows, plan.group, plan.words, plan.per, plan.row_splits
     G, D, C = q_rows, d, capacity
     D4 = D // 4
@@ -186,9 +194,10 @@ def flash_tile(heads: int, q_rows: int, capacity: int, d: int,
     src += decl(len(bindings), "part", "vec4<f32>", "rw")
     bindings.append("rw")
     write_body = ""
+    wrote = "wrote" if loads_first and writes is not None else None
     if writes is not None:
         wsrc, wb, write_body = _row_writes(writes, len(bindings), kvt, LW, PER, kv, WGT,
-                                           "red", red_sub)
+                                           "red", red_sub, wrote)
         src += wsrc
         bindings += wb
     low = neg_inf()
@@ -199,11 +208,22 @@ def flash_tile(heads: int, q_rows: int, capacity: int, d: int,
     NO = GL * LW  # output words of probs·V (a q row's word of columns each)
     hr = f"h * {G}u + q0 + r"
 
+    k_at = "k[kb + {}u]"
+    k_first = k_again = ""
+    if loads_first:  # the words into variables at the start; the block reads them
+        k_first = (f"  let kb = (h * {C}u + c0 + min(lid % {T}u, n - 1u)) * {LW}u;\n"
+                   + "".join(f"  {'var' if wrote else 'let'} kw{j} = {k_at.format(j)};\n"
+                             for j in range(LW)))
+        k_again = "".join(f"    kw{j} = {k_at.format(j)};\n" for j in range(LW))
+        k_at = "kw{}"
     if wide:
-        k_loads = "".join(f"    let w{j} = k[kb + {j}u];\n    let k{2 * j} = unpack_lo(w{j});\n"
+        k_loads = "".join(f"    let w{j} = {k_at.format(j)};\n"
+                          f"    let k{2 * j} = unpack_lo(w{j});\n"
                           f"    let k{2 * j + 1} = unpack_hi(w{j});\n" for j in range(LW))
     else:
-        k_loads = "".join(f"    let k{j} = k[kb + {j}u];\n" for j in range(LW))
+        k_loads = "".join(f"    let k{j} = {k_at.format(j)};\n" for j in range(LW))
+    k_row = "" if loads_first else (f"    let kb = (h * {C}u + c0 + min(c, n - 1u)) * "
+                                    f"{LW}u;\n")
     raw = " + ".join(f"dot(qs[qb + {j}u], k{j})" for j in range(D4))
 
     def v_sum(c: str, i: int) -> str:
@@ -257,9 +277,15 @@ def flash_tile(heads: int, q_rows: int, capacity: int, d: int,
         pv_decl = ""
     pv += "  }\n"  # the block holding the accumulators
     lane = lane_pv_applies(plan, subgroup)
-    v_loads = ""
+    v_loads = v_again = ""
     if lane:
-        v_loads, pv, pv_decl = _lane_pv(plan, C, G, ns, pw, words, subgroup)
+        v_loads, pv, pv_decl, v_again = _lane_pv(plan, C, G, ns, pw, words, subgroup,
+                                                 loads_first and writes is not None)
+    first = k_first
+    if loads_first:  # V's words too where they are held; after a write here, again
+        first, v_loads = first + v_loads, ""
+        if wrote is not None:
+            write_body += f"  if ({wrote}) {{\n{k_again}{v_again}  }}\n"
     q_pre = q_stats(q_red, GL, f"h * {G}u + q0", WGT, "red", red_sub)  # q rows' statistic
     src += f"""
 var<workgroup> qs: array<vec4<f32>, {GL * D4}>;
@@ -268,15 +294,14 @@ var<workgroup> red: array<f32, {WGT}>;
 var<workgroup> red2: array<f32, {WGT}>;
 {pv_decl}
 {_split_entry(WGT, T, C)}  let q0 = wid.z * {GL}u;
-{write_body}{q_pre}  for (var jj = lid; jj < {GL * D4}u; jj = jj + {WGT}u) {{
+{first}{write_body}{q_pre}  for (var jj = lid; jj < {GL * D4}u; jj = jj + {WGT}u) {{
     let j = q0 * {D4}u + jj;
     qs[jj] = {q_load};
   }}
   workgroupBarrier();
   {{
     let c = lid % {T}u;
-    let kb = (h * {C}u + c0 + min(c, n - 1u)) * {LW}u;
-{k_loads}    for (var r = lid / {T}u; r < {GL}u; r = r + {WGT // T}u) {{
+{k_row}{k_loads}    for (var r = lid / {T}u; r < {GL}u; r = r + {WGT // T}u) {{
       let qb = r * {D4}u;
       let raw = {raw};
       var val = {low};

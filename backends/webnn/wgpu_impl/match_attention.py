@@ -135,7 +135,8 @@ class Attention:
                                splits or AT.SPLITS, kv=self.k.dtype.wgsl,
                                f16_loads=f16_loads or "wide", writes=writes,
                                group_rows=group_rows, subgroup=subgroup,
-                               epilogue=self.epilogue_kernel(), q_red=self.q_red())
+                               epilogue=self.epilogue_kernel(), q_red=self.q_red(),
+                             loads_first=loads_first)
 
     def one_launch(self, shared_bytes: int, splits: int | None = None,
                    max_storage: int = 8) -> tuple[AT.Kernel, int, int] | None:
@@ -174,11 +175,13 @@ class Attention:
 
     def tile(self, shared_bytes: int, rows: int | None, max_storage: int = 8,
              writes: AT.RowWrites | None = None, subgroup: int | None = None,
-             sync: int | None = None) -> tuple[AT.Kernel, AT.Kernel, int] | None:
+             sync: int | None = None,
+             loads_first: bool = False) -> tuple[AT.Kernel, AT.Kernel, int] | None:
         """(pass 1, the combine, partial 4-byte words) of the many-rows variant
         (``attention_tile.flash_tile``; ``rows``: cache rows a split, None: the default;
         ``writes``: the layer's row write folded in; ``subgroup``: the adapter's fixed
-        subgroup width; ``sync``: the width its statistics meet at), or None where it does not apply or
+        subgroup width; ``sync``: the width its statistics meet at; ``loads_first``: the
+        K and V words loaded at the kernel's start), or None where it does not apply or
         binds more than ``max_storage`` storage buffers (the caller then lowers
         ``kernels``)."""
         heads, G, C, D, score, q_chain = self._dims()
@@ -187,7 +190,8 @@ class Attention:
             return None
         got = ATT.flash_tile(heads, G, C, D, score, plan, q_chain, kv=self.k.dtype.wgsl,
                              writes=writes, subgroup=subgroup, sync=sync,
-                             epilogue=self.epilogue_kernel(), q_red=self.q_red())
+                             epilogue=self.epilogue_kernel(), q_red=self.q_red(),
+                             loads_first=loads_first)
         return got if len(got[0].bindings) <= max_storage else None
 
 
@@ -386,7 +390,8 @@ def _attention_tile(plan: Any, o: Node, writes: AT.RowWrites | None = None
     lanes = plan.options.tile_pv != "walk"
     return m.tile(plan.target.shared_bytes, how[0], plan.target.max_storage, writes,
                   plan.target.subgroup if lanes else None,
-                  plan.options.attention_subgroup(plan.target))
+                  plan.options.attention_subgroup(plan.target),
+                  plan.options.tile_loads == "first")
 
 
 def partials_slot(o: Node) -> Slot:
