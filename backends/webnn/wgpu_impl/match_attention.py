@@ -135,8 +135,7 @@ class Attention:
                                splits or AT.SPLITS, kv=self.k.dtype.wgsl,
                                f16_loads=f16_loads or "wide", writes=writes,
                                group_rows=group_rows, subgroup=subgroup,
-                               epilogue=self.epilogue_kernel(), q_red=self.q_red(),
-                             loads_first=loads_first)
+                               epilogue=self.epilogue_kernel(), q_red=self.q_red())
 
     def one_launch(self, shared_bytes: int, splits: int | None = None,
                    max_storage: int = 8) -> tuple[AT.Kernel, int, int] | None:
