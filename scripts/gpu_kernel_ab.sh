@@ -5,6 +5,7 @@
 #   scripts/gpu_kernel_ab.sh OUTDIR [PRESET:CAPACITY] [KEY=VALUE ...]
 #
 # One `scripts/kernel_bench.py --profile` run with the defaults, then one per KEY=VALUE
+# (several knobs of one variant joined by '+': attention=tile_t128+tile_loads=first)
 # (a knob of backends/webnn/wgpu_impl/options.py's KernelOptions; for a bad one kernel_bench
 # exits 2 with one line in OUTDIR/ab.log), all in one call so the GPU and host are the same; writes
 # OUTDIR/ab-<name>.json and prints wall / GPU time and launches per variant last. Each variant
@@ -28,8 +29,11 @@ run() {  # name, options...
     > "$out/ab-$name.json" 2>> "$out/ab.log" || echo "variant $name exited $?"
 }
 run default
-for kv in "$@"; do
-  run "$(echo "$kv" | tr '=' '-')" --option "$kv"
+for kv in "$@"; do  # KEY=VALUE, or several joined by '+' for one variant
+  opts=()
+  IFS='+' read -ra parts <<< "$kv"
+  for p in "${parts[@]}"; do opts+=(--option "$p"); done
+  run "$(echo "$kv" | tr '=' '-')" "${opts[@]}"
 done
 "$py" - "$out" <<'PY'
 import glob, json, os, sys
