@@ -50,6 +50,12 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "ab-*.json"))):
     if lc:  # kernel_bench --launch-costs: what leaving each kind out saves, per launch
         print(f"  one pass {lc['step_ms']:.3f} ms; left out saves: " + ", ".join(
             f"{k} {v['drop_us_each']:.1f} us x{v['n']}" for k, v in list(lc["kinds"].items())[:6]))
+        tw = lc.get("read_twins", {}).get("kinds", {})
+        if tw:  # a pure read of each kind's bytes at its grid and at 132 / 264 workgroups
+            print("  read twins: " + ", ".join(
+                f"{k} {lc['kinds'][k]['drop_us_each']:.1f} us vs read "
+                + "/".join(f"{v[g]:.1f}" for g in v if g.startswith("us_at_"))
+                for k, v in tw.items()))
         e = lc["empty_launch"]
         print("  an empty launch: " + ", ".join(f"{g} {v['us_a_launch']:.2f} us"
                                                  for g, v in e.items() if g.startswith("grid")))

@@ -135,6 +135,9 @@ def step_launch_costs(ctx: Any, g: Any, bound: dict, rounds: int = 24) -> dict:
         e[f"{how}_us_each"] = round(1e3 * delta / count[k], 2)
     out["kinds"] = dict(sorted(out["kinds"].items(), key=lambda kv: -kv[1]["drop_ms"]))
     out["drop_sum_ms"] = round(sum(e["drop_ms"] for e in out["kinds"].values()), 4)
+    grids = {group_key(la): (int(np.prod(la.kernel.groups)), int(la.kernel.bytes))
+             for la, _, _ in items}
+    out["read_twins"] = read_twin_costs(ctx._device, grids, rounds)
     return out
 
 
@@ -164,4 +167,100 @@ def empty_launch_cost(dev: Any, counts: Sequence[int] = EMPTY_COUNTS,
         ms = med[i * len(counts):(i + 1) * len(counts)]
         out[f"grid {x}"] = {"pass_ms": [round(float(v), 4) for v in ms],
                             "us_a_launch": round(1e3 * float(ms[-1] - ms[0]) / (hi - lo), 3)}
+    return out
+
+
+#: kinds of launch whose bytes a read twin streams: from (smaller: bound by the launch) to
+#: (larger: the LM head, beyond one binding of the twins' buffer)
+TWIN_MIN_BYTES, TWIN_MAX_BYTES = 32 << 10, 40 << 20
+#: launches of a twin a timed pass, each on its own region of the buffer
+TWIN_LAUNCHES = 4
+#: the twins' extra grids: one and two workgroups of 256 a multiprocessor of an H100 (132)
+TWIN_GRIDS = (132, 264)
+#: 16-byte loads an invocation issues before it uses any (more: a loop of such batches)
+TWIN_BATCH = 16
+
+
+def _twin_wgsl(words: int, threads: int) -> str:
+    """WGSL: ``threads`` invocations of 256 a workgroup read ``words`` 16-byte words of
+    ``src`` (coalesced: load i of invocation t is word i · threads + t), each batch of up
+    to ``TWIN_BATCH`` loads issued before any is used, xor-ed into one value that is
+    written only if it is a value no random word reaches (so nothing is written)."""
+    per = -(-words // threads)
+    batch = min(per, TWIN_BATCH)
+    rounds = -(-per // batch)
+    loads = "".join(f"    let w{i} = src[min(base + {i * threads}u, {words - 1}u)];\n"
+                    for i in range(batch))
+    xor = " ^ ".join(f"w{i}" for i in range(batch))
+    return f"""
+@group(0) @binding(0) var<storage, read> src: array<vec4<u32>>;
+@group(0) @binding(1) var<storage, read_write> flag: array<u32>;
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) g: vec3<u32>) {{
+  var x = vec4<u32>(0u);
+  for (var r = 0u; r < {rounds}u; r = r + 1u) {{
+    let base = r * {batch * threads}u + g.x;
+{loads}    x = x ^ {xor};
+  }}
+  if (all(x == vec4<u32>(0x9e3779b9u))) {{ flag[0] = x.x; }}
+}}
+"""
+
+
+def read_twin_costs(dev: Any, kinds: dict[str, tuple[int, int]], rounds: int = 24) -> dict:
+    """What a launch that only reads costs, for each kind of launch ``kinds`` (key: its
+    workgroups, the bytes it moves): a pure-read kernel at the kind's grid and at
+    ``TWIN_GRIDS``, streaming the kind's bytes from DRAM. Why: whether a product is bound
+    by its bytes at its grid (its twin as slow as it) or by its own work (the twin much
+    faster). A timed pass is ``TWIN_LAUNCHES`` twins on distinct regions of a buffer, each
+    waiting for the last as the step's do, after an untimed pass that reads 64 MiB
+    elsewhere (the regions not left in L2); µs a launch and the bytes' TB/s."""
+    import wgpu
+
+    todo = {k: v for k, v in kinds.items() if TWIN_MIN_BYTES <= v[1] <= TWIN_MAX_BYTES and v[0] <= 65535}
+    if not todo:
+        return {}
+    region = -(-max(b for _, b in todo.values()) // 256) * 256
+    flush = 64 << 20
+    size = TWIN_LAUNCHES * region + flush
+    src = dev.create_buffer(size=size, usage=wgpu.BufferUsage.STORAGE)
+    flag = dev.create_buffer(size=16, usage=wgpu.BufferUsage.STORAGE)
+    layout = dev.create_bind_group_layout(entries=[
+        {"binding": 0, "visibility": wgpu.ShaderStage.COMPUTE,
+         "buffer": {"type": wgpu.BufferBindingType.read_only_storage}},
+        {"binding": 1, "visibility": wgpu.ShaderStage.COMPUTE,
+         "buffer": {"type": wgpu.BufferBindingType.storage}}])
+    playout = dev.create_pipeline_layout(bind_group_layouts=[layout])
+
+    def bind(offset: int, nbytes: int) -> Any:
+        return dev.create_bind_group(layout=layout, entries=[
+            {"binding": 0, "resource": {"buffer": src, "offset": offset, "size": nbytes}},
+            {"binding": 1, "resource": {"buffer": flag, "offset": 0, "size": 16}}])
+
+    def pipe(words: int, groups: int) -> Any:
+        return dev.create_compute_pipeline(layout=playout, compute={
+            "module": dev.create_shader_module(code=_twin_wgsl(words, 256 * groups)),
+            "entry_point": "main"})
+
+    flush_words = flush // 16
+    flush_pass = [(pipe(flush_words, 1024), bind(TWIN_LAUNCHES * region, flush), (1024, 1, 1))]
+    cases = []
+    for key, (groups, nbytes) in todo.items():
+        words = -(-nbytes // 16)
+        binds = [bind(i * region, 16 * words) for i in range(TWIN_LAUNCHES)]
+        for grid in dict.fromkeys((groups, *TWIN_GRIDS)):
+            p = pipe(words, grid)
+            cases.append((key, grid, nbytes, [(p, b, (grid, 1, 1)) for b in binds]))
+    passes = [x for _, _, _, d in cases for x in (flush_pass, d)]
+    timer = PassTimer(dev, len(passes))
+    timer.run(passes)
+    med = np.median(np.stack([timer.run(passes) for _ in range(rounds)]), axis=0)[1::2]
+    out: dict[str, Any] = {"_method": f"{TWIN_LAUNCHES} pure-read launches a pass on distinct "
+                                      "regions, after a 64 MiB read elsewhere",
+                           "_rounds": rounds, "kinds": {}}
+    for (key, grid, nbytes, _), ms in zip(cases, med, strict=True):
+        us = 1e3 * float(ms) / TWIN_LAUNCHES
+        e = out["kinds"].setdefault(key, {"bytes": nbytes, "grid": todo[key][0]})
+        e[f"us_at_{grid}"] = round(us, 2)
+        e[f"TBps_at_{grid}"] = round(nbytes / us / 1e6, 3)
     return out

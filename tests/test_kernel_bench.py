@@ -43,10 +43,17 @@ def test_kernel_bench_runs_with_an_option():
 
 def test_kernel_bench_costs_each_kind_of_launch():
     """--launch-costs: every launch of the step falls in one kind (kernel and grid), each
-    kind left out and doubled against the step beside it, and an empty launch's cost at
-    each grid from passes of two lengths."""
+    kind left out and doubled against the step beside it, an empty launch's cost at
+    each grid from passes of two lengths, and a pure-read twin of each kind that moves
+    enough bytes, at its grid and the twins' own."""
     sys.path.insert(0, str(ROOT / "scripts"))
-    from launch_costs import EMPTY_COUNTS, EMPTY_GRIDS
+    from launch_costs import (
+        EMPTY_COUNTS,
+        EMPTY_GRIDS,
+        TWIN_GRIDS,
+        TWIN_MAX_BYTES,
+        TWIN_MIN_BYTES,
+    )
 
     proc = bench("--gemv", "none", "--attn", "none", "--step", "tiny:32", "--steps", "2",
                  "--warm", "0", "--launch-costs", "2")
@@ -60,6 +67,11 @@ def test_kernel_bench_costs_each_kind_of_launch():
                for k in costs["kinds"].values())
     empty = costs["empty_launch"]
     assert all(len(empty[f"grid {x}"]["pass_ms"]) == len(EMPTY_COUNTS) for x in EMPTY_GRIDS)
+    twins = costs["read_twins"]["kinds"]  # tiny's products: a pure read at their grids
+    assert twins and set(twins) <= set(costs["kinds"])
+    for t in twins.values():
+        assert TWIN_MIN_BYTES <= t["bytes"] <= TWIN_MAX_BYTES
+        assert all(t[f"us_at_{g}"] > 0 for g in (t["grid"], *TWIN_GRIDS))
 
 
 def test_kernel_bench_profiles_another_page():
