@@ -5,7 +5,7 @@
 #   scripts/gpu_kernel_ab.sh OUTDIR [PRESET:CAPACITY] [KEY=VALUE ...]
 #
 # One `scripts/kernel_bench.py --profile` run with the defaults, then one per KEY=VALUE
-# (several knobs of one variant joined by '+': attention=tile_t128+tile_loads=first)
+# (several knobs of one variant joined by '+': attention=tile_t128+attention_loads=first)
 # (a knob of backends/webnn/wgpu_impl/options.py's KernelOptions; for a bad one kernel_bench
 # exits 2 with one line in OUTDIR/ab.log), all in one call so the GPU and host are the same; writes
 # OUTDIR/ab-<name>.json and prints wall / GPU time and launches per variant last. Each variant

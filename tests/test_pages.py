@@ -263,7 +263,7 @@ def test_gpu_gemv_norms_in_one_launch_each():
                  "q4_gemv", "pass_calls", "map_wait", "queue_calls", "q4_prologue", "q4_epilogue",
                  "q4_norms", "attention_writes", "q4_rows", "attention_q_rows", "gdn_replay",
                  "gemv_epilogue", "gemv_norms", "tile_pv", "attention_sync",
-                 "attention_combine", "tile_loads")
+                 "attention_combine", "attention_loads")
         assert b.details["kernel_options"] == {**dict.fromkeys(knobs), "gemv": "rows_sh",
                                                "gdn": "generic"}
         plan = b.converted.graph._plan

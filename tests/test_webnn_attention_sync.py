@@ -44,6 +44,7 @@ def test_subgroup_statistics_float32_cache(ctx_with, subgroup_size, monkeypatch,
 
 
 @pytest.mark.adapter_feature("shader-f16")
+@pytest.mark.parametrize("loads", [None, "first"])
 @pytest.mark.parametrize("heads,g,cap,d,how", [
     (2, 4, 544, 64, "flash"),  # llama-1b's head: 8 words a row, 8 V words an invocation first
     (2, 4, 4104, 64, "flash"),  # 256 rows a split: 16 a row-group, V loaded after the statistics
@@ -51,7 +52,26 @@ def test_subgroup_statistics_float32_cache(ctx_with, subgroup_size, monkeypatch,
     (2, 4, 700, 64, "tile_t256"),  # tile's statistics and the combine
 ])
 def test_subgroup_statistics_float16_cache(ctx_with, subgroup_size, monkeypatch, heads, g, cap,
-                                           d, how):
-    ctx = _ctx(ctx_with, subgroup_size, monkeypatch, attention=how, attention_sync="subgroups")
+                                           d, how, loads):
+    """``loads`` "first" (``KernelOptions.attention_loads``): K's and V's words loaded
+    before the folded row write and q, loaded again by the workgroup that wrote (the
+    written rows fall in the last, a random and the first split); its kernel compiles
+    with naga and Tint."""
+    ctx = _ctx(ctx_with, subgroup_size, monkeypatch, attention=how, attention_sync="subgroups",
+               attention_loads=loads)
     names = _check_f16_stateful(ctx, heads, g, cap, d)
     assert names.count(f"attention_{how.split('_')[0]}") == 1, names
+    if loads == "first":
+        from test_webnn_attention import f16_cache_graph
+        from test_wgsl_engines import ENGINES, _rejected, compiler_device
+
+        k1 = next(la.kernel for la in f16_cache_graph(ctx, heads, g, cap, d, True)[0]._plan
+                  .launches if la.kernel.name.startswith("attention_"))
+        if cap == 4104:  # 512 rows a split: an invocation scores two, so K stays in place
+            assert "kw0" not in k1.wgsl and "wrote" not in k1.wgsl
+        else:
+            assert k1.wgsl.index("kw0 = k[") < k1.wgsl.index("qs[jj] =")
+            assert "if (wrote) {" in k1.wgsl
+        errors = [err for e in ENGINES if compiler_device(e)[0] is not None
+                  and (err := _rejected(e, {k1.wgsl: k1.name}))]
+        assert not errors, "\n".join(errors)

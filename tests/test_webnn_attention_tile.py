@@ -149,7 +149,7 @@ def test_tile_lane_pv_at_the_subgroup_width(ctx_with, subgroup_size, monkeypatch
     tile = gr._plan.launches[0].kernel
     assert tile.name == "attention_tile" and "subgroupAdd(a0_0)" in tile.wgsl
     _three_depths_match(ctx, gr, outs, (2, g, cap, d), 2)
-    first = ctx_with(attention=how, attention_rows=how, tile_loads="first")  # K, V at the start
+    first = ctx_with(attention=how, attention_rows=how, attention_loads="first")  # K, V at the start
     monkeypatch.setattr(first, "_target", dataclasses.replace(first._target,
                                                               subgroup=subgroup_size))
     gf, outs = graph(first, 2, g, cap, d, LOWEST)

@@ -95,7 +95,7 @@ def test_folded_row_writes_with_the_tiles_lane_probs_v(monkeypatch, subgroup_siz
     """The tile attention's first launch writing the rows, its probs·V in registers and
     summed by subgroups (``attention_tile._lane_pv``, at the adapter's own subgroup width):
     the walk to ``depth`` and 3 more steps within the preset's tolerance of the float64
-    reference, argmax included. ``loads`` "first" (``KernelOptions.tile_loads``): every
+    reference, argmax included. ``loads`` "first" (``KernelOptions.attention_loads``): every
     workgroup loads its K and V words before the row write, the one whose split takes the
     row loads them again after it (a stale word there fails the reference); its kernel
     compiles with naga and Tint."""
@@ -108,7 +108,7 @@ def test_folded_row_writes_with_the_tiles_lane_probs_v(monkeypatch, subgroup_siz
     wl = Workload.build(cfg)
     tol = logits_tolerance(cfg) if "q4f16" in name else (
         1e-5 if "f16kv" in name else FLOAT32_TOLERANCE)
-    b = StatefulInPlace(options=KernelOptions(gemv="rows", tile_loads=loads,
+    b = StatefulInPlace(options=KernelOptions(gemv="rows", attention_loads=loads,
                                               attention="tile" if cap < 32 else "tile_t32"))
     b.prepare(wl, cap)
     try:

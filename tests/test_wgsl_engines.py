@@ -52,7 +52,7 @@ OPTION_VALUES: dict[str, list[str | int | None]] = {
     "gemv_norms": [None, "partials", "off"],
     "attention_writes": [None, "fold", "off"],
     "tile_pv": [None, "lanes", "walk"],
-    "tile_loads": [None, "scores", "first"],
+    "attention_loads": [None, "scores", "first"],
     "attention_sync": [None, "subgroups", "trees"],
     "attention_combine": [None, "launch", "product"],
     "q4_rows": [None, "rows", "cols", "cols4", "cols_c32", "quad", "cols_h", "cols2_c16_h"],
@@ -417,7 +417,7 @@ def test_the_tile_attentions_lane_probs_v_compiles(g, cap, d, kv, rows, first):
     """The tile attention's one-token probs·V at the NVIDIA subgroup width (V words in
     registers, the row shares summed by subgroups: ``attention_tile._lane_pv``), which the
     sweep's tiny graphs (24 cache rows) do not reach, compiles with every engine here;
-    ``first``: its K and V words loaded at the kernel's start (``tile_loads``)."""
+    ``first``: its K and V words loaded at the kernel's start (``attention_loads``)."""
     from backends.webnn.kernels import attention_tile as ATT
 
     plan = ATT.tile_plan(g, cap, d, kv, 49152 // 4, rows)

@@ -409,9 +409,17 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
                  group_rows: int | None = None,
                  subgroup: int | None = None,
                  epilogue: Epilogue | None = None,
-                 q_red: RowReduce | None = None) -> tuple[Kernel, Kernel, int]:
+                 q_red: RowReduce | None = None,
+                 loads_first: bool = False) -> tuple[Kernel, Kernel, int]:
     """(pass 1, pass 2, partial-buffer elements) for q (heads, q_rows, d), K and V
     (heads, capacity, d), output (heads, q_rows, d).
+
+    ``loads_first`` (``KernelOptions.attention_loads``): where each invocation scores at
+    most one cache row in one batch of loads (a split of at most ``WG`` rows, its K row's
+    words all loaded at once) its K words, and the V words loaded before the scores
+    (``HOIST_V``), are loaded at the kernel's start, before a folded row write and q's
+    chain, so their latency passes under that chain; the workgroup that wrote a row of
+    its split loads them again after the write's barrier.
 
     ``q_red``: the row statistic ``q_chain`` reads (``RowReduce``: a per-head norm of q),
     each workgroup reducing its q rows before it loads them (``q_stats``).
@@ -488,25 +496,36 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
                                            writes is not None)
     src += decl(len(bindings), "part", vt, "rw")
     bindings.append("rw")
+    # K row loads issued U at a time before use: enough bytes in flight per invocation
+    U = next(u for u in (16, 8, 4, 2, 1) if LW % u == 0)
+    first = loads_first and T <= WG and U == LW  # one row an invocation, one batch
+    wrote = "wrote" if first and writes is not None else None
     write_body = ""
     if writes is not None:
         wsrc, wb, write_body = _row_writes(writes, len(bindings), kvt, LW,
-                                           8 if wide else 4 if vec else 1, kv, WG, "red", sub)
+                                           8 if wide else 4 if vec else 1, kv, WG, "red", sub,
+                                           wrote)
         src += wsrc
         bindings += wb
     low = neg_inf()
     pw = P // 4 if vec else P  # partial words per (row, split)
-    # K row loads issued U at a time before use: enough bytes in flight per invocation
-    U = next(u for u in (16, 8, 4, 2, 1) if LW % u == 0)
+    k_at = "k[kb + e0 + {}u]"
+    k_first = k_again = ""
+    if first:  # the invocation's row's words into variables at the start
+        k_first = (f"  let kf = (h * {C}u + c0 + min(lid, n - 1u)) * {LW}u;\n"
+                   + "".join(f"  {'var' if wrote else 'let'} kw{j} = k[kf + {j}u];\n"
+                             for j in range(U)))
+        k_again = "".join(f"    kw{j} = k[kf + {j}u];\n" for j in range(U))
+        k_at = "kw{}"
     if wide:  # word w of the row holds q words 2w and 2w + 1
-        k_loads = "".join(f"      let k{j} = k[kb + e0 + {j}u];\n" for j in range(U))
+        k_loads = "".join(f"      let k{j} = {k_at.format(j)};\n" for j in range(U))
         k_loads += "".join(f"      let k{j}l = unpack_lo(k{j});\n      let k{j}h = unpack_hi(k{j});\n"
                            for j in range(U))
         dot = lambda j: (f"dot(qs[qb + {2 * j}u], k{j}l) + "  # noqa: E731
                          f"dot(qs[qb + {2 * j + 1}u], k{j}h)")
         q_at = f"        let qb = r * {D4}u + 2u * e0;\n"
     else:
-        k_loads = "".join(f"      let k{j} = {ld(f'k[kb + e0 + {j}u]')};\n" for j in range(U))
+        k_loads = "".join(f"      let k{j} = {ld(k_at.format(j))};\n" for j in range(U))
         dot = (lambda j: f"dot(qs[r * {D4}u + e0 + {j}u], k{j})") if vec else (  # noqa: E731
             lambda j: f"qs[r * {D4}u + e0 + {j}u] * k{j}")
         q_at = ""
@@ -521,9 +540,10 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
     hr = f"h * {G}u + q0 + r"  # the workgroup's q row r among the head's
     v_at = ld(f"v[(h * {C}u + c0 + c) * {D4}u + e]")  # V row c, column (word) e
     part_at = f"part[(({hr}) * {ns}u + sp) * {pw}u + {head_words}u"  # + word, ]
-    v_early = ""  # V loads issued before the scores (``HOIST_V``)
+    v_early = v_again = ""  # V loads issued before the scores (``HOIST_V``)
     if wide and shared_pv and sub and sub % LW == 0:
-        v_early, pv, pv_decl = _pv_by_subgroups(GL, T, R, LW, C, sub, part_at)
+        v_early, pv, pv_decl, v_again = _pv_by_subgroups(GL, T, R, LW, C, sub, part_at,
+                                                         wrote is not None)
     elif wide and shared_pv:
         # the row-groups' sums pass through pvs in two rounds (columns 0-3 of each word, then
         # 4-7)
@@ -604,6 +624,10 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
 """
         pv_decl = ""
     q_pre = q_stats(q_red, GL, f"h * {G}u + q0", WG, "red", sub)  # q rows' statistic
+    if first:  # K's and V's words before the write and q; after a write here, again
+        k_first, v_early = k_first + v_early, ""
+        if wrote is not None:
+            write_body += f"  if ({wrote}) {{\n{k_again}{v_again}  }}\n"
     src += f"""
 var<workgroup> qs: array<{vt}, {GL * D4}>;
 var<workgroup> sc: array<f32, {GL * T}>;
@@ -611,7 +635,7 @@ var<workgroup> red: array<f32, {GL * WG}>;
 {pv_decl}
 {_stat_fns(NSG) if sub else _trees(GL, WG)}
 {_split_entry(WG, T, C)}  let q0 = wid.z * {GL}u;
-{write_body}{q_pre}{v_early}  for (var jj = lid; jj < {GL * D4}u; jj = jj + {WG}u) {{
+{k_first}{write_body}{q_pre}{v_early}  for (var jj = lid; jj < {GL * D4}u; jj = jj + {WG}u) {{
     let j = q0 * {D4}u + jj;
     qs[jj] = {q_load};
   }}
@@ -765,7 +789,7 @@ def _pv_walk_wide(g: int, t: int, rgs: int, lw: int, cap: int) -> str:
 
 
 def _pv_by_subgroups(g: int, t: int, rgs: int, lw: int, cap: int, sub: int,
-                     part_at: str) -> tuple[str, str, str]:
+                     part_at: str, again: bool = False) -> tuple[str, str, str, str]:
     """(V loads before the scores, probs·V, workgroup memory) of ``flash_decode``'s wide
     float16 probs·V at a ``sub``-wide subgroup (a multiple of the ``lw`` words a row): each
     invocation word ``e`` of rows ``rg``, ``rg + rgs``, ... of the split's ``t``; where they
@@ -773,13 +797,16 @@ def _pv_by_subgroups(g: int, t: int, rgs: int, lw: int, cap: int, sub: int,
     its last row and weigh 0), else walked after the statistics (``_pv_walk_wide``). The
     row-groups of a subgroup are summed by ``subgroupShuffleXor``, the subgroups' sums
     through workgroup memory and one barrier; ``part_at``: the partial's address up to the
-    word."""
+    word. ``again``: the early words are variables and the fourth string loads them
+    again (``flash_decode``'s ``loads_first``, after a folded row write)."""
     per = t // rgs if t % rgs == 0 else 0
-    early = ""
+    early = reload = ""
     if 0 < per <= HOIST_V:
+        at = [f"v[(h * {cap}u + c0 + min(rg + {i * rgs}u, n - 1u)) * {lw}u + e]"
+              for i in range(per)]
         early = f"  let rg = lid / {lw}u;\n  let e = lid % {lw}u;\n" + "".join(
-            f"  let hv{i} = v[(h * {cap}u + c0 + min(rg + {i * rgs}u, n - 1u)) * {lw}u + e];\n"
-            for i in range(per))
+            f"  {'var' if again else 'let'} hv{i} = {a};\n" for i, a in enumerate(at))
+        reload = "".join(f"    hv{i} = {a};\n" for i, a in enumerate(at)) if again else ""
         pv = (f"  var a: array<vec4<f32>, {g}>;\n  var ah: array<vec4<f32>, {g}>;\n"
               f"  for (var r = 0u; r < {g}u; r = r + 1u) {{\n"
               "    var x = vec4<f32>(0.0);\n    var y = vec4<f32>(0.0);\n")
@@ -814,7 +841,7 @@ def _pv_by_subgroups(g: int, t: int, rgs: int, lw: int, cap: int, sub: int,
     {part_at} + wk] = tt;
   }}
 """
-    return early, pv, f"var<workgroup> pvs: array<vec4<f32>, {g * nsg * lw * 2}>;\n"
+    return early, pv, f"var<workgroup> pvs: array<vec4<f32>, {g * nsg * lw * 2}>;\n", reload
 
 
 def _combine(rows: int, ns: int, d: int, vec: bool, subgroup: int | None = None,

@@ -177,7 +177,7 @@ def flash_tile(heads: int, q_rows: int, capacity: int, d: int,
     subgroup, not each of the row's invocations' values walked in series; ``epilogue``:
     written by the combine instead of the output (``attention.Epilogue``); ``q_red``: the
     row statistic ``q_chain`` reads (``attention.RowReduce``); ``loads_first``
-    (``KernelOptions.tile_loads``): each invocation's K words (and its V words where
+    (``KernelOptions.attention_loads``): each invocation's K words (and its V words where
     ``_lane_pv`` holds them) loaded at the kernel's start, before the row write and q,
     so their latency passes under that chain; the workgroup that wrote a row of its split
     loads them again after the write's barrier."""

@@ -124,18 +124,21 @@ class Attention:
                 f16_loads: str | None = None,
                 writes: AT.RowWrites | None = None,
                 group_rows: int | None = None,
-                subgroup: int | None = None) -> tuple[AT.Kernel, AT.Kernel, int]:
+                subgroup: int | None = None,
+                loads_first: bool = False) -> tuple[AT.Kernel, AT.Kernel, int]:
         """(pass 1, pass 2, partial 4-byte words); ``splits``: per head (None: the default);
         ``f16_loads``: how a float16 cache is loaded (``flash_decode``; None: "wide");
         ``writes``: the layer's row write folded into pass 1; ``group_rows``: q rows a
         workgroup (``flash_decode``; None: the default); ``subgroup``: the width its
-        statistics meet at (``flash_decode``)."""
+        statistics meet at (``flash_decode``); ``loads_first``: K's and V's words loaded
+        at its start (``flash_decode``)."""
         heads, G, C, D, score, q_chain = self._dims()
         return AT.flash_decode(heads, G, C, D, score, shared_bytes // 4, q_chain,
                                splits or AT.SPLITS, kv=self.k.dtype.wgsl,
                                f16_loads=f16_loads or "wide", writes=writes,
                                group_rows=group_rows, subgroup=subgroup,
-                               epilogue=self.epilogue_kernel(), q_red=self.q_red())
+                               epilogue=self.epilogue_kernel(), q_red=self.q_red(),
+                               loads_first=loads_first)
 
     def one_launch(self, shared_bytes: int, splits: int | None = None,
                    max_storage: int = 8) -> tuple[AT.Kernel, int, int] | None:
@@ -390,7 +393,7 @@ def _attention_tile(plan: Any, o: Node, writes: AT.RowWrites | None = None
     return m.tile(plan.target.shared_bytes, how[0], plan.target.max_storage, writes,
                   plan.target.subgroup if lanes else None,
                   plan.options.attention_subgroup(plan.target),
-                  plan.options.tile_loads == "first")
+                  plan.options.attention_loads == "first")
 
 
 def partials_slot(o: Node) -> Slot:
@@ -412,7 +415,8 @@ def _two_launches(plan: Any, o: Node, writes: AT.RowWrites | None = None
     return m.kernels(plan.target.shared_bytes, plan.options.attention_splits,
                      plan.options.f16_loads, writes,
                      plan.options.attention_group_rows(m.q_rows, plan.target),
-                     plan.options.attention_subgroup(plan.target))
+                     plan.options.attention_subgroup(plan.target),
+                     plan.options.attention_loads == "first")
 
 
 def combine_of(plan: Any, o: Node) -> AT.Combine | None:

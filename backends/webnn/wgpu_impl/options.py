@@ -105,7 +105,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "gemv_norms": ("partials", "off"),
     "attention_writes": ("fold", "off"),
     "tile_pv": ("lanes", "walk"),
-    "tile_loads": ("scores", "first"),
+    "attention_loads": ("scores", "first"),
     "attention_sync": ("subgroups", "trees"),
     "attention_combine": ("launch", "product"),
     "gdn_replay": ("fused", "launch"),
@@ -201,11 +201,13 @@ class KernelOptions:
     #: softmax's statistics, the row shares summed by subgroupAdd), "walk" (each invocation
     #: walks its rows four V words at a time after the statistics)
     tile_pv: str | None = None
-    #: when the tile attention's invocations load their K words (and, under "lanes", their
-    #: V words): None / "scores" (K after q is in workgroup memory, V after the scores),
-    #: "first" (both at the kernel's start, before a folded row write and q's chain; the
-    #: workgroup that wrote a row of its split loads them again after the write)
-    tile_loads: str | None = None
+    #: when the two-launch attentions' (tile, flash) invocations load their K words and
+    #: the V words they hold in registers: None / "scores" (K after q is in workgroup
+    #: memory; V after the scores, flash's after q's statistics), "first" (both at the
+    #: kernel's start, before a folded row write and q's chain; the workgroup that wrote a
+    #: row of its split loads them again after the write; flash only where an invocation
+    #: scores one row in one batch of loads)
+    attention_loads: str | None = None
     #: how the two-launch attentions (flash, tile) meet a split's softmax statistics and
     #: their combine the splits' weights: None (GPU adapters "subgroups", CPU adapters
     #: "trees"), "subgroups" (at the adapter's fixed subgroup
