@@ -274,6 +274,18 @@ def _arg_walk(first: str, start: str, end: str, step: str, sa: int) -> str:
             "    if (better(v, j, bv, bi)) { bv = v; bi = j; }\n  }\n")
 
 
+def _arg_batch(first: str, start: str, end: str, step: int, count: int, n: int,
+               sa: int) -> str:
+    """WGSL: ``_arg_walk``'s winner over ``count`` elements ``start + k · step`` below
+    ``end``, every load issued before the first comparison (an index past the row reads
+    its last element, and loses), so an invocation waits one round trip, not ``count``."""
+    src = f"  var bv = x[base + {first} * {sa}u];\n  var bi = {first};\n"
+    src += "".join(f"  let ja{k} = {start} + {k * step}u;\n"
+                   f"  let va{k} = x[base + min(ja{k}, {n - 1}u) * {sa}u];\n" for k in range(count))
+    return src + "".join(f"  if (ja{k} < {end} && better(va{k}, ja{k}, bv, bi)) "
+                         f"{{ bv = va{k}; bi = ja{k}; }}\n" for k in range(count))
+
+
 def _arg_shared(t: str, wg: int) -> str:
     """The workgroup's (value, index) pairs ``_arg_tree`` combines."""
     return f"var<workgroup> shv: array<{t}, {wg}>;\nvar<workgroup> shi: array<u32, {wg}>;\n"
@@ -295,7 +307,8 @@ def arg_split(op: str, t: str, in_shape: Sequence[int], axis: int,
     """(pass 1, pass 2, partial words) of argMax / argMin over long rows: one workgroup
     can keep only a few loads in flight, so a 128256-wide row on one workgroup is a long
     serial walk. Pass 1: ``S`` workgroups a row, each the winner of ``wg · ARG_PER``
-    consecutive elements, written as (value bits, index) words; pass 2: one workgroup a
+    consecutive elements (each invocation's ``ARG_PER`` loads issued together:
+    ``_arg_batch``), written as (value bits, index) words; pass 2: one workgroup a
     row combines its ``S`` partials. ``better`` decides everywhere (ties to the smaller
     index, NaN first), so the result is ``arg_reduce``'s."""
     if esize(t) != 4:
@@ -310,7 +323,7 @@ def arg_split(op: str, t: str, in_shape: Sequence[int], axis: int,
             + rowoff + head)
     src1 += (f"  let row = wid.y;\n  let s = wid.x;\n  let base = rowoff(row);\n"
              f"  let j0 = s * {chunk}u;\n  let end = min(j0 + {chunk}u, {rn}u);\n")
-    src1 += _arg_walk("j0", "j0 + lid", "end", f"{wg}u", sa) + _argtree(wg)
+    src1 += _arg_batch("j0", "j0 + lid", "end", wg, ARG_PER, rn, sa) + _argtree(wg)
     src1 += (f"  if (lid == 0u) {{\n    let p = (row * {ns}u + s) * 2u;\n"
              "    part[p] = bitcast<u32>(shv[0]);\n    part[p + 1u] = shi[0];\n  }\n}\n")
     k1 = Kernel(op, src1, ["read", "rw"], (ns, rows, 1),
