@@ -688,16 +688,17 @@ def test_q4f16_gpu_plan_launches_as_q4(monkeypatch, q4, pro, epi):
         assert half.count("fused_vector") == launches["tiny+q4"].count("fused_vector") <= 3, half
 
 
-def _gpu_target(monkeypatch) -> None:
+def _gpu_target(monkeypatch, max_storage: int = 10) -> None:
     """Contexts created from here on plan for a GPU adapter (this one's limits, a GPU's
-    defaults: the rows kernels and their fusions) while running on this adapter."""
+    defaults: the rows kernels and their fusions) while running on this adapter;
+    ``max_storage``: storage buffers a kernel may bind (an NVIDIA adapter's are many)."""
     import dataclasses
 
     from backends.webnn.wgpu_impl import context
 
     real = context.target_of
     monkeypatch.setattr(context, "target_of", lambda *args: dataclasses.replace(
-        real(*args), cpu=False, max_storage=10, shared_bytes=32768))
+        real(*args), cpu=False, max_storage=max_storage, shared_bytes=32768))
 
 
 def test_f16_gpu_plan_computes_norms_from_partials_and_gates_swiglu(monkeypatch):

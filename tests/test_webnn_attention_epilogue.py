@@ -98,14 +98,17 @@ def _check(ctx, gr, outs, feeds, want, atol: float = 2e-6) -> None:
 @pytest.mark.parametrize("how,launches", [
     ("flash", ["attention_flash", "attention_combine"]),
     ("tile_t32", ["attention_tile", "attention_combine"]),
+    ("tile_t32+last", ["attention_tile"]),  # each head's last workgroup combines
     ("lanes", ["attention_lanes", "attention_combine_rows"]),
 ])
 @pytest.mark.parametrize("tail", ["gate", "packed", "bias"])
 def test_the_combine_writes_the_gated_output(ctx_with, how, launches, tail):
     """The attention's two launches and nothing else: the combine writes the group's root
-    (the gate's product, a bias added) from its leaves, the output never stored."""
+    (the gate's product, a bias added) from its leaves, the output never stored; with
+    ``attention_combine`` "last" the tile kernel's last workgroups write it."""
     heads, g, cap, d = 2, 4, 300, 16
-    ctx = ctx_with(attention=how)
+    how, _, last = how.partition("+")
+    ctx = ctx_with(attention=how, attention_combine=last or None)
     gr, outs = graph(ctx, heads, g, cap, d, tail)
     assert _launches(gr) == launches
     assert all(m.epilogue is not None for m in gr._plan.attention.values())

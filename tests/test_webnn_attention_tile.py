@@ -49,12 +49,15 @@ def test_tile_matches_oracle_float32_cache(ctx_with, shape, how, fill):
     (2, 12, 3, 300, 16),
     (1, 32, 8, 150, 16),  # K = 8: two groups of 16 along z
 ])
-def test_tile_verify_rows_causal_inside_k(ctx_with, heads, g, k, cap, d):
+@pytest.mark.parametrize("combine", [None, "last"])
+def test_tile_verify_rows_causal_inside_k(ctx_with, heads, g, k, cap, d, combine):
     """Each q row under its own mask row (causal inside the K new tokens), so a workgroup
-    scoring one row against another's mask, or writing another's partials, fails."""
-    ctx = ctx_with(attention_rows="tile")
+    scoring one row against another's mask, or writing another's partials, fails;
+    ``combine`` "last": each (KV head, q-row group)'s last workgroup combines its rows (its
+    own counter: two groups along z at K = 8)."""
+    ctx = ctx_with(attention_rows="tile", attention_combine=combine)
     gr, outs = verify_graph(ctx, heads, g, k, cap, d)
-    assert _one_names(gr) == ["attention_tile", "attention_combine"]
+    assert _one_names(gr) == ["attention_tile"] + ([] if combine else ["attention_combine"])
     depth = cap - k - 9
     token = np.arange(g) // (g // k)
     valid = (np.arange(cap)[None, :] < depth + token[:, None] + 1).astype(np.float64)

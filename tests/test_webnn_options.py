@@ -29,7 +29,7 @@ ACCEPTED = {
     "tile_pv": ["lanes", "walk"],
     "attention_loads": ["scores", "first"],
     "attention_sync": ["subgroups", "trees"],
-    "attention_combine": ["launch", "product"],
+    "attention_combine": ["launch", "product", "last"],
     "attention_splits": [1, 8, 64],
     "attention_q_rows": [1, 4, 16],
     "record_ahead": ["on", "pieces", "off"],

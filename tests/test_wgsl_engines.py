@@ -54,7 +54,7 @@ OPTION_VALUES: dict[str, list[str | int | None]] = {
     "tile_pv": [None, "lanes", "walk"],
     "attention_loads": [None, "scores", "first"],
     "attention_sync": [None, "subgroups", "trees"],
-    "attention_combine": [None, "launch", "product"],
+    "attention_combine": [None, "launch", "product", "last"],
     "q4_rows": [None, "rows", "cols", "cols4", "cols_c32", "quad", "cols_h", "cols2_c16_h"],
     "gdn_replay": [None, "fused", "launch"],
 }
@@ -407,22 +407,26 @@ def test_the_sweep_reaches_float_products_writing_norms_and_pairs(builds):
     assert any("pair_sh" in src and "pt_in[" in src for src in gemvs)  # gate/up: both
 
 
-@pytest.mark.parametrize("first", [False, True], ids=["scores", "first"])
+@pytest.mark.parametrize("first,last", [(False, False), (True, False), (True, True)],
+                         ids=["scores", "first", "first-last"])
 @pytest.mark.parametrize("g,cap,d,kv,rows", [
     (4, 8200, 64, "f16", 256),  # llama-1b's one-token head: one subgroup a word's shares
     (4, 300, 16, "f32", 128),  # 64 shares a word: two subgroups
     (2, 517, 32, "f32", 64),  # 2 rows an invocation, the last split short
 ])
-def test_the_tile_attentions_lane_probs_v_compiles(g, cap, d, kv, rows, first):
+def test_the_tile_attentions_lane_probs_v_compiles(g, cap, d, kv, rows, first, last):
     """The tile attention's one-token probs·V at the NVIDIA subgroup width (V words in
     registers, the row shares summed by subgroups: ``attention_tile._lane_pv``), which the
     sweep's tiny graphs (24 cache rows) do not reach, compiles with every engine here;
-    ``first``: its K and V words loaded at the kernel's start (``attention_loads``)."""
+    ``first``: its K and V words loaded at the kernel's start (``attention_loads``);
+    ``last``: each head's last workgroup combining (``attention_combine``)."""
     from backends.webnn.kernels import attention_tile as ATT
 
     plan = ATT.tile_plan(g, cap, d, kv, 49152 // 4, rows)
     assert ATT.lane_pv_applies(plan, 32)
-    k1 = ATT.flash_tile(2, g, cap, d, None, plan, kv=kv, subgroup=32, loads_first=first)[0]
+    k1 = ATT.flash_tile(2, g, cap, d, None, plan, kv=kv, subgroup=32, sync=32,
+                        loads_first=first, last=last)[0]
+    assert ("atomicAdd(&cnt[" in k1.wgsl) == last
     assert (k1.wgsl.index("let vw0 = v[") < k1.wgsl.index("qs[jj] =")) == first
     engines = [e for e in ENGINES if compiler_device(e)[0] is not None]
     if not engines:

@@ -1026,18 +1026,19 @@ def _vector_store(ep: Epilogue | None, c: int, x: str) -> str:
     return (f"    {{ let ao = o.{x}; cb_v[4u * j + {c}u] = f32({ep.call(f'4u * j + {c}u')}); }}\n")
 
 
-def last_of_head(ns: int) -> str:
+def last_of_head(ns: int, slot: str = "h") -> str:
     """WGSL that returns from every workgroup but the last of head ``h``'s ``ns`` to bump
-    the head's counter ``cnt[h]`` after writing its partials, and resets the counter; the
-    partials are read after it (a device-scope barrier before the count and after it)."""
+    the head's counter ``cnt[slot]`` after writing its partials, and resets the counter;
+    the partials are read after it (a device-scope barrier before the count and after
+    it)."""
     return f"""  storageBarrier();
   if (lid == 0u) {{
-    let done = atomicAdd(&cnt[h], 1u);
+    let done = atomicAdd(&cnt[{slot}], 1u);
     flag = select(0u, 1u, done == {ns - 1}u);
   }}
   if (workgroupUniformLoad(&flag) == 0u) {{ return; }}
   storageBarrier();
-  if (lid == 0u) {{ atomicStore(&cnt[h], 0u); }}
+  if (lid == 0u) {{ atomicStore(&cnt[{slot}], 0u); }}
 """
 
 

@@ -41,7 +41,10 @@ from .attention import (
     _q_source,
     _row_writes,
     _split_entry,
+    last_of_head,
+    out_decl,
     q_stats,
+    store,
 )
 from .common import Kernel, decl, neg_inf
 from .fused import FusedOp, Leaf
@@ -165,7 +168,8 @@ def flash_tile(heads: int, q_rows: int, capacity: int, d: int,
                sync: int | None = None,
                epilogue: Epilogue | None = None,
                q_red: RowReduce | None = None,
-               loads_first: bool = False) -> tuple[Kernel, Kernel, int]:
+               loads_first: bool = False,
+               last: bool = False) -> tuple[Kernel, Kernel | None, int]:
     """(pass 1, the combine, partial-buffer elements) for q (heads, q_rows, d), K and V
     (heads, capacity, d) of element type ``kv``, output (heads, q_rows, d); ``score``,
     ``q_chain`` and ``writes`` (the layer's row write folded in, its bindings after the
@@ -180,7 +184,12 @@ def flash_tile(heads: int, q_rows: int, capacity: int, d: int,
     (``KernelOptions.attention_loads``): each invocation's K words (and its V words where
     ``_lane_pv`` holds them) loaded at the kernel's start, before the row write and q,
     so their latency passes under that chain; the workgroup that wrote a row of its split
-    loads them again after the write's barrier."""
+    loads them again after the write's barrier; ``last``
+    (``KernelOptions.attention_combine`` "last"): no combine launch (None in its place):
+    the last workgroup of each (KV head, q-row group) to write its partials combines its
+    rows' splits (``_last_combine``), the output (or the ``epilogue``'s root), then
+    ``heads · GS`` zeroed counters and the epilogue's leaves bound after the row write's
+    bindings."""
     T, GL, LW, PER, RS = plan.rows, plan.group, plan.words, plan.per, plan.row_splits
     G, D, C = q_rows, d, capacity
     D4 = D // 4
@@ -200,6 +209,10 @@ def flash_tile(heads: int, q_rows: int, capacity: int, d: int,
                                            "red", red_sub, wrote)
         src += wsrc
         bindings += wb
+    if last:
+        osrc, ob = out_decl(epilogue, True, len(bindings), counters=True)
+        src += osrc
+        bindings += ob
     low = neg_inf()
     pw = D4 + 1  # partial words a (q row, split): (m, l, 0, 0), then acc
     P = WGT // GL  # invocations a q row's statistics
@@ -287,6 +300,10 @@ def flash_tile(heads: int, q_rows: int, capacity: int, d: int,
         if wrote is not None:
             write_body += f"  if ({wrote}) {{\n{k_again}{v_again}  }}\n"
     q_pre = q_stats(q_red, GL, f"h * {G}u + q0", WGT, "red", red_sub)  # q rows' statistic
+    combine = ""
+    if last:
+        combine, cdecl = _last_combine(GL, G, GS, ns, D4, P, PS, sync, epilogue)
+        pv_decl += cdecl
     src += f"""
 var<workgroup> qs: array<vec4<f32>, {GL * D4}>;
 var<workgroup> sc: array<f32, {GL * T}>;
@@ -338,7 +355,7 @@ var<workgroup> red2: array<f32, {WGT}>;
     for (var i = 0u; i < {PS}u; i = i + 1u) {{ lr = lr + red2[sr * {PS}u + i]; }}
     part[((h * {G}u + q0 + sr) * {ns}u + sp) * {pw}u] = vec4<f32>(m, lr, 0.0, 0.0);
   }}
-}}
+{combine}}}
 """
     parts = heads * G * ns * (D + 4)
     esize = 2 if wide else 4
@@ -346,9 +363,86 @@ var<workgroup> red2: array<f32, {WGT}>;
                                         for leaf in score[1] if not leaf.param)
     if writes is not None:  # the tuples, the updates read and the rows written
         extra += 4 * writes.tuples * 3 + 2 * 2 * writes.tuples * D * esize
-    k1 = Kernel("attention_tile", src, bindings, (ns, heads, GS),
-                4 * (heads * G * D + parts) + GS * 2 * heads * C * D * esize + extra)
+    traffic = 4 * (heads * G * D + parts) + GS * 2 * heads * C * D * esize + extra
+    if last:  # the last workgroups read the partials and write the output
+        traffic += 4 * (parts + heads * G * D)
+        return Kernel("attention_tile", src, bindings, (ns, heads, GS), traffic), None, parts
+    k1 = Kernel("attention_tile", src, bindings, (ns, heads, GS), traffic)
     return k1, _combine(heads * G, ns, D, True, sync, epilogue), parts
+
+
+def last_floats(group: int, splits: int) -> int:
+    """Workgroup memory (4-byte words) ``_last_combine`` adds to the tile kernel's."""
+    return group * splits + group + 4 * WGT + 1
+
+
+def _last_combine(GL: int, G: int, GS: int, ns: int, D4: int, P: int, PS: int,
+                  sync: int | None, epilogue: Epilogue | None) -> tuple[str, str]:
+    """(WGSL closing the tile kernel, its workgroup memory): every workgroup but the last
+    of its (KV head, q-row group) returns once its partials are out (``last_of_head``, the
+    counter ``h · GS + z``); the last weighs each of its ``GL`` q rows' ``ns`` splits
+    (``P`` invocations a row, their maxima and sums met as the split's statistics were:
+    ``_met``, ``PS`` values a row), then sums each output word's splits: every invocation
+    its share of an (q row, word) pair's splits, all their loads issued at once, the
+    shares summed through workgroup memory, the word stored as the combine launch stores
+    it (``attention.store``, the epilogue's root where there is one)."""
+    low = neg_inf()
+    pw = D4 + 1
+    pairs = GL * D4
+    ch = min(pairs, WGT)
+    lanes = max(1, WGT // ch)
+    per = -(-ns // lanes)  # splits a lane of a pair sums
+    at = f"((h * {G}u + q0 + sr) * {ns}u + s) * {pw}u"
+    src = last_of_head(ns, f"h * {GS}u + wid.z") + f"""  var cm = {low};
+  if (sr < {GL}u) {{
+    for (var s = sj; s < {ns}u; s = s + {P}u) {{ cm = max(cm, part[{at}].x); }}
+  }}
+{_met("red", "cm", "subgroupMax", sync)}  workgroupBarrier();
+  var cmax = {low};
+  var cl = 0.0;
+  if (sr < {GL}u) {{
+    for (var i = 0u; i < {PS}u; i = i + 1u) {{ cmax = max(cmax, red[sr * {PS}u + i]); }}
+    for (var s = sj; s < {ns}u; s = s + {P}u) {{
+      let ml = part[{at}];
+      let ws = exp(ml.x - cmax);
+      cw[sr * {ns}u + s] = ws;
+      cl = cl + ml.y * ws;
+    }}
+  }}
+{_met("red2", "cl", "subgroupAdd", sync)}  workgroupBarrier();
+  if (sr < {GL}u && sj == 0u) {{
+    var lt = 0.0;
+    for (var i = 0u; i < {PS}u; i = i + 1u) {{ lt = lt + red2[sr * {PS}u + i]; }}
+    ct[sr] = lt;
+  }}
+  workgroupBarrier();
+  for (var p0 = 0u; p0 < {pairs}u; p0 = p0 + {ch}u) {{
+    let cg = lid / {ch}u;
+    let pi = p0 + lid % {ch}u;
+    let cr = pi / {D4}u;
+    let ce = pi % {D4}u;
+    var ca = vec4<f32>(0.0);
+    if (pi < {pairs}u && cg < {lanes}u) {{
+      let cb = (h * {G}u + q0 + cr) * {ns}u;
+"""
+    for i in range(per):  # every load first
+        src += (f"      let cs{i} = min(cg + {i * lanes}u, {ns - 1}u);\n"
+                f"      let cv{i} = part[(cb + cs{i}) * {pw}u + 1u + ce];\n")
+    src += "".join(f"      ca = ca + select(0.0, cw[cr * {ns}u + cs{i}], cg + {i * lanes}u < {ns}u)"
+                   f" * cv{i};\n" for i in range(per))
+    src += f"""    }}
+    cacc[lid] = ca;
+    workgroupBarrier();
+    if (lid < {ch}u && pi < {pairs}u) {{
+      var t = vec4<f32>(0.0);
+      for (var j = 0u; j < {lanes}u; j = j + 1u) {{ t = t + cacc[j * {ch}u + lid]; }}
+{store(epilogue, True, f"(h * {G}u + q0 + cr) * {D4}u + ce", "t / ct[cr]", "      ")}    }}
+    workgroupBarrier();
+  }}
+"""
+    decls = (f"var<workgroup> cw: array<f32, {GL * ns}>;\nvar<workgroup> ct: array<f32, {GL}>;\n"
+             f"var<workgroup> cacc: array<vec4<f32>, {WGT}>;\nvar<workgroup> flag: u32;\n")
+    return src, decls
 
 
 def _met(arr: str, value: str, builtin: str, sync: int | None) -> str:

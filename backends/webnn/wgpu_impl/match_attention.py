@@ -177,23 +177,32 @@ class Attention:
 
     def tile(self, shared_bytes: int, rows: int | None, max_storage: int = 8,
              writes: AT.RowWrites | None = None, subgroup: int | None = None,
-             sync: int | None = None,
-             loads_first: bool = False) -> tuple[AT.Kernel, AT.Kernel, int] | None:
+             sync: int | None = None, loads_first: bool = False,
+             last: bool = False) -> tuple[AT.Kernel, AT.Kernel | None, int] | None:
         """(pass 1, the combine, partial 4-byte words) of the many-rows variant
         (``attention_tile.flash_tile``; ``rows``: cache rows a split, None: the default;
         ``writes``: the layer's row write folded in; ``subgroup``: the adapter's fixed
         subgroup width; ``sync``: the width its statistics meet at; ``loads_first``: the
-        K and V words loaded at the kernel's start), or None where it does not apply or
+        K and V words loaded at the kernel's start; ``last``: the splits combined by each
+        head's last workgroup, no combine launch (None in its place) where its workgroup
+        memory and bindings fit), or None where it does not apply or
         binds more than ``max_storage`` storage buffers (the caller then lowers
         ``kernels``)."""
         heads, G, C, D, score, q_chain = self._dims()
         plan = ATT.tile_plan(G, C, D, self.k.dtype.wgsl, shared_bytes // 4, rows)
         if plan is None:
             return None
+        ns = -(-C // plan.rows)
+        if last and (plan.shared_floats(D) + ATT.last_floats(plan.group, ns)
+                     > shared_bytes // 4):
+            last = False
         got = ATT.flash_tile(heads, G, C, D, score, plan, q_chain, kv=self.k.dtype.wgsl,
                              writes=writes, subgroup=subgroup, sync=sync,
                              epilogue=self.epilogue_kernel(), q_red=self.q_red(),
-                             loads_first=loads_first)
+                             loads_first=loads_first, last=last)
+        if last and len(got[0].bindings) > max_storage:  # the combine keeps its launch
+            return self.tile(shared_bytes, rows, max_storage, writes, subgroup, sync,
+                             loads_first)
         return got if len(got[0].bindings) <= max_storage else None
 
 
@@ -393,7 +402,8 @@ def _attention_tile(plan: Any, o: Node, writes: AT.RowWrites | None = None
     return m.tile(plan.target.shared_bytes, how[0], plan.target.max_storage, writes,
                   plan.target.subgroup if lanes else None,
                   plan.options.attention_subgroup(plan.target),
-                  plan.options.attention_loads == "first")
+                  plan.options.attention_loads == "first",
+                  plan.options.attention_combine == "last")
 
 
 def partials_slot(o: Node) -> Slot:
@@ -402,9 +412,10 @@ def partials_slot(o: Node) -> Slot:
 
 
 def _two_launches(plan: Any, o: Node, writes: AT.RowWrites | None = None
-                  ) -> tuple[AT.Kernel, AT.Kernel, int]:
+                  ) -> tuple[AT.Kernel, AT.Kernel | None, int]:
     """(pass 1, the combine, partial 4-byte words) of the two-launch decode attention the
-    options pick (lanes, tile, else flash); ``writes``: the row write folded into pass 1."""
+    options pick (lanes, tile, else flash); ``writes``: the row write folded into pass 1;
+    the combine None where pass 1's last workgroups compute it (tile's ``last``)."""
     m = plan.attention[o.id]
     if (two := _attention_lanes(plan, o, False)) is not None:
         assert writes is None, "the row writes fold into the flash and tile kernels only"
@@ -448,6 +459,12 @@ def _lower_attention(n: Site) -> None:
     writes, w_slots = _row_writes(n, m, plan.attention_writes.get(o.id))
     k1, k2, parts = _two_launches(plan, o, writes)
     plan.temps[part] = parts
+    if k2 is None:  # each head's last workgroup combines: counters, the output after
+        cnt = ("const", ("flash_count", o.id))
+        plan.consts.setdefault(cnt, np.zeros(k1.groups[1] * k1.groups[2], np.uint32))
+        out, ep = _combine_out(n, m)
+        n.add(KernelLaunch(k1, ins + [part] + w_slots + [out, cnt, *ep]))
+        return
     n.add(KernelLaunch(k1, ins + [part] + w_slots))
     if o.id in plan.combined:
         assert k2 == plan.prologue[plan.combined[o.id]].combine, "planned on other partials"

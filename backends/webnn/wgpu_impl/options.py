@@ -107,7 +107,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "tile_pv": ("lanes", "walk"),
     "attention_loads": ("scores", "first"),
     "attention_sync": ("subgroups", "trees"),
-    "attention_combine": ("launch", "product"),
+    "attention_combine": ("launch", "product", "last"),
     "gdn_replay": ("fused", "launch"),
     "row_vector": ("unrolled", "loop"),
     "row_writes": ("separate",),
@@ -220,7 +220,8 @@ class KernelOptions:
     #: launch of its own), "product" (by each workgroup of the one-row product that alone
     #: reads the attention's output, the o projection on the 4-bit "quad" or the float rows
     #: kernel, into its workgroup memory before its sums: ``kernels/attention.combine_vector``;
-    #: else a launch)
+    #: else a launch), "last" (the tile attention's: by the last workgroup of each head to
+    #: write its partials, in pass 1: ``attention_tile._last_combine``; flash's a launch)
     attention_combine: str | None = None
     #: splits per head flash-decoding aims at on long caches: None (``kernels/attention.SPLITS``;
     #: "flash1": ``SPLITS1``; "lanes", "lanes1": ``attention_lanes.SPLITS_L``)
