@@ -118,8 +118,10 @@ def test_the_combine_keeps_its_launch_unless_asked_or_where_no_product_reads_it(
 
 def test_the_combine_is_the_products_on_gpus_up_to_sixteen_splits():
     """Left to the adapter, a GPU computes the combine in the o product up to
-    ``COMBINE_PRODUCT_SPLITS`` splits and launches it beyond (timed: faster at 5 and 9
-    splits, slower at 33); a CPU adapter launches it; the knob's values decide alone."""
+    ``COMBINE_PRODUCT_SPLITS`` splits and by the tile attention's last workgroups beyond
+    (timed: the product faster than the launch at 5 and 9 splits, slower at 17 to 33; the
+    last workgroups faster than the launch at 17 to 33); a CPU adapter launches it; the
+    knob's values decide alone."""
     from backends.webnn.wgpu_impl.options import COMBINE_PRODUCT_SPLITS
     from backends.webnn.wgpu_impl.target import Target
 
@@ -129,7 +131,12 @@ def test_the_combine_is_the_products_on_gpus_up_to_sixteen_splits():
     assert default.attention_combine_product(gpu, 16) and default.attention_combine_product(gpu, 5)
     assert not default.attention_combine_product(gpu, 17)
     assert not default.attention_combine_product(cpu, 5)
+    assert default.attention_combine_last(gpu, 17) and not default.attention_combine_last(gpu, 16)
+    assert not default.attention_combine_last(cpu, 33)
+    assert not default.attention_combine_last(gpu, 65, 16)  # a verify's rows: not timed
     for splits in (5, 33):
+        assert KernelOptions(attention_combine="last").attention_combine_last(cpu, splits)
+        assert not KernelOptions(attention_combine="product").attention_combine_last(gpu, splits)
         assert KernelOptions(attention_combine="product").attention_combine_product(gpu, splits)
         assert KernelOptions(attention_combine="product").attention_combine_product(cpu, splits)
         assert not KernelOptions(attention_combine="launch").attention_combine_product(gpu, splits)

@@ -48,6 +48,7 @@ def test_tile_matches_oracle_float32_cache(ctx_with, shape, how, fill):
     (2, 16, 4, 700, 64),  # llama-1b's K = 4 verify: 16 rows a KV head
     (2, 12, 3, 300, 16),
     (1, 32, 8, 150, 16),  # K = 8: two groups of 16 along z
+    (1, 16, 4, 2200, 64),  # 18 splits, a lane a (row, word): the last combine's load batches
 ])
 @pytest.mark.parametrize("combine", [None, "last"])
 def test_tile_verify_rows_causal_inside_k(ctx_with, heads, g, k, cap, d, combine):

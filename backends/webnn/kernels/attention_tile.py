@@ -55,6 +55,7 @@ ROW_CHOICES = (256, 128, 64, 32)  # cache rows a split may take (T divides the w
 GROUP_ROWS_T = 16  # q rows a workgroup scores at most (more go along the grid's z)
 MAX_WORDS = 16  # 16-byte words of a K row an invocation holds (d 128 halves, 64 floats)
 LANE_PV_ROWS = 4  # q rows a workgroup's probs·V holds in registers (``_lane_pv``)
+LAST_BATCH = 16  # partial words an invocation of ``_last_combine`` loads before summing
 
 
 @dataclass(frozen=True)
@@ -383,7 +384,8 @@ def _last_combine(GL: int, G: int, GS: int, ns: int, D4: int, P: int, PS: int,
     counter ``h · GS + z``); the last weighs each of its ``GL`` q rows' ``ns`` splits
     (``P`` invocations a row, their maxima and sums met as the split's statistics were:
     ``_met``, ``PS`` values a row), then sums each output word's splits: every invocation
-    its share of an (q row, word) pair's splits, all their loads issued at once, the
+    its share of an (q row, word) pair's splits, their loads issued at once (in batches of
+    ``LAST_BATCH``), the
     shares summed through workgroup memory, the word stored as the combine launch stores
     it (``attention.store``, the epilogue's root where there is one)."""
     low = neg_inf()
@@ -425,12 +427,20 @@ def _last_combine(GL: int, G: int, GS: int, ns: int, D4: int, P: int, PS: int,
     if (pi < {pairs}u && cg < {lanes}u) {{
       let cb = (h * {G}u + q0 + cr) * {ns}u;
 """
-    for i in range(per):  # every load first
-        src += (f"      let cs{i} = min(cg + {i * lanes}u, {ns - 1}u);\n"
-                f"      let cv{i} = part[(cb + cs{i}) * {pw}u + 1u + ce];\n")
-    src += "".join(f"      ca = ca + select(0.0, cw[cr * {ns}u + cs{i}], cg + {i * lanes}u < {ns}u)"
-                   f" * cv{i};\n" for i in range(per))
-    src += f"""    }}
+    batch = min(per, LAST_BATCH)
+    loop = per > batch  # batches of loads in a loop: a verify's many rows a lane
+    ind = "        " if loop else "      "
+    first = "cg + sb" if loop else "cg"
+    body = ""
+    for i in range(batch):  # every load of a batch first
+        body += (f"{ind}let cs{i} = min({first} + {i * lanes}u, {ns - 1}u);\n"
+                 f"{ind}let cv{i} = part[(cb + cs{i}) * {pw}u + 1u + ce];\n")
+    body += "".join(f"{ind}ca = ca + select(0.0, cw[cr * {ns}u + cs{i}], "
+                    f"{first} + {i * lanes}u < {ns}u) * cv{i};\n" for i in range(batch))
+    if loop:
+        body = (f"      for (var sb = 0u; sb < {ns}u; sb = sb + {batch * lanes}u) {{\n"
+                f"{body}      }}\n")
+    src += body + f"""    }}
     cacc[lid] = ca;
     workgroupBarrier();
     if (lid < {ch}u && pi < {pairs}u) {{

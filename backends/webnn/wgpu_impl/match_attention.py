@@ -22,6 +22,7 @@ read its float32 copy of the cache, is dropped.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -178,14 +179,16 @@ class Attention:
     def tile(self, shared_bytes: int, rows: int | None, max_storage: int = 8,
              writes: AT.RowWrites | None = None, subgroup: int | None = None,
              sync: int | None = None, loads_first: bool = False,
-             last: bool = False) -> tuple[AT.Kernel, AT.Kernel | None, int] | None:
+             last: Callable[[int, int], bool] | None = None
+             ) -> tuple[AT.Kernel, AT.Kernel | None, int] | None:
         """(pass 1, the combine, partial 4-byte words) of the many-rows variant
         (``attention_tile.flash_tile``; ``rows``: cache rows a split, None: the default;
         ``writes``: the layer's row write folded in; ``subgroup``: the adapter's fixed
         subgroup width; ``sync``: the width its statistics meet at; ``loads_first``: the
-        K and V words loaded at the kernel's start; ``last``: the splits combined by each
-        head's last workgroup, no combine launch (None in its place) where its workgroup
-        memory and bindings fit), or None where it does not apply or
+        K and V words loaded at the kernel's start; ``last``: whether, at its split count
+        and q rows a workgroup, the splits are combined by each head's last workgroup, no
+        combine launch (None in its place) where its workgroup memory and bindings fit),
+        or None where it does not apply or
         binds more than ``max_storage`` storage buffers (the caller then lowers
         ``kernels``)."""
         heads, G, C, D, score, q_chain = self._dims()
@@ -193,14 +196,13 @@ class Attention:
         if plan is None:
             return None
         ns = -(-C // plan.rows)
-        if last and (plan.shared_floats(D) + ATT.last_floats(plan.group, ns)
-                     > shared_bytes // 4):
-            last = False
+        fold = (last is not None and last(ns, plan.group) and plan.shared_floats(D)
+                + ATT.last_floats(plan.group, ns) <= shared_bytes // 4)
         got = ATT.flash_tile(heads, G, C, D, score, plan, q_chain, kv=self.k.dtype.wgsl,
                              writes=writes, subgroup=subgroup, sync=sync,
                              epilogue=self.epilogue_kernel(), q_red=self.q_red(),
-                             loads_first=loads_first, last=last)
-        if last and len(got[0].bindings) > max_storage:  # the combine keeps its launch
+                             loads_first=loads_first, last=fold)
+        if fold and len(got[0].bindings) > max_storage:  # the combine keeps its launch
             return self.tile(shared_bytes, rows, max_storage, writes, subgroup, sync,
                              loads_first)
         return got if len(got[0].bindings) <= max_storage else None
@@ -403,7 +405,8 @@ def _attention_tile(plan: Any, o: Node, writes: AT.RowWrites | None = None
                   plan.target.subgroup if lanes else None,
                   plan.options.attention_subgroup(plan.target),
                   plan.options.attention_loads == "first",
-                  plan.options.attention_combine == "last")
+                  lambda splits, rows: plan.options.attention_combine_last(plan.target, splits,
+                                                                           rows))
 
 
 def partials_slot(o: Node) -> Slot:

@@ -78,8 +78,12 @@ TILE_DEFAULT_ROWS_ONE = 2048
 #: splits up to which a GPU adapter's two-launch attention has its combine computed by the o
 #: product's workgroups (``attention_combine``): faster than its launch at few splits, slower
 #: at many, every o workgroup reading all the partials (PERFORMANCE.md, "The combine computed
-#: by the o product"); 16 is where ``kernels/attention.combine_vector`` stops unrolling
+#: by the o product"); 16 is where ``kernels/attention.combine_vector`` stops unrolling.
+#: Beyond it a tile attention's last workgroups combine (faster than the launch at 17 to 33)
 COMBINE_PRODUCT_SPLITS = 16
+#: q rows a workgroup up to which the GPU default combines a tile's splits in its last
+#: workgroups (a one-token head's, as timed)
+LAST_DEFAULT_ROWS = 4
 
 #: q rows a KV head above which ``KernelOptions.attention_rows`` picks the attention (a
 #: one-token step has a head's GQA rows, 4 on llama-1b; a K = 4 verify has 16)
@@ -221,7 +225,8 @@ class KernelOptions:
     #: reads the attention's output, the o projection on the 4-bit "quad" or the float rows
     #: kernel, into its workgroup memory before its sums: ``kernels/attention.combine_vector``;
     #: else a launch), "last" (the tile attention's: by the last workgroup of each head to
-    #: write its partials, in pass 1: ``attention_tile._last_combine``; flash's a launch)
+    #: write its partials, in pass 1: ``attention_tile._last_combine``; flash's a launch);
+    #: unset, GPU adapters take "last" for a tile beyond ``COMBINE_PRODUCT_SPLITS`` splits
     attention_combine: str | None = None
     #: splits per head flash-decoding aims at on long caches: None (``kernels/attention.SPLITS``;
     #: "flash1": ``SPLITS1``; "lanes", "lanes1": ``attention_lanes.SPLITS_L``)
@@ -516,6 +521,20 @@ class KernelOptions:
         if how is None:
             return not t.cpu and splits <= COMBINE_PRODUCT_SPLITS
         return how == "product"
+
+    def attention_combine_last(self, t: Target, splits: int, q_rows: int = 1) -> bool:
+        """Whether the tile attention's combine of ``splits`` splits for a workgroup's
+        ``q_rows`` q rows is computed by each head's last workgroup in pass 1
+        (``attention_tile._last_combine``): "last" always, "launch" and "product" never;
+        left to the adapter, on GPU adapters for a one-token head (at most
+        ``LAST_DEFAULT_ROWS`` rows; a verify's is not timed) beyond
+        ``COMBINE_PRODUCT_SPLITS`` splits (where the product's reads of every split cost
+        more than a launch), CPU adapters never."""
+        how = self.attention_combine
+        if how is None:
+            return (not t.cpu and splits > COMBINE_PRODUCT_SPLITS
+                    and q_rows <= LAST_DEFAULT_ROWS)
+        return how == "last"
 
     def attention_lanes(self, q_rows: int = 1) -> tuple[bool, int | None] | None:
         """(combine folded in, rows a lane-group loads at once or None: the default) of the
