@@ -33,7 +33,7 @@ for kv in "$@"; do  # KEY=VALUE, or several joined by '+' for one variant
   opts=()
   IFS='+' read -ra parts <<< "$kv"
   for p in "${parts[@]}"; do opts+=(--option "$p"); done
-  run "$(echo "$kv" | tr '=' '-')" "${opts[@]}"
+  run "$(echo "$kv" | sed 's/=/-/g; s/+/__/g')" "${opts[@]}"
 done
 "$py" - "$out" <<'PY'
 import glob, json, os, sys
