@@ -407,6 +407,37 @@ def test_constants_beyond_the_binding_limit_are_chunked(ctx):
         ctx._max_binding = saved
 
 
+@pytest.mark.parametrize("max_storage,launches", [(None, 1), (4, 3), (3, 5)])
+def test_a_chunked_table_is_gathered_in_as_few_launches_as_bindings_allow(ctx, monkeypatch,
+                                                                         max_storage, launches):
+    """A table split by the binding limit (70 rows of 64 bytes at 1024 bytes a binding: five
+    chunks) is gathered by one launch binding every chunk where the storage-buffer limit
+    allows, else by launches of as many chunks as it allows (two at 4 buffers, one at 3),
+    each writing only the outputs whose index falls in its chunks; indices in every
+    chunk, at their edges, negative ones from the end."""
+    import dataclasses
+
+    if max_storage is not None:
+        monkeypatch.setattr(ctx, "_target", dataclasses.replace(ctx._target,
+                                                                max_storage=max_storage))
+    monkeypatch.setattr(ctx, "_max_binding", 1024)
+    e = rand([70, 16])
+    idx = np.array([[3, 69, 20, 0, -1, 47, 48, 33, -70, 15, 16, 31, 32, 64]], np.int32)
+    b = MLGraphBuilder(ctx)
+    i = b.input("i", data_type="int32", shape=list(idx.shape))
+    g = b.build({"y": b.gather(b.constant(data_type="float32", shape=[70, 16], value=e), i)})
+    try:
+        assert [la.kernel.name for la in g._plan.launches] == ["gather"] * launches
+        assert max(len(la.kernel.bindings) for la in g._plan.launches) <= ctx._target.max_storage
+        ti = ctx.create_tensor(data_type="int32", shape=list(idx.shape), writable=True)
+        ctx.write_tensor(ti, idx)
+        out = ctx.create_tensor(data_type="float32", shape=[1, idx.shape[1], 16], readable=True)
+        ctx.dispatch(g, {"i": ti}, {"y": out})
+        np.testing.assert_array_equal(ctx.read_tensor(out), e[idx])
+    finally:
+        g.destroy()
+
+
 @pytest.mark.parametrize("sa,sx,sb", [([1, 2, 2, 16, 16], [1, 2, 16], [1, 2, 1, 16, 1]),
                                       ([1, 6], [2, 3, 5], [6, 5])])
 def test_matmul_of_reshaped_operand(ctx, sa, sx, sb):

@@ -446,3 +446,21 @@ def test_every_kernel_compiles(builds, shard):
     assert not errors, "\n".join(errors)
     if missing:
         pytest.skip("; ".join(missing))
+
+
+def test_the_chunked_gather_compiles():
+    """The gather of a table bound in chunks (``movement.gather_chunks``: a chain of ``if``
+    over the chunks' bindings, the whole table and a middle group of chunks), which the
+    sweep's tiny tables do not reach, compiles with every engine here."""
+    from backends.webnn.kernels import movement as MV
+
+    kernels = {MV.gather_chunks("f16", "i32", [151936, 2048], [1, 1],
+                                [(r, min(r + 16384, 151936)) for r in range(0, 151936, 16384)])
+               .wgsl: "gather",
+               MV.gather_chunks("f32", "i32", [70, 16], [1, 4],
+                                [(16, 32), (32, 48)]).wgsl: "gather"}
+    engines = [e for e in ENGINES if compiler_device(e)[0] is not None]
+    if not engines:
+        pytest.skip("no WGSL compiler here")
+    errors = [err for e in engines if (err := _rejected(e, kernels))]
+    assert not errors, "\n".join(errors)

@@ -74,6 +74,37 @@ def gather(t: str, it: str, in_shape: Sequence[int], idx_shape: Sequence[int],
     return Kernel("gather", src, ["read", "read", "rw"], (gx, gy, gz), traffic)
 
 
+def gather_chunks(t: str, it: str, in_shape: Sequence[int], idx_shape: Sequence[int],
+                  bounds: Sequence[tuple[int, int]]) -> Kernel:
+    """``gather`` along axis 0 of a table held in chunks of rows (a table beyond the
+    storage-binding limit), the chunks ``bounds`` (consecutive row ranges) bound as
+    ``x0``, ``x1``, .. of one launch: each output whose index falls in them is read from
+    its chunk (WGSL cannot index bindings: a chain of ``if``), the others left to the
+    launches of the other chunks; where ``gather(rows=…)`` takes a launch a chunk.
+    Indices as ``gather``'s."""
+    dim, inner, ni = in_shape[0], S.size(in_shape[1:]), S.size(idx_shape)
+    n = ni * inner
+    nc = len(bounds)
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:], strict=False))
+    gx, gy, gz = grid(n)
+    src = "".join(decl(c, f"x{c}", t, "read") for c in range(nc))
+    src += decl(nc, "idx", it, "read") + decl(nc + 1, "out", t, "rw")
+    src += main_1d(gx) + f"  if (i >= {n}u) {{ return; }}\n"
+    src += (f"  let r = i % {inner}u;\n  var k = i32(idx[i / {inner}u]);\n"
+            f"  if (k < 0) {{ k = k + {dim}; }}\n  k = clamp(k, 0, {dim - 1});\n")
+    lo, hi = bounds[0][0], bounds[-1][1]
+    if lo > 0 or hi < dim:
+        src += f"  if (k < {lo} || k >= {hi}) {{ return; }}\n"
+    for c, (r0, r1) in enumerate(bounds):
+        read = f"out[i] = x{c}[u32(k - {r0}) * {inner}u + r];"
+        cond = f"if (k < {r1}) " if c < nc - 1 else ""
+        src += ("  " if c == 0 else " else ") + f"{cond}{{ {read} }}"
+    src += "\n}\n"
+    first = lo == 0  # the launch holding row 0 counts the outputs' bytes, as ``gather``
+    return Kernel("gather", src, ["read"] * (nc + 1) + ["rw"], (gx, gy, gz),
+                  esize(it) * ni + (2 * esize(t) * n if first else 0))
+
+
 def _clamped(var: str, load: str, dim: int) -> str:
     """WGSL: ``var`` the index ``load`` into an axis of ``dim``, a negative one counted from
     the end, then clamped into range (``gather``'s choice: the spec leaves out-of-range

@@ -231,16 +231,22 @@ def _gather(n: Site) -> None:
         k = MV.gather(t, idx.dtype.wgsl, x.shape, idx.shape, ax)
         n.add(KernelLaunch(k, [n.ins[0], n.ins[1], n.out]))
         return
-    # a table beyond the storage-binding limit (a 128k-row embedding): one launch per
-    # chunk of rows, each writing the outputs whose index falls in it
+    # a table beyond the storage-binding limit (a 128k-row embedding): chunks of rows, as
+    # many bound to one launch as the storage-buffer limit allows (``gather_chunks``), a
+    # lone chunk's launch writing only the outputs whose index falls in it
     per = max(1, plan.max_binding // row)
     flat = src.value.astype(src.dtype.device_np, copy=False).reshape(x.shape[0], -1)
-    for c, r0 in enumerate(range(0, x.shape[0], per)):
-        slot = ("const", ("G", src.id, c))
-        plan.consts.setdefault(slot, np.ascontiguousarray(flat[r0:r0 + per]).reshape(-1))
-        k = MV.gather(t, idx.dtype.wgsl, x.shape, idx.shape, 0,
-                      rows=(r0, min(r0 + per, x.shape[0])))
-        n.add(KernelLaunch(k, [slot, n.ins[1], n.out]))
+    bounds = [(r0, min(r0 + per, x.shape[0])) for r0 in range(0, x.shape[0], per)]
+    slots = []
+    for c, (r0, r1) in enumerate(bounds):
+        slots.append(("const", ("G", src.id, c)))
+        plan.consts.setdefault(slots[-1], np.ascontiguousarray(flat[r0:r1]).reshape(-1))
+    take = max(1, plan.target.max_storage - 2)
+    for c0 in range(0, len(bounds), take):
+        group = bounds[c0:c0 + take]
+        k = (MV.gather_chunks(t, idx.dtype.wgsl, x.shape, idx.shape, group) if len(group) > 1
+             else MV.gather(t, idx.dtype.wgsl, x.shape, idx.shape, 0, rows=group[0]))
+        n.add(KernelLaunch(k, slots[c0:c0 + take] + [n.ins[1], n.out]))
 
 
 @lowers("gather_elements")
