@@ -170,12 +170,22 @@ class UserModel:
         graphs, transformers' with ``multi_token_decode``), so a prompt chunk grows each
         cache by its count. A pair that is overwritten (a recurrent state, a conv window)
         or grows by a fixed row count says no: the reference then walks one token a run."""
+        return self.may_take_token_chunks and all(p.kind == "append" for p in self.pairs)
+
+    @property
+    def may_take_token_chunks(self) -> bool:
+        """Whether a run may feed several tokens where some pairs are overwritten (a
+        hybrid's recurrent state and conv window, which genai's graphs compute for a prompt
+        chunk as for one token): input_ids' token dim is not a fixed 1 and every pair
+        appends the new-token dim's rows or is overwritten. Only a probe says whether the
+        overwritten ones come out right (``harness.sources.OrtReferenceWalk``)."""
         ids = next((i for i in self.proto.graph.input if i.name == "input_ids"), None)
         if ids is None or len(ids.type.tensor_type.shape.dim) != 2:
             return False
         dim = ids.type.tensor_type.shape.dim[1]
         fixed = dim.HasField("dim_value") or dim.dim_param.strip().isdigit()
-        return not fixed and all(p.kind == "append" and isinstance(p.new, str)
+        return not fixed and all(p.kind == "overwrite" or (p.kind == "append"
+                                                          and isinstance(p.new, str))
                                  for p in self.pairs)
 
     def check_positions(self, last: int) -> None:

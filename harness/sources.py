@@ -36,6 +36,8 @@ from model.workload import ModelConfig, Workload, preset, token_stream, valid_ca
 #: presets above this many parameters get a float32 reference (float64 would need 2× the memory)
 FLOAT64_REFERENCE_MAX_PARAMS = 200_000_000
 PREFILL_CHUNK = 256
+#: tokens of the probe that decides whether a graph with overwritten pairs takes chunks
+PROBE_TOKENS = 8
 #: why a point of a model statebench did not write has no floor: its state's bytes unknown
 NO_MODEL_FLOOR = "no floor: the bytes of the model's state are not known"
 
@@ -117,8 +119,41 @@ class OrtReferenceWalk(ReferenceWalk):
         #: the reference's logits after the prefix it holds (None: no token fed yet)
         self.last: np.ndarray | None = None
         #: tokens a run on the way to a depth: PREFILL_CHUNK where the graph takes several
-        #: (``UserModel.takes_token_chunks``), else 1; the steps after a depth are one a run
-        self.chunk = PREFILL_CHUNK if model.takes_token_chunks else 1
+        #: (``UserModel.takes_token_chunks``; with overwritten pairs, where a probe's chunk
+        #: agrees with its tokens one a run: ``_chunks_agree``), else 1; the steps after a
+        #: depth are one a run
+        self.chunk = 1
+        if model.takes_token_chunks or (model.may_take_token_chunks
+                                        and self._chunks_agree(model.tolerance)):
+            self.chunk = PREFILL_CHUNK
+
+    def _chunks_agree(self, tolerance: float) -> bool:
+        """Whether the graph's overwritten pairs (a recurrent state, a conv window) come out
+        of a run of ``PROBE_TOKENS`` tokens as out of as many runs of one: the last logits
+        and every pair within ``tolerance`` of the largest magnitude (float rounding: the
+        chunk's sums go another way). A graph that computes its state for one token only
+        fails, and the reference walks it one token a run. Leaves the reference empty."""
+        ref, ids = self.ref, self.tokens[:PROBE_TOKENS]
+        if len(ids) < PROBE_TOKENS:
+            return False
+        got = {}
+        for how in ("chunk", "tokens"):
+            ref.reset()
+            try:
+                if how == "chunk":
+                    last = np.array(ref.prefill(ids), np.float64)
+                else:
+                    for t in ids:
+                        last = np.array(ref.step(int(t)), np.float64)
+            except Exception:  # noqa: BLE001 - a graph that refuses a chunk walks one a run
+                ref.reset()
+                return False
+            got[how] = [last] + [np.asarray(ref.past[k], np.float64) for k in sorted(ref.past)]
+        ref.reset()
+        return all(a.shape == b.shape and np.all(np.isfinite(a))
+                   and np.max(np.abs(a - b), initial=0.0)
+                   <= tolerance * max(float(np.max(np.abs(b), initial=0.0)), 1e-30)
+                   for a, b in zip(got["chunk"], got["tokens"], strict=True))
 
     def arrays_at(self, context: int, capacity: int, ahead: int) -> dict[str, np.ndarray]:
         """The prefix ``tokens[:context]`` of the seed's stream, then ``ahead`` greedy

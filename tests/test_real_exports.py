@@ -272,10 +272,12 @@ def test_a_float16_export_sweeps_on_the_webnn_pages(tmp_path):
 @pytest.mark.parametrize("name", NAMES)
 def test_the_reference_walks_to_a_depth_in_chunks_where_the_graph_takes_them(name, monkeypatch):
     """The walk to a depth feeds a prompt chunk a run where the export's input_ids and pairs
-    take several tokens (genai, optimum, transformers' multi-token decode) and one a run
-    where a pair is overwritten or grows by one row: same prefix, same greedy look-ahead,
-    its cache and logits within float rounding of the one-token walk (float16's for a
-    float16 graph); the walk is what every backend starts from."""
+    take several tokens (genai, optimum, transformers' multi-token decode; genai's hybrids,
+    whose overwritten state and conv window a probe finds right for a chunk) and one a run
+    where a pair grows by one row or the token dim is fixed: same prefix, same greedy
+    look-ahead, its cache (states included) and logits within float rounding of the
+    one-token walk (float16's for a float16 graph); the walk is what every backend starts
+    from."""
     from harness import sources
     from harness.model_run import UserModel
 
@@ -297,7 +299,8 @@ def test_the_reference_walks_to_a_depth_in_chunks_where_the_graph_takes_them(nam
         finally:
             walk.close()
     chunk, got = walked["graph's"]
-    assert chunk == (24 if model.takes_token_chunks else 1)
+    hybrid = model.may_take_token_chunks and overwritten and name.startswith("genai-")
+    assert chunk == (24 if model.takes_token_chunks or hybrid else 1), name
     want = walked[1][1]
     assert got.keys() == want.keys()
     bound = model.tolerance if got["ref_logits"].dtype == np.float16 else 1e-5
@@ -313,6 +316,30 @@ def test_the_reference_walks_to_a_depth_in_chunks_where_the_graph_takes_them(nam
             assert np.max(np.abs(a - b)) <= bound * max(np.max(np.abs(b)), 1e-30), k
             if chunk == 1:
                 np.testing.assert_array_equal(a, b)
+
+
+def test_a_graph_whose_state_a_chunk_gets_wrong_walks_one_token_a_run(monkeypatch):
+    """The probe behind a hybrid's chunks: where a run of several tokens leaves its
+    overwritten state as a run of one would (here a chunk that feeds only its last token,
+    as a graph computing one token's state does), the reference walks one token a run."""
+    from backends.ort import BACKENDS
+    from harness import sources
+    from harness.model_run import REFERENCE_BACKEND, UserModel
+
+    model = UserModel.load(MODELS / _entry("genai-qwen35")["path"])
+    assert model.may_take_token_chunks and not model.takes_token_chunks
+    walk = sources.OrtReferenceWalk(model, 3, 40, 40)
+    try:
+        assert walk.chunk == sources.PREFILL_CHUNK
+    finally:
+        walk.close()
+    monkeypatch.setattr(BACKENDS[REFERENCE_BACKEND], "prefill",
+                        lambda self, tokens: self.step(int(np.asarray(tokens)[-1])))
+    walk = sources.OrtReferenceWalk(model, 3, 40, 40)
+    try:
+        assert walk.chunk == 1 and walk.ref.position == 0
+    finally:
+        walk.close()
 
 
 def _same_picks_or_a_near_tie(got: dict, want: dict, got_last: np.ndarray,
