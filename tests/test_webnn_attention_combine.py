@@ -66,13 +66,13 @@ def test_a_float32_page_computes_the_combine_launchs_logits(monkeypatch, name, h
     kernel) with its combine computed by the o product and with its own launch, at the same
     depth: the same logits within float32 rounding (the weights' normalisation once a row,
     a multiply for a division), so the sum is the combine's own and not merely one within
-    the reference's tolerance. The tile attention's last workgroups combining
-    (``attention_combine`` "last", no combine launch; its row write folded in, 18
+    the reference's tolerance. Each head's last workgroup combining, in flash's and tile's
+    pass 1 (``attention_combine`` "last", no combine launch; its row write folded in, 18
     bindings: an NVIDIA adapter allows many more) likewise."""
     _gpu_target(monkeypatch, max_storage=24)
     wl = f16kv(name)
     got = {}
-    knobs = ("launch", "product", "last") if how.startswith("tile") else ("launch", "product")
+    knobs = ("launch", "product", "last")
     for knob in knobs:
         b = StatefulInPlace(options=KernelOptions(attention=how, attention_combine=knob))
         b.prepare(wl, cap)

@@ -99,6 +99,7 @@ def _check(ctx, gr, outs, feeds, want, atol: float = 2e-6) -> None:
     ("flash", ["attention_flash", "attention_combine"]),
     ("tile_t32", ["attention_tile", "attention_combine"]),
     ("tile_t32+last", ["attention_tile"]),  # each head's last workgroup combines
+    ("flash+last", ["attention_flash"]),
     ("lanes", ["attention_lanes", "attention_combine_rows"]),
 ])
 @pytest.mark.parametrize("tail", ["gate", "packed", "bias"])

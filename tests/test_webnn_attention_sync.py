@@ -36,13 +36,13 @@ def test_subgroup_statistics_float32_cache(ctx_with, subgroup_size, monkeypatch,
     k1, k2 = (la.kernel for la in gr._plan.launches)
     assert "subgroupAdd(" in k2.wgsl and "subgroupMax(" in k1.wgsl
     _three_depths_match(ctx, gr, outs, shape, 2)
-    if how.startswith("tile"):  # each head's last workgroup combining, at the same width
-        last = _ctx(ctx_with, subgroup_size, monkeypatch, attention=how, attention_rows=how,
-                    attention_sync="subgroups", attention_combine="last")
-        gl, outs = graph(last, shape[0], shape[1], shape[2], shape[3], fill)
-        assert [la.kernel.name for la in gl._plan.launches] == ["attention_tile"]
-        assert "subgroupMax(cm)" in gl._plan.launches[0].kernel.wgsl
-        _three_depths_match(last, gl, outs, shape, 2)
+    # each head's last workgroup combining (flash and tile), its weights at the same width
+    last = _ctx(ctx_with, subgroup_size, monkeypatch, attention=how, attention_rows=how,
+                attention_sync="subgroups", attention_combine="last")
+    gl, outs = graph(last, shape[0], shape[1], shape[2], shape[3], fill)
+    assert [la.kernel.name for la in gl._plan.launches] == [k1.name]
+    assert "atomicAdd(&cnt[" in gl._plan.launches[0].kernel.wgsl
+    _three_depths_match(last, gl, outs, shape, 2)
     trees = _ctx(ctx_with, subgroup_size, monkeypatch, attention=how, attention_rows=how,
                  attention_sync="trees")
     gt, _ = graph(trees, *shape, fill)
@@ -63,11 +63,9 @@ def test_subgroup_statistics_float16_cache(ctx_with, subgroup_size, monkeypatch,
     """``loads`` "first" (``KernelOptions.attention_loads``): K's and V's words loaded
     before the folded row write and q, loaded again by the workgroup that wrote (the
     written rows fall in the last, a random and the first split); its kernel compiles
-    with naga and Tint. "+last": tile's splits combined by each head's last workgroup
+    with naga and Tint. "+last": the splits combined by each head's last workgroup
     (``attention_combine``), no combine launch."""
     loads, _, last = (loads or "").partition("+")
-    if last and how == "flash":
-        pytest.skip("flash's combine keeps its launch")
     ctx = _ctx(ctx_with, subgroup_size, monkeypatch, attention=how, attention_sync="subgroups",
                attention_loads=loads or None, attention_combine=last or None)
     names = _check_f16_stateful(ctx, heads, g, cap, d)

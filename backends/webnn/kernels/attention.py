@@ -410,7 +410,8 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
                  subgroup: int | None = None,
                  epilogue: Epilogue | None = None,
                  q_red: RowReduce | None = None,
-                 loads_first: bool = False) -> tuple[Kernel, Kernel, int]:
+                 loads_first: bool = False,
+                 last: bool = False) -> tuple[Kernel, Kernel | None, int]:
     """(pass 1, pass 2, partial-buffer elements) for q (heads, q_rows, d), K and V
     (heads, capacity, d), output (heads, q_rows, d).
 
@@ -420,6 +421,12 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
     (``HOIST_V``), are loaded at the kernel's start, before a folded row write and q's
     chain, so their latency passes under that chain; the workgroup that wrote a row of
     its split loads them again after the write's barrier.
+
+    ``last`` (``KernelOptions.attention_combine`` "last"; 16-byte partials only): no
+    combine launch (None in its place): the last workgroup of each (KV head, q-row group)
+    to write its partials combines its rows' splits (``last_combine``), the output (or the
+    ``epilogue``'s root), ``heads · GS`` zeroed counters and the epilogue's leaves bound
+    after the row write's bindings.
 
     ``q_red``: the row statistic ``q_chain`` reads (``RowReduce``: a per-head norm of q),
     each workgroup reducing its q rows before it loads them (``q_stats``).
@@ -507,6 +514,11 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
                                            wrote)
         src += wsrc
         bindings += wb
+    last = last and vec
+    if last:
+        osrc, ob = out_decl(epilogue, True, len(bindings), counters=True)
+        src += osrc
+        bindings += ob
     low = neg_inf()
     pw = P // 4 if vec else P  # partial words per (row, split)
     k_at = "k[kb + e0 + {}u]"
@@ -624,6 +636,10 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
 """
         pv_decl = ""
     q_pre = q_stats(q_red, GL, f"h * {G}u + q0", WG, "red", sub)  # q rows' statistic
+    combine = ""
+    if last:
+        combine, cdecl = last_combine(GL, G, GS, ns, D4, sub, epilogue, WG)
+        pv_decl += cdecl
     if first:  # K's and V's words before the write and q; after a write here, again
         k_first, v_early = k_first + v_early, ""
         if wrote is not None:
@@ -672,16 +688,20 @@ var<workgroup> red: array<f32, {GL * WG}>;
     let r = lid;
     let pb = (({hr}) * {ns}u + sp) * {pw}u;
 {stats}  }}
-}}
+{combine}}}
 """
     parts = heads * G * ns * P
     extra = 0 if score is None else sum(4 * min(leaf.size, heads * G * C)
                                         for leaf in score[1] if not leaf.param)
     if writes is not None:  # the tuples, the updates read and the rows written
         extra += 4 * writes.tuples * 3 + 2 * 2 * writes.tuples * D * (2 if kv == "f16" else 4)
-    k1 = Kernel("attention_flash", src, bindings, (ns, heads, GS),
-                4 * (heads * G * D + parts) + GS * 2 * heads * C * D * (2 if kv == "f16" else 4)
-                + extra)
+    traffic = (4 * (heads * G * D + parts) + GS * 2 * heads * C * D * (2 if kv == "f16" else 4)
+               + extra)
+    if last:  # the last workgroups read the partials and write the output
+        k1 = Kernel("attention_flash", src, bindings, (ns, heads, GS),
+                    traffic + 4 * (parts + heads * G * D))
+        return k1, None, parts
+    k1 = Kernel("attention_flash", src, bindings, (ns, heads, GS), traffic)
     k2 = _combine(heads * G, ns, D, vec, sub, epilogue)
     return k1, k2, parts
 
@@ -1040,6 +1060,110 @@ def last_of_head(ns: int, slot: str = "h") -> str:
   storageBarrier();
   if (lid == 0u) {{ atomicStore(&cnt[{slot}], 0u); }}
 """
+
+
+#: partial words an invocation of ``last_combine`` loads before summing them
+LAST_BATCH = 16
+
+
+def last_floats(group: int, splits: int, wg: int) -> int:
+    """Workgroup memory (4-byte words) ``last_combine`` adds to a pass 1 of ``wg``."""
+    return group * splits + group + 6 * wg + 1
+
+
+def last_combine(GL: int, G: int, GS: int, ns: int, D4: int, sync: int | None,
+                 epilogue: Epilogue | None, wg: int) -> tuple[str, str]:
+    """(WGSL closing a two-launch attention's pass 1 of ``wg`` invocations, its workgroup
+    memory): every workgroup but the last of its (KV head, q-row group) returns once its
+    partials are out (``last_of_head``, the counter ``h · GS + z``); the last weighs each
+    of its ``GL`` q rows' ``ns`` splits (``wg / GL`` invocations a row, their maxima and
+    sums met by ``sync``-wide subgroups where the width divides a row's share, as the
+    split statistics are: ``met``), then sums each output word's splits: every invocation
+    its share of an (q row, word) pair's splits, their loads issued at once (in batches of
+    ``LAST_BATCH``), the
+    shares summed through workgroup memory, the word stored as the combine launch stores
+    it (``attention.store``, the epilogue's root where there is one)."""
+    low = neg_inf()
+    pw = D4 + 1
+    P = wg // GL  # invocations a q row's weights
+    sync = sync if sync and P % sync == 0 and sync & (sync - 1) == 0 else None
+    PS = P // sync if sync else P  # values a row's statistics meet in workgroup memory
+    pairs = GL * D4
+    ch = min(pairs, wg)
+    lanes = max(1, wg // ch)
+    per = -(-ns // lanes)  # splits a lane of a pair sums
+    at = f"((h * {G}u + q0 + lr) * {ns}u + s) * {pw}u"
+    src = last_of_head(ns, f"h * {GS}u + wid.z") + f"""  let lr = lid / {P}u;
+  let lj = lid % {P}u;
+  var cm = {low};
+  if (lr < {GL}u) {{
+    for (var s = lj; s < {ns}u; s = s + {P}u) {{ cm = max(cm, part[{at}].x); }}
+  }}
+{met("lred", "cm", "subgroupMax", sync)}  workgroupBarrier();
+  var cmax = {low};
+  var cl = 0.0;
+  if (lr < {GL}u) {{
+    for (var i = 0u; i < {PS}u; i = i + 1u) {{ cmax = max(cmax, lred[lr * {PS}u + i]); }}
+    for (var s = lj; s < {ns}u; s = s + {P}u) {{
+      let ml = part[{at}];
+      let ws = exp(ml.x - cmax);
+      cw[lr * {ns}u + s] = ws;
+      cl = cl + ml.y * ws;
+    }}
+  }}
+{met("lred2", "cl", "subgroupAdd", sync)}  workgroupBarrier();
+  if (lr < {GL}u && lj == 0u) {{
+    var lt = 0.0;
+    for (var i = 0u; i < {PS}u; i = i + 1u) {{ lt = lt + lred2[lr * {PS}u + i]; }}
+    ct[lr] = lt;
+  }}
+  workgroupBarrier();
+  for (var p0 = 0u; p0 < {pairs}u; p0 = p0 + {ch}u) {{
+    let cg = lid / {ch}u;
+    let pi = p0 + lid % {ch}u;
+    let cr = pi / {D4}u;
+    let ce = pi % {D4}u;
+    var ca = vec4<f32>(0.0);
+    if (pi < {pairs}u && cg < {lanes}u) {{
+      let cb = (h * {G}u + q0 + cr) * {ns}u;
+"""
+    batch = min(per, LAST_BATCH)
+    loop = per > batch  # batches of loads in a loop: a verify's many rows a lane
+    ind = "        " if loop else "      "
+    first = "cg + sb" if loop else "cg"
+    body = ""
+    for i in range(batch):  # every load of a batch first
+        body += (f"{ind}let cs{i} = min({first} + {i * lanes}u, {ns - 1}u);\n"
+                 f"{ind}let cv{i} = part[(cb + cs{i}) * {pw}u + 1u + ce];\n")
+    body += "".join(f"{ind}ca = ca + select(0.0, cw[cr * {ns}u + cs{i}], "
+                    f"{first} + {i * lanes}u < {ns}u) * cv{i};\n" for i in range(batch))
+    if loop:
+        body = (f"      for (var sb = 0u; sb < {ns}u; sb = sb + {batch * lanes}u) {{\n"
+                f"{body}      }}\n")
+    src += body + f"""    }}
+    cacc[lid] = ca;
+    workgroupBarrier();
+    if (lid < {ch}u && pi < {pairs}u) {{
+      var t = vec4<f32>(0.0);
+      for (var j = 0u; j < {lanes}u; j = j + 1u) {{ t = t + cacc[j * {ch}u + lid]; }}
+{store(epilogue, True, f"(h * {G}u + q0 + cr) * {D4}u + ce", "t / ct[cr]", "      ")}    }}
+    workgroupBarrier();
+  }}
+"""
+    decls = (f"var<workgroup> cw: array<f32, {GL * ns}>;\nvar<workgroup> ct: array<f32, {GL}>;\n"
+             f"var<workgroup> cacc: array<vec4<f32>, {wg}>;\nvar<workgroup> flag: u32;\n"
+             f"var<workgroup> lred: array<f32, {wg}>;\nvar<workgroup> lred2: array<f32, {wg}>;\n")
+    return src, decls
+
+
+def met(arr: str, value: str, builtin: str, sync: int | None) -> str:
+    """WGSL: each invocation's ``value`` into workgroup memory ``arr`` for its q row's
+    statistics: every one's at ``lid``, or with a ``sync``-wide subgroup its subgroup's
+    (``builtin``: ``subgroupMax``, ``subgroupAdd``) at ``lid / sync``."""
+    if sync is None:
+        return f"  {arr}[lid] = {value};\n"
+    return (f"  let {value}_s = {builtin}({value});\n"
+            f"  if (lid % {sync}u == 0u) {{ {arr}[lid / {sync}u] = {value}_s; }}\n")
 
 
 WG1 = 128  # one-launch kernel's workgroup

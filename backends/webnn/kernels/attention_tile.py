@@ -41,10 +41,10 @@ from .attention import (
     _q_source,
     _row_writes,
     _split_entry,
-    last_of_head,
+    last_combine,
+    met,
     out_decl,
     q_stats,
-    store,
 )
 from .common import Kernel, decl, neg_inf
 from .fused import FusedOp, Leaf
@@ -55,7 +55,6 @@ ROW_CHOICES = (256, 128, 64, 32)  # cache rows a split may take (T divides the w
 GROUP_ROWS_T = 16  # q rows a workgroup scores at most (more go along the grid's z)
 MAX_WORDS = 16  # 16-byte words of a K row an invocation holds (d 128 halves, 64 floats)
 LANE_PV_ROWS = 4  # q rows a workgroup's probs·V holds in registers (``_lane_pv``)
-LAST_BATCH = 16  # partial words an invocation of ``_last_combine`` loads before summing
 
 
 @dataclass(frozen=True)
@@ -188,7 +187,7 @@ def flash_tile(heads: int, q_rows: int, capacity: int, d: int,
     loads them again after the write's barrier; ``last``
     (``KernelOptions.attention_combine`` "last"): no combine launch (None in its place):
     the last workgroup of each (KV head, q-row group) to write its partials combines its
-    rows' splits (``_last_combine``), the output (or the ``epilogue``'s root), then
+    rows' splits (``attention.last_combine``), the output (or the ``epilogue``'s root), then
     ``heads · GS`` zeroed counters and the epilogue's leaves bound after the row write's
     bindings."""
     T, GL, LW, PER, RS = plan.rows, plan.group, plan.words, plan.per, plan.row_splits
@@ -303,7 +302,7 @@ def flash_tile(heads: int, q_rows: int, capacity: int, d: int,
     q_pre = q_stats(q_red, GL, f"h * {G}u + q0", WGT, "red", red_sub)  # q rows' statistic
     combine = ""
     if last:
-        combine, cdecl = _last_combine(GL, G, GS, ns, D4, P, PS, sync, epilogue)
+        combine, cdecl = last_combine(GL, G, GS, ns, D4, sync, epilogue, WGT)
         pv_decl += cdecl
     src += f"""
 var<workgroup> qs: array<vec4<f32>, {GL * D4}>;
@@ -337,7 +336,7 @@ var<workgroup> red2: array<f32, {WGT}>;
   if (sr < {GL}u) {{
     for (var c = sj; c < {T}u; c = c + {P}u) {{ mx = max(mx, sc[sr * {T}u + c]); }}
   }}
-{_met("red", "mx", "subgroupMax", sync)}  workgroupBarrier();
+{met("red", "mx", "subgroupMax", sync)}  workgroupBarrier();
   var m = {low};
   var ls = 0.0;
   if (sr < {GL}u) {{
@@ -350,7 +349,7 @@ var<workgroup> red2: array<f32, {WGT}>;
       ls = ls + pv;
     }}
   }}
-{_met("red2", "ls", "subgroupAdd", sync)}  workgroupBarrier();
+{met("red2", "ls", "subgroupAdd", sync)}  workgroupBarrier();
 {pv}  if (sr < {GL}u && sj == 0u) {{  // the row's maximum m is this invocation's already
     var lr = 0.0;
     for (var i = 0u; i < {PS}u; i = i + 1u) {{ lr = lr + red2[sr * {PS}u + i]; }}
@@ -370,96 +369,3 @@ var<workgroup> red2: array<f32, {WGT}>;
         return Kernel("attention_tile", src, bindings, (ns, heads, GS), traffic), None, parts
     k1 = Kernel("attention_tile", src, bindings, (ns, heads, GS), traffic)
     return k1, _combine(heads * G, ns, D, True, sync, epilogue), parts
-
-
-def last_floats(group: int, splits: int) -> int:
-    """Workgroup memory (4-byte words) ``_last_combine`` adds to the tile kernel's."""
-    return group * splits + group + 4 * WGT + 1
-
-
-def _last_combine(GL: int, G: int, GS: int, ns: int, D4: int, P: int, PS: int,
-                  sync: int | None, epilogue: Epilogue | None) -> tuple[str, str]:
-    """(WGSL closing the tile kernel, its workgroup memory): every workgroup but the last
-    of its (KV head, q-row group) returns once its partials are out (``last_of_head``, the
-    counter ``h · GS + z``); the last weighs each of its ``GL`` q rows' ``ns`` splits
-    (``P`` invocations a row, their maxima and sums met as the split's statistics were:
-    ``_met``, ``PS`` values a row), then sums each output word's splits: every invocation
-    its share of an (q row, word) pair's splits, their loads issued at once (in batches of
-    ``LAST_BATCH``), the
-    shares summed through workgroup memory, the word stored as the combine launch stores
-    it (``attention.store``, the epilogue's root where there is one)."""
-    low = neg_inf()
-    pw = D4 + 1
-    pairs = GL * D4
-    ch = min(pairs, WGT)
-    lanes = max(1, WGT // ch)
-    per = -(-ns // lanes)  # splits a lane of a pair sums
-    at = f"((h * {G}u + q0 + sr) * {ns}u + s) * {pw}u"
-    src = last_of_head(ns, f"h * {GS}u + wid.z") + f"""  var cm = {low};
-  if (sr < {GL}u) {{
-    for (var s = sj; s < {ns}u; s = s + {P}u) {{ cm = max(cm, part[{at}].x); }}
-  }}
-{_met("red", "cm", "subgroupMax", sync)}  workgroupBarrier();
-  var cmax = {low};
-  var cl = 0.0;
-  if (sr < {GL}u) {{
-    for (var i = 0u; i < {PS}u; i = i + 1u) {{ cmax = max(cmax, red[sr * {PS}u + i]); }}
-    for (var s = sj; s < {ns}u; s = s + {P}u) {{
-      let ml = part[{at}];
-      let ws = exp(ml.x - cmax);
-      cw[sr * {ns}u + s] = ws;
-      cl = cl + ml.y * ws;
-    }}
-  }}
-{_met("red2", "cl", "subgroupAdd", sync)}  workgroupBarrier();
-  if (sr < {GL}u && sj == 0u) {{
-    var lt = 0.0;
-    for (var i = 0u; i < {PS}u; i = i + 1u) {{ lt = lt + red2[sr * {PS}u + i]; }}
-    ct[sr] = lt;
-  }}
-  workgroupBarrier();
-  for (var p0 = 0u; p0 < {pairs}u; p0 = p0 + {ch}u) {{
-    let cg = lid / {ch}u;
-    let pi = p0 + lid % {ch}u;
-    let cr = pi / {D4}u;
-    let ce = pi % {D4}u;
-    var ca = vec4<f32>(0.0);
-    if (pi < {pairs}u && cg < {lanes}u) {{
-      let cb = (h * {G}u + q0 + cr) * {ns}u;
-"""
-    batch = min(per, LAST_BATCH)
-    loop = per > batch  # batches of loads in a loop: a verify's many rows a lane
-    ind = "        " if loop else "      "
-    first = "cg + sb" if loop else "cg"
-    body = ""
-    for i in range(batch):  # every load of a batch first
-        body += (f"{ind}let cs{i} = min({first} + {i * lanes}u, {ns - 1}u);\n"
-                 f"{ind}let cv{i} = part[(cb + cs{i}) * {pw}u + 1u + ce];\n")
-    body += "".join(f"{ind}ca = ca + select(0.0, cw[cr * {ns}u + cs{i}], "
-                    f"{first} + {i * lanes}u < {ns}u) * cv{i};\n" for i in range(batch))
-    if loop:
-        body = (f"      for (var sb = 0u; sb < {ns}u; sb = sb + {batch * lanes}u) {{\n"
-                f"{body}      }}\n")
-    src += body + f"""    }}
-    cacc[lid] = ca;
-    workgroupBarrier();
-    if (lid < {ch}u && pi < {pairs}u) {{
-      var t = vec4<f32>(0.0);
-      for (var j = 0u; j < {lanes}u; j = j + 1u) {{ t = t + cacc[j * {ch}u + lid]; }}
-{store(epilogue, True, f"(h * {G}u + q0 + cr) * {D4}u + ce", "t / ct[cr]", "      ")}    }}
-    workgroupBarrier();
-  }}
-"""
-    decls = (f"var<workgroup> cw: array<f32, {GL * ns}>;\nvar<workgroup> ct: array<f32, {GL}>;\n"
-             f"var<workgroup> cacc: array<vec4<f32>, {WGT}>;\nvar<workgroup> flag: u32;\n")
-    return src, decls
-
-
-def _met(arr: str, value: str, builtin: str, sync: int | None) -> str:
-    """WGSL: each invocation's ``value`` into workgroup memory ``arr`` for its q row's
-    statistics: every one's at ``lid``, or with a ``sync``-wide subgroup its subgroup's
-    (``builtin``: ``subgroupMax``, ``subgroupAdd``) at ``lid / sync``."""
-    if sync is None:
-        return f"  {arr}[lid] = {value};\n"
-    return (f"  let {value}_s = {builtin}({value});\n"
-            f"  if (lid % {sync}u == 0u) {{ {arr}[lid / {sync}u] = {value}_s; }}\n")

@@ -126,20 +126,38 @@ class Attention:
                 writes: AT.RowWrites | None = None,
                 group_rows: int | None = None,
                 subgroup: int | None = None,
-                loads_first: bool = False) -> tuple[AT.Kernel, AT.Kernel, int]:
+                loads_first: bool = False,
+                last: Callable[[int, int], bool] | None = None,
+                max_storage: int = 8) -> tuple[AT.Kernel, AT.Kernel | None, int]:
         """(pass 1, pass 2, partial 4-byte words); ``splits``: per head (None: the default);
         ``f16_loads``: how a float16 cache is loaded (``flash_decode``; None: "wide");
         ``writes``: the layer's row write folded into pass 1; ``group_rows``: q rows a
         workgroup (``flash_decode``; None: the default); ``subgroup``: the width its
         statistics meet at (``flash_decode``); ``loads_first``: K's and V's words loaded
-        at its start (``flash_decode``)."""
+        at its start (``flash_decode``); ``last``: whether, at its split count and the
+        head's q rows, the splits are combined by each head's last workgroup (no combine
+        launch: None in its place) where the workgroup memory it keeps for that and
+        ``max_storage`` bindings allow."""
         heads, G, C, D, score, q_chain = self._dims()
-        return AT.flash_decode(heads, G, C, D, score, shared_bytes // 4, q_chain,
-                               splits or AT.SPLITS, kv=self.k.dtype.wgsl,
-                               f16_loads=f16_loads or "wide", writes=writes,
-                               group_rows=group_rows, subgroup=subgroup,
-                               epilogue=self.epilogue_kernel(), q_red=self.q_red(),
-                               loads_first=loads_first)
+
+        def build(floats: int, fold: bool) -> tuple[AT.Kernel, AT.Kernel | None, int]:
+            return AT.flash_decode(heads, G, C, D, score, floats, q_chain,
+                                   splits or AT.SPLITS, kv=self.k.dtype.wgsl,
+                                   f16_loads=f16_loads or "wide", writes=writes,
+                                   group_rows=group_rows, subgroup=subgroup,
+                                   epilogue=self.epilogue_kernel(), q_red=self.q_red(),
+                                   loads_first=loads_first, last=fold)
+
+        got = build(shared_bytes // 4, False)
+        k2 = got[1]
+        if last is None or not (isinstance(k2, AT.Combine) and k2.vec and last(k2.splits, G)):
+            return got
+        # room for the combine's memory, at twice the splits (less memory, shorter splits)
+        floats = shared_bytes // 4 - AT.last_floats(G, 2 * k2.splits, AT.WG)
+        folded = build(floats, True) if floats > 0 else got
+        if folded[1] is not None or len(folded[0].bindings) > max_storage:
+            return got
+        return folded
 
     def one_launch(self, shared_bytes: int, splits: int | None = None,
                    max_storage: int = 8) -> tuple[AT.Kernel, int, int] | None:
@@ -197,7 +215,7 @@ class Attention:
             return None
         ns = -(-C // plan.rows)
         fold = (last is not None and last(ns, plan.group) and plan.shared_floats(D)
-                + ATT.last_floats(plan.group, ns) <= shared_bytes // 4)
+                + AT.last_floats(plan.group, ns, ATT.WGT) <= shared_bytes // 4)
         got = ATT.flash_tile(heads, G, C, D, score, plan, q_chain, kv=self.k.dtype.wgsl,
                              writes=writes, subgroup=subgroup, sync=sync,
                              epilogue=self.epilogue_kernel(), q_red=self.q_red(),
@@ -430,7 +448,10 @@ def _two_launches(plan: Any, o: Node, writes: AT.RowWrites | None = None
                      plan.options.f16_loads, writes,
                      plan.options.attention_group_rows(m.q_rows, plan.target),
                      plan.options.attention_subgroup(plan.target),
-                     plan.options.attention_loads == "first")
+                     plan.options.attention_loads == "first",
+                     lambda splits, rows: plan.options.attention_combine_last(
+                         plan.target, splits, rows, tile=False),
+                     plan.target.max_storage)
 
 
 def combine_of(plan: Any, o: Node) -> AT.Combine | None:

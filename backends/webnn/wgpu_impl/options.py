@@ -224,9 +224,9 @@ class KernelOptions:
     #: launch of its own), "product" (by each workgroup of the one-row product that alone
     #: reads the attention's output, the o projection on the 4-bit "quad" or the float rows
     #: kernel, into its workgroup memory before its sums: ``kernels/attention.combine_vector``;
-    #: else a launch), "last" (the tile attention's: by the last workgroup of each head to
-    #: write its partials, in pass 1: ``attention_tile._last_combine``; flash's a launch);
-    #: unset, GPU adapters take "last" for a tile beyond ``COMBINE_PRODUCT_SPLITS`` splits
+    #: else a launch), "last" (by the last workgroup of each head to write its partials,
+    #: in pass 1 of flash or tile: ``attention.last_combine``); unset, GPU adapters take
+    #: "last" for a one-token tile head beyond ``COMBINE_PRODUCT_SPLITS`` splits
     attention_combine: str | None = None
     #: splits per head flash-decoding aims at on long caches: None (``kernels/attention.SPLITS``;
     #: "flash1": ``SPLITS1``; "lanes", "lanes1": ``attention_lanes.SPLITS_L``)
@@ -522,17 +522,18 @@ class KernelOptions:
             return not t.cpu and splits <= COMBINE_PRODUCT_SPLITS
         return how == "product"
 
-    def attention_combine_last(self, t: Target, splits: int, q_rows: int = 1) -> bool:
-        """Whether the tile attention's combine of ``splits`` splits for a workgroup's
-        ``q_rows`` q rows is computed by each head's last workgroup in pass 1
-        (``attention_tile._last_combine``): "last" always, "launch" and "product" never;
-        left to the adapter, on GPU adapters for a one-token head (at most
-        ``LAST_DEFAULT_ROWS`` rows; a verify's is not timed) beyond
+    def attention_combine_last(self, t: Target, splits: int, q_rows: int = 1,
+                               tile: bool = True) -> bool:
+        """Whether a two-launch attention's combine of ``splits`` splits for ``q_rows`` q
+        rows (a workgroup's, or flash's head's) is computed by each head's last workgroup in
+        pass 1 (``attention.last_combine``): "last" always, "launch" and "product" never;
+        left to the adapter, on GPU adapters for a one-token tile head (at most
+        ``LAST_DEFAULT_ROWS`` rows; a verify's and flash's are not timed) beyond
         ``COMBINE_PRODUCT_SPLITS`` splits (where the product's reads of every split cost
         more than a launch), CPU adapters never."""
         how = self.attention_combine
         if how is None:
-            return (not t.cpu and splits > COMBINE_PRODUCT_SPLITS
+            return (tile and not t.cpu and splits > COMBINE_PRODUCT_SPLITS
                     and q_rows <= LAST_DEFAULT_ROWS)
         return how == "last"
 
