@@ -24,7 +24,10 @@
 # (EXTRA_WHEELS="wgpudawn==0.32.0.4 onnxruntime-genai==0.18.0" ../shared/gpu/prepare.sh) or
 # as onnxruntime_genai-*.tar.xz (the installed package tree, extracted into /tmp/site).
 # STATEBENCH_REAL_EXPORTS (default "nograph graph") picks the exports built and run;
-# STATEBENCH_REAL_PRESET= (empty) leaves the preset's runs out.
+# STATEBENCH_REAL_PRESET= (empty) leaves the preset's runs out. STATEBENCH_REAL_KERNEL_OPTIONS
+# (KEY=VALUE,...: the wgpu pages' knobs, `statebench run --kernel-option`) applies to the
+# exports' runs, named with STATEBENCH_REAL_TAG appended (an A/B on the export a warm call
+# made: the same call again with the options and a tag).
 set -uo pipefail
 out=${1:?usage: scripts/gpu_real_exports.sh OUTDIR}
 start=$(date +%s)
@@ -99,12 +102,15 @@ run() {
   if [ $rc = 0 ]; then touch "$f.done"; else say "$name: exited $rc (log: $name.log)"; fi
   pack
 }
+knobs=()
+for kv in ${STATEBENCH_REAL_KERNEL_OPTIONS//,/ }; do knobs+=(--kernel-option "$kv"); done
+tag=${STATEBENCH_REAL_TAG:+-$STATEBENCH_REAL_TAG}
 for ctx in ${contexts//,/ }; do
   [ -n "$preset" ] && run "preset-d$ctx" --preset "$preset" --backends wgpu:stateful --contexts "$ctx"
   for x in $exports; do
     m="$work/$model-$x/model.onnx"
     if [ -f "$m" ]; then
-      run "$x-d$ctx" --model "$m" --backends "$backends" --contexts "$ctx"
+      run "$x-d$ctx$tag" --model "$m" --backends "$backends" --contexts "$ctx" "${knobs[@]}"
     else
       say "$x-d$ctx: no export at $m"
     fi
