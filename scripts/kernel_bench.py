@@ -366,9 +366,11 @@ def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
                warm_s: float = 0.0, mode: str = "wgpu:stateful", host: bool = False,
                depth: int = 0, options: KernelOptions | None = None, tokens: int = 1,
                read: str = "logits", costs: int = 0) -> dict:
-    """Time ``steps`` steps of ``mode`` on preset ``name``; ``read``: what a step reads back
-    ("logits", "ids"), or "chain": the "ids" steps, then ``steps`` tokens of the page's
-    chained decode (``chained_decode``); ``costs``: rounds of ``launch_costs``, 0: none."""
+    """Time ``steps`` steps of ``mode`` on preset ``name`` (or the ONNX decoder at path
+    ``name``, ``*.onnx``: a real export, as ``statebench run --model`` runs it); ``read``:
+    what a step reads back ("logits", "ids"), or "chain": the "ids" steps, then ``steps``
+    tokens of the page's chained decode (``chained_decode``); ``costs``: rounds of
+    ``launch_costs``, 0: none."""
     from backends.base import registry
     from model.workload import Workload, preset
 
@@ -381,8 +383,12 @@ def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
     if depth and capacity < depth + reserve + 1:
         raise ValueError(f"--depth {depth} + {reserve} steps does not fit capacity {capacity}")
     t0 = time.perf_counter()
-    wl = Workload.build(preset(name))
-    be = registry()[mode](options=options)
+    model = name.endswith(".onnx")
+    if model and depth:
+        raise ValueError("--depth walks a preset's reference; a model steps from empty caches")
+    wl = None if model else Workload.build(preset(name))
+    be = registry()[mode](onnx_path=name, options=options) if model else registry()[mode](
+        options=options)
     be.tokens_per_step = tokens  # K > 1: a speculative verify's graph, stepped K tokens a time
     if tokens > 1 and hasattr(be, "speculative"):
         be.speculative = True
@@ -437,10 +443,10 @@ def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
     per_step = {"submits_per_step": (queue.submits - submits) / steps,
                 "maps_per_step": (queue.maps - maps) / steps, "gc_timed": gc_timed}
     chained = chained_decode(be, steps, int(np.asarray(logits).reshape(-1)[0])) if chain else None
-    weights = wl.weights_bytes
     from model.workload import cache_specs
 
-    cache = sum(s.nbytes for s in cache_specs(wl.config, capacity))
+    weights = None if wl is None else wl.weights_bytes  # a model's: statebench run reports them
+    cache = None if wl is None else sum(s.nbytes for s in cache_specs(wl.config, capacity))
     kbytes = be.counters.kernel / max(1, steps)
     prof = launch_cost = None
     if profile or costs:
@@ -473,7 +479,9 @@ def bench_step(name: str, capacity: int, steps: int, profile: bool = False,
     if gpu:
         res["gpu_ms"] = float(np.median(gpu[1:] or gpu))
         res["gpu_ms_min"] = float(np.min(gpu))
-        res["GBps_weights_cache"] = _sig((weights + cache) / (res["gpu_ms_min"] * 1e-3) / 1e9)
+        if weights is not None:
+            res["GBps_weights_cache"] = _sig((weights + cache) / (res["gpu_ms_min"] * 1e-3)
+                                             / 1e9)
     if chained is not None:
         unchained = res.get("gpu_ms")
         chained["gpu_ms_unchained_ids"] = unchained

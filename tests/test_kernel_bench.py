@@ -74,6 +74,19 @@ def test_kernel_bench_costs_each_kind_of_launch():
         assert all(t[f"us_at_{g}"] > 0 for g in (t["grid"], *TWIN_GRIDS))
 
 
+def test_kernel_bench_steps_a_model_file():
+    """--step PATH.onnx:CAPACITY: a real export's step, as statebench run --model builds it
+    (its ids read, launches costed), with no preset's byte figures."""
+    model = ROOT / "tests" / "models" / "genai-q4f16-llama" / "model.onnx"
+    proc = bench("--gemv", "none", "--attn", "none", "--step", f"{model}:32", "--steps", "2",
+                 "--warm", "0", "--read", "ids", "--launch-costs", "1")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    step = json.loads(proc.stdout)["step"][0]
+    assert "error" not in step, step.get("trace")
+    assert step["launches"] > 0 and step["weights_bytes"] is None and step["read"] == "ids"
+    assert sum(k["n"] for k in step["launch_costs"]["kinds"].values()) == step["launches"]
+
+
 def test_kernel_bench_profiles_another_page():
     """--mode times and profiles a page that binds its caches (reuse), here with the vec4
     cache copy of FINDINGS 18's A/B: the copies show in the profile; --host-profile says
