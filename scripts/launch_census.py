@@ -37,9 +37,9 @@ def targets() -> dict[str, Any]:
 
     return {
         "nvidia": Target(cpu=False, subgroup=32, vendor="NVIDIA", max_storage=1 << 20,
-                         shared_bytes=49152, f16=True),
+                         shared_bytes=49152, f16=True, device_barrier=True),
         "llvmpipe": Target(cpu=True, subgroup=None, vendor="llvmpipe", max_storage=48,
-                           shared_bytes=32768, f16=True),
+                           shared_bytes=32768, f16=True, device_barrier=True),
     }
 
 

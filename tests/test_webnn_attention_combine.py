@@ -125,7 +125,8 @@ def test_the_combine_is_the_products_on_gpus_up_to_sixteen_splits():
     from backends.webnn.wgpu_impl.options import COMBINE_PRODUCT_SPLITS
     from backends.webnn.wgpu_impl.target import Target
 
-    gpu, cpu = Target(cpu=False, subgroup=32), Target(cpu=True)
+    gpu, cpu = Target(cpu=False, subgroup=32, device_barrier=True), Target(cpu=True)
+    tint = Target(cpu=False, subgroup=32)  # Dawn's storage barrier: workgroup scope
     default = KernelOptions()
     assert COMBINE_PRODUCT_SPLITS == 16
     assert default.attention_combine_product(gpu, 16) and default.attention_combine_product(gpu, 5)
@@ -134,6 +135,7 @@ def test_the_combine_is_the_products_on_gpus_up_to_sixteen_splits():
     assert default.attention_combine_last(gpu, 17) and not default.attention_combine_last(gpu, 16)
     assert not default.attention_combine_last(cpu, 33)
     assert not default.attention_combine_last(gpu, 65, 16)  # a verify's rows: not timed
+    assert not default.attention_combine_last(tint, 33)
     for splits in (5, 33):
         assert KernelOptions(attention_combine="last").attention_combine_last(cpu, splits)
         assert not KernelOptions(attention_combine="product").attention_combine_last(gpu, splits)

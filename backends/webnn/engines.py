@@ -62,6 +62,10 @@ class Engine:
     inside_passes_feature: str
     #: its compiler wants ``enable subgroups;`` before subgroup builtins (naga rejects it)
     enable_subgroups: bool
+    #: its compiler gives ``storageBarrier()`` device scope (naga: the storage writes of one
+    #: workgroup visible to another's after an atomic hand-over, as the last-workgroup
+    #: combines need); WGSL promises workgroup scope only, and Tint gives that
+    device_barrier: bool = False
     #: its ``map_sync`` submits an empty command buffer before a read map (wgpu-py's
     #: workaround for wgpu-native#305; wgpudawn's does not), counted by the context
     submits_before_map: bool = False
@@ -204,7 +208,8 @@ NVIDIA = 0x10DE
 ENGINES: dict[str, Engine] = {
     "wgpu": Engine("wgpu", "wgpu-native", "wgpu", "wgpu_native", "naga", "subgroup",
                    "timestamp-query-inside-passes", enable_subgroups=False,
-                   submits_before_map=True, poll_thread=True, poll_function="wgpuDevicePoll"),
+                   submits_before_map=True, poll_thread=True, poll_function="wgpuDevicePoll",
+                   device_barrier=True),
     "dawn": Engine("dawn", "Dawn", "wgpudawn", "dawn", "Tint", "subgroups",
                    "chromium-experimental-timestamp-query-inside-passes", enable_subgroups=True,
                    disable_toggles=("timestamp_quantization",),

@@ -188,7 +188,8 @@ class WgpuContext(Dispatch, Readback, MLContext):
         self._queue_calls = self.engine.queue_calls(self.options.queue_calls != "wgpu-py",
                                                     self.options.queue_calls == "direct_maps")
         self._max_binding = int(self._device.limits["max-storage-buffer-binding-size"])
-        self._target = target_of(adapter, self.engine.subgroup_feature in feats, self._f16)
+        self._target = target_of(adapter, self.engine.subgroup_feature in feats, self._f16,
+                                 self.engine.device_barrier)
         self.state_support = state_support
         self.submit_every = SUBMIT_EVERY["cpu" if self._target.cpu else "gpu"]
         self._dispatch_modes()

@@ -530,11 +530,12 @@ class KernelOptions:
         left to the adapter, on GPU adapters for a one-token tile head (at most
         ``LAST_DEFAULT_ROWS`` rows; a verify's and flash's are not timed) beyond
         ``COMBINE_PRODUCT_SPLITS`` splits (where the product's reads of every split cost
-        more than a launch), CPU adapters never."""
+        more than a launch), where the engine's storage barrier has device scope
+        (``Target.device_barrier``: wgpu-native's, not Dawn's), CPU adapters never."""
         how = self.attention_combine
         if how is None:
-            return (tile and not t.cpu and splits > COMBINE_PRODUCT_SPLITS
-                    and q_rows <= LAST_DEFAULT_ROWS)
+            return (tile and not t.cpu and t.device_barrier
+                    and splits > COMBINE_PRODUCT_SPLITS and q_rows <= LAST_DEFAULT_ROWS)
         return how == "last"
 
     def attention_lanes(self, q_rows: int = 1) -> tuple[bool, int | None] | None:

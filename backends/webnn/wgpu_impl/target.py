@@ -15,7 +15,10 @@ class Target:
     of a CPU thread, barriers are costly, one invocation per output column wins.
     ``subgroup``: the subgroup size when the device has the 'subgroup' feature enabled and
     the adapter reports one fixed size (NVIDIA: 32), else None (no subgroup ops).
-    ``f16``: the device has 'shader-f16' enabled (float16 arithmetic in any kernel)."""
+    ``f16``: the device has 'shader-f16' enabled (float16 arithmetic in any kernel).
+    ``device_barrier``: the engine's ``storageBarrier()`` has device scope
+    (``engines.Engine.device_barrier``), so a workgroup may read what another wrote before
+    an atomic hand-over (the last-workgroup combines' default)."""
 
     cpu: bool = False
     subgroup: int | None = None
@@ -23,9 +26,11 @@ class Target:
     max_storage: int = 8  # storage buffers per shader stage (WebGPU's default limit)
     shared_bytes: int = 16384  # workgroup memory per workgroup (WebGPU's default limit)
     f16: bool = False
+    device_barrier: bool = False
 
 
-def target_of(adapter: Any, subgroups: bool, f16: bool = False) -> Target:
+def target_of(adapter: Any, subgroups: bool, f16: bool = False,
+              device_barrier: bool = False) -> Target:
     """``subgroups``: the device has the engine's subgroup feature enabled; ``f16``:
     'shader-f16'."""
     info = dict(adapter.info)
@@ -43,4 +48,4 @@ def target_of(adapter: Any, subgroups: bool, f16: bool = False) -> Target:
     return Target(cpu=cpu, subgroup=sub, vendor=str(info.get("vendor", "")),
                   max_storage=int(lim.get("max-storage-buffers-per-shader-stage", 8)),
                   shared_bytes=int(lim.get("max-compute-workgroup-storage-size", 16384)),
-                  f16=f16)
+                  f16=f16, device_barrier=device_barrier)
