@@ -524,10 +524,8 @@ def flash_decode(heads: int, q_rows: int, capacity: int, d: int,
     k_at = "k[kb + e0 + {}u]"
     k_first = k_again = ""
     if first:  # the invocation's row's words into variables at the start
-        k_first = (f"  let kf = (h * {C}u + c0 + min(lid, n - 1u)) * {LW}u;\n"
-                   + "".join(f"  {'var' if wrote else 'let'} kw{j} = k[kf + {j}u];\n"
-                             for j in range(U)))
-        k_again = "".join(f"    kw{j} = k[kf + {j}u];\n" for j in range(U))
+        k_first, k_again = first_k_words(f"(h * {C}u + c0 + min(lid, n - 1u)) * {LW}u", U,
+                                         wrote is not None)
         k_at = "kw{}"
     if wide:  # word w of the row holds q words 2w and 2w + 1
         k_loads = "".join(f"      let k{j} = {k_at.format(j)};\n" for j in range(U))
@@ -767,6 +765,16 @@ def _split_sum(g: int, sub: int | None) -> str:
   }}
   workgroupBarrier();
 """
+
+
+def first_k_words(base: str, words: int, again: bool) -> tuple[str, str]:
+    """(WGSL loading the ``words`` 16-byte K words from word ``base`` into ``kw0``, .. at a
+    pass 1's start, WGSL loading them again): ``attention_loads`` "first" in flash and
+    tile; the words are variables where ``again`` (a folded row write may land in them)."""
+    at = [f"k[kf + {j}u]" for j in range(words)]
+    kw = "var" if again else "let"
+    first = f"  let kf = {base};\n" + "".join(f"  {kw} kw{j} = {a};\n" for j, a in enumerate(at))
+    return first, "".join(f"    kw{j} = {a};\n" for j, a in enumerate(at)) if again else ""
 
 
 def _pv_walk_wide(g: int, t: int, rgs: int, lw: int, cap: int) -> str:

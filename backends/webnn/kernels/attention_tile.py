@@ -41,6 +41,7 @@ from .attention import (
     _q_source,
     _row_writes,
     _split_entry,
+    first_k_words,
     last_combine,
     met,
     out_decl,
@@ -224,10 +225,8 @@ def flash_tile(heads: int, q_rows: int, capacity: int, d: int,
     k_at = "k[kb + {}u]"
     k_first = k_again = ""
     if loads_first:  # the words into variables at the start; the block reads them
-        k_first = (f"  let kb = (h * {C}u + c0 + min(lid % {T}u, n - 1u)) * {LW}u;\n"
-                   + "".join(f"  {'var' if wrote else 'let'} kw{j} = {k_at.format(j)};\n"
-                             for j in range(LW)))
-        k_again = "".join(f"    kw{j} = {k_at.format(j)};\n" for j in range(LW))
+        k_first, k_again = first_k_words(f"(h * {C}u + c0 + min(lid % {T}u, n - 1u)) * {LW}u",
+                                         LW, wrote is not None)
         k_at = "kw{}"
     if wide:
         k_loads = "".join(f"    let w{j} = {k_at.format(j)};\n"

@@ -44,12 +44,10 @@ def copy_vec4(n: int, wg: int = 256, itemsize: int = 4) -> Kernel:
 
 
 def gather(t: str, it: str, in_shape: Sequence[int], idx_shape: Sequence[int],
-           axis: int, rows: tuple[int, int] | None = None) -> Kernel:
+           axis: int) -> Kernel:
     """out[o, j, r] = x[o, idx[j], r]; negative indices count from the end and are then
-    clamped into range (the spec leaves out-of-range indices implementation-defined).
-
-    ``rows`` (axis 0 only): ``x`` holds just rows [r0, r1) of the table; only outputs
-    whose index falls there are written (one launch per chunk of a large table)."""
+    clamped into range (the spec leaves out-of-range indices implementation-defined). A
+    table in chunks: ``gather_chunks``."""
     outer = S.size(in_shape[:axis])
     dim = in_shape[axis]
     inner = S.size(in_shape[axis + 1:])
@@ -62,16 +60,9 @@ def gather(t: str, it: str, in_shape: Sequence[int], idx_shape: Sequence[int],
             f"  let o = i / {inner * ni}u;\n  var k = i32(idx[j]);\n"
             f"  if (k < 0) {{ k = k + {dim}; }}\n  k = clamp(k, 0, {dim - 1});\n"
             )
-    if rows is None:
-        src += f"  out[i] = x[(o * {dim}u + u32(k)) * {inner}u + r];\n}}\n"
-        traffic = 2 * esize(t) * n + esize(it) * ni
-    else:
-        r0, r1 = rows
-        src += (f"  if (k < {r0} || k >= {r1}) {{ return; }}\n"
-                f"  out[i] = x[u32(k - {r0}) * {inner}u + r];\n}}\n")
-        # each output moved once in all
-        traffic = esize(it) * ni + (2 * esize(t) * n if r0 == 0 else 0)
-    return Kernel("gather", src, ["read", "read", "rw"], (gx, gy, gz), traffic)
+    src += f"  out[i] = x[(o * {dim}u + u32(k)) * {inner}u + r];\n}}\n"
+    return Kernel("gather", src, ["read", "read", "rw"], (gx, gy, gz),
+                  2 * esize(t) * n + esize(it) * ni)
 
 
 def gather_chunks(t: str, it: str, in_shape: Sequence[int], idx_shape: Sequence[int],
@@ -80,8 +71,7 @@ def gather_chunks(t: str, it: str, in_shape: Sequence[int], idx_shape: Sequence[
     storage-binding limit), the chunks ``bounds`` (consecutive row ranges) bound as
     ``x0``, ``x1``, .. of one launch: each output whose index falls in them is read from
     its chunk (WGSL cannot index bindings: a chain of ``if``), the others left to the
-    launches of the other chunks; where ``gather(rows=…)`` takes a launch a chunk.
-    Indices as ``gather``'s."""
+    launches of the other chunks. Indices as ``gather``'s."""
     dim, inner, ni = in_shape[0], S.size(in_shape[1:]), S.size(idx_shape)
     n = ni * inner
     nc = len(bounds)

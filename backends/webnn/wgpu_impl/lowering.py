@@ -232,8 +232,8 @@ def _gather(n: Site) -> None:
         n.add(KernelLaunch(k, [n.ins[0], n.ins[1], n.out]))
         return
     # a table beyond the storage-binding limit (a 128k-row embedding): chunks of rows, as
-    # many bound to one launch as the storage-buffer limit allows (``gather_chunks``), a
-    # lone chunk's launch writing only the outputs whose index falls in it
+    # many bound to one launch as the storage-buffer limit allows (``gather_chunks``), each
+    # launch writing only the outputs whose index falls in its chunks
     per = max(1, plan.max_binding // row)
     flat = src.value.astype(src.dtype.device_np, copy=False).reshape(x.shape[0], -1)
     bounds = [(r0, min(r0 + per, x.shape[0])) for r0 in range(0, x.shape[0], per)]
@@ -243,9 +243,7 @@ def _gather(n: Site) -> None:
         plan.consts.setdefault(slots[-1], np.ascontiguousarray(flat[r0:r1]).reshape(-1))
     take = max(1, plan.target.max_storage - 2)
     for c0 in range(0, len(bounds), take):
-        group = bounds[c0:c0 + take]
-        k = (MV.gather_chunks(t, idx.dtype.wgsl, x.shape, idx.shape, group) if len(group) > 1
-             else MV.gather(t, idx.dtype.wgsl, x.shape, idx.shape, 0, rows=group[0]))
+        k = MV.gather_chunks(t, idx.dtype.wgsl, x.shape, idx.shape, bounds[c0:c0 + take])
         n.add(KernelLaunch(k, slots[c0:c0 + take] + [n.ins[1], n.out]))
 
 

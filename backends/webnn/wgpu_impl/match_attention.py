@@ -436,7 +436,7 @@ def _two_launches(plan: Any, o: Node, writes: AT.RowWrites | None = None
                   ) -> tuple[AT.Kernel, AT.Kernel | None, int]:
     """(pass 1, the combine, partial 4-byte words) of the two-launch decode attention the
     options pick (lanes, tile, else flash); ``writes``: the row write folded into pass 1;
-    the combine None where pass 1's last workgroups compute it (tile's ``last``)."""
+    the combine None where pass 1's last workgroups compute it (``last``)."""
     m = plan.attention[o.id]
     if (two := _attention_lanes(plan, o, False)) is not None:
         assert writes is None, "the row writes fold into the flash and tile kernels only"
