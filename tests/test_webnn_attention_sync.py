@@ -51,7 +51,7 @@ def test_subgroup_statistics_float32_cache(ctx_with, subgroup_size, monkeypatch,
 
 
 @pytest.mark.adapter_feature("shader-f16")
-@pytest.mark.parametrize("loads", [None, "first", "first+last"])
+@pytest.mark.parametrize("loads", [None, "first", "first+last", "kv+last"])
 @pytest.mark.parametrize("heads,g,cap,d,how", [
     (2, 4, 544, 64, "flash"),  # llama-1b's head: 8 words a row, 8 V words an invocation first
     (2, 4, 4104, 64, "flash"),  # 256 rows a split: 16 a row-group, V loaded after the statistics
@@ -63,7 +63,7 @@ def test_subgroup_statistics_float16_cache(ctx_with, subgroup_size, monkeypatch,
     """``loads`` "first" (``KernelOptions.attention_loads``): K's and V's words loaded
     before the folded row write and q, loaded again by the workgroup that wrote (the
     written rows fall in the last, a random and the first split); its kernel compiles
-    with naga and Tint. "+last": the splits combined by each head's last workgroup
+    with naga and Tint; "kv": V's words issued with K's (tile). "+last": the splits combined by each head's last workgroup
     (``attention_combine``), no combine launch."""
     loads, _, last = (loads or "").partition("+")
     ctx = _ctx(ctx_with, subgroup_size, monkeypatch, attention=how, attention_sync="subgroups",

@@ -160,6 +160,12 @@ def test_tile_lane_pv_at_the_subgroup_width(ctx_with, subgroup_size, monkeypatch
     src = gf._plan.launches[0].kernel.wgsl
     assert src.index("let vw0 = v[") < src.index("qs[jj] =")
     _three_depths_match(first, gf, outs, (2, g, cap, d), 2)
+    kv = ctx_with(attention=how, attention_rows=how, attention_loads="kv")  # V with K
+    monkeypatch.setattr(kv, "_target", dataclasses.replace(kv._target, subgroup=subgroup_size))
+    gk, outs = graph(kv, 2, g, cap, d, LOWEST)
+    src = gk._plan.launches[0].kernel.wgsl
+    assert src.index("qs[jj] =") < src.index("let vw0 = v[") < src.index("let raw")
+    _three_depths_match(kv, gk, outs, (2, g, cap, d), 2)
     walk = ctx_with(attention=how, attention_rows=how, tile_pv="walk")  # the knob's other way
     monkeypatch.setattr(walk, "_target", dataclasses.replace(walk._target, subgroup=subgroup_size))
     gw, _ = graph(walk, 2, g, cap, d, LOWEST)

@@ -27,7 +27,7 @@ ACCEPTED = {
     "row_writes": ["separate"],
     "attention_writes": ["fold", "off"],
     "tile_pv": ["lanes", "walk"],
-    "attention_loads": ["scores", "first"],
+    "attention_loads": ["scores", "first", "kv"],
     "attention_sync": ["subgroups", "trees"],
     "attention_combine": ["launch", "product", "last"],
     "attention_splits": [1, 8, 64],

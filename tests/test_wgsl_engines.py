@@ -52,7 +52,7 @@ OPTION_VALUES: dict[str, list[str | int | None]] = {
     "gemv_norms": [None, "partials", "off"],
     "attention_writes": [None, "fold", "off"],
     "tile_pv": [None, "lanes", "walk"],
-    "attention_loads": [None, "scores", "first"],
+    "attention_loads": [None, "scores", "first", "kv"],
     "attention_sync": [None, "subgroups", "trees"],
     "attention_combine": [None, "launch", "product", "last"],
     "q4_rows": [None, "rows", "cols", "cols4", "cols_c32", "quad", "cols_h", "cols2_c16_h"],

@@ -170,7 +170,8 @@ def flash_tile(heads: int, q_rows: int, capacity: int, d: int,
                epilogue: Epilogue | None = None,
                q_red: RowReduce | None = None,
                loads_first: bool = False,
-               last: bool = False) -> tuple[Kernel, Kernel | None, int]:
+               last: bool = False,
+               v_with_k: bool = False) -> tuple[Kernel, Kernel | None, int]:
     """(pass 1, the combine, partial-buffer elements) for q (heads, q_rows, d), K and V
     (heads, capacity, d) of element type ``kv``, output (heads, q_rows, d); ``score``,
     ``q_chain`` and ``writes`` (the layer's row write folded in, its bindings after the
@@ -190,7 +191,9 @@ def flash_tile(heads: int, q_rows: int, capacity: int, d: int,
     the last workgroup of each (KV head, q-row group) to write its partials combines its
     rows' splits (``attention.last_combine``), the output (or the ``epilogue``'s root), then
     ``heads · GS`` zeroed counters and the epilogue's leaves bound after the row write's
-    bindings."""
+    bindings; ``v_with_k`` (``KernelOptions.attention_loads`` "kv"): where ``_lane_pv``
+    holds the V words, they are issued after q's barrier, before the K words, so both
+    reads are in flight together (else V's after the scores)."""
     T, GL, LW, PER, RS = plan.rows, plan.group, plan.words, plan.per, plan.row_splits
     G, D, C = q_rows, d, capacity
     D4 = D // 4
@@ -294,6 +297,9 @@ def flash_tile(heads: int, q_rows: int, capacity: int, d: int,
         v_loads, pv, pv_decl, v_again = _lane_pv(plan, C, G, ns, pw, words, subgroup,
                                                  loads_first and writes is not None)
     first = k_first
+    v_early = ""
+    if v_with_k and not loads_first:  # V's words issued with K's, after q's barrier
+        v_early, v_loads = v_loads, ""
     if loads_first:  # V's words too where they are held; after a write here, again
         first, v_loads = first + v_loads, ""
         if wrote is not None:
@@ -315,7 +321,7 @@ var<workgroup> red2: array<f32, {WGT}>;
     qs[jj] = {q_load};
   }}
   workgroupBarrier();
-  {{
+{v_early}  {{
     let c = lid % {T}u;
 {k_row}{k_loads}    for (var r = lid / {T}u; r < {GL}u; r = r + {WGT // T}u) {{
       let qb = r * {D4}u;

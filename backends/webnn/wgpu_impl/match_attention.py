@@ -197,13 +197,14 @@ class Attention:
     def tile(self, shared_bytes: int, rows: int | None, max_storage: int = 8,
              writes: AT.RowWrites | None = None, subgroup: int | None = None,
              sync: int | None = None, loads_first: bool = False,
-             last: Callable[[int, int], bool] | None = None
+             last: Callable[[int, int], bool] | None = None, v_with_k: bool = False
              ) -> tuple[AT.Kernel, AT.Kernel | None, int] | None:
         """(pass 1, the combine, partial 4-byte words) of the many-rows variant
         (``attention_tile.flash_tile``; ``rows``: cache rows a split, None: the default;
         ``writes``: the layer's row write folded in; ``subgroup``: the adapter's fixed
         subgroup width; ``sync``: the width its statistics meet at; ``loads_first``: the
-        K and V words loaded at the kernel's start; ``last``: whether, at its split count
+        K and V words loaded at the kernel's start; ``v_with_k``: the V words a lane holds
+        issued with the K words (``flash_tile``'s); ``last``: whether, at its split count
         and q rows a workgroup, the splits are combined by each head's last workgroup, no
         combine launch (None in its place) where its workgroup memory and bindings fit),
         or None where it does not apply or
@@ -219,10 +220,10 @@ class Attention:
         got = ATT.flash_tile(heads, G, C, D, score, plan, q_chain, kv=self.k.dtype.wgsl,
                              writes=writes, subgroup=subgroup, sync=sync,
                              epilogue=self.epilogue_kernel(), q_red=self.q_red(),
-                             loads_first=loads_first, last=fold)
+                             loads_first=loads_first, last=fold, v_with_k=v_with_k)
         if fold and len(got[0].bindings) > max_storage:  # the combine keeps its launch
             return self.tile(shared_bytes, rows, max_storage, writes, subgroup, sync,
-                             loads_first)
+                             loads_first, v_with_k=v_with_k)
         return got if len(got[0].bindings) <= max_storage else None
 
 
@@ -424,7 +425,8 @@ def _attention_tile(plan: Any, o: Node, writes: AT.RowWrites | None = None
                   plan.options.attention_subgroup(plan.target),
                   plan.options.attention_loads == "first",
                   lambda splits, rows: plan.options.attention_combine_last(plan.target, splits,
-                                                                           rows))
+                                                                           rows),
+                  plan.options.attention_loads == "kv")
 
 
 def partials_slot(o: Node) -> Slot:

@@ -109,7 +109,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "gemv_norms": ("partials", "off"),
     "attention_writes": ("fold", "off"),
     "tile_pv": ("lanes", "walk"),
-    "attention_loads": ("scores", "first"),
+    "attention_loads": ("scores", "first", "kv"),
     "attention_sync": ("subgroups", "trees"),
     "attention_combine": ("launch", "product", "last"),
     "gdn_replay": ("fused", "launch"),
@@ -210,7 +210,9 @@ class KernelOptions:
     #: memory; V after the scores, flash's after q's statistics), "first" (both at the
     #: kernel's start, before a folded row write and q's chain; the workgroup that wrote a
     #: row of its split loads them again after the write; flash only where an invocation
-    #: scores one row in one batch of loads)
+    #: scores one row in one batch of loads), "kv" (tile only, where ``tile_pv`` "lanes"
+    #: holds the V words: V's issued after q is in workgroup memory, just before K's, so
+    #: the two reads are in flight together; flash as "scores")
     attention_loads: str | None = None
     #: how the two-launch attentions (flash, tile) meet a split's softmax statistics and
     #: their combine the splits' weights: None (GPU adapters "subgroups", CPU adapters
