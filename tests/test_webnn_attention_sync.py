@@ -63,8 +63,8 @@ def test_subgroup_statistics_float16_cache(ctx_with, subgroup_size, monkeypatch,
     """``loads`` "first" (``KernelOptions.attention_loads``): K's and V's words loaded
     before the folded row write and q, loaded again by the workgroup that wrote (the
     written rows fall in the last, a random and the first split); its kernel compiles
-    with naga and Tint; "kv": V's words issued with K's (tile). "+last": the splits combined by each head's last workgroup
-    (``attention_combine``), no combine launch."""
+    with naga and Tint; "kv": V's words issued with K's (tile). "+last": the splits
+    combined by each head's last workgroup (``attention_combine``), no combine launch."""
     loads, _, last = (loads or "").partition("+")
     ctx = _ctx(ctx_with, subgroup_size, monkeypatch, attention=how, attention_sync="subgroups",
                attention_loads=loads or None, attention_combine=last or None)
