@@ -103,7 +103,8 @@ run() {
   pack
 }
 knobs=()
-for kv in ${STATEBENCH_REAL_KERNEL_OPTIONS//,/ }; do knobs+=(--kernel-option "$kv"); done
+knob_list=${STATEBENCH_REAL_KERNEL_OPTIONS:-}  # unset: none (set -u)
+for kv in ${knob_list//,/ }; do knobs+=(--kernel-option "$kv"); done
 tag=${STATEBENCH_REAL_TAG:+-$STATEBENCH_REAL_TAG}
 for ctx in ${contexts//,/ }; do
   [ -n "$preset" ] && run "preset-d$ctx" --preset "$preset" --backends wgpu:stateful --contexts "$ctx"

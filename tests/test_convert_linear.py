@@ -17,6 +17,7 @@ from test_onnx_converter import compare, context, run_graph  # noqa: F401  (the 
 
 from backends.pages import StatelessCopy
 from backends.webnn.dims import pin
+from backends.webnn.kernels import gdn as GD
 from backends.webnn.onnx_converter import ConversionError, convert, list_kv_pairs
 
 ok, why = StatelessCopy.available()
@@ -218,12 +219,14 @@ def test_hybrid_steps_stateful(context):  # noqa: F811
     _steps_against_ort(context, ort_model(nodes, feeds, w, STEP_OUT)[0])
 
 
-@pytest.mark.parametrize("variant", ["fused", "fused_norms", "fused8"])
+@pytest.mark.parametrize("variant", ["fused", "fused_norms", "fused8", "fused_cols",
+                                     "fused_norms_cols"])
 @pytest.mark.parametrize("stateful", [False, True])
 def test_hybrid_step_fuses_linear_attention(ctx_with, variant, stateful):
     """LinearAttention's recurrence over its K-major state (genai's key heads broadcast over
     the value heads, scale 1) is matched into the one-launch gated delta kernel (the state
-    updated in place when stateful), and the steps still match ORT."""
+    updated in place when stateful), and the steps still match ORT; "_cols": the state read
+    a column a lane (``kernels/gdn._k_major_cols``)."""
     ctx = ctx_with(gdn=variant)
     nodes, feeds, w = _hybrid_step()
     model, expected = ort_model(nodes, feeds, w, STEP_OUT)
@@ -237,6 +240,10 @@ def test_hybrid_step_fuses_linear_attention(ctx_with, variant, stateful):
             np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=3e-5, err_msg=name)
     assert launches.count("gated_delta") == 1, launches
     assert "matmul" not in launches, launches  # the retrieval and output products absorbed
+    if variant.endswith("_cols") and not stateful:
+        (k,) = [la.kernel for la in convert(model, ctx).graph._plan.launches
+                if hasattr(la, "kernel") and la.kernel.name == "gated_delta"]
+        assert f"let r = lid % {GD.COL_ROWS}u;" in k.wgsl and "subgroupAdd" not in k.wgsl
 
 
 @pytest.mark.adapter_feature("subgroup")
@@ -278,7 +285,8 @@ def _random_feeds(model) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.skipif(not GENAI_QWEN35.exists(), reason="no genai Qwen3.5 export in tests/models")
-@pytest.mark.parametrize("t,variant", [(1, "generic"), (2, "generic"), (1, "fused")])
+@pytest.mark.parametrize("t,variant", [(1, "generic"), (2, "generic"), (1, "fused"),
+                                       (1, "fused_cols")])
 def test_genai_qwen35_linear_attention_block(ctx_with, t, variant):
     """The real export's first gated-delta block (conv, split, L2 norms, gate, linear
     attention, gated norm), cut out of genai's graph, against ORT on the same cut; one
@@ -293,7 +301,7 @@ def test_genai_qwen35_linear_attention_block(ctx_with, t, variant):
     assert {"LinearAttention", "CausalConvWithState", "LinearAttentionGate",
             "GatedRMSNorm"} <= {n.op_type for n in cut.graph.node}
     launches = _against_ort(ctx_with(gdn=variant), cut, _random_feeds(cut), outs)
-    assert launches.count("gated_delta") == (variant == "fused"), launches
+    assert launches.count("gated_delta") == variant.startswith("fused"), launches
 
 
 @pytest.mark.skipif(not TRANSFORMERS_QWEN35.exists(),
@@ -406,7 +414,7 @@ GENAI_Q4F16_QWEN35 = (Path(__file__).parent / "models-float16" / "genai-q4f16-qw
 
 
 @pytest.mark.skipif(not GENAI_Q4F16_QWEN35.exists(), reason="no genai q4f16 Qwen3.5 export")
-@pytest.mark.parametrize("variant", ["generic", "fused", "fused+rows"])
+@pytest.mark.parametrize("variant", ["generic", "fused", "fused+rows", "fused_cols"])
 def test_genai_q4f16_linear_attention_block_float16_state(ctx_with, variant):
     """genai's q4f16 export (`-p int4 -e webgpu`) keeps the recurrent state in float16: the
     converter widens it for the recurrence and narrows the new state, and the fused kernel

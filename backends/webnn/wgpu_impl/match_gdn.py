@@ -145,8 +145,9 @@ class GatedDelta:
         """What the kernel reads, in binding order (the old state first)."""
         return [self.state_in, self.k_storage, self.q_storage, *self._chain_leaves()]
 
-    def kernel(self, in_place: bool, guarded: bool, lanes: int, subgroup: int | None
-               ) -> GD.Kernel:
+    def kernel(self, in_place: bool, guarded: bool, lanes: int, subgroup: int | None,
+               cols: bool = False) -> GD.Kernel:
+        """``cols``: a K-major state read a column a lane (``gated_delta``'s)."""
         if isinstance(self.decay, fusion.Group):
             decay = self.decay.fused_ops()
         else:  # a materialised decay: read through an identity op
@@ -165,7 +166,7 @@ class GatedDelta:
             subgroup=subgroup, k_major=self.k_major, q_scale=self.q_scale, state=self.state,
             k_offset=self.k_view[1] if self.k_view is not None else 0,
             q_offset=self.q_view[1] if self.q_view is not None else 0,
-            k_type=self.k_storage.dtype.wgsl, q_type=self.q_storage.dtype.wgsl)
+            k_type=self.k_storage.dtype.wgsl, q_type=self.q_storage.dtype.wgsl, cols=cols)
 
 
 def match_gated_delta(nodes: list[Node], inlined: set[int],
@@ -581,9 +582,9 @@ def _lower_gated_delta(n: Site) -> None:
     """A gated delta net's decode step: one launch, the paired state updated where it lies
     when the graph keeps it in place (each row by its lanes)."""
     plan, m = n.plan, n.plan.gdn[n.node.id]
-    lanes, shared, _ = plan.options.gdn_variant(plan.target) or (32, False, True)
+    lanes, shared, _, cols = plan.options.gdn_variant(plan.target) or (32, False, True, False)
     old, new = n.slot_of(m.state_in), n.slot_of(m.state_out)
     in_place = old == new
     guarded = n.has_check and m.state_out.id in plan.in_place
-    k = m.kernel(in_place, guarded, lanes, None if shared else plan.target.subgroup)
+    k = m.kernel(in_place, guarded, lanes, None if shared else plan.target.subgroup, cols)
     n.add(KernelLaunch(k, n.ins[in_place:] + [new, n.out] + n.status(guarded)))

@@ -27,7 +27,7 @@ COLS = {"cols": (8, 32, 8), "cols2": (2, 64, 0), "cols4": (4, 64, 0), "cols4g8":
 ROWS_VARIANT = re.compile(r"rows(\d+)?(_sh)?(?:_u(\d+))?(_w)?")
 
 
-GDN_VARIANT = re.compile(r"fused(\d+)?(_sh)?(_norms)?")
+GDN_VARIANT = re.compile(r"fused(\d+)?(_sh)?(_norms)?(_cols)?")
 
 #: q4_gemv's several-rows variants: ``multi[ROWS][_lLANES][_gGROUPS][_uUNROLL][_h]`` (output
 #: rows an invocation computes, default 4; invocations sharing them, default 32; groups of
@@ -255,7 +255,10 @@ class KernelOptions:
     #: a gated delta net's decode step (``match_gdn``): None (one launch on GPU adapters, the
     #: generic ops on CPU adapters), "generic" (the ops one by one), "fused[LANES][_sh][_norms]"
     #: (one launch on any adapter; LANES invocations per state row, default 32; "_sh": sums
-    #: through workgroup memory, not subgroupAdd; "_norms": q's and k's L2 norms launched apart)
+    #: through workgroup memory, not subgroupAdd; "_norms": q's and k's L2 norms launched apart;
+    #: "_cols": a K-major state (ORT LinearAttention's, genai's exports) read a column a lane,
+    #: 32 rows a workgroup, so a warp's loads are contiguous: ``kernels/gdn._k_major_cols``;
+    #: LANES and "_sh" then do not apply)
     gdn: str | None = None
     #: a rollback's replay the graph spells just before a verify pass with capture, from
     #: the state that pass reads (``match_gdn_capsule.fuse_replays``): None/"fused" (computed
@@ -567,16 +570,16 @@ class KernelOptions:
             return None
         return (int(m.group(1)) if m.group(1) else None,)
 
-    def gdn_variant(self, t: Target) -> tuple[int, bool, bool] | None:
-        """(lanes per state row, sums through workgroup memory, fold q's and k's L2 norms) of
-        the gated delta kernel, or None for the generic ops (by default the kernel on GPU
-        adapters only, PERFORMANCE.md)."""
+    def gdn_variant(self, t: Target) -> tuple[int, bool, bool, bool] | None:
+        """(lanes per state row, sums through workgroup memory, fold q's and k's L2 norms, a
+        K-major state read a column a lane) of the gated delta kernel, or None for the generic
+        ops (by default the kernel on GPU adapters only, PERFORMANCE.md)."""
         how = self.gdn
         if how == "generic" or (how is None and t.cpu):
             return None
         m = GDN_VARIANT.fullmatch(how or "fused")
         assert m is not None  # checked at construction
-        return int(m.group(1) or 32), bool(m.group(2)), not m.group(3)
+        return int(m.group(1) or 32), bool(m.group(2)), not m.group(3), bool(m.group(4))
 
 
 def _parse_value(key: str, value: str) -> str | int | None:
@@ -612,7 +615,8 @@ def _check(name: str, value: object) -> None:
         m = GDN_VARIANT.fullmatch(value)
         if m is None:
             raise ValueError(f"KernelOptions.gdn = {value!r}; accepted: None, 'generic', "
-                             "'fused[LANES][_sh][_norms]' (e.g. 'fused', 'fused8_sh')")
+                             "'fused[LANES][_sh][_norms][_cols]' (e.g. 'fused', 'fused8_sh', "
+                             "'fused_cols')")
         lanes = int(m.group(1) or 32)
         if lanes < 1 or lanes > 256 or lanes & (lanes - 1):
             raise ValueError(f"KernelOptions.gdn = {value!r}: lanes per state row must be a "
