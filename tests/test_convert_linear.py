@@ -226,7 +226,7 @@ def test_hybrid_step_fuses_linear_attention(ctx_with, variant, stateful):
     """LinearAttention's recurrence over its K-major state (genai's key heads broadcast over
     the value heads, scale 1) is matched into the one-launch gated delta kernel (the state
     updated in place when stateful), and the steps still match ORT; "_cols": the state read
-    a column a lane (``kernels/gdn._k_major_cols``)."""
+    a column a lane (``kernels/gdn.gated_delta``'s ``cols``)."""
     ctx = ctx_with(gdn=variant)
     nodes, feeds, w = _hybrid_step()
     model, expected = ort_model(nodes, feeds, w, STEP_OUT)

@@ -28,7 +28,7 @@ row's decay and delta (a few scalar ops) instead of broadcasting them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -77,8 +77,9 @@ def gated_delta(batch: Sequence[int], dv: int, dk: int, *, k_strides: Sequence[i
     computes the step.
     ``cols`` (with ``k_major``; ``KernelOptions.gdn`` "…_cols"): the ``COL_ROWS``
     invocations of a warp take consecutive rows (a K-major head's adjacent values), each a
-    share of the dk positions, so every load of the state is one contiguous run
-    (``_k_major_cols``); else a row's ``lanes`` invocations read its values dv apart.
+    share of the dk positions (``lid / COL_ROWS + j · shares``), so every load of the
+    state is one contiguous run, the shares summed through workgroup memory; else a row's
+    ``lanes`` invocations read its values dv apart.
     """
     if k_offset % 4 or q_offset % 4:
         raise ValueError(f"gated_delta: k and q offsets {k_offset}, {q_offset}: multiples of 4")
@@ -96,8 +97,8 @@ def gated_delta(batch: Sequence[int], dv: int, dk: int, *, k_strides: Sequence[i
     if cols:  # COL_ROWS rows a workgroup, its warps' shares of dk summed in workgroup memory
         lanes = wg // COL_ROWS
     per_lane = -(-words // lanes)
-    rpw = wg // lanes
-    n_groups = -(-rows // (COL_ROWS if cols else rpw))
+    rpw = COL_ROWS if cols else wg // lanes  # rows a workgroup
+    n_groups = -(-rows // rpw)
     gx = min(n_groups, 65535)
     gy = -(-n_groups // gx)
     use_sub = subgroup == lanes and not cols
@@ -140,6 +141,12 @@ def gated_delta(batch: Sequence[int], dv: int, dk: int, *, k_strides: Sequence[i
         name, takes_s = calls[prefix]
         return f"{name}({index}, {param})" if takes_s else f"{name}({index})"
 
+    # where the row's j-th partial lies in ``sh``: a row's lanes adjacent, or (``cols``) its
+    # shares COL_ROWS apart
+    share = f"j * {COL_ROWS}u + r" if cols else f"r * {lanes}u + j"
+    rt = (f"  let r = lid % {COL_ROWS}u;\n  let t = lid / {COL_ROWS}u;\n" if cols
+          else f"  let r = lid / {lanes}u;\n  let t = lid % {lanes}u;\n")
+
     def total(acc: str, out: str, last: bool, vt_: str = "f32") -> str:
         if use_sub:
             return f"  let {out} = subgroupAdd({acc});\n"
@@ -148,7 +155,7 @@ def gated_delta(batch: Sequence[int], dv: int, dk: int, *, k_strides: Sequence[i
         store, part = (acc, "") if vt_ == st1 else (f"{st1}({acc})", ".x")
         return (f"  sh[lid] = {store};\n  workgroupBarrier();\n  var {out} = {init};\n"
                 f"  for (var j = 0u; j < {lanes}u; j = j + 1u) {{\n"
-                f"    {out} = {out} + sh[r * {lanes}u + j]{part};\n  }}\n"
+                f"    {out} = {out} + sh[{share}]{part};\n  }}\n"
                 + ("" if last else "  workgroupBarrier();\n"))
 
     old = "st" if in_place else "p"
@@ -172,18 +179,10 @@ def gated_delta(batch: Sequence[int], dv: int, dk: int, *, k_strides: Sequence[i
     dot_k = "ks.x" if norms else "ks"
     sidx = f"sw + w * {dv}u" if k_major else "sw + w"
     scale = f" * {lit(q_scale)}" if q_scale != 1.0 else ""
-    if cols:
-        src += _k_major_cols(rows, dv, dk, wg, gx, ok, old, svt, kx, qx, st1, first, q_load,
-                             kk, qq, dot_k, call("g_", "gb(b)", ""), call, out_val, scale)
-        return Kernel("gated_delta", src, bindings, (gx, gy, 1),
-                      _traffic(k_type, q_type, k_size, q_size, rows, dk, state, heads,
-                               decay, delta, out_chain))
     src += f"""
 @compute @workgroup_size({wg})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
-  let r = lid / {lanes}u;
-  let t = lid % {lanes}u;
-  let row0 = (wid.y * {gx}u + wid.x) * {rpw}u + r;
+{rt}  let row0 = (wid.y * {gx}u + wid.x) * {rpw}u + r;
   let row = min(row0, {rows - 1}u);
   let ok = {ok};
   let b = row / {dv}u;
@@ -234,64 +233,3 @@ def _traffic(k_type: str, q_type: str, k_size: int, q_size: int, rows: int, dk: 
             traffic += sum(4 * min(leaf.size, n) for leaf in chain[1] if not leaf.param)
     return traffic
 
-
-def _k_major_cols(rows: int, dv: int, dk: int, wg: int, gx: int, ok: str, old: str,
-                  svt: str, kx: str, qx: str, st1: str, first: str, q_load: str, kk: str,
-                  qq: str, dot_k: str, decay_call: str, call: Callable[[str, str, str], str],
-                  out_val: str, scale: str) -> str:
-    """``gated_delta``'s entry point for a K-major state read a column a lane: invocation
-    ``lid`` takes row ``lid % COL_ROWS`` of the workgroup's ``COL_ROWS`` (a head's adjacent
-    values, so a warp's load at one dk position is one contiguous run) and the dk positions
-    ``lid / COL_ROWS + j · shares``; a row's shares are summed through workgroup memory (a
-    barrier each sum). The arithmetic is the row layout's, element by element."""
-    shares = wg // COL_ROWS
-    per = -(-dk // shares)
-    test = "" if per * shares == dk else f"if (w < {dk}u) "
-
-    def total(acc: str, out: str, last: bool, vt: str) -> str:
-        """The row's shares of ``acc`` (of type ``vt``) summed into ``out``."""
-        store, part = (acc, "") if vt == st1 else (f"{st1}({acc})", ".x")
-        return (f"  sh[lid] = {store};\n  workgroupBarrier();\n  var {out} = {vt}(0.0);\n"
-                f"  for (var j = 0u; j < {shares}u; j = j + 1u) {{\n"
-                f"    {out} = {out} + sh[j * {COL_ROWS}u + r]{part};\n  }}\n"
-                + ("" if last else "  workgroupBarrier();\n"))
-
-    return f"""
-@compute @workgroup_size({wg})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
-  let r = lid % {COL_ROWS}u;
-  let t = lid / {COL_ROWS}u;
-  let row0 = (wid.y * {gx}u + wid.x) * {COL_ROWS}u + r;
-  let row = min(row0, {rows - 1}u);
-  let ok = {ok};
-  let b = row / {dv}u;
-  let kw = kb(b);
-  let qw = qb(b);
-  let sw = b * {dk * dv}u + row % {dv}u;
-  let g = {decay_call};
-  var sv: array<f32, {per}>;
-  var acc = {st1}(0.0);
-  for (var j = 0u; j < {per}u; j = j + 1u) {{
-    let w = t + j * {shares}u;
-    {test}{{
-      sv[j] = f32({old}[sw + w * {dv}u]);
-      let kv = {kx};
-{q_load}{first}    }}
-  }}
-{total("acc", "ks", False, st1)}  let ik = {kk};
-  let iq = {qq};
-  let dl = {call("d_", "row", f"g * {dot_k} * ik")};
-  let dk_ = dl * ik;
-  var acc2 = 0.0;
-  for (var j = 0u; j < {per}u; j = j + 1u) {{
-    let w = t + j * {shares}u;
-    {test}{{
-      let nw = g * sv[j] + dk_ * {kx};
-      if (ok) {{ st[sw + w * {dv}u] = {svt}(nw); }}
-      acc2 = acc2 + nw * {qx};
-    }}
-  }}
-{total("acc2", "o2", True, "f32")}  let os = o2 * iq{scale};
-  if (ok && t == 0u) {{ y[row] = {out_val}; }}
-}}
-"""

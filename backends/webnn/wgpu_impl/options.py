@@ -257,7 +257,7 @@ class KernelOptions:
     #: (one launch on any adapter; LANES invocations per state row, default 32; "_sh": sums
     #: through workgroup memory, not subgroupAdd; "_norms": q's and k's L2 norms launched apart;
     #: "_cols": a K-major state (ORT LinearAttention's, genai's exports) read a column a lane,
-    #: 32 rows a workgroup, so a warp's loads are contiguous: ``kernels/gdn._k_major_cols``;
+    #: 32 rows a workgroup, so a warp's loads are contiguous: ``kernels/gdn.gated_delta``'s ``cols``;
     #: LANES and "_sh" then do not apply)
     gdn: str | None = None
     #: a rollback's replay the graph spells just before a verify pass with capture, from
