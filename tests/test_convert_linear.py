@@ -376,11 +376,28 @@ def _plain_gated_delta(hk: int = 2, hv: int = 4, dk: int = 8, dv: int = 8):
     return nodes, feeds, w
 
 
-@pytest.mark.parametrize("variant", ["generic", "fused", "fused8"])
+@pytest.mark.parametrize("hv,dk,dv", [(3, 12, 6), (5, 4, 40), (1, 20, 3)])
+def test_k_major_cols_ragged_shapes(ctx_with, hv, dk, dv):
+    """The K-major column layout where a workgroup's 32 rows span heads and run past the
+    last (hv · dv not a multiple of 32) and dk is not a multiple of the 8 shares: the step
+    against ORT."""
+    ctx = ctx_with(gdn="fused_cols")
+    nodes, feeds, w = _plain_gated_delta(hk=1, hv=hv, dk=dk, dv=dv)
+    outs = ("y", "present_state")
+    model, expected = ort_model(nodes, feeds, w, outs)
+    (k,) = [la.kernel for la in convert(model, ctx).graph._plan.launches
+            if hasattr(la, "kernel") and la.kernel.name == "gated_delta"]
+    assert f"let r = lid % {GD.COL_ROWS}u;" in k.wgsl
+    compare(run_graph(ctx, model, feeds), outs, expected, 1e-4, 2e-5)
+
+
+@pytest.mark.parametrize("variant", ["generic", "fused", "fused8", "fused_cols"])
 def test_plain_gated_delta_step(ctx_with, variant):
     """The torch recurrence's step converts and matches ORT; on the fused kernel its four
     passes over the state (decay, retrieval sum, update, output sum) are one launch, q's
-    1/sqrt(d_k) applied to the output; stateful, the state is updated in place over steps."""
+    1/sqrt(d_k) applied to the output; stateful, the state is updated in place over steps
+    ("fused_cols": the K-major state a column a lane, its 4 heads × 8 rows in one
+    workgroup of 32 rows)."""
     ctx = ctx_with(gdn=variant)
     nodes, feeds, w = _plain_gated_delta()
     outs = ("y", "present_state")
