@@ -17,8 +17,8 @@ from test_onnx_converter import compare, context, run_graph  # noqa: F401  (the 
 
 from backends.pages import StatelessCopy
 from backends.webnn.dims import pin
-from backends.webnn.kernels import gdn as GD
 from backends.webnn.onnx_converter import ConversionError, convert, list_kv_pairs
+from backends.webnn.wgpu_impl.options import GDN_COL_ROWS
 
 ok, why = StatelessCopy.available()
 pytestmark = pytest.mark.skipif(not ok, reason=why)
@@ -243,7 +243,7 @@ def test_hybrid_step_fuses_linear_attention(ctx_with, variant, stateful):
     if variant.endswith("_cols") and not stateful:
         (k,) = [la.kernel for la in convert(model, ctx).graph._plan.launches
                 if hasattr(la, "kernel") and la.kernel.name == "gated_delta"]
-        assert f"let r = lid % {GD.COL_ROWS}u;" in k.wgsl and "subgroupAdd" not in k.wgsl
+        assert f"let r = lid % {GDN_COL_ROWS}u;" in k.wgsl and "subgroupAdd" not in k.wgsl
 
 
 @pytest.mark.adapter_feature("subgroup")
@@ -376,18 +376,20 @@ def _plain_gated_delta(hk: int = 2, hv: int = 4, dk: int = 8, dv: int = 8):
     return nodes, feeds, w
 
 
-@pytest.mark.parametrize("hv,dk,dv", [(3, 12, 6), (5, 4, 40), (1, 20, 3)])
-def test_k_major_cols_ragged_shapes(ctx_with, hv, dk, dv):
-    """The K-major column layout where a workgroup's 32 rows span heads and run past the
-    last (hv · dv not a multiple of 32) and dk is not a multiple of the 8 shares: the step
+@pytest.mark.parametrize("hv,dk,dv,rows", [(3, 12, 6, 32), (5, 4, 40, 32), (1, 20, 3, 32),
+                                           (3, 12, 6, 16), (2, 30, 10, 64), (1, 9, 5, 256)])
+def test_k_major_cols_ragged_shapes(ctx_with, hv, dk, dv, rows):
+    """The K-major column layout (``rows`` a workgroup, "fused_colsROWS") where a
+    workgroup's rows span heads and run past the last (hv · dv not a multiple of them) and
+    dk is not a multiple of the shares (256 / rows; at 256 rows one share): the step
     against ORT."""
-    ctx = ctx_with(gdn="fused_cols")
+    ctx = ctx_with(gdn=f"fused_cols{rows}")
     nodes, feeds, w = _plain_gated_delta(hk=1, hv=hv, dk=dk, dv=dv)
     outs = ("y", "present_state")
     model, expected = ort_model(nodes, feeds, w, outs)
     (k,) = [la.kernel for la in convert(model, ctx).graph._plan.launches
             if hasattr(la, "kernel") and la.kernel.name == "gated_delta"]
-    assert f"let r = lid % {GD.COL_ROWS}u;" in k.wgsl
+    assert f"let r = lid % {rows}u;" in k.wgsl
     compare(run_graph(ctx, model, feeds), outs, expected, 1e-4, 2e-5)
 
 

@@ -42,7 +42,7 @@ OPTION_VALUES: dict[str, list[str | int | None]] = {
     "cache_copy": [None, "vec4", "identity", "buffer"],
     "gemv_weights": [None, "f32", "f16"],
     "gdn": [None, "generic", "fused", "fused8", "fused64_sh", "fused_norms", "fused16_sh_norms",
-            "fused_cols", "fused_norms_cols"],
+            "fused_cols", "fused_norms_cols", "fused_cols64"],
     "f16_loads": [None, "wide", "vec4"],
     "q4_gemv": [None, "fused", "generic", "multi", "multi2_l8_u2", "multi8_l16_g2", "multi_u2",
                 "multi_h", "wide2_k2_h", "wide4", "quad_k2_h", "quad_k4_i8"],

@@ -36,9 +36,6 @@ from .. import shapes as S
 from .common import Kernel, decl, esize, offset_fn
 from .fused import FusedOp, Leaf, functions, leaf_decls
 
-#: rows a workgroup takes in ``gated_delta``'s K-major column layout (``cols``): a warp on
-#: NVIDIA, so each of a warp's state loads is one contiguous run
-COL_ROWS = 32
 #: a value source: an element-wise group (ops, leaves), its root evaluated per head/row
 Chain = tuple[Sequence[FusedOp], Sequence[Leaf]]
 
@@ -51,7 +48,7 @@ def gated_delta(batch: Sequence[int], dv: int, dk: int, *, k_strides: Sequence[i
                 q_eps: float | None = None, k_major: bool = False,
                 q_scale: float = 1.0, state: str = "f32", k_offset: int = 0,
                 q_offset: int = 0, k_type: str = "f32", q_type: str = "f32",
-                cols: bool = False) -> Kernel:
+                cols: int = 0) -> Kernel:
     """The kernel for a state of ``batch`` heads × (dv, dk), rows of dk contiguous values;
     ``k_major``: each head's state stored (dk, dv) instead (ORT LinearAttention's layout):
     a row's values dv apart, read as scalars.
@@ -75,11 +72,11 @@ def gated_delta(batch: Sequence[int], dv: int, dk: int, *, k_strides: Sequence[i
     ``k_type``/``q_type``: k's and q's buffers' element types: "f16" (a float16 model's
     vectors, the norms folded in) is read widened to f32, the arithmetic f32 as the graph
     computes the step.
-    ``cols`` (with ``k_major``; ``KernelOptions.gdn`` "…_cols"): the ``COL_ROWS``
-    invocations of a warp take consecutive rows (a K-major head's adjacent values), each a
-    share of the dk positions (``lid / COL_ROWS + j · shares``), so every load of the
-    state is one contiguous run, the shares summed through workgroup memory; else a row's
-    ``lanes`` invocations read its values dv apart.
+    ``cols`` (with ``k_major``; ``KernelOptions.gdn`` "…_cols[ROWS]"; 0: off): rows a
+    workgroup, its adjacent invocations taking consecutive rows (a K-major head's adjacent
+    values), each a share of the dk positions (``lid / cols + j · shares``), so every load
+    of the state is a contiguous run of ``cols`` values, the shares summed through workgroup
+    memory; else a row's ``lanes`` invocations read its values dv apart.
     """
     if k_offset % 4 or q_offset % 4:
         raise ValueError(f"gated_delta: k and q offsets {k_offset}, {q_offset}: multiples of 4")
@@ -93,11 +90,14 @@ def gated_delta(batch: Sequence[int], dv: int, dk: int, *, k_strides: Sequence[i
     svt = vt.replace("f32", state)  # the state buffers' element type
     words = dk // vw
     lanes = min(lanes, 1 << (words.bit_length() - 1))  # a power of two, at most the row
-    cols = cols and k_major
-    if cols:  # COL_ROWS rows a workgroup, its warps' shares of dk summed in workgroup memory
-        lanes = wg // COL_ROWS
+    cols = cols if k_major else 0
+    if cols and (wg % cols or cols & (cols - 1)):
+        raise ValueError(f"gated_delta: {cols} rows a workgroup must be a power of two "
+                         f"dividing its {wg} invocations")
+    if cols:  # ``cols`` rows a workgroup, its shares of dk summed in workgroup memory
+        lanes = wg // cols
     per_lane = -(-words // lanes)
-    rpw = COL_ROWS if cols else wg // lanes  # rows a workgroup
+    rpw = cols or wg // lanes  # rows a workgroup
     n_groups = -(-rows // rpw)
     gx = min(n_groups, 65535)
     gy = -(-n_groups // gx)
@@ -142,9 +142,9 @@ def gated_delta(batch: Sequence[int], dv: int, dk: int, *, k_strides: Sequence[i
         return f"{name}({index}, {param})" if takes_s else f"{name}({index})"
 
     # where the row's j-th partial lies in ``sh``: a row's lanes adjacent, or (``cols``) its
-    # shares COL_ROWS apart
-    share = f"j * {COL_ROWS}u + r" if cols else f"r * {lanes}u + j"
-    rt = (f"  let r = lid % {COL_ROWS}u;\n  let t = lid / {COL_ROWS}u;\n" if cols
+    # shares ``cols`` apart
+    share = f"j * {cols}u + r" if cols else f"r * {lanes}u + j"
+    rt = (f"  let r = lid % {cols}u;\n  let t = lid / {cols}u;\n" if cols
           else f"  let r = lid / {lanes}u;\n  let t = lid % {lanes}u;\n")
 
     def total(acc: str, out: str, last: bool, vt_: str = "f32") -> str:

@@ -146,8 +146,9 @@ class GatedDelta:
         return [self.state_in, self.k_storage, self.q_storage, *self._chain_leaves()]
 
     def kernel(self, in_place: bool, guarded: bool, lanes: int, subgroup: int | None,
-               cols: bool = False) -> GD.Kernel:
-        """``cols``: a K-major state read a column a lane (``gated_delta``'s)."""
+               cols: int = 0) -> GD.Kernel:
+        """``cols``: a K-major state read a column a lane, rows a workgroup
+        (``gated_delta``'s; 0: off)."""
         if isinstance(self.decay, fusion.Group):
             decay = self.decay.fused_ops()
         else:  # a materialised decay: read through an identity op
@@ -582,7 +583,7 @@ def _lower_gated_delta(n: Site) -> None:
     """A gated delta net's decode step: one launch, the paired state updated where it lies
     when the graph keeps it in place (each row by its lanes)."""
     plan, m = n.plan, n.plan.gdn[n.node.id]
-    lanes, shared, _, cols = plan.options.gdn_variant(plan.target) or (32, False, True, False)
+    lanes, shared, _, cols = plan.options.gdn_variant(plan.target) or (32, False, True, 0)
     old, new = n.slot_of(m.state_in), n.slot_of(m.state_out)
     in_place = old == new
     guarded = n.has_check and m.state_out.id in plan.in_place

@@ -27,7 +27,10 @@ COLS = {"cols": (8, 32, 8), "cols2": (2, 64, 0), "cols4": (4, 64, 0), "cols4g8":
 ROWS_VARIANT = re.compile(r"rows(\d+)?(_sh)?(?:_u(\d+))?(_w)?")
 
 
-GDN_VARIANT = re.compile(r"fused(\d+)?(_sh)?(_norms)?(_cols)?")
+GDN_VARIANT = re.compile(r"fused(\d+)?(_sh)?(_norms)?(_cols(\d+)?)?")
+#: rows a workgroup of the gated delta's K-major column layout ("_cols" without ROWS): a warp
+#: on NVIDIA, so each of a warp's state loads is one contiguous run
+GDN_COL_ROWS = 32
 
 #: q4_gemv's several-rows variants: ``multi[ROWS][_lLANES][_gGROUPS][_uUNROLL][_h]`` (output
 #: rows an invocation computes, default 4; invocations sharing them, default 32; groups of
@@ -256,9 +259,9 @@ class KernelOptions:
     #: generic ops on CPU adapters), "generic" (the ops one by one), "fused[LANES][_sh][_norms]"
     #: (one launch on any adapter; LANES invocations per state row, default 32; "_sh": sums
     #: through workgroup memory, not subgroupAdd; "_norms": q's and k's L2 norms launched apart;
-    #: "_cols": a K-major state (ORT LinearAttention's, genai's exports) read a column a lane,
-    #: 32 rows a workgroup, so a warp's loads are contiguous: ``kernels/gdn.gated_delta``'s ``cols``;
-    #: LANES and "_sh" then do not apply)
+    #: "_cols[ROWS]": a K-major state (ORT LinearAttention's, genai's exports) read a column a
+    #: lane, ROWS rows a workgroup (default 32, a power of two up to 256), so a warp's loads
+    #: are contiguous: ``kernels/gdn.gated_delta``'s ``cols``; LANES and "_sh" then do not apply)
     gdn: str | None = None
     #: a rollback's replay the graph spells just before a verify pass with capture, from
     #: the state that pass reads (``match_gdn_capsule.fuse_replays``): None/"fused" (computed
@@ -570,16 +573,18 @@ class KernelOptions:
             return None
         return (int(m.group(1)) if m.group(1) else None,)
 
-    def gdn_variant(self, t: Target) -> tuple[int, bool, bool, bool] | None:
-        """(lanes per state row, sums through workgroup memory, fold q's and k's L2 norms, a
-        K-major state read a column a lane) of the gated delta kernel, or None for the generic
-        ops (by default the kernel on GPU adapters only, PERFORMANCE.md)."""
+    def gdn_variant(self, t: Target) -> tuple[int, bool, bool, int] | None:
+        """(lanes per state row, sums through workgroup memory, fold q's and k's L2 norms, the
+        rows a workgroup of a K-major state read a column a lane, 0: by rows) of the gated
+        delta kernel, or None for the generic ops (by default the kernel on GPU adapters only,
+        PERFORMANCE.md)."""
         how = self.gdn
         if how == "generic" or (how is None and t.cpu):
             return None
         m = GDN_VARIANT.fullmatch(how or "fused")
         assert m is not None  # checked at construction
-        return int(m.group(1) or 32), bool(m.group(2)), not m.group(3), bool(m.group(4))
+        cols = int(m.group(5) or GDN_COL_ROWS) if m.group(4) else 0
+        return int(m.group(1) or 32), bool(m.group(2)), not m.group(3), cols
 
 
 def _parse_value(key: str, value: str) -> str | int | None:
@@ -615,12 +620,16 @@ def _check(name: str, value: object) -> None:
         m = GDN_VARIANT.fullmatch(value)
         if m is None:
             raise ValueError(f"KernelOptions.gdn = {value!r}; accepted: None, 'generic', "
-                             "'fused[LANES][_sh][_norms][_cols]' (e.g. 'fused', 'fused8_sh', "
-                             "'fused_cols')")
+                             "'fused[LANES][_sh][_norms][_cols[ROWS]]' (e.g. 'fused', "
+                             "'fused8_sh', 'fused_cols', 'fused_cols16')")
         lanes = int(m.group(1) or 32)
         if lanes < 1 or lanes > 256 or lanes & (lanes - 1):
             raise ValueError(f"KernelOptions.gdn = {value!r}: lanes per state row must be a "
                              "power of two from 1 to 256")
+        rows = int(m.group(5) or 32)
+        if rows < 1 or rows > 256 or rows & (rows - 1):
+            raise ValueError(f"KernelOptions.gdn = {value!r}: rows a workgroup (_colsROWS) "
+                             "must be a power of two from 1 to 256")
     elif name == "q4_gemv" and Q4_VARIANT.fullmatch(value):
         m = Q4_VARIANT.fullmatch(value)
         rows, lanes, groups, unroll = (int(m.group(i) or d)
