@@ -216,20 +216,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   if (ok && t == 0u) {{ y[row] = {out_val}; }}
 }}
 """
-    return Kernel("gated_delta", src, bindings, (gx, gy, 1),
-                  _traffic(k_type, q_type, k_size, q_size, rows, dk, state, heads, decay,
-                           delta, out_chain))
-
-
-def _traffic(k_type: str, q_type: str, k_size: int, q_size: int, rows: int, dk: int,
-             state: str, heads: int, decay: Chain, delta: Chain,
-             out_chain: Chain | None) -> int:
-    """Bytes the kernel moves: k, q, the state read and written, the output, the chains'
-    leaves."""
     traffic = (esize(k_type) * k_size + esize(q_type) * q_size + 4 * rows
                + 2 * rows * dk * esize(state))
     for chain, n in ((decay, heads), (delta, rows), (out_chain, rows)):
         if chain is not None:
             traffic += sum(4 * min(leaf.size, n) for leaf in chain[1] if not leaf.param)
-    return traffic
-
+    return Kernel("gated_delta", src, bindings, (gx, gy, 1), traffic)

@@ -626,7 +626,7 @@ def _check(name: str, value: object) -> None:
         if lanes < 1 or lanes > 256 or lanes & (lanes - 1):
             raise ValueError(f"KernelOptions.gdn = {value!r}: lanes per state row must be a "
                              "power of two from 1 to 256")
-        rows = int(m.group(5) or 32)
+        rows = int(m.group(5) or GDN_COL_ROWS)
         if rows < 1 or rows > 256 or rows & (rows - 1):
             raise ValueError(f"KernelOptions.gdn = {value!r}: rows a workgroup (_colsROWS) "
                              "must be a power of two from 1 to 256")
