@@ -275,8 +275,13 @@ def test_short_reduction_is_computed_where_its_activation_reads_it(ctx, op, ref)
     sv = ref(wn * w.astype(np.float64), axis=2)
     atol_close(ctx.read_tensor(outs["y"]), sv / (1 + np.exp(-sv)), atol=1e-5, rtol=1e-5)
     np.testing.assert_array_equal(ctx.read_tensor(outs["state_out"]), wn[:, :, 1:])
-    atol_close(ctx.read_tensor(outs["norm"]), wn / ref(wn, axis=2, keepdims=True),
-               atol=1e-4, rtol=1e-4)
+    # a sum or mean of 4 random values may nearly cancel: float32's error in it, relative to
+    # it, is its condition number (sum |w| / |sum w|) times its spacing, and so is the norm's
+    cond = (np.ones_like(wn) if op == "reduce_max" else
+            np.abs(wn).sum(2, keepdims=True) / np.abs(wn.sum(2, keepdims=True)))
+    want = wn / ref(wn, axis=2, keepdims=True)
+    err = np.abs(ctx.read_tensor(outs["norm"]) - want)
+    assert (err <= 1e-4 + 1e-6 * cond * np.abs(want)).all(), (err.max(), cond.max())
     g.destroy()
 
 
