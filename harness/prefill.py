@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from backends.base import Backend, DepthState, registry
 from harness import metrics
 from harness.sweep_args import positive_list
 from model.errors import UserError
 
 if TYPE_CHECKING:
+    from backends.base import Backend
     from harness.sources import WorkloadSource
 
 SCHEMA = "statebench-prefill/1"
@@ -84,6 +84,8 @@ def check_multiples(contexts: list[int], chunks: list[int]) -> None:
 
 def _takes_k(cls: type[Backend], k: int) -> str:
     """Why ``cls`` cannot run a K-token graph ("" where it can)."""
+    from backends.base import Backend
+
     if k > 1 and cls.step_tokens is Backend.step_tokens:
         return f"{cls.name} has no K-token step (Backend.step_tokens)"
     return ""
@@ -91,6 +93,8 @@ def _takes_k(cls: type[Backend], k: int) -> str:
 
 def _prefill(b: Backend, tokens: np.ndarray, k: int, hidden: bool) -> None:
     """``tokens`` fed K a dispatch from an empty cache, the last chunk's logits read."""
+    from backends.base import DepthState
+
     d = len(tokens)
     if hidden:
         b.reach_depth(DepthState(tokens=tokens[:d - k].copy(), cache={}))
@@ -117,6 +121,8 @@ def measure_point(source: WorkloadSource, name: str, k: int, context: int, token
                   ref_logits: np.ndarray, reps: int) -> PrefillPoint:
     """One point (module docstring); a backend that cannot run is "unavailable", one that
     raises while it runs "failed" with its one-line reason."""
+    from backends.base import registry
+
     cls = registry()[name]
     pt = PrefillPoint(name, k, context, context + k, dispatches=context // k)
     ok, why = cls.available()

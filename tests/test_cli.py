@@ -120,3 +120,20 @@ def test_run_pins_kernel_options(tmp_path):
     assert page["details"]["kernel_options"]["q4_gemv"] == "multi2_l8"
     assert page["details"]["kernel_options"]["gemv"] == "rows"
     assert "kernel_options" not in points["ort-cpu:copy"].get("details", {})
+
+
+def test_every_parser_is_built_without_the_sweep_or_its_engines():
+    """Each command's ``--help`` builds its parser and exits; none of them may import what
+    only a run needs (ONNX and its ``ml_dtypes``, wgpu, ORT, the backends, the runner,
+    ORT's GDN engines, matplotlib): a parser's imports are paid by every command, also one
+    that only refuses its arguments (``results/lavapipe/2026-12-04-cb21e50-cli-start/``)."""
+    heavy = ("onnx", "ml_dtypes", "wgpu", "onnxruntime", "backends.base", "backends.webnn",
+             "harness.runner", "harness.speculative.gdn_ort", "matplotlib")
+    code = ("import sys\nfrom harness.cli import main\nfrom harness.commands import COMMANDS\n"
+            "for c in COMMANDS:\n"
+            "    try:\n        main([c.name, '--help'])\n    except SystemExit:\n        pass\n"
+            f"print([m for m in {heavy!r} if m in sys.modules], file=sys.stderr)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == "[]", proc.stderr

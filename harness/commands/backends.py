@@ -3,11 +3,14 @@ and the backend API it runs on (a warning where that is OpenGL)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.table import Table
 
-from backends.base import registry
 from harness.commands.base import Command
-from harness.wgpu_probe import WgpuProbe, probe_wgpu
+
+if TYPE_CHECKING:
+    from harness.wgpu_probe import WgpuProbe
 
 
 class Backends(Command):
@@ -16,6 +19,8 @@ class Backends(Command):
 
     @classmethod
     def run_from_args(cls, args, console, err_console) -> int:
+        from harness.wgpu_probe import probe_wgpu
+
         probe = probe_wgpu()  # in a child: a driver that aborts must not end this listing
         console.print(cls.table(probe))
         console.print(cls.adapter_line(probe), markup=False, highlight=False, soft_wrap=True)
@@ -35,6 +40,8 @@ class Backends(Command):
     def availability(probe: WgpuProbe) -> list[tuple[str, bool, str, str, str]]:
         """(name, available, why not, what it is, the engine and backend API it runs on); a
         backend that asks wgpu for an adapter is asked only where the child found one."""
+        from backends.base import registry
+
         rows = []
         for name, klass in sorted(registry().items()):
             refused = probe.refuses(klass)

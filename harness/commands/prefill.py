@@ -11,7 +11,6 @@ from datetime import UTC, datetime
 from rich.table import Table
 from rich.text import Text
 
-from backends.base import select
 from harness import prefill, results
 from harness.commands import common_args
 from harness.commands.base import Command
@@ -84,6 +83,8 @@ class Prefill(Command):
 
     @classmethod
     def run_from_args(cls, args, console, err_console) -> int:
+        from backends.base import select
+
         # everything the run could refuse is refused before anything slow or large
         common_args.refuse_two_workloads(args)
         args.preset = args.preset or "tiny"

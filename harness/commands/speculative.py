@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 
 from rich.text import Text
 
-from harness import results, speculative
+from harness import results
 from harness.commands import common_args
 from harness.commands.base import Command
 from model.errors import UserError
@@ -46,7 +46,7 @@ class Speculative(Command):
 
     @classmethod
     def setup_arguments(cls, p: argparse.ArgumentParser) -> None:
-        from harness.speculative.acceptance import MAX_K
+        from harness.draft_limits import MAX_DRAFT, MAX_K
 
         common_args.add_preset(p, default="tiny", or_model=True)
         p.add_argument("--backends", default=None,
@@ -56,7 +56,7 @@ class Speculative(Command):
         p.add_argument("--k", type=draft_lengths, default=4,
                        help=f"tokens a verify takes: the newest token and K-1 drafts; with "
                             f"--backends a comma list, each 2..{MAX_K}; without, one draft "
-                            f"length 1..{speculative.MAX_DRAFT} (ORT GatedDeltaNet's "
+                            f"length 1..{MAX_DRAFT} (ORT GatedDeltaNet's "
                             "state_update_capacity limit); default 4")
         e2e = p.add_argument_group("end to end (--backends)")
         e2e.add_argument("--model", default=None, metavar="MODEL",
@@ -125,6 +125,8 @@ class Speculative(Command):
         args.preset = args.preset or "tiny"
         reps = 5 if args.reps is None else args.reps
         depth = 256 if args.depth is None else args.depth
+        from harness import speculative
+
         # everything the run could refuse is refused before anything slow or large
         speculative.check_args(args.preset, k, reps, depth)
         out = results.check_out_file(args.out, args.force) if args.out else None
@@ -144,6 +146,7 @@ class Speculative(Command):
 
     @classmethod
     def run(cls, preset: str, k: int, reps: int = 5, depth: int = 256, seed: int = 0) -> dict:
+        from harness import speculative
         from harness.calibrate import environment
 
         data = speculative.measure(preset, k, reps, depth, seed)

@@ -13,10 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from harness.draft_limits import MAX_K  # noqa: F401 - named here too
 from model.errors import UserError
-
-#: the most tokens a K-token graph takes here (a verify's K; the issue's cells are 4 and 8)
-MAX_K = 64
 
 #: the named schedules (`--accept`); any other word must be a RATE in [0, 1]
 NAMED = ("full", "partial", "zero")

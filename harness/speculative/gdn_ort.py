@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from harness.draft_limits import MAX_DRAFT  # noqa: F401 - named here too
 from harness.speculative.counters import CAPTURE_COUNT_BYTES, F32, REPLAY_METADATA_BYTES, SpecBytes
 from harness.speculative.drafts import Draft, GdnShape
 from harness.versions import package_version
-
-#: ORT GatedDeltaNet's `state_update_capacity` is in [0, 8]
-MAX_DRAFT = 8
 
 
 def _ort():
