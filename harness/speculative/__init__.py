@@ -34,6 +34,7 @@ One module per job, in the order they build on each other: `counters` (SpecBytes
 package's public face, used by `harness.commands.speculative` and the tests.
 """
 
+from harness.draft_limits import MAX_DRAFT
 from harness.speculative.attention_rollback import (
     ATTENTION_STRATEGIES,
     AttentionDraft,
@@ -54,7 +55,6 @@ from harness.speculative.drafts import (
 )
 from harness.speculative.gdn_numpy import capsule_views, copy_state, gdn_verify, replay_numpy
 from harness.speculative.gdn_ort import (
-    MAX_DRAFT,
     OrtVerify,
     WebGpuReplay,
     replay_metadata,

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.draft_limits import MAX_K  # noqa: F401 - named here too
 from model.errors import UserError
 
 #: the named schedules (`--accept`); any other word must be a RATE in [0, 1]

@@ -11,9 +11,10 @@ from pathlib import Path
 
 from backends.base import Backend, select
 from harness.commands import common_args
+from harness.draft_limits import MAX_K
 from harness.speculative import e2e_render
 from harness.speculative.acceptance import parse_acceptances
-from harness.speculative.e2e_sweep import MAX_K, SpecConfig, Sweep, header, run
+from harness.speculative.e2e_sweep import SpecConfig, Sweep, header, run
 from model.errors import UserError
 
 DEFAULT_PRESET = "tiny"

@@ -19,7 +19,7 @@ import numpy as np
 from backends.base import Backend
 from harness import child
 from harness.sources import NumpyReferenceWalk, ReferenceWalk, WorkloadSource, source_for
-from harness.speculative.acceptance import MAX_K, Acceptance  # noqa: F401 - MAX_K: named here too
+from harness.speculative.acceptance import Acceptance
 from harness.speculative.e2e_point import PROGRESS_PREFIX, Emit, GroupRequest, measure_group
 from harness.speculative.spec_results import SpecResults, point_unavailable
 from model.workload import Workload

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness.draft_limits import MAX_DRAFT  # noqa: F401 - named here too
 from harness.speculative.counters import CAPTURE_COUNT_BYTES, F32, REPLAY_METADATA_BYTES, SpecBytes
 from harness.speculative.drafts import Draft, GdnShape
 from harness.versions import package_version

@@ -3,11 +3,11 @@ length ORT's capsule can hold, and sizes whose arrays fit in this machine's memo
 
 from __future__ import annotations
 
+from harness.draft_limits import MAX_DRAFT
 from harness.memory import available_memory_bytes
 from harness.metrics import human_bytes
 from harness.speculative.counters import F32
 from harness.speculative.drafts import layer_shapes
-from harness.speculative.gdn_ort import MAX_DRAFT
 from model.errors import UserError
 from model.workload import ModelConfig, preset
 
